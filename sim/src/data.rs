@@ -1,0 +1,150 @@
+//! Loading versioned JSON data files by shipped name or by path, with errors that name the
+//! file, line and field.
+
+use crate::error::{Result, SimError};
+use serde::de::DeserializeOwned;
+use std::path::Path;
+
+mod shipped {
+    include!(concat!(env!("OUT_DIR"), "/shipped.rs"));
+}
+
+/// The only data-file format version this build reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The kinds of data file a user can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataKind {
+    Model,
+    Device,
+    Cluster,
+}
+
+impl DataKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            DataKind::Model => "model",
+            DataKind::Device => "device",
+            DataKind::Cluster => "cluster",
+        }
+    }
+
+    fn shipped(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            DataKind::Model => shipped::SHIPPED_MODELS,
+            DataKind::Device => shipped::SHIPPED_DEVICES,
+            DataKind::Cluster => shipped::SHIPPED_CLUSTERS,
+        }
+    }
+
+    /// Names of the files shipped with this build, sorted.
+    pub fn shipped_names(self) -> Vec<&'static str> {
+        self.shipped().iter().map(|(name, _)| *name).collect()
+    }
+
+    /// Where a shipped file lives in the source tree (used in error messages).
+    fn shipped_dir(self) -> &'static str {
+        match self {
+            DataKind::Model => "profiles/models",
+            DataKind::Device => "profiles/devices",
+            DataKind::Cluster => "topologies",
+        }
+    }
+}
+
+/// The text of a data file and the label to use for it in error messages.
+pub struct Source {
+    pub label: String,
+    pub text: String,
+}
+
+/// Finds a data file: an existing path, or else a shipped name. Anything that looks like a path
+/// but does not exist is reported as a missing file rather than an unknown name.
+pub fn locate(kind: DataKind, name_or_path: &str) -> Result<Source> {
+    let path = Path::new(name_or_path);
+    let looks_like_path = name_or_path.contains('/') || name_or_path.ends_with(".json");
+    if path.is_file() || looks_like_path {
+        let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        return Ok(Source {
+            label: name_or_path.to_string(),
+            text,
+        });
+    }
+    match kind
+        .shipped()
+        .iter()
+        .find(|(name, _)| *name == name_or_path)
+    {
+        Some((name, text)) => Ok(Source {
+            label: format!("{}/{}.json", kind.shipped_dir(), name),
+            text: (*text).to_string(),
+        }),
+        None => Err(SimError::UnknownName {
+            kind: kind.label(),
+            name: name_or_path.to_string(),
+            valid: kind.shipped_names().join(", "),
+        }),
+    }
+}
+
+/// Parses JSON into `T`, reporting the line, column and field path of the first error.
+pub fn parse_json<T: DeserializeOwned>(label: &str, text: &str) -> Result<T> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        let field = err.path().to_string();
+        let inner = err.into_inner();
+        SimError::Json {
+            file: label.to_string(),
+            line: inner.line(),
+            column: inner.column(),
+            field: if field.is_empty() {
+                "(top level)".to_string()
+            } else {
+                field
+            },
+            message: inner.to_string(),
+        }
+    })
+}
+
+/// Checks the `format_version` field shared by every data file.
+pub fn check_format_version(label: &str, version: u32) -> Result<()> {
+    if version == FORMAT_VERSION {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            "format_version",
+            format!("this build reads format_version {FORMAT_VERSION}, the file has {version}"),
+        ))
+    }
+}
+
+/// Checks that a measured number is finite and strictly positive.
+pub fn check_positive(label: &str, field: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            field,
+            format!("must be a positive number, got {value}"),
+        ))
+    }
+}
+
+/// Checks that a measured number is finite and not negative.
+pub fn check_non_negative(label: &str, field: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            field,
+            format!("must be zero or positive, got {value}"),
+        ))
+    }
+}

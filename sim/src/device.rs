@@ -1,0 +1,139 @@
+//! Device profiles: a GPU's (or CPU's) speed, compression kernel cost curves and contention factors.
+
+use crate::data::{self, DataKind};
+use crate::error::{Result, SimError};
+use crate::model::Provenance;
+use crate::time::SimTime;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Cost of one kernel as a function of its element count: a fixed floor (launch and
+/// synchronization) plus a per-element slope.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostCurve {
+    pub floor_us: f64,
+    pub ns_per_element: f64,
+}
+
+impl CostCurve {
+    pub fn time(&self, elements: u64) -> SimTime {
+        SimTime::from_ns(self.floor_us * 1e3 + self.ns_per_element * elements as f64)
+    }
+}
+
+/// Encode and decode costs of one compressor on this device.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodecCost {
+    pub encode: CostCurve,
+    pub decode: CostCurve,
+    pub provenance: Provenance,
+}
+
+/// How much backward compute slows down while other kernels share the GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Contention {
+    /// Compute time multiplier while a collective kernel runs beside it.
+    pub compute_slowdown_with_collective: f64,
+    /// Compute time multiplier while a compression kernel runs beside it.
+    pub compute_slowdown_with_compression: f64,
+    pub provenance: Provenance,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Gpu,
+    Cpu,
+}
+
+/// A device profile as stored in `profiles/devices/*.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceProfile {
+    pub format_version: u32,
+    pub name: String,
+    pub kind: DeviceKind,
+    /// Marketing name of the part, e.g. "Tesla V100-SXM2-32GB".
+    pub model: String,
+    pub source: String,
+    pub memory_bandwidth_gbytes_per_s: f64,
+    pub peak_fp32_tflops: f64,
+    pub peak_fp16_tflops: f64,
+    /// Training compute speed relative to a V100, used to carry a model profile measured on one
+    /// device to another; 1.0 for the V100 itself.
+    pub compute_speed_vs_v100: f64,
+    pub compute_speed_provenance: Provenance,
+    /// Compression encode/decode curves, keyed by compressor name (`fp16`, `topk`, ...).
+    pub compression: BTreeMap<String, CodecCost>,
+    pub contention: Contention,
+}
+
+impl DeviceProfile {
+    pub fn load(name_or_path: &str) -> Result<DeviceProfile> {
+        let source = data::locate(DataKind::Device, name_or_path)?;
+        let device: DeviceProfile = data::parse_json(&source.label, &source.text)?;
+        device.validate(&source.label)?;
+        Ok(device)
+    }
+
+    pub fn validate(&self, label: &str) -> Result<()> {
+        data::check_format_version(label, self.format_version)?;
+        data::check_positive(
+            label,
+            "memory_bandwidth_gbytes_per_s",
+            self.memory_bandwidth_gbytes_per_s,
+        )?;
+        data::check_positive(label, "peak_fp32_tflops", self.peak_fp32_tflops)?;
+        data::check_positive(label, "peak_fp16_tflops", self.peak_fp16_tflops)?;
+        data::check_positive(label, "compute_speed_vs_v100", self.compute_speed_vs_v100)?;
+        for (name, cost) in &self.compression {
+            for (which, curve) in [("encode", &cost.encode), ("decode", &cost.decode)] {
+                let field = format!("compression.{name}.{which}");
+                data::check_non_negative(label, &format!("{field}.floor_us"), curve.floor_us)?;
+                data::check_non_negative(
+                    label,
+                    &format!("{field}.ns_per_element"),
+                    curve.ns_per_element,
+                )?;
+            }
+        }
+        for (field, value) in [
+            (
+                "contention.compute_slowdown_with_collective",
+                self.contention.compute_slowdown_with_collective,
+            ),
+            (
+                "contention.compute_slowdown_with_compression",
+                self.contention.compute_slowdown_with_compression,
+            ),
+        ] {
+            if !(value.is_finite() && value >= 1.0) {
+                return Err(SimError::invalid(
+                    label,
+                    field,
+                    format!("a slowdown is a factor ≥ 1, got {value}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The encode/decode cost of a compressor, or an error naming the compressors this profile has.
+    pub fn codec_cost(&self, compressor: &str) -> Result<&CodecCost> {
+        self.compression
+            .get(compressor)
+            .ok_or_else(|| SimError::UnknownName {
+                kind: "compressor in this device profile",
+                name: format!("{compressor} (device {})", self.name),
+                valid: self
+                    .compression
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+}

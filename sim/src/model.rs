@@ -1,0 +1,193 @@
+//! Model profiles: parameter tensors in gradient-ready order with measured (or estimated) timings.
+
+use crate::data::{self, DataKind};
+use crate::error::{Result, SimError};
+use crate::time::SimTime;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+/// Element type of a gradient tensor as the framework holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+}
+
+/// Whether a number was measured or estimated, and how.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    pub status: Status,
+    pub method: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Measured,
+    Estimated,
+    Calibrated,
+}
+
+/// How each kind of timing in a model profile was obtained.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimingProvenance {
+    pub backward: Provenance,
+    pub forward: Provenance,
+    pub optimizer: Provenance,
+}
+
+/// One parameter tensor, listed in the order its gradient becomes ready during backward.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tensor {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub numel: u64,
+    pub dtype: DType,
+    /// Index in the framework's `named_parameters()`; forward runs in this order and DDP builds
+    /// its buckets from its reverse.
+    pub registration_index: usize,
+    /// Backward compute between the previous tensor's gradient becoming ready (or the start of
+    /// backward, for the first tensor) and this one's.
+    pub backward_us: f64,
+    /// Forward compute of the layer that owns this tensor, split among the layer's tensors.
+    pub forward_us: f64,
+}
+
+/// A model's per-tensor profile on one device.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelProfile {
+    pub format_version: u32,
+    pub name: String,
+    pub description: String,
+    /// Where the sizes and timings come from.
+    pub source: String,
+    /// Device profile name the timings belong to (e.g. `v100-sxm2-32gb`).
+    pub device: String,
+    pub framework: String,
+    pub batch_size_per_gpu: u32,
+    /// What one sample is (images, sequences, ...), for throughput output.
+    pub sample_unit: String,
+    pub timing: TimingProvenance,
+    /// Optimizer step after all gradients are reduced.
+    pub optimizer_us: f64,
+    pub tensors: Vec<Tensor>,
+}
+
+impl ModelProfile {
+    /// Loads a shipped model by name or a model profile from a path, and validates it.
+    pub fn load(name_or_path: &str) -> Result<ModelProfile> {
+        let source = data::locate(DataKind::Model, name_or_path)?;
+        let model: ModelProfile = data::parse_json(&source.label, &source.text)?;
+        model.validate(&source.label)?;
+        Ok(model)
+    }
+
+    /// Checks internal consistency: sizes match shapes, timings are finite and non-negative,
+    /// names are unique and registration indices are a permutation.
+    pub fn validate(&self, label: &str) -> Result<()> {
+        data::check_format_version(label, self.format_version)?;
+        if self.tensors.is_empty() {
+            return Err(SimError::invalid(
+                label,
+                "tensors",
+                "a model needs at least one tensor",
+            ));
+        }
+        if self.batch_size_per_gpu == 0 {
+            return Err(SimError::invalid(
+                label,
+                "batch_size_per_gpu",
+                "must be at least 1",
+            ));
+        }
+        data::check_non_negative(label, "optimizer_us", self.optimizer_us)?;
+        let mut names = HashSet::new();
+        let mut seen_registration = vec![false; self.tensors.len()];
+        for (i, tensor) in self.tensors.iter().enumerate() {
+            let at = |field: &str| format!("tensors[{i}] ({}).{field}", tensor.name);
+            if !names.insert(tensor.name.as_str()) {
+                return Err(SimError::invalid(
+                    label,
+                    at("name"),
+                    "duplicate tensor name",
+                ));
+            }
+            let product: u64 = tensor.shape.iter().product();
+            if tensor.numel == 0 || product != tensor.numel {
+                return Err(SimError::invalid(
+                    label,
+                    at("numel"),
+                    format!(
+                        "numel {} does not match shape {:?}",
+                        tensor.numel, tensor.shape
+                    ),
+                ));
+            }
+            data::check_non_negative(label, &at("backward_us"), tensor.backward_us)?;
+            data::check_non_negative(label, &at("forward_us"), tensor.forward_us)?;
+            match seen_registration.get_mut(tensor.registration_index) {
+                Some(seen @ false) => *seen = true,
+                _ => {
+                    return Err(SimError::invalid(
+                        label,
+                        at("registration_index"),
+                        format!(
+                            "{} is repeated or out of range 0..{}",
+                            tensor.registration_index,
+                            self.tensors.len()
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn num_tensors(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn total_numel(&self) -> u64 {
+        self.tensors.iter().map(|t| t.numel).sum()
+    }
+
+    pub fn total_gradient_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.numel * t.dtype.bytes()).sum()
+    }
+
+    pub fn backward_time(&self) -> SimTime {
+        self.tensors
+            .iter()
+            .map(|t| SimTime::from_us(t.backward_us))
+            .sum()
+    }
+
+    pub fn forward_time(&self) -> SimTime {
+        self.tensors
+            .iter()
+            .map(|t| SimTime::from_us(t.forward_us))
+            .sum()
+    }
+
+    /// Tensor indices (into `tensors`) in forward (registration) order.
+    pub fn forward_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.tensors.len()).collect();
+        order.sort_by_key(|&i| self.tensors[i].registration_index);
+        order
+    }
+}

@@ -1,0 +1,241 @@
+//! Clusters: nodes, GPUs per node, the intra-node fabric, the NICs, and the collective library.
+
+use crate::data::{self, DataKind};
+use crate::error::{Result, SimError};
+use crate::model::Provenance;
+use serde::{Deserialize, Serialize};
+
+/// The fabric that connects the GPUs of one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fabric {
+    /// Point-to-point NVLink (DGX-1's hybrid cube mesh).
+    Nvlink,
+    /// NVLink through NVSwitch: every GPU reaches every other at full bandwidth.
+    Nvswitch,
+    /// PCIe through the host's switches.
+    Pcie,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntraNode {
+    pub fabric: Fabric,
+    /// Unidirectional bandwidth one GPU can drive into the fabric, all its links together.
+    pub bandwidth_gbytes_per_s: f64,
+    /// One hop's latency (GPU to GPU through the fabric).
+    pub latency_us: f64,
+    /// Whether the NVSwitch can reduce in the switch (NVLink SHARP, "NVLS"): Hopper NVSwitch and later.
+    #[serde(default)]
+    pub nvls: bool,
+}
+
+/// How nodes reach each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// InfiniBand verbs (GPUDirect RDMA where available).
+    Ib,
+    /// RDMA over Converged Ethernet.
+    Roce,
+    /// Kernel TCP sockets.
+    Tcp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterNode {
+    pub transport: Transport,
+    pub nics_per_node: u32,
+    /// Line rate of one NIC in gigabits per second.
+    pub nic_bandwidth_gbps: f64,
+    /// One network hop's latency, NIC to NIC.
+    pub latency_us: f64,
+}
+
+/// Parameters of the NCCL cost model. Defaults in `collective::nccl` follow NCCL's own tuning
+/// tables; a cluster file states the calibrated ones.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcclParams {
+    /// Fraction of the intra-node fabric bandwidth NCCL's Simple protocol reaches per GPU.
+    pub intra_efficiency: f64,
+    /// Fraction of the NIC line rate NCCL reaches across nodes.
+    pub inter_efficiency: f64,
+    /// Multiplier on NCCL's published per-step latencies, for slower or faster hosts.
+    #[serde(default = "one")]
+    pub latency_scale: f64,
+    pub provenance: Provenance,
+}
+
+/// Parameters of MPI over TCP (Horovod's MPI backend, GRACE's setup).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MpiParams {
+    /// Fraction of the NIC line rate a TCP stream reaches.
+    pub tcp_efficiency: f64,
+    /// Software overhead of one message (MPI matching, kernel send/receive path).
+    pub message_overhead_us: f64,
+    /// Bytes per second the CPU reduces (sums) in an allreduce step, in GB/s.
+    pub reduce_gbytes_per_s: f64,
+    pub provenance: Provenance,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The collective-communication library a cluster runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Library {
+    Nccl(NcclParams),
+    Mpi(MpiParams),
+}
+
+/// A cluster as stored in `topologies/*.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    pub format_version: u32,
+    pub name: String,
+    pub description: String,
+    pub source: String,
+    /// Device profile name of the GPUs.
+    pub device: String,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub intra_node: IntraNode,
+    pub inter_node: InterNode,
+    pub library: Library,
+}
+
+/// Command-line changes to a cluster (`--nodes`, `--gpus-per-node`, `--inter-gbps`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ClusterOverrides {
+    pub nodes: Option<u32>,
+    pub gpus_per_node: Option<u32>,
+    pub inter_gbps: Option<f64>,
+}
+
+impl Cluster {
+    /// Loads a shipped cluster by name or a cluster file from a path, applies the overrides and
+    /// validates the result.
+    pub fn load(name_or_path: &str, overrides: ClusterOverrides) -> Result<Cluster> {
+        let source = data::locate(DataKind::Cluster, name_or_path)?;
+        let mut cluster: Cluster = data::parse_json(&source.label, &source.text)?;
+        cluster.validate(&source.label)?;
+        cluster.apply(overrides)?;
+        Ok(cluster)
+    }
+
+    /// Applies command-line overrides, rejecting values that make no cluster.
+    pub fn apply(&mut self, overrides: ClusterOverrides) -> Result<()> {
+        if let Some(nodes) = overrides.nodes {
+            if nodes == 0 {
+                return Err(SimError::bad_value(
+                    "--nodes",
+                    nodes,
+                    "a cluster needs at least one node",
+                ));
+            }
+            self.nodes = nodes;
+        }
+        if let Some(gpus) = overrides.gpus_per_node {
+            if gpus == 0 {
+                return Err(SimError::bad_value(
+                    "--gpus-per-node",
+                    gpus,
+                    "a node needs at least one GPU",
+                ));
+            }
+            self.gpus_per_node = gpus;
+        }
+        if let Some(gbps) = overrides.inter_gbps {
+            if !(gbps.is_finite() && gbps > 0.0) {
+                return Err(SimError::bad_value(
+                    "--inter-gbps",
+                    gbps,
+                    "bandwidth must be a positive number of Gb/s",
+                ));
+            }
+            self.inter_node.nic_bandwidth_gbps = gbps;
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self, label: &str) -> Result<()> {
+        data::check_format_version(label, self.format_version)?;
+        if self.nodes == 0 {
+            return Err(SimError::invalid(
+                label,
+                "nodes",
+                "a cluster needs at least one node",
+            ));
+        }
+        if self.gpus_per_node == 0 {
+            return Err(SimError::invalid(
+                label,
+                "gpus_per_node",
+                "a node needs at least one GPU",
+            ));
+        }
+        if self.inter_node.nics_per_node == 0 {
+            return Err(SimError::invalid(
+                label,
+                "inter_node.nics_per_node",
+                "a node needs at least one NIC",
+            ));
+        }
+        data::check_positive(
+            label,
+            "intra_node.bandwidth_gbytes_per_s",
+            self.intra_node.bandwidth_gbytes_per_s,
+        )?;
+        data::check_non_negative(label, "intra_node.latency_us", self.intra_node.latency_us)?;
+        data::check_positive(
+            label,
+            "inter_node.nic_bandwidth_gbps",
+            self.inter_node.nic_bandwidth_gbps,
+        )?;
+        data::check_non_negative(label, "inter_node.latency_us", self.inter_node.latency_us)?;
+        match &self.library {
+            Library::Nccl(p) => {
+                check_fraction(label, "library.intra_efficiency", p.intra_efficiency)?;
+                check_fraction(label, "library.inter_efficiency", p.inter_efficiency)?;
+                data::check_positive(label, "library.latency_scale", p.latency_scale)?;
+            }
+            Library::Mpi(p) => {
+                check_fraction(label, "library.tcp_efficiency", p.tcp_efficiency)?;
+                data::check_non_negative(
+                    label,
+                    "library.message_overhead_us",
+                    p.message_overhead_us,
+                )?;
+                data::check_positive(label, "library.reduce_gbytes_per_s", p.reduce_gbytes_per_s)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn world_size(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+
+    /// Network bandwidth one node can send, all NICs together, in bytes per second.
+    pub fn node_network_bytes_per_s(&self) -> f64 {
+        self.inter_node.nic_bandwidth_gbps * 1e9 / 8.0 * self.inter_node.nics_per_node as f64
+    }
+}
+
+fn check_fraction(label: &str, field: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 && value <= 1.0 {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            field,
+            format!("must be in (0, 1], got {value}"),
+        ))
+    }
+}

@@ -1,0 +1,1 @@
+//! Syncopate's integration tests: shipped data, closed-form cases, properties and the CLI end to end.
