@@ -1,5 +1,7 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
+pub mod calibrate;
+pub mod collective;
 pub mod data;
 pub mod device;
 pub mod error;

@@ -1,6 +1,7 @@
 //! Clusters: nodes, GPUs per node, the intra-node fabric, the NICs, and the collective library.
 
 use crate::data::{self, DataKind};
+use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
 use crate::model::Provenance;
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,13 @@ pub struct NcclParams {
     /// Multiplier on NCCL's published per-step latencies, for slower or faster hosts.
     #[serde(default = "one")]
     pub latency_scale: f64,
+    /// Fraction of the NVLink bandwidth an NVLS (in-switch reduction) allreduce reaches;
+    /// required when the fabric has NVLS.
+    #[serde(default)]
+    pub nvls_efficiency: f64,
+    /// Fixed cost of an NVLS allreduce.
+    #[serde(default)]
+    pub nvls_latency_us: f64,
     pub provenance: Provenance,
 }
 
@@ -108,6 +116,10 @@ pub struct Cluster {
     pub intra_node: IntraNode,
     pub inter_node: InterNode,
     pub library: Library,
+    /// Device memory bandwidth of the GPUs (from the device profile, filled in by `load`): a
+    /// one-rank collective is a device-local copy.
+    #[serde(skip)]
+    pub device_memory_gbytes_per_s: f64,
 }
 
 /// Command-line changes to a cluster (`--nodes`, `--gpus-per-node`, `--inter-gbps`).
@@ -125,6 +137,10 @@ impl Cluster {
         let source = data::locate(DataKind::Cluster, name_or_path)?;
         let mut cluster: Cluster = data::parse_json(&source.label, &source.text)?;
         cluster.validate(&source.label)?;
+        let device = DeviceProfile::load(&cluster.device).map_err(|err| {
+            SimError::invalid(&source.label, "device", format!("`{}`: {err}", cluster.device))
+        })?;
+        cluster.device_memory_gbytes_per_s = device.memory_bandwidth_gbytes_per_s;
         cluster.apply(overrides)?;
         Ok(cluster)
     }
@@ -204,6 +220,10 @@ impl Cluster {
                 check_fraction(label, "library.intra_efficiency", p.intra_efficiency)?;
                 check_fraction(label, "library.inter_efficiency", p.inter_efficiency)?;
                 data::check_positive(label, "library.latency_scale", p.latency_scale)?;
+                if self.intra_node.nvls {
+                    check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
+                    data::check_non_negative(label, "library.nvls_latency_us", p.nvls_latency_us)?;
+                }
             }
             Library::Mpi(p) => {
                 check_fraction(label, "library.tcp_efficiency", p.tcp_efficiency)?;

@@ -1,0 +1,263 @@
+//! Cost of collective operations on a cluster: which library algorithm runs and how long it takes.
+
+mod mpi;
+mod nccl;
+mod ps;
+
+pub use ps::{ps_push_pull, ServerPlacement};
+
+use crate::error::{Result, SimError};
+use crate::time::SimTime;
+use crate::topology::{Cluster, Library};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A collective operation. Sizes follow nccl-tests: allreduce, broadcast and reduce take the
+/// per-rank buffer; allgather, reduce-scatter and alltoall take the total (gathered) buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    Allreduce,
+    Allgather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    Alltoall,
+}
+
+impl Op {
+    pub const ALL: [Op; 6] = [
+        Op::Allreduce,
+        Op::Allgather,
+        Op::ReduceScatter,
+        Op::Broadcast,
+        Op::Reduce,
+        Op::Alltoall,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Allreduce => "allreduce",
+            Op::Allgather => "allgather",
+            Op::ReduceScatter => "reduce-scatter",
+            Op::Broadcast => "broadcast",
+            Op::Reduce => "reduce",
+            Op::Alltoall => "alltoall",
+        }
+    }
+
+    /// nccl-tests' factor from algorithm bandwidth to bus bandwidth, which makes the bus
+    /// bandwidth comparable with the hardware's link speed whatever the rank count.
+    pub fn bus_factor(self, ranks: u32) -> f64 {
+        let n = ranks as f64;
+        if ranks <= 1 {
+            return 0.0;
+        }
+        match self {
+            Op::Allreduce => 2.0 * (n - 1.0) / n,
+            Op::Allgather | Op::ReduceScatter | Op::Alltoall => (n - 1.0) / n,
+            Op::Broadcast | Op::Reduce => 1.0,
+        }
+    }
+}
+
+impl std::str::FromStr for Op {
+    type Err = SimError;
+    fn from_str(text: &str) -> Result<Op> {
+        Op::ALL.into_iter().find(|op| op.name() == text).ok_or_else(|| {
+            SimError::bad_value(
+                "collective operation",
+                text,
+                format!("valid operations: {}", Op::ALL.map(Op::name).join(", ")),
+            )
+        })
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The ranks taking part in a collective: `ranks` GPUs spread evenly over `nodes` nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Group {
+    pub ranks: u32,
+    pub nodes: u32,
+}
+
+impl Group {
+    /// Every GPU of the cluster.
+    pub fn world(cluster: &Cluster) -> Group {
+        Group {
+            ranks: cluster.world_size(),
+            nodes: cluster.nodes,
+        }
+    }
+
+    /// The GPUs of one node.
+    pub fn one_node(cluster: &Cluster) -> Group {
+        Group {
+            ranks: cluster.gpus_per_node,
+            nodes: 1,
+        }
+    }
+
+    /// One GPU on each node (the inter-node phase of a hierarchical collective).
+    pub fn one_per_node(cluster: &Cluster) -> Group {
+        Group {
+            ranks: cluster.nodes,
+            nodes: cluster.nodes,
+        }
+    }
+
+    pub fn ranks_per_node(self) -> u32 {
+        self.ranks / self.nodes.max(1)
+    }
+}
+
+/// Which algorithm the library runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// A single rank: a device-local copy.
+    Local,
+    Ring,
+    Tree,
+    /// NVLink SHARP: reduction inside the NVSwitch.
+    Nvls,
+    /// Grouped point-to-point sends and receives (alltoall).
+    P2p,
+    /// MPI recursive doubling.
+    RecursiveDoubling,
+    /// MPI reduce-scatter + allgather (Rabenseifner).
+    Rabenseifner,
+    /// Intra-node reduce-scatter, inter-node allreduce, intra-node allgather.
+    Hierarchical,
+    /// Parameter-server push and pull.
+    ParameterServer,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Local => "local",
+            Algorithm::Ring => "ring",
+            Algorithm::Tree => "tree",
+            Algorithm::Nvls => "nvls",
+            Algorithm::P2p => "p2p",
+            Algorithm::RecursiveDoubling => "rec-doubling",
+            Algorithm::Rabenseifner => "rabenseifner",
+            Algorithm::Hierarchical => "hierarchical",
+            Algorithm::ParameterServer => "ps",
+        }
+    }
+}
+
+/// Which wire protocol the library uses (NCCL's LL, LL128, Simple; TCP for MPI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    Ll,
+    Ll128,
+    Simple,
+    Tcp,
+    Memcpy,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ll => "LL",
+            Protocol::Ll128 => "LL128",
+            Protocol::Simple => "Simple",
+            Protocol::Tcp => "TCP",
+            Protocol::Memcpy => "memcpy",
+        }
+    }
+}
+
+/// A predicted collective: its duration and the algorithm/protocol that achieves it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    pub time: SimTime,
+    pub algorithm: Algorithm,
+    pub protocol: Protocol,
+}
+
+impl Estimate {
+    /// Bytes per second of the user's buffer (nccl-tests' algbw), in GB/s.
+    pub fn algbw_gbytes_per_s(&self, bytes: u64) -> f64 {
+        if self.time.as_ns() == 0 {
+            return 0.0;
+        }
+        bytes as f64 / self.time.as_ns() as f64
+    }
+}
+
+/// Predicts one collective of `bytes` over `group` on `cluster` with the cluster's library,
+/// choosing algorithm and protocol the way the library's tuner does.
+pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<Estimate> {
+    check_group(cluster, group)?;
+    match &cluster.library {
+        Library::Nccl(params) => Ok(nccl::estimate(cluster, params, op, bytes, group)),
+        Library::Mpi(params) => Ok(mpi::estimate(cluster, params, op, bytes, group)),
+    }
+}
+
+/// Allgather with a different contribution per rank (`bytes_per_rank[i]` from rank i): a ring
+/// moves one block per step, so each step lasts as long as its largest block.
+pub fn estimate_allgatherv(cluster: &Cluster, bytes_per_rank: &[u64], group: Group) -> Result<Estimate> {
+    if bytes_per_rank.len() != group.ranks as usize {
+        return Err(SimError::bad_value(
+            "allgatherv sizes",
+            bytes_per_rank.len(),
+            format!("need one size per rank ({} ranks)", group.ranks),
+        ));
+    }
+    let largest = bytes_per_rank.iter().copied().max().unwrap_or(0);
+    estimate(cluster, Op::Allgather, largest * group.ranks as u64, group)
+}
+
+/// Intra-node reduce-scatter, inter-node allreduce of each GPU's shard (all GPUs of a node
+/// drive the NICs at once), then intra-node allgather; as Horovod's hierarchical allreduce.
+pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<Estimate> {
+    let local = Group::one_node(cluster);
+    let across = Group::one_per_node(cluster);
+    if cluster.nodes == 1 || cluster.gpus_per_node == 1 {
+        return estimate(cluster, Op::Allreduce, bytes, Group::world(cluster));
+    }
+    let shard = bytes.div_ceil(cluster.gpus_per_node as u64);
+    let reduce_scatter = estimate(cluster, Op::ReduceScatter, bytes, local)?;
+    // The per-node phases run concurrently on every GPU of the node, so each inter-node ring
+    // gets one NIC's share of the node's network bandwidth.
+    let mut shared = cluster.clone();
+    let nics = shared.inter_node.nics_per_node as f64;
+    shared.inter_node.nic_bandwidth_gbps *= nics.min(cluster.gpus_per_node as f64) / cluster.gpus_per_node as f64;
+    shared.inter_node.nics_per_node = 1;
+    let inter = estimate(&shared, Op::Allreduce, shard, across)?;
+    let allgather = estimate(cluster, Op::Allgather, bytes, local)?;
+    Ok(Estimate {
+        time: reduce_scatter.time + inter.time + allgather.time,
+        algorithm: Algorithm::Hierarchical,
+        protocol: inter.protocol,
+    })
+}
+
+fn check_group(cluster: &Cluster, group: Group) -> Result<()> {
+    if group.ranks == 0 || group.nodes == 0 {
+        return Err(SimError::bad_value("collective group", format!("{}/{}", group.ranks, group.nodes), "needs at least one rank on one node"));
+    }
+    if group.nodes > cluster.nodes || group.ranks > cluster.world_size() || group.ranks % group.nodes != 0 {
+        return Err(SimError::bad_value(
+            "collective group",
+            format!("{} ranks on {} nodes", group.ranks, group.nodes),
+            format!(
+                "the cluster `{}` has {} nodes of {} GPUs and groups spread evenly over nodes",
+                cluster.name, cluster.nodes, cluster.gpus_per_node
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! MPI over TCP (Horovod's MPI backend, GRACE's testbed): Hockney α–β–γ costs of the classic
+//! MPI collective algorithms, the fastest of which is taken.
+//!
+//! OpenMPI's `tuned` component switches between these algorithms by message size and rank
+//! count with fixed rules; taking the cheapest predicted one follows the same switch points
+//! wherever its rules are close to optimal (Thakur, Rabenseifner & Gropp, IJHPCA 2005).
+
+use super::{Algorithm, Estimate, Group, Op, Protocol};
+use crate::time::SimTime;
+use crate::topology::{Cluster, MpiParams};
+
+pub(super) fn estimate(cluster: &Cluster, params: &MpiParams, op: Op, bytes: u64, group: Group) -> Estimate {
+    let n = group.ranks as f64;
+    let s = bytes as f64;
+    // Per message: software overhead plus one network hop.
+    let alpha = params.message_overhead_us + cluster.inter_node.latency_us;
+    // Every rank of a node shares the node's NICs.
+    let link_bytes_per_us =
+        cluster.node_network_bytes_per_s() * params.tcp_efficiency / 1e6 / group.ranks_per_node() as f64;
+    let beta = 1.0 / link_bytes_per_us;
+    let gamma = 1.0 / (params.reduce_gbytes_per_s * 1e3);
+    if group.ranks == 1 {
+        return pick(vec![(0.0, Algorithm::Local)]);
+    }
+    let log_n = n.log2().ceil();
+    let frac = (n - 1.0) / n;
+    let candidates = match op {
+        Op::Allreduce => vec![
+            (log_n * (alpha + s * beta + s * gamma), Algorithm::RecursiveDoubling),
+            (2.0 * (n - 1.0) * alpha + 2.0 * frac * s * beta + frac * s * gamma, Algorithm::Ring),
+            // Non-power-of-two counts pay one extra exchange to fold the remainder ranks.
+            (
+                2.0 * log_n * alpha + 2.0 * frac * s * beta + frac * s * gamma + fold_cost(n, alpha, s, beta),
+                Algorithm::Rabenseifner,
+            ),
+        ],
+        Op::Allgather => vec![
+            ((n - 1.0) * alpha + frac * s * beta, Algorithm::Ring),
+            (log_n * alpha + frac * s * beta, Algorithm::RecursiveDoubling),
+        ],
+        Op::ReduceScatter => vec![((n - 1.0) * alpha + frac * s * (beta + gamma), Algorithm::Ring)],
+        Op::Broadcast => vec![
+            (log_n * (alpha + s * beta), Algorithm::Tree),
+            // Scatter then ring allgather, for large messages.
+            ((log_n + n - 1.0) * alpha + 2.0 * frac * s * beta, Algorithm::Ring),
+        ],
+        Op::Reduce => vec![(log_n * (alpha + s * beta + s * gamma), Algorithm::Tree)],
+        Op::Alltoall => vec![((n - 1.0) * alpha + frac * s * beta, Algorithm::P2p)],
+    };
+    pick(candidates)
+}
+
+fn fold_cost(n: f64, alpha: f64, s: f64, beta: f64) -> f64 {
+    let power_of_two = (n as u64).is_power_of_two();
+    if power_of_two {
+        0.0
+    } else {
+        2.0 * (alpha + s * beta)
+    }
+}
+
+fn pick(candidates: Vec<(f64, Algorithm)>) -> Estimate {
+    let (time_us, algorithm) = candidates
+        .into_iter()
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .expect("every operation has at least one algorithm");
+    Estimate {
+        time: SimTime::from_us(time_us),
+        algorithm,
+        protocol: Protocol::Tcp,
+    }
+}
