@@ -99,4 +99,8 @@ pub struct CollectiveArgs {
     /// fitted cluster file here.
     #[arg(long, requires = "compare")]
     pub fit_out: Option<PathBuf>,
+    /// Fit only these parameters (comma-separated, e.g. library.intra_efficiency,library.nvls_efficiency);
+    /// default: all of them.
+    #[arg(long, requires = "fit_out", value_delimiter = ',')]
+    pub fit_only: Option<Vec<String>>,
 }

@@ -3,7 +3,7 @@
 
 use crate::collective::{self, Estimate, Group, Op};
 use crate::error::{Result, SimError};
-use crate::topology::{Cluster, Library};
+use crate::topology::{Cluster, Library, LL128_PAYLOAD_FRACTION};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -152,12 +152,19 @@ pub fn error_table(measurements: &[Measurement], predictions: &[Estimate]) -> Ve
 }
 
 /// The fitted quantities of an NCCL cluster, in the order the search visits them.
-const FIT_PARAMETERS: [&str; 5] = [
+const FIT_PARAMETERS: [&str; 12] = [
     "intra_node.latency_us",
     "inter_node.latency_us",
     "library.intra_efficiency",
     "library.inter_efficiency",
-    "library.latency_scale",
+    "library.ll_gbytes_per_s_per_rank",
+    "library.base_latency_us.ll",
+    "library.base_latency_us.ll128",
+    "library.base_latency_us.simple",
+    "library.ll128_efficiency",
+    "library.ll_multi_node_gbytes_per_s",
+    "library.nvls_efficiency",
+    "library.nvls_latency_us",
 ];
 
 fn parameter(cluster: &mut Cluster, index: usize) -> &mut f64 {
@@ -169,44 +176,101 @@ fn parameter(cluster: &mut Cluster, index: usize) -> &mut f64 {
         1 => &mut cluster.inter_node.latency_us,
         2 => &mut params.intra_efficiency,
         3 => &mut params.inter_efficiency,
-        _ => &mut params.latency_scale,
+        4 => &mut params.ll_gbytes_per_s_per_rank,
+        5 => &mut params.base_latency_us.ll,
+        6 => &mut params.base_latency_us.ll128,
+        7 => &mut params.base_latency_us.simple,
+        8 => &mut params.ll128_efficiency,
+        9 => &mut params.ll_multi_node_gbytes_per_s,
+        10 => &mut params.nvls_efficiency,
+        _ => &mut params.nvls_latency_us,
     }
 }
 
-/// Objective of the fit: the worst per-GPU-count mean error, plus a small share of the average
-/// so that ties move every count.
+/// Objective of the fit: the average over GPU counts of each count's mean error, plus a small
+/// share of the worst count so that no count is sacrificed.
 fn objective(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> f64 {
     match predict(cluster, op, measurements) {
         Ok(predictions) => {
             let table = error_table(measurements, &predictions);
             let worst = table.iter().map(|r| r.mean_abs_pct).fold(0.0, f64::max);
             let mean = table.iter().map(|r| r.mean_abs_pct).sum::<f64>() / table.len() as f64;
-            worst + 0.1 * mean
+            mean + 0.1 * worst
         }
         Err(_) => f64::INFINITY,
     }
 }
 
-/// Fits an NCCL cluster's hop latencies, link efficiencies and latency scale to measurements by
-/// pattern search in log space (deterministic; the model has five physical parameters, so it
-/// cannot memorize the data). Returns the fitted cluster and its objective.
-pub fn fit(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> Result<(Cluster, f64)> {
+/// Fits an NCCL cluster's hop latencies, link efficiencies, LL rates, per-protocol base latencies
+/// and NVLS costs to measurements (deterministic). Parameters the data does not exercise (the
+/// network, for one-node data; NVLS, without NVSwitch reduction) keep their values. The model
+/// has at most twelve physical parameters against
+/// every size and GPU count of the data, so it cannot memorize it. Pattern search in log space
+/// is restarted from the given cluster and from each parameter halved and doubled, because the
+/// objective has kinks wherever the chosen algorithm or protocol switches.
+/// `only` restricts the fit to the named parameters (see [`fitted_fields`]); data from one GPU
+/// count cannot tell a per-hop latency from a fixed one, so such data should fit a subset.
+pub fn fit(cluster: &Cluster, op: Op, measurements: &[Measurement], only: Option<&[String]>) -> Result<(Cluster, f64)> {
     if !matches!(cluster.library, Library::Nccl(_)) {
         return Err(SimError::bad_value("--fit", &cluster.name, "fitting is implemented for NCCL clusters"));
     }
-    let mut best = cluster.clone();
-    let mut best_score = objective(&best, op, measurements);
+    let indices: Vec<usize> = match only {
+        None => (0..FIT_PARAMETERS.len()).collect(),
+        Some(names) => names
+            .iter()
+            .map(|name| {
+                FIT_PARAMETERS.iter().position(|p| p == name).ok_or_else(|| {
+                    SimError::bad_value("fitted parameter", name, format!("valid: {}", FIT_PARAMETERS.join(", ")))
+                })
+            })
+            .collect::<Result<_>>()?,
+    };
+    let mut starts = vec![cluster.clone()];
+    for &index in &indices {
+        for factor in [0.5, 2.0] {
+            let mut start = cluster.clone();
+            scale_parameter(&mut start, index, factor);
+            starts.push(start);
+        }
+    }
+    let mut best = (cluster.clone(), f64::INFINITY);
+    for start in starts {
+        let candidate = pattern_search(start, op, measurements, &indices);
+        if candidate.1 < best.1 {
+            best = candidate;
+        }
+    }
+    Ok(best)
+}
+
+const MIN_INTRA_HOP_US: f64 = 0.3;
+const MIN_INTER_HOP_US: f64 = 1.0;
+
+fn scale_parameter(cluster: &mut Cluster, index: usize, factor: f64) {
+    let value = parameter(cluster, index);
+    *value *= factor;
+    // Efficiencies are fractions of a link's bandwidth; LL128 cannot beat its payload share; a
+    // hop costs at least what the hardware alone takes (an NVLink/PCIe transfer, a NIC and a
+    // switch on the network).
+    match index {
+        0 => *value = value.max(MIN_INTRA_HOP_US),
+        1 => *value = value.max(MIN_INTER_HOP_US),
+        2 | 3 | 10 => *value = value.min(1.0),
+        8 => *value = value.min(LL128_PAYLOAD_FRACTION),
+        _ => {}
+    }
+}
+
+fn pattern_search(start: Cluster, op: Op, measurements: &[Measurement], indices: &[usize]) -> (Cluster, f64) {
+    let mut best_score = objective(&start, op, measurements);
+    let mut best = start;
     let mut step = 0.5_f64;
     while step > 1e-3 {
         let mut improved = false;
-        for index in 0..FIT_PARAMETERS.len() {
+        for &index in indices {
             for direction in [1.0, -1.0] {
                 let mut candidate = best.clone();
-                let value = parameter(&mut candidate, index);
-                *value *= (direction * step).exp();
-                if index == 2 || index == 3 {
-                    *value = value.min(1.0);
-                }
+                scale_parameter(&mut candidate, index, (direction * step).exp());
                 let score = objective(&candidate, op, measurements);
                 if score < best_score {
                     best = candidate;
@@ -219,7 +283,7 @@ pub fn fit(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> Result<(C
             step /= 2.0;
         }
     }
-    Ok((best, best_score))
+    (best, best_score)
 }
 
 /// Names of the fitted fields, for reports.

@@ -63,9 +63,18 @@ pub struct NcclParams {
     pub intra_efficiency: f64,
     /// Fraction of the NIC line rate NCCL reaches across nodes.
     pub inter_efficiency: f64,
-    /// Multiplier on NCCL's published per-step latencies, for slower or faster hosts.
-    #[serde(default = "one")]
-    pub latency_scale: f64,
+    /// Fixed cost of one collective per protocol (kernel launch, pipeline fill). NCCL's tuner
+    /// uses 6.6 / 14 / 8.4 µs (ring LL / LL128 / Simple); measured clusters are slower.
+    pub base_latency_us: PerProtocol,
+    /// Fraction of the Simple protocol's bandwidth LL128 reaches (NCCL's tuner assumes 0.92 from
+    /// its 120-of-128-byte lines; measured A100 rings reach less).
+    pub ll128_efficiency: f64,
+    /// Cap on the LL protocol's algorithm bandwidth, per rank, in GB/s: LL's flag polling rather
+    /// than the link bounds it.
+    pub ll_gbytes_per_s_per_rank: f64,
+    /// Cap on LL's algorithm bandwidth when the group spans nodes, in GB/s: LL traffic across
+    /// nodes goes through NCCL's CPU network proxy in small messages.
+    pub ll_multi_node_gbytes_per_s: f64,
     /// Fraction of the NVLink bandwidth an NVLS (in-switch reduction) allreduce reaches;
     /// required when the fabric has NVLS.
     #[serde(default)]
@@ -89,8 +98,17 @@ pub struct MpiParams {
     pub provenance: Provenance,
 }
 
-fn one() -> f64 {
-    1.0
+/// LL128 carries 120 data bytes in every 128-byte line, so it can reach at most this share of
+/// the link (NCCL src/include/devcomm.h).
+pub const LL128_PAYLOAD_FRACTION: f64 = 120.0 / 128.0;
+
+/// One number per NCCL protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerProtocol {
+    pub ll: f64,
+    pub ll128: f64,
+    pub simple: f64,
 }
 
 /// The collective-communication library a cluster runs.
@@ -219,7 +237,19 @@ impl Cluster {
             Library::Nccl(p) => {
                 check_fraction(label, "library.intra_efficiency", p.intra_efficiency)?;
                 check_fraction(label, "library.inter_efficiency", p.inter_efficiency)?;
-                data::check_positive(label, "library.latency_scale", p.latency_scale)?;
+                data::check_non_negative(label, "library.base_latency_us.ll", p.base_latency_us.ll)?;
+                data::check_non_negative(label, "library.base_latency_us.ll128", p.base_latency_us.ll128)?;
+                data::check_non_negative(label, "library.base_latency_us.simple", p.base_latency_us.simple)?;
+                data::check_positive(label, "library.ll_gbytes_per_s_per_rank", p.ll_gbytes_per_s_per_rank)?;
+                data::check_positive(label, "library.ll_multi_node_gbytes_per_s", p.ll_multi_node_gbytes_per_s)?;
+                check_fraction(label, "library.ll128_efficiency", p.ll128_efficiency / LL128_PAYLOAD_FRACTION)
+                    .map_err(|_| {
+                        SimError::invalid(
+                            label,
+                            "library.ll128_efficiency",
+                            format!("must be in (0, {LL128_PAYLOAD_FRACTION}], got {}", p.ll128_efficiency),
+                        )
+                    })?;
                 if self.intra_node.nvls {
                     check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
                     data::check_non_negative(label, "library.nvls_latency_us", p.nvls_latency_us)?;

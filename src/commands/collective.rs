@@ -129,14 +129,14 @@ fn compare(cluster: &Cluster, op: Op, path: &std::path::Path, args: &CollectiveA
     let cluster = match &args.fit_out {
         None => cluster.clone(),
         Some(out) => {
-            let (fitted, score) = calibrate::fit(cluster, op, &measurements)?;
+            let (fitted, score) = calibrate::fit(cluster, op, &measurements, args.fit_only.as_deref())?;
             let text = serde_json::to_string_pretty(&fitted)? + "\n";
             std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
-            eprintln!(
-                "fitted {} (objective {score:.2}); wrote {}",
-                calibrate::fitted_fields().join(", "),
-                out.display()
-            );
+            let fields = match &args.fit_only {
+                Some(names) => names.join(", "),
+                None => calibrate::fitted_fields().join(", "),
+            };
+            eprintln!("fitted {fields} (objective {score:.2}); wrote {}", out.display());
             fitted
         }
     };
