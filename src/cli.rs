@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Predict collective times on a cluster, nccl-tests style; compare with or fit to measurements.
-    Collective(CollectiveArgs),
+    Collective(Box<CollectiveArgs>),
     /// List shipped models, devices, clusters, compressors or strategies.
     List {
         #[arg(value_enum)]
@@ -57,7 +57,7 @@ pub struct ClusterArgs {
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
     /// Override the bandwidth of each inter-node NIC, in Gb/s.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub inter_gbps: Option<f64>,
 }
 

@@ -1,1 +1,6 @@
 //! Syncopate's integration tests: shipped data, closed-form cases, properties and the CLI end to end.
+
+mod cli;
+mod collective;
+mod common;
+mod data_files;

@@ -28,13 +28,21 @@ pub enum Column {
 /// (`time_us…`) or a bus-bandwidth column (`…busbw…`); `column` picks one by name. Rows without
 /// a `gpus` column take `default_gpus`. Rows whose value is zero or missing are skipped (nccl-tests
 /// prints 0.00 GB/s for one rank).
-pub fn read_measurements(path: &Path, op: Op, column: Option<&str>, default_gpus: u32) -> Result<Vec<Measurement>> {
+pub fn read_measurements(
+    path: &Path,
+    op: Op,
+    column: Option<&str>,
+    default_gpus: u32,
+) -> Result<Vec<Measurement>> {
     let label = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
     let (_, header) = lines
         .next()
         .ok_or_else(|| SimError::invalid(&label, "header", "the file is empty"))?;
@@ -46,34 +54,54 @@ pub fn read_measurements(path: &Path, op: Op, column: Option<&str>, default_gpus
     let chosen = match column {
         Some(name) => {
             let at = find(name).ok_or_else(|| {
-                SimError::invalid(&label, "header", format!("no column `{name}`; columns: {}", names.join(", ")))
+                SimError::invalid(
+                    &label,
+                    "header",
+                    format!("no column `{name}`; columns: {}", names.join(", ")),
+                )
             })?;
             (at, pick_column(name))
         }
         None => names
             .iter()
             .enumerate()
-            .find_map(|(i, n)| (n.starts_with("time_us") || n.contains("busbw")).then(|| (i, pick_column(n))))
-            .ok_or_else(|| SimError::invalid(&label, "header", "needs a `time_us…` or `…busbw…` column"))?,
+            .find_map(|(i, n)| {
+                (n.starts_with("time_us") || n.contains("busbw")).then(|| (i, pick_column(n)))
+            })
+            .ok_or_else(|| {
+                SimError::invalid(&label, "header", "needs a `time_us…` or `…busbw…` column")
+            })?,
     };
     let mut rows = Vec::new();
     for (line_index, line) in lines {
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         let at_line = |field: &str| format!("line {}, column `{field}`", line_index + 1);
         let get = |i: usize| fields.get(i).copied().unwrap_or("");
-        let bytes: u64 = get(size_at)
-            .parse()
-            .map_err(|_| SimError::invalid(&label, at_line("size_bytes"), format!("not a byte count: `{}`", get(size_at))))?;
+        let bytes: u64 = get(size_at).parse().map_err(|_| {
+            SimError::invalid(
+                &label,
+                at_line("size_bytes"),
+                format!("not a byte count: `{}`", get(size_at)),
+            )
+        })?;
         let gpus: u32 = match gpus_at {
-            Some(i) => get(i)
-                .parse()
-                .map_err(|_| SimError::invalid(&label, at_line("gpus"), format!("not a GPU count: `{}`", get(i))))?,
+            Some(i) => get(i).parse().map_err(|_| {
+                SimError::invalid(
+                    &label,
+                    at_line("gpus"),
+                    format!("not a GPU count: `{}`", get(i)),
+                )
+            })?,
             None => default_gpus,
         };
         let raw = get(chosen.0);
-        let value: f64 = raw
-            .parse()
-            .map_err(|_| SimError::invalid(&label, at_line(names[chosen.0]), format!("not a number: `{raw}`")))?;
+        let value: f64 = raw.parse().map_err(|_| {
+            SimError::invalid(
+                &label,
+                at_line(names[chosen.0]),
+                format!("not a number: `{raw}`"),
+            )
+        })?;
         if !(value.is_finite() && value > 0.0) || gpus == 0 || bytes == 0 {
             continue;
         }
@@ -87,7 +115,11 @@ pub fn read_measurements(path: &Path, op: Op, column: Option<&str>, default_gpus
                 bytes as f64 * factor / (value * 1e3)
             }
         };
-        rows.push(Measurement { gpus, bytes, time_us });
+        rows.push(Measurement {
+            gpus,
+            bytes,
+            time_us,
+        });
     }
     if rows.is_empty() {
         return Err(SimError::invalid(&label, names[chosen.0], "no usable rows"));
@@ -120,7 +152,14 @@ fn sized_for(cluster: &Cluster, gpus: u32) -> Cluster {
 pub fn predict(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> Result<Vec<Estimate>> {
     measurements
         .iter()
-        .map(|m| collective::estimate(&sized_for(cluster, m.gpus), op, m.bytes, group_for(cluster, m.gpus)))
+        .map(|m| {
+            collective::estimate(
+                &sized_for(cluster, m.gpus),
+                op,
+                m.bytes,
+                group_for(cluster, m.gpus),
+            )
+        })
         .collect()
 }
 
@@ -210,18 +249,34 @@ fn objective(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> f64 {
 /// objective has kinks wherever the chosen algorithm or protocol switches.
 /// `only` restricts the fit to the named parameters (see [`fitted_fields`]); data from one GPU
 /// count cannot tell a per-hop latency from a fixed one, so such data should fit a subset.
-pub fn fit(cluster: &Cluster, op: Op, measurements: &[Measurement], only: Option<&[String]>) -> Result<(Cluster, f64)> {
+pub fn fit(
+    cluster: &Cluster,
+    op: Op,
+    measurements: &[Measurement],
+    only: Option<&[String]>,
+) -> Result<(Cluster, f64)> {
     if !matches!(cluster.library, Library::Nccl(_)) {
-        return Err(SimError::bad_value("--fit", &cluster.name, "fitting is implemented for NCCL clusters"));
+        return Err(SimError::bad_value(
+            "--fit",
+            &cluster.name,
+            "fitting is implemented for NCCL clusters",
+        ));
     }
     let indices: Vec<usize> = match only {
         None => (0..FIT_PARAMETERS.len()).collect(),
         Some(names) => names
             .iter()
             .map(|name| {
-                FIT_PARAMETERS.iter().position(|p| p == name).ok_or_else(|| {
-                    SimError::bad_value("fitted parameter", name, format!("valid: {}", FIT_PARAMETERS.join(", ")))
-                })
+                FIT_PARAMETERS
+                    .iter()
+                    .position(|p| p == name)
+                    .ok_or_else(|| {
+                        SimError::bad_value(
+                            "fitted parameter",
+                            name,
+                            format!("valid: {}", FIT_PARAMETERS.join(", ")),
+                        )
+                    })
             })
             .collect::<Result<_>>()?,
     };
@@ -261,7 +316,12 @@ fn scale_parameter(cluster: &mut Cluster, index: usize, factor: f64) {
     }
 }
 
-fn pattern_search(start: Cluster, op: Op, measurements: &[Measurement], indices: &[usize]) -> (Cluster, f64) {
+fn pattern_search(
+    start: Cluster,
+    op: Op,
+    measurements: &[Measurement],
+    indices: &[usize],
+) -> (Cluster, f64) {
     let mut best_score = objective(&start, op, measurements);
     let mut best = start;
     let mut step = 0.5_f64;

@@ -156,7 +156,11 @@ impl Cluster {
         let mut cluster: Cluster = data::parse_json(&source.label, &source.text)?;
         cluster.validate(&source.label)?;
         let device = DeviceProfile::load(&cluster.device).map_err(|err| {
-            SimError::invalid(&source.label, "device", format!("`{}`: {err}", cluster.device))
+            SimError::invalid(
+                &source.label,
+                "device",
+                format!("`{}`: {err}", cluster.device),
+            )
         })?;
         cluster.device_memory_gbytes_per_s = device.memory_bandwidth_gbytes_per_s;
         cluster.apply(overrides)?;
@@ -237,19 +241,46 @@ impl Cluster {
             Library::Nccl(p) => {
                 check_fraction(label, "library.intra_efficiency", p.intra_efficiency)?;
                 check_fraction(label, "library.inter_efficiency", p.inter_efficiency)?;
-                data::check_non_negative(label, "library.base_latency_us.ll", p.base_latency_us.ll)?;
-                data::check_non_negative(label, "library.base_latency_us.ll128", p.base_latency_us.ll128)?;
-                data::check_non_negative(label, "library.base_latency_us.simple", p.base_latency_us.simple)?;
-                data::check_positive(label, "library.ll_gbytes_per_s_per_rank", p.ll_gbytes_per_s_per_rank)?;
-                data::check_positive(label, "library.ll_multi_node_gbytes_per_s", p.ll_multi_node_gbytes_per_s)?;
-                check_fraction(label, "library.ll128_efficiency", p.ll128_efficiency / LL128_PAYLOAD_FRACTION)
-                    .map_err(|_| {
-                        SimError::invalid(
-                            label,
-                            "library.ll128_efficiency",
-                            format!("must be in (0, {LL128_PAYLOAD_FRACTION}], got {}", p.ll128_efficiency),
-                        )
-                    })?;
+                data::check_non_negative(
+                    label,
+                    "library.base_latency_us.ll",
+                    p.base_latency_us.ll,
+                )?;
+                data::check_non_negative(
+                    label,
+                    "library.base_latency_us.ll128",
+                    p.base_latency_us.ll128,
+                )?;
+                data::check_non_negative(
+                    label,
+                    "library.base_latency_us.simple",
+                    p.base_latency_us.simple,
+                )?;
+                data::check_positive(
+                    label,
+                    "library.ll_gbytes_per_s_per_rank",
+                    p.ll_gbytes_per_s_per_rank,
+                )?;
+                data::check_positive(
+                    label,
+                    "library.ll_multi_node_gbytes_per_s",
+                    p.ll_multi_node_gbytes_per_s,
+                )?;
+                check_fraction(
+                    label,
+                    "library.ll128_efficiency",
+                    p.ll128_efficiency / LL128_PAYLOAD_FRACTION,
+                )
+                .map_err(|_| {
+                    SimError::invalid(
+                        label,
+                        "library.ll128_efficiency",
+                        format!(
+                            "must be in (0, {LL128_PAYLOAD_FRACTION}], got {}",
+                            p.ll128_efficiency
+                        ),
+                    )
+                })?;
                 if self.intra_node.nvls {
                     check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
                     data::check_non_negative(label, "library.nvls_latency_us", p.nvls_latency_us)?;

@@ -59,13 +59,21 @@ fn predict(cluster: &Cluster, op: Op, args: &CollectiveArgs) -> anyhow::Result<(
     let group = Group::world(cluster);
     let rows = sizes
         .iter()
-        .map(|&bytes| Ok(Row::new(op, group.ranks, bytes, &collective::estimate(cluster, op, bytes, group)?, None)))
+        .map(|&bytes| {
+            Ok(Row::new(
+                op,
+                group.ranks,
+                bytes,
+                &collective::estimate(cluster, op, bytes, group)?,
+                None,
+            ))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     match args.format {
         Format::Json => super::print_json(&rows),
         Format::Text => {
             println!(
-                "# {op} on {} ({} nodes x {} GPUs = {} ranks), {:?} library",
+                "# {op} on {} ({} nodes x {} GPUs = {} ranks), {} library",
                 cluster.name,
                 cluster.nodes,
                 cluster.gpus_per_node,
@@ -112,7 +120,12 @@ fn print_row(r: &Row) {
     println!();
 }
 
-fn compare(cluster: &Cluster, op: Op, path: &std::path::Path, args: &CollectiveArgs) -> anyhow::Result<()> {
+fn compare(
+    cluster: &Cluster,
+    op: Op,
+    path: &std::path::Path,
+    args: &CollectiveArgs,
+) -> anyhow::Result<()> {
     let (min, max) = (parse_bytes(&args.min_bytes)?, parse_bytes(&args.max_bytes)?);
     let measurements: Vec<Measurement> =
         calibrate::read_measurements(path, op, args.column.as_deref(), cluster.world_size())?
@@ -129,14 +142,18 @@ fn compare(cluster: &Cluster, op: Op, path: &std::path::Path, args: &CollectiveA
     let cluster = match &args.fit_out {
         None => cluster.clone(),
         Some(out) => {
-            let (fitted, score) = calibrate::fit(cluster, op, &measurements, args.fit_only.as_deref())?;
+            let (fitted, score) =
+                calibrate::fit(cluster, op, &measurements, args.fit_only.as_deref())?;
             let text = serde_json::to_string_pretty(&fitted)? + "\n";
             std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
             let fields = match &args.fit_only {
                 Some(names) => names.join(", "),
                 None => calibrate::fitted_fields().join(", "),
             };
-            eprintln!("fitted {fields} (objective {score:.2}); wrote {}", out.display());
+            eprintln!(
+                "fitted {fields} (objective {score:.2}); wrote {}",
+                out.display()
+            );
             fitted
         }
     };
@@ -184,17 +201,31 @@ fn compare(cluster: &Cluster, op: Op, path: &std::path::Path, args: &CollectiveA
                 }
                 print_row(row);
             }
-            println!("\n# error of predicted vs measured time, {} to {}", format_bytes(min), format_bytes(max));
-            println!("{:>6} {:>7} {:>14} {:>13}", "gpus", "points", "mean |err| %", "max |err| %");
+            println!(
+                "\n# error of predicted vs measured time, {} to {}",
+                format_bytes(min),
+                format_bytes(max)
+            );
+            println!(
+                "{:>6} {:>7} {:>14} {:>13}",
+                "gpus", "points", "mean |err| %", "max |err| %"
+            );
             for r in &table {
-                println!("{:>6} {:>7} {:>14.1} {:>13.1}", r.gpus, r.points, r.mean_abs_pct, r.max_abs_pct);
+                println!(
+                    "{:>6} {:>7} {:>14.1} {:>13.1}",
+                    r.gpus, r.points, r.mean_abs_pct, r.max_abs_pct
+                );
             }
             Ok(())
         }
     }
 }
 
-fn rows_with_measurements(op: Op, measurements: &[Measurement], predictions: &[Estimate]) -> Vec<Row> {
+fn rows_with_measurements(
+    op: Op,
+    measurements: &[Measurement],
+    predictions: &[Estimate],
+) -> Vec<Row> {
     measurements
         .iter()
         .zip(predictions)

@@ -64,13 +64,16 @@ impl Op {
 impl std::str::FromStr for Op {
     type Err = SimError;
     fn from_str(text: &str) -> Result<Op> {
-        Op::ALL.into_iter().find(|op| op.name() == text).ok_or_else(|| {
-            SimError::bad_value(
-                "collective operation",
-                text,
-                format!("valid operations: {}", Op::ALL.map(Op::name).join(", ")),
-            )
-        })
+        Op::ALL
+            .into_iter()
+            .find(|op| op.name() == text)
+            .ok_or_else(|| {
+                SimError::bad_value(
+                    "collective operation",
+                    text,
+                    format!("valid operations: {}", Op::ALL.map(Op::name).join(", ")),
+                )
+            })
     }
 }
 
@@ -208,7 +211,11 @@ pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<E
 
 /// Allgather with a different contribution per rank (`bytes_per_rank[i]` from rank i): a ring
 /// moves one block per step, so each step lasts as long as its largest block.
-pub fn estimate_allgatherv(cluster: &Cluster, bytes_per_rank: &[u64], group: Group) -> Result<Estimate> {
+pub fn estimate_allgatherv(
+    cluster: &Cluster,
+    bytes_per_rank: &[u64],
+    group: Group,
+) -> Result<Estimate> {
     if bytes_per_rank.len() != group.ranks as usize {
         return Err(SimError::bad_value(
             "allgatherv sizes",
@@ -234,7 +241,8 @@ pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<
     // gets one NIC's share of the node's network bandwidth.
     let mut shared = cluster.clone();
     let nics = shared.inter_node.nics_per_node as f64;
-    shared.inter_node.nic_bandwidth_gbps *= nics.min(cluster.gpus_per_node as f64) / cluster.gpus_per_node as f64;
+    shared.inter_node.nic_bandwidth_gbps *=
+        nics.min(cluster.gpus_per_node as f64) / cluster.gpus_per_node as f64;
     shared.inter_node.nics_per_node = 1;
     let inter = estimate(&shared, Op::Allreduce, shard, across)?;
     let allgather = estimate(cluster, Op::Allgather, bytes, local)?;
@@ -247,9 +255,16 @@ pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<
 
 fn check_group(cluster: &Cluster, group: Group) -> Result<()> {
     if group.ranks == 0 || group.nodes == 0 {
-        return Err(SimError::bad_value("collective group", format!("{}/{}", group.ranks, group.nodes), "needs at least one rank on one node"));
+        return Err(SimError::bad_value(
+            "collective group",
+            format!("{}/{}", group.ranks, group.nodes),
+            "needs at least one rank on one node",
+        ));
     }
-    if group.nodes > cluster.nodes || group.ranks > cluster.world_size() || group.ranks % group.nodes != 0 {
+    if group.nodes > cluster.nodes
+        || group.ranks > cluster.world_size()
+        || !group.ranks.is_multiple_of(group.nodes)
+    {
         return Err(SimError::bad_value(
             "collective group",
             format!("{} ranks on {} nodes", group.ranks, group.nodes),

@@ -9,14 +9,21 @@ use super::{Algorithm, Estimate, Group, Op, Protocol};
 use crate::time::SimTime;
 use crate::topology::{Cluster, MpiParams};
 
-pub(super) fn estimate(cluster: &Cluster, params: &MpiParams, op: Op, bytes: u64, group: Group) -> Estimate {
+pub(super) fn estimate(
+    cluster: &Cluster,
+    params: &MpiParams,
+    op: Op,
+    bytes: u64,
+    group: Group,
+) -> Estimate {
     let n = group.ranks as f64;
     let s = bytes as f64;
     // Per message: software overhead plus one network hop.
     let alpha = params.message_overhead_us + cluster.inter_node.latency_us;
     // Every rank of a node shares the node's NICs.
-    let link_bytes_per_us =
-        cluster.node_network_bytes_per_s() * params.tcp_efficiency / 1e6 / group.ranks_per_node() as f64;
+    let link_bytes_per_us = cluster.node_network_bytes_per_s() * params.tcp_efficiency
+        / 1e6
+        / group.ranks_per_node() as f64;
     let beta = 1.0 / link_bytes_per_us;
     let gamma = 1.0 / (params.reduce_gbytes_per_s * 1e3);
     if group.ranks == 1 {
@@ -26,23 +33,41 @@ pub(super) fn estimate(cluster: &Cluster, params: &MpiParams, op: Op, bytes: u64
     let frac = (n - 1.0) / n;
     let candidates = match op {
         Op::Allreduce => vec![
-            (log_n * (alpha + s * beta + s * gamma), Algorithm::RecursiveDoubling),
-            (2.0 * (n - 1.0) * alpha + 2.0 * frac * s * beta + frac * s * gamma, Algorithm::Ring),
+            (
+                log_n * (alpha + s * beta + s * gamma),
+                Algorithm::RecursiveDoubling,
+            ),
+            (
+                2.0 * (n - 1.0) * alpha + 2.0 * frac * s * beta + frac * s * gamma,
+                Algorithm::Ring,
+            ),
             // Non-power-of-two counts pay one extra exchange to fold the remainder ranks.
             (
-                2.0 * log_n * alpha + 2.0 * frac * s * beta + frac * s * gamma + fold_cost(n, alpha, s, beta),
+                2.0 * log_n * alpha
+                    + 2.0 * frac * s * beta
+                    + frac * s * gamma
+                    + fold_cost(n, alpha, s, beta),
                 Algorithm::Rabenseifner,
             ),
         ],
         Op::Allgather => vec![
             ((n - 1.0) * alpha + frac * s * beta, Algorithm::Ring),
-            (log_n * alpha + frac * s * beta, Algorithm::RecursiveDoubling),
+            (
+                log_n * alpha + frac * s * beta,
+                Algorithm::RecursiveDoubling,
+            ),
         ],
-        Op::ReduceScatter => vec![((n - 1.0) * alpha + frac * s * (beta + gamma), Algorithm::Ring)],
+        Op::ReduceScatter => vec![(
+            (n - 1.0) * alpha + frac * s * (beta + gamma),
+            Algorithm::Ring,
+        )],
         Op::Broadcast => vec![
             (log_n * (alpha + s * beta), Algorithm::Tree),
             // Scatter then ring allgather, for large messages.
-            ((log_n + n - 1.0) * alpha + 2.0 * frac * s * beta, Algorithm::Ring),
+            (
+                (log_n + n - 1.0) * alpha + 2.0 * frac * s * beta,
+                Algorithm::Ring,
+            ),
         ],
         Op::Reduce => vec![(log_n * (alpha + s * beta + s * gamma), Algorithm::Tree)],
         Op::Alltoall => vec![((n - 1.0) * alpha + frac * s * beta, Algorithm::P2p)],

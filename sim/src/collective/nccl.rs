@@ -38,8 +38,8 @@ const PROTOCOLS: [ProtocolConstants; 3] = [
         tree_pcie_extra_us: 0.0,
         tree_net_extra_us: 2.3,
         tree_correction: [
-            1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.7, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.0,
-            1.0, 1.0,
+            1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.7, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.5, 0.6, 0.7,
+            0.8, 0.9, 1.0, 1.0, 1.0, 1.0,
         ],
     },
     ProtocolConstants {
@@ -51,8 +51,8 @@ const PROTOCOLS: [ProtocolConstants; 3] = [
         tree_pcie_extra_us: 0.9,
         tree_net_extra_us: 5.8,
         tree_correction: [
-            1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.8, 0.8, 0.7, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.8, 0.9, 0.9, 0.9, 0.9,
-            1.0, 1.0,
+            1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.8, 0.8, 0.7, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.8,
+            0.9, 0.9, 0.9, 0.9, 1.0, 1.0,
         ],
     },
     ProtocolConstants {
@@ -64,8 +64,8 @@ const PROTOCOLS: [ProtocolConstants; 3] = [
         tree_pcie_extra_us: 5.0,
         tree_net_extra_us: 11.3,
         tree_correction: [
-            0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7, 0.8,
-            0.9, 0.9,
+            0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.6, 0.7,
+            0.8, 0.7, 0.7, 0.8, 0.9, 0.9,
         ],
     },
 ];
@@ -105,7 +105,13 @@ const LOCAL_LAUNCH_US: f64 = 4.4;
 /// Fraction of the device memory bandwidth a device-to-device copy reaches.
 const LOCAL_COPY_EFFICIENCY: f64 = 0.85;
 
-pub(super) fn estimate(cluster: &Cluster, params: &NcclParams, op: Op, bytes: u64, group: Group) -> Estimate {
+pub(super) fn estimate(
+    cluster: &Cluster,
+    params: &NcclParams,
+    op: Op,
+    bytes: u64,
+    group: Group,
+) -> Estimate {
     if group.ranks == 1 {
         return local_copy(cluster, bytes);
     }
@@ -125,17 +131,33 @@ pub(super) fn estimate(cluster: &Cluster, params: &NcclParams, op: Op, bytes: u6
         if op == Op::Alltoall {
             // NCCL runs alltoall as grouped send/receive with the Simple protocol.
             if constants.protocol == Protocol::Simple {
-                consider(alltoall_us(&link, constants, bytes, group), Algorithm::P2p, Protocol::Simple);
+                consider(
+                    alltoall_us(&link, constants, bytes, group),
+                    Algorithm::P2p,
+                    Protocol::Simple,
+                );
             }
             continue;
         }
-        consider(ring_us(&link, constants, op, bytes, group), Algorithm::Ring, constants.protocol);
+        consider(
+            ring_us(&link, constants, op, bytes, group),
+            Algorithm::Ring,
+            constants.protocol,
+        );
         if op == Op::Allreduce && group.nodes > 1 {
-            consider(tree_us(&link, constants, bytes, group), Algorithm::Tree, constants.protocol);
+            consider(
+                tree_us(&link, constants, bytes, group),
+                Algorithm::Tree,
+                constants.protocol,
+            );
         }
     }
     if op == Op::Allreduce && cluster.intra_node.nvls && group.ranks_per_node() > 1 {
-        consider(nvls_us(&link, params, bytes, group), Algorithm::Nvls, Protocol::Simple);
+        consider(
+            nvls_us(&link, params, bytes, group),
+            Algorithm::Nvls,
+            Protocol::Simple,
+        );
     }
     best.expect("NCCL always offers a ring")
 }
@@ -187,8 +209,16 @@ impl Links {
 
     /// Bus bandwidth of the slowest link a ring or tree crosses.
     fn bus_gbytes_per_s(&self, group: Group) -> f64 {
-        let intra = if group.ranks_per_node() > 1 { self.intra_gbytes_per_s } else { f64::INFINITY };
-        let inter = if group.nodes > 1 { self.inter_gbytes_per_s } else { f64::INFINITY };
+        let intra = if group.ranks_per_node() > 1 {
+            self.intra_gbytes_per_s
+        } else {
+            f64::INFINITY
+        };
+        let inter = if group.nodes > 1 {
+            self.inter_gbytes_per_s
+        } else {
+            f64::INFINITY
+        };
         intra.min(inter)
     }
 
@@ -229,13 +259,24 @@ impl Links {
 fn ring_us(link: &Links, constants: &ProtocolConstants, op: Op, bytes: u64, group: Group) -> f64 {
     let n = group.ranks as f64;
     let (steps, inter_steps) = match op {
-        Op::Allreduce => (2.0 * (n - 1.0), if group.nodes > 1 { 2.0 * group.nodes as f64 } else { 0.0 }),
+        Op::Allreduce => (
+            2.0 * (n - 1.0),
+            if group.nodes > 1 {
+                2.0 * group.nodes as f64
+            } else {
+                0.0
+            },
+        ),
         Op::Allgather | Op::ReduceScatter | Op::Broadcast | Op::Reduce | Op::Alltoall => {
             (n - 1.0, (group.nodes - 1) as f64)
         }
     };
     let inter_steps = inter_steps.min(steps);
-    let extras = (constants.ring_nvlink_extra_us, constants.ring_pcie_extra_us, constants.ring_net_extra_us);
+    let extras = (
+        constants.ring_nvlink_extra_us,
+        constants.ring_pcie_extra_us,
+        constants.ring_net_extra_us,
+    );
     let mut latency = link.base_us(constants.protocol)
         + (steps - inter_steps) * link.hop_us(true, extras)
         + inter_steps * link.hop_us(false, extras);
@@ -256,15 +297,28 @@ fn ring_us(link: &Links, constants: &ProtocolConstants, op: Op, bytes: u64, grou
 /// corrects it by message size.
 fn tree_us(link: &Links, constants: &ProtocolConstants, bytes: u64, group: Group) -> f64 {
     let depth = (group.nodes as f64).log2().floor();
-    let extras = (constants.tree_nvlink_extra_us, constants.tree_pcie_extra_us, constants.tree_net_extra_us);
+    let extras = (
+        constants.tree_nvlink_extra_us,
+        constants.tree_pcie_extra_us,
+        constants.tree_net_extra_us,
+    );
     let latency = link.base_us(constants.protocol)
         + 2.0
             * ((group.ranks_per_node() - 1) as f64 * link.hop_us(true, extras)
                 + depth * link.hop_us(false, extras));
     let size_class = ((bytes / 64).max(1) as f64).log2().floor() as usize;
-    let correction = constants.tree_correction.get(size_class).copied().unwrap_or(1.0);
+    let correction = constants
+        .tree_correction
+        .get(size_class)
+        .copied()
+        .unwrap_or(1.0);
     let bus = link.bus_gbytes_per_s(group)
-        * protocol_efficiency(constants.protocol, Op::Allreduce, group, link.ll128_efficiency)
+        * protocol_efficiency(
+            constants.protocol,
+            Op::Allreduce,
+            group,
+            link.ll128_efficiency,
+        )
         * 0.92
         * correction;
     let mut algbw = bus / 2.0;
@@ -284,7 +338,7 @@ fn nvls_us(link: &Links, params: &NcclParams, bytes: u64, group: Group) -> f64 {
         // Across nodes NVLS runs a tree over the network on the reduced shards.
         let depth = (group.nodes as f64).log2().ceil();
         time = time.max(2.0 * bytes as f64 / (link.inter_gbytes_per_s * 1e3))
-            + 2.0 * depth * link.hop_us(false, (0.0, 0.0, PROTOCOLS[2].tree_net_extra_us)) ;
+            + 2.0 * depth * link.hop_us(false, (0.0, 0.0, PROTOCOLS[2].tree_net_extra_us));
     }
     time
 }
@@ -298,8 +352,16 @@ fn alltoall_us(link: &Links, constants: &ProtocolConstants, bytes: u64, group: G
     let intra_bytes = block * (ppn - 1.0);
     let inter_bytes_per_node = block * ppn * (n - ppn);
     let intra_us = intra_bytes / (link.intra_gbytes_per_s * 1e3);
-    let inter_us = if group.nodes > 1 { inter_bytes_per_node / (link.inter_gbytes_per_s * 1e3) } else { 0.0 };
-    let extras = (constants.ring_nvlink_extra_us, constants.ring_pcie_extra_us, constants.ring_net_extra_us);
+    let inter_us = if group.nodes > 1 {
+        inter_bytes_per_node / (link.inter_gbytes_per_s * 1e3)
+    } else {
+        0.0
+    };
+    let extras = (
+        constants.ring_nvlink_extra_us,
+        constants.ring_pcie_extra_us,
+        constants.ring_net_extra_us,
+    );
     let hop = link.hop_us(group.nodes == 1, extras);
     link.base_us(constants.protocol) + hop + intra_us.max(inter_us)
 }

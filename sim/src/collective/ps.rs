@@ -22,15 +22,28 @@ const TCP_INCAST_LOSS_PER_SENDER: f64 = 0.01;
 
 /// Push `bytes` from each of `workers` nodes to the servers and pull the aggregate back.
 /// Each server owns `1/servers` of every tensor; push and pull of one tensor run back to back.
-pub fn ps_push_pull(cluster: &Cluster, bytes: u64, workers: u32, placement: ServerPlacement) -> Result<Estimate> {
+pub fn ps_push_pull(
+    cluster: &Cluster,
+    bytes: u64,
+    workers: u32,
+    placement: ServerPlacement,
+) -> Result<Estimate> {
     if workers == 0 {
-        return Err(SimError::bad_value("parameter-server workers", workers, "need at least one worker"));
+        return Err(SimError::bad_value(
+            "parameter-server workers",
+            workers,
+            "need at least one worker",
+        ));
     }
     let servers = match placement {
         ServerPlacement::Colocated => workers,
         ServerPlacement::Dedicated { servers } if servers > 0 => servers,
         ServerPlacement::Dedicated { servers } => {
-            return Err(SimError::bad_value("parameter servers", servers, "need at least one server"))
+            return Err(SimError::bad_value(
+                "parameter servers",
+                servers,
+                "need at least one server",
+            ))
         }
     };
     let node_bytes_per_us = cluster.node_network_bytes_per_s() / 1e6;
@@ -49,8 +62,12 @@ pub fn ps_push_pull(cluster: &Cluster, bytes: u64, workers: u32, placement: Serv
     // In colocated mode a node both sends its pushes and receives others' in the same direction
     // budget of a full-duplex NIC: outgoing pushes and outgoing pulls share the uplink.
     let per_phase_us = match placement {
-        ServerPlacement::Colocated => (worker_bytes + server_bytes) / 2.0 / node_bytes_per_us * incast,
-        ServerPlacement::Dedicated { .. } => (worker_bytes / node_bytes_per_us).max(server_bytes / node_bytes_per_us * incast),
+        ServerPlacement::Colocated => {
+            (worker_bytes + server_bytes) / 2.0 / node_bytes_per_us * incast
+        }
+        ServerPlacement::Dedicated { .. } => {
+            (worker_bytes / node_bytes_per_us).max(server_bytes / node_bytes_per_us * incast)
+        }
     };
     let latency_us = cluster.inter_node.latency_us;
     Ok(Estimate {
