@@ -1,5 +1,6 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
+pub mod compress;
 pub mod data;
 pub mod device;
 pub mod error;
