@@ -74,7 +74,7 @@ pub fn format_bytes(bytes: u64) -> String {
         ("K", 1 << 10),
     ];
     for (suffix, unit) in UNITS {
-        if bytes >= unit && bytes % unit == 0 {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{}{}", bytes / unit, suffix);
         }
     }
