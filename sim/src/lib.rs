@@ -2,6 +2,7 @@
 
 pub mod calibrate;
 pub mod collective;
+pub mod compress;
 pub mod data;
 pub mod device;
 pub mod error;

@@ -1,0 +1,252 @@
+//! Cast codecs: fp32 as is, fp16 and bf16 (summable), fp8 e4m3/e5m2 with a per-tensor scale.
+//!
+//! Wire formats: `none` n × f32; `fp16`/`bf16` n × u16; `fp8` f32 scale then n × u8 codes,
+//! value = fp8(code) · scale with scale = max|x| / max-representable.
+
+use super::minifloat::{self, E4M3_MAX, E5M2_MAX};
+use super::scan::{check_finite, max_abs, CHUNK};
+use super::wire::{bad_payload, expect_len, get_f32, sum_f32_payloads};
+use super::Codec;
+use crate::error::Result;
+use syncopate_sim::compress::{Compressor, Fp8Format};
+
+pub fn codec(c: Compressor) -> Box<dyn Codec> {
+    match c {
+        Compressor::Fp8(format) => Box::new(Fp8::new(format)),
+        _ => Box::new(Cast { c }),
+    }
+}
+
+/// none, fp16 and bf16: element-wise casts whose payloads sum in their wire type.
+struct Cast {
+    c: Compressor,
+}
+
+/// Encodes chunk by chunk so the finiteness check and the conversion share one pass over memory.
+fn encode_elements<const W: usize>(
+    grad: &[f32],
+    out: &mut Vec<u8>,
+    convert: impl Fn(f32) -> [u8; W],
+) -> Result<()> {
+    out.resize(grad.len() * W, 0);
+    for (c, (src, dst)) in grad
+        .chunks(CHUNK)
+        .zip(out.chunks_mut(CHUNK * W))
+        .enumerate()
+    {
+        check_finite(src, c * CHUNK)?;
+        for (d, &x) in dst.chunks_exact_mut(W).zip(src) {
+            d.copy_from_slice(&convert(x));
+        }
+    }
+    Ok(())
+}
+
+fn decode_elements<const W: usize>(
+    payload: &[u8],
+    acc: &mut [f32],
+    convert: impl Fn([u8; W]) -> f32,
+) {
+    for (a, b) in acc.iter_mut().zip(payload.chunks_exact(W)) {
+        let mut word = [0u8; W];
+        word.copy_from_slice(b);
+        *a += convert(word);
+    }
+}
+
+fn half_encode(x: f32) -> [u8; 2] {
+    minifloat::f32_to_f16(x).to_le_bytes()
+}
+
+fn half_decode(b: [u8; 2]) -> f32 {
+    minifloat::f16_to_f32(u16::from_le_bytes(b))
+}
+
+fn brain_encode(x: f32) -> [u8; 2] {
+    minifloat::f32_to_bf16(x).to_le_bytes()
+}
+
+fn brain_decode(b: [u8; 2]) -> f32 {
+    minifloat::bf16_to_f32(u16::from_le_bytes(b))
+}
+
+/// Sums two 16-bit payloads as NCCL does for half types: add in f32, round back (saturating).
+fn sum16(acc: &mut [u8], other: &[u8], dec: fn([u8; 2]) -> f32, enc: fn(f32) -> [u8; 2]) {
+    for (a, b) in acc.chunks_exact_mut(2).zip(other.chunks_exact(2)) {
+        let s = dec([a[0], a[1]]) + dec([b[0], b[1]]);
+        a.copy_from_slice(&enc(s));
+    }
+}
+
+impl Codec for Cast {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        match self.c {
+            Compressor::Fp16 => encode_elements(grad, out, half_encode),
+            Compressor::Bf16 => encode_elements(grad, out, brain_encode),
+            _ => encode_elements(grad, out, f32::to_le_bytes),
+        }
+    }
+
+    fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+        expect_len(&self.c, payload, acc.len())?;
+        match self.c {
+            Compressor::Fp16 => decode_elements(payload, acc, half_decode),
+            Compressor::Bf16 => decode_elements(payload, acc, brain_decode),
+            _ => decode_elements(payload, acc, f32::from_le_bytes),
+        }
+        Ok(())
+    }
+
+    fn sum_into(&self, acc: &mut [u8], other: &[u8]) -> Result<()> {
+        if acc.len() != other.len() {
+            return Err(bad_payload(
+                &self.c,
+                format!(
+                    "cannot sum payloads of {} and {} bytes",
+                    acc.len(),
+                    other.len()
+                ),
+            ));
+        }
+        match self.c {
+            Compressor::Fp16 => sum16(acc, other, half_decode, half_encode),
+            Compressor::Bf16 => sum16(acc, other, brain_decode, brain_encode),
+            _ => return sum_f32_payloads(&self.c, acc, other),
+        }
+        Ok(())
+    }
+}
+
+/// fp8 with a per-tensor scale; decoding goes through a 256-entry table.
+struct Fp8 {
+    c: Compressor,
+    format: Fp8Format,
+    table: [f32; 256],
+}
+
+impl Fp8 {
+    fn new(format: Fp8Format) -> Fp8 {
+        let mut table = [0.0f32; 256];
+        for (code, v) in table.iter_mut().enumerate() {
+            *v = match format {
+                Fp8Format::E4m3 => minifloat::e4m3_to_f32(code as u8),
+                Fp8Format::E5m2 => minifloat::e5m2_to_f32(code as u8),
+            };
+        }
+        Fp8 {
+            c: Compressor::Fp8(format),
+            format,
+            table,
+        }
+    }
+}
+
+fn encode_scaled(src: &[f32], dst: &mut [u8], inv: f32, convert: impl Fn(f32) -> u8) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = convert(x * inv);
+    }
+}
+
+impl Codec for Fp8 {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        let max_repr = match self.format {
+            Fp8Format::E4m3 => E4M3_MAX,
+            Fp8Format::E5m2 => E5M2_MAX,
+        };
+        let max = max_abs(grad)?;
+        // A zero tensor gets scale 0 and all-zero codes; otherwise max|x| maps to the largest
+        // finite fp8 value (the product may round just above it and then saturates).
+        let (scale, inv) = if max > 0.0 {
+            (max / max_repr, max_repr / max)
+        } else {
+            (0.0, 0.0)
+        };
+        out.resize(4 + grad.len(), 0);
+        out[..4].copy_from_slice(&scale.to_le_bytes());
+        let body = &mut out[4..];
+        match self.format {
+            Fp8Format::E4m3 => encode_scaled(grad, body, inv, minifloat::f32_to_e4m3),
+            Fp8Format::E5m2 => encode_scaled(grad, body, inv, minifloat::f32_to_e5m2),
+        }
+        Ok(())
+    }
+
+    fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+        expect_len(&self.c, payload, acc.len())?;
+        let scale = get_f32(&self.c, payload, 0)?;
+        for (a, &code) in acc.iter_mut().zip(&payload[4..]) {
+            *a += self.table[code as usize] * scale;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(c: Compressor, g: &[f32]) -> Vec<f32> {
+        let mut codec = codec(c);
+        let mut payload = Vec::new();
+        codec.encode(g, &mut payload).unwrap();
+        assert_eq!(payload.len() as u64, c.wire_bytes(g.len() as u64));
+        let mut out = vec![0.0; g.len()];
+        codec.decode_add(&payload, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn relative_errors_within_format_precision() {
+        let g: Vec<f32> = (0..5000).map(|i| ((i as f32) * 0.37).sin() * 3.0).collect();
+        assert_eq!(roundtrip(Compressor::None, &g), g);
+        let max = 3.0f32;
+        for (c, rel) in [
+            (Compressor::Fp16, 2f32.powi(-11)),
+            (Compressor::Bf16, 2f32.powi(-8)),
+        ] {
+            for (x, y) in g.iter().zip(roundtrip(c, &g)) {
+                assert!((x - y).abs() <= x.abs() * rel + 1e-7, "{c} {x} {y}");
+            }
+        }
+        // fp8: relative 2^-(M+1) in the normal range, absolute half a subnormal step below it.
+        for (c, rel, tiny) in [
+            (
+                Compressor::Fp8(Fp8Format::E4m3),
+                2f32.powi(-4),
+                max / 448.0 * 2f32.powi(-10),
+            ),
+            (
+                Compressor::Fp8(Fp8Format::E5m2),
+                2f32.powi(-3),
+                max / 57344.0 * 2f32.powi(-17),
+            ),
+        ] {
+            for (x, y) in g.iter().zip(roundtrip(c, &g)) {
+                assert!((x - y).abs() <= x.abs() * rel + tiny, "{c} {x} {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn zero_tensor_and_sums() {
+        let z = vec![0.0f32; 9];
+        assert_eq!(roundtrip(Compressor::Fp8(Fp8Format::E4m3), &z), z);
+        let c = Compressor::Fp16;
+        let codec = codec(c);
+        let mut a = vec![0u8; 4];
+        let mut b = vec![0u8; 4];
+        a[..2].copy_from_slice(&half_encode(60000.0));
+        b[..2].copy_from_slice(&half_encode(60000.0));
+        codec.sum_into(&mut a, &b).unwrap();
+        assert_eq!(half_decode([a[0], a[1]]), 65504.0, "saturates, never inf");
+        assert!(codec.sum_into(&mut a, &b[..2]).is_err());
+    }
+}

@@ -1,0 +1,178 @@
+//! CPU gradient-compression kernels behind one `Codec` trait, built from the simulator's `Compressor` spec.
+//!
+//! Every codec writes a real little-endian byte payload (formats in `exec/WIRE_FORMAT.md`), whose
+//! length is exactly `Compressor::wire_bytes`. Decoding adds into an accumulator so that
+//! aggregating p workers is p `decode_add`s (allgather) or one on a payload summed in its wire
+//! type (allreduce).
+
+mod bits;
+mod cast;
+pub mod memory;
+pub mod minifloat;
+mod powersgd;
+mod quantize;
+pub mod rng;
+pub mod sampled;
+mod scan;
+mod sign;
+mod sparse;
+mod wire;
+
+use crate::error::{ExecError, Result};
+use syncopate_sim::compress::{Aggregation, Compressor};
+
+pub use memory::MemoryState;
+pub use scan::check_all as check_finite;
+
+/// One worker's encoder/decoder for one tensor (or fused group). Stateful compressors (signum
+/// momentum, PowerSGD's Q, random-k's step counter, DGC's sampling RNG) keep their state here.
+pub trait Codec: Send {
+    fn compressor(&self) -> Compressor;
+
+    /// Encodes this worker's gradient into `out` (replacing its contents). Non-finite input is an
+    /// error naming the element.
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()>;
+
+    /// Adds the decoded payload into `acc`. For allreduce codecs the payload may be the sum of
+    /// p payloads; for PowerSGD it is the reduced payload of the last round.
+    fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()>;
+
+    /// Adds `other` into `acc` in the wire type, as an allreduce would.
+    fn sum_into(&self, _acc: &mut [u8], _other: &[u8]) -> Result<()> {
+        Err(ExecError::NotSummable {
+            compressor: self.compressor().to_string(),
+        })
+    }
+
+    /// Multi-round codecs (PowerSGD): from the reduced payload of the previous round, writes
+    /// this worker's payload for the next one.
+    fn next_round(&mut self, _reduced: &[u8], _out: &mut Vec<u8>) -> Result<()> {
+        Err(ExecError::Protocol {
+            compressor: self.compressor().to_string(),
+            message: "has a single round".into(),
+        })
+    }
+}
+
+/// A codec for a flat fp32 buffer. `seed` drives the stochastic codecs; workers that must agree
+/// (random-k indices, PowerSGD's initial Q) need the same seed, the others should differ.
+/// A flat buffer is 1-D, so PowerSGD sends it raw; use [`codec_for_shapes`] for matrices.
+pub fn codec_for(c: &Compressor, seed: u64) -> Box<dyn Codec> {
+    match *c {
+        Compressor::None | Compressor::Fp16 | Compressor::Bf16 | Compressor::Fp8(_) => {
+            cast::codec(*c)
+        }
+        Compressor::TopK { ratio } => sparse::exact(*c, sparse::Rule::TopK(ratio)),
+        Compressor::Threshold { value } => sparse::exact(*c, sparse::Rule::Threshold(value as f32)),
+        Compressor::RandomK { ratio } => sparse::random_k(*c, ratio, seed),
+        Compressor::Dgc { ratio } => sampled::codec(*c, ratio, sampled::Sampling::Dgc, seed),
+        Compressor::GradDrop { ratio } => {
+            sampled::codec(*c, ratio, sampled::Sampling::GradDrop, seed)
+        }
+        Compressor::Qsgd { levels } => quantize::codec(*c, quantize::Kind::Qsgd(levels), seed),
+        Compressor::TernGrad => quantize::codec(*c, quantize::Kind::TernGrad, seed),
+        Compressor::Natural => quantize::codec(*c, quantize::Kind::Natural, seed),
+        Compressor::Tbq { threshold } => {
+            quantize::codec(*c, quantize::Kind::Tbq(threshold as f32), seed)
+        }
+        Compressor::SignSgd => sign::codec(*c, sign::Kind::SignSgd),
+        Compressor::EfSignSgd => sign::codec(*c, sign::Kind::EfSignSgd),
+        Compressor::Signum { momentum } => sign::codec(*c, sign::Kind::Signum(momentum as f32)),
+        Compressor::OneBit => sign::codec(*c, sign::Kind::OneBit),
+        Compressor::PowerSgd { rank } => Box::new(powersgd::PowerSgd::new(rank, &[], seed)),
+    }
+}
+
+/// A codec for a fused group of tensors with these shapes, laid out one after another.
+/// Only PowerSGD uses the shapes (one low-rank matrix per tensor of two or more dimensions).
+pub fn codec_for_shapes(c: &Compressor, shapes: &[&[u64]], seed: u64) -> Box<dyn Codec> {
+    match *c {
+        Compressor::PowerSgd { rank } => Box::new(powersgd::PowerSgd::new(rank, shapes, seed)),
+        _ => codec_for(c, seed),
+    }
+}
+
+/// Encodes and decodes one worker's gradient alone (p = 1): what error feedback subtracts.
+/// `out` receives decode(encode(grad)); `payload` is scratch and ends holding the last round.
+pub fn roundtrip(
+    codec: &mut dyn Codec,
+    grad: &[f32],
+    payload: &mut Vec<u8>,
+    out: &mut [f32],
+) -> Result<()> {
+    codec.encode(grad, payload)?;
+    let mut next = Vec::new();
+    for _ in 1..codec.compressor().allreduce_rounds() {
+        codec.next_round(payload, &mut next)?;
+        std::mem::swap(payload, &mut next);
+    }
+    out.fill(0.0);
+    codec.decode_add(payload, out)
+}
+
+/// Aggregates p workers' gradients through their real payloads with the compressor's default
+/// rule, writing each worker's view of the summed gradient into `outs[w]`. Returns the bytes
+/// each worker sent. Allreduce payloads are summed in their wire type; allgathered ones are
+/// decoded one by one (every worker decodes the same p payloads, so worker 0's result is copied).
+pub fn aggregate(
+    codecs: &mut [Box<dyn Codec>],
+    grads: &[&[f32]],
+    outs: &mut [Vec<f32>],
+) -> Result<u64> {
+    let Some(first) = codecs.first() else {
+        return Ok(0);
+    };
+    let c = first.compressor();
+    if codecs.len() != grads.len() || codecs.len() != outs.len() {
+        return Err(ExecError::Protocol {
+            compressor: c.to_string(),
+            message: format!(
+                "{} codecs, {} gradients and {} outputs: one of each per worker",
+                codecs.len(),
+                grads.len(),
+                outs.len()
+            ),
+        });
+    }
+    let mut payloads = vec![Vec::new(); codecs.len()];
+    for ((codec, grad), payload) in codecs.iter_mut().zip(grads).zip(&mut payloads) {
+        codec.encode(grad, payload)?;
+    }
+    let mut sent: u64 = payloads[0].len() as u64;
+    for out in outs.iter_mut() {
+        out.fill(0.0);
+    }
+    match c.aggregation() {
+        Aggregation::Allreduce => {
+            let mut reduced = sum_payloads(codecs, &payloads)?;
+            for _ in 1..c.allreduce_rounds() {
+                for (codec, payload) in codecs.iter_mut().zip(&mut payloads) {
+                    codec.next_round(&reduced, payload)?;
+                }
+                sent += payloads[0].len() as u64;
+                reduced = sum_payloads(codecs, &payloads)?;
+            }
+            for (codec, out) in codecs.iter_mut().zip(outs.iter_mut()) {
+                codec.decode_add(&reduced, out)?;
+            }
+        }
+        Aggregation::Allgather | Aggregation::ParameterServer => {
+            let (first, rest) = outs.split_at_mut(1);
+            for payload in &payloads {
+                codecs[0].decode_add(payload, &mut first[0])?;
+            }
+            for out in rest {
+                out.copy_from_slice(&first[0]);
+            }
+        }
+    }
+    Ok(sent)
+}
+
+fn sum_payloads(codecs: &[Box<dyn Codec>], payloads: &[Vec<u8>]) -> Result<Vec<u8>> {
+    let mut reduced = payloads[0].clone();
+    for other in &payloads[1..] {
+        codecs[0].sum_into(&mut reduced, other)?;
+    }
+    Ok(reduced)
+}

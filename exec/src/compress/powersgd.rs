@@ -1,0 +1,290 @@
+//! PowerSGD: rank-r approximation P = MQ, Gram–Schmidt on the reduced P, Q = MᵀP, warm-started Q, 1-D tensors raw.
+//!
+//! Wire format, two allreduce rounds of f32 arrays over the group's tensors in order: round 1
+//! holds each low-rank matrix's P (rows × r, row-major) or a raw tensor's values; round 2 holds
+//! each low-rank matrix's Q (cols × r, row-major). Which tensors are low-rank follows
+//! `syncopate_sim::compress::powersgd_layout` (PyTorch's hook rule).
+
+use super::rng::Rng;
+use super::scan::check_all;
+use super::wire::{bad_payload, f32s, put_f32s, sum_f32_payloads};
+use super::Codec;
+use crate::error::{ExecError, Result};
+use syncopate_sim::compress::{powersgd_layout, Compressor, PowerSgdTensor};
+
+pub struct PowerSgd {
+    c: Compressor,
+    /// Explicit group layout; empty means "one flat 1-D buffer", sized at encode.
+    layout: Vec<PowerSgdTensor>,
+    /// Per low-rank tensor: Q (cols × r), warm-started from the last step's reduced Q.
+    qs: Vec<Vec<f32>>,
+    /// This step's gradient (Q = MᵀP needs it in round 2).
+    grad: Vec<f32>,
+    /// Round-1 results: orthonormal P per low-rank tensor, reduced raw values per raw tensor.
+    ps: Vec<Vec<f32>>,
+    phase: Phase,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    SentP,
+    SentQ,
+}
+
+impl PowerSgd {
+    /// Q starts as a seeded standard normal matrix; workers must share the seed so that their
+    /// P = MQ are summable.
+    pub fn new(rank: u32, shapes: &[&[u64]], seed: u64) -> PowerSgd {
+        let layout = powersgd_layout(shapes, rank);
+        let mut rng = Rng::new(seed);
+        let qs = layout
+            .iter()
+            .map(|t| match *t {
+                PowerSgdTensor::LowRank { cols, rank, .. } => {
+                    (0..cols * rank).map(|_| rng.normal() as f32).collect()
+                }
+                PowerSgdTensor::Raw { .. } => Vec::new(),
+            })
+            .collect();
+        PowerSgd {
+            c: Compressor::PowerSgd { rank },
+            layout,
+            qs,
+            grad: Vec::new(),
+            ps: Vec::new(),
+            phase: Phase::Idle,
+        }
+    }
+
+    fn protocol(&self, message: &str) -> ExecError {
+        ExecError::Protocol {
+            compressor: self.c.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn layout_for(&self, numel: usize) -> Result<Vec<PowerSgdTensor>> {
+        if self.layout.is_empty() {
+            return Ok(vec![PowerSgdTensor::Raw {
+                numel: numel as u64,
+            }]);
+        }
+        let expected: u64 = self.layout.iter().map(numel_of).sum();
+        if expected != numel as u64 {
+            return Err(ExecError::LengthMismatch {
+                compressor: self.c.to_string(),
+                expected: expected as usize,
+                got: numel,
+            });
+        }
+        Ok(self.layout.clone())
+    }
+}
+
+fn numel_of(t: &PowerSgdTensor) -> u64 {
+    match *t {
+        PowerSgdTensor::Raw { numel } => numel,
+        PowerSgdTensor::LowRank { rows, cols, .. } => rows * cols,
+    }
+}
+
+/// Orthonormalizes the r columns of a rows × r row-major matrix in place (modified Gram–Schmidt).
+/// A column that vanishes stays zero rather than dividing by zero.
+fn orthogonalize(p: &mut [f32], rows: usize, r: usize) {
+    for j in 0..r {
+        for l in 0..j {
+            let dot: f32 = (0..rows).map(|i| p[i * r + j] * p[i * r + l]).sum();
+            for i in 0..rows {
+                p[i * r + j] -= dot * p[i * r + l];
+            }
+        }
+        let norm = (0..rows)
+            .map(|i| p[i * r + j] * p[i * r + j])
+            .sum::<f32>()
+            .sqrt();
+        if norm > 0.0 {
+            for i in 0..rows {
+                p[i * r + j] /= norm;
+            }
+        }
+    }
+}
+
+impl Codec for PowerSgd {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        let layout = self.layout_for(grad.len())?;
+        check_all(grad)?;
+        self.grad.clear();
+        self.grad.extend_from_slice(grad);
+        let bytes: u64 = layout.iter().map(PowerSgdTensor::p_bytes).sum();
+        out.clear();
+        out.resize(bytes as usize, 0);
+        let (mut at, mut offset, mut lr) = (0usize, 0usize, 0usize);
+        for t in &layout {
+            match *t {
+                PowerSgdTensor::Raw { numel } => {
+                    let n = numel as usize;
+                    put_f32s(
+                        &mut out[at..at + 4 * n],
+                        grad[offset..offset + n].iter().copied(),
+                    );
+                    at += 4 * n;
+                }
+                PowerSgdTensor::LowRank { rows, cols, rank } => {
+                    let (rows, cols, r) = (rows as usize, cols as usize, rank as usize);
+                    let q = &self.qs[lr];
+                    let m = &grad[offset..offset + rows * cols];
+                    let p = (0..rows).flat_map(|i| {
+                        let row = &m[i * cols..(i + 1) * cols];
+                        (0..r).map(move |j| {
+                            row.iter()
+                                .enumerate()
+                                .map(|(c, &v)| v * q[c * r + j])
+                                .sum::<f32>()
+                        })
+                    });
+                    put_f32s(&mut out[at..at + 4 * rows * r], p);
+                    at += 4 * rows * r;
+                }
+            }
+            offset += numel_of(t) as usize;
+            lr += 1;
+        }
+        self.phase = Phase::SentP;
+        Ok(())
+    }
+
+    fn sum_into(&self, acc: &mut [u8], other: &[u8]) -> Result<()> {
+        sum_f32_payloads(&self.c, acc, other)
+    }
+
+    fn next_round(&mut self, reduced: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        if self.phase != Phase::SentP {
+            return Err(self.protocol("round 2 needs this worker's encode (round 1) first"));
+        }
+        let layout = self.layout_for(self.grad.len())?;
+        let want: u64 = layout.iter().map(PowerSgdTensor::p_bytes).sum();
+        if reduced.len() as u64 != want {
+            return Err(bad_payload(
+                &self.c,
+                format!("round 1 holds {} bytes, expected {want}", reduced.len()),
+            ));
+        }
+        let q_bytes: u64 = layout.iter().map(PowerSgdTensor::q_bytes).sum();
+        out.clear();
+        out.resize(q_bytes as usize, 0);
+        self.ps.clear();
+        let (mut at, mut qat, mut offset) = (0usize, 0usize, 0usize);
+        for t in &layout {
+            let mut p: Vec<f32> = f32s(&reduced[at..at + t.p_bytes() as usize]).collect();
+            at += t.p_bytes() as usize;
+            if let PowerSgdTensor::LowRank { rows, cols, rank } = *t {
+                let (rows, cols, r) = (rows as usize, cols as usize, rank as usize);
+                orthogonalize(&mut p, rows, r);
+                let m = &self.grad[offset..offset + rows * cols];
+                let mut q = vec![0.0f32; cols * r];
+                for i in 0..rows {
+                    let row = &m[i * cols..(i + 1) * cols];
+                    let pi = &p[i * r..(i + 1) * r];
+                    for (c, &v) in row.iter().enumerate() {
+                        for (qj, &pj) in q[c * r..(c + 1) * r].iter_mut().zip(pi) {
+                            *qj += v * pj;
+                        }
+                    }
+                }
+                put_f32s(&mut out[qat..qat + 4 * cols * r], q);
+                qat += 4 * cols * r;
+            }
+            offset += numel_of(t) as usize;
+            self.ps.push(p);
+        }
+        self.phase = Phase::SentQ;
+        Ok(())
+    }
+
+    fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+        if self.phase != Phase::SentQ {
+            return Err(self.protocol("decode needs both rounds (encode, then next_round) first"));
+        }
+        let layout = self.layout_for(acc.len())?;
+        let want: u64 = layout.iter().map(PowerSgdTensor::q_bytes).sum();
+        if payload.len() as u64 != want {
+            return Err(bad_payload(
+                &self.c,
+                format!("round 2 holds {} bytes, expected {want}", payload.len()),
+            ));
+        }
+        let (mut qat, mut offset) = (0usize, 0usize);
+        for (lr, t) in layout.iter().enumerate() {
+            let p = &self.ps[lr];
+            match *t {
+                PowerSgdTensor::Raw { numel } => {
+                    for (a, &v) in acc[offset..offset + numel as usize].iter_mut().zip(p) {
+                        *a += v;
+                    }
+                }
+                PowerSgdTensor::LowRank { rows, cols, rank } => {
+                    let (rows, cols, r) = (rows as usize, cols as usize, rank as usize);
+                    let q: Vec<f32> = f32s(&payload[qat..qat + 4 * cols * r]).collect();
+                    qat += 4 * cols * r;
+                    for i in 0..rows {
+                        let pi = &p[i * r..(i + 1) * r];
+                        for (c, a) in acc[offset + i * cols..offset + (i + 1) * cols]
+                            .iter_mut()
+                            .enumerate()
+                        {
+                            *a += pi
+                                .iter()
+                                .zip(&q[c * r..(c + 1) * r])
+                                .map(|(x, y)| x * y)
+                                .sum::<f32>();
+                        }
+                    }
+                    // Warm start: the reduced Q seeds the next step's power iteration.
+                    self.qs[lr] = q;
+                }
+            }
+            offset += numel_of(t) as usize;
+        }
+        self.phase = Phase::Idle;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::roundtrip;
+
+    #[test]
+    fn rank_one_matrix_is_recovered_exactly_enough() {
+        // M = u vᵀ has rank 1, so a rank-1 PowerSGD step reproduces it.
+        let (rows, cols) = (16usize, 24usize);
+        let m: Vec<f32> = (0..rows * cols)
+            .map(|k| ((k / cols) as f32 + 1.0) * ((k % cols) as f32 - 7.5))
+            .collect();
+        let shape: &[u64] = &[16, 24];
+        let mut codec = PowerSgd::new(1, &[shape], 9);
+        let mut payload = Vec::new();
+        let mut out = vec![0.0; m.len()];
+        roundtrip(&mut codec, &m, &mut payload, &mut out).unwrap();
+        for (x, y) in m.iter().zip(&out) {
+            assert!((x - y).abs() < 1e-3 * x.abs().max(1.0), "{x} {y}");
+        }
+    }
+
+    #[test]
+    fn phases_are_enforced() {
+        let mut codec = PowerSgd::new(2, &[], 0);
+        assert!(codec.decode_add(&[], &mut [0.0]).is_err());
+        assert!(codec.next_round(&[], &mut Vec::new()).is_err());
+        let shape: &[u64] = &[8, 8];
+        let mut grouped = PowerSgd::new(1, &[shape], 0);
+        assert!(grouped.encode(&[0.0; 5], &mut Vec::new()).is_err());
+    }
+}

@@ -1,0 +1,104 @@
+//! A small portable RNG (SplitMix64 seeding, xoshiro256++ stream): the same seed gives the same payload bytes everywhere.
+
+/// xoshiro256++ (Blackman & Vigna): fast, statistically strong, and trivially portable, so a
+/// payload does not depend on the version of an external crate.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut sm = seed;
+        Rng {
+            s: [
+                splitmix64(&mut sm),
+                splitmix64(&mut sm),
+                splitmix64(&mut sm),
+                splitmix64(&mut sm),
+            ],
+        }
+    }
+
+    /// An independent stream for (seed, stream), e.g. one per training step, so that workers
+    /// sharing a seed draw the same values at the same step without communicating.
+    pub fn for_stream(seed: u64, stream: u64) -> Rng {
+        let mut sm = stream ^ 0xD1B5_4A32_D192_ED03;
+        Rng::new(seed ^ splitmix64(&mut sm))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Two uniform floats in [0, 1) from one draw (24 bits each: every value is exact in f32).
+    pub fn next_f32_pair(&mut self) -> (f32, f32) {
+        let x = self.next_u64();
+        let scale = 1.0 / (1u32 << 24) as f32;
+        (
+            ((x >> 40) as u32) as f32 * scale,
+            (((x >> 8) & 0xFF_FFFF) as u32) as f32 * scale,
+        )
+    }
+
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform in 0..bound (Lemire's multiply-shift; the bias is below 2^-32 for our bounds).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(bound)) >> 64) as u64
+    }
+
+    /// A standard normal draw (Box–Muller), for PowerSGD's initial Q.
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.next_f64();
+        let u2 = self.next_f64();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_stream() {
+        let a: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::for_stream(7, 3);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let mut r = Rng::for_stream(7, 3);
+        assert!(a.iter().all(|&x| x == r.next_u64()));
+        assert_ne!(Rng::for_stream(7, 4).next_u64(), a[0]);
+    }
+
+    #[test]
+    fn uniform_ranges() {
+        let mut r = Rng::new(1);
+        for _ in 0..10_000 {
+            let (a, b) = r.next_f32_pair();
+            assert!((0.0..1.0).contains(&a) && (0.0..1.0).contains(&b));
+            assert!(r.below(10) < 10);
+        }
+    }
+}

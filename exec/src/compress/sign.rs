@@ -1,0 +1,184 @@
+//! The sign family: signSGD, EF-SignSGD (mean-|x| scale), Signum (sign of momentum), 1-bit SGD (two per-sign means).
+//!
+//! Wire formats: one bit per element (1 = negative, element i at bit i % 8 of byte i / 8),
+//! preceded by `efsignsgd`'s f32 mean |x| or `onebit`'s f32 mean of the non-negative elements
+//! and f32 mean of the negative ones. `signsgd` and `signum` decode to ±1.
+
+use super::bits::{pack1, unpack1_add};
+use super::scan::{check_finite, sum_map, CHUNK};
+use super::wire::{expect_len, get_f32};
+use super::Codec;
+use crate::error::Result;
+use syncopate_sim::compress::Compressor;
+
+/// Which member of the family.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    SignSgd,
+    EfSignSgd,
+    Signum(f32),
+    OneBit,
+}
+
+pub fn codec(c: Compressor, kind: Kind) -> Box<dyn Codec> {
+    Box::new(Sign {
+        c,
+        kind,
+        momentum: Vec::new(),
+    })
+}
+
+struct Sign {
+    c: Compressor,
+    kind: Kind,
+    /// Signum's momentum, sized on first use.
+    momentum: Vec<f32>,
+}
+
+fn negative(x: f32) -> u8 {
+    u8::from(x < 0.0)
+}
+
+/// Packs the sign bits chunk by chunk, checking each chunk while it is in cache.
+fn pack_checked(grad: &[f32], dst: &mut [u8]) -> Result<()> {
+    for (c, (src, out)) in grad
+        .chunks(CHUNK)
+        .zip(dst.chunks_mut(CHUNK / 8))
+        .enumerate()
+    {
+        check_finite(src, c * CHUNK)?;
+        pack1(src, out, negative);
+    }
+    Ok(())
+}
+
+impl Codec for Sign {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        let n = grad.len();
+        let bytes = n.div_ceil(8);
+        out.clear();
+        match self.kind {
+            Kind::SignSgd => {
+                out.resize(bytes, 0);
+                pack_checked(grad, out)?;
+            }
+            Kind::EfSignSgd => {
+                let mean = if n > 0 {
+                    (sum_map(grad, f32::abs)? / n as f64) as f32
+                } else {
+                    0.0
+                };
+                out.resize(4 + bytes, 0);
+                out[..4].copy_from_slice(&mean.to_le_bytes());
+                pack1(grad, &mut out[4..], negative);
+            }
+            Kind::Signum(beta) => {
+                if self.momentum.len() != n {
+                    self.momentum = vec![0.0; n];
+                }
+                for (c, (src, m)) in grad
+                    .chunks(CHUNK)
+                    .zip(self.momentum.chunks_mut(CHUNK))
+                    .enumerate()
+                {
+                    check_finite(src, c * CHUNK)?;
+                    for (m, &g) in m.iter_mut().zip(src) {
+                        *m = beta * *m + (1.0 - beta) * g;
+                    }
+                }
+                out.resize(bytes, 0);
+                pack1(&self.momentum, out, negative);
+            }
+            Kind::OneBit => {
+                let sum_pos = sum_map(grad, |x| if x >= 0.0 { x } else { 0.0 })?;
+                let sum_neg = sum_map(grad, |x| if x < 0.0 { x } else { 0.0 })?;
+                let neg_count = grad.iter().filter(|&&x| x < 0.0).count();
+                let mean = |sum: f64, count: usize| {
+                    if count > 0 {
+                        (sum / count as f64) as f32
+                    } else {
+                        0.0
+                    }
+                };
+                out.resize(8 + bytes, 0);
+                out[..4].copy_from_slice(&mean(sum_pos, n - neg_count).to_le_bytes());
+                out[4..8].copy_from_slice(&mean(sum_neg, neg_count).to_le_bytes());
+                pack1(grad, &mut out[8..], negative);
+            }
+        }
+        Ok(())
+    }
+
+    fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+        expect_len(&self.c, payload, acc.len())?;
+        match self.kind {
+            Kind::SignSgd | Kind::Signum(_) => unpack1_add(payload, acc, 1.0, -1.0),
+            Kind::EfSignSgd => {
+                let mean = get_f32(&self.c, payload, 0)?;
+                unpack1_add(&payload[4..], acc, mean, -mean);
+            }
+            Kind::OneBit => {
+                let pos = get_f32(&self.c, payload, 0)?;
+                let neg = get_f32(&self.c, payload, 4)?;
+                unpack1_add(&payload[8..], acc, pos, neg);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(codec: &mut dyn Codec, g: &[f32]) -> Vec<f32> {
+        let mut p = Vec::new();
+        codec.encode(g, &mut p).unwrap();
+        let mut out = vec![0.0; g.len()];
+        codec.decode_add(&p, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn scales_by_hand() {
+        let g = [1.0f32, -3.0, 0.0, 5.0, -1.0];
+        assert_eq!(
+            decoded(&mut *codec(Compressor::SignSgd, Kind::SignSgd), &g),
+            [1.0, -1.0, 1.0, 1.0, -1.0]
+        );
+        assert_eq!(
+            decoded(&mut *codec(Compressor::EfSignSgd, Kind::EfSignSgd), &g),
+            [2.0, -2.0, 2.0, 2.0, -2.0]
+        );
+        assert_eq!(
+            decoded(&mut *codec(Compressor::OneBit, Kind::OneBit), &g),
+            [2.0, -2.0, 2.0, 2.0, -2.0]
+        );
+        let mut signum = codec(Compressor::Signum { momentum: 0.5 }, Kind::Signum(0.5));
+        assert_eq!(decoded(&mut *signum, &[1.0, -1.0]), [1.0, -1.0]);
+        // momentum 0.5·0.5 + 0.5·(-3) < 0 flips the first sign; 0.5·(-0.5) + 0.5·2 > 0 the second.
+        assert_eq!(decoded(&mut *signum, &[-3.0, 2.0]), [-1.0, 1.0]);
+    }
+
+    #[test]
+    fn nan_is_reported_by_every_member() {
+        let mut g = vec![0.5f32; 100];
+        g[77] = f32::NAN;
+        for (c, k) in [
+            (Compressor::SignSgd, Kind::SignSgd),
+            (Compressor::EfSignSgd, Kind::EfSignSgd),
+            (Compressor::Signum { momentum: 0.9 }, Kind::Signum(0.9)),
+            (Compressor::OneBit, Kind::OneBit),
+        ] {
+            let err = codec(c, k)
+                .encode(&g, &mut Vec::new())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("element 77"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Measures this machine's compression cost curves, memory bandwidth and FMA rate into a `cpu` DeviceProfile.
+
+use crate::compress::{codec_for, codec_for_shapes, rng::Rng, Codec};
+use crate::error::Result;
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::time::Instant;
+use syncopate_sim::compress::Compressor;
+use syncopate_sim::data::FORMAT_VERSION;
+use syncopate_sim::device::{CodecCost, Contention, CostCurve, DeviceKind, DeviceProfile};
+use syncopate_sim::model::{Provenance, Status};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct HostProfileOptions {
+    pub name: String,
+    /// Tensor sizes (elements) to time each kernel at; the curve is fitted over them.
+    pub sizes: Vec<usize>,
+    /// Timings per size; the median is kept.
+    pub repeats: usize,
+}
+
+impl Default for HostProfileOptions {
+    fn default() -> Self {
+        HostProfileOptions {
+            name: "host-cpu".into(),
+            sizes: (12..=20).step_by(2).map(|p| 1usize << p).collect(),
+            repeats: 5,
+        }
+    }
+}
+
+/// One representative spec per device-profile key. Threshold and TBQ use 2.576: about 1% of
+/// the standard normal test data lies beyond it, like the 1% sparsifiers.
+pub const PROFILED: &[&str] = &[
+    "none",
+    "fp16",
+    "bf16",
+    "fp8:e4m3",
+    "topk:0.01",
+    "randomk:0.01",
+    "dgc:0.01",
+    "threshold:2.576",
+    "qsgd:256",
+    "terngrad",
+    "natural",
+    "signsgd",
+    "efsignsgd",
+    "signum:0.9",
+    "onebit",
+    "tbq:2.576",
+    "graddrop:0.01",
+    "powersgd:4",
+];
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Least-squares fit of t = floor + slope·n, both clamped at zero (a negative intercept from
+/// noise is refitted through the origin).
+pub fn fit_curve(points: &[(f64, f64)]) -> CostCurve {
+    let k = points.len() as f64;
+    let (mn, mt) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (n, t)| (a + n / k, b + t / k));
+    let var: f64 = points.iter().map(|(n, _)| (n - mn).powi(2)).sum();
+    let cov: f64 = points.iter().map(|(n, t)| (n - mn) * (t - mt)).sum();
+    let mut slope = if var > 0.0 { (cov / var).max(0.0) } else { 0.0 };
+    let mut floor = mt - slope * mn;
+    if floor < 0.0 {
+        floor = 0.0;
+        let nn: f64 = points.iter().map(|(n, _)| n * n).sum();
+        slope = points.iter().map(|(n, t)| n * t).sum::<f64>() / nn;
+    }
+    CostCurve {
+        floor_us: floor * 1e6,
+        ns_per_element: slope * 1e9,
+    }
+}
+
+fn time(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let start = Instant::now();
+    f()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// PowerSGD's cost depends on the matrix shape: profile a square-ish rows × cols matrix.
+fn make_codec(c: &Compressor, n: usize) -> Box<dyn Codec> {
+    match c {
+        Compressor::PowerSgd { .. } => {
+            let rows = 1u64 << (n.trailing_zeros() / 2);
+            let shape: &[u64] = &[rows, n as u64 / rows];
+            codec_for_shapes(c, &[shape], 1)
+        }
+        _ => codec_for(c, 1),
+    }
+}
+
+/// Median encode and decode seconds at one size. Encode covers every round a worker computes
+/// (PowerSGD's P and Q); decode is one `decode_add` of one payload.
+fn measure(c: &Compressor, grad: &[f32], repeats: usize) -> Result<(f64, f64)> {
+    let mut codec = make_codec(c, grad.len());
+    let mut payload = Vec::new();
+    let mut next = Vec::new();
+    let mut acc = vec![0.0f32; grad.len()];
+    let (mut enc, mut dec) = (Vec::new(), Vec::new());
+    // One untimed warm-up step faults the buffers in.
+    for rep in 0..=repeats {
+        let e = time(|| {
+            codec.encode(grad, &mut payload)?;
+            for _ in 1..c.allreduce_rounds() {
+                codec.next_round(&payload, &mut next)?;
+                std::mem::swap(&mut payload, &mut next);
+            }
+            Ok(())
+        })?;
+        let d = time(|| codec.decode_add(black_box(&payload), &mut acc))?;
+        if rep > 0 {
+            enc.push(e);
+            dec.push(d);
+        }
+    }
+    Ok((median(enc), median(dec)))
+}
+
+/// Copy bandwidth (bytes read + written per second) of a 64 MiB buffer, best of five.
+pub fn memcpy_gbytes_per_s() -> f64 {
+    let n = 16 << 20;
+    let src = vec![1.0f32; n];
+    let mut dst = vec![0.0f32; n];
+    let best = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            dst.copy_from_slice(black_box(&src));
+            black_box(&dst);
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    (2 * 4 * n) as f64 / best / 1e9
+}
+
+/// fp32 multiply-add rate of one core over 64 independent accumulators (vectorizable, no
+/// dependency stalls), in TFLOP/s.
+pub fn fma_tflops_one_core() -> f64 {
+    let mut acc = [1.0f32; 64];
+    let (a, b) = (black_box(0.999_999f32), black_box(1e-7f32));
+    let iterations = 2_000_000;
+    let start = Instant::now();
+    for _ in 0..iterations {
+        for x in acc.iter_mut() {
+            *x = *x * a + b;
+        }
+    }
+    black_box(&acc);
+    (2 * 64 * iterations) as f64 / start.elapsed().as_secs_f64() / 1e12
+}
+
+fn provenance(status: Status, method: impl Into<String>) -> Provenance {
+    Provenance {
+        status,
+        method: method.into(),
+    }
+}
+
+/// Measures every compressor in [`PROFILED`] on this machine, one core, and returns a `cpu`
+/// profile. Data: standard normal values from a fixed seed.
+pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
+    let largest = options.sizes.iter().copied().max().unwrap_or(0);
+    let mut rng = Rng::new(42);
+    let data: Vec<f32> = (0..largest).map(|_| rng.normal() as f32).collect();
+    let repeats = options.repeats.max(1);
+    let mut compression = BTreeMap::new();
+    for spec in PROFILED {
+        let c: Compressor = spec.parse()?;
+        let (mut enc, mut dec) = (Vec::new(), Vec::new());
+        for &n in &options.sizes {
+            let (e, d) = measure(&c, &data[..n], repeats)?;
+            enc.push((n as f64, e));
+            dec.push((n as f64, d));
+        }
+        let method = format!(
+            "measured by syncopate-exec profile_host: {spec} on one core, median of {repeats} runs at {:?} elements, least-squares floor + per-element fit",
+            options.sizes
+        );
+        compression.insert(
+            c.key().to_string(),
+            CodecCost {
+                encode: fit_curve(&enc),
+                decode: fit_curve(&dec),
+                provenance: provenance(Status::Measured, method),
+            },
+        );
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fp32 = fma_tflops_one_core() * cores as f64;
+    Ok(DeviceProfile {
+        format_version: FORMAT_VERSION,
+        name: options.name.clone(),
+        kind: DeviceKind::Cpu,
+        model: format!("host CPU, {cores} hardware threads"),
+        source: "syncopate-exec profile_host on this machine".into(),
+        memory_bandwidth_gbytes_per_s: memcpy_gbytes_per_s(),
+        peak_fp32_tflops: fp32,
+        // CPUs have no faster half-precision arithmetic path in this code: same as fp32.
+        peak_fp16_tflops: fp32,
+        // V100 fp32 peak is 15.7 TFLOP/s; training speed is assumed proportional to it.
+        compute_speed_vs_v100: fp32 / 15.7,
+        compute_speed_provenance: provenance(
+            Status::Estimated,
+            format!("measured one-core multiply-add rate × {cores} threads, divided by V100's 15.7 TFLOP/s fp32 peak"),
+        ),
+        compression,
+        contention: Contention {
+            compute_slowdown_with_collective: 1.0,
+            compute_slowdown_with_compression: 1.0,
+            provenance: provenance(
+                Status::Estimated,
+                "not measured: assumes compression and communication run on cores that backward compute does not use",
+            ),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_recovers_a_line() {
+        let pts: Vec<(f64, f64)> = [1e3, 1e4, 1e5]
+            .iter()
+            .map(|&n| (n, 5e-6 + 2e-9 * n))
+            .collect();
+        let c = fit_curve(&pts);
+        assert!((c.floor_us - 5.0).abs() < 1e-6 && (c.ns_per_element - 2.0).abs() < 1e-9);
+        let through_origin = fit_curve(&[(1e3, 0.0), (2e3, 3e-6), (3e3, 3e-6)]);
+        assert!(through_origin.floor_us == 0.0 && through_origin.ns_per_element > 0.0);
+    }
+
+    #[test]
+    fn tiny_profile_is_valid() {
+        let options = HostProfileOptions {
+            name: "test".into(),
+            sizes: vec![256, 1024],
+            repeats: 1,
+        };
+        let profile = profile_host(&options).unwrap();
+        profile.validate("test").unwrap();
+        assert_eq!(profile.compression.len(), PROFILED.len());
+        let c: Compressor = "topk:0.01".parse().unwrap();
+        assert!(c.encode_time(&profile, 1 << 20).is_ok());
+    }
+}
