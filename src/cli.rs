@@ -21,6 +21,8 @@ pub struct Cli {
 pub enum Command {
     /// Predict collective times on a cluster, nccl-tests style; compare with or fit to measurements.
     Collective(Box<CollectiveArgs>),
+    /// Predict one training iteration: iteration time, throughput, scaling efficiency, timeline.
+    Simulate(Box<SimulateArgs>),
     /// List shipped models, devices, clusters, compressors or strategies.
     List {
         #[arg(value_enum)]
@@ -103,4 +105,64 @@ pub struct CollectiveArgs {
     /// default: all of them.
     #[arg(long, requires = "fit_out", value_delimiter = ',')]
     pub fit_only: Option<Vec<String>>,
+}
+
+#[derive(Args, Debug)]
+pub struct SimulateArgs {
+    /// Shipped model name (see `syncopate list models`) or path to a model profile JSON file.
+    #[arg(long)]
+    pub model: String,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Strategy producing the plan: wfbp, horovod, ddp, fixed-groups:N[:bytes|:count].
+    #[arg(long, default_value = "horovod", conflicts_with = "plan")]
+    pub strategy: String,
+    /// Run this plan (JSON, e.g. from --save-plan) instead of a strategy.
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// Write the plan that ran to this file.
+    #[arg(long)]
+    pub save_plan: Option<PathBuf>,
+    /// Compressor for every group (see `syncopate list compressors`).
+    #[arg(long, default_value = "none", conflicts_with = "plan")]
+    pub compressor: String,
+    /// Error-feedback memory for every group: none, residual, dgc, efsignsgd.
+    #[arg(long, default_value = "none", conflicts_with = "plan")]
+    pub memory: String,
+    /// Horovod's fusion buffer in MiB.
+    #[arg(long, default_value_t = 64.0)]
+    pub fusion_mb: f64,
+    /// Horovod's cycle time in milliseconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub cycle_ms: f64,
+    /// DDP's bucket cap in MiB.
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
+    /// Per-task lognormal jitter: coefficient of variation of every task's duration.
+    #[arg(long, default_value_t = 0.0)]
+    pub jitter: f64,
+    /// Stragglers: PROBABILITY,SLOWDOWN (each rank's compute is SLOWDOWN× slower in an iteration
+    /// with this probability).
+    #[arg(long)]
+    pub straggler: Option<String>,
+    /// Measured iterations; the JSON then carries mean, p50, p99 and a 95% confidence interval.
+    #[arg(long)]
+    pub iterations: Option<u32>,
+    /// Warm-up iterations before measuring.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Seed of the noise generators.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Simulate every rank even without noise (the symmetric path is exact then, and faster).
+    #[arg(long)]
+    pub explicit: bool,
+    /// Write a Chrome/Perfetto trace of the run here.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Ranks to include in the trace.
+    #[arg(long, default_value_t = 4)]
+    pub trace_ranks: u32,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
 }

@@ -1,14 +1,23 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
+pub mod builder;
 pub mod calibrate;
 pub mod collective;
 pub mod compress;
 pub mod data;
 pub mod device;
+pub mod engine;
 pub mod error;
+pub mod graph;
 pub mod model;
+pub mod noise;
+pub mod plan;
+pub mod scenario;
+pub mod simulate;
+pub mod strategy;
 pub mod time;
 pub mod topology;
+pub mod trace;
 pub mod units;
 
 pub use error::{Result, SimError};

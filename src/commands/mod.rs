@@ -2,6 +2,7 @@
 
 mod collective;
 mod list;
+mod simulate;
 
 use crate::cli::{Cli, Command};
 
@@ -13,6 +14,7 @@ pub fn exit_code(_err: &anyhow::Error) -> u8 {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Collective(args) => collective::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
         Command::List { what } => list::run(what),
     }
 }

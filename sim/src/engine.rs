@@ -1,0 +1,570 @@
+//! The discrete-event engine: advances integer-nanosecond time over a task graph for every
+//! rank, shares streams and links, and applies contention; policies come in as data.
+//!
+//! Events are processed in batches of equal time; only after a whole batch do streams pick
+//! their next task, so the outcome does not depend on the order ranks are visited in. Running
+//! tasks progress at a rate (compute slows while collectives or compression kernels run beside
+//! it; concurrent collectives share the network), and a rate change reschedules the task's end.
+
+use crate::graph::{Resource, TaskGraph};
+use crate::plan::Launch;
+use crate::time::SimTime;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// How the engine runs one graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Ranks simulated explicitly (1 on the symmetric path).
+    pub ranks: u32,
+    pub comm_streams: u32,
+    pub launch: Launch,
+    /// Horovod's cycle: a collective launches at the next multiple (zero: no cycle).
+    pub cycle_time: SimTime,
+    /// Compute time multipliers while a collective / a GPU compression kernel runs beside it.
+    pub slowdown_with_collective: f64,
+    pub slowdown_with_codec: f64,
+    /// Ranks whose task times are kept for the trace.
+    pub record_ranks: u32,
+}
+
+/// Multiplicative duration factors: one per (rank, task) for rank-local tasks, one per task for
+/// collectives. Empty means no noise.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Noise {
+    pub per_rank_task: Vec<f32>,
+    pub per_collective: Vec<f32>,
+}
+
+/// One executed task of a recorded rank (collectives are recorded once, with `rank` 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskRecord {
+    pub rank: u32,
+    pub task: u32,
+    /// Communication stream index for collectives, 0 otherwise.
+    pub stream: u32,
+    pub start: SimTime,
+    pub end: SimTime,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineResult {
+    /// Per iteration: when its last rank finished the optimizer step.
+    pub iteration_end: Vec<SimTime>,
+    /// Per iteration: busy time of each rank's compute stream and codec stream, summed over ranks.
+    pub compute_busy: Vec<SimTime>,
+    pub codec_busy: Vec<SimTime>,
+    /// Per iteration: time some collective was running.
+    pub comm_busy: Vec<SimTime>,
+    pub records: Vec<TaskRecord>,
+    pub events: u64,
+}
+
+/// A task in progress whose rate can change.
+#[derive(Clone, Copy, Debug)]
+struct Running {
+    task: u32,
+    start: SimTime,
+    /// Work left in nanoseconds at full rate.
+    remaining: f64,
+    rate: f64,
+    since: SimTime,
+    version: u64,
+}
+
+impl Running {
+    fn new(task: u32, now: SimTime, work: f64, rate: f64, version: u64) -> Running {
+        Running {
+            task,
+            start: now,
+            remaining: work,
+            rate,
+            since: now,
+            version,
+        }
+    }
+
+    /// Brings `remaining` up to `now` and switches to `rate` under a fresh `version` (versions
+    /// are never reused, so events of earlier rates stay stale); returns the new end time.
+    fn rerate(&mut self, now: SimTime, rate: f64, version: u64) -> SimTime {
+        self.remaining = (self.remaining - (now - self.since).as_ns() as f64 * self.rate).max(0.0);
+        self.since = now;
+        self.rate = rate;
+        self.version = version;
+        self.end()
+    }
+
+    fn end(&self) -> SimTime {
+        SimTime(self.since.as_ns() + (self.remaining / self.rate).ceil() as u64)
+    }
+}
+
+/// A per-rank stream that runs one task at a time, taking ready tasks first-come first-served
+/// (ties by task index).
+#[derive(Debug, Default)]
+struct Stream {
+    queue: BinaryHeap<Reverse<(SimTime, u32)>>,
+    running: Option<Running>,
+}
+
+#[derive(Debug, Default)]
+struct RankState {
+    compute: Stream,
+    codec: Stream,
+    cpu: Stream,
+}
+
+/// Event payloads, ordered for deterministic tie-breaking after (time, sequence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A rank-local task may be done (stale if its version moved on).
+    Local {
+        rank: u32,
+        resource: LocalStream,
+        version: u64,
+    },
+    /// A collective on a stream may be done (stale if its version moved on).
+    Comm { stream: u32, version: u64 },
+    /// A cycle tick releases a collective that became ready between ticks.
+    Tick { task: u32 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum LocalStream {
+    Compute,
+    Codec,
+    Cpu,
+}
+
+impl LocalStream {
+    fn of(resource: Resource) -> LocalStream {
+        match resource {
+            Resource::Compute => LocalStream::Compute,
+            Resource::Codec => LocalStream::Codec,
+            Resource::Cpu | Resource::Comm => LocalStream::Cpu,
+        }
+    }
+}
+
+impl RankState {
+    fn stream(&mut self, which: LocalStream) -> &mut Stream {
+        match which {
+            LocalStream::Compute => &mut self.compute,
+            LocalStream::Codec => &mut self.codec,
+            LocalStream::Cpu => &mut self.cpu,
+        }
+    }
+}
+
+struct Engine<'a> {
+    graph: &'a TaskGraph,
+    config: &'a EngineConfig,
+    noise: &'a Noise,
+    ranks_n: u32,
+    now: SimTime,
+    seq: u64,
+    events: BinaryHeap<Reverse<(SimTime, u64, Event)>>,
+    processed: u64,
+    /// Unmet dependencies per (rank, task), rank-major.
+    pending: Vec<u32>,
+    ranks: Vec<RankState>,
+    dirty: Vec<bool>,
+    dirty_list: Vec<u32>,
+    /// Ranks that have met each collective's dependencies.
+    arrivals: Vec<u32>,
+    /// Collectives ready on every rank (and past their cycle tick), by priority key.
+    comm_ready: BinaryHeap<Reverse<((i64, u32, u32), u32)>>,
+    /// Collectives in plan order; under the plan-order policy the next to launch is
+    /// `order[next_in_order]`, once `ready_flag` says it is ready.
+    order: Vec<u32>,
+    next_in_order: usize,
+    ready_flag: Vec<bool>,
+    comm: Vec<Option<Running>>,
+    /// Source of versions for running tasks.
+    versions: u64,
+    /// Start of the current stretch with some collective running, for `comm_busy`.
+    comm_busy_since: SimTime,
+    codec_active: Vec<bool>,
+    result: EngineResult,
+}
+
+/// Runs the graph on `config.ranks` ranks and returns the timings.
+pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> EngineResult {
+    let iterations = graph.iterations as usize;
+    let ranks = config.ranks.max(1) as usize;
+    let mut pending = Vec::with_capacity(ranks * graph.len());
+    for _ in 0..ranks {
+        pending.extend_from_slice(&graph.indegree);
+    }
+    let mut order: Vec<u32> = (0..graph.len() as u32)
+        .filter(|&t| graph.task(t).resource == Resource::Comm)
+        .collect();
+    order.sort_by_key(|&t| {
+        let key = graph.task(t).launch_key;
+        (key.1, key.2)
+    });
+    let mut engine = Engine {
+        graph,
+        config,
+        noise,
+        ranks_n: ranks as u32,
+        now: SimTime::ZERO,
+        seq: 0,
+        events: BinaryHeap::new(),
+        processed: 0,
+        pending,
+        ranks: (0..ranks).map(|_| RankState::default()).collect(),
+        dirty: vec![false; ranks],
+        dirty_list: Vec::new(),
+        arrivals: vec![0; graph.len()],
+        comm_ready: BinaryHeap::new(),
+        order,
+        next_in_order: 0,
+        ready_flag: vec![false; graph.len()],
+        comm: vec![None; config.comm_streams.max(1) as usize],
+        versions: 0,
+        comm_busy_since: SimTime::ZERO,
+        codec_active: vec![false; ranks],
+        result: EngineResult {
+            iteration_end: vec![SimTime::ZERO; iterations],
+            compute_busy: vec![SimTime::ZERO; iterations],
+            codec_busy: vec![SimTime::ZERO; iterations],
+            comm_busy: vec![SimTime::ZERO; iterations],
+            records: Vec::new(),
+            events: 0,
+        },
+    };
+    for task in 0..graph.len() as u32 {
+        if graph.indegree[task as usize] == 0 {
+            for rank in 0..engine.ranks_n {
+                engine.make_ready(rank, task);
+            }
+        }
+    }
+    engine.dispatch();
+    while let Some(&Reverse((time, _, _))) = engine.events.peek() {
+        engine.now = time;
+        while let Some(&Reverse((t, _, event))) = engine.events.peek() {
+            if t != time {
+                break;
+            }
+            engine.events.pop();
+            engine.handle(event);
+        }
+        engine.dispatch();
+    }
+    engine.result.events = engine.processed;
+    engine.result
+}
+
+impl Engine<'_> {
+    fn push(&mut self, time: SimTime, event: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((time, self.seq, event)));
+    }
+
+    fn fresh_version(&mut self) -> u64 {
+        self.versions += 1;
+        self.versions
+    }
+
+    fn mark_dirty(&mut self, rank: u32) {
+        if !self.dirty[rank as usize] {
+            self.dirty[rank as usize] = true;
+            self.dirty_list.push(rank);
+        }
+    }
+
+    /// A task's dependencies are met on `rank`: queue it, or count the rank in for a collective.
+    fn make_ready(&mut self, rank: u32, task: u32) {
+        let resource = self.graph.task(task).resource;
+        if resource == Resource::Comm {
+            self.arrivals[task as usize] += 1;
+            if self.arrivals[task as usize] == self.ranks_n {
+                self.collective_ready(task);
+            }
+            return;
+        }
+        let now = self.now;
+        self.ranks[rank as usize]
+            .stream(LocalStream::of(resource))
+            .queue
+            .push(Reverse((now, task)));
+        self.mark_dirty(rank);
+    }
+
+    /// A collective is ready on every rank; under a cycle it waits for the next tick.
+    fn collective_ready(&mut self, task: u32) {
+        let cycle = self.config.cycle_time.as_ns();
+        if cycle > 0 && !self.now.as_ns().is_multiple_of(cycle) {
+            let tick = SimTime(self.now.as_ns().div_ceil(cycle) * cycle);
+            self.push(tick, Event::Tick { task });
+        } else {
+            self.release_collective(task);
+        }
+    }
+
+    fn release_collective(&mut self, task: u32) {
+        match self.config.launch {
+            Launch::PlanOrder => self.ready_flag[task as usize] = true,
+            Launch::Priority => self
+                .comm_ready
+                .push(Reverse((self.graph.task(task).launch_key, task))),
+        }
+    }
+
+    fn handle(&mut self, event: Event) {
+        self.processed += 1;
+        match event {
+            Event::Local {
+                rank,
+                resource,
+                version,
+            } => {
+                let stream = self.ranks[rank as usize].stream(resource);
+                match stream.running {
+                    Some(running) if running.version == version => {
+                        stream.running = None;
+                        self.finish_local(rank, resource, running);
+                    }
+                    _ => {}
+                }
+            }
+            Event::Comm { stream, version } => match self.comm[stream as usize] {
+                Some(running) if running.version == version => {
+                    self.comm[stream as usize] = None;
+                    self.finish_collective(stream, running);
+                }
+                _ => {}
+            },
+            Event::Tick { task } => self.release_collective(task),
+        }
+    }
+
+    fn finish_local(&mut self, rank: u32, resource: LocalStream, running: Running) {
+        let task = self.graph.task(running.task);
+        let iteration = task.iteration as usize;
+        let busy = self.now - running.start;
+        match resource {
+            LocalStream::Compute => self.result.compute_busy[iteration] += busy,
+            LocalStream::Codec | LocalStream::Cpu => self.result.codec_busy[iteration] += busy,
+        }
+        if resource == LocalStream::Codec {
+            self.codec_active[rank as usize] = false;
+            self.rerate_compute(rank);
+        }
+        if self.graph.iteration_end[iteration] == running.task {
+            let end = &mut self.result.iteration_end[iteration];
+            *end = (*end).max(self.now);
+        }
+        if rank < self.config.record_ranks {
+            self.result.records.push(TaskRecord {
+                rank,
+                task: running.task,
+                stream: 0,
+                start: running.start,
+                end: self.now,
+            });
+        }
+        self.mark_dirty(rank);
+        self.release_successors(rank, running.task);
+    }
+
+    fn release_successors(&mut self, rank: u32, task: u32) {
+        let base = rank as usize * self.graph.len();
+        for &next in self.graph.successors(task) {
+            let slot = &mut self.pending[base + next as usize];
+            *slot -= 1;
+            if *slot == 0 {
+                self.make_ready(rank, next);
+            }
+        }
+    }
+
+    fn finish_collective(&mut self, stream: u32, running: Running) {
+        let iteration = self.graph.task(running.task).iteration as usize;
+        if self.config.record_ranks > 0 {
+            self.result.records.push(TaskRecord {
+                rank: 0,
+                task: running.task,
+                stream,
+                start: running.start,
+                end: self.now,
+            });
+        }
+        if self.active_collectives() == 0 {
+            self.result.comm_busy[iteration] += self.now - self.comm_busy_since;
+        }
+        self.rerate_comm();
+        if self.active_collectives() == 0 {
+            for rank in 0..self.ranks_n {
+                self.rerate_compute(rank);
+            }
+        }
+        for rank in 0..self.ranks_n {
+            self.release_successors(rank, running.task);
+        }
+    }
+
+    fn active_collectives(&self) -> u32 {
+        self.comm.iter().filter(|c| c.is_some()).count() as u32
+    }
+
+    /// Compute progresses more slowly while collectives or compression kernels share the GPU.
+    fn compute_rate(&self, rank: u32) -> f64 {
+        let mut slowdown = 1.0;
+        if self.active_collectives() > 0 {
+            slowdown *= self.config.slowdown_with_collective;
+        }
+        if self.codec_active[rank as usize] {
+            slowdown *= self.config.slowdown_with_codec;
+        }
+        1.0 / slowdown
+    }
+
+    fn rerate_compute(&mut self, rank: u32) {
+        let rate = self.compute_rate(rank);
+        let now = self.now;
+        let version = self.versions + 1;
+        if let Some(running) = self.ranks[rank as usize].compute.running.as_mut() {
+            if running.rate != rate {
+                self.versions = version;
+                let end = running.rerate(now, rate, version);
+                self.push(
+                    end,
+                    Event::Local {
+                        rank,
+                        resource: LocalStream::Compute,
+                        version,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Concurrent collectives share the network equally.
+    fn rerate_comm(&mut self) {
+        let active = self.active_collectives();
+        if active == 0 {
+            return;
+        }
+        let rate = 1.0 / active as f64;
+        let now = self.now;
+        for stream in 0..self.comm.len() {
+            let version = self.versions + 1;
+            if let Some(running) = self.comm[stream].as_mut() {
+                if running.rate != rate {
+                    self.versions = version;
+                    let end = running.rerate(now, rate, version);
+                    self.push(
+                        end,
+                        Event::Comm {
+                            stream: stream as u32,
+                            version,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn dispatch(&mut self) {
+        self.dispatch_comm();
+        while let Some(rank) = self.dirty_list.pop() {
+            self.dirty[rank as usize] = false;
+            for which in [LocalStream::Codec, LocalStream::Cpu, LocalStream::Compute] {
+                self.start_local(rank, which);
+            }
+        }
+    }
+
+    fn start_local(&mut self, rank: u32, which: LocalStream) {
+        let now = self.now;
+        let stream = self.ranks[rank as usize].stream(which);
+        if stream.running.is_some() {
+            return;
+        }
+        let Some(Reverse((_, task))) = stream.queue.pop() else {
+            return;
+        };
+        let version = self.fresh_version();
+        let factor = self
+            .noise
+            .per_rank_task
+            .get(rank as usize * self.graph.len() + task as usize)
+            .map_or(1.0, |&f| f as f64);
+        let work = self.graph.task(task).duration.as_ns() as f64 * factor;
+        if which == LocalStream::Codec {
+            self.codec_active[rank as usize] = true;
+            self.rerate_compute(rank);
+        }
+        let rate = if which == LocalStream::Compute {
+            self.compute_rate(rank)
+        } else {
+            1.0
+        };
+        let running = Running::new(task, now, work, rate, version);
+        let end = running.end();
+        self.ranks[rank as usize].stream(which).running = Some(running);
+        self.push(
+            end,
+            Event::Local {
+                rank,
+                resource: which,
+                version,
+            },
+        );
+    }
+
+    fn dispatch_comm(&mut self) {
+        loop {
+            let Some(free) = self.comm.iter().position(Option::is_none) else {
+                return;
+            };
+            let next = match self.config.launch {
+                Launch::PlanOrder => match self.order.get(self.next_in_order) {
+                    Some(&task) if self.ready_flag[task as usize] => {
+                        self.next_in_order += 1;
+                        task
+                    }
+                    _ => return,
+                },
+                Launch::Priority => match self.comm_ready.pop() {
+                    Some(Reverse((_, task))) => task,
+                    None => return,
+                },
+            };
+            self.start_collective(free, next);
+        }
+    }
+
+    fn start_collective(&mut self, stream: usize, task: u32) {
+        if self.active_collectives() == 0 {
+            self.comm_busy_since = self.now;
+        }
+        let factor = self
+            .noise
+            .per_collective
+            .get(task as usize)
+            .map_or(1.0, |&f| f as f64);
+        let work = self.graph.task(task).duration.as_ns() as f64 * factor;
+        let version = self.fresh_version();
+        let running = Running::new(task, self.now, work, 1.0, version);
+        self.comm[stream] = Some(running);
+        let end = running.end();
+        self.push(
+            end,
+            Event::Comm {
+                stream: stream as u32,
+                version: running.version,
+            },
+        );
+        self.rerate_comm();
+        if self.active_collectives() == 1 {
+            for rank in 0..self.ranks_n {
+                self.rerate_compute(rank);
+            }
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The task graph of K training iterations of one rank: forward and backward compute per tensor,
+//! compression encode/decode, collectives and the optimizer step, with their dependencies.
+
+use crate::collective::Estimate;
+use crate::time::SimTime;
+use petgraph::algo::toposort;
+use petgraph::graph::{DiGraph, NodeIndex};
+
+/// Where a task runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Resource {
+    /// The rank's compute stream: forward, backward, optimizer (program order).
+    Compute,
+    /// The rank's compression stream on the GPU: encode and decode kernels.
+    Codec,
+    /// The rank's CPU: compression on the host.
+    Cpu,
+    /// A communication stream: collectives span every rank and start when all are ready.
+    Comm,
+}
+
+impl Resource {
+    pub fn name(self) -> &'static str {
+        match self {
+            Resource::Compute => "compute",
+            Resource::Codec => "codec",
+            Resource::Cpu => "cpu",
+            Resource::Comm => "comm",
+        }
+    }
+}
+
+/// What a task does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskKind {
+    Forward { tensor: u32 },
+    Backward { tensor: u32 },
+    Encode { group: u32, part: u32 },
+    Collective { group: u32, part: u32, round: u32 },
+    Decode { group: u32, part: u32 },
+    Optimizer,
+}
+
+/// One task of one iteration, before noise and contention.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Task {
+    pub kind: TaskKind,
+    pub iteration: u32,
+    pub resource: Resource,
+    pub duration: SimTime,
+    /// Payload bytes per rank (collectives, encode output), for traces.
+    pub bytes: u64,
+    /// For collectives: the predicted algorithm and protocol.
+    pub estimate: Option<Estimate>,
+    /// For collectives: launch order key (priority, iteration, plan position).
+    pub launch_key: (i64, u32, u32),
+}
+
+/// The graph and the compact successor lists the engine walks.
+pub struct TaskGraph {
+    pub graph: DiGraph<Task, ()>,
+    pub iterations: u32,
+    /// Successors of each task (CSR layout: `succ_start[i]..succ_start[i+1]` in `succ`).
+    succ_start: Vec<u32>,
+    succ: Vec<u32>,
+    /// Number of predecessors of each task.
+    pub indegree: Vec<u32>,
+    /// The optimizer task of each iteration: its end closes the iteration.
+    pub iteration_end: Vec<u32>,
+}
+
+impl TaskGraph {
+    /// Freezes a built graph: checks it is acyclic and lays out successor lists.
+    pub fn freeze(
+        graph: DiGraph<Task, ()>,
+        iterations: u32,
+        iteration_end: Vec<NodeIndex>,
+    ) -> TaskGraph {
+        debug_assert!(
+            toposort(&graph, None).is_ok(),
+            "a task graph must be acyclic"
+        );
+        let n = graph.node_count();
+        let mut indegree = vec![0u32; n];
+        let mut succ_start = Vec::with_capacity(n + 1);
+        let mut succ = Vec::with_capacity(graph.edge_count());
+        for node in graph.node_indices() {
+            succ_start.push(succ.len() as u32);
+            let mut targets: Vec<u32> = graph.neighbors(node).map(|m| m.index() as u32).collect();
+            // petgraph lists neighbours newest first; sort for a stable, readable order.
+            targets.sort_unstable();
+            for &m in &targets {
+                indegree[m as usize] += 1;
+            }
+            succ.extend(targets);
+        }
+        succ_start.push(succ.len() as u32);
+        TaskGraph {
+            graph,
+            iterations,
+            succ_start,
+            succ,
+            indegree,
+            iteration_end: iteration_end
+                .into_iter()
+                .map(|n| n.index() as u32)
+                .collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.indegree.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.indegree.is_empty()
+    }
+
+    pub fn task(&self, index: u32) -> &Task {
+        &self.graph[NodeIndex::new(index as usize)]
+    }
+
+    pub fn successors(&self, index: u32) -> &[u32] {
+        &self.succ
+            [self.succ_start[index as usize] as usize..self.succ_start[index as usize + 1] as usize]
+    }
+}

@@ -1,0 +1,248 @@
+//! Plans: fusion groups with their compressor, collective scheme, partitions and priority, plus
+//! the launch policy; the one input both the simulator and the runner execute.
+
+use crate::compress::{Aggregation, Compressor, Memory};
+use crate::data::{self, FORMAT_VERSION};
+use crate::error::{Result, SimError};
+use crate::model::ModelProfile;
+use serde::{Deserialize, Serialize};
+
+/// How a group's gradients are synchronized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheme {
+    /// Whatever the compressor's aggregation rule needs: allreduce for summable payloads,
+    /// allgather plus p decodes otherwise.
+    Auto,
+    /// Flat allreduce over all ranks.
+    Allreduce,
+    /// Allgather of every rank's payload, each decoded.
+    Allgather,
+    /// Intra-node reduce-scatter, inter-node allreduce, intra-node allgather.
+    Hierarchical,
+    /// Push to and pull from parameter servers colocated with the workers.
+    Ps,
+}
+
+/// One fusion group: tensors synchronized together as one buffer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Group {
+    /// Indices into the model's tensors (backward order); the buffer holds them in this order.
+    pub tensors: Vec<usize>,
+    pub compressor: Compressor,
+    pub memory: Memory,
+    pub scheme: Scheme,
+    /// The buffer is split into this many equal pieces, each its own collective (ByteScheduler).
+    pub partitions: u32,
+    /// Lower runs first when the launch policy is `priority`.
+    pub priority: i64,
+}
+
+/// The order in which ready collectives take a communication stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Launch {
+    /// Groups launch in plan order, each once it is ready (NCCL needs every rank to issue
+    /// collectives in one order; frameworks keep the order they build).
+    PlanOrder,
+    /// The ready group with the lowest `priority` goes first.
+    Priority,
+}
+
+/// How the runtime launches the plan's collectives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    pub launch: Launch,
+    pub comm_streams: u32,
+    /// Horovod's background cycle: a ready group launches at the next multiple of this time
+    /// (0: immediately).
+    pub cycle_time_us: f64,
+}
+
+/// A complete synchronization plan for one model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub format_version: u32,
+    /// The strategy that produced the plan (informational).
+    pub strategy: String,
+    /// The model the plan was made for, with its tensor count and a fingerprint of its tensor
+    /// names and sizes, so that a plan cannot silently be applied to another model.
+    pub model: String,
+    pub model_tensors: usize,
+    pub model_fingerprint: String,
+    pub policy: Policy,
+    pub groups: Vec<Group>,
+}
+
+/// FNV-1a over every tensor's name and size: changes whenever the inventory does.
+pub fn fingerprint(model: &ModelProfile) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for tensor in &model.tensors {
+        for byte in tensor.name.bytes().chain(tensor.numel.to_le_bytes()) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+impl Plan {
+    /// A plan with the model's identity filled in and default policy.
+    pub fn new(strategy: &str, model: &ModelProfile, groups: Vec<Group>, policy: Policy) -> Plan {
+        Plan {
+            format_version: FORMAT_VERSION,
+            strategy: strategy.to_string(),
+            model: model.name.clone(),
+            model_tensors: model.num_tensors(),
+            model_fingerprint: fingerprint(model),
+            policy,
+            groups,
+        }
+    }
+
+    pub fn load(path: &str) -> Result<Plan> {
+        let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
+            path: path.into(),
+            source,
+        })?;
+        data::parse_json(path, &text)
+    }
+
+    /// Checks that the plan fits `model`: same tensors, every tensor in exactly one group,
+    /// sensible partitions and policy, and compressors used with an aggregation they allow.
+    pub fn validate(&self, label: &str, model: &ModelProfile) -> Result<()> {
+        data::check_format_version(label, self.format_version)?;
+        if self.model_tensors != model.num_tensors() || self.model_fingerprint != fingerprint(model)
+        {
+            return Err(SimError::invalid(
+                label,
+                "model",
+                format!(
+                    "the plan was made for `{}` ({} tensors, fingerprint {}), not for `{}` ({} tensors, fingerprint {})",
+                    self.model,
+                    self.model_tensors,
+                    self.model_fingerprint,
+                    model.name,
+                    model.num_tensors(),
+                    fingerprint(model)
+                ),
+            ));
+        }
+        if self.groups.is_empty() {
+            return Err(SimError::invalid(
+                label,
+                "groups",
+                "a plan needs at least one group",
+            ));
+        }
+        if self.policy.comm_streams == 0 {
+            return Err(SimError::invalid(
+                label,
+                "policy.comm_streams",
+                "needs at least one stream",
+            ));
+        }
+        data::check_non_negative(label, "policy.cycle_time_us", self.policy.cycle_time_us)?;
+        let mut owner: Vec<Option<usize>> = vec![None; model.num_tensors()];
+        for (g, group) in self.groups.iter().enumerate() {
+            let at = |field: &str| format!("groups[{g}].{field}");
+            if group.tensors.is_empty() {
+                return Err(SimError::invalid(
+                    label,
+                    at("tensors"),
+                    "a group needs at least one tensor",
+                ));
+            }
+            if group.partitions == 0 {
+                return Err(SimError::invalid(
+                    label,
+                    at("partitions"),
+                    "needs at least one partition",
+                ));
+            }
+            for &t in &group.tensors {
+                match owner.get_mut(t) {
+                    None => {
+                        return Err(SimError::invalid(
+                            label,
+                            at("tensors"),
+                            format!(
+                                "tensor index {t} is out of range: the model has {} tensors",
+                                model.num_tensors()
+                            ),
+                        ))
+                    }
+                    Some(Some(other)) => {
+                        return Err(SimError::invalid(
+                            label,
+                            at("tensors"),
+                            format!(
+                                "tensor {t} ({}) is also in groups[{other}]",
+                                model.tensors[t].name
+                            ),
+                        ))
+                    }
+                    Some(slot) => *slot = Some(g),
+                }
+            }
+            let aggregation = group.aggregation();
+            if !group
+                .compressor
+                .allowed_aggregations()
+                .contains(&aggregation)
+            {
+                return Err(SimError::invalid(
+                    label,
+                    at("scheme"),
+                    format!(
+                        "compressor `{}` cannot be aggregated by {:?}; it allows {:?}",
+                        group.compressor,
+                        group.scheme,
+                        group.compressor.allowed_aggregations()
+                    ),
+                ));
+            }
+        }
+        if let Some(missing) = owner.iter().position(Option::is_none) {
+            let count = owner.iter().filter(|o| o.is_none()).count();
+            return Err(SimError::invalid(
+                label,
+                "groups",
+                format!(
+                    "{count} tensor(s) are in no group, the first being {missing} ({})",
+                    model.tensors[missing].name
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Group {
+    /// The aggregation the group's scheme implies.
+    pub fn aggregation(&self) -> Aggregation {
+        match self.scheme {
+            Scheme::Auto => self.compressor.aggregation(),
+            Scheme::Allreduce | Scheme::Hierarchical => Aggregation::Allreduce,
+            Scheme::Allgather => Aggregation::Allgather,
+            Scheme::Ps => Aggregation::ParameterServer,
+        }
+    }
+
+    pub fn numel(&self, model: &ModelProfile) -> u64 {
+        self.tensors.iter().map(|&t| model.tensors[t].numel).sum()
+    }
+
+    /// Bytes one rank contributes to the group's synchronization (all rounds and partitions).
+    pub fn wire_bytes(&self, model: &ModelProfile) -> u64 {
+        let shapes: Vec<&[u64]> = self
+            .tensors
+            .iter()
+            .map(|&t| model.tensors[t].shape.as_slice())
+            .collect();
+        self.compressor.group_wire_bytes(&shapes)
+    }
+}

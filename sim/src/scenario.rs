@@ -1,0 +1,59 @@
+//! A scenario: a model on a cluster under a plan, with everything resolved and checked.
+
+use crate::device::DeviceProfile;
+use crate::error::{Result, SimError};
+use crate::model::ModelProfile;
+use crate::plan::Plan;
+use crate::topology::Cluster;
+
+/// Everything a simulation needs, validated against each other.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub model: ModelProfile,
+    pub cluster: Cluster,
+    /// The cluster's GPU (or host) profile: compression costs and contention.
+    pub device: DeviceProfile,
+    pub plan: Plan,
+    /// Multiplier on the model profile's compute times to carry them from the device they were
+    /// measured on to the cluster's (1 when they are the same device).
+    pub compute_scale: f64,
+}
+
+impl Scenario {
+    /// Resolves the cluster's device and the model's measurement device and checks the plan.
+    /// `plan_label` names the plan in error messages (its file, or the strategy).
+    pub fn new(
+        model: ModelProfile,
+        cluster: Cluster,
+        plan: Plan,
+        plan_label: &str,
+    ) -> Result<Scenario> {
+        plan.validate(plan_label, &model)?;
+        let device = DeviceProfile::load(&cluster.device).map_err(|e| {
+            SimError::invalid(
+                &cluster.name,
+                "device",
+                format!("`{}`: {e}", cluster.device),
+            )
+        })?;
+        let measured_on = DeviceProfile::load(&model.device).map_err(|e| {
+            SimError::invalid(&model.name, "device", format!("`{}`: {e}", model.device))
+        })?;
+        let compute_scale = measured_on.compute_speed_vs_v100 / device.compute_speed_vs_v100;
+        Ok(Scenario {
+            model,
+            cluster,
+            device,
+            plan,
+            compute_scale,
+        })
+    }
+
+    /// The same model and plan on a single GPU of the same cluster: the scaling baseline.
+    pub fn single_gpu(&self) -> Scenario {
+        let mut single = self.clone();
+        single.cluster.nodes = 1;
+        single.cluster.gpus_per_node = 1;
+        single
+    }
+}

@@ -1,0 +1,275 @@
+//! Runs a scenario: picks the symmetric or explicit path, draws noise, runs the engine over
+//! warm-up and measured iterations, and summarizes the steady state.
+
+use crate::builder;
+use crate::engine::{self, EngineConfig, EngineResult};
+use crate::error::{Result, SimError};
+use crate::graph::TaskGraph;
+use crate::noise::NoiseSpec;
+use crate::scenario::Scenario;
+use crate::time::SimTime;
+use crate::trace::Trace;
+use serde::Serialize;
+use statrs::distribution::{ContinuousCDF, StudentsT};
+
+/// How to run a simulation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimOptions {
+    /// Iterations run before measuring (at least 1: the first iteration has no overlap with a
+    /// previous one, so it is not steady state).
+    pub warmup: u32,
+    /// Measured iterations; `Some` adds Monte Carlo statistics to the summary.
+    pub iterations: Option<u32>,
+    pub noise: NoiseSpec,
+    /// Simulate every rank even without noise (the symmetric path gives the same answer).
+    pub force_explicit: bool,
+    /// Keep a timeline of this many ranks (0: no trace).
+    pub trace_ranks: u32,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            warmup: 1,
+            iterations: None,
+            noise: NoiseSpec::default(),
+            force_explicit: false,
+            trace_ranks: 0,
+        }
+    }
+}
+
+/// Monte Carlo statistics over the measured iterations.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Statistics {
+    pub mean_ms: f64,
+    pub std_dev_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub ci95_low_ms: f64,
+    pub ci95_high_ms: f64,
+}
+
+/// The predicted steady-state iteration, as printed by `simulate --format json`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub model: String,
+    pub cluster: String,
+    pub strategy: String,
+    pub world_size: u32,
+    /// `symmetric` (one rank stands for all) or `explicit` (every rank simulated).
+    pub path: &'static str,
+    pub iteration_time_ms: f64,
+    pub throughput_samples_per_s: f64,
+    /// Throughput per GPU relative to the same model on one GPU of this cluster.
+    pub scaling_efficiency: f64,
+    pub single_gpu_iteration_time_ms: f64,
+    /// Busy time of a rank's compute stream per iteration (forward, backward, optimizer, with
+    /// contention slowdowns).
+    pub compute_ms: f64,
+    /// Iteration time not covered by compute: communication and compression on the critical path.
+    pub exposed_comm_ms: f64,
+    /// Busy time of a rank's compression stream per iteration.
+    pub compression_ms: f64,
+    /// Time some collective was running per iteration.
+    pub comm_ms: f64,
+    /// Bytes each rank contributes to collectives per iteration (compressed payloads, all rounds).
+    pub wire_bytes_per_rank: u64,
+    pub groups: usize,
+    pub collectives_per_iteration: usize,
+    /// Factor applied to the model's measured compute times for this cluster's GPU.
+    pub compute_scale: f64,
+    pub seed: u64,
+    pub warmup_iterations: u32,
+    pub measured_iterations: u32,
+    pub events: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub statistics: Option<Statistics>,
+}
+
+/// A finished simulation.
+pub struct Outcome {
+    pub summary: Summary,
+    /// Per measured iteration, its duration.
+    pub iteration_times: Vec<SimTime>,
+    pub trace: Option<Trace>,
+}
+
+pub fn simulate(scenario: &Scenario, options: &SimOptions) -> Result<Outcome> {
+    options.noise.validate()?;
+    if options.warmup == 0 {
+        return Err(SimError::bad_value(
+            "--warmup",
+            0,
+            "at least one warm-up iteration is needed",
+        ));
+    }
+    let measured = options.iterations.unwrap_or(1);
+    if measured == 0 {
+        return Err(SimError::bad_value(
+            "--iterations",
+            0,
+            "at least one measured iteration is needed",
+        ));
+    }
+    let world = scenario.cluster.world_size();
+    let explicit = options.force_explicit || !options.noise.is_quiet();
+    let ranks = if explicit { world } else { 1 };
+    let graph = builder::build_graph(scenario, options.warmup + measured)?;
+    let noise = options.noise.draw(&graph, ranks)?;
+    let config = EngineConfig {
+        ranks,
+        comm_streams: scenario.plan.policy.comm_streams,
+        launch: scenario.plan.policy.launch,
+        cycle_time: SimTime::from_us(scenario.plan.policy.cycle_time_us),
+        slowdown_with_collective: scenario.device.contention.compute_slowdown_with_collective,
+        slowdown_with_codec: scenario.device.contention.compute_slowdown_with_compression,
+        record_ranks: options.trace_ranks.min(ranks),
+    };
+    let result = engine::run(&graph, &config, &noise);
+    let iteration_times = steady_iterations(&result, options.warmup);
+    let single = single_gpu_time(scenario, options.warmup)?;
+    let summary = summarize(
+        scenario,
+        options,
+        &graph,
+        &result,
+        &iteration_times,
+        single,
+        explicit,
+    );
+    let trace =
+        (config.record_ranks > 0).then(|| Trace::from_run(scenario, &graph, &result, &summary));
+    Ok(Outcome {
+        summary,
+        iteration_times,
+        trace,
+    })
+}
+
+/// Durations of the iterations after warm-up: from the end of one optimizer step to the next.
+fn steady_iterations(result: &EngineResult, warmup: u32) -> Vec<SimTime> {
+    let ends = &result.iteration_end;
+    (warmup as usize..ends.len())
+        .map(|k| ends[k] - ends[k - 1])
+        .collect()
+}
+
+fn single_gpu_time(scenario: &Scenario, warmup: u32) -> Result<SimTime> {
+    let single = scenario.single_gpu();
+    let graph = builder::build_graph(&single, warmup + 1)?;
+    let config = EngineConfig {
+        ranks: 1,
+        comm_streams: 1,
+        launch: scenario.plan.policy.launch,
+        cycle_time: SimTime::ZERO,
+        slowdown_with_collective: 1.0,
+        slowdown_with_codec: 1.0,
+        record_ranks: 0,
+    };
+    let result = engine::run(&graph, &config, &Default::default());
+    Ok(*steady_iterations(&result, warmup)
+        .last()
+        .expect("one measured iteration"))
+}
+
+fn ms(time: SimTime) -> f64 {
+    round6(time.as_ms())
+}
+
+fn round6(value: f64) -> f64 {
+    (value * 1e6).round() / 1e6
+}
+
+fn summarize(
+    scenario: &Scenario,
+    options: &SimOptions,
+    graph: &TaskGraph,
+    result: &EngineResult,
+    times: &[SimTime],
+    single: SimTime,
+    explicit: bool,
+) -> Summary {
+    let world = scenario.cluster.world_size();
+    let ranks = if explicit { world } else { 1 } as f64;
+    let measured = options.warmup as usize..result.iteration_end.len();
+    let per_iteration = |busy: &[SimTime]| {
+        let total: f64 = measured.clone().map(|k| busy[k].as_ns() as f64).sum();
+        total / times.len() as f64
+    };
+    let mean_ns = times.iter().map(|t| t.as_ns() as f64).sum::<f64>() / times.len() as f64;
+    let compute_ns = per_iteration(&result.compute_busy) / ranks;
+    let batch = f64::from(scenario.model.batch_size_per_gpu);
+    let collectives = graph
+        .graph
+        .node_weights()
+        .filter(|t| t.iteration == 0 && t.resource == crate::graph::Resource::Comm)
+        .count();
+    Summary {
+        model: scenario.model.name.clone(),
+        cluster: scenario.cluster.name.clone(),
+        strategy: scenario.plan.strategy.clone(),
+        world_size: world,
+        path: if explicit { "explicit" } else { "symmetric" },
+        iteration_time_ms: round6(mean_ns / 1e6),
+        throughput_samples_per_s: round6(f64::from(world) * batch / (mean_ns / 1e9)),
+        scaling_efficiency: round6(single.as_ns() as f64 / mean_ns),
+        single_gpu_iteration_time_ms: ms(single),
+        compute_ms: round6(compute_ns / 1e6),
+        exposed_comm_ms: round6((mean_ns - compute_ns).max(0.0) / 1e6),
+        compression_ms: round6(per_iteration(&result.codec_busy) / ranks / 1e6),
+        comm_ms: round6(per_iteration(&result.comm_busy) / 1e6),
+        wire_bytes_per_rank: if world > 1 {
+            scenario
+                .plan
+                .groups
+                .iter()
+                .map(|g| g.wire_bytes(&scenario.model))
+                .sum()
+        } else {
+            0
+        },
+        groups: scenario.plan.groups.len(),
+        collectives_per_iteration: collectives,
+        compute_scale: round6(scenario.compute_scale),
+        seed: options.noise.seed,
+        warmup_iterations: options.warmup,
+        measured_iterations: times.len() as u32,
+        events: result.events,
+        statistics: options.iterations.map(|_| statistics(times)),
+    }
+}
+
+fn statistics(times: &[SimTime]) -> Statistics {
+    let mut sorted: Vec<f64> = times.iter().map(|t| t.as_ms()).collect();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len() as f64;
+    let mean = sorted.iter().sum::<f64>() / n;
+    let variance = if sorted.len() > 1 {
+        sorted.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    let std_dev = variance.sqrt();
+    let half_width = if sorted.len() > 1 {
+        let t = StudentsT::new(0.0, 1.0, n - 1.0).map_or(1.96, |d| d.inverse_cdf(0.975));
+        t * std_dev / n.sqrt()
+    } else {
+        0.0
+    };
+    Statistics {
+        mean_ms: round6(mean),
+        std_dev_ms: round6(std_dev),
+        p50_ms: round6(percentile(&sorted, 0.50)),
+        p99_ms: round6(percentile(&sorted, 0.99)),
+        ci95_low_ms: round6(mean - half_width),
+        ci95_high_ms: round6(mean + half_width),
+    }
+}
+
+/// Linear interpolation between the closest ranks of sorted data.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let position = q * (sorted.len() - 1) as f64;
+    let (low, high) = (position.floor() as usize, position.ceil() as usize);
+    sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
+}

@@ -1,0 +1,161 @@
+//! `syncopate simulate`: a model on a cluster under a strategy or plan, summarized.
+
+use crate::cli::{Format, SimulateArgs};
+use anyhow::Context;
+use syncopate_sim::model::ModelProfile;
+use syncopate_sim::noise::NoiseSpec;
+use syncopate_sim::plan::Plan;
+use syncopate_sim::scenario::Scenario;
+use syncopate_sim::simulate::{simulate, SimOptions, Summary};
+use syncopate_sim::strategy::{Strategy, StrategyOptions};
+use syncopate_sim::topology::Cluster;
+use syncopate_sim::SimError;
+
+pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
+    let model = ModelProfile::load(&args.model)?;
+    let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
+    let (plan, label) = match &args.plan {
+        Some(path) => {
+            let path = path.to_string_lossy().into_owned();
+            (Plan::load(&path)?, path)
+        }
+        None => {
+            let strategy: Strategy = args.strategy.parse()?;
+            (
+                strategy.plan(&model, &strategy_options(args)?)?,
+                format!("strategy {strategy}"),
+            )
+        }
+    };
+    if let Some(path) = &args.save_plan {
+        let text = serde_json::to_string_pretty(&plan)? + "\n";
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let scenario = Scenario::new(model, cluster, plan, &label)?;
+    let options = SimOptions {
+        warmup: args.warmup,
+        iterations: args.iterations,
+        noise: noise(args)?,
+        force_explicit: args.explicit,
+        trace_ranks: if args.trace.is_some() {
+            args.trace_ranks.max(1)
+        } else {
+            0
+        },
+    };
+    let outcome = simulate(&scenario, &options)?;
+    if let (Some(path), Some(trace)) = (&args.trace, &outcome.trace) {
+        let text = serde_json::to_string(trace)?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    match args.format {
+        Format::Json => super::print_json(&outcome.summary),
+        Format::Text => {
+            print_summary(&outcome.summary, &scenario);
+            Ok(())
+        }
+    }
+}
+
+fn positive(flag: &str, value: f64) -> Result<f64, SimError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(value)
+    } else {
+        Err(SimError::bad_value(
+            flag,
+            value,
+            "must be a positive number",
+        ))
+    }
+}
+
+fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
+    let mib = |flag: &str, value: f64| -> Result<u64, SimError> {
+        Ok((positive(flag, value)? * 1048576.0) as u64)
+    };
+    if !(args.cycle_ms.is_finite() && args.cycle_ms >= 0.0) {
+        return Err(
+            SimError::bad_value("--cycle-ms", args.cycle_ms, "must be zero or positive").into(),
+        );
+    }
+    Ok(StrategyOptions {
+        fusion_bytes: mib("--fusion-mb", args.fusion_mb)?,
+        cycle_us: args.cycle_ms * 1e3,
+        bucket_bytes: mib("--bucket-mb", args.bucket_mb)?,
+        compressor: args.compressor.parse()?,
+        memory: args.memory.parse()?,
+        ..StrategyOptions::default()
+    })
+}
+
+fn noise(args: &SimulateArgs) -> anyhow::Result<NoiseSpec> {
+    let (probability, slowdown) = match &args.straggler {
+        None => (0.0, 1.0),
+        Some(text) => {
+            let bad = || {
+                SimError::bad_value(
+                    "--straggler",
+                    text,
+                    "expected PROBABILITY,SLOWDOWN, e.g. 0.01,2",
+                )
+            };
+            let (p, s) = text.split_once(',').ok_or_else(bad)?;
+            (
+                p.trim().parse().map_err(|_| bad())?,
+                s.trim().parse().map_err(|_| bad())?,
+            )
+        }
+    };
+    let spec = NoiseSpec {
+        jitter_cv: args.jitter,
+        straggler_probability: probability,
+        straggler_slowdown: slowdown,
+        seed: args.seed,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+fn print_summary(s: &Summary, scenario: &Scenario) {
+    println!(
+        "{} on {} ({} GPUs, {} path), strategy {}",
+        s.model, s.cluster, s.world_size, s.path, s.strategy
+    );
+    println!("  iteration time      {:>12.3} ms", s.iteration_time_ms);
+    println!(
+        "  throughput          {:>12.1} {}/s",
+        s.throughput_samples_per_s, scenario.model.sample_unit
+    );
+    println!(
+        "  scaling efficiency  {:>12.1} %   (one GPU: {:.3} ms)",
+        s.scaling_efficiency * 100.0,
+        s.single_gpu_iteration_time_ms
+    );
+    println!("  compute             {:>12.3} ms", s.compute_ms);
+    println!("  exposed comm        {:>12.3} ms", s.exposed_comm_ms);
+    println!("  communication       {:>12.3} ms", s.comm_ms);
+    println!("  compression         {:>12.3} ms", s.compression_ms);
+    println!(
+        "  wire bytes per rank {:>12.1} MB in {} groups, {} collectives",
+        s.wire_bytes_per_rank as f64 / 1e6,
+        s.groups,
+        s.collectives_per_iteration
+    );
+    if (s.compute_scale - 1.0).abs() > 1e-9 {
+        println!(
+            "  compute times scaled by {:.3} from {} to {}",
+            s.compute_scale, scenario.model.device, scenario.device.name
+        );
+    }
+    if let Some(st) = &s.statistics {
+        println!(
+            "  over {} iterations: mean {:.3} ms, p50 {:.3}, p99 {:.3}, 95% CI [{:.3}, {:.3}]",
+            s.measured_iterations,
+            st.mean_ms,
+            st.p50_ms,
+            st.p99_ms,
+            st.ci95_low_ms,
+            st.ci95_high_ms
+        );
+    }
+}
