@@ -157,6 +157,9 @@ impl RankState {
     }
 }
 
+/// (priority, iteration, plan position) of a collective.
+type LaunchKey = (i64, u32, u32);
+
 struct Engine<'a> {
     graph: &'a TaskGraph,
     config: &'a EngineConfig,
@@ -174,7 +177,7 @@ struct Engine<'a> {
     /// Ranks that have met each collective's dependencies.
     arrivals: Vec<u32>,
     /// Collectives ready on every rank (and past their cycle tick), by priority key.
-    comm_ready: BinaryHeap<Reverse<((i64, u32, u32), u32)>>,
+    comm_ready: BinaryHeap<Reverse<(LaunchKey, u32)>>,
     /// Collectives in plan order; under the plan-order policy the next to launch is
     /// `order[next_in_order]`, once `ready_flag` says it is ready.
     order: Vec<u32>,
