@@ -1,1 +1,3 @@
 //! Syncopate's integration tests: shipped data, closed-form cases, properties and the CLI end to end.
+
+mod compression;
