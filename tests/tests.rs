@@ -3,4 +3,5 @@
 mod cli;
 mod collective;
 mod common;
+mod compression;
 mod data_files;

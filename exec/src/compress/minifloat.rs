@@ -12,17 +12,24 @@ pub fn encode<const E: u32, const M: u32, const MAX: u32>(x: f32) -> u32 {
     let bias = (1i32 << (E - 1)) - 1;
     let bits = x.to_bits();
     let sign = (bits >> 31) << (E + M);
-    let abs = bits & 0x7FFF_FFFF;
+    // Signed arithmetic throughout (|x| bits < 2^31): SSE2 has signed compares but no unsigned
+    // ones or integer min, so this keeps the loop vectorized on the baseline target.
+    let abs = (bits & 0x7FFF_FFFF) as i32;
     // Normal range: round the f32 mantissa to M bits, ties to even, then rebias the exponent;
     // a carry out of the mantissa correctly bumps the exponent.
     let shift = 23 - M;
     let rounded = abs + ((1 << (shift - 1)) - 1) + ((abs >> shift) & 1);
-    let normal = ((rounded >> shift) as i32 - ((127 - bias) << M)).min(MAX as i32);
+    let normal = (rounded >> shift) - ((127 - bias) << M);
+    let normal = if normal > MAX as i32 {
+        MAX as i32
+    } else {
+        normal
+    };
     // Subnormal range: scale so that one unit is the smallest subnormal and let the FPU round
     // ties to even by adding 2^23 (the integer lands in the low mantissa bits).
-    let min_normal = ((127 - bias + 1) as u32) << 23;
+    let min_normal = (127 - bias + 1) << 23;
     let sub_scale = f32::from_bits(((127 + bias - 1 + M as i32) as u32) << 23);
-    let sub = ((f32::from_bits(abs) * sub_scale + 8_388_608.0).to_bits() - 0x4B00_0000) as i32;
+    let sub = (f32::from_bits(abs as u32) * sub_scale + 8_388_608.0).to_bits() as i32 - 0x4B00_0000;
     let magnitude = if abs < min_normal { sub } else { normal };
     sign | magnitude as u32
 }
@@ -36,7 +43,7 @@ pub fn decode<const E: u32, const M: u32, const IEEE_SPECIALS: bool>(code: u32) 
     let magnitude = code & ((1 << (E + M)) - 1);
     let normal = (magnitude << (23 - M)) + (((127 - bias) as u32) << 23);
     let smallest_subnormal = f32::from_bits(((127 - bias + 1 - M as i32) as u32) << 23);
-    let sub = (magnitude as f32 * smallest_subnormal).to_bits();
+    let sub = (magnitude as i32 as f32 * smallest_subnormal).to_bits();
     let exponent_all_ones = magnitude >> M == (1 << E) - 1;
     let special = if IEEE_SPECIALS {
         0x7F80_0000 | ((magnitude & ((1 << M) - 1)) << (23 - M))

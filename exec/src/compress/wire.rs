@@ -59,7 +59,7 @@ pub fn put_f32s(dst: &mut [u8], values: impl IntoIterator<Item = f32>) {
 
 /// Sums two equally long f32 payloads in place (fp32, random-k and PowerSGD allreduce).
 pub fn sum_f32_payloads(c: &Compressor, acc: &mut [u8], other: &[u8]) -> Result<()> {
-    if acc.len() != other.len() || acc.len() % 4 != 0 {
+    if acc.len() != other.len() || !acc.len().is_multiple_of(4) {
         return Err(bad_payload(
             c,
             format!(
