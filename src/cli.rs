@@ -139,7 +139,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 25.0)]
     pub bucket_mb: f64,
     /// Per-task lognormal jitter: coefficient of variation of every task's duration.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub jitter: f64,
     /// Stragglers: PROBABILITY,SLOWDOWN (each rank's compute is SLOWDOWN× slower in an iteration
     /// with this probability).

@@ -178,3 +178,235 @@ fn missing_file_and_usage_errors_have_their_exit_codes() {
     let out = syncopate(&["collective"]);
     assert_eq!(out.status.code(), Some(2), "usage errors exit 2");
 }
+
+#[test]
+fn simulate_json_has_the_documented_keys() {
+    let out = syncopate(&[
+        "simulate",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-10gbe",
+        "--nodes",
+        "2",
+        "--strategy",
+        "ddp",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    for key in [
+        "iteration_time_ms",
+        "throughput_samples_per_s",
+        "scaling_efficiency",
+        "world_size",
+        "compute_ms",
+        "exposed_comm_ms",
+        "compression_ms",
+        "wire_bytes_per_rank",
+        "seed",
+        "strategy",
+    ] {
+        assert!(summary.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(summary["world_size"], 8);
+    assert!(summary["scaling_efficiency"].as_f64().unwrap() <= 1.0);
+}
+
+#[test]
+fn saved_plan_reproduces_the_strategy_exactly() {
+    let dir = crate::common::scratch("save-plan");
+    let plan = dir.join("plan.json");
+    let plan_arg = plan.to_str().unwrap();
+    let common = [
+        "simulate",
+        "--model",
+        "bert-base",
+        "--cluster",
+        "v100-100gib",
+        "--nodes",
+        "4",
+        "--format",
+        "json",
+    ];
+    let first = syncopate(
+        &[
+            &common[..],
+            &[
+                "--strategy",
+                "horovod",
+                "--compressor",
+                "fp16",
+                "--save-plan",
+                plan_arg,
+            ],
+        ]
+        .concat(),
+    );
+    assert!(first.status.success(), "{}", stderr(&first));
+    let second = syncopate(&[&common[..], &["--plan", plan_arg]].concat());
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(stdout(&first), stdout(&second));
+}
+
+#[test]
+fn same_seed_gives_byte_identical_output_and_trace() {
+    let dir = crate::common::scratch("determinism");
+    let run = |name: &str| {
+        let trace = dir.join(name);
+        let out = syncopate(&[
+            "simulate",
+            "--model",
+            "gpt2",
+            "--cluster",
+            "a100-ib200",
+            "--nodes",
+            "2",
+            "--strategy",
+            "wfbp",
+            "--jitter",
+            "0.1",
+            "--straggler",
+            "0.1,1.5",
+            "--iterations",
+            "5",
+            "--seed",
+            "42",
+            "--format",
+            "json",
+            "--trace",
+            trace.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        (out.stdout, std::fs::read(trace).unwrap())
+    };
+    let (a_out, a_trace) = run("a.json");
+    let (b_out, b_trace) = run("b.json");
+    assert_eq!(a_out, b_out);
+    assert_eq!(a_trace, b_trace);
+    let summary: serde_json::Value = serde_json::from_slice(&a_out).unwrap();
+    for key in ["mean_ms", "p50_ms", "p99_ms", "ci95_low_ms", "ci95_high_ms"] {
+        assert!(
+            summary["statistics"].get(key).is_some(),
+            "missing statistics.{key}"
+        );
+    }
+    let trace: serde_json::Value = serde_json::from_slice(&a_trace).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(events.iter().any(|e| e["name"]
+        .as_str()
+        .unwrap()
+        .starts_with("bwd transformer.h.0")));
+    assert!(events.iter().any(|e| e["args"]["bytes"].as_u64().is_some()));
+}
+
+#[test]
+fn bad_plans_and_names_are_explained() {
+    let dir = crate::common::scratch("bad-plans");
+    let plan = dir.join("plan.json");
+    let out = syncopate(&[
+        "simulate",
+        "--model",
+        "vgg16",
+        "--cluster",
+        "dgx1-v100",
+        "--strategy",
+        "ddp",
+        "--save-plan",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let original: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let check = |edit: &dyn Fn(&mut serde_json::Value), model: &str, expected: &str| {
+        let mut value = original.clone();
+        edit(&mut value);
+        std::fs::write(&plan, value.to_string()).unwrap();
+        let out = syncopate(&[
+            "simulate",
+            "--model",
+            model,
+            "--cluster",
+            "dgx1-v100",
+            "--plan",
+            plan.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{expected}");
+        assert!(
+            stderr(&out).contains(expected),
+            "expected `{expected}` in: {}",
+            stderr(&out)
+        );
+    };
+    check(&|_| {}, "resnet50", "was made for `vgg16`");
+    check(
+        &|v| {
+            v["groups"][0]["tensors"]
+                .as_array_mut()
+                .unwrap()
+                .push(0.into())
+        },
+        "vgg16",
+        "is also in groups",
+    );
+    check(
+        &|v| {
+            v["groups"][0]["tensors"].as_array_mut().unwrap().pop();
+        },
+        "vgg16",
+        "in no group",
+    );
+    check(
+        &|v| v["groups"][0]["tensors"][0] = 999.into(),
+        "vgg16",
+        "out of range",
+    );
+    check(
+        &|v| {
+            v["groups"][0]["compressor"] = "topk:0.01".into();
+            v["groups"][0]["scheme"] = "allreduce".into();
+        },
+        "vgg16",
+        "cannot be aggregated",
+    );
+    check(
+        &|v| v["groups"][0]["scheme"] = "ring-of-fire".into(),
+        "vgg16",
+        "groups[0].scheme",
+    );
+    check(
+        &|v| v["groups"][0]["compressor"] = "zip".into(),
+        "vgg16",
+        "valid forms",
+    );
+    for (flag, value, expected) in [
+        ("--strategy", "bytescheduler2", "valid strategies"),
+        ("--strategy", "fixed-groups:0", "≥ 1"),
+        ("--strategy", "fixed-groups:99", "between 1 and"),
+        ("--compressor", "topk:1.5", "valid forms"),
+        ("--jitter", "-1", "--jitter"),
+        ("--straggler", "2,2", "probability"),
+    ] {
+        let out = syncopate(&[
+            "simulate",
+            "--model",
+            "vgg16",
+            "--cluster",
+            "dgx1-v100",
+            flag,
+            value,
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{flag} {value}: {}",
+            stderr(&out)
+        );
+        assert!(
+            stderr(&out).contains(expected),
+            "{flag} {value}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -5,3 +5,4 @@ mod collective;
 mod common;
 mod compression;
 mod data_files;
+mod simulator;

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 
 /// What randomness to add to a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NoiseSpec {
     /// Coefficient of variation of every task's duration (lognormal with mean 1); 0 for none.
     pub jitter_cv: f64,
@@ -18,6 +18,17 @@ pub struct NoiseSpec {
     pub straggler_probability: f64,
     pub straggler_slowdown: f64,
     pub seed: u64,
+}
+
+impl Default for NoiseSpec {
+    fn default() -> Self {
+        NoiseSpec {
+            jitter_cv: 0.0,
+            straggler_probability: 0.0,
+            straggler_slowdown: 1.0,
+            seed: 1,
+        }
+    }
 }
 
 impl NoiseSpec {

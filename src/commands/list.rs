@@ -1,9 +1,11 @@
 //! `syncopate list`: what a user can name on the command line.
 
 use crate::cli::ListWhat;
+use syncopate_sim::compress::{self, Memory};
 use syncopate_sim::data::DataKind;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
+use syncopate_sim::strategy;
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 pub fn run(what: ListWhat) -> anyhow::Result<()> {
@@ -35,10 +37,18 @@ pub fn run(what: ListWhat) -> anyhow::Result<()> {
             }
         }
         ListWhat::Compressors => {
-            println!("none           no compression (fp32 allreduce)");
+            for entry in compress::catalog() {
+                println!("{:<16} {}", entry.form, entry.description);
+            }
+            println!("\nmemories (--memory):");
+            for entry in Memory::memory_catalog() {
+                println!("{:<16} {}", entry.form, entry.description);
+            }
         }
         ListWhat::Strategies => {
-            println!("(no strategies yet)");
+            for entry in strategy::catalog() {
+                println!("{:<30} {}", entry.form, entry.description);
+            }
         }
     }
     Ok(())

@@ -1,0 +1,70 @@
+//! Simulator speed: gpt2-xl (580 tensors) on 1024 H100s (dgx-h100, 128 nodes) with wfbp and
+//! horovod, on the symmetric path and with all ranks explicit under jitter. Throughput is in
+//! simulated iterations per second (each run simulates one warm-up and four measured iterations).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use std::hint::black_box;
+use syncopate_sim::model::ModelProfile;
+use syncopate_sim::noise::NoiseSpec;
+use syncopate_sim::scenario::Scenario;
+use syncopate_sim::simulate::{simulate, SimOptions};
+use syncopate_sim::strategy::{Strategy, StrategyOptions};
+use syncopate_sim::topology::{Cluster, ClusterOverrides};
+
+const ITERATIONS: u32 = 4;
+
+fn scenario(strategy: &str) -> Scenario {
+    let model = ModelProfile::load("gpt2-xl").unwrap();
+    let cluster = Cluster::load(
+        "dgx-h100",
+        ClusterOverrides {
+            nodes: Some(128),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let plan = strategy
+        .parse::<Strategy>()
+        .unwrap()
+        .plan(&model, &StrategyOptions::default())
+        .unwrap();
+    Scenario::new(model, cluster, plan, strategy).unwrap()
+}
+
+fn engine(c: &mut Criterion) {
+    for strategy in ["wfbp", "horovod"] {
+        let scenario = scenario(strategy);
+        let mut group = c.benchmark_group(format!("gpt2-xl/1024xH100/{strategy}"));
+        group.throughput(Throughput::Elements(u64::from(ITERATIONS + 1)));
+        let symmetric = SimOptions {
+            iterations: Some(ITERATIONS),
+            ..Default::default()
+        };
+        let outcome = simulate(&scenario, &symmetric).unwrap();
+        eprintln!("{strategy} symmetric: {} events", outcome.summary.events);
+        group.bench_function("symmetric", |b| {
+            b.iter(|| simulate(black_box(&scenario), &symmetric).unwrap())
+        });
+        let explicit = SimOptions {
+            noise: NoiseSpec {
+                jitter_cv: 0.05,
+                seed: 1,
+                ..Default::default()
+            },
+            ..symmetric
+        };
+        let outcome = simulate(&scenario, &explicit).unwrap();
+        eprintln!(
+            "{strategy} explicit+jitter: {} events",
+            outcome.summary.events
+        );
+        group.sample_size(10);
+        group.bench_function("explicit-jitter", |b| {
+            b.iter(|| simulate(black_box(&scenario), &explicit).unwrap())
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, engine);
+criterion_main!(benches);

@@ -1,0 +1,345 @@
+//! The simulator: closed-form cases by hand, engine invariants, the symmetric fast path, noise.
+
+use syncopate_sim::builder::build_graph;
+use syncopate_sim::device::DeviceProfile;
+use syncopate_sim::engine::{self, EngineConfig, Noise};
+use syncopate_sim::graph::Resource;
+use syncopate_sim::model::ModelProfile;
+use syncopate_sim::noise::NoiseSpec;
+use syncopate_sim::plan::Launch;
+use syncopate_sim::scenario::Scenario;
+use syncopate_sim::simulate::{simulate, SimOptions};
+use syncopate_sim::strategy::{Strategy, StrategyOptions};
+use syncopate_sim::time::SimTime;
+use syncopate_sim::topology::{Cluster, ClusterOverrides};
+
+/// A device without contention, so that closed forms hold exactly.
+fn quiet_device(dir: &std::path::Path) -> String {
+    let mut device = serde_json::to_value(DeviceProfile::load("v100-sxm2-32gb").unwrap()).unwrap();
+    device["name"] = "quiet".into();
+    device["contention"]["compute_slowdown_with_collective"] = 1.0.into();
+    device["contention"]["compute_slowdown_with_compression"] = 1.0.into();
+    let path = dir.join("quiet-device.json");
+    std::fs::write(&path, device.to_string()).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// Two tensors of `numel` elements whose gradients become ready 10 ms apart; no forward and no
+/// optimizer time, so an iteration is backward plus exposed communication.
+fn two_tensor_model(device: &str, numel: u64) -> ModelProfile {
+    let mut model = ModelProfile::load("alexnet").unwrap();
+    model.name = "two-tensors".into();
+    model.device = device.to_string();
+    model.optimizer_us = 0.0;
+    model.tensors.truncate(2);
+    for (i, tensor) in model.tensors.iter_mut().enumerate() {
+        tensor.name = format!("t{i}");
+        tensor.shape = vec![numel];
+        tensor.numel = numel;
+        tensor.registration_index = 1 - i;
+        tensor.backward_us = 10_000.0;
+        tensor.forward_us = 0.0;
+    }
+    model
+}
+
+/// Two nodes of one GPU on MPI over 10 Gb/s TCP: for two ranks recursive doubling is one
+/// exchange, α + S·β (with the CPU reduction made negligibly fast).
+fn one_link_cluster(device: &str) -> Cluster {
+    let mut cluster = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
+    cluster.device = device.to_string();
+    cluster.nodes = 2;
+    if let syncopate_sim::topology::Library::Mpi(p) = &mut cluster.library {
+        p.reduce_gbytes_per_s = 1e12;
+    }
+    cluster
+}
+
+fn run(
+    model: &ModelProfile,
+    cluster: &Cluster,
+    strategy: &str,
+) -> syncopate_sim::simulate::Summary {
+    let strategy: Strategy = strategy.parse().unwrap();
+    let plan = strategy.plan(model, &StrategyOptions::default()).unwrap();
+    let scenario = Scenario::new(model.clone(), cluster.clone(), plan, "test").unwrap();
+    simulate(&scenario, &SimOptions::default()).unwrap().summary
+}
+
+#[test]
+fn two_tensors_on_one_link_fused_versus_unfused_by_hand() {
+    let dir = crate::common::scratch("closed-form");
+    let device = quiet_device(&dir);
+    let cluster = one_link_cluster(&device);
+    // α = 30 µs MPI overhead + 25 µs hop; β = 1 / (10 Gb/s · 0.8) = 1 ns per byte.
+    let alpha_ms = 0.055;
+    let transfer_ms = |bytes: f64| bytes / 1e6;
+
+    // Large tensors (4 MB each): sending the first while the second is computed wins.
+    let model = two_tensor_model(&device, 1_000_000);
+    let t = alpha_ms + transfer_ms(4e6);
+    let unfused = run(&model, &cluster, "wfbp");
+    let fused = run(&model, &cluster, "fixed-groups:1");
+    assert!(
+        (unfused.iteration_time_ms - (f64::max(20.0, 10.0 + t) + t)).abs() < 1e-5,
+        "{unfused:?}"
+    );
+    assert!(
+        (fused.iteration_time_ms - (20.0 + alpha_ms + transfer_ms(8e6))).abs() < 1e-5,
+        "{fused:?}"
+    );
+    assert!(unfused.iteration_time_ms < fused.iteration_time_ms);
+
+    // Tiny tensors (4 bytes each): latency dominates and one fused message wins.
+    let model = two_tensor_model(&device, 1);
+    let unfused = run(&model, &cluster, "wfbp");
+    let fused = run(&model, &cluster, "fixed-groups:1");
+    // The first message hides under the second tensor's backward; only the last is exposed.
+    assert!((unfused.iteration_time_ms - (20.0 + alpha_ms + transfer_ms(4.0))).abs() < 1e-5);
+    assert!((fused.iteration_time_ms - (20.0 + alpha_ms + transfer_ms(8.0))).abs() < 1e-5);
+    assert_eq!(fused.single_gpu_iteration_time_ms, 20.0);
+    assert_eq!(fused.wire_bytes_per_rank, 8);
+}
+
+fn scenario(model: &str, cluster: &str, nodes: u32, strategy: &str, compressor: &str) -> Scenario {
+    let model = ModelProfile::load(model).unwrap();
+    let cluster = Cluster::load(
+        cluster,
+        ClusterOverrides {
+            nodes: Some(nodes),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let options = StrategyOptions {
+        compressor: compressor.parse().unwrap(),
+        ..StrategyOptions::default()
+    };
+    let plan = strategy
+        .parse::<Strategy>()
+        .unwrap()
+        .plan(&model, &options)
+        .unwrap();
+    Scenario::new(model, cluster, plan, "test").unwrap()
+}
+
+const CASES: [(&str, &str, u32, &str, &str); 6] = [
+    ("resnet50", "v100-10gbe", 2, "wfbp", "none"),
+    ("resnet50", "v100-100gib", 2, "horovod", "none"),
+    ("bert-base", "dgx1-v100", 1, "ddp", "fp16"),
+    ("vgg16", "v100-pcie-25gbe", 2, "fixed-groups:3", "dgc:0.01"),
+    (
+        "gpt2",
+        "a100-ib200",
+        2,
+        "fixed-groups:8:count",
+        "powersgd:4",
+    ),
+    ("lstm", "v100-tcp", 4, "wfbp", "efsignsgd"),
+];
+
+#[test]
+fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
+    for (model, cluster, nodes, strategy, compressor) in CASES {
+        let scenario = scenario(model, cluster, nodes, strategy, compressor);
+        let graph = build_graph(&scenario, 3).unwrap();
+        let ranks = 3.min(scenario.cluster.world_size());
+        let config = EngineConfig {
+            ranks,
+            comm_streams: 1,
+            launch: Launch::PlanOrder,
+            cycle_time: SimTime::from_us(scenario.plan.policy.cycle_time_us),
+            slowdown_with_collective: 1.2,
+            slowdown_with_codec: 1.1,
+            record_ranks: ranks,
+        };
+        let noise = NoiseSpec {
+            jitter_cv: 0.2,
+            seed: 7,
+            ..Default::default()
+        }
+        .draw(&graph, ranks)
+        .unwrap();
+        let result = engine::run(&graph, &config, &noise);
+        // (rank, task) -> (start, end); collectives are recorded once for all ranks.
+        let mut spans = std::collections::HashMap::new();
+        for r in &result.records {
+            let global = graph.task(r.task).resource == Resource::Comm;
+            for rank in if global { 0..ranks } else { r.rank..r.rank + 1 } {
+                assert!(spans.insert((rank, r.task), (r.start, r.end)).is_none());
+            }
+        }
+        assert_eq!(
+            spans.len(),
+            graph.len() * ranks as usize,
+            "{model}: every task ran on every rank"
+        );
+        for edge in graph.graph.raw_edges() {
+            let (u, v) = (edge.source().index() as u32, edge.target().index() as u32);
+            for rank in 0..ranks {
+                assert!(
+                    spans[&(rank, v)].0 >= spans[&(rank, u)].1,
+                    "{model}: edge {u}->{v} on rank {rank}"
+                );
+            }
+        }
+        for resource in [Resource::Compute, Resource::Codec, Resource::Comm] {
+            for rank in 0..ranks {
+                let mut busy: Vec<(SimTime, SimTime)> = spans
+                    .iter()
+                    .filter(|((r, t), _)| *r == rank && graph.task(*t).resource == resource)
+                    .map(|(_, &s)| s)
+                    .collect();
+                busy.sort();
+                for pair in busy.windows(2) {
+                    assert!(
+                        pair[1].0 >= pair[0].1,
+                        "{model}: overlap on {resource:?} of rank {rank}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn iteration_time_is_at_least_the_lower_bound() {
+    for (model, cluster, nodes, strategy, compressor) in CASES {
+        let scenario = scenario(model, cluster, nodes, strategy, compressor);
+        let summary = simulate(&scenario, &SimOptions::default()).unwrap().summary;
+        let graph = build_graph(&scenario, 1).unwrap();
+        let (mut compute, mut comm) = (0u64, 0u64);
+        for task in graph.graph.node_weights() {
+            match task.resource {
+                Resource::Compute => compute += task.duration.as_ns(),
+                Resource::Comm => comm += task.duration.as_ns(),
+                _ => {}
+            }
+        }
+        let bound_ms = compute.max(comm) as f64 / 1e6;
+        assert!(
+            summary.iteration_time_ms >= bound_ms - 1e-6,
+            "{model}: {} < {bound_ms}",
+            summary.iteration_time_ms
+        );
+        assert!(
+            summary.compute_ms >= compute as f64 / 1e6 - 1e-6,
+            "{model}: contention only slows"
+        );
+    }
+}
+
+#[test]
+fn symmetric_and_explicit_paths_agree() {
+    for (model, cluster, nodes, strategy, compressor) in CASES {
+        let scenario = scenario(model, cluster, nodes, strategy, compressor);
+        let symmetric = simulate(&scenario, &SimOptions::default()).unwrap().summary;
+        let explicit = simulate(
+            &scenario,
+            &SimOptions {
+                force_explicit: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .summary;
+        assert_eq!(symmetric.path, "symmetric");
+        assert_eq!(explicit.path, "explicit");
+        assert_eq!(
+            symmetric.iteration_time_ms, explicit.iteration_time_ms,
+            "{model} {strategy}"
+        );
+        assert_eq!(
+            symmetric.compute_ms, explicit.compute_ms,
+            "{model} {strategy}"
+        );
+        assert_eq!(
+            symmetric.compression_ms, explicit.compression_ms,
+            "{model} {strategy}"
+        );
+        assert_eq!(symmetric.comm_ms, explicit.comm_ms, "{model} {strategy}");
+    }
+}
+
+#[test]
+fn horovod_launches_on_cycle_ticks() {
+    for (cluster, nodes) in [("dgx1-v100", 1), ("v100-10gbe", 2)] {
+        let scenario = scenario("resnet50", cluster, nodes, "horovod", "none");
+        let outcome = simulate(
+            &scenario,
+            &SimOptions {
+                trace_ranks: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let cycle_us = scenario.plan.policy.cycle_time_us;
+        let trace = outcome.trace.unwrap();
+        let mut spans: Vec<(f64, f64)> = trace
+            .trace_events
+            .iter()
+            .filter(|e| e.cat == "comm")
+            .map(|e| (e.ts, e.ts + e.dur))
+            .collect();
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert!(!spans.is_empty());
+        // A collective starts on a tick, or, when the link is still busy, as the previous ends.
+        for (i, &(start, _)) in spans.iter().enumerate() {
+            let on_tick = (start / cycle_us - (start / cycle_us).round()).abs() < 1e-6;
+            let queued = i > 0 && (start - spans[i - 1].1).abs() < 1e-3;
+            assert!(on_tick || queued, "{cluster}: collective at {start} µs");
+        }
+    }
+}
+
+#[test]
+fn contention_slows_compute_only_while_comm_runs() {
+    let base = scenario("bert-base", "v100-10gbe", 2, "wfbp", "none");
+    let quiet = {
+        let mut s = base.clone();
+        s.device.contention.compute_slowdown_with_collective = 1.0;
+        s
+    };
+    let slowed = simulate(&base, &SimOptions::default()).unwrap().summary;
+    let unslowed = simulate(&quiet, &SimOptions::default()).unwrap().summary;
+    assert!(slowed.compute_ms > unslowed.compute_ms);
+    assert!(
+        slowed.compute_ms
+            < unslowed.compute_ms * base.device.contention.compute_slowdown_with_collective
+    );
+}
+
+#[test]
+fn noise_gives_statistics_and_is_seeded() {
+    let scenario = scenario("resnet50", "v100-100gib", 2, "ddp", "none");
+    let options = SimOptions {
+        iterations: Some(30),
+        noise: NoiseSpec {
+            jitter_cv: 0.1,
+            straggler_probability: 0.05,
+            straggler_slowdown: 2.0,
+            seed: 3,
+        },
+        ..Default::default()
+    };
+    let a = simulate(&scenario, &options).unwrap();
+    let b = simulate(&scenario, &options).unwrap();
+    assert_eq!(a.summary, b.summary);
+    let stats = a.summary.statistics.clone().unwrap();
+    assert!(stats.ci95_low_ms <= stats.mean_ms && stats.mean_ms <= stats.ci95_high_ms);
+    assert!(stats.p50_ms <= stats.p99_ms);
+    assert_eq!(a.iteration_times.len(), 30);
+    let other = simulate(
+        &scenario,
+        &SimOptions {
+            noise: NoiseSpec {
+                seed: 4,
+                ..options.noise
+            },
+            ..options
+        },
+    )
+    .unwrap();
+    assert_ne!(a.summary.iteration_time_ms, other.summary.iteration_time_ms);
+    assert!(Noise::default().per_rank_task.is_empty());
+}
