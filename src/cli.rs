@@ -23,6 +23,8 @@ pub enum Command {
     Collective(Box<CollectiveArgs>),
     /// Predict one training iteration: iteration time, throughput, scaling efficiency, timeline.
     Simulate(Box<SimulateArgs>),
+    /// Measure this machine into a device profile (compression encode/decode cost curves).
+    Profile(ProfileArgs),
     /// List shipped models, devices, clusters, compressors or strategies.
     List {
         #[arg(value_enum)]
@@ -120,6 +122,9 @@ pub struct SimulateArgs {
     /// Run this plan (JSON, e.g. from --save-plan) instead of a strategy.
     #[arg(long)]
     pub plan: Option<PathBuf>,
+    /// Communication streams (concurrent collectives share the network); default: the plan's.
+    #[arg(long)]
+    pub comm_streams: Option<u32>,
     /// Write the plan that ran to this file.
     #[arg(long)]
     pub save_plan: Option<PathBuf>,
@@ -129,6 +134,10 @@ pub struct SimulateArgs {
     /// Error-feedback memory for every group: none, residual, dgc, efsignsgd.
     #[arg(long, default_value = "none", conflicts_with = "plan")]
     pub memory: String,
+    /// Run compression on the host CPU with this `cpu` device profile (name or path), as
+    /// measured by `syncopate profile --backend host`, instead of on the GPU.
+    #[arg(long)]
+    pub cpu_compression: Option<String>,
     /// Horovod's fusion buffer in MiB.
     #[arg(long, default_value_t = 64.0)]
     pub fusion_mb: f64,
@@ -165,4 +174,26 @@ pub struct SimulateArgs {
     pub trace_ranks: u32,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
+}
+
+/// Where `profile` measures.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProfileBackend {
+    /// This machine's CPU, one core: the CPU compression kernels of `syncopate-exec`.
+    Host,
+}
+
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    #[arg(long, value_enum)]
+    pub backend: ProfileBackend,
+    /// Where to write the device profile JSON.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The profile's name (default: the file name without .json).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Timings per size; the median is kept.
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
 }

@@ -7,6 +7,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    restore_default_sigpipe();
     let cli = cli::Cli::parse();
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -19,5 +20,15 @@ fn main() -> ExitCode {
             }
             ExitCode::from(commands::exit_code(&err))
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, so `syncopate ... | head` would panic on a closed stdout; a command-line
+/// tool should instead end quietly, as the default signal action does.
+fn restore_default_sigpipe() {
+    // SAFETY: called once at start-up, before any thread exists; resetting a signal's
+    // disposition to its default has no memory-safety preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -410,3 +410,54 @@ fn bad_plans_and_names_are_explained() {
         );
     }
 }
+
+#[test]
+fn host_profile_drives_cpu_compression() {
+    let dir = crate::common::scratch("host-profile");
+    let profile = dir.join("host.json");
+    let out = syncopate(&[
+        "profile",
+        "--backend",
+        "host",
+        "--out",
+        profile.to_str().unwrap(),
+        "--repeats",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let loaded = syncopate_sim::device::DeviceProfile::load(profile.to_str().unwrap()).unwrap();
+    assert_eq!(loaded.kind, syncopate_sim::device::DeviceKind::Cpu);
+    assert_eq!(
+        loaded.compression.len(),
+        syncopate_sim::compress::catalog().len()
+    );
+    let args = [
+        "simulate",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-10gbe",
+        "--nodes",
+        "2",
+        "--compressor",
+        "efsignsgd",
+        "--format",
+        "json",
+    ];
+    let gpu = syncopate(&args);
+    let cpu = syncopate(&[&args[..], &["--cpu-compression", profile.to_str().unwrap()]].concat());
+    assert!(
+        gpu.status.success() && cpu.status.success(),
+        "{}",
+        stderr(&cpu)
+    );
+    let compression = |out: &std::process::Output| {
+        serde_json::from_str::<serde_json::Value>(&stdout(out)).unwrap()["compression_ms"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(compression(&cpu) > 0.0 && compression(&gpu) > 0.0);
+    let not_cpu = syncopate(&[&args[..], &["--cpu-compression", "v100-sxm2-32gb"]].concat());
+    assert_eq!(not_cpu.status.code(), Some(1));
+    assert!(stderr(&not_cpu).contains("kind `cpu`"));
+}

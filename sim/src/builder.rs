@@ -11,6 +11,10 @@ use crate::scenario::Scenario;
 use crate::time::SimTime;
 use petgraph::graph::{DiGraph, NodeIndex};
 
+/// GPU-to-host bandwidth of a PCIe 3.0 x16 link as NCCL's topology model counts it (PCI_BW,
+/// src/graph/topo.h): compression on the host pays it for the gradient and for the result.
+const HOST_LINK_GBYTES_PER_S: f64 = 12.0;
+
 /// The synchronization of one piece (partition) of one group, shared by every iteration.
 struct PieceCost {
     encode: Option<SimTime>,
@@ -32,7 +36,7 @@ pub fn build_graph(scenario: &Scenario, iterations: u32) -> Result<TaskGraph> {
     } else {
         Vec::new()
     };
-    let codec_resource = match scenario.device.kind {
+    let codec_resource = match scenario.codec_device().kind {
         DeviceKind::Gpu => Resource::Codec,
         DeviceKind::Cpu => Resource::Cpu,
     };
@@ -154,7 +158,12 @@ pub fn build_graph(scenario: &Scenario, iterations: u32) -> Result<TaskGraph> {
 fn piece_costs(scenario: &Scenario, group: &Group) -> Result<Vec<PieceCost>> {
     let model = &scenario.model;
     let cluster = &scenario.cluster;
-    let device = &scenario.device;
+    let device = scenario.codec_device();
+    // Compressing on the host moves the fp32 gradient to the host and the decoded result back.
+    let host_copy = |numel: u64| match device.kind {
+        DeviceKind::Cpu => SimTime::from_secs(4.0 * numel as f64 / (HOST_LINK_GBYTES_PER_S * 1e9)),
+        DeviceKind::Gpu => SimTime::ZERO,
+    };
     let world = cluster.world_size();
     let numel = group.numel(model);
     let parts = u64::from(group.partitions);
@@ -168,13 +177,14 @@ fn piece_costs(scenario: &Scenario, group: &Group) -> Result<Vec<PieceCost>> {
             let encode = (compressing || group.memory != Memory::None)
                 .then(|| -> Result<SimTime> {
                     Ok(group.compressor.encode_time(device, piece_numel)?
-                        + group.memory.update_time(device, piece_numel))
+                        + group.memory.update_time(device, piece_numel)
+                        + host_copy(piece_numel))
                 })
                 .transpose()?;
             let decode = compressing
                 .then(|| -> Result<SimTime> {
                     let one = group.compressor.decode_time(device, piece_numel)?;
-                    Ok(match group.aggregation() {
+                    let decoded = match group.aggregation() {
                         Aggregation::Allreduce => one,
                         // Every rank decodes every rank's payload.
                         Aggregation::Allgather => SimTime(one.as_ns() * u64::from(world)),
@@ -186,7 +196,8 @@ fn piece_costs(scenario: &Scenario, group: &Group) -> Result<Vec<PieceCost>> {
                                     .compressor
                                     .encode_time(device, piece_numel / u64::from(cluster.nodes))?
                         }
-                    })
+                    };
+                    Ok(decoded + host_copy(piece_numel))
                 })
                 .transpose()?;
             let rounds = round_shares

@@ -1,6 +1,6 @@
 //! A scenario: a model on a cluster under a plan, with everything resolved and checked.
 
-use crate::device::DeviceProfile;
+use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
 use crate::plan::Plan;
@@ -14,6 +14,9 @@ pub struct Scenario {
     /// The cluster's GPU (or host) profile: compression costs and contention.
     pub device: DeviceProfile,
     pub plan: Plan,
+    /// Run compression kernels on the host CPU with this profile's cost curves (kind `cpu`)
+    /// instead of on the GPU.
+    pub host_codec: Option<DeviceProfile>,
     /// Multiplier on the model profile's compute times to carry them from the device they were
     /// measured on to the cluster's (1 when they are the same device).
     pub compute_scale: f64,
@@ -45,8 +48,28 @@ impl Scenario {
             cluster,
             device,
             plan,
+            host_codec: None,
             compute_scale,
         })
+    }
+
+    /// Compress on the host CPU described by `profile` (a `cpu` device profile, e.g. measured by
+    /// `syncopate profile --backend host`).
+    pub fn with_host_codec(mut self, profile: DeviceProfile) -> Result<Scenario> {
+        if profile.kind != DeviceKind::Cpu {
+            return Err(SimError::bad_value(
+                "--cpu-compression",
+                &profile.name,
+                "needs a device profile of kind `cpu` (measure one with `syncopate profile --backend host`)",
+            ));
+        }
+        self.host_codec = Some(profile);
+        Ok(self)
+    }
+
+    /// The device whose cost curves the compression kernels follow.
+    pub fn codec_device(&self) -> &DeviceProfile {
+        self.host_codec.as_ref().unwrap_or(&self.device)
     }
 
     /// The same model and plan on a single GPU of the same cluster: the scaling baseline.

@@ -2,6 +2,7 @@
 
 mod collective;
 mod list;
+mod profile;
 mod simulate;
 
 use crate::cli::{Cli, Command};
@@ -15,6 +16,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Collective(args) => collective::run(&args),
         Command::Simulate(args) => simulate::run(&args),
+        Command::Profile(args) => profile::run(&args),
         Command::List { what } => list::run(what),
     }
 }

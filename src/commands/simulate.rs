@@ -2,6 +2,7 @@
 
 use crate::cli::{Format, SimulateArgs};
 use anyhow::Context;
+use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
 use syncopate_sim::plan::Plan;
@@ -27,11 +28,26 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             )
         }
     };
+    let mut plan = plan;
+    if let Some(streams) = args.comm_streams {
+        if streams == 0 {
+            return Err(SimError::bad_value(
+                "--comm-streams",
+                streams,
+                "needs at least one stream",
+            )
+            .into());
+        }
+        plan.policy.comm_streams = streams;
+    }
     if let Some(path) = &args.save_plan {
         let text = serde_json::to_string_pretty(&plan)? + "\n";
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let scenario = Scenario::new(model, cluster, plan, &label)?;
+    let mut scenario = Scenario::new(model, cluster, plan, &label)?;
+    if let Some(host) = &args.cpu_compression {
+        scenario = scenario.with_host_codec(DeviceProfile::load(host)?)?;
+    }
     let options = SimOptions {
         warmup: args.warmup,
         iterations: args.iterations,
