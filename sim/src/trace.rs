@@ -1,7 +1,7 @@
 //! Traces: the timeline of a run in Chrome/Perfetto trace-event JSON, with the run's summary;
 //! predicted and measured runs share this schema so that they can be compared.
 
-use crate::engine::EngineResult;
+use crate::engine::{EngineResult, TaskRecord};
 use crate::graph::{Resource, TaskGraph, TaskKind};
 use crate::scenario::Scenario;
 use crate::simulate::Summary;
@@ -56,7 +56,19 @@ impl Trace {
         result: &EngineResult,
         summary: &Summary,
     ) -> Trace {
-        let ranks: u32 = result.records.iter().map(|r| r.rank + 1).max().unwrap_or(0);
+        let summary = serde_json::to_value(summary).expect("a summary serializes");
+        Trace::from_records(scenario, graph, &result.records, summary)
+    }
+
+    /// A trace from task records of any origin (the simulator's engine, or a real run that timed
+    /// the same graph's tasks), with `summary` as its `otherData`.
+    pub fn from_records(
+        scenario: &Scenario,
+        graph: &TaskGraph,
+        records: &[TaskRecord],
+        summary: Value,
+    ) -> Trace {
+        let ranks: u32 = records.iter().map(|r| r.rank + 1).max().unwrap_or(0);
         let mut events = Vec::new();
         for rank in 0..ranks {
             events.push(meta(
@@ -81,7 +93,7 @@ impl Trace {
                 ));
             }
         }
-        for record in &result.records {
+        for record in records {
             let task = graph.task(record.task);
             let (name, args) = describe(scenario, task);
             let span = |pid: u32| TraceEvent {
@@ -108,7 +120,7 @@ impl Trace {
         Trace {
             trace_events: events,
             display_time_unit: "ms".to_string(),
-            other_data: serde_json::to_value(summary).expect("a summary serializes"),
+            other_data: summary,
         }
     }
 }
