@@ -6,7 +6,7 @@
 //! tasks progress at a rate (compute slows while collectives or compression kernels run beside
 //! it; concurrent collectives share the network), and a rate change reschedules the task's end.
 
-use crate::graph::{Resource, TaskGraph};
+use crate::graph::{LaunchKey, Resource, TaskGraph};
 use crate::plan::Launch;
 use crate::time::SimTime;
 use std::cmp::Reverse;
@@ -157,9 +157,6 @@ impl RankState {
     }
 }
 
-/// (priority, iteration, plan position) of a collective.
-type LaunchKey = (i64, u32, u32);
-
 struct Engine<'a> {
     graph: &'a TaskGraph,
     config: &'a EngineConfig,
@@ -203,10 +200,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> EngineRes
     let mut order: Vec<u32> = (0..graph.len() as u32)
         .filter(|&t| graph.task(t).resource == Resource::Comm)
         .collect();
-    order.sort_by_key(|&t| {
-        let key = graph.task(t).launch_key;
-        (key.1, key.2)
-    });
+    order.sort_by_key(|&t| graph.task(t).launch_key.plan_order());
     let mut engine = Engine {
         graph,
         config,

@@ -33,12 +33,32 @@ impl Resource {
 /// What a task does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TaskKind {
-    Forward { tensor: u32 },
-    Backward { tensor: u32 },
-    Encode { group: u32, part: u32 },
-    Collective { group: u32, part: u32, round: u32 },
-    Decode { group: u32, part: u32 },
+    Forward {
+        tensor: u32,
+    },
+    Backward {
+        tensor: u32,
+    },
+    Encode {
+        group: u32,
+        part: u32,
+    },
+    Collective {
+        group: u32,
+        part: u32,
+        round: u32,
+    },
+    Decode {
+        group: u32,
+        part: u32,
+    },
+    /// The optimizer step of the whole model after every group is synchronized.
     Optimizer,
+    /// The optimizer step of one group's parameters, just before their next forward
+    /// (strategies that overlap synchronization with the next forward pass).
+    Update {
+        group: u32,
+    },
 }
 
 /// One task of one iteration, before noise and contention.
@@ -52,8 +72,25 @@ pub struct Task {
     pub bytes: u64,
     /// For collectives: the predicted algorithm and protocol.
     pub estimate: Option<Estimate>,
-    /// For collectives: launch order key (priority, iteration, plan position).
-    pub launch_key: (i64, u32, u32),
+    /// For collectives: where it stands in the launch order.
+    pub launch_key: LaunchKey,
+}
+
+/// Launch order of a collective. Plan order sorts by (iteration, phase, position); the priority
+/// policy puts `priority` first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LaunchKey {
+    pub priority: i64,
+    pub iteration: u32,
+    /// 0: synchronization during backward; 1: DeAR's all-gathers before the next forward.
+    pub phase: u8,
+    pub position: u32,
+}
+
+impl LaunchKey {
+    pub fn plan_order(&self) -> (u32, u8, u32) {
+        (self.iteration, self.phase, self.position)
+    }
 }
 
 /// The graph and the compact successor lists the engine walks.

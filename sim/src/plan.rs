@@ -20,8 +20,24 @@ pub enum Scheme {
     Allgather,
     /// Intra-node reduce-scatter, inter-node allreduce, intra-node allgather.
     Hierarchical,
-    /// Push to and pull from parameter servers colocated with the workers.
+    /// Push to and pull from parameter servers (the policy says where they run), after
+    /// aggregating inside each node (BytePS; HiPress CaSync-PS for compressed payloads).
     Ps,
+    /// Reduce-scatter while backward runs, all-gather before the next forward (DeAR).
+    ReduceScatterAllgather,
+    /// A ring allreduce whose every hop decodes, adds and re-encodes the compressed shard
+    /// (HiPress CaSync-Ring), for compressors that cannot be summed as they are.
+    CompressedRing,
+}
+
+/// Where a group's compression kernels run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressOn {
+    #[default]
+    Gpu,
+    /// The host CPU, with the scenario's host profile (Espresso's CPU compression option).
+    Cpu,
 }
 
 /// One fusion group: tensors synchronized together as one buffer.
@@ -32,6 +48,7 @@ pub struct Group {
     pub tensors: Vec<usize>,
     pub compressor: Compressor,
     pub memory: Memory,
+    pub compress_on: CompressOn,
     pub scheme: Scheme,
     /// The buffer is split into this many equal pieces, each its own collective (ByteScheduler).
     pub partitions: u32,
@@ -59,6 +76,12 @@ pub struct Policy {
     /// Horovod's background cycle: a ready group launches at the next multiple of this time
     /// (0: immediately).
     pub cycle_time_us: f64,
+    /// Each group's optimizer step runs just before its parameters' next forward, so the next
+    /// iteration starts without waiting for every group (ByteScheduler, DeAR); otherwise one
+    /// optimizer step follows the whole synchronization.
+    pub overlap_forward: bool,
+    /// Dedicated parameter servers for the `ps` scheme (0: one colocated with each node).
+    pub ps_servers: u32,
 }
 
 /// A complete synchronization plan for one model.
@@ -226,9 +249,12 @@ impl Group {
     pub fn aggregation(&self) -> Aggregation {
         match self.scheme {
             Scheme::Auto => self.compressor.aggregation(),
-            Scheme::Allreduce | Scheme::Hierarchical => Aggregation::Allreduce,
+            Scheme::Allreduce | Scheme::Hierarchical | Scheme::ReduceScatterAllgather => {
+                Aggregation::Allreduce
+            }
             Scheme::Allgather => Aggregation::Allgather,
-            Scheme::Ps => Aggregation::ParameterServer,
+            // Every hop decodes and re-encodes, as a server would.
+            Scheme::Ps | Scheme::CompressedRing => Aggregation::ParameterServer,
         }
     }
 

@@ -152,6 +152,10 @@ fn describe(scenario: &Scenario, task: &crate::graph::Task) -> (String, Value) {
             json!({ "iteration": iteration, "tensor": tensor }),
         ),
         TaskKind::Optimizer => ("optimizer".to_string(), json!({ "iteration": iteration })),
+        TaskKind::Update { group } => (
+            format!("update g{group}"),
+            json!({ "iteration": iteration, "group": group }),
+        ),
         TaskKind::Encode { group, part } | TaskKind::Decode { group, part } => {
             let verb = if matches!(task.kind, TaskKind::Encode { .. }) {
                 "encode"

@@ -9,7 +9,7 @@ pub use fixed_groups::GroupingRule;
 use crate::compress::{Compressor, Memory};
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
-use crate::plan::{Group, Launch, Plan, Policy, Scheme};
+use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
 use std::fmt;
 use std::str::FromStr;
 
@@ -155,6 +155,7 @@ impl Strategy {
                 tensors,
                 compressor: options.compressor,
                 memory: options.memory,
+                compress_on: CompressOn::Gpu,
                 scheme: Scheme::Auto,
                 partitions: 1,
                 priority: i as i64,
@@ -169,6 +170,8 @@ fn plan_order(cycle_time_us: f64) -> Policy {
         launch: Launch::PlanOrder,
         comm_streams: 1,
         cycle_time_us,
+        overlap_forward: false,
+        ps_servers: 0,
     }
 }
 
