@@ -116,7 +116,7 @@ pub struct SimulateArgs {
     pub model: String,
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Strategy producing the plan: wfbp, horovod, ddp, fixed-groups:N[:bytes|:count].
+    /// Strategy producing the plan (see `syncopate list strategies`).
     #[arg(long, default_value = "horovod", conflicts_with = "plan")]
     pub strategy: String,
     /// Run this plan (JSON, e.g. from --save-plan) instead of a strategy.
@@ -144,9 +144,18 @@ pub struct SimulateArgs {
     /// Horovod's cycle time in milliseconds.
     #[arg(long, default_value_t = 5.0)]
     pub cycle_ms: f64,
-    /// DDP's bucket cap in MiB.
+    /// DDP's bucket cap and DeAR's fusion threshold in MiB.
     #[arg(long, default_value_t = 25.0)]
     pub bucket_mb: f64,
+    /// Partition size of bytescheduler and byteps/ps in MiB (BytePS: 4,096,000 bytes).
+    #[arg(long, default_value_t = 3.90625)]
+    pub partition_mb: f64,
+    /// Partitions in flight at once (ByteScheduler's credit).
+    #[arg(long, default_value_t = 4)]
+    pub credit: u32,
+    /// Dedicated parameter servers for `ps` (default: as many as nodes).
+    #[arg(long, default_value_t = 0)]
+    pub ps_servers: u32,
     /// Per-task lognormal jitter: coefficient of variation of every task's duration.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub jitter: f64,

@@ -61,8 +61,9 @@ fn run(
     strategy: &str,
 ) -> syncopate_sim::simulate::Summary {
     let strategy: Strategy = strategy.parse().unwrap();
-    let plan = strategy.plan(model, &StrategyOptions::default()).unwrap();
-    let scenario = Scenario::new(model.clone(), cluster.clone(), plan, "test").unwrap();
+    let base = Scenario::resolve(model.clone(), cluster.clone()).unwrap();
+    let plan = strategy.plan(&base, &StrategyOptions::default()).unwrap();
+    let scenario = base.with_plan(plan, "test").unwrap();
     simulate(&scenario, &SimOptions::default()).unwrap().summary
 }
 
@@ -115,12 +116,13 @@ fn scenario(model: &str, cluster: &str, nodes: u32, strategy: &str, compressor: 
         compressor: compressor.parse().unwrap(),
         ..StrategyOptions::default()
     };
+    let base = Scenario::resolve(model, cluster).unwrap();
     let plan = strategy
         .parse::<Strategy>()
         .unwrap()
-        .plan(&model, &options)
+        .plan(&base, &options)
         .unwrap();
-    Scenario::new(model, cluster, plan, "test").unwrap()
+    base.with_plan(plan, "test").unwrap()
 }
 
 const CASES: [(&str, &str, u32, &str, &str); 6] = [

@@ -23,12 +23,13 @@ fn scenario(strategy: &str) -> Scenario {
         },
     )
     .unwrap();
+    let base = Scenario::resolve(model, cluster).unwrap();
     let plan = strategy
         .parse::<Strategy>()
         .unwrap()
-        .plan(&model, &StrategyOptions::default())
+        .plan(&base, &StrategyOptions::default())
         .unwrap();
-    Scenario::new(model, cluster, plan, strategy).unwrap()
+    base.with_plan(plan, strategy).unwrap()
 }
 
 fn engine(c: &mut Criterion) {

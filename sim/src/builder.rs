@@ -165,6 +165,23 @@ pub fn build_graph(scenario: &Scenario, iterations: u32) -> Result<TaskGraph> {
     Ok(TaskGraph::freeze(graph, iterations, iteration_end))
 }
 
+/// Encode, communication (all rounds) and decode time of each piece of one group, as the graph
+/// will run them: the stages a pipelining strategy (HiPress's SeCoPa) reasons about.
+pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 3]>> {
+    let sync = group_sync(scenario, 0, group)?;
+    Ok(sync
+        .pieces
+        .iter()
+        .map(|p| {
+            [
+                p.encode.unwrap_or(SimTime::ZERO),
+                p.rounds.iter().map(|r| r.estimate.time).sum(),
+                p.decode.unwrap_or(SimTime::ZERO),
+            ]
+        })
+        .collect())
+}
+
 /// Adds one piece's encode, collectives and decode after `ready`; returns the last node.
 #[allow(clippy::too_many_arguments)]
 fn add_piece(

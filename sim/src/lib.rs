@@ -8,6 +8,7 @@ pub mod data;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod evaluate;
 pub mod graph;
 pub mod model;
 pub mod noise;

@@ -72,6 +72,20 @@ impl Scenario {
         self.host_codec.as_ref().unwrap_or(&self.device)
     }
 
+    /// Resolves model and cluster before any plan is chosen (strategies that search need them):
+    /// the plan is one uncompressed group per tensor until `with_plan` replaces it.
+    pub fn resolve(model: ModelProfile, cluster: Cluster) -> Result<Scenario> {
+        let plan = crate::strategy::per_tensor_plan(&model);
+        Scenario::new(model, cluster, plan, "per-tensor plan")
+    }
+
+    /// This scenario under another plan, checked against the model.
+    pub fn with_plan(mut self, plan: Plan, plan_label: &str) -> Result<Scenario> {
+        plan.validate(plan_label, &self.model)?;
+        self.plan = plan;
+        Ok(self)
+    }
+
     /// The same model and plan on a single GPU of the same cluster: the scaling baseline.
     pub fn single_gpu(&self) -> Scenario {
         let mut single = self.clone();

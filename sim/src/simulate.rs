@@ -117,15 +117,7 @@ pub fn simulate(scenario: &Scenario, options: &SimOptions) -> Result<Outcome> {
     let ranks = if explicit { world } else { 1 };
     let graph = builder::build_graph(scenario, options.warmup + measured)?;
     let noise = options.noise.draw(&graph, ranks)?;
-    let config = EngineConfig {
-        ranks,
-        comm_streams: scenario.plan.policy.comm_streams,
-        launch: scenario.plan.policy.launch,
-        cycle_time: SimTime::from_us(scenario.plan.policy.cycle_time_us),
-        slowdown_with_collective: scenario.device.contention.compute_slowdown_with_collective,
-        slowdown_with_codec: scenario.device.contention.compute_slowdown_with_compression,
-        record_ranks: options.trace_ranks.min(ranks),
-    };
+    let config = engine_config(scenario, ranks, options.trace_ranks.min(ranks));
     let result = engine::run(&graph, &config, &noise);
     let iteration_times = steady_iterations(&result, options.warmup);
     let single = single_gpu_time(scenario, options.warmup)?;
@@ -145,6 +137,19 @@ pub fn simulate(scenario: &Scenario, options: &SimOptions) -> Result<Outcome> {
         iteration_times,
         trace,
     })
+}
+
+/// The engine settings a scenario's plan and device imply.
+pub fn engine_config(scenario: &Scenario, ranks: u32, record_ranks: u32) -> EngineConfig {
+    EngineConfig {
+        ranks,
+        comm_streams: scenario.plan.policy.comm_streams,
+        launch: scenario.plan.policy.launch,
+        cycle_time: SimTime::from_us(scenario.plan.policy.cycle_time_us),
+        slowdown_with_collective: scenario.device.contention.compute_slowdown_with_collective,
+        slowdown_with_codec: scenario.device.contention.compute_slowdown_with_compression,
+        record_ranks,
+    }
 }
 
 /// Durations of the iterations after warm-up: from the end of one optimizer step to the next.

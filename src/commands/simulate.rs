@@ -15,7 +15,11 @@ use syncopate_sim::SimError;
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let model = ModelProfile::load(&args.model)?;
     let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
-    let (plan, label) = match &args.plan {
+    let mut base = Scenario::resolve(model, cluster)?;
+    if let Some(host) = &args.cpu_compression {
+        base = base.with_host_codec(DeviceProfile::load(host)?)?;
+    }
+    let (mut plan, label) = match &args.plan {
         Some(path) => {
             let path = path.to_string_lossy().into_owned();
             (Plan::load(&path)?, path)
@@ -23,12 +27,11 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         None => {
             let strategy: Strategy = args.strategy.parse()?;
             (
-                strategy.plan(&model, &strategy_options(args)?)?,
+                strategy.plan(&base, &strategy_options(args)?)?,
                 format!("strategy {strategy}"),
             )
         }
     };
-    let mut plan = plan;
     if let Some(streams) = args.comm_streams {
         if streams == 0 {
             return Err(SimError::bad_value(
@@ -44,10 +47,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         let text = serde_json::to_string_pretty(&plan)? + "\n";
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let mut scenario = Scenario::new(model, cluster, plan, &label)?;
-    if let Some(host) = &args.cpu_compression {
-        scenario = scenario.with_host_codec(DeviceProfile::load(host)?)?;
-    }
+    let scenario = base.with_plan(plan, &label)?;
     let options = SimOptions {
         warmup: args.warmup,
         iterations: args.iterations,
@@ -98,6 +98,19 @@ fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
         fusion_bytes: mib("--fusion-mb", args.fusion_mb)?,
         cycle_us: args.cycle_ms * 1e3,
         bucket_bytes: mib("--bucket-mb", args.bucket_mb)?,
+        partition_bytes: mib("--partition-mb", args.partition_mb)?,
+        credit: match args.credit {
+            0 => {
+                return Err(SimError::bad_value(
+                    "--credit",
+                    0,
+                    "at least one partition must be in flight",
+                )
+                .into())
+            }
+            credit => credit,
+        },
+        ps_servers: args.ps_servers,
         compressor: args.compressor.parse()?,
         memory: args.memory.parse()?,
         ..StrategyOptions::default()

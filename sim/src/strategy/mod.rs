@@ -1,8 +1,15 @@
-//! Named baseline strategies: each turns a model profile into a Plan the engine executes.
+//! Named strategies of the frameworks and papers we cover: each turns a scenario into a Plan.
 
+mod bytescheduler;
 mod ddp;
+mod dear;
+mod espresso;
 mod fixed_groups;
+mod hipress;
 mod horovod;
+mod mergecomp;
+mod mgwfbp;
+mod ps;
 
 pub use fixed_groups::GroupingRule;
 
@@ -10,8 +17,16 @@ use crate::compress::{Compressor, Memory};
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
 use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
+use crate::scenario::Scenario;
 use std::fmt;
 use std::str::FromStr;
+
+/// Which synchronization topology HiPress's CaSync runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaSyncTopology {
+    Ps,
+    Ring,
+}
 
 /// A named strategy with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,18 +40,43 @@ pub enum Strategy {
     Ddp,
     /// N contiguous groups in backward order (MergeComp's `--fusion-num`).
     FixedGroups { count: usize, rule: GroupingRule },
+    /// ByteScheduler: partitions, front layers first, credit-limited sending, overlap with the
+    /// next forward.
+    ByteScheduler,
+    /// MG-WFBP: merge a gradient into the pending group when waiting costs less than a startup.
+    MgWfbp,
+    /// DeAR: reduce-scatter during backward, all-gather before the next forward, buckets by
+    /// threshold.
+    Dear,
+    /// MergeComp: the compressor applied per fusion group, the group count searched.
+    MergeComp,
+    /// HiPress: CaSync synchronization with SeCoPa's per-gradient compress/partition choice.
+    HiPress(CaSyncTopology),
+    /// BytePS: parameter servers colocated with the workers, intra-node aggregation.
+    BytePs,
+    /// Parameter servers on dedicated machines, intra-node aggregation.
+    Ps,
+    /// Espresso: per-tensor compression choice (none, GPU or CPU), greedy, largest first.
+    Espresso,
 }
 
-/// Parameters every strategy may use, with the frameworks' defaults.
+/// Parameters strategies use, with the frameworks' defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StrategyOptions {
     /// Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD, 64 MiB).
     pub fusion_bytes: u64,
     /// Horovod's cycle time (HOROVOD_CYCLE_TIME, 5 ms in Horovod's documentation).
     pub cycle_us: f64,
-    /// DDP's bucket cap (bucket_cap_mb, 25 MiB) and its first bucket (1 MiB).
+    /// DDP's bucket cap (bucket_cap_mb, 25 MiB) and its first bucket (1 MiB); DeAR's fusion
+    /// threshold (25 MB by default in DeAR's scripts).
     pub bucket_bytes: u64,
     pub first_bucket_bytes: u64,
+    /// Partition size of ByteScheduler and BytePS (BytePS: BYTEPS_PARTITION_BYTES = 4,096,000).
+    pub partition_bytes: u64,
+    /// Partitions in flight at once (ByteScheduler's credit).
+    pub credit: u32,
+    /// Dedicated parameter servers for `ps` (0: one per node).
+    pub ps_servers: u32,
     pub compressor: Compressor,
     pub memory: Memory,
 }
@@ -48,6 +88,9 @@ impl Default for StrategyOptions {
             cycle_us: 5000.0,
             bucket_bytes: 25 << 20,
             first_bucket_bytes: 1 << 20,
+            partition_bytes: 4_096_000,
+            credit: 4,
+            ps_servers: 0,
             compressor: Compressor::None,
             memory: Memory::None,
         }
@@ -60,32 +103,66 @@ pub struct StrategyEntry {
     pub description: &'static str,
 }
 
+const CATALOG: &[StrategyEntry] = &[
+    StrategyEntry {
+        form: "wfbp",
+        description: "wait-free backpropagation: one collective per tensor as soon as its gradient is ready",
+    },
+    StrategyEntry {
+        form: "horovod",
+        description: "Horovod tensor fusion: tensors ready at each cycle (--cycle-ms, 5) fused up to --fusion-mb (64)",
+    },
+    StrategyEntry {
+        form: "ddp",
+        description: "PyTorch DDP: --bucket-mb (25) buckets in reverse registration order, 1 MB first bucket, launched in order",
+    },
+    StrategyEntry {
+        form: "fixed-groups:N[:bytes|:count]",
+        description: "N contiguous groups in backward order, balanced by bytes (default) or tensor count (MergeComp --fusion-num)",
+    },
+    StrategyEntry {
+        form: "bytescheduler",
+        description: "ByteScheduler: --partition-mb (4) partitions, front layers first, --credit (4) in flight, overlap with the next forward",
+    },
+    StrategyEntry {
+        form: "mgwfbp",
+        description: "MG-WFBP: merge a gradient into the pending group when the wait is shorter than the collective's startup (α–β fit of the cluster)",
+    },
+    StrategyEntry {
+        form: "dear",
+        description: "DeAR: reduce-scatter during backward, all-gather before the next forward, --bucket-mb (25) buckets",
+    },
+    StrategyEntry {
+        form: "mergecomp",
+        description: "MergeComp: --compressor per fusion group of y contiguous groups, y searched by simulation as MergeComp's scheduler does",
+    },
+    StrategyEntry {
+        form: "hipress[:ring|:ps]",
+        description: "HiPress: CaSync-Ring (default) or CaSync-PS with SeCoPa's per-gradient compress and partition choice (--compressor)",
+    },
+    StrategyEntry {
+        form: "byteps",
+        description: "BytePS: servers colocated with the workers, intra-node aggregation, --partition-mb partitions, priority and credit",
+    },
+    StrategyEntry {
+        form: "ps",
+        description: "parameter servers on --ps-servers dedicated machines (default: as many as nodes), intra-node aggregation",
+    },
+    StrategyEntry {
+        form: "espresso",
+        description: "Espresso: per-tensor choice of no compression, GPU or CPU (--cpu-compression) --compressor, greedy by size from the output side",
+    },
+];
+
 pub fn catalog() -> &'static [StrategyEntry] {
-    &[
-        StrategyEntry {
-            form: "wfbp",
-            description: "wait-free backpropagation: one collective per tensor as soon as its gradient is ready",
-        },
-        StrategyEntry {
-            form: "horovod",
-            description: "Horovod tensor fusion: tensors ready at each cycle (--cycle-ms, 5) fused up to --fusion-mb (64)",
-        },
-        StrategyEntry {
-            form: "ddp",
-            description: "PyTorch DDP: --bucket-mb (25) buckets in reverse registration order, 1 MB first bucket, launched in order",
-        },
-        StrategyEntry {
-            form: "fixed-groups:N[:bytes|:count]",
-            description: "N contiguous groups in backward order, balanced by bytes (default) or tensor count (MergeComp --fusion-num)",
-        },
-    ]
+    CATALOG
 }
 
 impl FromStr for Strategy {
     type Err = SimError;
     fn from_str(text: &str) -> Result<Strategy> {
         let bad = |message: &str| {
-            let forms: Vec<&str> = catalog().iter().map(|e| e.form).collect();
+            let forms: Vec<&str> = CATALOG.iter().map(|e| e.form).collect();
             SimError::bad_value(
                 "strategy",
                 text,
@@ -93,16 +170,20 @@ impl FromStr for Strategy {
             )
         };
         let mut parts = text.split(':');
-        match (
-            parts.next().unwrap_or(""),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) {
-            ("wfbp", None, _, _) => Ok(Strategy::Wfbp),
-            ("horovod", None, _, _) => Ok(Strategy::Horovod),
-            ("ddp", None, _, _) => Ok(Strategy::Ddp),
-            ("fixed-groups", Some(count), rule, None) => {
+        let strategy = match (parts.next().unwrap_or(""), parts.next(), parts.next()) {
+            ("wfbp", None, _) => Strategy::Wfbp,
+            ("horovod", None, _) => Strategy::Horovod,
+            ("ddp", None, _) => Strategy::Ddp,
+            ("bytescheduler", None, _) => Strategy::ByteScheduler,
+            ("mgwfbp", None, _) => Strategy::MgWfbp,
+            ("dear", None, _) => Strategy::Dear,
+            ("mergecomp", None, _) => Strategy::MergeComp,
+            ("hipress", None | Some("ring"), None) => Strategy::HiPress(CaSyncTopology::Ring),
+            ("hipress", Some("ps"), None) => Strategy::HiPress(CaSyncTopology::Ps),
+            ("byteps", None, _) => Strategy::BytePs,
+            ("ps", None, _) => Strategy::Ps,
+            ("espresso", None, _) => Strategy::Espresso,
+            ("fixed-groups", Some(count), rule) => {
                 let count: usize = count
                     .parse()
                     .ok()
@@ -113,10 +194,14 @@ impl FromStr for Strategy {
                     Some("count") => GroupingRule::Count,
                     Some(_) => return Err(bad("the grouping rule is `bytes` or `count`")),
                 };
-                Ok(Strategy::FixedGroups { count, rule })
+                Strategy::FixedGroups { count, rule }
             }
-            _ => Err(bad("unknown strategy")),
+            _ => return Err(bad("unknown strategy")),
+        };
+        if parts.next().is_some() {
+            return Err(bad("too many `:` parts"));
         }
+        Ok(strategy)
     }
 }
 
@@ -127,42 +212,105 @@ impl fmt::Display for Strategy {
             Strategy::Horovod => f.write_str("horovod"),
             Strategy::Ddp => f.write_str("ddp"),
             Strategy::FixedGroups { count, rule } => write!(f, "fixed-groups:{count}:{rule}"),
+            Strategy::ByteScheduler => f.write_str("bytescheduler"),
+            Strategy::MgWfbp => f.write_str("mgwfbp"),
+            Strategy::Dear => f.write_str("dear"),
+            Strategy::MergeComp => f.write_str("mergecomp"),
+            Strategy::HiPress(CaSyncTopology::Ring) => f.write_str("hipress:ring"),
+            Strategy::HiPress(CaSyncTopology::Ps) => f.write_str("hipress:ps"),
+            Strategy::BytePs => f.write_str("byteps"),
+            Strategy::Ps => f.write_str("ps"),
+            Strategy::Espresso => f.write_str("espresso"),
         }
     }
 }
 
 impl Strategy {
-    /// The plan this strategy runs for `model`.
-    pub fn plan(&self, model: &ModelProfile, options: &StrategyOptions) -> Result<Plan> {
-        let (groups, policy) = match *self {
-            Strategy::Wfbp => (
-                (0..model.num_tensors()).map(|t| vec![t]).collect(),
-                plan_order(0.0),
-            ),
-            Strategy::Horovod => (
+    /// The plan this strategy runs for the scenario's model on its cluster (the scenario's own
+    /// plan is ignored; searching strategies evaluate candidates on it).
+    pub fn plan(&self, scenario: &Scenario, options: &StrategyOptions) -> Result<Plan> {
+        let model = &scenario.model;
+        let name = self.to_string();
+        let uniform = |groups: Vec<Vec<usize>>, scheme: Scheme, policy: Policy| {
+            Plan::new(
+                &name,
+                model,
+                uniform_groups(groups, options, scheme),
+                policy,
+            )
+        };
+        Ok(match *self {
+            Strategy::Wfbp => uniform(per_tensor(model), Scheme::Auto, plan_order(0.0)),
+            Strategy::Horovod => uniform(
                 horovod::groups(model, options),
+                Scheme::Auto,
                 plan_order(options.cycle_us),
             ),
-            Strategy::Ddp => (ddp::buckets(model, options), plan_order(0.0)),
-            Strategy::FixedGroups { count, rule } => {
-                (fixed_groups::groups(model, count, rule)?, plan_order(0.0))
-            }
-        };
-        let groups = groups
-            .into_iter()
-            .enumerate()
-            .map(|(i, tensors)| Group {
-                tensors,
-                compressor: options.compressor,
-                memory: options.memory,
-                compress_on: CompressOn::Gpu,
-                scheme: Scheme::Auto,
-                partitions: 1,
-                priority: i as i64,
-            })
-            .collect();
-        Ok(Plan::new(&self.to_string(), model, groups, policy))
+            Strategy::Ddp => uniform(ddp::buckets(model, options), Scheme::Auto, plan_order(0.0)),
+            Strategy::FixedGroups { count, rule } => uniform(
+                fixed_groups::groups(model, count, rule)?,
+                Scheme::Auto,
+                plan_order(0.0),
+            ),
+            Strategy::MgWfbp => uniform(mgwfbp::groups(scenario)?, Scheme::Auto, plan_order(0.0)),
+            Strategy::Dear => uniform(
+                dear::buckets(model, options),
+                Scheme::ReduceScatterAllgather,
+                Policy {
+                    overlap_forward: true,
+                    ..plan_order(0.0)
+                },
+            ),
+            Strategy::ByteScheduler => bytescheduler::plan(&name, model, options),
+            Strategy::BytePs => ps::plan(&name, model, options, 0),
+            Strategy::Ps => ps::plan(
+                &name,
+                model,
+                options,
+                options.ps_servers.max(scenario.cluster.nodes),
+            ),
+            Strategy::MergeComp => mergecomp::plan(&name, scenario, options)?,
+            Strategy::HiPress(topology) => hipress::plan(&name, scenario, options, topology)?,
+            Strategy::Espresso => espresso::plan(&name, scenario, options)?,
+        })
     }
+}
+
+/// One uncompressed group per tensor in backward order: the plan of a scenario before a
+/// strategy has chosen one.
+pub fn per_tensor_plan(model: &ModelProfile) -> Plan {
+    let options = StrategyOptions::default();
+    Plan::new(
+        "wfbp",
+        model,
+        uniform_groups(per_tensor(model), &options, Scheme::Auto),
+        plan_order(0.0),
+    )
+}
+
+fn per_tensor(model: &ModelProfile) -> Vec<Vec<usize>> {
+    (0..model.num_tensors()).map(|t| vec![t]).collect()
+}
+
+/// Groups with the options' compressor and memory, one partition, priorities in plan order.
+fn uniform_groups(
+    groups: Vec<Vec<usize>>,
+    options: &StrategyOptions,
+    scheme: Scheme,
+) -> Vec<Group> {
+    groups
+        .into_iter()
+        .enumerate()
+        .map(|(i, tensors)| Group {
+            tensors,
+            compressor: options.compressor,
+            memory: options.memory,
+            compress_on: CompressOn::Gpu,
+            scheme,
+            partitions: 1,
+            priority: i as i64,
+        })
+        .collect()
 }
 
 fn plan_order(cycle_time_us: f64) -> Policy {
@@ -172,6 +320,25 @@ fn plan_order(cycle_time_us: f64) -> Policy {
         cycle_time_us,
         overlap_forward: false,
         ps_servers: 0,
+    }
+}
+
+/// Partitions of at most `partition_bytes` for a group of `bytes`.
+fn partitions_for(bytes: u64, partition_bytes: u64) -> u32 {
+    bytes
+        .div_ceil(partition_bytes.max(1))
+        .clamp(1, u64::from(u32::MAX)) as u32
+}
+
+/// Compressing strategies need a compressor to apply.
+fn require_compressor(strategy: &str, options: &StrategyOptions) -> Result<Compressor> {
+    match options.compressor {
+        Compressor::None => Err(SimError::bad_value(
+            "--compressor",
+            "none",
+            format!("the `{strategy}` strategy compresses gradients: name a compressor (see `syncopate list compressors`)"),
+        )),
+        compressor => Ok(compressor),
     }
 }
 

@@ -1,0 +1,58 @@
+//! Fast repeated evaluation of plans for one model on one cluster: the scenario is resolved once
+//! and the single-GPU baseline computed once, so a search pays only for building and running
+//! each candidate's task graph. Its times equal `simulate`'s on the symmetric path.
+
+use crate::builder::build_graph;
+use crate::engine::{self, Noise};
+use crate::error::Result;
+use crate::plan::Plan;
+use crate::scenario::Scenario;
+use crate::simulate::engine_config;
+use crate::time::SimTime;
+
+/// Warm-up iterations before the measured one, as `simulate`'s default.
+const WARMUP: u32 = 1;
+
+/// Evaluates plans on a fixed model and cluster.
+#[derive(Clone)]
+pub struct Evaluator {
+    scenario: Scenario,
+    evaluations: u64,
+}
+
+impl Evaluator {
+    /// Takes a resolved scenario; its plan is replaced by each evaluated plan.
+    pub fn new(scenario: Scenario) -> Evaluator {
+        Evaluator {
+            scenario,
+            evaluations: 0,
+        }
+    }
+
+    pub fn scenario(&self) -> &Scenario {
+        &self.scenario
+    }
+
+    /// Plans evaluated so far by this evaluator.
+    pub fn evaluations(&self) -> u64 {
+        self.evaluations
+    }
+
+    /// Steady-state iteration time of `plan` (validated against the model first).
+    pub fn iteration_time(&mut self, plan: &Plan) -> Result<SimTime> {
+        plan.validate("candidate plan", &self.scenario.model)?;
+        self.evaluations += 1;
+        let previous = std::mem::replace(&mut self.scenario.plan, plan.clone());
+        let time = steady_iteration_time(&self.scenario);
+        self.scenario.plan = previous;
+        time
+    }
+}
+
+/// The iteration after one warm-up, on the symmetric path without noise.
+pub fn steady_iteration_time(scenario: &Scenario) -> Result<SimTime> {
+    let graph = build_graph(scenario, WARMUP + 1)?;
+    let result = engine::run(&graph, &engine_config(scenario, 1, 0), &Noise::default());
+    let ends = &result.iteration_end;
+    Ok(ends[WARMUP as usize] - ends[WARMUP as usize - 1])
+}

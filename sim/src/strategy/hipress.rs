@@ -1,0 +1,78 @@
+//! HiPress: CaSync synchronizes compressed gradients over a parameter server (decode, aggregate,
+//! re-encode on the server) or a ring (each hop decodes, adds, re-encodes); SeCoPa decides per
+//! gradient whether to compress and into how many partitions to split it, by comparing the
+//! pipelined cost of encode, communication and decode with plain synchronization.
+
+use super::{require_compressor, CaSyncTopology, StrategyOptions};
+use crate::builder::piece_stages;
+use crate::compress::{Compressor, Memory};
+use crate::error::Result;
+use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
+use crate::scenario::Scenario;
+use crate::time::SimTime;
+
+/// Partition counts SeCoPa considers; a piece stays at least this many elements.
+const MAX_PARTITIONS: u32 = 16;
+const MIN_PIECE_ELEMENTS: u64 = 1 << 16;
+
+pub(super) fn plan(
+    name: &str,
+    scenario: &Scenario,
+    options: &StrategyOptions,
+    topology: CaSyncTopology,
+) -> Result<Plan> {
+    let compressor = require_compressor(name, options)?;
+    let model = &scenario.model;
+    let (plain_scheme, compressed_scheme) = match topology {
+        CaSyncTopology::Ps => (Scheme::Ps, Scheme::Ps),
+        CaSyncTopology::Ring => (Scheme::Allreduce, Scheme::CompressedRing),
+    };
+    let groups = (0..model.num_tensors())
+        .map(|t| {
+            let group =
+                |compressor: Compressor, memory: Memory, scheme: Scheme, partitions: u32| Group {
+                    tensors: vec![t],
+                    compressor,
+                    memory,
+                    compress_on: CompressOn::Gpu,
+                    scheme,
+                    partitions,
+                    priority: t as i64,
+                };
+            let mut best = group(Compressor::None, Memory::None, plain_scheme, 1);
+            let mut best_time = pipelined(scenario, &best)?;
+            let mut partitions = 1;
+            while partitions <= MAX_PARTITIONS
+                && model.tensors[t].numel / u64::from(partitions) >= MIN_PIECE_ELEMENTS
+            {
+                let candidate = group(compressor, options.memory, compressed_scheme, partitions);
+                let time = pipelined(scenario, &candidate)?;
+                if time < best_time {
+                    (best, best_time) = (candidate, time);
+                }
+                partitions *= 2;
+            }
+            Ok(best)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let policy = Policy {
+        launch: Launch::PlanOrder,
+        comm_streams: 1,
+        cycle_time_us: 0.0,
+        overlap_forward: false,
+        ps_servers: 0,
+    };
+    Ok(Plan::new(name, model, groups, policy))
+}
+
+/// SeCoPa's estimate: the pieces flow through encode, communication and decode as a pipeline,
+/// so after the first piece's three stages each further piece adds its slowest stage.
+fn pipelined(scenario: &Scenario, group: &Group) -> Result<SimTime> {
+    let stages = piece_stages(scenario, group)?;
+    let first: SimTime = stages[0].iter().copied().sum();
+    let rest: SimTime = stages[1..]
+        .iter()
+        .map(|s| *s.iter().max().expect("three stages"))
+        .sum();
+    Ok(first + rest)
+}
