@@ -23,6 +23,8 @@ pub enum Command {
     Collective(Box<CollectiveArgs>),
     /// Predict one training iteration: iteration time, throughput, scaling efficiency, timeline.
     Simulate(Box<SimulateArgs>),
+    /// Search the fastest fusion and compression plan; compare it with every baseline strategy.
+    Tune(Box<TuneArgs>),
     /// Measure this machine into a device profile (compression encode/decode cost curves).
     Profile(ProfileArgs),
     /// List shipped models, devices, clusters, compressors or strategies.
@@ -205,4 +207,27 @@ pub struct ProfileArgs {
     /// Timings per size; the median is kept.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    /// Shipped model name or path to a model profile JSON file.
+    #[arg(long)]
+    pub model: String,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// A compressor spec a group may use (besides none), or `auto` for a set of common ones.
+    #[arg(long, default_value = "none")]
+    pub compressor: String,
+    /// Error-feedback memory for the compressor (default: residual for biased compressors).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// What to search: fusion (groups, count, thresholds), compression (per-group choice), all.
+    #[arg(long, default_value = "fusion")]
+    pub search: String,
+    /// Write the best plan here (`simulate --plan` on it reproduces the tuned time).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
 }

@@ -148,7 +148,8 @@ pub fn build_graph(scenario: &Scenario, iterations: u32) -> Result<TaskGraph> {
                 .collect();
             sync_tails.push(tails);
         }
-        if !overlap {
+        // Without synchronization (one GPU) there are no per-group updates: one optimizer step.
+        if !overlap || syncs.is_empty() {
             let optimizer = chain(
                 &mut graph,
                 compute(TaskKind::Optimizer, scaled(model.optimizer_us)),

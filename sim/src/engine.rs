@@ -59,6 +59,8 @@ pub struct EngineResult {
     pub comm_busy: Vec<SimTime>,
     pub records: Vec<TaskRecord>,
     pub events: u64,
+    /// When the last task finished.
+    pub makespan: SimTime,
 }
 
 /// A task in progress whose rate can change.
@@ -230,6 +232,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> EngineRes
             comm_busy: vec![SimTime::ZERO; iterations],
             records: Vec::new(),
             events: 0,
+            makespan: SimTime::ZERO,
         },
     };
     for task in 0..graph.len() as u32 {
@@ -252,6 +255,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> EngineRes
         engine.dispatch();
     }
     engine.result.events = engine.processed;
+    engine.result.makespan = engine.now;
     engine.result
 }
 

@@ -118,20 +118,23 @@ impl TaskGraph {
             "a task graph must be acyclic"
         );
         let n = graph.node_count();
+        // Successor lists in CSR layout by counting sort over the edges: no allocation per node.
         let mut indegree = vec![0u32; n];
-        let mut succ_start = Vec::with_capacity(n + 1);
-        let mut succ = Vec::with_capacity(graph.edge_count());
-        for node in graph.node_indices() {
-            succ_start.push(succ.len() as u32);
-            let mut targets: Vec<u32> = graph.neighbors(node).map(|m| m.index() as u32).collect();
-            // petgraph lists neighbours newest first; sort for a stable, readable order.
-            targets.sort_unstable();
-            for &m in &targets {
-                indegree[m as usize] += 1;
-            }
-            succ.extend(targets);
+        let mut succ_start = vec![0u32; n + 1];
+        for edge in graph.raw_edges() {
+            succ_start[edge.source().index() + 1] += 1;
+            indegree[edge.target().index()] += 1;
         }
-        succ_start.push(succ.len() as u32);
+        for i in 0..n {
+            succ_start[i + 1] += succ_start[i];
+        }
+        let mut fill = succ_start.clone();
+        let mut succ = vec![0u32; graph.edge_count()];
+        for edge in graph.raw_edges() {
+            let slot = &mut fill[edge.source().index()];
+            succ[*slot as usize] = edge.target().index() as u32;
+            *slot += 1;
+        }
         TaskGraph {
             graph,
             iterations,

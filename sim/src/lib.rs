@@ -14,6 +14,7 @@ pub mod model;
 pub mod noise;
 pub mod plan;
 pub mod scenario;
+pub mod search;
 pub mod simulate;
 pub mod strategy;
 pub mod time;

@@ -4,6 +4,7 @@ mod collective;
 mod list;
 mod profile;
 mod simulate;
+mod tune;
 
 use crate::cli::{Cli, Command};
 
@@ -16,6 +17,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Collective(args) => collective::run(&args),
         Command::Simulate(args) => simulate::run(&args),
+        Command::Tune(args) => tune::run(&args),
         Command::Profile(args) => profile::run(&args),
         Command::List { what } => list::run(what),
     }

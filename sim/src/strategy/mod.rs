@@ -293,7 +293,7 @@ fn per_tensor(model: &ModelProfile) -> Vec<Vec<usize>> {
 }
 
 /// Groups with the options' compressor and memory, one partition, priorities in plan order.
-fn uniform_groups(
+pub(crate) fn uniform_groups(
     groups: Vec<Vec<usize>>,
     options: &StrategyOptions,
     scheme: Scheme,
@@ -313,7 +313,7 @@ fn uniform_groups(
         .collect()
 }
 
-fn plan_order(cycle_time_us: f64) -> Policy {
+pub(crate) fn plan_order(cycle_time_us: f64) -> Policy {
     Policy {
         launch: Launch::PlanOrder,
         comm_streams: 1,

@@ -1,0 +1,68 @@
+//! A lower bound on a plan's iteration time: compute cannot shrink, the last gradient's
+//! synchronization cannot overlap backward, and the link must carry every byte at its best
+//! bandwidth.
+
+use crate::collective::{self, Group as RankGroup, Op, ServerPlacement};
+use crate::compress::Aggregation;
+use crate::error::Result;
+use crate::plan::Plan;
+use crate::scenario::Scenario;
+use crate::time::SimTime;
+
+/// Sizes between which the asymptotic per-byte cost of a collective is measured.
+const LARGE: u64 = 4 << 30;
+
+/// max(compute + the last-ready tensor's payload at full bandwidth, every payload at full
+/// bandwidth). Full bandwidth is the cheaper of a flat ring's and colocated servers' slope at
+/// multi-GiB sizes, below any real cost.
+pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
+    let model = &scenario.model;
+    let compute = SimTime::from_us(
+        (model.forward_time().as_us() + model.backward_time().as_us() + model.optimizer_us) * scenario.compute_scale,
+    );
+    let world = scenario.cluster.world_size();
+    if world == 1 {
+        return Ok(compute);
+    }
+    let group = RankGroup::world(&scenario.cluster);
+    let slope = |op: Op| -> Result<f64> {
+        let once = collective::estimate(&scenario.cluster, op, LARGE, group)?.time.as_ns() as f64;
+        let twice = collective::estimate(&scenario.cluster, op, 2 * LARGE, group)?.time.as_ns() as f64;
+        Ok((twice - once) / LARGE as f64)
+    };
+    let (allreduce, allgather) = (slope(Op::Allreduce)?, slope(Op::Allgather)?);
+    // Servers colocated with every node move the fewest bytes a parameter server can.
+    let ps = {
+        let cluster = &scenario.cluster;
+        let once = collective::ps_push_pull(cluster, LARGE, cluster.nodes, ServerPlacement::Colocated)?;
+        let twice = collective::ps_push_pull(cluster, 2 * LARGE, cluster.nodes, ServerPlacement::Colocated)?;
+        (twice.time.as_ns() as f64 - once.time.as_ns() as f64) / LARGE as f64
+    };
+    let payload_ns = |bytes: u64, aggregation: Aggregation| match aggregation {
+        Aggregation::Allgather => bytes as f64 * f64::from(world) * allgather,
+        Aggregation::Allreduce => bytes as f64 * allreduce.min(ps),
+        Aggregation::ParameterServer => bytes as f64 * ps.min(allreduce),
+    };
+    let all: f64 = plan
+        .groups
+        .iter()
+        .map(|g| payload_ns(g.wire_bytes(model), g.aggregation()))
+        .sum();
+    // Without overlap, the optimizer (and so the next forward) waits for the last gradient to
+    // become ready, the last tensor in backward order, to be synchronized. With overlap only the
+    // first layers wait, and which group that is depends on the plan: no tail then.
+    let last = model.num_tensors() - 1;
+    let tail = match plan.policy.overlap_forward {
+        true => 0.0,
+        false => plan
+            .groups
+            .iter()
+            .find(|g| g.tensors.contains(&last))
+            .map(|g| {
+                let share = model.tensors[last].numel as f64 / g.numel(model) as f64;
+                payload_ns((g.wire_bytes(model) as f64 * share) as u64, g.aggregation())
+            })
+            .unwrap_or(0.0),
+    };
+    Ok(SimTime::from_ns((compute.as_ns() as f64 + tail).max(all)))
+}

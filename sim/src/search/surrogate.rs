@@ -1,0 +1,117 @@
+//! A fast surrogate of one iteration's synchronization for contiguous groups, solved exactly by
+//! dynamic programming: each group's collectives start when its last gradient is ready (plus
+//! its encode) and the link is free, and the iteration ends with the last group's decode.
+
+use crate::builder::piece_stages;
+use crate::compress::{Compressor, Memory};
+use crate::error::Result;
+use crate::plan::{CompressOn, Group, Scheme};
+use crate::scenario::Scenario;
+
+/// A compressor and memory a group may use (the first option is always no compression).
+pub type Choice = (Compressor, Memory);
+
+/// Costs of every contiguous group under every choice, in nanoseconds: `cost[c][a][b]` for the
+/// group of tensors a..=b (backward order). Built once, queried by the DP.
+pub struct Costs {
+    /// Gradient-ready time of each tensor from the start of backward.
+    ready: Vec<f64>,
+    /// (encode, communication, decode) per choice, per start, per end (end ≥ start).
+    stages: Vec<Vec<Vec<[f64; 3]>>>,
+}
+
+impl Costs {
+    pub fn new(scenario: &Scenario, choices: &[Choice]) -> Result<Costs> {
+        let model = &scenario.model;
+        let n = model.num_tensors();
+        let ready = crate::strategy::ready_times_us(model)
+            .into_iter()
+            .map(|us| us * 1e3 * scenario.compute_scale)
+            .collect();
+        let mut stages = Vec::with_capacity(choices.len());
+        for &(compressor, memory) in choices {
+            let mut by_start = Vec::with_capacity(n);
+            for a in 0..n {
+                let mut by_end = Vec::with_capacity(n - a);
+                for b in a..n {
+                    let group = Group {
+                        tensors: (a..=b).collect(),
+                        compressor,
+                        memory,
+                        compress_on: CompressOn::Gpu,
+                        scheme: Scheme::Auto,
+                        partitions: 1,
+                        priority: 0,
+                    };
+                    let [e, c, d] = piece_stages(scenario, &group)?[0];
+                    by_end.push([e.as_ns() as f64, c.as_ns() as f64, d.as_ns() as f64]);
+                }
+                by_start.push(by_end);
+            }
+            stages.push(by_start);
+        }
+        Ok(Costs { ready, stages })
+    }
+
+    fn stage(&self, choice: usize, a: usize, b: usize) -> [f64; 3] {
+        self.stages[choice][a][b - a]
+    }
+
+    pub fn tensors(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// For every group count y (index y-1), the partition into y contiguous groups and the
+    /// per-group choice that finish synchronization earliest under the surrogate: groups as
+    /// (first tensor, last tensor, choice).
+    pub fn best_per_group_count(&self, choices: usize) -> Vec<Vec<(usize, usize, usize)>> {
+        let n = self.tensors();
+        // end[y][b]: earliest time the link is free after y groups covering tensors 0..=b;
+        // from[y][b]: (start of the last group, its choice). Later link-free times never help
+        // later groups (the recurrence is monotone), so the minimum is optimal.
+        let mut end = vec![vec![f64::INFINITY; n]; n + 1];
+        let mut from = vec![vec![(0usize, 0usize); n]; n + 1];
+        for b in 0..n {
+            for c in 0..choices {
+                let [e, comm, _] = self.stage(c, 0, b);
+                let t = self.ready[b] + e + comm;
+                if t < end[1][b] {
+                    end[1][b] = t;
+                    from[1][b] = (0, c);
+                }
+            }
+        }
+        for y in 2..=n {
+            for b in (y - 1)..n {
+                for a in (y - 1)..=b {
+                    let free = end[y - 1][a - 1];
+                    if free.is_infinite() {
+                        continue;
+                    }
+                    for c in 0..choices {
+                        let [e, comm, _] = self.stage(c, a, b);
+                        let t = (self.ready[b] + e).max(free) + comm;
+                        if t < end[y][b] {
+                            end[y][b] = t;
+                            from[y][b] = (a, c);
+                        }
+                    }
+                }
+            }
+        }
+        (1..=n)
+            .map(|y| {
+                let mut groups = Vec::with_capacity(y);
+                let (mut b, mut level) = (n - 1, y);
+                while level > 0 {
+                    let (a, c) = from[level][b];
+                    groups.push((a, b, c));
+                    level -= 1;
+                    b = a.wrapping_sub(1);
+                }
+                groups.reverse();
+                groups
+            })
+            .collect()
+    }
+}
