@@ -6,7 +6,7 @@
 //! `syncopate_sim::compress::powersgd_layout` (PyTorch's hook rule).
 
 use super::rng::Rng;
-use super::scan::check_all;
+use super::scan::{check_all, check_finite};
 use super::wire::{bad_payload, f32s, put_f32s, sum_f32_payloads};
 use super::Codec;
 use crate::error::{ExecError, Result};
@@ -111,6 +111,68 @@ fn orthogonalize(p: &mut [f32], rows: usize, r: usize) {
     }
 }
 
+/// Moves a non-finite error found in a piece to its index in the whole buffer.
+fn shift(e: ExecError, offset: usize) -> ExecError {
+    match e {
+        ExecError::NonFinite { index, value } => ExecError::NonFinite {
+            index: index + offset,
+            value,
+        },
+        other => other,
+    }
+}
+
+/// Dot products of `row` with R rows of Qᵀ in one pass over `row` (in L1), 8 f32 lanes per
+/// product so the loop vectorizes and the additions do not form one long chain.
+#[inline(always)]
+fn dots<const R: usize>(row: &[f32], q: [&[f32]; R]) -> [f32; R] {
+    const L: usize = 8;
+    let mut acc = [[0.0f32; L]; R];
+    let whole = row.len() / L * L;
+    for (b, x) in row[..whole].chunks_exact(L).enumerate() {
+        for j in 0..R {
+            let qj = &q[j][b * L..b * L + L];
+            for l in 0..L {
+                acc[j][l] += x[l] * qj[l];
+            }
+        }
+    }
+    let mut out = [0.0f32; R];
+    for j in 0..R {
+        let tail: f32 = row[whole..]
+            .iter()
+            .zip(&q[j][whole..])
+            .map(|(a, b)| a * b)
+            .sum();
+        out[j] = acc[j].iter().sum::<f32>() + tail;
+    }
+    out
+}
+
+/// One row of P = M·Q from Qᵀ (r rows of `cols`), four columns of P at a time.
+fn p_row(row: &[f32], qt: &[f32], cols: usize, r: usize, p: &mut [f32]) {
+    let q = |j: usize| &qt[j * cols..(j + 1) * cols];
+    let mut j = 0;
+    while j + 4 <= r {
+        p[j..j + 4].copy_from_slice(&dots(row, [q(j), q(j + 1), q(j + 2), q(j + 3)]));
+        j += 4;
+    }
+    while j < r {
+        p[j] = dots(row, [q(j)])[0];
+        j += 1;
+    }
+}
+
+/// Qᵀ += P[i]ᵀ·M[i] for one row i: for each of the r columns of P a contiguous axpy over the
+/// row (vectorized), so Qᵀ (r × cols, in L2) is streamed rather than gathered.
+fn q_accumulate(row: &[f32], pi: &[f32], qt: &mut [f32], cols: usize) {
+    for (j, &pj) in pi.iter().enumerate() {
+        for (q, &v) in qt[j * cols..(j + 1) * cols].iter_mut().zip(row) {
+            *q += v * pj;
+        }
+    }
+}
+
 impl Codec for PowerSgd {
     fn compressor(&self) -> Compressor {
         self.c
@@ -118,37 +180,53 @@ impl Codec for PowerSgd {
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
         let layout = self.layout_for(grad.len())?;
-        check_all(grad)?;
-        self.grad.clear();
-        self.grad.extend_from_slice(grad);
+        // Checked piece by piece as it is read; a failed encode leaves no round to continue.
+        self.phase = Phase::Idle;
+        // The gradient is kept for round 2; low-rank rows are copied while they are in L1.
+        self.grad.resize(grad.len(), 0.0);
         let bytes: u64 = layout.iter().map(PowerSgdTensor::p_bytes).sum();
         out.clear();
         out.resize(bytes as usize, 0);
         let (mut at, mut offset, mut lr) = (0usize, 0usize, 0usize);
+        let mut qt = Vec::new();
+        let mut p = Vec::new();
         for t in &layout {
             match *t {
                 PowerSgdTensor::Raw { numel } => {
                     let n = numel as usize;
+                    check_all(&grad[offset..offset + n]).map_err(|e| shift(e, offset))?;
                     put_f32s(
                         &mut out[at..at + 4 * n],
                         grad[offset..offset + n].iter().copied(),
                     );
+                    self.grad[offset..offset + n].copy_from_slice(&grad[offset..offset + n]);
                     at += 4 * n;
                 }
                 PowerSgdTensor::LowRank { rows, cols, rank } => {
                     let (rows, cols, r) = (rows as usize, cols as usize, rank as usize);
                     let q = &self.qs[lr];
+                    qt.clear();
+                    qt.resize(cols * r, 0.0);
+                    for (c, qc) in q.chunks_exact(r).enumerate() {
+                        for (j, &v) in qc.iter().enumerate() {
+                            qt[j * cols + c] = v;
+                        }
+                    }
+                    p.clear();
+                    p.resize(rows * r, 0.0);
                     let m = &grad[offset..offset + rows * cols];
-                    let p = (0..rows).flat_map(|i| {
-                        let row = &m[i * cols..(i + 1) * cols];
-                        (0..r).map(move |j| {
-                            row.iter()
-                                .enumerate()
-                                .map(|(c, &v)| v * q[c * r + j])
-                                .sum::<f32>()
-                        })
-                    });
-                    put_f32s(&mut out[at..at + 4 * rows * r], p);
+                    let kept = &mut self.grad[offset..offset + rows * cols];
+                    for (i, ((row, keep), pi)) in m
+                        .chunks_exact(cols)
+                        .zip(kept.chunks_exact_mut(cols))
+                        .zip(p.chunks_exact_mut(r))
+                        .enumerate()
+                    {
+                        check_finite(row, offset + i * cols)?;
+                        p_row(row, &qt, cols, r, pi);
+                        keep.copy_from_slice(row);
+                    }
+                    put_f32s(&mut out[at..at + 4 * rows * r], p.iter().copied());
                     at += 4 * rows * r;
                 }
             }
@@ -187,17 +265,15 @@ impl Codec for PowerSgd {
                 let (rows, cols, r) = (rows as usize, cols as usize, rank as usize);
                 orthogonalize(&mut p, rows, r);
                 let m = &self.grad[offset..offset + rows * cols];
-                let mut q = vec![0.0f32; cols * r];
-                for i in 0..rows {
-                    let row = &m[i * cols..(i + 1) * cols];
-                    let pi = &p[i * r..(i + 1) * r];
-                    for (c, &v) in row.iter().enumerate() {
-                        for (qj, &pj) in q[c * r..(c + 1) * r].iter_mut().zip(pi) {
-                            *qj += v * pj;
-                        }
-                    }
+                let mut qt = vec![0.0f32; cols * r];
+                for (row, pi) in m.chunks_exact(cols).zip(p.chunks_exact(r)) {
+                    q_accumulate(row, pi, &mut qt, cols);
                 }
-                put_f32s(&mut out[qat..qat + 4 * cols * r], q);
+                let q = (0..cols).flat_map(|c| (0..r).map(move |j| (c, j)));
+                put_f32s(
+                    &mut out[qat..qat + 4 * cols * r],
+                    q.map(|(c, j)| qt[j * cols + c]),
+                );
                 qat += 4 * cols * r;
             }
             offset += numel_of(t) as usize;

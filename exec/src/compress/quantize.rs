@@ -7,7 +7,7 @@
 
 use super::bits::{pack2, unpack2_add, BitReader, BitWriter};
 use super::rng::Rng;
-use super::scan::{check_all, max_abs, sum_map};
+use super::scan::{check_finite, max_abs, sum_map, CHUNK};
 use super::wire::{bad_payload, expect_len, get4, get_f32};
 use super::Codec;
 use crate::error::Result;
@@ -36,18 +36,144 @@ struct Quantizer {
     rng: Rng,
 }
 
-/// Calls `f(i, x, u)` for every element with a fresh uniform u in [0, 1), two per RNG draw, in
-/// index order so that a seed fixes the payload.
-fn with_uniforms(grad: &[f32], rng: &mut Rng, mut f: impl FnMut(usize, f32, f32)) {
-    let mut pairs = grad.chunks_exact(2);
-    for (p, pair) in (&mut pairs).enumerate() {
-        let (u, v) = rng.next_f32_pair();
-        f(2 * p, pair[0], u);
-        f(2 * p + 1, pair[1], v);
+/// Elements per block: a block's uniforms are drawn first (the sequential RNG loop), then the
+/// block is quantized in a branch-free loop that vectorizes. Even, so that pairs never straddle
+/// blocks, and a multiple of 16 so that every block of codes starts on a byte boundary.
+const BLOCK: usize = 256;
+
+/// 2^-24: a 24-bit uniform integer u stands for the float u·2^-24 in [0, 1).
+const U24_SCALE: f32 = 1.0 / (1u32 << 24) as f32;
+
+/// Fills `u` with 24-bit uniform integers in index order, two per draw exactly as
+/// [`Rng::next_f32_pair`] splits it (so u·2^-24 are the same floats), a lone last element from
+/// the high half of a fresh draw. Blocks start at even indices, so the stream does not depend on
+/// the block size: a seed fixes the payload.
+fn fill_u24(rng: &mut Rng, u: &mut [u32]) {
+    let mut pairs = u.chunks_exact_mut(2);
+    for p in &mut pairs {
+        let x = rng.next_u64();
+        p[0] = (x >> 40) as u32;
+        p[1] = ((x >> 8) & 0xFF_FFFF) as u32;
     }
-    if let [x] = pairs.remainder() {
-        f(grad.len() - 1, *x, rng.next_f32_pair().0);
+    if let [last] = pairs.into_remainder() {
+        *last = (rng.next_u64() >> 40) as u32;
     }
+}
+
+/// Writes B-bit codes (B ≤ 16) back to back, LSB first, as [`BitWriter`] does: every 8 codes
+/// fill exactly B bytes, packed branch-free in a u128; a last partial group goes through
+/// `BitWriter`. `dst` starts on the byte where these codes start.
+fn pack_codes<const B: u32>(codes: &[u32], dst: &mut [u8]) {
+    let mut groups = codes.chunks_exact(8);
+    let mut bytes = dst.chunks_exact_mut(B as usize);
+    for (g, d) in (&mut groups).zip(&mut bytes) {
+        let mut acc = 0u128;
+        for (j, &c) in g.iter().enumerate() {
+            acc |= u128::from(c) << (j as u32 * B);
+        }
+        d.copy_from_slice(&acc.to_le_bytes()[..B as usize]);
+    }
+    let tail = groups.remainder();
+    if !tail.is_empty() {
+        let start = codes.len() / 8 * B as usize;
+        let mut w = BitWriter::new(&mut dst[start..]);
+        for &c in tail {
+            w.put(c, B);
+        }
+        w.finish();
+    }
+}
+
+/// QSGD's body: level ⌊r⌋ or ⌊r⌋ + 1 with probability r − ⌊r⌋ (r = |x|·s/‖g‖), code level ± s.
+fn qsgd_body<const B: u32>(grad: &[f32], rng: &mut Rng, levels: u32, scale: f32, body: &mut [u8]) {
+    let mut u = [0u32; BLOCK];
+    let mut codes = [0u32; BLOCK];
+    let block_bytes = BLOCK * B as usize / 8;
+    for (block, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(block_bytes)) {
+        let u = &mut u[..block.len()];
+        fill_u24(rng, u);
+        for ((code, &x), &ui) in codes.iter_mut().zip(block).zip(u.iter()) {
+            let r = x.abs() * scale;
+            // r ≥ 0 and at most levels (plus rounding): truncation is floor, and stays in the
+            // vector unit (SSE2 has no floor instruction).
+            let whole = r as u32;
+            let up = u32::from((ui as f32 * U24_SCALE) < r - whole as f32);
+            let level = (whole + up).min(levels);
+            *code = if x < 0.0 {
+                levels - level
+            } else {
+                levels + level
+            };
+        }
+        pack_codes::<B>(&codes[..block.len()], dst);
+    }
+}
+
+fn qsgd_encode(grad: &[f32], rng: &mut Rng, levels: u32, out: &mut Vec<u8>) -> Result<()> {
+    let n = grad.len();
+    let norm = sum_map(grad, |x| x * x)?.sqrt() as f32;
+    let bits = qsgd_bits(levels);
+    out.clear();
+    out.resize(4 + (n * bits as usize).div_ceil(8), 0);
+    out[..4].copy_from_slice(&norm.to_le_bytes());
+    let scale = if norm > 0.0 {
+        levels as f32 / norm
+    } else {
+        0.0
+    };
+    let body = &mut out[4..];
+    match bits {
+        2 => qsgd_body::<2>(grad, rng, levels, scale, body),
+        3 => qsgd_body::<3>(grad, rng, levels, scale, body),
+        4 => qsgd_body::<4>(grad, rng, levels, scale, body),
+        5 => qsgd_body::<5>(grad, rng, levels, scale, body),
+        6 => qsgd_body::<6>(grad, rng, levels, scale, body),
+        7 => qsgd_body::<7>(grad, rng, levels, scale, body),
+        8 => qsgd_body::<8>(grad, rng, levels, scale, body),
+        9 => qsgd_body::<9>(grad, rng, levels, scale, body),
+        10 => qsgd_body::<10>(grad, rng, levels, scale, body),
+        11 => qsgd_body::<11>(grad, rng, levels, scale, body),
+        12 => qsgd_body::<12>(grad, rng, levels, scale, body),
+        13 => qsgd_body::<13>(grad, rng, levels, scale, body),
+        14 => qsgd_body::<14>(grad, rng, levels, scale, body),
+        15 => qsgd_body::<15>(grad, rng, levels, scale, body),
+        _ => qsgd_body::<16>(grad, rng, levels, scale, body),
+    }
+    Ok(())
+}
+
+fn terngrad_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> {
+    let max = max_abs(grad)?;
+    let inv = if max > 0.0 { 1.0 / max } else { 0.0 };
+    out.clear();
+    out.resize(4 + grad.len().div_ceil(4), 0);
+    out[..4].copy_from_slice(&max.to_le_bytes());
+    let mut u = [0u32; BLOCK];
+    for (block, dst) in grad.chunks(BLOCK).zip(out[4..].chunks_mut(BLOCK / 4)) {
+        let u = &mut u[..block.len()];
+        fill_u24(rng, u);
+        pack2(block, dst, |i, x| {
+            let keep = (u[i] as f32 * U24_SCALE) < x.abs() * inv;
+            u8::from(keep) * (1 + u8::from(x < 0.0))
+        });
+    }
+    Ok(())
+}
+
+fn tbq_encode(grad: &[f32], tau: f32, out: &mut Vec<u8>) -> Result<()> {
+    out.clear();
+    out.resize(grad.len().div_ceil(4), 0);
+    for (c, (src, dst)) in grad
+        .chunks(CHUNK)
+        .zip(out.chunks_mut(CHUNK / 4))
+        .enumerate()
+    {
+        check_finite(src, c * CHUNK)?;
+        pack2(src, dst, |_, x| {
+            u8::from(x > tau) | (u8::from(x < -tau) << 1)
+        });
+    }
+    Ok(())
 }
 
 /// Natural compression's exponent range: one byte holds 127 powers of two below `top + 1`.
@@ -60,33 +186,40 @@ fn natural_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> 
     let max_exp = ((max.to_bits() >> 23) as i32 - 127).max(-126);
     let top = (max_exp + 1).min(127);
     let bottom = top + 1 - NATURAL_EXPONENTS;
-    let floor = 2f64.powi(bottom);
+    // Below the range an element becomes 2^bottom with probability a / 2^bottom, i.e. when
+    // u·2^-24 < a·2^-bottom: u < a·2^(24 − bottom), exact in f64 (a power-of-two scaling).
+    let low_scale = 2f64.powi(24 - bottom);
     out.clear();
     out.resize(4 + grad.len(), 0);
     out[..4].copy_from_slice(&top.to_le_bytes());
-    let body = &mut out[4..];
-    with_uniforms(grad, rng, |i, x, u| {
-        let a = x.abs();
-        let sign = if x < 0.0 { 0x80 } else { 0 };
-        let e = (a.to_bits() >> 23) as i32 - 127;
-        body[i] = if a == 0.0 {
-            0
-        } else if e >= bottom && a.is_normal() {
-            // a = 2^e·(1 + f): round up to 2^(e+1) with probability f, so E = a.
-            let low = f32::from_bits(a.to_bits() & 0x7F80_0000);
-            let up = u < (a - low) / low && e < top;
-            let exponent = e + i32::from(up);
-            sign | (top + 1 - exponent) as u8
-        } else {
-            // Below the range: 0 or 2^bottom with probability a / 2^bottom.
-            let up = f64::from(u) < f64::from(a) / floor;
-            if up {
+    let mut u = [0u32; BLOCK];
+    for (block, dst) in grad.chunks(BLOCK).zip(out[4..].chunks_mut(BLOCK)) {
+        let u = &mut u[..block.len()];
+        fill_u24(rng, u);
+        for ((d, &x), &ui) in dst.iter_mut().zip(block).zip(u.iter()) {
+            let bits = x.to_bits();
+            let abs = bits & 0x7FFF_FFFF;
+            let sign = ((bits >> 31) << 7) as u8;
+            let biased = (abs >> 23) as i32;
+            let e = biased - 127;
+            // a = 2^e·(1 + m·2^-23) rounds up to 2^(e+1) with probability m·2^-23, i.e. when
+            // u·2^-24 < m·2^-23: u < 2m, so E = a.
+            let up = ui < 2 * (abs & 0x7F_FFFF) && e < top;
+            let in_range = sign | (top + 1 - e - i32::from(up)) as u8;
+            let below = if f64::from(ui) < f64::from(f32::from_bits(abs)) * low_scale {
                 sign | NATURAL_EXPONENTS as u8
             } else {
                 0
-            }
-        };
-    });
+            };
+            *d = if abs == 0 {
+                0
+            } else if e >= bottom && biased > 0 {
+                in_range
+            } else {
+                below
+            };
+        }
+    }
     Ok(())
 }
 
@@ -96,54 +229,10 @@ impl Codec for Quantizer {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
-        let n = grad.len();
         match self.kind {
-            Kind::Qsgd(levels) => {
-                let norm = sum_map(grad, |x| x * x)?.sqrt() as f32;
-                let bits = qsgd_bits(levels);
-                out.clear();
-                out.resize(4 + (n * bits as usize).div_ceil(8), 0);
-                out[..4].copy_from_slice(&norm.to_le_bytes());
-                let scale = if norm > 0.0 {
-                    levels as f32 / norm
-                } else {
-                    0.0
-                };
-                let mut w = BitWriter::new(&mut out[4..]);
-                with_uniforms(grad, &mut self.rng, |_, x, u| {
-                    let r = x.abs() * scale;
-                    let low = r.floor();
-                    let level = ((low + f32::from(u8::from(u < r - low))) as u32).min(levels);
-                    let code = if x < 0.0 {
-                        levels - level
-                    } else {
-                        levels + level
-                    };
-                    w.put(code, bits);
-                });
-                w.finish();
-            }
-            Kind::TernGrad => {
-                let max = max_abs(grad)?;
-                let inv = if max > 0.0 { 1.0 / max } else { 0.0 };
-                out.clear();
-                out.resize(4 + n.div_ceil(4), 0);
-                out[..4].copy_from_slice(&max.to_le_bytes());
-                let mut uniforms = vec![0.0f32; n];
-                with_uniforms(grad, &mut self.rng, |i, _, u| uniforms[i] = u);
-                pack2(grad, &mut out[4..], |i, x| {
-                    let keep = uniforms[i] < x.abs() * inv;
-                    u8::from(keep) * (1 + u8::from(x < 0.0))
-                });
-            }
-            Kind::Tbq(tau) => {
-                check_all(grad)?;
-                out.clear();
-                out.resize(n.div_ceil(4), 0);
-                pack2(grad, out, |_, x| {
-                    u8::from(x > tau) | (u8::from(x < -tau) << 1)
-                });
-            }
+            Kind::Qsgd(levels) => qsgd_encode(grad, &mut self.rng, levels, out)?,
+            Kind::TernGrad => terngrad_encode(grad, &mut self.rng, out)?,
+            Kind::Tbq(tau) => tbq_encode(grad, tau, out)?,
             Kind::Natural => natural_encode(grad, &mut self.rng, out)?,
         }
         Ok(())

@@ -5,8 +5,10 @@
 //! implementation does by truncating to `num_selects`.
 
 use super::rng::Rng;
-use super::scan::{check_finite, CHUNK};
-use super::sparse::{emit, kth_largest, scatter_add};
+use super::scan::check_all;
+use super::sparse::{
+    collect_at_least, emit, emit_all, emit_k_largest, kth_largest, scatter_add, Candidates,
+};
 use super::wire::{bad_payload, expect_len, get_u32};
 use super::Codec;
 use crate::error::Result;
@@ -34,6 +36,7 @@ pub fn codec(c: Compressor, ratio: f64, sampling: Sampling, seed: u64) -> Box<dy
         ratio,
         sampling,
         rng: Rng::new(seed),
+        cand: Candidates::default(),
     })
 }
 
@@ -42,6 +45,8 @@ struct Sampled {
     ratio: f64,
     sampling: Sampling,
     rng: Rng,
+    /// Scratch for the collected candidates, kept across steps.
+    cand: Candidates,
 }
 
 const NOTHING: Estimate = Estimate {
@@ -56,8 +61,26 @@ pub struct Estimate {
     pub selected: usize,
 }
 
-fn count_at_least(abs_bits: &[u32], t: u32) -> usize {
-    abs_bits.iter().filter(|&&a| a >= t).count()
+/// How many |x| ≥ t: one branch-free pass with 16 u32 lanes (|x| bits < 2^31, so the
+/// comparison is a signed one, which SSE2 has).
+fn count_at_least(grad: &[f32], t: u32) -> usize {
+    let mut total = 0usize;
+    for part in grad.chunks(1 << 20) {
+        let mut lanes = [0u32; 16];
+        let mut blocks = part.chunks_exact(16);
+        for block in &mut blocks {
+            for (l, x) in lanes.iter_mut().zip(block) {
+                *l += u32::from(((x.to_bits() & ABS) as i32) >= t as i32);
+            }
+        }
+        total += lanes.iter().map(|&l| l as usize).sum::<usize>()
+            + blocks
+                .remainder()
+                .iter()
+                .filter(|x| x.to_bits() & ABS >= t)
+                .count();
+    }
+    total
 }
 
 /// The k-th largest of a sample (ceil(ratio · samples), at least 1).
@@ -67,18 +90,11 @@ fn sample_threshold(samples: &mut [u32], ratio: f64) -> u32 {
     t
 }
 
-/// DGC's threshold estimation: sample every `stride`-th |x| from a random start (stride chosen
-/// as in DGC's `_sparsify` so that at least max(1% of n, 2/ratio) samples are taken), threshold
-/// at the sample's top ratio, then, while the mask holds fewer than 0.8·k or more than 1.2·k
-/// elements, scale the threshold by 0.8 or 1.2 as DGC does. If ten adaptations do not land
-/// inside the band, the exact k-th largest is used, so the count is always within ±20% of k.
-pub fn dgc_estimate(grad: &[f32], ratio: f64, rng: &mut Rng) -> Result<Estimate> {
+/// DGC's first threshold: the top `ratio` of every `stride`-th |x| from a random start (stride
+/// chosen as in DGC's `_sparsify` so that at least max(1% of n, 2/ratio) samples are taken).
+/// Reads only the sampled elements. Requires n ≥ 1.
+fn dgc_sample(grad: &[f32], ratio: f64, rng: &mut Rng) -> u32 {
     let n = grad.len();
-    let abs: Vec<u32> = abs_bits_checked(grad)?;
-    if n == 0 {
-        return Ok(NOTHING);
-    }
-    let k = sparse_count(n as u64, ratio) as usize;
     let min_samples =
         ((n as f64 * DGC_SAMPLE_RATIO).ceil() as usize).max((2.0 / ratio).ceil() as usize);
     let stride = if n <= min_samples {
@@ -91,15 +107,27 @@ pub fn dgc_estimate(grad: &[f32], ratio: f64, rng: &mut Rng) -> Result<Estimate>
         stride
     };
     let start = rng.below(stride as u64) as usize;
-    let mut samples: Vec<u32> = abs[start.min(n - 1)..]
+    let mut samples: Vec<u32> = grad[start.min(n - 1)..]
         .iter()
         .step_by(stride)
-        .copied()
+        .map(|x| x.to_bits() & ABS)
         .collect();
-    let mut t = sample_threshold(&mut samples, ratio);
-    let low = (LOWER_BOUND * k as f64).ceil() as usize;
-    let high = (UPPER_BOUND * k as f64).floor() as usize;
-    let mut selected = count_at_least(&abs, t);
+    sample_threshold(&mut samples, ratio)
+}
+
+/// DGC's band around k: a selected count in low..=high is accepted.
+fn dgc_band(k: usize) -> (usize, usize) {
+    (
+        (LOWER_BOUND * k as f64).ceil() as usize,
+        (UPPER_BOUND * k as f64).floor() as usize,
+    )
+}
+
+/// DGC's adaptation from threshold `t` selecting `selected` elements: while the mask holds
+/// fewer than 0.8·k or more than 1.2·k elements, scale the threshold by 0.8 or 1.2 as DGC does.
+/// If ten adaptations do not land inside the band, the exact k-th largest is used.
+fn dgc_adapt(grad: &[f32], k: usize, mut t: u32, mut selected: usize) -> Result<Estimate> {
+    let (low, high) = dgc_band(k);
     for _ in 0..MAX_ADAPTATIONS {
         let factor = if selected > high {
             UPPER_BOUND
@@ -112,7 +140,7 @@ pub fn dgc_estimate(grad: &[f32], ratio: f64, rng: &mut Rng) -> Result<Estimate>
             });
         };
         t = (f32::from_bits(t) * factor as f32).to_bits();
-        selected = count_at_least(&abs, t);
+        selected = count_at_least(grad, t);
     }
     if (low..=high).contains(&selected) {
         return Ok(Estimate {
@@ -123,41 +151,51 @@ pub fn dgc_estimate(grad: &[f32], ratio: f64, rng: &mut Rng) -> Result<Estimate>
     let (t, _) = kth_largest(grad, k)?;
     Ok(Estimate {
         threshold: t,
-        selected: count_at_least(&abs, t),
+        selected: count_at_least(grad, t),
     })
 }
 
-/// GradDrop's estimate: the top-ratio quantile of |x| over 0.1% of the elements drawn at random
-/// (at least 2/ratio of them, all of them for small tensors); no adaptation.
-pub fn graddrop_estimate(grad: &[f32], ratio: f64, rng: &mut Rng) -> Result<Estimate> {
+/// DGC's threshold estimation: the sampled threshold ([`dgc_sample`]) adapted into the band
+/// ([`dgc_adapt`]), so the count is always within ±20% of k.
+pub fn dgc_estimate(grad: &[f32], ratio: f64, rng: &mut Rng) -> Result<Estimate> {
+    check_all(grad)?;
     let n = grad.len();
-    let abs: Vec<u32> = abs_bits_checked(grad)?;
     if n == 0 {
         return Ok(NOTHING);
     }
-    let want =
-        ((n as f64 * GRADDROP_SAMPLE_RATIO).ceil() as usize).max((2.0 / ratio).ceil() as usize);
-    let mut samples: Vec<u32> = if want >= n {
-        abs.clone()
-    } else {
-        (0..want)
-            .map(|_| abs[rng.below(n as u64) as usize])
-            .collect()
-    };
-    let t = sample_threshold(&mut samples, ratio);
-    Ok(Estimate {
-        threshold: t,
-        selected: count_at_least(&abs, t),
-    })
+    let k = sparse_count(n as u64, ratio) as usize;
+    let t = dgc_sample(grad, ratio, rng);
+    dgc_adapt(grad, k, t, count_at_least(grad, t))
 }
 
-fn abs_bits_checked(grad: &[f32]) -> Result<Vec<u32>> {
-    let mut abs = Vec::with_capacity(grad.len());
-    for (c, chunk) in grad.chunks(CHUNK).enumerate() {
-        check_finite(chunk, c * CHUNK)?;
-        abs.extend(chunk.iter().map(|x| x.to_bits() & ABS));
+/// GradDrop's threshold: the top-ratio quantile of |x| over 0.1% of the elements drawn at
+/// random (at least 2/ratio of them, all of them for small tensors). Requires n ≥ 1.
+fn graddrop_sample(grad: &[f32], ratio: f64, rng: &mut Rng) -> u32 {
+    let n = grad.len();
+    let want =
+        ((n as f64 * GRADDROP_SAMPLE_RATIO).ceil() as usize).max((2.0 / ratio).ceil() as usize);
+    let abs = |x: &f32| x.to_bits() & ABS;
+    let mut samples: Vec<u32> = if want >= n {
+        grad.iter().map(abs).collect()
+    } else {
+        (0..want)
+            .map(|_| abs(&grad[rng.below(n as u64) as usize]))
+            .collect()
+    };
+    sample_threshold(&mut samples, ratio)
+}
+
+/// GradDrop's estimate ([`graddrop_sample`]); no adaptation.
+pub fn graddrop_estimate(grad: &[f32], ratio: f64, rng: &mut Rng) -> Result<Estimate> {
+    check_all(grad)?;
+    if grad.is_empty() {
+        return Ok(NOTHING);
     }
-    Ok(abs)
+    let t = graddrop_sample(grad, ratio, rng);
+    Ok(Estimate {
+        threshold: t,
+        selected: count_at_least(grad, t),
+    })
 }
 
 impl Codec for Sampled {
@@ -173,22 +211,49 @@ impl Codec for Sampled {
         if k == 0 {
             return Ok(());
         }
-        let Estimate {
-            threshold,
-            selected,
-        } = match self.sampling {
-            Sampling::Dgc => dgc_estimate(grad, self.ratio, &mut self.rng)?,
-            Sampling::GradDrop => graddrop_estimate(grad, self.ratio, &mut self.rng)?,
+        // The sampled threshold, then one pass that checks the tensor, counts the elements at
+        // or above it and collects them (up to 1.2·k, DGC's upper band). In the common case
+        // that count is final: at most k are all sent, more are cut to the k largest of them
+        // (exactly top-k, since everything else is below the threshold).
+        let t = match self.sampling {
+            Sampling::Dgc => dgc_sample(grad, self.ratio, &mut self.rng),
+            Sampling::GradDrop => graddrop_sample(grad, self.ratio, &mut self.rng),
         };
-        // More candidates than slots: keep the k largest of them (exactly top-k), ties by index.
-        let (t, ties) = if selected > k {
-            let (t, greater) = kth_largest(grad, k)?;
-            (t, k - greater)
-        } else {
-            (threshold, selected)
-        };
+        let cap = dgc_band(k).1.max(k);
+        let selected = collect_at_least(grad, t, cap, &mut self.cand)?;
         let (idx, val) = out[4..].split_at_mut(4 * k);
-        let count = emit(grad, t, ties, idx, val);
+        let in_band = match self.sampling {
+            Sampling::Dgc => {
+                let (low, high) = dgc_band(k);
+                (low..=high).contains(&selected)
+            }
+            Sampling::GradDrop => true,
+        };
+        let count = if in_band && selected <= k {
+            emit_all(&self.cand, idx, val)
+        } else if in_band && selected <= cap {
+            emit_k_largest(&self.cand, k, idx, val)
+        } else {
+            let Estimate {
+                threshold,
+                selected,
+            } = match self.sampling {
+                Sampling::Dgc => dgc_adapt(grad, k, t, selected)?,
+                Sampling::GradDrop => Estimate {
+                    threshold: t,
+                    selected,
+                },
+            };
+            // More candidates than slots: keep the k largest of them (exactly top-k), ties by
+            // index.
+            let (t, ties) = if selected > k {
+                let (t, greater) = kth_largest(grad, k)?;
+                (t, k - greater)
+            } else {
+                (threshold, selected)
+            };
+            emit(grad, t, ties, idx, val)
+        };
         out[..4].copy_from_slice(&(count as u32).to_le_bytes());
         Ok(())
     }

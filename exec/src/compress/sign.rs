@@ -5,7 +5,7 @@
 //! and f32 mean of the negative ones. `signsgd` and `signum` decode to ±1.
 
 use super::bits::{pack1, unpack1_add};
-use super::scan::{check_finite, sum_map, CHUNK};
+use super::scan::{check_finite, CHUNK};
 use super::wire::{expect_len, get_f32};
 use super::Codec;
 use crate::error::Result;
@@ -52,6 +52,78 @@ fn pack_checked(grad: &[f32], dst: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// Runs `f` on each checked chunk of `grad` and its bytes of `dst` (one bit per element).
+fn for_chunks(grad: &[f32], dst: &mut [u8], mut f: impl FnMut(&[f32], &mut [u8])) -> Result<()> {
+    for (c, (src, out)) in grad
+        .chunks(CHUNK)
+        .zip(dst.chunks_mut(CHUNK / 8))
+        .enumerate()
+    {
+        check_finite(src, c * CHUNK)?;
+        f(src, out);
+    }
+    Ok(())
+}
+
+/// Block width of the fused loops: 16 f32 lanes per sum, two whole bytes of sign bits.
+const LANES: usize = 16;
+
+/// One pass over a chunk: packs the sign bits into `dst` and sums the two values `split(x)`
+/// returns in 16 f32 lanes (the lane order of `scan::sum_map`, so the sums are bit-identical to
+/// a separate reduction). Returns both sums and the number of negative elements.
+#[inline(always)]
+fn fused_chunk(
+    src: &[f32],
+    dst: &mut [u8],
+    split: impl Fn(f32) -> (f32, f32),
+) -> (f64, f64, usize) {
+    let mut a = [0.0f32; LANES];
+    let mut b = [0.0f32; LANES];
+    let mut negs = [0u32; LANES];
+    let mut blocks = src.chunks_exact(LANES);
+    for (block, out) in (&mut blocks).zip(dst.chunks_exact_mut(LANES / 8)) {
+        let mut mask = 0u32;
+        for j in 0..LANES {
+            let x = block[j];
+            let (p, q) = split(x);
+            a[j] += p;
+            b[j] += q;
+            let neg = u32::from(x < 0.0);
+            negs[j] += neg;
+            mask |= neg << j;
+        }
+        out.copy_from_slice(&(mask as u16).to_le_bytes());
+    }
+    let tail = blocks.remainder();
+    let (mut ta, mut tb, mut tn) = (0.0f32, 0.0f32, 0usize);
+    for &x in tail {
+        let (p, q) = split(x);
+        ta += p;
+        tb += q;
+        tn += usize::from(x < 0.0);
+    }
+    if !tail.is_empty() {
+        let start = (src.len() / LANES) * (LANES / 8);
+        pack1(tail, &mut dst[start..], negative);
+    }
+    let count = negs.iter().map(|&c| c as usize).sum::<usize>() + tn;
+    (
+        f64::from(a.iter().sum::<f32>() + ta),
+        f64::from(b.iter().sum::<f32>() + tb),
+        count,
+    )
+}
+
+/// m ← β·m + (1−β)·g over a chunk (one plain vectorized loop while it is in L1), then the
+/// sign bits of the new m.
+#[inline(always)]
+fn momentum_pack(src: &[f32], m: &mut [f32], dst: &mut [u8], beta: f32) {
+    for (v, &g) in m.iter_mut().zip(src) {
+        *v = beta * *v + (1.0 - beta) * g;
+    }
+    pack1(m, dst, negative);
+}
+
 impl Codec for Sign {
     fn compressor(&self) -> Compressor {
         self.c
@@ -67,36 +139,46 @@ impl Codec for Sign {
                 pack_checked(grad, out)?;
             }
             Kind::EfSignSgd => {
+                out.resize(4 + bytes, 0);
+                let mut total = 0.0f64;
+                for_chunks(grad, &mut out[4..], |src, dst| {
+                    let (abs, _, _) = fused_chunk(src, dst, |x| (x.abs(), 0.0));
+                    total += abs;
+                })?;
                 let mean = if n > 0 {
-                    (sum_map(grad, f32::abs)? / n as f64) as f32
+                    (total / n as f64) as f32
                 } else {
                     0.0
                 };
-                out.resize(4 + bytes, 0);
                 out[..4].copy_from_slice(&mean.to_le_bytes());
-                pack1(grad, &mut out[4..], negative);
             }
             Kind::Signum(beta) => {
                 if self.momentum.len() != n {
                     self.momentum = vec![0.0; n];
                 }
-                for (c, (src, m)) in grad
+                out.resize(bytes, 0);
+                // One pass: the chunk is checked while in L1, then momentum is updated and its
+                // sign packed in the same loop (momentum is read and written once).
+                for (c, ((src, m), dst)) in grad
                     .chunks(CHUNK)
                     .zip(self.momentum.chunks_mut(CHUNK))
+                    .zip(out.chunks_mut(CHUNK / 8))
                     .enumerate()
                 {
                     check_finite(src, c * CHUNK)?;
-                    for (m, &g) in m.iter_mut().zip(src) {
-                        *m = beta * *m + (1.0 - beta) * g;
-                    }
+                    momentum_pack(src, m, dst, beta);
                 }
-                out.resize(bytes, 0);
-                pack1(&self.momentum, out, negative);
             }
             Kind::OneBit => {
-                let sum_pos = sum_map(grad, |x| if x >= 0.0 { x } else { 0.0 })?;
-                let sum_neg = sum_map(grad, |x| if x < 0.0 { x } else { 0.0 })?;
-                let neg_count = grad.iter().filter(|&&x| x < 0.0).count();
+                out.resize(8 + bytes, 0);
+                let (mut sum_pos, mut sum_neg, mut neg_count) = (0.0f64, 0.0f64, 0usize);
+                for_chunks(grad, &mut out[8..], |src, dst| {
+                    let (pos, neg, negs) =
+                        fused_chunk(src, dst, |x| if x < 0.0 { (0.0, x) } else { (x, 0.0) });
+                    sum_pos += pos;
+                    sum_neg += neg;
+                    neg_count += negs;
+                })?;
                 let mean = |sum: f64, count: usize| {
                     if count > 0 {
                         (sum / count as f64) as f32
@@ -104,10 +186,8 @@ impl Codec for Sign {
                         0.0
                     }
                 };
-                out.resize(8 + bytes, 0);
                 out[..4].copy_from_slice(&mean(sum_pos, n - neg_count).to_le_bytes());
                 out[4..8].copy_from_slice(&mean(sum_neg, neg_count).to_le_bytes());
-                pack1(grad, &mut out[8..], negative);
             }
         }
         Ok(())
