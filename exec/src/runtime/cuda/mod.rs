@@ -1,0 +1,22 @@
+//! The CUDA backend: NVRTC kernels, NCCL collectives, one stream per simulated resource, CUDA-event timing.
+
+pub mod probe;
+
+use super::{ExecOptions, Measured};
+use crate::error::{ExecError, Result};
+use syncopate_sim::graph::TaskGraph;
+use syncopate_sim::scenario::Scenario;
+
+/// Runs the graph on the visible GPUs.
+pub fn execute(
+    _scenario: &Scenario,
+    _graph: &TaskGraph,
+    _options: &ExecOptions,
+) -> Result<Measured> {
+    let gpus = probe::probe()?;
+    Err(ExecError::Cuda {
+        message: format!(
+            "found {gpus} GPU(s), but plan execution on CUDA is not in this build yet"
+        ),
+    })
+}
