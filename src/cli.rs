@@ -32,6 +32,8 @@ pub enum Command {
     },
     /// Run a plan for real (CUDA/NCCL, or host threads) and write the measured trace.
     Exec(Box<ExecArgs>),
+    /// Run a plan for real and simulate it with this machine's profile: predicted vs measured.
+    Validate(Box<ValidateArgs>),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,8 +183,11 @@ pub struct SimulateArgs {
 /// Where `profile` measures.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProfileBackend {
-    /// This machine's CPU, one core: the CPU compression kernels of `syncopate-exec`.
+    /// This machine's CPU, one core: the CPU compression kernels of `syncopate-exec`; with
+    /// `--ranks N` also the host backend's channel collectives.
     Host,
+    /// The visible NVIDIA GPUs.
+    Cuda,
 }
 
 #[derive(Args, Debug)]
@@ -198,6 +203,13 @@ pub struct ProfileArgs {
     /// Timings per size; the median is kept.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    /// Host: also time the in-process collectives of this many thread-ranks (at least 2) and
+    /// fit them into an MPI-style cluster written to --cluster-out.
+    #[arg(long, requires = "cluster_out")]
+    pub ranks: Option<u32>,
+    /// Where to write the fitted cluster (its device is the profile written to --out).
+    #[arg(long, requires = "ranks")]
+    pub cluster_out: Option<PathBuf>,
 }
 
 /// Where `exec` and `validate` run the plan.
@@ -260,6 +272,25 @@ pub struct ExecArgs {
     /// Write the measured Chrome/Perfetto trace here (same schema as `simulate --trace`).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+}
+
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The machine's cluster file (from `profile --cluster-out`); host: measured on the fly when
+    /// absent; cuda: required.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Host: the `cpu` device profile with the compression curves (default: measured on the fly
+    /// for the plan's compressors, or the cluster's device when --cluster is given).
+    #[arg(long)]
+    pub device_profile: Option<String>,
+    /// Per-task rows to report, largest measured tasks first.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
 }

@@ -5,6 +5,7 @@ mod exec;
 mod list;
 mod profile;
 mod simulate;
+mod validate;
 
 use crate::cli::{Cli, Command};
 
@@ -24,6 +25,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(args) => profile::run(&args),
         Command::List { what } => list::run(what),
         Command::Exec(args) => exec::run(&args),
+        Command::Validate(args) => validate::run(&args),
     }
 }
 

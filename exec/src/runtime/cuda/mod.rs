@@ -20,3 +20,11 @@ pub fn execute(
         ),
     })
 }
+
+/// Measures the GPU into a device profile.
+pub fn profile(_name: &str) -> Result<syncopate_sim::device::DeviceProfile> {
+    let gpus = probe::probe()?;
+    Err(ExecError::Cuda {
+        message: format!("found {gpus} GPU(s), but GPU profiling is not in this build yet"),
+    })
+}

@@ -3,6 +3,7 @@
 mod board;
 pub mod busy;
 pub mod comm;
+pub mod profile;
 
 use super::check::{ps_server, Checker};
 use super::layout::{wire_element_bytes, Gradients, Layout};
