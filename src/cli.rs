@@ -32,6 +32,10 @@ pub enum Command {
         #[arg(value_enum)]
         what: ListWhat,
     },
+    /// Run a plan for real (CUDA/NCCL, or host threads) and write the measured trace.
+    Exec(Box<ExecArgs>),
+    /// Run a plan for real and simulate it with this machine's profile: predicted vs measured.
+    Validate(Box<ValidateArgs>),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,8 +194,11 @@ pub struct SimulateArgs {
 /// Where `profile` measures.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProfileBackend {
-    /// This machine's CPU, one core: the CPU compression kernels of `syncopate-exec`.
+    /// This machine's CPU, one core: the CPU compression kernels of `syncopate-exec`; with
+    /// `--ranks N` also the host backend's channel collectives.
     Host,
+    /// The visible NVIDIA GPUs.
+    Cuda,
 }
 
 #[derive(Args, Debug)]
@@ -207,6 +214,96 @@ pub struct ProfileArgs {
     /// Timings per size; the median is kept.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    /// Host: also time the in-process collectives of this many thread-ranks (at least 2) and
+    /// fit them into an MPI-style cluster written to --cluster-out.
+    #[arg(long, requires = "cluster_out")]
+    pub ranks: Option<u32>,
+    /// Where to write the fitted cluster (its device is the profile written to --out).
+    #[arg(long, requires = "ranks")]
+    pub cluster_out: Option<PathBuf>,
+}
+
+/// Where `exec` and `validate` run the plan.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecBackend {
+    /// The visible NVIDIA GPUs with NCCL (one process driving all, or one process per GPU).
+    Cuda,
+    /// CPU threads on this machine, in-process channels: runs the whole exec path on a laptop
+    /// or in CI. Not a cluster backend: its timings say nothing about GPUs.
+    Host,
+}
+
+/// The scenario a real run executes: a plan for a model on a cluster.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The plan to run (JSON, e.g. from `simulate --save-plan`).
+    #[arg(long)]
+    pub plan: PathBuf,
+    /// Shipped model name or path to a model profile: its tensors are synchronized.
+    #[arg(long)]
+    pub model: String,
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub backend: ExecBackend,
+    /// Ranks (threads) of the host backend.
+    #[arg(long, default_value_t = 4)]
+    pub ranks: u32,
+    /// Host backend: multiply the model profile's compute times by this (default: so that
+    /// forward + backward + optimizer take at most 100 ms, and never more than the profile).
+    #[arg(long)]
+    pub compute_scale: Option<f64>,
+    /// Measured iterations.
+    #[arg(long, default_value_t = 5)]
+    pub iterations: u32,
+    /// Warm-up iterations before measuring.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Seed of the synthetic gradients and the stochastic compressors.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Longest a rank waits for another (rendezvous, collectives) before failing, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout_s: f64,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The host backend runs ranks as CPU threads with the real CPU compression kernels and \
+in-process channel collectives; it exists so that CI and laptops exercise the whole exec path and \
+is not a cluster backend."
+)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Verify every iteration: each rank's aggregated gradient against the compressor's
+    /// reference aggregation of all ranks' inputs (and, for precision casts, their exact sum).
+    #[arg(long)]
+    pub check: bool,
+    /// Write the measured Chrome/Perfetto trace here (same schema as `simulate --trace`).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+}
+
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The machine's cluster file (from `profile --cluster-out`); host: measured on the fly when
+    /// absent; cuda: required.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Host: the `cpu` device profile with the compression curves (default: measured on the fly
+    /// for the plan's compressors, or the cluster's device when --cluster is given).
+    #[arg(long)]
+    pub device_profile: Option<String>,
+    /// Per-task rows to report, largest measured tasks first.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
 }
 
 #[derive(Args, Debug)]

@@ -5,4 +5,6 @@ mod collective;
 mod common;
 mod compression;
 mod data_files;
+mod runtime;
 mod simulator;
+mod tuning;

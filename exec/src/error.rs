@@ -26,6 +26,41 @@ pub enum ExecError {
 
     #[error(transparent)]
     Sim(#[from] SimError),
+
+    /// Exit code 3 in the CLI: the cuda backend was asked for on a machine that cannot run it.
+    #[error("needs a GPU, none available: {reason}")]
+    NoGpu { reason: String },
+
+    #[error("rank {rank}: {message}")]
+    Rank { rank: u32, message: String },
+
+    #[error(
+        "rank {rank} did not answer within {seconds:.1} s while rank {waiting} waited for {what}"
+    )]
+    Timeout {
+        rank: u32,
+        waiting: u32,
+        what: String,
+        seconds: f64,
+    },
+
+    #[error("rendezvous at {address}: {message}")]
+    Rendezvous { address: String, message: String },
+
+    #[error("launch environment: `{variable}`: {message}")]
+    Launch { variable: String, message: String },
+
+    #[error("group {group}: {message}")]
+    Check { group: usize, message: String },
+
+    #[error("cuda backend: {message}")]
+    Cuda { message: String },
+
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T, E = ExecError> = std::result::Result<T, E>;

@@ -18,6 +18,8 @@ pub struct HostProfileOptions {
     pub sizes: Vec<usize>,
     /// Timings per size; the median is kept.
     pub repeats: usize,
+    /// Compressor specs to measure, one per device-profile key (default: [`PROFILED`]).
+    pub compressors: Vec<String>,
 }
 
 impl Default for HostProfileOptions {
@@ -26,6 +28,7 @@ impl Default for HostProfileOptions {
             name: "host-cpu".into(),
             sizes: (12..=20).step_by(2).map(|p| 1usize << p).collect(),
             repeats: 5,
+            compressors: PROFILED.iter().map(|s| s.to_string()).collect(),
         }
     }
 }
@@ -164,7 +167,7 @@ fn provenance(status: Status, method: impl Into<String>) -> Provenance {
     }
 }
 
-/// Measures every compressor in [`PROFILED`] on this machine, one core, and returns a `cpu`
+/// Measures every compressor of `options.compressors` on this machine, one core, and returns a `cpu`
 /// profile. Data: standard normal values from a fixed seed.
 pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
     let largest = options.sizes.iter().copied().max().unwrap_or(0);
@@ -172,7 +175,7 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
     let data: Vec<f32> = (0..largest).map(|_| rng.normal() as f32).collect();
     let repeats = options.repeats.max(1);
     let mut compression = BTreeMap::new();
-    for spec in PROFILED {
+    for spec in &options.compressors {
         let c: Compressor = spec.parse()?;
         let (mut enc, mut dec) = (Vec::new(), Vec::new());
         for &n in &options.sizes {
@@ -245,6 +248,7 @@ mod tests {
             name: "test".into(),
             sizes: vec![256, 1024],
             repeats: 1,
+            ..HostProfileOptions::default()
         };
         let profile = profile_host(&options).unwrap();
         profile.validate("test").unwrap();

@@ -211,6 +211,18 @@ impl Plan {
                     Some(slot) => *slot = Some(g),
                 }
             }
+            if group.scheme == Scheme::ReduceScatterAllgather
+                && group.compressor.allreduce_rounds() > 1
+            {
+                return Err(SimError::invalid(
+                    label,
+                    at("scheme"),
+                    format!(
+                        "`{}` reduces in two dependent rounds, which reduce-scatter/all-gather cannot split",
+                        group.compressor
+                    ),
+                ));
+            }
             let aggregation = group.aggregation();
             if !group
                 .compressor

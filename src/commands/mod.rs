@@ -1,16 +1,22 @@
 //! Dispatch from parsed arguments to the command implementations, and exit codes.
 
 mod collective;
+mod exec;
 mod list;
 mod profile;
 mod simulate;
 mod tune;
+mod validate;
 
 use crate::cli::{Cli, Command};
 
-/// Exit code for a failed command: 1 for errors (bad input, failed runs).
-pub fn exit_code(_err: &anyhow::Error) -> u8 {
-    1
+/// Exit code for a failed command: 3 when a GPU was needed and none is usable, 1 for other
+/// errors (bad input, failed runs).
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    match err.downcast_ref::<syncopate_exec::ExecError>() {
+        Some(syncopate_exec::ExecError::NoGpu { .. }) => 3,
+        _ => 1,
+    }
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -20,6 +26,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tune(args) => tune::run(&args),
         Command::Profile(args) => profile::run(&args),
         Command::List { what } => list::run(what),
+        Command::Exec(args) => exec::run(&args),
+        Command::Validate(args) => validate::run(&args),
     }
 }
 

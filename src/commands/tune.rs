@@ -16,7 +16,15 @@ use syncopate_sim::topology::Cluster;
 
 /// Compressors `--compressor auto` considers: the casts, the low-rank, sparsifying and sign
 /// families, each with the memory its authors use.
-const AUTO: &[&str] = &["fp16", "powersgd:4", "dgc:0.01", "topk:0.01", "efsignsgd", "onebit", "qsgd:256"];
+const AUTO: &[&str] = &[
+    "fp16",
+    "powersgd:4",
+    "dgc:0.01",
+    "topk:0.01",
+    "efsignsgd",
+    "onebit",
+    "qsgd:256",
+];
 
 #[derive(Serialize)]
 struct BaselineJson {
@@ -43,7 +51,10 @@ struct Report<'a> {
 fn default_memory(compressor: Compressor) -> Memory {
     match compressor {
         Compressor::None | Compressor::Fp16 | Compressor::Bf16 | Compressor::Fp8(_) => Memory::None,
-        Compressor::Qsgd { .. } | Compressor::TernGrad | Compressor::Natural | Compressor::RandomK { .. } => Memory::None,
+        Compressor::Qsgd { .. }
+        | Compressor::TernGrad
+        | Compressor::Natural
+        | Compressor::RandomK { .. } => Memory::None,
         Compressor::EfSignSgd => Memory::EfSignSgd { lr: 0.1 },
         Compressor::Dgc { .. } => "dgc".parse().expect("the catalog's own spec"),
         _ => Memory::Residual,
@@ -79,7 +90,10 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let space: SearchSpace = args.search.parse()?;
     let compressors = choices(args)?;
     if space != SearchSpace::Fusion && compressors.is_empty() {
-        anyhow::bail!("--search {} chooses compressors: pass --compressor SPEC or --compressor auto", args.search);
+        anyhow::bail!(
+            "--search {} chooses compressors: pass --compressor SPEC or --compressor auto",
+            args.search
+        );
     }
     let base = Scenario::resolve(model, cluster)?;
     let request = TuneRequest {
@@ -89,7 +103,9 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     };
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        bar.set_style(ProgressStyle::with_template("{spinner} {pos} plans evaluated ({per_sec}) {elapsed}")?);
+        bar.set_style(ProgressStyle::with_template(
+            "{spinner} {pos} plans evaluated ({per_sec}) {elapsed}",
+        )?);
         bar
     } else {
         ProgressBar::hidden()
@@ -134,7 +150,12 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
                 println!("{:<28} {:>12.3}", b.strategy, b.iteration_time_ms);
             }
             println!("{:<28} {:>12.3}", "lower bound", report.lower_bound_ms);
-            let compressed = result.plan.groups.iter().filter(|g| g.compressor != Compressor::None).count();
+            let compressed = result
+                .plan
+                .groups
+                .iter()
+                .filter(|g| g.compressor != Compressor::None)
+                .count();
             println!(
                 "tuned plan: {} groups, {compressed} compressed; {} plans evaluated in {:.0} ms",
                 result.plan.groups.len(),

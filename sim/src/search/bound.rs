@@ -18,7 +18,8 @@ const LARGE: u64 = 4 << 30;
 pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
     let model = &scenario.model;
     let compute = SimTime::from_us(
-        (model.forward_time().as_us() + model.backward_time().as_us() + model.optimizer_us) * scenario.compute_scale,
+        (model.forward_time().as_us() + model.backward_time().as_us() + model.optimizer_us)
+            * scenario.compute_scale,
     );
     let world = scenario.cluster.world_size();
     if world == 1 {
@@ -26,16 +27,26 @@ pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
     }
     let group = RankGroup::world(&scenario.cluster);
     let slope = |op: Op| -> Result<f64> {
-        let once = collective::estimate(&scenario.cluster, op, LARGE, group)?.time.as_ns() as f64;
-        let twice = collective::estimate(&scenario.cluster, op, 2 * LARGE, group)?.time.as_ns() as f64;
+        let once = collective::estimate(&scenario.cluster, op, LARGE, group)?
+            .time
+            .as_ns() as f64;
+        let twice = collective::estimate(&scenario.cluster, op, 2 * LARGE, group)?
+            .time
+            .as_ns() as f64;
         Ok((twice - once) / LARGE as f64)
     };
     let (allreduce, allgather) = (slope(Op::Allreduce)?, slope(Op::Allgather)?);
     // Servers colocated with every node move the fewest bytes a parameter server can.
     let ps = {
         let cluster = &scenario.cluster;
-        let once = collective::ps_push_pull(cluster, LARGE, cluster.nodes, ServerPlacement::Colocated)?;
-        let twice = collective::ps_push_pull(cluster, 2 * LARGE, cluster.nodes, ServerPlacement::Colocated)?;
+        let once =
+            collective::ps_push_pull(cluster, LARGE, cluster.nodes, ServerPlacement::Colocated)?;
+        let twice = collective::ps_push_pull(
+            cluster,
+            2 * LARGE,
+            cluster.nodes,
+            ServerPlacement::Colocated,
+        )?;
         (twice.time.as_ns() as f64 - once.time.as_ns() as f64) / LARGE as f64
     };
     let payload_ns = |bytes: u64, aggregation: Aggregation| match aggregation {

@@ -88,7 +88,11 @@ fn neighbours(plan: &Plan, choices: &[Choice], space: SearchSpace) -> Vec<Plan> 
                 p.groups[i].compressor = compressor;
                 p.groups[i].memory = memory;
                 // A compressor that cannot use the group's scheme is no neighbour.
-                if p.groups[i].compressor.allowed_aggregations().contains(&p.groups[i].aggregation()) {
+                if p.groups[i]
+                    .compressor
+                    .allowed_aggregations()
+                    .contains(&p.groups[i].aggregation())
+                {
                     moves.push(p);
                 }
             }

@@ -42,7 +42,11 @@ impl std::str::FromStr for SearchSpace {
             "fusion" => Ok(SearchSpace::Fusion),
             "compression" => Ok(SearchSpace::Compression),
             "all" => Ok(SearchSpace::All),
-            _ => Err(SimError::bad_value("--search", text, "valid: fusion, compression, all")),
+            _ => Err(SimError::bad_value(
+                "--search",
+                text,
+                "valid: fusion, compression, all",
+            )),
         }
     }
 }
@@ -103,10 +107,16 @@ impl Search<'_> {
 
 /// The fastest of scored plans; ties go to the earliest, so searches are deterministic.
 fn fastest(scored: Vec<(Plan, SimTime)>) -> Option<(Plan, SimTime)> {
-    scored.into_iter().reduce(|best, next| if next.1 < best.1 { next } else { best })
+    scored
+        .into_iter()
+        .reduce(|best, next| if next.1 < best.1 { next } else { best })
 }
 
-pub fn tune(base: &Scenario, request: &TuneRequest, progress: &(dyn Fn(u64) + Sync)) -> Result<TuneResult> {
+pub fn tune(
+    base: &Scenario,
+    request: &TuneRequest,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<TuneResult> {
     let search = Search {
         base,
         evaluated: AtomicU64::new(0),
@@ -191,7 +201,15 @@ fn baselines(base: &Scenario, request: &TuneRequest, uniform: Option<Choice>) ->
         memory,
         ..request.options
     };
-    let mut strategies = vec!["wfbp", "horovod", "ddp", "mgwfbp", "dear", "bytescheduler", "byteps"];
+    let mut strategies = vec![
+        "wfbp",
+        "horovod",
+        "ddp",
+        "mgwfbp",
+        "dear",
+        "bytescheduler",
+        "byteps",
+    ];
     if base.cluster.nodes > 1 {
         strategies.push("ps");
     }
@@ -217,7 +235,7 @@ fn baselines(base: &Scenario, request: &TuneRequest, uniform: Option<Choice>) ->
 }
 
 /// Plan-order plan of contiguous groups, each with its own compressor choice.
-pub(crate) fn contiguous_plan(base: &Scenario, groups: Vec<(Vec<usize>, Choice)>) -> Plan {
+pub fn contiguous_plan(base: &Scenario, groups: Vec<(Vec<usize>, Choice)>) -> Plan {
     let groups = groups
         .into_iter()
         .enumerate()
@@ -236,7 +254,11 @@ pub(crate) fn contiguous_plan(base: &Scenario, groups: Vec<(Vec<usize>, Choice)>
 
 /// Golden-section search, in log space between 1 MiB and 1 GiB, of each fusing strategy's
 /// threshold (Horovod's fusion buffer, DDP's bucket cap, DeAR's threshold).
-fn thresholds(search: &Search, request: &TuneRequest, uniform: Option<Choice>) -> Result<Vec<(Plan, SimTime)>> {
+fn thresholds(
+    search: &Search,
+    request: &TuneRequest,
+    uniform: Option<Choice>,
+) -> Result<Vec<(Plan, SimTime)>> {
     const STEPS: usize = 12;
     let (compressor, memory) = uniform.unwrap_or((Compressor::None, Memory::None));
     let strategies: [(&str, fn(&mut StrategyOptions, u64)); 3] = [
@@ -258,7 +280,10 @@ fn thresholds(search: &Search, request: &TuneRequest, uniform: Option<Choice>) -
             plan.strategy = format!("{name} (threshold {:.1} MiB)", log_bytes.exp2() / 1048576.0);
             Ok(plan)
         };
-        if plan_at(20.0)?.validate("threshold search", &search.base.model).is_err() {
+        if plan_at(20.0)?
+            .validate("threshold search", &search.base.model)
+            .is_err()
+        {
             continue;
         }
         let golden = (5f64.sqrt() - 1.0) / 2.0;

@@ -1,0 +1,249 @@
+//! `--check`: compares every rank's aggregated gradient with the compressor's CPU reference aggregation of all ranks' inputs, and with their exact sum.
+//!
+//! The reference replays the same codecs (same seeds, so the same stochastic choices and state)
+//! on every rank's compression input, centrally and in rank order. A transport bug (a lost or
+//! misplaced chunk, a wrong peer) shows up as a difference from it; the only legitimate
+//! difference is the summation order of the ring, bounded by the wire type's rounding.
+
+use super::layout::Layout;
+use crate::compress::{aggregate, Codec};
+use crate::error::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use syncopate_sim::compress::{Aggregation, Compressor, Fp8Format};
+
+/// What `--check` found for one group over every checked iteration and piece.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupCheck {
+    pub group: usize,
+    pub compressor: String,
+    pub checked: u32,
+    /// Largest |result − reference| / max |reference| over ranks, pieces and iterations.
+    pub max_error_vs_reference: f64,
+    pub tolerance_vs_reference: f64,
+    /// Largest ‖result − Σ inputs‖₂ / ‖Σ inputs‖₂: the compressor's own loss.
+    pub max_error_vs_sum: f64,
+    /// Bound on the loss for the precision casts; sparsifiers and quantizers drop information by
+    /// design and are judged against the reference only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tolerance_vs_sum: Option<f64>,
+    pub ok: bool,
+}
+
+struct PieceCheck {
+    codecs: Vec<Box<dyn Codec>>,
+    server: Box<dyn Codec>,
+    /// Per iteration, each rank's input and result: a fast rank may encode the next iteration
+    /// before a slow one has decoded this one.
+    inputs: BTreeMap<u32, Vec<Option<Vec<f32>>>>,
+    results: BTreeMap<u32, Vec<Option<Vec<f32>>>>,
+    /// The parameter server's rank for this piece.
+    server_rank: usize,
+}
+
+/// Collects inputs and results from every rank and checks each piece once all ranks reported.
+pub struct Checker {
+    world: usize,
+    pieces: Vec<Mutex<PieceCheck>>,
+    groups: Mutex<Vec<GroupCheck>>,
+}
+
+impl Checker {
+    pub fn new(layout: &Layout, world: u32) -> Checker {
+        let world = world as usize;
+        let pieces = (0..layout.pieces.len())
+            .map(|i| {
+                Mutex::new(PieceCheck {
+                    codecs: (0..world as u32)
+                        .map(|r| layout.codec(i, Some(r)))
+                        .collect(),
+                    server: layout.codec(i, None),
+                    inputs: BTreeMap::new(),
+                    results: BTreeMap::new(),
+                    server_rank: ps_server(layout.pieces[i].group, world),
+                })
+            })
+            .collect();
+        let mut groups: Vec<GroupCheck> = Vec::new();
+        for piece in &layout.pieces {
+            if groups.len() == piece.group {
+                groups.push(GroupCheck {
+                    group: piece.group,
+                    compressor: piece.compressor.to_string(),
+                    checked: 0,
+                    max_error_vs_reference: 0.0,
+                    tolerance_vs_reference: reference_tolerance(&piece.compressor, world),
+                    max_error_vs_sum: 0.0,
+                    tolerance_vs_sum: sum_tolerance(&piece.compressor, world),
+                    ok: true,
+                });
+            }
+        }
+        Checker {
+            world,
+            pieces,
+            groups: Mutex::new(groups),
+        }
+    }
+
+    /// Rank `rank`'s compression input (after error feedback) of piece `index`.
+    pub fn input(&self, index: usize, rank: u32, iteration: u32, input: &[f32]) {
+        let mut piece = self.pieces[index].lock().expect("a checker lock");
+        piece
+            .inputs
+            .entry(iteration)
+            .or_insert_with(|| vec![None; self.world])[rank as usize] = Some(input.to_vec());
+    }
+
+    /// Rank `rank`'s aggregated result of piece `index`; the last rank to report runs the check.
+    pub fn result(
+        &self,
+        index: usize,
+        group: usize,
+        aggregation: Aggregation,
+        rank: u32,
+        iteration: u32,
+        result: &[f32],
+    ) -> Result<()> {
+        let mut piece = self.pieces[index].lock().expect("a checker lock");
+        let results = piece
+            .results
+            .entry(iteration)
+            .or_insert_with(|| vec![None; self.world]);
+        results[rank as usize] = Some(result.to_vec());
+        if results.iter().any(Option::is_none) {
+            return Ok(());
+        }
+        let results: Vec<Vec<f32>> = piece
+            .results
+            .remove(&iteration)
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+            .collect();
+        // Every rank encoded before any rank could decode, so all inputs are in.
+        let inputs: Vec<Vec<f32>> = piece
+            .inputs
+            .remove(&iteration)
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+            .collect();
+        let reference = reference(&mut piece, aggregation, &inputs)?;
+        let mut sum = vec![0.0f64; inputs[0].len()];
+        for input in &inputs {
+            for (s, &x) in sum.iter_mut().zip(input) {
+                *s += f64::from(x);
+            }
+        }
+        let scale = reference
+            .iter()
+            .flatten()
+            .fold(0.0f64, |m, &x| m.max(f64::from(x).abs()))
+            .max(f64::MIN_POSITIVE);
+        let sum_norm = sum
+            .iter()
+            .map(|s| s * s)
+            .sum::<f64>()
+            .sqrt()
+            .max(f64::MIN_POSITIVE);
+        let mut groups = self.groups.lock().expect("a checker lock");
+        let report = &mut groups[group];
+        for (result, reference) in results.iter().zip(&reference) {
+            let vs_reference = result
+                .iter()
+                .zip(reference)
+                .fold(0.0f64, |m, (&a, &b)| m.max(f64::from(a - b).abs()))
+                / scale;
+            let vs_sum = result
+                .iter()
+                .zip(&sum)
+                .map(|(&a, &s)| (f64::from(a) - s).powi(2))
+                .sum::<f64>()
+                .sqrt()
+                / sum_norm;
+            report.max_error_vs_reference = report.max_error_vs_reference.max(vs_reference);
+            report.max_error_vs_sum = report.max_error_vs_sum.max(vs_sum);
+        }
+        report.checked += 1;
+        report.ok = report.max_error_vs_reference <= report.tolerance_vs_reference
+            && report
+                .tolerance_vs_sum
+                .is_none_or(|t| report.max_error_vs_sum <= t);
+        Ok(())
+    }
+
+    pub fn report(&self) -> Vec<GroupCheck> {
+        self.groups.lock().expect("a checker lock").clone()
+    }
+}
+
+/// The rank serving a group's parameter-server shard: groups spread round-robin over ranks.
+pub fn ps_server(group: usize, world: usize) -> usize {
+    group % world
+}
+
+/// Every rank's expected result, computed centrally with the reference codecs.
+fn reference(
+    piece: &mut PieceCheck,
+    aggregation: Aggregation,
+    inputs: &[Vec<f32>],
+) -> Result<Vec<Vec<f32>>> {
+    let n = inputs[0].len();
+    let mut outs = vec![vec![0.0f32; n]; inputs.len()];
+    match aggregation {
+        Aggregation::Allreduce | Aggregation::Allgather => {
+            let grads: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+            aggregate(&mut piece.codecs, &grads, &mut outs)?;
+        }
+        Aggregation::ParameterServer => {
+            // The server decodes every pushed payload with its worker codec, re-encodes the sum
+            // with the server codec, and every rank decodes that one payload.
+            let mut payloads = vec![Vec::new(); inputs.len()];
+            for ((codec, input), payload) in piece.codecs.iter_mut().zip(inputs).zip(&mut payloads)
+            {
+                codec.encode(input, payload)?;
+            }
+            let mut sum = vec![0.0f32; n];
+            let s = piece.server_rank;
+            for payload in &payloads {
+                piece.codecs[s].decode_add(payload, &mut sum)?;
+            }
+            let mut pulled = Vec::new();
+            piece.server.encode(&sum, &mut pulled)?;
+            for (codec, out) in piece.codecs.iter_mut().zip(&mut outs) {
+                codec.decode_add(&pulled, out)?;
+            }
+        }
+    }
+    Ok(outs)
+}
+
+/// Summation-order slack: a ring adds p payloads in another order than the reference, each
+/// addition rounding to the wire type (unit roundoff u), so results may differ by about p·u of
+/// the largest value. PowerSGD orthogonalizes the reduced P, which can amplify that a little.
+fn reference_tolerance(c: &Compressor, world: usize) -> f64 {
+    let p = world as f64;
+    match c {
+        Compressor::Fp16 => 2.0 * p * 2f64.powi(-11),
+        Compressor::Bf16 => 2.0 * p * 2f64.powi(-8),
+        Compressor::PowerSgd { .. } => 1e-3,
+        _ => 4.0 * p * 2f64.powi(-24),
+    }
+}
+
+/// Relative L2 loss of the precision casts: each of p inputs is rounded once (relative error
+/// u) and the sum of p rounded values is rounded at most p more times.
+fn sum_tolerance(c: &Compressor, world: usize) -> Option<f64> {
+    let p = world as f64;
+    let u = match c {
+        Compressor::None => 2f64.powi(-24),
+        Compressor::Fp16 => 2f64.powi(-11),
+        Compressor::Bf16 => 2f64.powi(-8),
+        Compressor::Fp8(Fp8Format::E4m3) => 2f64.powi(-4),
+        Compressor::Fp8(Fp8Format::E5m2) => 2f64.powi(-3),
+        _ => return None,
+    };
+    Some(2.0 * p * u)
+}

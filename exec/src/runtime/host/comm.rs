@@ -1,0 +1,264 @@
+//! In-process collectives: a full mesh of channels per communication stream carrying the real wire bytes, with ring allreduce (reduce-scatter + allgather), ring allgather and parameter-server push/pull on top.
+
+use crate::compress::Codec;
+use crate::error::{ExecError, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+/// How often a blocked receive looks at the abort flag.
+const POLL: Duration = Duration::from_millis(20);
+
+/// One rank's end of one stream's mesh.
+pub struct Mesh {
+    pub rank: u32,
+    pub world: u32,
+    tx: Vec<Option<Sender<Vec<u8>>>>,
+    rx: Vec<Option<Receiver<Vec<u8>>>>,
+    pub timeout: Duration,
+}
+
+/// Builds `streams` meshes of `world` ranks: `result[stream][rank]`.
+pub fn meshes(streams: u32, world: u32, timeout: Duration) -> Vec<Vec<Mesh>> {
+    (0..streams)
+        .map(|_| {
+            let mut ends: Vec<Mesh> = (0..world)
+                .map(|rank| Mesh {
+                    rank,
+                    world,
+                    tx: (0..world).map(|_| None).collect(),
+                    rx: (0..world).map(|_| None).collect(),
+                    timeout,
+                })
+                .collect();
+            for from in 0..world as usize {
+                for to in 0..world as usize {
+                    if from != to {
+                        let (tx, rx) = channel();
+                        ends[from].tx[to] = Some(tx);
+                        ends[to].rx[from] = Some(rx);
+                    }
+                }
+            }
+            ends
+        })
+        .collect()
+}
+
+impl Mesh {
+    fn next(&self) -> usize {
+        (self.rank as usize + 1) % self.world as usize
+    }
+
+    fn prev(&self) -> usize {
+        (self.rank as usize + self.world as usize - 1) % self.world as usize
+    }
+
+    fn send(&self, to: usize, bytes: Vec<u8>) -> Result<()> {
+        let tx = self.tx[to].as_ref().expect("no channel to oneself");
+        tx.send(bytes).map_err(|_| ExecError::Rank {
+            rank: to as u32,
+            message: format!("exited while rank {} was sending to it", self.rank),
+        })
+    }
+
+    /// Receives from `from`, giving up after the timeout or when another rank aborted.
+    fn recv(&self, from: usize, abort: &AtomicBool, what: &str) -> Result<Vec<u8>> {
+        let rx = self.rx[from].as_ref().expect("no channel from oneself");
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if abort.load(Ordering::Relaxed) {
+                return Err(ExecError::Rank {
+                    rank: self.rank,
+                    message: format!("aborted during {what}: another rank failed"),
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ExecError::Timeout {
+                    rank: from as u32,
+                    waiting: self.rank,
+                    what: what.to_string(),
+                    seconds: self.timeout.as_secs_f64(),
+                });
+            }
+            match rx.recv_timeout(left.min(POLL)) {
+                Ok(bytes) => return Ok(bytes),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(ExecError::Rank {
+                        rank: from as u32,
+                        message: format!("exited while rank {} waited for {what}", self.rank),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Chunk `c` of `world` over `elements` elements of `element` bytes, as a byte range.
+    fn chunk(&self, c: usize, elements: usize, element: usize) -> std::ops::Range<usize> {
+        let w = self.world as usize;
+        (elements * c / w) * element..(elements * (c + 1) / w) * element
+    }
+
+    /// Ring allreduce in the wire type: reduce-scatter then allgather, 2(p−1) steps of 1/p of
+    /// the payload each, summing with the codec's `sum_into`.
+    pub fn allreduce(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        codec: &dyn Codec,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        self.reduce_scatter(payload, element, codec, abort)?;
+        self.allgather_chunks(payload, element, abort)
+    }
+
+    /// After it, rank r holds the full sum of chunk (r + 1) mod p.
+    pub fn reduce_scatter(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        codec: &dyn Codec,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let (w, r) = (self.world as usize, self.rank as usize);
+        let elements = payload.len() / element;
+        for step in 0..w - 1 {
+            let send = self.chunk((r + w - step) % w, elements, element);
+            let recv = self.chunk((r + 2 * w - step - 1) % w, elements, element);
+            self.send(self.next(), payload[send].to_vec())?;
+            let other = self.recv(self.prev(), abort, "a reduce-scatter chunk")?;
+            codec.sum_into(&mut payload[recv], &other)?;
+        }
+        Ok(())
+    }
+
+    /// The allgather half of the ring allreduce: circulates the reduced chunks.
+    pub fn allgather_chunks(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let (w, r) = (self.world as usize, self.rank as usize);
+        let elements = payload.len() / element;
+        for step in 0..w - 1 {
+            let send = self.chunk((r + 1 + w - step) % w, elements, element);
+            let recv = self.chunk((r + w - step) % w, elements, element);
+            self.send(self.next(), payload[send].to_vec())?;
+            let other = self.recv(self.prev(), abort, "an allgather chunk")?;
+            payload[recv].copy_from_slice(&other);
+        }
+        Ok(())
+    }
+
+    /// Ring allgather of payloads of any length (threshold's is data-dependent): returns every
+    /// rank's payload in rank order.
+    pub fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>> {
+        let (w, r) = (self.world as usize, self.rank as usize);
+        let mut blocks: Vec<Vec<u8>> = vec![Vec::new(); w];
+        blocks[r] = mine;
+        for step in 0..w - 1 {
+            let send = (r + w - step) % w;
+            let recv = (r + 2 * w - step - 1) % w;
+            self.send(self.next(), blocks[send].clone())?;
+            blocks[recv] = self.recv(self.prev(), abort, "an allgather block")?;
+        }
+        Ok(blocks)
+    }
+
+    /// Parameter-server push/pull with the server on rank `server`: workers push their payload,
+    /// the server decodes them in rank order with its worker codec, re-encodes the sum with
+    /// `server_codec` and every rank pulls that payload. Returns the pulled payload.
+    pub fn push_pull(
+        &self,
+        mine: Vec<u8>,
+        server: usize,
+        codec: &mut dyn Codec,
+        server_codec: &mut dyn Codec,
+        numel: usize,
+        abort: &AtomicBool,
+    ) -> Result<Vec<u8>> {
+        let r = self.rank as usize;
+        if r != server {
+            self.send(server, mine)?;
+            return self.recv(server, abort, "the parameter server's pull");
+        }
+        let mut sum = vec![0.0f32; numel];
+        for from in 0..self.world as usize {
+            if from == r {
+                codec.decode_add(&mine, &mut sum)?;
+            } else {
+                let pushed = self.recv(from, abort, "a parameter-server push")?;
+                codec.decode_add(&pushed, &mut sum)?;
+            }
+        }
+        let mut pulled = Vec::new();
+        server_codec.encode(&sum, &mut pulled)?;
+        for to in (0..self.world as usize).filter(|&to| to != r) {
+            self.send(to, pulled.clone())?;
+        }
+        Ok(pulled)
+    }
+
+    /// Broadcast from `root` (used to time the channels in the host profile).
+    pub fn broadcast(&self, payload: &mut Vec<u8>, root: usize, abort: &AtomicBool) -> Result<()> {
+        if self.rank as usize == root {
+            for to in (0..self.world as usize).filter(|&to| to != root) {
+                self.send(to, payload.clone())?;
+            }
+        } else {
+            *payload = self.recv(root, abort, "a broadcast")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::codec_for;
+    use syncopate_sim::compress::Compressor;
+
+    #[test]
+    fn ring_allreduce_sums_uneven_chunks() {
+        let world = 3;
+        let abort = AtomicBool::new(false);
+        let ends = meshes(1, world, Duration::from_secs(5)).pop().unwrap();
+        let results: Vec<Vec<f32>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ends
+                .into_iter()
+                .map(|mesh| {
+                    let abort = &abort;
+                    scope.spawn(move || {
+                        let codec = codec_for(&Compressor::None, 0);
+                        let values: Vec<f32> =
+                            (0..7).map(|i| (i * (mesh.rank + 1)) as f32).collect();
+                        let mut bytes: Vec<u8> =
+                            values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                        mesh.allreduce(&mut bytes, 4, &*codec, abort).unwrap();
+                        bytes
+                            .chunks(4)
+                            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                            .collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            assert_eq!(r, (0..7).map(|i| (6 * i) as f32).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_silent_peer_times_out_naming_it() {
+        let abort = AtomicBool::new(false);
+        let mut ends = meshes(1, 2, Duration::from_millis(100)).pop().unwrap();
+        let silent = ends.pop().unwrap();
+        let err = ends[0].allgather(vec![1], &abort).unwrap_err();
+        assert!(err.to_string().contains("rank 1 did not answer"), "{err}");
+        drop(silent);
+    }
+}

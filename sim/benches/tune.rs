@@ -1,0 +1,84 @@
+//! Search speed: plan evaluations per second for resnet50 on 64 GPUs (v100-10gbe, 16 nodes of
+//! 4; one thread, the candidates a fusion search scores), and a whole `tune --search all
+//! --compressor auto` of bert-large on 64 GPUs (both cores).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use std::hint::black_box;
+use syncopate_sim::compress::{Compressor, Memory};
+use syncopate_sim::evaluate::Evaluator;
+use syncopate_sim::model::ModelProfile;
+use syncopate_sim::plan::Plan;
+use syncopate_sim::scenario::Scenario;
+use syncopate_sim::search::{contiguous_plan, tune, SearchSpace, TuneRequest};
+use syncopate_sim::strategy::{GroupingRule, Strategy, StrategyOptions};
+use syncopate_sim::topology::{Cluster, ClusterOverrides};
+
+fn base(model: &str) -> Scenario {
+    let model = ModelProfile::load(model).unwrap();
+    let cluster = Cluster::load("v100-10gbe", ClusterOverrides::default()).unwrap();
+    assert_eq!(cluster.world_size(), 64);
+    Scenario::resolve(model, cluster).unwrap()
+}
+
+/// The plans a fusion search scores most: contiguous groupings of every count.
+fn candidates(base: &Scenario) -> Vec<Plan> {
+    let n = base.model.num_tensors();
+    (1..=n)
+        .map(|count| {
+            let strategy = Strategy::FixedGroups {
+                count,
+                rule: GroupingRule::Bytes,
+            };
+            let plan = strategy.plan(base, &StrategyOptions::default()).unwrap();
+            let groups = plan
+                .groups
+                .into_iter()
+                .map(|g| (g.tensors, (Compressor::None, Memory::None)))
+                .collect();
+            contiguous_plan(base, groups)
+        })
+        .collect()
+}
+
+fn search(c: &mut Criterion) {
+    let resnet = base("resnet50");
+    let plans = candidates(&resnet);
+    let mut group = c.benchmark_group("resnet50/64xV100");
+    group.throughput(Throughput::Elements(plans.len() as u64));
+    group.bench_function("plan-evaluations", |b| {
+        let mut evaluator = Evaluator::new(resnet.clone());
+        b.iter(|| {
+            for plan in &plans {
+                black_box(evaluator.iteration_time(plan).unwrap());
+            }
+        })
+    });
+    group.finish();
+
+    let bert = base("bert-large");
+    let request = TuneRequest {
+        space: SearchSpace::All,
+        compressors: [
+            "fp16",
+            "powersgd:4",
+            "dgc:0.01",
+            "topk:0.01",
+            "efsignsgd",
+            "onebit",
+            "qsgd:256",
+        ]
+        .iter()
+        .map(|s| (s.parse().unwrap(), Memory::Residual))
+        .collect(),
+        options: StrategyOptions::default(),
+    };
+    let mut group = c.benchmark_group("bert-large/64xV100");
+    group.sample_size(10);
+    group.bench_function("tune-search-all-auto", |b| {
+        b.iter(|| tune(black_box(&bert), &request, &|_| {}).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, search);
+criterion_main!(benches);

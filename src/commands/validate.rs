@@ -1,0 +1,222 @@
+//! `syncopate validate`: runs a plan for real and simulates the same scenario with this machine's profiles, then reports predicted vs measured.
+
+use crate::cli::{ExecBackend, Format, ValidateArgs};
+use std::collections::BTreeMap;
+use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
+use syncopate_exec::runtime;
+use syncopate_sim::device::DeviceProfile;
+use syncopate_sim::plan::Plan;
+use syncopate_sim::simulate::{simulate, SimOptions};
+use syncopate_sim::topology::{Cluster, ClusterOverrides};
+use syncopate_sim::trace::Trace;
+use syncopate_sim::SimError;
+
+/// One task kind's mean duration per measured iteration, predicted and measured.
+#[derive(Debug, serde::Serialize)]
+struct TaskRow {
+    task: String,
+    predicted_us: f64,
+    measured_us: f64,
+    error: f64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    model: String,
+    backend: &'static str,
+    world_size: u32,
+    cluster: String,
+    device: String,
+    predicted_iteration_ms: f64,
+    measured_iteration_ms: f64,
+    /// (predicted − measured) / measured.
+    error: f64,
+    predicted_compute_ms: f64,
+    measured_compute_ms: f64,
+    predicted_comm_ms: f64,
+    measured_comm_ms: f64,
+    largest_tasks: Vec<TaskRow>,
+}
+
+pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
+    let run = &args.run;
+    let cluster = machine_cluster(args)?;
+    let scenario = super::exec::scenario(run, cluster)?;
+    let (options, backend) = super::exec::options(run, false)?;
+    let (graph, measured) = runtime::execute(backend, &scenario, &options)?;
+    let backend_name = super::exec::backend_name(run.backend);
+    let summary = measured.summary(&scenario, &graph, &options, backend_name);
+    let measured_trace = Trace::from_records(
+        &scenario,
+        &graph,
+        &measured.records,
+        serde_json::to_value(&summary)?,
+    );
+    let sim_options = SimOptions {
+        warmup: options.warmup,
+        iterations: Some(options.iterations),
+        trace_ranks: 1,
+        ..SimOptions::default()
+    };
+    let predicted = simulate(&scenario, &sim_options)?;
+    let predicted_trace = predicted.trace.as_ref().expect("a trace was asked for");
+    let error = |p: f64, m: f64| if m > 0.0 { (p - m) / m } else { 0.0 };
+    let p = &predicted.summary;
+    let report = Report {
+        model: scenario.model.name.clone(),
+        backend: backend_name,
+        world_size: scenario.cluster.world_size(),
+        cluster: scenario.cluster.name.clone(),
+        device: scenario.device.name.clone(),
+        predicted_iteration_ms: p.iteration_time_ms,
+        measured_iteration_ms: summary.iteration_time_ms,
+        error: error(p.iteration_time_ms, summary.iteration_time_ms),
+        predicted_compute_ms: p.compute_ms,
+        measured_compute_ms: summary.compute_ms,
+        predicted_comm_ms: p.comm_ms,
+        measured_comm_ms: summary.comm_ms,
+        largest_tasks: task_rows(predicted_trace, &measured_trace, options.warmup, args.top),
+    };
+    match args.format {
+        Format::Json => super::print_json(&report),
+        Format::Text => {
+            print_report(&report);
+            Ok(())
+        }
+    }
+}
+
+/// The machine's cluster: a file given with --cluster (its device optionally replaced by
+/// --device-profile), or for the host one measured now on the run's thread-ranks.
+fn machine_cluster(args: &ValidateArgs) -> anyhow::Result<Cluster> {
+    let mut cluster = match (&args.cluster, args.run.backend) {
+        (Some(name), _) => Cluster::load(name, ClusterOverrides::default())?,
+        (None, ExecBackend::Cuda) => {
+            return Err(SimError::bad_value(
+                "--cluster",
+                "(none)",
+                "validate --backend cuda needs this machine's cluster file (from `syncopate profile --backend cuda`)",
+            )
+            .into())
+        }
+        (None, ExecBackend::Host) => {
+            let device = match &args.device_profile {
+                Some(path) => path.clone(),
+                None => measure_host_device(args)?,
+            };
+            let memory = DeviceProfile::load(&device)?.memory_bandwidth_gbytes_per_s;
+            let cluster = super::profile::host_cluster("host", &device, args.run.ranks, 5, memory)?;
+            // Validate what was measured by loading it the way the simulator does.
+            let path = scratch_file("cluster.json");
+            std::fs::write(&path, serde_json::to_string(&cluster)?)?;
+            Cluster::load(&path.to_string_lossy(), ClusterOverrides::default())?
+        }
+    };
+    if let Some(device) = &args.device_profile {
+        let profile = DeviceProfile::load(device)?;
+        cluster.device = device.clone();
+        cluster.device_memory_gbytes_per_s = profile.memory_bandwidth_gbytes_per_s;
+    }
+    Ok(cluster)
+}
+
+/// Profiles the plan's compressors on this CPU at small sizes; returns the profile's path.
+fn measure_host_device(args: &ValidateArgs) -> anyhow::Result<String> {
+    let plan = Plan::load(&args.run.plan.to_string_lossy())?;
+    let mut specs: Vec<String> = plan
+        .groups
+        .iter()
+        .map(|g| g.compressor.to_string())
+        .collect();
+    specs.push("none".into());
+    specs.sort();
+    specs.dedup();
+    let profile = profile_host(&HostProfileOptions {
+        name: "host".into(),
+        sizes: (10..=16).step_by(2).map(|p| 1usize << p).collect(),
+        repeats: 3,
+        compressors: specs,
+    })?;
+    let path = scratch_file("device.json");
+    std::fs::write(&path, serde_json::to_string(&profile)?)?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
+fn scratch_file(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("syncopate-validate-{}", std::process::id()));
+    // A failure shows up when the file is written.
+    let _ = std::fs::create_dir_all(&dir);
+    dir.join(name)
+}
+
+/// Mean duration per measured iteration of each task name on rank 0, in µs.
+fn task_means(trace: &Trace, warmup: u32) -> BTreeMap<String, f64> {
+    let mut sums: BTreeMap<String, (f64, u32)> = BTreeMap::new();
+    for event in &trace.trace_events {
+        let iteration = event.args.get("iteration").and_then(|i| i.as_u64());
+        if event.ph != "X" || event.pid != 0 || iteration.is_none_or(|i| i < u64::from(warmup)) {
+            continue;
+        }
+        let entry = sums.entry(event.name.clone()).or_default();
+        entry.0 += event.dur;
+        entry.1 += 1;
+    }
+    sums.into_iter()
+        .map(|(k, (s, n))| (k, s / f64::from(n)))
+        .collect()
+}
+
+fn task_rows(predicted: &Trace, measured: &Trace, warmup: u32, top: usize) -> Vec<TaskRow> {
+    let predicted = task_means(predicted, warmup);
+    let mut rows: Vec<TaskRow> = task_means(measured, warmup)
+        .into_iter()
+        .filter_map(|(task, measured_us)| {
+            let predicted_us = *predicted.get(&task)?;
+            Some(TaskRow {
+                error: if measured_us > 0.0 {
+                    (predicted_us - measured_us) / measured_us
+                } else {
+                    0.0
+                },
+                task,
+                predicted_us: (predicted_us * 1e3).round() / 1e3,
+                measured_us: (measured_us * 1e3).round() / 1e3,
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| b.measured_us.total_cmp(&a.measured_us));
+    rows.truncate(top);
+    rows
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "{} on the {} backend, {} ranks (cluster {}, device {})",
+        r.model, r.backend, r.world_size, r.cluster, r.device
+    );
+    println!("                     predicted     measured");
+    println!(
+        "  iteration time  {:>12.3} {:>12.3} ms   error {:+.1} %",
+        r.predicted_iteration_ms,
+        r.measured_iteration_ms,
+        r.error * 100.0
+    );
+    println!(
+        "  compute         {:>12.3} {:>12.3} ms",
+        r.predicted_compute_ms, r.measured_compute_ms
+    );
+    println!(
+        "  communication   {:>12.3} {:>12.3} ms",
+        r.predicted_comm_ms, r.measured_comm_ms
+    );
+    println!("  largest tasks (µs per iteration, rank 0):");
+    for row in &r.largest_tasks {
+        println!(
+            "    {:<40} {:>10.1} {:>10.1}   {:+.1} %",
+            row.task,
+            row.predicted_us,
+            row.measured_us,
+            row.error * 100.0
+        );
+    }
+}
