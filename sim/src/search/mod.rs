@@ -252,6 +252,9 @@ pub fn contiguous_plan(base: &Scenario, groups: Vec<(Vec<usize>, Choice)>) -> Pl
     Plan::new("tuned", &base.model, groups, plan_order(0.0))
 }
 
+/// Sets one strategy's fusion threshold in bytes.
+type SetThreshold = fn(&mut StrategyOptions, u64);
+
 /// Golden-section search, in log space between 1 MiB and 1 GiB, of each fusing strategy's
 /// threshold (Horovod's fusion buffer, DDP's bucket cap, DeAR's threshold).
 fn thresholds(
@@ -261,7 +264,7 @@ fn thresholds(
 ) -> Result<Vec<(Plan, SimTime)>> {
     const STEPS: usize = 12;
     let (compressor, memory) = uniform.unwrap_or((Compressor::None, Memory::None));
-    let strategies: [(&str, fn(&mut StrategyOptions, u64)); 3] = [
+    let strategies: [(&str, SetThreshold); 3] = [
         ("horovod", |o, bytes| o.fusion_bytes = bytes),
         ("ddp", |o, bytes| o.bucket_bytes = bytes),
         ("dear", |o, bytes| o.bucket_bytes = bytes),
