@@ -5,8 +5,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
-use syncopate_exec::compress::{codec_for, codec_for_shapes, rng::Rng, Codec};
-use syncopate_exec::profile_host::PROFILED;
+use syncopate_exec::compress::rng::Rng;
+use syncopate_exec::profile_host::{make_codec, PROFILED};
 use syncopate_sim::compress::Compressor;
 
 const ENCODE_SIZES: [u32; 6] = [10, 14, 18, 22, 24, 26];
@@ -15,17 +15,6 @@ const DECODE_SIZES: [u32; 2] = [16, 24];
 fn data(n: usize) -> Vec<f32> {
     let mut rng = Rng::new(7);
     (0..n).map(|_| rng.normal() as f32).collect()
-}
-
-fn make(c: &Compressor, n: usize) -> Box<dyn Codec> {
-    match c {
-        Compressor::PowerSgd { .. } => {
-            let rows = 1u64 << (n.trailing_zeros() / 2);
-            let shape: &[u64] = &[rows, n as u64 / rows];
-            codec_for_shapes(c, &[shape], 1)
-        }
-        _ => codec_for(c, 1),
-    }
 }
 
 /// Large sizes take long per iteration: fewer samples keep the whole run to minutes.
@@ -57,7 +46,7 @@ fn encode(crit: &mut Criterion) {
         });
         for spec in PROFILED {
             let c: Compressor = spec.parse().expect("profiled specs parse");
-            let mut codec = make(&c, n);
+            let mut codec = make_codec(&c, n);
             let mut payload = Vec::new();
             let mut next = Vec::new();
             group.bench_function(BenchmarkId::new(c.key(), n), |b| {
@@ -84,7 +73,7 @@ fn decode(crit: &mut Criterion) {
         group.throughput(Throughput::Bytes(4 * n as u64));
         for spec in PROFILED {
             let c: Compressor = spec.parse().expect("profiled specs parse");
-            let mut codec = make(&c, n);
+            let mut codec = make_codec(&c, n);
             let mut payload = Vec::new();
             let mut next = Vec::new();
             let mut acc = vec![0.0f32; n];

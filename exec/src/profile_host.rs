@@ -90,7 +90,7 @@ fn time(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 }
 
 /// PowerSGD's cost depends on the matrix shape: profile a square-ish rows × cols matrix.
-fn make_codec(c: &Compressor, n: usize) -> Box<dyn Codec> {
+pub fn make_codec(c: &Compressor, n: usize) -> Box<dyn Codec> {
     match c {
         Compressor::PowerSgd { .. } => {
             let rows = 1u64 << (n.trailing_zeros() / 2);

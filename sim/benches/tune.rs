@@ -9,7 +9,9 @@ use syncopate_sim::evaluate::Evaluator;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
-use syncopate_sim::search::{contiguous_plan, tune, SearchSpace, TuneRequest};
+use syncopate_sim::search::{
+    contiguous_plan, default_memory, tune, SearchSpace, TuneRequest, AUTO_COMPRESSORS,
+};
 use syncopate_sim::strategy::{GroupingRule, Strategy, StrategyOptions};
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 

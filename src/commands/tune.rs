@@ -6,25 +6,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::time::Instant;
-use syncopate_sim::compress::{Compressor, Memory};
+use syncopate_sim::compress::Compressor;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
-use syncopate_sim::search::{tune, Choice, SearchSpace, TuneRequest};
+use syncopate_sim::search::{
+    default_memory, tune, Choice, SearchSpace, TuneRequest, AUTO_COMPRESSORS,
+};
 use syncopate_sim::strategy::StrategyOptions;
 use syncopate_sim::topology::Cluster;
-
-/// Compressors `--compressor auto` considers: the casts, the low-rank, sparsifying and sign
-/// families, each with the memory its authors use.
-const AUTO: &[&str] = &[
-    "fp16",
-    "powersgd:4",
-    "dgc:0.01",
-    "topk:0.01",
-    "efsignsgd",
-    "onebit",
-    "qsgd:256",
-];
 
 #[derive(Serialize)]
 struct BaselineJson {
@@ -46,24 +36,9 @@ struct Report<'a> {
     plan: &'a Plan,
 }
 
-/// The memory a compressor is used with unless the user says otherwise: error feedback for the
-/// biased ones (their authors' setups), none for unbiased or near-lossless ones.
-fn default_memory(compressor: Compressor) -> Memory {
-    match compressor {
-        Compressor::None | Compressor::Fp16 | Compressor::Bf16 | Compressor::Fp8(_) => Memory::None,
-        Compressor::Qsgd { .. }
-        | Compressor::TernGrad
-        | Compressor::Natural
-        | Compressor::RandomK { .. } => Memory::None,
-        Compressor::EfSignSgd => Memory::EfSignSgd { lr: 0.1 },
-        Compressor::Dgc { .. } => "dgc".parse().expect("the catalog's own spec"),
-        _ => Memory::Residual,
-    }
-}
-
 fn choices(args: &TuneArgs) -> anyhow::Result<Vec<Choice>> {
     let specs: Vec<&str> = match args.compressor.as_str() {
-        "auto" => AUTO.to_vec(),
+        "auto" => AUTO_COMPRESSORS.to_vec(),
         "none" => Vec::new(),
         spec => vec![spec],
     };

@@ -323,11 +323,24 @@ pub(crate) fn plan_order(cycle_time_us: f64) -> Policy {
     }
 }
 
-/// Partitions of at most `partition_bytes` for a group of `bytes`.
-fn partitions_for(bytes: u64, partition_bytes: u64) -> u32 {
-    bytes
-        .div_ceil(partition_bytes.max(1))
-        .clamp(1, u64::from(u32::MAX)) as u32
+/// One group per tensor, each split into partitions of at most `partition_bytes`, front layers
+/// (registered first, needed first by the next forward) at the highest priority: the layout of
+/// ByteScheduler and BytePS.
+fn partitioned_by_layer(
+    model: &ModelProfile,
+    options: &StrategyOptions,
+    scheme: Scheme,
+) -> Vec<Group> {
+    let mut groups = uniform_groups(per_tensor(model), options, scheme);
+    for group in &mut groups {
+        let tensor = &model.tensors[group.tensors[0]];
+        let bytes = tensor.numel * tensor.dtype.bytes();
+        group.partitions = bytes
+            .div_ceil(options.partition_bytes.max(1))
+            .clamp(1, u64::from(u32::MAX)) as u32;
+        group.priority = tensor.registration_index as i64;
+    }
+    groups
 }
 
 /// Compressing strategies need a compressor to apply.

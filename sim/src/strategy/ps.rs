@@ -2,7 +2,7 @@
 //! servers, both aggregating inside each node first, partitioning tensors and scheduling
 //! partitions by layer priority with a credit, as BytePS does.
 
-use super::{partitions_for, uniform_groups, StrategyOptions};
+use super::{partitioned_by_layer, StrategyOptions};
 use crate::model::ModelProfile;
 use crate::plan::{Launch, Plan, Policy, Scheme};
 
@@ -13,13 +13,6 @@ pub(super) fn plan(
     options: &StrategyOptions,
     servers: u32,
 ) -> Plan {
-    let mut groups = uniform_groups(super::per_tensor(model), options, Scheme::Ps);
-    for group in &mut groups {
-        let tensor = &model.tensors[group.tensors[0]];
-        group.partitions =
-            partitions_for(tensor.numel * tensor.dtype.bytes(), options.partition_bytes);
-        group.priority = tensor.registration_index as i64;
-    }
     let policy = Policy {
         launch: Launch::Priority,
         comm_streams: options.credit.max(1),
@@ -27,5 +20,10 @@ pub(super) fn plan(
         overlap_forward: false,
         ps_servers: servers,
     };
-    Plan::new(name, model, groups, policy)
+    Plan::new(
+        name,
+        model,
+        partitioned_by_layer(model, options, Scheme::Ps),
+        policy,
+    )
 }
