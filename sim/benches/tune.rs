@@ -1,8 +1,9 @@
 //! Search speed: plan evaluations per second for resnet50 on 64 GPUs (v100-10gbe, 16 nodes of
-//! 4; one thread, the candidates a fusion search scores), and a whole `tune --search all
-//! --compressor auto` of bert-large on 64 GPUs (both cores).
+//! 4; the candidates a fusion search scores, on one thread and on both cores as `tune` runs
+//! them), and a whole `tune --search all --compressor auto` of bert-large on 64 GPUs.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rayon::prelude::*;
 use std::hint::black_box;
 use syncopate_sim::compress::{Compressor, Memory};
 use syncopate_sim::evaluate::Evaluator;
@@ -55,23 +56,30 @@ fn search(c: &mut Criterion) {
             }
         })
     });
+    group.bench_function("plan-evaluations-both-cores", |b| {
+        b.iter(|| {
+            plans
+                .par_iter()
+                .with_min_len(16)
+                .map_init(
+                    || Evaluator::new(resnet.clone()),
+                    |evaluator, plan| evaluator.iteration_time(plan).unwrap(),
+                )
+                .collect::<Vec<_>>()
+        })
+    });
     group.finish();
 
     let bert = base("bert-large");
     let request = TuneRequest {
         space: SearchSpace::All,
-        compressors: [
-            "fp16",
-            "powersgd:4",
-            "dgc:0.01",
-            "topk:0.01",
-            "efsignsgd",
-            "onebit",
-            "qsgd:256",
-        ]
-        .iter()
-        .map(|s| (s.parse().unwrap(), Memory::Residual))
-        .collect(),
+        compressors: AUTO_COMPRESSORS
+            .iter()
+            .map(|s| {
+                let compressor: Compressor = s.parse().unwrap();
+                (compressor, default_memory(compressor))
+            })
+            .collect(),
         options: StrategyOptions::default(),
     };
     let mut group = c.benchmark_group("bert-large/64xV100");

@@ -276,11 +276,17 @@ impl Group {
 
     /// Bytes one rank contributes to the group's synchronization (all rounds and partitions).
     pub fn wire_bytes(&self, model: &ModelProfile) -> u64 {
-        let shapes: Vec<&[u64]> = self
-            .tensors
-            .iter()
-            .map(|&t| model.tensors[t].shape.as_slice())
-            .collect();
-        self.compressor.group_wire_bytes(&shapes)
+        match self.compressor {
+            // Only PowerSGD's size depends on the tensors' shapes.
+            Compressor::PowerSgd { .. } => {
+                let shapes: Vec<&[u64]> = self
+                    .tensors
+                    .iter()
+                    .map(|&t| model.tensors[t].shape.as_slice())
+                    .collect();
+                self.compressor.group_wire_bytes(&shapes)
+            }
+            _ => self.compressor.wire_bytes(self.numel(model)),
+        }
     }
 }
