@@ -1,5 +1,7 @@
 //! The CUDA backend: NVRTC kernels, NCCL collectives, one stream per simulated resource, CUDA-event timing.
 
+pub mod codec;
+mod kernels;
 pub mod probe;
 
 use super::{ExecOptions, Measured};
