@@ -1,6 +1,7 @@
 //! The CUDA backend: NVRTC kernels, NCCL collectives, one stream per simulated resource, CUDA-event timing.
 
 pub mod codec;
+pub mod gemm;
 mod kernels;
 pub mod probe;
 
