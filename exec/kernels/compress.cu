@@ -252,3 +252,8 @@ extern "C" __global__ void scale_copy(const float *src, float *dst, u32 n, float
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         dst[i] = __fmul_rn(src[i], scale);
 }
+
+extern "C" __global__ void scale_in_place(float *x, u32 n, float scale) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], scale);
+}

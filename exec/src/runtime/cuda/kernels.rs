@@ -46,6 +46,7 @@ pub struct Kernels {
     pub compensate: CudaFunction,
     pub residual_update: CudaFunction,
     pub scale_copy: CudaFunction,
+    pub scale_in_place: CudaFunction,
     pub gemm: CudaFunction,
 }
 
@@ -96,6 +97,7 @@ impl Kernels {
             compensate: f(&compress, "compensate")?,
             residual_update: f(&compress, "residual_update")?,
             scale_copy: f(&compress, "scale_copy")?,
+            scale_in_place: f(&compress, "scale_in_place")?,
             gemm: f(&gemm, "gemm")?,
         })
     }
