@@ -15,7 +15,7 @@ pub mod rng;
 pub mod sampled;
 mod scan;
 mod sign;
-mod sparse;
+pub(crate) mod sparse;
 mod wire;
 
 use crate::error::{ExecError, Result};

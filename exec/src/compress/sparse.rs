@@ -345,7 +345,7 @@ struct RandomK {
 
 /// A uniformly random k-subset of 0..n in ascending order: Floyd's algorithm over a bitset
 /// (O(k) draws, O(n/64) memory), then one scan of the bitset.
-fn random_subset(rng: &mut Rng, n: usize, k: usize, out: &mut Vec<u32>) {
+pub(crate) fn random_subset(rng: &mut Rng, n: usize, k: usize, out: &mut Vec<u32>) {
     let mut bits = vec![0u64; n.div_ceil(64)];
     for j in n - k..n {
         let t = rng.below(j as u64 + 1) as usize;

@@ -109,6 +109,19 @@ impl Layout {
     /// `rank == None` is the parameter server's codec.
     pub fn codec(&self, index: usize, rank: Option<u32>) -> Box<dyn Codec> {
         let piece = &self.pieces[index];
+        let seed = self.codec_seed(index, rank);
+        match &piece.shapes {
+            Some(shapes) => {
+                let shapes: Vec<&[u64]> = shapes.iter().map(Vec::as_slice).collect();
+                codec_for_shapes(&piece.compressor, &shapes, seed)
+            }
+            None => codec_for(&piece.compressor, seed),
+        }
+    }
+
+    /// The seed of [`Layout::codec`]'s codec, for the GPU codecs that must draw the same.
+    pub fn codec_seed(&self, index: usize, rank: Option<u32>) -> u64 {
+        let piece = &self.pieces[index];
         let shared = matches!(
             piece.compressor,
             Compressor::RandomK { .. } | Compressor::PowerSgd { .. }
@@ -118,17 +131,10 @@ impl Layout {
             (false, Some(r)) => u64::from(r) + 1,
             (false, None) => u64::MAX,
         };
-        let seed = mix(
+        mix(
             mix(mix(self.seed, piece.group as u64), u64::from(piece.part)),
             who,
-        );
-        match &piece.shapes {
-            Some(shapes) => {
-                let shapes: Vec<&[u64]> = shapes.iter().map(Vec::as_slice).collect();
-                codec_for_shapes(&piece.compressor, &shapes, seed)
-            }
-            None => codec_for(&piece.compressor, seed),
-        }
+        )
     }
 
     pub fn memory(&self, index: usize) -> MemoryState {
@@ -183,10 +189,25 @@ impl Gradients {
         }
     }
 
+    /// Rank `rank`'s unscaled gradients of every tensor, one after another.
+    pub fn rank_values(&self, rank: u32) -> &[f32] {
+        &self.per_rank[rank as usize]
+    }
+
+    /// Where tensor `tensor` starts in [`Gradients::rank_values`].
+    pub fn offset(&self, tensor: usize) -> usize {
+        self.tensor_offset[tensor]
+    }
+
+    /// The factor of iteration `iteration`'s gradients.
+    pub fn scale(iteration: u32) -> f32 {
+        1.0 + 0.25 * iteration as f32
+    }
+
     /// Writes rank `rank`'s gradient of tensor `tensor` in `iteration` into `out`.
     pub fn fill(&self, rank: u32, iteration: u32, tensor: usize, out: &mut [f32]) {
         let start = self.tensor_offset[tensor];
-        let scale = 1.0 + 0.25 * iteration as f32;
+        let scale = Gradients::scale(iteration);
         let source = &self.per_rank[rank as usize][start..start + out.len()];
         for (o, &g) in out.iter_mut().zip(source) {
             *o = g * scale;

@@ -1,6 +1,6 @@
 //! The host backend: ranks as CPU threads (one per simulated stream), the real CPU compression kernels, collectives over in-process channels, wall-clock timing. It runs the whole exec path on a laptop or in CI; it is not a cluster backend.
 
-mod board;
+pub(super) mod board;
 pub mod busy;
 pub mod comm;
 pub mod profile;

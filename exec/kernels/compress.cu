@@ -1,0 +1,259 @@
+// Gradient-compression kernels whose payload bytes equal the CPU reference (exec/src/compress,
+// exec/WIRE_FORMAT.md). Compiled by NVRTC with --fmad=false: the CPU rounds every multiply
+// and add separately, so no contraction into FMA may change a result bit.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#define ABS_MASK 0x7FFFFFFFu
+#define MAX_FINITE 0x7F7FFFFFu
+// Elements per CPU scan chunk and f32 lanes per chunk (exec/src/compress/scan.rs, sign.rs).
+#define CHUNK 4096u
+#define LANES 16u
+
+// Keeps the lowest index of a non-finite element; the host initialises *bad to 0xFFFFFFFF.
+__device__ __forceinline__ void note_finite(float x, u32 i, u32 *bad) {
+    if ((__float_as_uint(x) & ABS_MASK) > MAX_FINITE) atomicMin(bad, i);
+}
+
+// Headers may sit at any byte offset inside a gathered buffer: read them bytewise.
+__device__ __forceinline__ float load_f32(const u8 *p) {
+    u32 w = (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+    return __uint_as_float(w);
+}
+
+__device__ __forceinline__ void store_f32(u8 *p, float v) {
+    u32 w = __float_as_uint(v);
+    p[0] = (u8)w; p[1] = (u8)(w >> 8); p[2] = (u8)(w >> 16); p[3] = (u8)(w >> 24);
+}
+
+// Port of minifloat::encode: RNE on the bit pattern, saturating at MAX, subnormals by the
+// add-a-magic-constant trick (kept as two separately rounded operations).
+template <int E, int M, int MAXCODE>
+__device__ __forceinline__ u32 mf_encode(float x) {
+    const int bias = (1 << (E - 1)) - 1;
+    u32 bits = __float_as_uint(x);
+    u32 sign = (bits >> 31) << (E + M);
+    int a = (int)(bits & ABS_MASK);
+    const int shift = 23 - M;
+    int rounded = a + ((1 << (shift - 1)) - 1) + ((a >> shift) & 1);
+    int normal = (rounded >> shift) - ((127 - bias) << M);
+    if (normal > MAXCODE) normal = MAXCODE;
+    const int min_normal = (127 - bias + 1) << 23;
+    float sub_scale = __uint_as_float((u32)(127 + bias - 1 + M) << 23);
+    int sub = (int)__float_as_uint(__fadd_rn(__fmul_rn(__uint_as_float((u32)a), sub_scale), 8388608.0f)) - 0x4B000000;
+    int magnitude = a < min_normal ? sub : normal;
+    return sign | (u32)magnitude;
+}
+
+// Port of minifloat::decode.
+template <int E, int M, bool IEEE_SPECIALS>
+__device__ __forceinline__ float mf_decode(u32 code) {
+    const int bias = (1 << (E - 1)) - 1;
+    u32 sign = ((code >> (E + M)) & 1u) << 31;
+    u32 magnitude = code & ((1u << (E + M)) - 1u);
+    u32 normal = (magnitude << (23 - M)) + ((u32)(127 - bias) << 23);
+    float smallest_subnormal = __uint_as_float((u32)(127 - bias + 1 - M) << 23);
+    u32 sub = __float_as_uint(__fmul_rn((float)(int)magnitude, smallest_subnormal));
+    bool all_ones = (magnitude >> M) == ((1u << E) - 1u);
+    u32 special;
+    if (IEEE_SPECIALS) special = 0x7F800000u | ((magnitude & ((1u << M) - 1u)) << (23 - M));
+    else if (magnitude == (1u << (E + M)) - 1u) special = 0x7FC00000u;
+    else special = normal;
+    u32 value = magnitude < (1u << M) ? sub : (all_ones ? special : normal);
+    return __uint_as_float(value | sign);
+}
+
+__device__ __forceinline__ u16 to_bf16(float x) {
+    u32 bits = __float_as_uint(x);
+    u32 a = bits & ABS_MASK;
+    u32 r = (a + 0x7FFFu + ((a >> 16) & 1u)) >> 16;
+    if (r > 0x7F7Fu) r = 0x7F7Fu;
+    return (u16)(((bits >> 16) & 0x8000u) | r);
+}
+
+__device__ __forceinline__ float from_bf16(u16 h) { return __uint_as_float((u32)h << 16); }
+
+// kind: 0 = f32 (none), 1 = fp16, 2 = bf16.
+extern "C" __global__ void cast_encode(const float *x, u8 *out, u32 n, int kind, u32 *bad) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = x[i];
+        note_finite(v, i, bad);
+        if (kind == 0) ((float *)out)[i] = v;
+        else if (kind == 1) ((u16 *)out)[i] = (u16)mf_encode<5, 10, 0x7BFF>(v);
+        else ((u16 *)out)[i] = to_bf16(v);
+    }
+}
+
+extern "C" __global__ void cast_decode_add(const u8 *p, float *acc, u32 n, int kind) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v;
+        if (kind == 0) v = load_f32(p + 4 * (size_t)i);
+        else {
+            u16 h = (u16)(p[2 * (size_t)i] | (p[2 * (size_t)i + 1] << 8));
+            v = kind == 1 ? mf_decode<5, 10, true>(h) : from_bf16(h);
+        }
+        acc[i] = __fadd_rn(acc[i], v);
+    }
+}
+
+// max |x| as the bit pattern (non-negative floats order like their bits), and the finite check.
+extern "C" __global__ void max_abs(const float *x, u32 n, u32 *max_bits, u32 *bad) {
+    u32 best = 0;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = x[i];
+        note_finite(v, i, bad);
+        u32 a = __float_as_uint(v) & ABS_MASK;
+        if (a <= MAX_FINITE && a > best) best = a;
+    }
+    for (int off = 16; off > 0; off >>= 1) best = max(best, __shfl_down_sync(0xFFFFFFFFu, best, off));
+    if ((threadIdx.x & 31u) == 0) atomicMax(max_bits, best);
+}
+
+// out = f32 scale, then n fp8 codes of x / scale; scale = max / MAX, x·(MAX / max) as the CPU.
+extern "C" __global__ void fp8_encode(const float *x, u8 *out, u32 n, const u32 *max_bits, int e5m2) {
+    float max_repr = e5m2 ? 57344.0f : 448.0f;
+    float m = __uint_as_float(*max_bits);
+    float scale = m > 0.0f ? __fdiv_rn(m, max_repr) : 0.0f;
+    float inv = m > 0.0f ? __fdiv_rn(max_repr, m) : 0.0f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) store_f32(out, scale);
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float y = __fmul_rn(x[i], inv);
+        out[4 + (size_t)i] = (u8)(e5m2 ? mf_encode<5, 2, 0x7B>(y) : mf_encode<4, 3, 0x7E>(y));
+    }
+}
+
+extern "C" __global__ void fp8_decode_add(const u8 *p, float *acc, u32 n, int e5m2) {
+    float scale = load_f32(p);
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u32 code = p[4 + (size_t)i];
+        float v = e5m2 ? mf_decode<5, 2, true>(code) : mf_decode<4, 3, false>(code);
+        acc[i] = __fadd_rn(acc[i], __fmul_rn(v, scale));
+    }
+}
+
+// One bit per element (1 = negative), element i at bit i % 8 of byte i / 8; one thread per byte.
+extern "C" __global__ void sign_pack(const float *x, u8 *bits, u32 n, u32 *bad) {
+    u32 bytes = (n + 7) / 8;
+    for (u32 b = blockIdx.x * blockDim.x + threadIdx.x; b < bytes; b += gridDim.x * blockDim.x) {
+        u32 v = 0;
+        for (u32 j = 0; j < 8; j++) {
+            u32 i = 8 * b + j;
+            if (i < n) {
+                float e = x[i];
+                note_finite(e, i, bad);
+                v |= (u32)(e < 0.0f) << j;
+            }
+        }
+        bits[b] = (u8)v;
+    }
+}
+
+// The CPU's exact summation order for the sign scales (sign.rs fused_chunk): per 4096-element
+// chunk, 16 f32 lanes (lane j adds elements j, j + 16, … in order), the lanes summed in order,
+// plus the chunk's tail summed in order. One block of 16 threads per chunk. kind 0: |x| into a;
+// kind 1: non-negative elements into a, negative ones into b, negatives counted.
+extern "C" __global__ void sign_chunk_sums(const float *x, u32 n, int kind, float *a_out, float *b_out, u32 *neg_out) {
+    __shared__ float la[LANES], lb[LANES];
+    __shared__ u32 ln[LANES];
+    u32 c = blockIdx.x, j = threadIdx.x;
+    u32 start = c * CHUNK;
+    u32 len = min(CHUNK, n - start);
+    u32 full = len / LANES;
+    float a = 0.0f, b = 0.0f;
+    u32 negs = 0;
+    for (u32 t = 0; t < full; t++) {
+        float v = x[start + t * LANES + j];
+        if (kind == 0) a = __fadd_rn(a, fabsf(v));
+        else if (v < 0.0f) { b = __fadd_rn(b, v); negs++; }
+        else a = __fadd_rn(a, v);
+    }
+    la[j] = a; lb[j] = b; ln[j] = negs;
+    __syncthreads();
+    if (j == 0) {
+        float sa = 0.0f, sb = 0.0f, ta = 0.0f, tb = 0.0f;
+        u32 count = 0;
+        for (u32 l = 0; l < LANES; l++) { sa = __fadd_rn(sa, la[l]); sb = __fadd_rn(sb, lb[l]); count += ln[l]; }
+        for (u32 i = start + full * LANES; i < start + len; i++) {
+            float v = x[i];
+            if (kind == 0) ta = __fadd_rn(ta, fabsf(v));
+            else if (v < 0.0f) { tb = __fadd_rn(tb, v); count++; }
+            else ta = __fadd_rn(ta, v);
+        }
+        a_out[c] = __fadd_rn(sa, ta);
+        b_out[c] = __fadd_rn(sb, tb);
+        neg_out[c] = count;
+    }
+}
+
+// Accumulates the chunk sums in f64, in chunk order, as the CPU does, and writes the header:
+// kind 0: f32 mean |x|; kind 1: f32 mean of the non-negative, f32 mean of the negative elements.
+extern "C" __global__ void sign_finish(const float *a, const float *b, const u32 *negs, u32 chunks, u32 n, int kind, u8 *out) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double sa = 0.0, sb = 0.0;
+    unsigned long long count = 0;
+    for (u32 c = 0; c < chunks; c++) { sa += (double)a[c]; sb += (double)b[c]; count += negs[c]; }
+    if (kind == 0) {
+        store_f32(out, n > 0 ? (float)(sa / (double)n) : 0.0f);
+    } else {
+        unsigned long long pos = (unsigned long long)n - count;
+        store_f32(out, pos > 0 ? (float)(sa / (double)pos) : 0.0f);
+        store_f32(out + 4, count > 0 ? (float)(sb / (double)count) : 0.0f);
+    }
+}
+
+// Adds `one` where the bit is set and `zero` where it is clear; header_kind 0: ±1, 1: ±mean
+// (efsignsgd), 2: two means (onebit). `p` points at the payload's start (header included).
+extern "C" __global__ void sign_decode_add(const u8 *p, float *acc, u32 n, int header_kind) {
+    float zero = 1.0f, one = -1.0f;
+    const u8 *bits = p;
+    if (header_kind == 1) { float m = load_f32(p); zero = m; one = -m; bits = p + 4; }
+    else if (header_kind == 2) { zero = load_f32(p); one = load_f32(p + 4); bits = p + 8; }
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u32 bit = (bits[i / 8] >> (i % 8)) & 1u;
+        acc[i] = __fadd_rn(acc[i], bit ? one : zero);
+    }
+}
+
+extern "C" __global__ void check_finite(const float *x, u32 n, u32 *bad) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) note_finite(x[i], i, bad);
+}
+
+// Random-k: the k values x[idx]·scale (indices from the shared seed, chosen on the host).
+extern "C" __global__ void gather_scaled(const float *x, const u32 *idx, u32 k, float scale, u8 *out) {
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x)
+        ((float *)out)[j] = __fmul_rn(x[idx[j]], scale);
+}
+
+// Indices are distinct, so no two threads add into one element.
+extern "C" __global__ void scatter_add(const u8 *p, const u32 *idx, u32 k, float *acc) {
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x)
+        acc[idx[j]] = __fadd_rn(acc[idx[j]], load_f32(p + 4 * (size_t)j));
+}
+
+// Error feedback (memory.rs): kind 0 copies g, 1 adds the residual (g + e), 2 is EF-SignSGD (e + lr·g).
+extern "C" __global__ void compensate(const float *g, const float *e, float *out, u32 n, int kind, float lr) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = g[i];
+        if (kind == 1) v = __fadd_rn(v, e[i]);
+        else if (kind == 2) v = __fadd_rn(e[i], __fmul_rn(lr, v));
+        out[i] = v;
+    }
+}
+
+extern "C" __global__ void residual_update(float *e, const float *compensated, const float *transmitted, u32 n) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        e[i] = __fsub_rn(compensated[i], transmitted[i]);
+}
+
+// dst = src·scale: the synthetic gradient of one tensor for one iteration, and output scaling.
+extern "C" __global__ void scale_copy(const float *src, float *dst, u32 n, float scale) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        dst[i] = __fmul_rn(src[i], scale);
+}
+
+extern "C" __global__ void scale_in_place(float *x, u32 n, float scale) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], scale);
+}

@@ -1,0 +1,449 @@
+//! GPU encoders/decoders whose payload bytes equal the CPU reference codecs' (same layout, same rounding, same summation order for the scales).
+//!
+//! Supported: none, fp16, bf16, fp8:e4m3/e5m2, signsgd, efsignsgd, onebit and randomk (its
+//! indices come from the CPU's seeded Floyd sampler on the host, so they are identical by
+//! construction). Any other compressor is refused with an error naming it.
+
+use super::kernels::{cuda_err, grid, Kernels};
+use crate::compress::{rng::Rng, sparse::random_subset};
+use crate::error::{ExecError, Result};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+use syncopate_sim::compress::{sparse_count, Compressor, Fp8Format};
+
+/// Elements per scan chunk of the CPU kernels (`compress::scan::CHUNK`).
+const CHUNK: usize = 4096;
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// Element-wise cast: 0 = f32, 1 = fp16, 2 = bf16 (the kernel's `kind`).
+    Cast(i32),
+    Fp8 {
+        e5m2: bool,
+    },
+    /// 0 = signsgd (no header), 1 = efsignsgd (mean |x|), 2 = onebit (two means).
+    Sign(i32),
+    RandomK {
+        ratio: f64,
+        seed: u64,
+    },
+}
+
+/// One rank's GPU codec for one piece of `n` elements.
+pub struct GpuCodec {
+    c: Compressor,
+    kind: Kind,
+    n: usize,
+    /// Lowest index of a non-finite input element, u32::MAX when none.
+    bad: CudaSlice<u32>,
+    /// fp8: max |x| bits; sign scales: per-chunk f32 sums and negative counts.
+    max_bits: CudaSlice<u32>,
+    chunk_a: CudaSlice<f32>,
+    chunk_b: CudaSlice<f32>,
+    chunk_neg: CudaSlice<u32>,
+    /// Random-k: this step's indices, on the host and on the device.
+    step: u64,
+    host_indices: Vec<u32>,
+    indices: CudaSlice<u32>,
+}
+
+/// Whether the GPU has a kernel for this compressor; the error names what is missing.
+pub fn supported(c: &Compressor) -> Result<()> {
+    match c {
+        Compressor::None
+        | Compressor::Fp16
+        | Compressor::Bf16
+        | Compressor::Fp8(_)
+        | Compressor::SignSgd
+        | Compressor::EfSignSgd
+        | Compressor::OneBit
+        | Compressor::RandomK { .. } => Ok(()),
+        other => Err(ExecError::Cuda {
+            message: format!(
+                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, randomk); use --backend host for it"
+            ),
+        }),
+    }
+}
+
+impl GpuCodec {
+    pub fn new(c: &Compressor, n: usize, seed: u64, stream: &Arc<CudaStream>) -> Result<GpuCodec> {
+        supported(c)?;
+        if n > u32::MAX as usize {
+            return Err(ExecError::Cuda {
+                message: format!("a piece of {n} elements exceeds the kernels' 32-bit indexing"),
+            });
+        }
+        let kind = match *c {
+            Compressor::Fp16 => Kind::Cast(1),
+            Compressor::Bf16 => Kind::Cast(2),
+            Compressor::Fp8(format) => Kind::Fp8 {
+                e5m2: format == Fp8Format::E5m2,
+            },
+            Compressor::SignSgd => Kind::Sign(0),
+            Compressor::EfSignSgd => Kind::Sign(1),
+            Compressor::OneBit => Kind::Sign(2),
+            Compressor::RandomK { ratio } => Kind::RandomK { ratio, seed },
+            _ => Kind::Cast(0),
+        };
+        let chunks = if matches!(kind, Kind::Sign(1 | 2)) {
+            n.div_ceil(CHUNK).max(1)
+        } else {
+            1
+        };
+        let k = match kind {
+            Kind::RandomK { ratio, .. } => sparse_count(n as u64, ratio) as usize,
+            _ => 0,
+        };
+        let alloc = cuda_err("cannot allocate codec scratch");
+        Ok(GpuCodec {
+            c: *c,
+            kind,
+            n,
+            bad: stream.alloc_zeros(1).map_err(&alloc)?,
+            max_bits: stream.alloc_zeros(1).map_err(&alloc)?,
+            chunk_a: stream.alloc_zeros(chunks).map_err(&alloc)?,
+            chunk_b: stream.alloc_zeros(chunks).map_err(&alloc)?,
+            chunk_neg: stream.alloc_zeros(chunks).map_err(&alloc)?,
+            step: 0,
+            host_indices: Vec::new(),
+            indices: stream.alloc_zeros(k.max(1)).map_err(&alloc)?,
+        })
+    }
+
+    pub fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    pub fn wire_bytes(&self) -> usize {
+        self.c.wire_bytes(self.n as u64) as usize
+    }
+
+    /// Enqueues the encode of `input` (n elements) into `out` (`wire_bytes` long) on `stream`.
+    pub fn encode(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let launch = cuda_err("encode kernel launch failed");
+        let n = self.n as u32;
+        stream
+            .memcpy_htod(&[u32::MAX], &mut self.bad)
+            .map_err(cuda_err("cannot reset the finite flag"))?;
+        // SAFETY (every launch below): the argument lists match the kernels' signatures in
+        // exec/kernels/compress.cu, and every buffer holds at least the elements the kernel
+        // touches (input n f32, out `wire_bytes`, scratch sized in `new`).
+        match self.kind {
+            Kind::Cast(kind) => unsafe {
+                stream
+                    .launch_builder(&k.cast_encode)
+                    .arg(input)
+                    .arg(&mut *out)
+                    .arg(&n)
+                    .arg(&kind)
+                    .arg(&mut self.bad)
+                    .launch(grid(self.n))
+            }
+            .map(drop)
+            .map_err(&launch),
+            Kind::Fp8 { e5m2 } => {
+                let e5m2 = i32::from(e5m2);
+                stream
+                    .memset_zeros(&mut self.max_bits)
+                    .map_err(cuda_err("cannot reset the max"))?;
+                unsafe {
+                    stream
+                        .launch_builder(&k.max_abs)
+                        .arg(input)
+                        .arg(&n)
+                        .arg(&mut self.max_bits)
+                        .arg(&mut self.bad)
+                        .launch(grid(self.n))
+                }
+                .map_err(&launch)?;
+                unsafe {
+                    stream
+                        .launch_builder(&k.fp8_encode)
+                        .arg(input)
+                        .arg(&mut *out)
+                        .arg(&n)
+                        .arg(&self.max_bits)
+                        .arg(&e5m2)
+                        .launch(grid(self.n))
+                }
+                .map(drop)
+                .map_err(&launch)
+            }
+            Kind::Sign(header) => {
+                let offset = [0usize, 4, 8][header as usize];
+                if header > 0 && self.n > 0 {
+                    let chunks = self.n.div_ceil(CHUNK) as u32;
+                    let sums_kind = header - 1;
+                    unsafe {
+                        stream
+                            .launch_builder(&k.sign_chunk_sums)
+                            .arg(input)
+                            .arg(&n)
+                            .arg(&sums_kind)
+                            .arg(&mut self.chunk_a)
+                            .arg(&mut self.chunk_b)
+                            .arg(&mut self.chunk_neg)
+                            .launch(LaunchConfig {
+                                grid_dim: (chunks, 1, 1),
+                                block_dim: (16, 1, 1),
+                                shared_mem_bytes: 0,
+                            })
+                    }
+                    .map_err(&launch)?;
+                    unsafe {
+                        stream
+                            .launch_builder(&k.sign_finish)
+                            .arg(&self.chunk_a)
+                            .arg(&self.chunk_b)
+                            .arg(&self.chunk_neg)
+                            .arg(&chunks)
+                            .arg(&n)
+                            .arg(&sums_kind)
+                            .arg(&mut *out)
+                            .launch(LaunchConfig {
+                                grid_dim: (1, 1, 1),
+                                block_dim: (1, 1, 1),
+                                shared_mem_bytes: 0,
+                            })
+                    }
+                    .map_err(&launch)?;
+                } else if header > 0 {
+                    // n = 0: the CPU writes zero scales.
+                    stream
+                        .memset_zeros(out)
+                        .map_err(cuda_err("cannot clear an empty payload"))?;
+                }
+                let mut bits = out.slice_mut(offset..);
+                unsafe {
+                    stream
+                        .launch_builder(&k.sign_pack)
+                        .arg(input)
+                        .arg(&mut bits)
+                        .arg(&n)
+                        .arg(&mut self.bad)
+                        .launch(grid(self.n.div_ceil(8)))
+                }
+                .map(drop)
+                .map_err(&launch)
+            }
+            Kind::RandomK { ratio, seed } => {
+                let count = sparse_count(self.n as u64, ratio) as usize;
+                let mut rng = Rng::for_stream(seed, self.step);
+                self.step += 1;
+                random_subset(&mut rng, self.n, count, &mut self.host_indices);
+                if count > 0 {
+                    stream
+                        .memcpy_htod(&self.host_indices, &mut self.indices)
+                        .map_err(cuda_err("cannot upload the random-k indices"))?;
+                }
+                unsafe {
+                    stream
+                        .launch_builder(&k.check_finite)
+                        .arg(input)
+                        .arg(&n)
+                        .arg(&mut self.bad)
+                        .launch(grid(self.n))
+                }
+                .map_err(&launch)?;
+                let scale = if count > 0 {
+                    self.n as f32 / count as f32
+                } else {
+                    0.0
+                };
+                let k32 = count as u32;
+                unsafe {
+                    stream
+                        .launch_builder(&k.gather_scaled)
+                        .arg(input)
+                        .arg(&self.indices)
+                        .arg(&k32)
+                        .arg(&scale)
+                        .arg(&mut *out)
+                        .launch(grid(count))
+                }
+                .map(drop)
+                .map_err(&launch)
+            }
+        }
+    }
+
+    /// After the encode completed: the CPU codecs' error for non-finite input, naming the
+    /// first bad element. Synchronizes `stream`.
+    pub fn check_finite(&self, stream: &Arc<CudaStream>, input: &CudaSlice<f32>) -> Result<()> {
+        let read = cuda_err("cannot read the finite flag");
+        let bad = stream.clone_dtoh(&self.bad).map_err(&read)?[0];
+        if bad == u32::MAX {
+            return Ok(());
+        }
+        let index = bad as usize;
+        let value = stream
+            .clone_dtoh(&input.slice(index..index + 1))
+            .map_err(&read)?[0];
+        Err(ExecError::NonFinite { index, value })
+    }
+
+    /// Enqueues `acc += decode(payload)`; `payload` may be one rank's block of a gathered buffer.
+    pub fn decode_add(
+        &self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        payload: &CudaView<'_, u8>,
+        acc: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        if payload.len() != self.wire_bytes() {
+            return Err(ExecError::BadPayload {
+                compressor: self.c.to_string(),
+                message: format!(
+                    "{} bytes, expected {} for {} elements",
+                    payload.len(),
+                    self.wire_bytes(),
+                    self.n
+                ),
+            });
+        }
+        let launch = cuda_err("decode kernel launch failed");
+        let n = self.n as u32;
+        // SAFETY: as in `encode`; `payload` holds `wire_bytes` bytes (checked above).
+        match self.kind {
+            Kind::Cast(kind) => unsafe {
+                stream
+                    .launch_builder(&k.cast_decode_add)
+                    .arg(payload)
+                    .arg(&mut *acc)
+                    .arg(&n)
+                    .arg(&kind)
+                    .launch(grid(self.n))
+            },
+            Kind::Fp8 { e5m2 } => {
+                let e5m2 = i32::from(e5m2);
+                unsafe {
+                    stream
+                        .launch_builder(&k.fp8_decode_add)
+                        .arg(payload)
+                        .arg(&mut *acc)
+                        .arg(&n)
+                        .arg(&e5m2)
+                        .launch(grid(self.n))
+                }
+            }
+            Kind::Sign(header) => unsafe {
+                stream
+                    .launch_builder(&k.sign_decode_add)
+                    .arg(payload)
+                    .arg(&mut *acc)
+                    .arg(&n)
+                    .arg(&header)
+                    .launch(grid(self.n))
+            },
+            Kind::RandomK { ratio, .. } => {
+                let count = sparse_count(self.n as u64, ratio) as usize;
+                if self.host_indices.len() != count {
+                    return Err(ExecError::Protocol {
+                        compressor: self.c.to_string(),
+                        message: "decode needs this worker's encode of the same step first (the indices come from the shared seed)".into(),
+                    });
+                }
+                let k32 = count as u32;
+                unsafe {
+                    stream
+                        .launch_builder(&k.scatter_add)
+                        .arg(payload)
+                        .arg(&self.indices)
+                        .arg(&k32)
+                        .arg(&mut *acc)
+                        .launch(grid(count))
+                }
+            }
+        }
+        .map(drop)
+        .map_err(launch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::probe;
+    use super::*;
+    use crate::compress::codec_for;
+    use cudarc::driver::CudaContext;
+
+    /// GPU payload bytes equal the CPU codec's, and decoding adds the same values.
+    #[test]
+    fn gpu_payloads_match_the_cpu_bytes() {
+        if let Err(e) = probe::probe() {
+            println!("skipped: no CUDA device ({e})");
+            return;
+        }
+        let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
+        let stream = ctx.default_stream();
+        let kernels = Kernels::load(&ctx).expect("the kernels compile");
+        let specs = [
+            "none",
+            "fp16",
+            "bf16",
+            "fp8:e4m3",
+            "fp8:e5m2",
+            "signsgd",
+            "efsignsgd",
+            "onebit",
+            "randomk:0.01",
+        ];
+        let mut rng = Rng::new(7);
+        for spec in specs {
+            let c: Compressor = spec.parse().unwrap();
+            for n in [0usize, 1, 7, 17, 4095, 4096, 4097, 100_003] {
+                // Normal data with some huge, tiny (subnormal after scaling) and ±0 values.
+                let mut x: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+                for (i, v) in x.iter_mut().enumerate().step_by(97) {
+                    *v = [1e6, -3e-9, 0.0, -0.0, 70000.0][i % 5];
+                }
+                let mut cpu = codec_for(&c, 11);
+                let mut want = Vec::new();
+                cpu.encode(&x, &mut want).unwrap();
+                let mut gpu = GpuCodec::new(&c, n, 11, &stream).unwrap();
+                let input = stream.clone_htod(&x).unwrap();
+                let mut out = stream.alloc_zeros::<u8>(gpu.wire_bytes().max(1)).unwrap();
+                gpu.encode(&kernels, &stream, &input, &mut out).unwrap();
+                gpu.check_finite(&stream, &input).unwrap();
+                let got = stream.clone_dtoh(&out).unwrap();
+                assert_eq!(&got[..want.len()], &want[..], "{spec} n={n}: payload bytes");
+                let mut acc_cpu = vec![0.5f32; n];
+                cpu.decode_add(&want, &mut acc_cpu).unwrap();
+                let mut acc = stream.clone_htod(&vec![0.5f32; n.max(1)]).unwrap();
+                gpu.decode_add(&kernels, &stream, &out.slice(..want.len()), &mut acc)
+                    .unwrap();
+                let acc_gpu = stream.clone_dtoh(&acc).unwrap();
+                assert_eq!(&acc_gpu[..n], &acc_cpu[..], "{spec} n={n}: decode");
+            }
+        }
+    }
+
+    #[test]
+    fn non_finite_input_names_the_element() {
+        if let Err(e) = probe::probe() {
+            println!("skipped: no CUDA device ({e})");
+            return;
+        }
+        let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
+        let stream = ctx.default_stream();
+        let kernels = Kernels::load(&ctx).expect("the kernels compile");
+        let mut x = vec![1.0f32; 10_000];
+        x[7000] = f32::INFINITY;
+        x[5000] = f32::NAN;
+        let mut gpu = GpuCodec::new(&Compressor::Fp16, x.len(), 0, &stream).unwrap();
+        let input = stream.clone_htod(&x).unwrap();
+        let mut out = stream.alloc_zeros::<u8>(gpu.wire_bytes()).unwrap();
+        gpu.encode(&kernels, &stream, &input, &mut out).unwrap();
+        match gpu.check_finite(&stream, &input) {
+            Err(ExecError::NonFinite { index, .. }) => assert_eq!(index, 5000),
+            other => panic!("{other:?}"),
+        }
+    }
+}

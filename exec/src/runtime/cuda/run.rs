@@ -1,0 +1,774 @@
+//! Runs the task graph on GPUs: per rank one CUDA stream per simulated resource (compute, codec, each comm stream), NCCL collectives, CUDA-event timing of every task.
+//!
+//! The structure is the host backend's: per rank one driver thread per stream, the same
+//! launch board deciding the collective order, the same FIFO codec queue. A thread enqueues
+//! its task between two timing events on its stream and waits (bounded, abortable) for the end
+//! event before releasing the successors, so the board and the codec queue see real GPU
+//! completion times and every cross-stream dependency is met before the dependent work is
+//! enqueued. Event times are converted to the run's host clock through an epoch event
+//! recorded when the host clock was read.
+//!
+//! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
+//! from `Comm::from_rank` on each rank's own thread with one shared unique id), or one process
+//! per GPU (rank and world from `launch.rs`, the ids exchanged over `rendezvous.rs`).
+
+use super::codec::{supported, GpuCodec};
+use super::gemm::Gemm;
+use super::kernels::{cuda_err, grid, Kernels};
+use crate::error::{ExecError, Result};
+use crate::runtime::check::Checker;
+use crate::runtime::host::board::Board;
+use crate::runtime::layout::{Gradients, Layout};
+use crate::runtime::{ExecOptions, Measured};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
+use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use syncopate_sim::compress::{Aggregation, Compressor, Memory};
+use syncopate_sim::engine::TaskRecord;
+use syncopate_sim::graph::{Resource, TaskGraph, TaskKind};
+use syncopate_sim::plan::{Launch, Scheme};
+use syncopate_sim::scenario::Scenario;
+use syncopate_sim::time::SimTime;
+
+const POLL: Duration = Duration::from_micros(50);
+
+/// fp16 and bf16 elements as NCCL sees them (the payload buffers are bytes).
+#[derive(Clone, Copy, Default)]
+#[repr(transparent)]
+struct Half(u16);
+#[derive(Clone, Copy, Default)]
+#[repr(transparent)]
+struct Brain(u16);
+// SAFETY: plain 16-bit values, valid for any bit pattern, laid out as u16.
+unsafe impl DeviceRepr for Half {}
+unsafe impl DeviceRepr for Brain {}
+impl NcclType for Half {
+    fn as_nccl_type() -> cudarc::nccl::sys::ncclDataType_t {
+        cudarc::nccl::sys::ncclDataType_t::ncclFloat16
+    }
+}
+impl NcclType for Brain {
+    fn as_nccl_type() -> cudarc::nccl::sys::ncclDataType_t {
+        cudarc::nccl::sys::ncclDataType_t::ncclBfloat16
+    }
+}
+
+/// Which ranks this process drives.
+pub struct Placement {
+    pub world: u32,
+    /// (global rank, device ordinal) of each rank driven here.
+    pub local: Vec<(u32, usize)>,
+    /// One NCCL unique id per comm stream, the same on every rank.
+    pub ids: Vec<Id>,
+}
+
+struct GpuPiece {
+    codec: GpuCodec,
+    residual: CudaSlice<f32>,
+    compensated: CudaSlice<f32>,
+    /// Padded to a multiple of the world size in elements, so NCCL's reduce-scatter splits it.
+    payload: CudaSlice<u8>,
+    own: CudaSlice<u8>,
+    chunk: CudaSlice<u8>,
+    gathered: CudaSlice<u8>,
+    result: CudaSlice<f32>,
+    transmitted: CudaSlice<f32>,
+}
+
+struct Sched {
+    pending: Vec<u32>,
+    codec_queue: VecDeque<u32>,
+}
+
+struct GpuRank {
+    rank: u32,
+    ctx: Arc<CudaContext>,
+    compute: Arc<CudaStream>,
+    codec: Arc<CudaStream>,
+    comm: Vec<Arc<CudaStream>>,
+    kernels: Kernels,
+    gemm: Mutex<Gemm>,
+    grads: CudaSlice<f32>,
+    groups: Vec<Mutex<CudaSlice<f32>>>,
+    pieces: Vec<Mutex<GpuPiece>>,
+    sched: Mutex<Sched>,
+    ready: Condvar,
+    /// Recorded on the compute stream when the host clock read `epoch_ns`.
+    epoch_event: CudaEvent,
+    epoch_ns: u64,
+}
+
+struct Run<'a> {
+    graph: &'a TaskGraph,
+    layout: &'a Layout,
+    gradients: &'a Gradients,
+    checker: Option<&'a Checker>,
+    board: Board,
+    world: u32,
+    epoch: Instant,
+    timeout: Duration,
+    abort: AtomicBool,
+    first_error: Mutex<Option<ExecError>>,
+    records: Mutex<Vec<TaskRecord>>,
+}
+
+/// Element bytes and NCCL type of a summable payload.
+fn elem_bytes(c: &Compressor) -> usize {
+    match c {
+        Compressor::Fp16 | Compressor::Bf16 => 2,
+        _ => 4,
+    }
+}
+
+fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<()> {
+    let multi_process = placement.local.len() < placement.world as usize;
+    if multi_process && launch == Launch::Priority {
+        return Err(ExecError::Cuda {
+            message: "priority launch across processes needs a coordinator that this build lacks; run one process for all GPUs or a plan-order policy".into(),
+        });
+    }
+    for piece in &layout.pieces {
+        supported(&piece.compressor)?;
+        if !matches!(
+            piece.memory,
+            Memory::None | Memory::Residual | Memory::EfSignSgd { .. }
+        ) {
+            return Err(ExecError::Cuda {
+                message: format!(
+                    "group {}: error-feedback memory `{}` has no GPU kernel in this build",
+                    piece.group, piece.memory
+                ),
+            });
+        }
+        if piece.aggregation == Aggregation::ParameterServer {
+            return Err(ExecError::Cuda {
+                message: format!("group {}: parameter-server aggregation (reduce to a server, re-encode, broadcast) is not in the cuda backend yet", piece.group),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Runs the graph on the ranks of `placement` and times every task.
+pub fn execute(
+    scenario: &Scenario,
+    graph: &TaskGraph,
+    options: &ExecOptions,
+    placement: Placement,
+) -> Result<Measured> {
+    let layout = Layout::new(scenario, options.seed);
+    let policy = &scenario.plan.policy;
+    check_plan(&layout, &placement, policy.launch)?;
+    let single = placement.local.len() == placement.world as usize;
+    if options.check && !single {
+        return Err(ExecError::Cuda {
+            message: "--check compares all ranks' results in one process; run one process for all GPUs to check".into(),
+        });
+    }
+    let world = placement.world;
+    let top = placement
+        .local
+        .iter()
+        .map(|&(r, _)| r + 1)
+        .max()
+        .unwrap_or(0);
+    let gradients = Gradients::new(scenario, top, options.seed);
+    let checker = options.check.then(|| Checker::new(&layout, world));
+    let epoch = Instant::now();
+    let board_world = placement.local.len() as u32;
+    let run = Run {
+        graph,
+        layout: &layout,
+        gradients: &gradients,
+        checker: checker.as_ref(),
+        board: Board::new(
+            graph,
+            board_world,
+            policy.launch,
+            SimTime::from_us(policy.cycle_time_us).as_ns(),
+            policy.comm_streams,
+            epoch,
+            options.timeout,
+        ),
+        world,
+        epoch,
+        timeout: options.timeout,
+        abort: AtomicBool::new(false),
+        first_error: Mutex::new(None),
+        records: Mutex::new(Vec::new()),
+    };
+    let ranks: Vec<GpuRank> = placement
+        .local
+        .iter()
+        .map(|&(rank, device)| run.rank(rank, device, policy.comm_streams))
+        .collect::<Result<_>>()?;
+    let ids = &placement.ids;
+    std::thread::scope(|scope| {
+        for state in &ranks {
+            let run = &run;
+            scope.spawn(move || run.guard(|| run.compute_thread(state)));
+            scope.spawn(move || run.guard(|| run.codec_thread(state)));
+            for (stream, &id) in ids.iter().enumerate() {
+                scope.spawn(move || run.guard(|| run.comm_thread(state, stream as u32, id)));
+            }
+        }
+    });
+    if let Some(err) = run.first_error.lock().expect("the error lock").take() {
+        return Err(err);
+    }
+    let records = run.records.into_inner().expect("the record lock");
+    Ok(Measured::from_records(
+        graph,
+        records,
+        world,
+        checker.map(|c| c.report()).unwrap_or_default(),
+    ))
+}
+
+impl Run<'_> {
+    fn rank(&self, rank: u32, device: usize, streams: u32) -> Result<GpuRank> {
+        let ctx = CudaContext::new(device).map_err(cuda_err("cannot open the GPU"))?;
+        let stream = cuda_err("cannot create a stream");
+        let compute = ctx.new_stream().map_err(&stream)?;
+        let codec = ctx.new_stream().map_err(&stream)?;
+        let comm = (0..streams)
+            .map(|_| ctx.new_stream())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&stream)?;
+        let kernels = Kernels::load(&ctx)?;
+        let gemm = Gemm::calibrate(&kernels, &compute)?;
+        let alloc = cuda_err("cannot allocate run buffers");
+        let grads = compute
+            .clone_htod(self.gradients.rank_values(rank))
+            .map_err(&alloc)?;
+        let groups = self
+            .layout
+            .group_numel
+            .iter()
+            .map(|&n| compute.alloc_zeros(n.max(1)).map(Mutex::new))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&alloc)?;
+        let world = self.world as usize;
+        let mut pieces = Vec::with_capacity(self.layout.pieces.len());
+        for (i, spec) in self.layout.pieces.iter().enumerate() {
+            let n = spec.range.len();
+            let gpu = GpuCodec::new(
+                &spec.compressor,
+                n,
+                self.layout.codec_seed(i, Some(rank)),
+                &codec,
+            )?;
+            let bytes = gpu.wire_bytes();
+            let elem = elem_bytes(&spec.compressor);
+            let padded = (bytes / elem).div_ceil(world) * world * elem;
+            let gathered = if spec.aggregation == Aggregation::Allgather {
+                bytes * world
+            } else {
+                1
+            };
+            pieces.push(Mutex::new(GpuPiece {
+                codec: gpu,
+                residual: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+                compensated: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+                payload: codec
+                    .alloc_zeros(padded.max(bytes).max(1))
+                    .map_err(&alloc)?,
+                own: codec.alloc_zeros(bytes.max(1)).map_err(&alloc)?,
+                chunk: codec.alloc_zeros((padded / world).max(1)).map_err(&alloc)?,
+                gathered: codec.alloc_zeros(gathered.max(1)).map_err(&alloc)?,
+                result: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+                transmitted: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+            }));
+        }
+        ctx.synchronize().map_err(cuda_err("set-up failed"))?;
+        let epoch_ns = self.epoch.elapsed().as_nanos() as u64;
+        let epoch_event = compute
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("cannot record the epoch event"))?;
+        Ok(GpuRank {
+            rank,
+            ctx,
+            compute,
+            codec,
+            comm,
+            kernels,
+            gemm: Mutex::new(gemm),
+            grads,
+            groups,
+            pieces,
+            sched: Mutex::new(Sched {
+                pending: self.graph.indegree.clone(),
+                codec_queue: VecDeque::new(),
+            }),
+            ready: Condvar::new(),
+            epoch_event,
+            epoch_ns,
+        })
+    }
+
+    fn guard(&self, body: impl FnOnce() -> Result<()>) {
+        if let Err(err) = body() {
+            let mut first = self.first_error.lock().expect("the error lock");
+            if first.is_none() {
+                *first = Some(err);
+            }
+            self.abort.store(true, Ordering::Relaxed);
+            self.board.wake_all();
+        }
+    }
+
+    fn aborted(&self, rank: u32) -> Result<()> {
+        if self.abort.load(Ordering::Relaxed) {
+            Err(ExecError::Rank {
+                rank,
+                message: "aborted: another rank failed".into(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Records a timing event on `stream`.
+    fn event(&self, stream: &Arc<CudaStream>) -> Result<CudaEvent> {
+        stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("cannot record a timing event"))
+    }
+
+    /// Waits for `end` within the timeout, giving up when another thread failed.
+    fn wait_event(&self, state: &GpuRank, end: &CudaEvent, what: &str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if end.try_is_complete().map_err(cuda_err(what))? {
+                return Ok(());
+            }
+            self.aborted(state.rank)?;
+            if Instant::now() >= deadline {
+                return Err(ExecError::Rank {
+                    rank: state.rank,
+                    message: format!(
+                        "{what} did not complete within {:.1} s (a peer rank may be dead or stuck; its communicator is aborted)",
+                        self.timeout.as_secs_f64()
+                    ),
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Times the work `enqueue` puts on `stream`, waits for it and records the task.
+    fn timed(
+        &self,
+        state: &GpuRank,
+        stream: &Arc<CudaStream>,
+        task: u32,
+        lane: u32,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        state
+            .ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cannot bind the context"))?;
+        let start = self.event(stream)?;
+        enqueue()?;
+        let end = self.event(stream)?;
+        self.wait_event(state, &end, "a task")?;
+        let at = |e: &CudaEvent| -> Result<SimTime> {
+            let ms = state
+                .epoch_event
+                .elapsed_ms(e)
+                .map_err(cuda_err("cannot read a timing event"))?;
+            Ok(SimTime(
+                state.epoch_ns + (f64::from(ms) * 1e6).max(0.0) as u64,
+            ))
+        };
+        let record = TaskRecord {
+            rank: state.rank,
+            task,
+            stream: lane,
+            start: at(&start)?,
+            end: at(&end)?,
+        };
+        let keep = self.graph.task(task).resource != Resource::Comm || state.rank == 0;
+        if keep {
+            self.records.lock().expect("the record lock").push(record);
+        }
+        Ok(())
+    }
+
+    fn complete(&self, state: &GpuRank, task: u32) {
+        let mut arrivals = Vec::new();
+        {
+            let mut sched = state.sched.lock().expect("the scheduler lock");
+            for &next in self.graph.successors(task) {
+                sched.pending[next as usize] -= 1;
+                if sched.pending[next as usize] == 0 {
+                    match self.graph.task(next).resource {
+                        Resource::Comm => arrivals.push(next),
+                        Resource::Codec | Resource::Cpu => sched.codec_queue.push_back(next),
+                        Resource::Compute => {}
+                    }
+                }
+            }
+        }
+        state.ready.notify_all();
+        for task in arrivals {
+            self.board.arrive(task);
+        }
+    }
+
+    fn wait_for<T>(
+        &self,
+        state: &GpuRank,
+        what: &str,
+        mut pick: impl FnMut(&mut Sched) -> Option<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + self.timeout;
+        let mut sched = state.sched.lock().expect("the scheduler lock");
+        loop {
+            if let Some(found) = pick(&mut sched) {
+                return Ok(found);
+            }
+            self.aborted(state.rank)?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ExecError::Rank {
+                    rank: state.rank,
+                    message: format!(
+                        "{what} was not ready within {:.1} s",
+                        self.timeout.as_secs_f64()
+                    ),
+                });
+            }
+            sched = state
+                .ready
+                .wait_timeout(sched, (deadline - now).min(Duration::from_millis(20)))
+                .expect("the scheduler lock")
+                .0;
+        }
+    }
+
+    /// Forward, backward and optimizer tasks in program order: calibrated GEMMs of the task's
+    /// duration; a backward task also writes its tensor's synthetic gradient.
+    fn compute_thread(&self, state: &GpuRank) -> Result<()> {
+        let tasks = (0..self.graph.len() as u32)
+            .filter(|&t| self.graph.task(t).resource == Resource::Compute);
+        for task in tasks {
+            self.wait_for(state, "a compute task's input", |s| {
+                (s.pending[task as usize] == 0).then_some(())
+            })?;
+            let t = self.graph.task(task);
+            let stream = &state.compute;
+            self.timed(state, stream, task, 0, || {
+                state.gemm.lock().expect("the GEMM lock").run_for(
+                    &state.kernels,
+                    stream,
+                    t.duration.as_ns(),
+                )?;
+                if let TaskKind::Backward { tensor } = t.kind {
+                    let (group, offset, numel) = self.layout.tensor_slot[tensor as usize];
+                    let start = self.gradients.offset(tensor as usize);
+                    let src = state.grads.slice(start..start + numel);
+                    let mut buffer = state.groups[group].lock().expect("a group buffer lock");
+                    let mut dst = buffer.slice_mut(offset..offset + numel);
+                    let (n, scale) = (numel as u32, Gradients::scale(t.iteration));
+                    // SAFETY: scale_copy(src, dst, n, scale) touches n elements of each view.
+                    unsafe {
+                        stream
+                            .launch_builder(&state.kernels.scale_copy)
+                            .arg(&src)
+                            .arg(&mut dst)
+                            .arg(&n)
+                            .arg(&scale)
+                            .launch(grid(numel))
+                    }
+                    .map_err(cuda_err("gradient copy failed"))?;
+                }
+                Ok(())
+            })?;
+            self.complete(state, task);
+        }
+        Ok(())
+    }
+
+    fn codec_thread(&self, state: &GpuRank) -> Result<()> {
+        let count = self
+            .graph
+            .graph
+            .node_weights()
+            .filter(|t| matches!(t.resource, Resource::Codec | Resource::Cpu))
+            .count();
+        for _ in 0..count {
+            let task = self.wait_for(state, "a compression task", |s| s.codec_queue.pop_front())?;
+            let t = self.graph.task(task);
+            let (TaskKind::Encode { group, part } | TaskKind::Decode { group, part }) = t.kind
+            else {
+                unreachable!("only compression tasks run on the codec stream")
+            };
+            let index = self.layout.piece_index(group, part);
+            let mut piece = state.pieces[index].lock().expect("a piece lock");
+            let stream = &state.codec;
+            let encode = matches!(t.kind, TaskKind::Encode { .. });
+            self.timed(state, stream, task, 0, || {
+                if encode {
+                    self.encode(state, stream, index, &mut piece)
+                } else {
+                    self.decode(state, stream, index, &mut piece)
+                }
+            })?;
+            self.after(state, stream, index, &mut piece, encode, t.iteration)?;
+            drop(piece);
+            self.complete(state, task);
+        }
+        Ok(())
+    }
+
+    /// Error-feedback compensation, then the encode into the payload.
+    fn encode(
+        &self,
+        state: &GpuRank,
+        stream: &Arc<CudaStream>,
+        index: usize,
+        piece: &mut GpuPiece,
+    ) -> Result<()> {
+        let spec = &self.layout.pieces[index];
+        let (kind, lr) = match spec.memory {
+            Memory::Residual => (1i32, 0.0f32),
+            Memory::EfSignSgd { lr } => (2, lr as f32),
+            _ => (0, 0.0),
+        };
+        let n = spec.range.len() as u32;
+        {
+            let buffer = state.groups[spec.group]
+                .lock()
+                .expect("a group buffer lock");
+            let src = buffer.slice(spec.range.clone());
+            // SAFETY: compensate(g, e, out, n, kind, lr) touches n elements of each buffer.
+            unsafe {
+                stream
+                    .launch_builder(&state.kernels.compensate)
+                    .arg(&src)
+                    .arg(&piece.residual)
+                    .arg(&mut piece.compensated)
+                    .arg(&n)
+                    .arg(&kind)
+                    .arg(&lr)
+                    .launch(grid(spec.range.len()))
+            }
+            .map_err(cuda_err("error-feedback kernel failed"))?;
+        }
+        piece.codec.encode(
+            &state.kernels,
+            stream,
+            &piece.compensated,
+            &mut piece.payload,
+        )?;
+        if spec.memory != Memory::None {
+            let bytes = piece.codec.wire_bytes();
+            stream
+                .memcpy_dtod(&piece.payload.slice(..bytes), &mut piece.own)
+                .map_err(cuda_err("cannot keep the own payload"))?;
+        }
+        Ok(())
+    }
+
+    fn decode(
+        &self,
+        state: &GpuRank,
+        stream: &Arc<CudaStream>,
+        index: usize,
+        piece: &mut GpuPiece,
+    ) -> Result<()> {
+        let spec = &self.layout.pieces[index];
+        let k = &state.kernels;
+        let bytes = piece.codec.wire_bytes();
+        let zero = cuda_err("cannot clear the result");
+        stream.memset_zeros(&mut piece.result).map_err(&zero)?;
+        match spec.aggregation {
+            Aggregation::Allgather => {
+                for r in 0..self.world as usize {
+                    let block = piece.gathered.slice(r * bytes..(r + 1) * bytes);
+                    piece
+                        .codec
+                        .decode_add(k, stream, &block, &mut piece.result)?;
+                }
+            }
+            _ => piece.codec.decode_add(
+                k,
+                stream,
+                &piece.payload.slice(..bytes),
+                &mut piece.result,
+            )?,
+        }
+        if spec.memory != Memory::None {
+            stream.memset_zeros(&mut piece.transmitted).map_err(&zero)?;
+            piece
+                .codec
+                .decode_add(k, stream, &piece.own.slice(..bytes), &mut piece.transmitted)?;
+            let n = spec.range.len() as u32;
+            // SAFETY: residual_update(e, p, t, n) touches n elements of each buffer.
+            unsafe {
+                stream
+                    .launch_builder(&k.residual_update)
+                    .arg(&mut piece.residual)
+                    .arg(&piece.compensated)
+                    .arg(&piece.transmitted)
+                    .arg(&n)
+                    .launch(grid(spec.range.len()))
+            }
+            .map_err(cuda_err("residual update failed"))?;
+        }
+        Ok(())
+    }
+
+    /// After an encode or decode completed: the finite check, the `--check` copies, and the
+    /// EF-SignSGD's 1/lr output scale, which must follow the `--check` copy (outside the timed
+    /// window: one element-wise pass).
+    fn after(
+        &self,
+        state: &GpuRank,
+        stream: &Arc<CudaStream>,
+        index: usize,
+        piece: &mut GpuPiece,
+        encode: bool,
+        iteration: u32,
+    ) -> Result<()> {
+        let spec = &self.layout.pieces[index];
+        let read = cuda_err("cannot copy a result back for --check");
+        if encode {
+            piece.codec.check_finite(stream, &piece.compensated)?;
+            if let Some(checker) = self.checker {
+                let input = stream
+                    .clone_dtoh(&piece.compensated.slice(..spec.range.len()))
+                    .map_err(&read)?;
+                checker.input(index, state.rank, iteration, &input);
+            }
+            return Ok(());
+        }
+        if let Some(checker) = self.checker {
+            let result = stream
+                .clone_dtoh(&piece.result.slice(..spec.range.len()))
+                .map_err(&read)?;
+            checker.result(
+                index,
+                spec.group,
+                spec.aggregation,
+                state.rank,
+                iteration,
+                &result,
+            )?;
+        }
+        if let Memory::EfSignSgd { lr } = spec.memory {
+            let (n, scale) = (spec.range.len() as u32, (1.0 / lr) as f32);
+            // SAFETY: scale_in_place(x, n, scale) touches n elements.
+            unsafe {
+                stream
+                    .launch_builder(&state.kernels.scale_in_place)
+                    .arg(&mut piece.result)
+                    .arg(&n)
+                    .arg(&scale)
+                    .launch(grid(spec.range.len()))
+            }
+            .map_err(cuda_err("output scaling failed"))?;
+        }
+        Ok(())
+    }
+
+    /// Collectives in the board's order on this rank's NCCL communicator of `stream`.
+    fn comm_thread(&self, state: &GpuRank, lane: u32, id: Id) -> Result<()> {
+        state
+            .ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cannot bind the context"))?;
+        let stream = &state.comm[lane as usize];
+        let comm = Comm::from_rank(stream.clone(), state.rank as usize, self.world as usize, id)
+            .map_err(|e| ExecError::Rank {
+                rank: state.rank,
+                message: format!("NCCL communicator {lane} failed to initialize: {e:?}"),
+            })?;
+        let nccl = |e: cudarc::nccl::result::NcclError| ExecError::Rank {
+            rank: state.rank,
+            message: format!("NCCL failed: {e:?}"),
+        };
+        let mut index = 0;
+        while let Some(task) = self.board.next(lane, index, state.rank, &self.abort)? {
+            index += 1;
+            let t = self.graph.task(task);
+            let TaskKind::Collective { group, part, round } = t.kind else {
+                unreachable!("only collectives reach the board")
+            };
+            let piece_index = self.layout.piece_index(group, part);
+            let spec = &self.layout.pieces[piece_index];
+            if spec.rounds() > 1 && spec.scheme != Scheme::ReduceScatterAllgather {
+                return Err(ExecError::Cuda { message: format!("group {group}: multi-round compressors (PowerSGD) are not in the cuda backend") });
+            }
+            let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
+            let piece = &mut *guard;
+            // Uncompressed groups have no encode/decode tasks: the collective casts itself.
+            let encode = round == 0 && !spec.has_encode;
+            let decode = round + 1 == spec.rounds() && !spec.has_decode;
+            let split = spec.scheme == Scheme::ReduceScatterAllgather;
+            self.timed(state, stream, task, lane, || {
+                if encode {
+                    self.encode(state, stream, piece_index, piece)?;
+                }
+                match spec.aggregation {
+                    Aggregation::Allreduce => {
+                        let elem = elem_bytes(&spec.compressor);
+                        let count = piece.payload.len() / elem;
+                        let chunk = piece.chunk.len() / elem;
+                        // SAFETY (transmutes): the byte buffers are device allocations (256-byte
+                        // aligned) holding count·elem and chunk·elem bytes, read as elements of
+                        // elem bytes that are valid for any bit pattern.
+                        macro_rules! reduce {
+                            ($t:ty) => {{
+                                let payload = unsafe { piece.payload.transmute_mut::<$t>(count) }
+                                    .expect("payload size");
+                                let mut payload = payload;
+                                if !split {
+                                    comm.all_reduce_in_place(&mut payload, &ReduceOp::Sum)
+                                        .map_err(nccl)?;
+                                } else if round == 0 {
+                                    let mut out = unsafe { piece.chunk.transmute_mut::<$t>(chunk) }
+                                        .expect("chunk size");
+                                    comm.reduce_scatter(&payload, &mut out, &ReduceOp::Sum)
+                                        .map_err(nccl)?;
+                                } else {
+                                    let part = unsafe { piece.chunk.transmute::<$t>(chunk) }
+                                        .expect("chunk size");
+                                    comm.all_gather(&part, &mut payload).map_err(nccl)?;
+                                }
+                            }};
+                        }
+                        match spec.compressor {
+                            Compressor::Fp16 => reduce!(Half),
+                            Compressor::Bf16 => reduce!(Brain),
+                            _ => reduce!(f32),
+                        }
+                    }
+                    _ => {
+                        let bytes = piece.codec.wire_bytes();
+                        let send = piece.payload.slice(..bytes);
+                        comm.all_gather(&send, &mut piece.gathered).map_err(nccl)?;
+                    }
+                }
+                if decode {
+                    self.decode(state, stream, piece_index, piece)?;
+                }
+                Ok(())
+            })?;
+            if encode {
+                self.after(state, stream, piece_index, piece, true, t.iteration)?;
+            }
+            if decode {
+                self.after(state, stream, piece_index, piece, false, t.iteration)?;
+            }
+            drop(guard);
+            self.complete(state, task);
+        }
+        Ok(())
+    }
+}
