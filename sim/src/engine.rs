@@ -144,7 +144,8 @@ impl LocalStream {
         match resource {
             Resource::Compute => LocalStream::Compute,
             Resource::Codec => LocalStream::Codec,
-            Resource::Cpu | Resource::Comm => LocalStream::Cpu,
+            Resource::Cpu => LocalStream::Cpu,
+            Resource::Comm => unreachable!("collectives are global, not a rank's stream"),
         }
     }
 }
