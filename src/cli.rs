@@ -25,6 +25,11 @@ pub enum Command {
     Simulate(Box<SimulateArgs>),
     /// Search the fastest fusion and compression plan; compare it with every baseline strategy.
     Tune(Box<TuneArgs>),
+    /// Simulate a grid of GPU counts, bandwidths, strategies and compressors: table, CSV, SVG.
+    Sweep(Box<SweepArgs>),
+    /// Reproducible studies: `experiment run experiments/NAME` regenerates its results.
+    #[command(subcommand)]
+    Experiment(ExperimentCommand),
     /// Measure this machine into a device profile (compression encode/decode cost curves).
     Profile(ProfileArgs),
     /// List shipped models, devices, clusters, compressors or strategies.
@@ -52,6 +57,30 @@ pub enum Format {
     #[default]
     Text,
     Json,
+}
+
+/// `simulate --scheme`: the plan schemes a user may force on every group.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchemeArg {
+    /// The compressor's aggregation rule picks: allreduce if summable, else allgather.
+    Auto,
+    Allreduce,
+    Allgather,
+    Ps,
+    Hierarchical,
+}
+
+impl SchemeArg {
+    pub fn scheme(self) -> syncopate_sim::plan::Scheme {
+        use syncopate_sim::plan::Scheme;
+        match self {
+            SchemeArg::Auto => Scheme::Auto,
+            SchemeArg::Allreduce => Scheme::Allreduce,
+            SchemeArg::Allgather => Scheme::Allgather,
+            SchemeArg::Ps => Scheme::Ps,
+            SchemeArg::Hierarchical => Scheme::Hierarchical,
+        }
+    }
 }
 
 /// A cluster by shipped name or path, with the overrides every cluster-taking command accepts.
@@ -140,6 +169,9 @@ pub struct SimulateArgs {
     /// Error-feedback memory for every group: none, residual, dgc, efsignsgd.
     #[arg(long, default_value = "none", conflicts_with = "plan")]
     pub memory: String,
+    /// Synchronization scheme for every group of the strategy's plan (GRACE ran allgather).
+    #[arg(long, value_enum, default_value = "auto", conflicts_with = "plan")]
+    pub scheme: SchemeArg,
     /// Run compression on the host CPU with this `cpu` device profile (name or path), as
     /// measured by `syncopate profile --backend host`, instead of on the GPU.
     #[arg(long)]
@@ -304,6 +336,52 @@ pub struct ValidateArgs {
     pub top: usize,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
+}
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    /// Shipped model name or path to a model profile JSON file.
+    #[arg(long)]
+    pub model: String,
+    /// Shipped cluster name or path to a cluster JSON file.
+    #[arg(long)]
+    pub cluster: String,
+    /// Node counts to sweep (comma-separated).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub nodes: Vec<u32>,
+    /// GPUs per node (default: the cluster's).
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
+    /// Per-NIC bandwidths in Gb/s to sweep (default: the cluster's).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub inter_gbps: Vec<f64>,
+    /// Strategies (comma-separated, see `syncopate list strategies`).
+    #[arg(long, value_delimiter = ',', default_value = "horovod")]
+    pub strategy: Vec<String>,
+    /// Compressor specs (comma-separated, see `syncopate list compressors`).
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    pub compressor: Vec<String>,
+    /// Error-feedback memory for every compressed run.
+    #[arg(long, default_value = "none")]
+    pub memory: String,
+    /// Folder for sweep.csv and sweep.svg (created if missing).
+    #[arg(long, default_value = "sweep")]
+    pub out: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ExperimentCommand {
+    /// Regenerate an experiment directory's results.csv, SVG plots and README results table.
+    Run(ExperimentRunArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ExperimentRunArgs {
+    /// The experiment directory (holding spec.json and README.md).
+    pub dir: PathBuf,
+    /// Calibration experiments: evaluate the shipped calibrated inputs instead of fitting anew.
+    #[arg(long)]
+    pub reuse_fit: bool,
 }
 
 #[derive(Args, Debug)]

@@ -2,6 +2,8 @@
 
 mod cli;
 mod commands;
+mod csv;
+mod plot;
 
 use clap::Parser;
 use std::process::ExitCode;

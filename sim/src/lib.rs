@@ -17,6 +17,7 @@ pub mod scenario;
 pub mod search;
 pub mod simulate;
 pub mod strategy;
+pub mod sweep;
 pub mod time;
 pub mod topology;
 pub mod trace;

@@ -126,6 +126,14 @@ impl Plan {
         }
     }
 
+    /// Puts every group on one scheme (`simulate --scheme`, GRACE's allgather runs); `validate`
+    /// then rejects compressors that cannot be aggregated that way.
+    pub fn set_scheme(&mut self, scheme: Scheme) {
+        for group in &mut self.groups {
+            group.scheme = scheme;
+        }
+    }
+
     pub fn load(path: &str) -> Result<Plan> {
         let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
             path: path.into(),

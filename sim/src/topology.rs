@@ -155,6 +155,15 @@ impl Cluster {
         let source = data::locate(DataKind::Cluster, name_or_path)?;
         let mut cluster: Cluster = data::parse_json(&source.label, &source.text)?;
         cluster.validate(&source.label)?;
+        // A device given by relative path belongs next to the cluster file that names it
+        // (experiments ship both), not in whatever directory the command runs from.
+        let device_path = std::path::Path::new(&cluster.device);
+        let names_path = cluster.device.ends_with(".json") || cluster.device.contains('/');
+        if names_path && device_path.is_relative() && name_or_path == source.label {
+            if let Some(dir) = std::path::Path::new(name_or_path).parent() {
+                cluster.device = dir.join(device_path).to_string_lossy().into_owned();
+            }
+        }
         let device = DeviceProfile::load(&cluster.device).map_err(|err| {
             SimError::invalid(
                 &source.label,

@@ -2,13 +2,15 @@
 
 mod collective;
 mod exec;
+mod experiment;
 mod list;
 mod profile;
 mod simulate;
+mod sweep;
 mod tune;
 mod validate;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, ExperimentCommand};
 
 /// Exit code for a failed command: 3 when a GPU was needed and none is usable, 1 for other
 /// errors (bad input, failed runs).
@@ -24,6 +26,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Collective(args) => collective::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Tune(args) => tune::run(&args),
+        Command::Sweep(args) => sweep::run(&args),
+        Command::Experiment(ExperimentCommand::Run(args)) => experiment::run(&args),
         Command::Profile(args) => profile::run(&args),
         Command::List { what } => list::run(what),
         Command::Exec(args) => exec::run(&args),

@@ -1,6 +1,6 @@
 //! `syncopate simulate`: a model on a cluster under a strategy or plan, summarized.
 
-use crate::cli::{Format, SimulateArgs};
+use crate::cli::{Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
@@ -26,10 +26,12 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         }
         None => {
             let strategy: Strategy = args.strategy.parse()?;
-            (
-                strategy.plan(&base, &strategy_options(args)?)?,
-                format!("strategy {strategy}"),
-            )
+            let mut plan = strategy.plan(&base, &strategy_options(args)?)?;
+            // `auto` leaves the strategy's own schemes (DeAR's split, HiPress's rings) alone.
+            if args.scheme != SchemeArg::Auto {
+                plan.set_scheme(args.scheme.scheme());
+            }
+            (plan, format!("strategy {strategy}"))
         }
     };
     if let Some(streams) = args.comm_streams {

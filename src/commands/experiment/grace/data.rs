@@ -1,0 +1,113 @@
+//! GRACE's measured throughput CSV: reading the rows we compare with and merging repeated runs.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use syncopate_sim::SimError;
+
+/// One configuration GRACE measured (repeated runs merged).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    pub model: String,
+    pub workers: u32,
+    pub method: String,
+    /// `n/a` or the sparsification ratio as GRACE wrote it.
+    pub ratio: String,
+    /// Error feedback on (`true`), off (`false`) or not applicable (`n/a`).
+    pub memory: String,
+    pub comm_method: String,
+    /// Median over the repeated runs, images/s over all workers.
+    pub throughput: f64,
+    pub runs: usize,
+}
+
+/// A configuration: model, workers, method, ratio, memory, communication method.
+type Key = (String, u32, String, String, String, String);
+
+/// Reads the `mode=throughput`, `backend=mpi` rows (the configuration our MPI/TCP cluster
+/// models) and merges repeated runs of one configuration into their median: GRACE repeated
+/// some configurations and the runs differ by up to 1.5×, which no parameter we fit explains.
+pub fn load(path: &Path) -> anyhow::Result<Vec<Measurement>> {
+    let label = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| SimError::invalid(&label, name, "column missing from the header"))
+    };
+    let [model, mode, workers, backend, comm, method, ratio, memory, throughput] = [
+        "model",
+        "mode",
+        "workers",
+        "backend",
+        "comm_method",
+        "method",
+        "ratio",
+        "memory",
+        "throughput",
+    ]
+    .map(column);
+    let (model, mode, workers, backend, comm) = (model?, mode?, workers?, backend?, comm?);
+    let (method, ratio, memory, throughput) = (method?, ratio?, memory?, throughput?);
+    let mut runs: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+    for (i, line) in lines.enumerate() {
+        let fields: Vec<&str> = line.split(',').collect();
+        let field = |c: usize| fields.get(c).copied().unwrap_or("");
+        if field(mode) != "throughput" || field(backend) != "mpi" {
+            continue;
+        }
+        let bad = |name: &str| {
+            SimError::invalid(
+                &label,
+                format!("line {}, {name}", i + 2),
+                format!(
+                    "`{}` is not a positive number",
+                    field(column(name).unwrap_or(0))
+                ),
+            )
+        };
+        let n: u32 = field(workers).parse().map_err(|_| bad("workers"))?;
+        let t: f64 = field(throughput)
+            .parse()
+            .ok()
+            .filter(|t: &f64| *t > 0.0)
+            .ok_or_else(|| bad("throughput"))?;
+        let key = (
+            field(model).to_string(),
+            n,
+            field(method).to_string(),
+            field(ratio).to_string(),
+            field(memory).to_string(),
+            field(comm).to_string(),
+        );
+        runs.entry(key).or_default().push(t);
+    }
+    Ok(runs
+        .into_iter()
+        .map(
+            |((model, workers, method, ratio, memory, comm_method), mut t)| {
+                t.sort_by(f64::total_cmp);
+                let median = if t.len() % 2 == 1 {
+                    t[t.len() / 2]
+                } else {
+                    (t[t.len() / 2 - 1] + t[t.len() / 2]) / 2.0
+                };
+                Measurement {
+                    model,
+                    workers,
+                    method,
+                    ratio,
+                    memory,
+                    comm_method,
+                    throughput: median,
+                    runs: t.len(),
+                }
+            },
+        )
+        .collect())
+}

@@ -1,0 +1,143 @@
+//! `syncopate sweep` and `syncopate experiment run` end to end: every shipped experiment regenerates its results.
+
+use crate::common::{root, scratch, stderr, stdout, syncopate, validation_data};
+use std::path::Path;
+
+const EXPERIMENTS: [&str; 6] = [
+    "mergecomp",
+    "dear",
+    "hipress",
+    "dgc-scaling",
+    "lab4-fp16-fp8",
+    "grace",
+];
+
+/// Copies an experiment into a scratch directory so the run does not rewrite the shipped files;
+/// GRACE's data path is made absolute since the copy no longer sits in the repository.
+fn copy_experiment(name: &str) -> std::path::PathBuf {
+    let from = root().join("experiments").join(name);
+    let to = scratch(&format!("experiment-{name}"));
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+    let spec_path = to.join("spec.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    if spec.get("data").is_some() {
+        let data = validation_data("grace_imagenet_throughput.csv");
+        spec["data"] = serde_json::Value::String(data.to_string_lossy().into_owned());
+        std::fs::write(&spec_path, serde_json::to_string_pretty(&spec).unwrap()).unwrap();
+    }
+    to
+}
+
+fn has_svg(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().any(|e| {
+        let path = e.unwrap().path();
+        path.extension().is_some_and(|x| x == "svg")
+            && std::fs::read_to_string(&path).unwrap().contains("<text")
+    })
+}
+
+#[test]
+fn every_shipped_experiment_regenerates_its_results() {
+    for name in EXPERIMENTS {
+        let dir = copy_experiment(name);
+        // The GRACE fit is the slow part in a debug build; the test evaluates the shipped fit.
+        let out = syncopate(&[
+            "experiment",
+            "run",
+            dir.to_str().unwrap(),
+            "--reuse-fit",
+        ]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+        assert!(csv.lines().count() > 2, "{name}: results.csv has no rows");
+        assert!(has_svg(&dir), "{name}: no SVG with text");
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        let table = readme
+            .split("<!-- results:begin -->")
+            .nth(1)
+            .and_then(|rest| rest.split("<!-- results:end -->").next())
+            .unwrap();
+        assert!(table.contains("|---|"), "{name}: README table missing");
+    }
+}
+
+#[test]
+fn grace_reports_the_overall_error_of_the_shipped_fit() {
+    let dir = copy_experiment("grace");
+    let out = syncopate(&["experiment", "run", dir.to_str().unwrap(), "--reuse-fit"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("**overall**"), "{text}");
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    // ResNet-50's 1-worker row defines compute: it is reproduced exactly.
+    let one = csv
+        .lines()
+        .find(|l| l.starts_with("resnet50,1,none"))
+        .expect("the 1-worker row is compared");
+    let error: f64 = one.split(',').nth(9).unwrap().parse().unwrap();
+    assert!(error.abs() < 1.0, "{one}");
+}
+
+#[test]
+fn experiment_without_markers_names_the_readme() {
+    let dir = copy_experiment("dgc-scaling");
+    std::fs::write(dir.join("README.md"), "# no markers\n").unwrap();
+    let out = syncopate(&["experiment", "run", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("README.md"), "{}", stderr(&out));
+}
+
+#[test]
+fn sweep_writes_table_csv_and_svg() {
+    let out_dir = scratch("sweep");
+    let out = syncopate(&[
+        "sweep",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-100gib",
+        "--nodes",
+        "1,2",
+        "--inter-gbps",
+        "25,100",
+        "--strategy",
+        "horovod,mergecomp",
+        "--compressor",
+        "none,fp16",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    // mergecomp without a compressor cannot run: a skipped row, not a failure.
+    assert!(text.contains("skipped"), "{text}");
+    let csv = std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 2 * 2 * 2 * 2);
+    assert!(has_svg(&out_dir));
+}
+
+#[test]
+fn sweep_rejects_unknown_strategy_and_zero_bandwidth() {
+    let out_dir = scratch("sweep-bad");
+    let base = [
+        "sweep",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-100gib",
+        "--nodes",
+        "1",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let unknown = syncopate(&[&base[..], &["--strategy", "warp"]].concat());
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(stderr(&unknown).contains("warp"), "{}", stderr(&unknown));
+    let zero = syncopate(&[&base[..], &["--inter-gbps", "0"]].concat());
+    assert_eq!(zero.status.code(), Some(1));
+    assert!(stderr(&zero).contains("--inter-gbps"), "{}", stderr(&zero));
+}
