@@ -5,6 +5,7 @@ mod collective;
 mod common;
 mod compression;
 mod data_files;
+mod experiments;
 mod runtime;
 mod simulator;
 mod tuning;
