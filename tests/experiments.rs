@@ -45,12 +45,7 @@ fn every_shipped_experiment_regenerates_its_results() {
     for name in EXPERIMENTS {
         let dir = copy_experiment(name);
         // The GRACE fit is the slow part in a debug build; the test evaluates the shipped fit.
-        let out = syncopate(&[
-            "experiment",
-            "run",
-            dir.to_str().unwrap(),
-            "--reuse-fit",
-        ]);
+        let out = syncopate(&["experiment", "run", dir.to_str().unwrap(), "--reuse-fit"]);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
         assert!(csv.lines().count() > 2, "{name}: results.csv has no rows");

@@ -9,6 +9,7 @@ pub mod host;
 pub mod launch;
 mod layout;
 pub mod rendezvous;
+mod sched;
 
 use crate::error::{ExecError, Result};
 use check::GroupCheck;

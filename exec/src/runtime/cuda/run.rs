@@ -19,12 +19,12 @@ use crate::error::{ExecError, Result};
 use crate::runtime::check::Checker;
 use crate::runtime::host::board::Board;
 use crate::runtime::layout::{Gradients, Layout};
+use crate::runtime::sched::{check_abort, Readiness, Sched};
 use crate::runtime::{ExecOptions, Measured};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
 use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::{Aggregation, Compressor, Memory};
 use syncopate_sim::engine::TaskRecord;
@@ -78,11 +78,6 @@ struct GpuPiece {
     transmitted: CudaSlice<f32>,
 }
 
-struct Sched {
-    pending: Vec<u32>,
-    codec_queue: VecDeque<u32>,
-}
-
 struct GpuRank {
     rank: u32,
     ctx: Arc<CudaContext>,
@@ -94,8 +89,7 @@ struct GpuRank {
     grads: CudaSlice<f32>,
     groups: Vec<Mutex<CudaSlice<f32>>>,
     pieces: Vec<Mutex<GpuPiece>>,
-    sched: Mutex<Sched>,
-    ready: Condvar,
+    readiness: Readiness,
     /// Recorded on the compute stream when the host clock read `epoch_ns`.
     epoch_event: CudaEvent,
     epoch_ns: u64,
@@ -299,11 +293,7 @@ impl Run<'_> {
             grads,
             groups,
             pieces,
-            sched: Mutex::new(Sched {
-                pending: self.graph.indegree.clone(),
-                codec_queue: VecDeque::new(),
-            }),
-            ready: Condvar::new(),
+            readiness: Readiness::new(rank, self.graph),
             epoch_event,
             epoch_ns,
         })
@@ -321,14 +311,7 @@ impl Run<'_> {
     }
 
     fn aborted(&self, rank: u32) -> Result<()> {
-        if self.abort.load(Ordering::Relaxed) {
-            Err(ExecError::Rank {
-                rank,
-                message: "aborted: another rank failed".into(),
-            })
-        } else {
-            Ok(())
-        }
+        check_abort(&self.abort, rank)
     }
 
     /// Records a timing event on `stream`.
@@ -399,56 +382,21 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Marks `task` done on `state`'s rank and releases its successors.
     fn complete(&self, state: &GpuRank, task: u32) {
-        let mut arrivals = Vec::new();
-        {
-            let mut sched = state.sched.lock().expect("the scheduler lock");
-            for &next in self.graph.successors(task) {
-                sched.pending[next as usize] -= 1;
-                if sched.pending[next as usize] == 0 {
-                    match self.graph.task(next).resource {
-                        Resource::Comm => arrivals.push(next),
-                        Resource::Codec | Resource::Cpu => sched.codec_queue.push_back(next),
-                        Resource::Compute => {}
-                    }
-                }
-            }
-        }
-        state.ready.notify_all();
-        for task in arrivals {
-            self.board.arrive(task);
-        }
+        state.readiness.complete(self.graph, &self.board, task);
     }
 
+    /// Waits until `pick` finds something in the rank's scheduler state, within the timeout.
     fn wait_for<T>(
         &self,
         state: &GpuRank,
         what: &str,
-        mut pick: impl FnMut(&mut Sched) -> Option<T>,
+        pick: impl FnMut(&mut Sched) -> Option<T>,
     ) -> Result<T> {
-        let deadline = Instant::now() + self.timeout;
-        let mut sched = state.sched.lock().expect("the scheduler lock");
-        loop {
-            if let Some(found) = pick(&mut sched) {
-                return Ok(found);
-            }
-            self.aborted(state.rank)?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(ExecError::Rank {
-                    rank: state.rank,
-                    message: format!(
-                        "{what} was not ready within {:.1} s",
-                        self.timeout.as_secs_f64()
-                    ),
-                });
-            }
-            sched = state
-                .ready
-                .wait_timeout(sched, (deadline - now).min(Duration::from_millis(20)))
-                .expect("the scheduler lock")
-                .0;
-        }
+        state
+            .readiness
+            .wait_for(what, self.timeout, &self.abort, pick)
     }
 
     /// Forward, backward and optimizer tasks in program order: calibrated GEMMs of the task's

@@ -7,15 +7,15 @@ pub mod profile;
 
 use super::check::{ps_server, Checker};
 use super::layout::{wire_element_bytes, Gradients, Layout};
+use super::sched::{Readiness, Sched};
 use super::{ExecOptions, Measured};
 use crate::compress::{Codec, MemoryState};
 use crate::error::{ExecError, Result};
 use board::Board;
 use busy::BusyWork;
 use comm::Mesh;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::{Aggregation, Memory};
 use syncopate_sim::engine::TaskRecord;
@@ -23,8 +23,6 @@ use syncopate_sim::graph::{Resource, TaskGraph, TaskKind};
 use syncopate_sim::plan::Scheme;
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::time::SimTime;
-
-const POLL: Duration = Duration::from_millis(20);
 
 /// One rank's buffers and codec state for one piece.
 struct PieceState {
@@ -40,17 +38,9 @@ struct PieceState {
     transmitted: Vec<f32>,
 }
 
-struct Sched {
-    /// Unmet dependencies per task.
-    pending: Vec<u32>,
-    /// Ready compression tasks, first come first served.
-    codec_queue: VecDeque<u32>,
-}
-
 struct RankState {
     rank: u32,
-    sched: Mutex<Sched>,
-    ready: Condvar,
+    readiness: Readiness,
     groups: Vec<Mutex<Vec<f32>>>,
     pieces: Vec<Mutex<PieceState>>,
 }
@@ -138,11 +128,7 @@ fn rank_state(run: &Run, rank: u32) -> RankState {
     let layout = run.layout;
     RankState {
         rank,
-        sched: Mutex::new(Sched {
-            pending: run.graph.indegree.clone(),
-            codec_queue: VecDeque::new(),
-        }),
-        ready: Condvar::new(),
+        readiness: Readiness::new(rank, run.graph),
         groups: layout
             .group_numel
             .iter()
@@ -198,69 +184,21 @@ impl Run<'_> {
             });
     }
 
-    fn aborted(&self, rank: u32) -> Result<()> {
-        if self.abort.load(Ordering::Relaxed) {
-            Err(ExecError::Rank {
-                rank,
-                message: "aborted: another rank failed".into(),
-            })
-        } else {
-            Ok(())
-        }
-    }
-
     /// Marks `task` done on `state`'s rank and releases its successors.
     fn complete(&self, state: &RankState, task: u32) {
-        let mut arrivals = Vec::new();
-        {
-            let mut sched = state.sched.lock().expect("the scheduler lock");
-            for &next in self.graph.successors(task) {
-                sched.pending[next as usize] -= 1;
-                if sched.pending[next as usize] == 0 {
-                    match self.graph.task(next).resource {
-                        Resource::Comm => arrivals.push(next),
-                        Resource::Codec | Resource::Cpu => sched.codec_queue.push_back(next),
-                        Resource::Compute => {}
-                    }
-                }
-            }
-        }
-        state.ready.notify_all();
-        for task in arrivals {
-            self.board.arrive(task);
-        }
+        state.readiness.complete(self.graph, &self.board, task);
     }
 
-    /// Waits until `pick` finds something in the scheduler state, within the timeout.
+    /// Waits until `pick` finds something in the rank's scheduler state, within the timeout.
     fn wait_for<T>(
         &self,
         state: &RankState,
         what: &str,
-        mut pick: impl FnMut(&mut Sched) -> Option<T>,
+        pick: impl FnMut(&mut Sched) -> Option<T>,
     ) -> Result<T> {
-        let deadline = Instant::now() + self.timeout;
-        let mut sched = state.sched.lock().expect("the scheduler lock");
-        loop {
-            if let Some(found) = pick(&mut sched) {
-                return Ok(found);
-            }
-            self.aborted(state.rank)?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(ExecError::Rank {
-                    rank: state.rank,
-                    message: format!(
-                        "{what} was not ready within {:.1} s",
-                        self.timeout.as_secs_f64()
-                    ),
-                });
-            }
-            sched = state
-                .ready
-                .wait_timeout(sched, (deadline - now).min(POLL))
-                .expect("the scheduler lock")
-                .0;
-        }
+        state
+            .readiness
+            .wait_for(what, self.timeout, &self.abort, pick)
     }
 
     /// Forward, backward and optimizer tasks in program order, as busy work of their duration.

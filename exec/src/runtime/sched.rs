@@ -1,0 +1,106 @@
+//! A rank's task readiness for the real backends: unmet dependencies, the compression queue, and
+//! waiting for work within a timeout while watching for another rank's failure.
+
+use super::host::board::Board;
+use crate::error::{ExecError, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+use syncopate_sim::graph::{Resource, TaskGraph};
+
+/// How often a waiting thread looks at the abort flag.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What a rank's threads pick work from.
+pub struct Sched {
+    /// Unmet dependencies per task.
+    pub pending: Vec<u32>,
+    /// Ready compression tasks, first come first served (as the simulator's codec stream).
+    pub codec_queue: VecDeque<u32>,
+}
+
+/// One rank's scheduling state, shared by its compute, compression and communication threads.
+pub struct Readiness {
+    rank: u32,
+    sched: Mutex<Sched>,
+    ready: Condvar,
+}
+
+/// Err when another rank or thread has failed, so that this one stops instead of waiting.
+pub fn check_abort(abort: &AtomicBool, rank: u32) -> Result<()> {
+    if abort.load(Ordering::Relaxed) {
+        Err(ExecError::Rank {
+            rank,
+            message: "aborted: another rank failed".into(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+impl Readiness {
+    pub fn new(rank: u32, graph: &TaskGraph) -> Readiness {
+        Readiness {
+            rank,
+            sched: Mutex::new(Sched {
+                pending: graph.indegree.clone(),
+                codec_queue: VecDeque::new(),
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// Marks `task` done on this rank: compression tasks it unblocks join the queue, and
+    /// collectives it unblocks are announced to the launch board.
+    pub fn complete(&self, graph: &TaskGraph, board: &Board, task: u32) {
+        let mut arrivals = Vec::new();
+        {
+            let mut sched = self.sched.lock().expect("the scheduler lock");
+            for &next in graph.successors(task) {
+                sched.pending[next as usize] -= 1;
+                if sched.pending[next as usize] == 0 {
+                    match graph.task(next).resource {
+                        Resource::Comm => arrivals.push(next),
+                        Resource::Codec | Resource::Cpu => sched.codec_queue.push_back(next),
+                        Resource::Compute => {}
+                    }
+                }
+            }
+        }
+        self.ready.notify_all();
+        for task in arrivals {
+            board.arrive(task);
+        }
+    }
+
+    /// Waits until `pick` finds something in the scheduler state, within `timeout`.
+    pub fn wait_for<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        abort: &AtomicBool,
+        mut pick: impl FnMut(&mut Sched) -> Option<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        let mut sched = self.sched.lock().expect("the scheduler lock");
+        loop {
+            if let Some(found) = pick(&mut sched) {
+                return Ok(found);
+            }
+            check_abort(abort, self.rank)?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ExecError::Rank {
+                    rank: self.rank,
+                    message: format!("{what} was not ready within {:.1} s", timeout.as_secs_f64()),
+                });
+            }
+            sched = self
+                .ready
+                .wait_timeout(sched, (deadline - now).min(POLL))
+                .expect("the scheduler lock")
+                .0;
+        }
+    }
+}
