@@ -11,7 +11,7 @@ use super::scan::{check_finite, max_abs, sum_map, CHUNK};
 use super::wire::{bad_payload, expect_len, get4, get_f32};
 use super::Codec;
 use crate::error::Result;
-use syncopate_sim::compress::{qsgd_bits, Compressor};
+use syncopate_sim::compress::{qsgd_bits, Compressor, QSGD_MAX_LEVELS};
 
 /// Which quantizer, with its parameter.
 #[derive(Clone, Copy, Debug)]
@@ -41,22 +41,27 @@ struct Quantizer {
 /// blocks, and a multiple of 16 so that every block of codes starts on a byte boundary.
 const BLOCK: usize = 256;
 
+/// An upper bound on QSGD's r = |x|·levels/‖g‖ (at most about 1.23 · `QSGD_MAX_LEVELS`).
+const QSGD_CLAMP: f32 = (1u32 << 20) as f32;
+
 /// 2^-24: a 24-bit uniform integer u stands for the float u·2^-24 in [0, 1).
 const U24_SCALE: f32 = 1.0 / (1u32 << 24) as f32;
 
 /// Fills `u` with 24-bit uniform integers in index order, two per draw exactly as
 /// [`Rng::next_f32_pair`] splits it (so u·2^-24 are the same floats), a lone last element from
 /// the high half of a fresh draw. Blocks start at even indices, so the stream does not depend on
-/// the block size: a seed fixes the payload.
+/// the block size: a seed fixes the payload. `u` holds at most `BLOCK` elements.
 fn fill_u24(rng: &mut Rng, u: &mut [u32]) {
+    let mut draws = [0u64; BLOCK / 2];
+    let draws = &mut draws[..u.len().div_ceil(2)];
+    rng.fill_u64(draws);
     let mut pairs = u.chunks_exact_mut(2);
-    for p in &mut pairs {
-        let x = rng.next_u64();
+    for (p, &x) in (&mut pairs).zip(draws.iter()) {
         p[0] = (x >> 40) as u32;
         p[1] = ((x >> 8) & 0xFF_FFFF) as u32;
     }
     if let [last] = pairs.into_remainder() {
-        *last = (rng.next_u64() >> 40) as u32;
+        *last = (draws[draws.len() - 1] >> 40) as u32;
     }
 }
 
@@ -85,9 +90,9 @@ fn pack_codes<const B: u32>(codes: &[u32], dst: &mut [u8]) {
 }
 
 /// QSGD's body: level ⌊r⌋ or ⌊r⌋ + 1 with probability r − ⌊r⌋ (r = |x|·s/‖g‖), code level ± s.
-/// `WIDE` keeps the u32 conversions for level counts ≥ 2^30; below that, r < 2^31 (|x| ≤ ‖g‖
-/// up to rounding) and every integer involved is < 2^31, so the i32 conversions, which SSE2
-/// vectorizes, give the same values.
+/// `WIDE` keeps the u32 conversions for level counts above `QSGD_MAX_LEVELS` (which only a
+/// hand-built spec has); up to it, r < 2^20 and every integer involved is < 2^31, so the i32
+/// conversions, which SSE2 vectorizes, give the same values.
 fn qsgd_body<const B: u32, const WIDE: bool>(
     grad: &[f32],
     rng: &mut Rng,
@@ -119,8 +124,11 @@ fn qsgd_body<const B: u32, const WIDE: bool>(
             for ((code, &x), &ui) in codes.iter_mut().zip(block).zip(u.iter()) {
                 let r = x.abs() * scale;
                 // r ≥ 0: truncation is floor, and stays in the vector unit (SSE2 has no floor
-                // instruction). ui < 2^24 converts exactly through i32.
-                let whole = r as i32;
+                // instruction). r ≤ about 1.23·levels (the norm's square may round down in
+                // the subnormal range), so the clamp changes nothing and makes the unchecked
+                // conversion, a plain cvttps2dq, sound. ui < 2^24 converts exactly via i32.
+                // SAFETY: r.min(CLAMP) is in [0, 2^20] (r is never NaN: x and scale are finite).
+                let whole: i32 = unsafe { r.min(QSGD_CLAMP).to_int_unchecked() };
                 let up = i32::from((ui as i32 as f32 * U24_SCALE) < r - whole as f32);
                 let level = (whole + up).min(lv);
                 let signed = if x < 0.0 { -level } else { level };
@@ -144,7 +152,7 @@ fn qsgd_encode(grad: &[f32], rng: &mut Rng, levels: u32, out: &mut Vec<u8>) -> R
         0.0
     };
     let body = &mut out[4..];
-    if levels >= 1 << 30 {
+    if levels > QSGD_MAX_LEVELS {
         qsgd_body::<16, true>(grad, rng, levels, scale, body);
         return Ok(());
     }
