@@ -49,13 +49,13 @@ pub fn pack2(src: &[f32], dst: &mut [u8], mut code: impl FnMut(usize, f32) -> u8
 
 /// Packs 2-bit codes (one per byte, values 0..=3) four to a byte, element i at bits 2·(i % 4).
 /// Four codes are read as one little-endian word and folded, which vectorizes on SSE2.
-fn pack2_codes(codes: &[u8], dst: &mut [u8]) {
-    let mut quads = codes.chunks_exact(4);
-    for (d, q) in dst.iter_mut().zip(&mut quads) {
+pub fn pack2_codes(codes: &[u8], dst: &mut [u8]) {
+    let whole = codes.len() / 4;
+    for (d, q) in dst[..whole].iter_mut().zip(codes.chunks_exact(4)) {
         let w = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
         *d = (w | (w >> 6) | (w >> 12) | (w >> 18)) as u8;
     }
-    let tail = quads.remainder();
+    let tail = &codes[4 * whole..];
     if !tail.is_empty() {
         let mut v = 0u8;
         for (j, &c) in tail.iter().enumerate() {

@@ -5,13 +5,13 @@
 //! (τ comes from the spec); `natural` i32 exponent `top` then one byte per element: 0 is zero,
 //! otherwise bit 7 is the sign and m = bits 0..6 (1..=127) means 2^(top + 1 − m).
 
-use super::bits::{pack2, unpack2_add, BitReader, BitWriter};
+use super::bits::{pack2, pack2_codes, unpack2_add, BitReader, BitWriter};
 use super::rng::Rng;
 use super::scan::{check_finite, max_abs, sum_map, CHUNK};
 use super::wire::{bad_payload, expect_len, get4, get_f32};
 use super::Codec;
 use crate::error::Result;
-use syncopate_sim::compress::{qsgd_bits, Compressor};
+use syncopate_sim::compress::{qsgd_bits, Compressor, QSGD_MAX_LEVELS};
 
 /// Which quantizer, with its parameter.
 #[derive(Clone, Copy, Debug)]
@@ -41,22 +41,27 @@ struct Quantizer {
 /// blocks, and a multiple of 16 so that every block of codes starts on a byte boundary.
 const BLOCK: usize = 256;
 
+/// An upper bound on QSGD's r = |x|·levels/‖g‖ (at most about 1.23 · `QSGD_MAX_LEVELS`).
+const QSGD_CLAMP: f32 = (1u32 << 20) as f32;
+
 /// 2^-24: a 24-bit uniform integer u stands for the float u·2^-24 in [0, 1).
 const U24_SCALE: f32 = 1.0 / (1u32 << 24) as f32;
 
 /// Fills `u` with 24-bit uniform integers in index order, two per draw exactly as
 /// [`Rng::next_f32_pair`] splits it (so u·2^-24 are the same floats), a lone last element from
 /// the high half of a fresh draw. Blocks start at even indices, so the stream does not depend on
-/// the block size: a seed fixes the payload.
+/// the block size: a seed fixes the payload. `u` holds at most `BLOCK` elements.
 fn fill_u24(rng: &mut Rng, u: &mut [u32]) {
+    let mut draws = [0u64; BLOCK / 2];
+    let draws = &mut draws[..u.len().div_ceil(2)];
+    rng.fill_u64(draws);
     let mut pairs = u.chunks_exact_mut(2);
-    for p in &mut pairs {
-        let x = rng.next_u64();
+    for (p, &x) in (&mut pairs).zip(draws.iter()) {
         p[0] = (x >> 40) as u32;
         p[1] = ((x >> 8) & 0xFF_FFFF) as u32;
     }
     if let [last] = pairs.into_remainder() {
-        *last = (rng.next_u64() >> 40) as u32;
+        *last = (draws[draws.len() - 1] >> 40) as u32;
     }
 }
 
@@ -85,27 +90,52 @@ fn pack_codes<const B: u32>(codes: &[u32], dst: &mut [u8]) {
 }
 
 /// QSGD's body: level ⌊r⌋ or ⌊r⌋ + 1 with probability r − ⌊r⌋ (r = |x|·s/‖g‖), code level ± s.
-fn qsgd_body<const B: u32>(grad: &[f32], rng: &mut Rng, levels: u32, scale: f32, body: &mut [u8]) {
+/// `WIDE` keeps the u32 conversions for level counts above `QSGD_MAX_LEVELS` (which only a
+/// hand-built spec has); up to it, r < 2^20 and every integer involved is < 2^31, so the i32
+/// conversions, which SSE2 vectorizes, give the same values.
+fn qsgd_body<const B: u32, const WIDE: bool>(
+    grad: &[f32],
+    rng: &mut Rng,
+    levels: u32,
+    scale: f32,
+    body: &mut [u8],
+) {
     let mut u = [0u32; BLOCK];
     let mut codes = [0u32; BLOCK];
     let block_bytes = BLOCK * B as usize / 8;
+    let lv = levels as i32;
     for (block, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(block_bytes)) {
         let u = &mut u[..block.len()];
         fill_u24(rng, u);
-        for ((code, &x), &ui) in codes.iter_mut().zip(block).zip(u.iter()) {
-            let r = x.abs() * scale;
-            // r ≥ 0 and at most levels (plus rounding): truncation is floor, and stays in the
-            // vector unit (SSE2 has no floor instruction).
-            let whole = r as u32;
-            let up = u32::from((ui as f32 * U24_SCALE) < r - whole as f32);
-            let level = (whole + up).min(levels);
-            *code = if x < 0.0 {
-                levels - level
-            } else {
-                levels + level
-            };
+        let codes = &mut codes[..block.len()];
+        if WIDE {
+            for ((code, &x), &ui) in codes.iter_mut().zip(block).zip(u.iter()) {
+                let r = x.abs() * scale;
+                let whole = r as u32;
+                let up = u32::from((ui as f32 * U24_SCALE) < r - whole as f32);
+                let level = whole.wrapping_add(up).min(levels);
+                *code = if x < 0.0 {
+                    levels - level
+                } else {
+                    levels + level
+                };
+            }
+        } else {
+            for ((code, &x), &ui) in codes.iter_mut().zip(block).zip(u.iter()) {
+                let r = x.abs() * scale;
+                // r ≥ 0: truncation is floor, and stays in the vector unit (SSE2 has no floor
+                // instruction). r ≤ about 1.23·levels (the norm's square may round down in
+                // the subnormal range), so the clamp changes nothing and makes the unchecked
+                // conversion, a plain cvttps2dq, sound. ui < 2^24 converts exactly via i32.
+                // SAFETY: r.min(CLAMP) is in [0, 2^20] (r is never NaN: x and scale are finite).
+                let whole: i32 = unsafe { r.min(QSGD_CLAMP).to_int_unchecked() };
+                let up = i32::from((ui as i32 as f32 * U24_SCALE) < r - whole as f32);
+                let level = (whole + up).min(lv);
+                let signed = if x < 0.0 { -level } else { level };
+                *code = (lv + signed) as u32;
+            }
         }
-        pack_codes::<B>(&codes[..block.len()], dst);
+        pack_codes::<B>(codes, dst);
     }
 }
 
@@ -122,22 +152,26 @@ fn qsgd_encode(grad: &[f32], rng: &mut Rng, levels: u32, out: &mut Vec<u8>) -> R
         0.0
     };
     let body = &mut out[4..];
+    if levels > QSGD_MAX_LEVELS {
+        qsgd_body::<16, true>(grad, rng, levels, scale, body);
+        return Ok(());
+    }
     match bits {
-        2 => qsgd_body::<2>(grad, rng, levels, scale, body),
-        3 => qsgd_body::<3>(grad, rng, levels, scale, body),
-        4 => qsgd_body::<4>(grad, rng, levels, scale, body),
-        5 => qsgd_body::<5>(grad, rng, levels, scale, body),
-        6 => qsgd_body::<6>(grad, rng, levels, scale, body),
-        7 => qsgd_body::<7>(grad, rng, levels, scale, body),
-        8 => qsgd_body::<8>(grad, rng, levels, scale, body),
-        9 => qsgd_body::<9>(grad, rng, levels, scale, body),
-        10 => qsgd_body::<10>(grad, rng, levels, scale, body),
-        11 => qsgd_body::<11>(grad, rng, levels, scale, body),
-        12 => qsgd_body::<12>(grad, rng, levels, scale, body),
-        13 => qsgd_body::<13>(grad, rng, levels, scale, body),
-        14 => qsgd_body::<14>(grad, rng, levels, scale, body),
-        15 => qsgd_body::<15>(grad, rng, levels, scale, body),
-        _ => qsgd_body::<16>(grad, rng, levels, scale, body),
+        2 => qsgd_body::<2, false>(grad, rng, levels, scale, body),
+        3 => qsgd_body::<3, false>(grad, rng, levels, scale, body),
+        4 => qsgd_body::<4, false>(grad, rng, levels, scale, body),
+        5 => qsgd_body::<5, false>(grad, rng, levels, scale, body),
+        6 => qsgd_body::<6, false>(grad, rng, levels, scale, body),
+        7 => qsgd_body::<7, false>(grad, rng, levels, scale, body),
+        8 => qsgd_body::<8, false>(grad, rng, levels, scale, body),
+        9 => qsgd_body::<9, false>(grad, rng, levels, scale, body),
+        10 => qsgd_body::<10, false>(grad, rng, levels, scale, body),
+        11 => qsgd_body::<11, false>(grad, rng, levels, scale, body),
+        12 => qsgd_body::<12, false>(grad, rng, levels, scale, body),
+        13 => qsgd_body::<13, false>(grad, rng, levels, scale, body),
+        14 => qsgd_body::<14, false>(grad, rng, levels, scale, body),
+        15 => qsgd_body::<15, false>(grad, rng, levels, scale, body),
+        _ => qsgd_body::<16, false>(grad, rng, levels, scale, body),
     }
     Ok(())
 }
@@ -149,13 +183,17 @@ fn terngrad_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()>
     out.resize(4 + grad.len().div_ceil(4), 0);
     out[..4].copy_from_slice(&max.to_le_bytes());
     let mut u = [0u32; BLOCK];
+    let mut codes = [0u8; BLOCK];
     for (block, dst) in grad.chunks(BLOCK).zip(out[4..].chunks_mut(BLOCK / 4)) {
         let u = &mut u[..block.len()];
         fill_u24(rng, u);
-        pack2(block, dst, |i, x| {
-            let keep = (u[i] as f32 * U24_SCALE) < x.abs() * inv;
-            u8::from(keep) * (1 + u8::from(x < 0.0))
-        });
+        let codes = &mut codes[..block.len()];
+        for ((c, &x), &ui) in codes.iter_mut().zip(block).zip(u.iter()) {
+            // ui < 2^24 converts exactly through i32 (which SSE2 vectorizes).
+            let keep = (ui as i32 as f32 * U24_SCALE) < x.abs() * inv;
+            *c = u8::from(keep) * (1 + u8::from(x < 0.0));
+        }
+        pack2_codes(codes, dst);
     }
     Ok(())
 }
@@ -186,8 +224,6 @@ fn natural_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> 
     let max_exp = ((max.to_bits() >> 23) as i32 - 127).max(-126);
     let top = (max_exp + 1).min(127);
     let bottom = top + 1 - NATURAL_EXPONENTS;
-    // Below the range an element becomes 2^bottom with probability a / 2^bottom, i.e. when
-    // u·2^-24 < a·2^-bottom: u < a·2^(24 − bottom), exact in f64 (a power-of-two scaling).
     let low_scale = 2f64.powi(24 - bottom);
     out.clear();
     out.resize(4 + grad.len(), 0);
@@ -196,28 +232,40 @@ fn natural_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> 
     for (block, dst) in grad.chunks(BLOCK).zip(out[4..].chunks_mut(BLOCK)) {
         let u = &mut u[..block.len()];
         fill_u24(rng, u);
+        // Elements in range (and zeros) are coded branch-free; the rare ones below the range
+        // (|x| < 2^bottom, or subnormal) are flagged and recoded one by one.
+        let mut rare = 0u32;
         for ((d, &x), &ui) in dst.iter_mut().zip(block).zip(u.iter()) {
             let bits = x.to_bits();
             let abs = bits & 0x7FFF_FFFF;
-            let sign = ((bits >> 31) << 7) as u8;
+            let sign = ((bits >> 31) << 7) as i32;
             let biased = (abs >> 23) as i32;
             let e = biased - 127;
             // a = 2^e·(1 + m·2^-23) rounds up to 2^(e+1) with probability m·2^-23, i.e. when
-            // u·2^-24 < m·2^-23: u < 2m, so E = a.
-            let up = ui < 2 * (abs & 0x7F_FFFF) && e < top;
-            let in_range = sign | (top + 1 - e - i32::from(up)) as u8;
-            let below = if f64::from(ui) < f64::from(f32::from_bits(abs)) * low_scale {
-                sign | NATURAL_EXPONENTS as u8
-            } else {
-                0
-            };
-            *d = if abs == 0 {
-                0
-            } else if e >= bottom && biased > 0 {
-                in_range
-            } else {
-                below
-            };
+            // u·2^-24 < m·2^-23: u < 2m, so E = a. Both sides are < 2^24: signed compare.
+            let up = i32::from(((ui as i32) < 2 * (abs & 0x7F_FFFF) as i32) & (e < top));
+            let in_range = sign | (top + 1 - e - up);
+            let zero = abs == 0;
+            *d = if zero { 0 } else { in_range as u8 };
+            rare |= u32::from(!zero & ((e < bottom) | (biased == 0)));
+        }
+        if rare != 0 {
+            for ((d, &x), &ui) in dst.iter_mut().zip(block).zip(u.iter()) {
+                let bits = x.to_bits();
+                let abs = bits & 0x7FFF_FFFF;
+                let e = (abs >> 23) as i32 - 127;
+                if abs != 0 && (e < bottom || abs >> 23 == 0) {
+                    // Below the range an element becomes 2^bottom with probability
+                    // a / 2^bottom, i.e. when u·2^-24 < a·2^-bottom: u < a·2^(24 − bottom),
+                    // exact in f64 (a power-of-two scaling).
+                    let sign = ((bits >> 31) << 7) as u8;
+                    *d = if f64::from(ui) < f64::from(f32::from_bits(abs)) * low_scale {
+                        sign | NATURAL_EXPONENTS as u8
+                    } else {
+                        0
+                    };
+                }
+            }
         }
     }
     Ok(())

@@ -48,6 +48,24 @@ impl Rng {
         result
     }
 
+    /// Fills `out` with the next `out.len()` outputs, exactly as that many [`Rng::next_u64`]
+    /// calls would, with the state held in registers for the whole block.
+    #[inline]
+    pub fn fill_u64(&mut self, out: &mut [u64]) {
+        let [mut s0, mut s1, mut s2, mut s3] = self.s;
+        for o in out {
+            *o = s0.wrapping_add(s3).rotate_left(23).wrapping_add(s0);
+            let t = s1 << 17;
+            s2 ^= s0;
+            s3 ^= s1;
+            s1 ^= s2;
+            s0 ^= s3;
+            s2 ^= t;
+            s3 = s3.rotate_left(45);
+        }
+        self.s = [s0, s1, s2, s3];
+    }
+
     /// Two uniform floats in [0, 1) from one draw (24 bits each: every value is exact in f32).
     pub fn next_f32_pair(&mut self) -> (f32, f32) {
         let x = self.next_u64();
@@ -90,6 +108,11 @@ mod tests {
         let mut r = Rng::for_stream(7, 3);
         assert!(a.iter().all(|&x| x == r.next_u64()));
         assert_ne!(Rng::for_stream(7, 4).next_u64(), a[0]);
+        let mut r = Rng::for_stream(7, 3);
+        let mut block = [0u64; 3];
+        r.fill_u64(&mut block);
+        assert_eq!(block[..], a[..3]);
+        assert_eq!(r.next_u64(), a[3]);
     }
 
     #[test]

@@ -117,10 +117,11 @@ pub struct Candidates {
 /// compacted branch-free (every lane is written, the cursor advances only past the kept ones).
 pub fn collect_at_least(grad: &[f32], t: u32, cap: usize, out: &mut Candidates) -> Result<usize> {
     const W: usize = 16;
-    out.idx.clear();
-    out.val.clear();
-    out.idx.resize(cap + W, 0);
-    out.val.resize(cap + W, 0.0);
+    // Grow only: every slot read later is written first.
+    if out.idx.len() < cap + W {
+        out.idx.resize(cap + W, 0);
+        out.val.resize(cap + W, 0.0);
+    }
     let (idx, val) = (&mut out.idx[..], &mut out.val[..]);
     let mut n = 0usize;
     let mut overflow = 0usize;
@@ -200,9 +201,44 @@ pub fn emit_all(cand: &Candidates, idx: &mut [u8], val: &mut [u8]) -> usize {
     n
 }
 
-/// Top-k in two passes over the tensor: the histogram finds the bucket of the k-th largest,
-/// then one pass collects everything from that bucket up (k plus part of one bucket) and the
-/// k largest of those are written.
+/// Top-k's threshold sample: every `TOPK_STRIDE`-th |x|, used from `TOPK_MIN_SAMPLES` samples up.
+const TOPK_STRIDE: usize = 128;
+const TOPK_MIN_SAMPLES: usize = 512;
+
+/// A threshold (|x| bits) that at least k elements probably reach, and the candidate capacity
+/// to collect with it: the k·m/n-th largest of m strided samples, moved up by four standard
+/// deviations of the sampled count (plus 8) so that it falls below the k-th largest almost
+/// always, while keeping the candidates a little over k. `None` when the tensor is too small.
+fn topk_sample(grad: &[f32], k: usize) -> Option<(u32, usize)> {
+    let n = grad.len();
+    let m = n / TOPK_STRIDE;
+    if m < TOPK_MIN_SAMPLES {
+        return None;
+    }
+    let expected = k as f64 * m as f64 / n as f64;
+    let rank = (expected + 4.0 * expected.sqrt() + 8.0).ceil() as usize;
+    if rank >= m {
+        return Some((0, n));
+    }
+    let mut samples: Vec<u32> = grad[TOPK_STRIDE / 2..]
+        .iter()
+        .step_by(TOPK_STRIDE)
+        .take(m)
+        .map(|x| x.to_bits() & ABS)
+        .collect();
+    let (_, &mut t, _) = samples.select_nth_unstable_by(rank - 1, |a, b| b.cmp(a));
+    // About rank·n/m elements reach t; half as many again leaves room for sampling error.
+    let cap = (rank * TOPK_STRIDE / 2 * 3 + 1024).min(n);
+    Some((t, cap))
+}
+
+/// Exact top-k, usually in one pass: a strided sample gives a threshold just below the k-th
+/// largest, one pass collects the (index, value) pairs at or above it (a little over k), and
+/// the k largest of those are written. Every element not collected is smaller than every
+/// collected one, so this writes exactly what the full selection would, ties included. When
+/// the sample misjudges (fewer than k reach the threshold, or more than the capacity), the two
+/// exact passes run instead: a histogram finds the bucket of the k-th largest, then one pass
+/// collects everything from that bucket up (k plus part of one bucket).
 fn topk_encode(
     grad: &[f32],
     k: usize,
@@ -210,6 +246,13 @@ fn topk_encode(
     idx: &mut [u8],
     val: &mut [u8],
 ) -> Result<()> {
+    if let Some((t, cap)) = topk_sample(grad, k) {
+        let total = collect_at_least(grad, t, cap, cand)?;
+        if (k..=cap).contains(&total) {
+            emit_k_largest(cand, k, idx, val);
+            return Ok(());
+        }
+    }
     let hist = histogram(grad)?;
     let (bucket, above) = kth_bucket(&hist, k);
     let cap = above + hist[bucket as usize];
