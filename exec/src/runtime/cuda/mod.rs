@@ -6,6 +6,7 @@ mod kernels;
 pub mod probe;
 mod profile;
 mod run;
+mod select;
 
 pub use profile::{profile, CudaProfile, CudaProfileOptions};
 
