@@ -250,9 +250,14 @@ pub struct ProfileArgs {
     /// fit them into an MPI-style cluster written to --cluster-out.
     #[arg(long, requires = "cluster_out")]
     pub ranks: Option<u32>,
-    /// Where to write the fitted cluster (its device is the profile written to --out).
-    #[arg(long, requires = "ranks")]
+    /// Where to write the fitted cluster (its device is the profile written to --out). Host:
+    /// needs --ranks. Cuda: needs at least 2 GPUs; NCCL allreduce over all of them is fitted.
+    #[arg(long)]
     pub cluster_out: Option<PathBuf>,
+    /// Cuda: the shipped cluster (name or path) whose NCCL parameters the fit starts from
+    /// (default: the DGX of the GPU's generation, e.g. dgx-h100 for an H100).
+    #[arg(long, requires = "cluster_out")]
+    pub cluster_base: Option<String>,
 }
 
 /// Where `exec` and `validate` run the plan.

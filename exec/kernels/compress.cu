@@ -257,3 +257,192 @@ extern "C" __global__ void scale_in_place(float *x, u32 n, float scale) {
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         x[i] = __fmul_rn(x[i], scale);
 }
+
+// ---- Exact sparsification (sparse.rs, sampled.rs) ----
+// The CPU keeps every |x| > t and the first `ties` elements with |x| == t, in index order.
+// Selection state, shared by the kernels below: st[0] = t (|x| bits; during radix selection
+// the digits chosen so far), st[1] = elements known to be larger, st[2] = k, st[3] = ties.
+
+#define RADIX_BUCKETS 4096u
+#define SEL_THREADS 256u
+#define SEL_PER 16u
+#define SEL_TILE (SEL_THREADS * SEL_PER)
+
+// Written by a kernel rather than a host copy, so that top-k never waits for the stream.
+extern "C" __global__ void select_init(u32 *st, u32 t, u32 above, u32 k, u32 ties) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) { st[0] = t; st[1] = above; st[2] = k; st[3] = ties; }
+}
+
+// Radix selection of the k-th largest |x|, pass 0..2 over bits 30..19, 18..7 and 6..0 (pass 0
+// uses the CPU's 4096 buckets of bits >> 19). Counts the elements whose higher digits equal
+// those chosen so far; `hist` is zero on entry.
+extern "C" __global__ void radix_hist(const float *x, u32 n, const u32 *st, int pass, u32 *hist) {
+    __shared__ u32 local[RADIX_BUCKETS];
+    for (u32 b = threadIdx.x; b < RADIX_BUCKETS; b += blockDim.x) local[b] = 0;
+    __syncthreads();
+    const u32 hi = pass == 0 ? 31u : (pass == 1 ? 19u : 7u);
+    const u32 lo = pass == 0 ? 19u : (pass == 1 ? 7u : 0u);
+    const u32 mask = (1u << (hi - lo)) - 1u;
+    const u32 prefix = st[0];
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u32 a = __float_as_uint(x[i]) & ABS_MASK;
+        if ((a >> hi) == prefix) atomicAdd(&local[(a >> lo) & mask], 1u);
+    }
+    __syncthreads();
+    for (u32 b = threadIdx.x; b < RADIX_BUCKETS; b += blockDim.x)
+        if (local[b]) atomicAdd(&hist[b], local[b]);
+}
+
+// Picks the bucket holding the k-th largest (kth_bucket on the CPU), appends its digit to st[0],
+// adds the larger buckets to st[1], sets the ties, and clears `hist`. One block of SEL_THREADS:
+// each thread sums SEL_PER buckets from the top, thread 0 walks the sums, then the buckets.
+extern "C" __global__ void radix_select(u32 *st, int pass, u32 *hist) {
+    __shared__ u32 part[SEL_THREADS];
+    const u32 width = pass == 2 ? 7u : 12u;
+    const int buckets = 1 << width;
+    const u32 per = (u32)(buckets + SEL_THREADS - 1) / SEL_THREADS;
+    u32 t = threadIdx.x, s = 0;
+    for (u32 j = 0; j < per; j++) {
+        int b = buckets - 1 - (int)(t * per + j);
+        if (b >= 0) s += hist[b];
+    }
+    part[t] = s;
+    __syncthreads();
+    if (t == 0) {
+        u32 above = st[1], k = st[2], chosen = 0;
+        for (u32 g = 0; g < SEL_THREADS; g++) {
+            if (above + part[g] >= k) {
+                for (u32 j = 0; j < per; j++) {
+                    int b = buckets - 1 - (int)(g * per + j);
+                    if (above + hist[b] >= k) { chosen = (u32)b; break; }
+                    above += hist[b];
+                }
+                break;
+            }
+            above += part[g];
+        }
+        st[0] = (st[0] << width) | chosen;
+        st[1] = above;
+        st[3] = k - above;
+    }
+    __syncthreads();
+    for (int b = t; b < buckets; b += SEL_THREADS) hist[b] = 0;
+}
+
+// Exclusive scan of SEL_THREADS pairs in shared memory (Hillis-Steele); returns the thread's offsets.
+__device__ __forceinline__ void block_scan2(u32 *sa, u32 *sb, u32 a, u32 b, u32 *oa, u32 *ob) {
+    u32 t = threadIdx.x;
+    sa[t] = a; sb[t] = b;
+    __syncthreads();
+    for (u32 d = 1; d < SEL_THREADS; d <<= 1) {
+        u32 xa = t >= d ? sa[t - d] : 0, xb = t >= d ? sb[t - d] : 0;
+        __syncthreads();
+        sa[t] += xa; sb[t] += xb;
+        __syncthreads();
+    }
+    *oa = sa[t] - a; *ob = sb[t] - b;
+}
+
+// Per tile of SEL_TILE elements: how many |x| > t and how many == t.
+extern "C" __global__ void select_count(const float *x, u32 n, const u32 *st, u32 *tile_gt, u32 *tile_eq) {
+    __shared__ u32 sa[SEL_THREADS], sb[SEL_THREADS];
+    const u32 t = st[0];
+    u32 gt = 0, eq = 0;
+    size_t first = (size_t)blockIdx.x * SEL_TILE + (size_t)threadIdx.x * SEL_PER;
+    for (u32 j = 0; j < SEL_PER; j++) {
+        size_t i = first + j;
+        if (i < n) {
+            u32 a = __float_as_uint(x[i]) & ABS_MASK;
+            gt += a > t; eq += a == t;
+        }
+    }
+    u32 og, oe;
+    block_scan2(sa, sb, gt, eq, &og, &oe);
+    if (threadIdx.x == SEL_THREADS - 1) { tile_gt[blockIdx.x] = og + gt; tile_eq[blockIdx.x] = oe + eq; }
+}
+
+// In-place exclusive scan of the tile counts; one block of SEL_THREADS, each thread a run of tiles.
+extern "C" __global__ void select_scan(u32 *tile_gt, u32 *tile_eq, u32 tiles) {
+    __shared__ u32 sa[SEL_THREADS], sb[SEL_THREADS];
+    u32 per = (tiles + SEL_THREADS - 1) / SEL_THREADS;
+    u32 begin = min(tiles, threadIdx.x * per), end = min(tiles, begin + per);
+    u32 gt = 0, eq = 0;
+    for (u32 i = begin; i < end; i++) { gt += tile_gt[i]; eq += tile_eq[i]; }
+    u32 og, oe;
+    block_scan2(sa, sb, gt, eq, &og, &oe);
+    for (u32 i = begin; i < end; i++) {
+        u32 g = tile_gt[i], e = tile_eq[i];
+        tile_gt[i] = og; tile_eq[i] = oe;
+        og += g; oe += e;
+    }
+}
+
+// Writes the selected elements in index order: element i lands at (larger elements before i)
+// + min(ties, equal elements before i). Indices as u32 at out + idx_at, values as f32 at
+// out + val_at (byte offsets, multiples of 4), at most `cap` of them.
+extern "C" __global__ void select_emit(const float *x, u32 n, const u32 *st, const u32 *tile_gt, const u32 *tile_eq,
+                                       u8 *out, unsigned long long idx_at, unsigned long long val_at, u32 cap) {
+    __shared__ u32 sa[SEL_THREADS], sb[SEL_THREADS];
+    const u32 t = st[0], ties = st[3];
+    size_t first = (size_t)blockIdx.x * SEL_TILE + (size_t)threadIdx.x * SEL_PER;
+    u32 gt = 0, eq = 0;
+    for (u32 j = 0; j < SEL_PER; j++) {
+        size_t i = first + j;
+        if (i < n) {
+            u32 a = __float_as_uint(x[i]) & ABS_MASK;
+            gt += a > t; eq += a == t;
+        }
+    }
+    u32 og, oe;
+    block_scan2(sa, sb, gt, eq, &og, &oe);
+    gt = tile_gt[blockIdx.x] + og;
+    eq = tile_eq[blockIdx.x] + oe;
+    u32 *idx = (u32 *)(out + idx_at);
+    float *val = (float *)(out + val_at);
+    for (u32 j = 0; j < SEL_PER; j++) {
+        size_t i = first + j;
+        if (i >= n) break;
+        float v = x[i];
+        u32 a = __float_as_uint(v) & ABS_MASK;
+        u32 pos = 0xFFFFFFFFu;
+        if (a > t) { pos = gt + min(eq, ties); gt++; }
+        else if (a == t) { if (eq < ties) pos = gt + eq; eq++; }
+        if (pos < cap) { idx[pos] = (u32)i; val[pos] = v; }
+    }
+}
+
+// How many |x| ≥ t (DGC's and GradDrop's threshold tests), with the finite check.
+extern "C" __global__ void count_at_least(const float *x, u32 n, u32 t, u32 *count, u32 *bad) {
+    u32 c = 0;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = x[i];
+        note_finite(v, i, bad);
+        c += (__float_as_uint(v) & ABS_MASK) >= t;
+    }
+    for (int off = 16; off > 0; off >>= 1) c += __shfl_down_sync(0xFFFFFFFFu, c, off);
+    if ((threadIdx.x & 31u) == 0 && c) atomicAdd(count, c);
+}
+
+// |x| bits at the sample positions (chosen on the host with the CPU's seeded generator).
+extern "C" __global__ void gather_abs(const float *x, const u32 *pos, u32 m, u32 *out) {
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < m; j += gridDim.x * blockDim.x)
+        out[j] = __float_as_uint(x[pos[j]]) & ABS_MASK;
+}
+
+// Adds a sparse payload: header 0 is top-k (k indices then k values), header 1 is DGC/GradDrop
+// (u32 count, k index slots, k value slots; slots from count on are unused). Indices within a
+// payload are distinct, so no two threads add into one element.
+extern "C" __global__ void sparse_decode_add(const u8 *p, float *acc, u32 n, u32 k, int header) {
+    u32 count = k;
+    if (header) {
+        count = (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+        p += 4;
+        if (count > k) count = k;
+    }
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < count; j += gridDim.x * blockDim.x) {
+        const u8 *q = p + 4 * (size_t)j;
+        u32 i = (u32)q[0] | ((u32)q[1] << 8) | ((u32)q[2] << 16) | ((u32)q[3] << 24);
+        // Our own payloads never hold an index ≥ n; the guard keeps a corrupt one in bounds.
+        if (i < n) acc[i] = __fadd_rn(acc[i], load_f32(p + 4 * ((size_t)k + j)));
+    }
+}

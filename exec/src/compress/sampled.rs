@@ -84,17 +84,16 @@ fn count_at_least(grad: &[f32], t: u32) -> usize {
 }
 
 /// The k-th largest of a sample (ceil(ratio · samples), at least 1).
-fn sample_threshold(samples: &mut [u32], ratio: f64) -> u32 {
+pub fn sample_threshold(samples: &mut [u32], ratio: f64) -> u32 {
     let top = sparse_count(samples.len() as u64, ratio) as usize;
     let (_, &mut t, _) = samples.select_nth_unstable_by(top - 1, |a, b| b.cmp(a));
     t
 }
 
-/// DGC's first threshold: the top `ratio` of every `stride`-th |x| from a random start (stride
-/// chosen as in DGC's `_sparsify` so that at least max(1% of n, 2/ratio) samples are taken).
-/// Reads only the sampled elements. Requires n ≥ 1.
-fn dgc_sample(grad: &[f32], ratio: f64, rng: &mut Rng) -> u32 {
-    let n = grad.len();
+/// Where DGC samples: every `stride`-th element from a random start (stride chosen as in
+/// DGC's `_sparsify` so that at least max(1% of n, 2/ratio) samples are taken). Draws one
+/// number from `rng`. Requires n ≥ 1.
+pub fn dgc_positions(n: usize, ratio: f64, rng: &mut Rng) -> Vec<u32> {
     let min_samples =
         ((n as f64 * DGC_SAMPLE_RATIO).ceil() as usize).max((2.0 / ratio).ceil() as usize);
     let stride = if n <= min_samples {
@@ -107,16 +106,24 @@ fn dgc_sample(grad: &[f32], ratio: f64, rng: &mut Rng) -> u32 {
         stride
     };
     let start = rng.below(stride as u64) as usize;
-    let mut samples: Vec<u32> = grad[start.min(n - 1)..]
-        .iter()
+    (start.min(n - 1)..n)
         .step_by(stride)
-        .map(|x| x.to_bits() & ABS)
+        .map(|i| i as u32)
+        .collect()
+}
+
+/// DGC's first threshold: the top `ratio` of the |x| at [`dgc_positions`]. Reads only the
+/// sampled elements. Requires n ≥ 1.
+fn dgc_sample(grad: &[f32], ratio: f64, rng: &mut Rng) -> u32 {
+    let mut samples: Vec<u32> = dgc_positions(grad.len(), ratio, rng)
+        .into_iter()
+        .map(|i| grad[i as usize].to_bits() & ABS)
         .collect();
     sample_threshold(&mut samples, ratio)
 }
 
 /// DGC's band around k: a selected count in low..=high is accepted.
-fn dgc_band(k: usize) -> (usize, usize) {
+pub fn dgc_band(k: usize) -> (usize, usize) {
     (
         (LOWER_BOUND * k as f64).ceil() as usize,
         (UPPER_BOUND * k as f64).floor() as usize,
@@ -126,7 +133,25 @@ fn dgc_band(k: usize) -> (usize, usize) {
 /// DGC's adaptation from threshold `t` selecting `selected` elements: while the mask holds
 /// fewer than 0.8·k or more than 1.2·k elements, scale the threshold by 0.8 or 1.2 as DGC does.
 /// If ten adaptations do not land inside the band, the exact k-th largest is used.
-fn dgc_adapt(grad: &[f32], k: usize, mut t: u32, mut selected: usize) -> Result<Estimate> {
+fn dgc_adapt(grad: &[f32], k: usize, t: u32, selected: usize) -> Result<Estimate> {
+    dgc_adapt_with(
+        k,
+        t,
+        selected,
+        |t| Ok(count_at_least(grad, t)),
+        || Ok(kth_largest(grad, k)?.0),
+    )
+}
+
+/// [`dgc_adapt`] over any tensor: `count(t)` is how many |x| ≥ t, `kth()` the k-th largest
+/// |x|; the GPU codec passes its device kernels, so both sides adapt identically.
+pub fn dgc_adapt_with(
+    k: usize,
+    mut t: u32,
+    mut selected: usize,
+    mut count: impl FnMut(u32) -> Result<usize>,
+    kth: impl FnOnce() -> Result<u32>,
+) -> Result<Estimate> {
     let (low, high) = dgc_band(k);
     for _ in 0..MAX_ADAPTATIONS {
         let factor = if selected > high {
@@ -140,7 +165,7 @@ fn dgc_adapt(grad: &[f32], k: usize, mut t: u32, mut selected: usize) -> Result<
             });
         };
         t = (f32::from_bits(t) * factor as f32).to_bits();
-        selected = count_at_least(grad, t);
+        selected = count(t)?;
     }
     if (low..=high).contains(&selected) {
         return Ok(Estimate {
@@ -148,10 +173,10 @@ fn dgc_adapt(grad: &[f32], k: usize, mut t: u32, mut selected: usize) -> Result<
             selected,
         });
     }
-    let (t, _) = kth_largest(grad, k)?;
+    let t = kth()?;
     Ok(Estimate {
         threshold: t,
-        selected: count_at_least(grad, t),
+        selected: count(t)?,
     })
 }
 
@@ -168,20 +193,24 @@ pub fn dgc_estimate(grad: &[f32], ratio: f64, rng: &mut Rng) -> Result<Estimate>
     dgc_adapt(grad, k, t, count_at_least(grad, t))
 }
 
-/// GradDrop's threshold: the top-ratio quantile of |x| over 0.1% of the elements drawn at
-/// random (at least 2/ratio of them, all of them for small tensors). Requires n ≥ 1.
-fn graddrop_sample(grad: &[f32], ratio: f64, rng: &mut Rng) -> u32 {
-    let n = grad.len();
+/// Where GradDrop samples: 0.1% of the elements drawn at random with replacement (at least
+/// 2/ratio of them), or every element when that is as many as the tensor holds. Requires n ≥ 1.
+pub fn graddrop_positions(n: usize, ratio: f64, rng: &mut Rng) -> Vec<u32> {
     let want =
         ((n as f64 * GRADDROP_SAMPLE_RATIO).ceil() as usize).max((2.0 / ratio).ceil() as usize);
-    let abs = |x: &f32| x.to_bits() & ABS;
-    let mut samples: Vec<u32> = if want >= n {
-        grad.iter().map(abs).collect()
+    if want >= n {
+        (0..n as u32).collect()
     } else {
-        (0..want)
-            .map(|_| abs(&grad[rng.below(n as u64) as usize]))
-            .collect()
-    };
+        (0..want).map(|_| rng.below(n as u64) as u32).collect()
+    }
+}
+
+/// GradDrop's threshold: the top-ratio quantile of the |x| at [`graddrop_positions`].
+fn graddrop_sample(grad: &[f32], ratio: f64, rng: &mut Rng) -> u32 {
+    let mut samples: Vec<u32> = graddrop_positions(grad.len(), ratio, rng)
+        .into_iter()
+        .map(|i| grad[i as usize].to_bits() & ABS)
+        .collect();
     sample_threshold(&mut samples, ratio)
 }
 

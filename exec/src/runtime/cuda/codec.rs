@@ -1,13 +1,21 @@
 //! GPU encoders/decoders whose payload bytes equal the CPU reference codecs' (same layout, same rounding, same summation order for the scales).
 //!
-//! Supported: none, fp16, bf16, fp8:e4m3/e5m2, signsgd, efsignsgd, onebit and randomk (its
+//! Supported: none, fp16, bf16, fp8:e4m3/e5m2, signsgd, efsignsgd, onebit, randomk (its
 //! indices come from the CPU's seeded Floyd sampler on the host, so they are identical by
-//! construction). Any other compressor is refused with an error naming it.
+//! construction), topk (device radix selection, `select.rs`), dgc and graddrop (sample
+//! positions drawn on the host with the CPU's seeded generator, the sample's threshold and
+//! DGC's adaptation decided on the host from device counts, so each step synchronizes the
+//! stream a few times). Any other compressor is refused with an error naming it.
 
 use super::kernels::{cuda_err, grid, Kernels};
+use super::select::Selector;
+use crate::compress::sampled::{
+    dgc_adapt_with, dgc_band, dgc_positions, graddrop_positions, sample_threshold, Estimate,
+};
 use crate::compress::{rng::Rng, sparse::random_subset};
 use crate::error::{ExecError, Result};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
+use std::cell::RefCell;
 use std::sync::Arc;
 use syncopate_sim::compress::{sparse_count, Compressor, Fp8Format};
 
@@ -27,6 +35,22 @@ enum Kind {
         ratio: f64,
         seed: u64,
     },
+    TopK {
+        ratio: f64,
+    },
+    /// DGC (adapted strided sample) or GradDrop (random sample).
+    Sampled {
+        ratio: f64,
+        dgc: bool,
+    },
+}
+
+/// What a sampled sparsifier sends this step, as `sampled.rs` decides it.
+enum Choice {
+    /// Every |x| ≥ t: `selected` of them, at most k.
+    AtLeast { t: u32, selected: usize },
+    /// Exactly the k largest, ties by index.
+    TopK,
 }
 
 /// One rank's GPU codec for one piece of `n` elements.
@@ -45,6 +69,9 @@ pub struct GpuCodec {
     step: u64,
     host_indices: Vec<u32>,
     indices: CudaSlice<u32>,
+    /// Sparsifiers: selection scratch, and the sampling generator (seeded as the CPU codec's).
+    select: Option<Selector>,
+    rng: Rng,
 }
 
 /// Whether the GPU has a kernel for this compressor; the error names what is missing.
@@ -57,10 +84,13 @@ pub fn supported(c: &Compressor) -> Result<()> {
         | Compressor::SignSgd
         | Compressor::EfSignSgd
         | Compressor::OneBit
-        | Compressor::RandomK { .. } => Ok(()),
+        | Compressor::RandomK { .. }
+        | Compressor::TopK { .. }
+        | Compressor::Dgc { .. }
+        | Compressor::GradDrop { .. } => Ok(()),
         other => Err(ExecError::Cuda {
             message: format!(
-                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, randomk); use --backend host for it"
+                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, randomk, topk, dgc, graddrop); use --backend host for it"
             ),
         }),
     }
@@ -84,6 +114,9 @@ impl GpuCodec {
             Compressor::EfSignSgd => Kind::Sign(1),
             Compressor::OneBit => Kind::Sign(2),
             Compressor::RandomK { ratio } => Kind::RandomK { ratio, seed },
+            Compressor::TopK { ratio } => Kind::TopK { ratio },
+            Compressor::Dgc { ratio } => Kind::Sampled { ratio, dgc: true },
+            Compressor::GradDrop { ratio } => Kind::Sampled { ratio, dgc: false },
             _ => Kind::Cast(0),
         };
         let chunks = if matches!(kind, Kind::Sign(1 | 2)) {
@@ -108,6 +141,11 @@ impl GpuCodec {
             step: 0,
             host_indices: Vec::new(),
             indices: stream.alloc_zeros(k.max(1)).map_err(&alloc)?,
+            select: match kind {
+                Kind::TopK { .. } | Kind::Sampled { .. } => Some(Selector::new(n, stream)?),
+                _ => None,
+            },
+            rng: Rng::new(seed),
         })
     }
 
@@ -271,7 +309,131 @@ impl GpuCodec {
                 .map(drop)
                 .map_err(&launch)
             }
+            Kind::TopK { ratio } => {
+                unsafe {
+                    stream
+                        .launch_builder(&k.check_finite)
+                        .arg(input)
+                        .arg(&n)
+                        .arg(&mut self.bad)
+                        .launch(grid(self.n))
+                }
+                .map_err(&launch)?;
+                let count = sparse_count(self.n as u64, ratio) as usize;
+                if count == 0 {
+                    return Ok(());
+                }
+                let select = self.select.as_mut().expect("top-k has a selector");
+                select.kth_largest(k, stream, input, count)?;
+                select.emit(k, stream, input, out, 0, 4 * count, count)
+            }
+            Kind::Sampled { ratio, dgc } => self.encode_sampled(k, stream, input, out, ratio, dgc),
         }
+    }
+
+    /// DGC and GradDrop: the branches of `Sampled::encode` in `compress/sampled.rs`, with the
+    /// tensor passes (counts, k-th largest, compaction) on the device.
+    fn encode_sampled(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<u8>,
+        ratio: f64,
+        dgc: bool,
+    ) -> Result<()> {
+        let n = self.n;
+        let slots = sparse_count(n as u64, ratio) as usize;
+        stream
+            .memset_zeros(out)
+            .map_err(cuda_err("cannot clear the payload"))?;
+        if slots == 0 {
+            return Ok(());
+        }
+        let positions = if dgc {
+            dgc_positions(n, ratio, &mut self.rng)
+        } else {
+            graddrop_positions(n, ratio, &mut self.rng)
+        };
+        let io = cuda_err("cannot gather the threshold sample");
+        let pos = stream.clone_htod(&positions).map_err(&io)?;
+        let mut samples = stream.alloc_zeros::<u32>(positions.len()).map_err(&io)?;
+        let m = positions.len() as u32;
+        // SAFETY: gather_abs(x, pos, m, out) reads m positions (< n) of x and writes m u32.
+        unsafe {
+            stream
+                .launch_builder(&k.gather_abs)
+                .arg(input)
+                .arg(&pos)
+                .arg(&m)
+                .arg(&mut samples)
+                .launch(grid(positions.len()))
+        }
+        .map_err(cuda_err("sample launch failed"))?;
+        let mut samples = stream.clone_dtoh(&samples).map_err(&io)?;
+        let t = sample_threshold(&mut samples, ratio);
+
+        let GpuCodec { select, bad, .. } = self;
+        let select = RefCell::new(
+            select
+                .as_mut()
+                .expect("a sampled sparsifier has a selector"),
+        );
+        let bad = RefCell::new(bad);
+        let count = |t: u32| {
+            select
+                .borrow_mut()
+                .count_at_least(k, stream, input, t, &mut bad.borrow_mut())
+        };
+        let selected = count(t)?;
+        if stream.clone_dtoh(&**bad.borrow()).map_err(&io)?[0] != u32::MAX {
+            // Non-finite input: `check_finite` reports it; the CPU sends nothing either.
+            return Ok(());
+        }
+        let (low, high) = dgc_band(slots);
+        let cap = high.max(slots);
+        let in_band = !dgc || (low..=high).contains(&selected);
+        let choice = if in_band && selected <= slots {
+            Choice::AtLeast { t, selected }
+        } else if in_band && selected <= cap {
+            Choice::TopK
+        } else {
+            let estimate = if dgc {
+                dgc_adapt_with(slots, t, selected, count, || {
+                    let mut select = select.borrow_mut();
+                    select.kth_largest(k, stream, input, slots)?;
+                    select.threshold(stream)
+                })?
+            } else {
+                Estimate {
+                    threshold: t,
+                    selected,
+                }
+            };
+            if estimate.selected > slots {
+                Choice::TopK
+            } else {
+                Choice::AtLeast {
+                    t: estimate.threshold,
+                    selected: estimate.selected,
+                }
+            }
+        };
+        let mut select = select.borrow_mut();
+        let sent = match choice {
+            Choice::AtLeast { t, selected } => {
+                select.at_least(k, stream, t)?;
+                selected
+            }
+            Choice::TopK => {
+                select.kth_largest(k, stream, input, slots)?;
+                slots
+            }
+        };
+        select.emit(k, stream, input, out, 4, 4 + 4 * slots, slots)?;
+        stream
+            .memcpy_htod(&(sent as u32).to_le_bytes(), &mut out.slice_mut(..4))
+            .map_err(cuda_err("cannot write the count"))
     }
 
     /// After the encode completed: the CPU codecs' error for non-finite input, naming the
@@ -361,6 +523,21 @@ impl GpuCodec {
                         .launch(grid(count))
                 }
             }
+            Kind::TopK { ratio } | Kind::Sampled { ratio, .. } => {
+                let count = sparse_count(self.n as u64, ratio) as usize;
+                let k32 = count as u32;
+                let header = i32::from(matches!(self.kind, Kind::Sampled { .. }));
+                unsafe {
+                    stream
+                        .launch_builder(&k.sparse_decode_add)
+                        .arg(payload)
+                        .arg(&mut *acc)
+                        .arg(&n)
+                        .arg(&k32)
+                        .arg(&header)
+                        .launch(grid(count))
+                }
+            }
         }
         .map(drop)
         .map_err(launch)
@@ -394,6 +571,12 @@ mod tests {
             "efsignsgd",
             "onebit",
             "randomk:0.01",
+            "topk:0.01",
+            "topk:0.3",
+            "dgc:0.01",
+            "dgc:0.3",
+            "graddrop:0.01",
+            "graddrop:0.3",
         ];
         let mut rng = Rng::new(7);
         for spec in specs {

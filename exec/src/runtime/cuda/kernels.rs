@@ -47,6 +47,15 @@ pub struct Kernels {
     pub residual_update: CudaFunction,
     pub scale_copy: CudaFunction,
     pub scale_in_place: CudaFunction,
+    pub select_init: CudaFunction,
+    pub radix_hist: CudaFunction,
+    pub radix_select: CudaFunction,
+    pub select_count: CudaFunction,
+    pub select_scan: CudaFunction,
+    pub select_emit: CudaFunction,
+    pub count_at_least: CudaFunction,
+    pub gather_abs: CudaFunction,
+    pub sparse_decode_add: CudaFunction,
     pub gemm: CudaFunction,
 }
 
@@ -98,6 +107,15 @@ impl Kernels {
             residual_update: f(&compress, "residual_update")?,
             scale_copy: f(&compress, "scale_copy")?,
             scale_in_place: f(&compress, "scale_in_place")?,
+            select_init: f(&compress, "select_init")?,
+            radix_hist: f(&compress, "radix_hist")?,
+            radix_select: f(&compress, "radix_select")?,
+            select_count: f(&compress, "select_count")?,
+            select_scan: f(&compress, "select_scan")?,
+            select_emit: f(&compress, "select_emit")?,
+            count_at_least: f(&compress, "count_at_least")?,
+            gather_abs: f(&compress, "gather_abs")?,
+            sparse_decode_add: f(&compress, "sparse_decode_add")?,
             gemm: f(&gemm, "gemm")?,
         })
     }

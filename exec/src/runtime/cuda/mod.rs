@@ -4,7 +4,11 @@ pub mod codec;
 pub mod gemm;
 mod kernels;
 pub mod probe;
+mod profile;
 mod run;
+mod select;
+
+pub use profile::{profile, CudaProfile, CudaProfileOptions};
 
 use super::{launch, rendezvous, ExecOptions, Measured};
 use crate::error::{ExecError, Result};
@@ -81,12 +85,4 @@ pub fn execute(scenario: &Scenario, graph: &TaskGraph, options: &ExecOptions) ->
         }
     };
     run::execute(scenario, graph, options, placement)
-}
-
-/// Measures the GPU into a device profile.
-pub fn profile(_name: &str) -> Result<syncopate_sim::device::DeviceProfile> {
-    let gpus = probe::probe()?;
-    Err(ExecError::Cuda {
-        message: format!("found {gpus} GPU(s), but `profile --backend cuda` is not in this build yet (missing: CUDA-event encode/decode curves, GEMM calibration into the profile, contention ratios, NCCL collective sweep); the kernels and the GEMM calibration it would use exist in runtime::cuda"),
-    })
 }
