@@ -45,12 +45,7 @@ fn every_shipped_experiment_regenerates_its_results() {
     for name in EXPERIMENTS {
         let dir = copy_experiment(name);
         // The GRACE fit is the slow part in a debug build; the test evaluates the shipped fit.
-        let out = syncopate(&[
-            "experiment",
-            "run",
-            dir.to_str().unwrap(),
-            "--reuse-fit",
-        ]);
+        let out = syncopate(&["experiment", "run", dir.to_str().unwrap(), "--reuse-fit"]);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
         assert!(csv.lines().count() > 2, "{name}: results.csv has no rows");
@@ -80,6 +75,19 @@ fn grace_reports_the_overall_error_of_the_shipped_fit() {
         .expect("the 1-worker row is compared");
     let error: f64 = one.split(',').nth(9).unwrap().parse().unwrap();
     assert!(error.abs() < 1.0, "{one}");
+    // The consistency rules flag rows in a column of their own instead of dropping them.
+    assert!(csv.lines().next().unwrap().ends_with(",excluded"), "{csv}");
+    let flagged = |prefix: &str, reason: &str| {
+        csv.lines()
+            .any(|l| l.starts_with(prefix) && l.contains(reason))
+    };
+    assert!(
+        flagged("vgg19,2,randomk,0.01,false", "upper-bound"),
+        "{csv}"
+    );
+    assert!(flagged("vgg19,1,none", "slower per worker"), "{csv}");
+    assert!(!flagged("resnet50,1,none", "slower per worker"), "{csv}");
+    assert!(text.contains("Excluded as inconsistent"), "{text}");
 }
 
 #[test]
