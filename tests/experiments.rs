@@ -75,6 +75,19 @@ fn grace_reports_the_overall_error_of_the_shipped_fit() {
         .expect("the 1-worker row is compared");
     let error: f64 = one.split(',').nth(9).unwrap().parse().unwrap();
     assert!(error.abs() < 1.0, "{one}");
+    // The consistency rules flag rows in a column of their own instead of dropping them.
+    assert!(csv.lines().next().unwrap().ends_with(",excluded"), "{csv}");
+    let flagged = |prefix: &str, reason: &str| {
+        csv.lines()
+            .any(|l| l.starts_with(prefix) && l.contains(reason))
+    };
+    assert!(
+        flagged("vgg19,2,randomk,0.01,false", "upper-bound"),
+        "{csv}"
+    );
+    assert!(flagged("vgg19,1,none", "slower per worker"), "{csv}");
+    assert!(!flagged("resnet50,1,none", "slower per worker"), "{csv}");
+    assert!(text.contains("Excluded as inconsistent"), "{text}");
 }
 
 #[test]

@@ -18,15 +18,17 @@ pub struct Measurement {
     /// Median over the repeated runs, images/s over all workers.
     pub throughput: f64,
     pub runs: usize,
+    /// Why the consistency rules exclude this row from the fit and the headline error, if they do.
+    pub excluded: Option<String>,
 }
 
 /// A configuration: model, workers, method, ratio, memory, communication method.
 type Key = (String, u32, String, String, String, String);
 
-/// Reads the `mode=throughput`, `backend=mpi` rows (the configuration our MPI/TCP cluster
-/// models) and merges repeated runs of one configuration into their median: GRACE repeated
+/// Reads the `backend=mpi` rows of one `mode` (`throughput` is compared; `upper-bound` only
+/// checks it) and merges repeated runs of one configuration into their median: GRACE repeated
 /// some configurations and the runs differ by up to 1.5×, which no parameter we fit explains.
-pub fn load(path: &Path) -> anyhow::Result<Vec<Measurement>> {
+pub fn load(path: &Path, wanted_mode: &str) -> anyhow::Result<Vec<Measurement>> {
     let label = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
         path: path.to_path_buf(),
@@ -58,7 +60,7 @@ pub fn load(path: &Path) -> anyhow::Result<Vec<Measurement>> {
     for (i, line) in lines.enumerate() {
         let fields: Vec<&str> = line.split(',').collect();
         let field = |c: usize| fields.get(c).copied().unwrap_or("");
-        if field(mode) != "throughput" || field(backend) != "mpi" {
+        if field(mode) != wanted_mode || field(backend) != "mpi" {
             continue;
         }
         let bad = |name: &str| {
@@ -106,8 +108,86 @@ pub fn load(path: &Path) -> anyhow::Result<Vec<Measurement>> {
                     comm_method,
                     throughput: median,
                     runs: t.len(),
+                    excluded: None,
                 }
             },
         )
         .collect())
+}
+
+/// How many rows each consistency rule excluded.
+#[derive(Debug, Default)]
+pub struct Exclusions {
+    /// Rule 1: below `min_ratio` of GRACE's `upper-bound` row of the same configuration.
+    pub below_upper_bound: usize,
+    /// Rule 2: a 1-worker `none` row slower per worker than most of its model's multi-worker rows.
+    pub slow_one_worker: usize,
+}
+
+/// Flags the rows GRACE's own data contradicts, in place; the rules, in order:
+/// 1. a `throughput` row below `min_ratio` × the `upper-bound` row of the same configuration
+///    (model, workers, method, ratio, memory, communication method);
+/// 2. a model's 1-worker `none` row that runs slower per worker than more than half of that
+///    model's remaining multi-worker rows: adding workers only adds communication, so a 1-worker
+///    run cannot be slower per worker than a multi-worker run of the same model and batch.
+pub fn flag_inconsistent(
+    data: &mut [Measurement],
+    upper: &[Measurement],
+    min_ratio: f64,
+) -> Exclusions {
+    let same = |a: &Measurement, b: &Measurement| {
+        (
+            &a.model,
+            a.workers,
+            &a.method,
+            &a.ratio,
+            &a.memory,
+            &a.comm_method,
+        ) == (
+            &b.model,
+            b.workers,
+            &b.method,
+            &b.ratio,
+            &b.memory,
+            &b.comm_method,
+        )
+    };
+    let mut counts = Exclusions::default();
+    for m in data.iter_mut() {
+        if let Some(u) = upper.iter().find(|u| same(m, u)) {
+            if m.throughput < min_ratio * u.throughput {
+                m.excluded = Some(format!(
+                    "below {:.2}× GRACE's upper-bound row ({:.1} img/s)",
+                    min_ratio, u.throughput
+                ));
+                counts.below_upper_bound += 1;
+            }
+        }
+    }
+    let models: Vec<String> = data.iter().map(|m| m.model.clone()).collect();
+    for model in models {
+        let per_worker: Vec<f64> = data
+            .iter()
+            .filter(|m| m.model == model && m.workers > 1 && m.excluded.is_none())
+            .map(|m| m.throughput / f64::from(m.workers))
+            .collect();
+        let Some(one) = data
+            .iter_mut()
+            .find(|m| m.model == model && m.workers == 1 && m.method == "none")
+        else {
+            continue;
+        };
+        if one.excluded.is_some() {
+            continue;
+        }
+        let faster = per_worker.iter().filter(|&&t| t > one.throughput).count();
+        if 2 * faster > per_worker.len() {
+            one.excluded = Some(format!(
+                "slower per worker than {faster} of its model's {} multi-worker rows",
+                per_worker.len()
+            ));
+            counts.slow_one_worker += 1;
+        }
+    }
+    counts
 }

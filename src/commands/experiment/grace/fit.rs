@@ -1,4 +1,4 @@
-//! Calibration to GRACE: compute from the 1-worker row, MPI/TCP costs from the dense rows, one codec-cost scale per compressor.
+//! Calibration to GRACE: each model's compute from its own 1-worker row, MPI/TCP costs from the dense rows, one codec-cost scale per compressor.
 
 use super::data::Measurement;
 use super::{GraceSpec, MethodSpec};
@@ -26,8 +26,8 @@ pub struct Calibration {
 const TCP_EFFICIENCY: [f64; 15] = [
     0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95,
 ];
-const MESSAGE_OVERHEAD_US: [f64; 6] = [10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0];
-const REDUCE_GBYTES_PER_S: [f64; 4] = [1.0, 2.5, 5.0, 10.0];
+const MESSAGE_OVERHEAD_US: [f64; 9] = [0.0, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0];
+const REDUCE_GBYTES_PER_S: [f64; 7] = [1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0];
 /// Sizes of the three grids, for the provenance written into the cluster file.
 pub const GRID_SIZES: (usize, usize, usize) = (
     TCP_EFFICIENCY.len(),
@@ -36,8 +36,12 @@ pub const GRID_SIZES: (usize, usize, usize) = (
 );
 /// Codec scales (per-kernel floor, per-element slope) are searched on a log2 grid, then on a
 /// grid four times finer around the best point.
-const SCALE_GRID_LOG2: std::ops::RangeInclusive<i32> = -4..=12;
+const SCALE_GRID_LOG2: std::ops::RangeInclusive<i32> = -10..=14;
 const REFINE: i32 = 4;
+/// Codec scales whose error is within this many percentage points of the best count as ties;
+/// among ties the fit keeps the pair nearest the base curve (smallest |log2 floor| + |log2 slope|),
+/// so a compressor with fewer fit rows than parameters gets the smallest change that fits.
+const TIE_PCT: f64 = 0.5;
 
 impl Calibration {
     /// Predicted throughput (images/s over all workers) of one GRACE configuration.
@@ -152,24 +156,20 @@ pub fn fit(
     methods: &BTreeMap<String, MethodSpec>,
 ) -> anyhow::Result<(Calibration, u32, BTreeMap<String, CodecScale>)> {
     let none = &methods["none"];
-    let one_worker = data
-        .iter()
-        .find(|m| m.model == spec.compute_model && m.workers == 1 && m.method == "none")
-        .ok_or_else(|| {
-            SimError::invalid(
-                &spec.data,
-                "rows",
-                format!("no 1-worker `none` row for {}", spec.compute_model),
-            )
-        })?;
+    let targets = compute_targets(spec, data)?;
     let dense: Vec<(&Measurement, &MethodSpec)> = data
         .iter()
-        .filter(|m| m.model == spec.compute_model && m.workers > 1 && m.method == "none")
+        .filter(|m| {
+            m.model == spec.network_model
+                && m.workers > 1
+                && m.method == "none"
+                && m.excluded.is_none()
+        })
         .map(|m| (m, none))
         .collect();
     let mut best: Option<(f64, Calibration, u32)> = None;
     for &batch in &spec.batch_sizes {
-        let cal = with_compute(spec, base, one_worker, batch)?;
+        let cal = with_compute(spec, base, &targets, batch)?;
         let grid: Vec<(f64, f64, f64)> = TCP_EFFICIENCY
             .iter()
             .flat_map(|&t| {
@@ -201,7 +201,9 @@ pub fn fit(
         .map(|(name, method)| {
             let rows: Vec<(&Measurement, &MethodSpec)> = data
                 .iter()
-                .filter(|m| m.workers == spec.fit_workers && &m.method == name)
+                .filter(|m| {
+                    m.workers == spec.fit_workers && &m.method == name && m.excluded.is_none()
+                })
                 .map(|m| (m, method))
                 .collect();
             if rows.is_empty() {
@@ -216,26 +218,22 @@ pub fn fit(
                 cal.with_codec_scale(&base_device, key, scale)?
                     .mape(spec, &rows)
             };
-            let mut best = (f64::INFINITY, 0.0, 0.0);
+            let mut scored = Vec::new();
             for f in SCALE_GRID_LOG2 {
                 for l in SCALE_GRID_LOG2 {
-                    let e = error(f64::from(f), f64::from(l))?;
-                    if e < best.0 {
-                        best = (e, f64::from(f), f64::from(l));
-                    }
+                    let (f, l) = (f64::from(f), f64::from(l));
+                    scored.push((error(f, l)?, f, l));
                 }
             }
-            let (f0, l0) = (best.1, best.2);
+            let (_, f0, l0) = pick(&scored);
             for i in -REFINE..=REFINE {
                 for j in -REFINE..=REFINE {
                     let step = |k: i32| f64::from(k) / f64::from(REFINE);
                     let (f, l) = (f0 + step(i), l0 + step(j));
-                    let e = error(f, l)?;
-                    if e < best.0 {
-                        best = (e, f, l);
-                    }
+                    scored.push((error(f, l)?, f, l));
                 }
             }
+            let best = pick(&scored);
             let scale = CodecScale {
                 floor: best.1.exp2(),
                 slope: best.2.exp2(),
@@ -251,42 +249,128 @@ pub fn fit(
     Ok((cal, batch, scales))
 }
 
-/// Scales every model so that one worker runs at the compute model's measured 1-worker
-/// throughput: GRACE's TensorFlow on its V100 against our profiles' PyTorch timings, one
-/// factor for all models (VGG-19's own 1-worker row is slower than its multi-worker rows per
-/// worker, so it cannot be a compute-only measurement).
+/// The best (error, log2 floor, log2 slope): the lowest error, ties (within [`TIE_PCT`]) broken
+/// toward the base curve.
+fn pick(scored: &[(f64, f64, f64)]) -> (f64, f64, f64) {
+    let lowest = scored.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+    scored
+        .iter()
+        .filter(|s| s.0 <= lowest + TIE_PCT)
+        .min_by(|a, b| (a.1.abs() + a.2.abs()).total_cmp(&(b.1.abs() + b.2.abs())))
+        .copied()
+        .unwrap_or((lowest, 0.0, 0.0))
+}
+
+/// The measured compute speed one model is scaled to: images/s of one worker, and where it comes from.
+#[derive(Clone, Debug)]
+pub struct ComputeTarget {
+    pub images_per_s: f64,
+    pub source: String,
+    /// The row it comes from.
+    pub row: Measurement,
+}
+
+/// Each model's compute target: its own 1-worker `none` row; where the consistency rules flag
+/// that row, its fastest remaining multi-worker row per worker (communication only slows a
+/// worker down, so this is a lower bound on its compute speed).
+pub fn compute_targets(
+    spec: &GraceSpec,
+    data: &[Measurement],
+) -> anyhow::Result<BTreeMap<String, ComputeTarget>> {
+    let mut targets = BTreeMap::new();
+    for model in &spec.models {
+        let name = &model.grace;
+        let one = data
+            .iter()
+            .find(|m| &m.model == name && m.workers == 1 && m.method == "none")
+            .ok_or_else(|| {
+                SimError::invalid(
+                    &spec.data,
+                    "rows",
+                    format!("no 1-worker `none` row for {name}"),
+                )
+            })?;
+        let target = if one.excluded.is_none() {
+            ComputeTarget {
+                images_per_s: one.throughput,
+                source: format!("its 1-worker `none` row ({:.2} img/s)", one.throughput),
+                row: one.clone(),
+            }
+        } else {
+            let fastest = data
+                .iter()
+                .filter(|m| &m.model == name && m.workers > 1 && m.excluded.is_none())
+                .max_by(|a, b| {
+                    (a.throughput / f64::from(a.workers))
+                        .total_cmp(&(b.throughput / f64::from(b.workers)))
+                })
+                .ok_or_else(|| {
+                    SimError::invalid(
+                        &spec.data,
+                        "rows",
+                        format!("{name}: 1-worker row excluded and no other row left"),
+                    )
+                })?;
+            let per_worker = fastest.throughput / f64::from(fastest.workers);
+            ComputeTarget {
+                images_per_s: per_worker,
+                source: format!(
+                    "its fastest consistent row per worker, `{}` at {} workers ({:.1} img/s = {:.2} per worker; its 1-worker row, {:.2} img/s, is excluded as inconsistent)",
+                    fastest.method, fastest.workers, fastest.throughput, per_worker, one.throughput
+                ),
+                row: fastest.clone(),
+            }
+        };
+        targets.insert(name.clone(), target);
+    }
+    Ok(targets)
+}
+
+/// Scales each model, with its own factor, so that one worker runs at its compute target
+/// (GRACE's TensorFlow on its V100 against our profiles' PyTorch timings).
 fn with_compute(
     spec: &GraceSpec,
     base: &Calibration,
-    one: &Measurement,
+    targets: &BTreeMap<String, ComputeTarget>,
     batch: u32,
 ) -> anyhow::Result<Calibration> {
     let none = MethodSpec::dense();
-    let mut k = 1.0;
-    let mut cal = base.clone();
-    // Two passes: the first from the profile's own time, the second corrects what the
-    // simulated single iteration adds beyond compute (the one-rank local copy).
-    for _ in 0..2 {
-        let trial = Calibration {
-            models: base
-                .models
-                .iter()
-                .map(|(n, p)| (n.clone(), scaled(p, k, batch)))
-                .collect(),
-            ..base.clone()
+    let mut models = BTreeMap::new();
+    for (name, profile) in &base.models {
+        let target = targets.get(name).ok_or_else(|| {
+            SimError::invalid(
+                "spec.json",
+                "models",
+                format!("no compute target for {name}"),
+            )
+        })?;
+        let one = Measurement {
+            model: name.clone(),
+            workers: 1,
+            method: "none".to_string(),
+            ratio: "n/a".to_string(),
+            memory: "n/a".to_string(),
+            comm_method: "allreduce".to_string(),
+            throughput: target.images_per_s,
+            runs: 1,
+            excluded: None,
         };
-        let predicted = trial.predict(spec, one, &none)?;
-        k *= predicted / one.throughput;
-        cal = Calibration {
-            models: base
-                .models
-                .iter()
-                .map(|(n, p)| (n.clone(), scaled(p, k, batch)))
-                .collect(),
-            ..base.clone()
-        };
+        let mut k = 1.0;
+        // Two passes: the first from the profile's own time, the second corrects what the
+        // simulated single iteration adds beyond compute (the one-rank local copy).
+        for _ in 0..2 {
+            let trial = Calibration {
+                models: BTreeMap::from([(name.clone(), scaled(profile, k, batch))]),
+                ..base.clone()
+            };
+            k *= trial.predict(spec, &one, &none)? / one.throughput;
+        }
+        models.insert(name.clone(), scaled(profile, k, batch));
     }
-    Ok(cal)
+    Ok(Calibration {
+        models,
+        ..base.clone()
+    })
 }
 
 impl MethodSpec {

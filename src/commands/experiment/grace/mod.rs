@@ -8,7 +8,7 @@ use crate::csv::Csv;
 use crate::plot::{self, Panel, Series};
 use anyhow::Context;
 use data::Measurement;
-use fit::{Calibration, CodecScale};
+use fit::{Calibration, CodecScale, ComputeTarget};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,8 +29,11 @@ pub struct GraceSpec {
     base_cluster: String,
     base_device: String,
     strategy: String,
-    /// The GRACE model whose 1-worker and `fit_workers` rows are fitted.
-    compute_model: String,
+    /// The GRACE model whose dense multi-worker rows fit the MPI/TCP costs.
+    network_model: String,
+    /// A `throughput` row below this share of GRACE's `upper-bound` row of the same
+    /// configuration is excluded as inconsistent.
+    upper_bound_min_ratio: f64,
     fit_workers: u32,
     /// Candidate per-GPU batch sizes (GRACE does not record it).
     batch_sizes: Vec<u32>,
@@ -64,7 +67,10 @@ const DEVICE_FILE: &str = "device.json";
 
 pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> anyhow::Result<String> {
     super::check_version(label, spec.format_version)?;
-    let data = data::load(&dir.join(&spec.data))?;
+    let mut data = data::load(&dir.join(&spec.data), "throughput")?;
+    let upper = data::load(&dir.join(&spec.data), "upper-bound")?;
+    let exclusions = data::flag_inconsistent(&mut data, &upper, spec.upper_bound_min_ratio);
+    let targets = fit::compute_targets(spec, &data)?;
     let methods: BTreeMap<String, MethodSpec> = spec
         .methods
         .iter()
@@ -81,12 +87,12 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> anyhow
     let base = load_base(spec)?;
     let (cal, batch, scales) = if reuse_fit {
         let cal = load_fitted(spec, dir)?;
-        let batch = cal.models[&spec.compute_model].batch_size_per_gpu;
+        let batch = cal.models[&spec.network_model].batch_size_per_gpu;
         let scales = codec_scales(&cal.device, &base.device, &methods)?;
         (cal, batch, scales)
     } else {
         let (cal, batch, scales) = fit::fit(spec, &base, &data, &methods)?;
-        write_fitted(spec, dir, &cal, batch, &scales)?;
+        write_fitted(spec, dir, &cal, batch, &scales, &targets)?;
         (cal, batch, scales)
     };
     let rows = data
@@ -99,10 +105,14 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> anyhow
         })
         .map(|(m, x)| Ok((m, cal.predict(spec, m, x)?)))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let report = Report { spec, rows: &rows };
+    let report = Report {
+        spec,
+        rows: &rows,
+        targets: &targets,
+    };
     report.csv().write(&dir.join("results.csv"))?;
     plot::write_svg(&dir.join("grace.svg"), &spec.title, &report.panels(), 4)?;
-    Ok(report.markdown(&cal, batch, &scales, &methods, &data))
+    Ok(report.markdown(&cal, batch, &scales, &methods, &data, &exclusions))
 }
 
 fn load_base(spec: &GraceSpec) -> anyhow::Result<Calibration> {
@@ -176,16 +186,14 @@ fn write_fitted(
     cal: &Calibration,
     batch: u32,
     scales: &BTreeMap<String, CodecScale>,
+    targets: &BTreeMap<String, ComputeTarget>,
 ) -> anyhow::Result<()> {
     let write = |file: &str, text: String| {
         let path = dir.join(file);
         std::fs::write(&path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))
     };
-    let rows = format!(
-        "fitted by `syncopate experiment run experiments/grace` on ../shared/validation-data/grace_imagenet_throughput.csv (GRACE, ICDCS'21, sands-lab/grace-data), mode=throughput backend=mpi rows of {} only",
-        spec.compute_model
-    );
+    let rows = "fitted by `syncopate experiment run experiments/grace` on ../shared/validation-data/grace_imagenet_throughput.csv (GRACE, ICDCS'21, sands-lab/grace-data), mode=throughput backend=mpi rows, rows flagged inconsistent excluded";
     let mut device = cal.device.clone();
     device.name = "grace-v100".to_string();
     device.source = format!(
@@ -194,7 +202,7 @@ fn write_fitted(
     );
     device.compute_speed_provenance = Provenance {
         status: Status::Calibrated,
-        method: format!("1.0: the model profiles' compute is scaled to GRACE's 1-worker {} row instead ({rows})", spec.compute_model),
+        method: format!("1.0: each model profile's compute is scaled to GRACE's measured compute speed of that model instead ({rows})"),
     };
     for (method, scale) in scales {
         let key = spec
@@ -208,7 +216,7 @@ fn write_fitted(
             cost.provenance = Provenance {
                 status: Status::Calibrated,
                 method: format!(
-                    "{spec_device}'s curve with floors x {floor:.3} and per-element slopes x {slope:.3} (encode and decode): the pair that minimizes the error of GRACE's `{method}` rows at {w} workers, ResNet-50 and VGG-19 (mode=throughput, backend=mpi rows of ../shared/validation-data/grace_imagenet_throughput.csv, GRACE ICDCS'21, sands-lab/grace-data), fitted by `syncopate experiment run experiments/grace`; GRACE's TensorFlow compressors run as unfused TF ops, far above the bandwidth-bound kernels of the base profile",
+                    "{spec_device}'s curve with floors x {floor:.3} and per-element slopes x {slope:.3} (encode and decode): the pair that minimizes the mean absolute percentage error of GRACE's consistent `{method}` rows at {w} workers, ResNet-50 and VGG-19, ties within 0.5 points broken toward the base curve (mode=throughput, backend=mpi rows of ../shared/validation-data/grace_imagenet_throughput.csv, GRACE ICDCS'21, sands-lab/grace-data), fitted by `syncopate experiment run experiments/grace`; GRACE's TensorFlow compressors run as unfused TF ops, far above the bandwidth-bound kernels of the base profile",
                     spec_device = spec.base_device,
                     floor = scale.floor,
                     slope = scale.slope,
@@ -226,7 +234,8 @@ fn write_fitted(
         p.provenance = Provenance {
             status: Status::Calibrated,
             method: format!(
-                "tcp_efficiency, message_overhead_us and reduce_gbytes_per_s chosen on a grid ({} x {} x {}) to minimize the mean absolute percentage error of the `none` (allreduce) rows at 2, 4 and 8 workers ({rows})",
+                "tcp_efficiency, message_overhead_us and reduce_gbytes_per_s chosen on a grid ({} x {} x {}) to minimize the mean absolute percentage error of {}'s `none` (allreduce) rows at 2, 4 and 8 workers ({rows})",
+                spec.network_model,
                 fit_grid_sizes().0, fit_grid_sizes().1, fit_grid_sizes().2
             ),
         };
@@ -235,8 +244,11 @@ fn write_fitted(
     for m in &spec.models {
         let mut profile = cal.models[&m.grace].clone();
         let provenance = format!(
-            "compute scaled from profile `{}` by one factor for all GRACE models so that 1 worker of {} runs at GRACE's measured 1-worker throughput; batch {batch} per GPU chosen among {:?} with the MPI fit (GRACE does not record it) ({rows})",
-            m.profile, spec.compute_model, spec.batch_sizes
+            "compute scaled from profile `{}` by this model's own factor so that 1 worker runs at {} img/s, GRACE's {}; batch {batch} per GPU chosen among {:?} with the MPI fit (GRACE does not record it) ({rows})",
+            m.profile,
+            format_args!("{:.2}", targets[&m.grace].images_per_s),
+            targets[&m.grace].source,
+            spec.batch_sizes
         );
         profile.name = format!("grace-{}", m.grace);
         profile.source = format!("{}; {provenance}", profile.source);
@@ -257,11 +269,20 @@ fn fit_grid_sizes() -> (usize, usize, usize) {
     fit::GRID_SIZES
 }
 
-/// Whether a row was used by the fit (the compute model's dense rows for compute and the MPI
-/// costs; every model's compressed rows at `fit_workers` for the codec scales) or is held out.
-fn fitted_row(spec: &GraceSpec, m: &Measurement) -> bool {
-    if m.method == "none" {
-        m.model == spec.compute_model
+/// Whether a consistent row was used by the fit (each model's compute target; the network
+/// model's dense rows for the MPI costs; every model's compressed rows at `fit_workers` for the
+/// codec scales) or is held out. Excluded rows are never fitted.
+fn fitted_row(
+    spec: &GraceSpec,
+    targets: &BTreeMap<String, ComputeTarget>,
+    m: &Measurement,
+) -> bool {
+    if m.excluded.is_some() {
+        false
+    } else if targets.get(&m.model).is_some_and(|t| t.row == *m) {
+        true
+    } else if m.method == "none" {
+        m.model == spec.network_model && m.workers > 1
     } else {
         m.workers == spec.fit_workers
     }
@@ -270,6 +291,7 @@ fn fitted_row(spec: &GraceSpec, m: &Measurement) -> bool {
 struct Report<'a> {
     spec: &'a GraceSpec,
     rows: &'a [(&'a Measurement, f64)],
+    targets: &'a BTreeMap<String, ComputeTarget>,
 }
 
 impl Report<'_> {
@@ -286,6 +308,7 @@ impl Report<'_> {
             "predicted_images_per_s",
             "error_pct",
             "role",
+            "excluded",
         ]);
         for (m, predicted) in self.rows {
             csv.row([
@@ -299,12 +322,13 @@ impl Report<'_> {
                 format!("{:.2}", m.throughput),
                 format!("{predicted:.2}"),
                 format!("{:.2}", 100.0 * (predicted / m.throughput - 1.0)),
-                if fitted_row(self.spec, m) {
+                if fitted_row(self.spec, self.targets, m) {
                     "fit"
                 } else {
                     "held-out"
                 }
                 .to_string(),
+                m.excluded.clone().unwrap_or_default(),
             ]);
         }
         csv
@@ -328,8 +352,13 @@ impl Report<'_> {
                 {
                     let ef = if m.memory == "true" { " EF" } else { "" };
                     let x = f64::from(m.workers);
+                    let flag = if m.excluded.is_some() {
+                        " (excluded)"
+                    } else {
+                        ""
+                    };
                     series
-                        .entry(format!("{}{ef} measured", m.model))
+                        .entry(format!("{}{ef} measured{flag}", m.model))
                         .or_default()
                         .push((x, m.throughput));
                     series
@@ -360,6 +389,7 @@ impl Report<'_> {
         scales: &BTreeMap<String, CodecScale>,
         methods: &BTreeMap<String, MethodSpec>,
         data: &[Measurement],
+        exclusions: &data::Exclusions,
     ) -> String {
         let ape = |m: &Measurement, p: f64| 100.0 * (p / m.throughput - 1.0).abs();
         let mean = |v: &[f64]| {
@@ -377,12 +407,22 @@ impl Report<'_> {
         if let Library::Mpi(p) = &cal.cluster.library {
             let _ = writeln!(
                 md,
-                "Fitted: batch {batch} per GPU; MPI/TCP `tcp_efficiency` {:.2}, `message_overhead_us` {:.0}, `reduce_gbytes_per_s` {:.1}.\n",
-                p.tcp_efficiency, p.message_overhead_us, p.reduce_gbytes_per_s
+                "Fitted: batch {batch} per GPU; MPI/TCP `tcp_efficiency` {:.2}, `message_overhead_us` {:.0}, `reduce_gbytes_per_s` {:.1} (on {}'s dense rows).\n",
+                p.tcp_efficiency, p.message_overhead_us, p.reduce_gbytes_per_s, self.spec.network_model
             );
         }
-        md.push_str("| GRACE method | our compressor | codec scale floor / per element | rows fit / held out | MAPE fit rows | MAPE held-out rows | MAPE all |\n|---|---|---|---|---|---|---|\n");
-        let (mut all, mut held) = (Vec::new(), Vec::new());
+        md.push_str("Compute, one factor per model:");
+        for (model, target) in self.targets {
+            let _ = write!(
+                md,
+                " **{model}** at {:.2} img/s per worker, {};",
+                target.images_per_s, target.source
+            );
+        }
+        md.push_str("\n\n");
+        md.push_str("| GRACE method | our compressor | codec scale floor / per element | rows fit / held out / excluded | MAPE fit rows | MAPE held-out | MAPE held-out incl. excluded | MAPE all | MAPE all incl. excluded |\n|---|---|---|---|---|---|---|---|---|\n");
+        // (fit, held-out consistent, excluded) absolute percentage errors over all methods.
+        let (mut fit_all, mut held_all, mut excl_all) = (Vec::new(), Vec::new(), Vec::new());
         for (name, method) in methods {
             let Some(compressor) = &method.compressor else {
                 continue;
@@ -392,38 +432,88 @@ impl Report<'_> {
                 .iter()
                 .filter(|(m, _)| &m.method == name && m.workers > 1)
                 .collect();
-            let split = |fit: bool| -> Vec<f64> {
+            let errors = |keep: &dyn Fn(&Measurement) -> bool| -> Vec<f64> {
                 mine.iter()
-                    .filter(|(m, _)| fitted_row(self.spec, m) == fit)
+                    .filter(|(m, _)| keep(m))
                     .map(|(m, p)| ape(m, *p))
                     .collect()
             };
-            let (f, h) = (split(true), split(false));
-            let every: Vec<f64> = mine.iter().map(|(m, p)| ape(m, *p)).collect();
-            all.extend(&every);
-            held.extend(&h);
+            let f = errors(&|m| fitted_row(self.spec, self.targets, m));
+            let h = errors(&|m| m.excluded.is_none() && !fitted_row(self.spec, self.targets, m));
+            let x = errors(&|m| m.excluded.is_some());
+            let cat = |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().chain(b).copied().collect() };
             let scale = scales
                 .get(name)
-                .map(|s| format!("{:.1}× / {:.1}×", s.floor, s.slope))
+                .map(|s| format!("{:.2}× / {:.1}×", s.floor, s.slope))
                 .unwrap_or_else(|| "–".to_string());
             let _ = writeln!(
                 md,
-                "| {name} | `{compressor}` | {scale} | {} / {} | {} | {} | {} |",
+                "| {name} | `{compressor}` | {scale} | {} / {} / {} | {} | {} | {} | {} | {} |",
                 f.len(),
                 h.len(),
+                x.len(),
                 show(mean(&f)),
                 show(mean(&h)),
-                show(mean(&every))
+                show(mean(&cat(&h, &x))),
+                show(mean(&cat(&f, &h))),
+                show(mean(&cat(&cat(&f, &h), &x)))
             );
+            fit_all.extend(f);
+            held_all.extend(h);
+            excl_all.extend(x);
         }
+        let held_with = [held_all.clone(), excl_all.clone()].concat();
+        let all = [fit_all.clone(), held_all.clone()].concat();
+        let all_with = [all.clone(), excl_all.clone()].concat();
         let _ = writeln!(
             md,
-            "| **overall** | | | {} / {} | | **{}** | **{}** |",
-            all.len() - held.len(),
-            held.len(),
-            show(mean(&held)),
-            show(mean(&all))
+            "| **overall** | | | {} / {} / {} | {} | **{}** | {} | **{}** | {} |",
+            fit_all.len(),
+            held_all.len(),
+            excl_all.len(),
+            show(mean(&fit_all)),
+            show(mean(&held_all)),
+            show(mean(&held_with)),
+            show(mean(&all)),
+            show(mean(&all_with))
         );
+        let _ = writeln!(
+            md,
+            "\n**Overall MAPE**: held-out {} over {} consistent configurations ({} including the {} excluded ones); all {} over {} ({} including them).",
+            show(mean(&held_all)),
+            held_all.len(),
+            show(mean(&held_with)),
+            excl_all.len(),
+            show(mean(&all)),
+            all.len(),
+            show(mean(&all_with))
+        );
+        let excluded: Vec<&(&Measurement, f64)> = self
+            .rows
+            .iter()
+            .filter(|(m, _)| m.excluded.is_some())
+            .collect();
+        let _ = writeln!(
+            md,
+            "\n**Excluded as inconsistent** (kept in results.csv, column `excluded`): rule 1 (below {:.2}× the `upper-bound` row of the same configuration) {} rows of the file, {} of them of covered methods; rule 2 (1-worker `none` row slower per worker than more than half of its model's remaining multi-worker rows) {} rows. The covered ones:\n",
+            self.spec.upper_bound_min_ratio,
+            exclusions.below_upper_bound,
+            excluded.iter().filter(|(m, _)| m.workers > 1).count(),
+            exclusions.slow_one_worker
+        );
+        for (m, p) in excluded {
+            let _ = writeln!(
+                md,
+                "- {} {} workers `{}` ratio {} memory {}: {:.2} img/s measured, {p:.1} predicted; {}",
+                m.model,
+                m.workers,
+                m.method,
+                m.ratio,
+                m.memory,
+                m.throughput,
+                m.excluded.as_deref().unwrap_or("")
+            );
+        }
         md.push_str("\nMAPE: mean absolute percentage error of throughput over GRACE configurations with 2–8 workers (repeated runs merged into their median). Not covered:");
         for (name, method) in methods.iter().filter(|(_, m)| m.compressor.is_none()) {
             let rows = data.iter().filter(|m| &m.method == name).count();
