@@ -13,8 +13,8 @@
 //! The stochastic quantizers reproduce the CPU's bytes by drawing the same xoshiro256++ stream
 //! on the host with the CPU codec's own `Rng` (seeded identically, advanced by the same
 //! ceil(n/2) draws per step) and uploading it; the kernels map draw i / 2 to element i as
-//! `quantize.rs` does. That upload costs 8 bytes per two elements of PCIe bandwidth each step
-//! (half the gradient's own size), the price of byte-exactness over speed. Their scalars are
+//! `quantize.rs` does. That upload costs PCIe bandwidth every step, 8 bytes per two elements
+//! (as many bytes as the gradient itself), the price of byte-exactness over speed. Their scalars are
 //! computed on the device because the results are provably the CPU's: terngrad's and natural's
 //! max |x| is order-independent, and QSGD's Σx² reuses the sign scales' kernels, which follow
 //! `scan::sum_map`'s order exactly (16 f32 lanes and an in-order tail per 4096-element chunk,
