@@ -639,3 +639,19 @@ extern "C" __global__ void natural_decode_add(const u8 *p, float *acc, u32 n) {
         acc[i] = __fadd_rn(acc[i], v);
     }
 }
+
+// Threshold (sparse.rs): u32 count c, c indices, c values, the values right after the indices.
+// `len` is the bytes available at p; a count that does not fit adds nothing (our own payloads
+// always fit). Indices are distinct, so no two threads add into one element.
+extern "C" __global__ void threshold_decode_add(const u8 *p, unsigned long long len, float *acc, u32 n) {
+    if (len < 4) return;
+    u32 count = (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+    if (count > n || 4ull + 8ull * (unsigned long long)count > len) return;
+    const u8 *idx = p + 4;
+    const u8 *val = p + 4 + 4 * (size_t)count;
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < count; j += gridDim.x * blockDim.x) {
+        const u8 *q = idx + 4 * (size_t)j;
+        u32 i = (u32)q[0] | ((u32)q[1] << 8) | ((u32)q[2] << 16) | ((u32)q[3] << 24);
+        if (i < n) acc[i] = __fadd_rn(acc[i], load_f32(val + 4 * (size_t)j));
+    }
+}

@@ -7,8 +7,10 @@
 //! DGC's adaptation decided on the host from device counts, so each step synchronizes the
 //! stream a few times), tbq, signum (its momentum kept on the device, updated with the CPU's
 //! operation order), and the stochastic quantizers qsgd (up to `QSGD_MAX_LEVELS`), terngrad and
-//! natural. Any other compressor (threshold, powersgd, a hand-built qsgd above the maximum) is
-//! refused with an error naming it.
+//! natural, and threshold (a device count, read back once, then the top-k compaction kernels;
+//! its count-prefixed payload sits at the start of a worst-case `wire_bytes` block). Any other
+//! compressor (powersgd, a hand-built qsgd above the maximum) is refused with an error naming
+//! it.
 //!
 //! The stochastic quantizers reproduce the CPU's bytes by drawing the same xoshiro256++ stream
 //! on the host with the CPU codec's own `Rng` (seeded identically, advanced by the same
@@ -67,6 +69,8 @@ enum Kind {
     },
     TernGrad,
     Natural,
+    /// Every |x| ≥ the value (its f32 bits): a variable count, in a block of `wire_bytes`.
+    Threshold(u32),
 }
 
 /// What a sampled sparsifier sends this step, as `sampled.rs` decides it.
@@ -121,11 +125,12 @@ pub fn supported(c: &Compressor) -> Result<()> {
         | Compressor::Tbq { .. }
         | Compressor::Signum { .. }
         | Compressor::TernGrad
-        | Compressor::Natural => Ok(()),
+        | Compressor::Natural
+        | Compressor::Threshold { .. } => Ok(()),
         Compressor::Qsgd { levels } if *levels <= QSGD_MAX_LEVELS => Ok(()),
         other => Err(ExecError::Cuda {
             message: format!(
-                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, signum, tbq, qsgd up to {QSGD_MAX_LEVELS} levels, terngrad, natural, randomk, topk, dgc, graddrop); use --backend host for it"
+                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, signum, tbq, threshold, qsgd up to {QSGD_MAX_LEVELS} levels, terngrad, natural, randomk, topk, dgc, graddrop); use --backend host for it"
             ),
         }),
     }
@@ -160,6 +165,7 @@ impl GpuCodec {
             },
             Compressor::TernGrad => Kind::TernGrad,
             Compressor::Natural => Kind::Natural,
+            Compressor::Threshold { value } => Kind::Threshold((value as f32).to_bits()),
             _ => Kind::Cast(0),
         };
         let chunks = if matches!(kind, Kind::Sign(1 | 2) | Kind::Qsgd { .. }) {
@@ -185,7 +191,9 @@ impl GpuCodec {
             host_indices: Vec::new(),
             indices: stream.alloc_zeros(k.max(1)).map_err(&alloc)?,
             select: match kind {
-                Kind::TopK { .. } | Kind::Sampled { .. } => Some(Selector::new(n, stream)?),
+                Kind::TopK { .. } | Kind::Sampled { .. } | Kind::Threshold(_) => {
+                    Some(Selector::new(n, stream)?)
+                }
                 _ => None,
             },
             rng: Rng::new(seed),
@@ -385,6 +393,7 @@ impl GpuCodec {
                 select.emit(k, stream, input, out, 0, 4 * count, count)
             }
             Kind::Sampled { ratio, dgc } => self.encode_sampled(k, stream, input, out, ratio, dgc),
+            Kind::Threshold(t) => self.encode_threshold(k, stream, input, out, t),
             Kind::Tbq(tau) => unsafe {
                 stream
                     .launch_builder(&k.tbq_pack)
@@ -512,6 +521,38 @@ impl GpuCodec {
                 .map_err(&launch)
             }
         }
+    }
+
+    /// Threshold: counts |x| ≥ t on the device (one synchronization, for the count), then
+    /// compacts them in index order into the CPU's layout (count, indices, values). The CPU
+    /// payload is 4 + 8·count bytes; here it is the prefix of a `wire_bytes` block whose rest
+    /// is zero.
+    fn encode_threshold(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<u8>,
+        t: u32,
+    ) -> Result<()> {
+        stream
+            .memset_zeros(out)
+            .map_err(cuda_err("cannot clear the payload"))?;
+        let select = self.select.as_mut().expect("threshold has a selector");
+        let count = select.count_at_least(k, stream, input, t, &mut self.bad)?;
+        let io = cuda_err("cannot read the finite flag");
+        if stream.clone_dtoh(&self.bad).map_err(&io)?[0] != u32::MAX {
+            // Non-finite input: `check_finite` reports it; the CPU sends nothing either.
+            return Ok(());
+        }
+        stream
+            .memcpy_htod(&(count as u32).to_le_bytes(), &mut out.slice_mut(..4))
+            .map_err(cuda_err("cannot write the count"))?;
+        if count == 0 {
+            return Ok(());
+        }
+        select.at_least(k, stream, t)?;
+        select.emit(k, stream, input, out, 4, 4 + 4 * count, count)
     }
 
     /// The stochastic quantizers' uniforms for this step: the next ceil(n/2) outputs of the
@@ -657,7 +698,13 @@ impl GpuCodec {
         payload: &CudaView<'_, u8>,
         acc: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        if payload.len() != self.wire_bytes() {
+        // Threshold's payload is 4 + 8·count bytes (the CPU's) or a whole `wire_bytes` block.
+        let length_ok = if matches!(self.kind, Kind::Threshold(_)) {
+            (4..=self.wire_bytes()).contains(&payload.len())
+        } else {
+            payload.len() == self.wire_bytes()
+        };
+        if !length_ok {
             return Err(ExecError::BadPayload {
                 compressor: self.c.to_string(),
                 message: format!(
@@ -792,6 +839,18 @@ impl GpuCodec {
                     .arg(&n)
                     .launch(grid(self.n))
             },
+            Kind::Threshold(_) => {
+                let len = payload.len() as u64;
+                unsafe {
+                    stream
+                        .launch_builder(&k.threshold_decode_add)
+                        .arg(payload)
+                        .arg(&len)
+                        .arg(&mut *acc)
+                        .arg(&n)
+                        .launch(grid(self.n))
+                }
+            }
         }
         .map(drop)
         .map_err(launch)
@@ -839,6 +898,9 @@ mod tests {
             "qsgd:32767",
             "terngrad",
             "natural",
+            "threshold:1.5",
+            "threshold:1e-7",
+            "threshold:1e9",
         ];
         let mut rng = Rng::new(7);
         for spec in specs {

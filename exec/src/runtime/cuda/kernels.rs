@@ -64,6 +64,7 @@ pub struct Kernels {
     pub qsgd_decode_add: CudaFunction,
     pub natural_encode: CudaFunction,
     pub natural_decode_add: CudaFunction,
+    pub threshold_decode_add: CudaFunction,
     pub gemm: CudaFunction,
 }
 
@@ -132,6 +133,7 @@ impl Kernels {
             qsgd_decode_add: f(&compress, "qsgd_decode_add")?,
             natural_encode: f(&compress, "natural_encode")?,
             natural_decode_add: f(&compress, "natural_decode_add")?,
+            threshold_decode_add: f(&compress, "threshold_decode_add")?,
             gemm: f(&gemm, "gemm")?,
         })
     }
