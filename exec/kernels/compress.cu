@@ -527,9 +527,9 @@ __device__ __forceinline__ double pow2(int k) {
 
 // TernGrad: header f32 max |x|, then code 1 (+max) or 2 (−max) with probability |x|/max, else 0.
 extern "C" __global__ void terngrad_encode(const float *x, const unsigned long long *draws, u8 *out, u32 n, const u32 *max_bits) {
-    float max = __uint_as_float(*max_bits);
-    float inv = max > 0.0f ? __fdiv_rn(1.0f, max) : 0.0f;
-    if (blockIdx.x == 0 && threadIdx.x == 0) store_f32(out, max);
+    float top = __uint_as_float(*max_bits);
+    float inv = top > 0.0f ? __fdiv_rn(1.0f, top) : 0.0f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) store_f32(out, top);
     u8 *codes = out + 4;
     u32 bytes = (n + 3) / 4;
     for (u32 b = blockIdx.x * blockDim.x + threadIdx.x; b < bytes; b += gridDim.x * blockDim.x) {
@@ -610,18 +610,19 @@ extern "C" __global__ void natural_encode(const float *x, const unsigned long lo
     }
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         u32 bits = __float_as_uint(x[i]);
-        u32 abs = bits & ABS_MASK;
+        u32 mag = bits & ABS_MASK;
         u32 sign = (bits >> 31) << 7;
-        int biased = (int)(abs >> 23);
+        int biased = (int)(mag >> 23);
         int e = biased - 127;
         u32 u = uniform24(draws, i);
         u32 d;
-        if (abs == 0) {
+        if (mag == 0) {
             d = 0;
         } else if (e < bottom || biased == 0) {
-            d = (double)u < (double)__uint_as_float(abs) * low_scale ? (sign | 127u) : 0u;
+            // Below the range: 2^bottom with probability |x| / 2^bottom (both sides exact in f64).
+            d = (double)u < (double)__uint_as_float(mag) * low_scale ? (sign | 127u) : 0u;
         } else {
-            int up = ((int)u < (int)(2u * (abs & 0x7FFFFFu)) && e < top) ? 1 : 0;
+            int up = ((int)u < (int)(2u * (mag & 0x7FFFFFu)) && e < top) ? 1 : 0;
             d = sign | (u32)(top + 1 - e - up);
         }
         out[4 + (size_t)i] = (u8)d;
