@@ -153,7 +153,8 @@ extern "C" __global__ void sign_pack(const float *x, u8 *bits, u32 n, u32 *bad) 
 // The CPU's exact summation order for the sign scales (sign.rs fused_chunk): per 4096-element
 // chunk, 16 f32 lanes (lane j adds elements j, j + 16, … in order), the lanes summed in order,
 // plus the chunk's tail summed in order. One block of 16 threads per chunk. kind 0: |x| into a;
-// kind 1: non-negative elements into a, negative ones into b, negatives counted.
+// kind 1: non-negative elements into a, negative ones into b, negatives counted; kind 2: x·x
+// into a (QSGD's norm: scan.rs sum_map has this same order).
 extern "C" __global__ void sign_chunk_sums(const float *x, u32 n, int kind, float *a_out, float *b_out, u32 *neg_out) {
     __shared__ float la[LANES], lb[LANES];
     __shared__ u32 ln[LANES];
@@ -166,6 +167,7 @@ extern "C" __global__ void sign_chunk_sums(const float *x, u32 n, int kind, floa
     for (u32 t = 0; t < full; t++) {
         float v = x[start + t * LANES + j];
         if (kind == 0) a = __fadd_rn(a, fabsf(v));
+        else if (kind == 2) a = __fadd_rn(a, __fmul_rn(v, v));
         else if (v < 0.0f) { b = __fadd_rn(b, v); negs++; }
         else a = __fadd_rn(a, v);
     }
@@ -178,6 +180,7 @@ extern "C" __global__ void sign_chunk_sums(const float *x, u32 n, int kind, floa
         for (u32 i = start + full * LANES; i < start + len; i++) {
             float v = x[i];
             if (kind == 0) ta = __fadd_rn(ta, fabsf(v));
+            else if (kind == 2) ta = __fadd_rn(ta, __fmul_rn(v, v));
             else if (v < 0.0f) { tb = __fadd_rn(tb, v); count++; }
             else ta = __fadd_rn(ta, v);
         }
@@ -188,7 +191,8 @@ extern "C" __global__ void sign_chunk_sums(const float *x, u32 n, int kind, floa
 }
 
 // Accumulates the chunk sums in f64, in chunk order, as the CPU does, and writes the header:
-// kind 0: f32 mean |x|; kind 1: f32 mean of the non-negative, f32 mean of the negative elements.
+// kind 0: f32 mean |x|; kind 1: f32 mean of the non-negative, f32 mean of the negative elements;
+// kind 2: f32 sqrt of the f64 sum (QSGD's L2 norm).
 extern "C" __global__ void sign_finish(const float *a, const float *b, const u32 *negs, u32 chunks, u32 n, int kind, u8 *out) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     double sa = 0.0, sb = 0.0;
@@ -196,6 +200,9 @@ extern "C" __global__ void sign_finish(const float *a, const float *b, const u32
     for (u32 c = 0; c < chunks; c++) { sa += (double)a[c]; sb += (double)b[c]; count += negs[c]; }
     if (kind == 0) {
         store_f32(out, n > 0 ? (float)(sa / (double)n) : 0.0f);
+    } else if (kind == 2) {
+        // f64 sqrt is correctly rounded (IEEE) on the device as on the CPU, then RNE to f32.
+        store_f32(out, (float)sqrt(sa));
     } else {
         unsigned long long pos = (unsigned long long)n - count;
         store_f32(out, pos > 0 ? (float)(sa / (double)pos) : 0.0f);
@@ -444,5 +451,208 @@ extern "C" __global__ void sparse_decode_add(const u8 *p, float *acc, u32 n, u32
         u32 i = (u32)q[0] | ((u32)q[1] << 8) | ((u32)q[2] << 16) | ((u32)q[3] << 24);
         // Our own payloads never hold an index ≥ n; the guard keeps a corrupt one in bounds.
         if (i < n) acc[i] = __fadd_rn(acc[i], load_f32(p + 4 * ((size_t)k + j)));
+    }
+}
+
+// ---- Two-bit codes (quantize.rs tbq/terngrad, bits.rs pack2_codes): element i at bits
+// 2·(i % 4) of byte i / 4. One thread per byte. ----
+
+// TBQ: code 1 when x > tau, 2 when x < −tau, else 0.
+extern "C" __global__ void tbq_pack(const float *x, u8 *out, u32 n, float tau, u32 *bad) {
+    u32 bytes = (n + 3) / 4;
+    for (u32 b = blockIdx.x * blockDim.x + threadIdx.x; b < bytes; b += gridDim.x * blockDim.x) {
+        u32 v = 0;
+        for (u32 j = 0; j < 4; j++) {
+            u32 i = 4 * b + j;
+            if (i < n) {
+                float e = x[i];
+                note_finite(e, i, bad);
+                u32 code = (u32)(e > tau) | ((u32)(e < -tau) << 1);
+                v |= code << (2 * j);
+            }
+        }
+        out[b] = (u8)v;
+    }
+}
+
+// Adds 0, +m, −m for codes 0, 1, 2 (3 is never written; it adds 0). header 0: m = tau, the codes
+// start at p (tbq); header 1: m is the f32 at p, the codes start at p + 4 (terngrad).
+extern "C" __global__ void two_bit_decode_add(const u8 *p, float *acc, u32 n, int header, float tau) {
+    float m = tau;
+    if (header) { m = load_f32(p); p += 4; }
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u32 code = (p[i / 4] >> (2 * (i % 4))) & 3u;
+        float v = code == 1 ? m : (code == 2 ? -m : 0.0f);
+        acc[i] = __fadd_rn(acc[i], v);
+    }
+}
+
+// Signum (sign.rs momentum_pack): m ← β·m + (1−β)·g, each product and the sum rounded
+// separately as on the CPU, then one sign bit of the new m per element. One thread per byte.
+extern "C" __global__ void signum_pack(const float *g, float *m, u8 *bits, u32 n, float beta, u32 *bad) {
+    float keep = __fsub_rn(1.0f, beta);
+    u32 bytes = (n + 7) / 8;
+    for (u32 b = blockIdx.x * blockDim.x + threadIdx.x; b < bytes; b += gridDim.x * blockDim.x) {
+        u32 v = 0;
+        for (u32 j = 0; j < 8; j++) {
+            u32 i = 8 * b + j;
+            if (i < n) {
+                float e = g[i];
+                note_finite(e, i, bad);
+                float mi = __fadd_rn(__fmul_rn(beta, m[i]), __fmul_rn(keep, e));
+                m[i] = mi;
+                v |= (u32)(mi < 0.0f) << j;
+            }
+        }
+        bits[b] = (u8)v;
+    }
+}
+
+// ---- Stochastic quantizers (quantize.rs). The uniforms come from the CPU's xoshiro256++
+// stream, drawn on the host: element i uses draw i / 2, its bits 40..63 when i is even and
+// bits 8..31 when i is odd (fill_u24), as an integer u < 2^24 standing for u·2^-24. ----
+
+#define U24_SCALE 5.9604644775390625e-8f
+
+__device__ __forceinline__ u32 uniform24(const unsigned long long *draws, u32 i) {
+    unsigned long long d = draws[i / 2];
+    return (i & 1u) ? (u32)((d >> 8) & 0xFFFFFFull) : (u32)(d >> 40);
+}
+
+// 2^k as a double, exact for -1022 ≤ k ≤ 1023; 0 below (never reached by our own payloads).
+__device__ __forceinline__ double pow2(int k) {
+    if (k < -1022) return 0.0;
+    return __longlong_as_double((long long)(1023 + k) << 52);
+}
+
+// TernGrad: header f32 max |x|, then code 1 (+max) or 2 (−max) with probability |x|/max, else 0.
+extern "C" __global__ void terngrad_encode(const float *x, const unsigned long long *draws, u8 *out, u32 n, const u32 *max_bits) {
+    float top = __uint_as_float(*max_bits);
+    float inv = top > 0.0f ? __fdiv_rn(1.0f, top) : 0.0f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) store_f32(out, top);
+    u8 *codes = out + 4;
+    u32 bytes = (n + 3) / 4;
+    for (u32 b = blockIdx.x * blockDim.x + threadIdx.x; b < bytes; b += gridDim.x * blockDim.x) {
+        u32 v = 0;
+        for (u32 j = 0; j < 4; j++) {
+            u32 i = 4 * b + j;
+            if (i < n) {
+                float e = x[i];
+                float u = __fmul_rn((float)uniform24(draws, i), U24_SCALE);
+                bool keep = u < __fmul_rn(fabsf(e), inv);
+                u32 code = keep ? 1u + (u32)(e < 0.0f) : 0u;
+                v |= code << (2 * j);
+            }
+        }
+        codes[b] = (u8)v;
+    }
+}
+
+// QSGD: the f32 norm is already at out[0..4] (sign_finish kind 2); codes of `bits` bits, LSB
+// first, back to back. One thread per group of 8 elements, which fills exactly `bits` bytes
+// (the last group ceil(count·bits / 8)). levels ≤ QSGD_MAX_LEVELS, so r < 2^20 and the CPU's
+// i32 path applies: whole = trunc(min(r, 2^20)).
+extern "C" __global__ void qsgd_encode(const float *x, const unsigned long long *draws, u8 *out, u32 n, u32 levels, u32 bits, u32 *bad) {
+    float norm = load_f32(out);
+    float scale = norm > 0.0f ? __fdiv_rn(__uint2float_rn(levels), norm) : 0.0f;
+    u8 *body = out + 4;
+    u32 groups = (n + 7) / 8;
+    for (u32 g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
+        u8 buf[16];
+        for (u32 b = 0; b < 16; b++) buf[b] = 0;
+        u32 first = 8 * g;
+        u32 count = min(8u, n - first);
+        for (u32 j = 0; j < count; j++) {
+            u32 i = first + j;
+            float e = x[i];
+            note_finite(e, i, bad);
+            float r = __fmul_rn(fabsf(e), scale);
+            int whole = __float2int_rz(fminf(r, 1048576.0f));
+            float u = __fmul_rn((float)uniform24(draws, i), U24_SCALE);
+            int up = u < __fsub_rn(r, (float)whole) ? 1 : 0;
+            int level = min(whole + up, (int)levels);
+            u32 code = (u32)((int)levels + (e < 0.0f ? -level : level));
+            u32 pos = j * bits;
+            for (u32 k = 0; k < bits; k++)
+                if ((code >> k) & 1u) buf[(pos + k) >> 3] |= (u8)(1u << ((pos + k) & 7u));
+        }
+        u32 nbytes = (count * bits + 7) / 8;
+        for (u32 b = 0; b < nbytes; b++) body[(size_t)g * bits + b] = buf[b];
+    }
+}
+
+// acc += (code − levels)·(norm / levels), rounded step by step as on the CPU.
+extern "C" __global__ void qsgd_decode_add(const u8 *p, float *acc, u32 n, u32 levels, u32 bits) {
+    float lv = __uint2float_rn(levels);
+    float step = __fdiv_rn(load_f32(p), lv);
+    const u8 *body = p + 4;
+    size_t len = ((size_t)n * bits + 7) / 8;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        size_t pos = (size_t)i * bits;
+        size_t byte = pos >> 3;
+        u32 w = 0;
+        for (u32 t = 0; t < 3; t++)
+            if (byte + t < len) w |= (u32)body[byte + t] << (8 * t);
+        u32 code = (w >> (pos & 7)) & ((1u << bits) - 1u);
+        acc[i] = __fadd_rn(acc[i], __fmul_rn(__fsub_rn((float)code, lv), step));
+    }
+}
+
+// Natural compression: header i32 `top`, then one byte per element (quantize.rs natural_encode).
+extern "C" __global__ void natural_encode(const float *x, const unsigned long long *draws, u8 *out, u32 n, const u32 *max_bits) {
+    int max_exp = max((int)(*max_bits >> 23) - 127, -126);
+    int top = min(max_exp + 1, 127);
+    int bottom = top + 1 - 127;
+    double low_scale = pow2(24 - bottom);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        u32 w = (u32)top;
+        out[0] = (u8)w; out[1] = (u8)(w >> 8); out[2] = (u8)(w >> 16); out[3] = (u8)(w >> 24);
+    }
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u32 bits = __float_as_uint(x[i]);
+        u32 mag = bits & ABS_MASK;
+        u32 sign = (bits >> 31) << 7;
+        int biased = (int)(mag >> 23);
+        int e = biased - 127;
+        u32 u = uniform24(draws, i);
+        u32 d;
+        if (mag == 0) {
+            d = 0;
+        } else if (e < bottom || biased == 0) {
+            // Below the range: 2^bottom with probability |x| / 2^bottom (both sides exact in f64).
+            d = (double)u < (double)__uint_as_float(mag) * low_scale ? (sign | 127u) : 0u;
+        } else {
+            int up = ((int)u < (int)(2u * (mag & 0x7FFFFFu)) && e < top) ? 1 : 0;
+            d = sign | (u32)(top + 1 - e - up);
+        }
+        out[4 + (size_t)i] = (u8)d;
+    }
+}
+
+// Adds ±2^(top + 1 − m) for a byte with m = bits 0..6 (m = 0: ±0), bit 7 the sign.
+extern "C" __global__ void natural_decode_add(const u8 *p, float *acc, u32 n) {
+    int top = (int)((u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24));
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u32 code = p[4 + (size_t)i];
+        int m = (int)(code & 0x7Fu);
+        float v = m == 0 ? 0.0f : (float)pow2(top + 1 - m);
+        if (code & 0x80u) v = -v;
+        acc[i] = __fadd_rn(acc[i], v);
+    }
+}
+
+// Threshold (sparse.rs): u32 count c, c indices, c values, the values right after the indices.
+// `len` is the bytes available at p; a count that does not fit adds nothing (our own payloads
+// always fit). Indices are distinct, so no two threads add into one element.
+extern "C" __global__ void threshold_decode_add(const u8 *p, unsigned long long len, float *acc, u32 n) {
+    if (len < 4) return;
+    u32 count = (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+    if (count > n || 4ull + 8ull * (unsigned long long)count > len) return;
+    const u8 *idx = p + 4;
+    const u8 *val = p + 4 + 4 * (size_t)count;
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < count; j += gridDim.x * blockDim.x) {
+        const u8 *q = idx + 4 * (size_t)j;
+        u32 i = (u32)q[0] | ((u32)q[1] << 8) | ((u32)q[2] << 16) | ((u32)q[3] << 24);
+        if (i < n) acc[i] = __fadd_rn(acc[i], load_f32(val + 4 * (size_t)j));
     }
 }

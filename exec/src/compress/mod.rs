@@ -10,7 +10,7 @@ mod cast;
 pub mod memory;
 pub mod minifloat;
 mod powersgd;
-mod quantize;
+pub(crate) mod quantize;
 pub mod rng;
 pub mod sampled;
 mod scan;

@@ -65,6 +65,13 @@ fn fill_u24(rng: &mut Rng, u: &mut [u32]) {
     }
 }
 
+/// How many raw draws (`Rng::fill_u64` outputs) one encode of `n` elements consumes: element
+/// i takes draw i / 2, its bits 40..63 when i is even and bits 8..31 when odd (see
+/// [`fill_u24`]). The GPU codecs draw these on the host and split them on the device.
+pub(crate) fn draws_for(n: usize) -> usize {
+    n.div_ceil(2)
+}
+
 /// Writes B-bit codes (B ≤ 16) back to back, LSB first, as [`BitWriter`] does: every 8 codes
 /// fill exactly B bytes, packed branch-free in a u128; a last partial group goes through
 /// `BitWriter`. `dst` starts on the byte where these codes start.
@@ -385,6 +392,37 @@ mod tests {
         for y in decoded(Compressor::Qsgd { levels: 4 }, Kind::Qsgd(4), &g, 1) {
             let level = y / norm * 4.0;
             assert!((level - level.round()).abs() < 1e-4 && level.abs() <= 4.0);
+        }
+    }
+
+    /// The block-wise uniforms equal the whole-tensor mapping `draws_for` documents (what the
+    /// GPU codecs rely on), for even and odd lengths and across blocks.
+    #[test]
+    fn uniforms_follow_the_documented_draw_mapping() {
+        for n in [0usize, 1, 2, 7, 255, 256, 257, 1001] {
+            let mut a = Rng::new(5);
+            let mut want = Vec::new();
+            let mut u = [0u32; BLOCK];
+            for block in (0..n).collect::<Vec<_>>().chunks(BLOCK) {
+                let u = &mut u[..block.len()];
+                fill_u24(&mut a, u);
+                want.extend_from_slice(u);
+            }
+            let mut b = Rng::new(5);
+            let mut draws = vec![0u64; draws_for(n)];
+            b.fill_u64(&mut draws);
+            let got: Vec<u32> = (0..n)
+                .map(|i| {
+                    let d = draws[i / 2];
+                    if i % 2 == 0 {
+                        (d >> 40) as u32
+                    } else {
+                        ((d >> 8) & 0xFF_FFFF) as u32
+                    }
+                })
+                .collect();
+            assert_eq!(got, want, "n={n}");
+            assert_eq!(a.next_u64(), b.next_u64(), "n={n}: same stream position");
         }
     }
 

@@ -5,19 +5,34 @@
 //! construction), topk (device radix selection, `select.rs`), dgc and graddrop (sample
 //! positions drawn on the host with the CPU's seeded generator, the sample's threshold and
 //! DGC's adaptation decided on the host from device counts, so each step synchronizes the
-//! stream a few times). Any other compressor is refused with an error naming it.
+//! stream a few times), tbq, signum (its momentum kept on the device, updated with the CPU's
+//! operation order), and the stochastic quantizers qsgd (up to `QSGD_MAX_LEVELS`), terngrad and
+//! natural, and threshold (a device count, read back once, then the top-k compaction kernels;
+//! its count-prefixed payload sits at the start of a worst-case `wire_bytes` block). Any other
+//! compressor (powersgd, a hand-built qsgd above the maximum) is refused with an error naming
+//! it.
+//!
+//! The stochastic quantizers reproduce the CPU's bytes by drawing the same xoshiro256++ stream
+//! on the host with the CPU codec's own `Rng` (seeded identically, advanced by the same
+//! ceil(n/2) draws per step) and uploading it; the kernels map draw i / 2 to element i as
+//! `quantize.rs` does. That upload costs PCIe bandwidth every step, 8 bytes per two elements
+//! (as many bytes as the gradient itself), the price of byte-exactness over speed. Their scalars are
+//! computed on the device because the results are provably the CPU's: terngrad's and natural's
+//! max |x| is order-independent, and QSGD's Σx² reuses the sign scales' kernels, which follow
+//! `scan::sum_map`'s order exactly (16 f32 lanes and an in-order tail per 4096-element chunk,
+//! f64 across chunks, correctly rounded f64 sqrt, then round-to-nearest to f32).
 
 use super::kernels::{cuda_err, grid, Kernels};
 use super::select::Selector;
 use crate::compress::sampled::{
     dgc_adapt_with, dgc_band, dgc_positions, graddrop_positions, sample_threshold, Estimate,
 };
-use crate::compress::{rng::Rng, sparse::random_subset};
+use crate::compress::{quantize::draws_for, rng::Rng, sparse::random_subset};
 use crate::error::{ExecError, Result};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
 use std::cell::RefCell;
 use std::sync::Arc;
-use syncopate_sim::compress::{sparse_count, Compressor, Fp8Format};
+use syncopate_sim::compress::{qsgd_bits, sparse_count, Compressor, Fp8Format, QSGD_MAX_LEVELS};
 
 /// Elements per scan chunk of the CPU kernels (`compress::scan::CHUNK`).
 const CHUNK: usize = 4096;
@@ -43,6 +58,19 @@ enum Kind {
         ratio: f64,
         dgc: bool,
     },
+    /// TBQ: 2-bit codes against ±τ.
+    Tbq(f32),
+    /// Signum: the momentum lives on the device; the payload is its sign bits.
+    Signum(f32),
+    /// QSGD with `levels` ≤ `QSGD_MAX_LEVELS`, `bits` per code.
+    Qsgd {
+        levels: u32,
+        bits: u32,
+    },
+    TernGrad,
+    Natural,
+    /// Every |x| ≥ the value (its f32 bits): a variable count, in a block of `wire_bytes`.
+    Threshold(u32),
 }
 
 /// What a sampled sparsifier sends this step, as `sampled.rs` decides it.
@@ -72,6 +100,12 @@ pub struct GpuCodec {
     /// Sparsifiers: selection scratch, and the sampling generator (seeded as the CPU codec's).
     select: Option<Selector>,
     rng: Rng,
+    /// Signum's momentum (n elements; one otherwise).
+    momentum: CudaSlice<f32>,
+    /// QSGD, TernGrad, natural: this step's raw xoshiro256++ draws (ceil(n/2) of them), made on
+    /// the host by `rng` (seeded as the CPU codec's) and uploaded.
+    host_draws: Vec<u64>,
+    draws: CudaSlice<u64>,
 }
 
 /// Whether the GPU has a kernel for this compressor; the error names what is missing.
@@ -87,10 +121,16 @@ pub fn supported(c: &Compressor) -> Result<()> {
         | Compressor::RandomK { .. }
         | Compressor::TopK { .. }
         | Compressor::Dgc { .. }
-        | Compressor::GradDrop { .. } => Ok(()),
+        | Compressor::GradDrop { .. }
+        | Compressor::Tbq { .. }
+        | Compressor::Signum { .. }
+        | Compressor::TernGrad
+        | Compressor::Natural
+        | Compressor::Threshold { .. } => Ok(()),
+        Compressor::Qsgd { levels } if *levels <= QSGD_MAX_LEVELS => Ok(()),
         other => Err(ExecError::Cuda {
             message: format!(
-                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, randomk, topk, dgc, graddrop); use --backend host for it"
+                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, signum, tbq, threshold, qsgd up to {QSGD_MAX_LEVELS} levels, terngrad, natural, randomk, topk, dgc, graddrop); use --backend host for it"
             ),
         }),
     }
@@ -117,9 +157,18 @@ impl GpuCodec {
             Compressor::TopK { ratio } => Kind::TopK { ratio },
             Compressor::Dgc { ratio } => Kind::Sampled { ratio, dgc: true },
             Compressor::GradDrop { ratio } => Kind::Sampled { ratio, dgc: false },
+            Compressor::Tbq { threshold } => Kind::Tbq(threshold as f32),
+            Compressor::Signum { momentum } => Kind::Signum(momentum as f32),
+            Compressor::Qsgd { levels } => Kind::Qsgd {
+                levels,
+                bits: qsgd_bits(levels),
+            },
+            Compressor::TernGrad => Kind::TernGrad,
+            Compressor::Natural => Kind::Natural,
+            Compressor::Threshold { value } => Kind::Threshold((value as f32).to_bits()),
             _ => Kind::Cast(0),
         };
-        let chunks = if matches!(kind, Kind::Sign(1 | 2)) {
+        let chunks = if matches!(kind, Kind::Sign(1 | 2) | Kind::Qsgd { .. }) {
             n.div_ceil(CHUNK).max(1)
         } else {
             1
@@ -142,10 +191,26 @@ impl GpuCodec {
             host_indices: Vec::new(),
             indices: stream.alloc_zeros(k.max(1)).map_err(&alloc)?,
             select: match kind {
-                Kind::TopK { .. } | Kind::Sampled { .. } => Some(Selector::new(n, stream)?),
+                Kind::TopK { .. } | Kind::Sampled { .. } | Kind::Threshold(_) => {
+                    Some(Selector::new(n, stream)?)
+                }
                 _ => None,
             },
             rng: Rng::new(seed),
+            momentum: stream
+                .alloc_zeros(if matches!(kind, Kind::Signum(_)) {
+                    n.max(1)
+                } else {
+                    1
+                })
+                .map_err(&alloc)?,
+            host_draws: Vec::new(),
+            draws: stream
+                .alloc_zeros(match kind {
+                    Kind::Qsgd { .. } | Kind::TernGrad | Kind::Natural => n.div_ceil(2).max(1),
+                    _ => 1,
+                })
+                .map_err(&alloc)?,
         })
     }
 
@@ -328,7 +393,181 @@ impl GpuCodec {
                 select.emit(k, stream, input, out, 0, 4 * count, count)
             }
             Kind::Sampled { ratio, dgc } => self.encode_sampled(k, stream, input, out, ratio, dgc),
+            Kind::Threshold(t) => self.encode_threshold(k, stream, input, out, t),
+            Kind::Tbq(tau) => unsafe {
+                stream
+                    .launch_builder(&k.tbq_pack)
+                    .arg(input)
+                    .arg(&mut *out)
+                    .arg(&n)
+                    .arg(&tau)
+                    .arg(&mut self.bad)
+                    .launch(grid(self.n.div_ceil(4)))
+            }
+            .map(drop)
+            .map_err(&launch),
+            Kind::Signum(beta) => unsafe {
+                stream
+                    .launch_builder(&k.signum_pack)
+                    .arg(input)
+                    .arg(&mut self.momentum)
+                    .arg(&mut *out)
+                    .arg(&n)
+                    .arg(&beta)
+                    .arg(&mut self.bad)
+                    .launch(grid(self.n.div_ceil(8)))
+            }
+            .map(drop)
+            .map_err(&launch),
+            Kind::TernGrad | Kind::Natural => {
+                self.upload_draws(stream)?;
+                stream
+                    .memset_zeros(&mut self.max_bits)
+                    .map_err(cuda_err("cannot reset the max"))?;
+                unsafe {
+                    stream
+                        .launch_builder(&k.max_abs)
+                        .arg(input)
+                        .arg(&n)
+                        .arg(&mut self.max_bits)
+                        .arg(&mut self.bad)
+                        .launch(grid(self.n))
+                }
+                .map_err(&launch)?;
+                if matches!(self.kind, Kind::TernGrad) {
+                    unsafe {
+                        stream
+                            .launch_builder(&k.terngrad_encode)
+                            .arg(input)
+                            .arg(&self.draws)
+                            .arg(&mut *out)
+                            .arg(&n)
+                            .arg(&self.max_bits)
+                            .launch(grid(self.n.div_ceil(4)))
+                    }
+                } else {
+                    unsafe {
+                        stream
+                            .launch_builder(&k.natural_encode)
+                            .arg(input)
+                            .arg(&self.draws)
+                            .arg(&mut *out)
+                            .arg(&n)
+                            .arg(&self.max_bits)
+                            .launch(grid(self.n))
+                    }
+                }
+                .map(drop)
+                .map_err(&launch)
+            }
+            Kind::Qsgd { levels, bits } => {
+                self.upload_draws(stream)?;
+                if self.n > 0 {
+                    // The norm, in the CPU's summation order (scan.rs sum_map), into out[0..4].
+                    let chunks = self.n.div_ceil(CHUNK) as u32;
+                    let squares = 2i32;
+                    unsafe {
+                        stream
+                            .launch_builder(&k.sign_chunk_sums)
+                            .arg(input)
+                            .arg(&n)
+                            .arg(&squares)
+                            .arg(&mut self.chunk_a)
+                            .arg(&mut self.chunk_b)
+                            .arg(&mut self.chunk_neg)
+                            .launch(LaunchConfig {
+                                grid_dim: (chunks, 1, 1),
+                                block_dim: (16, 1, 1),
+                                shared_mem_bytes: 0,
+                            })
+                    }
+                    .map_err(&launch)?;
+                    unsafe {
+                        stream
+                            .launch_builder(&k.sign_finish)
+                            .arg(&self.chunk_a)
+                            .arg(&self.chunk_b)
+                            .arg(&self.chunk_neg)
+                            .arg(&chunks)
+                            .arg(&n)
+                            .arg(&squares)
+                            .arg(&mut *out)
+                            .launch(LaunchConfig {
+                                grid_dim: (1, 1, 1),
+                                block_dim: (1, 1, 1),
+                                shared_mem_bytes: 0,
+                            })
+                    }
+                    .map_err(&launch)?;
+                } else {
+                    // n = 0: the CPU writes a zero norm.
+                    stream
+                        .memset_zeros(out)
+                        .map_err(cuda_err("cannot clear an empty payload"))?;
+                }
+                unsafe {
+                    stream
+                        .launch_builder(&k.qsgd_encode)
+                        .arg(input)
+                        .arg(&self.draws)
+                        .arg(&mut *out)
+                        .arg(&n)
+                        .arg(&levels)
+                        .arg(&bits)
+                        .arg(&mut self.bad)
+                        .launch(grid(self.n.div_ceil(8)))
+                }
+                .map(drop)
+                .map_err(&launch)
+            }
         }
+    }
+
+    /// Threshold: counts |x| ≥ t on the device (one synchronization, for the count), then
+    /// compacts them in index order into the CPU's layout (count, indices, values). The CPU
+    /// payload is 4 + 8·count bytes; here it is the prefix of a `wire_bytes` block whose rest
+    /// is zero.
+    fn encode_threshold(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<u8>,
+        t: u32,
+    ) -> Result<()> {
+        stream
+            .memset_zeros(out)
+            .map_err(cuda_err("cannot clear the payload"))?;
+        let select = self.select.as_mut().expect("threshold has a selector");
+        let count = select.count_at_least(k, stream, input, t, &mut self.bad)?;
+        let io = cuda_err("cannot read the finite flag");
+        if stream.clone_dtoh(&self.bad).map_err(&io)?[0] != u32::MAX {
+            // Non-finite input: `check_finite` reports it; the CPU sends nothing either.
+            return Ok(());
+        }
+        stream
+            .memcpy_htod(&(count as u32).to_le_bytes(), &mut out.slice_mut(..4))
+            .map_err(cuda_err("cannot write the count"))?;
+        if count == 0 {
+            return Ok(());
+        }
+        select.at_least(k, stream, t)?;
+        select.emit(k, stream, input, out, 4, 4 + 4 * count, count)
+    }
+
+    /// The stochastic quantizers' uniforms for this step: the next ceil(n/2) outputs of the
+    /// CPU codec's generator, exactly the draws `quantize.rs` consumes for n elements
+    /// (`compress::quantize::draws_for`), uploaded for the kernel to split (element i takes
+    /// draw i / 2). This costs 4 bytes of PCIe traffic per element and step.
+    fn upload_draws(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.host_draws.resize(draws_for(self.n), 0);
+        self.rng.fill_u64(&mut self.host_draws);
+        if !self.host_draws.is_empty() {
+            stream
+                .memcpy_htod(&self.host_draws, &mut self.draws)
+                .map_err(cuda_err("cannot upload the quantizer's random draws"))?;
+        }
+        Ok(())
     }
 
     /// DGC and GradDrop: the branches of `Sampled::encode` in `compress/sampled.rs`, with the
@@ -459,7 +698,13 @@ impl GpuCodec {
         payload: &CudaView<'_, u8>,
         acc: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        if payload.len() != self.wire_bytes() {
+        // Threshold's payload is 4 + 8·count bytes (the CPU's) or a whole `wire_bytes` block.
+        let length_ok = if matches!(self.kind, Kind::Threshold(_)) {
+            (4..=self.wire_bytes()).contains(&payload.len())
+        } else {
+            payload.len() == self.wire_bytes()
+        };
+        if !length_ok {
             return Err(ExecError::BadPayload {
                 compressor: self.c.to_string(),
                 message: format!(
@@ -538,6 +783,74 @@ impl GpuCodec {
                         .launch(grid(count))
                 }
             }
+            Kind::Tbq(tau) => {
+                let header = 0i32;
+                unsafe {
+                    stream
+                        .launch_builder(&k.two_bit_decode_add)
+                        .arg(payload)
+                        .arg(&mut *acc)
+                        .arg(&n)
+                        .arg(&header)
+                        .arg(&tau)
+                        .launch(grid(self.n))
+                }
+            }
+            Kind::TernGrad => {
+                let (header, unused) = (1i32, 0.0f32);
+                unsafe {
+                    stream
+                        .launch_builder(&k.two_bit_decode_add)
+                        .arg(payload)
+                        .arg(&mut *acc)
+                        .arg(&n)
+                        .arg(&header)
+                        .arg(&unused)
+                        .launch(grid(self.n))
+                }
+            }
+            Kind::Signum(_) => {
+                let header = 0i32;
+                unsafe {
+                    stream
+                        .launch_builder(&k.sign_decode_add)
+                        .arg(payload)
+                        .arg(&mut *acc)
+                        .arg(&n)
+                        .arg(&header)
+                        .launch(grid(self.n))
+                }
+            }
+            Kind::Qsgd { levels, bits } => unsafe {
+                stream
+                    .launch_builder(&k.qsgd_decode_add)
+                    .arg(payload)
+                    .arg(&mut *acc)
+                    .arg(&n)
+                    .arg(&levels)
+                    .arg(&bits)
+                    .launch(grid(self.n))
+            },
+            Kind::Natural => unsafe {
+                stream
+                    .launch_builder(&k.natural_decode_add)
+                    .arg(payload)
+                    .arg(&mut *acc)
+                    .arg(&n)
+                    .launch(grid(self.n))
+            },
+            Kind::Threshold(_) => {
+                let len = payload.len() as u64;
+                unsafe {
+                    stream
+                        .launch_builder(&k.threshold_decode_add)
+                        .arg(payload)
+                        .arg(&len)
+                        .arg(&mut *acc)
+                        .arg(&n)
+                        .launch(grid(self.n))
+                }
+            }
         }
         .map(drop)
         .map_err(launch)
@@ -577,6 +890,17 @@ mod tests {
             "dgc:0.3",
             "graddrop:0.01",
             "graddrop:0.3",
+            "tbq:0.5",
+            "signum:0.9",
+            "qsgd:1",
+            "qsgd:4",
+            "qsgd:127",
+            "qsgd:32767",
+            "terngrad",
+            "natural",
+            "threshold:1.5",
+            "threshold:1e-7",
+            "threshold:1e9",
         ];
         let mut rng = Rng::new(7);
         for spec in specs {
@@ -589,14 +913,25 @@ mod tests {
                 }
                 let mut cpu = codec_for(&c, 11);
                 let mut want = Vec::new();
-                cpu.encode(&x, &mut want).unwrap();
                 let mut gpu = GpuCodec::new(&c, n, 11, &stream).unwrap();
-                let input = stream.clone_htod(&x).unwrap();
                 let mut out = stream.alloc_zeros::<u8>(gpu.wire_bytes().max(1)).unwrap();
-                gpu.encode(&kernels, &stream, &input, &mut out).unwrap();
-                gpu.check_finite(&stream, &input).unwrap();
-                let got = stream.clone_dtoh(&out).unwrap();
-                assert_eq!(&got[..want.len()], &want[..], "{spec} n={n}: payload bytes");
+                // Two steps, the second on a different gradient: stateful codecs (signum's
+                // momentum, the quantizers' and samplers' generators) must stay in step.
+                for step in 0..2 {
+                    if step == 1 {
+                        x.iter_mut().for_each(|v| *v = -0.75 * *v + 0.125);
+                    }
+                    cpu.encode(&x, &mut want).unwrap();
+                    let input = stream.clone_htod(&x).unwrap();
+                    gpu.encode(&kernels, &stream, &input, &mut out).unwrap();
+                    gpu.check_finite(&stream, &input).unwrap();
+                    let got = stream.clone_dtoh(&out).unwrap();
+                    assert_eq!(
+                        &got[..want.len()],
+                        &want[..],
+                        "{spec} n={n} step {step}: payload bytes"
+                    );
+                }
                 let mut acc_cpu = vec![0.5f32; n];
                 cpu.decode_add(&want, &mut acc_cpu).unwrap();
                 let mut acc = stream.clone_htod(&vec![0.5f32; n.max(1)]).unwrap();

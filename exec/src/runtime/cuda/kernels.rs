@@ -56,6 +56,15 @@ pub struct Kernels {
     pub count_at_least: CudaFunction,
     pub gather_abs: CudaFunction,
     pub sparse_decode_add: CudaFunction,
+    pub tbq_pack: CudaFunction,
+    pub two_bit_decode_add: CudaFunction,
+    pub signum_pack: CudaFunction,
+    pub terngrad_encode: CudaFunction,
+    pub qsgd_encode: CudaFunction,
+    pub qsgd_decode_add: CudaFunction,
+    pub natural_encode: CudaFunction,
+    pub natural_decode_add: CudaFunction,
+    pub threshold_decode_add: CudaFunction,
     pub gemm: CudaFunction,
 }
 
@@ -116,6 +125,15 @@ impl Kernels {
             count_at_least: f(&compress, "count_at_least")?,
             gather_abs: f(&compress, "gather_abs")?,
             sparse_decode_add: f(&compress, "sparse_decode_add")?,
+            tbq_pack: f(&compress, "tbq_pack")?,
+            two_bit_decode_add: f(&compress, "two_bit_decode_add")?,
+            signum_pack: f(&compress, "signum_pack")?,
+            terngrad_encode: f(&compress, "terngrad_encode")?,
+            qsgd_encode: f(&compress, "qsgd_encode")?,
+            qsgd_decode_add: f(&compress, "qsgd_decode_add")?,
+            natural_encode: f(&compress, "natural_encode")?,
+            natural_decode_add: f(&compress, "natural_decode_add")?,
+            threshold_decode_add: f(&compress, "threshold_decode_add")?,
             gemm: f(&gemm, "gemm")?,
         })
     }
