@@ -125,11 +125,21 @@ fn scenario(model: &str, cluster: &str, nodes: u32, strategy: &str, compressor: 
     base.with_plan(plan, "test").unwrap()
 }
 
-const CASES: [(&str, &str, u32, &str, &str); 6] = [
+const CASES: [(&str, &str, u32, &str, &str); 10] = [
     ("resnet50", "v100-10gbe", 2, "wfbp", "none"),
     ("resnet50", "v100-100gib", 2, "horovod", "none"),
     ("bert-base", "dgx1-v100", 1, "ddp", "fp16"),
     ("vgg16", "v100-pcie-25gbe", 2, "fixed-groups:3", "dgc:0.01"),
+    ("resnet50", "v100-10gbe", 2, "dear", "none"),
+    ("bert-base", "v100-100gib", 2, "bytescheduler", "fp16"),
+    ("vgg16", "v100-10gbe", 2, "byteps", "none"),
+    (
+        "resnet50",
+        "v100-nvlink-100gbe",
+        2,
+        "hipress:ring",
+        "onebit",
+    ),
     (
         "gpt2",
         "a100-ib200",
