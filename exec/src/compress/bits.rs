@@ -49,6 +49,7 @@ pub fn pack2(src: &[f32], dst: &mut [u8], mut code: impl FnMut(usize, f32) -> u8
 
 /// Packs 2-bit codes (one per byte, values 0..=3) four to a byte, element i at bits 2·(i % 4).
 /// Four codes are read as one little-endian word and folded, which vectorizes on SSE2.
+#[inline(always)]
 pub fn pack2_codes(codes: &[u8], dst: &mut [u8]) {
     let whole = codes.len() / 4;
     for (d, q) in dst[..whole].iter_mut().zip(codes.chunks_exact(4)) {

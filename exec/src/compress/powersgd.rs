@@ -150,6 +150,7 @@ fn dots<const R: usize>(row: &[f32], q: [&[f32]; R]) -> [f32; R] {
 }
 
 /// One row of P = M·Q from Qᵀ (r rows of `cols`), four columns of P at a time.
+#[inline(always)]
 fn p_row(row: &[f32], qt: &[f32], cols: usize, r: usize, p: &mut [f32]) {
     let q = |j: usize| &qt[j * cols..(j + 1) * cols];
     let mut j = 0;
@@ -165,12 +166,94 @@ fn p_row(row: &[f32], qt: &[f32], cols: usize, r: usize, p: &mut [f32]) {
 
 /// Qᵀ += P[i]ᵀ·M[i] for one row i: for each of the r columns of P a contiguous axpy over the
 /// row (vectorized), so Qᵀ (r × cols, in L2) is streamed rather than gathered.
+#[inline(always)]
 fn q_accumulate(row: &[f32], pi: &[f32], qt: &mut [f32], cols: usize) {
     for (j, &pj) in pi.iter().enumerate() {
         for (q, &v) in qt[j * cols..(j + 1) * cols].iter_mut().zip(row) {
             *q += v * pj;
         }
     }
+}
+
+/// [`q_accumulate`] for four consecutive rows at once: each Qᵀ element is loaded and stored
+/// once per four rows, and the four additions happen in row order, so every rounding is the
+/// one the row-at-a-time loop makes.
+#[inline(always)]
+fn q_accumulate4(rows: &[f32], ps: &[f32], qt: &mut [f32], cols: usize, r: usize) {
+    let (m0, rest) = rows.split_at(cols);
+    let (m1, rest) = rest.split_at(cols);
+    let (m2, m3) = rest.split_at(cols);
+    for j in 0..r {
+        let (a, b, c, d) = (ps[j], ps[r + j], ps[2 * r + j], ps[3 * r + j]);
+        let q = &mut qt[j * cols..(j + 1) * cols];
+        for ((((q, &x0), &x1), &x2), &x3) in q.iter_mut().zip(m0).zip(m1).zip(m2).zip(&m3[..cols]) {
+            *q = *q + x0 * a + x1 * b + x2 * c + x3 * d;
+        }
+    }
+}
+
+/// Qᵀ = Mᵀ·P over all rows (Qᵀ starts at zero), rows in order.
+#[inline(always)]
+fn q_product(m: &[f32], p: &[f32], qt: &mut [f32], cols: usize, r: usize) {
+    let mut rows = m.chunks_exact(4 * cols);
+    let mut ps = p.chunks_exact(4 * r);
+    for (m4, p4) in (&mut rows).zip(&mut ps) {
+        q_accumulate4(m4, p4, qt, cols, r);
+    }
+    for (row, pi) in rows
+        .remainder()
+        .chunks_exact(cols)
+        .zip(ps.remainder().chunks_exact(r))
+    {
+        q_accumulate(row, pi, qt, cols);
+    }
+}
+
+/// [`q_product`] compiled for AVX2 (no FMA: the same roundings, the same Q).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn q_product_avx2(m: &[f32], p: &[f32], qt: &mut [f32], cols: usize, r: usize) {
+    q_product(m, p, qt, cols, r)
+}
+
+/// P = M·Q row by row from Qᵀ, checking each row and copying it into `kept` while it is in L1.
+#[inline(always)]
+fn p_product(
+    m: &[f32],
+    qt: &[f32],
+    kept: &mut [f32],
+    p: &mut [f32],
+    cols: usize,
+    r: usize,
+    offset: usize,
+) -> Result<()> {
+    for (i, ((row, keep), pi)) in m
+        .chunks_exact(cols)
+        .zip(kept.chunks_exact_mut(cols))
+        .zip(p.chunks_exact_mut(r))
+        .enumerate()
+    {
+        check_finite(row, offset + i * cols)?;
+        p_row(row, qt, cols, r, pi);
+        keep.copy_from_slice(row);
+    }
+    Ok(())
+}
+
+/// [`p_product`] compiled for AVX2 (no FMA: the same lanes and roundings, the same P).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn p_product_avx2(
+    m: &[f32],
+    qt: &[f32],
+    kept: &mut [f32],
+    p: &mut [f32],
+    cols: usize,
+    r: usize,
+    offset: usize,
+) -> Result<()> {
+    p_product(m, qt, kept, p, cols, r, offset)
 }
 
 impl Codec for PowerSgd {
@@ -216,15 +299,18 @@ impl Codec for PowerSgd {
                     p.resize(rows * r, 0.0);
                     let m = &grad[offset..offset + rows * cols];
                     let kept = &mut self.grad[offset..offset + rows * cols];
-                    for (i, ((row, keep), pi)) in m
-                        .chunks_exact(cols)
-                        .zip(kept.chunks_exact_mut(cols))
-                        .zip(p.chunks_exact_mut(r))
-                        .enumerate()
-                    {
-                        check_finite(row, offset + i * cols)?;
-                        p_row(row, &qt, cols, r, pi);
-                        keep.copy_from_slice(row);
+                    #[cfg(target_arch = "x86_64")]
+                    let done = if std::arch::is_x86_feature_detected!("avx2") {
+                        // SAFETY: the CPU supports AVX2.
+                        unsafe { p_product_avx2(m, &qt, kept, &mut p, cols, r, offset)? };
+                        true
+                    } else {
+                        false
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let done = false;
+                    if !done {
+                        p_product(m, &qt, kept, &mut p, cols, r, offset)?;
                     }
                     put_f32s(&mut out[at..at + 4 * rows * r], p.iter().copied());
                     at += 4 * rows * r;
@@ -266,8 +352,18 @@ impl Codec for PowerSgd {
                 orthogonalize(&mut p, rows, r);
                 let m = &self.grad[offset..offset + rows * cols];
                 let mut qt = vec![0.0f32; cols * r];
-                for (row, pi) in m.chunks_exact(cols).zip(p.chunks_exact(r)) {
-                    q_accumulate(row, pi, &mut qt, cols);
+                #[cfg(target_arch = "x86_64")]
+                let done = if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2.
+                    unsafe { q_product_avx2(m, &p, &mut qt, cols, r) };
+                    true
+                } else {
+                    false
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let done = false;
+                if !done {
+                    q_product(m, &p, &mut qt, cols, r);
                 }
                 let q = (0..cols).flat_map(|c| (0..r).map(move |j| (c, j)));
                 put_f32s(

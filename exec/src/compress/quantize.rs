@@ -51,6 +51,7 @@ const U24_SCALE: f32 = 1.0 / (1u32 << 24) as f32;
 /// [`Rng::next_f32_pair`] splits it (so u·2^-24 are the same floats), a lone last element from
 /// the high half of a fresh draw. Blocks start at even indices, so the stream does not depend on
 /// the block size: a seed fixes the payload. `u` holds at most `BLOCK` elements.
+#[inline(always)]
 fn fill_u24(rng: &mut Rng, u: &mut [u32]) {
     let mut draws = [0u64; BLOCK / 2];
     let draws = &mut draws[..u.len().div_ceil(2)];
@@ -73,9 +74,31 @@ pub(crate) fn draws_for(n: usize) -> usize {
 }
 
 /// Writes B-bit codes (B ≤ 16) back to back, LSB first, as [`BitWriter`] does: every 8 codes
-/// fill exactly B bytes, packed branch-free in a u128; a last partial group goes through
-/// `BitWriter`. `dst` starts on the byte where these codes start.
+/// fill exactly B bytes, packed branch-free in a u128 (when B is even, every 4 fill B/2 bytes
+/// of a u64); a last partial group goes through `BitWriter`. `dst` starts on the byte where these codes start.
 fn pack_codes<const B: u32>(codes: &[u32], dst: &mut [u8]) {
+    if B.is_multiple_of(2) {
+        // Even B: every 4 codes fill exactly B/2 bytes, so a u64 is enough (same bytes).
+        let half = B as usize / 2;
+        let mut groups = codes.chunks_exact(4);
+        let mut bytes = dst.chunks_exact_mut(half);
+        for (g, d) in (&mut groups).zip(&mut bytes) {
+            let acc = u64::from(g[0])
+                | u64::from(g[1]) << B
+                | u64::from(g[2]) << (2 * B)
+                | u64::from(g[3]) << (3 * B);
+            d.copy_from_slice(&acc.to_le_bytes()[..half]);
+        }
+        let tail = groups.remainder();
+        if !tail.is_empty() {
+            let mut w = BitWriter::new(&mut dst[codes.len() / 4 * half..]);
+            for &c in tail {
+                w.put(c, B);
+            }
+            w.finish();
+        }
+        return;
+    }
     let mut groups = codes.chunks_exact(8);
     let mut bytes = dst.chunks_exact_mut(B as usize);
     for (g, d) in (&mut groups).zip(&mut bytes) {
@@ -100,6 +123,88 @@ fn pack_codes<const B: u32>(codes: &[u32], dst: &mut [u8]) {
 /// `WIDE` keeps the u32 conversions for level counts above `QSGD_MAX_LEVELS` (which only a
 /// hand-built spec has); up to it, r < 2^20 and every integer involved is < 2^31, so the i32
 /// conversions, which SSE2 vectorizes, give the same values.
+#[inline(always)]
+fn qsgd_body_impl<const B: u32, const WIDE: bool>(
+    grad: &[f32],
+    rng: &mut Rng,
+    levels: u32,
+    scale: f32,
+    body: &mut [u8],
+) {
+    let lv = levels as i32;
+    let code = |x: f32, ui: u32| -> u32 {
+        if WIDE {
+            let r = x.abs() * scale;
+            let whole = r as u32;
+            let up = u32::from((ui as f32 * U24_SCALE) < r - whole as f32);
+            let level = whole.wrapping_add(up).min(levels);
+            if x < 0.0 {
+                levels - level
+            } else {
+                levels + level
+            }
+        } else {
+            let r = x.abs() * scale;
+            // r ≥ 0: truncation is floor, and stays in the vector unit (SSE2 has no floor
+            // instruction). r ≤ about 1.23·levels (the norm's square may round down in
+            // the subnormal range), so the clamp changes nothing and makes the unchecked
+            // conversion, a plain cvttps2dq, sound. ui < 2^24 converts exactly via i32.
+            // SAFETY: r.min(CLAMP) is in [0, 2^20] (r is never NaN: x and scale are finite).
+            let whole: i32 = unsafe { r.min(QSGD_CLAMP).to_int_unchecked() };
+            let up = i32::from((ui as i32 as f32 * U24_SCALE) < r - whole as f32);
+            let level = (whole + up).min(lv);
+            let signed = if x < 0.0 { -level } else { level };
+            (lv + signed) as u32
+        }
+    };
+    let mut u = [0u32; BLOCK];
+    let mut codes = [0u32; BLOCK];
+    let block_bytes = BLOCK * B as usize / 8;
+    for (block, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(block_bytes)) {
+        let codes = &mut codes[..block.len()];
+        // Eight elements at a time, their four draws made right where they are used: the
+        // scalar RNG chain and the vector quantizing overlap instead of running in turns.
+        let mut xs = block.chunks_exact(8);
+        let mut cs = codes.chunks_exact_mut(8);
+        for (x8, c8) in (&mut xs).zip(&mut cs) {
+            let mut d = [0u64; 4];
+            rng.fill_u64(&mut d);
+            let mut u8s = [0u32; 8];
+            for (p, &x) in u8s.chunks_exact_mut(2).zip(&d) {
+                p[0] = (x >> 40) as u32;
+                p[1] = ((x >> 8) & 0xFF_FFFF) as u32;
+            }
+            for ((c, &x), &ui) in c8.iter_mut().zip(x8).zip(&u8s) {
+                *c = code(x, ui);
+            }
+        }
+        let rest = xs.remainder();
+        if !rest.is_empty() {
+            // Only the last block has a remainder, starting at an even index.
+            let u = &mut u[..rest.len()];
+            fill_u24(rng, u);
+            for ((c, &x), &ui) in cs.into_remainder().iter_mut().zip(rest).zip(u.iter()) {
+                *c = code(x, ui);
+            }
+        }
+        pack_codes::<B>(codes, dst);
+    }
+}
+
+/// [`qsgd_body_impl`] compiled for AVX2 (no FMA: every float operation rounds as in the
+/// baseline build, so the payload bytes are the same).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn qsgd_body_avx2<const B: u32, const WIDE: bool>(
+    grad: &[f32],
+    rng: &mut Rng,
+    levels: u32,
+    scale: f32,
+    body: &mut [u8],
+) {
+    qsgd_body_impl::<B, WIDE>(grad, rng, levels, scale, body)
+}
+
 fn qsgd_body<const B: u32, const WIDE: bool>(
     grad: &[f32],
     rng: &mut Rng,
@@ -107,43 +212,12 @@ fn qsgd_body<const B: u32, const WIDE: bool>(
     scale: f32,
     body: &mut [u8],
 ) {
-    let mut u = [0u32; BLOCK];
-    let mut codes = [0u32; BLOCK];
-    let block_bytes = BLOCK * B as usize / 8;
-    let lv = levels as i32;
-    for (block, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(block_bytes)) {
-        let u = &mut u[..block.len()];
-        fill_u24(rng, u);
-        let codes = &mut codes[..block.len()];
-        if WIDE {
-            for ((code, &x), &ui) in codes.iter_mut().zip(block).zip(u.iter()) {
-                let r = x.abs() * scale;
-                let whole = r as u32;
-                let up = u32::from((ui as f32 * U24_SCALE) < r - whole as f32);
-                let level = whole.wrapping_add(up).min(levels);
-                *code = if x < 0.0 {
-                    levels - level
-                } else {
-                    levels + level
-                };
-            }
-        } else {
-            for ((code, &x), &ui) in codes.iter_mut().zip(block).zip(u.iter()) {
-                let r = x.abs() * scale;
-                // r ≥ 0: truncation is floor, and stays in the vector unit (SSE2 has no floor
-                // instruction). r ≤ about 1.23·levels (the norm's square may round down in
-                // the subnormal range), so the clamp changes nothing and makes the unchecked
-                // conversion, a plain cvttps2dq, sound. ui < 2^24 converts exactly via i32.
-                // SAFETY: r.min(CLAMP) is in [0, 2^20] (r is never NaN: x and scale are finite).
-                let whole: i32 = unsafe { r.min(QSGD_CLAMP).to_int_unchecked() };
-                let up = i32::from((ui as i32 as f32 * U24_SCALE) < r - whole as f32);
-                let level = (whole + up).min(lv);
-                let signed = if x < 0.0 { -level } else { level };
-                *code = (lv + signed) as u32;
-            }
-        }
-        pack_codes::<B>(codes, dst);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2.
+        return unsafe { qsgd_body_avx2::<B, WIDE>(grad, rng, levels, scale, body) };
     }
+    qsgd_body_impl::<B, WIDE>(grad, rng, levels, scale, body)
 }
 
 fn qsgd_encode(grad: &[f32], rng: &mut Rng, levels: u32, out: &mut Vec<u8>) -> Result<()> {
@@ -189,9 +263,27 @@ fn terngrad_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()>
     out.clear();
     out.resize(4 + grad.len().div_ceil(4), 0);
     out[..4].copy_from_slice(&max.to_le_bytes());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2.
+        unsafe { terngrad_body_avx2(grad, rng, inv, &mut out[4..]) };
+        return Ok(());
+    }
+    terngrad_body(grad, rng, inv, &mut out[4..]);
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn terngrad_body_avx2(grad: &[f32], rng: &mut Rng, inv: f32, body: &mut [u8]) {
+    terngrad_body(grad, rng, inv, body)
+}
+
+#[inline(always)]
+fn terngrad_body(grad: &[f32], rng: &mut Rng, inv: f32, body: &mut [u8]) {
     let mut u = [0u32; BLOCK];
     let mut codes = [0u8; BLOCK];
-    for (block, dst) in grad.chunks(BLOCK).zip(out[4..].chunks_mut(BLOCK / 4)) {
+    for (block, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(BLOCK / 4)) {
         let u = &mut u[..block.len()];
         fill_u24(rng, u);
         let codes = &mut codes[..block.len()];
@@ -202,7 +294,6 @@ fn terngrad_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()>
         }
         pack2_codes(codes, dst);
     }
-    Ok(())
 }
 
 fn tbq_encode(grad: &[f32], tau: f32, out: &mut Vec<u8>) -> Result<()> {
@@ -230,13 +321,31 @@ fn natural_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> 
     // 2^128 (elements ≥ 2^127 then round down deterministically, the one biased case).
     let max_exp = ((max.to_bits() >> 23) as i32 - 127).max(-126);
     let top = (max_exp + 1).min(127);
-    let bottom = top + 1 - NATURAL_EXPONENTS;
-    let low_scale = 2f64.powi(24 - bottom);
     out.clear();
     out.resize(4 + grad.len(), 0);
     out[..4].copy_from_slice(&top.to_le_bytes());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2.
+        unsafe { natural_body_avx2(grad, rng, top, &mut out[4..]) };
+        return Ok(());
+    }
+    natural_body(grad, rng, top, &mut out[4..]);
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn natural_body_avx2(grad: &[f32], rng: &mut Rng, top: i32, body: &mut [u8]) {
+    natural_body(grad, rng, top, body)
+}
+
+#[inline(always)]
+fn natural_body(grad: &[f32], rng: &mut Rng, top: i32, body: &mut [u8]) {
+    let bottom = top + 1 - NATURAL_EXPONENTS;
+    let low_scale = 2f64.powi(24 - bottom);
     let mut u = [0u32; BLOCK];
-    for (block, dst) in grad.chunks(BLOCK).zip(out[4..].chunks_mut(BLOCK)) {
+    for (block, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(BLOCK)) {
         let u = &mut u[..block.len()];
         fill_u24(rng, u);
         // Elements in range (and zeros) are coded branch-free; the rare ones below the range
@@ -275,7 +384,6 @@ fn natural_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> 
             }
         }
     }
-    Ok(())
 }
 
 impl Codec for Quantizer {

@@ -50,7 +50,7 @@ impl Rng {
 
     /// Fills `out` with the next `out.len()` outputs, exactly as that many [`Rng::next_u64`]
     /// calls would, with the state held in registers for the whole block.
-    #[inline]
+    #[inline(always)]
     pub fn fill_u64(&mut self, out: &mut [u64]) {
         let [mut s0, mut s1, mut s2, mut s3] = self.s;
         for o in out {

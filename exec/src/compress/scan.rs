@@ -11,6 +11,7 @@ const MAX_FINITE: u32 = 0x7F7F_FFFF;
 
 /// Errs with the first non-finite element; `base` is the chunk's offset in the whole tensor.
 /// The flag is OR-ed branch-free over the chunk so the common all-finite case vectorizes.
+#[inline(always)]
 pub fn check_finite(chunk: &[f32], base: usize) -> Result<()> {
     let bad = chunk.iter().fold(0u32, |acc, x| {
         acc | u32::from((x.to_bits() & ABS_MASK) > MAX_FINITE)
@@ -37,6 +38,23 @@ pub fn check_all(grad: &[f32]) -> Result<()> {
 
 /// max |x| over a finite tensor, checking it on the way.
 pub fn max_abs(grad: &[f32]) -> Result<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2.
+        return unsafe { max_abs_avx2(grad) };
+    }
+    max_abs_impl(grad)
+}
+
+/// [`max_abs_impl`] compiled for AVX2: the same lanes, so the same result.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_abs_avx2(grad: &[f32]) -> Result<f32> {
+    max_abs_impl(grad)
+}
+
+#[inline(always)]
+fn max_abs_impl(grad: &[f32]) -> Result<f32> {
     let mut best = 0.0f32;
     for (c, chunk) in grad.chunks(CHUNK).enumerate() {
         check_finite(chunk, c * CHUNK)?;
@@ -59,6 +77,23 @@ pub fn max_abs(grad: &[f32]) -> Result<f32> {
 /// Σ f(x) over a finite tensor, in f32 lanes per chunk and f64 across chunks so that large
 /// tensors do not lose precision.
 pub fn sum_map(grad: &[f32], f: impl Fn(f32) -> f32) -> Result<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2.
+        return unsafe { sum_map_avx2(grad, f) };
+    }
+    sum_map_impl(grad, f)
+}
+
+/// [`sum_map_impl`] compiled for AVX2 (no FMA: the same lanes and roundings, the same sum).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_map_avx2(grad: &[f32], f: impl Fn(f32) -> f32) -> Result<f64> {
+    sum_map_impl(grad, f)
+}
+
+#[inline(always)]
+fn sum_map_impl(grad: &[f32], f: impl Fn(f32) -> f32) -> Result<f64> {
     let mut total = 0.0f64;
     for (c, chunk) in grad.chunks(CHUNK).enumerate() {
         check_finite(chunk, c * CHUNK)?;
