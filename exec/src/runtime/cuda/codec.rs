@@ -34,6 +34,9 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use syncopate_sim::compress::{qsgd_bits, sparse_count, Compressor, Fp8Format, QSGD_MAX_LEVELS};
 
+/// `sign_finish`'s kind for QSGD's norm: the sum of squares.
+const SUM_OF_SQUARES: i32 = 2;
+
 /// Elements per scan chunk of the CPU kernels (`compress::scan::CHUNK`).
 const CHUNK: usize = 4096;
 
@@ -282,41 +285,7 @@ impl GpuCodec {
             Kind::Sign(header) => {
                 let offset = [0usize, 4, 8][header as usize];
                 if header > 0 && self.n > 0 {
-                    let chunks = self.n.div_ceil(CHUNK) as u32;
-                    let sums_kind = header - 1;
-                    unsafe {
-                        stream
-                            .launch_builder(&k.sign_chunk_sums)
-                            .arg(input)
-                            .arg(&n)
-                            .arg(&sums_kind)
-                            .arg(&mut self.chunk_a)
-                            .arg(&mut self.chunk_b)
-                            .arg(&mut self.chunk_neg)
-                            .launch(LaunchConfig {
-                                grid_dim: (chunks, 1, 1),
-                                block_dim: (16, 1, 1),
-                                shared_mem_bytes: 0,
-                            })
-                    }
-                    .map_err(&launch)?;
-                    unsafe {
-                        stream
-                            .launch_builder(&k.sign_finish)
-                            .arg(&self.chunk_a)
-                            .arg(&self.chunk_b)
-                            .arg(&self.chunk_neg)
-                            .arg(&chunks)
-                            .arg(&n)
-                            .arg(&sums_kind)
-                            .arg(&mut *out)
-                            .launch(LaunchConfig {
-                                grid_dim: (1, 1, 1),
-                                block_dim: (1, 1, 1),
-                                shared_mem_bytes: 0,
-                            })
-                    }
-                    .map_err(&launch)?;
+                    self.chunk_sums(k, stream, input, header - 1, out)?;
                 } else if header > 0 {
                     // n = 0: the CPU writes zero scales.
                     stream
@@ -464,41 +433,7 @@ impl GpuCodec {
                 self.upload_draws(stream)?;
                 if self.n > 0 {
                     // The norm, in the CPU's summation order (scan.rs sum_map), into out[0..4].
-                    let chunks = self.n.div_ceil(CHUNK) as u32;
-                    let squares = 2i32;
-                    unsafe {
-                        stream
-                            .launch_builder(&k.sign_chunk_sums)
-                            .arg(input)
-                            .arg(&n)
-                            .arg(&squares)
-                            .arg(&mut self.chunk_a)
-                            .arg(&mut self.chunk_b)
-                            .arg(&mut self.chunk_neg)
-                            .launch(LaunchConfig {
-                                grid_dim: (chunks, 1, 1),
-                                block_dim: (16, 1, 1),
-                                shared_mem_bytes: 0,
-                            })
-                    }
-                    .map_err(&launch)?;
-                    unsafe {
-                        stream
-                            .launch_builder(&k.sign_finish)
-                            .arg(&self.chunk_a)
-                            .arg(&self.chunk_b)
-                            .arg(&self.chunk_neg)
-                            .arg(&chunks)
-                            .arg(&n)
-                            .arg(&squares)
-                            .arg(&mut *out)
-                            .launch(LaunchConfig {
-                                grid_dim: (1, 1, 1),
-                                block_dim: (1, 1, 1),
-                                shared_mem_bytes: 0,
-                            })
-                    }
-                    .map_err(&launch)?;
+                    self.chunk_sums(k, stream, input, SUM_OF_SQUARES, out)?;
                 } else {
                     // n = 0: the CPU writes a zero norm.
                     stream
@@ -521,6 +456,59 @@ impl GpuCodec {
                 .map_err(&launch)
             }
         }
+    }
+
+    /// The CPU's chunked sums in its order (16 lanes per 4096-element chunk, chunks in order,
+    /// f64 across chunks) into the payload's header: the sign scales (`kind` 0: mean |x|, 1:
+    /// per-sign means) or QSGD's sum of squares (`SUM_OF_SQUARES`).
+    fn chunk_sums(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        kind: i32,
+        out: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let launch = cuda_err("encode kernel launch failed");
+        let n = self.n as u32;
+        let chunks = self.n.div_ceil(CHUNK) as u32;
+        // SAFETY: the argument lists match `sign_chunk_sums` and `sign_finish` in
+        // exec/kernels/compress.cu; the chunk buffers hold one entry per chunk (sized in `new`)
+        // and `out` holds at least the header the kernel writes.
+        unsafe {
+            stream
+                .launch_builder(&k.sign_chunk_sums)
+                .arg(input)
+                .arg(&n)
+                .arg(&kind)
+                .arg(&mut self.chunk_a)
+                .arg(&mut self.chunk_b)
+                .arg(&mut self.chunk_neg)
+                .launch(LaunchConfig {
+                    grid_dim: (chunks, 1, 1),
+                    block_dim: (16, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+        }
+        .map_err(&launch)?;
+        unsafe {
+            stream
+                .launch_builder(&k.sign_finish)
+                .arg(&self.chunk_a)
+                .arg(&self.chunk_b)
+                .arg(&self.chunk_neg)
+                .arg(&chunks)
+                .arg(&n)
+                .arg(&kind)
+                .arg(&mut *out)
+                .launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (1, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+        }
+        .map_err(&launch)?;
+        Ok(())
     }
 
     /// Threshold: counts |x| ≥ t on the device (one synchronization, for the count), then
