@@ -37,6 +37,15 @@ use syncopate_sim::compress::{qsgd_bits, sparse_count, Compressor, Fp8Format, QS
 /// `sign_finish`'s kind for QSGD's norm: the sum of squares.
 const SUM_OF_SQUARES: i32 = 2;
 
+/// The first non-finite element the encode kernels flagged in `bad` (u32::MAX: none).
+/// Synchronizes `stream`.
+fn first_non_finite(stream: &Arc<CudaStream>, bad: &CudaSlice<u32>) -> Result<Option<usize>> {
+    let flag = stream
+        .clone_dtoh(bad)
+        .map_err(cuda_err("cannot read the finite flag"))?[0];
+    Ok((flag != u32::MAX).then_some(flag as usize))
+}
+
 /// Elements per scan chunk of the CPU kernels (`compress::scan::CHUNK`).
 const CHUNK: usize = 4096;
 
@@ -528,8 +537,7 @@ impl GpuCodec {
             .map_err(cuda_err("cannot clear the payload"))?;
         let select = self.select.as_mut().expect("threshold has a selector");
         let count = select.count_at_least(k, stream, input, t, &mut self.bad)?;
-        let io = cuda_err("cannot read the finite flag");
-        if stream.clone_dtoh(&self.bad).map_err(&io)?[0] != u32::MAX {
+        if first_non_finite(stream, &self.bad)?.is_some() {
             // Non-finite input: `check_finite` reports it; the CPU sends nothing either.
             return Ok(());
         }
@@ -613,7 +621,7 @@ impl GpuCodec {
                 .count_at_least(k, stream, input, t, &mut bad.borrow_mut())
         };
         let selected = count(t)?;
-        if stream.clone_dtoh(&**bad.borrow()).map_err(&io)?[0] != u32::MAX {
+        if first_non_finite(stream, &bad.borrow())?.is_some() {
             // Non-finite input: `check_finite` reports it; the CPU sends nothing either.
             return Ok(());
         }
@@ -666,15 +674,12 @@ impl GpuCodec {
     /// After the encode completed: the CPU codecs' error for non-finite input, naming the
     /// first bad element. Synchronizes `stream`.
     pub fn check_finite(&self, stream: &Arc<CudaStream>, input: &CudaSlice<f32>) -> Result<()> {
-        let read = cuda_err("cannot read the finite flag");
-        let bad = stream.clone_dtoh(&self.bad).map_err(&read)?[0];
-        if bad == u32::MAX {
+        let Some(index) = first_non_finite(stream, &self.bad)? else {
             return Ok(());
-        }
-        let index = bad as usize;
+        };
         let value = stream
             .clone_dtoh(&input.slice(index..index + 1))
-            .map_err(&read)?[0];
+            .map_err(cuda_err("cannot read the non-finite element"))?[0];
         Err(ExecError::NonFinite { index, value })
     }
 
