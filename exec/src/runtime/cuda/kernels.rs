@@ -1,12 +1,10 @@
 //! Compiles the CUDA sources under `exec/kernels/` with NVRTC at start-up and loads their functions into a context.
 
 use crate::error::{ExecError, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use std::sync::Arc;
-
-const COMPRESS_SRC: &str = include_str!("../../../kernels/compress.cu");
-const GEMM_SRC: &str = include_str!("../../../kernels/gemm.cu");
+use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Threads per block of the element-wise kernels.
 pub const BLOCK: u32 = 256;
@@ -29,112 +27,119 @@ pub fn grid(n: usize) -> LaunchConfig {
     }
 }
 
-/// Every kernel of one context.
-pub struct Kernels {
-    pub cast_encode: CudaFunction,
-    pub cast_decode_add: CudaFunction,
-    pub max_abs: CudaFunction,
-    pub fp8_encode: CudaFunction,
-    pub fp8_decode_add: CudaFunction,
-    pub sign_pack: CudaFunction,
-    pub sign_chunk_sums: CudaFunction,
-    pub sign_finish: CudaFunction,
-    pub sign_decode_add: CudaFunction,
-    pub check_finite: CudaFunction,
-    pub gather_scaled: CudaFunction,
-    pub scatter_add: CudaFunction,
-    pub compensate: CudaFunction,
-    pub residual_update: CudaFunction,
-    pub scale_copy: CudaFunction,
-    pub scale_in_place: CudaFunction,
-    pub select_init: CudaFunction,
-    pub radix_hist: CudaFunction,
-    pub radix_select: CudaFunction,
-    pub select_count: CudaFunction,
-    pub select_scan: CudaFunction,
-    pub select_emit: CudaFunction,
-    pub count_at_least: CudaFunction,
-    pub gather_abs: CudaFunction,
-    pub sparse_decode_add: CudaFunction,
-    pub tbq_pack: CudaFunction,
-    pub two_bit_decode_add: CudaFunction,
-    pub signum_pack: CudaFunction,
-    pub terngrad_encode: CudaFunction,
-    pub qsgd_encode: CudaFunction,
-    pub qsgd_decode_add: CudaFunction,
-    pub natural_encode: CudaFunction,
-    pub natural_decode_add: CudaFunction,
-    pub threshold_decode_add: CudaFunction,
-    pub gemm: CudaFunction,
+/// Declares every kernel once: the [`Kernels`] fields, the sources they come from
+/// ([`SOURCES`]) and the loading, so that a name cannot be in one and not the others.
+macro_rules! kernels {
+    ($($file:literal => [$($name:ident),+ $(,)?])+) => {
+        /// Every kernel of one context.
+        pub struct Kernels {
+            $($(pub $name: CudaFunction,)+)+
+        }
+
+        /// Each kernel source under `exec/kernels/` and the entry points loaded from it.
+        pub const SOURCES: &[(&str, &str, &[&str])] = &[$((
+            $file,
+            include_str!(concat!("../../../kernels/", $file)),
+            &[$(stringify!($name)),+],
+        )),+];
+
+        impl Kernels {
+            /// Compiles every source for this context's GPU and loads its entry points.
+            pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels> {
+                let (major, minor) = ctx
+                    .compute_capability()
+                    .map_err(cuda_err("cannot read the compute capability"))?;
+                let arch = format!("sm_{major}{minor}");
+                let mut loaded = HashMap::new();
+                for &(file, src, names) in SOURCES {
+                    let module = ctx
+                        .load_module(compile(file, src, &arch)?)
+                        .map_err(cuda_err("cannot load the compiled kernels"))?;
+                    for &name in names {
+                        let function = module.load_function(name).map_err(|e| ExecError::Cuda {
+                            message: format!("kernel `{name}` missing from exec/kernels/{file}: {e}"),
+                        })?;
+                        loaded.insert(name, function);
+                    }
+                }
+                let mut take = |name: &str| {
+                    loaded.remove(name).ok_or_else(|| ExecError::Cuda {
+                        message: format!("kernel `{name}` was not loaded"),
+                    })
+                };
+                Ok(Kernels {
+                    $($($name: take(stringify!($name))?,)+)+
+                })
+            }
+        }
+    };
 }
 
-fn compile(ctx: &Arc<CudaContext>, name: &str, src: &str) -> Result<Arc<CudaModule>> {
-    let (major, minor) = ctx
-        .compute_capability()
-        .map_err(cuda_err("cannot read the compute capability"))?;
-    // NVRTC wants a static string; the few architectures are leaked once per process and name.
-    let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+kernels! {
+    "compress.cu" => [
+        cast_encode, cast_decode_add, max_abs, fp8_encode, fp8_decode_add, sign_pack,
+        sign_chunk_sums, sign_finish, sign_decode_add, check_finite, gather_scaled, scatter_add,
+        compensate, residual_update, scale_copy, scale_in_place, select_init, radix_hist,
+        radix_select, select_count, select_scan, select_emit, count_at_least, gather_abs,
+        sparse_decode_add, tbq_pack, two_bit_decode_add, signum_pack, terngrad_encode,
+        qsgd_encode, qsgd_decode_add, natural_encode, natural_decode_add, threshold_decode_add,
+    ]
+    "gemm.cu" => [gemm]
+}
+
+/// Compiles one kernel source to PTX for `arch` (`sm_90`, …); needs NVRTC but no GPU.
+pub fn compile(file: &str, src: &str, arch: &str) -> Result<Ptx> {
+    // NVRTC's options want static strings; the few architectures are leaked once each.
+    static ARCHS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let arch: &'static str = {
+        let mut archs = ARCHS.lock().unwrap_or_else(|e| e.into_inner());
+        match archs.iter().find(|a| **a == arch) {
+            Some(a) => a,
+            None => {
+                let leaked: &'static str = Box::leak(arch.to_string().into_boxed_str());
+                archs.push(leaked);
+                leaked
+            }
+        }
+    };
     let options = CompileOptions {
         // Byte-exact payloads: no FMA contraction, IEEE division, subnormals kept.
         fmad: Some(false),
         prec_div: Some(true),
         ftz: Some(false),
         arch: Some(arch),
-        name: Some(name.to_string()),
+        name: Some(file.to_string()),
         ..Default::default()
     };
-    let ptx = compile_ptx_with_opts(src, options).map_err(|e| ExecError::Cuda {
-        message: format!("NVRTC cannot compile exec/kernels/{name} for {arch}: {e}"),
-    })?;
-    ctx.load_module(ptx)
-        .map_err(cuda_err("cannot load the compiled kernels"))
+    compile_ptx_with_opts(src, options).map_err(|e| ExecError::Cuda {
+        message: format!("NVRTC cannot compile exec/kernels/{file} for {arch}: {e}"),
+    })
 }
 
-impl Kernels {
-    pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels> {
-        let compress = compile(ctx, "compress.cu", COMPRESS_SRC)?;
-        let gemm = compile(ctx, "gemm.cu", GEMM_SRC)?;
-        let f = |module: &Arc<CudaModule>, name: &str| {
-            module.load_function(name).map_err(|e| ExecError::Cuda {
-                message: format!("kernel `{name}` missing from the compiled module: {e}"),
-            })
-        };
-        Ok(Kernels {
-            cast_encode: f(&compress, "cast_encode")?,
-            cast_decode_add: f(&compress, "cast_decode_add")?,
-            max_abs: f(&compress, "max_abs")?,
-            fp8_encode: f(&compress, "fp8_encode")?,
-            fp8_decode_add: f(&compress, "fp8_decode_add")?,
-            sign_pack: f(&compress, "sign_pack")?,
-            sign_chunk_sums: f(&compress, "sign_chunk_sums")?,
-            sign_finish: f(&compress, "sign_finish")?,
-            sign_decode_add: f(&compress, "sign_decode_add")?,
-            check_finite: f(&compress, "check_finite")?,
-            gather_scaled: f(&compress, "gather_scaled")?,
-            scatter_add: f(&compress, "scatter_add")?,
-            compensate: f(&compress, "compensate")?,
-            residual_update: f(&compress, "residual_update")?,
-            scale_copy: f(&compress, "scale_copy")?,
-            scale_in_place: f(&compress, "scale_in_place")?,
-            select_init: f(&compress, "select_init")?,
-            radix_hist: f(&compress, "radix_hist")?,
-            radix_select: f(&compress, "radix_select")?,
-            select_count: f(&compress, "select_count")?,
-            select_scan: f(&compress, "select_scan")?,
-            select_emit: f(&compress, "select_emit")?,
-            count_at_least: f(&compress, "count_at_least")?,
-            gather_abs: f(&compress, "gather_abs")?,
-            sparse_decode_add: f(&compress, "sparse_decode_add")?,
-            tbq_pack: f(&compress, "tbq_pack")?,
-            two_bit_decode_add: f(&compress, "two_bit_decode_add")?,
-            signum_pack: f(&compress, "signum_pack")?,
-            terngrad_encode: f(&compress, "terngrad_encode")?,
-            qsgd_encode: f(&compress, "qsgd_encode")?,
-            qsgd_decode_add: f(&compress, "qsgd_decode_add")?,
-            natural_encode: f(&compress, "natural_encode")?,
-            natural_decode_add: f(&compress, "natural_decode_add")?,
-            threshold_decode_add: f(&compress, "threshold_decode_add")?,
-            gemm: f(&gemm, "gemm")?,
-        })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs wherever NVRTC loads (CI installs the pip wheel), GPU or not: every source compiles
+    /// for the architectures we target and defines every entry point `Kernels::load` asks for.
+    #[test]
+    fn every_kernel_source_compiles_with_nvrtc() {
+        if !super::super::probe::nvrtc_loads() {
+            println!("skipped: no NVRTC library (pip install nvidia-cuda-nvrtc-cu12, add its lib to LD_LIBRARY_PATH)");
+            return;
+        }
+        for arch in ["sm_70", "sm_80", "sm_90"] {
+            for &(file, src, names) in SOURCES {
+                let ptx = compile(file, src, arch)
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .to_src();
+                for name in names {
+                    assert!(
+                        ptx.contains(&format!(".entry {name}(")),
+                        "{file} for {arch} defines no entry point `{name}`"
+                    );
+                }
+            }
+        }
     }
 }

@@ -43,6 +43,11 @@ fn missing(lib: &str, hint: &str) -> ExecError {
     }
 }
 
+/// Whether NVRTC loads: compiling the kernels needs it, a GPU does not.
+pub fn nvrtc_loads() -> bool {
+    find("nvrtc").is_some()
+}
+
 /// Checks that the driver, NVRTC and NCCL libraries load and that a GPU exists. Returns the
 /// number of visible GPUs. May re-execute the program once (see the module comment).
 pub fn probe() -> Result<usize> {
