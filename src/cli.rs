@@ -332,6 +332,12 @@ pub struct ValidateArgs {
     /// absent; cuda: required.
     #[arg(long)]
     pub cluster: Option<String>,
+    /// Override the cluster file's number of nodes (e.g. 1 to validate on one machine).
+    #[arg(long, requires = "cluster")]
+    pub nodes: Option<u32>,
+    /// Override the cluster file's GPUs per node (e.g. 1 to validate on one GPU).
+    #[arg(long, requires = "cluster")]
+    pub gpus_per_node: Option<u32>,
     /// Host: the `cpu` device profile with the compression curves (default: measured on the fly
     /// for the plan's compressors, or the cluster's device when --cluster is given).
     #[arg(long)]

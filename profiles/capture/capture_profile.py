@@ -37,10 +37,11 @@ def parse_args(argv):
     source.add_argument("--torchvision", metavar="NAME", help="a torchvision.models constructor, e.g. resnet50")
     source.add_argument("--hf", metavar="NAME_OR_PATH", help="a Hugging Face model id or local path (transformers)")
     p.add_argument("--task", default="sequence-classification",
-                   choices=["sequence-classification", "causal-lm", "masked-lm"],
+                   choices=["sequence-classification", "causal-lm", "masked-lm", "question-answering"],
                    help="the Hugging Face head to train (default: sequence-classification)")
     p.add_argument("--hf-from-config", action="store_true",
-                   help="build the HF model from its config with random weights (no weight download)")
+                   help="build the HF model from its config with random weights (no weight download); "
+                        "a bare model type such as bert or gpt2 needs no download at all")
     p.add_argument("--batch-size", type=int, required=True, help="samples per GPU")
     p.add_argument("--image-size", type=int, default=224, help="torchvision input height and width")
     p.add_argument("--seq-len", type=int, default=128, help="Hugging Face input length in tokens")
@@ -112,23 +113,35 @@ def build(torch, args, device):
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "causal-lm": transformers.AutoModelForCausalLM,
         "masked-lm": transformers.AutoModelForMaskedLM,
+        "question-answering": transformers.AutoModelForQuestionAnswering,
     }
     head = heads[args.task]
     if args.hf_from_config:
-        config = transformers.AutoConfig.from_pretrained(args.hf)
+        # A bare model type ("bert", "gpt2") gives the library's default configuration, which
+        # is the base model's architecture (bert-base-uncased, GPT-2 small), with no download:
+        # GPU machines are often offline.
+        if args.hf in transformers.CONFIG_MAPPING:
+            config = transformers.AutoConfig.for_model(args.hf)
+        else:
+            config = transformers.AutoConfig.from_pretrained(args.hf)
         model = head.from_config(config)
     else:
         model = head.from_pretrained(args.hf)
     model = model.to(device)
     vocab = model.config.vocab_size
     tokens = torch.randint(0, vocab, (args.batch_size, args.seq_len), device=device)
-    if args.task == "sequence-classification":
-        labels = torch.randint(0, model.config.num_labels, (args.batch_size,), device=device)
+    if args.task == "question-answering":
+        # Answer spans as SQuAD fine-tuning has them: a start and an end position per sequence.
+        start = torch.randint(0, args.seq_len, (args.batch_size,), device=device)
+        end = torch.clamp(start + 8, max=args.seq_len - 1)
+        labels = {"start_positions": start, "end_positions": end}
+    elif args.task == "sequence-classification":
+        labels = {"labels": torch.randint(0, model.config.num_labels, (args.batch_size,), device=device)}
     else:
-        labels = tokens
+        labels = {"labels": tokens}
 
     def loss():
-        return model(input_ids=tokens, labels=labels).loss
+        return model(input_ids=tokens, **labels).loss
 
     return model, loss, "sequences", f"{args.hf} ({args.task}, transformers), {args.seq_len} tokens"
 

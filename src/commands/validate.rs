@@ -90,7 +90,14 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
 /// --device-profile), or for the host one measured now on the run's thread-ranks.
 fn machine_cluster(args: &ValidateArgs) -> anyhow::Result<Cluster> {
     let mut cluster = match (&args.cluster, args.run.backend) {
-        (Some(name), _) => Cluster::load(name, ClusterOverrides::default())?,
+        (Some(name), _) => Cluster::load(
+            name,
+            ClusterOverrides {
+                nodes: args.nodes,
+                gpus_per_node: args.gpus_per_node,
+                inter_gbps: None,
+            },
+        )?,
         (None, ExecBackend::Cuda) => {
             return Err(SimError::bad_value(
                 "--cluster",
