@@ -81,6 +81,8 @@ capture() {
     shift
     step "capture-$name" $py profiles/capture/capture_profile.py "$@" --device-name "$device" \
         --name "$name-$tag" --out "$out/models/$name-$tag.json"
+    step "inventory-$name" $py profiles/capture/check_inventory.py "$out/models/$name-$tag.json" \
+        "profiles/models/$name.json"
 }
 
 phase_capture() {

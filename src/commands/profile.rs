@@ -44,6 +44,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
                     ranks,
                     args.repeats,
                     profile.memory_bandwidth_gbytes_per_s,
+                    &powers_of_four(1 << 10, 1 << 24),
                 )?;
                 write_json(cluster_out, &cluster)?;
                 eprintln!(
@@ -123,18 +124,28 @@ pub fn host_cluster(
     ranks: u32,
     repeats: usize,
     memory_gbytes_per_s: f64,
+    sizes: &[u64],
 ) -> anyhow::Result<Cluster> {
     if ranks < 2 {
         return Err(
             SimError::bad_value("--ranks", ranks, "collectives need at least 2 ranks").into(),
         );
     }
-    let sizes: Vec<u64> = (10..=20).step_by(2).map(|p| 1u64 << p).collect();
-    let points = host_collectives::measure(ranks, &sizes, repeats.max(1))?;
+    let points = host_collectives::measure(ranks, sizes, repeats.max(1))?;
     let fitted = host_collectives::fit(ranks, &points)?;
     let cluster = host_collectives::cluster(name, device, ranks, fitted, memory_gbytes_per_s);
     cluster.validate(name)?;
     Ok(cluster)
+}
+
+/// Sizes from `from` growing fourfold until one reaches `to`: measured curves must cover the
+/// sizes they are used at, since buffers beyond the caches move at memory speed.
+pub fn powers_of_four(from: u64, to: u64) -> Vec<u64> {
+    let mut sizes = vec![from.max(1)];
+    while let Some(&last) = sizes.last().filter(|&&last| last < to) {
+        sizes.push(last * 4);
+    }
+    sizes
 }
 
 /// The shipped DGX of the GPU's generation, whose NVLink/NVSwitch parameters are the fit's start.

@@ -4,7 +4,9 @@ use crate::cli::{ExecBackend, Format, ValidateArgs};
 use std::collections::BTreeMap;
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
 use syncopate_exec::runtime;
+use super::profile::powers_of_four;
 use syncopate_sim::device::DeviceProfile;
+use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::simulate::{simulate, SimOptions};
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
@@ -107,12 +109,16 @@ fn machine_cluster(args: &ValidateArgs) -> anyhow::Result<Cluster> {
             .into())
         }
         (None, ExecBackend::Host) => {
+            let (plan, largest) = plan_and_largest_group(args)?;
             let device = match &args.device_profile {
                 Some(path) => path.clone(),
-                None => measure_host_device(args)?,
+                None => measure_host_device(&plan, largest)?,
             };
             let memory = DeviceProfile::load(&device)?.memory_bandwidth_gbytes_per_s;
-            let cluster = super::profile::host_cluster("host", &device, args.run.ranks, 5, memory)?;
+            // Up to the largest group's fp32 bytes, an upper bound of its payload.
+            let sizes = powers_of_four(1 << 10, (largest * 4).clamp(1 << 20, 1 << 28));
+            let cluster =
+                super::profile::host_cluster("host", &device, args.run.ranks, 5, memory, &sizes)?;
             // Validate what was measured by loading it the way the simulator does.
             let path = scratch_file("cluster.json");
             std::fs::write(&path, serde_json::to_string(&cluster)?)?;
@@ -127,9 +133,29 @@ fn machine_cluster(args: &ValidateArgs) -> anyhow::Result<Cluster> {
     Ok(cluster)
 }
 
-/// Profiles the plan's compressors on this CPU at small sizes; returns the profile's path.
-fn measure_host_device(args: &ValidateArgs) -> anyhow::Result<String> {
+/// The plan and its largest group's element count (tensors out of the model's range count as
+/// empty here; the scenario rejects them by name).
+fn plan_and_largest_group(args: &ValidateArgs) -> anyhow::Result<(Plan, u64)> {
     let plan = Plan::load(&args.run.plan.to_string_lossy())?;
+    let model = ModelProfile::load(&args.run.model)?;
+    let largest = plan
+        .groups
+        .iter()
+        .map(|g| {
+            g.tensors
+                .iter()
+                .filter_map(|&t| model.tensors.get(t))
+                .map(|t| t.numel)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    Ok((plan, largest))
+}
+
+/// Profiles the plan's compressors on this CPU at sizes up to its largest group; returns the
+/// profile's path.
+fn measure_host_device(plan: &Plan, largest: u64) -> anyhow::Result<String> {
     let mut specs: Vec<String> = plan
         .groups
         .iter()
@@ -140,7 +166,10 @@ fn measure_host_device(args: &ValidateArgs) -> anyhow::Result<String> {
     specs.dedup();
     let profile = profile_host(&HostProfileOptions {
         name: "host".into(),
-        sizes: (10..=16).step_by(2).map(|p| 1usize << p).collect(),
+        sizes: powers_of_four(1 << 10, largest.clamp(1 << 16, 1 << 26))
+            .into_iter()
+            .map(|n| n as usize)
+            .collect(),
         repeats: 3,
         compressors: specs,
     })?;

@@ -1,0 +1,35 @@
+#!/usr/bin/env python3
+"""Compares a captured model profile's tensor inventory (names, shapes, element counts, in
+gradient-ready order) with a shipped profile's, so that a capture can stand in for it.
+
+Usage: python3 profiles/capture/check_inventory.py CAPTURED.json profiles/models/NAME.json
+Exit status 0 when the inventories are equal, 1 with the first difference otherwise.
+"""
+
+import json
+import sys
+
+
+def inventory(path):
+    with open(path) as f:
+        profile = json.load(f)
+    return [(t["name"], tuple(t["shape"]), t["numel"]) for t in profile["tensors"]]
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.exit(__doc__.strip().splitlines()[-2])
+    captured, shipped = inventory(argv[1]), inventory(argv[2])
+    for i, (a, b) in enumerate(zip(captured, shipped)):
+        if a != b:
+            print(f"tensor {i}: captured {a}, shipped {b}")
+            return 1
+    if len(captured) != len(shipped):
+        print(f"captured {len(captured)} tensors, shipped {len(shipped)}")
+        return 1
+    print(f"{argv[1]}: the same {len(captured)} tensors as {argv[2]}, in the same order")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
