@@ -15,6 +15,7 @@
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
 use super::kernels::{cuda_err, grid, Kernels};
+use super::memory::GpuMemory;
 use crate::error::{ExecError, Result};
 use crate::runtime::check::Checker;
 use crate::runtime::host::board::Board;
@@ -67,7 +68,7 @@ pub struct Placement {
 
 struct GpuPiece {
     codec: GpuCodec,
-    residual: CudaSlice<f32>,
+    memory: GpuMemory,
     compensated: CudaSlice<f32>,
     /// Padded to a multiple of the world size in elements, so NCCL's reduce-scatter splits it.
     payload: CudaSlice<u8>,
@@ -126,17 +127,6 @@ fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<
     }
     for piece in &layout.pieces {
         supported(&piece.compressor)?;
-        if !matches!(
-            piece.memory,
-            Memory::None | Memory::Residual | Memory::EfSignSgd { .. }
-        ) {
-            return Err(ExecError::Cuda {
-                message: format!(
-                    "group {}: error-feedback memory `{}` has no GPU kernel in this build",
-                    piece.group, piece.memory
-                ),
-            });
-        }
         if piece.aggregation == Aggregation::ParameterServer {
             return Err(ExecError::Cuda {
                 message: format!("group {}: parameter-server aggregation (reduce to a server, re-encode, broadcast) is not in the cuda backend yet", piece.group),
@@ -265,7 +255,7 @@ impl Run<'_> {
             };
             pieces.push(Mutex::new(GpuPiece {
                 codec: gpu,
-                residual: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+                memory: GpuMemory::new(spec.memory, n, &codec)?,
                 compensated: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
                 payload: codec
                     .alloc_zeros(padded.max(bytes).max(1))
@@ -483,30 +473,14 @@ impl Run<'_> {
         piece: &mut GpuPiece,
     ) -> Result<()> {
         let spec = &self.layout.pieces[index];
-        let (kind, lr) = match spec.memory {
-            Memory::Residual => (1i32, 0.0f32),
-            Memory::EfSignSgd { lr } => (2, lr as f32),
-            _ => (0, 0.0),
-        };
-        let n = spec.range.len() as u32;
         {
             let buffer = state.groups[spec.group]
                 .lock()
                 .expect("a group buffer lock");
-            let src = buffer.slice(spec.range.clone());
-            // SAFETY: compensate(g, e, out, n, kind, lr) touches n elements of each buffer.
-            unsafe {
-                stream
-                    .launch_builder(&state.kernels.compensate)
-                    .arg(&src)
-                    .arg(&piece.residual)
-                    .arg(&mut piece.compensated)
-                    .arg(&n)
-                    .arg(&kind)
-                    .arg(&lr)
-                    .launch(grid(spec.range.len()))
-            }
-            .map_err(cuda_err("error-feedback kernel failed"))?;
+            let grad = buffer.slice(spec.range.clone());
+            piece
+                .memory
+                .compensate(&state.kernels, stream, &grad, &mut piece.compensated)?;
         }
         piece.codec.encode(
             &state.kernels,
@@ -556,18 +530,9 @@ impl Run<'_> {
             piece
                 .codec
                 .decode_add(k, stream, &piece.own.slice(..bytes), &mut piece.transmitted)?;
-            let n = spec.range.len() as u32;
-            // SAFETY: residual_update(e, p, t, n) touches n elements of each buffer.
-            unsafe {
-                stream
-                    .launch_builder(&k.residual_update)
-                    .arg(&mut piece.residual)
-                    .arg(&piece.compensated)
-                    .arg(&piece.transmitted)
-                    .arg(&n)
-                    .launch(grid(spec.range.len()))
-            }
-            .map_err(cuda_err("residual update failed"))?;
+            piece
+                .memory
+                .update(k, stream, &piece.compensated, &piece.transmitted)?;
         }
         Ok(())
     }
