@@ -8,6 +8,7 @@ pub mod probe;
 mod profile;
 mod run;
 mod select;
+mod server;
 
 pub use profile::{profile, CudaProfile, CudaProfileOptions};
 

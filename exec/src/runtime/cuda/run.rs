@@ -8,6 +8,10 @@
 //! enqueued. Event times are converted to the run's host clock through an epoch event
 //! recorded when the host clock was read.
 //!
+//! Aggregation: NCCL allreduce (DeAR: its reduce-scatter and all-gather halves), allgather, or
+//! a parameter server's push/pull (`server.rs`, also HiPress CaSync-Ring plans, as on the host
+//! backend); error feedback (residual, EF-SignSGD, DGC) is `memory.rs`.
+//!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
 //! from `Comm::from_rank` on each rank's own thread with one shared unique id), or one process
 //! per GPU (rank and world from `launch.rs`, the ids exchanged over `rendezvous.rs`).
@@ -16,8 +20,9 @@ use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
 use super::kernels::{cuda_err, grid, Kernels};
 use super::memory::GpuMemory;
+use super::server::{push_pull, Server};
 use crate::error::{ExecError, Result};
-use crate::runtime::check::Checker;
+use crate::runtime::check::{ps_server, Checker};
 use crate::runtime::host::board::Board;
 use crate::runtime::layout::{Gradients, Layout};
 use crate::runtime::sched::{check_abort, Readiness, Sched};
@@ -77,6 +82,8 @@ struct GpuPiece {
     gathered: CudaSlice<u8>,
     result: CudaSlice<f32>,
     transmitted: CudaSlice<f32>,
+    /// Parameter-server aggregation, on the piece's server rank only.
+    server: Option<Server>,
 }
 
 struct GpuRank {
@@ -118,6 +125,7 @@ fn elem_bytes(c: &Compressor) -> usize {
     }
 }
 
+/// Refuses, before any GPU work, what this build cannot run.
 fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<()> {
     let multi_process = placement.local.len() < placement.world as usize;
     if multi_process && launch == Launch::Priority {
@@ -127,11 +135,6 @@ fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<
     }
     for piece in &layout.pieces {
         supported(&piece.compressor)?;
-        if piece.aggregation == Aggregation::ParameterServer {
-            return Err(ExecError::Cuda {
-                message: format!("group {}: parameter-server aggregation (reduce to a server, re-encode, broadcast) is not in the cuda backend yet", piece.group),
-            });
-        }
     }
     Ok(())
 }
@@ -265,6 +268,7 @@ impl Run<'_> {
                 gathered: codec.alloc_zeros(gathered.max(1)).map_err(&alloc)?,
                 result: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
                 transmitted: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+                server: self.server(i, rank, &codec)?,
             }));
         }
         ctx.synchronize().map_err(cuda_err("set-up failed"))?;
@@ -287,6 +291,19 @@ impl Run<'_> {
             epoch_event,
             epoch_ns,
         })
+    }
+
+    /// The server state of piece `index` when `rank` serves its group.
+    fn server(&self, index: usize, rank: u32, stream: &Arc<CudaStream>) -> Result<Option<Server>> {
+        let spec = &self.layout.pieces[index];
+        let world = self.world as usize;
+        if spec.aggregation != Aggregation::ParameterServer
+            || ps_server(spec.group, world) != rank as usize
+        {
+            return Ok(None);
+        }
+        let seed = self.layout.codec_seed(index, None);
+        Server::new(&spec.compressor, spec.range.len(), seed, world, stream).map(Some)
     }
 
     fn guard(&self, body: impl FnOnce() -> Result<()>) {
@@ -662,11 +679,20 @@ impl Run<'_> {
                             _ => reduce!(f32),
                         }
                     }
-                    _ => {
+                    Aggregation::Allgather => {
                         let bytes = piece.codec.wire_bytes();
                         let send = piece.payload.slice(..bytes);
                         comm.all_gather(&send, &mut piece.gathered).map_err(nccl)?;
                     }
+                    Aggregation::ParameterServer => push_pull(
+                        &comm,
+                        &state.kernels,
+                        spec.group,
+                        ps_server(spec.group, self.world as usize),
+                        &piece.codec,
+                        piece.server.as_mut(),
+                        &mut piece.payload,
+                    )?,
                 }
                 if decode {
                     self.decode(state, stream, piece_index, piece)?;
@@ -683,5 +709,62 @@ impl Run<'_> {
             self.complete(state, task);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syncopate_sim::model::ModelProfile;
+    use syncopate_sim::plan::{CompressOn, Group, Plan, Policy};
+    use syncopate_sim::topology::{Cluster, ClusterOverrides};
+
+    /// ResNet-50 in one group, compressed by `spec` with `memory`, aggregated by `scheme`.
+    fn layout(spec: &str, memory: Memory, scheme: Scheme) -> Layout {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let group = Group {
+            tensors: (0..model.num_tensors()).collect(),
+            compressor: spec.parse().unwrap(),
+            memory,
+            compress_on: CompressOn::Gpu,
+            scheme,
+            partitions: 2,
+            priority: 0,
+        };
+        let policy = Policy {
+            launch: Launch::PlanOrder,
+            comm_streams: 1,
+            cycle_time_us: 0.0,
+            overlap_forward: false,
+            ps_servers: 0,
+        };
+        let plan = Plan::new("test", &model, vec![group], policy);
+        let cluster = Cluster::load("dgx-a100", ClusterOverrides::default()).unwrap();
+        Layout::new(&Scenario::new(model, cluster, plan, "test").unwrap(), 0)
+    }
+
+    #[test]
+    fn dgc_memory_and_parameter_servers_pass_the_plan_check() {
+        let placement = Placement {
+            world: 4,
+            local: (0..4).map(|r| (r, r as usize)).collect(),
+            ids: Vec::new(),
+        };
+        let dgc = Memory::Dgc {
+            momentum: 0.9,
+            warmup_epochs: 0,
+        };
+        for (spec, memory, scheme) in [
+            ("dgc:0.01", dgc, Scheme::Auto),
+            ("topk:0.1", Memory::Residual, Scheme::Ps),
+            ("onebit", Memory::Residual, Scheme::CompressedRing),
+            ("fp16", dgc, Scheme::Ps),
+        ] {
+            let layout = layout(spec, memory, scheme);
+            assert!(
+                check_plan(&layout, &placement, Launch::PlanOrder).is_ok(),
+                "{spec} {memory} {scheme:?}"
+            );
+        }
     }
 }
