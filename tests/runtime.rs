@@ -229,28 +229,42 @@ fn host_exec_checks_memories_schemes_and_policies() {
 fn cuda_exec_runs_or_says_why_not() {
     let dir = scratch("runtime-cuda");
     let (model_path, model) = tiny_model(&dir);
-    let plan = plan(&dir, &model, "fp16", Memory::None, Scheme::Auto, fifo());
-    let out = syncopate(&[
-        "exec",
-        "--backend",
-        "cuda",
-        "--cluster",
-        "dgx-a100",
-        "--check",
-        "--iterations",
-        "2",
-        "--model",
-        model_path.to_str().unwrap(),
-        "--plan",
-        plan.to_str().unwrap(),
-    ]);
-    if out.status.code() == Some(3) {
-        assert!(stderr(&out).contains("needs a GPU"), "{}", stderr(&out));
-        println!("skipped: no CUDA device");
-        return;
+    let dgc = Memory::Dgc {
+        momentum: 0.9,
+        warmup_epochs: 0,
+    };
+    let cases = [
+        ("fp16", Memory::None, Scheme::Auto),
+        ("dgc:0.05", dgc, Scheme::Auto),
+        ("topk:0.1", Memory::Residual, Scheme::Ps),
+        ("onebit", Memory::Residual, Scheme::CompressedRing),
+        ("terngrad", dgc, Scheme::Ps),
+    ];
+    for (spec, memory, scheme) in cases {
+        let plan = plan(&dir, &model, spec, memory, scheme, fifo());
+        let out = syncopate(&[
+            "exec",
+            "--backend",
+            "cuda",
+            "--cluster",
+            "dgx-a100",
+            "--check",
+            "--iterations",
+            "2",
+            "--format",
+            "json",
+            "--model",
+            model_path.to_str().unwrap(),
+            "--plan",
+            plan.to_str().unwrap(),
+        ]);
+        if out.status.code() == Some(3) {
+            assert!(stderr(&out).contains("needs a GPU"), "{}", stderr(&out));
+            println!("skipped: no CUDA device");
+            return;
+        }
+        assert_checked(&out, spec);
     }
-    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("ok"), "{}", stdout(&out));
 }
 
 #[test]

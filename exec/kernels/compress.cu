@@ -656,3 +656,25 @@ extern "C" __global__ void threshold_decode_add(const u8 *p, unsigned long long 
         if (i < n) acc[i] = __fadd_rn(acc[i], load_f32(val + 4 * (size_t)j));
     }
 }
+
+// ---- DGC error-feedback memory (memory.rs) ----
+// Momentum correction and local accumulation: u ← m·u + g, v ← v + u, and v is compressed.
+extern "C" __global__ void dgc_compensate(const float *g, float *u, float *v, float *out, u32 n, float m) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float ui = __fadd_rn(__fmul_rn(m, u[i]), g[i]);
+        float vi = __fadd_rn(v[i], ui);
+        u[i] = ui;
+        v[i] = vi;
+        out[i] = vi;
+    }
+}
+
+// Momentum factor masking: where the own payload carried a non-zero value, v and u restart.
+// Multiplied by 0 or 1 as the CPU does, so a cleared negative element keeps its −0.
+extern "C" __global__ void dgc_mask(float *u, float *v, const float *transmitted, u32 n) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float keep = transmitted[i] != 0.0f ? 0.0f : 1.0f;
+        v[i] = __fmul_rn(v[i], keep);
+        u[i] = __fmul_rn(u[i], keep);
+    }
+}

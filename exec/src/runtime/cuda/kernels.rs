@@ -83,6 +83,7 @@ kernels! {
         radix_select, select_count, select_scan, select_emit, count_at_least, gather_abs,
         sparse_decode_add, tbq_pack, two_bit_decode_add, signum_pack, terngrad_encode,
         qsgd_encode, qsgd_decode_add, natural_encode, natural_decode_add, threshold_decode_add,
+        dgc_compensate, dgc_mask,
     ]
     "gemm.cu" => [gemm]
 }

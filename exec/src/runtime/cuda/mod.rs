@@ -3,10 +3,12 @@
 pub mod codec;
 pub mod gemm;
 mod kernels;
+mod memory;
 pub mod probe;
 mod profile;
 mod run;
 mod select;
+mod server;
 
 pub use profile::{profile, CudaProfile, CudaProfileOptions};
 

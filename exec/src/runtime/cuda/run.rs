@@ -8,6 +8,10 @@
 //! enqueued. Event times are converted to the run's host clock through an epoch event
 //! recorded when the host clock was read.
 //!
+//! Aggregation: NCCL allreduce (DeAR: its reduce-scatter and all-gather halves), allgather, or
+//! a parameter server's push/pull (`server.rs`, also HiPress CaSync-Ring plans, as on the host
+//! backend); error feedback (residual, EF-SignSGD, DGC) is `memory.rs`.
+//!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
 //! from `Comm::from_rank` on each rank's own thread with one shared unique id), or one process
 //! per GPU (rank and world from `launch.rs`, the ids exchanged over `rendezvous.rs`).
@@ -15,8 +19,10 @@
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
 use super::kernels::{cuda_err, grid, Kernels};
+use super::memory::GpuMemory;
+use super::server::{push_pull, Server};
 use crate::error::{ExecError, Result};
-use crate::runtime::check::Checker;
+use crate::runtime::check::{ps_server, Checker};
 use crate::runtime::host::board::Board;
 use crate::runtime::layout::{Gradients, Layout};
 use crate::runtime::sched::{check_abort, Readiness, Sched};
@@ -67,7 +73,7 @@ pub struct Placement {
 
 struct GpuPiece {
     codec: GpuCodec,
-    residual: CudaSlice<f32>,
+    memory: GpuMemory,
     compensated: CudaSlice<f32>,
     /// Padded to a multiple of the world size in elements, so NCCL's reduce-scatter splits it.
     payload: CudaSlice<u8>,
@@ -76,6 +82,8 @@ struct GpuPiece {
     gathered: CudaSlice<u8>,
     result: CudaSlice<f32>,
     transmitted: CudaSlice<f32>,
+    /// Parameter-server aggregation, on the piece's server rank only.
+    server: Option<Server>,
 }
 
 struct GpuRank {
@@ -117,6 +125,7 @@ fn elem_bytes(c: &Compressor) -> usize {
     }
 }
 
+/// Refuses, before any GPU work, what this build cannot run.
 fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<()> {
     let multi_process = placement.local.len() < placement.world as usize;
     if multi_process && launch == Launch::Priority {
@@ -126,22 +135,6 @@ fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<
     }
     for piece in &layout.pieces {
         supported(&piece.compressor)?;
-        if !matches!(
-            piece.memory,
-            Memory::None | Memory::Residual | Memory::EfSignSgd { .. }
-        ) {
-            return Err(ExecError::Cuda {
-                message: format!(
-                    "group {}: error-feedback memory `{}` has no GPU kernel in this build",
-                    piece.group, piece.memory
-                ),
-            });
-        }
-        if piece.aggregation == Aggregation::ParameterServer {
-            return Err(ExecError::Cuda {
-                message: format!("group {}: parameter-server aggregation (reduce to a server, re-encode, broadcast) is not in the cuda backend yet", piece.group),
-            });
-        }
     }
     Ok(())
 }
@@ -265,7 +258,7 @@ impl Run<'_> {
             };
             pieces.push(Mutex::new(GpuPiece {
                 codec: gpu,
-                residual: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+                memory: GpuMemory::new(spec.memory, n, &codec)?,
                 compensated: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
                 payload: codec
                     .alloc_zeros(padded.max(bytes).max(1))
@@ -275,6 +268,7 @@ impl Run<'_> {
                 gathered: codec.alloc_zeros(gathered.max(1)).map_err(&alloc)?,
                 result: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
                 transmitted: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+                server: self.server(i, rank, &codec)?,
             }));
         }
         ctx.synchronize().map_err(cuda_err("set-up failed"))?;
@@ -297,6 +291,19 @@ impl Run<'_> {
             epoch_event,
             epoch_ns,
         })
+    }
+
+    /// The server state of piece `index` when `rank` serves its group.
+    fn server(&self, index: usize, rank: u32, stream: &Arc<CudaStream>) -> Result<Option<Server>> {
+        let spec = &self.layout.pieces[index];
+        let world = self.world as usize;
+        if spec.aggregation != Aggregation::ParameterServer
+            || ps_server(spec.group, world) != rank as usize
+        {
+            return Ok(None);
+        }
+        let seed = self.layout.codec_seed(index, None);
+        Server::new(&spec.compressor, spec.range.len(), seed, world, stream).map(Some)
     }
 
     fn guard(&self, body: impl FnOnce() -> Result<()>) {
@@ -483,30 +490,14 @@ impl Run<'_> {
         piece: &mut GpuPiece,
     ) -> Result<()> {
         let spec = &self.layout.pieces[index];
-        let (kind, lr) = match spec.memory {
-            Memory::Residual => (1i32, 0.0f32),
-            Memory::EfSignSgd { lr } => (2, lr as f32),
-            _ => (0, 0.0),
-        };
-        let n = spec.range.len() as u32;
         {
             let buffer = state.groups[spec.group]
                 .lock()
                 .expect("a group buffer lock");
-            let src = buffer.slice(spec.range.clone());
-            // SAFETY: compensate(g, e, out, n, kind, lr) touches n elements of each buffer.
-            unsafe {
-                stream
-                    .launch_builder(&state.kernels.compensate)
-                    .arg(&src)
-                    .arg(&piece.residual)
-                    .arg(&mut piece.compensated)
-                    .arg(&n)
-                    .arg(&kind)
-                    .arg(&lr)
-                    .launch(grid(spec.range.len()))
-            }
-            .map_err(cuda_err("error-feedback kernel failed"))?;
+            let grad = buffer.slice(spec.range.clone());
+            piece
+                .memory
+                .compensate(&state.kernels, stream, &grad, &mut piece.compensated)?;
         }
         piece.codec.encode(
             &state.kernels,
@@ -556,18 +547,9 @@ impl Run<'_> {
             piece
                 .codec
                 .decode_add(k, stream, &piece.own.slice(..bytes), &mut piece.transmitted)?;
-            let n = spec.range.len() as u32;
-            // SAFETY: residual_update(e, p, t, n) touches n elements of each buffer.
-            unsafe {
-                stream
-                    .launch_builder(&k.residual_update)
-                    .arg(&mut piece.residual)
-                    .arg(&piece.compensated)
-                    .arg(&piece.transmitted)
-                    .arg(&n)
-                    .launch(grid(spec.range.len()))
-            }
-            .map_err(cuda_err("residual update failed"))?;
+            piece
+                .memory
+                .update(k, stream, &piece.compensated, &piece.transmitted)?;
         }
         Ok(())
     }
@@ -697,11 +679,20 @@ impl Run<'_> {
                             _ => reduce!(f32),
                         }
                     }
-                    _ => {
+                    Aggregation::Allgather => {
                         let bytes = piece.codec.wire_bytes();
                         let send = piece.payload.slice(..bytes);
                         comm.all_gather(&send, &mut piece.gathered).map_err(nccl)?;
                     }
+                    Aggregation::ParameterServer => push_pull(
+                        &comm,
+                        &state.kernels,
+                        spec.group,
+                        ps_server(spec.group, self.world as usize),
+                        &piece.codec,
+                        piece.server.as_mut(),
+                        &mut piece.payload,
+                    )?,
                 }
                 if decode {
                     self.decode(state, stream, piece_index, piece)?;
@@ -718,5 +709,62 @@ impl Run<'_> {
             self.complete(state, task);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syncopate_sim::model::ModelProfile;
+    use syncopate_sim::plan::{CompressOn, Group, Plan, Policy};
+    use syncopate_sim::topology::{Cluster, ClusterOverrides};
+
+    /// ResNet-50 in one group, compressed by `spec` with `memory`, aggregated by `scheme`.
+    fn layout(spec: &str, memory: Memory, scheme: Scheme) -> Layout {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let group = Group {
+            tensors: (0..model.num_tensors()).collect(),
+            compressor: spec.parse().unwrap(),
+            memory,
+            compress_on: CompressOn::Gpu,
+            scheme,
+            partitions: 2,
+            priority: 0,
+        };
+        let policy = Policy {
+            launch: Launch::PlanOrder,
+            comm_streams: 1,
+            cycle_time_us: 0.0,
+            overlap_forward: false,
+            ps_servers: 0,
+        };
+        let plan = Plan::new("test", &model, vec![group], policy);
+        let cluster = Cluster::load("dgx-a100", ClusterOverrides::default()).unwrap();
+        Layout::new(&Scenario::new(model, cluster, plan, "test").unwrap(), 0)
+    }
+
+    #[test]
+    fn dgc_memory_and_parameter_servers_pass_the_plan_check() {
+        let placement = Placement {
+            world: 4,
+            local: (0..4).map(|r| (r, r as usize)).collect(),
+            ids: Vec::new(),
+        };
+        let dgc = Memory::Dgc {
+            momentum: 0.9,
+            warmup_epochs: 0,
+        };
+        for (spec, memory, scheme) in [
+            ("dgc:0.01", dgc, Scheme::Auto),
+            ("topk:0.1", Memory::Residual, Scheme::Ps),
+            ("onebit", Memory::Residual, Scheme::CompressedRing),
+            ("fp16", dgc, Scheme::Ps),
+        ] {
+            let layout = layout(spec, memory, scheme);
+            assert!(
+                check_plan(&layout, &placement, Launch::PlanOrder).is_ok(),
+                "{spec} {memory} {scheme:?}"
+            );
+        }
     }
 }

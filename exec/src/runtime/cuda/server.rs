@@ -1,0 +1,109 @@
+//! Parameter-server aggregation on NCCL: a grouped send/recv push to the group's server rank, the server's decode–sum–re-encode on its GPU, a broadcast pull.
+//!
+//! The whole exchange is one collective task, as on the host backend (`Mesh::push_pull`): the
+//! task graph has no server task, and the pull cannot begin before the server re-encoded.
+
+use super::codec::GpuCodec;
+use super::kernels::{cuda_err, Kernels};
+use crate::error::{ExecError, Result};
+use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::nccl::result::{group_end, group_start, NcclError};
+use cudarc::nccl::Comm;
+use std::sync::Arc;
+use syncopate_sim::compress::Compressor;
+
+/// What the server rank of one piece keeps.
+pub struct Server {
+    /// The server's codec (the layout's server seed), which re-encodes the sum.
+    codec: GpuCodec,
+    /// Every rank's pushed payload, in rank order (the server's own copied in).
+    pushed: CudaSlice<u8>,
+    sum: CudaSlice<f32>,
+}
+
+impl Server {
+    pub fn new(
+        compressor: &Compressor,
+        n: usize,
+        seed: u64,
+        world: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Server> {
+        let codec = GpuCodec::new(compressor, n, seed, stream)?;
+        let alloc = cuda_err("cannot allocate parameter-server buffers");
+        Ok(Server {
+            pushed: stream
+                .alloc_zeros((codec.wire_bytes() * world).max(1))
+                .map_err(&alloc)?,
+            sum: stream.alloc_zeros(n.max(1)).map_err(&alloc)?,
+            codec,
+        })
+    }
+}
+
+/// Runs NCCL calls as one group, so that the server's receives from all ranks progress
+/// together instead of one peer after another. The group is closed even when a call failed.
+fn grouped(body: impl FnOnce() -> Result<(), NcclError>) -> Result<(), NcclError> {
+    group_start()?;
+    let result = body();
+    let ended = group_end();
+    result.and(ended.map(drop))
+}
+
+/// Enqueues on `comm`'s stream the push of this rank's payload (the first `wire_bytes` of
+/// `payload`) to rank `server` and the pull of the server's payload into the same bytes.
+/// `server_state` is `Some` exactly on the server: it decodes every payload in rank order with
+/// its worker codec `codec`, as the CPU reference does, and re-encodes the sum.
+pub fn push_pull(
+    comm: &Comm,
+    k: &Kernels,
+    group: usize,
+    server: usize,
+    codec: &GpuCodec,
+    server_state: Option<&mut Server>,
+    payload: &mut CudaSlice<u8>,
+) -> Result<()> {
+    let (rank, world, stream) = (comm.rank(), comm.world_size(), comm.stream());
+    let bytes = codec.wire_bytes();
+    let nccl = |what: &str| {
+        let what = what.to_string();
+        move |e: NcclError| ExecError::Rank {
+            rank: rank as u32,
+            message: format!(
+                "group {group}: parameter-server {what} (server rank {server}) failed: {e:?}"
+            ),
+        }
+    };
+    match server_state {
+        None => comm
+            .send(&payload.slice(..bytes), server as i32)
+            .map_err(nccl("push"))?,
+        Some(s) => {
+            let block = |r: usize| r * bytes..(r + 1) * bytes;
+            grouped(|| {
+                for from in (0..world).filter(|&r| r != rank) {
+                    comm.recv(&mut s.pushed.slice_mut(block(from)), from as i32)?;
+                }
+                Ok(())
+            })
+            .map_err(nccl("push"))?;
+            stream
+                .memcpy_dtod(
+                    &payload.slice(..bytes),
+                    &mut s.pushed.slice_mut(block(rank)),
+                )
+                .map_err(cuda_err("cannot copy the server's own payload"))?;
+            stream
+                .memset_zeros(&mut s.sum)
+                .map_err(cuda_err("cannot clear the server's sum"))?;
+            for from in 0..world {
+                codec.decode_add(k, &stream, &s.pushed.slice(block(from)), &mut s.sum)?;
+            }
+            s.codec.encode(k, &stream, &s.sum, payload)?;
+            s.codec.check_finite(&stream, &s.sum)?;
+        }
+    }
+    comm.broadcast_in_place(&mut payload.slice_mut(..bytes), server as i32)
+        .map_err(nccl("pull"))?;
+    Ok(())
+}
