@@ -10,7 +10,8 @@
 //!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
 //! from `Comm::from_rank` on each rank's own thread with one shared unique id), or one process
-//! per GPU (rank and world from `launch.rs`, the ids exchanged over `rendezvous.rs`).
+//! per GPU (rank and world from `launch.rs`, the ids exchanged over `rendezvous.rs`, other
+//! processes' failures raised by `control.rs` into the run's `Failure`).
 
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
@@ -19,11 +20,10 @@ use crate::error::{ExecError, Result};
 use crate::runtime::check::Checker;
 use crate::runtime::host::board::Board;
 use crate::runtime::layout::{Gradients, Layout};
-use crate::runtime::sched::{check_abort, Readiness, Sched};
+use crate::runtime::sched::{check_abort, Failure, Readiness, Sched};
 use crate::runtime::{ExecOptions, Measured};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
 use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::{Aggregation, Compressor, Memory};
@@ -104,8 +104,7 @@ struct Run<'a> {
     world: u32,
     epoch: Instant,
     timeout: Duration,
-    abort: AtomicBool,
-    first_error: Mutex<Option<ExecError>>,
+    failure: &'a Failure,
     records: Mutex<Vec<TaskRecord>>,
 }
 
@@ -146,12 +145,14 @@ fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<
     Ok(())
 }
 
-/// Runs the graph on the ranks of `placement` and times every task.
+/// Runs the graph on the ranks of `placement` and times every task. `failure` may be raised from
+/// outside (another process's failure): the run then stops and reports it.
 pub fn execute(
     scenario: &Scenario,
     graph: &TaskGraph,
     options: &ExecOptions,
     placement: Placement,
+    failure: &Failure,
 ) -> Result<Measured> {
     let layout = Layout::new(scenario, options.seed);
     let policy = &scenario.plan.policy;
@@ -190,8 +191,7 @@ pub fn execute(
         world,
         epoch,
         timeout: options.timeout,
-        abort: AtomicBool::new(false),
-        first_error: Mutex::new(None),
+        failure,
         records: Mutex::new(Vec::new()),
     };
     let ranks: Vec<GpuRank> = placement
@@ -210,7 +210,7 @@ pub fn execute(
             }
         }
     });
-    if let Some(err) = run.first_error.lock().expect("the error lock").take() {
+    if let Some(err) = failure.take() {
         return Err(err);
     }
     let records = run.records.into_inner().expect("the record lock");
@@ -301,17 +301,13 @@ impl Run<'_> {
 
     fn guard(&self, body: impl FnOnce() -> Result<()>) {
         if let Err(err) = body() {
-            let mut first = self.first_error.lock().expect("the error lock");
-            if first.is_none() {
-                *first = Some(err);
-            }
-            self.abort.store(true, Ordering::Relaxed);
+            self.failure.raise(err);
             self.board.wake_all();
         }
     }
 
     fn aborted(&self, rank: u32) -> Result<()> {
-        check_abort(&self.abort, rank)
+        check_abort(self.failure.flag(), rank)
     }
 
     /// Records a timing event on `stream`.
@@ -396,7 +392,7 @@ impl Run<'_> {
     ) -> Result<T> {
         state
             .readiness
-            .wait_for(what, self.timeout, &self.abort, pick)
+            .wait_for(what, self.timeout, self.failure.flag(), pick)
     }
 
     /// Forward, backward and optimizer tasks in program order: calibrated GEMMs of the task's
@@ -642,7 +638,10 @@ impl Run<'_> {
             message: format!("NCCL failed: {e:?}"),
         };
         let mut index = 0;
-        while let Some(task) = self.board.next(lane, index, state.rank, &self.abort)? {
+        while let Some(task) = self
+            .board
+            .next(lane, index, state.rank, self.failure.flag())?
+        {
             index += 1;
             let t = self.graph.task(task);
             let TaskKind::Collective { group, part, round } = t.kind else {
