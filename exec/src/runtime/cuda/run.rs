@@ -9,13 +9,15 @@
 //! recorded when the host clock was read.
 //!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
-//! from `Comm::from_rank` on each rank's own thread with one shared unique id), or one process
-//! per GPU (rank and world from `launch.rs`, the ids exchanged over `rendezvous.rs`, other
-//! processes' failures raised by `control.rs` into the run's `Failure`).
+//! created on each rank's own thread with one shared unique id), or one process per GPU (rank
+//! and world from `launch.rs`, the ids exchanged over `rendezvous.rs`, other processes'
+//! failures raised by `control.rs` into the run's `Failure`). Every wait is bounded and watches
+//! that failure; a communicator is aborted, never destroyed, when its thread ends (`nccl.rs`).
 
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
 use super::kernels::{cuda_err, grid, Kernels};
+use super::nccl::Communicator;
 use crate::error::{ExecError, Result};
 use crate::runtime::check::Checker;
 use crate::runtime::host::board::Board;
@@ -23,7 +25,7 @@ use crate::runtime::layout::{Gradients, Layout};
 use crate::runtime::sched::{check_abort, Failure, Readiness, Sched};
 use crate::runtime::{ExecOptions, Measured};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
-use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
+use cudarc::nccl::{Id, NcclType};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::{Aggregation, Compressor, Memory};
@@ -628,15 +630,15 @@ impl Run<'_> {
             .bind_to_thread()
             .map_err(cuda_err("cannot bind the context"))?;
         let stream = &state.comm[lane as usize];
-        let comm = Comm::from_rank(stream.clone(), state.rank as usize, self.world as usize, id)
-            .map_err(|e| ExecError::Rank {
-                rank: state.rank,
-                message: format!("NCCL communicator {lane} failed to initialize: {e:?}"),
-            })?;
-        let nccl = |e: cudarc::nccl::result::NcclError| ExecError::Rank {
-            rank: state.rank,
-            message: format!("NCCL failed: {e:?}"),
-        };
+        let comm = Communicator::init(
+            stream.clone(),
+            state.rank,
+            self.world,
+            lane,
+            id,
+            self.timeout,
+            self.failure.flag(),
+        )?;
         let mut index = 0;
         while let Some(task) = self
             .board
@@ -676,17 +678,15 @@ impl Run<'_> {
                                     .expect("payload size");
                                 let mut payload = payload;
                                 if !split {
-                                    comm.all_reduce_in_place(&mut payload, &ReduceOp::Sum)
-                                        .map_err(nccl)?;
+                                    comm.all_reduce_sum(&mut payload)?;
                                 } else if round == 0 {
                                     let mut out = unsafe { piece.chunk.transmute_mut::<$t>(chunk) }
                                         .expect("chunk size");
-                                    comm.reduce_scatter(&payload, &mut out, &ReduceOp::Sum)
-                                        .map_err(nccl)?;
+                                    comm.reduce_scatter_sum(&payload, &mut out)?;
                                 } else {
                                     let part = unsafe { piece.chunk.transmute::<$t>(chunk) }
                                         .expect("chunk size");
-                                    comm.all_gather(&part, &mut payload).map_err(nccl)?;
+                                    comm.all_gather(&part, &mut payload)?;
                                 }
                             }};
                         }
@@ -699,7 +699,7 @@ impl Run<'_> {
                     _ => {
                         let bytes = piece.codec.wire_bytes();
                         let send = piece.payload.slice(..bytes);
-                        comm.all_gather(&send, &mut piece.gathered).map_err(nccl)?;
+                        comm.all_gather(&send, &mut piece.gathered)?;
                     }
                 }
                 if decode {
