@@ -175,50 +175,36 @@ impl<'a> Communicator<'a> {
 
     /// Waits until the call that returned `status` is done: enqueued on the stream, or the
     /// communicator initialized.
-    fn settle(&self, mut status: sys::ncclResult_t, what: &str) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            match status {
-                sys::ncclResult_t::ncclSuccess => return Ok(()),
-                sys::ncclResult_t::ncclInProgress => {}
-                failed => {
-                    return Err(self.error(format!(
-                        "NCCL {what} failed on communicator {}: {failed:?}{}",
-                        self.lane,
-                        self.last_error()
-                    )))
-                }
-            }
-            if self.abort.load(Ordering::Relaxed) {
-                return Err(self.error(format!(
-                    "aborted during NCCL {what} on communicator {}: another rank failed",
-                    self.lane
-                )));
-            }
-            if Instant::now() >= deadline {
-                return Err(self.error(format!(
-                    "NCCL {what} on communicator {} did not finish within {:.1} s (a peer rank may be dead or stuck; the communicator is aborted)",
-                    self.lane,
-                    self.timeout.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(POLL);
+    fn settle(&self, status: sys::ncclResult_t, what: &str) -> Result<()> {
+        let poll = || {
             let mut state = sys::ncclResult_t::ncclInProgress;
             // SAFETY: a live communicator and a valid out-pointer.
             let polled = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
-            status = if polled == sys::ncclResult_t::ncclSuccess {
+            if polled == sys::ncclResult_t::ncclSuccess {
                 state
             } else {
                 polled
-            };
-        }
-    }
-
-    fn error(&self, message: String) -> ExecError {
-        ExecError::Rank {
+            }
+        };
+        let lane = self.lane;
+        let message = match wait(status, poll, self.timeout, self.abort) {
+            Ok(()) => return Ok(()),
+            Err(Stop::Failed(failed)) => format!(
+                "NCCL {what} failed on communicator {lane}: {failed:?}{}",
+                self.last_error()
+            ),
+            Err(Stop::Aborted) => {
+                format!("aborted during NCCL {what} on communicator {lane}: another rank failed")
+            }
+            Err(Stop::TimedOut) => format!(
+                "NCCL {what} on communicator {lane} did not finish within {:.1} s (a peer rank may be dead or stuck; the communicator is aborted)",
+                self.timeout.as_secs_f64()
+            ),
+        };
+        Err(ExecError::Rank {
             rank: self.rank,
             message,
-        }
+        })
     }
 
     /// NCCL's own explanation of the last failure, if it has one.
@@ -235,6 +221,40 @@ impl<'a> Communicator<'a> {
     }
 }
 
+/// Why a call did not settle.
+#[derive(Debug, PartialEq)]
+enum Stop {
+    Failed(sys::ncclResult_t),
+    Aborted,
+    TimedOut,
+}
+
+/// Polls a call that returned `status` until it is no longer in progress, within `timeout` and
+/// until `abort` is raised.
+fn wait(
+    mut status: sys::ncclResult_t,
+    mut poll: impl FnMut() -> sys::ncclResult_t,
+    timeout: Duration,
+    abort: &AtomicBool,
+) -> Result<(), Stop> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match status {
+            sys::ncclResult_t::ncclSuccess => return Ok(()),
+            sys::ncclResult_t::ncclInProgress => {}
+            failed => return Err(Stop::Failed(failed)),
+        }
+        if abort.load(Ordering::Relaxed) {
+            return Err(Stop::Aborted);
+        }
+        if Instant::now() >= deadline {
+            return Err(Stop::TimedOut);
+        }
+        std::thread::sleep(POLL);
+        status = poll();
+    }
+}
+
 impl Drop for Communicator<'_> {
     /// Abort, not destroy: destroying waits for outstanding work, which never ends when a peer
     /// is gone. Every collective of a successful run has completed by now, so aborting loses
@@ -243,5 +263,43 @@ impl Drop for Communicator<'_> {
         // SAFETY: the communicator came from ncclCommInitRankConfig and is not used after this.
         // Its status is ignored: nothing is left to do with a communicator that failed to abort.
         let _ = unsafe { sys::ncclCommAbort(self.comm) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::ncclResult_t::{ncclInProgress, ncclRemoteError, ncclSuccess};
+
+    #[test]
+    fn a_call_settles_fails_or_gives_up_in_time() {
+        let (calm, raised) = (AtomicBool::new(false), AtomicBool::new(true));
+        let long = Duration::from_secs(10);
+        let mut polls = 0;
+        let after_three = || {
+            polls += 1;
+            if polls < 3 {
+                ncclInProgress
+            } else {
+                ncclSuccess
+            }
+        };
+        assert_eq!(wait(ncclInProgress, after_three, long, &calm), Ok(()));
+        let remote = || ncclRemoteError;
+        assert_eq!(
+            wait(ncclInProgress, remote, long, &calm),
+            Err(Stop::Failed(ncclRemoteError))
+        );
+        let forever = || ncclInProgress;
+        assert_eq!(
+            wait(ncclInProgress, forever, long, &raised),
+            Err(Stop::Aborted)
+        );
+        let start = Instant::now();
+        assert_eq!(
+            wait(ncclInProgress, forever, Duration::from_millis(50), &calm),
+            Err(Stop::TimedOut)
+        );
+        assert!(start.elapsed() < long);
     }
 }
