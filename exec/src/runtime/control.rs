@@ -96,7 +96,9 @@ fn read_frame(stream: &mut impl Read) -> io::Result<Frame> {
 /// What a `FAILED` or `DIED` frame about `rank` tells this rank.
 fn notice(tag: u8, rank: u32, body: &str) -> ExecError {
     let message = if tag == FAILED {
-        format!("failed: {body}")
+        // The rank's own error usually names it already.
+        let own = body.strip_prefix(&format!("rank {rank}: ")).unwrap_or(body);
+        format!("failed: {own}")
     } else {
         body.to_string()
     };
@@ -507,7 +509,7 @@ mod tests {
                 let (failed, message) = reported(failure);
                 assert_eq!(failed, 1, "rank {rank}: {message}");
                 assert!(
-                    message.contains("failed: rank 1: gradient element 7 is NaN"),
+                    message == "failed: gradient element 7 is NaN",
                     "rank {rank}: {message}"
                 );
             }
