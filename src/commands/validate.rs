@@ -1,10 +1,10 @@
 //! `syncopate validate`: runs a plan for real and simulates the same scenario with this machine's profiles, then reports predicted vs measured.
 
+use super::profile::powers_of_four;
 use crate::cli::{ExecBackend, Format, ValidateArgs};
 use std::collections::BTreeMap;
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
 use syncopate_exec::runtime;
-use super::profile::powers_of_four;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;

@@ -4,6 +4,7 @@
 //! time every task, so a measured trace has the same task names as a predicted one.
 
 pub mod check;
+mod control;
 pub mod cuda;
 pub mod host;
 pub mod launch;

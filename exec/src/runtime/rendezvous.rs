@@ -3,7 +3,8 @@
 //! Protocol: a rank connects to rank 0 and sends `MAGIC`, its rank and the world size (u32 LE
 //! each). Once all ranks arrived, rank 0 answers each with status 0, a u32 length and the
 //! payload. If some never arrive, rank 0 answers the others with status 1 and a message naming
-//! the missing ranks, so every rank fails with the same explanation instead of hanging.
+//! the missing ranks, so every rank fails with the same explanation instead of hanging. After a
+//! successful rendezvous the connections stay open: they are the control plane's (`control.rs`).
 
 use crate::error::{ExecError, Result};
 use std::io::{Read, Write};
@@ -28,9 +29,23 @@ fn resolve(address: &str) -> Result<SocketAddr> {
         .ok_or_else(|| error(address, "resolves to no address"))
 }
 
+/// The connections a successful rendezvous leaves open.
+pub enum Link {
+    /// Rank 0: the connection of every other rank, rank 1 first.
+    Hub(Vec<TcpStream>),
+    /// Any other rank: its connection to rank 0.
+    Spoke(TcpStream),
+}
+
 /// Rank 0: listens on `listener` until `world - 1` ranks have arrived or `timeout` passed,
-/// then sends `payload` to all of them. Returns an error naming the ranks that never came.
-pub fn serve(listener: TcpListener, world: u32, payload: &[u8], timeout: Duration) -> Result<()> {
+/// then sends `payload` to all of them and returns their connections, rank 1 first. Returns an
+/// error naming the ranks that never came.
+pub fn serve(
+    listener: TcpListener,
+    world: u32,
+    payload: &[u8],
+    timeout: Duration,
+) -> Result<Vec<TcpStream>> {
     let address = listener
         .local_addr()
         .map_or_else(|_| "rank 0".to_string(), |a| a.to_string());
@@ -82,7 +97,7 @@ pub fn serve(listener: TcpListener, world: u32, payload: &[u8], timeout: Duratio
         let _ = stream.write_all(&message);
     }
     if missing.is_empty() {
-        Ok(())
+        Ok(peers.into_iter().flatten().collect())
     } else {
         Err(error(&address, String::from_utf8_lossy(&body)))
     }
@@ -109,8 +124,13 @@ fn read_hello(stream: &mut TcpStream, world: u32, deadline: Instant) -> std::io:
 }
 
 /// Rank `rank` > 0: connects to rank 0 at `address` (retrying until it listens) and returns
-/// its payload, or rank 0's explanation of why the launch failed.
-pub fn join(address: &str, rank: u32, world: u32, timeout: Duration) -> Result<Vec<u8>> {
+/// its payload and the open connection, or rank 0's explanation of why the launch failed.
+pub fn join(
+    address: &str,
+    rank: u32,
+    world: u32,
+    timeout: Duration,
+) -> Result<(Vec<u8>, TcpStream)> {
     let deadline = Instant::now() + timeout;
     let target = resolve(address)?;
     let mut stream = loop {
@@ -150,28 +170,30 @@ pub fn join(address: &str, rank: u32, world: u32, timeout: Duration) -> Result<V
     let mut body = vec![0u8; len];
     stream.read_exact(&mut body).map_err(io)?;
     if head[0] == 0 {
-        Ok(body)
+        Ok((body, stream))
     } else {
         Err(error(address, String::from_utf8_lossy(&body)))
     }
 }
 
-/// Rank 0 binds `address`; everyone else joins it. Returns the payload on every rank.
+/// Rank 0 binds `address`; everyone else joins it. Returns the payload and the open
+/// connections on every rank.
 pub fn exchange(
     address: &str,
     rank: u32,
     world: u32,
     payload: impl FnOnce() -> Result<Vec<u8>>,
     timeout: Duration,
-) -> Result<Vec<u8>> {
+) -> Result<(Vec<u8>, Link)> {
     if rank == 0 {
         let listener = TcpListener::bind(resolve(address)?)
             .map_err(|e| error(address, format!("rank 0 cannot listen: {e}")))?;
         let payload = payload()?;
-        serve(listener, world, &payload, timeout)?;
-        Ok(payload)
+        let peers = serve(listener, world, &payload, timeout)?;
+        Ok((payload, Link::Hub(peers)))
     } else {
-        join(address, rank, world, timeout)
+        let (payload, stream) = join(address, rank, world, timeout)?;
+        Ok((payload, Link::Spoke(stream)))
     }
 }
 
@@ -188,10 +210,10 @@ mod tests {
             let peers: Vec<_> = (1..3)
                 .map(|rank| {
                     let address = address.clone();
-                    scope.spawn(move || join(&address, rank, 3, timeout).unwrap())
+                    scope.spawn(move || join(&address, rank, 3, timeout).unwrap().0)
                 })
                 .collect();
-            serve(listener, 3, b"unique id", timeout).unwrap();
+            assert_eq!(serve(listener, 3, b"unique id", timeout).unwrap().len(), 2);
             for peer in peers {
                 assert_eq!(peer.join().unwrap(), b"unique id");
             }

@@ -27,6 +27,36 @@ pub struct Readiness {
     ready: Condvar,
 }
 
+/// A run's first failure and the flag that stops every waiting thread once there is one. The
+/// rank's own threads and the control plane (failures of other processes) raise the same one,
+/// so the run reports the root cause, not the "aborted" errors that follow it.
+#[derive(Default)]
+pub struct Failure {
+    raised: AtomicBool,
+    first: Mutex<Option<ExecError>>,
+}
+
+impl Failure {
+    /// Records `err` unless an earlier failure is recorded, and raises the flag.
+    pub fn raise(&self, err: ExecError) {
+        let mut first = self.first.lock().expect("the failure lock");
+        if first.is_none() {
+            *first = Some(err);
+        }
+        self.raised.store(true, Ordering::Relaxed);
+    }
+
+    /// The flag the waiting loops poll.
+    pub fn flag(&self) -> &AtomicBool {
+        &self.raised
+    }
+
+    /// The first failure, once: the run reports it.
+    pub fn take(&self) -> Option<ExecError> {
+        self.first.lock().expect("the failure lock").take()
+    }
+}
+
 /// Err when another rank or thread has failed, so that this one stops instead of waiting.
 pub fn check_abort(abort: &AtomicBool, rank: u32) -> Result<()> {
     if abort.load(Ordering::Relaxed) {

@@ -4,6 +4,7 @@ pub mod codec;
 pub mod gemm;
 mod kernels;
 mod memory;
+mod nccl;
 pub mod probe;
 mod profile;
 mod run;
@@ -12,79 +13,103 @@ mod server;
 
 pub use profile::{profile, CudaProfile, CudaProfileOptions};
 
+use super::control::{Control, Liveness};
+use super::sched::Failure;
 use super::{launch, rendezvous, ExecOptions, Measured};
 use crate::error::{ExecError, Result};
 use cudarc::nccl::Id;
+use std::sync::Arc;
 use syncopate_sim::graph::TaskGraph;
 use syncopate_sim::scenario::Scenario;
 
 /// Runs the graph on the visible GPUs: every one of them from this process, or this process's
-/// one GPU when a launcher (torchrun, Open MPI, Slurm) set rank and world size.
+/// one GPU when a launcher (torchrun, Open MPI, Slurm) set rank and world size. Then the
+/// rendezvous connections stay open as the control plane for the whole run, so a rank that
+/// dies or fails stops every other rank with an error naming it.
 pub fn execute(scenario: &Scenario, graph: &TaskGraph, options: &ExecOptions) -> Result<Measured> {
     let gpus = probe::probe()?;
     let streams = scenario.plan.policy.comm_streams as usize;
-    let nccl = |e: cudarc::nccl::result::NcclError| ExecError::Cuda {
-        message: format!("cannot create an NCCL unique id: {e:?}"),
-    };
-    let placement = match launch::from_env(|v| std::env::var(v).ok())? {
-        None => run::Placement {
+    let failure = Arc::new(Failure::default());
+    let Some(info) = launch::from_env(|v| std::env::var(v).ok())? else {
+        let placement = run::Placement {
             world: gpus as u32,
             local: (0..gpus).map(|d| (d as u32, d)).collect(),
             ids: (0..streams)
                 .map(|_| Id::new())
                 .collect::<Result<_, _>>()
-                .map_err(nccl)?,
-        },
-        Some(info) => {
-            if info.local_rank as usize >= gpus {
-                return Err(ExecError::Launch {
-                    variable: "LOCAL_RANK".into(),
-                    message: format!(
-                        "local rank {} but only {gpus} GPU(s) visible",
-                        info.local_rank
-                    ),
-                });
-            }
-            let bytes = rendezvous::exchange(
-                &info.master,
-                info.rank,
-                info.world,
-                || {
-                    let mut bytes = Vec::with_capacity(128 * streams);
-                    for _ in 0..streams {
-                        let id = Id::new().map_err(nccl)?;
-                        bytes.extend(id.internal().iter().map(|&c| c as u8));
-                    }
-                    Ok(bytes)
-                },
-                options.timeout,
-            )?;
-            if bytes.len() != 128 * streams {
-                return Err(ExecError::Rendezvous {
-                    address: info.master.clone(),
-                    message: format!(
-                        "got {} bytes of NCCL ids, expected {}",
-                        bytes.len(),
-                        128 * streams
-                    ),
-                });
-            }
-            let ids = bytes
-                .chunks(128)
-                .map(|chunk| {
-                    let mut internal = [0 as std::ffi::c_char; 128];
-                    for (i, &b) in internal.iter_mut().zip(chunk) {
-                        *i = b as std::ffi::c_char;
-                    }
-                    Id::uninit(internal)
-                })
-                .collect();
-            run::Placement {
-                world: info.world,
-                local: vec![(info.rank, info.local_rank as usize)],
-                ids,
-            }
-        }
+                .map_err(nccl_err)?,
+        };
+        return run::execute(scenario, graph, options, placement, &failure);
     };
-    run::execute(scenario, graph, options, placement)
+    if info.local_rank as usize >= gpus {
+        return Err(ExecError::Launch {
+            variable: "LOCAL_RANK".into(),
+            message: format!(
+                "local rank {} but only {gpus} GPU(s) visible",
+                info.local_rank
+            ),
+        });
+    }
+    let (bytes, link) = rendezvous::exchange(
+        &info.master,
+        info.rank,
+        info.world,
+        || {
+            let mut bytes = Vec::with_capacity(128 * streams);
+            for _ in 0..streams {
+                let id = Id::new().map_err(nccl_err)?;
+                bytes.extend(id.internal().iter().map(|&c| c as u8));
+            }
+            Ok(bytes)
+        },
+        options.timeout,
+    )?;
+    let control = Control::start(
+        info.rank,
+        link,
+        Liveness::for_run(options.timeout),
+        failure.clone(),
+    )?;
+    // From here on every failure, this rank's too, goes out over the control plane.
+    let measured = unique_ids(&bytes, streams, &info.master).and_then(|ids| {
+        let placement = run::Placement {
+            world: info.world,
+            local: vec![(info.rank, info.local_rank as usize)],
+            ids,
+        };
+        run::execute(scenario, graph, options, placement, &failure)
+    });
+    control.finish(measured.as_ref().err());
+    measured
+}
+
+fn nccl_err(e: cudarc::nccl::result::NcclError) -> ExecError {
+    ExecError::Cuda {
+        message: format!("cannot create an NCCL unique id: {e:?}"),
+    }
+}
+
+/// The `streams` NCCL ids rank 0 sent (128 bytes each); a different count means the ranks
+/// run plans with different numbers of comm streams.
+fn unique_ids(bytes: &[u8], streams: usize, master: &str) -> Result<Vec<Id>> {
+    if bytes.len() != 128 * streams {
+        return Err(ExecError::Rendezvous {
+            address: master.into(),
+            message: format!(
+                "got {} bytes of NCCL ids, expected {} (do all ranks run the same plan?)",
+                bytes.len(),
+                128 * streams
+            ),
+        });
+    }
+    Ok(bytes
+        .chunks(128)
+        .map(|chunk| {
+            let mut internal = [0 as std::ffi::c_char; 128];
+            for (i, &b) in internal.iter_mut().zip(chunk) {
+                *i = b as std::ffi::c_char;
+            }
+            Id::uninit(internal)
+        })
+        .collect())
 }

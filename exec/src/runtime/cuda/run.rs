@@ -13,23 +13,25 @@
 //! backend); error feedback (residual, EF-SignSGD, DGC) is `memory.rs`.
 //!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
-//! from `Comm::from_rank` on each rank's own thread with one shared unique id), or one process
-//! per GPU (rank and world from `launch.rs`, the ids exchanged over `rendezvous.rs`).
+//! created on each rank's own thread with one shared unique id), or one process per GPU (rank
+//! and world from `launch.rs`, the ids exchanged over `rendezvous.rs`, other processes'
+//! failures raised by `control.rs` into the run's `Failure`). Every wait is bounded and watches
+//! that failure; a communicator is aborted, never destroyed, when its thread ends (`nccl.rs`).
 
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
 use super::kernels::{cuda_err, grid, Kernels};
 use super::memory::GpuMemory;
+use super::nccl::Communicator;
 use super::server::{push_pull, Server};
 use crate::error::{ExecError, Result};
 use crate::runtime::check::{ps_server, Checker};
 use crate::runtime::host::board::Board;
 use crate::runtime::layout::{Gradients, Layout};
-use crate::runtime::sched::{check_abort, Readiness, Sched};
+use crate::runtime::sched::{check_abort, Failure, Readiness, Sched};
 use crate::runtime::{ExecOptions, Measured};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
-use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
-use std::sync::atomic::{AtomicBool, Ordering};
+use cudarc::nccl::{Id, NcclType};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::{Aggregation, Compressor, Memory};
@@ -112,8 +114,7 @@ struct Run<'a> {
     world: u32,
     epoch: Instant,
     timeout: Duration,
-    abort: AtomicBool,
-    first_error: Mutex<Option<ExecError>>,
+    failure: &'a Failure,
     records: Mutex<Vec<TaskRecord>>,
 }
 
@@ -139,12 +140,14 @@ fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<
     Ok(())
 }
 
-/// Runs the graph on the ranks of `placement` and times every task.
+/// Runs the graph on the ranks of `placement` and times every task. `failure` may be raised from
+/// outside (another process's failure): the run then stops and reports it.
 pub fn execute(
     scenario: &Scenario,
     graph: &TaskGraph,
     options: &ExecOptions,
     placement: Placement,
+    failure: &Failure,
 ) -> Result<Measured> {
     let layout = Layout::new(scenario, options.seed);
     let policy = &scenario.plan.policy;
@@ -183,8 +186,7 @@ pub fn execute(
         world,
         epoch,
         timeout: options.timeout,
-        abort: AtomicBool::new(false),
-        first_error: Mutex::new(None),
+        failure,
         records: Mutex::new(Vec::new()),
     };
     let ranks: Vec<GpuRank> = placement
@@ -203,7 +205,7 @@ pub fn execute(
             }
         }
     });
-    if let Some(err) = run.first_error.lock().expect("the error lock").take() {
+    if let Some(err) = failure.take() {
         return Err(err);
     }
     let records = run.records.into_inner().expect("the record lock");
@@ -308,17 +310,13 @@ impl Run<'_> {
 
     fn guard(&self, body: impl FnOnce() -> Result<()>) {
         if let Err(err) = body() {
-            let mut first = self.first_error.lock().expect("the error lock");
-            if first.is_none() {
-                *first = Some(err);
-            }
-            self.abort.store(true, Ordering::Relaxed);
+            self.failure.raise(err);
             self.board.wake_all();
         }
     }
 
     fn aborted(&self, rank: u32) -> Result<()> {
-        check_abort(&self.abort, rank)
+        check_abort(self.failure.flag(), rank)
     }
 
     /// Records a timing event on `stream`.
@@ -403,7 +401,7 @@ impl Run<'_> {
     ) -> Result<T> {
         state
             .readiness
-            .wait_for(what, self.timeout, &self.abort, pick)
+            .wait_for(what, self.timeout, self.failure.flag(), pick)
     }
 
     /// Forward, backward and optimizer tasks in program order: calibrated GEMMs of the task's
@@ -614,17 +612,20 @@ impl Run<'_> {
             .bind_to_thread()
             .map_err(cuda_err("cannot bind the context"))?;
         let stream = &state.comm[lane as usize];
-        let comm = Comm::from_rank(stream.clone(), state.rank as usize, self.world as usize, id)
-            .map_err(|e| ExecError::Rank {
-                rank: state.rank,
-                message: format!("NCCL communicator {lane} failed to initialize: {e:?}"),
-            })?;
-        let nccl = |e: cudarc::nccl::result::NcclError| ExecError::Rank {
-            rank: state.rank,
-            message: format!("NCCL failed: {e:?}"),
-        };
+        let comm = Communicator::init(
+            stream.clone(),
+            state.rank,
+            self.world,
+            lane,
+            id,
+            self.timeout,
+            self.failure.flag(),
+        )?;
         let mut index = 0;
-        while let Some(task) = self.board.next(lane, index, state.rank, &self.abort)? {
+        while let Some(task) = self
+            .board
+            .next(lane, index, state.rank, self.failure.flag())?
+        {
             index += 1;
             let t = self.graph.task(task);
             let TaskKind::Collective { group, part, round } = t.kind else {
@@ -659,17 +660,15 @@ impl Run<'_> {
                                     .expect("payload size");
                                 let mut payload = payload;
                                 if !split {
-                                    comm.all_reduce_in_place(&mut payload, &ReduceOp::Sum)
-                                        .map_err(nccl)?;
+                                    comm.all_reduce_sum(&mut payload)?;
                                 } else if round == 0 {
                                     let mut out = unsafe { piece.chunk.transmute_mut::<$t>(chunk) }
                                         .expect("chunk size");
-                                    comm.reduce_scatter(&payload, &mut out, &ReduceOp::Sum)
-                                        .map_err(nccl)?;
+                                    comm.reduce_scatter_sum(&payload, &mut out)?;
                                 } else {
                                     let part = unsafe { piece.chunk.transmute::<$t>(chunk) }
                                         .expect("chunk size");
-                                    comm.all_gather(&part, &mut payload).map_err(nccl)?;
+                                    comm.all_gather(&part, &mut payload)?;
                                 }
                             }};
                         }
@@ -682,13 +681,12 @@ impl Run<'_> {
                     Aggregation::Allgather => {
                         let bytes = piece.codec.wire_bytes();
                         let send = piece.payload.slice(..bytes);
-                        comm.all_gather(&send, &mut piece.gathered).map_err(nccl)?;
+                        comm.all_gather(&send, &mut piece.gathered)?;
                     }
                     Aggregation::ParameterServer => push_pull(
                         &comm,
                         &state.kernels,
-                        spec.group,
-                        ps_server(spec.group, self.world as usize),
+                        ps_server(spec.group, self.world as usize) as u32,
                         &piece.codec,
                         piece.server.as_mut(),
                         &mut piece.payload,

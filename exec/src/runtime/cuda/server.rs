@@ -5,10 +5,9 @@
 
 use super::codec::GpuCodec;
 use super::kernels::{cuda_err, Kernels};
-use crate::error::{ExecError, Result};
+use super::nccl::Communicator;
+use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaStream};
-use cudarc::nccl::result::{group_end, group_start, NcclError};
-use cudarc::nccl::Comm;
 use std::sync::Arc;
 use syncopate_sim::compress::Compressor;
 
@@ -41,69 +40,38 @@ impl Server {
     }
 }
 
-/// Runs NCCL calls as one group, so that the server's receives from all ranks progress
-/// together instead of one peer after another. The group is closed even when a call failed.
-fn grouped(body: impl FnOnce() -> Result<(), NcclError>) -> Result<(), NcclError> {
-    group_start()?;
-    let result = body();
-    let ended = group_end();
-    result.and(ended.map(drop))
-}
-
 /// Enqueues on `comm`'s stream the push of this rank's payload (the first `wire_bytes` of
 /// `payload`) to rank `server` and the pull of the server's payload into the same bytes.
 /// `server_state` is `Some` exactly on the server: it decodes every payload in rank order with
 /// its worker codec `codec`, as the CPU reference does, and re-encodes the sum.
 pub fn push_pull(
-    comm: &Comm,
+    comm: &Communicator,
     k: &Kernels,
-    group: usize,
-    server: usize,
+    server: u32,
     codec: &GpuCodec,
     server_state: Option<&mut Server>,
     payload: &mut CudaSlice<u8>,
 ) -> Result<()> {
-    let (rank, world, stream) = (comm.rank(), comm.world_size(), comm.stream());
+    let (rank, world, stream) = (comm.rank(), comm.world() as usize, comm.stream());
     let bytes = codec.wire_bytes();
-    let nccl = |what: &str| {
-        let what = what.to_string();
-        move |e: NcclError| ExecError::Rank {
-            rank: rank as u32,
-            message: format!(
-                "group {group}: parameter-server {what} (server rank {server}) failed: {e:?}"
-            ),
-        }
-    };
+    let own = payload.slice(..bytes);
     match server_state {
-        None => comm
-            .send(&payload.slice(..bytes), server as i32)
-            .map_err(nccl("push"))?,
+        None => comm.gather_bytes(&own, None, server)?,
         Some(s) => {
             let block = |r: usize| r * bytes..(r + 1) * bytes;
-            grouped(|| {
-                for from in (0..world).filter(|&r| r != rank) {
-                    comm.recv(&mut s.pushed.slice_mut(block(from)), from as i32)?;
-                }
-                Ok(())
-            })
-            .map_err(nccl("push"))?;
+            comm.gather_bytes(&own, Some(&mut s.pushed), server)?;
             stream
-                .memcpy_dtod(
-                    &payload.slice(..bytes),
-                    &mut s.pushed.slice_mut(block(rank)),
-                )
+                .memcpy_dtod(&own, &mut s.pushed.slice_mut(block(rank as usize)))
                 .map_err(cuda_err("cannot copy the server's own payload"))?;
             stream
                 .memset_zeros(&mut s.sum)
                 .map_err(cuda_err("cannot clear the server's sum"))?;
             for from in 0..world {
-                codec.decode_add(k, &stream, &s.pushed.slice(block(from)), &mut s.sum)?;
+                codec.decode_add(k, stream, &s.pushed.slice(block(from)), &mut s.sum)?;
             }
-            s.codec.encode(k, &stream, &s.sum, payload)?;
-            s.codec.check_finite(&stream, &s.sum)?;
+            s.codec.encode(k, stream, &s.sum, payload)?;
+            s.codec.check_finite(stream, &s.sum)?;
         }
     }
-    comm.broadcast_in_place(&mut payload.slice_mut(..bytes), server as i32)
-        .map_err(nccl("pull"))?;
-    Ok(())
+    comm.broadcast(&mut payload.slice_mut(..bytes), server)
 }

@@ -1,0 +1,396 @@
+//! NCCL communicators that cannot hang a run: non-blocking creation and collectives, each waited for within the run's timeout while watching its abort flag, and `ncclCommAbort` (never a blocking destroy) when dropped.
+//!
+//! cudarc's `Comm` cannot do this: it is created only by the blocking `ncclCommInitRank`, which
+//! waits forever for a rank that died after the rendezvous, and it cannot be built from a raw
+//! communicator. With `config.blocking = 0` every NCCL call returns at once, possibly with
+//! `ncclInProgress`, and `ncclCommGetAsyncError` says when the call is done; nothing else may
+//! be issued on the communicator meanwhile, so every call here settles before it returns.
+
+use crate::error::{ExecError, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nccl::{sys, Id, NcclType};
+use std::ffi::{c_int, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const POLL: Duration = Duration::from_micros(100);
+
+/// The `version` of cudarc's `ncclConfig_t` layout (NCCL 2.30): NCCL reads the fields of the
+/// versions it knows and takes the defaults for the rest.
+const CONFIG_VERSION: u32 = 2 * 10000 + 30 * 100;
+/// NCCL_CONFIG_UNDEF_INT: "NCCL's default".
+const UNDEF: c_int = c_int::MIN;
+
+/// NCCL_CONFIG_INITIALIZER with `blocking = 0`.
+fn non_blocking() -> sys::ncclConfig_t {
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: CONFIG_VERSION,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+        graphUsageMode: UNDEF,
+        numRmaCtx: UNDEF,
+        maxP2pPeers: UNDEF,
+    }
+}
+
+/// One rank's communicator on one CUDA stream; collectives sum where they reduce.
+pub struct Communicator<'a> {
+    comm: sys::ncclComm_t,
+    stream: Arc<CudaStream>,
+    rank: u32,
+    world: u32,
+    /// Which of the rank's communicators (comm streams) this is, for messages.
+    lane: u32,
+    timeout: Duration,
+    abort: &'a AtomicBool,
+}
+
+impl<'a> Communicator<'a> {
+    /// Joins the communicator `id` as `rank` of `world`, waiting at most `timeout` for the
+    /// other ranks and giving up as soon as `abort` is raised. The calling thread must have
+    /// the stream's context bound.
+    pub fn init(
+        stream: Arc<CudaStream>,
+        rank: u32,
+        world: u32,
+        lane: u32,
+        id: Id,
+        timeout: Duration,
+        abort: &'a AtomicBool,
+    ) -> Result<Communicator<'a>> {
+        let mut config = non_blocking();
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        let unique = sys::ncclUniqueId {
+            internal: *id.internal(),
+        };
+        // SAFETY: `comm` and `config` outlive the call, which copies the config.
+        let status = unsafe {
+            sys::ncclCommInitRankConfig(
+                &mut comm,
+                world as c_int,
+                unique,
+                rank as c_int,
+                &mut config,
+            )
+        };
+        let fail = |message: String| ExecError::Rank { rank, message };
+        if comm.is_null() {
+            return Err(fail(format!(
+                "NCCL communicator {lane} failed to initialize: {status:?}"
+            )));
+        }
+        // From here on, dropping it aborts the half-made communicator.
+        let communicator = Communicator {
+            comm,
+            stream,
+            rank,
+            world,
+            lane,
+            timeout,
+            abort,
+        };
+        communicator.settle(status, "initialization")?;
+        Ok(communicator)
+    }
+
+    /// Sums `buffer` over all ranks, in place.
+    pub fn all_reduce_sum<T: NcclType>(&self, buffer: &mut impl DevicePtrMut<T>) -> Result<()> {
+        let count = buffer.len();
+        let (ptr, _record) = buffer.device_ptr_mut(&self.stream);
+        // SAFETY: `ptr` holds `count` elements of T on this communicator's device; the record
+        // guard orders the stream after earlier uses of the buffer.
+        let status = unsafe {
+            sys::ncclAllReduce(
+                ptr as _,
+                ptr as _,
+                count,
+                T::as_nccl_type(),
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.settle(status, "all-reduce")
+    }
+
+    /// Sums `send` over all ranks and leaves this rank's block of the sum in `recv`.
+    pub fn reduce_scatter_sum<T: NcclType>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        let count = recv.len();
+        let (src, _read) = send.device_ptr(&self.stream);
+        let (dst, _write) = recv.device_ptr_mut(&self.stream);
+        // SAFETY: `dst` holds `count` elements and `src` (NCCL's contract) world × count.
+        let status = unsafe {
+            sys::ncclReduceScatter(
+                src as _,
+                dst as _,
+                count,
+                T::as_nccl_type(),
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.settle(status, "reduce-scatter")
+    }
+
+    /// Concatenates every rank's `send`, in rank order, into `recv`.
+    pub fn all_gather<T: NcclType>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        let count = send.len();
+        let (src, _read) = send.device_ptr(&self.stream);
+        let (dst, _write) = recv.device_ptr_mut(&self.stream);
+        // SAFETY: `src` holds `count` elements and `dst` (NCCL's contract) world × count.
+        let status = unsafe {
+            sys::ncclAllGather(
+                src as _,
+                dst as _,
+                count,
+                T::as_nccl_type(),
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.settle(status, "all-gather")
+    }
+
+    /// Gathers every rank's `send` (`len` bytes each) on rank `root` with grouped point-to-point
+    /// calls, NCCL having no gather: on `root`, whose `recv` must be `Some`, block r of `recv`
+    /// receives rank r's bytes (its own block is left to the caller); the others send.
+    pub fn gather_bytes(
+        &self,
+        send: &impl DevicePtr<u8>,
+        recv: Option<&mut CudaSlice<u8>>,
+        root: u32,
+    ) -> Result<()> {
+        let len = send.len();
+        let Some(recv) = recv else {
+            let (src, _read) = send.device_ptr(&self.stream);
+            // SAFETY: `src` holds `len` bytes on this communicator's device.
+            let status = unsafe {
+                sys::ncclSend(
+                    src as _,
+                    len,
+                    sys::ncclDataType_t::ncclUint8,
+                    root as c_int,
+                    self.comm,
+                    self.stream.cu_stream() as _,
+                )
+            };
+            return self.settle(status, "send");
+        };
+        let (dst, _write) = recv.device_ptr_mut(&self.stream);
+        // One group, so that the receives from all ranks progress together; the group is
+        // closed whatever a call in it returned, and the first failure wins.
+        // SAFETY: block `from` of `dst` lies inside `recv`, which holds world × len bytes.
+        let status = unsafe {
+            let mut status = sys::ncclGroupStart();
+            for from in (0..self.world).filter(|&r| r != self.rank) {
+                let call = sys::ncclRecv(
+                    (dst + u64::from(from) * len as u64) as _,
+                    len,
+                    sys::ncclDataType_t::ncclUint8,
+                    from as c_int,
+                    self.comm,
+                    self.stream.cu_stream() as _,
+                );
+                if status == sys::ncclResult_t::ncclSuccess {
+                    status = call;
+                }
+            }
+            let end = sys::ncclGroupEnd();
+            if status == sys::ncclResult_t::ncclSuccess {
+                end
+            } else {
+                status
+            }
+        };
+        self.settle(status, "grouped receive")
+    }
+
+    /// Copies rank `root`'s `buffer` into every other rank's, in place.
+    pub fn broadcast<T: NcclType>(
+        &self,
+        buffer: &mut impl DevicePtrMut<T>,
+        root: u32,
+    ) -> Result<()> {
+        let count = buffer.len();
+        let (ptr, _record) = buffer.device_ptr_mut(&self.stream);
+        // SAFETY: `ptr` holds `count` elements of T on this communicator's device.
+        let status = unsafe {
+            sys::ncclBroadcast(
+                ptr as _,
+                ptr as _,
+                count,
+                T::as_nccl_type(),
+                root as c_int,
+                self.comm,
+                self.stream.cu_stream() as _,
+            )
+        };
+        self.settle(status, "broadcast")
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    pub fn world(&self) -> u32 {
+        self.world
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Waits until the call that returned `status` is done: enqueued on the stream, or the
+    /// communicator initialized.
+    fn settle(&self, status: sys::ncclResult_t, what: &str) -> Result<()> {
+        let poll = || {
+            let mut state = sys::ncclResult_t::ncclInProgress;
+            // SAFETY: a live communicator and a valid out-pointer.
+            let polled = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+            if polled == sys::ncclResult_t::ncclSuccess {
+                state
+            } else {
+                polled
+            }
+        };
+        let lane = self.lane;
+        let message = match wait(status, poll, self.timeout, self.abort) {
+            Ok(()) => return Ok(()),
+            Err(Stop::Failed(failed)) => format!(
+                "NCCL {what} failed on communicator {lane}: {failed:?}{}",
+                self.last_error()
+            ),
+            Err(Stop::Aborted) => {
+                format!("aborted during NCCL {what} on communicator {lane}: another rank failed")
+            }
+            Err(Stop::TimedOut) => format!(
+                "NCCL {what} on communicator {lane} did not finish within {:.1} s (a peer rank may be dead or stuck; the communicator is aborted)",
+                self.timeout.as_secs_f64()
+            ),
+        };
+        Err(ExecError::Rank {
+            rank: self.rank,
+            message,
+        })
+    }
+
+    /// NCCL's own explanation of the last failure, if it has one.
+    fn last_error(&self) -> String {
+        // SAFETY: NCCL returns a NUL-terminated string it owns, or null.
+        let text = unsafe {
+            let ptr = sys::ncclGetLastError(self.comm);
+            (!ptr.is_null()).then(|| CStr::from_ptr(ptr).to_string_lossy().into_owned())
+        };
+        match text {
+            Some(text) if !text.trim().is_empty() => format!(" ({})", text.trim()),
+            _ => String::new(),
+        }
+    }
+}
+
+/// Why a call did not settle.
+#[derive(Debug, PartialEq)]
+enum Stop {
+    Failed(sys::ncclResult_t),
+    Aborted,
+    TimedOut,
+}
+
+/// Polls a call that returned `status` until it is no longer in progress, within `timeout` and
+/// until `abort` is raised.
+fn wait(
+    mut status: sys::ncclResult_t,
+    mut poll: impl FnMut() -> sys::ncclResult_t,
+    timeout: Duration,
+    abort: &AtomicBool,
+) -> Result<(), Stop> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match status {
+            sys::ncclResult_t::ncclSuccess => return Ok(()),
+            sys::ncclResult_t::ncclInProgress => {}
+            failed => return Err(Stop::Failed(failed)),
+        }
+        if abort.load(Ordering::Relaxed) {
+            return Err(Stop::Aborted);
+        }
+        if Instant::now() >= deadline {
+            return Err(Stop::TimedOut);
+        }
+        std::thread::sleep(POLL);
+        status = poll();
+    }
+}
+
+impl Drop for Communicator<'_> {
+    /// Abort, not destroy: destroying waits for outstanding work, which never ends when a peer
+    /// is gone. Every collective of a successful run has completed by now, so aborting loses
+    /// nothing then either.
+    fn drop(&mut self) {
+        // SAFETY: the communicator came from ncclCommInitRankConfig and is not used after this.
+        // Its status is ignored: nothing is left to do with a communicator that failed to abort.
+        let _ = unsafe { sys::ncclCommAbort(self.comm) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::ncclResult_t::{ncclInProgress, ncclRemoteError, ncclSuccess};
+
+    #[test]
+    fn a_call_settles_fails_or_gives_up_in_time() {
+        let (calm, raised) = (AtomicBool::new(false), AtomicBool::new(true));
+        let long = Duration::from_secs(10);
+        let mut polls = 0;
+        let after_three = || {
+            polls += 1;
+            if polls < 3 {
+                ncclInProgress
+            } else {
+                ncclSuccess
+            }
+        };
+        assert_eq!(wait(ncclInProgress, after_three, long, &calm), Ok(()));
+        let remote = || ncclRemoteError;
+        assert_eq!(
+            wait(ncclInProgress, remote, long, &calm),
+            Err(Stop::Failed(ncclRemoteError))
+        );
+        let forever = || ncclInProgress;
+        assert_eq!(
+            wait(ncclInProgress, forever, long, &raised),
+            Err(Stop::Aborted)
+        );
+        let start = Instant::now();
+        assert_eq!(
+            wait(ncclInProgress, forever, Duration::from_millis(50), &calm),
+            Err(Stop::TimedOut)
+        );
+        assert!(start.elapsed() < long);
+    }
+}
