@@ -240,6 +240,14 @@ fn cuda_exec_runs_or_says_why_not() {
         ("onebit", Memory::Residual, Scheme::CompressedRing),
         ("terngrad", dgc, Scheme::Ps),
     ];
+    // The cluster must have as many GPUs as the run has ranks: every visible one.
+    let gpus = std::process::Command::new("nvidia-smi")
+        .arg("--list-gpus")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map_or(1, |out| stdout(&out).lines().count().max(1))
+        .to_string();
     for (spec, memory, scheme) in cases {
         let plan = plan(&dir, &model, spec, memory, scheme, fifo());
         let out = syncopate(&[
@@ -248,6 +256,10 @@ fn cuda_exec_runs_or_says_why_not() {
             "cuda",
             "--cluster",
             "dgx-a100",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            &gpus,
             "--check",
             "--iterations",
             "2",

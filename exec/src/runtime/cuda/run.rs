@@ -149,6 +149,21 @@ pub fn execute(
     placement: Placement,
     failure: &Failure,
 ) -> Result<Measured> {
+    // The prediction `validate` compares with is for the cluster's world size.
+    let cluster = &scenario.cluster;
+    if cluster.world_size() != placement.world {
+        return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
+            "--cluster",
+            format!(
+                "{} ({} nodes × {} GPUs)",
+                cluster.name, cluster.nodes, cluster.gpus_per_node
+            ),
+            format!(
+                "this run has {} ranks (the visible GPUs, or the launcher's world size); pass --nodes and --gpus-per-node to match",
+                placement.world
+            ),
+        )));
+    }
     let layout = Layout::new(scenario, options.seed);
     let policy = &scenario.plan.policy;
     check_plan(&layout, &placement, policy.launch)?;
