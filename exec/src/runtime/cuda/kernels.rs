@@ -85,6 +85,9 @@ kernels! {
         qsgd_encode, qsgd_decode_add, natural_encode, natural_decode_add, threshold_decode_add,
     ]
     "gemm.cu" => [gemm]
+    "powersgd.cu" => [
+        powersgd_p, powersgd_orthogonalize, powersgd_q, powersgd_decode_add, powersgd_average,
+    ]
 }
 
 /// Compiles one kernel source to PTX for `arch` (`sm_90`, …); needs NVRTC but no GPU.
