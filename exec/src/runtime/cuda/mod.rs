@@ -3,6 +3,7 @@
 pub mod codec;
 pub mod gemm;
 mod kernels;
+mod powersgd;
 pub mod probe;
 mod profile;
 mod run;

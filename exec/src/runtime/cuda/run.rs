@@ -252,6 +252,7 @@ impl Run<'_> {
             let gpu = GpuCodec::new(
                 &spec.compressor,
                 n,
+                &self.layout.shapes(i),
                 self.layout.codec_seed(i, Some(rank)),
                 &codec,
             )?;
