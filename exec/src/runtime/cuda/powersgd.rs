@@ -16,6 +16,8 @@ const P_LANES: usize = 8;
 
 pub struct GpuPowerSgd {
     c: Compressor,
+    /// Elements of the group.
+    n: usize,
     layout: Vec<PowerSgdTensor>,
     /// Q of every low-rank matrix: the seeded start, then the last reduced Q (warm start).
     q: CudaSlice<u8>,
@@ -56,6 +58,7 @@ impl GpuPowerSgd {
         let alloc = cuda_err("cannot allocate PowerSGD's state");
         let mut state = GpuPowerSgd {
             c,
+            n,
             q: stream.alloc_zeros(q.len().max(1)).map_err(&alloc)?,
             p: stream
                 .alloc_zeros(round_bytes(&layout, 0).max(1))
@@ -76,6 +79,27 @@ impl GpuPowerSgd {
         round_bytes(&self.layout, round)
     }
 
+    /// An error, rather than an out-of-bounds view, for a buffer shorter than a step needs.
+    fn check_len(&self, what: &str, len: usize, want: usize) -> Result<()> {
+        if len >= want {
+            return Ok(());
+        }
+        Err(ExecError::BadPayload {
+            compressor: self.c.to_string(),
+            message: format!("{what} holds {len}, this group needs {want}"),
+        })
+    }
+
+    /// Checks the gradient and the payload buffer of a round.
+    fn check_round(&self, input: usize, payload: usize, round: u32) -> Result<()> {
+        self.check_len("the f32 buffer (elements)", input, self.n)?;
+        self.check_len(
+            &format!("the payload buffer of round {} (bytes)", round + 1),
+            payload,
+            self.round_bytes(round),
+        )
+    }
+
     /// Round 1's payload of `input` into `out`: each matrix's P = M·Q, each raw tensor's values.
     /// The caller checks `input` for non-finite values.
     pub fn encode(
@@ -86,6 +110,7 @@ impl GpuPowerSgd {
         out: &mut CudaSlice<u8>,
     ) -> Result<()> {
         self.phase = Phase::Idle;
+        self.check_round(input.len(), out.len(), 0)?;
         let launch = cuda_err("PowerSGD's P kernel launch failed");
         // SAFETY: f32s are valid bytes; the view covers the input's own allocation.
         let bytes =
@@ -146,6 +171,8 @@ impl GpuPowerSgd {
         payload: &mut CudaSlice<u8>,
     ) -> Result<()> {
         self.phase.require(Phase::SentP, &self.c)?;
+        self.check_round(input.len(), payload.len(), 0)?;
+        self.check_round(input.len(), payload.len(), 1)?;
         let p_bytes = self.round_bytes(0);
         if p_bytes > 0 {
             stream
@@ -210,6 +237,7 @@ impl GpuPowerSgd {
         acc: &mut CudaSlice<f32>,
     ) -> Result<()> {
         self.phase.require(Phase::SentQ, &self.c)?;
+        self.check_round(acc.len(), payload.len(), 1)?;
         let launch = cuda_err("PowerSGD's decode kernel launch failed");
         let (mut at, mut qat, mut offset) = (0usize, 0usize, 0usize);
         for t in &self.layout {
