@@ -1,6 +1,6 @@
 //! Measures this machine's compression cost curves, memory bandwidth and FMA rate into a `cpu` DeviceProfile.
 
-use crate::compress::{codec_for, codec_for_shapes, rng::Rng, Codec};
+use crate::compress::{codec_for_shapes, rng::Rng, Codec};
 use crate::error::Result;
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -89,16 +89,23 @@ fn time(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64())
 }
 
-/// PowerSGD's cost depends on the matrix shape: profile a square-ish rows × cols matrix.
-pub fn make_codec(c: &Compressor, n: usize) -> Box<dyn Codec> {
+/// The tensor shapes profiled for `n` elements: PowerSGD's cost depends on the matrix shape,
+/// so a square-ish rows × cols matrix for it; a flat buffer (no shapes) for the others.
+pub fn profiled_shapes(c: &Compressor, n: usize) -> Vec<Vec<u64>> {
     match c {
         Compressor::PowerSgd { .. } => {
             let rows = 1u64 << (n.trailing_zeros() / 2);
-            let shape: &[u64] = &[rows, n as u64 / rows];
-            codec_for_shapes(c, &[shape], 1)
+            vec![vec![rows, n as u64 / rows]]
         }
-        _ => codec_for(c, 1),
+        _ => Vec::new(),
     }
+}
+
+/// The codec profiled for `n` elements, on [`profiled_shapes`].
+pub fn make_codec(c: &Compressor, n: usize) -> Box<dyn Codec> {
+    let shapes = profiled_shapes(c, n);
+    let shapes: Vec<&[u64]> = shapes.iter().map(Vec::as_slice).collect();
+    codec_for_shapes(c, &shapes, 1)
 }
 
 /// Median encode and decode seconds at one size. Encode covers every round a worker computes

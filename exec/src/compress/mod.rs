@@ -9,7 +9,7 @@ mod bits;
 mod cast;
 pub mod memory;
 pub mod minifloat;
-mod powersgd;
+pub(crate) mod powersgd;
 pub(crate) mod quantize;
 pub mod rng;
 pub mod sampled;

@@ -25,11 +25,44 @@ pub struct PowerSgd {
     phase: Phase,
 }
 
+/// Where a worker is in a step; the GPU codec keeps the same.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Phase {
+pub(crate) enum Phase {
     Idle,
     SentP,
     SentQ,
+}
+
+impl Phase {
+    /// The protocol error of a step out of order: round 2 needs `SentP`, decode `SentQ`.
+    pub(crate) fn require(self, want: Phase, c: &Compressor) -> Result<()> {
+        if self == want {
+            return Ok(());
+        }
+        let message = match want {
+            Phase::SentP => "round 2 needs this worker's encode (round 1) first",
+            _ => "decode needs both rounds (encode, then next_round) first",
+        };
+        Err(ExecError::Protocol {
+            compressor: c.to_string(),
+            message: message.into(),
+        })
+    }
+}
+
+/// Each low-rank tensor's initial Q (cols × r, row-major; empty for raw tensors): standard
+/// normal draws from `seed`, matrix after matrix. The GPU codec uploads the same.
+pub(crate) fn initial_q(layout: &[PowerSgdTensor], seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = Rng::new(seed);
+    layout
+        .iter()
+        .map(|t| match *t {
+            PowerSgdTensor::LowRank { cols, rank, .. } => {
+                (0..cols * rank).map(|_| rng.normal() as f32).collect()
+            }
+            PowerSgdTensor::Raw { .. } => Vec::new(),
+        })
+        .collect()
 }
 
 impl PowerSgd {
@@ -37,30 +70,13 @@ impl PowerSgd {
     /// P = MQ are summable.
     pub fn new(rank: u32, shapes: &[&[u64]], seed: u64) -> PowerSgd {
         let layout = powersgd_layout(shapes, rank);
-        let mut rng = Rng::new(seed);
-        let qs = layout
-            .iter()
-            .map(|t| match *t {
-                PowerSgdTensor::LowRank { cols, rank, .. } => {
-                    (0..cols * rank).map(|_| rng.normal() as f32).collect()
-                }
-                PowerSgdTensor::Raw { .. } => Vec::new(),
-            })
-            .collect();
         PowerSgd {
             c: Compressor::PowerSgd { rank },
+            qs: initial_q(&layout, seed),
             layout,
-            qs,
             grad: Vec::new(),
             ps: Vec::new(),
             phase: Phase::Idle,
-        }
-    }
-
-    fn protocol(&self, message: &str) -> ExecError {
-        ExecError::Protocol {
-            compressor: self.c.to_string(),
-            message: message.into(),
         }
     }
 
@@ -82,11 +98,26 @@ impl PowerSgd {
     }
 }
 
-fn numel_of(t: &PowerSgdTensor) -> u64 {
+pub(crate) fn numel_of(t: &PowerSgdTensor) -> u64 {
     match *t {
         PowerSgdTensor::Raw { numel } => numel,
         PowerSgdTensor::LowRank { rows, cols, .. } => rows * cols,
     }
+}
+
+/// Lanes of [`column_dot`]: a GPU warp's width, so that the CUDA kernel (one warp per matrix,
+/// exec/kernels/powersgd.cu) adds in this order and gets the same bits with chains 32 times
+/// shorter than one sequential sum over the rows.
+const DOT_LANES: usize = 32;
+
+/// Σᵢ p[i][a]·p[i][b] over a rows × r row-major matrix: lane k sums the rows i ≡ k (mod 32) in
+/// order, then the lanes are summed in order.
+fn column_dot(p: &[f32], r: usize, a: usize, b: usize) -> f32 {
+    let mut lanes = [0.0f32; DOT_LANES];
+    for (i, row) in p.chunks_exact(r).enumerate() {
+        lanes[i % DOT_LANES] += row[a] * row[b];
+    }
+    lanes.iter().sum()
 }
 
 /// Orthonormalizes the r columns of a rows × r row-major matrix in place (modified Gram–Schmidt).
@@ -94,15 +125,12 @@ fn numel_of(t: &PowerSgdTensor) -> u64 {
 fn orthogonalize(p: &mut [f32], rows: usize, r: usize) {
     for j in 0..r {
         for l in 0..j {
-            let dot: f32 = (0..rows).map(|i| p[i * r + j] * p[i * r + l]).sum();
+            let dot = column_dot(p, r, j, l);
             for i in 0..rows {
                 p[i * r + j] -= dot * p[i * r + l];
             }
         }
-        let norm = (0..rows)
-            .map(|i| p[i * r + j] * p[i * r + j])
-            .sum::<f32>()
-            .sqrt();
+        let norm = column_dot(p, r, j, j).sqrt();
         if norm > 0.0 {
             for i in 0..rows {
                 p[i * r + j] /= norm;
@@ -328,9 +356,7 @@ impl Codec for PowerSgd {
     }
 
     fn next_round(&mut self, reduced: &[u8], out: &mut Vec<u8>) -> Result<()> {
-        if self.phase != Phase::SentP {
-            return Err(self.protocol("round 2 needs this worker's encode (round 1) first"));
-        }
+        self.phase.require(Phase::SentP, &self.c)?;
         let layout = self.layout_for(self.grad.len())?;
         let want: u64 = layout.iter().map(PowerSgdTensor::p_bytes).sum();
         if reduced.len() as u64 != want {
@@ -380,9 +406,7 @@ impl Codec for PowerSgd {
     }
 
     fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
-        if self.phase != Phase::SentQ {
-            return Err(self.protocol("decode needs both rounds (encode, then next_round) first"));
-        }
+        self.phase.require(Phase::SentQ, &self.c)?;
         let layout = self.layout_for(acc.len())?;
         let want: u64 = layout.iter().map(PowerSgdTensor::q_bytes).sum();
         if payload.len() as u64 != want {
@@ -447,6 +471,27 @@ mod tests {
         roundtrip(&mut codec, &m, &mut payload, &mut out).unwrap();
         for (x, y) in m.iter().zip(&out) {
             assert!((x - y).abs() < 1e-3 * x.abs().max(1.0), "{x} {y}");
+        }
+    }
+
+    #[test]
+    fn orthogonalize_makes_orthonormal_columns_and_keeps_zero_ones() {
+        // 70 rows: two full rounds of the 32 dot lanes and a partial one.
+        let (rows, r) = (70usize, 4usize);
+        let mut rng = Rng::new(3);
+        let mut p: Vec<f32> = (0..rows * r).map(|_| rng.normal() as f32).collect();
+        for i in 0..rows {
+            p[i * r + 2] = 0.0;
+        }
+        orthogonalize(&mut p, rows, r);
+        for a in 0..r {
+            for b in 0..r {
+                let dot: f64 = (0..rows)
+                    .map(|i| f64::from(p[i * r + a]) * f64::from(p[i * r + b]))
+                    .sum();
+                let want = if a == b && a != 2 { 1.0 } else { 0.0 };
+                assert!((dot - want).abs() < 1e-5, "columns {a}, {b}: {dot}");
+            }
         }
     }
 

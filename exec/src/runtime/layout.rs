@@ -1,6 +1,6 @@
 //! Where each tensor lives in its group's fusion buffer, how groups split into pieces, each piece's codec seed, and the seeded synthetic gradients.
 
-use crate::compress::{codec_for, codec_for_shapes, rng::Rng, Codec, MemoryState};
+use crate::compress::{codec_for_shapes, rng::Rng, Codec, MemoryState};
 use std::ops::Range;
 use syncopate_sim::compress::{Aggregation, Compressor, Memory};
 use syncopate_sim::plan::Scheme;
@@ -108,15 +108,19 @@ impl Layout {
     /// agree across workers, so they share a seed; other stochastic codecs draw independently.
     /// `rank == None` is the parameter server's codec.
     pub fn codec(&self, index: usize, rank: Option<u32>) -> Box<dyn Codec> {
-        let piece = &self.pieces[index];
         let seed = self.codec_seed(index, rank);
-        match &piece.shapes {
-            Some(shapes) => {
-                let shapes: Vec<&[u64]> = shapes.iter().map(Vec::as_slice).collect();
-                codec_for_shapes(&piece.compressor, &shapes, seed)
-            }
-            None => codec_for(&piece.compressor, seed),
-        }
+        codec_for_shapes(&self.pieces[index].compressor, &self.shapes(index), seed)
+    }
+
+    /// The tensor shapes of piece `index` as the codecs take them: none for a partitioned
+    /// group's flat slice.
+    pub fn shapes(&self, index: usize) -> Vec<&[u64]> {
+        self.pieces[index]
+            .shapes
+            .iter()
+            .flatten()
+            .map(Vec::as_slice)
+            .collect()
     }
 
     /// The seed of [`Layout::codec`]'s codec, for the GPU codecs that must draw the same.

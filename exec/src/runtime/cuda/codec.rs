@@ -8,9 +8,10 @@
 //! stream a few times), tbq, signum (its momentum kept on the device, updated with the CPU's
 //! operation order), and the stochastic quantizers qsgd (up to `QSGD_MAX_LEVELS`), terngrad and
 //! natural, and threshold (a device count, read back once, then the top-k compaction kernels;
-//! its count-prefixed payload sits at the start of a worst-case `wire_bytes` block). Any other
-//! compressor (powersgd, a hand-built qsgd above the maximum) is refused with an error naming
-//! it.
+//! its count-prefixed payload sits at the start of a worst-case `wire_bytes` block), and
+//! powersgd (two rounds, `powersgd.rs`: its initial Q drawn on the host by the CPU's generator,
+//! both rounds' products and the Gram–Schmidt in the CPU's operation order). Any other
+//! compressor (a hand-built qsgd above the maximum) is refused with an error naming it.
 //!
 //! The stochastic quantizers reproduce the CPU's bytes by drawing the same xoshiro256++ stream
 //! on the host with the CPU codec's own `Rng` (seeded identically, advanced by the same
@@ -23,6 +24,7 @@
 //! f64 across chunks, correctly rounded f64 sqrt, then round-to-nearest to f32).
 
 use super::kernels::{cuda_err, grid, Kernels};
+use super::powersgd::GpuPowerSgd;
 use super::select::Selector;
 use crate::compress::sampled::{
     dgc_adapt_with, dgc_band, dgc_positions, graddrop_positions, sample_threshold, Estimate,
@@ -83,6 +85,8 @@ enum Kind {
     Natural,
     /// Every |x| ≥ the value (its f32 bits): a variable count, in a block of `wire_bytes`.
     Threshold(u32),
+    /// PowerSGD: its state and rounds are `GpuCodec::powersgd`.
+    PowerSgd,
 }
 
 /// What a sampled sparsifier sends this step, as `sampled.rs` decides it.
@@ -118,6 +122,8 @@ pub struct GpuCodec {
     /// the host by `rng` (seeded as the CPU codec's) and uploaded.
     host_draws: Vec<u64>,
     draws: CudaSlice<u64>,
+    /// PowerSGD's Q, kept P and round protocol.
+    powersgd: Option<GpuPowerSgd>,
 }
 
 /// Whether the GPU has a kernel for this compressor; the error names what is missing.
@@ -138,18 +144,27 @@ pub fn supported(c: &Compressor) -> Result<()> {
         | Compressor::Signum { .. }
         | Compressor::TernGrad
         | Compressor::Natural
-        | Compressor::Threshold { .. } => Ok(()),
+        | Compressor::Threshold { .. }
+        | Compressor::PowerSgd { .. } => Ok(()),
         Compressor::Qsgd { levels } if *levels <= QSGD_MAX_LEVELS => Ok(()),
         other => Err(ExecError::Cuda {
             message: format!(
-                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, signum, tbq, threshold, qsgd up to {QSGD_MAX_LEVELS} levels, terngrad, natural, randomk, topk, dgc, graddrop); use --backend host for it"
+                "compressor `{other}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, signum, tbq, threshold, qsgd up to {QSGD_MAX_LEVELS} levels, terngrad, natural, randomk, topk, dgc, graddrop, powersgd); use --backend host for it"
             ),
         }),
     }
 }
 
 impl GpuCodec {
-    pub fn new(c: &Compressor, n: usize, seed: u64, stream: &Arc<CudaStream>) -> Result<GpuCodec> {
+    /// The codec of a piece of `n` elements; `shapes` are its tensors' (PowerSGD compresses
+    /// matrices; none means one flat buffer, as `compress::codec_for_shapes` takes them).
+    pub fn new(
+        c: &Compressor,
+        n: usize,
+        shapes: &[&[u64]],
+        seed: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<GpuCodec> {
         supported(c)?;
         if n > u32::MAX as usize {
             return Err(ExecError::Cuda {
@@ -178,6 +193,7 @@ impl GpuCodec {
             Compressor::TernGrad => Kind::TernGrad,
             Compressor::Natural => Kind::Natural,
             Compressor::Threshold { value } => Kind::Threshold((value as f32).to_bits()),
+            Compressor::PowerSgd { .. } => Kind::PowerSgd,
             _ => Kind::Cast(0),
         };
         let chunks = if matches!(kind, Kind::Sign(1 | 2) | Kind::Qsgd { .. }) {
@@ -223,6 +239,12 @@ impl GpuCodec {
                     _ => 1,
                 })
                 .map_err(&alloc)?,
+            powersgd: match *c {
+                Compressor::PowerSgd { rank } => {
+                    Some(GpuPowerSgd::new(rank, n, shapes, seed, stream)?)
+                }
+                _ => None,
+            },
         })
     }
 
@@ -230,8 +252,27 @@ impl GpuCodec {
         self.c
     }
 
+    /// Bytes of the payload buffer: the payload, or PowerSGD's larger round (both use it).
     pub fn wire_bytes(&self) -> usize {
-        self.c.wire_bytes(self.n as u64) as usize
+        match &self.powersgd {
+            Some(p) => p.round_bytes(0).max(p.round_bytes(1)),
+            None => self.c.wire_bytes(self.n as u64) as usize,
+        }
+    }
+
+    /// Bytes each rank sends in allreduce round `round`: PowerSGD's P, then its Q; the
+    /// payload for single-round codecs.
+    pub fn round_bytes(&self, round: u32) -> usize {
+        match &self.powersgd {
+            Some(p) => p.round_bytes(round),
+            None => self.wire_bytes(),
+        }
+    }
+
+    fn powersgd(&mut self) -> &mut GpuPowerSgd {
+        self.powersgd
+            .as_mut()
+            .expect("a PowerSGD codec has its state")
     }
 
     /// Enqueues the encode of `input` (n elements) into `out` (`wire_bytes` long) on `stream`.
@@ -464,6 +505,37 @@ impl GpuCodec {
                 .map(drop)
                 .map_err(&launch)
             }
+            Kind::PowerSgd => {
+                // The CPU checks every element it reads; its first bad one is the lowest index.
+                unsafe {
+                    stream
+                        .launch_builder(&k.check_finite)
+                        .arg(input)
+                        .arg(&n)
+                        .arg(&mut self.bad)
+                        .launch(grid(self.n))
+                }
+                .map_err(&launch)?;
+                self.powersgd().encode(k, stream, input, out)
+            }
+        }
+    }
+
+    /// Multi-round codecs (PowerSGD): turns the previous round's reduced payload in `payload`
+    /// into this rank's payload of the next round, in place; `input` is what `encode` got.
+    pub fn next_round(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        payload: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        match self.powersgd.as_mut() {
+            Some(p) => p.next_round(k, stream, input, payload),
+            None => Err(ExecError::Protocol {
+                compressor: self.c.to_string(),
+                message: "has a single round".into(),
+            }),
         }
     }
 
@@ -684,18 +756,20 @@ impl GpuCodec {
     }
 
     /// Enqueues `acc += decode(payload)`; `payload` may be one rank's block of a gathered buffer.
+    /// PowerSGD's is its last round's reduced payload (its Q), alone or at the start of the
+    /// payload buffer.
     pub fn decode_add(
-        &self,
+        &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
         acc: &mut CudaSlice<f32>,
     ) -> Result<()> {
         // Threshold's payload is 4 + 8·count bytes (the CPU's) or a whole `wire_bytes` block.
-        let length_ok = if matches!(self.kind, Kind::Threshold(_)) {
-            (4..=self.wire_bytes()).contains(&payload.len())
-        } else {
-            payload.len() == self.wire_bytes()
+        let length_ok = match self.kind {
+            Kind::Threshold(_) => (4..=self.wire_bytes()).contains(&payload.len()),
+            Kind::PowerSgd => (self.round_bytes(1)..=self.wire_bytes()).contains(&payload.len()),
+            _ => payload.len() == self.wire_bytes(),
         };
         if !length_ok {
             return Err(ExecError::BadPayload {
@@ -832,6 +906,10 @@ impl GpuCodec {
                     .arg(&n)
                     .launch(grid(self.n))
             },
+            Kind::PowerSgd => {
+                let q = payload.slice(..self.round_bytes(1));
+                return self.powersgd().decode_add(k, stream, &q, acc);
+            }
             Kind::Threshold(_) => {
                 let len = payload.len() as u64;
                 unsafe {
@@ -854,8 +932,18 @@ impl GpuCodec {
 mod tests {
     use super::super::probe;
     use super::*;
-    use crate::compress::codec_for;
+    use crate::compress::{codec_for, codec_for_shapes};
     use cudarc::driver::CudaContext;
+
+    /// Runs without a GPU: every compressor the device profiles cover (one spec per profile
+    /// key, PowerSGD included) has GPU kernels.
+    #[test]
+    fn every_profiled_compressor_has_gpu_kernels() {
+        for spec in crate::profile_host::PROFILED {
+            let c: Compressor = spec.parse().unwrap();
+            assert!(supported(&c).is_ok(), "{spec}");
+        }
+    }
 
     /// GPU payload bytes equal the CPU codec's, and decoding adds the same values.
     #[test]
@@ -906,7 +994,7 @@ mod tests {
                 }
                 let mut cpu = codec_for(&c, 11);
                 let mut want = Vec::new();
-                let mut gpu = GpuCodec::new(&c, n, 11, &stream).unwrap();
+                let mut gpu = GpuCodec::new(&c, n, &[], 11, &stream).unwrap();
                 let mut out = stream.alloc_zeros::<u8>(gpu.wire_bytes().max(1)).unwrap();
                 // Two steps, the second on a different gradient: stateful codecs (signum's
                 // momentum, the quantizers' and samplers' generators) must stay in step.
@@ -936,6 +1024,101 @@ mod tests {
         }
     }
 
+    /// PowerSGD on the GPU: both rounds' payload bytes and the decoded sum equal the CPU
+    /// codec's, for two workers (the GPU one and a CPU peer sharing the seed) over two steps
+    /// (the second warm-started from the first's reduced Q).
+    #[test]
+    fn gpu_powersgd_rounds_match_the_cpu_bytes() {
+        if let Err(e) = probe::probe() {
+            println!("skipped: no CUDA device ({e})");
+            return;
+        }
+        let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
+        let stream = ctx.default_stream();
+        let kernels = Kernels::load(&ctx).expect("the kernels compile");
+        // Square, wide and tall matrices (column counts off the 8-lane groups, row counts off
+        // the 32 dot lanes), a 4-D convolution, raw 1-D and small tensors, a flat buffer.
+        let groups: [&[&[u64]]; 6] = [
+            &[&[64, 64]],
+            &[&[10, 1000]],
+            &[&[1000, 10]],
+            &[&[50, 27]],
+            &[&[64, 32, 3, 3], &[64], &[300, 1030], &[3, 3], &[37]],
+            &[],
+        ];
+        // What the allreduce would leave in the payload buffer (nothing: a round without bytes).
+        let upload = |bytes: &[u8], out: &mut CudaSlice<u8>| {
+            if !bytes.is_empty() {
+                stream
+                    .memcpy_htod(bytes, &mut out.slice_mut(..bytes.len()))
+                    .unwrap();
+            }
+        };
+        let mut rng = Rng::new(5);
+        for shapes in groups {
+            let n = if shapes.is_empty() {
+                4097
+            } else {
+                shapes
+                    .iter()
+                    .map(|s| s.iter().product::<u64>() as usize)
+                    .sum()
+            };
+            for rank in [1, 2, 4] {
+                let c = Compressor::PowerSgd { rank };
+                let what = format!("{c} on {shapes:?}");
+                let mut cpu = codec_for_shapes(&c, shapes, 11);
+                let mut peer = codec_for_shapes(&c, shapes, 11);
+                let mut gpu = GpuCodec::new(&c, n, shapes, 11, &stream).unwrap();
+                let mut out = stream.alloc_zeros::<u8>(gpu.wire_bytes().max(1)).unwrap();
+                let mut x: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+                let y: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+                for step in 0..2 {
+                    if step == 1 {
+                        x.iter_mut().for_each(|v| *v = -0.75 * *v + 0.125);
+                    }
+                    let input = stream.clone_htod(&x).unwrap();
+                    // Round 1: P (and raw values).
+                    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+                    cpu.encode(&x, &mut mine).unwrap();
+                    peer.encode(&y, &mut theirs).unwrap();
+                    gpu.encode(&kernels, &stream, &input, &mut out).unwrap();
+                    gpu.check_finite(&stream, &input).unwrap();
+                    assert_eq!(gpu.round_bytes(0), mine.len(), "{what}: round 1 size");
+                    let got = stream.clone_dtoh(&out).unwrap();
+                    assert_eq!(&got[..mine.len()], &mine[..], "{what} step {step}: P bytes");
+                    // Round 2: Q from the reduced P, which the GPU reads in its payload buffer.
+                    let mut reduced = mine.clone();
+                    cpu.sum_into(&mut reduced, &theirs).unwrap();
+                    upload(&reduced, &mut out);
+                    cpu.next_round(&reduced, &mut mine).unwrap();
+                    peer.next_round(&reduced, &mut theirs).unwrap();
+                    gpu.next_round(&kernels, &stream, &input, &mut out).unwrap();
+                    assert_eq!(gpu.round_bytes(1), mine.len(), "{what}: round 2 size");
+                    let got = stream.clone_dtoh(&out).unwrap();
+                    assert_eq!(&got[..mine.len()], &mine[..], "{what} step {step}: Q bytes");
+                    // Decode of the reduced Q, into a non-zero accumulator.
+                    let mut reduced = mine.clone();
+                    cpu.sum_into(&mut reduced, &theirs).unwrap();
+                    upload(&reduced, &mut out);
+                    let mut acc_cpu = vec![0.5f32; n];
+                    cpu.decode_add(&reduced, &mut acc_cpu).unwrap();
+                    peer.decode_add(&reduced, &mut vec![0.0; n]).unwrap();
+                    let mut acc = stream.clone_htod(&vec![0.5f32; n]).unwrap();
+                    gpu.decode_add(&kernels, &stream, &out.slice(..reduced.len()), &mut acc)
+                        .unwrap();
+                    let acc_gpu = stream.clone_dtoh(&acc).unwrap();
+                    let (got, want): (Vec<u32>, Vec<u32>) = acc_gpu
+                        .iter()
+                        .zip(&acc_cpu)
+                        .map(|(g, c)| (g.to_bits(), c.to_bits()))
+                        .unzip();
+                    assert_eq!(got, want, "{what} step {step}: decode");
+                }
+            }
+        }
+    }
+
     #[test]
     fn non_finite_input_names_the_element() {
         if let Err(e) = probe::probe() {
@@ -948,7 +1131,7 @@ mod tests {
         let mut x = vec![1.0f32; 10_000];
         x[7000] = f32::INFINITY;
         x[5000] = f32::NAN;
-        let mut gpu = GpuCodec::new(&Compressor::Fp16, x.len(), 0, &stream).unwrap();
+        let mut gpu = GpuCodec::new(&Compressor::Fp16, x.len(), &[], 0, &stream).unwrap();
         let input = stream.clone_htod(&x).unwrap();
         let mut out = stream.alloc_zeros::<u8>(gpu.wire_bytes()).unwrap();
         gpu.encode(&kernels, &stream, &input, &mut out).unwrap();

@@ -86,6 +86,9 @@ kernels! {
         dgc_compensate, dgc_mask,
     ]
     "gemm.cu" => [gemm]
+    "powersgd.cu" => [
+        powersgd_p, powersgd_orthogonalize, powersgd_q, powersgd_decode_add, powersgd_average,
+    ]
 }
 
 /// Compiles one kernel source to PTX for `arch` (`sm_90`, …); needs NVRTC but no GPU.

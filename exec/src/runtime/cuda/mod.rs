@@ -5,6 +5,7 @@ pub mod gemm;
 mod kernels;
 mod memory;
 mod nccl;
+mod powersgd;
 pub mod probe;
 mod profile;
 mod run;

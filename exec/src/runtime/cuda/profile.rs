@@ -6,7 +6,7 @@ use super::kernels::{cuda_err, grid, Kernels};
 use super::probe;
 use crate::compress::rng::Rng;
 use crate::error::{ExecError, Result};
-use crate::profile_host::{fit_curve, PROFILED};
+use crate::profile_host::{fit_curve, profiled_shapes, PROFILED};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
 use cudarc::nccl::{Comm, ReduceOp};
 use std::collections::BTreeMap;
@@ -82,7 +82,9 @@ fn provenance(status: Status, method: impl Into<String>) -> Provenance {
     }
 }
 
-/// Median encode and decode seconds of `c` over the first `n` elements of `input`.
+/// Median encode and decode seconds of `c` over the first `n` elements of `input`, on the
+/// host profile's shapes. Encode covers every round a worker computes (PowerSGD's P and Q, one
+/// GPU's payload standing for the reduced one); decode is one `decode_add` of the last round.
 fn time_codec(
     k: &Kernels,
     stream: &Arc<CudaStream>,
@@ -92,16 +94,25 @@ fn time_codec(
     repeats: usize,
 ) -> Result<(f64, f64)> {
     let alloc = cuda_err("cannot allocate profiling buffers");
-    let mut codec = GpuCodec::new(c, n, 1, stream)?;
+    let shapes = profiled_shapes(c, n);
+    let shapes: Vec<&[u64]> = shapes.iter().map(Vec::as_slice).collect();
+    let mut codec = GpuCodec::new(c, n, &shapes, 1, stream)?;
     let bytes = codec.wire_bytes();
+    let last = c.allreduce_rounds() - 1;
     let mut out = stream.alloc_zeros::<u8>(bytes.max(1)).map_err(&alloc)?;
     let mut acc = stream.alloc_zeros::<f32>(n.max(1)).map_err(&alloc)?;
     let (mut enc, mut dec) = (Vec::new(), Vec::new());
     // The first step is an untimed warm-up (module load, first-touch of the buffers).
     for rep in 0..=repeats {
-        let e = timed(stream, || codec.encode(k, stream, input, &mut out))?;
+        let e = timed(stream, || {
+            codec.encode(k, stream, input, &mut out)?;
+            for _ in 0..last {
+                codec.next_round(k, stream, input, &mut out)?;
+            }
+            Ok(())
+        })?;
         let d = timed(stream, || {
-            codec.decode_add(k, stream, &out.slice(..bytes), &mut acc)
+            codec.decode_add(k, stream, &out.slice(..codec.round_bytes(last)), &mut acc)
         })?;
         if rep > 0 {
             enc.push(e);

@@ -262,6 +262,7 @@ impl Run<'_> {
             let gpu = GpuCodec::new(
                 &spec.compressor,
                 n,
+                &self.layout.shapes(i),
                 self.layout.codec_seed(i, Some(rank)),
                 &codec,
             )?;
@@ -320,7 +321,15 @@ impl Run<'_> {
             return Ok(None);
         }
         let seed = self.layout.codec_seed(index, None);
-        Server::new(&spec.compressor, spec.range.len(), seed, world, stream).map(Some)
+        Server::new(
+            &spec.compressor,
+            spec.range.len(),
+            &self.layout.shapes(index),
+            seed,
+            world,
+            stream,
+        )
+        .map(Some)
     }
 
     fn guard(&self, body: impl FnOnce() -> Result<()>) {
@@ -555,11 +564,28 @@ impl Run<'_> {
                 &mut piece.result,
             )?,
         }
-        if spec.memory != Memory::None {
+        if spec.memory != Memory::None && spec.compressor.allreduce_rounds() > 1 {
+            // As the host backend: a multi-round codec (PowerSGD) has no payload of its own to
+            // decode; its transmitted part is the averaged low-rank result.
+            let (n, world) = (spec.range.len() as u32, self.world as f32);
+            // SAFETY: powersgd_average(result, transmitted, n, world) touches n elements of each.
+            unsafe {
+                stream
+                    .launch_builder(&k.powersgd_average)
+                    .arg(&piece.result)
+                    .arg(&mut piece.transmitted)
+                    .arg(&n)
+                    .arg(&world)
+                    .launch(grid(spec.range.len()))
+            }
+            .map_err(cuda_err("PowerSGD's average failed"))?;
+        } else if spec.memory != Memory::None {
             stream.memset_zeros(&mut piece.transmitted).map_err(&zero)?;
             piece
                 .codec
                 .decode_add(k, stream, &piece.own.slice(..bytes), &mut piece.transmitted)?;
+        }
+        if spec.memory != Memory::None {
             piece
                 .memory
                 .update(k, stream, &piece.compensated, &piece.transmitted)?;
@@ -648,9 +674,6 @@ impl Run<'_> {
             };
             let piece_index = self.layout.piece_index(group, part);
             let spec = &self.layout.pieces[piece_index];
-            if spec.rounds() > 1 && spec.scheme != Scheme::ReduceScatterAllgather {
-                return Err(ExecError::Cuda { message: format!("group {group}: multi-round compressors (PowerSGD) are not in the cuda backend") });
-            }
             let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
             let piece = &mut *guard;
             // Uncompressed groups have no encode/decode tasks: the collective casts itself.
@@ -661,10 +684,26 @@ impl Run<'_> {
                 if encode {
                     self.encode(state, stream, piece_index, piece)?;
                 }
+                // As the host backend: a later round of a multi-round codec (PowerSGD's Q) is
+                // computed by its collective task, from the reduced payload of the last one.
+                if round > 0 && !split {
+                    piece.codec.next_round(
+                        &state.kernels,
+                        stream,
+                        &piece.compensated,
+                        &mut piece.payload,
+                    )?;
+                }
                 match spec.aggregation {
                     Aggregation::Allreduce => {
                         let elem = elem_bytes(&spec.compressor);
-                        let count = piece.payload.len() / elem;
+                        // Reduce-scatter splits the padded buffer; an allreduce sends only
+                        // this round's payload (PowerSGD's P and Q differ in size).
+                        let count = if split {
+                            piece.payload.len() / elem
+                        } else {
+                            piece.codec.round_bytes(round) / elem
+                        };
                         let chunk = piece.chunk.len() / elem;
                         // SAFETY (transmutes): the byte buffers are device allocations (256-byte
                         // aligned) holding count·elem and chunk·elem bytes, read as elements of
@@ -702,7 +741,7 @@ impl Run<'_> {
                         &comm,
                         &state.kernels,
                         ps_server(spec.group, self.world as usize) as u32,
-                        &piece.codec,
+                        &mut piece.codec,
                         piece.server.as_mut(),
                         &mut piece.payload,
                     )?,

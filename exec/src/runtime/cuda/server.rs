@@ -24,11 +24,12 @@ impl Server {
     pub fn new(
         compressor: &Compressor,
         n: usize,
+        shapes: &[&[u64]],
         seed: u64,
         world: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<Server> {
-        let codec = GpuCodec::new(compressor, n, seed, stream)?;
+        let codec = GpuCodec::new(compressor, n, shapes, seed, stream)?;
         let alloc = cuda_err("cannot allocate parameter-server buffers");
         Ok(Server {
             pushed: stream
@@ -48,7 +49,7 @@ pub fn push_pull(
     comm: &Communicator,
     k: &Kernels,
     server: u32,
-    codec: &GpuCodec,
+    codec: &mut GpuCodec,
     server_state: Option<&mut Server>,
     payload: &mut CudaSlice<u8>,
 ) -> Result<()> {
