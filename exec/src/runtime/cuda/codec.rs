@@ -365,15 +365,7 @@ impl GpuCodec {
                         .memcpy_htod(&self.host_indices, &mut self.indices)
                         .map_err(cuda_err("cannot upload the random-k indices"))?;
                 }
-                unsafe {
-                    stream
-                        .launch_builder(&k.check_finite)
-                        .arg(input)
-                        .arg(&n)
-                        .arg(&mut self.bad)
-                        .launch(grid(self.n))
-                }
-                .map_err(&launch)?;
+                self.flag_non_finite(k, stream, input)?;
                 let scale = if count > 0 {
                     self.n as f32 / count as f32
                 } else {
@@ -394,15 +386,7 @@ impl GpuCodec {
                 .map_err(&launch)
             }
             Kind::TopK { ratio } => {
-                unsafe {
-                    stream
-                        .launch_builder(&k.check_finite)
-                        .arg(input)
-                        .arg(&n)
-                        .arg(&mut self.bad)
-                        .launch(grid(self.n))
-                }
-                .map_err(&launch)?;
+                self.flag_non_finite(k, stream, input)?;
                 let count = sparse_count(self.n as u64, ratio) as usize;
                 if count == 0 {
                     return Ok(());
@@ -507,15 +491,7 @@ impl GpuCodec {
             }
             Kind::PowerSgd => {
                 // The CPU checks every element it reads; its first bad one is the lowest index.
-                unsafe {
-                    stream
-                        .launch_builder(&k.check_finite)
-                        .arg(input)
-                        .arg(&n)
-                        .arg(&mut self.bad)
-                        .launch(grid(self.n))
-                }
-                .map_err(&launch)?;
+                self.flag_non_finite(k, stream, input)?;
                 self.powersgd().encode(k, stream, input, out)
             }
         }
@@ -745,6 +721,27 @@ impl GpuCodec {
 
     /// After the encode completed: the CPU codecs' error for non-finite input, naming the
     /// first bad element. Synchronizes `stream`.
+    /// Enqueues the scan that flags `input`'s first non-finite element for [`Self::check_finite`].
+    fn flag_non_finite(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let n = self.n as u32;
+        // SAFETY: check_finite(x, n, bad) reads n elements of x and writes one u32.
+        unsafe {
+            stream
+                .launch_builder(&k.check_finite)
+                .arg(input)
+                .arg(&n)
+                .arg(&mut self.bad)
+                .launch(grid(self.n))
+        }
+        .map(drop)
+        .map_err(cuda_err("the finite check's launch failed"))
+    }
+
     pub fn check_finite(&self, stream: &Arc<CudaStream>, input: &CudaSlice<f32>) -> Result<()> {
         let Some(index) = first_non_finite(stream, &self.bad)? else {
             return Ok(());
