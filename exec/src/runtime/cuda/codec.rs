@@ -927,10 +927,9 @@ impl GpuCodec {
 
 #[cfg(test)]
 mod tests {
-    use super::super::probe;
+    use super::super::kernels::gpu_or_skip;
     use super::*;
     use crate::compress::{codec_for, codec_for_shapes};
-    use cudarc::driver::CudaContext;
 
     /// Runs without a GPU: every compressor the device profiles cover (one spec per profile
     /// key, PowerSGD included) has GPU kernels.
@@ -945,13 +944,9 @@ mod tests {
     /// GPU payload bytes equal the CPU codec's, and decoding adds the same values.
     #[test]
     fn gpu_payloads_match_the_cpu_bytes() {
-        if let Err(e) = probe::probe() {
-            println!("skipped: no CUDA device ({e})");
+        let Some((_ctx, stream, kernels)) = gpu_or_skip() else {
             return;
-        }
-        let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
-        let stream = ctx.default_stream();
-        let kernels = Kernels::load(&ctx).expect("the kernels compile");
+        };
         let specs = [
             "none",
             "fp16",
@@ -1026,13 +1021,9 @@ mod tests {
     /// (the second warm-started from the first's reduced Q).
     #[test]
     fn gpu_powersgd_rounds_match_the_cpu_bytes() {
-        if let Err(e) = probe::probe() {
-            println!("skipped: no CUDA device ({e})");
+        let Some((_ctx, stream, kernels)) = gpu_or_skip() else {
             return;
-        }
-        let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
-        let stream = ctx.default_stream();
-        let kernels = Kernels::load(&ctx).expect("the kernels compile");
+        };
         // Square, wide and tall matrices (column counts off the 8-lane groups, row counts off
         // the 32 dot lanes), a 4-D convolution, raw 1-D and small tensors, a flat buffer.
         let groups: [&[&[u64]]; 6] = [
@@ -1118,13 +1109,9 @@ mod tests {
 
     #[test]
     fn non_finite_input_names_the_element() {
-        if let Err(e) = probe::probe() {
-            println!("skipped: no CUDA device ({e})");
+        let Some((_ctx, stream, kernels)) = gpu_or_skip() else {
             return;
-        }
-        let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
-        let stream = ctx.default_stream();
-        let kernels = Kernels::load(&ctx).expect("the kernels compile");
+        };
         let mut x = vec![1.0f32; 10_000];
         x[7000] = f32::INFINITY;
         x[5000] = f32::NAN;

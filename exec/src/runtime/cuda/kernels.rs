@@ -120,6 +120,20 @@ pub fn compile(file: &str, src: &str, arch: &str) -> Result<Ptx> {
     })
 }
 
+/// For GPU tests: the first GPU's context, its default stream and the compiled kernels, or
+/// `None` after printing why the test skips.
+#[cfg(test)]
+pub fn gpu_or_skip() -> Option<(Arc<CudaContext>, Arc<cudarc::driver::CudaStream>, Kernels)> {
+    if let Err(e) = super::probe::probe() {
+        println!("skipped: no CUDA device ({e})");
+        return None;
+    }
+    let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
+    let stream = ctx.default_stream();
+    let kernels = Kernels::load(&ctx).expect("the kernels compile");
+    Some((ctx, stream, kernels))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

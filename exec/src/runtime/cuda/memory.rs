@@ -122,22 +122,17 @@ impl GpuMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::super::probe;
+    use super::super::kernels::gpu_or_skip;
     use super::*;
     use crate::compress::MemoryState;
-    use cudarc::driver::CudaContext;
 
     /// Over a few steps the device memory compresses the same bits as the CPU's, with the
     /// coordinates of a fake payload masked or subtracted.
     #[test]
     fn gpu_memory_matches_the_cpu() {
-        if let Err(e) = probe::probe() {
-            println!("skipped: no CUDA device ({e})");
+        let Some((_ctx, stream, kernels)) = gpu_or_skip() else {
             return;
-        }
-        let ctx = CudaContext::new(0).expect("a CUDA context on device 0");
-        let stream = ctx.default_stream();
-        let kernels = Kernels::load(&ctx).expect("the kernels compile");
+        };
         let n = 10_007;
         for spec in [
             "none",
