@@ -15,20 +15,31 @@ syncopate="$bundle/syncopate"
 py=${PYTHON:-python3}
 mkdir -p "$out/logs" "$out/models" "$out/devices" "$out/plans" "$out/validate"
 
-# NCCL and NVRTC from the Python install (pip's nvidia-* wheels or torch/lib).
-read -r nccl nvrtc_dir < <($py - <<'PY'
+# NCCL and NVRTC from the Python install: pip's nvidia-* wheels (CUDA 12: nvidia/cuda_nvrtc/lib,
+# CUDA 13: nvidia/cu13/lib) or torch/lib.
+read -r nccl nvrtc < <($py - <<'PY'
 import glob, os, site
 roots = site.getsitepackages() + [site.getusersitepackages()]
-def first(pattern):
-    hits = sorted(h for r in roots for h in glob.glob(os.path.join(r, pattern)))
-    return hits[0] if hits else ""
-nccl = first("nvidia/nccl/lib/libnccl.so.2") or first("torch/lib/libnccl.so*")
-nvrtc = first("nvidia/cuda_nvrtc/lib/libnvrtc.so.1*") or first("torch/lib/libnvrtc*.so*")
-print(nccl or "-", os.path.dirname(nvrtc) if nvrtc else "-")
+def first(*patterns):
+    for pattern in patterns:
+        hits = sorted(h for r in roots for h in glob.glob(os.path.join(r, pattern)))
+        if hits:
+            return hits[0]
+    return "-"
+print(first("nvidia/nccl/lib/libnccl.so.2", "torch/lib/libnccl.so*"),
+      first("nvidia/cuda_nvrtc/lib/libnvrtc.so.1*", "nvidia/cu1*/lib/libnvrtc.so.1*", "torch/lib/libnvrtc*.so*"))
 PY
 )
 [ "$nccl" != "-" ] && export SYNCOPATE_NCCL_LIB="$nccl"
-[ "$nvrtc_dir" != "-" ] && export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvrtc_dir=-
+if [ "$nvrtc" != "-" ]; then
+    # cudarc opens NVRTC by names that a newer major version (libnvrtc.so.13) lacks, the first
+    # of them plain libnvrtc.so: link that name to it.
+    nvrtc_dir=$(dirname "$nvrtc")
+    mkdir -p "$out/lib-links"
+    ln -sf "$nvrtc" "$out/lib-links/libnvrtc.so"
+    export LD_LIBRARY_PATH="$out/lib-links:$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
@@ -68,6 +79,12 @@ phase_tests() {
         nvidia-smi
     } >"$out/logs/environment.log" 2>&1
     step gpu-tests "$bundle/exec-tests" --nocapture --test-threads 1 gpu
+    # A GPU test that skips on a GPU machine means the libraries were not found: a failure here.
+    if [ "$gpus" -gt 0 ] && grep -q "skipped: no CUDA device" "$out/logs/gpu-tests.log"; then
+        echo "   FAILED: the GPU tests skipped although nvidia-smi lists $gpus GPU(s):"
+        grep -m1 "skipped: no CUDA device" "$out/logs/gpu-tests.log" | sed 's/^/   | /'
+        failures=$((failures + 1))
+    fi
     step nvrtc-test "$bundle/exec-tests" --nocapture every_kernel_source
 }
 
