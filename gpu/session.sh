@@ -89,7 +89,10 @@ phase_tests() {
 }
 
 phase_profile() {
-    step profile "$syncopate" profile --backend cuda --out "$out/devices/$device-measured.json"
+    # Named as the shipped profile of this GPU, so that models captured on it (whose device is
+    # that name) run at their captured times against the measured curves.
+    step profile "$syncopate" profile --backend cuda --name "$device" \
+        --out "$out/devices/$device-measured.json"
 }
 
 # capture NAME ARGS...: one model profile with the PyTorch capture script.

@@ -355,3 +355,28 @@ fn noise_gives_statistics_and_is_seeded() {
     assert_ne!(a.summary.iteration_time_ms, other.summary.iteration_time_ms);
     assert!(Noise::default().per_rank_task.is_empty());
 }
+
+/// A model runs at its profiled times on a re-profiled copy of its own device (same name,
+/// another speed estimate) and is scaled by the speed ratio on any other device.
+#[test]
+fn compute_scales_only_across_different_devices() {
+    let dir = crate::common::scratch("same-device");
+    let mut h100 = DeviceProfile::load("h100-sxm5-80gb").unwrap();
+    h100.compute_speed_vs_v100 *= 0.5;
+    let remeasured = dir.join("h100-remeasured.json");
+    std::fs::write(&remeasured, serde_json::to_string(&h100).unwrap()).unwrap();
+    let mut model = ModelProfile::load("resnet50").unwrap();
+    model.device = "h100-sxm5-80gb".into();
+    let mut cluster = Cluster::load("dgx-h100", ClusterOverrides::default()).unwrap();
+    cluster.device = remeasured.to_string_lossy().into_owned();
+    let same = Scenario::resolve(model.clone(), cluster.clone()).unwrap();
+    assert_eq!(same.compute_scale, 1.0);
+    h100.name = "another-gpu".into();
+    std::fs::write(&remeasured, serde_json::to_string(&h100).unwrap()).unwrap();
+    let other = Scenario::resolve(model, cluster).unwrap();
+    assert!(
+        (other.compute_scale - 2.0).abs() < 1e-12,
+        "{}",
+        other.compute_scale
+    );
+}

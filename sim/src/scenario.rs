@@ -42,7 +42,14 @@ impl Scenario {
         let measured_on = DeviceProfile::load(&model.device).map_err(|e| {
             SimError::invalid(&model.name, "device", format!("`{}`: {e}", model.device))
         })?;
-        let compute_scale = measured_on.compute_speed_vs_v100 / device.compute_speed_vs_v100;
+        // A profile's name identifies the hardware: a device re-profiled on this machine (e.g.
+        // by `profile --backend cuda --name h100-sxm5-80gb`) runs a model captured on that GPU
+        // at its captured times, whatever the two files' speed estimates say.
+        let compute_scale = if measured_on.name == device.name {
+            1.0
+        } else {
+            measured_on.compute_speed_vs_v100 / device.compute_speed_vs_v100
+        };
         Ok(Scenario {
             model,
             cluster,
