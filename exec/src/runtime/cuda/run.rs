@@ -582,10 +582,7 @@ impl<'a> Tasks for Run<'a> {
     /// The encode or decode between timing events, then what follows it untimed.
     fn codec(&self, state: &GpuRank, task: u32) -> Result<()> {
         let t = self.graph.task(task);
-        let (TaskKind::Encode { group, part } | TaskKind::Decode { group, part }) = t.kind else {
-            unreachable!("only compression tasks run on the codec stream")
-        };
-        let index = self.layout.piece_index(group, part);
+        let index = self.layout.piece_of(&t.kind);
         let mut piece = state.pieces[index].lock().expect("a piece lock");
         let stream = &state.codec;
         let encode = matches!(t.kind, TaskKind::Encode { .. });
@@ -627,10 +624,10 @@ impl<'a> Tasks for Run<'a> {
     ) -> Result<()> {
         let stream = &state.comm[lane as usize];
         let t = self.graph.task(task);
-        let TaskKind::Collective { group, part, round } = t.kind else {
+        let TaskKind::Collective { round, .. } = t.kind else {
             unreachable!("only collectives reach the board")
         };
-        let piece_index = self.layout.piece_index(group, part);
+        let piece_index = self.layout.piece_of(&t.kind);
         let spec = &self.layout.pieces[piece_index];
         let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
         let piece = &mut *guard;

@@ -272,19 +272,14 @@ impl Tasks for Run<'_> {
     fn codec(&self, state: &RankState, task: u32) -> Result<()> {
         let start = self.now();
         let t = self.graph.task(task);
-        match t.kind {
-            TaskKind::Encode { group, part } => {
-                let index = self.layout.piece_index(group, part);
-                let mut piece = state.pieces[index].lock().expect("a piece lock");
-                self.encode(state, index, &mut piece, t.iteration)?;
-            }
-            TaskKind::Decode { group, part } => {
-                let index = self.layout.piece_index(group, part);
-                let mut piece = state.pieces[index].lock().expect("a piece lock");
-                self.decode(state.rank, index, &mut piece, t.iteration)?;
-            }
-            _ => unreachable!("only compression tasks run on the codec stream"),
+        let index = self.layout.piece_of(&t.kind);
+        let mut piece = state.pieces[index].lock().expect("a piece lock");
+        if matches!(t.kind, TaskKind::Encode { .. }) {
+            self.encode(state, index, &mut piece, t.iteration)?;
+        } else {
+            self.decode(state.rank, index, &mut piece, t.iteration)?;
         }
+        drop(piece);
         self.record(state.rank, task, 0, start);
         Ok(())
     }
@@ -298,10 +293,10 @@ impl Tasks for Run<'_> {
     fn collective(&self, state: &RankState, mesh: &Mesh, stream: u32, task: u32) -> Result<()> {
         let start = self.now();
         let t = self.graph.task(task);
-        let TaskKind::Collective { group, part, round } = t.kind else {
+        let TaskKind::Collective { round, .. } = t.kind else {
             unreachable!("only collectives reach the board")
         };
-        let piece_index = self.layout.piece_index(group, part);
+        let piece_index = self.layout.piece_of(&t.kind);
         let spec = &self.layout.pieces[piece_index];
         let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
         let piece = &mut *guard;
