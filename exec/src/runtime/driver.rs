@@ -20,7 +20,9 @@ pub trait Tasks: Sync {
     fn compute(&self, rank: &Self::Rank, task: u32) -> Result<()>;
     /// An encode or decode task.
     fn codec(&self, rank: &Self::Rank, task: u32) -> Result<()>;
+    /// Opens the rank's end of comm stream `stream`, on that stream's thread.
     fn open(&self, rank: &Self::Rank, stream: u32, opener: Self::Opener) -> Result<Self::Link>;
+    /// A collective of comm stream `stream`, on the rank's end of it.
     fn collective(
         &self,
         rank: &Self::Rank,
