@@ -3,6 +3,7 @@
 use crate::compress::{codec_for_shapes, rng::Rng, Codec, MemoryState};
 use std::ops::Range;
 use syncopate_sim::compress::{Aggregation, Compressor, Memory};
+use syncopate_sim::graph::TaskKind;
 use syncopate_sim::plan::Scheme;
 use syncopate_sim::scenario::Scenario;
 
@@ -100,8 +101,16 @@ impl Layout {
         }
     }
 
-    pub fn piece_index(&self, group: u32, part: u32) -> usize {
-        self.group_first_piece[group as usize] + part as usize
+    /// The piece an encode, decode or collective task works on.
+    pub fn piece_of(&self, kind: &TaskKind) -> usize {
+        match *kind {
+            TaskKind::Encode { group, part }
+            | TaskKind::Decode { group, part }
+            | TaskKind::Collective { group, part, .. } => {
+                self.group_first_piece[group as usize] + part as usize
+            }
+            _ => unreachable!("only compression tasks and collectives work on a piece"),
+        }
     }
 
     /// The codec of `rank` for piece `index`. Random-k's indices and PowerSGD's initial Q must

@@ -6,6 +6,7 @@
 pub mod check;
 mod control;
 pub mod cuda;
+mod driver;
 pub mod host;
 pub mod launch;
 mod layout;

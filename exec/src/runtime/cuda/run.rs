@@ -1,6 +1,6 @@
 //! Runs the task graph on GPUs: per rank one CUDA stream per simulated resource (compute, codec, each comm stream), NCCL collectives, CUDA-event timing of every task.
 //!
-//! The structure is the host backend's: per rank one driver thread per stream, the same
+//! The threads are the host backend's (`driver.rs`): per rank one thread per stream, the same
 //! launch board deciding the collective order, the same FIFO codec queue. A thread enqueues
 //! its task between two timing events on its stream and waits (bounded, abortable) for the end
 //! event before releasing the successors, so the board and the codec queue see real GPU
@@ -26,9 +26,10 @@ use super::nccl::Communicator;
 use super::server::{push_pull, Server};
 use crate::error::{ExecError, Result};
 use crate::runtime::check::{ps_server, Checker};
+use crate::runtime::driver::{drive, Local, Tasks};
 use crate::runtime::host::board::Board;
 use crate::runtime::layout::{Gradients, Layout};
-use crate::runtime::sched::{check_abort, Failure, Readiness, Sched};
+use crate::runtime::sched::{check_abort, Failure};
 use crate::runtime::{ExecOptions, Measured};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
 use cudarc::nccl::{Id, NcclType};
@@ -99,7 +100,6 @@ struct GpuRank {
     grads: CudaSlice<f32>,
     groups: Vec<Mutex<CudaSlice<f32>>>,
     pieces: Vec<Mutex<GpuPiece>>,
-    readiness: Readiness,
     /// Recorded on the compute stream when the host clock read `epoch_ns`.
     epoch_event: CudaEvent,
     epoch_ns: u64,
@@ -110,7 +110,6 @@ struct Run<'a> {
     layout: &'a Layout,
     gradients: &'a Gradients,
     checker: Option<&'a Checker>,
-    board: Board,
     world: u32,
     epoch: Instant,
     timeout: Duration,
@@ -183,21 +182,11 @@ pub fn execute(
     let gradients = Gradients::new(scenario, top, options.seed);
     let checker = options.check.then(|| Checker::new(&layout, world));
     let epoch = Instant::now();
-    let board_world = placement.local.len() as u32;
     let run = Run {
         graph,
         layout: &layout,
         gradients: &gradients,
         checker: checker.as_ref(),
-        board: Board::new(
-            graph,
-            board_world,
-            policy.launch,
-            SimTime::from_us(policy.cycle_time_us).as_ns(),
-            policy.comm_streams,
-            epoch,
-            options.timeout,
-        ),
         world,
         epoch,
         timeout: options.timeout,
@@ -209,20 +198,24 @@ pub fn execute(
         .iter()
         .map(|&(rank, device)| run.rank(rank, device, policy.comm_streams))
         .collect::<Result<_>>()?;
-    let ids = &placement.ids;
-    std::thread::scope(|scope| {
-        for state in &ranks {
-            let run = &run;
-            scope.spawn(move || run.guard(|| run.compute_thread(state)));
-            scope.spawn(move || run.guard(|| run.codec_thread(state)));
-            for (stream, &id) in ids.iter().enumerate() {
-                scope.spawn(move || run.guard(|| run.comm_thread(state, stream as u32, id)));
-            }
-        }
-    });
-    if let Some(err) = failure.take() {
-        return Err(err);
-    }
+    let board = Board::new(
+        graph,
+        placement.local.len() as u32,
+        policy.launch,
+        SimTime::from_us(policy.cycle_time_us).as_ns(),
+        policy.comm_streams,
+        epoch,
+        options.timeout,
+    );
+    let local = ranks
+        .iter()
+        .map(|state| Local {
+            rank: state.rank,
+            state,
+            openers: placement.ids.clone(),
+        })
+        .collect();
+    drive(&run, graph, &board, options.timeout, failure, local)?;
     let records = run.records.into_inner().expect("the record lock");
     Ok(Measured::from_records(
         graph,
@@ -305,7 +298,6 @@ impl Run<'_> {
             grads,
             groups,
             pieces,
-            readiness: Readiness::new(rank, self.graph),
             epoch_event,
             epoch_ns,
         })
@@ -330,13 +322,6 @@ impl Run<'_> {
             stream,
         )
         .map(Some)
-    }
-
-    fn guard(&self, body: impl FnOnce() -> Result<()>) {
-        if let Err(err) = body() {
-            self.failure.raise(err);
-            self.board.wake_all();
-        }
     }
 
     fn aborted(&self, rank: u32) -> Result<()> {
@@ -407,98 +392,6 @@ impl Run<'_> {
         let keep = self.graph.task(task).resource != Resource::Comm || state.rank == 0;
         if keep {
             self.records.lock().expect("the record lock").push(record);
-        }
-        Ok(())
-    }
-
-    /// Marks `task` done on `state`'s rank and releases its successors.
-    fn complete(&self, state: &GpuRank, task: u32) {
-        state.readiness.complete(self.graph, &self.board, task);
-    }
-
-    /// Waits until `pick` finds something in the rank's scheduler state, within the timeout.
-    fn wait_for<T>(
-        &self,
-        state: &GpuRank,
-        what: &str,
-        pick: impl FnMut(&mut Sched) -> Option<T>,
-    ) -> Result<T> {
-        state
-            .readiness
-            .wait_for(what, self.timeout, self.failure.flag(), pick)
-    }
-
-    /// Forward, backward and optimizer tasks in program order: calibrated GEMMs of the task's
-    /// duration; a backward task also writes its tensor's synthetic gradient.
-    fn compute_thread(&self, state: &GpuRank) -> Result<()> {
-        let tasks = (0..self.graph.len() as u32)
-            .filter(|&t| self.graph.task(t).resource == Resource::Compute);
-        for task in tasks {
-            self.wait_for(state, "a compute task's input", |s| {
-                (s.pending[task as usize] == 0).then_some(())
-            })?;
-            let t = self.graph.task(task);
-            let stream = &state.compute;
-            self.timed(state, stream, task, 0, || {
-                state.gemm.lock().expect("the GEMM lock").run_for(
-                    &state.kernels,
-                    stream,
-                    t.duration.as_ns(),
-                )?;
-                if let TaskKind::Backward { tensor } = t.kind {
-                    let (group, offset, numel) = self.layout.tensor_slot[tensor as usize];
-                    let start = self.gradients.offset(tensor as usize);
-                    let src = state.grads.slice(start..start + numel);
-                    let mut buffer = state.groups[group].lock().expect("a group buffer lock");
-                    let mut dst = buffer.slice_mut(offset..offset + numel);
-                    let (n, scale) = (numel as u32, Gradients::scale(t.iteration));
-                    // SAFETY: scale_copy(src, dst, n, scale) touches n elements of each view.
-                    unsafe {
-                        stream
-                            .launch_builder(&state.kernels.scale_copy)
-                            .arg(&src)
-                            .arg(&mut dst)
-                            .arg(&n)
-                            .arg(&scale)
-                            .launch(grid(numel))
-                    }
-                    .map_err(cuda_err("gradient copy failed"))?;
-                }
-                Ok(())
-            })?;
-            self.complete(state, task);
-        }
-        Ok(())
-    }
-
-    fn codec_thread(&self, state: &GpuRank) -> Result<()> {
-        let count = self
-            .graph
-            .graph
-            .node_weights()
-            .filter(|t| matches!(t.resource, Resource::Codec | Resource::Cpu))
-            .count();
-        for _ in 0..count {
-            let task = self.wait_for(state, "a compression task", |s| s.codec_queue.pop_front())?;
-            let t = self.graph.task(task);
-            let (TaskKind::Encode { group, part } | TaskKind::Decode { group, part }) = t.kind
-            else {
-                unreachable!("only compression tasks run on the codec stream")
-            };
-            let index = self.layout.piece_index(group, part);
-            let mut piece = state.pieces[index].lock().expect("a piece lock");
-            let stream = &state.codec;
-            let encode = matches!(t.kind, TaskKind::Encode { .. });
-            self.timed(state, stream, task, 0, || {
-                if encode {
-                    self.encode(state, stream, index, &mut piece)
-                } else {
-                    self.decode(state, stream, index, &mut piece)
-                }
-            })?;
-            self.after(state, stream, index, &mut piece, encode, t.iteration)?;
-            drop(piece);
-            self.complete(state, task);
         }
         Ok(())
     }
@@ -645,120 +538,179 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
 
-    /// Collectives in the board's order on this rank's NCCL communicator of `stream`.
-    fn comm_thread(&self, state: &GpuRank, lane: u32, id: Id) -> Result<()> {
+impl<'a> Tasks for Run<'a> {
+    type Rank = GpuRank;
+    type Opener = Id;
+    type Link = Communicator<'a>;
+
+    /// Calibrated GEMMs of the task's duration; a backward task also writes its tensor's
+    /// synthetic gradient.
+    fn compute(&self, state: &GpuRank, task: u32) -> Result<()> {
+        let t = self.graph.task(task);
+        let stream = &state.compute;
+        self.timed(state, stream, task, 0, || {
+            state.gemm.lock().expect("the GEMM lock").run_for(
+                &state.kernels,
+                stream,
+                t.duration.as_ns(),
+            )?;
+            if let TaskKind::Backward { tensor } = t.kind {
+                let (group, offset, numel) = self.layout.tensor_slot[tensor as usize];
+                let start = self.gradients.offset(tensor as usize);
+                let src = state.grads.slice(start..start + numel);
+                let mut buffer = state.groups[group].lock().expect("a group buffer lock");
+                let mut dst = buffer.slice_mut(offset..offset + numel);
+                let (n, scale) = (numel as u32, Gradients::scale(t.iteration));
+                // SAFETY: scale_copy(src, dst, n, scale) touches n elements of each view.
+                unsafe {
+                    stream
+                        .launch_builder(&state.kernels.scale_copy)
+                        .arg(&src)
+                        .arg(&mut dst)
+                        .arg(&n)
+                        .arg(&scale)
+                        .launch(grid(numel))
+                }
+                .map_err(cuda_err("gradient copy failed"))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The encode or decode between timing events, then what follows it untimed.
+    fn codec(&self, state: &GpuRank, task: u32) -> Result<()> {
+        let t = self.graph.task(task);
+        let index = self.layout.piece_of(&t.kind);
+        let mut piece = state.pieces[index].lock().expect("a piece lock");
+        let stream = &state.codec;
+        let encode = matches!(t.kind, TaskKind::Encode { .. });
+        self.timed(state, stream, task, 0, || {
+            if encode {
+                self.encode(state, stream, index, &mut piece)
+            } else {
+                self.decode(state, stream, index, &mut piece)
+            }
+        })?;
+        self.after(state, stream, index, &mut piece, encode, t.iteration)
+    }
+
+    /// This rank's NCCL communicator of stream `lane`, created on (and so aborted by) the
+    /// comm thread, with the context bound.
+    fn open(&self, state: &GpuRank, lane: u32, id: Id) -> Result<Communicator<'a>> {
         state
             .ctx
             .bind_to_thread()
             .map_err(cuda_err("cannot bind the context"))?;
-        let stream = &state.comm[lane as usize];
-        let comm = Communicator::init(
-            stream.clone(),
+        Communicator::init(
+            state.comm[lane as usize].clone(),
             state.rank,
             self.world,
             lane,
             id,
             self.timeout,
             self.failure.flag(),
-        )?;
-        let mut index = 0;
-        while let Some(task) = self
-            .board
-            .next(lane, index, state.rank, self.failure.flag())?
-        {
-            index += 1;
-            let t = self.graph.task(task);
-            let TaskKind::Collective { group, part, round } = t.kind else {
-                unreachable!("only collectives reach the board")
-            };
-            let piece_index = self.layout.piece_index(group, part);
-            let spec = &self.layout.pieces[piece_index];
-            let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
-            let piece = &mut *guard;
-            // Uncompressed groups have no encode/decode tasks: the collective casts itself.
-            let encode = round == 0 && !spec.has_encode;
-            let decode = round + 1 == spec.rounds() && !spec.has_decode;
-            let split = spec.scheme == Scheme::ReduceScatterAllgather;
-            self.timed(state, stream, task, lane, || {
-                if encode {
-                    self.encode(state, stream, piece_index, piece)?;
-                }
-                // As the host backend: a later round of a multi-round codec (PowerSGD's Q) is
-                // computed by its collective task, from the reduced payload of the last one.
-                if round > 0 && !split {
-                    piece.codec.next_round(
-                        &state.kernels,
-                        stream,
-                        &piece.compensated,
-                        &mut piece.payload,
-                    )?;
-                }
-                match spec.aggregation {
-                    Aggregation::Allreduce => {
-                        let elem = elem_bytes(&spec.compressor);
-                        // Reduce-scatter splits the padded buffer; an allreduce sends only
-                        // this round's payload (PowerSGD's P and Q differ in size).
-                        let count = if split {
-                            piece.payload.len() / elem
-                        } else {
-                            piece.codec.round_bytes(round) / elem
-                        };
-                        let chunk = piece.chunk.len() / elem;
-                        // SAFETY (transmutes): the byte buffers are device allocations (256-byte
-                        // aligned) holding count·elem and chunk·elem bytes, read as elements of
-                        // elem bytes that are valid for any bit pattern.
-                        macro_rules! reduce {
-                            ($t:ty) => {{
-                                let payload = unsafe { piece.payload.transmute_mut::<$t>(count) }
-                                    .expect("payload size");
-                                let mut payload = payload;
-                                if !split {
-                                    comm.all_reduce_sum(&mut payload)?;
-                                } else if round == 0 {
-                                    let mut out = unsafe { piece.chunk.transmute_mut::<$t>(chunk) }
-                                        .expect("chunk size");
-                                    comm.reduce_scatter_sum(&payload, &mut out)?;
-                                } else {
-                                    let part = unsafe { piece.chunk.transmute::<$t>(chunk) }
-                                        .expect("chunk size");
-                                    comm.all_gather(&part, &mut payload)?;
-                                }
-                            }};
-                        }
-                        match spec.compressor {
-                            Compressor::Fp16 => reduce!(Half),
-                            Compressor::Bf16 => reduce!(Brain),
-                            _ => reduce!(f32),
-                        }
-                    }
-                    Aggregation::Allgather => {
-                        let bytes = piece.codec.wire_bytes();
-                        let send = piece.payload.slice(..bytes);
-                        comm.all_gather(&send, &mut piece.gathered)?;
-                    }
-                    Aggregation::ParameterServer => push_pull(
-                        &comm,
-                        &state.kernels,
-                        ps_server(spec.group, self.world as usize) as u32,
-                        &mut piece.codec,
-                        piece.server.as_mut(),
-                        &mut piece.payload,
-                    )?,
-                }
-                if decode {
-                    self.decode(state, stream, piece_index, piece)?;
-                }
-                Ok(())
-            })?;
+        )
+    }
+
+    /// The collective on this rank's communicator of stream `lane`.
+    fn collective(
+        &self,
+        state: &GpuRank,
+        comm: &Communicator<'a>,
+        lane: u32,
+        task: u32,
+    ) -> Result<()> {
+        let stream = &state.comm[lane as usize];
+        let t = self.graph.task(task);
+        let TaskKind::Collective { round, .. } = t.kind else {
+            unreachable!("only collectives reach the board")
+        };
+        let piece_index = self.layout.piece_of(&t.kind);
+        let spec = &self.layout.pieces[piece_index];
+        let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
+        let piece = &mut *guard;
+        // Uncompressed groups have no encode/decode tasks: the collective casts itself.
+        let encode = round == 0 && !spec.has_encode;
+        let decode = round + 1 == spec.rounds() && !spec.has_decode;
+        let split = spec.scheme == Scheme::ReduceScatterAllgather;
+        self.timed(state, stream, task, lane, || {
             if encode {
-                self.after(state, stream, piece_index, piece, true, t.iteration)?;
+                self.encode(state, stream, piece_index, piece)?;
+            }
+            // As the host backend: a later round of a multi-round codec (PowerSGD's Q) is
+            // computed by its collective task, from the reduced payload of the last one.
+            if round > 0 && !split {
+                piece.codec.next_round(
+                    &state.kernels,
+                    stream,
+                    &piece.compensated,
+                    &mut piece.payload,
+                )?;
+            }
+            match spec.aggregation {
+                Aggregation::Allreduce => {
+                    let elem = elem_bytes(&spec.compressor);
+                    // Reduce-scatter splits the padded buffer; an allreduce sends only
+                    // this round's payload (PowerSGD's P and Q differ in size).
+                    let count = if split {
+                        piece.payload.len() / elem
+                    } else {
+                        piece.codec.round_bytes(round) / elem
+                    };
+                    let chunk = piece.chunk.len() / elem;
+                    // SAFETY (transmutes): the byte buffers are device allocations (256-byte
+                    // aligned) holding count·elem and chunk·elem bytes, read as elements of
+                    // elem bytes that are valid for any bit pattern.
+                    macro_rules! reduce {
+                        ($t:ty) => {{
+                            let payload = unsafe { piece.payload.transmute_mut::<$t>(count) }
+                                .expect("payload size");
+                            let mut payload = payload;
+                            if !split {
+                                comm.all_reduce_sum(&mut payload)?;
+                            } else if round == 0 {
+                                let mut out = unsafe { piece.chunk.transmute_mut::<$t>(chunk) }
+                                    .expect("chunk size");
+                                comm.reduce_scatter_sum(&payload, &mut out)?;
+                            } else {
+                                let part = unsafe { piece.chunk.transmute::<$t>(chunk) }
+                                    .expect("chunk size");
+                                comm.all_gather(&part, &mut payload)?;
+                            }
+                        }};
+                    }
+                    match spec.compressor {
+                        Compressor::Fp16 => reduce!(Half),
+                        Compressor::Bf16 => reduce!(Brain),
+                        _ => reduce!(f32),
+                    }
+                }
+                Aggregation::Allgather => {
+                    let bytes = piece.codec.wire_bytes();
+                    let send = piece.payload.slice(..bytes);
+                    comm.all_gather(&send, &mut piece.gathered)?;
+                }
+                Aggregation::ParameterServer => push_pull(
+                    comm,
+                    &state.kernels,
+                    ps_server(spec.group, self.world as usize) as u32,
+                    &mut piece.codec,
+                    piece.server.as_mut(),
+                    &mut piece.payload,
+                )?,
             }
             if decode {
-                self.after(state, stream, piece_index, piece, false, t.iteration)?;
+                self.decode(state, stream, piece_index, piece)?;
             }
-            drop(guard);
-            self.complete(state, task);
+            Ok(())
+        })?;
+        if encode {
+            self.after(state, stream, piece_index, piece, true, t.iteration)?;
+        }
+        if decode {
+            self.after(state, stream, piece_index, piece, false, t.iteration)?;
         }
         Ok(())
     }

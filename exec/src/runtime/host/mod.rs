@@ -6,20 +6,20 @@ pub mod comm;
 pub mod profile;
 
 use super::check::{ps_server, Checker};
+use super::driver::{drive, Local, Tasks};
 use super::layout::{wire_element_bytes, Gradients, Layout};
-use super::sched::{Readiness, Sched};
+use super::sched::Failure;
 use super::{ExecOptions, Measured};
 use crate::compress::{Codec, MemoryState};
-use crate::error::{ExecError, Result};
+use crate::error::Result;
 use board::Board;
 use busy::BusyWork;
 use comm::Mesh;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use syncopate_sim::compress::{Aggregation, Memory};
 use syncopate_sim::engine::TaskRecord;
-use syncopate_sim::graph::{Resource, TaskGraph, TaskKind};
+use syncopate_sim::graph::{TaskGraph, TaskKind};
 use syncopate_sim::plan::Scheme;
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::time::SimTime;
@@ -40,7 +40,6 @@ struct PieceState {
 
 struct RankState {
     rank: u32,
-    readiness: Readiness,
     groups: Vec<Mutex<Vec<f32>>>,
     pieces: Vec<Mutex<PieceState>>,
 }
@@ -51,13 +50,10 @@ struct Run<'a> {
     layout: &'a Layout,
     gradients: &'a Gradients,
     checker: Option<&'a Checker>,
-    board: Board,
     busy: BusyWork,
     world: u32,
     epoch: Instant,
-    timeout: Duration,
-    abort: AtomicBool,
-    first_error: Mutex<Option<ExecError>>,
+    failure: Failure,
     records: Mutex<Vec<TaskRecord>>,
 }
 
@@ -80,41 +76,37 @@ pub fn execute(
         layout: &layout,
         gradients: &gradients,
         checker: checker.as_ref(),
-        board: Board::new(
-            graph,
-            ranks,
-            policy.launch,
-            SimTime::from_us(policy.cycle_time_us).as_ns(),
-            streams,
-            epoch,
-            options.timeout,
-        ),
         busy,
         world: ranks,
         epoch,
-        timeout: options.timeout,
-        abort: AtomicBool::new(false),
-        first_error: Mutex::new(None),
+        failure: Failure::default(),
         records: Mutex::new(Vec::new()),
     };
+    let board = Board::new(
+        graph,
+        ranks,
+        policy.launch,
+        SimTime::from_us(policy.cycle_time_us).as_ns(),
+        streams,
+        epoch,
+        options.timeout,
+    );
     let states: Vec<RankState> = (0..ranks).map(|r| rank_state(&run, r)).collect();
-    let mut meshes = comm::meshes(streams, ranks, options.timeout);
-    std::thread::scope(|scope| {
-        for state in &states {
-            let run = &run;
-            scope.spawn(move || run.guard(|| run.compute_thread(state)));
-            scope.spawn(move || run.guard(|| run.codec_thread(state)));
+    // The meshes come stream by stream; each rank takes its end of every stream.
+    let mut local: Vec<Local<Run>> = states
+        .iter()
+        .map(|state| Local {
+            rank: state.rank,
+            state,
+            openers: Vec::new(),
+        })
+        .collect();
+    for ends in comm::meshes(streams, ranks, options.timeout) {
+        for (rank, mesh) in local.iter_mut().zip(ends) {
+            rank.openers.push(mesh);
         }
-        for (stream, ends) in meshes.drain(..).enumerate() {
-            for (state, mesh) in states.iter().zip(ends) {
-                let run = &run;
-                scope.spawn(move || run.guard(|| run.comm_thread(state, stream as u32, &mesh)));
-            }
-        }
-    });
-    if let Some(err) = run.first_error.lock().expect("the error lock").take() {
-        return Err(err);
     }
+    drive(&run, graph, &board, options.timeout, &run.failure, local)?;
     let records = run.records.into_inner().expect("the record lock");
     Ok(Measured::from_records(
         graph,
@@ -128,7 +120,6 @@ fn rank_state(run: &Run, rank: u32) -> RankState {
     let layout = run.layout;
     RankState {
         rank,
-        readiness: Readiness::new(rank, run.graph),
         groups: layout
             .group_numel
             .iter()
@@ -154,18 +145,6 @@ fn rank_state(run: &Run, rank: u32) -> RankState {
 }
 
 impl Run<'_> {
-    /// Runs a thread's body; the first failure aborts every other thread.
-    fn guard(&self, body: impl FnOnce() -> Result<()>) {
-        if let Err(err) = body() {
-            let mut first = self.first_error.lock().expect("the error lock");
-            if first.is_none() {
-                *first = Some(err);
-            }
-            self.abort.store(true, Ordering::Relaxed);
-            self.board.wake_all();
-        }
-    }
-
     fn now(&self) -> SimTime {
         SimTime(self.epoch.elapsed().as_nanos() as u64)
     }
@@ -182,81 +161,6 @@ impl Run<'_> {
                 start,
                 end,
             });
-    }
-
-    /// Marks `task` done on `state`'s rank and releases its successors.
-    fn complete(&self, state: &RankState, task: u32) {
-        state.readiness.complete(self.graph, &self.board, task);
-    }
-
-    /// Waits until `pick` finds something in the rank's scheduler state, within the timeout.
-    fn wait_for<T>(
-        &self,
-        state: &RankState,
-        what: &str,
-        pick: impl FnMut(&mut Sched) -> Option<T>,
-    ) -> Result<T> {
-        state
-            .readiness
-            .wait_for(what, self.timeout, &self.abort, pick)
-    }
-
-    /// Forward, backward and optimizer tasks in program order, as busy work of their duration.
-    fn compute_thread(&self, state: &RankState) -> Result<()> {
-        let tasks = (0..self.graph.len() as u32)
-            .filter(|&t| self.graph.task(t).resource == Resource::Compute);
-        for task in tasks {
-            self.wait_for(state, "a compute task's input", |s| {
-                (s.pending[task as usize] == 0).then_some(())
-            })?;
-            let start = self.now();
-            let t = self.graph.task(task);
-            self.busy.run_for(t.duration.as_ns());
-            if let TaskKind::Backward { tensor } = t.kind {
-                let (group, offset, numel) = self.layout.tensor_slot[tensor as usize];
-                let mut buffer = state.groups[group].lock().expect("a group buffer lock");
-                self.gradients.fill(
-                    state.rank,
-                    t.iteration,
-                    tensor as usize,
-                    &mut buffer[offset..offset + numel],
-                );
-            }
-            self.record(state.rank, task, 0, start);
-            self.complete(state, task);
-        }
-        Ok(())
-    }
-
-    /// Encode and decode tasks, first ready first served.
-    fn codec_thread(&self, state: &RankState) -> Result<()> {
-        let count = self
-            .graph
-            .graph
-            .node_weights()
-            .filter(|t| matches!(t.resource, Resource::Codec | Resource::Cpu))
-            .count();
-        for _ in 0..count {
-            let task = self.wait_for(state, "a compression task", |s| s.codec_queue.pop_front())?;
-            let start = self.now();
-            let t = self.graph.task(task);
-            match t.kind {
-                TaskKind::Encode { group, part } => {
-                    let index = self.layout.piece_index(group, part);
-                    let mut piece = state.pieces[index].lock().expect("a piece lock");
-                    self.encode(state, index, &mut piece, t.iteration)?;
-                }
-                TaskKind::Decode { group, part } => {
-                    let index = self.layout.piece_index(group, part);
-                    let mut piece = state.pieces[index].lock().expect("a piece lock");
-                    self.decode(state.rank, index, &mut piece, t.iteration)?;
-                }
-                _ => unreachable!("only compression tasks run on the codec stream"),
-            }
-            self.record(state.rank, task, 0, start);
-            self.complete(state, task);
-        }
-        Ok(())
     }
 
     fn encode(
@@ -339,66 +243,104 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
 
-    /// Collectives in the order the board decides, on this rank's end of the stream's mesh.
-    fn comm_thread(&self, state: &RankState, stream: u32, mesh: &Mesh) -> Result<()> {
-        let mut index = 0;
-        while let Some(task) = self.board.next(stream, index, state.rank, &self.abort)? {
-            index += 1;
-            let start = self.now();
-            let t = self.graph.task(task);
-            let TaskKind::Collective { group, part, round } = t.kind else {
-                unreachable!("only collectives reach the board")
-            };
-            let piece_index = self.layout.piece_index(group, part);
-            let spec = &self.layout.pieces[piece_index];
-            let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
-            let piece = &mut *guard;
-            if round == 0 && !spec.has_encode {
-                self.encode(state, piece_index, piece, t.iteration)?;
+impl Tasks for Run<'_> {
+    type Rank = RankState;
+    type Opener = Mesh;
+    type Link = Mesh;
+
+    /// Busy work of the task's duration; a backward task also writes its synthetic gradient.
+    fn compute(&self, state: &RankState, task: u32) -> Result<()> {
+        let start = self.now();
+        let t = self.graph.task(task);
+        self.busy.run_for(t.duration.as_ns());
+        if let TaskKind::Backward { tensor } = t.kind {
+            let (group, offset, numel) = self.layout.tensor_slot[tensor as usize];
+            let mut buffer = state.groups[group].lock().expect("a group buffer lock");
+            self.gradients.fill(
+                state.rank,
+                t.iteration,
+                tensor as usize,
+                &mut buffer[offset..offset + numel],
+            );
+        }
+        self.record(state.rank, task, 0, start);
+        Ok(())
+    }
+
+    fn codec(&self, state: &RankState, task: u32) -> Result<()> {
+        let start = self.now();
+        let t = self.graph.task(task);
+        let index = self.layout.piece_of(&t.kind);
+        let mut piece = state.pieces[index].lock().expect("a piece lock");
+        if matches!(t.kind, TaskKind::Encode { .. }) {
+            self.encode(state, index, &mut piece, t.iteration)?;
+        } else {
+            self.decode(state.rank, index, &mut piece, t.iteration)?;
+        }
+        drop(piece);
+        self.record(state.rank, task, 0, start);
+        Ok(())
+    }
+
+    /// The meshes are built before the threads start: the rank's end is handed over as is.
+    fn open(&self, _: &RankState, _: u32, mesh: Mesh) -> Result<Mesh> {
+        Ok(mesh)
+    }
+
+    /// The collective on this rank's end of the stream's mesh.
+    fn collective(&self, state: &RankState, mesh: &Mesh, stream: u32, task: u32) -> Result<()> {
+        let start = self.now();
+        let t = self.graph.task(task);
+        let TaskKind::Collective { round, .. } = t.kind else {
+            unreachable!("only collectives reach the board")
+        };
+        let piece_index = self.layout.piece_of(&t.kind);
+        let spec = &self.layout.pieces[piece_index];
+        let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
+        let piece = &mut *guard;
+        if round == 0 && !spec.has_encode {
+            self.encode(state, piece_index, piece, t.iteration)?;
+        }
+        let split = spec.scheme == Scheme::ReduceScatterAllgather;
+        if round > 0 && !split {
+            let reduced = std::mem::take(&mut piece.payload);
+            piece.codec.next_round(&reduced, &mut piece.payload)?;
+        }
+        let element = wire_element_bytes(&spec.compressor);
+        let abort = self.failure.flag();
+        match spec.aggregation {
+            // DeAR: the reduce-scatter half in backward, the all-gather half later.
+            Aggregation::Allreduce if split && round == 0 => {
+                mesh.reduce_scatter(&mut piece.payload, element, &*piece.codec, abort)?
             }
-            let split = spec.scheme == Scheme::ReduceScatterAllgather;
-            if round > 0 && !split {
-                let reduced = std::mem::take(&mut piece.payload);
-                piece.codec.next_round(&reduced, &mut piece.payload)?;
+            Aggregation::Allreduce if split => {
+                mesh.allgather_chunks(&mut piece.payload, element, abort)?
             }
-            let element = wire_element_bytes(&spec.compressor);
-            match spec.aggregation {
-                // DeAR: the reduce-scatter half in backward, the all-gather half later.
-                Aggregation::Allreduce if split && round == 0 => {
-                    mesh.reduce_scatter(&mut piece.payload, element, &*piece.codec, &self.abort)?
-                }
-                Aggregation::Allreduce if split => {
-                    mesh.allgather_chunks(&mut piece.payload, element, &self.abort)?
-                }
-                Aggregation::Allreduce => mesh.allreduce(
-                    &mut piece.payload,
-                    wire_element_bytes(&spec.compressor),
-                    &*piece.codec,
-                    &self.abort,
-                )?,
-                Aggregation::Allgather => {
-                    piece.gathered = mesh.allgather(piece.payload.clone(), &self.abort)?
-                }
-                Aggregation::ParameterServer => {
-                    piece.payload = mesh.push_pull(
-                        std::mem::take(&mut piece.payload),
-                        ps_server(spec.group, self.world as usize),
-                        &mut *piece.codec,
-                        &mut *piece.server_codec,
-                        spec.range.len(),
-                        &self.abort,
-                    )?
-                }
+            Aggregation::Allreduce => {
+                mesh.allreduce(&mut piece.payload, element, &*piece.codec, abort)?
             }
-            if round + 1 == spec.rounds() && !spec.has_decode {
-                self.decode(state.rank, piece_index, piece, t.iteration)?;
+            Aggregation::Allgather => {
+                piece.gathered = mesh.allgather(piece.payload.clone(), abort)?
             }
-            drop(guard);
-            if state.rank == 0 {
-                self.record(0, task, stream, start);
+            Aggregation::ParameterServer => {
+                piece.payload = mesh.push_pull(
+                    std::mem::take(&mut piece.payload),
+                    ps_server(spec.group, self.world as usize),
+                    &mut *piece.codec,
+                    &mut *piece.server_codec,
+                    spec.range.len(),
+                    abort,
+                )?
             }
-            self.complete(state, task);
+        }
+        if round + 1 == spec.rounds() && !spec.has_decode {
+            self.decode(state.rank, piece_index, piece, t.iteration)?;
+        }
+        drop(guard);
+        if state.rank == 0 {
+            self.record(0, task, stream, start);
         }
         Ok(())
     }
