@@ -30,6 +30,12 @@ pub trait Tasks: Sync {
         stream: u32,
         task: u32,
     ) -> Result<()>;
+    /// Closes the rank's end of a stream after its last collective succeeded (on a failure the
+    /// link is only dropped).
+    fn close(&self, link: Self::Link) -> Result<()> {
+        drop(link);
+        Ok(())
+    }
 }
 
 /// A rank driven here: its number, its state and one opener per comm stream.
@@ -164,6 +170,6 @@ impl<T: Tasks> Driver<'_, T> {
             self.tasks.collective(rank.state, &link, stream, task)?;
             self.complete(rank, task);
         }
-        Ok(())
+        self.tasks.close(link)
     }
 }

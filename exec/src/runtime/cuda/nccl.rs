@@ -346,11 +346,38 @@ fn wait(
     }
 }
 
+impl Communicator<'_> {
+    /// Ends a communicator whose collectives all succeeded: `ncclCommFinalize` waits (within
+    /// the timeout, watching for failures) until the peers no longer need this rank's buffers,
+    /// which a peer still finishing its last collective may, then `ncclCommDestroy` frees them.
+    /// On any failure the communicator is aborted instead, by `Drop`.
+    pub fn finish(mut self) -> Result<()> {
+        // SAFETY: a live communicator with no call in progress (every call here settles).
+        let status = unsafe { sys::ncclCommFinalize(self.comm) };
+        self.settle(status, "finalization")?;
+        // SAFETY: finalized, so destroying frees local resources without waiting for peers.
+        let status = unsafe { sys::ncclCommDestroy(self.comm) };
+        self.comm = std::ptr::null_mut();
+        if status != sys::ncclResult_t::ncclSuccess {
+            return Err(ExecError::Rank {
+                rank: self.rank,
+                message: format!(
+                    "NCCL communicator {} could not be destroyed: {status:?}",
+                    self.lane
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Communicator<'_> {
-    /// Abort, not destroy: destroying waits for outstanding work, which never ends when a peer
-    /// is gone. Every collective of a successful run has completed by now, so aborting loses
-    /// nothing then either.
+    /// Abort, not destroy, unless `finish` already destroyed it: destroying an unfinalized
+    /// communicator waits for outstanding work, which never ends when a peer is gone.
     fn drop(&mut self) {
+        if self.comm.is_null() {
+            return;
+        }
         // SAFETY: the communicator came from ncclCommInitRankConfig and is not used after this.
         // Its status is ignored: nothing is left to do with a communicator that failed to abort.
         let _ = unsafe { sys::ncclCommAbort(self.comm) };

@@ -16,7 +16,8 @@
 //! created on each rank's own thread with one shared unique id), or one process per GPU (rank
 //! and world from `launch.rs`, the ids exchanged over `rendezvous.rs`, other processes'
 //! failures raised by `control.rs` into the run's `Failure`). Every wait is bounded and watches
-//! that failure; a communicator is aborted, never destroyed, when its thread ends (`nccl.rs`).
+//! that failure; a communicator is finalized and destroyed after its last collective, aborted
+//! after a failure (`nccl.rs`).
 
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
@@ -615,6 +616,10 @@ impl<'a> Tasks for Run<'a> {
     }
 
     /// The collective on this rank's communicator of stream `lane`.
+    fn close(&self, comm: Communicator<'a>) -> Result<()> {
+        comm.finish()
+    }
+
     fn collective(
         &self,
         state: &GpuRank,
