@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_micros(100);
+/// How long a wait polls without sleeping.
+const SPIN: Duration = Duration::from_millis(2);
 
 /// The `version` of cudarc's `ncclConfig_t` layout (NCCL 2.30): NCCL reads the fields of the
 /// versions it knows and takes the defaults for the rest.
@@ -328,7 +330,8 @@ fn wait(
     timeout: Duration,
     abort: &AtomicBool,
 ) -> Result<(), Stop> {
-    let deadline = Instant::now() + timeout;
+    let start = Instant::now();
+    let (deadline, spin_until) = (start + timeout, start + SPIN);
     loop {
         match status {
             sys::ncclResult_t::ncclSuccess => return Ok(()),
@@ -341,7 +344,13 @@ fn wait(
         if Instant::now() >= deadline {
             return Err(Stop::TimedOut);
         }
-        std::thread::sleep(POLL);
+        // Collective calls usually settle within microseconds, inside a timed task: yield
+        // first, and sleep only for the long waits (connection set-up, a slow peer).
+        if Instant::now() < spin_until {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(POLL);
+        }
         status = poll();
     }
 }

@@ -43,8 +43,6 @@ use syncopate_sim::plan::{Launch, Scheme};
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::time::SimTime;
 
-const POLL: Duration = Duration::from_micros(50);
-
 /// fp16 and bf16 elements as NCCL sees them (the payload buffers are bytes).
 #[derive(Clone, Copy, Default)]
 #[repr(transparent)]
@@ -229,6 +227,11 @@ pub fn execute(
 impl Run<'_> {
     fn rank(&self, rank: u32, device: usize, streams: u32) -> Result<GpuRank> {
         let ctx = CudaContext::new(device).map_err(cuda_err("cannot open the GPU"))?;
+        // SAFETY: every cross-stream dependency is met on the host (a task's successors are
+        // enqueued only after its end event completed; set-up ends with a synchronize), so
+        // cudarc's per-buffer events would only add false ones, e.g. an encode waiting for a
+        // later backward task that writes another tensor of the same fusion buffer.
+        unsafe { ctx.disable_event_tracking() };
         let stream = cuda_err("cannot create a stream");
         let compute = ctx.new_stream().map_err(&stream)?;
         let codec = ctx.new_stream().map_err(&stream)?;
@@ -353,8 +356,18 @@ impl Run<'_> {
                     ),
                 });
             }
-            std::thread::sleep(POLL);
+            // Successors are released only when this returns, so every µs of polling latency
+            // is a gap in the measured timeline: yield instead of sleeping (a sleep lasts at
+            // least the kernel's timer slack, 50 µs by default).
+            std::thread::yield_now();
         }
+    }
+
+    /// Waits, bounded and abortable, until the work enqueued so far on `stream` is done; needed
+    /// before a host read-back on a stream whose NCCL calls wait for peers.
+    fn drain(&self, state: &GpuRank, stream: &Arc<CudaStream>, what: &str) -> Result<()> {
+        let done = self.event(stream)?;
+        self.wait_event(state, &done, what)
     }
 
     /// Times the work `enqueue` puts on `stream`, waits for it and records the task.
@@ -374,21 +387,21 @@ impl Run<'_> {
         enqueue()?;
         let end = self.event(stream)?;
         self.wait_event(state, &end, "a task")?;
-        let at = |e: &CudaEvent| -> Result<SimTime> {
-            let ms = state
-                .epoch_event
-                .elapsed_ms(e)
+        // Event times are f32 ms: the start from the epoch (a few µs off after minutes), the
+        // duration from the start (exact to the event resolution), so durations stay precise.
+        let ms = |from: &CudaEvent, to: &CudaEvent| -> Result<u64> {
+            let ms = from
+                .elapsed_ms(to)
                 .map_err(cuda_err("cannot read a timing event"))?;
-            Ok(SimTime(
-                state.epoch_ns + (f64::from(ms) * 1e6).max(0.0) as u64,
-            ))
+            Ok((f64::from(ms) * 1e6).max(0.0) as u64)
         };
+        let begin = SimTime(state.epoch_ns + ms(&state.epoch_event, &start)?);
         let record = TaskRecord {
             rank: state.rank,
             task,
             stream: lane,
-            start: at(&start)?,
-            end: at(&end)?,
+            start: begin,
+            end: SimTime(begin.as_ns() + ms(&start, &end)?),
         };
         let keep = self.graph.task(task).resource != Resource::Comm || state.rank == 0;
         if keep {
@@ -704,6 +717,7 @@ impl<'a> Tasks for Run<'a> {
                     &mut piece.codec,
                     piece.server.as_mut(),
                     &mut piece.payload,
+                    || self.drain(state, stream, "the parameter-server push"),
                 )?,
             }
             if decode {

@@ -44,7 +44,10 @@ impl Server {
 /// Enqueues on `comm`'s stream the push of this rank's payload (the first `wire_bytes` of
 /// `payload`) to rank `server` and the pull of the server's payload into the same bytes.
 /// `server_state` is `Some` exactly on the server: it decodes every payload in rank order with
-/// its worker codec `codec`, as the CPU reference does, and re-encodes the sum.
+/// its worker codec `codec`, as the CPU reference does, and re-encodes the sum. `drain` waits,
+/// bounded and abortable, for the stream's work so far: the server calls it once the pushes
+/// arrived, since its codecs read results back to the host, and a blocking read-back behind a
+/// receive from a dead worker would hang beyond any timeout.
 pub fn push_pull(
     comm: &Communicator,
     k: &Kernels,
@@ -52,6 +55,7 @@ pub fn push_pull(
     codec: &mut GpuCodec,
     server_state: Option<&mut Server>,
     payload: &mut CudaSlice<u8>,
+    drain: impl Fn() -> Result<()>,
 ) -> Result<()> {
     let (rank, world, stream) = (comm.rank(), comm.world() as usize, comm.stream());
     let bytes = codec.wire_bytes();
@@ -61,6 +65,7 @@ pub fn push_pull(
         Some(s) => {
             let block = |r: usize| r * bytes..(r + 1) * bytes;
             comm.gather_bytes(&own, Some(&mut s.pushed), server)?;
+            drain()?;
             stream
                 .memcpy_dtod(&own, &mut s.pushed.slice_mut(block(rank as usize)))
                 .map_err(cuda_err("cannot copy the server's own payload"))?;
