@@ -3,6 +3,7 @@
 use super::host::board::Board;
 use super::sched::{Failure, Readiness, Sched};
 use crate::error::Result;
+use std::collections::VecDeque;
 use std::time::Duration;
 use syncopate_sim::graph::{Resource, TaskGraph};
 
@@ -15,9 +16,16 @@ pub trait Tasks: Sync {
     type Opener: Send;
     /// A comm thread's end of its stream: opened, used and dropped on that thread.
     type Link;
+    /// Compute work enqueued on a device stream and not yet seen done.
+    type Running;
 
-    /// A forward, backward or optimizer task.
-    fn compute(&self, rank: &Self::Rank, task: u32) -> Result<()>;
+    /// A forward, backward or optimizer task: done when this returns (`None`), or enqueued
+    /// behind the rank's earlier compute tasks (`Some`), to be finished with [`Tasks::finish`].
+    fn compute(&self, rank: &Self::Rank, task: u32) -> Result<Option<Self::Running>>;
+    /// Whether enqueued compute work is done, without waiting.
+    fn is_done(&self, running: &Self::Running) -> Result<bool>;
+    /// Waits (bounded) until enqueued compute work is done and records its task.
+    fn finish(&self, rank: &Self::Rank, task: u32, running: Self::Running) -> Result<()>;
     /// An encode or decode task.
     fn codec(&self, rank: &Self::Rank, task: u32) -> Result<()>;
     /// Opens the rank's end of comm stream `stream`, on that stream's thread.
@@ -128,15 +136,60 @@ impl<T: Tasks> Driver<'_, T> {
         rank.readiness.complete(self.graph, self.board, task);
     }
 
-    /// Forward, backward and optimizer tasks in program order.
+    /// Forward, backward and optimizer tasks in program order. A task whose only unmet inputs
+    /// are compute tasks already enqueued is enqueued at once (the stream runs them first), so
+    /// a device's compute stream never idles for a host round trip between such tasks; tasks
+    /// in flight are completed, releasing their other successors, as soon as they are done.
     fn compute_thread(&self, rank: &Rank<T::Rank>) -> Result<()> {
+        let mut in_flight: VecDeque<(u32, T::Running)> = VecDeque::new();
         let tasks = (0..self.graph.len() as u32)
             .filter(|&t| self.graph.task(t).resource == Resource::Compute);
         for task in tasks {
-            self.wait_for(rank, "a compute task's input", |s| {
-                (s.pending[task as usize] == 0).then_some(())
-            })?;
-            self.tasks.compute(rank.state, task)?;
+            loop {
+                self.complete_done(rank, &mut in_flight)?;
+                if in_flight.is_empty() {
+                    self.wait_for(rank, "a compute task's input", |s| {
+                        (s.pending[task as usize] == 0).then_some(())
+                    })?;
+                    break;
+                }
+                let on_stream = in_flight
+                    .iter()
+                    .filter(|(k, _)| self.graph.successors(*k).contains(&task))
+                    .count() as u32;
+                if rank.readiness.pending(task) == on_stream {
+                    break;
+                }
+                // An input from another stream is missing, which may wait for a task in
+                // flight: finish the oldest one and look again.
+                let (oldest, running) = in_flight.pop_front().expect("not empty");
+                self.tasks.finish(rank.state, oldest, running)?;
+                self.complete(rank, oldest);
+            }
+            match self.tasks.compute(rank.state, task)? {
+                Some(running) => in_flight.push_back((task, running)),
+                None => self.complete(rank, task),
+            }
+        }
+        for (task, running) in in_flight {
+            self.tasks.finish(rank.state, task, running)?;
+            self.complete(rank, task);
+        }
+        Ok(())
+    }
+
+    /// Completes the tasks in flight that are done, oldest first, without waiting.
+    fn complete_done(
+        &self,
+        rank: &Rank<T::Rank>,
+        in_flight: &mut VecDeque<(u32, T::Running)>,
+    ) -> Result<()> {
+        while let Some((_, running)) = in_flight.front() {
+            if !self.tasks.is_done(running)? {
+                break;
+            }
+            let (task, running) = in_flight.pop_front().expect("looked at above");
+            self.tasks.finish(rank.state, task, running)?;
             self.complete(rank, task);
         }
         Ok(())
@@ -171,5 +224,169 @@ impl<T: Tasks> Driver<'_, T> {
             self.complete(rank, task);
         }
         self.tasks.close(link)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::time::Instant;
+    use syncopate_sim::builder::build_graph;
+    use syncopate_sim::model::ModelProfile;
+    use syncopate_sim::scenario::Scenario;
+    use syncopate_sim::strategy::{Strategy, StrategyOptions};
+    use syncopate_sim::topology::{Cluster, ClusterOverrides};
+
+    /// A backend whose compute tasks stay in flight until the driver asks for them a second
+    /// time, and which checks every task's inputs when it runs.
+    struct Deferred<'g> {
+        graph: &'g TaskGraph,
+        predecessors: Vec<Vec<u32>>,
+        queries: Mutex<u32>,
+    }
+
+    #[derive(Default)]
+    struct Log {
+        enqueued: Vec<bool>,
+        done: Vec<bool>,
+        compute_order: Vec<u32>,
+        /// Compute tasks enqueued while an input was still in flight.
+        ahead: u32,
+    }
+
+    impl Deferred<'_> {
+        /// Every input is done, or (`on_stream`) an earlier compute task already enqueued.
+        fn check_inputs(&self, log: &Log, task: u32, on_stream: bool) {
+            for &p in &self.predecessors[task as usize] {
+                let compute = self.graph.task(p).resource == Resource::Compute;
+                assert!(
+                    log.done[p as usize] || (on_stream && compute && log.enqueued[p as usize]),
+                    "task {task} ran before its input {p}"
+                );
+            }
+        }
+
+        fn run(&self, log: &Mutex<Log>, task: u32) {
+            let mut log = log.lock().unwrap();
+            self.check_inputs(&log, task, false);
+            log.done[task as usize] = true;
+        }
+    }
+
+    impl Tasks for Deferred<'_> {
+        type Rank = Mutex<Log>;
+        type Opener = ();
+        type Link = ();
+        type Running = u32;
+
+        fn compute(&self, log: &Mutex<Log>, task: u32) -> Result<Option<u32>> {
+            let mut log = log.lock().unwrap();
+            self.check_inputs(&log, task, true);
+            if self.predecessors[task as usize]
+                .iter()
+                .any(|&p| !log.done[p as usize])
+            {
+                log.ahead += 1;
+            }
+            log.enqueued[task as usize] = true;
+            log.compute_order.push(task);
+            Ok(Some(task))
+        }
+
+        fn is_done(&self, _: &u32) -> Result<bool> {
+            // Seen done every other time, so both of the driver's paths run.
+            let mut queries = self.queries.lock().unwrap();
+            *queries += 1;
+            Ok(queries.is_multiple_of(2))
+        }
+
+        fn finish(&self, log: &Mutex<Log>, task: u32, running: u32) -> Result<()> {
+            assert_eq!(task, running);
+            let mut log = log.lock().unwrap();
+            assert!(log.enqueued[task as usize] && !log.done[task as usize]);
+            self.check_inputs(&log, task, true);
+            log.done[task as usize] = true;
+            Ok(())
+        }
+
+        fn codec(&self, log: &Mutex<Log>, task: u32) -> Result<()> {
+            self.run(log, task);
+            Ok(())
+        }
+
+        fn open(&self, _: &Mutex<Log>, _: u32, _: ()) -> Result<()> {
+            Ok(())
+        }
+
+        fn collective(&self, log: &Mutex<Log>, _: &(), _: u32, task: u32) -> Result<()> {
+            self.run(log, task);
+            Ok(())
+        }
+    }
+
+    /// With compute tasks left in flight, every task still runs after its inputs (compute
+    /// inputs merely enqueued earlier on the stream count), compute keeps program order, and
+    /// the run ends with every task done: the pipelined compute stream cannot deadlock.
+    #[test]
+    fn in_flight_compute_keeps_every_dependency() {
+        for strategy in ["horovod", "dear", "bytescheduler"] {
+            let model = ModelProfile::load("resnet50").unwrap();
+            let overrides = ClusterOverrides {
+                nodes: Some(1),
+                gpus_per_node: Some(2),
+                ..ClusterOverrides::default()
+            };
+            let cluster = Cluster::load("v100-10gbe", overrides).unwrap();
+            let base = Scenario::resolve(model, cluster).unwrap();
+            let plan = strategy
+                .parse::<Strategy>()
+                .unwrap()
+                .plan(&base, &StrategyOptions::default())
+                .unwrap();
+            let scenario = base.with_plan(plan, strategy).unwrap();
+            let graph = build_graph(&scenario, 3).unwrap();
+            let mut predecessors = vec![Vec::new(); graph.len()];
+            for t in 0..graph.len() as u32 {
+                for &s in graph.successors(t) {
+                    predecessors[s as usize].push(t);
+                }
+            }
+            let policy = &scenario.plan.policy;
+            let timeout = Duration::from_secs(20);
+            let board = Board::new(
+                &graph,
+                1,
+                policy.launch,
+                syncopate_sim::time::SimTime::from_us(policy.cycle_time_us).as_ns(),
+                policy.comm_streams,
+                Instant::now(),
+                timeout,
+            );
+            let tasks = Deferred {
+                graph: &graph,
+                predecessors,
+                queries: Mutex::new(0),
+            };
+            let log = Mutex::new(Log {
+                enqueued: vec![false; graph.len()],
+                done: vec![false; graph.len()],
+                compute_order: Vec::new(),
+                ahead: 0,
+            });
+            let local = vec![Local {
+                rank: 0,
+                state: &log,
+                openers: vec![(); policy.comm_streams as usize],
+            }];
+            drive(&tasks, &graph, &board, timeout, &Failure::default(), local).unwrap();
+            let log = log.into_inner().unwrap();
+            assert!(log.done.iter().all(|&d| d), "{strategy}: a task never ran");
+            let compute: Vec<u32> = (0..graph.len() as u32)
+                .filter(|&t| graph.task(t).resource == Resource::Compute)
+                .collect();
+            assert_eq!(log.compute_order, compute, "{strategy}");
+            assert!(log.ahead > 0, "{strategy}: nothing was enqueued ahead");
+        }
     }
 }

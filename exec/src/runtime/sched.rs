@@ -81,6 +81,11 @@ impl Readiness {
         }
     }
 
+    /// Unmet dependencies of `task` now.
+    pub fn pending(&self, task: u32) -> u32 {
+        self.sched.lock().expect("the scheduler lock").pending[task as usize]
+    }
+
     /// Marks `task` done on this rank: compression tasks it unblocks join the queue, and
     /// collectives it unblocks are announced to the launch board.
     pub fn complete(&self, graph: &TaskGraph, board: &Board, task: u32) {

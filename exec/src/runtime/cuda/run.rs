@@ -5,7 +5,8 @@
 //! its task between two timing events on its stream and waits (bounded, abortable) for the end
 //! event before releasing the successors, so the board and the codec queue see real GPU
 //! completion times and every cross-stream dependency is met before the dependent work is
-//! enqueued. Event times are converted to the run's host clock through an epoch event
+//! enqueued (compute tasks whose inputs are earlier compute tasks are enqueued behind them
+//! without waiting, and completed as their end events come in). Event times are converted to the run's host clock through an epoch event
 //! recorded when the host clock was read.
 //!
 //! Aggregation: NCCL allreduce (DeAR: its reduce-scatter and all-gather halves), allgather, or
@@ -379,13 +380,34 @@ impl Run<'_> {
         lane: u32,
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
+        let events = self.enqueue_timed(state, stream, enqueue)?;
+        self.finish_timed(state, task, lane, events)
+    }
+
+    /// Enqueues `enqueue`'s work on `stream` between two timing events.
+    fn enqueue_timed(
+        &self,
+        state: &GpuRank,
+        stream: &Arc<CudaStream>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<(CudaEvent, CudaEvent)> {
         state
             .ctx
             .bind_to_thread()
             .map_err(cuda_err("cannot bind the context"))?;
         let start = self.event(stream)?;
         enqueue()?;
-        let end = self.event(stream)?;
+        Ok((start, self.event(stream)?))
+    }
+
+    /// Waits for the work between `events` and records it as `task`.
+    fn finish_timed(
+        &self,
+        state: &GpuRank,
+        task: u32,
+        lane: u32,
+        (start, end): (CudaEvent, CudaEvent),
+    ) -> Result<()> {
         self.wait_event(state, &end, "a task")?;
         // Event times are f32 ms: the start from the epoch (a few µs off after minutes), the
         // duration from the start (exact to the event resolution), so durations stay precise.
@@ -558,13 +580,15 @@ impl<'a> Tasks for Run<'a> {
     type Rank = GpuRank;
     type Opener = Id;
     type Link = Communicator<'a>;
+    /// A compute task's start and end events.
+    type Running = (CudaEvent, CudaEvent);
 
     /// Calibrated GEMMs of the task's duration; a backward task also writes its tensor's
     /// synthetic gradient.
-    fn compute(&self, state: &GpuRank, task: u32) -> Result<()> {
+    fn compute(&self, state: &GpuRank, task: u32) -> Result<Option<Self::Running>> {
         let t = self.graph.task(task);
         let stream = &state.compute;
-        self.timed(state, stream, task, 0, || {
+        self.enqueue_timed(state, stream, || {
             state.gemm.lock().expect("the GEMM lock").run_for(
                 &state.kernels,
                 stream,
@@ -591,6 +615,16 @@ impl<'a> Tasks for Run<'a> {
             }
             Ok(())
         })
+        .map(Some)
+    }
+
+    fn is_done(&self, (_, end): &Self::Running) -> Result<bool> {
+        end.try_is_complete()
+            .map_err(cuda_err("cannot query a compute task's end"))
+    }
+
+    fn finish(&self, state: &GpuRank, task: u32, events: Self::Running) -> Result<()> {
+        self.finish_timed(state, task, 0, events)
     }
 
     /// The encode or decode between timing events, then what follows it untimed.

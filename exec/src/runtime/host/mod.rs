@@ -249,9 +249,11 @@ impl Tasks for Run<'_> {
     type Rank = RankState;
     type Opener = Mesh;
     type Link = Mesh;
+    /// Host compute is done when `compute` returns.
+    type Running = std::convert::Infallible;
 
     /// Busy work of the task's duration; a backward task also writes its synthetic gradient.
-    fn compute(&self, state: &RankState, task: u32) -> Result<()> {
+    fn compute(&self, state: &RankState, task: u32) -> Result<Option<Self::Running>> {
         let start = self.now();
         let t = self.graph.task(task);
         self.busy.run_for(t.duration.as_ns());
@@ -266,7 +268,15 @@ impl Tasks for Run<'_> {
             );
         }
         self.record(state.rank, task, 0, start);
-        Ok(())
+        Ok(None)
+    }
+
+    fn is_done(&self, running: &Self::Running) -> Result<bool> {
+        match *running {}
+    }
+
+    fn finish(&self, _: &RankState, _: u32, running: Self::Running) -> Result<()> {
+        match running {}
     }
 
     fn codec(&self, state: &RankState, task: u32) -> Result<()> {
