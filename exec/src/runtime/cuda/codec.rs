@@ -719,8 +719,6 @@ impl GpuCodec {
             .map_err(cuda_err("cannot write the count"))
     }
 
-    /// After the encode completed: the CPU codecs' error for non-finite input, naming the
-    /// first bad element. Synchronizes `stream`.
     /// Enqueues the scan that flags `input`'s first non-finite element for [`Self::check_finite`].
     fn flag_non_finite(
         &mut self,
@@ -742,6 +740,8 @@ impl GpuCodec {
         .map_err(cuda_err("the finite check's launch failed"))
     }
 
+    /// After the encode completed: the CPU codecs' error for non-finite input, naming the
+    /// first bad element. Synchronizes `stream`.
     pub fn check_finite(&self, stream: &Arc<CudaStream>, input: &CudaSlice<f32>) -> Result<()> {
         let Some(index) = first_non_finite(stream, &self.bad)? else {
             return Ok(());
