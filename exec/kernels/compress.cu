@@ -350,19 +350,30 @@ __device__ __forceinline__ void block_scan2(u32 *sa, u32 *sb, u32 a, u32 b, u32 
     *oa = sa[t] - a; *ob = sb[t] - b;
 }
 
-// Per tile of SEL_TILE elements: how many |x| > t and how many == t.
-extern "C" __global__ void select_count(const float *x, u32 n, const u32 *st, u32 *tile_gt, u32 *tile_eq) {
-    __shared__ u32 sa[SEL_THREADS], sb[SEL_THREADS];
-    const u32 t = st[0];
-    u32 gt = 0, eq = 0;
-    size_t first = (size_t)blockIdx.x * SEL_TILE + (size_t)threadIdx.x * SEL_PER;
+// First element of this thread's run of SEL_PER within its block's tile.
+__device__ size_t run_first() {
+    return (size_t)blockIdx.x * SEL_TILE + (size_t)threadIdx.x * SEL_PER;
+}
+
+// How many of this thread's run have |x| > t (gt) and |x| == t (eq).
+__device__ void run_counts(const float *x, u32 n, u32 t, u32 *gt, u32 *eq) {
+    size_t first = run_first();
+    *gt = 0; *eq = 0;
     for (u32 j = 0; j < SEL_PER; j++) {
         size_t i = first + j;
         if (i < n) {
             u32 a = __float_as_uint(x[i]) & ABS_MASK;
-            gt += a > t; eq += a == t;
+            *gt += a > t; *eq += a == t;
         }
     }
+}
+
+// Per tile of SEL_TILE elements: how many |x| > t and how many == t.
+extern "C" __global__ void select_count(const float *x, u32 n, const u32 *st, u32 *tile_gt, u32 *tile_eq) {
+    __shared__ u32 sa[SEL_THREADS], sb[SEL_THREADS];
+    const u32 t = st[0];
+    u32 gt, eq;
+    run_counts(x, n, t, &gt, &eq);
     u32 og, oe;
     block_scan2(sa, sb, gt, eq, &og, &oe);
     if (threadIdx.x == SEL_THREADS - 1) { tile_gt[blockIdx.x] = og + gt; tile_eq[blockIdx.x] = oe + eq; }
@@ -391,15 +402,9 @@ extern "C" __global__ void select_emit(const float *x, u32 n, const u32 *st, con
                                        u8 *out, unsigned long long idx_at, unsigned long long val_at, u32 cap) {
     __shared__ u32 sa[SEL_THREADS], sb[SEL_THREADS];
     const u32 t = st[0], ties = st[3];
-    size_t first = (size_t)blockIdx.x * SEL_TILE + (size_t)threadIdx.x * SEL_PER;
-    u32 gt = 0, eq = 0;
-    for (u32 j = 0; j < SEL_PER; j++) {
-        size_t i = first + j;
-        if (i < n) {
-            u32 a = __float_as_uint(x[i]) & ABS_MASK;
-            gt += a > t; eq += a == t;
-        }
-    }
+    size_t first = run_first();
+    u32 gt, eq;
+    run_counts(x, n, t, &gt, &eq);
     u32 og, oe;
     block_scan2(sa, sb, gt, eq, &og, &oe);
     gt = tile_gt[blockIdx.x] + og;
