@@ -56,7 +56,8 @@ pub const PROFILED: &[&str] = &[
     "powersgd:4",
 ];
 
-fn median(mut xs: Vec<f64>) -> f64 {
+/// The middle of `xs` (the upper one of an even count): timings' robust summary.
+pub fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }

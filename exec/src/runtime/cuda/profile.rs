@@ -6,7 +6,7 @@ use super::kernels::{cuda_err, grid, Kernels};
 use super::probe;
 use crate::compress::rng::Rng;
 use crate::error::{ExecError, Result};
-use crate::profile_host::{fit_curve, profiled_shapes, PROFILED};
+use crate::profile_host::{fit_curve, median, profiled_shapes, PROFILED};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
 use cudarc::nccl::{Comm, ReduceOp};
 use std::collections::BTreeMap;
@@ -57,11 +57,6 @@ pub struct CudaProfile {
     pub gpus: usize,
     /// nccl-tests-style points (all GPUs, one node); empty with one GPU.
     pub allreduce: Vec<Measurement>,
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// Seconds between two events recorded around the work `f` enqueues on `stream`.

@@ -8,6 +8,7 @@
 use super::comm::meshes;
 use crate::compress::codec_for;
 use crate::error::{ExecError, Result};
+use crate::profile_host::median;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::Compressor;
@@ -37,11 +38,10 @@ pub fn measure(ranks: u32, sizes: &[u64], repeats: usize) -> Result<Vec<Collecti
             }
             // The first run pays thread and buffer start-up: drop it.
             times.remove(0);
-            times.sort_by(f64::total_cmp);
             points.push(CollectivePoint {
                 allreduce,
                 bytes,
-                secs: times[times.len() / 2],
+                secs: median(times),
             });
         }
     }
