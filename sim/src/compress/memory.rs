@@ -3,7 +3,6 @@
 use crate::device::DeviceProfile;
 use crate::error::SimError;
 use crate::time::SimTime;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
 
@@ -181,18 +180,7 @@ impl fmt::Display for Memory {
     }
 }
 
-impl Serialize for Memory {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Memory {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let spec = String::deserialize(deserializer)?;
-        spec.parse().map_err(serde::de::Error::custom)
-    }
-}
+spec_string_serde!(Memory);
 
 #[cfg(test)]
 mod tests {

@@ -4,6 +4,30 @@
 //! encoder writes exactly `wire_bytes` bytes, so the simulator and the runner cannot drift.
 //! The byte layouts themselves are documented in `exec/WIRE_FORMAT.md`.
 
+/// Serializes a type as its spec string (`Display`) and parses it back (`FromStr`), so that
+/// JSON files carry `"topk:0.01"` and a bad spec is reported with the parser's message.
+macro_rules! spec_string_serde {
+    ($t:ty) => {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(
+                &self,
+                serializer: S,
+            ) -> std::result::Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                deserializer: D,
+            ) -> std::result::Result<Self, D::Error> {
+                let spec = <String as serde::Deserialize>::deserialize(deserializer)?;
+                spec.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
 mod memory;
 mod spec;
 

@@ -2,7 +2,6 @@
 
 use super::{Compressor, Fp8Format, QSGD_MAX_LEVELS};
 use crate::error::SimError;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
 
@@ -194,18 +193,7 @@ impl fmt::Display for Compressor {
     }
 }
 
-impl Serialize for Compressor {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Compressor {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let spec = String::deserialize(deserializer)?;
-        spec.parse().map_err(serde::de::Error::custom)
-    }
-}
+spec_string_serde!(Compressor);
 
 #[cfg(test)]
 mod tests {
