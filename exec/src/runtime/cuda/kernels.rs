@@ -4,7 +4,7 @@ use crate::error::{ExecError, Result};
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Threads per block of the element-wise kernels.
 pub const BLOCK: u32 = 256;
@@ -93,25 +93,13 @@ kernels! {
 
 /// Compiles one kernel source to PTX for `arch` (`sm_90`, …); needs NVRTC but no GPU.
 pub fn compile(file: &str, src: &str, arch: &str) -> Result<Ptx> {
-    // NVRTC's options want static strings; the few architectures are leaked once each.
-    static ARCHS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let arch: &'static str = {
-        let mut archs = ARCHS.lock().unwrap_or_else(|e| e.into_inner());
-        match archs.iter().find(|a| **a == arch) {
-            Some(a) => a,
-            None => {
-                let leaked: &'static str = Box::leak(arch.to_string().into_boxed_str());
-                archs.push(leaked);
-                leaked
-            }
-        }
-    };
     let options = CompileOptions {
         // Byte-exact payloads: no FMA contraction, IEEE division, subnormals kept.
         fmad: Some(false),
         prec_div: Some(true),
         ftz: Some(false),
-        arch: Some(arch),
+        // As a plain option: the `arch` field wants a `&'static str`.
+        options: vec![format!("--gpu-architecture={arch}")],
         name: Some(file.to_string()),
         ..Default::default()
     };
@@ -178,6 +166,10 @@ mod tests {
                 let ptx = compile(file, src, arch)
                     .unwrap_or_else(|e| panic!("{e}"))
                     .to_src();
+                assert!(
+                    ptx.contains(&format!(".target {arch}")),
+                    "{file} was not compiled for {arch}"
+                );
                 for name in names {
                     assert!(
                         ptx.contains(&format!(".entry {name}(")),
