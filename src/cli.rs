@@ -263,6 +263,8 @@ pub struct ProfileArgs {
 /// Where `exec` and `validate` run the plan.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExecBackend {
+    /// The visible GPUs when there are any, else host threads (says which it picked).
+    Auto,
     /// The visible NVIDIA GPUs with NCCL (one process driving all, or one process per GPU).
     Cuda,
     /// CPU threads on this machine, in-process channels: runs the whole exec path on a laptop
@@ -270,23 +272,24 @@ pub enum ExecBackend {
     Host,
 }
 
-/// The scenario a real run executes: a plan for a model on a cluster.
+/// The plan a real run executes, and how.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// The plan to run (JSON, e.g. from `simulate --save-plan`).
+    /// The plan to run (JSON from `simulate --save-plan` or `tune --out`; it records its model
+    /// and cluster).
     #[arg(long)]
     pub plan: PathBuf,
-    /// Shipped model name or path to a model profile: its tensors are synchronized.
+    /// The model (default: the one the plan records); it must be the one the plan was made for.
     #[arg(long)]
-    pub model: String,
-    #[arg(long, value_enum, default_value = "cuda")]
+    pub model: Option<String>,
+    #[arg(long, value_enum, default_value = "auto")]
     pub backend: ExecBackend,
-    /// Ranks (threads) of the host backend.
-    #[arg(long, default_value_t = 4)]
-    pub ranks: u32,
+    /// Host backend: run this many thread-ranks as one node (default: the cluster's world size).
+    #[arg(long, allow_negative_numbers = true)]
+    pub ranks: Option<i64>,
     /// Host backend: multiply the model profile's compute times by this (default: so that
     /// forward + backward + optimizer take at most 100 ms, and never more than the profile).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub compute_scale: Option<f64>,
     /// Measured iterations.
     #[arg(long, default_value_t = 5)]
@@ -298,21 +301,39 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Longest a rank waits for another (rendezvous, collectives) before failing, in seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
     pub timeout_s: f64,
+}
+
+/// The cluster of a run: by default the one the plan records, with these overrides.
+#[derive(Args, Debug, Clone)]
+pub struct RunClusterArgs {
+    /// Shipped cluster name or path (default: the plan's).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Override the number of nodes (default: the plan's).
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// Override the number of GPUs per node (default: the plan's).
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
+    /// Override the bandwidth of each inter-node NIC, in Gb/s (default: the plan's).
+    #[arg(long, allow_negative_numbers = true)]
+    pub inter_gbps: Option<f64>,
 }
 
 #[derive(Args, Debug)]
 #[command(
     after_help = "The host backend runs ranks as CPU threads with the real CPU compression kernels and \
 in-process channel collectives; it exists so that CI and laptops exercise the whole exec path and \
-is not a cluster backend."
+is not a cluster backend. --check compares every aggregate with a reference computed on the side, \
+which slows every rank: its timings are not representative."
 )]
 pub struct ExecArgs {
     #[command(flatten)]
     pub run: RunArgs,
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub cluster: RunClusterArgs,
     /// Verify every iteration: each rank's aggregated gradient against the compressor's
     /// reference aggregation of all ranks' inputs (and, for precision casts, their exact sum).
     #[arg(long)]

@@ -1,14 +1,14 @@
 //! The simulator: closed-form cases by hand, engine invariants, the symmetric fast path, noise.
 
-use syncopate_sim::builder::build_graph;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::engine::{self, EngineConfig, Noise};
-use syncopate_sim::graph::Resource;
+use syncopate_sim::graph::TaskGraph;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
-use syncopate_sim::plan::Launch;
+use syncopate_sim::plan::{Launch, Plan};
 use syncopate_sim::scenario::Scenario;
-use syncopate_sim::simulate::{simulate, SimOptions};
+use syncopate_sim::schedule::{LaunchPolicy, Stream};
+use syncopate_sim::simulate::{schedule, simulate, task_graph, SimOptions};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
 use syncopate_sim::time::SimTime;
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
@@ -61,10 +61,19 @@ fn run(
     strategy: &str,
 ) -> syncopate_sim::simulate::Summary {
     let strategy: Strategy = strategy.parse().unwrap();
-    let base = Scenario::resolve(model.clone(), cluster.clone()).unwrap();
-    let plan = strategy.plan(&base, &StrategyOptions::default()).unwrap();
-    let scenario = base.with_plan(plan, "test").unwrap();
-    simulate(&scenario, &SimOptions::default()).unwrap().summary
+    let scenario = Scenario::new(model.clone(), cluster.clone()).unwrap();
+    let plan = strategy
+        .plan(&scenario, &StrategyOptions::default())
+        .unwrap();
+    simulate(&scenario, &plan, &SimOptions::default())
+        .unwrap()
+        .summary
+}
+
+/// `iterations` iterations of the plan on the scenario, priced.
+fn graph(scenario: &Scenario, plan: &Plan, iterations: u32) -> TaskGraph {
+    let schedule = schedule(scenario, plan).unwrap();
+    task_graph(scenario, plan, &schedule, iterations).unwrap()
 }
 
 #[test]
@@ -102,7 +111,13 @@ fn two_tensors_on_one_link_fused_versus_unfused_by_hand() {
     assert_eq!(fused.wire_bytes_per_rank, 8);
 }
 
-fn scenario(model: &str, cluster: &str, nodes: u32, strategy: &str, compressor: &str) -> Scenario {
+fn scenario(
+    model: &str,
+    cluster: &str,
+    nodes: u32,
+    strategy: &str,
+    compressor: &str,
+) -> (Scenario, Plan) {
     let model = ModelProfile::load(model).unwrap();
     let cluster = Cluster::load(
         cluster,
@@ -116,13 +131,13 @@ fn scenario(model: &str, cluster: &str, nodes: u32, strategy: &str, compressor: 
         compressor: compressor.parse().unwrap(),
         ..StrategyOptions::default()
     };
-    let base = Scenario::resolve(model, cluster).unwrap();
+    let scenario = Scenario::new(model, cluster).unwrap();
     let plan = strategy
         .parse::<Strategy>()
         .unwrap()
-        .plan(&base, &options)
+        .plan(&scenario, &options)
         .unwrap();
-    base.with_plan(plan, "test").unwrap()
+    (scenario, plan)
 }
 
 const CASES: [(&str, &str, u32, &str, &str); 10] = [
@@ -153,14 +168,16 @@ const CASES: [(&str, &str, u32, &str, &str); 10] = [
 #[test]
 fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
     for (model, cluster, nodes, strategy, compressor) in CASES {
-        let scenario = scenario(model, cluster, nodes, strategy, compressor);
-        let graph = build_graph(&scenario, 3).unwrap();
+        let (scenario, plan) = scenario(model, cluster, nodes, strategy, compressor);
+        let graph = graph(&scenario, &plan, 3);
         let ranks = 3.min(scenario.cluster.world_size());
         let config = EngineConfig {
             ranks,
-            comm_streams: 1,
-            launch: Launch::PlanOrder,
-            cycle_time: SimTime::from_us(scenario.plan.policy.cycle_time_us),
+            policy: LaunchPolicy {
+                launch: Launch::PlanOrder,
+                comm_streams: 1,
+                cycle_ns: SimTime::from_us(plan.policy.cycle_time_us).as_ns(),
+            },
             slowdown_with_collective: 1.2,
             slowdown_with_codec: 1.1,
             record_ranks: ranks,
@@ -172,11 +189,11 @@ fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
         }
         .draw(&graph, ranks)
         .unwrap();
-        let result = engine::run(&graph, &config, &noise);
+        let result = engine::run(&graph, &config, &noise).unwrap();
         // (rank, task) -> (start, end); collectives are recorded once for all ranks.
         let mut spans = std::collections::HashMap::new();
         for r in &result.records {
-            let global = graph.task(r.task).resource == Resource::Comm;
+            let global = graph.task(r.task).stream == Stream::Comm;
             for rank in if global { 0..ranks } else { r.rank..r.rank + 1 } {
                 assert!(spans.insert((rank, r.task), (r.start, r.end)).is_none());
             }
@@ -186,20 +203,21 @@ fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
             graph.len() * ranks as usize,
             "{model}: every task ran on every rank"
         );
-        for edge in graph.graph.raw_edges() {
-            let (u, v) = (edge.source().index() as u32, edge.target().index() as u32);
-            for rank in 0..ranks {
-                assert!(
-                    spans[&(rank, v)].0 >= spans[&(rank, u)].1,
-                    "{model}: edge {u}->{v} on rank {rank}"
-                );
+        for u in 0..graph.len() as u32 {
+            for &v in graph.successors(u) {
+                for rank in 0..ranks {
+                    assert!(
+                        spans[&(rank, v)].0 >= spans[&(rank, u)].1,
+                        "{model}: edge {u}->{v} on rank {rank}"
+                    );
+                }
             }
         }
-        for resource in [Resource::Compute, Resource::Codec, Resource::Comm] {
+        for resource in [Stream::Compute, Stream::Codec, Stream::Comm] {
             for rank in 0..ranks {
                 let mut busy: Vec<(SimTime, SimTime)> = spans
                     .iter()
-                    .filter(|((r, t), _)| *r == rank && graph.task(*t).resource == resource)
+                    .filter(|((r, t), _)| *r == rank && graph.task(*t).stream == resource)
                     .map(|(_, &s)| s)
                     .collect();
                 busy.sort();
@@ -217,14 +235,16 @@ fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
 #[test]
 fn iteration_time_is_at_least_the_lower_bound() {
     for (model, cluster, nodes, strategy, compressor) in CASES {
-        let scenario = scenario(model, cluster, nodes, strategy, compressor);
-        let summary = simulate(&scenario, &SimOptions::default()).unwrap().summary;
-        let graph = build_graph(&scenario, 1).unwrap();
+        let (scenario, plan) = scenario(model, cluster, nodes, strategy, compressor);
+        let summary = simulate(&scenario, &plan, &SimOptions::default())
+            .unwrap()
+            .summary;
+        let graph = graph(&scenario, &plan, 1);
         let (mut compute, mut comm) = (0u64, 0u64);
-        for task in graph.graph.node_weights() {
-            match task.resource {
-                Resource::Compute => compute += task.duration.as_ns(),
-                Resource::Comm => comm += task.duration.as_ns(),
+        for task in graph.tasks() {
+            match task.stream {
+                Stream::Compute => compute += task.duration.as_ns(),
+                Stream::Comm => comm += task.duration.as_ns(),
                 _ => {}
             }
         }
@@ -244,10 +264,13 @@ fn iteration_time_is_at_least_the_lower_bound() {
 #[test]
 fn symmetric_and_explicit_paths_agree() {
     for (model, cluster, nodes, strategy, compressor) in CASES {
-        let scenario = scenario(model, cluster, nodes, strategy, compressor);
-        let symmetric = simulate(&scenario, &SimOptions::default()).unwrap().summary;
+        let (scenario, plan) = scenario(model, cluster, nodes, strategy, compressor);
+        let symmetric = simulate(&scenario, &plan, &SimOptions::default())
+            .unwrap()
+            .summary;
         let explicit = simulate(
             &scenario,
+            &plan,
             &SimOptions {
                 force_explicit: true,
                 ..Default::default()
@@ -276,16 +299,17 @@ fn symmetric_and_explicit_paths_agree() {
 #[test]
 fn horovod_launches_on_cycle_ticks() {
     for (cluster, nodes) in [("dgx1-v100", 1), ("v100-10gbe", 2)] {
-        let scenario = scenario("resnet50", cluster, nodes, "horovod", "none");
+        let (scenario, plan) = scenario("resnet50", cluster, nodes, "horovod", "none");
         let outcome = simulate(
             &scenario,
+            &plan,
             &SimOptions {
                 trace_ranks: 1,
                 ..Default::default()
             },
         )
         .unwrap();
-        let cycle_us = scenario.plan.policy.cycle_time_us;
+        let cycle_us = plan.policy.cycle_time_us;
         let trace = outcome.trace.unwrap();
         let mut spans: Vec<(f64, f64)> = trace
             .trace_events
@@ -306,14 +330,18 @@ fn horovod_launches_on_cycle_ticks() {
 
 #[test]
 fn contention_slows_compute_only_while_comm_runs() {
-    let base = scenario("bert-base", "v100-10gbe", 2, "wfbp", "none");
+    let (base, plan) = scenario("bert-base", "v100-10gbe", 2, "wfbp", "none");
     let quiet = {
         let mut s = base.clone();
         s.device.contention.compute_slowdown_with_collective = 1.0;
         s
     };
-    let slowed = simulate(&base, &SimOptions::default()).unwrap().summary;
-    let unslowed = simulate(&quiet, &SimOptions::default()).unwrap().summary;
+    let slowed = simulate(&base, &plan, &SimOptions::default())
+        .unwrap()
+        .summary;
+    let unslowed = simulate(&quiet, &plan, &SimOptions::default())
+        .unwrap()
+        .summary;
     assert!(slowed.compute_ms > unslowed.compute_ms);
     assert!(
         slowed.compute_ms
@@ -323,7 +351,7 @@ fn contention_slows_compute_only_while_comm_runs() {
 
 #[test]
 fn noise_gives_statistics_and_is_seeded() {
-    let scenario = scenario("resnet50", "v100-100gib", 2, "ddp", "none");
+    let (scenario, plan) = scenario("resnet50", "v100-100gib", 2, "ddp", "none");
     let options = SimOptions {
         iterations: Some(30),
         noise: NoiseSpec {
@@ -334,8 +362,8 @@ fn noise_gives_statistics_and_is_seeded() {
         },
         ..Default::default()
     };
-    let a = simulate(&scenario, &options).unwrap();
-    let b = simulate(&scenario, &options).unwrap();
+    let a = simulate(&scenario, &plan, &options).unwrap();
+    let b = simulate(&scenario, &plan, &options).unwrap();
     assert_eq!(a.summary, b.summary);
     let stats = a.summary.statistics.clone().unwrap();
     assert!(stats.ci95_low_ms <= stats.mean_ms && stats.mean_ms <= stats.ci95_high_ms);
@@ -343,6 +371,7 @@ fn noise_gives_statistics_and_is_seeded() {
     assert_eq!(a.iteration_times.len(), 30);
     let other = simulate(
         &scenario,
+        &plan,
         &SimOptions {
             noise: NoiseSpec {
                 seed: 4,
@@ -369,11 +398,11 @@ fn compute_scales_only_across_different_devices() {
     model.device = "h100-sxm5-80gb".into();
     let mut cluster = Cluster::load("dgx-h100", ClusterOverrides::default()).unwrap();
     cluster.device = remeasured.to_string_lossy().into_owned();
-    let same = Scenario::resolve(model.clone(), cluster.clone()).unwrap();
+    let same = Scenario::new(model.clone(), cluster.clone()).unwrap();
     assert_eq!(same.compute_scale, 1.0);
     h100.name = "another-gpu".into();
     std::fs::write(&remeasured, serde_json::to_string(&h100).unwrap()).unwrap();
-    let other = Scenario::resolve(model, cluster).unwrap();
+    let other = Scenario::new(model, cluster).unwrap();
     assert!(
         (other.compute_scale - 2.0).abs() < 1e-12,
         "{}",

@@ -21,7 +21,7 @@ fn scenario(model: ModelProfile, cluster: &str, nodes: u32) -> Scenario {
         },
     )
     .unwrap();
-    Scenario::resolve(model, cluster).unwrap()
+    Scenario::new(model, cluster).unwrap()
 }
 
 /// A model of `n` tensors with sizes and backward times that vary, so that grouping matters.
@@ -149,11 +149,7 @@ fn tuned_plan_is_never_slower_than_a_baseline_and_bounds_hold() {
         );
         assert!(result.plans_evaluated > 50);
         // The evaluator's time is what `simulate` reports for the plan.
-        let tuned = base
-            .clone()
-            .with_plan(result.plan.clone(), "tuned")
-            .unwrap();
-        let simulated = syncopate_sim::simulate::simulate(&tuned, &Default::default())
+        let simulated = syncopate_sim::simulate::simulate(&base, &result.plan, &Default::default())
             .unwrap()
             .summary;
         assert_eq!(

@@ -6,8 +6,10 @@
 //! tasks progress at a rate (compute slows while collectives or compression kernels run beside
 //! it; concurrent collectives share the network), and a rate change reschedules the task's end.
 
-use crate::graph::{LaunchKey, Resource, TaskGraph};
-use crate::plan::Launch;
+use crate::error::{Result, SimError};
+use crate::graph::TaskGraph;
+use crate::launch::Launcher;
+use crate::schedule::{LaunchPolicy, Stream};
 use crate::time::SimTime;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -17,10 +19,8 @@ use std::collections::BinaryHeap;
 pub struct EngineConfig {
     /// Ranks simulated explicitly (1 on the symmetric path).
     pub ranks: u32,
-    pub comm_streams: u32,
-    pub launch: Launch,
-    /// Horovod's cycle: a collective launches at the next multiple (zero: no cycle).
-    pub cycle_time: SimTime,
+    /// Communication streams, launch order and Horovod's cycle.
+    pub policy: LaunchPolicy,
     /// Compute time multipliers while a collective / a GPU compression kernel runs beside it.
     pub slowdown_with_collective: f64,
     pub slowdown_with_codec: f64,
@@ -105,16 +105,16 @@ impl Running {
 /// A per-rank stream that runs one task at a time, taking ready tasks first-come first-served
 /// (ties by task index).
 #[derive(Debug, Default)]
-struct Stream {
+struct Queue {
     queue: BinaryHeap<Reverse<(SimTime, u32)>>,
     running: Option<Running>,
 }
 
 #[derive(Debug, Default)]
 struct RankState {
-    compute: Stream,
-    codec: Stream,
-    cpu: Stream,
+    compute: Queue,
+    codec: Queue,
+    cpu: Queue,
 }
 
 /// Event payloads, ordered for deterministic tie-breaking after (time, sequence).
@@ -128,8 +128,8 @@ enum Event {
     },
     /// A collective on a stream may be done (stale if its version moved on).
     Comm { stream: u32, version: u64 },
-    /// A cycle tick releases a collective that became ready between ticks.
-    Tick { task: u32 },
+    /// A cycle tick releases collectives that became ready between ticks.
+    Tick,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -140,18 +140,18 @@ enum LocalStream {
 }
 
 impl LocalStream {
-    fn of(resource: Resource) -> LocalStream {
-        match resource {
-            Resource::Compute => LocalStream::Compute,
-            Resource::Codec => LocalStream::Codec,
-            Resource::Cpu => LocalStream::Cpu,
-            Resource::Comm => unreachable!("collectives are global, not a rank's stream"),
+    fn of(stream: Stream) -> LocalStream {
+        match stream {
+            Stream::Compute => LocalStream::Compute,
+            Stream::Codec => LocalStream::Codec,
+            Stream::Cpu => LocalStream::Cpu,
+            Stream::Comm => unreachable!("collectives are global, not a rank's stream"),
         }
     }
 }
 
 impl RankState {
-    fn stream(&mut self, which: LocalStream) -> &mut Stream {
+    fn stream(&mut self, which: LocalStream) -> &mut Queue {
         match which {
             LocalStream::Compute => &mut self.compute,
             LocalStream::Codec => &mut self.codec,
@@ -176,13 +176,9 @@ struct Engine<'a> {
     dirty_list: Vec<u32>,
     /// Ranks that have met each collective's dependencies.
     arrivals: Vec<u32>,
-    /// Collectives ready on every rank (and past their cycle tick), by priority key.
-    comm_ready: BinaryHeap<Reverse<(LaunchKey, u32)>>,
-    /// Collectives in plan order; under the plan-order policy the next to launch is
-    /// `order[next_in_order]`, once `ready_flag` says it is ready.
-    order: Vec<u32>,
-    next_in_order: usize,
-    ready_flag: Vec<bool>,
+    /// Ranks that have finished each task (all of them at once for a collective).
+    finished: Vec<u32>,
+    launcher: Launcher,
     comm: Vec<Option<Running>>,
     /// Source of versions for running tasks.
     versions: u64,
@@ -192,18 +188,16 @@ struct Engine<'a> {
     result: EngineResult,
 }
 
-/// Runs the graph on `config.ranks` ranks and returns the timings.
-pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> EngineResult {
-    let iterations = graph.iterations as usize;
+/// Runs the graph on `config.ranks` ranks and returns the timings, or an error naming the
+/// first task that never ran (a schedule whose launch order waits for a collective that
+/// itself waits for a later one).
+pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<EngineResult> {
+    let iterations = graph.iterations() as usize;
     let ranks = config.ranks.max(1) as usize;
     let mut pending = Vec::with_capacity(ranks * graph.len());
     for _ in 0..ranks {
-        pending.extend_from_slice(&graph.indegree);
+        pending.extend_from_slice(graph.indegree());
     }
-    let mut order: Vec<u32> = (0..graph.len() as u32)
-        .filter(|&t| graph.task(t).resource == Resource::Comm)
-        .collect();
-    order.sort_by_key(|&t| graph.task(t).launch_key.plan_order());
     let mut engine = Engine {
         graph,
         config,
@@ -218,11 +212,9 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> EngineRes
         dirty: vec![false; ranks],
         dirty_list: Vec::new(),
         arrivals: vec![0; graph.len()],
-        comm_ready: BinaryHeap::new(),
-        order,
-        next_in_order: 0,
-        ready_flag: vec![false; graph.len()],
-        comm: vec![None; config.comm_streams.max(1) as usize],
+        finished: vec![0; graph.len()],
+        launcher: Launcher::new(&config.policy, &graph.program),
+        comm: vec![None; config.policy.comm_streams.max(1) as usize],
         versions: 0,
         comm_busy_since: SimTime::ZERO,
         codec_active: vec![false; ranks],
@@ -237,7 +229,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> EngineRes
         },
     };
     for task in 0..graph.len() as u32 {
-        if graph.indegree[task as usize] == 0 {
+        if graph.indegree()[task as usize] == 0 {
             for rank in 0..engine.ranks_n {
                 engine.make_ready(rank, task);
             }
@@ -255,9 +247,10 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> EngineRes
         }
         engine.dispatch();
     }
+    engine.check_finished()?;
     engine.result.events = engine.processed;
     engine.result.makespan = engine.now;
-    engine.result
+    Ok(engine.result)
 }
 
 impl Engine<'_> {
@@ -280,8 +273,8 @@ impl Engine<'_> {
 
     /// A task's dependencies are met on `rank`: queue it, or count the rank in for a collective.
     fn make_ready(&mut self, rank: u32, task: u32) {
-        let resource = self.graph.task(task).resource;
-        if resource == Resource::Comm {
+        let stream = self.graph.task(task).stream;
+        if stream == Stream::Comm {
             self.arrivals[task as usize] += 1;
             if self.arrivals[task as usize] == self.ranks_n {
                 self.collective_ready(task);
@@ -290,7 +283,7 @@ impl Engine<'_> {
         }
         let now = self.now;
         self.ranks[rank as usize]
-            .stream(LocalStream::of(resource))
+            .stream(LocalStream::of(stream))
             .queue
             .push(Reverse((now, task)));
         self.mark_dirty(rank);
@@ -298,21 +291,9 @@ impl Engine<'_> {
 
     /// A collective is ready on every rank; under a cycle it waits for the next tick.
     fn collective_ready(&mut self, task: u32) {
-        let cycle = self.config.cycle_time.as_ns();
-        if cycle > 0 && !self.now.as_ns().is_multiple_of(cycle) {
-            let tick = SimTime(self.now.as_ns().div_ceil(cycle) * cycle);
-            self.push(tick, Event::Tick { task });
-        } else {
-            self.release_collective(task);
-        }
-    }
-
-    fn release_collective(&mut self, task: u32) {
-        match self.config.launch {
-            Launch::PlanOrder => self.ready_flag[task as usize] = true,
-            Launch::Priority => self
-                .comm_ready
-                .push(Reverse((self.graph.task(task).launch_key, task))),
+        let release = self.launcher.ready(task, self.now.as_ns());
+        if release > self.now.as_ns() {
+            self.push(SimTime(release), Event::Tick);
         }
     }
 
@@ -340,7 +321,8 @@ impl Engine<'_> {
                 }
                 _ => {}
             },
-            Event::Tick { task } => self.release_collective(task),
+            // The launcher releases the collective when the streams are next dispatched.
+            Event::Tick => {}
         }
     }
 
@@ -348,6 +330,7 @@ impl Engine<'_> {
         let task = self.graph.task(running.task);
         let iteration = task.iteration as usize;
         let busy = self.now - running.start;
+        self.finished[running.task as usize] += 1;
         match resource {
             LocalStream::Compute => self.result.compute_busy[iteration] += busy,
             LocalStream::Codec | LocalStream::Cpu => self.result.codec_busy[iteration] += busy,
@@ -356,7 +339,7 @@ impl Engine<'_> {
             self.codec_active[rank as usize] = false;
             self.rerate_compute(rank);
         }
-        if self.graph.iteration_end[iteration] == running.task {
+        if self.graph.iteration_end()[iteration] == running.task {
             let end = &mut self.result.iteration_end[iteration];
             *end = (*end).max(self.now);
         }
@@ -386,6 +369,7 @@ impl Engine<'_> {
 
     fn finish_collective(&mut self, stream: u32, running: Running) {
         let iteration = self.graph.task(running.task).iteration as usize;
+        self.finished[running.task as usize] = self.ranks_n;
         if self.config.record_ranks > 0 {
             self.result.records.push(TaskRecord {
                 rank: 0,
@@ -524,18 +508,8 @@ impl Engine<'_> {
             let Some(free) = self.comm.iter().position(Option::is_none) else {
                 return;
             };
-            let next = match self.config.launch {
-                Launch::PlanOrder => match self.order.get(self.next_in_order) {
-                    Some(&task) if self.ready_flag[task as usize] => {
-                        self.next_in_order += 1;
-                        task
-                    }
-                    _ => return,
-                },
-                Launch::Priority => match self.comm_ready.pop() {
-                    Some(Reverse((_, task))) => task,
-                    None => return,
-                },
+            let Some(next) = self.launcher.next(self.now.as_ns()) else {
+                return;
             };
             self.start_collective(free, next);
         }
@@ -568,5 +542,42 @@ impl Engine<'_> {
                 self.rerate_compute(rank);
             }
         }
+    }
+
+    /// Err naming the first task some rank never finished, and what it was waiting for.
+    fn check_finished(&self) -> Result<()> {
+        let Some(stuck) = (0..self.graph.len()).find(|&t| self.finished[t] < self.ranks_n) else {
+            return Ok(());
+        };
+        let task = self.graph.task(stuck as u32);
+        let unmet =
+            (0..self.ranks_n as usize).find(|&r| self.pending[r * self.graph.len() + stuck] > 0);
+        let waiting = if let Some(rank) = unmet {
+            let inputs: Vec<String> = (0..self.graph.len() as u32)
+                .filter(|&p| {
+                    self.graph.successors(p).contains(&(stuck as u32))
+                        && self.finished[p as usize] < self.ranks_n
+                })
+                .map(|p| {
+                    format!(
+                        "{} (finished on {} of {} ranks)",
+                        self.graph.task(p).label(),
+                        self.finished[p as usize],
+                        self.ranks_n
+                    )
+                })
+                .collect();
+            format!("on rank {rank} it waits for {}", inputs.join(", "))
+        } else {
+            let next = self
+                .launcher
+                .first_pending()
+                .map_or_else(|| "nothing".to_string(), |t| self.graph.task(t).label());
+            format!("it is ready, but the launch policy waits for {next} first")
+        };
+        Err(SimError::Stalled {
+            task: task.label(),
+            message: waiting,
+        })
     }
 }

@@ -34,6 +34,9 @@ pub enum SimError {
         message: String,
     },
 
+    #[error("the schedule stalled: {task} never ran: {message}")]
+    Stalled { task: String, message: String },
+
     #[error("invalid {what} `{value}`: {message}")]
     BadValue {
         what: String,

@@ -2,12 +2,11 @@
 //! and the single-GPU baseline computed once, so a search pays only for building and running
 //! each candidate's task graph. Its times equal `simulate`'s on the symmetric path.
 
-use crate::builder::build_graph;
 use crate::engine::{self, Noise};
 use crate::error::Result;
 use crate::plan::Plan;
 use crate::scenario::Scenario;
-use crate::simulate::engine_config;
+use crate::simulate::{engine_config, schedule, task_graph};
 use crate::time::SimTime;
 
 /// Warm-up iterations before the measured one, as `simulate`'s default.
@@ -21,7 +20,7 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
-    /// Takes a resolved scenario; its plan is replaced by each evaluated plan.
+    /// Evaluates plans on `scenario`.
     pub fn new(scenario: Scenario) -> Evaluator {
         Evaluator {
             scenario,
@@ -42,10 +41,7 @@ impl Evaluator {
     pub fn iteration_time(&mut self, plan: &Plan) -> Result<SimTime> {
         plan.validate("candidate plan", &self.scenario.model)?;
         self.evaluations += 1;
-        let previous = std::mem::replace(&mut self.scenario.plan, plan.clone());
-        let time = steady_iteration_time(&self.scenario);
-        self.scenario.plan = previous;
-        time
+        steady_iteration_time(&self.scenario, plan)
     }
 }
 
@@ -54,14 +50,16 @@ impl Evaluator {
 /// When nothing of an iteration outlives its optimizer step (no overlap with the next forward)
 /// and no cycle ties launches to absolute time, every iteration repeats the first one exactly,
 /// so one iteration's makespan is the steady-state time and half the work is saved.
-pub fn steady_iteration_time(scenario: &Scenario) -> Result<SimTime> {
-    let policy = &scenario.plan.policy;
+pub fn steady_iteration_time(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
+    let policy = &plan.policy;
+    let schedule = schedule(scenario, plan)?;
+    let config = engine_config(scenario, &schedule, 1, 0);
     if !policy.overlap_forward && policy.cycle_time_us == 0.0 {
-        let graph = build_graph(scenario, 1)?;
-        return Ok(engine::run(&graph, &engine_config(scenario, 1, 0), &Noise::default()).makespan);
+        let graph = task_graph(scenario, plan, &schedule, 1)?;
+        return Ok(engine::run(&graph, &config, &Noise::default())?.makespan);
     }
-    let graph = build_graph(scenario, WARMUP + 1)?;
-    let result = engine::run(&graph, &engine_config(scenario, 1, 0), &Noise::default());
+    let graph = task_graph(scenario, plan, &schedule, WARMUP + 1)?;
+    let result = engine::run(&graph, &config, &Noise::default())?;
     let ends = &result.iteration_end;
     Ok(ends[WARMUP as usize] - ends[WARMUP as usize - 1])
 }

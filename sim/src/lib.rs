@@ -1,19 +1,21 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
-pub mod builder;
 pub mod calibrate;
 pub mod collective;
 pub mod compress;
+pub mod cost;
 pub mod data;
 pub mod device;
 pub mod engine;
 pub mod error;
 pub mod evaluate;
 pub mod graph;
+pub mod launch;
 pub mod model;
 pub mod noise;
 pub mod plan;
 pub mod scenario;
+pub mod schedule;
 pub mod search;
 pub mod simulate;
 pub mod strategy;

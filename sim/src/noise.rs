@@ -3,7 +3,8 @@
 
 use crate::engine::Noise;
 use crate::error::{Result, SimError};
-use crate::graph::{Resource, TaskGraph};
+use crate::graph::TaskGraph;
+use crate::schedule::Stream;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
@@ -77,7 +78,7 @@ impl NoiseSpec {
             let mut rng = StdRng::seed_from_u64(
                 self.seed ^ (u64::from(rank) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             );
-            let stragglers: Vec<bool> = (0..graph.iterations)
+            let stragglers: Vec<bool> = (0..graph.iterations())
                 .map(|_| rng.random::<f64>() < self.straggler_probability)
                 .collect();
             for t in 0..tasks as u32 {
@@ -87,7 +88,7 @@ impl NoiseSpec {
                 } else {
                     1.0
                 };
-                if task.resource == Resource::Compute && stragglers[task.iteration as usize] {
+                if task.stream == Stream::Compute && stragglers[task.iteration as usize] {
                     factor *= self.straggler_slowdown;
                 }
                 per_rank_task.push(factor as f32);

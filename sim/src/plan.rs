@@ -84,6 +84,56 @@ pub struct Policy {
     pub ps_servers: u32,
 }
 
+/// What a plan was made for, so that `exec`, `validate` and `lower` need nothing but the plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    /// The model as it was named: a shipped name or an absolute path.
+    pub model: String,
+    /// The cluster as it was named: a shipped name or an absolute path.
+    pub cluster: String,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    /// The per-NIC line rate override (`--inter-gbps`), if one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inter_gbps: Option<f64>,
+    /// The host profile that CPU compression was priced with (`--cpu-compression`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_compression: Option<String>,
+}
+
+impl Target {
+    /// A target from the names a user gave (paths made absolute, so the plan can move) and
+    /// the world the cluster resolved to.
+    pub fn new(
+        model: &str,
+        cluster: &str,
+        nodes: u32,
+        gpus_per_node: u32,
+        inter_gbps: Option<f64>,
+        cpu_compression: Option<&str>,
+    ) -> Target {
+        let absolute = |name: &str| {
+            let path = std::path::Path::new(name);
+            if path.is_file() {
+                std::fs::canonicalize(path)
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| name.to_string())
+            } else {
+                name.to_string()
+            }
+        };
+        Target {
+            model: absolute(model),
+            cluster: absolute(cluster),
+            nodes,
+            gpus_per_node,
+            inter_gbps,
+            cpu_compression: cpu_compression.map(absolute),
+        }
+    }
+}
+
 /// A complete synchronization plan for one model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +148,10 @@ pub struct Plan {
     pub model_fingerprint: String,
     pub policy: Policy,
     pub groups: Vec<Group>,
+    /// The model, cluster and options the plan was made for (plans written by `simulate
+    /// --save-plan` and `tune --out` record them; older plans do not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Target>,
 }
 
 /// FNV-1a over every tensor's name and size: changes whenever the inventory does.
@@ -123,6 +177,7 @@ impl Plan {
             model_fingerprint: fingerprint(model),
             policy,
             groups,
+            target: None,
         }
     }
 

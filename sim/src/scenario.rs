@@ -1,19 +1,18 @@
-//! A scenario: a model on a cluster under a plan, with everything resolved and checked.
+//! A scenario: a model on a cluster with its device profiles resolved and checked; plans run on it.
 
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
-use crate::plan::Plan;
+use crate::schedule::World;
 use crate::topology::Cluster;
 
-/// Everything a simulation needs, validated against each other.
+/// Everything a simulation needs besides the plan, validated against each other.
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub model: ModelProfile,
     pub cluster: Cluster,
     /// The cluster's GPU (or host) profile: compression costs and contention.
     pub device: DeviceProfile,
-    pub plan: Plan,
     /// Run compression kernels on the host CPU with this profile's cost curves (kind `cpu`)
     /// instead of on the GPU.
     pub host_codec: Option<DeviceProfile>,
@@ -23,15 +22,8 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// Resolves the cluster's device and the model's measurement device and checks the plan.
-    /// `plan_label` names the plan in error messages (its file, or the strategy).
-    pub fn new(
-        model: ModelProfile,
-        cluster: Cluster,
-        plan: Plan,
-        plan_label: &str,
-    ) -> Result<Scenario> {
-        plan.validate(plan_label, &model)?;
+    /// Resolves the cluster's device and the model's measurement device.
+    pub fn new(model: ModelProfile, cluster: Cluster) -> Result<Scenario> {
         let device = DeviceProfile::load(&cluster.device).map_err(|e| {
             SimError::invalid(
                 &cluster.name,
@@ -54,7 +46,6 @@ impl Scenario {
             model,
             cluster,
             device,
-            plan,
             host_codec: None,
             compute_scale,
         })
@@ -74,26 +65,20 @@ impl Scenario {
         Ok(self)
     }
 
-    /// The device whose cost curves the compression kernels follow.
-    pub fn codec_device(&self) -> &DeviceProfile {
-        self.host_codec.as_ref().unwrap_or(&self.device)
+    /// The ranks of the cluster: nodes × GPUs (or processes) per node.
+    pub fn world(&self) -> World {
+        World {
+            nodes: self.cluster.nodes,
+            ranks_per_node: self.cluster.gpus_per_node,
+        }
     }
 
-    /// Resolves model and cluster before any plan is chosen (strategies that search need them):
-    /// the plan is one uncompressed group per tensor until `with_plan` replaces it.
-    pub fn resolve(model: ModelProfile, cluster: Cluster) -> Result<Scenario> {
-        let plan = crate::strategy::per_tensor_plan(&model);
-        Scenario::new(model, cluster, plan, "per-tensor plan")
+    /// Whether the ranks are CPU processes (a `cpu` device): their compression runs on the CPU.
+    pub fn cpu_ranks(&self) -> bool {
+        self.device.kind == DeviceKind::Cpu
     }
 
-    /// This scenario under another plan, checked against the model.
-    pub fn with_plan(mut self, plan: Plan, plan_label: &str) -> Result<Scenario> {
-        plan.validate(plan_label, &self.model)?;
-        self.plan = plan;
-        Ok(self)
-    }
-
-    /// The same model and plan on a single GPU of the same cluster: the scaling baseline.
+    /// The same model on a single GPU of the same cluster: the scaling baseline.
     pub fn single_gpu(&self) -> Scenario {
         let mut single = self.clone();
         single.cluster.nodes = 1;

@@ -1,12 +1,14 @@
 //! Runs a scenario: picks the symmetric or explicit path, draws noise, runs the engine over
 //! warm-up and measured iterations, and summarizes the steady state.
 
-use crate::builder;
+use crate::cost::step_costs;
 use crate::engine::{self, EngineConfig, EngineResult};
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
 use crate::noise::NoiseSpec;
+use crate::plan::Plan;
 use crate::scenario::Scenario;
+use crate::schedule::{lower, LaunchPolicy, Schedule, Stream};
 use crate::time::SimTime;
 use crate::trace::Trace;
 use serde::Serialize;
@@ -95,7 +97,29 @@ pub struct Outcome {
     pub trace: Option<Trace>,
 }
 
-pub fn simulate(scenario: &Scenario, options: &SimOptions) -> Result<Outcome> {
+/// The plan lowered for the scenario's world (errors name it by its strategy).
+pub fn schedule(scenario: &Scenario, plan: &Plan) -> Result<Schedule> {
+    lower(
+        &scenario.model,
+        scenario.world(),
+        scenario.cpu_ranks(),
+        plan,
+        &format!("strategy {}", plan.strategy),
+    )
+}
+
+/// `iterations` iterations of the schedule, every task priced by the cost pass.
+pub fn task_graph(
+    scenario: &Scenario,
+    plan: &Plan,
+    schedule: &Schedule,
+    iterations: u32,
+) -> Result<TaskGraph> {
+    let costs = step_costs(scenario, plan, schedule)?;
+    TaskGraph::new(schedule, &costs, iterations)
+}
+
+pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Result<Outcome> {
     options.noise.validate()?;
     if options.warmup == 0 {
         return Err(SimError::bad_value(
@@ -115,23 +139,32 @@ pub fn simulate(scenario: &Scenario, options: &SimOptions) -> Result<Outcome> {
     let world = scenario.cluster.world_size();
     let explicit = options.force_explicit || !options.noise.is_quiet();
     let ranks = if explicit { world } else { 1 };
-    let graph = builder::build_graph(scenario, options.warmup + measured)?;
+    let total = options.warmup.checked_add(measured).ok_or_else(|| {
+        SimError::bad_value(
+            "--warmup/--iterations",
+            format!("{}/{measured}", options.warmup),
+            "their sum exceeds 2^32",
+        )
+    })?;
+    let schedule = schedule(scenario, plan)?;
+    let graph = task_graph(scenario, plan, &schedule, total)?;
     let noise = options.noise.draw(&graph, ranks)?;
-    let config = engine_config(scenario, ranks, options.trace_ranks.min(ranks));
-    let result = engine::run(&graph, &config, &noise);
+    let config = engine_config(scenario, &schedule, ranks, options.trace_ranks.min(ranks));
+    let result = engine::run(&graph, &config, &noise)?;
     let iteration_times = steady_iterations(&result, options.warmup);
-    let single = single_gpu_time(scenario, options.warmup)?;
+    let single = single_gpu_time(scenario, plan, options.warmup)?;
     let summary = summarize(
         scenario,
+        plan,
         options,
-        &graph,
+        &schedule,
         &result,
         &iteration_times,
         single,
         explicit,
     );
-    let trace =
-        (config.record_ranks > 0).then(|| Trace::from_run(scenario, &graph, &result, &summary));
+    let trace = (config.record_ranks > 0)
+        .then(|| Trace::from_run(&scenario.model, &schedule, &graph, &result, &summary));
     Ok(Outcome {
         summary,
         iteration_times,
@@ -139,13 +172,16 @@ pub fn simulate(scenario: &Scenario, options: &SimOptions) -> Result<Outcome> {
     })
 }
 
-/// The engine settings a scenario's plan and device imply.
-pub fn engine_config(scenario: &Scenario, ranks: u32, record_ranks: u32) -> EngineConfig {
+/// The engine settings a schedule and the scenario's device imply.
+pub fn engine_config(
+    scenario: &Scenario,
+    schedule: &Schedule,
+    ranks: u32,
+    record_ranks: u32,
+) -> EngineConfig {
     EngineConfig {
         ranks,
-        comm_streams: scenario.plan.policy.comm_streams,
-        launch: scenario.plan.policy.launch,
-        cycle_time: SimTime::from_us(scenario.plan.policy.cycle_time_us),
+        policy: schedule.policy,
         slowdown_with_collective: scenario.device.contention.compute_slowdown_with_collective,
         slowdown_with_codec: scenario.device.contention.compute_slowdown_with_compression,
         record_ranks,
@@ -160,19 +196,22 @@ fn steady_iterations(result: &EngineResult, warmup: u32) -> Vec<SimTime> {
         .collect()
 }
 
-fn single_gpu_time(scenario: &Scenario, warmup: u32) -> Result<SimTime> {
+fn single_gpu_time(scenario: &Scenario, plan: &Plan, warmup: u32) -> Result<SimTime> {
     let single = scenario.single_gpu();
-    let graph = builder::build_graph(&single, warmup + 1)?;
+    let schedule = schedule(&single, plan)?;
+    let graph = task_graph(&single, plan, &schedule, warmup + 1)?;
     let config = EngineConfig {
         ranks: 1,
-        comm_streams: 1,
-        launch: scenario.plan.policy.launch,
-        cycle_time: SimTime::ZERO,
+        policy: LaunchPolicy {
+            launch: plan.policy.launch,
+            comm_streams: 1,
+            cycle_ns: 0,
+        },
         slowdown_with_collective: 1.0,
         slowdown_with_codec: 1.0,
         record_ranks: 0,
     };
-    let result = engine::run(&graph, &config, &Default::default());
+    let result = engine::run(&graph, &config, &Default::default())?;
     Ok(*steady_iterations(&result, warmup)
         .last()
         .expect("one measured iteration"))
@@ -186,10 +225,12 @@ fn round6(value: f64) -> f64 {
     (value * 1e6).round() / 1e6
 }
 
+#[allow(clippy::too_many_arguments)]
 fn summarize(
     scenario: &Scenario,
+    plan: &Plan,
     options: &SimOptions,
-    graph: &TaskGraph,
+    schedule: &Schedule,
     result: &EngineResult,
     times: &[SimTime],
     single: SimTime,
@@ -205,15 +246,15 @@ fn summarize(
     let mean_ns = times.iter().map(|t| t.as_ns() as f64).sum::<f64>() / times.len() as f64;
     let compute_ns = per_iteration(&result.compute_busy) / ranks;
     let batch = f64::from(scenario.model.batch_size_per_gpu);
-    let collectives = graph
-        .graph
-        .node_weights()
-        .filter(|t| t.iteration == 0 && t.resource == crate::graph::Resource::Comm)
+    let collectives = schedule
+        .steps
+        .iter()
+        .filter(|s| s.stream == Stream::Comm)
         .count();
     Summary {
         model: scenario.model.name.clone(),
         cluster: scenario.cluster.name.clone(),
-        strategy: scenario.plan.strategy.clone(),
+        strategy: plan.strategy.clone(),
         world_size: world,
         path: if explicit { "explicit" } else { "symmetric" },
         iteration_time_ms: round6(mean_ns / 1e6),
@@ -225,16 +266,14 @@ fn summarize(
         compression_ms: round6(per_iteration(&result.codec_busy) / ranks / 1e6),
         comm_ms: round6(per_iteration(&result.comm_busy) / 1e6),
         wire_bytes_per_rank: if world > 1 {
-            scenario
-                .plan
-                .groups
+            plan.groups
                 .iter()
                 .map(|g| g.wire_bytes(&scenario.model))
                 .sum()
         } else {
             0
         },
-        groups: scenario.plan.groups.len(),
+        groups: plan.groups.len(),
         collectives_per_iteration: collectives,
         compute_scale: round6(scenario.compute_scale),
         seed: options.noise.seed,

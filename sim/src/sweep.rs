@@ -107,7 +107,7 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
         .iter()
         .map(|point| {
             let cluster = Cluster::load(&point.cluster, point.overrides)?;
-            Scenario::resolve(models[&point.model].clone(), cluster)
+            Scenario::new(models[&point.model].clone(), cluster)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(points
@@ -143,6 +143,5 @@ fn run_point(point: &Point, scenario: Scenario, base: &StrategyOptions) -> Resul
     if let Some(scheme) = point.scheme {
         plan.set_scheme(scheme);
     }
-    let scenario = scenario.with_plan(plan, &format!("strategy {}", point.strategy))?;
-    Ok(simulate(&scenario, &SimOptions::default())?.summary)
+    Ok(simulate(&scenario, &plan, &SimOptions::default())?.summary)
 }

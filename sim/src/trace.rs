@@ -1,9 +1,11 @@
 //! Traces: the timeline of a run in Chrome/Perfetto trace-event JSON, with the run's summary;
 //! predicted and measured runs share this schema so that they can be compared.
 
+use crate::collective::Estimate;
 use crate::engine::{EngineResult, TaskRecord};
-use crate::graph::{Resource, TaskGraph, TaskKind};
-use crate::scenario::Scenario;
+use crate::graph::TaskGraph;
+use crate::model::ModelProfile;
+use crate::schedule::{Program, Schedule, StepKind, Stream};
 use crate::simulate::Summary;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -51,21 +53,32 @@ impl Trace {
     /// The recorded ranks' tasks, one track per stream per rank; collectives appear on every
     /// recorded rank's communication track since they span all ranks.
     pub fn from_run(
-        scenario: &Scenario,
+        model: &ModelProfile,
+        schedule: &Schedule,
         graph: &TaskGraph,
         result: &EngineResult,
         summary: &Summary,
     ) -> Trace {
         let summary = serde_json::to_value(summary).expect("a summary serializes");
-        Trace::from_records(scenario, graph, &result.records, summary)
+        Trace::from_records(
+            model,
+            schedule,
+            &graph.program,
+            &result.records,
+            |t| graph.task(t).estimate,
+            summary,
+        )
     }
 
     /// A trace from task records of any origin (the simulator's engine, or a real run that timed
-    /// the same graph's tasks), with `summary` as its `otherData`.
+    /// the same program's tasks), with `summary` as its `otherData`; `estimate` gives a
+    /// collective task's predicted algorithm, when there is a prediction.
     pub fn from_records(
-        scenario: &Scenario,
-        graph: &TaskGraph,
+        model: &ModelProfile,
+        schedule: &Schedule,
+        program: &Program,
         records: &[TaskRecord],
+        estimate: impl Fn(u32) -> Option<Estimate>,
         summary: Value,
     ) -> Trace {
         let ranks: u32 = records.iter().map(|r| r.rank + 1).max().unwrap_or(0);
@@ -84,7 +97,7 @@ impl Trace {
             ] {
                 events.push(meta("thread_name", rank, tid, json!({ "name": name })));
             }
-            for stream in 0..scenario.plan.policy.comm_streams {
+            for stream in 0..schedule.policy.comm_streams {
                 events.push(meta(
                     "thread_name",
                     rank,
@@ -94,24 +107,31 @@ impl Trace {
             }
         }
         for record in records {
-            let task = graph.task(record.task);
-            let (name, args) = describe(scenario, task);
+            let task = program.task(record.task);
+            let stream = schedule.step(task.step).stream;
+            let (name, args) = describe(
+                model,
+                schedule,
+                task.step,
+                task.iteration,
+                estimate(record.task),
+            );
             let span = |pid: u32| TraceEvent {
                 name: name.clone(),
-                cat: task.resource.name().to_string(),
+                cat: stream.name().to_string(),
                 ph: "X".to_string(),
                 ts: record.start.as_us(),
                 dur: (record.end - record.start).as_us(),
                 pid,
-                tid: match task.resource {
-                    Resource::Compute => COMPUTE_TRACK,
-                    Resource::Codec => CODEC_TRACK,
-                    Resource::Cpu => CPU_TRACK,
-                    Resource::Comm => FIRST_COMM_TRACK + record.stream,
+                tid: match stream {
+                    Stream::Compute => COMPUTE_TRACK,
+                    Stream::Codec => CODEC_TRACK,
+                    Stream::Cpu => CPU_TRACK,
+                    Stream::Comm => FIRST_COMM_TRACK + record.stream,
                 },
                 args: args.clone(),
             };
-            if task.resource == Resource::Comm {
+            if stream == Stream::Comm {
                 events.extend((0..ranks).map(span));
             } else {
                 events.push(span(record.rank));
@@ -138,60 +158,74 @@ fn meta(name: &str, pid: u32, tid: u32, args: Value) -> TraceEvent {
     }
 }
 
-/// A task's display name and arguments: tensor names, group ids, bytes, algorithm.
-fn describe(scenario: &Scenario, task: &crate::graph::Task) -> (String, Value) {
-    let model = &scenario.model;
-    let iteration = task.iteration;
-    match task.kind {
-        TaskKind::Forward { tensor } => (
+/// A task's display name and arguments: tensor names, group ids, bytes, the exchange and,
+/// for predictions, the collective algorithm.
+fn describe(
+    model: &ModelProfile,
+    schedule: &Schedule,
+    step: u32,
+    iteration: u32,
+    estimate: Option<Estimate>,
+) -> (String, Value) {
+    let step = schedule.step(step);
+    let piece = schedule.piece_of(step);
+    match step.kind {
+        StepKind::Forward { tensor } => (
             format!("fwd {}", model.tensors[tensor as usize].name),
             json!({ "iteration": iteration, "tensor": tensor }),
         ),
-        TaskKind::Backward { tensor } => (
+        StepKind::Backward { tensor } => (
             format!("bwd {}", model.tensors[tensor as usize].name),
             json!({ "iteration": iteration, "tensor": tensor }),
         ),
-        TaskKind::Optimizer => ("optimizer".to_string(), json!({ "iteration": iteration })),
-        TaskKind::Update { group } => (
+        StepKind::Optimizer => ("optimizer".to_string(), json!({ "iteration": iteration })),
+        StepKind::Update { group } => (
             format!("update g{group}"),
             json!({ "iteration": iteration, "group": group }),
         ),
-        TaskKind::Encode { group, part } | TaskKind::Decode { group, part } => {
-            let verb = if matches!(task.kind, TaskKind::Encode { .. }) {
+        StepKind::Encode { group, part } | StepKind::Decode { group, part } => {
+            let verb = if matches!(step.kind, StepKind::Encode { .. }) {
                 "encode"
             } else {
                 "decode"
             };
-            let g = &scenario.plan.groups[group as usize];
+            let compressor = piece.map(|p| p.compressor.to_string()).unwrap_or_default();
             (
-                format!("{verb} g{group}.{part} {}", g.compressor),
-                json!({ "iteration": iteration, "group": group, "part": part, "compressor": g.compressor.to_string() }),
+                format!("{verb} g{group}.{part} {compressor}"),
+                json!({ "iteration": iteration, "group": group, "part": part, "compressor": compressor }),
             )
         }
-        TaskKind::Collective { group, part, round } => {
-            let g = &scenario.plan.groups[group as usize];
-            let first = &model.tensors[g.tensors[0]].name;
-            let last = &model.tensors[*g.tensors.last().expect("non-empty group")].name;
-            let estimate = task.estimate.expect("collectives carry their estimate");
+        StepKind::Collective { group, part, round } => {
+            let piece = piece.expect("a collective works on a piece");
+            let exchange = piece.rounds[round as usize];
+            let slots = &schedule.buffers[group as usize].slots;
+            let name = |slot: Option<&crate::schedule::Slot>| {
+                slot.map(|s| model.tensors[s.tensor as usize].name.as_str())
+                    .unwrap_or_default()
+            };
+            let mut args = json!({
+                "iteration": iteration,
+                "group": group,
+                "part": part,
+                "round": round,
+                "bytes": exchange.bytes,
+                "exchange": exchange.exchange.name(),
+                "tensors": slots.len(),
+                "first_tensor": name(slots.first()),
+                "last_tensor": name(slots.last()),
+                "compressor": piece.compressor.to_string(),
+            });
+            if let Some(estimate) = estimate {
+                args["algorithm"] = json!(estimate.algorithm.name());
+                args["protocol"] = json!(estimate.protocol.name());
+            }
             (
                 format!(
                     "{} g{group}.{part}.{round} {} B",
-                    estimate.algorithm.name(),
-                    task.bytes
+                    exchange.exchange.name(),
+                    exchange.bytes
                 ),
-                json!({
-                    "iteration": iteration,
-                    "group": group,
-                    "part": part,
-                    "round": round,
-                    "bytes": task.bytes,
-                    "tensors": g.tensors.len(),
-                    "first_tensor": first,
-                    "last_tensor": last,
-                    "algorithm": estimate.algorithm.name(),
-                    "protocol": estimate.protocol.name(),
-                    "compressor": g.compressor.to_string(),
-                }),
+                args,
             )
         }
     }

@@ -1,15 +1,16 @@
 //! `syncopate exec`: runs a plan for real on a backend, optionally checks the aggregated gradients, and writes the measured trace.
 
-use crate::cli::{ExecArgs, ExecBackend, Format, RunArgs};
+use crate::cli::{ExecArgs, ExecBackend, Format, RunArgs, RunClusterArgs};
 use anyhow::Context;
 use std::time::Duration;
-use syncopate_exec::runtime::{self, Backend, ExecOptions, Measured, MeasuredSummary};
+use syncopate_exec::runtime::{self, cuda, Backend, ExecOptions, Job, Measured, MeasuredSummary};
 use syncopate_exec::ExecError;
-use syncopate_sim::graph::TaskGraph;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
-use syncopate_sim::topology::Cluster;
+use syncopate_sim::schedule::Schedule;
+use syncopate_sim::simulate::schedule;
+use syncopate_sim::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::trace::Trace;
 use syncopate_sim::SimError;
 
@@ -17,13 +18,16 @@ use syncopate_sim::SimError;
 const HOST_COMPUTE_BUDGET_US: f64 = 100_000.0;
 
 pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
-    let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
-    let scenario = scenario(&args.run, cluster)?;
-    let (options, backend) = options(&args.run, args.check)?;
-    let (graph, measured) = runtime::execute(backend, &scenario, &options)?;
-    let summary = measured.summary(&scenario, &graph, &options, backend_name(args.run.backend));
+    let (plan, model) = load_plan(&args.run)?;
+    let backend = choose_backend(args.run.backend)?;
+    let cluster = run_cluster(&args.run, &args.cluster, &plan, backend)?;
+    let scenario = Scenario::new(model, cluster)?;
+    let schedule = schedule(&scenario, &plan)?;
+    let options = options(&args.run, args.check)?;
+    let (job, measured) = execute(backend, &args.run, &scenario, &schedule, &options)?;
+    let summary = measured.summary(&job, backend.name());
     if let Some(path) = &args.trace {
-        write_trace(path, &scenario, &graph, &measured, &summary)?;
+        write_trace(path, &scenario.model, &job, &measured, &summary)?;
     }
     match args.format {
         Format::Json => super::print_json(&summary)?,
@@ -57,40 +61,161 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn backend_name(backend: ExecBackend) -> &'static str {
-    match backend {
-        ExecBackend::Cuda => "cuda",
-        ExecBackend::Host => "host",
+/// The plan and the model it was made for: `--model`, else the model the plan records.
+pub fn load_plan(run: &RunArgs) -> anyhow::Result<(Plan, ModelProfile)> {
+    let label = run.plan.to_string_lossy().into_owned();
+    let plan = Plan::load(&label)?;
+    let name = run
+        .model
+        .clone()
+        .or_else(|| plan.target.as_ref().map(|t| t.model.clone()))
+        .unwrap_or_else(|| plan.model.clone());
+    let model = ModelProfile::load(&name)?;
+    plan.validate(&label, &model)?;
+    Ok((plan, model))
+}
+
+/// The cluster a run lowers the plan for: the flags, else what the plan records. On the host
+/// backend `--ranks N` means one node of N ranks.
+fn run_cluster(
+    run: &RunArgs,
+    args: &RunClusterArgs,
+    plan: &Plan,
+    backend: Chosen,
+) -> anyhow::Result<Cluster> {
+    let target = plan.target.as_ref();
+    let name = args
+        .cluster
+        .clone()
+        .or_else(|| target.map(|t| t.cluster.clone()))
+        .ok_or_else(|| {
+            SimError::bad_value(
+                "--cluster",
+                "(none)",
+                "the plan does not record the cluster it was made for (an older plan): name one",
+            )
+        })?;
+    let mut overrides = ClusterOverrides {
+        nodes: args.nodes.or(target.map(|t| t.nodes)),
+        gpus_per_node: args.gpus_per_node.or(target.map(|t| t.gpus_per_node)),
+        inter_gbps: args.inter_gbps.or(target.and_then(|t| t.inter_gbps)),
+    };
+    if let (Some(ranks), Chosen::Host) = (run.ranks, backend) {
+        let ranks = host_ranks(ranks)?;
+        match (args.nodes, args.gpus_per_node) {
+            (None, None) => {
+                overrides.nodes = Some(1);
+                overrides.gpus_per_node = Some(ranks);
+            }
+            (nodes, gpus) => {
+                let world = u64::from(nodes.unwrap_or(1)) * u64::from(gpus.unwrap_or(1));
+                if world != u64::from(ranks) {
+                    return Err(SimError::bad_value(
+                        "--ranks",
+                        ranks,
+                        format!("contradicts --nodes/--gpus-per-node, which make {world} ranks"),
+                    )
+                    .into());
+                }
+            }
+        }
+    }
+    let cluster = Cluster::load(&name, overrides)?;
+    if let Some(t) = target {
+        if (t.nodes, t.gpus_per_node) != (cluster.nodes, cluster.gpus_per_node) {
+            eprintln!(
+                "note: the plan was made for {} × {}; running it on {} × {}",
+                t.nodes, t.gpus_per_node, cluster.nodes, cluster.gpus_per_node
+            );
+        }
+    }
+    Ok(cluster)
+}
+
+pub fn host_ranks(ranks: i64) -> anyhow::Result<u32> {
+    /// More thread-ranks than this would only oversubscribe any machine's cores.
+    const MAX_HOST_RANKS: i64 = 256;
+    if (1..=MAX_HOST_RANKS).contains(&ranks) {
+        Ok(ranks as u32)
+    } else {
+        Err(SimError::bad_value(
+            "--ranks",
+            ranks,
+            format!("the host backend runs 1 to {MAX_HOST_RANKS} thread-ranks"),
+        )
+        .into())
     }
 }
 
-/// The scenario a run executes. On the host the cluster is resized to the thread ranks, and
-/// compute follows the model profile times the host compute scale.
-pub fn scenario(run: &RunArgs, mut cluster: Cluster) -> anyhow::Result<Scenario> {
-    let model = ModelProfile::load(&run.model)?;
-    let label = run.plan.to_string_lossy().into_owned();
-    let plan = Plan::load(&label)?;
-    if run.backend == ExecBackend::Host {
-        if run.ranks == 0 {
-            return Err(SimError::bad_value("--ranks", 0, "needs at least one rank").into());
-        }
-        if cluster.world_size() != run.ranks {
-            cluster.nodes = 1;
-            cluster.gpus_per_node = run.ranks;
+/// The backend a run uses once `auto` is resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chosen {
+    Host,
+    Cuda,
+}
+
+impl Chosen {
+    pub fn name(self) -> &'static str {
+        match self {
+            Chosen::Cuda => "cuda",
+            Chosen::Host => "host",
         }
     }
-    let mut scenario = Scenario::new(model, cluster, plan, &label)?;
-    if run.backend == ExecBackend::Host {
-        scenario.compute_scale = host_compute_scale(run, &scenario.model)?;
+}
+
+/// `auto` takes the GPUs when the CUDA libraries load and see a device, else the host, and
+/// says which it took.
+pub fn choose_backend(asked: ExecBackend) -> anyhow::Result<Chosen> {
+    Ok(match asked {
+        ExecBackend::Cuda => Chosen::Cuda,
+        ExecBackend::Host => Chosen::Host,
+        ExecBackend::Auto => match cuda::probe::probe() {
+            Ok(gpus) => {
+                eprintln!("backend: cuda ({gpus} GPU(s) visible)");
+                Chosen::Cuda
+            }
+            Err(err) => {
+                eprintln!("backend: host ({err})");
+                Chosen::Host
+            }
+        },
+    })
+}
+
+/// Runs the schedule on the chosen backend. The host backend runs the schedule's world as
+/// thread-ranks and scales compute down to its budget (see `--compute-scale`).
+pub fn execute<'a>(
+    backend: Chosen,
+    run: &RunArgs,
+    scenario: &Scenario,
+    schedule: &'a Schedule,
+    options: &'a ExecOptions,
+) -> anyhow::Result<(Job<'a>, Measured)> {
+    let (backend, compute_scale) = match backend {
+        Chosen::Host => (
+            Backend::Host {
+                ranks: schedule.world.ranks(),
+            },
+            host_compute_scale(run, &scenario.model)?,
+        ),
+        Chosen::Cuda => (Backend::Cuda, scenario.compute_scale),
+    };
+    if options.check {
+        eprintln!(
+            "note: --check computes a reference beside the run; its timings are not representative"
+        );
     }
-    Ok(scenario)
+    Ok(runtime::execute(backend, schedule, compute_scale, options)?)
 }
 
 fn host_compute_scale(run: &RunArgs, model: &ModelProfile) -> anyhow::Result<f64> {
     match run.compute_scale {
-        Some(scale) if scale.is_finite() && scale >= 0.0 => Ok(scale),
+        Some(scale) if (0.0..=1e6).contains(&scale) => Ok(scale),
         Some(scale) => {
-            Err(SimError::bad_value("--compute-scale", scale, "must be zero or positive").into())
+            Err(
+                SimError::bad_value("--compute-scale", scale, "must be a number from 0 to 1e6")
+                    .into(),
+            )
         }
         None => {
             let total_us =
@@ -104,37 +229,51 @@ fn host_compute_scale(run: &RunArgs, model: &ModelProfile) -> anyhow::Result<f64
     }
 }
 
-pub fn options(run: &RunArgs, check: bool) -> anyhow::Result<(ExecOptions, Backend)> {
-    if !(run.timeout_s.is_finite() && run.timeout_s > 0.0) {
-        return Err(SimError::bad_value("--timeout-s", run.timeout_s, "must be positive").into());
+/// The longest `--timeout-s` accepted: a day.
+const MAX_TIMEOUT_S: f64 = 86_400.0;
+
+pub fn options(run: &RunArgs, check: bool) -> anyhow::Result<ExecOptions> {
+    if !(run.timeout_s.is_finite() && run.timeout_s > 0.0 && run.timeout_s <= MAX_TIMEOUT_S) {
+        return Err(SimError::bad_value(
+            "--timeout-s",
+            run.timeout_s,
+            format!("must be more than 0 and at most {MAX_TIMEOUT_S} seconds"),
+        )
+        .into());
     }
-    let options = ExecOptions {
+    Ok(ExecOptions {
         warmup: run.warmup,
         iterations: run.iterations,
         check,
         seed: run.seed,
         timeout: Duration::from_secs_f64(run.timeout_s),
-    };
-    let backend = match run.backend {
-        ExecBackend::Host => Backend::Host { ranks: run.ranks },
-        ExecBackend::Cuda => Backend::Cuda,
-    };
-    Ok((options, backend))
+    })
 }
 
-pub fn write_trace(
+pub fn measured_trace(
+    model: &ModelProfile,
+    job: &Job,
+    measured: &Measured,
+    summary: &MeasuredSummary,
+) -> anyhow::Result<Trace> {
+    Ok(Trace::from_records(
+        model,
+        job.schedule,
+        &job.program,
+        &measured.records,
+        |_| None,
+        serde_json::to_value(summary)?,
+    ))
+}
+
+fn write_trace(
     path: &std::path::Path,
-    scenario: &Scenario,
-    graph: &TaskGraph,
+    model: &ModelProfile,
+    job: &Job,
     measured: &Measured,
     summary: &MeasuredSummary,
 ) -> anyhow::Result<()> {
-    let trace = Trace::from_records(
-        scenario,
-        graph,
-        &measured.records,
-        serde_json::to_value(summary)?,
-    );
+    let trace = measured_trace(model, job, measured, summary)?;
     std::fs::write(path, serde_json::to_string(&trace)?)
         .with_context(|| format!("cannot write {}", path.display()))
 }

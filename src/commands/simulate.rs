@@ -1,11 +1,11 @@
 //! `syncopate simulate`: a model on a cluster under a strategy or plan, summarized.
 
-use crate::cli::{Format, SchemeArg, SimulateArgs};
+use crate::cli::{ClusterArgs, Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
-use syncopate_sim::plan::Plan;
+use syncopate_sim::plan::{Plan, Target};
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{simulate, SimOptions, Summary};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -15,7 +15,7 @@ use syncopate_sim::SimError;
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let model = ModelProfile::load(&args.model)?;
     let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
-    let mut base = Scenario::resolve(model, cluster)?;
+    let mut base = Scenario::new(model, cluster)?;
     if let Some(host) = &args.cpu_compression {
         base = base.with_host_codec(DeviceProfile::load(host)?)?;
     }
@@ -45,11 +45,17 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         }
         plan.policy.comm_streams = streams;
     }
+    plan.validate(&label, &base.model)?;
     if let Some(path) = &args.save_plan {
+        plan.target = Some(target(
+            &args.model,
+            &args.cluster,
+            &base.cluster,
+            args.cpu_compression.as_deref(),
+        ));
         let text = serde_json::to_string_pretty(&plan)? + "\n";
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let scenario = base.with_plan(plan, &label)?;
     let options = SimOptions {
         warmup: args.warmup,
         iterations: args.iterations,
@@ -61,7 +67,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             0
         },
     };
-    let outcome = simulate(&scenario, &options)?;
+    let outcome = simulate(&base, &plan, &options)?;
     if let (Some(path), Some(trace)) = (&args.trace, &outcome.trace) {
         let text = serde_json::to_string(trace)?;
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
@@ -69,10 +75,27 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     match args.format {
         Format::Json => super::print_json(&outcome.summary),
         Format::Text => {
-            print_summary(&outcome.summary, &scenario);
+            print_summary(&outcome.summary, &base);
             Ok(())
         }
     }
+}
+
+/// What a saved plan records about the scenario it was made for.
+pub fn target(
+    model: &str,
+    args: &ClusterArgs,
+    cluster: &Cluster,
+    cpu_compression: Option<&str>,
+) -> Target {
+    Target::new(
+        model,
+        &args.cluster,
+        cluster.nodes,
+        cluster.gpus_per_node,
+        args.inter_gbps,
+        cpu_compression,
+    )
 }
 
 fn positive(flag: &str, value: f64) -> Result<f64, SimError> {

@@ -70,7 +70,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             args.search
         );
     }
-    let base = Scenario::resolve(model, cluster)?;
+    let base = Scenario::new(model, cluster)?;
     let request = TuneRequest {
         space,
         compressors,
@@ -90,7 +90,14 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
     bar.finish_and_clear();
     if let Some(path) = &args.out {
-        let text = serde_json::to_string_pretty(&result.plan)? + "\n";
+        let mut plan = result.plan.clone();
+        plan.target = Some(super::simulate::target(
+            &args.model,
+            &args.cluster,
+            &base.cluster,
+            None,
+        ));
+        let text = serde_json::to_string_pretty(&plan)? + "\n";
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
     let report = Report {

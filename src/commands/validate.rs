@@ -1,14 +1,15 @@
 //! `syncopate validate`: runs a plan for real and simulates the same scenario with this machine's profiles, then reports predicted vs measured.
 
+use super::exec::Chosen;
 use super::profile::powers_of_four;
-use crate::cli::{ExecBackend, Format, ValidateArgs};
+use crate::cli::{Format, ValidateArgs};
 use std::collections::BTreeMap;
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
-use syncopate_exec::runtime;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
-use syncopate_sim::simulate::{simulate, SimOptions};
+use syncopate_sim::scenario::Scenario;
+use syncopate_sim::simulate::{schedule, simulate, SimOptions};
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::trace::Trace;
 use syncopate_sim::SimError;
@@ -42,31 +43,32 @@ struct Report {
 
 pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     let run = &args.run;
-    let cluster = machine_cluster(args)?;
-    let scenario = super::exec::scenario(run, cluster)?;
-    let (options, backend) = super::exec::options(run, false)?;
-    let (graph, measured) = runtime::execute(backend, &scenario, &options)?;
-    let backend_name = super::exec::backend_name(run.backend);
-    let summary = measured.summary(&scenario, &graph, &options, backend_name);
-    let measured_trace = Trace::from_records(
-        &scenario,
-        &graph,
-        &measured.records,
-        serde_json::to_value(&summary)?,
-    );
+    let (plan, model) = super::exec::load_plan(run)?;
+    let backend = super::exec::choose_backend(run.backend)?;
+    let cluster = machine_cluster(args, &plan, &model, backend)?;
+    let scenario = Scenario::new(model, cluster)?;
+    // One schedule: the real run and the prediction interpret the same steps.
+    let schedule = schedule(&scenario, &plan)?;
+    let options = super::exec::options(run, false)?;
+    let (job, measured) = super::exec::execute(backend, run, &scenario, &schedule, &options)?;
+    let summary = measured.summary(&job, backend.name());
+    let measured_trace = super::exec::measured_trace(&scenario.model, &job, &measured, &summary)?;
     let sim_options = SimOptions {
         warmup: options.warmup,
         iterations: Some(options.iterations),
         trace_ranks: 1,
         ..SimOptions::default()
     };
-    let predicted = simulate(&scenario, &sim_options)?;
+    // Predict the run as it ran: the host backend's compute scale replaces the device's.
+    let mut predicted_scenario = scenario.clone();
+    predicted_scenario.compute_scale = job.compute_scale;
+    let predicted = simulate(&predicted_scenario, &plan, &sim_options)?;
     let predicted_trace = predicted.trace.as_ref().expect("a trace was asked for");
     let error = |p: f64, m: f64| if m > 0.0 { (p - m) / m } else { 0.0 };
     let p = &predicted.summary;
     let report = Report {
         model: scenario.model.name.clone(),
-        backend: backend_name,
+        backend: backend.name(),
         world_size: scenario.cluster.world_size(),
         cluster: scenario.cluster.name.clone(),
         device: scenario.device.name.clone(),
@@ -88,10 +90,18 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The thread-ranks `validate --backend host` runs when `--ranks` is not given.
+const DEFAULT_HOST_RANKS: u32 = 4;
+
 /// The machine's cluster: a file given with --cluster (its device optionally replaced by
 /// --device-profile), or for the host one measured now on the run's thread-ranks.
-fn machine_cluster(args: &ValidateArgs) -> anyhow::Result<Cluster> {
-    let mut cluster = match (&args.cluster, args.run.backend) {
+fn machine_cluster(
+    args: &ValidateArgs,
+    plan: &Plan,
+    model: &ModelProfile,
+    backend: Chosen,
+) -> anyhow::Result<Cluster> {
+    let mut cluster = match (&args.cluster, backend) {
         (Some(name), _) => Cluster::load(
             name,
             ClusterOverrides {
@@ -100,7 +110,7 @@ fn machine_cluster(args: &ValidateArgs) -> anyhow::Result<Cluster> {
                 inter_gbps: None,
             },
         )?,
-        (None, ExecBackend::Cuda) => {
+        (None, Chosen::Cuda) => {
             return Err(SimError::bad_value(
                 "--cluster",
                 "(none)",
@@ -108,17 +118,20 @@ fn machine_cluster(args: &ValidateArgs) -> anyhow::Result<Cluster> {
             )
             .into())
         }
-        (None, ExecBackend::Host) => {
-            let (plan, largest) = plan_and_largest_group(args)?;
+        (None, Chosen::Host) => {
+            let ranks = match args.run.ranks {
+                Some(ranks) => super::exec::host_ranks(ranks)?,
+                None => DEFAULT_HOST_RANKS,
+            };
+            let largest = largest_group(plan, model);
             let device = match &args.device_profile {
                 Some(path) => path.clone(),
-                None => measure_host_device(&plan, largest)?,
+                None => measure_host_device(plan, largest)?,
             };
             let memory = DeviceProfile::load(&device)?.memory_bandwidth_gbytes_per_s;
             // Up to the largest group's fp32 bytes, an upper bound of its payload.
             let sizes = powers_of_four(1 << 10, (largest * 4).clamp(1 << 20, 1 << 28));
-            let cluster =
-                super::profile::host_cluster("host", &device, args.run.ranks, 5, memory, &sizes)?;
+            let cluster = super::profile::host_cluster("host", &device, ranks, 5, memory, &sizes)?;
             // Validate what was measured by loading it the way the simulator does.
             let path = scratch_file("cluster.json");
             std::fs::write(&path, serde_json::to_string(&cluster)?)?;
@@ -133,24 +146,13 @@ fn machine_cluster(args: &ValidateArgs) -> anyhow::Result<Cluster> {
     Ok(cluster)
 }
 
-/// The plan and its largest group's element count (tensors out of the model's range count as
-/// empty here; the scenario rejects them by name).
-fn plan_and_largest_group(args: &ValidateArgs) -> anyhow::Result<(Plan, u64)> {
-    let plan = Plan::load(&args.run.plan.to_string_lossy())?;
-    let model = ModelProfile::load(&args.run.model)?;
-    let largest = plan
-        .groups
+/// The plan's largest group's element count.
+fn largest_group(plan: &Plan, model: &ModelProfile) -> u64 {
+    plan.groups
         .iter()
-        .map(|g| {
-            g.tensors
-                .iter()
-                .filter_map(|&t| model.tensors.get(t))
-                .map(|t| t.numel)
-                .sum::<u64>()
-        })
+        .map(|g| g.numel(model))
         .max()
-        .unwrap_or(0);
-    Ok((plan, largest))
+        .unwrap_or(0)
 }
 
 /// Profiles the plan's compressors on this CPU at sizes up to its largest group; returns the

@@ -5,13 +5,14 @@
 //! misplaced chunk, a wrong peer) shows up as a difference from it; the only legitimate
 //! difference is the summation order of the ring, bounded by the wire type's rounding.
 
-use super::layout::Layout;
-use crate::compress::{aggregate, Codec};
+use super::pieces;
+use crate::compress::{aggregate, Codec, MemoryState};
 use crate::error::Result;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use syncopate_sim::compress::{Aggregation, Compressor, Fp8Format};
+use syncopate_sim::schedule::Schedule;
 
 /// What `--check` found for one group over every checked iteration and piece.
 #[derive(Clone, Debug, Serialize)]
@@ -40,6 +41,10 @@ struct PieceCheck {
     results: BTreeMap<u32, Vec<Option<Vec<f32>>>>,
     /// The parameter server's rank for this piece.
     server_rank: usize,
+    aggregation: Aggregation,
+    group: usize,
+    /// The memory's factor on the result (EF-SignSGD's 1/lr), applied to the reference too.
+    output_scale: f32,
 }
 
 /// Collects inputs and results from every rank and checks each piece once all ranks reported.
@@ -50,26 +55,34 @@ pub struct Checker {
 }
 
 impl Checker {
-    pub fn new(layout: &Layout, world: u32) -> Checker {
-        let world = world as usize;
-        let pieces = (0..layout.pieces.len())
-            .map(|i| {
+    /// A checker of every piece of `schedule` whose codecs draw from `seed`.
+    pub fn new(schedule: &Schedule, seed: u64) -> Checker {
+        let ranks = schedule.world.ranks();
+        let world = ranks as usize;
+        let pieces = schedule
+            .pieces
+            .iter()
+            .enumerate()
+            .map(|(i, piece)| {
                 Mutex::new(PieceCheck {
-                    codecs: (0..world as u32)
-                        .map(|r| layout.codec(i, Some(r)))
+                    codecs: (0..ranks)
+                        .map(|r| pieces::codec(schedule, seed, i, Some(r)))
                         .collect(),
-                    server: layout.codec(i, None),
+                    server: pieces::codec(schedule, seed, i, None),
                     inputs: BTreeMap::new(),
                     results: BTreeMap::new(),
-                    server_rank: ps_server(layout.pieces[i].group, world),
+                    server_rank: pieces::server_rank(piece, ranks) as usize,
+                    aggregation: piece.aggregation,
+                    group: piece.group as usize,
+                    output_scale: MemoryState::new(piece.memory, 0).output_scale(),
                 })
             })
             .collect();
         let mut groups: Vec<GroupCheck> = Vec::new();
-        for piece in &layout.pieces {
-            if groups.len() == piece.group {
+        for piece in &schedule.pieces {
+            if groups.len() == piece.group as usize {
                 groups.push(GroupCheck {
-                    group: piece.group,
+                    group: piece.group as usize,
                     compressor: piece.compressor.to_string(),
                     checked: 0,
                     max_error_vs_reference: 0.0,
@@ -96,17 +109,12 @@ impl Checker {
             .or_insert_with(|| vec![None; self.world])[rank as usize] = Some(input.to_vec());
     }
 
-    /// Rank `rank`'s aggregated result of piece `index`; the last rank to report runs the check.
-    pub fn result(
-        &self,
-        index: usize,
-        group: usize,
-        aggregation: Aggregation,
-        rank: u32,
-        iteration: u32,
-        result: &[f32],
-    ) -> Result<()> {
+    /// Rank `rank`'s aggregated result of piece `index` (after the memory's output scale); the
+    /// last rank to report runs the check.
+    pub fn result(&self, index: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()> {
         let mut piece = self.pieces[index].lock().expect("a checker lock");
+        let (group, aggregation, output_scale) =
+            (piece.group, piece.aggregation, piece.output_scale);
         let results = piece
             .results
             .entry(iteration)
@@ -130,11 +138,18 @@ impl Checker {
             .into_iter()
             .flatten()
             .collect();
-        let reference = reference(&mut piece, aggregation, &inputs)?;
+        let mut reference = reference(&mut piece, aggregation, &inputs)?;
+        // The backends scale their result after decoding it, as here.
+        if output_scale != 1.0 {
+            reference
+                .iter_mut()
+                .flatten()
+                .for_each(|x| *x *= output_scale);
+        }
         let mut sum = vec![0.0f64; inputs[0].len()];
         for input in &inputs {
             for (s, &x) in sum.iter_mut().zip(input) {
-                *s += f64::from(x);
+                *s += f64::from(x) * f64::from(output_scale);
             }
         }
         let scale = reference
@@ -177,11 +192,6 @@ impl Checker {
     pub fn report(&self) -> Vec<GroupCheck> {
         self.groups.lock().expect("a checker lock").clone()
     }
-}
-
-/// The rank serving a group's parameter-server shard: groups spread round-robin over ranks.
-pub fn ps_server(group: usize, world: usize) -> usize {
-    group % world
 }
 
 /// Every rank's expected result, computed centrally with the reference codecs.

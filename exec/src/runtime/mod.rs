@@ -1,26 +1,30 @@
 //! Real execution of a plan: the backends (host threads, CUDA/NCCL), what they share, and the measured run they return.
 //!
-//! Both backends execute the simulator's own `TaskGraph` for the scenario, task by task, and
-//! time every task, so a measured trace has the same task names as a predicted one.
+//! Every backend runs the plan's lowered `Schedule` (`syncopate_sim::schedule`), unrolled
+//! into the same `Program` the simulator prices, task by task, and times every task, so a
+//! measured trace has the same task names as a predicted one. No cost model is consulted: a
+//! compute step runs for its profiled time (times the run's compute scale), everything else
+//! does the real work.
 
+mod backend;
+mod board;
 pub mod check;
 mod control;
 pub mod cuda;
 mod driver;
 pub mod host;
 pub mod launch;
-mod layout;
+pub mod pieces;
 pub mod rendezvous;
 mod sched;
+mod sequence;
 
 use crate::error::{ExecError, Result};
 use check::GroupCheck;
 use serde::Serialize;
 use std::time::Duration;
-use syncopate_sim::builder::build_graph;
 use syncopate_sim::engine::TaskRecord;
-use syncopate_sim::graph::{TaskGraph, TaskKind};
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::schedule::{Program, Schedule, Slot, Step, Stream};
 use syncopate_sim::time::SimTime;
 
 /// Where a plan runs.
@@ -43,6 +47,30 @@ pub struct ExecOptions {
     pub seed: u64,
     /// Longest any rank waits for another before giving up with an error naming it.
     pub timeout: Duration,
+}
+
+/// What a backend runs: the schedule, K iterations of it, and the run's options.
+pub struct Job<'a> {
+    pub schedule: &'a Schedule,
+    pub program: Program,
+    /// Each tensor's group and its slot in the group's buffer.
+    pub slots: Vec<(u32, Slot)>,
+    /// Multiplier on every compute step's profiled time.
+    pub compute_scale: f64,
+    pub options: &'a ExecOptions,
+}
+
+impl Job<'_> {
+    /// The schedule step task `task` runs.
+    pub fn step(&self, task: u32) -> &Step {
+        self.schedule.step(self.program.task(task).step)
+    }
+
+    /// How long compute task `task` keeps its stream busy, in ns.
+    pub fn compute_ns(&self, task: u32) -> u64 {
+        let us = self.step(task).profiled_us.unwrap_or(0.0) * self.compute_scale;
+        SimTime::from_us(us).as_ns()
+    }
 }
 
 /// A measured run: every task's time on every rank.
@@ -81,16 +109,18 @@ pub struct MeasuredSummary {
 }
 
 impl Measured {
+    /// The run's records; an iteration ends when the last rank finishes the schedule's
+    /// iteration-closing step, as in the simulator.
     pub fn from_records(
-        graph: &TaskGraph,
+        program: &Program,
         records: Vec<TaskRecord>,
         ranks: u32,
         checks: Vec<GroupCheck>,
     ) -> Measured {
-        let mut iteration_end = vec![SimTime::ZERO; graph.iterations as usize];
+        let mut iteration_end = vec![SimTime::ZERO; program.iterations as usize];
         for record in &records {
-            let task = graph.task(record.task);
-            if task.kind == TaskKind::Optimizer {
+            let task = program.task(record.task);
+            if program.iteration_end[task.iteration as usize] == record.task {
                 let end = &mut iteration_end[task.iteration as usize];
                 *end = (*end).max(record.end);
             }
@@ -103,7 +133,7 @@ impl Measured {
         }
     }
 
-    /// Steady-state iteration times: from one optimizer step's end to the next, after warm-up.
+    /// Steady-state iteration times: from one iteration's end to the next, after warm-up.
     pub fn steady_iterations(&self, warmup: u32) -> Vec<SimTime> {
         let ends = &self.iteration_end;
         (warmup.max(1) as usize..ends.len())
@@ -112,12 +142,7 @@ impl Measured {
     }
 
     /// Rank 0's busy time on `resources` per measured iteration, in ms.
-    fn busy_ms(
-        &self,
-        graph: &TaskGraph,
-        warmup: u32,
-        resources: &[syncopate_sim::graph::Resource],
-    ) -> f64 {
+    fn busy_ms(&self, job: &Job, warmup: u32, streams: &[Stream]) -> f64 {
         let measured = self
             .iteration_end
             .len()
@@ -128,22 +153,16 @@ impl Measured {
             .iter()
             .filter(|r| r.rank == 0)
             .filter(|r| {
-                let t = graph.task(r.task);
-                t.iteration >= warmup.max(1) && resources.contains(&t.resource)
+                job.program.task(r.task).iteration >= warmup.max(1)
+                    && streams.contains(&job.step(r.task).stream)
             })
             .map(|r| (r.end - r.start).as_ns())
             .sum();
         total as f64 / measured as f64 / 1e6
     }
 
-    pub fn summary(
-        &self,
-        scenario: &Scenario,
-        graph: &TaskGraph,
-        options: &ExecOptions,
-        backend: &str,
-    ) -> MeasuredSummary {
-        use syncopate_sim::graph::Resource;
+    pub fn summary(&self, job: &Job, backend: &str) -> MeasuredSummary {
+        let options = job.options;
         let times: Vec<f64> = self
             .steady_iterations(options.warmup)
             .iter()
@@ -151,22 +170,22 @@ impl Measured {
             .collect();
         let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
         MeasuredSummary {
-            model: scenario.model.name.clone(),
-            strategy: scenario.plan.strategy.clone(),
+            model: job.schedule.model.clone(),
+            strategy: job.schedule.strategy.clone(),
             backend: backend.to_string(),
             world_size: self.ranks,
             warmup_iterations: options.warmup,
             measured_iterations: times.len() as u32,
             iteration_time_ms: round6(mean),
             iteration_times_ms: times,
-            compute_ms: round6(self.busy_ms(graph, options.warmup, &[Resource::Compute])),
+            compute_ms: round6(self.busy_ms(job, options.warmup, &[Stream::Compute])),
             compression_ms: round6(self.busy_ms(
-                graph,
+                job,
                 options.warmup,
-                &[Resource::Codec, Resource::Cpu],
+                &[Stream::Codec, Stream::Cpu],
             )),
-            comm_ms: round6(self.busy_ms(graph, options.warmup, &[Resource::Comm])),
-            compute_scale: scenario.compute_scale,
+            comm_ms: round6(self.busy_ms(job, options.warmup, &[Stream::Comm])),
+            compute_scale: job.compute_scale,
             seed: options.seed,
             checks: self.checks.clone(),
         }
@@ -177,12 +196,13 @@ fn round6(value: f64) -> f64 {
     (value * 1e6).round() / 1e6
 }
 
-/// Builds the scenario's task graph (warm-up plus measured iterations) and runs it.
-pub fn execute(
+/// Unrolls the schedule (warm-up plus measured iterations) and runs it on `backend`.
+pub fn execute<'a>(
     backend: Backend,
-    scenario: &Scenario,
-    options: &ExecOptions,
-) -> Result<(TaskGraph, Measured)> {
+    schedule: &'a Schedule,
+    compute_scale: f64,
+    options: &'a ExecOptions,
+) -> Result<(Job<'a>, Measured)> {
     if options.warmup == 0 || options.iterations == 0 {
         return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
             "--warmup/--iterations",
@@ -190,13 +210,29 @@ pub fn execute(
             "at least one warm-up and one measured iteration are needed",
         )));
     }
-    let graph = build_graph(scenario, options.warmup + options.iterations)?;
+    let iterations = options
+        .warmup
+        .checked_add(options.iterations)
+        .ok_or_else(|| {
+            ExecError::Sim(syncopate_sim::SimError::bad_value(
+                "--warmup/--iterations",
+                format!("{}/{}", options.warmup, options.iterations),
+                "their sum exceeds 2^32",
+            ))
+        })?;
+    let job = Job {
+        schedule,
+        program: Program::unroll(schedule, iterations)?,
+        slots: schedule.tensor_slots(),
+        compute_scale,
+        options,
+    };
     let measured = match backend {
         Backend::Host { ranks } => {
             let busy = host::busy::BusyWork::calibrate(ranks, Duration::from_millis(60));
-            host::execute(scenario, &graph, options, ranks, busy)?
+            host::execute(&job, ranks, busy)?
         }
-        Backend::Cuda => cuda::execute(scenario, &graph, options)?,
+        Backend::Cuda => cuda::execute(&job)?,
     };
-    Ok((graph, measured))
+    Ok((job, measured))
 }

@@ -1,13 +1,14 @@
 //! A rank's task readiness for the real backends: unmet dependencies, the compression queue, and
 //! waiting for work within a timeout while watching for another rank's failure.
 
-use super::host::board::Board;
+use super::board::Board;
+use super::Job;
 use crate::error::{ExecError, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
-use syncopate_sim::graph::{Resource, TaskGraph};
+use syncopate_sim::schedule::Stream;
 
 /// How often a waiting thread looks at the abort flag.
 const POLL: Duration = Duration::from_millis(20);
@@ -70,11 +71,11 @@ pub fn check_abort(abort: &AtomicBool, rank: u32) -> Result<()> {
 }
 
 impl Readiness {
-    pub fn new(rank: u32, graph: &TaskGraph) -> Readiness {
+    pub fn new(rank: u32, job: &Job) -> Readiness {
         Readiness {
             rank,
             sched: Mutex::new(Sched {
-                pending: graph.indegree.clone(),
+                pending: job.program.indegree.clone(),
                 codec_queue: VecDeque::new(),
             }),
             ready: Condvar::new(),
@@ -88,17 +89,17 @@ impl Readiness {
 
     /// Marks `task` done on this rank: compression tasks it unblocks join the queue, and
     /// collectives it unblocks are announced to the launch board.
-    pub fn complete(&self, graph: &TaskGraph, board: &Board, task: u32) {
+    pub fn complete(&self, job: &Job, board: &Board, task: u32) {
         let mut arrivals = Vec::new();
         {
             let mut sched = self.sched.lock().expect("the scheduler lock");
-            for &next in graph.successors(task) {
+            for &next in job.program.successors(task) {
                 sched.pending[next as usize] -= 1;
                 if sched.pending[next as usize] == 0 {
-                    match graph.task(next).resource {
-                        Resource::Comm => arrivals.push(next),
-                        Resource::Codec | Resource::Cpu => sched.codec_queue.push_back(next),
-                        Resource::Compute => {}
+                    match job.step(next).stream {
+                        Stream::Comm => arrivals.push(next),
+                        Stream::Codec | Stream::Cpu => sched.codec_queue.push_back(next),
+                        Stream::Compute => {}
                     }
                 }
             }

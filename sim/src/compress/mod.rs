@@ -71,7 +71,8 @@ pub enum Compressor {
 }
 
 /// How the payloads of p workers are combined.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Aggregation {
     /// Payloads are summable element-wise in their wire type: one allreduce of the payload.
     Allreduce,

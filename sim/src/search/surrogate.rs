@@ -2,8 +2,8 @@
 //! dynamic programming: each group's collectives start when its last gradient is ready (plus
 //! its encode) and the link is free, and the iteration ends with the last group's decode.
 
-use crate::builder::piece_stages;
 use crate::compress::{Compressor, Memory};
+use crate::cost::piece_stages;
 use crate::error::Result;
 use crate::plan::{CompressOn, Group, Scheme};
 use crate::scenario::Scenario;

@@ -4,8 +4,8 @@
 //! pipelined cost of encode, communication and decode with plain synchronization.
 
 use super::{require_compressor, CaSyncTopology, StrategyOptions};
-use crate::builder::piece_stages;
 use crate::compress::{Compressor, Memory};
+use crate::cost::piece_stages;
 use crate::error::Result;
 use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
 use crate::scenario::Scenario;

@@ -16,20 +16,19 @@ pub use profile::{profile, CudaProfile, CudaProfileOptions};
 
 use super::control::{Control, Liveness};
 use super::sched::Failure;
-use super::{launch, rendezvous, ExecOptions, Measured};
+use super::{launch, rendezvous, Job, Measured};
 use crate::error::{ExecError, Result};
 use cudarc::nccl::Id;
 use std::sync::Arc;
-use syncopate_sim::graph::TaskGraph;
-use syncopate_sim::scenario::Scenario;
 
-/// Runs the graph on the visible GPUs: every one of them from this process, or this process's
+/// Runs the job on the visible GPUs: every one of them from this process, or this process's
 /// one GPU when a launcher (torchrun, Open MPI, Slurm) set rank and world size. Then the
 /// rendezvous connections stay open as the control plane for the whole run, so a rank that
 /// dies or fails stops every other rank with an error naming it.
-pub fn execute(scenario: &Scenario, graph: &TaskGraph, options: &ExecOptions) -> Result<Measured> {
+pub fn execute(job: &Job) -> Result<Measured> {
+    let options = job.options;
     let gpus = probe::probe()?;
-    let streams = scenario.plan.policy.comm_streams as usize;
+    let streams = job.schedule.policy.comm_streams as usize;
     let failure = Arc::new(Failure::default());
     let Some(info) = launch::from_env(|v| std::env::var(v).ok())? else {
         let placement = run::Placement {
@@ -40,7 +39,7 @@ pub fn execute(scenario: &Scenario, graph: &TaskGraph, options: &ExecOptions) ->
                 .collect::<Result<_, _>>()
                 .map_err(nccl_err)?,
         };
-        return run::execute(scenario, graph, options, placement, &failure);
+        return run::execute(job, placement, &failure);
     };
     if info.local_rank as usize >= gpus {
         return Err(ExecError::Launch {
@@ -78,7 +77,7 @@ pub fn execute(scenario: &Scenario, graph: &TaskGraph, options: &ExecOptions) ->
             local: vec![(info.rank, info.local_rank as usize)],
             ids,
         };
-        run::execute(scenario, graph, options, placement, &failure)
+        run::execute(job, placement, &failure)
     });
     control.finish(measured.as_ref().err());
     measured

@@ -1,4 +1,4 @@
-//! Runs the task graph on GPUs: per rank one CUDA stream per simulated resource (compute, codec, each comm stream), NCCL collectives, CUDA-event timing of every task.
+//! Runs a schedule on GPUs: per rank one CUDA stream per schedule stream (compute, codec, each comm stream), NCCL collectives, CUDA-event timing of every task.
 //!
 //! The threads are the host backend's (`driver.rs`): per rank one thread per stream, the same
 //! launch board deciding the collective order, the same FIFO codec queue. A thread enqueues
@@ -27,21 +27,21 @@ use super::memory::GpuMemory;
 use super::nccl::Communicator;
 use super::server::{push_pull, Server};
 use crate::error::{ExecError, Result};
-use crate::runtime::check::{ps_server, Checker};
-use crate::runtime::driver::{drive, Local, Tasks};
-use crate::runtime::host::board::Board;
-use crate::runtime::layout::{Gradients, Layout};
+use crate::runtime::backend::{Backend, Lane};
+use crate::runtime::board::Board;
+use crate::runtime::check::Checker;
+use crate::runtime::driver::{drive, Local};
+use crate::runtime::pieces::{self, Gradients};
 use crate::runtime::sched::{check_abort, Failure};
-use crate::runtime::{ExecOptions, Measured};
+use crate::runtime::{Job, Measured};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
 use cudarc::nccl::{Id, NcclType};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::{Aggregation, Compressor, Memory};
 use syncopate_sim::engine::TaskRecord;
-use syncopate_sim::graph::{Resource, TaskGraph, TaskKind};
-use syncopate_sim::plan::{Launch, Scheme};
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::plan::Launch;
+use syncopate_sim::schedule::{Exchange, Op, Schedule, StepKind, Stream};
 use syncopate_sim::time::SimTime;
 
 /// fp16 and bf16 elements as NCCL sees them (the payload buffers are bytes).
@@ -74,7 +74,7 @@ pub struct Placement {
     pub ids: Vec<Id>,
 }
 
-struct GpuPiece {
+pub struct GpuPiece {
     codec: GpuCodec,
     memory: GpuMemory,
     compensated: CudaSlice<f32>,
@@ -89,7 +89,7 @@ struct GpuPiece {
     server: Option<Server>,
 }
 
-struct GpuRank {
+pub struct GpuRank {
     rank: u32,
     ctx: Arc<CudaContext>,
     compute: Arc<CudaStream>,
@@ -106,8 +106,7 @@ struct GpuRank {
 }
 
 struct Run<'a> {
-    graph: &'a TaskGraph,
-    layout: &'a Layout,
+    job: &'a Job<'a>,
     gradients: &'a Gradients,
     checker: Option<&'a Checker>,
     world: u32,
@@ -126,36 +125,30 @@ fn elem_bytes(c: &Compressor) -> usize {
 }
 
 /// Refuses, before any GPU work, what this build cannot run.
-fn check_plan(layout: &Layout, placement: &Placement, launch: Launch) -> Result<()> {
+fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
     let multi_process = placement.local.len() < placement.world as usize;
-    if multi_process && launch == Launch::Priority {
+    if multi_process && schedule.policy.launch == Launch::Priority {
         return Err(ExecError::Cuda {
             message: "priority launch across processes needs a coordinator that this build lacks; run one process for all GPUs or a plan-order policy".into(),
         });
     }
-    for piece in &layout.pieces {
+    for piece in &schedule.pieces {
         supported(&piece.compressor)?;
     }
     Ok(())
 }
 
-/// Runs the graph on the ranks of `placement` and times every task. `failure` may be raised from
+/// Runs the job on the ranks of `placement` and times every task. `failure` may be raised from
 /// outside (another process's failure): the run then stops and reports it.
-pub fn execute(
-    scenario: &Scenario,
-    graph: &TaskGraph,
-    options: &ExecOptions,
-    placement: Placement,
-    failure: &Failure,
-) -> Result<Measured> {
-    // The prediction `validate` compares with is for the cluster's world size.
-    let cluster = &scenario.cluster;
-    if cluster.world_size() != placement.world {
+pub fn execute(job: &Job, placement: Placement, failure: &Failure) -> Result<Measured> {
+    let schedule = job.schedule;
+    let options = job.options;
+    if schedule.world.ranks() != placement.world {
         return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
-            "--cluster",
+            "--plan",
             format!(
-                "{} ({} nodes × {} GPUs)",
-                cluster.name, cluster.nodes, cluster.gpus_per_node
+                "lowered for {} nodes × {} GPUs",
+                schedule.world.nodes, schedule.world.ranks_per_node
             ),
             format!(
                 "this run has {} ranks (the visible GPUs, or the launcher's world size); pass --nodes and --gpus-per-node to match",
@@ -163,9 +156,8 @@ pub fn execute(
             ),
         )));
     }
-    let layout = Layout::new(scenario, options.seed);
-    let policy = &scenario.plan.policy;
-    check_plan(&layout, &placement, policy.launch)?;
+    let policy = &schedule.policy;
+    check_plan(schedule, &placement)?;
     let single = placement.local.len() == placement.world as usize;
     if options.check && !single {
         return Err(ExecError::Cuda {
@@ -179,12 +171,11 @@ pub fn execute(
         .map(|&(r, _)| r + 1)
         .max()
         .unwrap_or(0);
-    let gradients = Gradients::new(scenario, top, options.seed);
-    let checker = options.check.then(|| Checker::new(&layout, world));
+    let gradients = Gradients::new(schedule, top, options.seed);
+    let checker = options.check.then(|| Checker::new(schedule, options.seed));
     let epoch = Instant::now();
     let run = Run {
-        graph,
-        layout: &layout,
+        job,
         gradients: &gradients,
         checker: checker.as_ref(),
         world,
@@ -199,11 +190,9 @@ pub fn execute(
         .map(|&(rank, device)| run.rank(rank, device, policy.comm_streams))
         .collect::<Result<_>>()?;
     let board = Board::new(
-        graph,
+        policy,
+        &job.program,
         placement.local.len() as u32,
-        policy.launch,
-        SimTime::from_us(policy.cycle_time_us).as_ns(),
-        policy.comm_streams,
         epoch,
         options.timeout,
     );
@@ -215,10 +204,10 @@ pub fn execute(
             openers: placement.ids.clone(),
         })
         .collect();
-    drive(&run, graph, &board, options.timeout, failure, local)?;
+    drive(&run, job, &board, failure, local)?;
     let records = run.records.into_inner().expect("the record lock");
     Ok(Measured::from_records(
-        graph,
+        &job.program,
         records,
         world,
         checker.map(|c| c.report()).unwrap_or_default(),
@@ -246,22 +235,27 @@ impl Run<'_> {
         let grads = compute
             .clone_htod(self.gradients.rank_values(rank))
             .map_err(&alloc)?;
-        let groups = self
-            .layout
-            .group_numel
+        let schedule = self.job.schedule;
+        let seed = self.job.options.seed;
+        let groups = schedule
+            .buffers
             .iter()
-            .map(|&n| compute.alloc_zeros(n.max(1)).map(Mutex::new))
+            .map(|b| {
+                compute
+                    .alloc_zeros((b.numel as usize).max(1))
+                    .map(Mutex::new)
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(&alloc)?;
         let world = self.world as usize;
-        let mut pieces = Vec::with_capacity(self.layout.pieces.len());
-        for (i, spec) in self.layout.pieces.iter().enumerate() {
-            let n = spec.range.len();
+        let mut pieces = Vec::with_capacity(schedule.pieces.len());
+        for (i, spec) in schedule.pieces.iter().enumerate() {
+            let n = spec.numel as usize;
             let gpu = GpuCodec::new(
                 &spec.compressor,
                 n,
-                &self.layout.shapes(i),
-                self.layout.codec_seed(i, Some(rank)),
+                &spec.shapes(),
+                pieces::codec_seed(schedule, seed, i, Some(rank)),
                 &codec,
             )?;
             let bytes = gpu.wire_bytes();
@@ -310,20 +304,20 @@ impl Run<'_> {
 
     /// The server state of piece `index` when `rank` serves its group.
     fn server(&self, index: usize, rank: u32, stream: &Arc<CudaStream>) -> Result<Option<Server>> {
-        let spec = &self.layout.pieces[index];
-        let world = self.world as usize;
+        let schedule = self.job.schedule;
+        let spec = &schedule.pieces[index];
         if spec.aggregation != Aggregation::ParameterServer
-            || ps_server(spec.group, world) != rank as usize
+            || pieces::server_rank(spec, self.world) != rank
         {
             return Ok(None);
         }
-        let seed = self.layout.codec_seed(index, None);
+        let seed = pieces::codec_seed(schedule, self.job.options.seed, index, None);
         Server::new(
             &spec.compressor,
-            spec.range.len(),
-            &self.layout.shapes(index),
+            spec.numel as usize,
+            &spec.shapes(),
             seed,
-            world,
+            self.world as usize,
             stream,
         )
         .map(Some)
@@ -371,19 +365,6 @@ impl Run<'_> {
         self.wait_event(state, &done, what)
     }
 
-    /// Times the work `enqueue` puts on `stream`, waits for it and records the task.
-    fn timed(
-        &self,
-        state: &GpuRank,
-        stream: &Arc<CudaStream>,
-        task: u32,
-        lane: u32,
-        enqueue: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let events = self.enqueue_timed(state, stream, enqueue)?;
-        self.finish_timed(state, task, lane, events)
-    }
-
     /// Enqueues `enqueue`'s work on `stream` between two timing events.
     fn enqueue_timed(
         &self,
@@ -425,159 +406,58 @@ impl Run<'_> {
             start: begin,
             end: SimTime(begin.as_ns() + ms(&start, &end)?),
         };
-        let keep = self.graph.task(task).resource != Resource::Comm || state.rank == 0;
+        let keep = self.job.step(task).stream != Stream::Comm || state.rank == 0;
         if keep {
             self.records.lock().expect("the record lock").push(record);
         }
         Ok(())
     }
 
-    /// Error-feedback compensation, then the encode into the payload.
-    fn encode(
-        &self,
-        state: &GpuRank,
-        stream: &Arc<CudaStream>,
-        index: usize,
-        piece: &mut GpuPiece,
-    ) -> Result<()> {
-        let spec = &self.layout.pieces[index];
-        {
-            let buffer = state.groups[spec.group]
-                .lock()
-                .expect("a group buffer lock");
-            let grad = buffer.slice(spec.range.clone());
-            piece
-                .memory
-                .compensate(&state.kernels, stream, &grad, &mut piece.compensated)?;
-        }
-        piece.codec.encode(
-            &state.kernels,
-            stream,
-            &piece.compensated,
-            &mut piece.payload,
-        )?;
-        if spec.memory != Memory::None {
-            let bytes = piece.codec.wire_bytes();
-            stream
-                .memcpy_dtod(&piece.payload.slice(..bytes), &mut piece.own)
-                .map_err(cuda_err("cannot keep the own payload"))?;
-        }
-        Ok(())
+    fn spec(&self, index: usize) -> &syncopate_sim::schedule::Piece {
+        &self.job.schedule.pieces[index]
     }
 
-    fn decode(
-        &self,
-        state: &GpuRank,
-        stream: &Arc<CudaStream>,
-        index: usize,
-        piece: &mut GpuPiece,
-    ) -> Result<()> {
-        let spec = &self.layout.pieces[index];
-        let k = &state.kernels;
-        let bytes = piece.codec.wire_bytes();
-        let zero = cuda_err("cannot clear the result");
-        stream.memset_zeros(&mut piece.result).map_err(&zero)?;
-        match spec.aggregation {
-            Aggregation::Allgather => {
-                for r in 0..self.world as usize {
-                    let block = piece.gathered.slice(r * bytes..(r + 1) * bytes);
-                    piece
-                        .codec
-                        .decode_add(k, stream, &block, &mut piece.result)?;
-                }
-            }
-            _ => piece.codec.decode_add(
-                k,
-                stream,
-                &piece.payload.slice(..bytes),
-                &mut piece.result,
-            )?,
+    /// The CUDA stream of a lane.
+    fn stream<'r>(&self, state: &'r GpuRank, lane: &Lane<Communicator>) -> &'r Arc<CudaStream> {
+        match lane {
+            Lane::Codec => &state.codec,
+            Lane::Comm { stream, .. } => &state.comm[*stream as usize],
         }
-        if spec.memory != Memory::None && spec.compressor.allreduce_rounds() > 1 {
-            // As the host backend: a multi-round codec (PowerSGD) has no payload of its own to
-            // decode; its transmitted part is the averaged low-rank result.
-            let (n, world) = (spec.range.len() as u32, self.world as f32);
-            // SAFETY: powersgd_average(result, transmitted, n, world) touches n elements of each.
-            unsafe {
-                stream
-                    .launch_builder(&k.powersgd_average)
-                    .arg(&piece.result)
-                    .arg(&mut piece.transmitted)
-                    .arg(&n)
-                    .arg(&world)
-                    .launch(grid(spec.range.len()))
-            }
-            .map_err(cuda_err("PowerSGD's average failed"))?;
-        } else if spec.memory != Memory::None {
-            stream.memset_zeros(&mut piece.transmitted).map_err(&zero)?;
-            piece
-                .codec
-                .decode_add(k, stream, &piece.own.slice(..bytes), &mut piece.transmitted)?;
-        }
-        if spec.memory != Memory::None {
-            piece
-                .memory
-                .update(k, stream, &piece.compensated, &piece.transmitted)?;
-        }
-        Ok(())
     }
 
-    /// After an encode or decode completed: the finite check, the `--check` copies, and the
-    /// EF-SignSGD's 1/lr output scale, which must follow the `--check` copy (outside the timed
-    /// window: one element-wise pass).
+    /// After a step completed, outside its timing: the finite check of a fresh compression
+    /// input and the `--check` copies of the input and of the (scaled) result.
     fn after(
         &self,
         state: &GpuRank,
         stream: &Arc<CudaStream>,
         index: usize,
         piece: &mut GpuPiece,
-        encode: bool,
+        ops: &[Op],
         iteration: u32,
     ) -> Result<()> {
-        let spec = &self.layout.pieces[index];
+        let n = self.spec(index).numel as usize;
         let read = cuda_err("cannot copy a result back for --check");
-        if encode {
+        if ops.contains(&Op::Compensate) {
             piece.codec.check_finite(stream, &piece.compensated)?;
             if let Some(checker) = self.checker {
                 let input = stream
-                    .clone_dtoh(&piece.compensated.slice(..spec.range.len()))
+                    .clone_dtoh(&piece.compensated.slice(..n))
                     .map_err(&read)?;
                 checker.input(index, state.rank, iteration, &input);
             }
-            return Ok(());
         }
-        if let Some(checker) = self.checker {
-            let result = stream
-                .clone_dtoh(&piece.result.slice(..spec.range.len()))
-                .map_err(&read)?;
-            checker.result(
-                index,
-                spec.group,
-                spec.aggregation,
-                state.rank,
-                iteration,
-                &result,
-            )?;
-        }
-        if let Memory::EfSignSgd { lr } = spec.memory {
-            let (n, scale) = (spec.range.len() as u32, (1.0 / lr) as f32);
-            // SAFETY: scale_in_place(x, n, scale) touches n elements.
-            unsafe {
-                stream
-                    .launch_builder(&state.kernels.scale_in_place)
-                    .arg(&mut piece.result)
-                    .arg(&n)
-                    .arg(&scale)
-                    .launch(grid(spec.range.len()))
-            }
-            .map_err(cuda_err("output scaling failed"))?;
+        if let (true, Some(checker)) = (ops.contains(&Op::Decode), self.checker) {
+            let result = stream.clone_dtoh(&piece.result.slice(..n)).map_err(&read)?;
+            checker.result(index, state.rank, iteration, &result)?;
         }
         Ok(())
     }
 }
 
-impl<'a> Tasks for Run<'a> {
+impl<'a> Backend for Run<'a> {
     type Rank = GpuRank;
+    type Piece = GpuPiece;
     type Opener = Id;
     type Link = Communicator<'a>;
     /// A compute task's start and end events.
@@ -586,21 +466,25 @@ impl<'a> Tasks for Run<'a> {
     /// Calibrated GEMMs of the task's duration; a backward task also writes its tensor's
     /// synthetic gradient.
     fn compute(&self, state: &GpuRank, task: u32) -> Result<Option<Self::Running>> {
-        let t = self.graph.task(task);
         let stream = &state.compute;
+        let kind = self.job.step(task).kind;
+        let iteration = self.job.program.task(task).iteration;
         self.enqueue_timed(state, stream, || {
             state.gemm.lock().expect("the GEMM lock").run_for(
                 &state.kernels,
                 stream,
-                t.duration.as_ns(),
+                self.job.compute_ns(task),
             )?;
-            if let TaskKind::Backward { tensor } = t.kind {
-                let (group, offset, numel) = self.layout.tensor_slot[tensor as usize];
+            if let StepKind::Backward { tensor } = kind {
+                let (group, slot) = self.job.slots[tensor as usize];
+                let (offset, numel) = (slot.offset as usize, slot.numel as usize);
                 let start = self.gradients.offset(tensor as usize);
                 let src = state.grads.slice(start..start + numel);
-                let mut buffer = state.groups[group].lock().expect("a group buffer lock");
+                let mut buffer = state.groups[group as usize]
+                    .lock()
+                    .expect("a group buffer lock");
                 let mut dst = buffer.slice_mut(offset..offset + numel);
-                let (n, scale) = (numel as u32, Gradients::scale(t.iteration));
+                let (n, scale) = (numel as u32, Gradients::scale(iteration));
                 // SAFETY: scale_copy(src, dst, n, scale) touches n elements of each view.
                 unsafe {
                     stream
@@ -627,23 +511,6 @@ impl<'a> Tasks for Run<'a> {
         self.finish_timed(state, task, 0, events)
     }
 
-    /// The encode or decode between timing events, then what follows it untimed.
-    fn codec(&self, state: &GpuRank, task: u32) -> Result<()> {
-        let t = self.graph.task(task);
-        let index = self.layout.piece_of(&t.kind);
-        let mut piece = state.pieces[index].lock().expect("a piece lock");
-        let stream = &state.codec;
-        let encode = matches!(t.kind, TaskKind::Encode { .. });
-        self.timed(state, stream, task, 0, || {
-            if encode {
-                self.encode(state, stream, index, &mut piece)
-            } else {
-                self.decode(state, stream, index, &mut piece)
-            }
-        })?;
-        self.after(state, stream, index, &mut piece, encode, t.iteration)
-    }
-
     /// This rank's NCCL communicator of stream `lane`, created on (and so aborted by) the
     /// comm thread, with the context bound.
     fn open(&self, state: &GpuRank, lane: u32, id: Id) -> Result<Communicator<'a>> {
@@ -662,109 +529,261 @@ impl<'a> Tasks for Run<'a> {
         )
     }
 
-    /// The collective on this rank's communicator of stream `lane`.
     fn close(&self, comm: Communicator<'a>) -> Result<()> {
         comm.finish()
     }
 
-    fn collective(
+    /// The step's ops between timing events on the lane's stream, then what follows untimed.
+    fn timed(
         &self,
         state: &GpuRank,
-        comm: &Communicator<'a>,
-        lane: u32,
+        lane: &Lane<Communicator<'a>>,
         task: u32,
+        index: usize,
+        body: &mut dyn FnMut(&mut GpuPiece) -> Result<()>,
     ) -> Result<()> {
-        let stream = &state.comm[lane as usize];
-        let t = self.graph.task(task);
-        let TaskKind::Collective { round, .. } = t.kind else {
-            unreachable!("only collectives reach the board")
+        let stream = self.stream(state, lane);
+        let mut piece = state.pieces[index].lock().expect("a piece lock");
+        let events = self.enqueue_timed(state, stream, || body(&mut piece))?;
+        self.finish_timed(state, task, lane.trace_stream(), events)?;
+        let iteration = self.job.program.task(task).iteration;
+        self.after(
+            state,
+            stream,
+            index,
+            &mut piece,
+            &self.job.step(task).ops,
+            iteration,
+        )
+    }
+
+    fn compensate(
+        &self,
+        state: &GpuRank,
+        lane: &Lane<Communicator<'a>>,
+        piece: &mut GpuPiece,
+        index: usize,
+    ) -> Result<()> {
+        let spec = self.spec(index);
+        let buffer = state.groups[spec.group as usize]
+            .lock()
+            .expect("a group buffer lock");
+        let grad = buffer.slice(pieces::range(spec));
+        piece.memory.compensate(
+            &state.kernels,
+            self.stream(state, lane),
+            &grad,
+            &mut piece.compensated,
+        )
+    }
+
+    fn encode(
+        &self,
+        state: &GpuRank,
+        lane: &Lane<Communicator<'a>>,
+        piece: &mut GpuPiece,
+        index: usize,
+    ) -> Result<()> {
+        let stream = self.stream(state, lane);
+        piece.codec.encode(
+            &state.kernels,
+            stream,
+            &piece.compensated,
+            &mut piece.payload,
+        )?;
+        if self.spec(index).memory != Memory::None {
+            let bytes = piece.codec.wire_bytes();
+            stream
+                .memcpy_dtod(&piece.payload.slice(..bytes), &mut piece.own)
+                .map_err(cuda_err("cannot keep the own payload"))?;
+        }
+        Ok(())
+    }
+
+    /// A later round of a multi-round codec (PowerSGD's Q), from the reduced payload of the
+    /// last one.
+    fn next_round(
+        &self,
+        state: &GpuRank,
+        lane: &Lane<Communicator<'a>>,
+        piece: &mut GpuPiece,
+        _: usize,
+    ) -> Result<()> {
+        piece.codec.next_round(
+            &state.kernels,
+            self.stream(state, lane),
+            &piece.compensated,
+            &mut piece.payload,
+        )
+    }
+
+    fn exchange(
+        &self,
+        state: &GpuRank,
+        lane: &Lane<Communicator<'a>>,
+        piece: &mut GpuPiece,
+        index: usize,
+        round: u32,
+    ) -> Result<()> {
+        let Lane::Comm { link: comm, .. } = lane else {
+            unreachable!("the schedule puts exchanges on communication streams")
         };
-        let piece_index = self.layout.piece_of(&t.kind);
-        let spec = &self.layout.pieces[piece_index];
-        let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
-        let piece = &mut *guard;
-        // Uncompressed groups have no encode/decode tasks: the collective casts itself.
-        let encode = round == 0 && !spec.has_encode;
-        let decode = round + 1 == spec.rounds() && !spec.has_decode;
-        let split = spec.scheme == Scheme::ReduceScatterAllgather;
-        self.timed(state, stream, task, lane, || {
-            if encode {
-                self.encode(state, stream, piece_index, piece)?;
-            }
-            // As the host backend: a later round of a multi-round codec (PowerSGD's Q) is
-            // computed by its collective task, from the reduced payload of the last one.
-            if round > 0 && !split {
-                piece.codec.next_round(
-                    &state.kernels,
-                    stream,
-                    &piece.compensated,
-                    &mut piece.payload,
-                )?;
-            }
-            match spec.aggregation {
-                Aggregation::Allreduce => {
-                    let elem = elem_bytes(&spec.compressor);
-                    // Reduce-scatter splits the padded buffer; an allreduce sends only
-                    // this round's payload (PowerSGD's P and Q differ in size).
-                    let count = if split {
+        let stream = self.stream(state, lane);
+        let spec = self.spec(index);
+        let exchange = spec.rounds[round as usize].exchange;
+        match exchange {
+            Exchange::Allreduce
+            | Exchange::HierarchicalAllreduce
+            | Exchange::ReduceScatter
+            | Exchange::AllgatherShards => {
+                let elem = elem_bytes(&spec.compressor);
+                // Reduce-scatter splits the padded buffer; an allreduce sends only this
+                // round's payload (PowerSGD's P and Q differ in size).
+                let count = match exchange {
+                    Exchange::ReduceScatter | Exchange::AllgatherShards => {
                         piece.payload.len() / elem
-                    } else {
-                        piece.codec.round_bytes(round) / elem
-                    };
-                    let chunk = piece.chunk.len() / elem;
-                    // SAFETY (transmutes): the byte buffers are device allocations (256-byte
-                    // aligned) holding count·elem and chunk·elem bytes, read as elements of
-                    // elem bytes that are valid for any bit pattern.
-                    macro_rules! reduce {
-                        ($t:ty) => {{
-                            let payload = unsafe { piece.payload.transmute_mut::<$t>(count) }
-                                .expect("payload size");
-                            let mut payload = payload;
-                            if !split {
-                                comm.all_reduce_sum(&mut payload)?;
-                            } else if round == 0 {
+                    }
+                    _ => piece.codec.round_bytes(round) / elem,
+                };
+                let chunk = piece.chunk.len() / elem;
+                // SAFETY (transmutes): the byte buffers are device allocations (256-byte
+                // aligned) holding count·elem and chunk·elem bytes, read as elements of
+                // elem bytes that are valid for any bit pattern.
+                macro_rules! reduce {
+                    ($t:ty) => {{
+                        let mut payload = unsafe { piece.payload.transmute_mut::<$t>(count) }
+                            .expect("payload size");
+                        match exchange {
+                            Exchange::ReduceScatter => {
                                 let mut out = unsafe { piece.chunk.transmute_mut::<$t>(chunk) }
                                     .expect("chunk size");
                                 comm.reduce_scatter_sum(&payload, &mut out)?;
-                            } else {
+                            }
+                            Exchange::AllgatherShards => {
                                 let part = unsafe { piece.chunk.transmute::<$t>(chunk) }
                                     .expect("chunk size");
                                 comm.all_gather(&part, &mut payload)?;
                             }
-                        }};
-                    }
-                    match spec.compressor {
-                        Compressor::Fp16 => reduce!(Half),
-                        Compressor::Bf16 => reduce!(Brain),
-                        _ => reduce!(f32),
-                    }
+                            _ => comm.all_reduce_sum(&mut payload)?,
+                        }
+                    }};
                 }
-                Aggregation::Allgather => {
-                    let bytes = piece.codec.wire_bytes();
-                    let send = piece.payload.slice(..bytes);
-                    comm.all_gather(&send, &mut piece.gathered)?;
+                match spec.compressor {
+                    Compressor::Fp16 => reduce!(Half),
+                    Compressor::Bf16 => reduce!(Brain),
+                    _ => reduce!(f32),
                 }
-                Aggregation::ParameterServer => push_pull(
-                    comm,
-                    &state.kernels,
-                    ps_server(spec.group, self.world as usize) as u32,
-                    &mut piece.codec,
-                    piece.server.as_mut(),
-                    &mut piece.payload,
-                    || self.drain(state, stream, "the parameter-server push"),
-                )?,
             }
-            if decode {
-                self.decode(state, stream, piece_index, piece)?;
+            Exchange::Allgather => {
+                let bytes = piece.codec.wire_bytes();
+                let send = piece.payload.slice(..bytes);
+                comm.all_gather(&send, &mut piece.gathered)?;
             }
-            Ok(())
-        })?;
-        if encode {
-            self.after(state, stream, piece_index, piece, true, t.iteration)?;
+            Exchange::PushPull { .. } | Exchange::CompressedRing => push_pull(
+                comm,
+                &state.kernels,
+                pieces::server_rank(spec, self.world),
+                &mut piece.codec,
+                piece.server.as_mut(),
+                &mut piece.payload,
+                || self.drain(state, stream, "the parameter-server push"),
+            )?,
         }
-        if decode {
-            self.after(state, stream, piece_index, piece, false, t.iteration)?;
+        Ok(())
+    }
+
+    fn decode(
+        &self,
+        state: &GpuRank,
+        lane: &Lane<Communicator<'a>>,
+        piece: &mut GpuPiece,
+        index: usize,
+    ) -> Result<()> {
+        let stream = self.stream(state, lane);
+        let k = &state.kernels;
+        let bytes = piece.codec.wire_bytes();
+        stream
+            .memset_zeros(&mut piece.result)
+            .map_err(cuda_err("cannot clear the result"))?;
+        match self.spec(index).aggregation {
+            Aggregation::Allgather => {
+                for r in 0..self.world as usize {
+                    let block = piece.gathered.slice(r * bytes..(r + 1) * bytes);
+                    piece
+                        .codec
+                        .decode_add(k, stream, &block, &mut piece.result)?;
+                }
+                Ok(())
+            }
+            _ => {
+                piece
+                    .codec
+                    .decode_add(k, stream, &piece.payload.slice(..bytes), &mut piece.result)
+            }
         }
+    }
+
+    fn update_memory(
+        &self,
+        state: &GpuRank,
+        lane: &Lane<Communicator<'a>>,
+        piece: &mut GpuPiece,
+        index: usize,
+    ) -> Result<()> {
+        let stream = self.stream(state, lane);
+        let spec = self.spec(index);
+        let k = &state.kernels;
+        if spec.compressor.allreduce_rounds() > 1 {
+            // As the host backend: a multi-round codec (PowerSGD) has no payload of its own to
+            // decode; its transmitted part is the averaged low-rank result.
+            let (n, world) = (spec.numel as u32, self.world as f32);
+            // SAFETY: powersgd_average(result, transmitted, n, world) touches n elements of each.
+            unsafe {
+                stream
+                    .launch_builder(&k.powersgd_average)
+                    .arg(&piece.result)
+                    .arg(&mut piece.transmitted)
+                    .arg(&n)
+                    .arg(&world)
+                    .launch(grid(spec.numel as usize))
+            }
+            .map_err(cuda_err("PowerSGD's average failed"))?;
+        } else {
+            let bytes = piece.codec.wire_bytes();
+            stream
+                .memset_zeros(&mut piece.transmitted)
+                .map_err(cuda_err("cannot clear the transmitted part"))?;
+            piece
+                .codec
+                .decode_add(k, stream, &piece.own.slice(..bytes), &mut piece.transmitted)?;
+        }
+        piece
+            .memory
+            .update(k, stream, &piece.compensated, &piece.transmitted)
+    }
+
+    fn scale_output(
+        &self,
+        state: &GpuRank,
+        lane: &Lane<Communicator<'a>>,
+        piece: &mut GpuPiece,
+        index: usize,
+    ) -> Result<()> {
+        let spec = self.spec(index);
+        let Memory::EfSignSgd { lr } = spec.memory else {
+            return Ok(());
+        };
+        let (n, scale) = (spec.numel as u32, (1.0 / lr) as f32);
+        // SAFETY: scale_in_place(x, n, scale) touches n elements.
+        unsafe {
+            self.stream(state, lane)
+                .launch_builder(&state.kernels.scale_in_place)
+                .arg(&mut piece.result)
+                .arg(&n)
+                .arg(&scale)
+                .launch(grid(spec.numel as usize))
+        }
+        .map_err(cuda_err("output scaling failed"))?;
         Ok(())
     }
 }
@@ -773,11 +792,12 @@ impl<'a> Tasks for Run<'a> {
 mod tests {
     use super::*;
     use syncopate_sim::model::ModelProfile;
-    use syncopate_sim::plan::{CompressOn, Group, Plan, Policy};
-    use syncopate_sim::topology::{Cluster, ClusterOverrides};
+    use syncopate_sim::plan::{CompressOn, Group, Plan, Policy, Scheme};
+    use syncopate_sim::schedule::{lower, World};
 
-    /// ResNet-50 in one group, compressed by `spec` with `memory`, aggregated by `scheme`.
-    fn layout(spec: &str, memory: Memory, scheme: Scheme) -> Layout {
+    /// ResNet-50 in one group on 4 GPUs, compressed by `spec` with `memory`, aggregated by
+    /// `scheme`.
+    fn schedule(spec: &str, memory: Memory, scheme: Scheme) -> Schedule {
         let model = ModelProfile::load("resnet50").unwrap();
         let group = Group {
             tensors: (0..model.num_tensors()).collect(),
@@ -796,8 +816,11 @@ mod tests {
             ps_servers: 0,
         };
         let plan = Plan::new("test", &model, vec![group], policy);
-        let cluster = Cluster::load("dgx-a100", ClusterOverrides::default()).unwrap();
-        Layout::new(&Scenario::new(model, cluster, plan, "test").unwrap(), 0)
+        let world = World {
+            nodes: 1,
+            ranks_per_node: 4,
+        };
+        lower(&model, world, false, &plan, "test").unwrap()
     }
 
     #[test]
@@ -817,9 +840,9 @@ mod tests {
             ("onebit", Memory::Residual, Scheme::CompressedRing),
             ("fp16", dgc, Scheme::Ps),
         ] {
-            let layout = layout(spec, memory, scheme);
+            let schedule = schedule(spec, memory, scheme);
             assert!(
-                check_plan(&layout, &placement, Launch::PlanOrder).is_ok(),
+                check_plan(&schedule, &placement).is_ok(),
                 "{spec} {memory} {scheme:?}"
             );
         }

@@ -1,31 +1,29 @@
-//! The host backend: ranks as CPU threads (one per simulated stream), the real CPU compression kernels, collectives over in-process channels, wall-clock timing. It runs the whole exec path on a laptop or in CI; it is not a cluster backend.
+//! The host backend: ranks as CPU threads (one per stream), the real CPU compression kernels, collectives over in-process channels, wall-clock timing. It runs the whole exec path on a laptop or in CI; it is not a cluster backend.
 
-pub(super) mod board;
 pub mod busy;
 pub mod comm;
 pub mod profile;
 
-use super::check::{ps_server, Checker};
-use super::driver::{drive, Local, Tasks};
-use super::layout::{wire_element_bytes, Gradients, Layout};
+use super::backend::{Backend, Lane};
+use super::board::Board;
+use super::check::Checker;
+use super::driver::{drive, Local};
+use super::pieces::{self, wire_element_bytes, Gradients};
 use super::sched::Failure;
-use super::{ExecOptions, Measured};
+use super::{Job, Measured};
 use crate::compress::{Codec, MemoryState};
-use crate::error::Result;
-use board::Board;
+use crate::error::{ExecError, Result};
 use busy::BusyWork;
 use comm::Mesh;
 use std::sync::Mutex;
 use std::time::Instant;
 use syncopate_sim::compress::{Aggregation, Memory};
 use syncopate_sim::engine::TaskRecord;
-use syncopate_sim::graph::{TaskGraph, TaskKind};
-use syncopate_sim::plan::Scheme;
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::schedule::{Exchange, StepKind};
 use syncopate_sim::time::SimTime;
 
 /// One rank's buffers and codec state for one piece.
-struct PieceState {
+pub struct PieceState {
     codec: Box<dyn Codec>,
     server_codec: Box<dyn Codec>,
     memory: MemoryState,
@@ -38,7 +36,7 @@ struct PieceState {
     transmitted: Vec<f32>,
 }
 
-struct RankState {
+pub struct RankState {
     rank: u32,
     groups: Vec<Mutex<Vec<f32>>>,
     pieces: Vec<Mutex<PieceState>>,
@@ -46,8 +44,7 @@ struct RankState {
 
 /// Everything the threads of a run share.
 struct Run<'a> {
-    graph: &'a TaskGraph,
-    layout: &'a Layout,
+    job: &'a Job<'a>,
     gradients: &'a Gradients,
     checker: Option<&'a Checker>,
     busy: BusyWork,
@@ -57,23 +54,29 @@ struct Run<'a> {
     records: Mutex<Vec<TaskRecord>>,
 }
 
-/// Runs the scenario's task graph on `ranks` thread-ranks and times every task.
-pub fn execute(
-    scenario: &Scenario,
-    graph: &TaskGraph,
-    options: &ExecOptions,
-    ranks: u32,
-    busy: BusyWork,
-) -> Result<Measured> {
-    let layout = Layout::new(scenario, options.seed);
-    let gradients = Gradients::new(scenario, ranks, options.seed);
-    let checker = options.check.then(|| Checker::new(&layout, ranks));
-    let policy = &scenario.plan.policy;
-    let streams = policy.comm_streams;
+/// Runs the job on `ranks` thread-ranks, which must be the schedule's world, and times every
+/// task.
+pub fn execute(job: &Job, ranks: u32, busy: BusyWork) -> Result<Measured> {
+    let schedule = job.schedule;
+    if ranks != schedule.world.ranks() {
+        return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
+            "--ranks",
+            ranks,
+            format!(
+                "the plan was lowered for {} ranks ({} nodes × {}); run that many",
+                schedule.world.ranks(),
+                schedule.world.nodes,
+                schedule.world.ranks_per_node
+            ),
+        )));
+    }
+    let seed = job.options.seed;
+    let gradients = Gradients::new(schedule, ranks, seed);
+    let checker = job.options.check.then(|| Checker::new(schedule, seed));
+    let streams = schedule.policy.comm_streams;
     let epoch = Instant::now();
     let run = Run {
-        graph,
-        layout: &layout,
+        job,
         gradients: &gradients,
         checker: checker.as_ref(),
         busy,
@@ -83,13 +86,11 @@ pub fn execute(
         records: Mutex::new(Vec::new()),
     };
     let board = Board::new(
-        graph,
+        &schedule.policy,
+        &job.program,
         ranks,
-        policy.launch,
-        SimTime::from_us(policy.cycle_time_us).as_ns(),
-        streams,
         epoch,
-        options.timeout,
+        job.options.timeout,
     );
     let states: Vec<RankState> = (0..ranks).map(|r| rank_state(&run, r)).collect();
     // The meshes come stream by stream; each rank takes its end of every stream.
@@ -101,15 +102,15 @@ pub fn execute(
             openers: Vec::new(),
         })
         .collect();
-    for ends in comm::meshes(streams, ranks, options.timeout) {
+    for ends in comm::meshes(streams, ranks, job.options.timeout) {
         for (rank, mesh) in local.iter_mut().zip(ends) {
             rank.openers.push(mesh);
         }
     }
-    drive(&run, graph, &board, options.timeout, &run.failure, local)?;
+    drive(&run, job, &board, &run.failure, local)?;
     let records = run.records.into_inner().expect("the record lock");
     Ok(Measured::from_records(
-        graph,
+        &job.program,
         records,
         ranks,
         checker.map(|c| c.report()).unwrap_or_default(),
@@ -117,21 +118,25 @@ pub fn execute(
 }
 
 fn rank_state(run: &Run, rank: u32) -> RankState {
-    let layout = run.layout;
+    let schedule = run.job.schedule;
+    let seed = run.job.options.seed;
     RankState {
         rank,
-        groups: layout
-            .group_numel
+        groups: schedule
+            .buffers
             .iter()
-            .map(|&n| Mutex::new(vec![0.0; n]))
+            .map(|b| Mutex::new(vec![0.0; b.numel as usize]))
             .collect(),
-        pieces: (0..layout.pieces.len())
-            .map(|i| {
-                let n = layout.pieces[i].range.len();
+        pieces: schedule
+            .pieces
+            .iter()
+            .enumerate()
+            .map(|(i, piece)| {
+                let n = piece.numel as usize;
                 Mutex::new(PieceState {
-                    codec: layout.codec(i, Some(rank)),
-                    server_codec: layout.codec(i, None),
-                    memory: layout.memory(i),
+                    codec: pieces::codec(schedule, seed, i, Some(rank)),
+                    server_codec: pieces::codec(schedule, seed, i, None),
+                    memory: pieces::memory(piece),
                     compensated: Vec::with_capacity(n),
                     payload: Vec::new(),
                     own: Vec::new(),
@@ -163,90 +168,14 @@ impl Run<'_> {
             });
     }
 
-    fn encode(
-        &self,
-        state: &RankState,
-        index: usize,
-        piece: &mut PieceState,
-        iteration: u32,
-    ) -> Result<()> {
-        let spec = &self.layout.pieces[index];
-        {
-            let buffer = state.groups[spec.group]
-                .lock()
-                .expect("a group buffer lock");
-            piece
-                .memory
-                .compensate(&buffer[spec.range.clone()], &mut piece.compensated)?;
-        }
-        if let Some(checker) = self.checker {
-            checker.input(index, state.rank, iteration, &piece.compensated);
-        }
-        piece.codec.encode(&piece.compensated, &mut piece.payload)?;
-        if spec.memory != Memory::None {
-            piece.own.clone_from(&piece.payload);
-        }
-        Ok(())
-    }
-
-    fn decode(
-        &self,
-        rank: u32,
-        index: usize,
-        piece: &mut PieceState,
-        iteration: u32,
-    ) -> Result<()> {
-        let spec = &self.layout.pieces[index];
-        let PieceState {
-            codec,
-            memory,
-            compensated,
-            payload,
-            own,
-            gathered,
-            result,
-            transmitted,
-            ..
-        } = piece;
-        result.fill(0.0);
-        match spec.aggregation {
-            Aggregation::Allreduce | Aggregation::ParameterServer => {
-                codec.decode_add(payload, result)?
-            }
-            Aggregation::Allgather => {
-                for payload in gathered.iter() {
-                    codec.decode_add(payload, result)?;
-                }
-            }
-        }
-        if spec.memory != Memory::None {
-            // Error feedback keeps what this rank's own payload did not carry. A multi-round
-            // codec (PowerSGD) has no payload of its own to decode: its transmitted part is the
-            // averaged low-rank result, as in PyTorch's hook.
-            if spec.compressor.allreduce_rounds() > 1 {
-                let world = self.world as f32;
-                for (t, &r) in transmitted.iter_mut().zip(result.iter()) {
-                    *t = r / world;
-                }
-            } else {
-                transmitted.fill(0.0);
-                codec.decode_add(own, transmitted)?;
-            }
-            memory.update(compensated, transmitted)?;
-        }
-        if let Some(checker) = self.checker {
-            checker.result(index, spec.group, spec.aggregation, rank, iteration, result)?;
-        }
-        let scale = memory.output_scale();
-        if scale != 1.0 {
-            result.iter_mut().for_each(|x| *x *= scale);
-        }
-        Ok(())
+    fn piece(&self, index: usize) -> &syncopate_sim::schedule::Piece {
+        &self.job.schedule.pieces[index]
     }
 }
 
-impl Tasks for Run<'_> {
+impl Backend for Run<'_> {
     type Rank = RankState;
+    type Piece = PieceState;
     type Opener = Mesh;
     type Link = Mesh;
     /// Host compute is done when `compute` returns.
@@ -255,14 +184,17 @@ impl Tasks for Run<'_> {
     /// Busy work of the task's duration; a backward task also writes its synthetic gradient.
     fn compute(&self, state: &RankState, task: u32) -> Result<Option<Self::Running>> {
         let start = self.now();
-        let t = self.graph.task(task);
-        self.busy.run_for(t.duration.as_ns());
-        if let TaskKind::Backward { tensor } = t.kind {
-            let (group, offset, numel) = self.layout.tensor_slot[tensor as usize];
-            let mut buffer = state.groups[group].lock().expect("a group buffer lock");
+        self.busy.run_for(self.job.compute_ns(task));
+        if let StepKind::Backward { tensor } = self.job.step(task).kind {
+            let iteration = self.job.program.task(task).iteration;
+            let (group, slot) = self.job.slots[tensor as usize];
+            let (offset, numel) = (slot.offset as usize, slot.numel as usize);
+            let mut buffer = state.groups[group as usize]
+                .lock()
+                .expect("a group buffer lock");
             self.gradients.fill(
                 state.rank,
-                t.iteration,
+                iteration,
                 tensor as usize,
                 &mut buffer[offset..offset + numel],
             );
@@ -279,79 +211,176 @@ impl Tasks for Run<'_> {
         match running {}
     }
 
-    fn codec(&self, state: &RankState, task: u32) -> Result<()> {
-        let start = self.now();
-        let t = self.graph.task(task);
-        let index = self.layout.piece_of(&t.kind);
-        let mut piece = state.pieces[index].lock().expect("a piece lock");
-        if matches!(t.kind, TaskKind::Encode { .. }) {
-            self.encode(state, index, &mut piece, t.iteration)?;
-        } else {
-            self.decode(state.rank, index, &mut piece, t.iteration)?;
-        }
-        drop(piece);
-        self.record(state.rank, task, 0, start);
-        Ok(())
-    }
-
     /// The meshes are built before the threads start: the rank's end is handed over as is.
     fn open(&self, _: &RankState, _: u32, mesh: Mesh) -> Result<Mesh> {
         Ok(mesh)
     }
 
-    /// The collective on this rank's end of the stream's mesh.
-    fn collective(&self, state: &RankState, mesh: &Mesh, stream: u32, task: u32) -> Result<()> {
+    /// Times the step on the wall clock; collectives are recorded once, by rank 0. The
+    /// `--check` reports follow the step (inside the timing: on the host, `--check`
+    /// slows every rank alike).
+    fn timed(
+        &self,
+        state: &RankState,
+        lane: &Lane<Mesh>,
+        task: u32,
+        index: usize,
+        body: &mut dyn FnMut(&mut PieceState) -> Result<()>,
+    ) -> Result<()> {
         let start = self.now();
-        let t = self.graph.task(task);
-        let TaskKind::Collective { round, .. } = t.kind else {
-            unreachable!("only collectives reach the board")
+        let mut piece = state.pieces[index].lock().expect("a piece lock");
+        body(&mut piece)?;
+        if let Some(checker) = self.checker {
+            let step = self.job.step(task);
+            let iteration = self.job.program.task(task).iteration;
+            if step.ops.contains(&syncopate_sim::schedule::Op::Compensate) {
+                checker.input(index, state.rank, iteration, &piece.compensated);
+            }
+            if step.ops.contains(&syncopate_sim::schedule::Op::Decode) {
+                checker.result(index, state.rank, iteration, &piece.result)?;
+            }
+        }
+        drop(piece);
+        if matches!(lane, Lane::Codec) || state.rank == 0 {
+            self.record(state.rank, task, lane.trace_stream(), start);
+        }
+        Ok(())
+    }
+
+    fn compensate(
+        &self,
+        state: &RankState,
+        _: &Lane<Mesh>,
+        piece: &mut PieceState,
+        index: usize,
+    ) -> Result<()> {
+        let spec = self.piece(index);
+        let buffer = state.groups[spec.group as usize]
+            .lock()
+            .expect("a group buffer lock");
+        piece
+            .memory
+            .compensate(&buffer[pieces::range(spec)], &mut piece.compensated)
+    }
+
+    fn encode(
+        &self,
+        _: &RankState,
+        _: &Lane<Mesh>,
+        piece: &mut PieceState,
+        index: usize,
+    ) -> Result<()> {
+        piece.codec.encode(&piece.compensated, &mut piece.payload)?;
+        if self.piece(index).memory != Memory::None {
+            piece.own.clone_from(&piece.payload);
+        }
+        Ok(())
+    }
+
+    fn next_round(
+        &self,
+        _: &RankState,
+        _: &Lane<Mesh>,
+        piece: &mut PieceState,
+        _: usize,
+    ) -> Result<()> {
+        let reduced = std::mem::take(&mut piece.payload);
+        piece.codec.next_round(&reduced, &mut piece.payload)
+    }
+
+    fn exchange(
+        &self,
+        _: &RankState,
+        lane: &Lane<Mesh>,
+        piece: &mut PieceState,
+        index: usize,
+        round: u32,
+    ) -> Result<()> {
+        let Lane::Comm { link: mesh, .. } = lane else {
+            unreachable!("the schedule puts exchanges on communication streams")
         };
-        let piece_index = self.layout.piece_of(&t.kind);
-        let spec = &self.layout.pieces[piece_index];
-        let mut guard = state.pieces[piece_index].lock().expect("a piece lock");
-        let piece = &mut *guard;
-        if round == 0 && !spec.has_encode {
-            self.encode(state, piece_index, piece, t.iteration)?;
-        }
-        let split = spec.scheme == Scheme::ReduceScatterAllgather;
-        if round > 0 && !split {
-            let reduced = std::mem::take(&mut piece.payload);
-            piece.codec.next_round(&reduced, &mut piece.payload)?;
-        }
+        let spec = self.piece(index);
         let element = wire_element_bytes(&spec.compressor);
         let abort = self.failure.flag();
-        match spec.aggregation {
+        match spec.rounds[round as usize].exchange {
+            Exchange::Allreduce | Exchange::HierarchicalAllreduce => {
+                mesh.allreduce(&mut piece.payload, element, &*piece.codec, abort)
+            }
             // DeAR: the reduce-scatter half in backward, the all-gather half later.
-            Aggregation::Allreduce if split && round == 0 => {
-                mesh.reduce_scatter(&mut piece.payload, element, &*piece.codec, abort)?
+            Exchange::ReduceScatter => {
+                mesh.reduce_scatter(&mut piece.payload, element, &*piece.codec, abort)
             }
-            Aggregation::Allreduce if split => {
-                mesh.allgather_chunks(&mut piece.payload, element, abort)?
+            Exchange::AllgatherShards => mesh.allgather_chunks(&mut piece.payload, element, abort),
+            Exchange::Allgather => {
+                piece.gathered = mesh.allgather(piece.payload.clone(), abort)?;
+                Ok(())
             }
-            Aggregation::Allreduce => {
-                mesh.allreduce(&mut piece.payload, element, &*piece.codec, abort)?
-            }
-            Aggregation::Allgather => {
-                piece.gathered = mesh.allgather(piece.payload.clone(), abort)?
-            }
-            Aggregation::ParameterServer => {
+            Exchange::PushPull { .. } | Exchange::CompressedRing => {
                 piece.payload = mesh.push_pull(
                     std::mem::take(&mut piece.payload),
-                    ps_server(spec.group, self.world as usize),
+                    pieces::server_rank(spec, self.world) as usize,
                     &mut *piece.codec,
                     &mut *piece.server_codec,
-                    spec.range.len(),
+                    spec.numel as usize,
                     abort,
-                )?
+                )?;
+                Ok(())
             }
         }
-        if round + 1 == spec.rounds() && !spec.has_decode {
-            self.decode(state.rank, piece_index, piece, t.iteration)?;
+    }
+
+    fn decode(
+        &self,
+        _: &RankState,
+        _: &Lane<Mesh>,
+        piece: &mut PieceState,
+        index: usize,
+    ) -> Result<()> {
+        piece.result.fill(0.0);
+        match self.piece(index).aggregation {
+            Aggregation::Allreduce | Aggregation::ParameterServer => {
+                piece.codec.decode_add(&piece.payload, &mut piece.result)
+            }
+            Aggregation::Allgather => {
+                for payload in &piece.gathered {
+                    piece.codec.decode_add(payload, &mut piece.result)?;
+                }
+                Ok(())
+            }
         }
-        drop(guard);
-        if state.rank == 0 {
-            self.record(0, task, stream, start);
+    }
+
+    fn update_memory(
+        &self,
+        _: &RankState,
+        _: &Lane<Mesh>,
+        piece: &mut PieceState,
+        index: usize,
+    ) -> Result<()> {
+        // Error feedback keeps what this rank's own payload did not carry. A multi-round codec
+        // (PowerSGD) has no payload of its own to decode: its transmitted part is the averaged
+        // low-rank result, as in PyTorch's hook.
+        if self.piece(index).compressor.allreduce_rounds() > 1 {
+            let world = self.world as f32;
+            for (t, &r) in piece.transmitted.iter_mut().zip(&piece.result) {
+                *t = r / world;
+            }
+        } else {
+            piece.transmitted.fill(0.0);
+            piece.codec.decode_add(&piece.own, &mut piece.transmitted)?;
         }
+        piece.memory.update(&piece.compensated, &piece.transmitted)
+    }
+
+    fn scale_output(
+        &self,
+        _: &RankState,
+        _: &Lane<Mesh>,
+        piece: &mut PieceState,
+        _: usize,
+    ) -> Result<()> {
+        let scale = piece.memory.output_scale();
+        piece.result.iter_mut().for_each(|x| *x *= scale);
         Ok(())
     }
 }

@@ -64,7 +64,7 @@ impl Calibration {
             gpus_per_node: Some(1),
             inter_gbps: None,
         })?;
-        let mut scenario = Scenario::resolve(model.clone(), cluster)?;
+        let mut scenario = Scenario::new(model.clone(), cluster)?;
         scenario.device = self.device.clone();
         scenario.compute_scale = 1.0;
         let (compressor, memory) = method.resolve(&m.ratio, &m.memory)?;
@@ -80,8 +80,7 @@ impl Calibration {
         } else {
             Scheme::Allreduce
         });
-        let scenario = scenario.with_plan(plan, &format!("GRACE {}", m.method))?;
-        Ok(simulate(&scenario, &SimOptions::default())?
+        Ok(simulate(&scenario, &plan, &SimOptions::default())?
             .summary
             .throughput_samples_per_s)
     }

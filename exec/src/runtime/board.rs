@@ -1,0 +1,132 @@
+//! The launch board: the launch policy's decisions shared by the ranks of a process, so every rank issues the same collectives in the same order, as Horovod's coordinator does.
+//!
+//! A collective is ready once every rank driven here has met its dependencies; the policy
+//! (`syncopate_sim::launch`, the simulator's own) then decides on wall-clock time. Each decision
+//! is appended to the log of the stream that asked, and the other ranks' threads of that stream
+//! replay the log.
+
+use crate::error::{ExecError, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+use syncopate_sim::launch::Launcher;
+use syncopate_sim::schedule::{LaunchPolicy, Program};
+
+const POLL: Duration = Duration::from_millis(20);
+
+struct State {
+    launcher: Launcher,
+    /// Per task: ranks that have met its dependencies.
+    arrivals: Vec<u32>,
+    /// Per stream: the collectives it ran, in order.
+    log: Vec<Vec<u32>>,
+}
+
+pub struct Board {
+    state: Mutex<State>,
+    changed: Condvar,
+    world: u32,
+    epoch: Instant,
+    timeout: Duration,
+}
+
+impl Board {
+    /// A board for the `world` ranks of this process.
+    pub fn new(
+        policy: &LaunchPolicy,
+        program: &Program,
+        world: u32,
+        epoch: Instant,
+        timeout: Duration,
+    ) -> Board {
+        Board {
+            state: Mutex::new(State {
+                launcher: Launcher::new(policy, program),
+                arrivals: vec![0; program.len()],
+                log: vec![Vec::new(); policy.comm_streams as usize],
+            }),
+            changed: Condvar::new(),
+            world,
+            epoch,
+            timeout,
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// A rank met the dependencies of collective `task`.
+    pub fn arrive(&self, task: u32) {
+        let mut state = self.state.lock().expect("the board lock");
+        let t = task as usize;
+        state.arrivals[t] += 1;
+        if state.arrivals[t] == self.world {
+            let now = self.now_ns();
+            state.launcher.ready(task, now);
+            self.changed.notify_all();
+        }
+    }
+
+    /// The `index`-th collective of `stream` for rank `rank`, or `None` once every collective
+    /// has been handed out. Waits at most the timeout for a rank to make progress.
+    pub fn next(
+        &self,
+        stream: u32,
+        index: usize,
+        rank: u32,
+        abort: &AtomicBool,
+    ) -> Result<Option<u32>> {
+        let deadline = Instant::now() + self.timeout;
+        let mut state = self.state.lock().expect("the board lock");
+        loop {
+            if let Some(&task) = state.log[stream as usize].get(index) {
+                return Ok(Some(task));
+            }
+            if state.launcher.all_launched() {
+                return Ok(None);
+            }
+            let now_ns = self.now_ns();
+            if let Some(task) = state.launcher.next(now_ns) {
+                state.log[stream as usize].push(task);
+                self.changed.notify_all();
+                return Ok(Some(task));
+            }
+            if abort.load(Ordering::Relaxed) {
+                return Err(ExecError::Rank {
+                    rank,
+                    message: "aborted while waiting for a collective: another rank failed".into(),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing = state
+                    .launcher
+                    .first_pending()
+                    .map_or(self.world, |t| state.arrivals[t as usize]);
+                return Err(ExecError::Rank {
+                    rank,
+                    message: format!(
+                        "no collective became ready within {:.1} s ({missing} of {} ranks had reached the next one)",
+                        self.timeout.as_secs_f64(),
+                        self.world
+                    ),
+                });
+            }
+            // A collective released at a future cycle tick needs no notification: wake for it.
+            let wait = match state.launcher.next_release() {
+                Some(at) => Duration::from_nanos(at.saturating_sub(now_ns)).min(POLL),
+                None => POLL,
+            };
+            state = self
+                .changed
+                .wait_timeout(state, (deadline - now).min(wait))
+                .expect("the board lock")
+                .0;
+        }
+    }
+
+    pub fn wake_all(&self) {
+        self.changed.notify_all();
+    }
+}

@@ -1,0 +1,137 @@
+//! What every backend derives from a schedule's pieces in the same way: codecs and their seeds, memories, parameter-server ranks, and the seeded synthetic gradients.
+
+use crate::compress::{codec_for_shapes, rng::Rng, Codec, MemoryState};
+use syncopate_sim::compress::Compressor;
+use syncopate_sim::schedule::{Exchange, Piece, Schedule};
+
+/// Elements `offset..offset + numel` of the piece's group buffer, as indices.
+pub fn range(piece: &Piece) -> std::ops::Range<usize> {
+    piece.offset as usize..(piece.offset + piece.numel) as usize
+}
+
+/// The seed of rank `rank`'s codec for piece `index` (`None`: the parameter server's).
+/// Random-k's indices and PowerSGD's initial Q must agree across workers, so they share a
+/// seed; other stochastic codecs draw independently. GPU codecs draw from the same seeds.
+pub fn codec_seed(schedule: &Schedule, seed: u64, index: usize, rank: Option<u32>) -> u64 {
+    let piece = &schedule.pieces[index];
+    let shared = matches!(
+        piece.compressor,
+        Compressor::RandomK { .. } | Compressor::PowerSgd { .. }
+    );
+    let who = match (shared, rank) {
+        (true, _) => 0,
+        (false, Some(r)) => u64::from(r) + 1,
+        (false, None) => u64::MAX,
+    };
+    mix(
+        mix(mix(seed, u64::from(piece.group)), u64::from(piece.part)),
+        who,
+    )
+}
+
+/// Rank `rank`'s CPU codec for piece `index` (`None`: the parameter server's).
+pub fn codec(schedule: &Schedule, seed: u64, index: usize, rank: Option<u32>) -> Box<dyn Codec> {
+    let piece = &schedule.pieces[index];
+    codec_for_shapes(
+        &piece.compressor,
+        &piece.shapes(),
+        codec_seed(schedule, seed, index, rank),
+    )
+}
+
+/// A fresh error-feedback memory for a piece.
+pub fn memory(piece: &Piece) -> MemoryState {
+    MemoryState::new(piece.memory, piece.numel as usize)
+}
+
+/// The rank that decodes, sums and re-encodes a piece's payloads: the server of its push-pull
+/// round. A CaSync-Ring piece is aggregated by the same decode-sum-re-encode on the group's
+/// turn-taking server, which gives the ring's result without its traffic pattern.
+pub fn server_rank(piece: &Piece, world: u32) -> u32 {
+    piece
+        .rounds
+        .iter()
+        .find_map(|r| match r.exchange {
+            Exchange::PushPull { server } => Some(server),
+            _ => None,
+        })
+        .unwrap_or(piece.group % world.max(1))
+}
+
+/// Bytes of one element of a summable payload: the ring reduces whole elements.
+pub fn wire_element_bytes(c: &Compressor) -> usize {
+    match c {
+        Compressor::Fp16 | Compressor::Bf16 => 2,
+        _ => 4,
+    }
+}
+
+/// SplitMix64 step over a pair, so that seeds of neighbouring pieces and ranks are unrelated.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b
+        .wrapping_add(0x9e37_79b9_7f4a_7c15)
+        .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Seeded synthetic gradients: one standard-normal vector per rank over every tensor, generated
+/// once so that the backward steps only copy (as frameworks copy into the fusion buffer),
+/// scaled per iteration so that successive iterations differ.
+pub struct Gradients {
+    per_rank: Vec<Vec<f32>>,
+    tensor_offset: Vec<usize>,
+}
+
+impl Gradients {
+    /// Gradients of ranks `0..ranks` for the schedule's tensors.
+    pub fn new(schedule: &Schedule, ranks: u32, seed: u64) -> Gradients {
+        let tensors = schedule.buffers.iter().map(|b| b.slots.len()).sum();
+        let mut numel = vec![0usize; tensors];
+        for slot in schedule.buffers.iter().flat_map(|b| &b.slots) {
+            numel[slot.tensor as usize] = slot.numel as usize;
+        }
+        let mut tensor_offset = Vec::with_capacity(tensors);
+        let mut total = 0usize;
+        for n in numel {
+            tensor_offset.push(total);
+            total += n;
+        }
+        let per_rank = (0..ranks)
+            .map(|rank| {
+                let mut rng = Rng::for_stream(seed, u64::from(rank));
+                (0..total).map(|_| rng.normal() as f32).collect()
+            })
+            .collect();
+        Gradients {
+            per_rank,
+            tensor_offset,
+        }
+    }
+
+    /// Rank `rank`'s unscaled gradients of every tensor, one after another.
+    pub fn rank_values(&self, rank: u32) -> &[f32] {
+        &self.per_rank[rank as usize]
+    }
+
+    /// Where tensor `tensor` starts in [`Gradients::rank_values`].
+    pub fn offset(&self, tensor: usize) -> usize {
+        self.tensor_offset[tensor]
+    }
+
+    /// The factor of iteration `iteration`'s gradients.
+    pub fn scale(iteration: u32) -> f32 {
+        1.0 + 0.25 * iteration as f32
+    }
+
+    /// Writes rank `rank`'s gradient of tensor `tensor` in `iteration` into `out`.
+    pub fn fill(&self, rank: u32, iteration: u32, tensor: usize, out: &mut [f32]) {
+        let start = self.tensor_offset[tensor];
+        let scale = Gradients::scale(iteration);
+        let source = &self.per_rank[rank as usize][start..start + out.len()];
+        for (o, &g) in out.iter_mut().zip(source) {
+            *o = g * scale;
+        }
+    }
+}

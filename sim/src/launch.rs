@@ -1,0 +1,196 @@
+//! The launch policy: one state machine that decides which ready collective takes a free communication stream, for the simulator's engine and every executor.
+//!
+//! A collective is *ready* once every rank has met its dependencies; under a Horovod cycle it
+//! is *released* at the next multiple of the cycle time, otherwise at once. The policy then
+//! picks among released collectives: plan order strictly (the next in plan order, or nothing),
+//! or the lowest launch key first (priority). The caller asks for decisions and applies them;
+//! time is whatever clock the caller runs on (simulated or wall-clock nanoseconds).
+
+use crate::plan::Launch;
+use crate::schedule::{LaunchKey, LaunchPolicy, Program};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Which collectives are ready, released and launched.
+#[derive(Clone, Debug)]
+pub struct Launcher {
+    launch: Launch,
+    cycle_ns: u64,
+    keys: Vec<LaunchKey>,
+    /// Collective tasks in plan order.
+    order: Vec<u32>,
+    next_in_order: usize,
+    released: Vec<bool>,
+    launched: Vec<bool>,
+    launched_count: usize,
+    /// Released collectives by launch key (priority policy).
+    by_key: BinaryHeap<Reverse<(LaunchKey, u32)>>,
+    /// Ready collectives waiting for their cycle tick: (release time, task).
+    waiting: BinaryHeap<Reverse<(u64, u32)>>,
+}
+
+impl Launcher {
+    pub fn new(policy: &LaunchPolicy, program: &Program) -> Launcher {
+        let n = program.len();
+        Launcher {
+            launch: policy.launch,
+            cycle_ns: policy.cycle_ns,
+            keys: program.launch_keys.clone(),
+            order: program.plan_order.clone(),
+            next_in_order: 0,
+            released: vec![false; n],
+            launched: vec![false; n],
+            launched_count: 0,
+            by_key: BinaryHeap::new(),
+            waiting: BinaryHeap::new(),
+        }
+    }
+
+    /// Every rank has met the dependencies of collective `task` at `now`. Returns when it is
+    /// released: `now`, or the next cycle tick (ask [`Launcher::next`] again then).
+    pub fn ready(&mut self, task: u32, now: u64) -> u64 {
+        let at = match self.cycle_ns {
+            0 => now,
+            cycle => now.div_ceil(cycle).saturating_mul(cycle),
+        };
+        if at <= now {
+            self.release(task);
+        } else {
+            self.waiting.push(Reverse((at, task)));
+        }
+        at
+    }
+
+    fn release(&mut self, task: u32) {
+        match self.launch {
+            Launch::PlanOrder => self.released[task as usize] = true,
+            Launch::Priority => self.by_key.push(Reverse((self.keys[task as usize], task))),
+        }
+    }
+
+    /// The collective to launch now on a free stream, if the policy has one.
+    pub fn next(&mut self, now: u64) -> Option<u32> {
+        while let Some(&Reverse((at, task))) = self.waiting.peek() {
+            if at > now {
+                break;
+            }
+            self.waiting.pop();
+            self.release(task);
+        }
+        let task = match self.launch {
+            Launch::PlanOrder => {
+                let &task = self.order.get(self.next_in_order)?;
+                if !self.released[task as usize] {
+                    return None;
+                }
+                self.next_in_order += 1;
+                task
+            }
+            Launch::Priority => self.by_key.pop()?.0 .1,
+        };
+        self.launched[task as usize] = true;
+        self.launched_count += 1;
+        Some(task)
+    }
+
+    /// When the earliest collective waiting for a cycle tick is released.
+    pub fn next_release(&self) -> Option<u64> {
+        self.waiting.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Whether every collective of the program has been launched.
+    pub fn all_launched(&self) -> bool {
+        self.launched_count == self.order.len()
+    }
+
+    /// The first collective in plan order not launched yet (for error messages).
+    pub fn first_pending(&self) -> Option<u32> {
+        self.order
+            .iter()
+            .copied()
+            .find(|&t| !self.launched[t as usize])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelProfile;
+    use crate::plan::Plan;
+    use crate::schedule::{lower, World};
+    use crate::strategy::{per_tensor_plan, plan_order};
+
+    fn launcher(launch: Launch, cycle_us: f64, priorities: bool) -> (Launcher, Vec<u32>) {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let mut plan: Plan = per_tensor_plan(&model);
+        plan.policy = plan_order(cycle_us);
+        plan.policy.launch = launch;
+        if priorities {
+            // Reverse priorities: the last group in plan order goes first.
+            for (g, group) in plan.groups.iter_mut().enumerate() {
+                group.priority = -(g as i64);
+            }
+        }
+        let world = World {
+            nodes: 2,
+            ranks_per_node: 1,
+        };
+        let schedule = lower(&model, world, false, &plan, "test").unwrap();
+        let program = Program::unroll(&schedule, 1).unwrap();
+        let order = program.plan_order.clone();
+        (Launcher::new(&schedule.policy, &program), order)
+    }
+
+    #[test]
+    fn plan_order_waits_for_the_next_collective_in_order() {
+        let (mut l, order) = launcher(Launch::PlanOrder, 0.0, false);
+        assert_eq!(l.ready(order[1], 10), 10);
+        assert_eq!(l.next(10), None, "the second may not pass the first");
+        l.ready(order[0], 20);
+        assert_eq!(l.next(20), Some(order[0]));
+        assert_eq!(l.next(20), Some(order[1]));
+        assert_eq!(l.next(20), None);
+        assert_eq!(l.first_pending(), Some(order[2]));
+    }
+
+    #[test]
+    fn priority_takes_the_lowest_key_among_released() {
+        let (mut l, order) = launcher(Launch::Priority, 0.0, true);
+        l.ready(order[0], 5);
+        l.ready(order[3], 5);
+        assert_eq!(
+            l.next(5),
+            Some(order[3]),
+            "the later group has the lower priority"
+        );
+        assert_eq!(l.next(5), Some(order[0]));
+        assert_eq!(l.next(5), None);
+    }
+
+    #[test]
+    fn a_cycle_releases_at_the_next_tick() {
+        let (mut l, order) = launcher(Launch::PlanOrder, 5.0, false);
+        assert_eq!(l.ready(order[0], 12_000), 15_000);
+        assert_eq!(l.next(14_999), None);
+        assert_eq!(l.next_release(), Some(15_000));
+        assert_eq!(l.next(15_000), Some(order[0]));
+        assert_eq!(l.next_release(), None);
+        // Ready exactly on a tick: released at once.
+        assert_eq!(l.ready(order[1], 20_000), 20_000);
+        assert_eq!(l.next(20_000), Some(order[1]));
+    }
+
+    #[test]
+    fn every_collective_launches_once() {
+        let (mut l, order) = launcher(Launch::Priority, 0.0, true);
+        for &t in &order {
+            l.ready(t, 0);
+        }
+        let mut launched: Vec<u32> = std::iter::from_fn(|| l.next(0)).collect();
+        assert!(l.all_launched());
+        launched.sort_unstable();
+        let mut expected = order.clone();
+        expected.sort_unstable();
+        assert_eq!(launched, expected);
+    }
+}

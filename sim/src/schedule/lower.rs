@@ -1,0 +1,369 @@
+//! Lowering: turns (model, world, plan) into a Schedule, the one place that says what a plan means.
+
+use super::{
+    Buffer, Exchange, LaunchPolicy, LaunchSlot, Op, Piece, Round, Schedule, Slot, Step, StepKind,
+    Stream, World,
+};
+use crate::compress::{powersgd_layout, Aggregation, Compressor, Memory};
+use crate::data::FORMAT_VERSION;
+use crate::error::{Result, SimError};
+use crate::model::ModelProfile;
+use crate::plan::{CompressOn, Group, Plan, Scheme};
+use crate::time::SimTime;
+
+/// Lowers `plan` for `model` on `world`. `cpu_ranks` says that the ranks are CPU processes
+/// (their compression runs on the CPU stream). `label` names the plan in errors.
+pub fn lower(
+    model: &ModelProfile,
+    world: World,
+    cpu_ranks: bool,
+    plan: &Plan,
+    label: &str,
+) -> Result<Schedule> {
+    plan.validate(label, model)?;
+    if world.nodes == 0 || world.ranks_per_node == 0 {
+        return Err(SimError::bad_value(
+            "world",
+            format!("{} nodes × {} ranks", world.nodes, world.ranks_per_node),
+            "needs at least one node and one rank per node",
+        ));
+    }
+    world
+        .nodes
+        .checked_mul(world.ranks_per_node)
+        .ok_or_else(|| {
+            SimError::bad_value(
+                "world",
+                format!("{} nodes × {} ranks", world.nodes, world.ranks_per_node),
+                "more than 2^32 ranks",
+            )
+        })?;
+    let cycle = SimTime::from_us(plan.policy.cycle_time_us);
+    let syncing = world.ranks() > 1;
+    let overlap = plan.policy.overlap_forward && syncing;
+    let buffers: Vec<Buffer> = plan.groups.iter().map(|g| buffer(model, g)).collect();
+    let mut pieces = Vec::new();
+    let mut group_pieces = Vec::with_capacity(plan.groups.len());
+    if syncing {
+        for (g, group) in plan.groups.iter().enumerate() {
+            let first = pieces.len();
+            pieces.extend(lower_group(model, world, g, group));
+            group_pieces.push(first..pieces.len());
+        }
+    }
+    let mut steps: Vec<Step> = Vec::new();
+    let mut push = |step: Step| {
+        steps.push(step);
+        (steps.len() - 1) as u32
+    };
+    // Groups whose update runs just before each tensor's forward.
+    let mut updates_before: Vec<Vec<usize>> = vec![Vec::new(); model.num_tensors()];
+    if overlap {
+        for (g, group) in plan.groups.iter().enumerate() {
+            updates_before[first_forward(model, group)].push(g);
+        }
+    }
+    let mut update_step = vec![None; plan.groups.len()];
+    for t in model.forward_order() {
+        for &g in &updates_before[t] {
+            let numel = buffers[g].numel as f64;
+            // The optimizer's share of this group; DeAR updates only its 1/world shard.
+            let shard = match plan.groups[g].scheme {
+                Scheme::ReduceScatterAllgather => f64::from(world.ranks()),
+                _ => 1.0,
+            };
+            let mut step = compute(
+                StepKind::Update { group: g as u32 },
+                model.optimizer_us * (numel / model.total_numel() as f64) / shard,
+            );
+            step.from_iteration = 1;
+            update_step[g] = Some(push(step));
+        }
+        push(compute(
+            StepKind::Forward { tensor: t as u32 },
+            model.tensors[t].forward_us,
+        ));
+    }
+    let backward: Vec<u32> = model
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(t, tensor)| {
+            push(compute(
+                StepKind::Backward { tensor: t as u32 },
+                tensor.backward_us,
+            ))
+        })
+        .collect();
+    let last_backward = *backward.last().expect("a validated model has tensors");
+    let mut position = 0u32;
+    let mut group_tails: Vec<Vec<u32>> = Vec::with_capacity(group_pieces.len());
+    for (g, range) in group_pieces.iter().enumerate() {
+        let group = &plan.groups[g];
+        let ready = group
+            .tensors
+            .iter()
+            .map(|&t| backward[t])
+            .max()
+            .expect("validated groups are non-empty");
+        let codec = match (group.compress_on, cpu_ranks) {
+            (CompressOn::Cpu, _) | (_, true) => Stream::Cpu,
+            (CompressOn::Gpu, false) => Stream::Codec,
+        };
+        let mut tails = Vec::with_capacity(range.len());
+        for p in range.clone() {
+            let piece = &pieces[p];
+            let sync = |kind, stream, after: u32, ops: Vec<Op>| Step {
+                kind,
+                stream,
+                after: vec![after],
+                after_previous: Vec::new(),
+                from_iteration: 0,
+                profiled_us: None,
+                piece: Some(p as u32),
+                ops,
+                launch: None,
+            };
+            let (group_id, part) = (piece.group, piece.part);
+            let compressing = piece.compressor != Compressor::None;
+            let has_encode = compressing || piece.memory != Memory::None;
+            let mut tail = ready;
+            if has_encode {
+                tail = push(sync(
+                    StepKind::Encode {
+                        group: group_id,
+                        part,
+                    },
+                    codec,
+                    tail,
+                    vec![Op::Compensate, Op::Encode],
+                ));
+            }
+            let rounds = piece.rounds.len();
+            for (r, round) in piece.rounds.iter().enumerate() {
+                let mut ops = Vec::new();
+                if r == 0 && !has_encode {
+                    ops.extend([Op::Compensate, Op::Encode]);
+                }
+                if r > 0 && round.exchange != Exchange::AllgatherShards {
+                    ops.push(Op::NextRound);
+                }
+                ops.push(Op::Exchange);
+                if r + 1 == rounds && !compressing {
+                    ops.extend(decode_ops(piece.memory));
+                }
+                position = position.checked_add(1).ok_or_else(too_many_collectives)?;
+                let mut step = sync(
+                    StepKind::Collective {
+                        group: group_id,
+                        part,
+                        round: r as u32,
+                    },
+                    Stream::Comm,
+                    tail,
+                    ops,
+                );
+                step.launch = Some(LaunchSlot {
+                    priority: group.priority,
+                    phase: u8::from(round.exchange == Exchange::AllgatherShards && overlap),
+                    position,
+                });
+                tail = push(step);
+            }
+            if compressing {
+                tail = push(sync(
+                    StepKind::Decode {
+                        group: group_id,
+                        part,
+                    },
+                    codec,
+                    tail,
+                    decode_ops(piece.memory),
+                ));
+            }
+            tails.push(tail);
+        }
+        group_tails.push(tails);
+    }
+    if !overlap {
+        let mut optimizer = compute(StepKind::Optimizer, model.optimizer_us);
+        optimizer.after = group_tails.iter().flatten().copied().collect();
+        push(optimizer);
+    }
+    for (g, update) in update_step.iter().enumerate() {
+        if let Some(update) = update {
+            steps[*update as usize].after_previous = group_tails[g].clone();
+        }
+    }
+    Ok(Schedule {
+        format_version: FORMAT_VERSION,
+        strategy: plan.strategy.clone(),
+        model: plan.model.clone(),
+        model_fingerprint: plan.model_fingerprint.clone(),
+        world,
+        policy: LaunchPolicy {
+            launch: plan.policy.launch,
+            comm_streams: plan.policy.comm_streams,
+            cycle_ns: cycle.as_ns(),
+        },
+        buffers,
+        pieces,
+        steps,
+        iteration_end: last_backward,
+    })
+}
+
+fn too_many_collectives() -> SimError {
+    SimError::bad_value(
+        "plan",
+        "collectives per iteration",
+        "more than 2^32 collectives in one iteration",
+    )
+}
+
+fn compute(kind: StepKind, profiled_us: f64) -> Step {
+    Step {
+        kind,
+        stream: Stream::Compute,
+        after: Vec::new(),
+        after_previous: Vec::new(),
+        from_iteration: 0,
+        profiled_us: Some(profiled_us),
+        piece: None,
+        ops: Vec::new(),
+        launch: None,
+    }
+}
+
+/// What follows a piece's last collective: decode, then the memory's bookkeeping.
+fn decode_ops(memory: Memory) -> Vec<Op> {
+    let mut ops = vec![Op::Decode];
+    if memory != Memory::None {
+        ops.push(Op::UpdateMemory);
+    }
+    if matches!(memory, Memory::EfSignSgd { .. }) {
+        ops.push(Op::ScaleOutput);
+    }
+    ops
+}
+
+/// The group's tensor that runs first in the forward pass.
+fn first_forward(model: &ModelProfile, group: &Group) -> usize {
+    group
+        .tensors
+        .iter()
+        .copied()
+        .min_by_key(|&t| model.tensors[t].registration_index)
+        .expect("validated groups are non-empty")
+}
+
+fn buffer(model: &ModelProfile, group: &Group) -> Buffer {
+    let mut offset = 0u64;
+    let slots = group
+        .tensors
+        .iter()
+        .map(|&t| {
+            let numel = model.tensors[t].numel;
+            let slot = Slot {
+                tensor: t as u32,
+                offset,
+                numel,
+            };
+            offset += numel;
+            slot
+        })
+        .collect();
+    Buffer {
+        numel: offset,
+        slots,
+    }
+}
+
+/// The pieces of group `g`: equal partitions (the remainder spread over the first ones), each
+/// with the collectives that move its payload by the group's scheme.
+pub fn lower_group(model: &ModelProfile, world: World, g: usize, group: &Group) -> Vec<Piece> {
+    let numel = group.numel(model);
+    let parts = u64::from(group.partitions);
+    let aggregation = group.aggregation();
+    let round_bytes = round_shares(model, group);
+    let shapes: Option<Vec<Vec<u64>>> = (parts == 1).then(|| {
+        group
+            .tensors
+            .iter()
+            .map(|&t| model.tensors[t].shape.clone())
+            .collect()
+    });
+    let ranks = u64::from(world.ranks());
+    (0..parts)
+        .map(|p| {
+            let range = share(numel, p, parts);
+            let rounds = round_bytes
+                .iter()
+                .flat_map(|&total| {
+                    let bytes = (share(total, p, parts).end - share(total, p, parts).start).max(1);
+                    exchanges(group.scheme, aggregation, g, ranks)
+                        .into_iter()
+                        .map(move |exchange| Round { exchange, bytes })
+                })
+                .collect();
+            Piece {
+                group: g as u32,
+                part: p as u32,
+                offset: range.start,
+                numel: range.end - range.start,
+                compressor: group.compressor,
+                memory: group.memory,
+                scheme: group.scheme,
+                compress_on: group.compress_on,
+                aggregation,
+                shapes: shapes.clone(),
+                rounds,
+            }
+        })
+        .collect()
+}
+
+/// Part `p` of `parts` equal shares of `total`, the remainder spread over the first ones.
+fn share(total: u64, p: u64, parts: u64) -> std::ops::Range<u64> {
+    let at = |i: u64| (u128::from(total) * u128::from(i) / u128::from(parts)) as u64;
+    at(p)..at(p + 1)
+}
+
+/// Bytes of each allreduce round of a group: PowerSGD sends P then Q, everything else one round.
+fn round_shares(model: &ModelProfile, group: &Group) -> Vec<u64> {
+    match group.compressor {
+        Compressor::PowerSgd { rank } => {
+            let shapes: Vec<&[u64]> = group
+                .tensors
+                .iter()
+                .map(|&t| model.tensors[t].shape.as_slice())
+                .collect();
+            let layout = powersgd_layout(&shapes, rank);
+            let p: u64 = layout.iter().map(|m| m.p_bytes()).sum();
+            let q: u64 = layout.iter().map(|m| m.q_bytes()).sum();
+            if q == 0 {
+                vec![p]
+            } else {
+                vec![p, q]
+            }
+        }
+        _ => vec![group.wire_bytes(model)],
+    }
+}
+
+/// The collectives that move one round's payload by the group's scheme.
+fn exchanges(scheme: Scheme, aggregation: Aggregation, g: usize, ranks: u64) -> Vec<Exchange> {
+    match (scheme, aggregation) {
+        (Scheme::Hierarchical, _) => vec![Exchange::HierarchicalAllreduce],
+        (Scheme::ReduceScatterAllgather, _) => {
+            vec![Exchange::ReduceScatter, Exchange::AllgatherShards]
+        }
+        (Scheme::CompressedRing, _) => vec![Exchange::CompressedRing],
+        (_, Aggregation::Allreduce) => vec![Exchange::Allreduce],
+        (_, Aggregation::Allgather) => vec![Exchange::Allgather],
+        // Groups take turns serving, so that servers share the load.
+        (_, Aggregation::ParameterServer) => vec![Exchange::PushPull {
+            server: (g as u64 % ranks) as u32,
+        }],
+    }
+}

@@ -1,0 +1,407 @@
+//! Schedules: a plan lowered once into the cost-free steps that the simulator and every executor run.
+//!
+//! A [`Schedule`] says what one rank does in one steady-state training iteration and in which
+//! order; it holds no durations (the simulator's cost pass adds them, an executor measures
+//! them). Every rank runs the same steps (SPMD); a collective step is one rank's part of a
+//! collective that spans all ranks, and names its peers through its [`Exchange`].
+//!
+//! ```text
+//! Plan ──lower──► Schedule ──unroll(K)──► Program (K iterations, a DAG of tasks)
+//!                                           ├─► + cost pass ─► TaskGraph ─► engine (predicted)
+//!                                           └─► executor: host | mpi | cuda ─► measured
+//! ```
+//!
+//! The rules every engine follows:
+//! - **Streams.** A step runs on one stream of its rank ([`Stream`]). The compute stream runs
+//!   its steps in program order: each compute step also waits for the compute step before it
+//!   (across iterations too). The codec and CPU streams take ready steps first come, first
+//!   served. A collective step starts once every rank has met its dependencies, then waits for
+//!   the launch policy ([`crate::launch`]) to give it a communication stream.
+//! - **Dependencies.** `after` names steps of the same iteration, `after_previous` steps of
+//!   the previous iteration. A step with `from_iteration` 1 does not exist in iteration 0 (the
+//!   per-group updates of strategies that overlap synchronization with the next forward pass).
+//! - **Iterations.** The end of step `iteration_end` closes an iteration: in steady state
+//!   consecutive ends are one iteration apart, whatever the policy.
+//! - **The synchronization sequence.** A step's `ops` run in order on its piece's buffers:
+//!   `compensate` (read the piece from its group buffer, add error feedback), `encode`,
+//!   `next-round` (PowerSGD's Q from the reduced P), `exchange` (the round's collective),
+//!   `decode` (into the piece's result), `update-memory` (keep what was not transmitted),
+//!   `scale-output` (EF-SignSGD divides by its learning rate again).
+//! - **Buffers.** A backward step writes its tensor's gradient into its slot of the group's
+//!   fusion buffer; pieces are contiguous slices of a buffer.
+
+mod lower;
+mod unroll;
+
+pub use lower::{lower, lower_group};
+pub use unroll::{LaunchKey, Program, TaskRef};
+
+use crate::compress::{Aggregation, Compressor, Memory};
+use crate::data;
+use crate::error::{Result, SimError};
+use crate::plan::{CompressOn, Launch, Scheme};
+use serde::{Deserialize, Serialize};
+
+/// Where a step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    /// The rank's compute stream: forward, backward, optimizer and updates, in program order.
+    Compute,
+    /// The rank's compression stream on its accelerator: encode and decode kernels.
+    Codec,
+    /// The rank's host CPU: compression on the host (Espresso's CPU option), or on CPU ranks.
+    Cpu,
+    /// A communication stream: collectives span every rank and start when all are ready.
+    Comm,
+}
+
+impl Stream {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Compute => "compute",
+            Stream::Codec => "codec",
+            Stream::Cpu => "cpu",
+            Stream::Comm => "comm",
+        }
+    }
+}
+
+/// What a step does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepKind {
+    Forward {
+        tensor: u32,
+    },
+    /// Backward of one tensor; its gradient lands in its slot of the group buffer.
+    Backward {
+        tensor: u32,
+    },
+    Encode {
+        group: u32,
+        part: u32,
+    },
+    Collective {
+        group: u32,
+        part: u32,
+        round: u32,
+    },
+    Decode {
+        group: u32,
+        part: u32,
+    },
+    /// The optimizer step of the whole model after every group is synchronized.
+    Optimizer,
+    /// The optimizer step of one group's parameters, just before their next forward
+    /// (strategies that overlap synchronization with the next forward pass).
+    Update {
+        group: u32,
+    },
+}
+
+impl StepKind {
+    /// A short name for messages: `bwd t12`, `collective g3.0.1`.
+    pub fn label(&self) -> String {
+        match *self {
+            StepKind::Forward { tensor } => format!("fwd t{tensor}"),
+            StepKind::Backward { tensor } => format!("bwd t{tensor}"),
+            StepKind::Encode { group, part } => format!("encode g{group}.{part}"),
+            StepKind::Collective { group, part, round } => {
+                format!("collective g{group}.{part}.{round}")
+            }
+            StepKind::Decode { group, part } => format!("decode g{group}.{part}"),
+            StepKind::Optimizer => "optimizer".into(),
+            StepKind::Update { group } => format!("update g{group}"),
+        }
+    }
+}
+
+/// One operation of the synchronization sequence (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    Compensate,
+    Encode,
+    NextRound,
+    Exchange,
+    Decode,
+    UpdateMemory,
+    ScaleOutput,
+}
+
+/// How one round of a piece's synchronization moves its payload between ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Exchange {
+    /// Every rank's payload summed element-wise in the wire type, the sum on every rank.
+    Allreduce,
+    /// As `Allreduce`, reduced inside each node, across nodes, then shared inside each node.
+    HierarchicalAllreduce,
+    /// The reduce-scatter half of an allreduce: each rank ends with the sum of its shard.
+    ReduceScatter,
+    /// The all-gather half of an allreduce: the summed shards go to every rank.
+    AllgatherShards,
+    /// Every rank's payload (sizes may differ) to every rank, each decoded there.
+    Allgather,
+    /// Push to the piece's server rank, which decodes, sums and re-encodes; pull its payload.
+    PushPull { server: u32 },
+    /// HiPress CaSync-Ring: a ring whose every hop decodes, adds and re-encodes the shard.
+    CompressedRing,
+}
+
+impl Exchange {
+    pub fn name(self) -> &'static str {
+        match self {
+            Exchange::Allreduce => "allreduce",
+            Exchange::HierarchicalAllreduce => "hierarchical-allreduce",
+            Exchange::ReduceScatter => "reduce-scatter",
+            Exchange::AllgatherShards => "allgather-shards",
+            Exchange::Allgather => "allgather",
+            Exchange::PushPull { .. } => "push-pull",
+            Exchange::CompressedRing => "compressed-ring",
+        }
+    }
+}
+
+/// One collective of a piece's synchronization.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Round {
+    pub exchange: Exchange,
+    /// Bytes of this rank's payload in this round.
+    pub bytes: u64,
+}
+
+/// One tensor's place in its group's fusion buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slot {
+    pub tensor: u32,
+    pub offset: u64,
+    pub numel: u64,
+}
+
+/// A group's fusion buffer: its tensors, in plan order, one after another.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Buffer {
+    pub numel: u64,
+    pub slots: Vec<Slot>,
+}
+
+/// One partition of one group: the unit every encode, collective and decode step works on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Piece {
+    pub group: u32,
+    pub part: u32,
+    /// Elements `offset..offset + numel` of the group's buffer.
+    pub offset: u64,
+    pub numel: u64,
+    pub compressor: Compressor,
+    pub memory: Memory,
+    /// The group's scheme as the plan states it.
+    pub scheme: Scheme,
+    /// Where the plan runs the piece's compression kernels.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub compress_on: CompressOn,
+    pub aggregation: Aggregation,
+    /// Tensor shapes when the piece is a whole group (PowerSGD compresses matrices); a
+    /// partitioned group is a flat slice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shapes: Option<Vec<Vec<u64>>>,
+    pub rounds: Vec<Round>,
+}
+
+impl Piece {
+    /// The tensor shapes the codecs take: none for a partitioned group's flat slice.
+    pub fn shapes(&self) -> Vec<&[u64]> {
+        self.shapes.iter().flatten().map(Vec::as_slice).collect()
+    }
+}
+
+/// Where a collective step stands in the launch order of its iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSlot {
+    /// Lower goes first under the priority policy.
+    pub priority: i64,
+    /// 0: synchronization during backward; 1: DeAR's all-gathers before the next forward
+    /// (launched in forward order, the reverse of `position`).
+    pub phase: u8,
+    /// 1-based position among the iteration's collectives, in lowering order.
+    pub position: u32,
+}
+
+/// One step of one rank's iteration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub kind: StepKind,
+    pub stream: Stream,
+    /// Steps of the same iteration that must end first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<u32>,
+    /// Steps of the previous iteration that must end first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_previous: Vec<u32>,
+    /// The first iteration in which this step exists (0 or 1).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub from_iteration: u32,
+    /// Compute steps: the time the model profile measured for this work on its own device.
+    /// The simulator scales it to the cluster's device; an executor reproduces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiled_us: Option<f64>,
+    /// Synchronization steps: the index of their piece in `pieces`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub piece: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<Op>,
+    /// Collectives: their place in the launch order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<LaunchSlot>,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+/// The ranks a schedule is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct World {
+    pub nodes: u32,
+    pub ranks_per_node: u32,
+}
+
+impl World {
+    pub fn ranks(&self) -> u32 {
+        self.nodes * self.ranks_per_node
+    }
+}
+
+/// How collectives take the communication streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchPolicy {
+    pub launch: Launch,
+    pub comm_streams: u32,
+    /// Horovod's cycle: a ready collective launches at the next multiple of this (0: at once).
+    pub cycle_ns: u64,
+}
+
+/// A plan lowered for one model on one world: see the module documentation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    pub format_version: u32,
+    pub strategy: String,
+    pub model: String,
+    pub model_fingerprint: String,
+    pub world: World,
+    pub policy: LaunchPolicy,
+    /// One fusion buffer per plan group.
+    pub buffers: Vec<Buffer>,
+    /// Every group's partitions, group by group (none on a single rank: nothing to synchronize).
+    pub pieces: Vec<Piece>,
+    pub steps: Vec<Step>,
+    /// The step whose end closes an iteration.
+    pub iteration_end: u32,
+}
+
+impl Schedule {
+    pub fn step(&self, index: u32) -> &Step {
+        &self.steps[index as usize]
+    }
+
+    /// The piece a synchronization step works on.
+    pub fn piece_of(&self, step: &Step) -> Option<&Piece> {
+        step.piece.map(|p| &self.pieces[p as usize])
+    }
+
+    /// Each tensor's group and slot, indexed by tensor.
+    pub fn tensor_slots(&self) -> Vec<(u32, Slot)> {
+        let tensors = self.buffers.iter().map(|b| b.slots.len()).sum();
+        let mut slots = vec![
+            (
+                0,
+                Slot {
+                    tensor: 0,
+                    offset: 0,
+                    numel: 0
+                }
+            );
+            tensors
+        ];
+        for (g, buffer) in self.buffers.iter().enumerate() {
+            for slot in &buffer.slots {
+                slots[slot.tensor as usize] = (g as u32, *slot);
+            }
+        }
+        slots
+    }
+
+    /// Collective steps per iteration.
+    pub fn collectives_per_iteration(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| s.stream == Stream::Comm)
+            .count()
+    }
+
+    /// Reads a schedule written by `syncopate lower`, checking its references.
+    pub fn load(path: &str) -> Result<Schedule> {
+        let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let schedule: Schedule = data::parse_json(path, &text)?;
+        schedule.validate(path)?;
+        Ok(schedule)
+    }
+
+    /// Checks what a hand-edited file could break: versions, indices, the dependency order.
+    pub fn validate(&self, label: &str) -> Result<()> {
+        data::check_format_version(label, self.format_version)?;
+        let steps = self.steps.len() as u64;
+        let bad = |field: String, message: String| Err(SimError::invalid(label, field, message));
+        if u64::from(self.iteration_end) >= steps {
+            return bad(
+                "iteration_end".into(),
+                format!("step {} does not exist", self.iteration_end),
+            );
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            for &dep in &step.after {
+                if dep as usize >= i {
+                    return bad(
+                        format!("steps[{i}].after"),
+                        format!("step {dep} is not an earlier step"),
+                    );
+                }
+            }
+            for &dep in &step.after_previous {
+                if u64::from(dep) >= steps {
+                    return bad(
+                        format!("steps[{i}].after_previous"),
+                        format!("step {dep} does not exist"),
+                    );
+                }
+            }
+            if let Some(p) = step.piece {
+                if p as usize >= self.pieces.len() {
+                    return bad(
+                        format!("steps[{i}].piece"),
+                        format!("piece {p} does not exist"),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
