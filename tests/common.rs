@@ -2,15 +2,16 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The repository root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `../shared/validation-data`, the measured public data the project calibrates against.
+/// `profiles/validation`, the measured public data the project calibrates against.
 pub fn validation_data(file: &str) -> PathBuf {
-    root().join("../shared/validation-data").join(file)
+    root().join("profiles/validation").join(file)
 }
 
 /// Runs the `syncopate` binary with arguments, from the repository root.
@@ -30,9 +31,15 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// A scratch directory unique to one test.
+/// A fresh scratch directory for one call: tests run in parallel threads of one process, so
+/// two tests (or two calls) asking for the same name must not share it.
 pub fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("syncopate-test-{}-{test}", std::process::id()));
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "syncopate-test-{}-{call}-{test}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

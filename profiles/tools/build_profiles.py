@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Builds the shipped model profiles (profiles/models/*.json) from ../shared/validation-data.
+"""Builds the shipped model profiles (profiles/models/*.json) from profiles/validation.
 
 Python 3 standard library only. Deterministic: same inputs, same bytes out.
 
@@ -605,7 +605,7 @@ def build_all(vd):
         if inv_stem is not None:
             inv = read_inventory(vd, inv_stem)
             bwd, notes = measured_backward(vd, esp, inv)
-            size_src = "tensor inventory: ../shared/validation-data/inventory_%s.csv" % inv_stem
+            size_src = "tensor inventory: profiles/validation/inventory_%s.csv" % inv_stem
         else:
             shape_fn = {"lstm": lstm_shape, "ncf": ncf_shape, "ugatit": ugatit_shape}[name]
             inv, fallback = inventory_from_espresso(vd, esp, shape_fn)
@@ -638,7 +638,7 @@ def build_all(vd):
                        "the layer-by-layer backward of the model; use with care")
         fwd = forward_from_backward(inv, bwd, override)
         source = "; ".join([size_src,
-                            "backward timings: %s, via ../shared/validation-data/espresso_v100_readygap_%s.csv"
+                            "backward timings: %s, via profiles/validation/espresso_v100_readygap_%s.csv"
                             % (ESPRESSO_SRC, esp),
                             batch_note] + notes)
         models[name] = profile(name, desc, source, batch, unit,
@@ -652,7 +652,7 @@ def build_all(vd):
 
     for name in ESTIMATED:
         inv = read_inventory(vd, INV_STEM[name])
-        size_src = "tensor inventory: ../shared/validation-data/inventory_%s.csv" % INV_STEM[name]
+        size_src = "tensor inventory: profiles/validation/inventory_%s.csv" % INV_STEM[name]
         if name == "resnet152":
             src = "resnet101"
             ratio = TORCHVISION_GFLOPS[name] / TORCHVISION_GFLOPS[src]
@@ -738,8 +738,8 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     repo_root = os.path.normpath(os.path.join(here, "..", ".."))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--validation-data", default=os.path.join(repo_root, "..", "shared", "validation-data"),
-                    help="directory holding the validation-data CSVs (default: ../shared/validation-data "
+    ap.add_argument("--validation-data", default=os.path.join(repo_root, "profiles", "validation"),
+                    help="directory holding the validation-data CSVs (default: profiles/validation "
                          "relative to the repository root)")
     ap.add_argument("--out", default=os.path.join(repo_root, "profiles", "models"),
                     help="output directory (default: profiles/models)")

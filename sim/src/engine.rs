@@ -581,3 +581,62 @@ impl Engine<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::StepCost;
+    use crate::model::ModelProfile;
+    use crate::plan::{Launch, Scheme};
+    use crate::schedule::{lower, StepKind, World};
+    use crate::strategy::per_tensor_plan;
+
+    /// A DeAR-style split allreduce whose all-gather half was edited to launch before its
+    /// reduce-scatter half: plan order waits for a collective that waits for a later one.
+    #[test]
+    fn a_stalled_schedule_is_an_error_naming_the_step() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let mut plan = per_tensor_plan(&model);
+        plan.groups.truncate(0);
+        plan.groups.push(crate::plan::Group {
+            tensors: (0..model.num_tensors()).collect(),
+            scheme: Scheme::ReduceScatterAllgather,
+            ..per_tensor_plan(&model).groups[0].clone()
+        });
+        let world = World {
+            nodes: 1,
+            ranks_per_node: 2,
+        };
+        let mut schedule = lower(&model, world, false, &plan, "t").unwrap();
+        for step in &mut schedule.steps {
+            if let (StepKind::Collective { round, .. }, Some(slot)) = (step.kind, &mut step.launch) {
+                slot.position = 2 - round;
+            }
+        }
+        let costs = vec![
+            StepCost {
+                duration: SimTime(1000),
+                estimate: None
+            };
+            schedule.steps.len()
+        ];
+        let graph = TaskGraph::new(&schedule, &costs, 2).unwrap();
+        let config = EngineConfig {
+            ranks: 2,
+            policy: LaunchPolicy {
+                launch: Launch::PlanOrder,
+                comm_streams: 1,
+                cycle_ns: 0,
+            },
+            slowdown_with_collective: 1.0,
+            slowdown_with_codec: 1.0,
+            record_ranks: 0,
+        };
+        let err = run(&graph, &config, &Noise::default()).unwrap_err().to_string();
+        assert!(
+            err.contains("collective g0.0.0 of iteration 0 never ran")
+                && err.contains("the launch policy waits for collective g0.0.1 of iteration 0"),
+            "{err}"
+        );
+    }
+}

@@ -14,6 +14,8 @@ pub mod launch;
 pub mod model;
 pub mod noise;
 pub mod plan;
+#[cfg(test)]
+mod properties;
 pub mod scenario;
 pub mod schedule;
 pub mod search;

@@ -367,3 +367,238 @@ fn exchanges(scheme: Scheme, aggregation: Aggregation, g: usize, ranks: u64) -> 
         }],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Launch, Policy};
+    use crate::schedule::Program;
+    use crate::strategy::{per_tensor_plan, plan_order};
+
+    fn world(nodes: u32, ranks_per_node: u32) -> World {
+        World {
+            nodes,
+            ranks_per_node,
+        }
+    }
+
+    /// A model of `n` tensors of 1000 elements, 1 ms of backward each, registered in reverse.
+    fn model(n: usize) -> ModelProfile {
+        let mut model = ModelProfile::load("resnet50").unwrap();
+        model.tensors.truncate(n);
+        for (i, t) in model.tensors.iter_mut().enumerate() {
+            t.name = format!("t{i}");
+            t.shape = vec![1000];
+            t.numel = 1000;
+            t.registration_index = n - 1 - i;
+            t.backward_us = 1000.0;
+            t.forward_us = 500.0;
+        }
+        model
+    }
+
+    fn plan(model: &ModelProfile, groups: Vec<Vec<usize>>, spec: &str, scheme: Scheme) -> Plan {
+        let mut plan = per_tensor_plan(model);
+        plan.groups = groups
+            .into_iter()
+            .enumerate()
+            .map(|(i, tensors)| Group {
+                tensors,
+                compressor: spec.parse().unwrap(),
+                memory: Memory::None,
+                compress_on: CompressOn::Gpu,
+                scheme,
+                partitions: 1,
+                priority: i as i64,
+            })
+            .collect();
+        plan
+    }
+
+    fn kinds(schedule: &Schedule) -> Vec<StepKind> {
+        schedule.steps.iter().map(|s| s.kind).collect()
+    }
+
+    #[test]
+    fn wait_free_backprop_is_forward_backward_one_collective_per_tensor_and_the_optimizer() {
+        let model = model(3);
+        let schedule = lower(&model, world(2, 1), false, &per_tensor_plan(&model), "t").unwrap();
+        let c = |g| StepKind::Collective {
+            group: g,
+            part: 0,
+            round: 0,
+        };
+        // Forward in registration order (t2 first), backward in gradient-ready order.
+        assert_eq!(
+            kinds(&schedule),
+            vec![
+                StepKind::Forward { tensor: 2 },
+                StepKind::Forward { tensor: 1 },
+                StepKind::Forward { tensor: 0 },
+                StepKind::Backward { tensor: 0 },
+                StepKind::Backward { tensor: 1 },
+                StepKind::Backward { tensor: 2 },
+                c(0),
+                c(1),
+                c(2),
+                StepKind::Optimizer,
+            ]
+        );
+        // Each collective waits for its tensor's gradient; the optimizer for all of them.
+        assert_eq!(schedule.steps[6].after, vec![3]);
+        assert_eq!(schedule.steps[8].after, vec![5]);
+        assert_eq!(schedule.steps[9].after, vec![6, 7, 8]);
+        assert_eq!(schedule.iteration_end, 5);
+        // An uncompressed collective encodes (casts) and decodes itself.
+        assert_eq!(
+            schedule.steps[6].ops,
+            vec![Op::Compensate, Op::Encode, Op::Exchange, Op::Decode]
+        );
+        assert_eq!(schedule.steps[6].launch.unwrap().position, 1);
+        assert_eq!(schedule.pieces[1].rounds[0].bytes, 4000);
+    }
+
+    #[test]
+    fn a_single_rank_has_nothing_to_synchronize() {
+        let model = model(3);
+        let mut plan = per_tensor_plan(&model);
+        plan.policy.overlap_forward = true;
+        let schedule = lower(&model, world(1, 1), false, &plan, "t").unwrap();
+        assert!(schedule.pieces.is_empty());
+        assert_eq!(schedule.buffers.len(), 3);
+        assert_eq!(schedule.steps.last().unwrap().kind, StepKind::Optimizer);
+        assert_eq!(schedule.steps.len(), 7);
+    }
+
+    #[test]
+    fn compressed_groups_encode_and_decode_on_the_codec_stream() {
+        let model = model(4);
+        let mut plan = plan(&model, vec![vec![0, 1], vec![2, 3]], "topk:0.1", Scheme::Auto);
+        plan.groups[1].memory = Memory::EfSignSgd { lr: 0.5 };
+        plan.groups[1].partitions = 2;
+        let schedule = lower(&model, world(1, 4), false, &plan, "t").unwrap();
+        let encode = |g, p| StepKind::Encode { group: g, part: p };
+        let steps: Vec<&Step> = schedule
+            .steps
+            .iter()
+            .filter(|s| s.stream == Stream::Codec)
+            .collect();
+        assert_eq!(steps.len(), 6, "3 pieces, each encoded and decoded");
+        assert_eq!(steps[0].kind, encode(0, 0));
+        assert_eq!(steps[0].ops, vec![Op::Compensate, Op::Encode]);
+        let last = steps.last().unwrap();
+        assert_eq!(last.ops, vec![Op::Decode, Op::UpdateMemory, Op::ScaleOutput]);
+        // The two partitions split 2000 elements in two; top-k sends k (index, value) pairs.
+        assert_eq!((schedule.pieces[1].offset, schedule.pieces[1].numel), (0, 1000));
+        assert_eq!((schedule.pieces[2].offset, schedule.pieces[2].numel), (1000, 1000));
+        assert_eq!(schedule.pieces[2].rounds[0].bytes, 800);
+        assert_eq!(schedule.pieces[2].rounds[0].exchange, Exchange::Allgather);
+        // A CPU rank compresses on its CPU stream.
+        let cpu = lower(&model, world(1, 4), true, &plan, "t").unwrap();
+        assert!(cpu.steps.iter().all(|s| s.stream != Stream::Codec));
+    }
+
+    #[test]
+    fn dear_splits_the_allreduce_and_updates_before_the_next_forward() {
+        let model = model(2);
+        let mut plan = plan(&model, vec![vec![0, 1]], "none", Scheme::ReduceScatterAllgather);
+        plan.policy.overlap_forward = true;
+        let schedule = lower(&model, world(2, 2), false, &plan, "t").unwrap();
+        let rounds: Vec<Exchange> = schedule.pieces[0].rounds.iter().map(|r| r.exchange).collect();
+        assert_eq!(rounds, vec![Exchange::ReduceScatter, Exchange::AllgatherShards]);
+        let update = &schedule.steps[0];
+        assert_eq!(update.kind, StepKind::Update { group: 0 });
+        assert_eq!(update.from_iteration, 1);
+        assert_eq!(update.after_previous.len(), 1, "the all-gather of the last iteration");
+        // Each rank updates its quarter of the model.
+        assert_eq!(update.profiled_us, Some(model.optimizer_us / 4.0));
+        let gather = schedule
+            .steps
+            .iter()
+            .find(|s| s.kind == StepKind::Collective { group: 0, part: 0, round: 1 })
+            .unwrap();
+        assert_eq!(gather.launch.unwrap().phase, 1);
+        assert_eq!(gather.ops, vec![Op::Exchange, Op::Decode]);
+        assert!(schedule.steps.iter().all(|s| s.kind != StepKind::Optimizer));
+        // Iteration 0 has no update; later ones do.
+        let program = Program::unroll(&schedule, 2).unwrap();
+        let updates = program
+            .tasks
+            .iter()
+            .filter(|t| t.step == 0)
+            .map(|t| t.iteration)
+            .collect::<Vec<_>>();
+        assert_eq!(updates, vec![1]);
+    }
+
+    #[test]
+    fn parameter_servers_take_turns_by_group() {
+        let model = model(3);
+        let plan = plan(&model, vec![vec![0], vec![1], vec![2]], "onebit", Scheme::Ps);
+        let schedule = lower(&model, world(2, 1), false, &plan, "t").unwrap();
+        let servers: Vec<Exchange> = schedule.pieces.iter().map(|p| p.rounds[0].exchange).collect();
+        assert_eq!(
+            servers,
+            vec![
+                Exchange::PushPull { server: 0 },
+                Exchange::PushPull { server: 1 },
+                Exchange::PushPull { server: 0 }
+            ]
+        );
+    }
+
+    #[test]
+    fn powersgd_sends_p_then_q_and_computes_q_in_its_second_round() {
+        let mut model = model(1);
+        model.tensors[0].shape = vec![10, 100];
+        let plan = plan(&model, vec![vec![0]], "powersgd:2", Scheme::Auto);
+        let schedule = lower(&model, world(1, 2), false, &plan, "t").unwrap();
+        let bytes: Vec<u64> = schedule.pieces[0].rounds.iter().map(|r| r.bytes).collect();
+        assert_eq!(bytes, vec![10 * 2 * 4, 100 * 2 * 4]);
+        let second = schedule
+            .steps
+            .iter()
+            .find(|s| s.kind == StepKind::Collective { group: 0, part: 0, round: 1 })
+            .unwrap();
+        assert_eq!(second.ops, vec![Op::NextRound, Op::Exchange]);
+    }
+
+    #[test]
+    fn a_schedule_round_trips_through_json_and_rejects_broken_edits() {
+        let model = model(3);
+        let mut plan = per_tensor_plan(&model);
+        plan.policy = Policy {
+            launch: Launch::Priority,
+            comm_streams: 2,
+            ..plan_order(5000.0)
+        };
+        let schedule = lower(&model, world(2, 2), false, &plan, "t").unwrap();
+        assert_eq!(schedule.policy.cycle_ns, 5_000_000);
+        let text = serde_json::to_string(&schedule).unwrap();
+        let back: Schedule = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, schedule);
+        back.validate("t").unwrap();
+        let broken = |edit: &dyn Fn(&mut Schedule), field: &str| {
+            let mut s = schedule.clone();
+            edit(&mut s);
+            let err = s.validate("s.json").unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        };
+        broken(&|s| s.steps[6].after = vec![7], "steps[6].after");
+        broken(&|s| s.steps[6].piece = Some(99), "steps[6].piece");
+        broken(&|s| s.steps[0].profiled_us = Some(f64::NAN), "steps[0].profiled_us");
+        broken(&|s| s.iteration_end = 1000, "iteration_end");
+        broken(&|s| s.pieces[0].numel = 10_000, "pieces[0]");
+        broken(&|s| s.policy.comm_streams = 0, "comm_streams");
+    }
+
+    #[test]
+    fn a_plan_for_another_model_is_refused() {
+        let three = model(3);
+        let four = model(4);
+        let err = lower(&four, world(1, 2), false, &per_tensor_plan(&three), "p.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("p.json") && err.contains("made for"), "{err}");
+    }
+}

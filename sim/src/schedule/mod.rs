@@ -365,41 +365,97 @@ impl Schedule {
         Ok(schedule)
     }
 
-    /// Checks what a hand-edited file could break: versions, indices, the dependency order.
+    /// Checks what a hand-edited file could break: versions, indices, the dependency order,
+    /// that every synchronization step names a piece and round that exist, and that compute
+    /// steps carry a usable time.
     pub fn validate(&self, label: &str) -> Result<()> {
         data::check_format_version(label, self.format_version)?;
         let steps = self.steps.len() as u64;
         let bad = |field: String, message: String| Err(SimError::invalid(label, field, message));
+        if self.world.nodes == 0 || self.world.ranks_per_node == 0 {
+            return bad("world".into(), "needs at least one node and one rank per node".into());
+        }
+        if self.world.nodes.checked_mul(self.world.ranks_per_node).is_none() {
+            return bad("world".into(), "more than 2^32 ranks".into());
+        }
+        if self.policy.comm_streams == 0 {
+            return bad("policy.comm_streams".into(), "needs at least one stream".into());
+        }
         if u64::from(self.iteration_end) >= steps {
             return bad(
                 "iteration_end".into(),
                 format!("step {} does not exist", self.iteration_end),
             );
         }
+        for (p, piece) in self.pieces.iter().enumerate() {
+            let fits = self
+                .buffers
+                .get(piece.group as usize)
+                .is_some_and(|b| piece.offset.checked_add(piece.numel).is_some_and(|end| end <= b.numel));
+            if !fits {
+                return bad(
+                    format!("pieces[{p}]"),
+                    "lies outside its group's buffer".into(),
+                );
+            }
+            if piece.rounds.is_empty() {
+                return bad(format!("pieces[{p}].rounds"), "needs at least one round".into());
+            }
+            let ranks = self.world.ranks();
+            for round in &piece.rounds {
+                if let Exchange::PushPull { server } = round.exchange {
+                    if server >= ranks {
+                        return bad(
+                            format!("pieces[{p}].rounds"),
+                            format!("server rank {server} is not one of the {ranks} ranks"),
+                        );
+                    }
+                }
+            }
+        }
         for (i, step) in self.steps.iter().enumerate() {
-            for &dep in &step.after {
-                if dep as usize >= i {
-                    return bad(
-                        format!("steps[{i}].after"),
-                        format!("step {dep} is not an earlier step"),
-                    );
-                }
+            let at = |field: &str| format!("steps[{i}].{field}");
+            if let Some(&dep) = step.after.iter().find(|&&d| d as usize >= i) {
+                return bad(at("after"), format!("step {dep} is not an earlier step"));
             }
-            for &dep in &step.after_previous {
-                if u64::from(dep) >= steps {
-                    return bad(
-                        format!("steps[{i}].after_previous"),
-                        format!("step {dep} does not exist"),
-                    );
-                }
+            if let Some(&dep) = step.after_previous.iter().find(|&&d| u64::from(d) >= steps) {
+                return bad(at("after_previous"), format!("step {dep} does not exist"));
             }
-            if let Some(p) = step.piece {
-                if p as usize >= self.pieces.len() {
-                    return bad(
-                        format!("steps[{i}].piece"),
-                        format!("piece {p} does not exist"),
-                    );
+            if step.from_iteration > 1 {
+                return bad(at("from_iteration"), "is 0 or 1".into());
+            }
+            let piece = match step.piece {
+                Some(p) => match self.pieces.get(p as usize) {
+                    Some(piece) => Some(piece),
+                    None => return bad(at("piece"), format!("piece {p} does not exist")),
+                },
+                None => None,
+            };
+            match (step.stream, piece, step.kind) {
+                (Stream::Compute, _, _) => {
+                    if !step.profiled_us.is_some_and(|us| us.is_finite() && us >= 0.0) {
+                        return bad(
+                            at("profiled_us"),
+                            "a compute step needs a finite, non-negative time".into(),
+                        );
+                    }
                 }
+                (_, None, _) => {
+                    return bad(at("piece"), "a synchronization step needs its piece".into())
+                }
+                (Stream::Comm, Some(piece), StepKind::Collective { round, .. }) => {
+                    if round as usize >= piece.rounds.len() {
+                        return bad(at("kind"), format!("round {round} does not exist"));
+                    }
+                    if step.launch.is_none() {
+                        return bad(at("launch"), "a collective needs its launch slot".into());
+                    }
+                }
+                (Stream::Comm, _, _) => {
+                    return bad(at("kind"), "only collectives run on a communication stream".into())
+                }
+                (_, _, StepKind::Encode { .. } | StepKind::Decode { .. }) => {}
+                _ => return bad(at("kind"), "only encode and decode run on a codec stream".into()),
             }
         }
         Ok(())

@@ -193,7 +193,7 @@ fn write_fitted(
         std::fs::write(&path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))
     };
-    let rows = "fitted by `syncopate experiment run experiments/grace` on ../shared/validation-data/grace_imagenet_throughput.csv (GRACE, ICDCS'21, sands-lab/grace-data), mode=throughput backend=mpi rows, rows flagged inconsistent excluded";
+    let rows = "fitted by `syncopate experiment run experiments/grace` on profiles/validation/grace_imagenet_throughput.csv (GRACE, ICDCS'21, sands-lab/grace-data), mode=throughput backend=mpi rows, rows flagged inconsistent excluded";
     let mut device = cal.device.clone();
     device.name = "grace-v100".to_string();
     device.source = format!(
@@ -216,7 +216,7 @@ fn write_fitted(
             cost.provenance = Provenance {
                 status: Status::Calibrated,
                 method: format!(
-                    "{spec_device}'s curve with floors x {floor:.3} and per-element slopes x {slope:.3} (encode and decode): the pair that minimizes the mean absolute percentage error of GRACE's consistent `{method}` rows at {w} workers, ResNet-50 and VGG-19, ties within 0.5 points broken toward the base curve (mode=throughput, backend=mpi rows of ../shared/validation-data/grace_imagenet_throughput.csv, GRACE ICDCS'21, sands-lab/grace-data), fitted by `syncopate experiment run experiments/grace`; GRACE's TensorFlow compressors run as unfused TF ops, far above the bandwidth-bound kernels of the base profile",
+                    "{spec_device}'s curve with floors x {floor:.3} and per-element slopes x {slope:.3} (encode and decode): the pair that minimizes the mean absolute percentage error of GRACE's consistent `{method}` rows at {w} workers, ResNet-50 and VGG-19, ties within 0.5 points broken toward the base curve (mode=throughput, backend=mpi rows of profiles/validation/grace_imagenet_throughput.csv, GRACE ICDCS'21, sands-lab/grace-data), fitted by `syncopate experiment run experiments/grace`; GRACE's TensorFlow compressors run as unfused TF ops, far above the bandwidth-bound kernels of the base profile",
                     spec_device = spec.base_device,
                     floor = scale.floor,
                     slope = scale.slope,
