@@ -22,7 +22,7 @@
 
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
-use super::kernels::{cuda_err, grid, Kernels};
+use super::kernels::{cuda_err, Kernels};
 use super::memory::GpuMemory;
 use super::nccl::Communicator;
 use super::server::{push_pull, Server};
@@ -33,7 +33,7 @@ use crate::runtime::host::board::Board;
 use crate::runtime::layout::{Gradients, Layout};
 use crate::runtime::sched::{check_abort, Failure};
 use crate::runtime::{ExecOptions, Measured};
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr};
 use cudarc::nccl::{Id, NcclType};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -497,17 +497,7 @@ impl Run<'_> {
             // As the host backend: a multi-round codec (PowerSGD) has no payload of its own to
             // decode; its transmitted part is the averaged low-rank result.
             let (n, world) = (spec.range.len() as u32, self.world as f32);
-            // SAFETY: powersgd_average(result, transmitted, n, world) touches n elements of each.
-            unsafe {
-                stream
-                    .launch_builder(&k.powersgd_average)
-                    .arg(&piece.result)
-                    .arg(&mut piece.transmitted)
-                    .arg(&n)
-                    .arg(&world)
-                    .launch(grid(spec.range.len()))
-            }
-            .map_err(cuda_err("PowerSGD's average failed"))?;
+            k.powersgd_average(stream, &piece.result, &mut piece.transmitted, n, world)?;
         } else if spec.memory != Memory::None {
             stream.memset_zeros(&mut piece.transmitted).map_err(&zero)?;
             piece
@@ -561,16 +551,9 @@ impl Run<'_> {
         }
         if let Memory::EfSignSgd { lr } = spec.memory {
             let (n, scale) = (spec.range.len() as u32, (1.0 / lr) as f32);
-            // SAFETY: scale_in_place(x, n, scale) touches n elements.
-            unsafe {
-                stream
-                    .launch_builder(&state.kernels.scale_in_place)
-                    .arg(&mut piece.result)
-                    .arg(&n)
-                    .arg(&scale)
-                    .launch(grid(spec.range.len()))
-            }
-            .map_err(cuda_err("output scaling failed"))?;
+            state
+                .kernels
+                .scale_in_place(stream, &mut piece.result, n, scale)?;
         }
         Ok(())
     }
@@ -601,17 +584,7 @@ impl<'a> Tasks for Run<'a> {
                 let mut buffer = state.groups[group].lock().expect("a group buffer lock");
                 let mut dst = buffer.slice_mut(offset..offset + numel);
                 let (n, scale) = (numel as u32, Gradients::scale(t.iteration));
-                // SAFETY: scale_copy(src, dst, n, scale) touches n elements of each view.
-                unsafe {
-                    stream
-                        .launch_builder(&state.kernels.scale_copy)
-                        .arg(&src)
-                        .arg(&mut dst)
-                        .arg(&n)
-                        .arg(&scale)
-                        .launch(grid(numel))
-                }
-                .map_err(cuda_err("gradient copy failed"))?;
+                state.kernels.scale_copy(stream, &src, &mut dst, n, scale)?;
             }
             Ok(())
         })
