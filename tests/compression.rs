@@ -95,6 +95,60 @@ fn sim_wire_bytes_equal_the_real_payloads() {
     assert_eq!(sent_bytes(&mut *codec_for(&c, 1), &g), c.wire_bytes(1000));
 }
 
+/// The deterministic formats of `exec/WIRE_FORMAT.md` worked out by hand on one small
+/// gradient: the bytes the CPU reference writes, which the GPU kernels must equal.
+#[test]
+fn deterministic_payloads_follow_the_wire_format_by_hand() {
+    let x = [1.0f32, -2.0, 0.5, -0.25, 3.0];
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let cat = |parts: &[Vec<u8>]| parts.concat();
+    // Sign bits, 1 = negative, element i at bit i: elements 1 and 3.
+    let signs = vec![0b0_1010u8];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("none", f32s(&x)),
+        // IEEE half: 1 = 0x3C00, −2 = 0xC000, 0.5 = 0x3800, −0.25 = 0xB400, 3 = 0x4200.
+        (
+            "fp16",
+            vec![0x00, 0x3C, 0x00, 0xC0, 0x00, 0x38, 0x00, 0xB4, 0x00, 0x42],
+        ),
+        // bfloat16: the top halves 0x3F80, 0xC000, 0x3F00, 0xBE80, 0x4040.
+        (
+            "bf16",
+            vec![0x80, 0x3F, 0x00, 0xC0, 0x00, 0x3F, 0x80, 0xBE, 0x40, 0x40],
+        ),
+        // Scale 3/448; x·(448/3) ≈ 149.3, −298.7, 74.7, −37.3, 448 round to 144 = 1.125·2^7,
+        // −288, 72, −36 (exponent fields 14, 15, 13, 12; mantissa 001) and 448 (0x7E, the
+        // largest finite code).
+        (
+            "fp8:e4m3",
+            cat(&[
+                (3.0f32 / 448.0).to_le_bytes().to_vec(),
+                vec![0x71, 0xF9, 0x69, 0xE1, 0x7E],
+            ]),
+        ),
+        ("signsgd", signs.clone()),
+        // mean |x| = 6.75 / 5.
+        ("efsignsgd", cat(&[f32s(&[1.35]), signs.clone()])),
+        // Means of the non-negative (1, 0.5, 3) and of the negative (−2, −0.25) elements.
+        ("onebit", cat(&[f32s(&[1.5, -1.125]), signs])),
+        // Codes 1 (> τ), 2 (< −τ), 0, 0, 1; element i at bits 2·(i % 4) of byte i / 4.
+        ("tbq:0.5", vec![0b0000_1001, 0b0000_0001]),
+        // k = ceil(0.4 · 5) = 2: the largest |x| are elements 1 and 4, ascending.
+        ("topk:0.4", cat(&[u32s(&[1, 4]), f32s(&[-2.0, 3.0])])),
+        // Every |x| ≥ 1: count 3, indices 0, 1, 4, then their values.
+        (
+            "threshold:1",
+            cat(&[u32s(&[3, 0, 1, 4]), f32s(&[1.0, -2.0, 3.0])]),
+        ),
+    ];
+    for (s, want) in cases {
+        let mut payload = Vec::new();
+        codec_for(&spec(s), 1).encode(&x, &mut payload).unwrap();
+        assert_eq!(payload, want, "{s}");
+    }
+}
+
 #[test]
 fn powersgd_group_bytes_equal_the_real_rounds() {
     let shapes: [&[u64]; 4] = [&[64, 32, 3, 3], &[64], &[10, 1000], &[3, 3]];

@@ -227,16 +227,21 @@ extern "C" __global__ void check_finite(const float *x, u32 n, u32 *bad) {
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) note_finite(x[i], i, bad);
 }
 
-// Random-k: the k values x[idx]·scale (indices from the shared seed, chosen on the host).
-extern "C" __global__ void gather_scaled(const float *x, const u32 *idx, u32 k, float scale, u8 *out) {
-    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x)
-        ((float *)out)[j] = __fmul_rn(x[idx[j]], scale);
+// Random-k: the k values x[idx]·scale (indices from the shared seed, chosen on the host, all
+// below n; the guard keeps a corrupt one in bounds, as every kernel indexing by data does).
+extern "C" __global__ void gather_scaled(const float *x, u32 n, const u32 *idx, u32 k, float scale, u8 *out) {
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x) {
+        u32 i = idx[j];
+        ((float *)out)[j] = i < n ? __fmul_rn(x[i], scale) : 0.0f;
+    }
 }
 
 // Indices are distinct, so no two threads add into one element.
-extern "C" __global__ void scatter_add(const u8 *p, const u32 *idx, u32 k, float *acc) {
-    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x)
-        acc[idx[j]] = __fadd_rn(acc[idx[j]], load_f32(p + 4 * (size_t)j));
+extern "C" __global__ void scatter_add(const u8 *p, const u32 *idx, u32 k, float *acc, u32 n) {
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x) {
+        u32 i = idx[j];
+        if (i < n) acc[i] = __fadd_rn(acc[i], load_f32(p + 4 * (size_t)j));
+    }
 }
 
 // Error feedback (memory.rs): kind 0 copies g, 1 adds the residual (g + e), 2 is EF-SignSGD (e + lr·g).
@@ -435,10 +440,13 @@ extern "C" __global__ void count_at_least(const float *x, u32 n, u32 t, u32 *cou
     if ((threadIdx.x & 31u) == 0 && c) atomicAdd(count, c);
 }
 
-// |x| bits at the sample positions (chosen on the host with the CPU's seeded generator).
-extern "C" __global__ void gather_abs(const float *x, const u32 *pos, u32 m, u32 *out) {
-    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < m; j += gridDim.x * blockDim.x)
-        out[j] = __float_as_uint(x[pos[j]]) & ABS_MASK;
+// |x| bits at the sample positions (chosen on the host with the CPU's seeded generator, all
+// below n).
+extern "C" __global__ void gather_abs(const float *x, u32 n, const u32 *pos, u32 m, u32 *out) {
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < m; j += gridDim.x * blockDim.x) {
+        u32 i = pos[j];
+        out[j] = i < n ? __float_as_uint(x[i]) & ABS_MASK : 0u;
+    }
 }
 
 // Adds a sparse payload: header 0 is top-k (k indices then k values), header 1 is DGC/GradDrop

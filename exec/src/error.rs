@@ -56,6 +56,14 @@ pub enum ExecError {
     #[error("cuda backend: {message}")]
     Cuda { message: String },
 
+    /// A kernel launch refused before it ran (a buffer shorter than the launch touches), or
+    /// one the driver failed.
+    #[error("cuda kernel `{kernel}`: {message}")]
+    Kernel {
+        kernel: &'static str,
+        message: String,
+    },
+
     #[error("{what}: {source}")]
     Io {
         what: String,

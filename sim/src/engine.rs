@@ -609,7 +609,8 @@ mod tests {
         };
         let mut schedule = lower(&model, world, false, &plan, "t").unwrap();
         for step in &mut schedule.steps {
-            if let (StepKind::Collective { round, .. }, Some(slot)) = (step.kind, &mut step.launch) {
+            if let (StepKind::Collective { round, .. }, Some(slot)) = (step.kind, &mut step.launch)
+            {
                 slot.position = 2 - round;
             }
         }
@@ -632,7 +633,9 @@ mod tests {
             slowdown_with_codec: 1.0,
             record_ranks: 0,
         };
-        let err = run(&graph, &config, &Noise::default()).unwrap_err().to_string();
+        let err = run(&graph, &config, &Noise::default())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("collective g0.0.0 of iteration 0 never ran")
                 && err.contains("the launch policy waits for collective g0.0.1 of iteration 0"),

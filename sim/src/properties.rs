@@ -25,42 +25,45 @@ const COMPRESSORS: [&str; 7] = [
 
 /// A random model: sizes, shapes and times of up to six tensors.
 fn models() -> impl Strategy<Value = ModelProfile> {
-    prop::collection::vec((1u64..3000, 0.0f64..3000.0, 0.0f64..1500.0, any::<bool>()), 1..7)
-        .prop_flat_map(|tensors| {
-            let n = tensors.len();
-            (
-                Just(tensors),
-                Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
-                0.0f64..2000.0,
-            )
-        })
-        .prop_map(|(tensors, registration, optimizer_us)| {
-            let mut model = ModelProfile::load("resnet50").unwrap();
-            let template = model.tensors[0].clone();
-            model.name = "random".into();
-            model.optimizer_us = optimizer_us;
-            model.tensors = tensors
-                .iter()
-                .zip(registration)
-                .enumerate()
-                .map(|(i, (&(numel, backward_us, forward_us, matrix), reg))| {
-                    let mut t = template.clone();
-                    t.name = format!("t{i}");
-                    // A matrix shape lets PowerSGD compress; the element count stays `numel`.
-                    t.shape = if matrix && numel % 4 == 0 {
-                        vec![4, numel / 4]
-                    } else {
-                        vec![numel]
-                    };
-                    t.numel = numel;
-                    t.registration_index = reg;
-                    t.backward_us = backward_us;
-                    t.forward_us = forward_us;
-                    t
-                })
-                .collect();
-            model
-        })
+    prop::collection::vec(
+        (1u64..3000, 0.0f64..3000.0, 0.0f64..1500.0, any::<bool>()),
+        1..7,
+    )
+    .prop_flat_map(|tensors| {
+        let n = tensors.len();
+        (
+            Just(tensors),
+            Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
+            0.0f64..2000.0,
+        )
+    })
+    .prop_map(|(tensors, registration, optimizer_us)| {
+        let mut model = ModelProfile::load("resnet50").unwrap();
+        let template = model.tensors[0].clone();
+        model.name = "random".into();
+        model.optimizer_us = optimizer_us;
+        model.tensors = tensors
+            .iter()
+            .zip(registration)
+            .enumerate()
+            .map(|(i, (&(numel, backward_us, forward_us, matrix), reg))| {
+                let mut t = template.clone();
+                t.name = format!("t{i}");
+                // A matrix shape lets PowerSGD compress; the element count stays `numel`.
+                t.shape = if matrix && numel % 4 == 0 {
+                    vec![4, numel / 4]
+                } else {
+                    vec![numel]
+                };
+                t.numel = numel;
+                t.registration_index = reg;
+                t.backward_us = backward_us;
+                t.forward_us = forward_us;
+                t
+            })
+            .collect();
+        model
+    })
 }
 
 /// One group's choices: compressor, scheme pick, partitions, priority, residual memory.
@@ -74,10 +77,21 @@ fn plans(model: ModelProfile) -> impl Strategy<Value = (ModelProfile, Plan)> {
         Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
         prop::collection::vec(any::<bool>(), n),
         prop::collection::vec(
-            (0..COMPRESSORS.len(), 0u8..4, 1u32..4, -3i64..3, any::<bool>()),
+            (
+                0..COMPRESSORS.len(),
+                0u8..4,
+                1u32..4,
+                -3i64..3,
+                any::<bool>(),
+            ),
             n,
         ),
-        (any::<bool>(), 1u32..4, prop_oneof![Just(0.0), 100.0f64..3000.0], any::<bool>()),
+        (
+            any::<bool>(),
+            1u32..4,
+            prop_oneof![Just(0.0), 100.0f64..3000.0],
+            any::<bool>(),
+        ),
     )
         .prop_map(move |(order, cuts, choices, policy)| {
             let plan = plan(&model, &order, &cuts, &choices, policy);
@@ -159,7 +173,11 @@ fn scenario(model: ModelProfile, nodes: u32, gpus: u32) -> Scenario {
 }
 
 /// Runs three iterations of the plan with every rank explicit and jitter on.
-fn run(scenario: &Scenario, plan: &Plan, seed: u64) -> (crate::graph::TaskGraph, EngineConfig, EngineResult) {
+fn run(
+    scenario: &Scenario,
+    plan: &Plan,
+    seed: u64,
+) -> (crate::graph::TaskGraph, EngineConfig, EngineResult) {
     let schedule = schedule(scenario, plan).unwrap();
     let graph = task_graph(scenario, plan, &schedule, 3).unwrap();
     let ranks = scenario.cluster.world_size();

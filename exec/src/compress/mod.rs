@@ -13,7 +13,7 @@ pub(crate) mod powersgd;
 pub(crate) mod quantize;
 pub mod rng;
 pub mod sampled;
-mod scan;
+pub(crate) mod scan;
 mod sign;
 pub(crate) mod sparse;
 mod wire;

@@ -473,7 +473,12 @@ mod tests {
     #[test]
     fn compressed_groups_encode_and_decode_on_the_codec_stream() {
         let model = model(4);
-        let mut plan = plan(&model, vec![vec![0, 1], vec![2, 3]], "topk:0.1", Scheme::Auto);
+        let mut plan = plan(
+            &model,
+            vec![vec![0, 1], vec![2, 3]],
+            "topk:0.1",
+            Scheme::Auto,
+        );
         plan.groups[1].memory = Memory::EfSignSgd { lr: 0.5 };
         plan.groups[1].partitions = 2;
         let schedule = lower(&model, world(1, 4), false, &plan, "t").unwrap();
@@ -487,10 +492,19 @@ mod tests {
         assert_eq!(steps[0].kind, encode(0, 0));
         assert_eq!(steps[0].ops, vec![Op::Compensate, Op::Encode]);
         let last = steps.last().unwrap();
-        assert_eq!(last.ops, vec![Op::Decode, Op::UpdateMemory, Op::ScaleOutput]);
+        assert_eq!(
+            last.ops,
+            vec![Op::Decode, Op::UpdateMemory, Op::ScaleOutput]
+        );
         // The two partitions split 2000 elements in two; top-k sends k (index, value) pairs.
-        assert_eq!((schedule.pieces[1].offset, schedule.pieces[1].numel), (0, 1000));
-        assert_eq!((schedule.pieces[2].offset, schedule.pieces[2].numel), (1000, 1000));
+        assert_eq!(
+            (schedule.pieces[1].offset, schedule.pieces[1].numel),
+            (0, 1000)
+        );
+        assert_eq!(
+            (schedule.pieces[2].offset, schedule.pieces[2].numel),
+            (1000, 1000)
+        );
         assert_eq!(schedule.pieces[2].rounds[0].bytes, 800);
         assert_eq!(schedule.pieces[2].rounds[0].exchange, Exchange::Allgather);
         // A CPU rank compresses on its CPU stream.
@@ -501,21 +515,44 @@ mod tests {
     #[test]
     fn dear_splits_the_allreduce_and_updates_before_the_next_forward() {
         let model = model(2);
-        let mut plan = plan(&model, vec![vec![0, 1]], "none", Scheme::ReduceScatterAllgather);
+        let mut plan = plan(
+            &model,
+            vec![vec![0, 1]],
+            "none",
+            Scheme::ReduceScatterAllgather,
+        );
         plan.policy.overlap_forward = true;
         let schedule = lower(&model, world(2, 2), false, &plan, "t").unwrap();
-        let rounds: Vec<Exchange> = schedule.pieces[0].rounds.iter().map(|r| r.exchange).collect();
-        assert_eq!(rounds, vec![Exchange::ReduceScatter, Exchange::AllgatherShards]);
+        let rounds: Vec<Exchange> = schedule.pieces[0]
+            .rounds
+            .iter()
+            .map(|r| r.exchange)
+            .collect();
+        assert_eq!(
+            rounds,
+            vec![Exchange::ReduceScatter, Exchange::AllgatherShards]
+        );
         let update = &schedule.steps[0];
         assert_eq!(update.kind, StepKind::Update { group: 0 });
         assert_eq!(update.from_iteration, 1);
-        assert_eq!(update.after_previous.len(), 1, "the all-gather of the last iteration");
+        assert_eq!(
+            update.after_previous.len(),
+            1,
+            "the all-gather of the last iteration"
+        );
         // Each rank updates its quarter of the model.
         assert_eq!(update.profiled_us, Some(model.optimizer_us / 4.0));
         let gather = schedule
             .steps
             .iter()
-            .find(|s| s.kind == StepKind::Collective { group: 0, part: 0, round: 1 })
+            .find(|s| {
+                s.kind
+                    == StepKind::Collective {
+                        group: 0,
+                        part: 0,
+                        round: 1,
+                    }
+            })
             .unwrap();
         assert_eq!(gather.launch.unwrap().phase, 1);
         assert_eq!(gather.ops, vec![Op::Exchange, Op::Decode]);
@@ -534,9 +571,18 @@ mod tests {
     #[test]
     fn parameter_servers_take_turns_by_group() {
         let model = model(3);
-        let plan = plan(&model, vec![vec![0], vec![1], vec![2]], "onebit", Scheme::Ps);
+        let plan = plan(
+            &model,
+            vec![vec![0], vec![1], vec![2]],
+            "onebit",
+            Scheme::Ps,
+        );
         let schedule = lower(&model, world(2, 1), false, &plan, "t").unwrap();
-        let servers: Vec<Exchange> = schedule.pieces.iter().map(|p| p.rounds[0].exchange).collect();
+        let servers: Vec<Exchange> = schedule
+            .pieces
+            .iter()
+            .map(|p| p.rounds[0].exchange)
+            .collect();
         assert_eq!(
             servers,
             vec![
@@ -558,7 +604,14 @@ mod tests {
         let second = schedule
             .steps
             .iter()
-            .find(|s| s.kind == StepKind::Collective { group: 0, part: 0, round: 1 })
+            .find(|s| {
+                s.kind
+                    == StepKind::Collective {
+                        group: 0,
+                        part: 0,
+                        round: 1,
+                    }
+            })
             .unwrap();
         assert_eq!(second.ops, vec![Op::NextRound, Op::Exchange]);
     }
@@ -586,7 +639,10 @@ mod tests {
         };
         broken(&|s| s.steps[6].after = vec![7], "steps[6].after");
         broken(&|s| s.steps[6].piece = Some(99), "steps[6].piece");
-        broken(&|s| s.steps[0].profiled_us = Some(f64::NAN), "steps[0].profiled_us");
+        broken(
+            &|s| s.steps[0].profiled_us = Some(f64::NAN),
+            "steps[0].profiled_us",
+        );
         broken(&|s| s.iteration_end = 1000, "iteration_end");
         broken(&|s| s.pieces[0].numel = 10_000, "pieces[0]");
         broken(&|s| s.policy.comm_streams = 0, "comm_streams");
@@ -596,9 +652,15 @@ mod tests {
     fn a_plan_for_another_model_is_refused() {
         let three = model(3);
         let four = model(4);
-        let err = lower(&four, world(1, 2), false, &per_tensor_plan(&three), "p.json")
-            .unwrap_err()
-            .to_string();
+        let err = lower(
+            &four,
+            world(1, 2),
+            false,
+            &per_tensor_plan(&three),
+            "p.json",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("p.json") && err.contains("made for"), "{err}");
     }
 }

@@ -373,13 +373,24 @@ impl Schedule {
         let steps = self.steps.len() as u64;
         let bad = |field: String, message: String| Err(SimError::invalid(label, field, message));
         if self.world.nodes == 0 || self.world.ranks_per_node == 0 {
-            return bad("world".into(), "needs at least one node and one rank per node".into());
+            return bad(
+                "world".into(),
+                "needs at least one node and one rank per node".into(),
+            );
         }
-        if self.world.nodes.checked_mul(self.world.ranks_per_node).is_none() {
+        if self
+            .world
+            .nodes
+            .checked_mul(self.world.ranks_per_node)
+            .is_none()
+        {
             return bad("world".into(), "more than 2^32 ranks".into());
         }
         if self.policy.comm_streams == 0 {
-            return bad("policy.comm_streams".into(), "needs at least one stream".into());
+            return bad(
+                "policy.comm_streams".into(),
+                "needs at least one stream".into(),
+            );
         }
         if u64::from(self.iteration_end) >= steps {
             return bad(
@@ -388,10 +399,12 @@ impl Schedule {
             );
         }
         for (p, piece) in self.pieces.iter().enumerate() {
-            let fits = self
-                .buffers
-                .get(piece.group as usize)
-                .is_some_and(|b| piece.offset.checked_add(piece.numel).is_some_and(|end| end <= b.numel));
+            let fits = self.buffers.get(piece.group as usize).is_some_and(|b| {
+                piece
+                    .offset
+                    .checked_add(piece.numel)
+                    .is_some_and(|end| end <= b.numel)
+            });
             if !fits {
                 return bad(
                     format!("pieces[{p}]"),
@@ -399,7 +412,10 @@ impl Schedule {
                 );
             }
             if piece.rounds.is_empty() {
-                return bad(format!("pieces[{p}].rounds"), "needs at least one round".into());
+                return bad(
+                    format!("pieces[{p}].rounds"),
+                    "needs at least one round".into(),
+                );
             }
             let ranks = self.world.ranks();
             for round in &piece.rounds {
@@ -433,7 +449,10 @@ impl Schedule {
             };
             match (step.stream, piece, step.kind) {
                 (Stream::Compute, _, _) => {
-                    if !step.profiled_us.is_some_and(|us| us.is_finite() && us >= 0.0) {
+                    if !step
+                        .profiled_us
+                        .is_some_and(|us| us.is_finite() && us >= 0.0)
+                    {
                         return bad(
                             at("profiled_us"),
                             "a compute step needs a finite, non-negative time".into(),
@@ -452,10 +471,18 @@ impl Schedule {
                     }
                 }
                 (Stream::Comm, _, _) => {
-                    return bad(at("kind"), "only collectives run on a communication stream".into())
+                    return bad(
+                        at("kind"),
+                        "only collectives run on a communication stream".into(),
+                    )
                 }
                 (_, _, StepKind::Encode { .. } | StepKind::Decode { .. }) => {}
-                _ => return bad(at("kind"), "only encode and decode run on a codec stream".into()),
+                _ => {
+                    return bad(
+                        at("kind"),
+                        "only encode and decode run on a codec stream".into(),
+                    )
+                }
             }
         }
         Ok(())

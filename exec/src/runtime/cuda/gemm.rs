@@ -11,14 +11,13 @@
 
 use super::kernels::{cuda_err, Kernels};
 use crate::error::Result;
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
 
 /// Matrix orders calibrated, from a few µs to tens of ms on current GPUs.
 pub const SIZES: &[u32] = &[
     32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
 ];
-const TILE: u32 = 16;
 const RUNS: usize = 5;
 
 /// Time per launch of each calibrated size, and the matrices the launches use.
@@ -28,14 +27,6 @@ pub struct Gemm {
     a: CudaSlice<f32>,
     b: CudaSlice<f32>,
     c: CudaSlice<f32>,
-}
-
-fn config(n: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (n.div_ceil(TILE), n.div_ceil(TILE), 1),
-        block_dim: (TILE, TILE, 1),
-        shared_mem_bytes: 0,
-    }
 }
 
 impl Gemm {
@@ -70,21 +61,10 @@ impl Gemm {
         Ok(gemm)
     }
 
-    /// Enqueues one n × n GEMM on `stream`.
+    /// Enqueues one n × n GEMM on `stream`; the operands hold the largest calibrated order
+    /// squared.
     pub fn launch(&mut self, k: &Kernels, stream: &Arc<CudaStream>, n: u32) -> Result<()> {
-        // SAFETY: `gemm(a, b, c, n)` reads n² elements of a and b and writes n² of c; all three
-        // hold the largest calibrated order squared, and n is one of SIZES.
-        unsafe {
-            stream
-                .launch_builder(&k.gemm)
-                .arg(&self.a)
-                .arg(&self.b)
-                .arg(&mut self.c)
-                .arg(&n)
-                .launch(config(n))
-        }
-        .map(drop)
-        .map_err(cuda_err("GEMM launch failed"))
+        k.gemm(stream, &self.a, &self.b, &mut self.c, n)
     }
 
     /// Nanoseconds of `reps` back-to-back launches of order n, timed with CUDA events.

@@ -1,15 +1,15 @@
 //! Error-feedback memory on the device: the CPU `MemoryState`'s residual, EF-SignSGD and DGC (momentum correction, accumulation, masking) arithmetic, in its operation order.
 
-use super::kernels::{cuda_err, grid, Kernels};
-use crate::error::Result;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, PushKernelArg};
+use super::kernels::{cuda_err, Kernels};
+use crate::error::{ExecError, Result};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 use syncopate_sim::compress::Memory;
 
 /// One rank's memory for one piece of `n` elements.
 pub struct GpuMemory {
     spec: Memory,
-    n: usize,
+    n: u32,
     /// Residual e (residual, efsignsgd) or DGC's velocity v; one element when unused.
     residual: CudaSlice<f32>,
     /// DGC's momentum u; one element otherwise.
@@ -18,11 +18,14 @@ pub struct GpuMemory {
 
 impl GpuMemory {
     pub fn new(spec: Memory, n: usize, stream: &Arc<CudaStream>) -> Result<GpuMemory> {
+        let count = u32::try_from(n).map_err(|_| ExecError::Cuda {
+            message: format!("a piece of {n} elements exceeds the kernels' 32-bit indexing"),
+        })?;
         let alloc = cuda_err("cannot allocate error-feedback memory");
         let sized = |used: bool| if used { n.max(1) } else { 1 };
         Ok(GpuMemory {
             spec,
-            n,
+            n: count,
             residual: stream
                 .alloc_zeros(sized(spec != Memory::None))
                 .map_err(&alloc)?,
@@ -40,44 +43,26 @@ impl GpuMemory {
         grad: &CudaView<'_, f32>,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let n = self.n as u32;
-        let failed = cuda_err("error-feedback kernel failed");
-        // SAFETY: both kernels touch n elements of each buffer; the used state holds n.
+        let n = self.n;
         if let Memory::Dgc { momentum, .. } = self.spec {
             let m = momentum as f32;
-            unsafe {
-                stream
-                    .launch_builder(&k.dgc_compensate)
-                    .arg(grad)
-                    .arg(&mut self.momentum)
-                    .arg(&mut self.residual)
-                    .arg(&mut *out)
-                    .arg(&n)
-                    .arg(&m)
-                    .launch(grid(self.n))
-            }
-            .map_err(failed)?;
-            return Ok(());
+            return k.dgc_compensate(
+                stream,
+                grad,
+                &mut self.momentum,
+                &mut self.residual,
+                out,
+                n,
+                m,
+            );
         }
         // `compensate` reads e only for kinds 1 and 2.
         let (kind, lr) = match self.spec {
-            Memory::Residual => (1i32, 0.0f32),
+            Memory::Residual => (1, 0.0),
             Memory::EfSignSgd { lr } => (2, lr as f32),
             _ => (0, 0.0),
         };
-        unsafe {
-            stream
-                .launch_builder(&k.compensate)
-                .arg(grad)
-                .arg(&self.residual)
-                .arg(&mut *out)
-                .arg(&n)
-                .arg(&kind)
-                .arg(&lr)
-                .launch(grid(self.n))
-        }
-        .map_err(failed)?;
-        Ok(())
+        k.compensate(stream, grad, &self.residual, out, n, kind, lr)
     }
 
     /// Enqueues keeping what was not transmitted: `transmitted` is this rank's own payload
@@ -89,33 +74,18 @@ impl GpuMemory {
         compensated: &CudaSlice<f32>,
         transmitted: &CudaSlice<f32>,
     ) -> Result<()> {
-        let n = self.n as u32;
-        let failed = cuda_err("error-feedback update failed");
-        // SAFETY: both kernels touch n elements of each buffer; the used state holds n.
         match self.spec {
             Memory::None => Ok(()),
-            Memory::Residual | Memory::EfSignSgd { .. } => unsafe {
-                stream
-                    .launch_builder(&k.residual_update)
-                    .arg(&mut self.residual)
-                    .arg(compensated)
-                    .arg(transmitted)
-                    .arg(&n)
-                    .launch(grid(self.n))
+            Memory::Residual | Memory::EfSignSgd { .. } => {
+                k.residual_update(stream, &mut self.residual, compensated, transmitted, self.n)
             }
-            .map(drop)
-            .map_err(failed),
-            Memory::Dgc { .. } => unsafe {
-                stream
-                    .launch_builder(&k.dgc_mask)
-                    .arg(&mut self.momentum)
-                    .arg(&mut self.residual)
-                    .arg(transmitted)
-                    .arg(&n)
-                    .launch(grid(self.n))
-            }
-            .map(drop)
-            .map_err(failed),
+            Memory::Dgc { .. } => k.dgc_mask(
+                stream,
+                &mut self.momentum,
+                &mut self.residual,
+                transmitted,
+                self.n,
+            ),
         }
     }
 }

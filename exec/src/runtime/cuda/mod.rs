@@ -5,11 +5,9 @@ pub mod gemm;
 mod kernels;
 mod memory;
 mod nccl;
-mod powersgd;
 pub mod probe;
 mod profile;
 mod run;
-mod select;
 mod server;
 
 pub use profile::{profile, CudaProfile, CudaProfileOptions};

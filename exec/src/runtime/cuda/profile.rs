@@ -2,12 +2,12 @@
 
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
-use super::kernels::{cuda_err, grid, Kernels};
+use super::kernels::{cuda_err, Kernels};
 use super::probe;
 use crate::compress::rng::Rng;
 use crate::error::{ExecError, Result};
 use crate::profile_host::{fit_curve, median, profiled_shapes, PROFILED};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, ReduceOp};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -253,21 +253,9 @@ fn contention(
     let alloc = cuda_err("cannot allocate the encode buffers");
     let mut out = side.alloc_zeros::<u8>(2 * n).map_err(&alloc)?;
     let mut bad = side.alloc_zeros::<u32>(1).map_err(&alloc)?;
-    let (n32, fp16) = (n as u32, 1i32);
+    let (n32, fp16) = (n as u32, 1);
     let encode = |out: &mut CudaSlice<u8>, bad: &mut CudaSlice<u32>| {
-        // SAFETY: cast_encode(x, out, n, kind, bad) reads n f32 and writes n fp16 codes; out
-        // holds 2n bytes, bad one u32.
-        unsafe {
-            side.launch_builder(&k.cast_encode)
-                .arg(input)
-                .arg(out)
-                .arg(&n32)
-                .arg(&fp16)
-                .arg(bad)
-                .launch(grid(n))
-        }
-        .map(drop)
-        .map_err(cuda_err("encode launch failed"))
+        k.cast_encode(side, input, out, n32, fp16, bad)
     };
     let per_encode = timed(side, || encode(&mut out, &mut bad))?;
     let mut with_codec = Vec::new();

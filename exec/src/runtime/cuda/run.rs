@@ -22,7 +22,7 @@
 
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
-use super::kernels::{cuda_err, grid, Kernels};
+use super::kernels::{cuda_err, Kernels};
 use super::memory::GpuMemory;
 use super::nccl::Communicator;
 use super::server::{push_pull, Server};
@@ -34,7 +34,7 @@ use crate::runtime::driver::{drive, Local};
 use crate::runtime::pieces::{self, Gradients};
 use crate::runtime::sched::{check_abort, Failure};
 use crate::runtime::{Job, Measured};
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr};
 use cudarc::nccl::{Id, NcclType};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -485,17 +485,7 @@ impl<'a> Backend for Run<'a> {
                     .expect("a group buffer lock");
                 let mut dst = buffer.slice_mut(offset..offset + numel);
                 let (n, scale) = (numel as u32, Gradients::scale(iteration));
-                // SAFETY: scale_copy(src, dst, n, scale) touches n elements of each view.
-                unsafe {
-                    stream
-                        .launch_builder(&state.kernels.scale_copy)
-                        .arg(&src)
-                        .arg(&mut dst)
-                        .arg(&n)
-                        .arg(&scale)
-                        .launch(grid(numel))
-                }
-                .map_err(cuda_err("gradient copy failed"))?;
+                state.kernels.scale_copy(stream, &src, &mut dst, n, scale)?;
             }
             Ok(())
         })
@@ -737,17 +727,7 @@ impl<'a> Backend for Run<'a> {
             // As the host backend: a multi-round codec (PowerSGD) has no payload of its own to
             // decode; its transmitted part is the averaged low-rank result.
             let (n, world) = (spec.numel as u32, self.world as f32);
-            // SAFETY: powersgd_average(result, transmitted, n, world) touches n elements of each.
-            unsafe {
-                stream
-                    .launch_builder(&k.powersgd_average)
-                    .arg(&piece.result)
-                    .arg(&mut piece.transmitted)
-                    .arg(&n)
-                    .arg(&world)
-                    .launch(grid(spec.numel as usize))
-            }
-            .map_err(cuda_err("PowerSGD's average failed"))?;
+            k.powersgd_average(stream, &piece.result, &mut piece.transmitted, n, world)?;
         } else {
             let bytes = piece.codec.wire_bytes();
             stream
@@ -774,17 +754,9 @@ impl<'a> Backend for Run<'a> {
             return Ok(());
         };
         let (n, scale) = (spec.numel as u32, (1.0 / lr) as f32);
-        // SAFETY: scale_in_place(x, n, scale) touches n elements.
-        unsafe {
-            self.stream(state, lane)
-                .launch_builder(&state.kernels.scale_in_place)
-                .arg(&mut piece.result)
-                .arg(&n)
-                .arg(&scale)
-                .launch(grid(spec.numel as usize))
-        }
-        .map_err(cuda_err("output scaling failed"))?;
-        Ok(())
+        state
+            .kernels
+            .scale_in_place(self.stream(state, lane), &mut piece.result, n, scale)
     }
 }
 

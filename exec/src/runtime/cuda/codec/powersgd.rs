@@ -4,15 +4,13 @@
 //! cols × r in group order), the kept P̂ as round 1's. The kernels read them as floats at
 //! offsets that are multiples of 4 bytes in device allocations (256-byte aligned).
 
-use super::kernels::{cuda_err, grid, Kernels};
+use super::Family;
 use crate::compress::powersgd::{initial_q, numel_of, Phase};
 use crate::error::{ExecError, Result};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
+use crate::runtime::cuda::kernels::{cuda_err, f32s, f32s_mut, Kernels};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 use syncopate_sim::compress::{powersgd_layout, Compressor, PowerSgdTensor};
-
-/// Lanes of `powersgd_p` per output element (its `P_LANES`).
-const P_LANES: usize = 8;
 
 pub struct GpuPowerSgd {
     c: Compressor,
@@ -74,11 +72,6 @@ impl GpuPowerSgd {
         Ok(state)
     }
 
-    /// Bytes each worker sends in `round`: P's and raw values, then Q's.
-    pub fn round_bytes(&self, round: u32) -> usize {
-        round_bytes(&self.layout, round)
-    }
-
     /// An error, rather than an out-of-bounds view, for a buffer shorter than a step needs.
     fn check_len(&self, what: &str, len: usize, want: usize) -> Result<()> {
         if len >= want {
@@ -96,25 +89,34 @@ impl GpuPowerSgd {
         self.check_len(
             &format!("the payload buffer of round {} (bytes)", round + 1),
             payload,
-            self.round_bytes(round),
+            round_bytes(&self.layout, round),
         )
     }
+}
 
-    /// Round 1's payload of `input` into `out`: each matrix's P = M·Q, each raw tensor's values.
-    /// The caller checks `input` for non-finite values.
-    pub fn encode(
+// Offsets below count f32s: `at` into the P payload (round 1), `qat` into the Q payload
+// (round 2) and the Q state, `offset` into the gradient.
+impl Family for GpuPowerSgd {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    /// Round 1's payload of `input` into `out`: each matrix's P = M·Q, each raw tensor's
+    /// values. The CPU checks every element it reads; its first bad one is the lowest index.
+    fn encode(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
         input: &CudaSlice<f32>,
         out: &mut CudaSlice<u8>,
+        bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
         self.phase = Phase::Idle;
         self.check_round(input.len(), out.len(), 0)?;
-        let launch = cuda_err("PowerSGD's P kernel launch failed");
-        // SAFETY: f32s are valid bytes; the view covers the input's own allocation.
-        let bytes =
-            unsafe { input.transmute::<u8>(4 * input.len()) }.expect("an f32 buffer as bytes");
+        k.check_finite(stream, input, self.n as u32, bad)?;
+        let q = f32s(&self.q.as_view())?;
+        let mut bytes = out.as_view_mut();
+        let mut payload = f32s_mut(&mut bytes)?;
         let (mut at, mut qat, mut offset) = (0usize, 0usize, 0usize);
         for t in &self.layout {
             match *t {
@@ -123,35 +125,26 @@ impl GpuPowerSgd {
                     if n > 0 {
                         stream
                             .memcpy_dtod(
-                                &bytes.slice(4 * offset..4 * (offset + n)),
-                                &mut out.slice_mut(at..at + 4 * n),
+                                &input.slice(offset..offset + n),
+                                &mut payload.slice_mut(at..at + n),
                             )
                             .map_err(cuda_err("cannot copy a raw tensor into the payload"))?;
                     }
-                    at += 4 * n;
+                    at += n;
                 }
                 PowerSgdTensor::LowRank { rows, cols, rank } => {
                     let (rows, cols, r) = (rows as usize, cols as usize, rank as usize);
-                    let m = input.slice(offset..offset + rows * cols);
-                    let q = self.q.slice(qat..qat + 4 * cols * r);
-                    let mut p = out.slice_mut(at..at + 4 * rows * r);
-                    let (rows32, cols32, r32) = (rows as u32, cols as u32, r as u32);
-                    // SAFETY: powersgd_p(m, q, p, rows, cols, r) reads rows·cols f32 of m and
-                    // cols·r of q and writes rows·r of p: the views' lengths.
-                    unsafe {
-                        stream
-                            .launch_builder(&k.powersgd_p)
-                            .arg(&m)
-                            .arg(&q)
-                            .arg(&mut p)
-                            .arg(&rows32)
-                            .arg(&cols32)
-                            .arg(&r32)
-                            .launch(grid(rows * r * P_LANES))
-                    }
-                    .map_err(&launch)?;
-                    at += 4 * rows * r;
-                    qat += 4 * cols * r;
+                    k.powersgd_p(
+                        stream,
+                        &input.slice(offset..offset + rows * cols),
+                        &q.slice(qat..qat + cols * r),
+                        &mut payload.slice_mut(at..at + rows * r),
+                        rows as u32,
+                        cols as u32,
+                        r as u32,
+                    )?;
+                    at += rows * r;
+                    qat += cols * r;
                 }
             }
             offset += numel_of(t) as usize;
@@ -163,7 +156,7 @@ impl GpuPowerSgd {
     /// From round 1's reduced payload in `payload`, this worker's round 2 payload in its place:
     /// P̂ = Gram–Schmidt of each reduced P (kept for decode), Q = MᵀP̂ from `input`, the
     /// gradient `encode` got.
-    pub fn next_round(
+    fn next_round(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
@@ -173,54 +166,34 @@ impl GpuPowerSgd {
         self.phase.require(Phase::SentP, &self.c)?;
         self.check_round(input.len(), payload.len(), 0)?;
         self.check_round(input.len(), payload.len(), 1)?;
-        let p_bytes = self.round_bytes(0);
+        let p_bytes = round_bytes(&self.layout, 0);
         if p_bytes > 0 {
             stream
                 .memcpy_dtod(&payload.slice(..p_bytes), &mut self.p.slice_mut(..p_bytes))
                 .map_err(cuda_err("cannot keep the reduced P"))?;
         }
-        let launch = cuda_err("PowerSGD's round-2 kernel launch failed");
+        let mut p_state = self.p.as_view_mut();
+        let mut p = f32s_mut(&mut p_state)?;
+        let mut bytes = payload.as_view_mut();
+        let mut q = f32s_mut(&mut bytes)?;
         let (mut at, mut qat, mut offset) = (0usize, 0usize, 0usize);
         for t in &self.layout {
             if let PowerSgdTensor::LowRank { rows, cols, rank } = *t {
                 let (rows, cols, r) = (rows as usize, cols as usize, rank as usize);
                 let (rows32, cols32, r32) = (rows as u32, cols as u32, r as u32);
-                let mut p = self.p.slice_mut(at..at + 4 * rows * r);
-                // SAFETY: powersgd_orthogonalize(p, rows, r) touches rows·r f32 of p, the
-                // view's length, from one warp.
-                unsafe {
-                    stream
-                        .launch_builder(&k.powersgd_orthogonalize)
-                        .arg(&mut p)
-                        .arg(&rows32)
-                        .arg(&r32)
-                        .launch(LaunchConfig {
-                            grid_dim: (1, 1, 1),
-                            block_dim: (32, 1, 1),
-                            shared_mem_bytes: 0,
-                        })
-                }
-                .map_err(&launch)?;
-                let m = input.slice(offset..offset + rows * cols);
-                let p = self.p.slice(at..at + 4 * rows * r);
-                let mut q = payload.slice_mut(qat..qat + 4 * cols * r);
-                // SAFETY: powersgd_q(m, p, q, rows, cols, r) reads rows·cols f32 of m and
-                // rows·r of p and writes cols·r of q: the views' lengths.
-                unsafe {
-                    stream
-                        .launch_builder(&k.powersgd_q)
-                        .arg(&m)
-                        .arg(&p)
-                        .arg(&mut q)
-                        .arg(&rows32)
-                        .arg(&cols32)
-                        .arg(&r32)
-                        .launch(grid(cols * r))
-                }
-                .map_err(&launch)?;
-                qat += 4 * cols * r;
+                k.powersgd_orthogonalize(stream, &mut p.slice_mut(at..at + rows * r), rows32, r32)?;
+                k.powersgd_q(
+                    stream,
+                    &input.slice(offset..offset + rows * cols),
+                    &p.slice(at..at + rows * r),
+                    &mut q.slice_mut(qat..qat + cols * r),
+                    rows32,
+                    cols32,
+                    r32,
+                )?;
+                qat += cols * r;
             }
-            at += t.p_bytes() as usize;
+            at += t.p_bytes() as usize / 4;
             offset += numel_of(t) as usize;
         }
         self.phase = Phase::SentQ;
@@ -229,7 +202,7 @@ impl GpuPowerSgd {
 
     /// `acc += M̂` from round 2's reduced `payload` (its first `round_bytes(1)` bytes): P̂·Qᵀ
     /// per matrix, the reduced values per raw tensor; the reduced Q becomes the next step's.
-    pub fn decode_add(
+    fn decode_add(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
@@ -238,60 +211,53 @@ impl GpuPowerSgd {
     ) -> Result<()> {
         self.phase.require(Phase::SentQ, &self.c)?;
         self.check_round(acc.len(), payload.len(), 1)?;
-        let launch = cuda_err("PowerSGD's decode kernel launch failed");
+        let p = f32s(&self.p.as_view())?;
+        let q = f32s(payload)?;
         let (mut at, mut qat, mut offset) = (0usize, 0usize, 0usize);
         for t in &self.layout {
             let numel = numel_of(t) as usize;
             let mut out = acc.slice_mut(offset..offset + numel);
             match *t {
                 PowerSgdTensor::Raw { .. } => {
-                    let (values, n, kind) = (self.p.slice(at..at + 4 * numel), numel as u32, 0i32);
-                    // SAFETY: cast_decode_add(p, acc, n, 0) reads n f32 of p and adds them
-                    // into n of acc: the views' lengths.
-                    unsafe {
-                        stream
-                            .launch_builder(&k.cast_decode_add)
-                            .arg(&values)
-                            .arg(&mut out)
-                            .arg(&n)
-                            .arg(&kind)
-                            .launch(grid(numel))
-                    }
-                    .map_err(&launch)?;
+                    // The reduced values as they came: an f32 payload's decode.
+                    let values = self.p.slice(4 * at..4 * (at + numel));
+                    k.cast_decode_add(stream, &values, &mut out, numel as u32, 0)?;
                 }
                 PowerSgdTensor::LowRank { rows, cols, rank } => {
                     let (rows, cols, r) = (rows as usize, cols as usize, rank as usize);
-                    let (rows32, cols32, r32) = (rows as u32, cols as u32, r as u32);
-                    let p = self.p.slice(at..at + 4 * rows * r);
-                    let q = payload.slice(qat..qat + 4 * cols * r);
-                    // SAFETY: powersgd_decode_add(p, q, acc, rows, cols, r) reads rows·r f32
-                    // of p and cols·r of q and updates rows·cols of acc: the views' lengths.
-                    unsafe {
-                        stream
-                            .launch_builder(&k.powersgd_decode_add)
-                            .arg(&p)
-                            .arg(&q)
-                            .arg(&mut out)
-                            .arg(&rows32)
-                            .arg(&cols32)
-                            .arg(&r32)
-                            .launch(grid(numel))
-                    }
-                    .map_err(&launch)?;
-                    qat += 4 * cols * r;
+                    k.powersgd_decode_add(
+                        stream,
+                        &p.slice(at..at + rows * r),
+                        &q.slice(qat..qat + cols * r),
+                        &mut out,
+                        rows as u32,
+                        cols as u32,
+                        r as u32,
+                    )?;
+                    qat += cols * r;
                 }
             }
-            at += t.p_bytes() as usize;
+            at += t.p_bytes() as usize / 4;
             offset += numel;
         }
         if qat > 0 {
             // Warm start: the reduced Q seeds the next step's power iteration.
             stream
-                .memcpy_dtod(&payload.slice(..qat), &mut self.q.slice_mut(..qat))
+                .memcpy_dtod(&payload.slice(..4 * qat), &mut self.q.slice_mut(..4 * qat))
                 .map_err(cuda_err("cannot keep the reduced Q"))?;
         }
         self.phase = Phase::Idle;
         Ok(())
+    }
+
+    /// The reduced Q alone or at the start of the payload buffer.
+    fn takes(&self, len: usize, wire: usize) -> bool {
+        (round_bytes(&self.layout, 1)..=wire).contains(&len)
+    }
+
+    /// P's and raw values, then Q's.
+    fn round_bytes(&self, round: u32) -> Option<usize> {
+        Some(round_bytes(&self.layout, round))
     }
 }
 

@@ -1,0 +1,216 @@
+//! Quantizers on the device: QSGD, TernGrad and natural compression (their uniforms the CPU generator's, drawn on the host and uploaded) and TBQ (`compress/quantize.rs`).
+//!
+//! The stochastic quantizers reproduce the CPU's bytes by drawing the same xoshiro256++ stream
+//! on the host with the CPU codec's own `Rng` (seeded identically, advanced by the same
+//! ceil(n/2) draws per step) and uploading it; the kernels map draw i / 2 to element i as
+//! `quantize.rs` does. That upload costs PCIe bandwidth every step, 8 bytes per two elements
+//! (as many bytes as the gradient itself), the price of byte-exactness over speed. Their
+//! scalars are computed on the device because the results are provably the CPU's: TernGrad's
+//! and natural's max |x| is order-independent, and QSGD's Σx² takes the chunked sums of
+//! `scan.rs`, which follow `scan::sum_map`'s order exactly.
+
+use super::scan::{ChunkSums, MaxAbs, Sums};
+use super::Family;
+use crate::compress::{quantize::draws_for, rng::Rng};
+use crate::error::Result;
+use crate::runtime::cuda::kernels::{cuda_err, Kernels};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use std::sync::Arc;
+use syncopate_sim::compress::{qsgd_bits, Compressor};
+
+/// A stochastic quantizer's uniforms: per step the next ceil(n/2) outputs of the CPU codec's
+/// generator, exactly the draws `quantize.rs` consumes for n elements, for the kernels to
+/// split (element i takes draw i / 2).
+struct Draws {
+    rng: Rng,
+    host: Vec<u64>,
+    device: CudaSlice<u64>,
+}
+
+impl Draws {
+    fn new(n: u32, seed: u64, stream: &Arc<CudaStream>) -> Result<Draws> {
+        Ok(Draws {
+            rng: Rng::new(seed),
+            host: Vec::new(),
+            device: stream
+                .alloc_zeros(draws_for(n as usize).max(1))
+                .map_err(cuda_err("cannot allocate the quantizer's random draws"))?,
+        })
+    }
+
+    /// This step's draws, made and uploaded.
+    fn next(&mut self, n: u32, stream: &Arc<CudaStream>) -> Result<&CudaSlice<u64>> {
+        self.host.resize(draws_for(n as usize), 0);
+        self.rng.fill_u64(&mut self.host);
+        if !self.host.is_empty() {
+            stream
+                .memcpy_htod(&self.host, &mut self.device)
+                .map_err(cuda_err("cannot upload the quantizer's random draws"))?;
+        }
+        Ok(&self.device)
+    }
+}
+
+/// QSGD with at most `QSGD_MAX_LEVELS` levels: the f32 norm, then codes of `bits` bits.
+pub struct Qsgd {
+    c: Compressor,
+    n: u32,
+    levels: u32,
+    bits: u32,
+    draws: Draws,
+    norm: ChunkSums,
+}
+
+impl Qsgd {
+    pub fn new(
+        c: Compressor,
+        n: u32,
+        levels: u32,
+        seed: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Qsgd> {
+        Ok(Qsgd {
+            c,
+            n,
+            levels,
+            bits: qsgd_bits(levels),
+            draws: Draws::new(n, seed, stream)?,
+            norm: ChunkSums::new(n, stream)?,
+        })
+    }
+}
+
+impl Family for Qsgd {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<u8>,
+        bad: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        let draws = self.draws.next(self.n, stream)?;
+        // The norm, in the CPU's summation order, into out[0..4], where the codes' kernel
+        // reads it.
+        self.norm.write(k, stream, input, self.n, Sums::Norm, out)?;
+        k.qsgd_encode(
+            stream,
+            input,
+            draws,
+            out,
+            self.n,
+            self.levels,
+            self.bits,
+            bad,
+        )
+    }
+
+    fn decode_add(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        payload: &CudaView<'_, u8>,
+        acc: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        k.qsgd_decode_add(stream, payload, acc, self.n, self.levels, self.bits)
+    }
+}
+
+/// TernGrad and natural compression: both scaled by max |x|, one uniform per element.
+pub struct MaxScaled {
+    c: Compressor,
+    n: u32,
+    draws: Draws,
+    max: MaxAbs,
+}
+
+impl MaxScaled {
+    pub fn new(c: Compressor, n: u32, seed: u64, stream: &Arc<CudaStream>) -> Result<MaxScaled> {
+        Ok(MaxScaled {
+            c,
+            n,
+            draws: Draws::new(n, seed, stream)?,
+            max: MaxAbs::new(stream)?,
+        })
+    }
+}
+
+impl Family for MaxScaled {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<u8>,
+        bad: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        let draws = self.draws.next(self.n, stream)?;
+        let max = self.max.of(k, stream, input, self.n, bad)?;
+        match self.c {
+            Compressor::Natural => k.natural_encode(stream, input, draws, out, self.n, max),
+            _ => k.terngrad_encode(stream, input, draws, out, self.n, max),
+        }
+    }
+
+    fn decode_add(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        payload: &CudaView<'_, u8>,
+        acc: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        match self.c {
+            Compressor::Natural => k.natural_decode_add(stream, payload, acc, self.n),
+            // TernGrad's scale is the f32 header (`header` 1); the τ argument goes unused.
+            _ => k.two_bit_decode_add(stream, payload, acc, self.n, 1, 0.0),
+        }
+    }
+}
+
+/// TBQ: 2-bit codes against ±τ, no header.
+pub struct Tbq {
+    c: Compressor,
+    n: u32,
+    tau: f32,
+}
+
+impl Tbq {
+    pub fn new(c: Compressor, n: u32, tau: f32) -> Tbq {
+        Tbq { c, n, tau }
+    }
+}
+
+impl Family for Tbq {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<u8>,
+        bad: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        k.tbq_pack(stream, input, out, self.n, self.tau, bad)
+    }
+
+    fn decode_add(
+        &mut self,
+        k: &Kernels,
+        stream: &Arc<CudaStream>,
+        payload: &CudaView<'_, u8>,
+        acc: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        k.two_bit_decode_add(stream, payload, acc, self.n, 0, self.tau)
+    }
+}
