@@ -41,6 +41,9 @@ pub enum Command {
     Exec(Box<ExecArgs>),
     /// Run a plan for real and simulate it with this machine's profile: predicted vs measured.
     Validate(Box<ValidateArgs>),
+    /// Write the Schedule a plan means: every step of one rank's iteration, its stream,
+    /// dependencies and synchronization ops (what the simulator and every executor run).
+    Lower(Box<LowerArgs>),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,6 +346,28 @@ pub struct ExecArgs {
     pub trace: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
+}
+
+#[derive(Args, Debug)]
+pub struct LowerArgs {
+    #[command(flatten)]
+    pub run: LowerPlanArgs,
+    #[command(flatten)]
+    pub cluster: RunClusterArgs,
+    /// Where to write the schedule JSON (default: stdout).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The plan to lower and, optionally, the model it was made for.
+#[derive(Args, Debug, Clone)]
+pub struct LowerPlanArgs {
+    /// The plan (JSON from `simulate --save-plan` or `tune --out`).
+    #[arg(long)]
+    pub plan: PathBuf,
+    /// The model (default: the one the plan records).
+    #[arg(long)]
+    pub model: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -250,6 +250,62 @@ fn saved_plan_reproduces_the_strategy_exactly() {
     assert_eq!(stdout(&first), stdout(&second));
 }
 
+/// `lower` writes the schedule a saved plan means, for the model and cluster the plan records;
+/// `--nodes` lowers it for another world.
+#[test]
+fn lower_writes_the_schedule_of_a_saved_plan() {
+    let dir = crate::common::scratch("lower");
+    let plan = dir.join("plan.json");
+    let out = syncopate(&[
+        "simulate",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-10gbe",
+        "--nodes",
+        "2",
+        "--strategy",
+        "dear",
+        "--save-plan",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let schedule = dir.join("schedule.json");
+    let out = syncopate(&[
+        "lower",
+        "--plan",
+        plan.to_str().unwrap(),
+        "--out",
+        schedule.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let loaded = syncopate_sim::schedule::Schedule::load(schedule.to_str().unwrap()).unwrap();
+    assert_eq!((loaded.world.nodes, loaded.world.ranks_per_node), (2, 4));
+    assert_eq!(loaded.strategy, "dear");
+    assert!(
+        loaded.steps.iter().any(|s| s.from_iteration == 1),
+        "DeAR's updates"
+    );
+    let out = syncopate(&["lower", "--plan", plan.to_str().unwrap(), "--nodes", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let one: syncopate_sim::schedule::Schedule = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(one.world.nodes, 1);
+    // A plan for another model is refused, naming the plan file.
+    let out = syncopate(&[
+        "lower",
+        "--plan",
+        plan.to_str().unwrap(),
+        "--model",
+        "vgg16",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("plan.json") && stderr(&out).contains("made for"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn same_seed_gives_byte_identical_output_and_trace() {
     let dir = crate::common::scratch("determinism");

@@ -385,3 +385,132 @@ fn host_profile_fits_a_cluster_the_simulator_loads() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// The names of a trace's spans.
+fn span_names(trace: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The earliest start and latest end (µs) of each iteration's spans.
+fn iteration_spans(trace: &serde_json::Value) -> std::collections::BTreeMap<u64, (f64, f64)> {
+    let mut spans = std::collections::BTreeMap::new();
+    for e in trace["traceEvents"].as_array().unwrap() {
+        if e["ph"] != "X" {
+            continue;
+        }
+        let k = e["args"]["iteration"].as_u64().unwrap();
+        let (start, end) = (
+            e["ts"].as_f64().unwrap(),
+            e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap_or(0.0),
+        );
+        let span = spans.entry(k).or_insert((start, end));
+        span.0 = f64::min(span.0, start);
+        span.1 = f64::max(span.1, end);
+    }
+    spans
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every strategy, with and without a compressor where it takes one: `simulate` and `exec`
+/// run the same schedule (the same set of task names in their traces), and the measured
+/// iteration is positive and no longer than its own iteration's span of steps.
+#[test]
+fn every_strategy_runs_the_same_schedule_in_the_simulator_and_on_the_host() {
+    let dir = scratch("runtime-strategies");
+    let (model_path, _) = tiny_model(&dir);
+    let model = model_path.to_str().unwrap();
+    let mut cases: Vec<(String, &str)> = Vec::new();
+    for entry in syncopate_sim::strategy::catalog() {
+        let strategy = entry.form.split(['[', ':']).next().unwrap();
+        let strategy = match strategy {
+            "fixed-groups" => "fixed-groups:2".to_string(),
+            s => s.to_string(),
+        };
+        let compressors: &[&str] = match strategy.as_str() {
+            "mergecomp" | "espresso" => &["topk:0.1"],
+            "hipress" => &["onebit"],
+            "dear" => &["none", "fp16"],
+            _ => &["none", "topk:0.1"],
+        };
+        cases.extend(compressors.iter().map(|&c| (strategy.clone(), c)));
+    }
+    cases.push(("hipress:ps".into(), "onebit"));
+    assert_eq!(cases.len(), 22, "{cases:?}");
+    for (strategy, compressor) in &cases {
+        let what = format!("{strategy} {compressor}");
+        let tag = what.replace([':', ' '], "_");
+        let plan = dir.join(format!("plan-{tag}.json"));
+        let predicted = dir.join(format!("predicted-{tag}.json"));
+        let measured = dir.join(format!("measured-{tag}.json"));
+        let out = syncopate(&[
+            "simulate",
+            "--model",
+            model,
+            "--cluster",
+            "dgx-a100",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--strategy",
+            strategy,
+            "--compressor",
+            compressor,
+            "--iterations",
+            "2",
+            "--save-plan",
+            plan.to_str().unwrap(),
+            "--trace",
+            predicted.to_str().unwrap(),
+            "--trace-ranks",
+            "2",
+        ]);
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        // The plan names its model and cluster: nothing else is needed to run it.
+        let out = syncopate(&[
+            "exec",
+            "--backend",
+            "host",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--iterations",
+            "2",
+            "--compute-scale",
+            "0.05",
+            "--format",
+            "json",
+            "--trace",
+            measured.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        let (predicted, measured) = (read_json(&predicted), read_json(&measured));
+        assert_eq!(span_names(&predicted), span_names(&measured), "{what}");
+        let summary: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let spans = iteration_spans(&measured);
+        // Iteration k ends with its last gradient; it began after iteration k-1's did, so it
+        // lies between the first step of k-1 and the last step of k.
+        for (i, time) in summary["iteration_times_ms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            let (k, time_us) = (i as u64 + 1, time.as_f64().unwrap() * 1e3);
+            let window = spans[&k].1 - spans[&(k - 1)].0;
+            assert!(time_us > 0.0, "{what}: iteration {k} took {time_us} µs");
+            assert!(
+                time_us <= window + 1.0,
+                "{what}: iteration {k} took {time_us} µs, more than its steps' {window} µs"
+            );
+        }
+    }
+}

@@ -18,7 +18,7 @@ use syncopate_sim::SimError;
 const HOST_COMPUTE_BUDGET_US: f64 = 100_000.0;
 
 pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
-    let (plan, model) = load_plan(&args.run)?;
+    let (plan, model) = load_plan(&args.run.plan, args.run.model.as_deref())?;
     let backend = choose_backend(args.run.backend)?;
     let cluster = run_cluster(&args.run, &args.cluster, &plan, backend)?;
     let scenario = Scenario::new(model, cluster)?;
@@ -62,12 +62,14 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
 }
 
 /// The plan and the model it was made for: `--model`, else the model the plan records.
-pub fn load_plan(run: &RunArgs) -> anyhow::Result<(Plan, ModelProfile)> {
-    let label = run.plan.to_string_lossy().into_owned();
+pub fn load_plan(
+    path: &std::path::Path,
+    model: Option<&str>,
+) -> anyhow::Result<(Plan, ModelProfile)> {
+    let label = path.to_string_lossy().into_owned();
     let plan = Plan::load(&label)?;
-    let name = run
-        .model
-        .clone()
+    let name = model
+        .map(str::to_string)
         .or_else(|| plan.target.as_ref().map(|t| t.model.clone()))
         .unwrap_or_else(|| plan.model.clone());
     let model = ModelProfile::load(&name)?;
@@ -75,14 +77,11 @@ pub fn load_plan(run: &RunArgs) -> anyhow::Result<(Plan, ModelProfile)> {
     Ok((plan, model))
 }
 
-/// The cluster a run lowers the plan for: the flags, else what the plan records. On the host
-/// backend `--ranks N` means one node of N ranks.
-fn run_cluster(
-    run: &RunArgs,
+/// The cluster a plan runs on: `--cluster` and the overrides, else what the plan records.
+pub fn plan_cluster(
     args: &RunClusterArgs,
     plan: &Plan,
-    backend: Chosen,
-) -> anyhow::Result<Cluster> {
+) -> anyhow::Result<(String, ClusterOverrides)> {
     let target = plan.target.as_ref();
     let name = args
         .cluster
@@ -95,11 +94,23 @@ fn run_cluster(
                 "the plan does not record the cluster it was made for (an older plan): name one",
             )
         })?;
-    let mut overrides = ClusterOverrides {
+    let overrides = ClusterOverrides {
         nodes: args.nodes.or(target.map(|t| t.nodes)),
         gpus_per_node: args.gpus_per_node.or(target.map(|t| t.gpus_per_node)),
         inter_gbps: args.inter_gbps.or(target.and_then(|t| t.inter_gbps)),
     };
+    Ok((name, overrides))
+}
+
+/// The cluster a run lowers the plan for (see [`plan_cluster`]). On the host backend
+/// `--ranks N` means one node of N ranks.
+fn run_cluster(
+    run: &RunArgs,
+    args: &RunClusterArgs,
+    plan: &Plan,
+    backend: Chosen,
+) -> anyhow::Result<Cluster> {
+    let (name, mut overrides) = plan_cluster(args, plan)?;
     if let (Some(ranks), Chosen::Host) = (run.ranks, backend) {
         let ranks = host_ranks(ranks)?;
         match (args.nodes, args.gpus_per_node) {
@@ -121,7 +132,7 @@ fn run_cluster(
         }
     }
     let cluster = Cluster::load(&name, overrides)?;
-    if let Some(t) = target {
+    if let Some(t) = &plan.target {
         if (t.nodes, t.gpus_per_node) != (cluster.nodes, cluster.gpus_per_node) {
             eprintln!(
                 "note: the plan was made for {} × {}; running it on {} × {}",

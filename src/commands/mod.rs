@@ -4,6 +4,7 @@ mod collective;
 mod exec;
 mod experiment;
 mod list;
+mod lower;
 mod profile;
 mod simulate;
 mod sweep;
@@ -32,7 +33,23 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List { what } => list::run(what),
         Command::Exec(args) => exec::run(&args),
         Command::Validate(args) => validate::run(&args),
+        Command::Lower(args) => lower::run(&args),
     }
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory and a rename, so
+/// that a failure never leaves a partial file behind.
+pub fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = dir
+        .unwrap_or(std::path::Path::new("."))
+        .join(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&temp, text)
+        .and_then(|()| std::fs::rename(&temp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&temp);
+        })
 }
 
 /// Serializes a value as pretty JSON on stdout.

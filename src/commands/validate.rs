@@ -43,7 +43,7 @@ struct Report {
 
 pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     let run = &args.run;
-    let (plan, model) = super::exec::load_plan(run)?;
+    let (plan, model) = super::exec::load_plan(&run.plan, run.model.as_deref())?;
     let backend = super::exec::choose_backend(run.backend)?;
     let cluster = machine_cluster(args, &plan, &model, backend)?;
     let scenario = Scenario::new(model, cluster)?;
