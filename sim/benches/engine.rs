@@ -6,6 +6,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
+use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{simulate, SimOptions};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -13,7 +14,7 @@ use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 const ITERATIONS: u32 = 4;
 
-fn scenario(strategy: &str) -> Scenario {
+fn scenario(strategy: &str) -> (Scenario, Plan) {
     let model = ModelProfile::load("gpt2-xl").unwrap();
     let cluster = Cluster::load(
         "dgx-h100",
@@ -23,28 +24,28 @@ fn scenario(strategy: &str) -> Scenario {
         },
     )
     .unwrap();
-    let base = Scenario::resolve(model, cluster).unwrap();
+    let scenario = Scenario::new(model, cluster).unwrap();
     let plan = strategy
         .parse::<Strategy>()
         .unwrap()
-        .plan(&base, &StrategyOptions::default())
+        .plan(&scenario, &StrategyOptions::default())
         .unwrap();
-    base.with_plan(plan, strategy).unwrap()
+    (scenario, plan)
 }
 
 fn engine(c: &mut Criterion) {
     for strategy in ["wfbp", "horovod"] {
-        let scenario = scenario(strategy);
+        let (scenario, plan) = scenario(strategy);
         let mut group = c.benchmark_group(format!("gpt2-xl/1024xH100/{strategy}"));
         group.throughput(Throughput::Elements(u64::from(ITERATIONS + 1)));
         let symmetric = SimOptions {
             iterations: Some(ITERATIONS),
             ..Default::default()
         };
-        let outcome = simulate(&scenario, &symmetric).unwrap();
+        let outcome = simulate(&scenario, &plan, &symmetric).unwrap();
         eprintln!("{strategy} symmetric: {} events", outcome.summary.events);
         group.bench_function("symmetric", |b| {
-            b.iter(|| simulate(black_box(&scenario), &symmetric).unwrap())
+            b.iter(|| simulate(black_box(&scenario), &plan, &symmetric).unwrap())
         });
         let explicit = SimOptions {
             noise: NoiseSpec {
@@ -54,14 +55,14 @@ fn engine(c: &mut Criterion) {
             },
             ..symmetric
         };
-        let outcome = simulate(&scenario, &explicit).unwrap();
+        let outcome = simulate(&scenario, &plan, &explicit).unwrap();
         eprintln!(
             "{strategy} explicit+jitter: {} events",
             outcome.summary.events
         );
         group.sample_size(10);
         group.bench_function("explicit-jitter", |b| {
-            b.iter(|| simulate(black_box(&scenario), &explicit).unwrap())
+            b.iter(|| simulate(black_box(&scenario), &plan, &explicit).unwrap())
         });
         group.finish();
     }

@@ -20,7 +20,7 @@ fn base(model: &str) -> Scenario {
     let model = ModelProfile::load(model).unwrap();
     let cluster = Cluster::load("v100-10gbe", ClusterOverrides::default()).unwrap();
     assert_eq!(cluster.world_size(), 64);
-    Scenario::resolve(model, cluster).unwrap()
+    Scenario::new(model, cluster).unwrap()
 }
 
 /// The plans a fusion search scores most: contiguous groupings of every count.
