@@ -93,13 +93,13 @@ pub struct ClusterArgs {
     #[arg(long)]
     pub cluster: String,
     /// Override the number of nodes.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub nodes: Option<u32>,
     /// Override the number of GPUs per node.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub gpus_per_node: Option<u32>,
     /// Override the bandwidth of each inter-node NIC, in Gb/s.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub inter_gbps: Option<f64>,
 }
 
@@ -161,7 +161,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub plan: Option<PathBuf>,
     /// Communication streams (concurrent collectives share the network); default: the plan's.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub comm_streams: Option<u32>,
     /// Write the plan that ran to this file.
     #[arg(long)]
@@ -180,38 +180,38 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub cpu_compression: Option<String>,
     /// Horovod's fusion buffer in MiB.
-    #[arg(long, default_value_t = 64.0)]
+    #[arg(long, default_value_t = 64.0, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub fusion_mb: f64,
     /// Horovod's cycle time in milliseconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub cycle_ms: f64,
     /// DDP's bucket cap and DeAR's fusion threshold in MiB.
-    #[arg(long, default_value_t = 25.0)]
+    #[arg(long, default_value_t = 25.0, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub bucket_mb: f64,
     /// Partition size of bytescheduler and byteps/ps in MiB (BytePS: 4,096,000 bytes).
-    #[arg(long, default_value_t = 3.90625)]
+    #[arg(long, default_value_t = 3.90625, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub partition_mb: f64,
     /// Partitions in flight at once (ByteScheduler's credit).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub credit: u32,
     /// Dedicated parameter servers for `ps` (default: as many as nodes).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::args::whole)]
     pub ps_servers: u32,
     /// Per-task lognormal jitter: coefficient of variation of every task's duration.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub jitter: f64,
     /// Stragglers: PROBABILITY,SLOWDOWN (each rank's compute is SLOWDOWN× slower in an iteration
     /// with this probability).
     #[arg(long)]
     pub straggler: Option<String>,
     /// Measured iterations; the JSON then carries mean, p50, p99 and a 95% confidence interval.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub iterations: Option<u32>,
     /// Warm-up iterations before measuring.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::whole)]
     pub warmup: u32,
     /// Seed of the noise generators.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::seed)]
     pub seed: u64,
     /// Simulate every rank even without noise (the symmetric path is exact then, and faster).
     #[arg(long)]
@@ -220,7 +220,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Ranks to include in the trace.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub trace_ranks: u32,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
@@ -247,11 +247,11 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// Timings per size; the median is kept.
-    #[arg(long, default_value_t = 5)]
-    pub repeats: usize,
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::args::repeats)]
+    pub repeats: u32,
     /// Host: also time the in-process collectives of this many thread-ranks (at least 2) and
     /// fit them into an MPI-style cluster written to --cluster-out.
-    #[arg(long, requires = "cluster_out")]
+    #[arg(long, requires = "cluster_out", allow_negative_numbers = true, value_parser = crate::args::thread_ranks)]
     pub ranks: Option<u32>,
     /// Where to write the fitted cluster (its device is the profile written to --out). Host:
     /// needs --ranks. Cuda: needs at least 2 GPUs; NCCL allreduce over all of them is fitted.
@@ -292,19 +292,19 @@ pub struct RunArgs {
     pub ranks: Option<i64>,
     /// Host backend: multiply the model profile's compute times by this (default: so that
     /// forward + backward + optimizer take at most 100 ms, and never more than the profile).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub compute_scale: Option<f64>,
     /// Measured iterations.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub iterations: u32,
     /// Warm-up iterations before measuring.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::whole)]
     pub warmup: u32,
     /// Seed of the synthetic gradients and the stochastic compressors.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::seed)]
     pub seed: u64,
     /// Longest a rank waits for another (rendezvous, collectives) before failing, in seconds.
-    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub timeout_s: f64,
 }
 
@@ -315,13 +315,13 @@ pub struct RunClusterArgs {
     #[arg(long)]
     pub cluster: Option<String>,
     /// Override the number of nodes (default: the plan's).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub nodes: Option<u32>,
     /// Override the number of GPUs per node (default: the plan's).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub gpus_per_node: Option<u32>,
     /// Override the bandwidth of each inter-node NIC, in Gb/s (default: the plan's).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub inter_gbps: Option<f64>,
 }
 
@@ -379,18 +379,18 @@ pub struct ValidateArgs {
     #[arg(long)]
     pub cluster: Option<String>,
     /// Override the cluster file's number of nodes (e.g. 1 to validate on one machine).
-    #[arg(long, requires = "cluster")]
+    #[arg(long, requires = "cluster", allow_negative_numbers = true, value_parser = crate::args::count)]
     pub nodes: Option<u32>,
     /// Override the cluster file's GPUs per node (e.g. 1 to validate on one GPU).
-    #[arg(long, requires = "cluster")]
+    #[arg(long, requires = "cluster", allow_negative_numbers = true, value_parser = crate::args::count)]
     pub gpus_per_node: Option<u32>,
     /// Host: the `cpu` device profile with the compression curves (default: measured on the fly
     /// for the plan's compressors, or the cluster's device when --cluster is given).
     #[arg(long)]
     pub device_profile: Option<String>,
     /// Per-task rows to report, largest measured tasks first.
-    #[arg(long, default_value_t = 10)]
-    pub top: usize,
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::args::whole)]
+    pub top: u32,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
 }
@@ -404,13 +404,13 @@ pub struct SweepArgs {
     #[arg(long)]
     pub cluster: String,
     /// Node counts to sweep (comma-separated).
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required = true, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub nodes: Vec<u32>,
     /// GPUs per node (default: the cluster's).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub gpus_per_node: Option<u32>,
     /// Per-NIC bandwidths in Gb/s to sweep (default: the cluster's).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = crate::args::number)]
     pub inter_gbps: Vec<f64>,
     /// Strategies (comma-separated, see `syncopate list strategies`).
     #[arg(long, value_delimiter = ',', default_value = "horovod")]

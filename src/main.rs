@@ -1,5 +1,6 @@
 //! The `syncopate` command: parses arguments, runs one command, prints the error chain once.
 
+mod args;
 mod cli;
 mod commands;
 mod csv;

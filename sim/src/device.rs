@@ -2,6 +2,7 @@
 
 use crate::data::{self, DataKind};
 use crate::error::{Result, SimError};
+use crate::limits;
 use crate::model::Provenance;
 use crate::time::SimTime;
 use serde::{Deserialize, Serialize};
@@ -81,23 +82,37 @@ impl DeviceProfile {
 
     pub fn validate(&self, label: &str) -> Result<()> {
         data::check_format_version(label, self.format_version)?;
-        data::check_positive(
+        limits::check_rate(
             label,
             "memory_bandwidth_gbytes_per_s",
             self.memory_bandwidth_gbytes_per_s,
+            "GB/s",
         )?;
-        data::check_positive(label, "peak_fp32_tflops", self.peak_fp32_tflops)?;
-        data::check_positive(label, "peak_fp16_tflops", self.peak_fp16_tflops)?;
-        data::check_positive(label, "compute_speed_vs_v100", self.compute_speed_vs_v100)?;
+        limits::check_rate(label, "peak_fp32_tflops", self.peak_fp32_tflops, "TFLOP/s")?;
+        limits::check_rate(label, "peak_fp16_tflops", self.peak_fp16_tflops, "TFLOP/s")?;
+        // A speed ratio: bounded like a rate, so that compute times stay within the limits.
+        limits::check_rate(
+            label,
+            "compute_speed_vs_v100",
+            self.compute_speed_vs_v100,
+            "× a V100",
+        )?;
         for (name, cost) in &self.compression {
             for (which, curve) in [("encode", &cost.encode), ("decode", &cost.decode)] {
                 let field = format!("compression.{name}.{which}");
-                data::check_non_negative(label, &format!("{field}.floor_us"), curve.floor_us)?;
-                data::check_non_negative(
-                    label,
-                    &format!("{field}.ns_per_element"),
-                    curve.ns_per_element,
-                )?;
+                limits::check_duration_us(label, &format!("{field}.floor_us"), curve.floor_us)?;
+                // Bounded so that the largest model's curve stays within the duration limit.
+                let per = curve.ns_per_element;
+                if !(per.is_finite() && (0.0..=limits::MAX_NS_PER_ELEMENT).contains(&per)) {
+                    return Err(SimError::invalid(
+                        label,
+                        format!("{field}.ns_per_element"),
+                        format!(
+                            "a per-element cost is 0 to {} ns, got {per}",
+                            limits::MAX_NS_PER_ELEMENT
+                        ),
+                    ));
+                }
             }
         }
         for (field, value) in [
@@ -110,11 +125,14 @@ impl DeviceProfile {
                 self.contention.compute_slowdown_with_compression,
             ),
         ] {
-            if !(value.is_finite() && value >= 1.0) {
+            if !(value.is_finite() && (1.0..=limits::MAX_SLOWDOWN).contains(&value)) {
                 return Err(SimError::invalid(
                     label,
                     field,
-                    format!("a slowdown is a factor ≥ 1, got {value}"),
+                    format!(
+                        "a slowdown is a factor from 1 to {}, got {value}",
+                        limits::MAX_SLOWDOWN
+                    ),
                 ));
             }
         }

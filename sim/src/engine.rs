@@ -98,7 +98,12 @@ impl Running {
     }
 
     fn end(&self) -> SimTime {
-        SimTime(self.since.as_ns() + (self.remaining / self.rate).ceil() as u64)
+        // Saturates: a run that reaches `SimTime::MAX` is reported by `run`.
+        SimTime(
+            self.since
+                .as_ns()
+                .saturating_add((self.remaining / self.rate).ceil() as u64),
+        )
     }
 }
 
@@ -248,6 +253,13 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         engine.dispatch();
     }
     engine.check_finished()?;
+    if engine.now == SimTime::MAX {
+        return Err(SimError::bad_value(
+            "simulated time",
+            "2^64 ns",
+            "the run lasts longer than 584 years: some time, size or rate of the inputs is out of any real range",
+        ));
+    }
     engine.result.events = engine.processed;
     engine.result.makespan = engine.now;
     Ok(engine.result)

@@ -11,6 +11,7 @@ pub mod error;
 pub mod evaluate;
 pub mod graph;
 pub mod launch;
+pub mod limits;
 pub mod model;
 pub mod noise;
 pub mod plan;

@@ -2,6 +2,7 @@
 
 use crate::data::{self, DataKind};
 use crate::error::{Result, SimError};
+use crate::limits;
 use crate::time::SimTime;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -115,7 +116,19 @@ impl ModelProfile {
                 "must be at least 1",
             ));
         }
-        data::check_non_negative(label, "optimizer_us", self.optimizer_us)?;
+        limits::check_duration_us(label, "optimizer_us", self.optimizer_us)?;
+        if self.tensors.len() > limits::MAX_TENSORS {
+            return Err(SimError::invalid(
+                label,
+                "tensors",
+                format!(
+                    "{} tensors; at most {} are supported",
+                    self.tensors.len(),
+                    limits::MAX_TENSORS
+                ),
+            ));
+        }
+        let mut total = 0u64;
         let mut names = HashSet::new();
         let mut seen_registration = vec![false; self.tensors.len()];
         for (i, tensor) in self.tensors.iter().enumerate() {
@@ -127,7 +140,22 @@ impl ModelProfile {
                     "duplicate tensor name",
                 ));
             }
-            let product: u64 = tensor.shape.iter().product();
+            let product = tensor
+                .shape
+                .iter()
+                .try_fold(1u64, |p, &d| p.checked_mul(d))
+                .filter(|&p| p <= limits::MAX_TENSOR_ELEMENTS)
+                .ok_or_else(|| {
+                    SimError::invalid(
+                        label,
+                        at("shape"),
+                        format!(
+                            "{:?} has more than {} elements",
+                            tensor.shape,
+                            limits::MAX_TENSOR_ELEMENTS
+                        ),
+                    )
+                })?;
             if tensor.numel == 0 || product != tensor.numel {
                 return Err(SimError::invalid(
                     label,
@@ -138,8 +166,16 @@ impl ModelProfile {
                     ),
                 ));
             }
-            data::check_non_negative(label, &at("backward_us"), tensor.backward_us)?;
-            data::check_non_negative(label, &at("forward_us"), tensor.forward_us)?;
+            limits::check_duration_us(label, &at("backward_us"), tensor.backward_us)?;
+            limits::check_duration_us(label, &at("forward_us"), tensor.forward_us)?;
+            total += tensor.numel;
+            if total > limits::MAX_MODEL_ELEMENTS {
+                return Err(SimError::invalid(
+                    label,
+                    "tensors",
+                    format!("more than {} elements in all", limits::MAX_MODEL_ELEMENTS),
+                ));
+            }
             match seen_registration.get_mut(tensor.registration_index) {
                 Some(seen @ false) => *seen = true,
                 _ => {

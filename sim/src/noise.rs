@@ -4,6 +4,7 @@
 use crate::engine::Noise;
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
+use crate::limits::{MAX_JITTER_CV, MAX_SLOWDOWN};
 use crate::schedule::Stream;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -38,11 +39,11 @@ impl NoiseSpec {
     }
 
     pub fn validate(&self) -> Result<()> {
-        if !(self.jitter_cv.is_finite() && self.jitter_cv >= 0.0) {
+        if !(self.jitter_cv.is_finite() && (0.0..=MAX_JITTER_CV).contains(&self.jitter_cv)) {
             return Err(SimError::bad_value(
                 "--jitter",
-                self.jitter_cv,
-                "the coefficient of variation must be ≥ 0",
+                crate::limits::num(self.jitter_cv),
+                format!("the coefficient of variation is 0 to {MAX_JITTER_CV}"),
             ));
         }
         if !(0.0..=1.0).contains(&self.straggler_probability) {
@@ -52,11 +53,13 @@ impl NoiseSpec {
                 "must be in [0, 1]",
             ));
         }
-        if !(self.straggler_slowdown.is_finite() && self.straggler_slowdown >= 1.0) {
+        if !(self.straggler_slowdown.is_finite()
+            && (1.0..=MAX_SLOWDOWN).contains(&self.straggler_slowdown))
+        {
             return Err(SimError::bad_value(
                 "--straggler slowdown",
-                self.straggler_slowdown,
-                "must be a factor ≥ 1",
+                crate::limits::num(self.straggler_slowdown),
+                format!("must be a factor from 1 to {MAX_SLOWDOWN}"),
             ));
         }
         Ok(())

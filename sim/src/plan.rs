@@ -4,6 +4,7 @@
 use crate::compress::{Aggregation, Compressor, Memory};
 use crate::data::{self, FORMAT_VERSION};
 use crate::error::{Result, SimError};
+use crate::limits;
 use crate::model::ModelProfile;
 use serde::{Deserialize, Serialize};
 
@@ -224,14 +225,36 @@ impl Plan {
                 "a plan needs at least one group",
             ));
         }
-        if self.policy.comm_streams == 0 {
+        if !(1..=limits::MAX_COMM_STREAMS).contains(&self.policy.comm_streams) {
             return Err(SimError::invalid(
                 label,
                 "policy.comm_streams",
-                "needs at least one stream",
+                format!(
+                    "{} streams: a plan runs 1 to {} communication streams",
+                    self.policy.comm_streams,
+                    limits::MAX_COMM_STREAMS
+                ),
             ));
         }
-        data::check_non_negative(label, "policy.cycle_time_us", self.policy.cycle_time_us)?;
+        limits::check_duration_us(label, "policy.cycle_time_us", self.policy.cycle_time_us)?;
+        if u64::from(self.policy.ps_servers) > limits::MAX_RANKS {
+            return Err(SimError::invalid(
+                label,
+                "policy.ps_servers",
+                format!("at most {} servers", limits::MAX_RANKS),
+            ));
+        }
+        let pieces: u64 = self.groups.iter().map(|g| u64::from(g.partitions)).sum();
+        if pieces > limits::MAX_PIECES {
+            return Err(SimError::invalid(
+                label,
+                "groups[].partitions",
+                format!(
+                    "{pieces} partitions in all, each a collective per iteration; at most {} are supported",
+                    limits::MAX_PIECES
+                ),
+            ));
+        }
         let mut owner: Vec<Option<usize>> = vec![None; model.num_tensors()];
         for (g, group) in self.groups.iter().enumerate() {
             let at = |field: &str| format!("groups[{g}].{field}");
@@ -281,25 +304,25 @@ impl Plan {
                     label,
                     at("scheme"),
                     format!(
-                        "`{}` reduces in two dependent rounds, which reduce-scatter/all-gather cannot split",
-                        group.compressor
+                        "`{}` reduces in two dependent rounds, which the {} scheme cannot split",
+                        group.compressor,
+                        group.scheme.name()
                     ),
                 ));
             }
             let aggregation = group.aggregation();
-            if !group
-                .compressor
-                .allowed_aggregations()
-                .contains(&aggregation)
-            {
+            let allowed = group.compressor.allowed_aggregations();
+            if !allowed.contains(&aggregation) {
+                let names: Vec<&str> = allowed.iter().map(|a| a.name()).collect();
                 return Err(SimError::invalid(
                     label,
                     at("scheme"),
                     format!(
-                        "compressor `{}` cannot be aggregated by {:?}; it allows {:?}",
+                        "compressor `{}` cannot be aggregated by the {} scheme ({}); it allows {}",
                         group.compressor,
-                        group.scheme,
-                        group.compressor.allowed_aggregations()
+                        group.scheme.name(),
+                        aggregation.name(),
+                        names.join(" or ")
                     ),
                 ));
             }
@@ -316,6 +339,21 @@ impl Plan {
             ));
         }
         Ok(())
+    }
+}
+
+impl Scheme {
+    /// The scheme as plan files spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::Auto => "auto",
+            Scheme::Allreduce => "allreduce",
+            Scheme::Allgather => "allgather",
+            Scheme::Hierarchical => "hierarchical",
+            Scheme::Ps => "ps",
+            Scheme::ReduceScatterAllgather => "reduce-scatter-allgather",
+            Scheme::CompressedRing => "compressed-ring",
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use crate::cost::step_costs;
 use crate::engine::{self, EngineConfig, EngineResult};
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
+use crate::limits;
 use crate::noise::NoiseSpec;
 use crate::plan::Plan;
 use crate::scenario::Scenario;
@@ -139,6 +140,7 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
     let world = scenario.cluster.world_size();
     let explicit = options.force_explicit || !options.noise.is_quiet();
     let ranks = if explicit { world } else { 1 };
+    let too_many = |tasks: usize| u64::from(ranks) * tasks as u64 > limits::MAX_RANK_TASKS;
     let total = options.warmup.checked_add(measured).ok_or_else(|| {
         SimError::bad_value(
             "--warmup/--iterations",
@@ -148,6 +150,16 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
     })?;
     let schedule = schedule(scenario, plan)?;
     let graph = task_graph(scenario, plan, &schedule, total)?;
+    if too_many(graph.len()) {
+        return Err(SimError::bad_value(
+            "--explicit/--jitter/--straggler",
+            format!("{ranks} ranks × {} tasks", graph.len()),
+            format!(
+                "simulating every rank tracks more than {} (rank, task) pairs: use fewer ranks, iterations or tensors, or the symmetric path (no noise)",
+                limits::MAX_RANK_TASKS
+            ),
+        ));
+    }
     let noise = options.noise.draw(&graph, ranks)?;
     let config = engine_config(scenario, &schedule, ranks, options.trace_ranks.min(ranks));
     let result = engine::run(&graph, &config, &noise)?;

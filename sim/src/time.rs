@@ -13,6 +13,8 @@ pub struct SimTime(pub u64);
 
 impl SimTime {
     pub const ZERO: SimTime = SimTime(0);
+    /// Where saturating arithmetic stops: a run that reaches it is an error.
+    pub const MAX: SimTime = SimTime(u64::MAX);
 
     /// Rounds a non-negative duration in microseconds to the nearest nanosecond.
     pub fn from_us(us: f64) -> SimTime {
@@ -25,7 +27,8 @@ impl SimTime {
     }
 
     /// Rounds to the nearest nanosecond; negative and NaN inputs clamp to zero because a
-    /// duration cannot be negative (inputs are validated before they reach here).
+    /// duration cannot be negative, and huge ones saturate at `SimTime::MAX` (inputs are
+    /// validated against `crate::limits` before they reach here).
     pub fn from_ns(ns: f64) -> SimTime {
         if ns.is_finite() && ns > 0.0 {
             SimTime(ns.round() as u64)
@@ -60,29 +63,32 @@ impl SimTime {
     }
 }
 
+// Arithmetic saturates instead of wrapping: inputs are bounded (`crate::limits`) so that no
+// real run comes near 2^64 ns, and a run that still reaches `SimTime::MAX` is reported as an
+// error by the engine instead of wrapping into a small, wrong number.
 impl Add for SimTime {
     type Output = SimTime;
     fn add(self, rhs: SimTime) -> SimTime {
-        SimTime(self.0 + rhs.0)
+        SimTime(self.0.saturating_add(rhs.0))
     }
 }
 
 impl AddAssign for SimTime {
     fn add_assign(&mut self, rhs: SimTime) {
-        self.0 += rhs.0;
+        self.0 = self.0.saturating_add(rhs.0);
     }
 }
 
 impl Sub for SimTime {
     type Output = SimTime;
     fn sub(self, rhs: SimTime) -> SimTime {
-        SimTime(self.0 - rhs.0)
+        SimTime(self.0.saturating_sub(rhs.0))
     }
 }
 
 impl std::iter::Sum for SimTime {
     fn sum<I: Iterator<Item = SimTime>>(iter: I) -> SimTime {
-        SimTime(iter.map(|t| t.0).sum())
+        iter.fold(SimTime::ZERO, |a, b| a + b)
     }
 }
 

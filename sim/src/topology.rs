@@ -3,6 +3,7 @@
 use crate::data::{self, DataKind};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
+use crate::limits;
 use crate::model::Provenance;
 use serde::{Deserialize, Serialize};
 
@@ -199,15 +200,9 @@ impl Cluster {
             self.gpus_per_node = gpus;
         }
         if let Some(gbps) = overrides.inter_gbps {
-            if !(gbps.is_finite() && gbps > 0.0) {
-                return Err(SimError::bad_value(
-                    "--inter-gbps",
-                    gbps,
-                    "bandwidth must be a positive number of Gb/s",
-                ));
-            }
-            self.inter_node.nic_bandwidth_gbps = gbps;
+            self.inter_node.nic_bandwidth_gbps = limits::flag_rate("--inter-gbps", gbps, "Gb/s")?;
         }
+        limits::ranks(self.nodes, self.gpus_per_node, "--nodes × --gpus-per-node")?;
         Ok(())
     }
 
@@ -227,6 +222,8 @@ impl Cluster {
                 "a node needs at least one GPU",
             ));
         }
+        limits::ranks(self.nodes, self.gpus_per_node, "nodes × gpus_per_node")
+            .map_err(|e| SimError::invalid(label, "nodes", e.to_string()))?;
         if self.inter_node.nics_per_node == 0 {
             return Err(SimError::invalid(
                 label,
@@ -234,46 +231,42 @@ impl Cluster {
                 "a node needs at least one NIC",
             ));
         }
-        data::check_positive(
+        limits::check_rate(
             label,
             "intra_node.bandwidth_gbytes_per_s",
             self.intra_node.bandwidth_gbytes_per_s,
+            "GB/s",
         )?;
-        data::check_non_negative(label, "intra_node.latency_us", self.intra_node.latency_us)?;
-        data::check_positive(
+        limits::check_duration_us(label, "intra_node.latency_us", self.intra_node.latency_us)?;
+        limits::check_rate(
             label,
             "inter_node.nic_bandwidth_gbps",
             self.inter_node.nic_bandwidth_gbps,
+            "Gb/s",
         )?;
-        data::check_non_negative(label, "inter_node.latency_us", self.inter_node.latency_us)?;
+        limits::check_duration_us(label, "inter_node.latency_us", self.inter_node.latency_us)?;
         match &self.library {
             Library::Nccl(p) => {
                 check_fraction(label, "library.intra_efficiency", p.intra_efficiency)?;
                 check_fraction(label, "library.inter_efficiency", p.inter_efficiency)?;
-                data::check_non_negative(
-                    label,
-                    "library.base_latency_us.ll",
-                    p.base_latency_us.ll,
-                )?;
-                data::check_non_negative(
-                    label,
-                    "library.base_latency_us.ll128",
-                    p.base_latency_us.ll128,
-                )?;
-                data::check_non_negative(
-                    label,
-                    "library.base_latency_us.simple",
-                    p.base_latency_us.simple,
-                )?;
-                data::check_positive(
+                for (field, value) in [
+                    ("library.base_latency_us.ll", p.base_latency_us.ll),
+                    ("library.base_latency_us.ll128", p.base_latency_us.ll128),
+                    ("library.base_latency_us.simple", p.base_latency_us.simple),
+                ] {
+                    limits::check_duration_us(label, field, value)?;
+                }
+                limits::check_rate(
                     label,
                     "library.ll_gbytes_per_s_per_rank",
                     p.ll_gbytes_per_s_per_rank,
+                    "GB/s",
                 )?;
-                data::check_positive(
+                limits::check_rate(
                     label,
                     "library.ll_multi_node_gbytes_per_s",
                     p.ll_multi_node_gbytes_per_s,
+                    "GB/s",
                 )?;
                 check_fraction(
                     label,
@@ -292,17 +285,22 @@ impl Cluster {
                 })?;
                 if self.intra_node.nvls {
                     check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
-                    data::check_non_negative(label, "library.nvls_latency_us", p.nvls_latency_us)?;
+                    limits::check_duration_us(label, "library.nvls_latency_us", p.nvls_latency_us)?;
                 }
             }
             Library::Mpi(p) => {
                 check_fraction(label, "library.tcp_efficiency", p.tcp_efficiency)?;
-                data::check_non_negative(
+                limits::check_duration_us(
                     label,
                     "library.message_overhead_us",
                     p.message_overhead_us,
                 )?;
-                data::check_positive(label, "library.reduce_gbytes_per_s", p.reduce_gbytes_per_s)?;
+                limits::check_rate(
+                    label,
+                    "library.reduce_gbytes_per_s",
+                    p.reduce_gbytes_per_s,
+                    "GB/s",
+                )?;
             }
         }
         Ok(())

@@ -12,7 +12,7 @@ use syncopate_sim::schedule::Schedule;
 use syncopate_sim::simulate::schedule;
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::trace::Trace;
-use syncopate_sim::SimError;
+use syncopate_sim::{limits, SimError};
 
 /// The host backend keeps an iteration's compute under this by default.
 const HOST_COMPUTE_BUDGET_US: f64 = 100_000.0;
@@ -222,12 +222,12 @@ pub fn execute<'a>(
 fn host_compute_scale(run: &RunArgs, model: &ModelProfile) -> anyhow::Result<f64> {
     match run.compute_scale {
         Some(scale) if (0.0..=1e6).contains(&scale) => Ok(scale),
-        Some(scale) => {
-            Err(
-                SimError::bad_value("--compute-scale", scale, "must be a number from 0 to 1e6")
-                    .into(),
-            )
-        }
+        Some(scale) => Err(SimError::bad_value(
+            "--compute-scale",
+            limits::num(scale),
+            "must be a number from 0 to 1e6",
+        )
+        .into()),
         None => {
             let total_us =
                 (model.forward_time() + model.backward_time()).as_us() + model.optimizer_us;
@@ -247,7 +247,7 @@ pub fn options(run: &RunArgs, check: bool) -> anyhow::Result<ExecOptions> {
     if !(run.timeout_s.is_finite() && run.timeout_s > 0.0 && run.timeout_s <= MAX_TIMEOUT_S) {
         return Err(SimError::bad_value(
             "--timeout-s",
-            run.timeout_s,
+            limits::num(run.timeout_s),
             format!("must be more than 0 and at most {MAX_TIMEOUT_S} seconds"),
         )
         .into());

@@ -33,7 +33,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             }
             let profile = profile_host(&HostProfileOptions {
                 name: name.clone(),
-                repeats: args.repeats.max(1),
+                repeats: args.repeats as usize,
                 ..HostProfileOptions::default()
             })?;
             write_profile(&args.out, &profile)?;
@@ -42,7 +42,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
                     &name,
                     &device,
                     ranks,
-                    args.repeats,
+                    args.repeats as usize,
                     profile.memory_bandwidth_gbytes_per_s,
                     &powers_of_four(1 << 10, 1 << 24),
                 )?;
@@ -64,7 +64,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             }
             let measured = cuda::profile(&CudaProfileOptions {
                 name: name.clone(),
-                repeats: args.repeats.max(1),
+                repeats: args.repeats as usize,
                 ..CudaProfileOptions::default()
             })?;
             write_profile(&args.out, &measured.device)?;

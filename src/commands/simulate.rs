@@ -10,7 +10,7 @@ use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{simulate, SimOptions, Summary};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
 use syncopate_sim::topology::Cluster;
-use syncopate_sim::SimError;
+use syncopate_sim::{limits, SimError};
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let model = ModelProfile::load(&args.model)?;
@@ -35,15 +35,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         }
     };
     if let Some(streams) = args.comm_streams {
-        if streams == 0 {
-            return Err(SimError::bad_value(
-                "--comm-streams",
-                streams,
-                "needs at least one stream",
-            )
-            .into());
-        }
-        plan.policy.comm_streams = streams;
+        plan.policy.comm_streams = comm_streams("--comm-streams", streams)?;
     }
     plan.validate(&label, &base.model)?;
     if let Some(path) = &args.save_plan {
@@ -98,43 +90,42 @@ pub fn target(
     )
 }
 
-fn positive(flag: &str, value: f64) -> Result<f64, SimError> {
-    if value.is_finite() && value > 0.0 {
-        Ok(value)
+/// Largest buffer a size flag may give: 2^30 MiB (1 PiB).
+const MAX_MIB: f64 = 1073741824.0;
+
+/// A size flag in MiB as bytes: at least one byte, at most [`MAX_MIB`].
+fn mib(flag: &str, value: f64) -> Result<u64, SimError> {
+    if value.is_finite() && value * 1048576.0 >= 1.0 && value <= MAX_MIB {
+        Ok((value * 1048576.0) as u64)
     } else {
         Err(SimError::bad_value(
             flag,
-            value,
-            "must be a positive number",
+            limits::num(value),
+            format!("must be at least one byte (1/1048576) and at most {MAX_MIB} MiB"),
+        ))
+    }
+}
+
+/// A count of communication streams (or partitions in flight) within the plan limit.
+fn comm_streams(flag: &str, streams: u32) -> Result<u32, SimError> {
+    if streams <= limits::MAX_COMM_STREAMS {
+        Ok(streams)
+    } else {
+        Err(SimError::bad_value(
+            flag,
+            streams,
+            format!("at most {} communication streams", limits::MAX_COMM_STREAMS),
         ))
     }
 }
 
 fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
-    let mib = |flag: &str, value: f64| -> Result<u64, SimError> {
-        Ok((positive(flag, value)? * 1048576.0) as u64)
-    };
-    if !(args.cycle_ms.is_finite() && args.cycle_ms >= 0.0) {
-        return Err(
-            SimError::bad_value("--cycle-ms", args.cycle_ms, "must be zero or positive").into(),
-        );
-    }
     Ok(StrategyOptions {
         fusion_bytes: mib("--fusion-mb", args.fusion_mb)?,
-        cycle_us: args.cycle_ms * 1e3,
+        cycle_us: limits::flag_duration_us("--cycle-ms", args.cycle_ms, args.cycle_ms * 1e3)?,
         bucket_bytes: mib("--bucket-mb", args.bucket_mb)?,
         partition_bytes: mib("--partition-mb", args.partition_mb)?,
-        credit: match args.credit {
-            0 => {
-                return Err(SimError::bad_value(
-                    "--credit",
-                    0,
-                    "at least one partition must be in flight",
-                )
-                .into())
-            }
-            credit => credit,
-        },
+        credit: comm_streams("--credit", args.credit)?,
         ps_servers: args.ps_servers,
         compressor: args.compressor.parse()?,
         memory: args.memory.parse()?,

@@ -19,7 +19,15 @@ use syncopate_sim::topology::Cluster;
 #[derive(Serialize)]
 struct BaselineJson {
     strategy: String,
-    iteration_time_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iteration_time_ms: Option<f64>,
+    /// Why the strategy cannot run this scenario (with this compressor).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize)]
@@ -31,6 +39,11 @@ struct Report<'a> {
     best_iteration_time_ms: f64,
     lower_bound_ms: f64,
     plans_evaluated: u64,
+    /// Candidates that could not run and were skipped.
+    #[serde(skip_serializing_if = "is_zero")]
+    candidates_skipped: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_skipped_because: Option<String>,
     search_ms: f64,
     baselines: Vec<BaselineJson>,
     plan: &'a Plan,
@@ -55,6 +68,9 @@ fn choices(args: &TuneArgs) -> anyhow::Result<Vec<Choice>> {
         .collect()
 }
 
+/// How often `tune` prints a progress line when stderr is not a terminal.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn ms(time: syncopate_sim::time::SimTime) -> f64 {
     (time.as_ms() * 1e6).round() / 1e6
 }
@@ -76,7 +92,8 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         compressors,
         options: StrategyOptions::default(),
     };
-    let bar = if std::io::stderr().is_terminal() {
+    let terminal = std::io::stderr().is_terminal();
+    let bar = if terminal {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
         bar.set_style(ProgressStyle::with_template(
             "{spinner} {pos} plans evaluated ({per_sec}) {elapsed}",
@@ -86,7 +103,20 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         ProgressBar::hidden()
     };
     let started = Instant::now();
-    let result = tune(&base, &request, &|done| bar.set_position(done))?;
+    // Without a terminal (CI, a log file), a line every few seconds shows the search is alive.
+    let last_line = std::sync::Mutex::new(Instant::now());
+    let progress = |done: u64| {
+        bar.set_position(done);
+        let mut last = last_line.lock().expect("the progress lock");
+        if !terminal && last.elapsed() >= PROGRESS_EVERY {
+            *last = Instant::now();
+            eprintln!(
+                "tune: {done} plans evaluated in {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
+    let result = tune(&base, &request, &progress)?;
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
     bar.finish_and_clear();
     if let Some(path) = &args.out {
@@ -98,7 +128,8 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             None,
         ));
         let text = serde_json::to_string_pretty(&plan)? + "\n";
-        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        super::write_atomically(path, &text)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let report = Report {
         model: &base.model.name,
@@ -108,13 +139,16 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         best_iteration_time_ms: ms(result.iteration_time),
         lower_bound_ms: ms(result.lower_bound),
         plans_evaluated: result.plans_evaluated,
+        candidates_skipped: result.infeasible,
+        first_skipped_because: result.infeasible_example.clone(),
         search_ms: (search_ms * 1e3).round() / 1e3,
         baselines: result
             .baselines
             .iter()
             .map(|b| BaselineJson {
                 strategy: b.strategy.clone(),
-                iteration_time_ms: ms(b.iteration_time),
+                iteration_time_ms: b.iteration_time.as_ref().ok().map(|&t| ms(t)),
+                skipped: b.iteration_time.as_ref().err().cloned(),
             })
             .collect(),
         plan: &result.plan,
@@ -129,7 +163,15 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             println!("{:<28} {:>12}", "plan", "iteration ms");
             println!("{:<28} {:>12.3}", "tuned", report.best_iteration_time_ms);
             for b in &report.baselines {
-                println!("{:<28} {:>12.3}", b.strategy, b.iteration_time_ms);
+                match (b.iteration_time_ms, &b.skipped) {
+                    (Some(ms), _) => println!("{:<28} {:>12.3}", b.strategy, ms),
+                    (None, why) => println!(
+                        "{:<28} {:>12}   ({})",
+                        b.strategy,
+                        "skipped",
+                        why.as_deref().unwrap_or_default()
+                    ),
+                }
             }
             println!("{:<28} {:>12.3}", "lower bound", report.lower_bound_ms);
             let compressed = result
@@ -144,6 +186,12 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
                 report.plans_evaluated,
                 report.search_ms
             );
+            if let Some(why) = &report.first_skipped_because {
+                println!(
+                    "{} candidate plans could not run and were skipped, the first because: {why}",
+                    report.candidates_skipped
+                );
+            }
             Ok(())
         }
     }

@@ -79,7 +79,12 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
         measured_compute_ms: summary.compute_ms,
         predicted_comm_ms: p.comm_ms,
         measured_comm_ms: summary.comm_ms,
-        largest_tasks: task_rows(predicted_trace, &measured_trace, options.warmup, args.top),
+        largest_tasks: task_rows(
+            predicted_trace,
+            &measured_trace,
+            options.warmup,
+            args.top as usize,
+        ),
     };
     match args.format {
         Format::Json => super::print_json(&report),

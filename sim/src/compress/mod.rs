@@ -83,6 +83,17 @@ pub enum Aggregation {
     ParameterServer,
 }
 
+impl Aggregation {
+    /// The rule as messages name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Aggregation::Allreduce => "allreduce",
+            Aggregation::Allgather => "allgather",
+            Aggregation::ParameterServer => "parameter server",
+        }
+    }
+}
+
 const SUMMABLE: &[Aggregation] = &[Aggregation::Allreduce, Aggregation::ParameterServer];
 const GATHERED: &[Aggregation] = &[Aggregation::Allgather, Aggregation::ParameterServer];
 const ALLREDUCE_ONLY: &[Aggregation] = &[Aggregation::Allreduce];

@@ -286,7 +286,9 @@ pub fn lower_group(model: &ModelProfile, world: World, g: usize, group: &Group) 
     let parts = u64::from(group.partitions);
     let aggregation = group.aggregation();
     let round_bytes = round_shares(model, group);
-    let shapes: Option<Vec<Vec<u64>>> = (parts == 1).then(|| {
+    // Only PowerSGD compresses by shape, and only a whole group (a partition is a flat slice).
+    let by_shape = matches!(group.compressor, Compressor::PowerSgd { .. }) && parts == 1;
+    let shapes: Option<Vec<Vec<u64>>> = by_shape.then(|| {
         group
             .tensors
             .iter()

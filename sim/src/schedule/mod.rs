@@ -207,8 +207,8 @@ pub struct Piece {
     #[serde(default, skip_serializing_if = "is_default")]
     pub compress_on: CompressOn,
     pub aggregation: Aggregation,
-    /// Tensor shapes when the piece is a whole group (PowerSGD compresses matrices); a
-    /// partitioned group is a flat slice.
+    /// PowerSGD's tensor shapes when the piece is a whole group (it compresses each matrix);
+    /// none for other compressors and for a partition, a flat slice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<Vec<Vec<u64>>>,
     pub rounds: Vec<Round>,

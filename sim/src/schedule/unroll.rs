@@ -2,6 +2,7 @@
 
 use super::{Schedule, Stream};
 use crate::error::{Result, SimError};
+use crate::limits;
 
 /// One task: a step of the schedule in one iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,8 +64,17 @@ impl Program {
         let per_iteration = steps.len() as u64;
         let total = per_iteration
             .checked_mul(u64::from(iterations))
-            .filter(|&n| n < u64::from(u32::MAX))
-            .ok_or_else(|| limit("the run"))?;
+            .filter(|&n| n <= limits::MAX_TASKS)
+            .ok_or_else(|| {
+                SimError::bad_value(
+                    "--iterations",
+                    iterations,
+                    format!(
+                        "{iterations} iterations of {per_iteration} steps exceed the {} tasks one run may unroll",
+                        limits::MAX_TASKS
+                    ),
+                )
+            })?;
         let collectives = schedule.collectives_per_iteration() as u64;
         u32::try_from(collectives * u64::from(iterations) + 1)
             .map_err(|_| limit("the collectives' positions"))?;

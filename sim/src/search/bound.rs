@@ -17,8 +17,13 @@ const LARGE: u64 = 4 << 30;
 /// multi-GiB sizes, below any real cost.
 pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
     let model = &scenario.model;
+    // The plan's own compute per steady-state iteration: DeAR's updates touch only their shard.
     let compute = SimTime::from_us(
-        (model.forward_time().as_us() + model.backward_time().as_us() + model.optimizer_us)
+        crate::simulate::schedule(scenario, plan)?
+            .steps
+            .iter()
+            .filter_map(|s| s.profiled_us)
+            .sum::<f64>()
             * scenario.compute_scale,
     );
     let world = scenario.cluster.world_size();

@@ -2,34 +2,43 @@
 //! group in two, or give a group another compressor; steepest descent under an evaluation budget.
 
 use super::{Choice, Search, SearchSpace};
-use crate::error::Result;
 use crate::plan::Plan;
 use crate::time::SimTime;
 
-/// Most plans local search scores in total.
+/// Most plans local search scores in total, for models of up to [`FULL_BUDGET_TENSORS`]
+/// tensors; larger models get proportionally fewer (each plan costs more to simulate).
 const BUDGET: usize = 3000;
+const FULL_BUDGET_TENSORS: usize = super::surrogate::MAX_UNITS;
+/// The fewest plans local search may score.
+const MIN_BUDGET: usize = 100;
 
 pub(super) fn improve(
     search: &Search,
     start: (Plan, SimTime),
     choices: &[Choice],
     space: SearchSpace,
-) -> Result<(Plan, SimTime)> {
+) -> (Plan, SimTime) {
+    let tensors = search.base.model.num_tensors();
+    let budget = if tensors <= FULL_BUDGET_TENSORS {
+        BUDGET
+    } else {
+        (BUDGET * FULL_BUDGET_TENSORS / tensors).max(MIN_BUDGET)
+    };
     let mut best = start;
     let mut spent = 0;
-    while spent < BUDGET {
+    while spent < budget {
         let mut moves = neighbours(&best.0, choices, space);
-        moves.truncate(BUDGET - spent);
+        moves.truncate(budget - spent);
         if moves.is_empty() {
             break;
         }
         spent += moves.len();
-        match super::fastest(search.evaluate_all(moves)?) {
+        match super::fastest(search.evaluate_all(moves)) {
             Some(found) if found.1 < best.1 => best = found,
             _ => break,
         }
     }
-    Ok(best)
+    best
 }
 
 /// Whether every group is a run of consecutive tensors in backward order, groups in order.

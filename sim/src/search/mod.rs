@@ -23,6 +23,7 @@ use crate::strategy::{plan_order, Strategy, StrategyOptions};
 use crate::time::SimTime;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Compressors `--compressor auto` considers: the casts, the low-rank, sparsifying and sign
 /// families.
@@ -91,11 +92,11 @@ pub struct TuneRequest {
     pub options: StrategyOptions,
 }
 
-/// A baseline strategy's time on the same scenario.
+/// A baseline strategy's time on the same scenario, or why it cannot run there.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Baseline {
     pub strategy: String,
-    pub iteration_time: SimTime,
+    pub iteration_time: std::result::Result<SimTime, String>,
 }
 
 /// The outcome of a search.
@@ -105,19 +106,26 @@ pub struct TuneResult {
     pub iteration_time: SimTime,
     pub lower_bound: SimTime,
     pub plans_evaluated: u64,
+    /// Candidates that could not run (a compressor its scheme cannot carry, …): skipped.
+    pub infeasible: u64,
+    /// Why the first skipped candidate could not run.
+    pub infeasible_example: Option<String>,
     pub baselines: Vec<Baseline>,
 }
 
-/// Shared state of a search: the scenario, the evaluation counter and the progress callback.
+/// Shared state of a search: the scenario, the evaluation counters and the progress callback.
 struct Search<'a> {
     base: &'a Scenario,
     evaluated: AtomicU64,
+    infeasible: AtomicU64,
+    first_infeasible: Mutex<Option<String>>,
     progress: &'a (dyn Fn(u64) + Sync),
 }
 
 impl Search<'_> {
-    /// Scores plans on both cores; results come back in input order.
-    fn evaluate_all(&self, plans: Vec<Plan>) -> Result<Vec<(Plan, SimTime)>> {
+    /// Scores plans on both cores, in input order; a plan that cannot run is skipped and
+    /// counted, never fatal.
+    fn evaluate_all(&self, plans: Vec<Plan>) -> Vec<(Plan, SimTime)> {
         plans
             .into_par_iter()
             // Few, large batches: each batch clones the scenario once for its evaluator.
@@ -125,12 +133,21 @@ impl Search<'_> {
             .map_init(
                 || Evaluator::new(self.base.clone()),
                 |evaluator, plan| {
-                    let time = evaluator.iteration_time(&plan)?;
+                    let time = evaluator.iteration_time(&plan);
                     let done = self.evaluated.fetch_add(1, Ordering::Relaxed) + 1;
                     (self.progress)(done);
-                    Ok((plan, time))
+                    match time {
+                        Ok(time) => Some((plan, time)),
+                        Err(err) => {
+                            self.infeasible.fetch_add(1, Ordering::Relaxed);
+                            let mut first = self.first_infeasible.lock().expect("a search lock");
+                            first.get_or_insert_with(|| err.to_string());
+                            None
+                        }
+                    }
                 },
             )
+            .flatten()
             .collect()
     }
 }
@@ -150,6 +167,8 @@ pub fn tune(
     let search = Search {
         base,
         evaluated: AtomicU64::new(0),
+        infeasible: AtomicU64::new(0),
+        first_infeasible: Mutex::new(None),
         progress,
     };
     let uniform = match request.space {
@@ -161,19 +180,42 @@ pub fn tune(
         choices.extend(request.compressors.iter().copied());
     }
 
-    // (1) Baselines.
-    let baseline_plans = baselines(base, request, uniform)?;
-    let names: Vec<String> = baseline_plans.iter().map(|p| p.strategy.clone()).collect();
-    let scored = search.evaluate_all(baseline_plans)?;
-    let baselines: Vec<Baseline> = names
-        .into_iter()
-        .zip(&scored)
-        .map(|(strategy, (_, time))| Baseline {
+    // (1) Baselines: each runs, or says why it cannot.
+    let mut baselines = Vec::new();
+    let mut scored = Vec::new();
+    for (strategy, plan) in baselines_of(base, request, uniform)? {
+        let time = plan.and_then(|plan| {
+            let mut evaluator = Evaluator::new(base.clone());
+            let time = evaluator.iteration_time(&plan)?;
+            scored.push((plan, time));
+            Ok(time)
+        });
+        search.evaluated.fetch_add(1, Ordering::Relaxed);
+        baselines.push(Baseline {
             strategy,
-            iteration_time: *time,
-        })
-        .collect();
-    let mut best = fastest(scored).expect("there is always a baseline");
+            iteration_time: time.map_err(|e| e.to_string()),
+        });
+    }
+    let mut best = fastest(scored).ok_or_else(|| {
+        let reasons: Vec<String> = baselines
+            .iter()
+            .map(|b| {
+                format!(
+                    "{}: {}",
+                    b.strategy,
+                    b.iteration_time.as_ref().err().map_or("", String::as_str)
+                )
+            })
+            .collect();
+        SimError::bad_value(
+            "--compressor",
+            "(every baseline)",
+            format!(
+                "no baseline strategy can run this scenario: {}",
+                reasons.join("; ")
+            ),
+        )
+    })?;
 
     // (2) Every group count, boundaries and compressors by the surrogate's DP.
     if request.space != SearchSpace::Compression {
@@ -193,7 +235,7 @@ pub fn tune(
                 contiguous_plan(base, groups)
             })
             .collect();
-        if let Some(found) = fastest(search.evaluate_all(candidates)?) {
+        if let Some(found) = fastest(search.evaluate_all(candidates)) {
             best = keep_faster(best, found);
         }
         // (3) Thresholds of the fusing strategies.
@@ -203,13 +245,15 @@ pub fn tune(
     }
 
     // (4) Local search from the best so far.
-    let best = local::improve(&search, best, &choices, request.space)?;
+    let best = local::improve(&search, best, &choices, request.space);
     let lower_bound = lower_bound(base, &best.0)?;
     Ok(TuneResult {
         plan: best.0,
         iteration_time: best.1,
         lower_bound,
         plans_evaluated: search.evaluated.load(Ordering::Relaxed),
+        infeasible: search.infeasible.load(Ordering::Relaxed),
+        infeasible_example: search.first_infeasible.into_inner().expect("a search lock"),
         baselines,
     })
 }
@@ -223,8 +267,13 @@ fn keep_faster(best: (Plan, SimTime), other: (Plan, SimTime)) -> (Plan, SimTime)
 }
 
 /// The strategies a tuned plan is compared with (and starts from): the fusion strategies with
-/// the uniform compressor, and the compressing systems when compressors are searched.
-fn baselines(base: &Scenario, request: &TuneRequest, uniform: Option<Choice>) -> Result<Vec<Plan>> {
+/// the uniform compressor, and the compressing systems when compressors are searched. Each
+/// comes with its plan, or with why it cannot make one for this compressor.
+fn baselines_of(
+    base: &Scenario,
+    request: &TuneRequest,
+    uniform: Option<Choice>,
+) -> Result<Vec<(String, Result<Plan>)>> {
     let (compressor, memory) = uniform.unwrap_or((Compressor::None, Memory::None));
     let options = StrategyOptions {
         compressor,
@@ -243,12 +292,20 @@ fn baselines(base: &Scenario, request: &TuneRequest, uniform: Option<Choice>) ->
     if base.cluster.nodes > 1 {
         strategies.push("ps");
     }
-    let mut plans: Vec<Plan> = strategies
+    let plan = |name: &str, options: &StrategyOptions| -> Result<(String, Result<Plan>)> {
+        let strategy: Strategy = name.parse()?;
+        // A plan the strategy makes but the compressor cannot run (DeAR's all-gather with a
+        // gathered payload) is as unusable as one it cannot make.
+        let plan = strategy.plan(base, options).and_then(|plan| {
+            plan.validate(&format!("strategy {name}"), &base.model)?;
+            Ok(plan)
+        });
+        Ok((name.to_string(), plan))
+    };
+    let mut plans = strategies
         .into_iter()
-        .map(|s| s.parse::<Strategy>()?.plan(base, &options))
-        .collect::<Result<_>>()?;
-    // DeAR's all-gather cannot carry payloads that need gathering; skip it there.
-    plans.retain(|plan| plan.validate("baseline", &base.model).is_ok());
+        .map(|s| plan(s, &options))
+        .collect::<Result<Vec<_>>>()?;
     if request.space != SearchSpace::Fusion {
         if let Some(&(compressor, memory)) = request.compressors.first() {
             let options = StrategyOptions {
@@ -257,7 +314,7 @@ fn baselines(base: &Scenario, request: &TuneRequest, uniform: Option<Choice>) ->
                 ..request.options
             };
             for s in ["mergecomp", "hipress:ring", "hipress:ps", "espresso"] {
-                plans.push(s.parse::<Strategy>()?.plan(base, &options)?);
+                plans.push(plan(s, &options)?);
             }
         }
     }
@@ -325,8 +382,12 @@ fn thresholds(
         for _ in 0..STEPS {
             let left = hi - golden * (hi - lo);
             let right = lo + golden * (hi - lo);
-            let scored = search.evaluate_all(vec![plan_at(left)?, plan_at(right)?])?;
-            if scored[0].1 <= scored[1].1 {
+            let scored = search.evaluate_all(vec![plan_at(left)?, plan_at(right)?]);
+            let [a, b] = scored.as_slice() else {
+                // A threshold whose plan cannot run (counted as infeasible): stop this search.
+                break;
+            };
+            if a.1 <= b.1 {
                 hi = right;
             } else {
                 lo = left;

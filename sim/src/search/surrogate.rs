@@ -11,10 +11,19 @@ use crate::scenario::Scenario;
 /// A compressor and memory a group may use (the first option is always no compression).
 pub type Choice = (Compressor, Memory);
 
+/// Models with more tensors than this are searched over this many byte-balanced blocks of
+/// consecutive tensors: the DP is cubic in its units and its cost table quadratic, so a
+/// 10,000-tensor model would take hours and gigabytes at tensor granularity. Local search
+/// then moves boundaries tensor by tensor.
+pub const MAX_UNITS: usize = 600;
+const BLOCKS: usize = 256;
+
 /// Costs of every contiguous group under every choice, in nanoseconds: `cost[c][a][b]` for the
-/// group of tensors a..=b (backward order). Built once, queried by the DP.
+/// group of units a..=b (backward order). Built once, queried by the DP.
 pub struct Costs {
-    /// Gradient-ready time of each tensor from the start of backward.
+    /// The tensors (first, last) each unit of the DP covers: one tensor each, or a block.
+    units: Vec<(usize, usize)>,
+    /// Gradient-ready time of each unit (its last tensor) from the start of backward.
     ready: Vec<f64>,
     /// (encode, communication, decode) per choice, per start, per end (end ≥ start).
     stages: Vec<Vec<Vec<[f64; 3]>>>,
@@ -23,10 +32,19 @@ pub struct Costs {
 impl Costs {
     pub fn new(scenario: &Scenario, choices: &[Choice]) -> Result<Costs> {
         let model = &scenario.model;
-        let n = model.num_tensors();
-        let ready = crate::strategy::ready_times_us(model)
-            .into_iter()
-            .map(|us| us * 1e3 * scenario.compute_scale)
+        let units: Vec<(usize, usize)> = if model.num_tensors() <= MAX_UNITS {
+            (0..model.num_tensors()).map(|t| (t, t)).collect()
+        } else {
+            crate::strategy::fixed_groups(model, BLOCKS, crate::strategy::GroupingRule::Bytes)?
+                .iter()
+                .map(|g| (g[0], g[g.len() - 1]))
+                .collect()
+        };
+        let n = units.len();
+        let ready_by_tensor = crate::strategy::ready_times_us(model);
+        let ready = units
+            .iter()
+            .map(|&(_, last)| ready_by_tensor[last] * 1e3 * scenario.compute_scale)
             .collect();
         let mut stages = Vec::with_capacity(choices.len());
         for &(compressor, memory) in choices {
@@ -35,7 +53,7 @@ impl Costs {
                 let mut by_end = Vec::with_capacity(n - a);
                 for b in a..n {
                     let group = Group {
-                        tensors: (a..=b).collect(),
+                        tensors: (units[a].0..=units[b].1).collect(),
                         compressor,
                         memory,
                         compress_on: CompressOn::Gpu,
@@ -50,22 +68,22 @@ impl Costs {
             }
             stages.push(by_start);
         }
-        Ok(Costs { ready, stages })
+        Ok(Costs {
+            units,
+            ready,
+            stages,
+        })
     }
 
     fn stage(&self, choice: usize, a: usize, b: usize) -> [f64; 3] {
         self.stages[choice][a][b - a]
     }
 
-    pub fn tensors(&self) -> usize {
-        self.ready.len()
-    }
-
     /// For every group count y (index y-1), the partition into y contiguous groups and the
     /// per-group choice that finish synchronization earliest under the surrogate: groups as
     /// (first tensor, last tensor, choice).
     pub fn best_per_group_count(&self, choices: usize) -> Vec<Vec<(usize, usize, usize)>> {
-        let n = self.tensors();
+        let n = self.units.len();
         // end[y][b]: earliest time the link is free after y groups covering tensors 0..=b;
         // from[y][b]: (start of the last group, its choice). Later link-free times never help
         // later groups (the recurrence is monotone), so the minimum is optimal.
@@ -111,6 +129,9 @@ impl Costs {
                 }
                 groups.reverse();
                 groups
+                    .into_iter()
+                    .map(|(a, b, c)| (self.units[a].0, self.units[b].1, c))
+                    .collect()
             })
             .collect()
     }

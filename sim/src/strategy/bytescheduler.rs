@@ -3,10 +3,11 @@
 //! before its next forward.
 
 use super::{partitioned_by_layer, StrategyOptions};
+use crate::error::Result;
 use crate::model::ModelProfile;
 use crate::plan::{Launch, Plan, Policy, Scheme};
 
-pub(super) fn plan(name: &str, model: &ModelProfile, options: &StrategyOptions) -> Plan {
+pub(super) fn plan(name: &str, model: &ModelProfile, options: &StrategyOptions) -> Result<Plan> {
     let policy = Policy {
         launch: Launch::Priority,
         comm_streams: options.credit.max(1),
@@ -14,10 +15,10 @@ pub(super) fn plan(name: &str, model: &ModelProfile, options: &StrategyOptions) 
         overlap_forward: true,
         ps_servers: 0,
     };
-    Plan::new(
+    Ok(Plan::new(
         name,
         model,
-        partitioned_by_layer(model, options, Scheme::Auto),
+        partitioned_by_layer(model, options, Scheme::Auto)?,
         policy,
-    )
+    ))
 }

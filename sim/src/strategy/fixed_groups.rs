@@ -22,11 +22,7 @@ impl fmt::Display for GroupingRule {
     }
 }
 
-pub(super) fn groups(
-    model: &ModelProfile,
-    count: usize,
-    rule: GroupingRule,
-) -> Result<Vec<Vec<usize>>> {
+pub fn groups(model: &ModelProfile, count: usize, rule: GroupingRule) -> Result<Vec<Vec<usize>>> {
     let n = model.num_tensors();
     if count == 0 || count > n {
         return Err(SimError::bad_value(

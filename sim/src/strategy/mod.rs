@@ -11,7 +11,7 @@ mod mergecomp;
 mod mgwfbp;
 mod ps;
 
-pub use fixed_groups::GroupingRule;
+pub use fixed_groups::{groups as fixed_groups, GroupingRule};
 
 use crate::compress::{Compressor, Memory};
 use crate::error::{Result, SimError};
@@ -261,14 +261,14 @@ impl Strategy {
                     ..plan_order(0.0)
                 },
             ),
-            Strategy::ByteScheduler => bytescheduler::plan(&name, model, options),
-            Strategy::BytePs => ps::plan(&name, model, options, 0),
+            Strategy::ByteScheduler => bytescheduler::plan(&name, model, options)?,
+            Strategy::BytePs => ps::plan(&name, model, options, 0)?,
             Strategy::Ps => ps::plan(
                 &name,
                 model,
                 options,
                 options.ps_servers.max(scenario.cluster.nodes),
-            ),
+            )?,
             Strategy::MergeComp => mergecomp::plan(&name, scenario, options)?,
             Strategy::HiPress(topology) => hipress::plan(&name, scenario, options, topology)?,
             Strategy::Espresso => espresso::plan(&name, scenario, options)?,
@@ -330,17 +330,28 @@ fn partitioned_by_layer(
     model: &ModelProfile,
     options: &StrategyOptions,
     scheme: Scheme,
-) -> Vec<Group> {
+) -> Result<Vec<Group>> {
     let mut groups = uniform_groups(per_tensor(model), options, scheme);
+    let mut pieces = 0u64;
     for group in &mut groups {
         let tensor = &model.tensors[group.tensors[0]];
         let bytes = tensor.numel * tensor.dtype.bytes();
-        group.partitions = bytes
-            .div_ceil(options.partition_bytes.max(1))
-            .clamp(1, u64::from(u32::MAX)) as u32;
+        let parts = bytes.div_ceil(options.partition_bytes.max(1)).max(1);
+        pieces += parts;
+        if pieces > crate::limits::MAX_PIECES {
+            return Err(SimError::bad_value(
+                "--partition-mb",
+                format!("{} bytes", options.partition_bytes),
+                format!(
+                    "splits the model into more than {} partitions (each a collective per iteration): use larger partitions",
+                    crate::limits::MAX_PIECES
+                ),
+            ));
+        }
+        group.partitions = parts as u32;
         group.priority = tensor.registration_index as i64;
     }
-    groups
+    Ok(groups)
 }
 
 /// Compressing strategies need a compressor to apply.

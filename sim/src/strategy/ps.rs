@@ -3,6 +3,7 @@
 //! partitions by layer priority with a credit, as BytePS does.
 
 use super::{partitioned_by_layer, StrategyOptions};
+use crate::error::Result;
 use crate::model::ModelProfile;
 use crate::plan::{Launch, Plan, Policy, Scheme};
 
@@ -12,7 +13,7 @@ pub(super) fn plan(
     model: &ModelProfile,
     options: &StrategyOptions,
     servers: u32,
-) -> Plan {
+) -> Result<Plan> {
     let policy = Policy {
         launch: Launch::Priority,
         comm_streams: options.credit.max(1),
@@ -20,10 +21,10 @@ pub(super) fn plan(
         overlap_forward: false,
         ps_servers: servers,
     };
-    Plan::new(
+    Ok(Plan::new(
         name,
         model,
-        partitioned_by_layer(model, options, Scheme::Ps),
+        partitioned_by_layer(model, options, Scheme::Ps)?,
         policy,
-    )
+    ))
 }

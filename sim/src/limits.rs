@@ -1,0 +1,120 @@
+//! What this build accepts: every time, rate, size and count that enters the simulator is bounded here, so that no arithmetic can overflow, and an input out of range is an error that names its limit.
+//!
+//! The bounds are far beyond any real training job and small enough that sums over every task
+//! of a run stay within integer nanoseconds (2^64 ns is 584 years).
+
+use crate::error::{Result, SimError};
+
+/// Longest duration any single input may state (a task's time, a latency, a cycle): 10^12 µs,
+/// about 11.6 days.
+pub const MAX_DURATION_US: f64 = 1e12;
+/// Most elements in one tensor: 2^40 (4 TiB of fp32).
+pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 40;
+/// Most elements in one model: 2^44.
+pub const MAX_MODEL_ELEMENTS: u64 = 1 << 44;
+/// Largest per-element cost of a kernel curve, in ns (10 µs per element).
+pub const MAX_NS_PER_ELEMENT: f64 = 1e4;
+/// Most tensors in one model.
+pub const MAX_TENSORS: usize = 1 << 20;
+/// Slowest and fastest link or processing rate, in Gb/s or GB/s: 1 Mb/s to 10^7 Gb/s.
+pub const MIN_RATE: f64 = 1e-3;
+pub const MAX_RATE: f64 = 1e7;
+/// Most ranks of a cluster (nodes × GPUs per node).
+pub const MAX_RANKS: u64 = 1 << 20;
+/// Most partitions of all groups of a plan together: every one is a collective per iteration.
+pub const MAX_PIECES: u64 = 1 << 20;
+/// Most communication streams of a plan.
+pub const MAX_COMM_STREAMS: u32 = 64;
+/// Most tasks one run unrolls (iterations × steps per iteration).
+pub const MAX_TASKS: u64 = 20_000_000;
+/// Most (rank, task) pairs the explicit path tracks.
+pub const MAX_RANK_TASKS: u64 = 1 << 31;
+/// Largest slowdown factor of a straggler, and largest jitter coefficient of variation.
+pub const MAX_SLOWDOWN: f64 = 1e3;
+pub const MAX_JITTER_CV: f64 = 10.0;
+
+/// A number as messages show it: plain when ordinary, in scientific notation when huge or tiny
+/// (so that `1e300` does not print as three hundred digits).
+pub fn num(value: f64) -> String {
+    let magnitude = value.abs();
+    if value.is_finite() && magnitude != 0.0 && !(1e-4..1e9).contains(&magnitude) {
+        format!("{value:e}")
+    } else {
+        value.to_string()
+    }
+}
+
+/// Err unless `value` is a duration in µs within 0..=MAX_DURATION_US.
+pub fn check_duration_us(label: &str, field: &str, value: f64) -> Result<()> {
+    if value.is_finite() && (0.0..=MAX_DURATION_US).contains(&value) {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            field,
+            format!(
+                "a duration is 0 to {MAX_DURATION_US:e} µs, got {}",
+                num(value)
+            ),
+        ))
+    }
+}
+
+/// Err unless `value` is a rate within MIN_RATE..=MAX_RATE (`unit` names it in the message).
+pub fn check_rate(label: &str, field: &str, value: f64, unit: &str) -> Result<()> {
+    if value.is_finite() && (MIN_RATE..=MAX_RATE).contains(&value) {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            field,
+            format!(
+                "a rate is {MIN_RATE} to {MAX_RATE:e} {unit}, got {}",
+                num(value)
+            ),
+        ))
+    }
+}
+
+/// The same bound for a command-line flag.
+pub fn flag_rate(flag: &str, value: f64, unit: &str) -> Result<f64> {
+    if value.is_finite() && (MIN_RATE..=MAX_RATE).contains(&value) {
+        Ok(value)
+    } else {
+        Err(SimError::bad_value(
+            flag,
+            num(value),
+            format!("must be {MIN_RATE} to {MAX_RATE:e} {unit}"),
+        ))
+    }
+}
+
+/// A duration flag in µs (already converted from the flag's unit), within 0..=MAX_DURATION_US.
+pub fn flag_duration_us(flag: &str, shown: f64, us: f64) -> Result<f64> {
+    if us.is_finite() && (0.0..=MAX_DURATION_US).contains(&us) {
+        Ok(us)
+    } else {
+        Err(SimError::bad_value(
+            flag,
+            num(shown),
+            format!(
+                "must be zero or positive and at most {:e} s",
+                MAX_DURATION_US / 1e6
+            ),
+        ))
+    }
+}
+
+/// The ranks of `nodes × per_node`, or an error naming the limit.
+pub fn ranks(nodes: u32, per_node: u32, what: &str) -> Result<u32> {
+    let ranks = u64::from(nodes) * u64::from(per_node);
+    if ranks <= MAX_RANKS {
+        Ok(ranks as u32)
+    } else {
+        Err(SimError::bad_value(
+            what,
+            format!("{nodes} nodes × {per_node}"),
+            format!("more than {MAX_RANKS} ranks"),
+        ))
+    }
+}
