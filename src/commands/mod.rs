@@ -3,6 +3,7 @@
 mod collective;
 mod exec;
 mod experiment;
+mod lab;
 mod list;
 mod profile;
 mod simulate;
@@ -32,6 +33,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List { what } => list::run(what),
         Command::Exec(args) => exec::run(&args),
         Command::Validate(args) => validate::run(&args),
+        Command::Lab(command) => lab::run(command),
     }
 }
 
