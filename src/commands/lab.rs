@@ -98,7 +98,9 @@ fn up(args: &LabUpArgs) -> anyhow::Result<()> {
     // An up whose measurement fails leaves nothing behind either.
     let measured = measure_and_fit(args, &made, measure_s, &command, interrupted);
     match measured {
-        Ok((measurements, cluster)) => report_up(args, &made, Some(&measurements), cluster.as_ref()),
+        Ok((measurements, cluster)) => {
+            report_up(args, &made, Some(&measurements), cluster.as_ref())
+        }
         Err(err) => match lab::remove(&made) {
             Ok(()) => Err(err.context(format!("lab `{}` was removed again", made.name))),
             Err(cleanup) => Err(err.context(format!(
@@ -194,8 +196,7 @@ fn report_up(
         } else {
             println!(
                 "allreduce  fp32 over Open MPI, {} ranks, median (min–max) of {} repeats:",
-                m.ranks,
-                m.allreduce[0].seconds.repeats
+                m.ranks, m.allreduce[0].seconds.repeats
             );
             for p in &m.allreduce {
                 println!(
@@ -280,24 +281,39 @@ fn status(args: &LabStatusArgs) -> anyhow::Result<()> {
     println!(
         "lab `{}` ({}): {} Gb/s per direction, burst {} B, delay {} µs, {} on {} ({}), root {}",
         status.name,
-        if status.complete { "complete" } else { "INCOMPLETE: run `syncopate lab down`" },
+        if status.complete {
+            "complete"
+        } else {
+            "INCOMPLETE: run `syncopate lab down`"
+        },
         status.gbps,
         status.burst_bytes,
         status.latency_us,
         status.subnet,
         status.bridge,
-        if status.bridge_exists { "exists" } else { "MISSING" },
+        if status.bridge_exists {
+            "exists"
+        } else {
+            "MISSING"
+        },
         status.root_address
     );
     for (i, node) in status.nodes.iter().enumerate() {
         let counters = |c: &Option<syncopate_exec::lab::shape::Counters>| match c {
-            Some(c) => format!("{} B / {} pkts, {} dropped, {} overlimits", c.bytes, c.packets, c.drops, c.overlimits),
+            Some(c) => format!(
+                "{} B / {} pkts, {} dropped, {} overlimits",
+                c.bytes, c.packets, c.drops, c.overlimits
+            ),
             None => "no shaper".into(),
         };
         println!(
             "  node {i}  {}{}  {}  {}  out: {}  in: {}",
             node.namespace,
-            if node.namespace_exists { "" } else { " (MISSING)" },
+            if node.namespace_exists {
+                ""
+            } else {
+                " (MISSING)"
+            },
             node.interface,
             node.address,
             counters(&node.egress),
@@ -375,9 +391,7 @@ fn mpi_sweep(
     repeats: usize,
     timeout: Duration,
 ) -> anyhow::Result<Vec<measure::AllreducePoint>> {
-    as_mpi_rank(|world| {
-        syncopate_exec::mpi::bench::allreduce_sweep(world, sizes, repeats, timeout)
-    })
+    as_mpi_rank(|world| syncopate_exec::mpi::bench::allreduce_sweep(world, sizes, repeats, timeout))
 }
 
 #[cfg(feature = "mpi")]

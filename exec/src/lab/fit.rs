@@ -133,11 +133,7 @@ pub fn cluster(
 /// Fits MPI's per-message overhead (µs) and reduction rate (GB/s) to the sweep: pattern
 /// search in log space from a grid of starts, each candidate scored by the mean relative
 /// error of `syncopate_sim::collective`'s prediction. Returns (overhead, rate, error %).
-pub fn fit_mpi(
-    start: &Cluster,
-    sweep: &[AllreducePoint],
-    ranks: u32,
-) -> Result<(f64, f64, f64)> {
+pub fn fit_mpi(start: &Cluster, sweep: &[AllreducePoint], ranks: u32) -> Result<(f64, f64, f64)> {
     let points: Vec<Measurement> = sweep
         .iter()
         .map(|p| Measurement {

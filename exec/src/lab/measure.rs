@@ -341,13 +341,12 @@ pub fn network(lab: &LabState, exe: &SelfExe, options: &ProbeOptions) -> Result<
     let result = client_against(lab, exe, &mut server_process, &server, options, limit_s);
     match result {
         Ok(probe) => {
-            let status =
-                tool::wait_bounded(&mut server_process, Duration::from_secs(10)).map_err(
-                    |message| ExecError::Tool {
-                        command: serve.join(" "),
-                        message,
-                    },
-                );
+            let status = tool::wait_bounded(&mut server_process, Duration::from_secs(10)).map_err(
+                |message| ExecError::Tool {
+                    command: serve.join(" "),
+                    message,
+                },
+            );
             if status.is_err() {
                 tool::kill(&mut server_process);
             }

@@ -206,7 +206,10 @@ pub fn up(spec: &LabSpec, interrupted: &AtomicBool) -> Result<LabState> {
     )?;
     let cpus = preflight::online_cpus()?;
     spec.check(&cpus)?;
+    let lock = state::lock()?;
     refuse_leftovers(spec)?;
+    // A state file that cannot be read has no subnet to avoid; a live lab's bridge address
+    // still keeps its /24 taken (`free_subnet` looks at the root namespace's addresses).
     let others: Vec<LabState> = state::list()?
         .iter()
         .filter(|other| **other != spec.name)
@@ -214,6 +217,8 @@ pub fn up(spec: &LabSpec, interrupted: &AtomicBool) -> Result<LabState> {
         .collect();
     let mut lab = spec.plan(net::free_subnet(&spec.name, &others)?, &cpus);
     lab.claim()?;
+    // From here the state file holds the name and the subnet for every later `up`.
+    drop(lock);
     match build(&mut lab, interrupted) {
         Ok(()) => Ok(lab),
         Err(err) => match remove(&lab) {
@@ -362,9 +367,7 @@ pub fn status(name: &str) -> Result<LabStatus> {
     let mut nodes = Vec::new();
     for node in &lab.nodes {
         let exists = net::namespace_exists(&node.namespace);
-        let has_shaper = |created: &Created| {
-            matches!(created, Created::Qdisc { dev, .. } if *dev == node.interface || *dev == node.bridge_port)
-        };
+        let has_shaper = |created: &Created| matches!(created, Created::Qdisc { dev, .. } if *dev == node.interface || *dev == node.bridge_port);
         let shaped = lab.created.iter().any(has_shaper);
         nodes.push(NodeStatus {
             namespace: node.namespace.clone(),
@@ -440,7 +443,11 @@ mod tests {
         }
         let mut late = spec(2, 1.0);
         late.latency_us = f64::INFINITY;
-        assert!(late.check(&cpus).unwrap_err().to_string().contains("--latency-us"));
+        assert!(late
+            .check(&cpus)
+            .unwrap_err()
+            .to_string()
+            .contains("--latency-us"));
         let mut cores = spec(2, 1.0);
         cores.cores_per_node = Some(3);
         assert!(cores

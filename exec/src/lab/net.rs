@@ -171,7 +171,10 @@ pub fn remove(created: &Created) -> Result<()> {
 pub fn kill_processes(ns: &str) -> Result<usize> {
     let pids = tool::run("ip", &["netns", "pids", ns])?;
     let mut killed = 0;
-    for pid in pids.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+    for pid in pids
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
         // SAFETY: kill has no memory-safety preconditions; a pid that exited meanwhile
         // makes it fail with ESRCH, which is what we want anyway.
         if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {

@@ -76,7 +76,10 @@ pub fn online_cpus() -> Result<Vec<u32>> {
         })?;
     parse_cpu_list(list.trim()).ok_or_else(|| ExecError::Lab {
         lab: String::new(),
-        message: format!("cannot read the CPU list `{}` of /proc/self/status", list.trim()),
+        message: format!(
+            "cannot read the CPU list `{}` of /proc/self/status",
+            list.trim()
+        ),
     })
 }
 

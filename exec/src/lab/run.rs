@@ -275,7 +275,10 @@ fn spawn(
     if let Some(out) = child.stdout.take() {
         let (prefix, captured) = (format!("[{label}] "), Arc::clone(captured));
         readers.push(std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(std::result::Result::ok) {
+            for line in BufReader::new(out)
+                .lines()
+                .map_while(std::result::Result::ok)
+            {
                 match output {
                     Output::Capture => {
                         let mut text = captured.lock().expect("capture lock");
@@ -292,7 +295,10 @@ fn spawn(
     if let Some(err) = child.stderr.take() {
         let (prefix, kept) = (format!("[{label}] "), Arc::clone(&stderr));
         readers.push(std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(std::result::Result::ok) {
+            for line in BufReader::new(err)
+                .lines()
+                .map_while(std::result::Result::ok)
+            {
                 let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
                 let mut text = kept.lock().expect("stderr lock");
                 text.push_str(&line);
@@ -396,7 +402,11 @@ fn failure(process: &Process, exit: ExitStatus) -> ExecError {
             message: format!("{what}; its messages are above"),
         };
     }
-    match process.label.strip_prefix("rank ").and_then(|r| r.parse().ok()) {
+    match process
+        .label
+        .strip_prefix("rank ")
+        .and_then(|r| r.parse().ok())
+    {
         Some(rank) => ExecError::Rank {
             rank,
             message: what,
@@ -422,7 +432,10 @@ fn mpirun_failed_rank(stderr: &str) -> Option<(u32, String)> {
     let lines: Vec<&str> = stderr.lines().map(str::trim).collect();
     for (i, line) in lines.iter().enumerate() {
         if let Some(name) = line.strip_prefix("Process name: [[") {
-            let rank = name.split(',').nth(1)?.trim_start_matches(|c: char| !c.is_ascii_digit());
+            let rank = name
+                .split(',')
+                .nth(1)?
+                .trim_start_matches(|c: char| !c.is_ascii_digit());
             let rank: u32 = rank.trim_end_matches(']').parse().ok()?;
             let code = lines
                 .get(i + 1)

@@ -35,7 +35,9 @@ const QUANTUM_BYTES: u64 = 60_000;
 /// Whether this kernel has the netem qdisc, probed on the loopback of namespace `ns` (a probe
 /// that leaves nothing behind: the qdisc is removed at once).
 pub fn netem_available(ns: &str) -> Result<bool> {
-    let add = ["-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1us"];
+    let add = [
+        "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1us",
+    ];
     let (status, _, stderr) = tool::output("tc", &add)?;
     if status.success() {
         tool::run("tc", &["-n", ns, "qdisc", "del", "dev", "lo", "root"])?;
@@ -52,12 +54,7 @@ pub fn netem_available(ns: &str) -> Result<bool> {
 
 /// Shapes the egress of `dev` (inside `namespace` when given) to the lab's rate and burst,
 /// adding the lab's delay when `delay` is set.
-pub fn shape(
-    state: &mut LabState,
-    namespace: Option<&str>,
-    dev: &str,
-    delay: bool,
-) -> Result<()> {
+pub fn shape(state: &mut LabState, namespace: Option<&str>, dev: &str, delay: bool) -> Result<()> {
     let tc = |args: &[&str]| -> Result<String> {
         let mut all: Vec<&str> = Vec::new();
         if let Some(ns) = namespace {
@@ -66,7 +63,9 @@ pub fn shape(
         all.extend(args);
         tool::run("tc", &all)
     };
-    tc(&["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"])?;
+    tc(&[
+        "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1",
+    ])?;
     state.record(Created::Qdisc {
         namespace: namespace.map(str::to_string),
         dev: dev.to_string(),
@@ -75,20 +74,19 @@ pub fn shape(
     let burst = state.burst_bytes.to_string();
     let quantum = QUANTUM_BYTES.to_string();
     tc(&[
-        "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", &rate,
-        "ceil", &rate, "burst", &burst, "cburst", &burst, "quantum", &quantum,
+        "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", &rate, "ceil",
+        &rate, "burst", &burst, "cburst", &burst, "quantum", &quantum,
     ])?;
     let limit = QUEUE_PACKETS.to_string();
     if delay {
         let delay = format!("{}us", state.latency_us);
         tc(&[
-            "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
-            &delay, "limit", &limit,
+            "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay", &delay,
+            "limit", &limit,
         ])?;
     } else {
         tc(&[
-            "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo", "limit",
-            &limit,
+            "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo", "limit", &limit,
         ])?;
     }
     Ok(())
@@ -118,7 +116,10 @@ pub fn counters(namespace: Option<&str>, dev: &str) -> Result<Counters> {
     let text = tool::run("tc", &args)?;
     parse_counters(&text).ok_or_else(|| ExecError::Tool {
         command: tool::command_line("tc", &args),
-        message: format!("no HTB root qdisc with counters in its output: {}", text.trim()),
+        message: format!(
+            "no HTB root qdisc with counters in its output: {}",
+            text.trim()
+        ),
     })
 }
 

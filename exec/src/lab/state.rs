@@ -68,6 +68,46 @@ pub struct LabState {
     pub complete: bool,
 }
 
+/// An exclusive lock over all labs' state files, held while a lab picks its subnet and claims
+/// its name, so that two `lab up`s at once cannot pick the same /24. Released when dropped.
+pub struct Lock {
+    /// Closing the file releases the lock.
+    _file: std::fs::File,
+}
+
+/// How long `lock` waits for another `lab up` to finish claiming.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+pub fn lock() -> Result<Lock> {
+    use std::os::fd::AsRawFd;
+    let path = Path::new(STATE_DIR).join(".lock");
+    let io = |what: String| move |source| ExecError::Io { what, source };
+    std::fs::create_dir_all(STATE_DIR).map_err(io(format!("creating {STATE_DIR}")))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io(format!("opening {}", path.display())))?;
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(Lock { _file: file });
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(ExecError::Io {
+                what: format!(
+                    "locking {} (another `syncopate lab up` holds it)",
+                    path.display()
+                ),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// The state file of the lab called `name`.
 pub fn path(name: &str) -> PathBuf {
     Path::new(STATE_DIR).join(format!("lab-{name}.json"))

@@ -146,7 +146,9 @@ mod tests {
     #[test]
     fn a_missing_tool_is_an_error_naming_it() {
         let err = run("syncopate-no-such-tool", &[]).unwrap_err();
-        assert!(err.to_string().contains("cannot start `syncopate-no-such-tool`"));
+        assert!(err
+            .to_string()
+            .contains("cannot start `syncopate-no-such-tool`"));
         assert!(!on_path("syncopate-no-such-tool"));
         assert!(on_path("sh"));
     }

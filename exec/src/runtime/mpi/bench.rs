@@ -29,12 +29,9 @@ pub fn check(sizes: &[u64], repeats: usize, timeout: Duration) -> Result<()> {
         return Err(SimError::bad_value("--sizes", "(none)", "give at least one size").into());
     }
     if repeats == 0 || repeats > MAX_REPEATS {
-        return Err(SimError::bad_value(
-            "--repeats",
-            repeats,
-            format!("from 1 to {MAX_REPEATS}"),
-        )
-        .into());
+        return Err(
+            SimError::bad_value("--repeats", repeats, format!("from 1 to {MAX_REPEATS}")).into(),
+        );
     }
     if timeout.is_zero() {
         return Err(SimError::bad_value("--timeout-s", 0, "operations need time").into());

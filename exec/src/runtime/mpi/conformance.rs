@@ -71,7 +71,10 @@ fn gradient(rank: u32, inputs: Inputs) -> Vec<f32> {
 }
 
 /// Every rank's result of `work` on the host mesh, ranks as threads.
-fn on_host<T: Send>(world: u32, work: impl Fn(&Mesh, &AtomicBool) -> Result<T> + Sync) -> Result<Vec<T>> {
+fn on_host<T: Send>(
+    world: u32,
+    work: impl Fn(&Mesh, &AtomicBool) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
     let abort = AtomicBool::new(false);
     let ends = meshes(1, world, Duration::from_secs(30))
         .pop()
@@ -119,7 +122,12 @@ fn decoded(c: Compressor, payload: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-fn allreduce_matches(stream: &Stream, c: Compressor, inputs: Inputs, abort: &AtomicBool) -> Result<String> {
+fn allreduce_matches(
+    stream: &Stream,
+    c: Compressor,
+    inputs: Inputs,
+    abort: &AtomicBool,
+) -> Result<String> {
     let (p, r) = (stream.world, stream.rank);
     let check = format!("allreduce {c} ({inputs:?})");
     let codec = codec_for(&c, 0);
@@ -135,11 +143,17 @@ fn allreduce_matches(stream: &Stream, c: Compressor, inputs: Inputs, abort: &Ato
         if mine != *expected {
             return Err(fail(&check, "differs from the host ring's bytes".into()));
         }
-        return Ok(format!("{check}: bit-identical to the host ring on {p} ranks"));
+        return Ok(format!(
+            "{check}: bit-identical to the host ring on {p} ranks"
+        ));
     }
     let (got, want) = (decoded(c, &mine)?, decoded(c, expected)?);
     let magnitude: Vec<f64> = (0..ELEMENTS)
-        .map(|i| (0..p).map(|q| f64::from(gradient(q, inputs)[i]).abs()).sum())
+        .map(|i| {
+            (0..p)
+                .map(|q| f64::from(gradient(q, inputs)[i]).abs())
+                .sum()
+        })
         .collect();
     let bound = 2.0 * f64::from(p - 1) * roundoff(c);
     for i in 0..ELEMENTS {
@@ -149,11 +163,18 @@ fn allreduce_matches(stream: &Stream, c: Compressor, inputs: Inputs, abort: &Ato
         if diff > bound * magnitude[i] * 1.01 + f64::EPSILON {
             return Err(fail(
                 &check,
-                format!("element {i}: {} vs the host ring's {} (bound {:.3e})", got[i], want[i], bound * magnitude[i]),
+                format!(
+                    "element {i}: {} vs the host ring's {} (bound {:.3e})",
+                    got[i],
+                    want[i],
+                    bound * magnitude[i]
+                ),
             ));
         }
     }
-    Ok(format!("{check}: within 2(p−1)·u·Σ|x| of the host ring on {p} ranks"))
+    Ok(format!(
+        "{check}: within 2(p−1)·u·Σ|x| of the host ring on {p} ranks"
+    ))
 }
 
 /// reduce-scatter then allgather_chunks: the same owned chunk and the same final sum as the
@@ -179,24 +200,38 @@ fn halves_match(stream: &Stream, c: Compressor, abort: &AtomicBool) -> Result<St
     let owned = (r as usize + 1) % p as usize;
     let range = (elements * owned / p as usize) * e..(elements * (owned + 1) / p as usize) * e;
     if after_half[range.clone()] != host_half[range] {
-        return Err(fail(&check, "the owned chunk differs from the host ring's".into()));
+        return Err(fail(
+            &check,
+            "the owned chunk differs from the host ring's".into(),
+        ));
     }
     if mine != *host_full {
-        return Err(fail(&check, "the gathered result differs from the host ring's".into()));
+        return Err(fail(
+            &check,
+            "the gathered result differs from the host ring's".into(),
+        ));
     }
-    Ok(format!("{check}: owned chunk (r+1 mod p) and result bit-identical to the host ring"))
+    Ok(format!(
+        "{check}: owned chunk (r+1 mod p) and result bit-identical to the host ring"
+    ))
 }
 
 fn allgather_matches(stream: &Stream, abort: &AtomicBool) -> Result<String> {
     let (p, r) = (stream.world, stream.rank);
-    let block = |rank: u32| -> Vec<u8> { (0..rank as usize * 37 + 5).map(|i| (i as u8) ^ rank as u8).collect() };
+    let block = |rank: u32| -> Vec<u8> {
+        (0..rank as usize * 37 + 5)
+            .map(|i| (i as u8) ^ rank as u8)
+            .collect()
+    };
     let got = stream.allgather(block(r), abort)?;
     let host = on_host(p, |mesh, abort| mesh.allgather(block(mesh.rank), abort))?;
     if got != host[r as usize] {
         return Err(fail("allgather", "differs from the host ring's".into()));
     }
     let sizes: Vec<usize> = got.iter().map(Vec::len).collect();
-    Ok(format!("allgather of unequal sizes {sizes:?}: identical to the host ring"))
+    Ok(format!(
+        "allgather of unequal sizes {sizes:?}: identical to the host ring"
+    ))
 }
 
 fn push_pull_matches(stream: &Stream, abort: &AtomicBool) -> Result<String> {
@@ -206,26 +241,52 @@ fn push_pull_matches(stream: &Stream, abort: &AtomicBool) -> Result<String> {
     let push = |rank: u32| -> Result<Vec<u8>> { encoded(c, &gradient(rank, Inputs::Random)) };
     let mut codec: Box<dyn Codec> = codec_for(&c, 0);
     let mut server_codec: Box<dyn Codec> = codec_for(&c, 0);
-    let got = stream.push_pull(push(r)?, server, &mut *codec, &mut *server_codec, ELEMENTS, abort)?;
+    let got = stream.push_pull(
+        push(r)?,
+        server,
+        &mut *codec,
+        &mut *server_codec,
+        ELEMENTS,
+        abort,
+    )?;
     let host = on_host(p, |mesh, abort| {
         let (mut codec, mut server_codec) = (codec_for(&c, 0), codec_for(&c, 0));
-        mesh.push_pull(push(mesh.rank)?, server, &mut *codec, &mut *server_codec, ELEMENTS, abort)
+        mesh.push_pull(
+            push(mesh.rank)?,
+            server,
+            &mut *codec,
+            &mut *server_codec,
+            ELEMENTS,
+            abort,
+        )
     })?;
     if got != host[r as usize] {
-        return Err(fail("push/pull", "the pulled payload differs from the host's".into()));
+        return Err(fail(
+            "push/pull",
+            "the pulled payload differs from the host's".into(),
+        ));
     }
-    Ok(format!("push/pull with {c} through server rank {server}: pulled payload identical to the host's"))
+    Ok(format!(
+        "push/pull with {c} through server rank {server}: pulled payload identical to the host's"
+    ))
 }
 
 fn broadcast_matches(stream: &Stream, abort: &AtomicBool) -> Result<String> {
     let root = 1;
     let sent: Vec<u8> = (0..777u32).map(|i| (i * 3) as u8).collect();
-    let mut payload = if stream.rank == root { sent.clone() } else { Vec::new() };
+    let mut payload = if stream.rank == root {
+        sent.clone()
+    } else {
+        Vec::new()
+    };
     stream.broadcast(&mut payload, root as usize, abort)?;
     if payload != sent {
         return Err(fail("broadcast", "a rank received other bytes".into()));
     }
-    Ok(format!("broadcast of {} bytes from rank {root}", sent.len()))
+    Ok(format!(
+        "broadcast of {} bytes from rank {root}",
+        sent.len()
+    ))
 }
 
 /// The last rank stays silent past the others' timeout: their barrier must fail in time,
@@ -236,30 +297,46 @@ fn silent_peer_times_out(short: &mut Stream, after: &Stream, abort: &AtomicBool)
     short.timeout = SILENT_TIMEOUT;
     if short.rank == quiet {
         std::thread::sleep(SILENT_TIMEOUT * 2);
-        short.barrier(abort).map_err(|e| fail("silent peer", format!("the late rank's own barrier: {e}")))?;
+        short
+            .barrier(abort)
+            .map_err(|e| fail("silent peer", format!("the late rank's own barrier: {e}")))?;
     } else {
         let start = Instant::now();
         let err = match short.barrier(abort) {
-            Ok(()) => return Err(fail("silent peer", "the barrier completed without the silent rank".into())),
+            Ok(()) => {
+                return Err(fail(
+                    "silent peer",
+                    "the barrier completed without the silent rank".into(),
+                ))
+            }
             Err(err) => err,
         };
         let waited = start.elapsed();
         if waited > SILENT_TIMEOUT + Duration::from_millis(500) || waited < SILENT_TIMEOUT {
-            return Err(fail("silent peer", format!("gave up after {waited:?}, the timeout is {SILENT_TIMEOUT:?}")));
+            return Err(fail(
+                "silent peer",
+                format!("gave up after {waited:?}, the timeout is {SILENT_TIMEOUT:?}"),
+            ));
         }
         if !err.to_string().contains("did not complete within") {
             return Err(fail("silent peer", format!("unexpected error: {err}")));
         }
     }
     after.barrier(abort)?;
-    Ok(format!("a rank silent for {:?} makes the others fail within the {SILENT_TIMEOUT:?} timeout", SILENT_TIMEOUT * 2))
+    Ok(format!(
+        "a rank silent for {:?} makes the others fail within the {SILENT_TIMEOUT:?} timeout",
+        SILENT_TIMEOUT * 2
+    ))
 }
 
 /// `victim` dies with SIGKILL at the start of an allreduce; the survivors' allreduce must end
 /// in an error within the stream's timeout (unless the launcher ends them first).
 fn killed_peer(stream: &Stream, victim: u32, abort: &AtomicBool) -> Result<Vec<String>> {
     if victim >= stream.world {
-        return Err(fail("killed peer", format!("--kill-rank {victim} is not a rank of {}", stream.world)));
+        return Err(fail(
+            "killed peer",
+            format!("--kill-rank {victim} is not a rank of {}", stream.world),
+        ));
     }
     stream.barrier(abort)?;
     if stream.rank == victim {
@@ -273,10 +350,17 @@ fn killed_peer(stream: &Stream, victim: u32, abort: &AtomicBool) -> Result<Vec<S
     let start = Instant::now();
     let result = stream.allreduce(&mut payload, 4, &*codec, abort);
     match result {
-        Ok(()) => Err(fail("killed peer", format!("allreduce completed although rank {victim} was killed"))),
+        Ok(()) => Err(fail(
+            "killed peer",
+            format!("allreduce completed although rank {victim} was killed"),
+        )),
         Err(err) => Err(ExecError::Rank {
             rank: victim,
-            message: format!("killed; rank {} noticed after {:.1} s: {err}", stream.rank, start.elapsed().as_secs_f64()),
+            message: format!(
+                "killed; rank {} noticed after {:.1} s: {err}",
+                stream.rank,
+                start.elapsed().as_secs_f64()
+            ),
         }),
     }
 }

@@ -136,9 +136,13 @@ impl<'w> Stream<'w> {
         abort: &AtomicBool,
     ) -> Result<()> {
         match WireType::of(codec, element)? {
-            WireType::F32 => self.allreduce_words::<f32>(payload, SystemOperation::sum().as_raw(), abort),
+            WireType::F32 => {
+                self.allreduce_words::<f32>(payload, SystemOperation::sum().as_raw(), abort)
+            }
             WireType::F16 => self.allreduce_words::<u16>(payload, self.halves.fp16.as_raw(), abort),
-            WireType::Bf16 => self.allreduce_words::<u16>(payload, self.halves.bf16.as_raw(), abort),
+            WireType::Bf16 => {
+                self.allreduce_words::<u16>(payload, self.halves.bf16.as_raw(), abort)
+            }
         }
     }
 
@@ -166,9 +170,15 @@ impl<'w> Stream<'w> {
         abort: &AtomicBool,
     ) -> Result<()> {
         match WireType::of(codec, element)? {
-            WireType::F32 => self.reduce_scatter_words::<f32>(payload, SystemOperation::sum().as_raw(), abort),
-            WireType::F16 => self.reduce_scatter_words::<u16>(payload, self.halves.fp16.as_raw(), abort),
-            WireType::Bf16 => self.reduce_scatter_words::<u16>(payload, self.halves.bf16.as_raw(), abort),
+            WireType::F32 => {
+                self.reduce_scatter_words::<f32>(payload, SystemOperation::sum().as_raw(), abort)
+            }
+            WireType::F16 => {
+                self.reduce_scatter_words::<u16>(payload, self.halves.fp16.as_raw(), abort)
+            }
+            WireType::Bf16 => {
+                self.reduce_scatter_words::<u16>(payload, self.halves.bf16.as_raw(), abort)
+            }
         }
     }
 
@@ -187,7 +197,9 @@ impl<'w> Stream<'w> {
         let mut counts = Vec::with_capacity(w);
         for i in 0..w {
             let block: Vec<W> = words(&payload[owned(i)]);
-            counts.push(nonblocking::count(block.len()).map_err(|m| self.error("reduce-scatter", m))?);
+            counts.push(
+                nonblocking::count(block.len()).map_err(|m| self.error("reduce-scatter", m))?,
+            );
             send.extend(block);
         }
         let mine = owned(r);
@@ -236,7 +248,8 @@ impl<'w> Stream<'w> {
         let mut displs = Vec::with_capacity(w);
         let mut total: usize = 0;
         for &size in &sizes {
-            let size = usize::try_from(size).map_err(|_| self.error(what, format!("a payload of {size} bytes")))?;
+            let size = usize::try_from(size)
+                .map_err(|_| self.error(what, format!("a payload of {size} bytes")))?;
             counts.push(nonblocking::count(size).map_err(|m| self.error(what, m))?);
             displs.push(nonblocking::count(total).map_err(|m| self.error(what, m))?);
             total = total
@@ -253,7 +266,14 @@ impl<'w> Stream<'w> {
     }
 
     /// Sends a payload of any length to `to`: its length, then its bytes.
-    fn send_sized(&self, to: usize, payload: Vec<u8>, tags: (c_int, c_int), what: &str, abort: &AtomicBool) -> Result<()> {
+    fn send_sized(
+        &self,
+        to: usize,
+        payload: Vec<u8>,
+        tags: (c_int, c_int),
+        what: &str,
+        abort: &AtomicBool,
+    ) -> Result<()> {
         let size = nonblocking::send(self.raw(), vec![payload.len() as u64], to, tags.0);
         let body = nonblocking::send(self.raw(), payload, to, tags.1);
         let flight = size.and_then(|s| body.map(|b| s.and(b)));
@@ -261,10 +281,17 @@ impl<'w> Stream<'w> {
     }
 
     /// Receives a payload of any length from `from` (see `send_sized`).
-    fn receive_sized(&self, from: usize, tags: (c_int, c_int), what: &str, abort: &AtomicBool) -> Result<Vec<u8>> {
+    fn receive_sized(
+        &self,
+        from: usize,
+        tags: (c_int, c_int),
+        what: &str,
+        abort: &AtomicBool,
+    ) -> Result<Vec<u8>> {
         let flight = nonblocking::receive(self.raw(), vec![0u64], from, tags.0);
         let size = self.finish(flight, what, Some(from), abort)?[0];
-        let size = usize::try_from(size).map_err(|_| self.error(what, format!("a payload of {size} bytes")))?;
+        let size = usize::try_from(size)
+            .map_err(|_| self.error(what, format!("a payload of {size} bytes")))?;
         let flight = nonblocking::receive(self.raw(), vec![0u8; size], from, tags.1);
         self.finish(flight, what, Some(from), abort)
     }
@@ -283,25 +310,50 @@ impl<'w> Stream<'w> {
     ) -> Result<Vec<u8>> {
         let r = self.rank as usize;
         if server >= self.world as usize {
-            return Err(self.error("push/pull", format!("server rank {server} is outside the {} ranks", self.world)));
+            return Err(self.error(
+                "push/pull",
+                format!("server rank {server} is outside the {} ranks", self.world),
+            ));
         }
         if r != server {
-            self.send_sized(server, mine, (TAG_PUSH_SIZE, TAG_PUSH), "a parameter-server push", abort)?;
-            return self.receive_sized(server, (TAG_PULL_SIZE, TAG_PULL), "the parameter server's pull", abort);
+            self.send_sized(
+                server,
+                mine,
+                (TAG_PUSH_SIZE, TAG_PUSH),
+                "a parameter-server push",
+                abort,
+            )?;
+            return self.receive_sized(
+                server,
+                (TAG_PULL_SIZE, TAG_PULL),
+                "the parameter server's pull",
+                abort,
+            );
         }
         let mut sum = vec![0.0f32; numel];
         for from in 0..self.world as usize {
             if from == r {
                 codec.decode_add(&mine, &mut sum)?;
             } else {
-                let pushed = self.receive_sized(from, (TAG_PUSH_SIZE, TAG_PUSH), "a parameter-server push", abort)?;
+                let pushed = self.receive_sized(
+                    from,
+                    (TAG_PUSH_SIZE, TAG_PUSH),
+                    "a parameter-server push",
+                    abort,
+                )?;
                 codec.decode_add(&pushed, &mut sum)?;
             }
         }
         let mut pulled = Vec::new();
         server_codec.encode(&sum, &mut pulled)?;
         for to in (0..self.world as usize).filter(|&to| to != r) {
-            self.send_sized(to, pulled.clone(), (TAG_PULL_SIZE, TAG_PULL), "the parameter server's pull", abort)?;
+            self.send_sized(
+                to,
+                pulled.clone(),
+                (TAG_PULL_SIZE, TAG_PULL),
+                "the parameter server's pull",
+                abort,
+            )?;
         }
         Ok(pulled)
     }
@@ -309,11 +361,15 @@ impl<'w> Stream<'w> {
     /// Broadcast from `root`: its length, then its bytes.
     pub fn broadcast(&self, payload: &mut Vec<u8>, root: usize, abort: &AtomicBool) -> Result<()> {
         if root >= self.world as usize {
-            return Err(self.error("broadcast", format!("root {root} is outside the {} ranks", self.world)));
+            return Err(self.error(
+                "broadcast",
+                format!("root {root} is outside the {} ranks", self.world),
+            ));
         }
         let flight = nonblocking::broadcast(self.raw(), vec![payload.len() as u64], root);
         let size = self.finish(flight, "broadcast of the size", None, abort)?[0];
-        let size = usize::try_from(size).map_err(|_| self.error("broadcast", format!("a payload of {size} bytes")))?;
+        let size = usize::try_from(size)
+            .map_err(|_| self.error("broadcast", format!("a payload of {size} bytes")))?;
         let buffer = if self.rank as usize == root {
             std::mem::take(payload)
         } else {
@@ -326,7 +382,12 @@ impl<'w> Stream<'w> {
 
     /// A barrier, bounded like every other operation (for benchmarks and tests).
     pub fn barrier(&self, abort: &AtomicBool) -> Result<()> {
-        let flight = nonblocking::allreduce(self.raw(), vec![0u8], vec![0u8], SystemOperation::max().as_raw());
+        let flight = nonblocking::allreduce(
+            self.raw(),
+            vec![0u8],
+            vec![0u8],
+            SystemOperation::max().as_raw(),
+        );
         self.finish(flight, "barrier", None, abort).map(|_| ())
     }
 }
