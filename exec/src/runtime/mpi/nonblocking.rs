@@ -121,7 +121,7 @@ pub(super) fn count(n: usize) -> Result<c_int, String> {
     })
 }
 
-fn started<B>(rc: c_int, request: ffi::MPI_Request, buffers: B) -> Result<InFlight<B>, String> {
+fn started<B>(rc: c_int, request: ffi::MPI_Request, buffers: B) -> Started<B> {
     if rc == ffi::MPI_SUCCESS as c_int {
         Ok(InFlight {
             requests: vec![request],
@@ -137,6 +137,12 @@ fn null_request() -> ffi::MPI_Request {
     unsafe { ffi::RSMPI_REQUEST_NULL }
 }
 
+/// What a start function returns: the operation in flight, or MPI's message.
+pub(super) type Started<B> = Result<InFlight<B>, String>;
+
+/// A send and a receive buffer.
+pub(super) type Pair<T> = (Vec<T>, Vec<T>);
+
 /// A communicator handle and what the start functions need of it.
 #[derive(Clone, Copy)]
 pub(super) struct Comm {
@@ -150,7 +156,7 @@ pub(super) fn allreduce<T: Equivalence>(
     send: Vec<T>,
     mut recv: Vec<T>,
     op: ffi::MPI_Op,
-) -> Result<InFlight<(Vec<T>, Vec<T>)>, String> {
+) -> Started<Pair<T>> {
     assert_eq!(send.len(), recv.len(), "allreduce buffers of one length");
     let n = count(send.len())?;
     let mut request = null_request();
@@ -178,7 +184,7 @@ pub(super) fn reduce_scatter<T: Equivalence>(
     mut recv: Vec<T>,
     counts: Vec<c_int>,
     op: ffi::MPI_Op,
-) -> Result<InFlight<(Vec<T>, Vec<T>, Vec<c_int>)>, String> {
+) -> Started<(Vec<T>, Vec<T>, Vec<c_int>)> {
     assert_eq!(counts.len(), comm.size, "one count per rank");
     assert_eq!(
         counts.iter().map(|&c| c as usize).sum::<usize>(),
@@ -208,7 +214,7 @@ pub(super) fn allgather<T: Equivalence>(
     comm: Comm,
     send: Vec<T>,
     mut recv: Vec<T>,
-) -> Result<InFlight<(Vec<T>, Vec<T>)>, String> {
+) -> Started<Pair<T>> {
     assert_eq!(recv.len(), send.len() * comm.size, "a block per rank");
     let n = count(send.len())?;
     let datatype = T::equivalent_datatype().as_raw();
@@ -240,7 +246,7 @@ pub(super) fn allgatherv<T: Equivalence>(
     mut recv: Vec<T>,
     counts: Vec<c_int>,
     displs: Vec<c_int>,
-) -> Result<InFlight<Gatherv<T>>, String> {
+) -> Started<Gatherv<T>> {
     assert_eq!(counts.len(), comm.size, "one count per rank");
     assert_eq!(displs.len(), comm.size, "one displacement per rank");
     assert!(
@@ -276,7 +282,7 @@ pub(super) fn broadcast<T: Equivalence>(
     comm: Comm,
     mut buffer: Vec<T>,
     root: usize,
-) -> Result<InFlight<Vec<T>>, String> {
+) -> Started<Vec<T>> {
     let n = count(buffer.len())?;
     let root = count(root)?;
     let mut request = null_request();
@@ -300,7 +306,7 @@ pub(super) fn send<T: Equivalence>(
     buffer: Vec<T>,
     to: usize,
     tag: c_int,
-) -> Result<InFlight<Vec<T>>, String> {
+) -> Started<Vec<T>> {
     let n = count(buffer.len())?;
     let to = count(to)?;
     let mut request = null_request();
@@ -325,7 +331,7 @@ pub(super) fn receive<T: Equivalence>(
     mut buffer: Vec<T>,
     from: usize,
     tag: c_int,
-) -> Result<InFlight<Vec<T>>, String> {
+) -> Started<Vec<T>> {
     let n = count(buffer.len())?;
     let from = count(from)?;
     let mut request = null_request();
