@@ -61,6 +61,24 @@ fn leftovers(name: &str) -> Vec<String> {
 /// Removes the lab whatever happened to the test (a failed assertion must not leave it).
 struct Lab(String);
 
+impl Lab {
+    /// The name of this test's lab, or None (saying why) where labs cannot be made.
+    fn for_test(tag: &str) -> Option<Lab> {
+        if let Some(reason) = lab_unavailable() {
+            println!("skipped: {reason}");
+            return None;
+        }
+        Some(Lab(lab_name(tag)))
+    }
+
+    /// `lab down`, which must leave nothing of the lab behind.
+    fn down(&self) {
+        let down = syncopate(&["lab", "down", "--name", &self.0]);
+        assert!(down.status.success(), "{}", stderr(&down));
+        assert_eq!(leftovers(&self.0), Vec::<String>::new());
+    }
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         if std::path::Path::new(&format!("/run/syncopate/lab-{}.json", self.0)).exists() {
@@ -85,6 +103,25 @@ fn egress_bytes(name: &str) -> Vec<u64> {
         .collect()
 }
 
+/// `syncopate lab run --mpi` of the binary's own `lab probe ARGS…` on lab `name`.
+fn probe_over_mpi(name: &str, args: &[&str]) -> Output {
+    let mut all = vec![
+        "lab",
+        "run",
+        "--name",
+        name,
+        "--mpi",
+        "--timeout-s",
+        "120",
+        "--",
+        exe(),
+        "lab",
+        "probe",
+    ];
+    all.extend(args);
+    syncopate(&all)
+}
+
 fn assert_fails_with(out: &Output, needles: &[&str]) {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
     let text = stderr(out);
@@ -95,12 +132,10 @@ fn assert_fails_with(out: &Output, needles: &[&str]) {
 
 #[test]
 fn a_two_node_lab_runs_plain_and_mpi_ranks_and_leaves_nothing_behind() {
-    if let Some(reason) = lab_unavailable() {
-        println!("skipped: {reason}");
+    let Some(lab) = Lab::for_test("t") else {
         return;
-    }
-    let name = lab_name("t");
-    let lab = Lab(name.clone());
+    };
+    let name = lab.0.clone();
     let up = syncopate(&[
         "lab",
         "up",
@@ -175,22 +210,7 @@ fn a_two_node_lab_runs_plain_and_mpi_ranks_and_leaves_nothing_behind() {
         Some(reason) => println!("skipped MPI part: {reason}"),
         None => {
             // The transport's checks across the namespaces.
-            let check = syncopate(&[
-                "lab",
-                "run",
-                "--name",
-                &name,
-                "--mpi",
-                "--timeout-s",
-                "120",
-                "--",
-                exe(),
-                "lab",
-                "probe",
-                "mpi-check",
-                "--timeout-s",
-                "30",
-            ]);
+            let check = probe_over_mpi(&name, &["mpi-check", "--timeout-s", "30"]);
             assert!(check.status.success(), "{}", stderr(&check));
             assert_eq!(
                 stdout(&check).matches("ok: ").count(),
@@ -202,26 +222,19 @@ fn a_two_node_lab_runs_plain_and_mpi_ranks_and_leaves_nothing_behind() {
             // whole buffer per allreduce (two halves), here twice (a warm-up and one timed).
             let before = egress_bytes(&name);
             let bytes: u64 = 4 << 20;
-            let sweep = syncopate(&[
-                "lab",
-                "run",
-                "--name",
+            let size = bytes.to_string();
+            let sweep = probe_over_mpi(
                 &name,
-                "--mpi",
-                "--timeout-s",
-                "120",
-                "--",
-                exe(),
-                "lab",
-                "probe",
-                "allreduce",
-                "--sizes",
-                &bytes.to_string(),
-                "--repeats",
-                "1",
-                "--timeout-s",
-                "60",
-            ]);
+                &[
+                    "allreduce",
+                    "--sizes",
+                    &size,
+                    "--repeats",
+                    "1",
+                    "--timeout-s",
+                    "60",
+                ],
+            );
             assert!(sweep.status.success(), "{}", stderr(&sweep));
             let after = egress_bytes(&name);
             for (node, (b, a)) in before.iter().zip(&after).enumerate() {
@@ -232,44 +245,25 @@ fn a_two_node_lab_runs_plain_and_mpi_ranks_and_leaves_nothing_behind() {
                 );
             }
             // A rank that dies: the run fails naming it, and does not hang.
-            let killed = syncopate(&[
-                "lab",
-                "run",
-                "--name",
+            let killed = probe_over_mpi(
                 &name,
-                "--mpi",
-                "--timeout-s",
-                "60",
-                "--",
-                exe(),
-                "lab",
-                "probe",
-                "mpi-check",
-                "--timeout-s",
-                "10",
-                "--kill-rank",
-                "1",
-            ]);
+                &["mpi-check", "--timeout-s", "10", "--kill-rank", "1"],
+            );
             assert_fails_with(&killed, &["rank 1"]);
         }
     }
 
-    let down = syncopate(&["lab", "down", "--name", &name]);
-    assert!(down.status.success(), "{}", stderr(&down));
-    assert_eq!(leftovers(&name), Vec::<String>::new());
+    lab.down();
     let twice = syncopate(&["lab", "down", "--name", &name]);
     assert_fails_with(&twice, &["no such lab"]);
-    drop(lab);
 }
 
 #[test]
 fn lab_up_measures_its_network_into_a_cluster_the_simulator_loads() {
-    if let Some(reason) = lab_unavailable() {
-        println!("skipped: {reason}");
+    let Some(lab) = Lab::for_test("m") else {
         return;
-    }
-    let name = lab_name("m");
-    let lab = Lab(name.clone());
+    };
+    let name = lab.0.clone();
     let dir = scratch("lab-measure");
     let cluster = dir.join("cluster.json");
     let cluster = cluster.to_str().unwrap();
@@ -315,20 +309,15 @@ fn lab_up_measures_its_network_into_a_cluster_the_simulator_loads() {
         "json",
     ]);
     assert!(predicted.status.success(), "{}", stderr(&predicted));
-    let down = syncopate(&["lab", "down", "--name", &name]);
-    assert!(down.status.success(), "{}", stderr(&down));
-    assert_eq!(leftovers(&name), Vec::<String>::new());
-    drop(lab);
+    lab.down();
 }
 
 #[test]
 fn bad_lab_input_is_a_clear_error_and_leaves_nothing_behind() {
-    if let Some(reason) = lab_unavailable() {
-        println!("skipped: {reason}");
+    let Some(lab) = Lab::for_test("b") else {
         return;
-    }
-    let name = lab_name("b");
-    let lab = Lab(name.clone());
+    };
+    let name = lab.0.clone();
     for (args, needles) in [
         (vec!["--nodes", "2", "--gbps", "0"], vec!["--gbps", "0"]),
         (vec!["--nodes", "2", "--gbps", "-1"], vec!["--gbps"]),
@@ -382,8 +371,7 @@ fn bad_lab_input_is_a_clear_error_and_leaves_nothing_behind() {
         "--no-measure",
     ]);
     if delayed.status.success() {
-        let down = syncopate(&["lab", "down", "--name", &name]);
-        assert!(down.status.success(), "{}", stderr(&down));
+        lab.down();
     } else {
         assert_fails_with(&delayed, &["--latency-us", "netem"]);
     }
@@ -394,7 +382,6 @@ fn bad_lab_input_is_a_clear_error_and_leaves_nothing_behind() {
     }
     let run = syncopate(&["lab", "run", "--name", &name, "--", "true"]);
     assert_fails_with(&run, &["no such lab"]);
-    drop(lab);
 }
 
 #[test]

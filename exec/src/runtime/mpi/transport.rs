@@ -30,6 +30,9 @@ const TAG_PUSH: c_int = 2;
 const TAG_PULL_SIZE: c_int = 3;
 const TAG_PULL: c_int = 4;
 
+/// A summing operation on payload bytes with a given MPI reduction.
+type Summing<'w> = fn(&Stream<'w>, &mut [u8], mpi::ffi::MPI_Op, &AtomicBool) -> Result<()>;
+
 /// One rank's end of one stream.
 pub struct Stream<'w> {
     comm: SimpleCommunicator,
@@ -127,6 +130,36 @@ impl<'w> Stream<'w> {
         (elements * c / w) * element..(elements * (c + 1) / w) * element
     }
 
+    /// The MPI reduction that sums payloads of `wire` type: MPI_SUM for f32, the codec's own
+    /// sum for the half types.
+    fn sum_op(&self, wire: WireType) -> mpi::ffi::MPI_Op {
+        match wire {
+            WireType::F32 => SystemOperation::sum().as_raw(),
+            WireType::F16 => self.halves.fp16.as_raw(),
+            WireType::Bf16 => self.halves.bf16.as_raw(),
+        }
+    }
+
+    /// Runs `words32` or `words16` (one operation for the two element sizes) with the sum of
+    /// `codec`'s wire type.
+    fn in_wire_type(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        codec: &dyn Codec,
+        abort: &AtomicBool,
+        words32: Summing<'w>,
+        words16: Summing<'w>,
+    ) -> Result<()> {
+        let wire = WireType::of(codec, element)?;
+        let run = if wire == WireType::F32 {
+            words32
+        } else {
+            words16
+        };
+        run(self, payload, self.sum_op(wire), abort)
+    }
+
     /// Allreduce in the wire type: f32 with MPI_SUM, fp16/bf16 with the codec's sum.
     pub fn allreduce(
         &self,
@@ -135,15 +168,8 @@ impl<'w> Stream<'w> {
         codec: &dyn Codec,
         abort: &AtomicBool,
     ) -> Result<()> {
-        match WireType::of(codec, element)? {
-            WireType::F32 => {
-                self.allreduce_words::<f32>(payload, SystemOperation::sum().as_raw(), abort)
-            }
-            WireType::F16 => self.allreduce_words::<u16>(payload, self.halves.fp16.as_raw(), abort),
-            WireType::Bf16 => {
-                self.allreduce_words::<u16>(payload, self.halves.bf16.as_raw(), abort)
-            }
-        }
+        let (words32, words16) = (Self::allreduce_words::<f32>, Self::allreduce_words::<u16>);
+        self.in_wire_type(payload, element, codec, abort, words32, words16)
     }
 
     fn allreduce_words<W: Word>(
@@ -169,17 +195,11 @@ impl<'w> Stream<'w> {
         codec: &dyn Codec,
         abort: &AtomicBool,
     ) -> Result<()> {
-        match WireType::of(codec, element)? {
-            WireType::F32 => {
-                self.reduce_scatter_words::<f32>(payload, SystemOperation::sum().as_raw(), abort)
-            }
-            WireType::F16 => {
-                self.reduce_scatter_words::<u16>(payload, self.halves.fp16.as_raw(), abort)
-            }
-            WireType::Bf16 => {
-                self.reduce_scatter_words::<u16>(payload, self.halves.bf16.as_raw(), abort)
-            }
-        }
+        let (words32, words16) = (
+            Self::reduce_scatter_words::<f32>,
+            Self::reduce_scatter_words::<u16>,
+        );
+        self.in_wire_type(payload, element, codec, abort, words32, words16)
     }
 
     fn reduce_scatter_words<W: Word>(
