@@ -482,8 +482,8 @@ fn stop(processes: &mut [Process]) {
     }
     for process in processes.iter_mut() {
         // Children a rank forked hold its pipes open: they go with its group. The group id is
-        // the reaped leader's pid, which the kernel hands out again only after cycling
-        // through pid_max (4 million here), not within these milliseconds.
+        // the reaped leader's pid, which the kernel hands out again only after its sequential
+        // allocation has wrapped around pid_max (32768 or more), not within these milliseconds.
         signal_group(&process.child, libc::SIGKILL);
         let _ = tool::wait_bounded(&mut process.child, GRACE);
         for reader in process.readers.drain(..) {
