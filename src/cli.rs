@@ -44,6 +44,9 @@ pub enum Command {
     /// Write the Schedule a plan means: every step of one rank's iteration, its stream,
     /// dependencies and synchronization ops (what the simulator and every executor run).
     Lower(Box<LowerArgs>),
+    /// An emulated cluster on this machine: namespaces on a bridge with shaped links (needs root).
+    #[command(subcommand)]
+    Lab(LabCommand),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -462,4 +465,133 @@ pub struct TuneArgs {
     pub out: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LabCommand {
+    /// Make a lab: N namespaces on a bridge, each node's link shaped; measure it; write a cluster.
+    Up(LabUpArgs),
+    /// Run a command once per rank inside the lab's namespaces (directly, or with --mpi).
+    Run(LabRunArgs),
+    /// Remove everything a lab made (also after a crashed `up`).
+    Down(LabNameArgs),
+    /// What a lab is, what of it exists, and its shapers' counters.
+    Status(LabStatusArgs),
+    /// The lab's own measurements, run inside its namespaces.
+    #[command(subcommand, hide = true)]
+    Probe(LabProbeCommand),
+}
+
+#[derive(Args, Debug)]
+pub struct LabNameArgs {
+    /// The lab's name (prefix of its namespaces and links).
+    #[arg(long, default_value = syncopate_exec::lab::DEFAULT_NAME)]
+    pub name: String,
+}
+
+#[derive(Args, Debug)]
+pub struct LabUpArgs {
+    /// Nodes (network namespaces).
+    #[arg(long)]
+    pub nodes: u32,
+    /// Rate of each node's link, per direction, in Gb/s.
+    #[arg(long, allow_negative_numbers = true)]
+    pub gbps: f64,
+    /// Delay added to each node's egress in µs (needs the kernel's netem qdisc).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub latency_us: f64,
+    /// CPUs per node, dealt round-robin from the CPUs this process may use; `lab run` pins
+    /// each node's ranks to them.
+    #[arg(long)]
+    pub cores_per_node: Option<u32>,
+    /// HTB burst per shaped direction in bytes (default: 50 µs of the rate, at least two frames).
+    #[arg(long)]
+    pub burst_bytes: Option<u64>,
+    #[command(flatten)]
+    pub lab: LabNameArgs,
+    /// Write the lab as a cluster file fitted to the measurements.
+    #[arg(long, conflicts_with = "no_measure")]
+    pub cluster_out: Option<PathBuf>,
+    /// Device profile of the cluster file (name or path).
+    #[arg(long, default_value = "host-2core")]
+    pub device: String,
+    /// Seconds of the single-stream goodput measurement.
+    #[arg(long, default_value_t = 3.0, allow_negative_numbers = true)]
+    pub measure_s: f64,
+    /// Repeats of each allreduce size (the median is kept).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Make the lab without measuring it.
+    #[arg(long)]
+    pub no_measure: bool,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+}
+
+#[derive(Args, Debug)]
+pub struct LabRunArgs {
+    #[command(flatten)]
+    pub lab: LabNameArgs,
+    /// Ranks per node (node-major: node 0 holds ranks 0..K).
+    #[arg(long, default_value_t = 1)]
+    pub ranks_per_node: u32,
+    /// Launch through Open MPI's mpirun (one MPMD context per rank, traffic over the lab's links).
+    #[arg(long)]
+    pub mpi: bool,
+    /// Longest the whole run may take, in seconds; then every rank is stopped.
+    #[arg(long, default_value_t = 600.0, allow_negative_numbers = true)]
+    pub timeout_s: f64,
+    /// MASTER_PORT of torchrun's variables.
+    #[arg(long, default_value_t = syncopate_exec::lab::run::DEFAULT_MASTER_PORT)]
+    pub master_port: u16,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct LabStatusArgs {
+    #[command(flatten)]
+    pub lab: LabNameArgs,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LabProbeCommand {
+    /// TCP probe server: prints `ready`, serves until a client is done.
+    Serve {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        seconds: f64,
+    },
+    /// TCP probe client: goodput, round trip and burst against a server; JSON on stdout.
+    Client {
+        #[arg(long)]
+        connect: std::net::SocketAddr,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long)]
+        round_trips: usize,
+        #[arg(long)]
+        burst_repeats: usize,
+    },
+    /// fp32 allreduce sweep over MPI (one process per rank under mpirun); JSON on rank 0's stdout.
+    Allreduce {
+        #[arg(long, value_delimiter = ',', required = true)]
+        sizes: Vec<u64>,
+        #[arg(long)]
+        repeats: usize,
+        #[arg(long)]
+        timeout_s: f64,
+    },
+    /// The MPI transport's conformance checks against the host mesh (under mpirun).
+    MpiCheck {
+        #[arg(long, default_value_t = 30.0)]
+        timeout_s: f64,
+        /// This rank exits abruptly before the timeout check; the others must report it in time.
+        #[arg(long)]
+        kill_rank: Option<u32>,
+    },
 }

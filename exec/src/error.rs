@@ -64,6 +64,20 @@ pub enum ExecError {
         message: String,
     },
 
+    #[error("lab `{lab}`: {message}")]
+    Lab { lab: String, message: String },
+
+    /// An external tool (`ip`, `tc`, `mpirun`) that failed or could not be run.
+    #[error("`{command}`: {message}")]
+    Tool { command: String, message: String },
+
+    #[error("rank {rank}: MPI {operation}: {message}")]
+    Mpi {
+        rank: u32,
+        operation: String,
+        message: String,
+    },
+
     #[error("{what}: {source}")]
     Io {
         what: String,

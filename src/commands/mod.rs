@@ -3,6 +3,7 @@
 mod collective;
 mod exec;
 mod experiment;
+mod lab;
 mod list;
 mod lower;
 mod profile;
@@ -34,6 +35,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Exec(args) => exec::run(&args),
         Command::Validate(args) => validate::run(&args),
         Command::Lower(args) => lower::run(&args),
+        Command::Lab(command) => lab::run(command),
     }
 }
 

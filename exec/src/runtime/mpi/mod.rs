@@ -1,0 +1,16 @@
+//! The MPI transport (feature `mpi`): Open MPI through the `mpi` crate, one duplicated communicator per communication stream, the in-process mesh's collectives as non-blocking MPI operations bounded by a deadline and an abort flag.
+//!
+//! ```text
+//! World::init (MPI_THREAD_MULTIPLE) ─► World::streams(n) ─► Stream: allreduce │ reduce_scatter + allgather_chunks
+//!                                                                   allgather (any sizes) │ push_pull │ broadcast
+//! ```
+
+pub mod bench;
+pub mod conformance;
+mod nonblocking;
+pub mod transport;
+pub mod wire;
+pub mod world;
+
+pub use transport::Stream;
+pub use world::World;

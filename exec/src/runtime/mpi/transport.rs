@@ -1,0 +1,413 @@
+//! One communication stream over MPI, with the in-process mesh's API (`host::comm::Mesh`): allreduce in the wire type, reduce-scatter and allgather halves, variable-size allgather, parameter-server push/pull and broadcast — each a non-blocking MPI operation completed under the stream's timeout and the run's abort flag.
+//!
+//! Summation order. For two ranks every element is one addition of two values, which is
+//! commutative, so results are bit-identical to the host backend's ring. For p ≥ 3, Open MPI
+//! picks its own algorithm (recursive doubling, ring, Rabenseifner) and so its own order of the
+//! p − 1 additions of each element: with rounding after each addition (always for fp16/bf16,
+//! and in f32) results may differ from the ring's by up to (p − 1) rounding errors of the
+//! partial sums, i.e. |mpi − ring| ≤ 2(p − 1)·u·Σ|xᵢ| with u the wire type's unit roundoff
+//! (2⁻²⁴ f32, 2⁻¹¹ fp16, 2⁻⁸ bf16). Values whose partial sums are all exact (small integers)
+//! agree bit for bit in any order.
+
+use super::nonblocking::{self, Comm, InFlight, Stop};
+use super::wire::{unwords, words, HalfSums, WireType, Word};
+use super::world::World;
+use crate::compress::Codec;
+use crate::error::{ExecError, Result};
+use mpi::collective::SystemOperation;
+use mpi::raw::AsRaw;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::os::raw::c_int;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+/// Tags of the point-to-point messages (each stream has its own communicator, so they only
+/// need to tell a message's role).
+const TAG_PUSH_SIZE: c_int = 1;
+const TAG_PUSH: c_int = 2;
+const TAG_PULL_SIZE: c_int = 3;
+const TAG_PULL: c_int = 4;
+
+/// A summing operation on payload bytes with a given MPI reduction.
+type Summing<'w> = fn(&Stream<'w>, &mut [u8], mpi::ffi::MPI_Op, &AtomicBool) -> Result<()>;
+
+/// One rank's end of one stream.
+pub struct Stream<'w> {
+    comm: SimpleCommunicator,
+    pub index: u32,
+    pub rank: u32,
+    pub world: u32,
+    pub timeout: Duration,
+    halves: HalfSums,
+    _world: PhantomData<&'w World>,
+}
+
+// SAFETY: MPI is initialized with MPI_THREAD_MULTIPLE (World::init refuses anything less),
+// under which MPI handles may be used from any thread. A Stream is not Sync: one thread at a
+// time uses it, which also keeps one stream's operations in one order on every rank.
+unsafe impl Send for Stream<'_> {}
+
+impl<'w> Stream<'w> {
+    pub(super) fn new(
+        world: &'w World,
+        comm: SimpleCommunicator,
+        index: u32,
+        timeout: Duration,
+    ) -> Result<Stream<'w>> {
+        nonblocking::errors_return(comm.as_raw()).map_err(|message| ExecError::Mpi {
+            rank: world.rank,
+            operation: format!("MPI_Comm_set_errhandler (stream {index})"),
+            message,
+        })?;
+        Ok(Stream {
+            index,
+            rank: comm.rank() as u32,
+            world: comm.size() as u32,
+            comm,
+            timeout,
+            halves: HalfSums::new(),
+            _world: PhantomData,
+        })
+    }
+
+    fn raw(&self) -> Comm {
+        Comm {
+            raw: self.comm.as_raw(),
+            size: self.world as usize,
+        }
+    }
+
+    /// Completes `flight`, or fails naming this rank, the operation, the stream, and `peer`
+    /// when one peer is awaited.
+    fn finish<B>(
+        &self,
+        flight: std::result::Result<InFlight<B>, String>,
+        what: &str,
+        peer: Option<usize>,
+        abort: &AtomicBool,
+    ) -> Result<B> {
+        let flight = flight.map_err(|message| self.error(what, message))?;
+        let deadline = Instant::now() + self.timeout;
+        flight.complete(deadline, abort).map_err(|stop| match stop {
+            Stop::Deadline => match peer {
+                Some(peer) => ExecError::Timeout {
+                    rank: peer as u32,
+                    waiting: self.rank,
+                    what: format!("{what} on MPI stream {}", self.index),
+                    seconds: self.timeout.as_secs_f64(),
+                },
+                None => self.error(
+                    what,
+                    format!(
+                        "did not complete within {:.1} s: one of ranks 0..{} is dead or silent (the launcher names a rank that died)",
+                        self.timeout.as_secs_f64(),
+                        self.world
+                    ),
+                ),
+            },
+            Stop::Aborted => ExecError::Rank {
+                rank: self.rank,
+                message: format!("aborted during {what}: another rank failed"),
+            },
+            Stop::Failed(message) => self.error(what, message),
+        })
+    }
+
+    fn error(&self, what: &str, message: String) -> ExecError {
+        ExecError::Mpi {
+            rank: self.rank,
+            operation: format!("{what} on stream {}", self.index),
+            message,
+        }
+    }
+
+    /// Chunk `c` of `world` over `elements` elements of `element` bytes, as a byte range:
+    /// the host ring's chunks, so that the two backends split a payload alike.
+    fn chunk(&self, c: usize, elements: usize, element: usize) -> Range<usize> {
+        let w = self.world as usize;
+        (elements * c / w) * element..(elements * (c + 1) / w) * element
+    }
+
+    /// The MPI reduction that sums payloads of `wire` type: MPI_SUM for f32, the codec's own
+    /// sum for the half types.
+    fn sum_op(&self, wire: WireType) -> mpi::ffi::MPI_Op {
+        match wire {
+            WireType::F32 => SystemOperation::sum().as_raw(),
+            WireType::F16 => self.halves.fp16.as_raw(),
+            WireType::Bf16 => self.halves.bf16.as_raw(),
+        }
+    }
+
+    /// Runs `words32` or `words16` (one operation for the two element sizes) with the sum of
+    /// `codec`'s wire type.
+    fn in_wire_type(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        codec: &dyn Codec,
+        abort: &AtomicBool,
+        words32: Summing<'w>,
+        words16: Summing<'w>,
+    ) -> Result<()> {
+        let wire = WireType::of(codec, element)?;
+        let run = if wire == WireType::F32 {
+            words32
+        } else {
+            words16
+        };
+        run(self, payload, self.sum_op(wire), abort)
+    }
+
+    /// Allreduce in the wire type: f32 with MPI_SUM, fp16/bf16 with the codec's sum.
+    pub fn allreduce(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        codec: &dyn Codec,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let (words32, words16) = (Self::allreduce_words::<f32>, Self::allreduce_words::<u16>);
+        self.in_wire_type(payload, element, codec, abort, words32, words16)
+    }
+
+    fn allreduce_words<W: Word>(
+        &self,
+        payload: &mut [u8],
+        op: mpi::ffi::MPI_Op,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let send: Vec<W> = words(payload);
+        let recv = vec![W::default(); send.len()];
+        let flight = nonblocking::allreduce(self.raw(), send, recv, op);
+        let (_, summed) = self.finish(flight, "allreduce", None, abort)?;
+        unwords(&summed, payload);
+        Ok(())
+    }
+
+    /// After it, rank r holds the full sum of chunk (r + 1) mod p, as after the host ring's
+    /// reduce-scatter; the other chunks keep this rank's input.
+    pub fn reduce_scatter(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        codec: &dyn Codec,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let (words32, words16) = (
+            Self::reduce_scatter_words::<f32>,
+            Self::reduce_scatter_words::<u16>,
+        );
+        self.in_wire_type(payload, element, codec, abort, words32, words16)
+    }
+
+    fn reduce_scatter_words<W: Word>(
+        &self,
+        payload: &mut [u8],
+        op: mpi::ffi::MPI_Op,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let (w, r) = (self.world as usize, self.rank as usize);
+        let elements = payload.len() / W::BYTES;
+        // MPI gives rank i block i of the send buffer: lay the chunks out so that block i is
+        // chunk (i + 1) mod p.
+        let owned = |i: usize| self.chunk((i + 1) % w, elements, W::BYTES);
+        let mut send = Vec::with_capacity(elements);
+        let mut counts = Vec::with_capacity(w);
+        for i in 0..w {
+            let block: Vec<W> = words(&payload[owned(i)]);
+            counts.push(
+                nonblocking::count(block.len()).map_err(|m| self.error("reduce-scatter", m))?,
+            );
+            send.extend(block);
+        }
+        let mine = owned(r);
+        let recv = vec![W::default(); mine.len() / W::BYTES];
+        let flight = nonblocking::reduce_scatter(self.raw(), send, recv, counts, op);
+        let (_, summed, _) = self.finish(flight, "reduce-scatter", None, abort)?;
+        unwords(&summed, &mut payload[mine]);
+        Ok(())
+    }
+
+    /// The allgather half: every rank contributes the chunk its reduce-scatter summed.
+    pub fn allgather_chunks(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let (w, r) = (self.world as usize, self.rank as usize);
+        let elements = payload.len() / element;
+        let what = "allgather of reduced chunks";
+        let mut counts = Vec::with_capacity(w);
+        let mut displs = Vec::with_capacity(w);
+        for i in 0..w {
+            let range = self.chunk((i + 1) % w, elements, element);
+            let at = |n: usize| nonblocking::count(n).map_err(|m| self.error(what, m));
+            counts.push(at(range.len())?);
+            displs.push(at(range.start)?);
+        }
+        let send = payload[self.chunk((r + 1) % w, elements, element)].to_vec();
+        let recv = vec![0u8; payload.len()];
+        let flight = nonblocking::allgatherv(self.raw(), send, recv, counts, displs);
+        let (_, gathered, _, _) = self.finish(flight, what, None, abort)?;
+        payload.copy_from_slice(&gathered);
+        Ok(())
+    }
+
+    /// Allgather of payloads of any length: the lengths first, then MPI_Iallgatherv. Returns
+    /// every rank's payload in rank order.
+    pub fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>> {
+        let w = self.world as usize;
+        let sizes = vec![0u64; w];
+        let flight = nonblocking::allgather(self.raw(), vec![mine.len() as u64], sizes);
+        let (_, sizes) = self.finish(flight, "allgather of payload sizes", None, abort)?;
+        let what = "allgather";
+        let mut counts = Vec::with_capacity(w);
+        let mut displs = Vec::with_capacity(w);
+        let mut total: usize = 0;
+        for &size in &sizes {
+            let size = usize::try_from(size)
+                .map_err(|_| self.error(what, format!("a payload of {size} bytes")))?;
+            counts.push(nonblocking::count(size).map_err(|m| self.error(what, m))?);
+            displs.push(nonblocking::count(total).map_err(|m| self.error(what, m))?);
+            total = total
+                .checked_add(size)
+                .ok_or_else(|| self.error(what, "payload sizes overflow".into()))?;
+        }
+        let flight = nonblocking::allgatherv(self.raw(), mine, vec![0u8; total], counts, displs);
+        let (_, gathered, counts, displs) = self.finish(flight, what, None, abort)?;
+        Ok(counts
+            .iter()
+            .zip(&displs)
+            .map(|(&c, &d)| gathered[d as usize..d as usize + c as usize].to_vec())
+            .collect())
+    }
+
+    /// Sends a payload of any length to `to`: its length, then its bytes.
+    fn send_sized(
+        &self,
+        to: usize,
+        payload: Vec<u8>,
+        tags: (c_int, c_int),
+        what: &str,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let size = nonblocking::send(self.raw(), vec![payload.len() as u64], to, tags.0);
+        let body = nonblocking::send(self.raw(), payload, to, tags.1);
+        let flight = size.and_then(|s| body.map(|b| s.and(b)));
+        self.finish(flight, what, Some(to), abort).map(|_| ())
+    }
+
+    /// Receives a payload of any length from `from` (see `send_sized`).
+    fn receive_sized(
+        &self,
+        from: usize,
+        tags: (c_int, c_int),
+        what: &str,
+        abort: &AtomicBool,
+    ) -> Result<Vec<u8>> {
+        let flight = nonblocking::receive(self.raw(), vec![0u64], from, tags.0);
+        let size = self.finish(flight, what, Some(from), abort)?[0];
+        let size = usize::try_from(size)
+            .map_err(|_| self.error(what, format!("a payload of {size} bytes")))?;
+        let flight = nonblocking::receive(self.raw(), vec![0u8; size], from, tags.1);
+        self.finish(flight, what, Some(from), abort)
+    }
+
+    /// Parameter-server push/pull with the server on rank `server`, as the host mesh's: workers
+    /// push, the server decodes every payload in rank order with `codec`, re-encodes the sum
+    /// with `server_codec` and every rank pulls that payload. Returns the pulled payload.
+    pub fn push_pull(
+        &self,
+        mine: Vec<u8>,
+        server: usize,
+        codec: &mut dyn Codec,
+        server_codec: &mut dyn Codec,
+        numel: usize,
+        abort: &AtomicBool,
+    ) -> Result<Vec<u8>> {
+        let r = self.rank as usize;
+        if server >= self.world as usize {
+            return Err(self.error(
+                "push/pull",
+                format!("server rank {server} is outside the {} ranks", self.world),
+            ));
+        }
+        if r != server {
+            self.send_sized(
+                server,
+                mine,
+                (TAG_PUSH_SIZE, TAG_PUSH),
+                "a parameter-server push",
+                abort,
+            )?;
+            return self.receive_sized(
+                server,
+                (TAG_PULL_SIZE, TAG_PULL),
+                "the parameter server's pull",
+                abort,
+            );
+        }
+        let mut sum = vec![0.0f32; numel];
+        for from in 0..self.world as usize {
+            if from == r {
+                codec.decode_add(&mine, &mut sum)?;
+            } else {
+                let pushed = self.receive_sized(
+                    from,
+                    (TAG_PUSH_SIZE, TAG_PUSH),
+                    "a parameter-server push",
+                    abort,
+                )?;
+                codec.decode_add(&pushed, &mut sum)?;
+            }
+        }
+        let mut pulled = Vec::new();
+        server_codec.encode(&sum, &mut pulled)?;
+        for to in (0..self.world as usize).filter(|&to| to != r) {
+            self.send_sized(
+                to,
+                pulled.clone(),
+                (TAG_PULL_SIZE, TAG_PULL),
+                "the parameter server's pull",
+                abort,
+            )?;
+        }
+        Ok(pulled)
+    }
+
+    /// Broadcast from `root`: its length, then its bytes.
+    pub fn broadcast(&self, payload: &mut Vec<u8>, root: usize, abort: &AtomicBool) -> Result<()> {
+        if root >= self.world as usize {
+            return Err(self.error(
+                "broadcast",
+                format!("root {root} is outside the {} ranks", self.world),
+            ));
+        }
+        let flight = nonblocking::broadcast(self.raw(), vec![payload.len() as u64], root);
+        let size = self.finish(flight, "broadcast of the size", None, abort)?[0];
+        let size = usize::try_from(size)
+            .map_err(|_| self.error("broadcast", format!("a payload of {size} bytes")))?;
+        let buffer = if self.rank as usize == root {
+            std::mem::take(payload)
+        } else {
+            vec![0u8; size]
+        };
+        let flight = nonblocking::broadcast(self.raw(), buffer, root);
+        *payload = self.finish(flight, "broadcast", None, abort)?;
+        Ok(())
+    }
+
+    /// A barrier, bounded like every other operation (for benchmarks and tests).
+    pub fn barrier(&self, abort: &AtomicBool) -> Result<()> {
+        let flight = nonblocking::allreduce(
+            self.raw(),
+            vec![0u8],
+            vec![0u8],
+            SystemOperation::max().as_raw(),
+        );
+        self.finish(flight, "barrier", None, abort).map(|_| ())
+    }
+}

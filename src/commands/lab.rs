@@ -1,0 +1,417 @@
+//! `syncopate lab`: make, run on, describe and remove an emulated cluster (namespaces, shaped veths), measure it into a cluster file, and the hidden probes that run inside it.
+
+use super::print_json;
+use crate::cli::{Format, LabCommand, LabProbeCommand, LabRunArgs, LabStatusArgs, LabUpArgs};
+use anyhow::Context;
+use serde::Serialize;
+use std::path::Path;
+use std::time::Duration;
+use syncopate_exec::lab::fit::{self, LabMeasurements};
+use syncopate_exec::lab::measure::{self, ProbeOptions, SelfExe};
+use syncopate_exec::lab::run::{Output, RunSpec};
+use syncopate_exec::lab::state::LabState;
+use syncopate_exec::lab::{self, signals, LabSpec};
+use syncopate_sim::topology::Cluster;
+use syncopate_sim::SimError;
+
+/// The longest goodput measurement a user may ask for.
+const MAX_MEASURE_S: f64 = 600.0;
+
+/// The most repeats per allreduce size.
+const MAX_REPEATS: usize = 1000;
+
+pub fn run(command: LabCommand) -> anyhow::Result<()> {
+    match command {
+        LabCommand::Up(args) => up(&args),
+        LabCommand::Run(args) => run_ranks(&args),
+        LabCommand::Down(args) => {
+            let removed = lab::down(&args.name)?;
+            println!(
+                "removed lab `{}`: {} namespaces, bridge {}, state file",
+                removed.name,
+                removed.nodes.len(),
+                removed.bridge
+            );
+            Ok(())
+        }
+        LabCommand::Status(args) => status(&args),
+        LabCommand::Probe(probe) => self::probe(probe),
+    }
+}
+
+/// The command line as typed, for the state and the cluster file's provenance.
+fn command_line() -> String {
+    let mut words = vec!["syncopate".to_string()];
+    words.extend(std::env::args().skip(1).map(|a| {
+        if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
+            format!("'{}'", a.replace('\'', r"'\''"))
+        } else {
+            a
+        }
+    }));
+    words.join(" ")
+}
+
+fn seconds(flag: &str, value: f64, most: f64) -> anyhow::Result<Duration> {
+    if value.is_finite() && value > 0.0 && value <= most {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(SimError::bad_value(flag, value, format!("a number of seconds in (0, {most}]")).into())
+    }
+}
+
+/// What `lab up --format json` prints.
+#[derive(Serialize)]
+struct UpReport<'a> {
+    lab: &'a LabState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    measurements: Option<&'a LabMeasurements>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<&'a Cluster>,
+}
+
+fn up(args: &LabUpArgs) -> anyhow::Result<()> {
+    let interrupted = signals::install();
+    let measure_s = seconds("--measure-s", args.measure_s, MAX_MEASURE_S)?;
+    if args.repeats == 0 || args.repeats > MAX_REPEATS {
+        return Err(SimError::bad_value(
+            "--repeats",
+            args.repeats,
+            format!("from 1 to {MAX_REPEATS}"),
+        )
+        .into());
+    }
+    let command = command_line();
+    let spec = LabSpec {
+        name: args.lab.name.clone(),
+        nodes: args.nodes,
+        gbps: args.gbps,
+        latency_us: args.latency_us,
+        cores_per_node: args.cores_per_node,
+        burst_bytes: args.burst_bytes,
+        command: command.clone(),
+    };
+    let made = lab::up(&spec, interrupted)?;
+    if args.no_measure {
+        return report_up(args, &made, None, None);
+    }
+    // An up whose measurement fails leaves nothing behind either.
+    let measured = measure_and_fit(args, &made, measure_s, &command, interrupted);
+    match measured {
+        Ok((measurements, cluster)) => {
+            report_up(args, &made, Some(&measurements), cluster.as_ref())
+        }
+        Err(err) => match lab::remove(&made) {
+            Ok(()) => Err(err.context(format!("lab `{}` was removed again", made.name))),
+            Err(cleanup) => Err(err.context(format!(
+                "removing lab `{}` also failed ({cleanup}); run `syncopate lab down --name {}`",
+                made.name, made.name
+            ))),
+        },
+    }
+}
+
+fn measure_and_fit(
+    args: &LabUpArgs,
+    made: &LabState,
+    measure_s: Duration,
+    command: &str,
+    interrupted: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<(LabMeasurements, Option<Cluster>)> {
+    let exe = SelfExe::current()?;
+    let options = ProbeOptions {
+        goodput_seconds: measure_s.as_secs_f64(),
+        ..ProbeOptions::default()
+    };
+    let network = measure::network(made, &exe, &options)?;
+    let allreduce = if cfg!(feature = "mpi") {
+        // Generous: the largest size at a tenth of the shaped rate, every repeat, plus start-up.
+        let sizes = measure::sweep_sizes();
+        let slowest = sizes.iter().sum::<u64>() as f64 * 8.0 / (made.gbps * 1e8);
+        let timeout = Duration::from_secs_f64(60.0 + slowest * (args.repeats + 1) as f64);
+        measure::allreduce_sweep(made, &exe, &sizes, args.repeats, timeout, interrupted)?
+    } else {
+        Vec::new()
+    };
+    let measurements = LabMeasurements {
+        network,
+        allreduce,
+        ranks: made.nodes.len() as u32,
+    };
+    let cluster = match &args.cluster_out {
+        Some(path) => {
+            let cluster = fit::cluster(made, &measurements, &args.device, command)?;
+            write_json(path, &cluster)?;
+            Some(cluster)
+        }
+        None => None,
+    };
+    Ok((measurements, cluster))
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn report_up(
+    args: &LabUpArgs,
+    made: &LabState,
+    measurements: Option<&LabMeasurements>,
+    cluster: Option<&Cluster>,
+) -> anyhow::Result<()> {
+    if args.format == Format::Json {
+        return print_json(&UpReport {
+            lab: made,
+            measurements,
+            cluster,
+        });
+    }
+    print_lab(made);
+    if let Some(m) = measurements {
+        let n = &m.network;
+        println!(
+            "goodput    {:.4} Gb/s single-stream TCP node 0 → node 1 over {:.1} s ({:.1} % of {} Gb/s)",
+            n.goodput_gbps,
+            n.goodput_seconds,
+            n.goodput_gbps / made.gbps * 100.0,
+            made.gbps
+        );
+        println!(
+            "round trip {:.1} µs median of {} 64-byte TCP ping-pongs (min {:.1}, max {:.1})",
+            n.rtt_us.median, n.rtt_us.repeats, n.rtt_us.min, n.rtt_us.max
+        );
+        let burst: Vec<String> = n
+            .burst
+            .iter()
+            .map(|b| format!("{} KiB {:.3} Gb/s", b.bytes >> 10, b.effective_gbps))
+            .collect();
+        println!(
+            "burst      {} B: one message's rate (size / (round trip − 64-byte round trip)): {}",
+            made.burst_bytes,
+            burst.join(", ")
+        );
+        if m.allreduce.is_empty() {
+            println!("allreduce  not measured: this syncopate was built without the `mpi` feature");
+        } else {
+            println!(
+                "allreduce  fp32 over Open MPI, {} ranks, median (min–max) of {} repeats:",
+                m.ranks, m.allreduce[0].seconds.repeats
+            );
+            for p in &m.allreduce {
+                println!(
+                    "  {:>9} B  {:>10.1} µs ({:.1}–{:.1})  busbw {:.4} Gb/s ({:.1} % of goodput)",
+                    p.bytes,
+                    p.seconds.median * 1e6,
+                    p.seconds.min * 1e6,
+                    p.seconds.max * 1e6,
+                    p.busbw_gbps,
+                    p.busbw_gbps / n.goodput_gbps * 100.0
+                );
+            }
+        }
+    }
+    if let (Some(cluster), Some(path)) = (cluster, &args.cluster_out) {
+        if let syncopate_sim::topology::Library::Mpi(p) = &cluster.library {
+            println!(
+                "cluster    {}: tcp_efficiency {:.3}, latency {:.1} µs, message_overhead {:.1} µs, reduce {:.2} GB/s",
+                path.display(),
+                p.tcp_efficiency,
+                cluster.inter_node.latency_us,
+                p.message_overhead_us,
+                p.reduce_gbytes_per_s
+            );
+        }
+    }
+    println!("remove it with: syncopate lab down --name {}", made.name);
+    Ok(())
+}
+
+fn print_lab(made: &LabState) {
+    println!(
+        "lab `{}`: {} nodes on bridge {} ({}, root {}), {} Gb/s per direction, HTB burst {} B, {}",
+        made.name,
+        made.nodes.len(),
+        made.bridge,
+        made.subnet,
+        made.root_address,
+        made.gbps,
+        made.burst_bytes,
+        if made.latency_us > 0.0 {
+            format!("netem delay {} µs", made.latency_us)
+        } else {
+            "no added delay".into()
+        }
+    );
+    for (i, node) in made.nodes.iter().enumerate() {
+        let cpus = if node.cpus.is_empty() {
+            "any CPU".to_string()
+        } else {
+            format!("CPUs {:?}", node.cpus)
+        };
+        println!(
+            "  node {i}  {}  {}  {}  {cpus}",
+            node.namespace, node.interface, node.address
+        );
+    }
+}
+
+fn run_ranks(args: &LabRunArgs) -> anyhow::Result<()> {
+    let interrupted = signals::install();
+    lab::check_name(&args.lab.name)?;
+    let timeout = seconds("--timeout-s", args.timeout_s, 7.0 * 24.0 * 3600.0)?;
+    let made = LabState::load(&args.lab.name)?;
+    let spec = RunSpec {
+        ranks_per_node: args.ranks_per_node,
+        mpi: args.mpi,
+        timeout,
+        command: args.command.clone(),
+        master_port: args.master_port,
+        output: Output::Print,
+    };
+    lab::run::run(&made, &spec, interrupted)?;
+    Ok(())
+}
+
+fn status(args: &LabStatusArgs) -> anyhow::Result<()> {
+    let status = lab::status(&args.lab.name)?;
+    if args.format == Format::Json {
+        return print_json(&status);
+    }
+    println!(
+        "lab `{}` ({}): {} Gb/s per direction, burst {} B, delay {} µs, {} on {} ({}), root {}",
+        status.name,
+        if status.complete {
+            "complete"
+        } else {
+            "INCOMPLETE: run `syncopate lab down`"
+        },
+        status.gbps,
+        status.burst_bytes,
+        status.latency_us,
+        status.subnet,
+        status.bridge,
+        if status.bridge_exists {
+            "exists"
+        } else {
+            "MISSING"
+        },
+        status.root_address
+    );
+    for (i, node) in status.nodes.iter().enumerate() {
+        let counters = |c: &Option<syncopate_exec::lab::shape::Counters>| match c {
+            Some(c) => format!(
+                "{} B / {} pkts, {} dropped, {} overlimits",
+                c.bytes, c.packets, c.drops, c.overlimits
+            ),
+            None => "no shaper".into(),
+        };
+        println!(
+            "  node {i}  {}{}  {}  {}  out: {}  in: {}",
+            node.namespace,
+            if node.namespace_exists {
+                ""
+            } else {
+                " (MISSING)"
+            },
+            node.interface,
+            node.address,
+            counters(&node.egress),
+            counters(&node.ingress)
+        );
+    }
+    println!("made by: {}", status.command);
+    Ok(())
+}
+
+fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
+    match probe {
+        LabProbeCommand::Serve { listen, seconds: s } => {
+            measure::serve(listen, seconds("--seconds", s, 3600.0)?)?;
+        }
+        LabProbeCommand::Client {
+            connect,
+            seconds: s,
+            round_trips,
+            burst_repeats,
+        } => {
+            let options = ProbeOptions {
+                goodput_seconds: seconds("--seconds", s, MAX_MEASURE_S)?.as_secs_f64(),
+                round_trips: round_trips.clamp(1, 1_000_000),
+                burst_repeats: burst_repeats.clamp(1, 10_000),
+            };
+            print_json(&measure::probe(connect, &options)?)?;
+        }
+        LabProbeCommand::Allreduce {
+            sizes,
+            repeats,
+            timeout_s,
+        } => {
+            let timeout = seconds("--timeout-s", timeout_s, 24.0 * 3600.0)?;
+            let points = mpi_sweep(&sizes, repeats, timeout)?;
+            if !points.is_empty() {
+                println!("{}", serde_json::to_string(&points)?);
+            }
+        }
+        LabProbeCommand::MpiCheck {
+            timeout_s,
+            kill_rank,
+        } => {
+            let timeout = seconds("--timeout-s", timeout_s, 3600.0)?;
+            for line in mpi_check(timeout, kill_rank)? {
+                println!("ok: {line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `work` as one rank of an MPI job. A failure is printed and ends the whole job
+/// (MPI_Abort) instead of returning: returning would finalize MPI, which waits for ranks that
+/// may be waiting for this one.
+#[cfg(feature = "mpi")]
+fn as_mpi_rank<T>(
+    work: impl FnOnce(&syncopate_exec::mpi::World) -> syncopate_exec::Result<T>,
+) -> anyhow::Result<T> {
+    let world = syncopate_exec::mpi::World::init()?;
+    match work(&world) {
+        Ok(value) => Ok(value),
+        Err(err) => {
+            // One write, so that mpirun's --tag-output keeps the line whole.
+            let line = format!("error: rank {}: {err}\n", world.rank);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            world.abort(1)
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_sweep(
+    sizes: &[u64],
+    repeats: usize,
+    timeout: Duration,
+) -> anyhow::Result<Vec<measure::AllreducePoint>> {
+    as_mpi_rank(|world| syncopate_exec::mpi::bench::allreduce_sweep(world, sizes, repeats, timeout))
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_check(timeout: Duration, kill_rank: Option<u32>) -> anyhow::Result<Vec<String>> {
+    as_mpi_rank(|world| syncopate_exec::mpi::conformance::run(world, timeout, kill_rank))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_sweep(_: &[u64], _: usize, _: Duration) -> anyhow::Result<Vec<measure::AllreducePoint>> {
+    Err(without_mpi())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_check(_: Duration, _: Option<u32>) -> anyhow::Result<Vec<String>> {
+    Err(without_mpi())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn without_mpi() -> anyhow::Error {
+    anyhow::anyhow!(
+        "this syncopate was built without the `mpi` feature; rebuild with `cargo build --release --features mpi` (needs Debian's openmpi-bin, libopenmpi-dev and libclang-dev)"
+    )
+}
