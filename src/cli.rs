@@ -276,6 +276,9 @@ pub enum ExecBackend {
     /// CPU threads on this machine, in-process channels: runs the whole exec path on a laptop
     /// or in CI. Not a cluster backend: its timings say nothing about GPUs.
     Host,
+    /// One CPU rank per process over MPI (start with mpirun, srun or `syncopate lab run
+    /// --mpi`); needs a build with `--features mpi`. The backend for real CPU clusters.
+    Mpi,
 }
 
 /// The plan a real run executes, and how.

@@ -160,7 +160,13 @@ fn bad_input_exits_non_zero_with_a_clear_message() {
     ];
     for (args, expected) in cases {
         let out = syncopate(args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        // A value a flag's parser refuses is a usage error (2); one the command refuses, 1.
+        let usage = args.contains(&"0") && ["--nodes", "--gpus-per-node"].contains(&expected);
+        assert_eq!(
+            out.status.code(),
+            Some(if usage { 2 } else { 1 }),
+            "{args:?}"
+        );
         assert!(
             stderr(&out).contains(expected),
             "{args:?}: {}",

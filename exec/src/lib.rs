@@ -6,10 +6,7 @@ pub mod lab;
 pub mod profile_host;
 pub mod runtime;
 
-/// The MPI transport. It lives under `runtime/mpi/` beside the other backends; declared here
-/// while `runtime/mod.rs` is being reworked.
 #[cfg(feature = "mpi")]
-#[path = "runtime/mpi/mod.rs"]
-pub mod mpi;
+pub use runtime::mpi;
 
 pub use error::{ExecError, Result};

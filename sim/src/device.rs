@@ -88,15 +88,14 @@ impl DeviceProfile {
             self.memory_bandwidth_gbytes_per_s,
             "GB/s",
         )?;
-        limits::check_rate(label, "peak_fp32_tflops", self.peak_fp32_tflops, "TFLOP/s")?;
-        limits::check_rate(label, "peak_fp16_tflops", self.peak_fp16_tflops, "TFLOP/s")?;
-        // A speed ratio: bounded like a rate, so that compute times stay within the limits.
-        limits::check_rate(
-            label,
-            "compute_speed_vs_v100",
-            self.compute_speed_vs_v100,
-            "× a V100",
-        )?;
+        // Speeds may be tiny (a measured CPU) but not zero; bounded so times stay in range.
+        for (field, value) in [
+            ("peak_fp32_tflops", self.peak_fp32_tflops),
+            ("peak_fp16_tflops", self.peak_fp16_tflops),
+            ("compute_speed_vs_v100", self.compute_speed_vs_v100),
+        ] {
+            limits::check_positive_at_most(label, field, value, limits::MAX_RATE)?;
+        }
         for (name, cost) in &self.compression {
             for (which, curve) in [("encode", &cost.encode), ("decode", &cost.decode)] {
                 let field = format!("compression.{name}.{which}");

@@ -76,6 +76,22 @@ pub fn check_rate(label: &str, field: &str, value: f64, unit: &str) -> Result<()
     }
 }
 
+/// Err unless `value` is positive and at most `max` (a speed that may be small but not zero).
+pub fn check_positive_at_most(label: &str, field: &str, value: f64, max: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 && value <= max {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            field,
+            format!(
+                "must be more than 0 and at most {max:e}, got {}",
+                num(value)
+            ),
+        ))
+    }
+}
+
 /// The same bound for a command-line flag.
 pub fn flag_rate(flag: &str, value: f64, unit: &str) -> Result<f64> {
     if value.is_finite() && (MIN_RATE..=MAX_RATE).contains(&value) {

@@ -24,7 +24,10 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     let scenario = Scenario::new(model, cluster)?;
     let schedule = schedule(&scenario, &plan)?;
     let options = options(&args.run, args.check)?;
-    let (job, measured) = execute(backend, &args.run, &scenario, &schedule, &options)?;
+    // On an MPI job only rank 0 reports.
+    let Some((job, measured)) = execute(backend, &args.run, &scenario, &schedule, &options)? else {
+        return Ok(());
+    };
     let summary = measured.summary(&job, backend.name());
     if let Some(path) = &args.trace {
         write_trace(path, &scenario.model, &job, &measured, &summary)?;
@@ -112,6 +115,7 @@ fn run_cluster(
 ) -> anyhow::Result<Cluster> {
     let (name, mut overrides) = plan_cluster(args, plan)?;
     if let (Some(ranks), Chosen::Host) = (run.ranks, backend) {
+        // Other backends take their ranks from the machine or the launcher.
         let ranks = host_ranks(ranks)?;
         match (args.nodes, args.gpus_per_node) {
             (None, None) => {
@@ -163,6 +167,7 @@ pub fn host_ranks(ranks: i64) -> anyhow::Result<u32> {
 pub enum Chosen {
     Host,
     Cuda,
+    Mpi,
 }
 
 impl Chosen {
@@ -170,6 +175,7 @@ impl Chosen {
         match self {
             Chosen::Cuda => "cuda",
             Chosen::Host => "host",
+            Chosen::Mpi => "mpi",
         }
     }
 }
@@ -180,6 +186,7 @@ pub fn choose_backend(asked: ExecBackend) -> anyhow::Result<Chosen> {
     Ok(match asked {
         ExecBackend::Cuda => Chosen::Cuda,
         ExecBackend::Host => Chosen::Host,
+        ExecBackend::Mpi => Chosen::Mpi,
         ExecBackend::Auto => match cuda::probe::probe() {
             Ok(gpus) => {
                 eprintln!("backend: cuda ({gpus} GPU(s) visible)");
@@ -193,30 +200,59 @@ pub fn choose_backend(asked: ExecBackend) -> anyhow::Result<Chosen> {
     })
 }
 
-/// Runs the schedule on the chosen backend. The host backend runs the schedule's world as
-/// thread-ranks and scales compute down to its budget (see `--compute-scale`).
+/// Runs the schedule on the chosen backend: `None` on the ranks of an MPI job other than 0,
+/// which reports. The CPU backends scale compute down to their budget (`--compute-scale`);
+/// the host backend runs the schedule's world as thread-ranks.
 pub fn execute<'a>(
     backend: Chosen,
     run: &RunArgs,
     scenario: &Scenario,
     schedule: &'a Schedule,
     options: &'a ExecOptions,
-) -> anyhow::Result<(Job<'a>, Measured)> {
-    let (backend, compute_scale) = match backend {
-        Chosen::Host => (
-            Backend::Host {
-                ranks: schedule.world.ranks(),
-            },
-            host_compute_scale(run, &scenario.model)?,
-        ),
-        Chosen::Cuda => (Backend::Cuda, scenario.compute_scale),
-    };
+) -> anyhow::Result<Option<(Job<'a>, Measured)>> {
     if options.check {
         eprintln!(
             "note: --check computes a reference beside the run; its timings are not representative"
         );
     }
-    Ok(runtime::execute(backend, schedule, compute_scale, options)?)
+    let ranks = schedule.world.ranks();
+    match backend {
+        Chosen::Host => {
+            let job = Job::new(
+                schedule,
+                host_compute_scale(run, &scenario.model)?,
+                options,
+                ranks,
+            )?;
+            let measured = runtime::execute(Backend::Host { ranks }, &job)?;
+            Ok(Some((job, measured)))
+        }
+        Chosen::Cuda => {
+            let job = Job::new(schedule, scenario.compute_scale, options, ranks)?;
+            let measured = runtime::execute(Backend::Cuda, &job)?;
+            Ok(Some((job, measured)))
+        }
+        Chosen::Mpi => {
+            let job = Job::new(
+                schedule,
+                host_compute_scale(run, &scenario.model)?,
+                options,
+                1,
+            )?;
+            let measured = mpi_execute(&job)?;
+            Ok(measured.map(|m| (job, m)))
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_execute(job: &Job) -> anyhow::Result<Option<Measured>> {
+    super::as_mpi_rank(|world| syncopate_exec::mpi::backend::execute(world, job))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_execute(_: &Job) -> anyhow::Result<Option<Measured>> {
+    Err(super::without_mpi())
 }
 
 fn host_compute_scale(run: &RunArgs, model: &ModelProfile) -> anyhow::Result<f64> {

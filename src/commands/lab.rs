@@ -366,52 +366,28 @@ fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `work` as one rank of an MPI job. A failure is printed and ends the whole job
-/// (MPI_Abort) instead of returning: returning would finalize MPI, which waits for ranks that
-/// may be waiting for this one.
-#[cfg(feature = "mpi")]
-fn as_mpi_rank<T>(
-    work: impl FnOnce(&syncopate_exec::mpi::World) -> syncopate_exec::Result<T>,
-) -> anyhow::Result<T> {
-    let world = syncopate_exec::mpi::World::init()?;
-    match work(&world) {
-        Ok(value) => Ok(value),
-        Err(err) => {
-            // One write, so that mpirun's --tag-output keeps the line whole.
-            let line = format!("error: rank {}: {err}\n", world.rank);
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-            world.abort(1)
-        }
-    }
-}
-
 #[cfg(feature = "mpi")]
 fn mpi_sweep(
     sizes: &[u64],
     repeats: usize,
     timeout: Duration,
 ) -> anyhow::Result<Vec<measure::AllreducePoint>> {
-    as_mpi_rank(|world| syncopate_exec::mpi::bench::allreduce_sweep(world, sizes, repeats, timeout))
+    super::as_mpi_rank(|world| {
+        syncopate_exec::mpi::bench::allreduce_sweep(world, sizes, repeats, timeout)
+    })
 }
 
 #[cfg(feature = "mpi")]
 fn mpi_check(timeout: Duration, kill_rank: Option<u32>) -> anyhow::Result<Vec<String>> {
-    as_mpi_rank(|world| syncopate_exec::mpi::conformance::run(world, timeout, kill_rank))
+    super::as_mpi_rank(|world| syncopate_exec::mpi::conformance::run(world, timeout, kill_rank))
 }
 
 #[cfg(not(feature = "mpi"))]
 fn mpi_sweep(_: &[u64], _: usize, _: Duration) -> anyhow::Result<Vec<measure::AllreducePoint>> {
-    Err(without_mpi())
+    Err(super::without_mpi())
 }
 
 #[cfg(not(feature = "mpi"))]
 fn mpi_check(_: Duration, _: Option<u32>) -> anyhow::Result<Vec<String>> {
-    Err(without_mpi())
-}
-
-#[cfg(not(feature = "mpi"))]
-fn without_mpi() -> anyhow::Error {
-    anyhow::anyhow!(
-        "this syncopate was built without the `mpi` feature; rebuild with `cargo build --release --features mpi` (needs Debian's openmpi-bin, libopenmpi-dev and libclang-dev)"
-    )
+    Err(super::without_mpi())
 }

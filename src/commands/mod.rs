@@ -54,6 +54,33 @@ pub fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<(
         })
 }
 
+/// Runs `work` as one rank of an MPI job. A failure is printed and ends the whole job
+/// (MPI_Abort) instead of returning: returning would finalize MPI, which waits for ranks that
+/// may be waiting for this one.
+#[cfg(feature = "mpi")]
+pub fn as_mpi_rank<T, E: std::fmt::Display>(
+    work: impl FnOnce(&syncopate_exec::mpi::World) -> Result<T, E>,
+) -> anyhow::Result<T> {
+    let world = syncopate_exec::mpi::World::init()?;
+    match work(&world) {
+        Ok(value) => Ok(value),
+        Err(err) => {
+            // One write, so that mpirun's --tag-output keeps the line whole.
+            let line = format!("error: rank {}: {err}\n", world.rank);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            world.abort(1)
+        }
+    }
+}
+
+/// The error of a command that needs the `mpi` feature in a build without it.
+#[cfg(not(feature = "mpi"))]
+pub fn without_mpi() -> anyhow::Error {
+    anyhow::anyhow!(
+        "this syncopate was built without the `mpi` feature; rebuild with `cargo build --release --features mpi` (needs Debian's openmpi-bin, libopenmpi-dev and libclang-dev)"
+    )
+}
+
 /// Serializes a value as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);

@@ -50,7 +50,11 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     // One schedule: the real run and the prediction interpret the same steps.
     let schedule = schedule(&scenario, &plan)?;
     let options = super::exec::options(run, false)?;
-    let (job, measured) = super::exec::execute(backend, run, &scenario, &schedule, &options)?;
+    let Some((job, measured)) = super::exec::execute(backend, run, &scenario, &schedule, &options)?
+    else {
+        // An MPI rank other than 0: rank 0 reports.
+        return Ok(());
+    };
     let summary = measured.summary(&job, backend.name());
     let measured_trace = super::exec::measured_trace(&scenario.model, &job, &measured, &summary)?;
     let sim_options = SimOptions {
@@ -115,11 +119,11 @@ fn machine_cluster(
                 inter_gbps: None,
             },
         )?,
-        (None, Chosen::Cuda) => {
+        (None, Chosen::Cuda | Chosen::Mpi) => {
             return Err(SimError::bad_value(
                 "--cluster",
                 "(none)",
-                "validate --backend cuda needs this machine's cluster file (from `syncopate profile --backend cuda`)",
+                "validate --backend cuda or mpi needs the cluster's file (from `syncopate profile --backend cuda` or `syncopate lab up --cluster-out`)",
             )
             .into())
         }

@@ -22,7 +22,21 @@ struct State {
     log: Vec<Vec<u32>>,
 }
 
-pub struct Board {
+/// What the threads of a run ask about collectives: a rank met one's dependencies, and which
+/// one a communication stream runs next. Every rank must get the same answers.
+pub trait Board: Sync {
+    /// A rank driven here met the dependencies of collective `task`.
+    fn arrive(&self, task: u32);
+    /// The `index`-th collective of `stream` for rank `rank`, or `None` once every collective
+    /// has been handed out; waits at most the run's timeout.
+    fn next(&self, stream: u32, index: usize, rank: u32, abort: &AtomicBool)
+        -> Result<Option<u32>>;
+    /// Wakes every waiting thread (after a failure).
+    fn wake_all(&self);
+}
+
+/// The launch policy over the ranks of this process.
+pub struct LocalBoard {
     state: Mutex<State>,
     changed: Condvar,
     world: u32,
@@ -30,7 +44,7 @@ pub struct Board {
     timeout: Duration,
 }
 
-impl Board {
+impl LocalBoard {
     /// A board for the `world` ranks of this process.
     pub fn new(
         policy: &LaunchPolicy,
@@ -38,8 +52,8 @@ impl Board {
         world: u32,
         epoch: Instant,
         timeout: Duration,
-    ) -> Board {
-        Board {
+    ) -> LocalBoard {
+        LocalBoard {
             state: Mutex::new(State {
                 launcher: Launcher::new(policy, program),
                 arrivals: vec![0; program.len()],
@@ -55,9 +69,10 @@ impl Board {
     fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
+}
 
-    /// A rank met the dependencies of collective `task`.
-    pub fn arrive(&self, task: u32) {
+impl Board for LocalBoard {
+    fn arrive(&self, task: u32) {
         let mut state = self.state.lock().expect("the board lock");
         let t = task as usize;
         state.arrivals[t] += 1;
@@ -68,9 +83,7 @@ impl Board {
         }
     }
 
-    /// The `index`-th collective of `stream` for rank `rank`, or `None` once every collective
-    /// has been handed out. Waits at most the timeout for a rank to make progress.
-    pub fn next(
+    fn next(
         &self,
         stream: u32,
         index: usize,
@@ -126,7 +139,7 @@ impl Board {
         }
     }
 
-    pub fn wake_all(&self) {
+    fn wake_all(&self) {
         self.changed.notify_all();
     }
 }

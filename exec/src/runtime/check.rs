@@ -230,6 +230,16 @@ fn reference(
     Ok(outs)
 }
 
+impl super::cpu::CheckSink for Checker {
+    fn input(&self, piece: usize, rank: u32, iteration: u32, input: &[f32]) {
+        Checker::input(self, piece, rank, iteration, input);
+    }
+
+    fn result(&self, piece: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()> {
+        Checker::result(self, piece, rank, iteration, result)
+    }
+}
+
 /// Summation-order slack: a ring adds p payloads in another order than the reference, each
 /// addition rounding to the wire type (unit roundoff u), so results may differ by about p·u of
 /// the largest value. PowerSGD orthogonalizes the reduced P, which can amplify that a little.

@@ -21,7 +21,7 @@ pub struct Local<'r, B: Backend> {
 struct Driver<'a, B> {
     backend: &'a B,
     job: &'a Job<'a>,
-    board: &'a Board,
+    board: &'a dyn Board,
     timeout: Duration,
     failure: &'a Failure,
 }
@@ -38,7 +38,7 @@ struct Rank<'r, R> {
 pub fn drive<B: Backend>(
     backend: &B,
     job: &Job,
-    board: &Board,
+    board: &dyn Board,
     failure: &Failure,
     local: Vec<Local<B>>,
 ) -> Result<()> {
@@ -373,7 +373,7 @@ mod tests {
                     predecessors[s as usize].push(t);
                 }
             }
-            let board = Board::new(
+            let board = crate::runtime::board::LocalBoard::new(
                 &schedule.policy,
                 &job.program,
                 1,

@@ -10,10 +10,13 @@ mod backend;
 mod board;
 pub mod check;
 mod control;
+mod cpu;
 pub mod cuda;
 mod driver;
 pub mod host;
 pub mod launch;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod pieces;
 pub mod rendezvous;
 mod sched;
@@ -196,43 +199,68 @@ fn round6(value: f64) -> f64 {
     (value * 1e6).round() / 1e6
 }
 
-/// Unrolls the schedule (warm-up plus measured iterations) and runs it on `backend`.
-pub fn execute<'a>(
-    backend: Backend,
-    schedule: &'a Schedule,
-    compute_scale: f64,
-    options: &'a ExecOptions,
-) -> Result<(Job<'a>, Measured)> {
-    if options.warmup == 0 || options.iterations == 0 {
-        return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
-            "--warmup/--iterations",
-            format!("{}/{}", options.warmup, options.iterations),
-            "at least one warm-up and one measured iteration are needed",
-        )));
-    }
-    let iterations = options
-        .warmup
-        .checked_add(options.iterations)
-        .ok_or_else(|| {
-            ExecError::Sim(syncopate_sim::SimError::bad_value(
+/// The most bytes of buffers (gradients, fusion buffers, codec state: about 24 bytes per
+/// element) the CPU backends allocate in one process.
+pub const MAX_HOST_BYTES: u64 = 8 << 30;
+
+impl<'a> Job<'a> {
+    /// The schedule unrolled for warm-up plus measured iterations, checked for what a run of
+    /// `local_ranks` ranks in this process can hold.
+    pub fn new(
+        schedule: &'a Schedule,
+        compute_scale: f64,
+        options: &'a ExecOptions,
+        local_ranks: u32,
+    ) -> Result<Job<'a>> {
+        let bad = |what: &str, value: String, message: String| {
+            ExecError::Sim(syncopate_sim::SimError::bad_value(what, value, message))
+        };
+        if options.warmup == 0 || options.iterations == 0 {
+            return Err(bad(
                 "--warmup/--iterations",
                 format!("{}/{}", options.warmup, options.iterations),
-                "their sum exceeds 2^32",
-            ))
-        })?;
-    let job = Job {
-        schedule,
-        program: Program::unroll(schedule, iterations)?,
-        slots: schedule.tensor_slots(),
-        compute_scale,
-        options,
-    };
-    let measured = match backend {
+                "at least one warm-up and one measured iteration are needed".into(),
+            ));
+        }
+        let iterations = options
+            .warmup
+            .checked_add(options.iterations)
+            .ok_or_else(|| {
+                bad(
+                    "--warmup/--iterations",
+                    format!("{}/{}", options.warmup, options.iterations),
+                    "their sum exceeds 2^32".into(),
+                )
+            })?;
+        let elements: u64 = schedule.buffers.iter().map(|b| b.numel).sum();
+        let bytes = u128::from(elements) * u128::from(local_ranks) * 24;
+        if bytes > u128::from(MAX_HOST_BYTES) {
+            return Err(bad(
+                "--plan",
+                format!("{elements} elements × {local_ranks} ranks"),
+                format!(
+                    "a run in one process holds about 24 bytes per element per rank, more than {} GiB: run fewer ranks per process, or a smaller model",
+                    MAX_HOST_BYTES >> 30
+                ),
+            ));
+        }
+        Ok(Job {
+            schedule,
+            program: Program::unroll(schedule, iterations)?,
+            slots: schedule.tensor_slots(),
+            compute_scale,
+            options,
+        })
+    }
+}
+
+/// Runs the job on `backend` (the host's thread-ranks or this process's GPUs).
+pub fn execute(backend: Backend, job: &Job) -> Result<Measured> {
+    match backend {
         Backend::Host { ranks } => {
             let busy = host::busy::BusyWork::calibrate(ranks, Duration::from_millis(60));
-            host::execute(&job, ranks, busy)?
+            host::execute(job, ranks, busy)
         }
-        Backend::Cuda => cuda::execute(&job)?,
-    };
-    Ok((job, measured))
+        Backend::Cuda => cuda::execute(job),
+    }
 }

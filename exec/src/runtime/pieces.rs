@@ -80,13 +80,15 @@ fn mix(a: u64, b: u64) -> u64 {
 /// once so that the backward steps only copy (as frameworks copy into the fusion buffer),
 /// scaled per iteration so that successive iterations differ.
 pub struct Gradients {
+    /// The first rank of `per_rank`.
+    first: u32,
     per_rank: Vec<Vec<f32>>,
     tensor_offset: Vec<usize>,
 }
 
 impl Gradients {
-    /// Gradients of ranks `0..ranks` for the schedule's tensors.
-    pub fn new(schedule: &Schedule, ranks: u32, seed: u64) -> Gradients {
+    /// Gradients of the ranks `ranks` (those this process drives) for the schedule's tensors.
+    pub fn new(schedule: &Schedule, ranks: std::ops::Range<u32>, seed: u64) -> Gradients {
         let tensors = schedule.buffers.iter().map(|b| b.slots.len()).sum();
         let mut numel = vec![0usize; tensors];
         for slot in schedule.buffers.iter().flat_map(|b| &b.slots) {
@@ -98,13 +100,15 @@ impl Gradients {
             tensor_offset.push(total);
             total += n;
         }
-        let per_rank = (0..ranks)
+        let first = ranks.start;
+        let per_rank = ranks
             .map(|rank| {
                 let mut rng = Rng::for_stream(seed, u64::from(rank));
                 (0..total).map(|_| rng.normal() as f32).collect()
             })
             .collect();
         Gradients {
+            first,
             per_rank,
             tensor_offset,
         }
@@ -112,7 +116,7 @@ impl Gradients {
 
     /// Rank `rank`'s unscaled gradients of every tensor, one after another.
     pub fn rank_values(&self, rank: u32) -> &[f32] {
-        &self.per_rank[rank as usize]
+        &self.per_rank[(rank - self.first) as usize]
     }
 
     /// Where tensor `tensor` starts in [`Gradients::rank_values`].
@@ -129,7 +133,7 @@ impl Gradients {
     pub fn fill(&self, rank: u32, iteration: u32, tensor: usize, out: &mut [f32]) {
         let start = self.tensor_offset[tensor];
         let scale = Gradients::scale(iteration);
-        let source = &self.per_rank[rank as usize][start..start + out.len()];
+        let source = &self.rank_values(rank)[start..start + out.len()];
         for (o, &g) in out.iter_mut().zip(source) {
             *o = g * scale;
         }

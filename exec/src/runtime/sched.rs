@@ -89,7 +89,7 @@ impl Readiness {
 
     /// Marks `task` done on this rank: compression tasks it unblocks join the queue, and
     /// collectives it unblocks are announced to the launch board.
-    pub fn complete(&self, job: &Job, board: &Board, task: u32) {
+    pub fn complete(&self, job: &Job, board: &dyn Board, task: u32) {
         let mut arrivals = Vec::new();
         {
             let mut sched = self.sched.lock().expect("the scheduler lock");

@@ -28,7 +28,7 @@ use super::nccl::Communicator;
 use super::server::{push_pull, Server};
 use crate::error::{ExecError, Result};
 use crate::runtime::backend::{Backend, Lane};
-use crate::runtime::board::Board;
+use crate::runtime::board::LocalBoard;
 use crate::runtime::check::Checker;
 use crate::runtime::driver::{drive, Local};
 use crate::runtime::pieces::{self, Gradients};
@@ -165,13 +165,14 @@ pub fn execute(job: &Job, placement: Placement, failure: &Failure) -> Result<Mea
         });
     }
     let world = placement.world;
-    let top = placement
+    let first = placement.local.iter().map(|&(r, _)| r).min().unwrap_or(0);
+    let end = placement
         .local
         .iter()
         .map(|&(r, _)| r + 1)
         .max()
         .unwrap_or(0);
-    let gradients = Gradients::new(schedule, top, options.seed);
+    let gradients = Gradients::new(schedule, first..end, options.seed);
     let checker = options.check.then(|| Checker::new(schedule, options.seed));
     let epoch = Instant::now();
     let run = Run {
@@ -189,7 +190,7 @@ pub fn execute(job: &Job, placement: Placement, failure: &Failure) -> Result<Mea
         .iter()
         .map(|&(rank, device)| run.rank(rank, device, policy.comm_streams))
         .collect::<Result<_>>()?;
-    let board = Board::new(
+    let board = LocalBoard::new(
         policy,
         &job.program,
         placement.local.len() as u32,

@@ -5,8 +5,10 @@
 //!                                                                   allgather (any sizes) │ push_pull │ broadcast
 //! ```
 
+pub mod backend;
 pub mod bench;
 pub mod conformance;
+mod coordinate;
 mod nonblocking;
 pub mod transport;
 pub mod wire;

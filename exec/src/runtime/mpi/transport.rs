@@ -29,6 +29,10 @@ const TAG_PUSH_SIZE: c_int = 1;
 const TAG_PUSH: c_int = 2;
 const TAG_PULL_SIZE: c_int = 3;
 const TAG_PULL: c_int = 4;
+/// Tags of the control messages (launch decisions, and the records gathered after a run).
+const TAG_WORD: c_int = 5;
+const TAG_DATA_SIZE: c_int = 6;
+const TAG_DATA: c_int = 7;
 
 /// A summing operation on payload bytes with a given MPI reduction.
 type Summing<'w> = fn(&Stream<'w>, &mut [u8], mpi::ffi::MPI_Op, &AtomicBool) -> Result<()>;
@@ -398,6 +402,34 @@ impl<'w> Stream<'w> {
         let flight = nonblocking::broadcast(self.raw(), buffer, root);
         *payload = self.finish(flight, "broadcast", None, abort)?;
         Ok(())
+    }
+
+    /// Sends one word to `to` (a launch decision).
+    pub fn send_word(&self, to: usize, value: u64, what: &str, abort: &AtomicBool) -> Result<()> {
+        let flight = nonblocking::send(self.raw(), vec![value], to, TAG_WORD);
+        self.finish(flight, what, Some(to), abort).map(|_| ())
+    }
+
+    /// Receives one word from `from` (see [`Stream::send_word`]).
+    pub fn receive_word(&self, from: usize, what: &str, abort: &AtomicBool) -> Result<u64> {
+        let flight = nonblocking::receive(self.raw(), vec![0u64], from, TAG_WORD);
+        Ok(self.finish(flight, what, Some(from), abort)?[0])
+    }
+
+    /// Sends bytes of any length to `to` (the records and `--check` data of a run).
+    pub fn send_data(
+        &self,
+        to: usize,
+        data: Vec<u8>,
+        what: &str,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        self.send_sized(to, data, (TAG_DATA_SIZE, TAG_DATA), what, abort)
+    }
+
+    /// Receives bytes sent by [`Stream::send_data`].
+    pub fn receive_data(&self, from: usize, what: &str, abort: &AtomicBool) -> Result<Vec<u8>> {
+        self.receive_sized(from, (TAG_DATA_SIZE, TAG_DATA), what, abort)
     }
 
     /// A barrier, bounded like every other operation (for benchmarks and tests).

@@ -1,0 +1,397 @@
+//! The CPU backends' shared core: a rank's buffers and codecs, compute as a calibrated busy loop, and the synchronization primitives on the real CPU kernels, over any transport with the collectives of [`Collectives`] (in-process channels or MPI).
+
+use super::backend::{Backend, Lane};
+use super::pieces::{self, wire_element_bytes, Gradients};
+use super::sched::Failure;
+use super::Job;
+use crate::compress::{Codec, MemoryState};
+use crate::error::Result;
+use crate::runtime::host::busy::BusyWork;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+use std::time::Instant;
+use syncopate_sim::compress::{Aggregation, Memory};
+use syncopate_sim::engine::TaskRecord;
+use syncopate_sim::schedule::{Exchange, Op, StepKind};
+use syncopate_sim::time::SimTime;
+
+/// One rank's end of a communication stream: the collectives a schedule's exchanges need.
+pub trait Collectives: Send {
+    /// Ring allreduce in the wire type (elements of `element` bytes, summed by the codec).
+    fn allreduce(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        codec: &dyn Codec,
+        abort: &AtomicBool,
+    ) -> Result<()>;
+    /// The reduce-scatter half: this rank ends with the sum of its shard.
+    fn reduce_scatter(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        codec: &dyn Codec,
+        abort: &AtomicBool,
+    ) -> Result<()>;
+    /// The all-gather half: the summed shards go to every rank.
+    fn allgather_chunks(
+        &self,
+        payload: &mut [u8],
+        element: usize,
+        abort: &AtomicBool,
+    ) -> Result<()>;
+    /// Every rank's payload, of any length, in rank order.
+    fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>>;
+    /// Parameter-server push/pull through rank `server`: returns the pulled payload.
+    #[allow(clippy::too_many_arguments)]
+    fn push_pull(
+        &self,
+        mine: Vec<u8>,
+        server: usize,
+        codec: &mut dyn Codec,
+        server_codec: &mut dyn Codec,
+        numel: usize,
+        abort: &AtomicBool,
+    ) -> Result<Vec<u8>>;
+}
+
+/// Where a rank reports its compression inputs and aggregated results for `--check`.
+pub trait CheckSink: Sync {
+    fn input(&self, piece: usize, rank: u32, iteration: u32, input: &[f32]);
+    fn result(&self, piece: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()>;
+}
+
+/// One rank's buffers and codec state for one piece.
+pub struct PieceState {
+    codec: Box<dyn Codec>,
+    server_codec: Box<dyn Codec>,
+    memory: MemoryState,
+    compensated: Vec<f32>,
+    payload: Vec<u8>,
+    /// This rank's own payload, kept for error feedback when the collective overwrites it.
+    own: Vec<u8>,
+    gathered: Vec<Vec<u8>>,
+    result: Vec<f32>,
+    transmitted: Vec<f32>,
+}
+
+pub struct RankState {
+    rank: u32,
+    groups: Vec<Mutex<Vec<f32>>>,
+    pieces: Vec<Mutex<PieceState>>,
+}
+
+/// Everything the threads of a CPU run share; `L` is the transport's link type.
+pub struct CpuRun<'a, L> {
+    pub job: &'a Job<'a>,
+    pub gradients: &'a Gradients,
+    pub checker: Option<&'a dyn CheckSink>,
+    pub busy: BusyWork,
+    pub world: u32,
+    /// Time zero of the run's records (aligned across processes by a barrier).
+    pub epoch: Instant,
+    pub failure: &'a Failure,
+    pub records: Mutex<Vec<TaskRecord>>,
+    _link: std::marker::PhantomData<fn(&L)>,
+}
+
+impl<'a, L> CpuRun<'a, L> {
+    pub fn new(
+        job: &'a Job<'a>,
+        gradients: &'a Gradients,
+        checker: Option<&'a dyn CheckSink>,
+        busy: BusyWork,
+        epoch: Instant,
+        failure: &'a Failure,
+    ) -> Self {
+        CpuRun {
+            job,
+            gradients,
+            checker,
+            busy,
+            world: job.schedule.world.ranks(),
+            epoch,
+            failure,
+            records: Mutex::new(Vec::new()),
+            _link: std::marker::PhantomData,
+        }
+    }
+
+    /// Rank `rank`'s buffers, codecs and memories.
+    pub fn rank_state(&self, rank: u32) -> RankState {
+        rank_state(self.job, rank)
+    }
+
+    /// The records of every task this process ran.
+    pub fn into_records(self) -> Vec<TaskRecord> {
+        self.records.into_inner().expect("the record lock")
+    }
+}
+
+fn rank_state(job: &Job, rank: u32) -> RankState {
+    let schedule = job.schedule;
+    let seed = job.options.seed;
+    RankState {
+        rank,
+        groups: schedule
+            .buffers
+            .iter()
+            .map(|b| Mutex::new(vec![0.0; b.numel as usize]))
+            .collect(),
+        pieces: schedule
+            .pieces
+            .iter()
+            .enumerate()
+            .map(|(i, piece)| {
+                let n = piece.numel as usize;
+                Mutex::new(PieceState {
+                    codec: pieces::codec(schedule, seed, i, Some(rank)),
+                    server_codec: pieces::codec(schedule, seed, i, None),
+                    memory: pieces::memory(piece),
+                    compensated: Vec::with_capacity(n),
+                    payload: Vec::new(),
+                    own: Vec::new(),
+                    gathered: Vec::new(),
+                    result: vec![0.0; n],
+                    transmitted: vec![0.0; n],
+                })
+            })
+            .collect(),
+    }
+}
+
+impl<L> CpuRun<'_, L> {
+    fn now(&self) -> SimTime {
+        SimTime(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn record(&self, rank: u32, task: u32, stream: u32, start: SimTime) {
+        let end = self.now();
+        self.records
+            .lock()
+            .expect("the record lock")
+            .push(TaskRecord {
+                rank,
+                task,
+                stream,
+                start,
+                end,
+            });
+    }
+
+    fn piece(&self, index: usize) -> &syncopate_sim::schedule::Piece {
+        &self.job.schedule.pieces[index]
+    }
+}
+
+impl<L: Collectives> Backend for CpuRun<'_, L> {
+    type Rank = RankState;
+    type Piece = PieceState;
+    type Opener = L;
+    type Link = L;
+    /// Host compute is done when `compute` returns.
+    type Running = std::convert::Infallible;
+
+    /// Busy work of the task's duration; a backward task also writes its synthetic gradient.
+    fn compute(&self, state: &RankState, task: u32) -> Result<Option<Self::Running>> {
+        let start = self.now();
+        self.busy.run_for(self.job.compute_ns(task));
+        if let StepKind::Backward { tensor } = self.job.step(task).kind {
+            let iteration = self.job.program.task(task).iteration;
+            let (group, slot) = self.job.slots[tensor as usize];
+            let (offset, numel) = (slot.offset as usize, slot.numel as usize);
+            let mut buffer = state.groups[group as usize]
+                .lock()
+                .expect("a group buffer lock");
+            self.gradients.fill(
+                state.rank,
+                iteration,
+                tensor as usize,
+                &mut buffer[offset..offset + numel],
+            );
+        }
+        self.record(state.rank, task, 0, start);
+        Ok(None)
+    }
+
+    fn is_done(&self, running: &Self::Running) -> Result<bool> {
+        match *running {}
+    }
+
+    fn finish(&self, _: &RankState, _: u32, running: Self::Running) -> Result<()> {
+        match running {}
+    }
+
+    /// The links are made before the threads start: the rank's end is handed over as is.
+    fn open(&self, _: &RankState, _: u32, link: L) -> Result<L> {
+        Ok(link)
+    }
+
+    /// Times the step on the wall clock; collectives are recorded once, by rank 0. The
+    /// `--check` reports follow the step (inside the timing: `--check` slows every rank
+    /// alike, and the run says its timings are not representative).
+    fn timed(
+        &self,
+        state: &RankState,
+        lane: &Lane<L>,
+        task: u32,
+        index: usize,
+        body: &mut dyn FnMut(&mut PieceState) -> Result<()>,
+    ) -> Result<()> {
+        let start = self.now();
+        let mut piece = state.pieces[index].lock().expect("a piece lock");
+        body(&mut piece)?;
+        if let Some(checker) = self.checker {
+            let step = self.job.step(task);
+            let iteration = self.job.program.task(task).iteration;
+            if step.ops.contains(&Op::Compensate) {
+                checker.input(index, state.rank, iteration, &piece.compensated);
+            }
+            if step.ops.contains(&Op::Decode) {
+                checker.result(index, state.rank, iteration, &piece.result)?;
+            }
+        }
+        drop(piece);
+        if matches!(lane, Lane::Codec) || state.rank == 0 {
+            self.record(state.rank, task, lane.trace_stream(), start);
+        }
+        Ok(())
+    }
+
+    fn compensate(
+        &self,
+        state: &RankState,
+        _: &Lane<L>,
+        piece: &mut PieceState,
+        index: usize,
+    ) -> Result<()> {
+        let spec = self.piece(index);
+        let buffer = state.groups[spec.group as usize]
+            .lock()
+            .expect("a group buffer lock");
+        piece
+            .memory
+            .compensate(&buffer[pieces::range(spec)], &mut piece.compensated)
+    }
+
+    fn encode(
+        &self,
+        _: &RankState,
+        _: &Lane<L>,
+        piece: &mut PieceState,
+        index: usize,
+    ) -> Result<()> {
+        piece.codec.encode(&piece.compensated, &mut piece.payload)?;
+        if self.piece(index).memory != Memory::None {
+            piece.own.clone_from(&piece.payload);
+        }
+        Ok(())
+    }
+
+    fn next_round(
+        &self,
+        _: &RankState,
+        _: &Lane<L>,
+        piece: &mut PieceState,
+        _: usize,
+    ) -> Result<()> {
+        let reduced = std::mem::take(&mut piece.payload);
+        piece.codec.next_round(&reduced, &mut piece.payload)
+    }
+
+    fn exchange(
+        &self,
+        _: &RankState,
+        lane: &Lane<L>,
+        piece: &mut PieceState,
+        index: usize,
+        round: u32,
+    ) -> Result<()> {
+        let Lane::Comm { link, .. } = lane else {
+            unreachable!("the schedule puts exchanges on communication streams")
+        };
+        let spec = self.piece(index);
+        let element = wire_element_bytes(&spec.compressor);
+        let abort = self.failure.flag();
+        match spec.rounds[round as usize].exchange {
+            Exchange::Allreduce | Exchange::HierarchicalAllreduce => {
+                link.allreduce(&mut piece.payload, element, &*piece.codec, abort)
+            }
+            // DeAR: the reduce-scatter half in backward, the all-gather half later.
+            Exchange::ReduceScatter => {
+                link.reduce_scatter(&mut piece.payload, element, &*piece.codec, abort)
+            }
+            Exchange::AllgatherShards => link.allgather_chunks(&mut piece.payload, element, abort),
+            Exchange::Allgather => {
+                piece.gathered = link.allgather(piece.payload.clone(), abort)?;
+                Ok(())
+            }
+            Exchange::PushPull { .. } | Exchange::CompressedRing => {
+                piece.payload = link.push_pull(
+                    std::mem::take(&mut piece.payload),
+                    pieces::server_rank(spec, self.world) as usize,
+                    &mut *piece.codec,
+                    &mut *piece.server_codec,
+                    spec.numel as usize,
+                    abort,
+                )?;
+                Ok(())
+            }
+        }
+    }
+
+    fn decode(
+        &self,
+        _: &RankState,
+        _: &Lane<L>,
+        piece: &mut PieceState,
+        index: usize,
+    ) -> Result<()> {
+        piece.result.fill(0.0);
+        match self.piece(index).aggregation {
+            Aggregation::Allreduce | Aggregation::ParameterServer => {
+                piece.codec.decode_add(&piece.payload, &mut piece.result)
+            }
+            Aggregation::Allgather => {
+                for payload in &piece.gathered {
+                    piece.codec.decode_add(payload, &mut piece.result)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn update_memory(
+        &self,
+        _: &RankState,
+        _: &Lane<L>,
+        piece: &mut PieceState,
+        index: usize,
+    ) -> Result<()> {
+        // Error feedback keeps what this rank's own payload did not carry. A multi-round codec
+        // (PowerSGD) has no payload of its own to decode: its transmitted part is the averaged
+        // low-rank result, as in PyTorch's hook.
+        if self.piece(index).compressor.allreduce_rounds() > 1 {
+            let world = self.world as f32;
+            for (t, &r) in piece.transmitted.iter_mut().zip(&piece.result) {
+                *t = r / world;
+            }
+        } else {
+            piece.transmitted.fill(0.0);
+            piece.codec.decode_add(&piece.own, &mut piece.transmitted)?;
+        }
+        piece.memory.update(&piece.compensated, &piece.transmitted)
+    }
+
+    fn scale_output(
+        &self,
+        _: &RankState,
+        _: &Lane<L>,
+        piece: &mut PieceState,
+        _: usize,
+    ) -> Result<()> {
+        let scale = piece.memory.output_scale();
+        piece.result.iter_mut().for_each(|x| *x *= scale);
+        Ok(())
+    }
+}
