@@ -7,6 +7,7 @@ mod compression;
 mod data_files;
 mod experiments;
 mod lab;
+mod robustness;
 mod runtime;
 mod simulator;
 mod tuning;

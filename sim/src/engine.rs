@@ -57,6 +57,9 @@ pub struct EngineResult {
     pub codec_busy: Vec<SimTime>,
     /// Per iteration: time some collective was running.
     pub comm_busy: Vec<SimTime>,
+    /// Per iteration: time some collective was running while a rank's compute stream was
+    /// idle, summed over ranks (communication that compute does not hide).
+    pub comm_exposed: Vec<SimTime>,
     pub records: Vec<TaskRecord>,
     pub events: u64,
     /// When the last task finished.
@@ -189,6 +192,10 @@ struct Engine<'a> {
     versions: u64,
     /// Start of the current stretch with some collective running, for `comm_busy`.
     comm_busy_since: SimTime,
+    /// Ranks whose compute stream is running a task.
+    computing: u32,
+    /// Rank-nanoseconds of the current stretch with compute idle, for `comm_exposed`.
+    exposed_in_stretch: u128,
     codec_active: Vec<bool>,
     result: EngineResult,
 }
@@ -222,12 +229,15 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         comm: vec![None; config.policy.comm_streams.max(1) as usize],
         versions: 0,
         comm_busy_since: SimTime::ZERO,
+        computing: 0,
+        exposed_in_stretch: 0,
         codec_active: vec![false; ranks],
         result: EngineResult {
             iteration_end: vec![SimTime::ZERO; iterations],
             compute_busy: vec![SimTime::ZERO; iterations],
             codec_busy: vec![SimTime::ZERO; iterations],
             comm_busy: vec![SimTime::ZERO; iterations],
+            comm_exposed: vec![SimTime::ZERO; iterations],
             records: Vec::new(),
             events: 0,
             makespan: SimTime::ZERO,
@@ -242,7 +252,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
     }
     engine.dispatch();
     while let Some(&Reverse((time, _, _))) = engine.events.peek() {
-        engine.now = time;
+        engine.advance(time);
         while let Some(&Reverse((t, _, event))) = engine.events.peek() {
             if t != time {
                 break;
@@ -266,6 +276,15 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
 }
 
 impl Engine<'_> {
+    /// Moves time to `to`, counting the ranks whose compute stays idle while a collective runs.
+    fn advance(&mut self, to: SimTime) {
+        if self.active_collectives() > 0 {
+            let idle = u128::from(self.ranks_n - self.computing);
+            self.exposed_in_stretch += u128::from((to - self.now).as_ns()) * idle;
+        }
+        self.now = to;
+    }
+
     fn push(&mut self, time: SimTime, event: Event) {
         self.seq += 1;
         self.events.push(Reverse((time, self.seq, event)));
@@ -344,7 +363,10 @@ impl Engine<'_> {
         let busy = self.now - running.start;
         self.finished[running.task as usize] += 1;
         match resource {
-            LocalStream::Compute => self.result.compute_busy[iteration] += busy,
+            LocalStream::Compute => {
+                self.computing -= 1;
+                self.result.compute_busy[iteration] += busy;
+            }
             LocalStream::Codec | LocalStream::Cpu => self.result.codec_busy[iteration] += busy,
         }
         if resource == LocalStream::Codec {
@@ -393,6 +415,8 @@ impl Engine<'_> {
         }
         if self.active_collectives() == 0 {
             self.result.comm_busy[iteration] += self.now - self.comm_busy_since;
+            let exposed = u64::try_from(std::mem::take(&mut self.exposed_in_stretch));
+            self.result.comm_exposed[iteration] += SimTime(exposed.unwrap_or(u64::MAX));
         }
         self.rerate_comm();
         if self.active_collectives() == 0 {
@@ -498,6 +522,7 @@ impl Engine<'_> {
             self.rerate_compute(rank);
         }
         let rate = if which == LocalStream::Compute {
+            self.computing += 1;
             self.compute_rate(rank)
         } else {
             1.0

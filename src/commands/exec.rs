@@ -321,7 +321,7 @@ fn write_trace(
     summary: &MeasuredSummary,
 ) -> anyhow::Result<()> {
     let trace = measured_trace(model, job, measured, summary)?;
-    std::fs::write(path, serde_json::to_string(&trace)?)
+    super::write_atomically(path, &serde_json::to_string(&trace)?)
         .with_context(|| format!("cannot write {}", path.display()))
 }
 

@@ -151,7 +151,7 @@ fn measure_and_fit(
 
 fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)? + "\n";
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    super::write_atomically(path, &text).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn report_up(

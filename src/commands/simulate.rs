@@ -46,7 +46,8 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             args.cpu_compression.as_deref(),
         ));
         let text = serde_json::to_string_pretty(&plan)? + "\n";
-        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        super::write_atomically(path, &text)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let options = SimOptions {
         warmup: args.warmup,
@@ -62,7 +63,8 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let outcome = simulate(&base, &plan, &options)?;
     if let (Some(path), Some(trace)) = (&args.trace, &outcome.trace) {
         let text = serde_json::to_string(trace)?;
-        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        super::write_atomically(path, &text)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     match args.format {
         Format::Json => super::print_json(&outcome.summary),
