@@ -1,9 +1,11 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
 pub mod calibrate;
+pub mod chart;
 pub mod collective;
 pub mod compress;
 pub mod cost;
+pub mod csv;
 pub mod data;
 pub mod device;
 pub mod engine;
