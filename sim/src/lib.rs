@@ -28,5 +28,6 @@ pub mod time;
 pub mod topology;
 pub mod trace;
 pub mod units;
+pub mod validate;
 
 pub use error::{Result, SimError};
