@@ -3,6 +3,7 @@
 pub mod calibrate;
 pub mod chart;
 pub mod collective;
+pub mod compare;
 pub mod compress;
 pub mod cost;
 pub mod csv;

@@ -12,6 +12,7 @@ mod tune;
 mod validate;
 
 use crate::cli::{Cli, Command, ExperimentCommand};
+use anyhow::Context;
 
 /// Exit code for a failed command: 3 when a GPU was needed and none is usable, 1 for other
 /// errors (bad input, failed runs).
@@ -50,6 +51,16 @@ pub fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<(
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&temp);
         })
+}
+
+/// Writes `text` to `path`, naming the file in the error.
+pub fn write_file(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Writes a value as pretty JSON and a final line break.
+pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
+    write_file(path, &(serde_json::to_string_pretty(value)? + "\n"))
 }
 
 /// Serializes a value as pretty JSON on stdout.
