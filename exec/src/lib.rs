@@ -2,6 +2,7 @@
 
 pub mod compress;
 pub mod error;
+pub mod profile_cluster;
 pub mod profile_host;
 pub mod runtime;
 

@@ -1,8 +1,8 @@
 //! `syncopate validate`: runs a plan for real and simulates the same scenario with this machine's profiles, then reports predicted vs measured.
 
 use super::exec::Chosen;
-use super::profile::{host_cluster, powers_of_four};
 use crate::cli::{Format, ValidateArgs};
+use syncopate_exec::profile_cluster::{host_cluster, powers_of_four};
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
