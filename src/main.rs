@@ -2,7 +2,6 @@
 
 mod cli;
 mod commands;
-mod csv;
 mod plot;
 
 use clap::Parser;

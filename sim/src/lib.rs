@@ -12,6 +12,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod evaluate;
+pub mod experiment;
 pub mod graph;
 pub mod launch;
 pub mod model;

@@ -1,160 +1,32 @@
-//! Grid experiments: panels (model on cluster) × GPU layouts × configurations, with throughput and speedup plots.
+//! A grid experiment's rows as CSV, chart panels and a Markdown table, with each config's speedup over the baseline.
 
+use super::{ConfigSpec, GridSpec, PanelSpec};
+use crate::chart::{Panel, Series};
 use crate::csv::Csv;
-use crate::plot::{self, Panel, Series};
-use serde::Deserialize;
+use crate::sweep::{Outcome, Row};
 use std::fmt::Write as _;
-use std::path::Path;
-use syncopate_sim::compress::{Compressor, Memory};
-use syncopate_sim::plan::Scheme;
-use syncopate_sim::strategy::StrategyOptions;
-use syncopate_sim::sweep::{self, Outcome, Point, Row};
-use syncopate_sim::topology::ClusterOverrides;
-use syncopate_sim::SimError;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GridSpec {
-    format_version: u32,
-    title: String,
-    panels: Vec<PanelSpec>,
-    layouts: Vec<LayoutSpec>,
-    configs: Vec<ConfigSpec>,
-    /// A config label: every other config's speedup over it is reported and plotted.
-    #[serde(default)]
-    baseline: Option<String>,
-}
-
-/// A model on a cluster; model and cluster are shipped names or paths relative to the experiment.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PanelSpec {
-    title: String,
-    model: String,
-    cluster: String,
-    #[serde(default)]
-    inter_gbps: Option<f64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LayoutSpec {
-    nodes: u32,
-    gpus_per_node: u32,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigSpec {
-    label: String,
-    strategy: String,
-    compressor: Compressor,
-    #[serde(default = "no_memory")]
-    memory: Memory,
-    #[serde(default)]
-    scheme: Option<Scheme>,
-}
-
-fn no_memory() -> Memory {
-    Memory::None
-}
-
-/// A shipped name stays a name; a path is taken relative to the experiment directory.
-pub fn resolve(dir: &Path, name_or_path: &str) -> String {
-    if name_or_path.ends_with(".json") || name_or_path.contains('/') {
-        dir.join(name_or_path).to_string_lossy().into_owned()
-    } else {
-        name_or_path.to_string()
-    }
-}
-
-pub fn run(spec: &GridSpec, label: &str, dir: &Path) -> anyhow::Result<String> {
-    super::check_version(label, spec.format_version)?;
-    for (field, empty) in [
-        ("panels", spec.panels.is_empty()),
-        ("layouts", spec.layouts.is_empty()),
-        ("configs", spec.configs.is_empty()),
-    ] {
-        if empty {
-            return Err(SimError::invalid(label, field, "needs at least one entry").into());
-        }
-    }
-    if let Some(base) = &spec.baseline {
-        if !spec.configs.iter().any(|c| &c.label == base) {
-            return Err(SimError::invalid(
-                label,
-                "baseline",
-                format!("`{base}` is not the label of any config"),
-            )
-            .into());
-        }
-    }
-    let mut points = Vec::new();
-    for panel in &spec.panels {
-        for layout in &spec.layouts {
-            for (i, config) in spec.configs.iter().enumerate() {
-                let strategy = config.strategy.parse().map_err(|e| {
-                    SimError::invalid(label, format!("configs[{i}].strategy"), format!("{e}"))
-                })?;
-                points.push(Point {
-                    model: resolve(dir, &panel.model),
-                    cluster: resolve(dir, &panel.cluster),
-                    overrides: ClusterOverrides {
-                        nodes: Some(layout.nodes),
-                        gpus_per_node: Some(layout.gpus_per_node),
-                        inter_gbps: panel.inter_gbps,
-                    },
-                    strategy,
-                    compressor: config.compressor,
-                    memory: config.memory,
-                    scheme: config.scheme,
-                });
-            }
-        }
-    }
-    let rows = sweep::run(&points, &StrategyOptions::default())?;
-    let results = Results { spec, rows: &rows };
-    results.csv().write(&dir.join("results.csv"))?;
-    plot::write_svg(
-        &dir.join("throughput.svg"),
-        &spec.title,
-        &results.panels(|r| r.throughput(), "throughput (samples/s, all GPUs)"),
-        2,
-    )?;
-    if let Some(base) = &spec.baseline {
-        plot::write_svg(
-            &dir.join("speedup.svg"),
-            &format!("{} — speedup over {base}", spec.title),
-            &results.panels(|r| r.speedup, &format!("speedup over {base} (×)")),
-            2,
-        )?;
-    }
-    Ok(results.markdown())
-}
 
 /// One cell of the results: a row with its speedup over the baseline at the same panel and layout.
-struct Cell<'a> {
+pub struct Cell<'a> {
     panel: &'a PanelSpec,
     config: &'a ConfigSpec,
     row: &'a Row,
-    speedup: Option<f64>,
+    pub speedup: Option<f64>,
 }
 
 impl Cell<'_> {
-    fn throughput(&self) -> Option<f64> {
-        match &self.row.outcome {
-            Outcome::Done(s) => Some(s.throughput_samples_per_s),
-            Outcome::Skipped(_) => None,
-        }
+    pub fn throughput(&self) -> Option<f64> {
+        self.row.summary().map(|s| s.throughput_samples_per_s)
     }
 }
 
-struct Results<'a> {
-    spec: &'a GridSpec,
-    rows: &'a [Row],
+/// The rows of a grid, in the order its points were generated.
+pub struct Table<'a> {
+    pub spec: &'a GridSpec,
+    pub rows: &'a [Row],
 }
 
-impl Results<'_> {
+impl Table<'_> {
     /// Rows were generated panel-major, then layout, then config.
     fn cells(&self) -> Vec<Cell<'_>> {
         let per_layout = self.spec.configs.len();
@@ -167,13 +39,12 @@ impl Results<'_> {
                 let first = i - i % per_layout;
                 let base = self.spec.baseline.as_ref().and_then(|base| {
                     let at = self.spec.configs.iter().position(|c| &c.label == base)?;
-                    match &self.rows[first + at].outcome {
-                        Outcome::Done(s) => Some(s.throughput_samples_per_s),
-                        Outcome::Skipped(_) => None,
-                    }
+                    self.rows[first + at]
+                        .summary()
+                        .map(|s| s.throughput_samples_per_s)
                 });
-                let speedup = match (&row.outcome, base) {
-                    (Outcome::Done(s), Some(b)) => Some(s.throughput_samples_per_s / b),
+                let speedup = match (row.summary(), base) {
+                    (Some(s), Some(b)) => Some(s.throughput_samples_per_s / b),
                     _ => None,
                 };
                 Cell {
@@ -186,7 +57,7 @@ impl Results<'_> {
             .collect()
     }
 
-    fn csv(&self) -> Csv {
+    pub fn csv(&self) -> Csv {
         let mut csv = Csv::new(&[
             "panel",
             "model",
@@ -238,7 +109,8 @@ impl Results<'_> {
         csv
     }
 
-    fn panels(&self, metric: impl Fn(&Cell) -> Option<f64>, y_label: &str) -> Vec<Panel> {
+    /// One panel per spec panel, one line per config: `metric` against the GPU count.
+    pub fn panels(&self, metric: impl Fn(&Cell) -> Option<f64>, y_label: &str) -> Vec<Panel> {
         let cells = self.cells();
         self.spec
             .panels
@@ -269,7 +141,7 @@ impl Results<'_> {
 
     /// Throughput per configuration (columns) for each panel and layout (rows), with the
     /// speedup over the baseline when there is one.
-    fn markdown(&self) -> String {
+    pub fn markdown(&self) -> String {
         let mut md = String::from("| setup | GPUs |");
         for config in &self.spec.configs {
             let _ = write!(md, " {} |", config.label);
