@@ -84,17 +84,7 @@ mod tests {
     use super::*;
 
     fn row(model: &str, workers: u32, method: &str, throughput: f64) -> Measurement {
-        Measurement {
-            model: model.to_string(),
-            workers,
-            method: method.to_string(),
-            ratio: "n/a".to_string(),
-            memory: "n/a".to_string(),
-            comm_method: "allreduce".to_string(),
-            throughput,
-            runs: 1,
-            excluded: None,
-        }
+        Measurement::test_row(model, workers, method, throughput)
     }
 
     #[test]

@@ -22,6 +22,24 @@ pub struct Measurement {
     pub excluded: Option<String>,
 }
 
+#[cfg(test)]
+impl Measurement {
+    /// One run of a configuration without ratio or memory, for tests.
+    pub fn test_row(model: &str, workers: u32, method: &str, throughput: f64) -> Measurement {
+        Measurement {
+            model: model.to_string(),
+            workers,
+            method: method.to_string(),
+            ratio: "n/a".to_string(),
+            memory: "n/a".to_string(),
+            comm_method: "allreduce".to_string(),
+            throughput,
+            runs: 1,
+            excluded: None,
+        }
+    }
+}
+
 /// A configuration: model, workers, method, ratio, memory, communication method.
 type Key = (String, u32, String, String, String, String);
 

@@ -265,3 +265,52 @@ impl Report<'_> {
         md
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::compute;
+    use super::*;
+    use crate::data;
+
+    fn spec() -> GraceSpec {
+        let text = r#"{
+            "format_version": 1, "title": "t", "data": "grace.csv",
+            "base_cluster": "v100-tcp", "base_device": "v100-pcie-32gb", "strategy": "horovod",
+            "network_model": "resnet50", "upper_bound_min_ratio": 0.5, "fit_workers": 2,
+            "batch_sizes": [32],
+            "models": [
+                { "grace": "resnet50", "profile": "resnet50", "file": "r.json" },
+                { "grace": "vgg19", "profile": "vgg19", "file": "v.json" }
+            ],
+            "methods": [{ "grace": "none", "compressor": "none", "note": "dense" }]
+        }"#;
+        data::parse_json("spec.json", text).unwrap()
+    }
+
+    #[test]
+    fn rows_are_fitted_by_role_and_excluded_rows_never_are() {
+        let row = Measurement::test_row;
+        let mut vgg_one = row("vgg19", 1, "none", 30.0);
+        vgg_one.excluded = Some("slower per worker".to_string());
+        let mut excluded = row("resnet50", 2, "dgc", 150.0);
+        excluded.excluded = Some("below the upper bound".to_string());
+        let data = [
+            (row("resnet50", 1, "none", 100.0), true),
+            (row("resnet50", 4, "none", 300.0), true),
+            (row("vgg19", 4, "none", 60.0), false),
+            // vgg19's 1-worker row is excluded: its fastest row per worker is its compute target.
+            (vgg_one, false),
+            (row("vgg19", 2, "none", 50.0), true),
+            (row("resnet50", 2, "fp16", 170.0), true),
+            (row("resnet50", 4, "fp16", 320.0), false),
+            (excluded, false),
+        ];
+        let spec = spec();
+        let rows: Vec<Measurement> = data.iter().map(|(m, _)| m.clone()).collect();
+        let targets = compute::targets(&spec, &rows).unwrap();
+        assert_eq!(targets["vgg19"].images_per_s, 25.0);
+        for (m, fitted) in &data {
+            assert_eq!(fitted_row(&spec, &targets, m), *fitted, "{m:?}");
+        }
+    }
+}

@@ -139,3 +139,69 @@ fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
     }
     Ok(points)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(baseline: &str) -> GridSpec {
+        let text = format!(
+            r#"{{
+                "format_version": 1,
+                "title": "t",
+                "panels": [{{ "title": "ResNet-50", "model": "resnet50", "cluster": "v100-10gbe" }}],
+                "layouts": [{{ "nodes": 1, "gpus_per_node": 1 }}, {{ "nodes": 2, "gpus_per_node": 1 }}],
+                "configs": [
+                    {{ "label": "dense", "strategy": "horovod", "compressor": "none" }},
+                    {{ "label": "half", "strategy": "horovod", "compressor": "fp16" }},
+                    {{ "label": "merged", "strategy": "mergecomp", "compressor": "none" }}
+                ],
+                "baseline": {baseline}
+            }}"#
+        );
+        data::parse_json("spec.json", &text).unwrap()
+    }
+
+    #[test]
+    fn speedups_are_over_the_baseline_at_the_same_layout() {
+        let results = run(&spec("\"dense\""), "spec.json", Path::new(".")).unwrap();
+        let lines: Vec<&str> = results.csv.lines().collect();
+        assert_eq!(lines.len(), 1 + 2 * 3, "{}", results.csv);
+        assert!(lines[0].ends_with(",speedup_vs_baseline"));
+        // The baseline's own speedup is 1; a skipped config has neither throughput nor speedup.
+        assert!(
+            lines[1].contains(",dense,") && lines[1].ends_with(",1.0000"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[3].contains(",merged,") && lines[3].contains(",skipped: "));
+        assert!(lines[3].ends_with(",,,,"), "{}", lines[3]);
+        let files: Vec<&str> = results.charts.iter().map(|c| c.file.as_str()).collect();
+        assert_eq!(files, ["throughput.svg", "speedup.svg"]);
+        // One line per config that ran, one point per layout.
+        let series = &results.charts[0].panels[0].series;
+        assert_eq!(series.len(), 2);
+        assert!(series.iter().all(|s| s.points.len() == 2));
+        assert!(results.table.contains("(1.00×)") && results.table.contains("skipped"));
+        assert!(results.inputs.is_empty());
+    }
+
+    #[test]
+    fn without_a_baseline_there_is_no_speedup_chart() {
+        let results = run(&spec("null"), "spec.json", Path::new(".")).unwrap();
+        assert_eq!(results.charts.len(), 1);
+        assert!(!results.table.contains('×'));
+    }
+
+    #[test]
+    fn a_baseline_that_is_no_config_is_an_error_naming_it() {
+        let err = run(&spec("\"sparse\""), "spec.json", Path::new("."))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("baseline") && err.contains("`sparse`"),
+            "{err}"
+        );
+    }
+}

@@ -3,7 +3,10 @@
 use super::{ConfigSpec, GridSpec, PanelSpec};
 use crate::chart::{Panel, Series};
 use crate::csv::Csv;
-use crate::sweep::{Outcome, Row};
+use crate::sweep::table::{
+    config_fields, layout_fields, outcome_fields, CONFIG_COLUMNS, LAYOUT_COLUMNS, OUTCOME_COLUMNS,
+};
+use crate::sweep::Row;
 use std::fmt::Write as _;
 
 /// One cell of the results: a row with its speedup over the baseline at the same panel and layout.
@@ -58,52 +61,28 @@ impl Table<'_> {
     }
 
     pub fn csv(&self) -> Csv {
-        let mut csv = Csv::new(&[
-            "panel",
-            "model",
-            "cluster",
-            "inter_gbps",
-            "nodes",
-            "gpus_per_node",
-            "gpus",
-            "config",
-            "strategy",
-            "compressor",
-            "memory",
-            "status",
-            "iteration_time_ms",
-            "throughput_samples_per_s",
-            "scaling_efficiency",
-            "speedup_vs_baseline",
-        ]);
+        let mut csv = Csv::new(
+            &[
+                &["panel", "model", "cluster"][..],
+                &LAYOUT_COLUMNS,
+                &["config"],
+                &CONFIG_COLUMNS,
+                &OUTCOME_COLUMNS,
+                &["speedup_vs_baseline"],
+            ]
+            .concat(),
+        );
         for cell in self.cells() {
-            let (row, p) = (cell.row, &cell.row.point);
             let mut fields = vec![
                 cell.panel.title.clone(),
                 cell.panel.model.clone(),
                 cell.panel.cluster.clone(),
-                row.layout.inter_gbps.to_string(),
-                row.layout.nodes.to_string(),
-                row.layout.gpus_per_node.to_string(),
-                row.layout.gpus().to_string(),
-                cell.config.label.clone(),
-                p.strategy.to_string(),
-                p.compressor.to_string(),
-                p.memory.to_string(),
             ];
-            match &row.outcome {
-                Outcome::Done(s) => fields.extend([
-                    "ok".to_string(),
-                    format!("{:.4}", s.iteration_time_ms),
-                    format!("{:.2}", s.throughput_samples_per_s),
-                    format!("{:.4}", s.scaling_efficiency),
-                    cell.speedup.map(|x| format!("{x:.4}")).unwrap_or_default(),
-                ]),
-                Outcome::Skipped(why) => {
-                    fields.push(format!("skipped: {why}"));
-                    fields.extend(std::iter::repeat_n(String::new(), 4));
-                }
-            }
+            fields.extend(layout_fields(cell.row));
+            fields.push(cell.config.label.clone());
+            fields.extend(config_fields(cell.row));
+            fields.extend(outcome_fields(cell.row));
+            fields.push(cell.speedup.map(|x| format!("{x:.4}")).unwrap_or_default());
             csv.row(fields);
         }
         csv
