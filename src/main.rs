@@ -3,7 +3,6 @@
 mod args;
 mod cli;
 mod commands;
-mod csv;
 mod plot;
 
 use clap::Parser;

@@ -4,19 +4,7 @@ use anyhow::{anyhow, Context};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use std::path::Path;
-
-/// One line of a panel.
-pub struct Series {
-    pub label: String,
-    pub points: Vec<(f64, f64)>,
-}
-
-pub struct Panel {
-    pub title: String,
-    pub x_label: String,
-    pub y_label: String,
-    pub series: Vec<Series>,
-}
+use syncopate_sim::chart::Panel;
 
 const PANEL_WIDTH: u32 = 620;
 const PANEL_HEIGHT: u32 = 440;

@@ -3,6 +3,7 @@
 pub mod compress;
 pub mod error;
 pub mod lab;
+pub mod profile_cluster;
 pub mod profile_host;
 pub mod runtime;
 

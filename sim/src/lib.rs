@@ -1,14 +1,18 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
 pub mod calibrate;
+pub mod chart;
 pub mod collective;
+pub mod compare;
 pub mod compress;
 pub mod cost;
+pub mod csv;
 pub mod data;
 pub mod device;
 pub mod engine;
 pub mod error;
 pub mod evaluate;
+pub mod experiment;
 pub mod graph;
 pub mod launch;
 pub mod limits;
@@ -27,5 +31,6 @@ pub mod time;
 pub mod topology;
 pub mod trace;
 pub mod units;
+pub mod validate;
 
 pub use error::{Result, SimError};

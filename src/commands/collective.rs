@@ -1,49 +1,11 @@
 //! `syncopate collective`: nccl-tests-style predictions, comparison with measurements, fitting.
 
 use crate::cli::{CollectiveArgs, Format};
-use anyhow::Context;
-use serde::Serialize;
 use syncopate_sim::calibrate::{self, Measurement};
-use syncopate_sim::collective::{self, Estimate, Group, Op};
-use syncopate_sim::topology::Cluster;
+use syncopate_sim::collective::{Group, Op};
+use syncopate_sim::compare::{self, Row};
+use syncopate_sim::topology::{Cluster, Library};
 use syncopate_sim::units::{format_bytes, parse_byte_list, parse_bytes};
-
-/// One row of the prediction table (and of the JSON output).
-#[derive(Serialize)]
-struct Row {
-    bytes: u64,
-    time_us: f64,
-    /// nccl-tests' algorithm bandwidth in GB/s.
-    algbw_gbps: f64,
-    /// nccl-tests' bus bandwidth in GB/s.
-    busbw_gbps: f64,
-    algorithm: &'static str,
-    protocol: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    measured_time_us: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error_pct: Option<f64>,
-}
-
-impl Row {
-    fn new(op: Op, ranks: u32, bytes: u64, estimate: &Estimate, measured: Option<f64>) -> Row {
-        let algbw = estimate.algbw_gbytes_per_s(bytes);
-        Row {
-            bytes,
-            time_us: round3(estimate.time.as_us()),
-            algbw_gbps: round3(algbw),
-            busbw_gbps: round3(algbw * op.bus_factor(ranks)),
-            algorithm: estimate.algorithm.name(),
-            protocol: estimate.protocol.name(),
-            measured_time_us: measured,
-            error_pct: measured.map(|m| round3((estimate.time.as_us() - m) / m * 100.0)),
-        }
-    }
-}
-
-fn round3(value: f64) -> f64 {
-    (value * 1e3).round() / 1e3
-}
 
 pub fn run(args: &CollectiveArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
@@ -55,47 +17,26 @@ pub fn run(args: &CollectiveArgs) -> anyhow::Result<()> {
 }
 
 fn predict(cluster: &Cluster, op: Op, args: &CollectiveArgs) -> anyhow::Result<()> {
-    let sizes = parse_byte_list(&args.bytes)?;
-    let group = Group::world(cluster);
-    let rows = sizes
-        .iter()
-        .map(|&bytes| {
-            Ok(Row::new(
-                op,
-                group.ranks,
-                bytes,
-                &collective::estimate(cluster, op, bytes, group)?,
-                None,
-            ))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let rows = compare::predict(cluster, op, &parse_byte_list(&args.bytes)?)?;
     match args.format {
         Format::Json => super::print_json(&rows),
         Format::Text => {
+            let library = match cluster.library {
+                Library::Nccl(_) => "NCCL",
+                Library::Mpi(_) => "MPI/TCP",
+            };
             println!(
-                "# {op} on {} ({} nodes x {} GPUs = {} ranks), {} library",
+                "# {op} on {} ({} nodes x {} GPUs = {} ranks), {library} library",
                 cluster.name,
                 cluster.nodes,
                 cluster.gpus_per_node,
-                group.ranks,
-                library_name(cluster)
+                Group::world(cluster).ranks,
             );
-            print_table(&rows);
+            print_header(false);
+            rows.iter().for_each(print_row);
             Ok(())
         }
     }
-}
-
-fn library_name(cluster: &Cluster) -> &'static str {
-    match cluster.library {
-        syncopate_sim::topology::Library::Nccl(_) => "NCCL",
-        syncopate_sim::topology::Library::Mpi(_) => "MPI/TCP",
-    }
-}
-
-fn print_table(rows: &[Row]) {
-    print_header(rows.iter().any(|r| r.measured_time_us.is_some()));
-    rows.iter().for_each(print_row);
 }
 
 fn print_header(measured: bool) {
@@ -144,8 +85,7 @@ fn compare(
         Some(out) => {
             let (fitted, score) =
                 calibrate::fit(cluster, op, &measurements, args.fit_only.as_deref())?;
-            let text = serde_json::to_string_pretty(&fitted)? + "\n";
-            std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
+            super::write_json(out, &fitted)?;
             let fields = match &args.fit_only {
                 Some(names) => names.join(", "),
                 None => calibrate::fitted_fields().join(", "),
@@ -157,45 +97,14 @@ fn compare(
             fitted
         }
     };
-    let predictions = calibrate::predict(&cluster, op, &measurements)?;
-    let table = calibrate::error_table(&measurements, &predictions);
+    let comparison = compare::compare(&cluster, op, &measurements)?;
     match args.format {
-        Format::Json => {
-            #[derive(Serialize)]
-            struct Report<'a> {
-                rows: Vec<Row>,
-                error_by_gpus: Vec<ErrorJson>,
-                cluster: &'a str,
-            }
-            #[derive(Serialize)]
-            struct ErrorJson {
-                gpus: u32,
-                points: usize,
-                mean_abs_error_pct: f64,
-                max_abs_error_pct: f64,
-            }
-            let rows = rows_with_measurements(op, &measurements, &predictions);
-            let error_by_gpus = table
-                .iter()
-                .map(|r| ErrorJson {
-                    gpus: r.gpus,
-                    points: r.points,
-                    mean_abs_error_pct: round3(r.mean_abs_pct),
-                    max_abs_error_pct: round3(r.max_abs_pct),
-                })
-                .collect();
-            super::print_json(&Report {
-                rows,
-                error_by_gpus,
-                cluster: &cluster.name,
-            })
-        }
+        Format::Json => super::print_json(&comparison),
         Format::Text => {
-            let rows = rows_with_measurements(op, &measurements, &predictions);
             let mut gpus = 0;
-            for (m, row) in measurements.iter().zip(&rows) {
-                if m.gpus != gpus {
-                    gpus = m.gpus;
+            for row in &comparison.rows {
+                if row.gpus != gpus {
+                    gpus = row.gpus;
                     println!("\n# {op}, {gpus} GPUs on {}", cluster.name);
                     print_header(true);
                 }
@@ -210,7 +119,7 @@ fn compare(
                 "{:>6} {:>7} {:>14} {:>13}",
                 "gpus", "points", "mean |err| %", "max |err| %"
             );
-            for r in &table {
+            for r in &comparison.errors {
                 println!(
                     "{:>6} {:>7} {:>14.1} {:>13.1}",
                     r.gpus, r.points, r.mean_abs_pct, r.max_abs_pct
@@ -219,16 +128,4 @@ fn compare(
             Ok(())
         }
     }
-}
-
-fn rows_with_measurements(
-    op: Op,
-    measurements: &[Measurement],
-    predictions: &[Estimate],
-) -> Vec<Row> {
-    measurements
-        .iter()
-        .zip(predictions)
-        .map(|(m, p)| Row::new(op, m.gpus, m.bytes, p, Some(m.time_us)))
-        .collect()
 }

@@ -2,9 +2,7 @@
 
 use super::print_json;
 use crate::cli::{Format, LabCommand, LabProbeCommand, LabRunArgs, LabStatusArgs, LabUpArgs};
-use anyhow::Context;
 use serde::Serialize;
-use std::path::Path;
 use std::time::Duration;
 use syncopate_exec::lab::fit::{self, LabMeasurements};
 use syncopate_exec::lab::measure::{self, ProbeOptions, SelfExe};
@@ -141,17 +139,12 @@ fn measure_and_fit(
     let cluster = match &args.cluster_out {
         Some(path) => {
             let cluster = fit::cluster(made, &measurements, &args.device, command)?;
-            write_json(path, &cluster)?;
+            super::write_json(path, &cluster)?;
             Some(cluster)
         }
         None => None,
     };
     Ok((measurements, cluster))
-}
-
-fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)? + "\n";
-    super::write_atomically(path, &text).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn report_up(

@@ -13,6 +13,7 @@ mod tune;
 mod validate;
 
 use crate::cli::{Cli, Command, ExperimentCommand};
+use anyhow::Context;
 
 /// Exit code for a failed command: 3 when a GPU was needed and none is usable, 1 for other
 /// errors (bad input, failed runs).
@@ -79,6 +80,16 @@ pub fn without_mpi() -> anyhow::Error {
     anyhow::anyhow!(
         "this syncopate was built without the `mpi` feature; rebuild with `cargo build --release --features mpi` (needs Debian's openmpi-bin, libopenmpi-dev and libclang-dev)"
     )
+}
+
+/// Writes `text` to `path` atomically (see [`write_atomically`]), naming the file in the error.
+pub fn write_file(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    write_atomically(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Writes a value as pretty JSON and a final line break.
+pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
+    write_file(path, &(serde_json::to_string_pretty(value)? + "\n"))
 }
 
 /// Serializes a value as pretty JSON on stdout.

@@ -1,14 +1,11 @@
 //! `syncopate profile`: measures this machine into a device profile (and, for the host's thread-ranks or the GPUs' NCCL allreduce, a cluster) the simulator can use.
 
+use super::write_json;
 use crate::cli::{ProfileArgs, ProfileBackend};
 use anyhow::Context;
+use syncopate_exec::profile_cluster::{default_base, gpu_cluster, host_cluster, powers_of_four};
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
 use syncopate_exec::runtime::cuda::{self, CudaProfileOptions};
-use syncopate_exec::runtime::host::profile as host_collectives;
-use syncopate_sim::calibrate::{self, Measurement};
-use syncopate_sim::collective::Op;
-use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::topology::{Cluster, ClusterOverrides, Library};
 use syncopate_sim::SimError;
 
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
@@ -115,114 +112,4 @@ fn write_profile(
         out.display()
     );
     Ok(())
-}
-
-/// Times the host backend's collectives on `ranks` thread-ranks and fits a cluster to them.
-pub fn host_cluster(
-    name: &str,
-    device: &str,
-    ranks: u32,
-    repeats: usize,
-    memory_gbytes_per_s: f64,
-    sizes: &[u64],
-) -> anyhow::Result<Cluster> {
-    if ranks < 2 {
-        return Err(
-            SimError::bad_value("--ranks", ranks, "collectives need at least 2 ranks").into(),
-        );
-    }
-    let points = host_collectives::measure(ranks, sizes, repeats.max(1))?;
-    let fitted = host_collectives::fit(ranks, &points)?;
-    let cluster = host_collectives::cluster(name, device, ranks, fitted, memory_gbytes_per_s);
-    cluster.validate(name)?;
-    Ok(cluster)
-}
-
-/// Sizes from `from` growing fourfold until one reaches `to`: measured curves must cover the
-/// sizes they are used at, since buffers beyond the caches move at memory speed.
-pub fn powers_of_four(from: u64, to: u64) -> Vec<u64> {
-    let mut sizes = vec![from.max(1)];
-    while let Some(&last) = sizes.last().filter(|&&last| last < to) {
-        sizes.push(last * 4);
-    }
-    sizes
-}
-
-/// The shipped DGX of the GPU's generation, whose NVLink/NVSwitch parameters are the fit's start.
-fn default_base(model: &str) -> anyhow::Result<String> {
-    let upper = model.to_uppercase();
-    let base = [
-        ("H200", "dgx-h200"),
-        ("H100", "dgx-h100"),
-        ("A100", "dgx-a100"),
-        ("V100", "dgx1-v100"),
-    ]
-    .iter()
-    .find(|(part, _)| upper.contains(part))
-    .map(|&(_, base)| base.to_string());
-    base.ok_or_else(|| {
-        SimError::bad_value(
-            "GPU model",
-            model,
-            "no shipped cluster of this generation to start the fit from; pass --cluster-base NAME",
-        )
-        .into()
-    })
-}
-
-/// Fits the intra-node NCCL parameters of `base`, resized to one node of `gpus`, to the
-/// measured allreduce sweep. One GPU count cannot separate per-hop from fixed latency, so the
-/// hop latency and the network keep the base's values.
-fn gpu_cluster(
-    name: &str,
-    device: &str,
-    base: &str,
-    gpus: u32,
-    points: &[Measurement],
-    memory_gbytes_per_s: f64,
-) -> anyhow::Result<Cluster> {
-    let mut start = Cluster::load(base, ClusterOverrides::default())?;
-    start.nodes = 1;
-    start.gpus_per_node = gpus;
-    let mut only: Vec<String> = [
-        "library.intra_efficiency",
-        "library.ll_gbytes_per_s_per_rank",
-        "library.base_latency_us.ll",
-        "library.base_latency_us.ll128",
-        "library.base_latency_us.simple",
-        "library.ll128_efficiency",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    if start.intra_node.nvls {
-        only.push("library.nvls_efficiency".into());
-        only.push("library.nvls_latency_us".into());
-    }
-    let (mut cluster, score) = calibrate::fit(&start, Op::Allreduce, points, Some(&only))?;
-    let method = format!(
-        "calibrated by syncopate profile --backend cuda: {} fitted to an nccl-tests-style fp32 allreduce sweep ({}..{} bytes) on this machine's {gpus} GPUs, starting from `{base}` (objective {score:.2} % mean error); hop latencies and the network carried over from `{base}`",
-        only.join(", "),
-        points.first().map_or(0, |p| p.bytes),
-        points.last().map_or(0, |p| p.bytes),
-    );
-    if let Library::Nccl(params) = &mut cluster.library {
-        params.provenance = Provenance {
-            status: Status::Calibrated,
-            method: method.clone(),
-        };
-    }
-    cluster.name = name.to_string();
-    cluster.description =
-        format!("this machine: one node of {gpus} GPUs, NCCL fitted to its allreduce");
-    cluster.source = method;
-    cluster.device = device.to_string();
-    cluster.device_memory_gbytes_per_s = memory_gbytes_per_s;
-    cluster.validate(name)?;
-    Ok(cluster)
-}
-
-fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)? + "\n";
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }

@@ -1,9 +1,8 @@
 //! `syncopate validate`: runs a plan for real and simulates the same scenario with this machine's profiles, then reports predicted vs measured.
 
 use super::exec::Chosen;
-use super::profile::powers_of_four;
 use crate::cli::{Format, ValidateArgs};
-use std::collections::BTreeMap;
+use syncopate_exec::profile_cluster::{host_cluster, powers_of_four};
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
@@ -11,35 +10,8 @@ use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{schedule, simulate, SimOptions};
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
-use syncopate_sim::trace::Trace;
+use syncopate_sim::validate::{Report, Run, Times};
 use syncopate_sim::SimError;
-
-/// One task kind's mean duration per measured iteration, predicted and measured.
-#[derive(Debug, serde::Serialize)]
-struct TaskRow {
-    task: String,
-    predicted_us: f64,
-    measured_us: f64,
-    error: f64,
-}
-
-#[derive(Debug, serde::Serialize)]
-struct Report {
-    model: String,
-    backend: &'static str,
-    world_size: u32,
-    cluster: String,
-    device: String,
-    predicted_iteration_ms: f64,
-    measured_iteration_ms: f64,
-    /// (predicted − measured) / measured.
-    error: f64,
-    predicted_compute_ms: f64,
-    measured_compute_ms: f64,
-    predicted_comm_ms: f64,
-    measured_comm_ms: f64,
-    largest_tasks: Vec<TaskRow>,
-}
 
 pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     let run = &args.run;
@@ -68,28 +40,24 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     predicted_scenario.compute_scale = job.compute_scale;
     let predicted = simulate(&predicted_scenario, &plan, &sim_options)?;
     let predicted_trace = predicted.trace.as_ref().expect("a trace was asked for");
-    let error = |p: f64, m: f64| if m > 0.0 { (p - m) / m } else { 0.0 };
-    let p = &predicted.summary;
-    let report = Report {
-        model: scenario.model.name.clone(),
-        backend: backend.name(),
-        world_size: scenario.cluster.world_size(),
-        cluster: scenario.cluster.name.clone(),
-        device: scenario.device.name.clone(),
-        predicted_iteration_ms: p.iteration_time_ms,
-        measured_iteration_ms: summary.iteration_time_ms,
-        error: error(p.iteration_time_ms, summary.iteration_time_ms),
-        predicted_compute_ms: p.compute_ms,
-        measured_compute_ms: summary.compute_ms,
-        predicted_comm_ms: p.comm_ms,
-        measured_comm_ms: summary.comm_ms,
-        largest_tasks: task_rows(
-            predicted_trace,
-            &measured_trace,
-            options.warmup,
-            args.top as usize,
-        ),
-    };
+    let report = Report::new(
+        &scenario,
+        backend.name(),
+        Run {
+            times: Times::from(&predicted.summary),
+            trace: predicted_trace,
+        },
+        Run {
+            times: Times {
+                iteration_ms: summary.iteration_time_ms,
+                compute_ms: summary.compute_ms,
+                comm_ms: summary.comm_ms,
+            },
+            trace: &measured_trace,
+        },
+        options.warmup,
+        args.top as usize,
+    );
     match args.format {
         Format::Json => super::print_json(&report),
         Format::Text => {
@@ -140,7 +108,7 @@ fn machine_cluster(
             let memory = DeviceProfile::load(&device)?.memory_bandwidth_gbytes_per_s;
             // Up to the largest group's fp32 bytes, an upper bound of its payload.
             let sizes = powers_of_four(1 << 10, (largest * 4).clamp(1 << 20, 1 << 28));
-            let cluster = super::profile::host_cluster("host", &device, ranks, 5, memory, &sizes)?;
+            let cluster = host_cluster("host", &device, ranks, 5, memory, &sizes)?;
             // Validate what was measured by loading it the way the simulator does.
             let path = scratch_file("cluster.json");
             std::fs::write(&path, serde_json::to_string(&cluster)?)?;
@@ -194,46 +162,6 @@ fn scratch_file(name: &str) -> std::path::PathBuf {
     // A failure shows up when the file is written.
     let _ = std::fs::create_dir_all(&dir);
     dir.join(name)
-}
-
-/// Mean duration per measured iteration of each task name on rank 0, in µs.
-fn task_means(trace: &Trace, warmup: u32) -> BTreeMap<String, f64> {
-    let mut sums: BTreeMap<String, (f64, u32)> = BTreeMap::new();
-    for event in &trace.trace_events {
-        let iteration = event.args.get("iteration").and_then(|i| i.as_u64());
-        if event.ph != "X" || event.pid != 0 || iteration.is_none_or(|i| i < u64::from(warmup)) {
-            continue;
-        }
-        let entry = sums.entry(event.name.clone()).or_default();
-        entry.0 += event.dur;
-        entry.1 += 1;
-    }
-    sums.into_iter()
-        .map(|(k, (s, n))| (k, s / f64::from(n)))
-        .collect()
-}
-
-fn task_rows(predicted: &Trace, measured: &Trace, warmup: u32, top: usize) -> Vec<TaskRow> {
-    let predicted = task_means(predicted, warmup);
-    let mut rows: Vec<TaskRow> = task_means(measured, warmup)
-        .into_iter()
-        .filter_map(|(task, measured_us)| {
-            let predicted_us = *predicted.get(&task)?;
-            Some(TaskRow {
-                error: if measured_us > 0.0 {
-                    (predicted_us - measured_us) / measured_us
-                } else {
-                    0.0
-                },
-                task,
-                predicted_us: (predicted_us * 1e3).round() / 1e3,
-                measured_us: (measured_us * 1e3).round() / 1e3,
-            })
-        })
-        .collect();
-    rows.sort_by(|a, b| b.measured_us.total_cmp(&a.measured_us));
-    rows.truncate(top);
-    rows
 }
 
 fn print_report(r: &Report) {

@@ -1,8 +1,6 @@
-//! Writing CSV files (RFC 4180 quoting) for sweeps and experiments.
+//! CSV documents (RFC 4180 quoting) built row by row, for sweep and experiment results.
 
-use anyhow::Context;
 use std::fmt::Write as _;
-use std::path::Path;
 
 /// A CSV document built row by row.
 pub struct Csv {
@@ -23,8 +21,9 @@ impl Csv {
         let _ = writeln!(self.text, "{}", line.join(","));
     }
 
-    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
-        std::fs::write(path, &self.text).with_context(|| format!("cannot write {}", path.display()))
+    /// The document, one line per row, each ending in a line break.
+    pub fn into_text(self) -> String {
+        self.text
     }
 }
 
@@ -34,5 +33,21 @@ fn quote(field: String) -> String {
         format!("\"{}\"", field.replace('"', "\"\""))
     } else {
         field
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_only_fields_that_need_it() {
+        let mut csv = Csv::new(&["a", "b"]);
+        csv.row(["1".to_string(), "skipped: x, y".to_string()]);
+        csv.row(["say \"hi\"".to_string(), "two\nlines".to_string()]);
+        assert_eq!(
+            csv.into_text(),
+            "a,b\n1,\"skipped: x, y\"\n\"say \"\"hi\"\"\",\"two\nlines\"\n"
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! GRACE's measured throughput CSV: reading the rows we compare with and merging repeated runs.
 
+use crate::error::{Result, SimError};
 use std::collections::BTreeMap;
 use std::path::Path;
-use syncopate_sim::SimError;
 
 /// One configuration GRACE measured (repeated runs merged).
 #[derive(Clone, Debug, PartialEq)]
@@ -22,13 +22,31 @@ pub struct Measurement {
     pub excluded: Option<String>,
 }
 
+#[cfg(test)]
+impl Measurement {
+    /// One run of a configuration without ratio or memory, for tests.
+    pub fn test_row(model: &str, workers: u32, method: &str, throughput: f64) -> Measurement {
+        Measurement {
+            model: model.to_string(),
+            workers,
+            method: method.to_string(),
+            ratio: "n/a".to_string(),
+            memory: "n/a".to_string(),
+            comm_method: "allreduce".to_string(),
+            throughput,
+            runs: 1,
+            excluded: None,
+        }
+    }
+}
+
 /// A configuration: model, workers, method, ratio, memory, communication method.
 type Key = (String, u32, String, String, String, String);
 
 /// Reads the `backend=mpi` rows of one `mode` (`throughput` is compared; `upper-bound` only
 /// checks it) and merges repeated runs of one configuration into their median: GRACE repeated
 /// some configurations and the runs differ by up to 1.5×, which no parameter we fit explains.
-pub fn load(path: &Path, wanted_mode: &str) -> anyhow::Result<Vec<Measurement>> {
+pub fn load(path: &Path, wanted_mode: &str) -> Result<Vec<Measurement>> {
     let label = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
         path: path.to_path_buf(),
@@ -115,79 +133,67 @@ pub fn load(path: &Path, wanted_mode: &str) -> anyhow::Result<Vec<Measurement>> 
         .collect())
 }
 
-/// How many rows each consistency rule excluded.
-#[derive(Debug, Default)]
-pub struct Exclusions {
-    /// Rule 1: below `min_ratio` of GRACE's `upper-bound` row of the same configuration.
-    pub below_upper_bound: usize,
-    /// Rule 2: a 1-worker `none` row slower per worker than most of its model's multi-worker rows.
-    pub slow_one_worker: usize,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Flags the rows GRACE's own data contradicts, in place; the rules, in order:
-/// 1. a `throughput` row below `min_ratio` × the `upper-bound` row of the same configuration
-///    (model, workers, method, ratio, memory, communication method);
-/// 2. a model's 1-worker `none` row that runs slower per worker than more than half of that
-///    model's remaining multi-worker rows: adding workers only adds communication, so a 1-worker
-///    run cannot be slower per worker than a multi-worker run of the same model and batch.
-pub fn flag_inconsistent(
-    data: &mut [Measurement],
-    upper: &[Measurement],
-    min_ratio: f64,
-) -> Exclusions {
-    let same = |a: &Measurement, b: &Measurement| {
-        (
-            &a.model,
-            a.workers,
-            &a.method,
-            &a.ratio,
-            &a.memory,
-            &a.comm_method,
-        ) == (
-            &b.model,
-            b.workers,
-            &b.method,
-            &b.ratio,
-            &b.memory,
-            &b.comm_method,
+    const HEADER: &str = "model,mode,workers,backend,comm_method,method,ratio,memory,throughput";
+
+    fn file(name: &str, rows: &[&str]) -> std::path::PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("syncopate-grace-{}-{name}.csv", std::process::id()));
+        std::fs::write(
+            &path,
+            [HEADER]
+                .iter()
+                .chain(rows)
+                .copied()
+                .collect::<Vec<_>>()
+                .join("\n"),
         )
-    };
-    let mut counts = Exclusions::default();
-    for m in data.iter_mut() {
-        if let Some(u) = upper.iter().find(|u| same(m, u)) {
-            if m.throughput < min_ratio * u.throughput {
-                m.excluded = Some(format!(
-                    "below {:.2}× GRACE's upper-bound row ({:.1} img/s)",
-                    min_ratio, u.throughput
-                ));
-                counts.below_upper_bound += 1;
-            }
-        }
+        .unwrap();
+        path
     }
-    let models: Vec<String> = data.iter().map(|m| m.model.clone()).collect();
-    for model in models {
-        let per_worker: Vec<f64> = data
-            .iter()
-            .filter(|m| m.model == model && m.workers > 1 && m.excluded.is_none())
-            .map(|m| m.throughput / f64::from(m.workers))
-            .collect();
-        let Some(one) = data
-            .iter_mut()
-            .find(|m| m.model == model && m.workers == 1 && m.method == "none")
-        else {
-            continue;
-        };
-        if one.excluded.is_some() {
-            continue;
-        }
-        let faster = per_worker.iter().filter(|&&t| t > one.throughput).count();
-        if 2 * faster > per_worker.len() {
-            one.excluded = Some(format!(
-                "slower per worker than {faster} of its model's {} multi-worker rows",
-                per_worker.len()
-            ));
-            counts.slow_one_worker += 1;
-        }
+
+    #[test]
+    fn repeated_runs_merge_into_their_median_and_other_modes_are_skipped() {
+        let path = file(
+            "median",
+            &[
+                "resnet50,throughput,2,mpi,allreduce,none,n/a,n/a,100",
+                "resnet50,throughput,2,mpi,allreduce,none,n/a,n/a,300",
+                "resnet50,throughput,2,mpi,allreduce,none,n/a,n/a,150",
+                "resnet50,throughput,2,nccl,allreduce,none,n/a,n/a,999",
+                "resnet50,upper-bound,2,mpi,allreduce,none,n/a,n/a,999",
+                "resnet50,throughput,4,mpi,allgather,topk,0.01,true,50",
+                "resnet50,throughput,4,mpi,allgather,topk,0.01,true,70",
+            ],
+        );
+        let rows = load(&path, "throughput").unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (rows[0].workers, rows[0].throughput, rows[0].runs),
+            (2, 150.0, 3)
+        );
+        assert_eq!(
+            (rows[1].method.as_str(), rows[1].ratio.as_str()),
+            ("topk", "0.01")
+        );
+        assert_eq!((rows[1].throughput, rows[1].runs), (60.0, 2));
     }
-    counts
+
+    #[test]
+    fn a_non_positive_throughput_names_its_line() {
+        let path = file(
+            "negative",
+            &["resnet50,throughput,2,mpi,allreduce,none,n/a,n/a,-3"],
+        );
+        let err = load(&path, "throughput").unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            err.contains("line 2, throughput") && err.contains("`-3`"),
+            "{err}"
+        );
+    }
 }

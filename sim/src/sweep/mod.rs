@@ -11,6 +11,8 @@ use crate::topology::{Cluster, ClusterOverrides};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 
+pub mod table;
+
 /// One simulation of a grid.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Point {
@@ -51,6 +53,16 @@ pub struct Row {
     pub point: Point,
     pub layout: Layout,
     pub outcome: Outcome,
+}
+
+impl Row {
+    /// The prediction, or `None` for a skipped combination.
+    pub fn summary(&self) -> Option<&Summary> {
+        match &self.outcome {
+            Outcome::Done(summary) => Some(summary),
+            Outcome::Skipped(_) => None,
+        }
+    }
 }
 
 /// Every combination of the lists, layouts outermost and compressors innermost.

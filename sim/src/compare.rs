@@ -1,0 +1,185 @@
+//! nccl-tests-style tables of the collective model: time, algorithm and bus bandwidth per size, alone or next to measurements with the error per GPU count.
+
+use crate::calibrate::{self, ErrorRow, Measurement};
+use crate::collective::{self, Estimate, Group, Op};
+use crate::error::Result;
+use crate::topology::Cluster;
+use serde::{Serialize, Serializer};
+
+/// One row of a table: a predicted collective, and the measured time when there is one.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    /// The ranks it ran on.
+    #[serde(skip)]
+    pub gpus: u32,
+    pub bytes: u64,
+    pub time_us: f64,
+    /// nccl-tests' algorithm bandwidth in GB/s.
+    pub algbw_gbps: f64,
+    /// nccl-tests' bus bandwidth in GB/s.
+    pub busbw_gbps: f64,
+    pub algorithm: &'static str,
+    pub protocol: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_time_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_pct: Option<f64>,
+}
+
+impl Row {
+    fn new(op: Op, ranks: u32, bytes: u64, estimate: &Estimate, measured: Option<f64>) -> Row {
+        let algbw = estimate.algbw_gbytes_per_s(bytes);
+        Row {
+            gpus: ranks,
+            bytes,
+            time_us: round3(estimate.time.as_us()),
+            algbw_gbps: round3(algbw),
+            busbw_gbps: round3(algbw * op.bus_factor(ranks)),
+            algorithm: estimate.algorithm.name(),
+            protocol: estimate.protocol.name(),
+            measured_time_us: measured,
+            error_pct: measured.map(|m| round3((estimate.time.as_us() - m) / m * 100.0)),
+        }
+    }
+}
+
+/// Rounds to three decimals, as the tables print.
+fn round3(value: f64) -> f64 {
+    (value * 1e3).round() / 1e3
+}
+
+/// The collective on all of the cluster's ranks at each size.
+pub fn predict(cluster: &Cluster, op: Op, sizes: &[u64]) -> Result<Vec<Row>> {
+    let group = Group::world(cluster);
+    sizes
+        .iter()
+        .map(|&bytes| {
+            let estimate = collective::estimate(cluster, op, bytes, group)?;
+            Ok(Row::new(op, group.ranks, bytes, &estimate, None))
+        })
+        .collect()
+}
+
+/// Predicted against measured times: a row per measurement and the error per GPU count.
+pub struct Comparison {
+    pub cluster: String,
+    pub rows: Vec<Row>,
+    /// Unrounded; the JSON form rounds to three decimals.
+    pub errors: Vec<ErrorRow>,
+}
+
+/// Predicts every measurement on `cluster` (resized to each measurement's GPU count).
+pub fn compare(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> Result<Comparison> {
+    let predictions = calibrate::predict(cluster, op, measurements)?;
+    let errors = calibrate::error_table(measurements, &predictions);
+    let rows = measurements
+        .iter()
+        .zip(&predictions)
+        .map(|(m, p)| Row::new(op, m.gpus, m.bytes, p, Some(m.time_us)))
+        .collect();
+    Ok(Comparison {
+        cluster: cluster.name.clone(),
+        rows,
+        errors,
+    })
+}
+
+impl Serialize for Comparison {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Json<'a> {
+            rows: &'a [Row],
+            error_by_gpus: Vec<ErrorJson>,
+            cluster: &'a str,
+        }
+        #[derive(Serialize)]
+        struct ErrorJson {
+            gpus: u32,
+            points: usize,
+            mean_abs_error_pct: f64,
+            max_abs_error_pct: f64,
+        }
+        Json {
+            rows: &self.rows,
+            error_by_gpus: self
+                .errors
+                .iter()
+                .map(|r| ErrorJson {
+                    gpus: r.gpus,
+                    points: r.points,
+                    mean_abs_error_pct: round3(r.mean_abs_pct),
+                    max_abs_error_pct: round3(r.max_abs_pct),
+                })
+                .collect(),
+            cluster: &self.cluster,
+        }
+        .serialize(serializer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::ClusterOverrides;
+
+    fn cluster() -> Cluster {
+        Cluster::load("dgx-h100", ClusterOverrides::default()).unwrap()
+    }
+
+    #[test]
+    fn bus_bandwidth_is_the_algorithm_bandwidth_times_the_bus_factor() {
+        let c = cluster();
+        let rows = predict(&c, Op::Allreduce, &[1 << 20, 1 << 30]).unwrap();
+        assert_eq!(rows.len(), 2);
+        for row in &rows {
+            assert_eq!(row.gpus, c.world_size());
+            let factor = Op::Allreduce.bus_factor(row.gpus);
+            assert!(
+                (row.busbw_gbps - row.algbw_gbps * factor).abs() < 2e-3,
+                "{row:?}"
+            );
+            assert!(row.measured_time_us.is_none() && row.error_pct.is_none());
+        }
+        let json = serde_json::to_value(&rows[0]).unwrap();
+        assert!(json.get("gpus").is_none() && json.get("error_pct").is_none());
+    }
+
+    #[test]
+    fn the_error_is_relative_to_the_measured_time() {
+        let c = cluster();
+        let (gpus, predicted) = match &predict(&c, Op::Allreduce, &[1 << 24]).unwrap()[..] {
+            [row] => (row.gpus, row.time_us),
+            rows => panic!("{rows:?}"),
+        };
+        let measurements = [
+            Measurement {
+                gpus,
+                bytes: 1 << 24,
+                time_us: predicted / 2.0,
+            },
+            Measurement {
+                gpus,
+                bytes: 1 << 24,
+                time_us: predicted * 2.0,
+            },
+        ];
+        let comparison = compare(&c, Op::Allreduce, &measurements).unwrap();
+        let errors: Vec<f64> = comparison.rows.iter().filter_map(|r| r.error_pct).collect();
+        assert_eq!(errors.len(), 2);
+        assert!(
+            (errors[0] - 100.0).abs() < 0.1 && (errors[1] + 50.0).abs() < 0.1,
+            "{errors:?}"
+        );
+        assert_eq!(comparison.errors.len(), 1);
+        assert_eq!(comparison.errors[0].points, 2);
+        let json = serde_json::to_value(&comparison).unwrap();
+        let keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys.len(), 3, "{keys:?}");
+        assert_eq!(json["error_by_gpus"][0]["gpus"], gpus);
+    }
+}

@@ -1,0 +1,184 @@
+//! GRACE's data checked against itself: the rows its own `upper-bound` runs or its 1-worker runs contradict are flagged.
+
+use super::measured::Measurement;
+
+/// How many rows each consistency rule excluded.
+#[derive(Debug, Default)]
+pub struct Exclusions {
+    /// Rule 1: below `min_ratio` of GRACE's `upper-bound` row of the same configuration.
+    pub below_upper_bound: usize,
+    /// Rule 2: a 1-worker `none` row slower per worker than most of its model's multi-worker rows.
+    pub slow_one_worker: usize,
+}
+
+/// Flags the rows GRACE's own data contradicts, in place; the rules, in order:
+/// 1. a `throughput` row below `min_ratio` × the `upper-bound` row of the same configuration
+///    (model, workers, method, ratio, memory, communication method);
+/// 2. a model's 1-worker `none` row that runs slower per worker than more than half of that
+///    model's remaining multi-worker rows: adding workers only adds communication, so a 1-worker
+///    run cannot be slower per worker than a multi-worker run of the same model and batch.
+pub fn flag_inconsistent(
+    data: &mut [Measurement],
+    upper: &[Measurement],
+    min_ratio: f64,
+) -> Exclusions {
+    let same = |a: &Measurement, b: &Measurement| {
+        (
+            &a.model,
+            a.workers,
+            &a.method,
+            &a.ratio,
+            &a.memory,
+            &a.comm_method,
+        ) == (
+            &b.model,
+            b.workers,
+            &b.method,
+            &b.ratio,
+            &b.memory,
+            &b.comm_method,
+        )
+    };
+    let mut counts = Exclusions::default();
+    for m in data.iter_mut() {
+        if let Some(u) = upper.iter().find(|u| same(m, u)) {
+            if m.throughput < min_ratio * u.throughput {
+                m.excluded = Some(format!(
+                    "below {:.2}× GRACE's upper-bound row ({:.1} img/s)",
+                    min_ratio, u.throughput
+                ));
+                counts.below_upper_bound += 1;
+            }
+        }
+    }
+    let models: Vec<String> = data.iter().map(|m| m.model.clone()).collect();
+    for model in models {
+        let per_worker: Vec<f64> = data
+            .iter()
+            .filter(|m| m.model == model && m.workers > 1 && m.excluded.is_none())
+            .map(|m| m.throughput / f64::from(m.workers))
+            .collect();
+        let Some(one) = data
+            .iter_mut()
+            .find(|m| m.model == model && m.workers == 1 && m.method == "none")
+        else {
+            continue;
+        };
+        if one.excluded.is_some() {
+            continue;
+        }
+        let faster = per_worker.iter().filter(|&&t| t > one.throughput).count();
+        if 2 * faster > per_worker.len() {
+            one.excluded = Some(format!(
+                "slower per worker than {faster} of its model's {} multi-worker rows",
+                per_worker.len()
+            ));
+            counts.slow_one_worker += 1;
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(model: &str, workers: u32, method: &str, throughput: f64) -> Measurement {
+        Measurement::test_row(model, workers, method, throughput)
+    }
+
+    #[test]
+    fn rows_far_below_their_upper_bound_are_excluded() {
+        let mut data = vec![
+            row("resnet50", 2, "fp16", 100.0),
+            row("resnet50", 2, "dgc", 200.0),
+            row("resnet50", 4, "fp16", 10.0),
+        ];
+        // fp16 at 2 workers: 100 < 0.5 × 300; dgc at 2: 200 ≥ 0.5 × 300; fp16 at 4 has no bound.
+        let upper = [
+            row("resnet50", 2, "fp16", 300.0),
+            row("resnet50", 2, "dgc", 300.0),
+        ];
+        let counts = flag_inconsistent(&mut data, &upper, 0.5);
+        assert_eq!(counts.below_upper_bound, 1);
+        assert_eq!(counts.slow_one_worker, 0);
+        let reason = data[0].excluded.as_deref().unwrap();
+        assert!(
+            reason.contains("0.50×") && reason.contains("300.0 img/s"),
+            "{reason}"
+        );
+        assert!(data[1].excluded.is_none() && data[2].excluded.is_none());
+    }
+
+    #[test]
+    fn an_upper_bound_of_another_configuration_does_not_apply() {
+        let mut data = vec![row("resnet50", 2, "fp16", 100.0)];
+        let mut other = row("resnet50", 2, "fp16", 1000.0);
+        other.memory = "true".to_string();
+        let counts = flag_inconsistent(&mut data, &[other], 0.5);
+        assert_eq!(counts.below_upper_bound, 0);
+        assert!(data[0].excluded.is_none());
+    }
+
+    #[test]
+    fn a_one_worker_row_slower_per_worker_than_most_multi_worker_rows_is_excluded() {
+        // Per worker: 60, 55 and 40 img/s against the 1-worker row's 50: two of three are faster.
+        let mut data = vec![
+            row("vgg19", 1, "none", 50.0),
+            row("vgg19", 2, "none", 120.0),
+            row("vgg19", 4, "fp16", 220.0),
+            row("vgg19", 8, "dgc", 320.0),
+        ];
+        let counts = flag_inconsistent(&mut data, &[], 0.5);
+        assert_eq!(counts.slow_one_worker, 1);
+        let reason = data[0].excluded.as_deref().unwrap();
+        assert!(reason.contains("2 of its model's 3"), "{reason}");
+        assert!(data[1..].iter().all(|m| m.excluded.is_none()));
+    }
+
+    #[test]
+    fn a_one_worker_row_faster_than_half_or_more_stays() {
+        // Per worker: 60 and 40 img/s against 50: one of two is faster, not more than half.
+        let mut data = vec![
+            row("vgg19", 1, "none", 50.0),
+            row("vgg19", 2, "none", 120.0),
+            row("vgg19", 4, "none", 160.0),
+            // Another model's rows do not count against vgg19.
+            row("resnet50", 2, "none", 1000.0),
+        ];
+        let counts = flag_inconsistent(&mut data, &[], 0.5);
+        assert_eq!(counts.slow_one_worker, 0);
+        assert!(data.iter().all(|m| m.excluded.is_none()));
+    }
+
+    #[test]
+    fn rows_excluded_by_the_upper_bound_do_not_count_against_the_one_worker_row() {
+        let mut data = vec![
+            row("vgg19", 1, "none", 50.0),
+            row("vgg19", 2, "none", 120.0),
+            row("vgg19", 4, "none", 240.0),
+            row("vgg19", 8, "none", 320.0),
+        ];
+        // Without the rule-1 exclusions two of three rows (60, 60, 40 per worker) would be faster.
+        let upper = [
+            row("vgg19", 2, "none", 1000.0),
+            row("vgg19", 4, "none", 1000.0),
+        ];
+        let counts = flag_inconsistent(&mut data, &upper, 0.5);
+        assert_eq!(counts.below_upper_bound, 2);
+        assert_eq!(counts.slow_one_worker, 0);
+        assert!(data[0].excluded.is_none());
+    }
+
+    #[test]
+    fn a_one_worker_row_is_counted_once() {
+        let mut data = vec![
+            row("vgg19", 1, "none", 50.0),
+            row("vgg19", 2, "none", 120.0),
+        ];
+        let upper = [row("vgg19", 1, "none", 1000.0)];
+        let counts = flag_inconsistent(&mut data, &upper, 0.5);
+        assert_eq!((counts.below_upper_bound, counts.slow_one_worker), (1, 0));
+        assert!(data[0].excluded.as_deref().unwrap().contains("upper-bound"));
+    }
+}

@@ -1,0 +1,207 @@
+//! Grid experiments: panels (model on cluster) × GPU layouts × configurations, with throughput and speedup charts.
+
+mod results;
+
+use super::{resolve, Results};
+use crate::chart::Chart;
+use crate::compress::{Compressor, Memory};
+use crate::data;
+use crate::error::{Result, SimError};
+use crate::plan::Scheme;
+use crate::strategy::StrategyOptions;
+use crate::sweep::{self, Point};
+use crate::topology::ClusterOverrides;
+use results::Table;
+use serde::Deserialize;
+use std::path::Path;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GridSpec {
+    format_version: u32,
+    title: String,
+    panels: Vec<PanelSpec>,
+    layouts: Vec<LayoutSpec>,
+    configs: Vec<ConfigSpec>,
+    /// A config label: every other config's speedup over it is reported and plotted.
+    #[serde(default)]
+    baseline: Option<String>,
+}
+
+/// A model on a cluster; model and cluster are shipped names or paths relative to the experiment.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PanelSpec {
+    title: String,
+    model: String,
+    cluster: String,
+    #[serde(default)]
+    inter_gbps: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LayoutSpec {
+    nodes: u32,
+    gpus_per_node: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigSpec {
+    label: String,
+    strategy: String,
+    compressor: Compressor,
+    #[serde(default = "no_memory")]
+    memory: Memory,
+    #[serde(default)]
+    scheme: Option<Scheme>,
+}
+
+fn no_memory() -> Memory {
+    Memory::None
+}
+
+pub fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
+    check(spec, label)?;
+    let rows = sweep::run(&points(spec, label, dir)?, &StrategyOptions::default())?;
+    let table = Table { spec, rows: &rows };
+    let mut charts = vec![Chart {
+        file: "throughput.svg".to_string(),
+        title: spec.title.clone(),
+        panels: table.panels(|c| c.throughput(), "throughput (samples/s, all GPUs)"),
+        columns: 2,
+    }];
+    if let Some(base) = &spec.baseline {
+        charts.push(Chart {
+            file: "speedup.svg".to_string(),
+            title: format!("{} — speedup over {base}", spec.title),
+            panels: table.panels(|c| c.speedup, &format!("speedup over {base} (×)")),
+            columns: 2,
+        });
+    }
+    Ok(Results {
+        inputs: Vec::new(),
+        csv: table.csv().into_text(),
+        charts,
+        table: table.markdown(),
+    })
+}
+
+/// The spec's version, that every list has an entry and that the baseline names a config.
+fn check(spec: &GridSpec, label: &str) -> Result<()> {
+    data::check_format_version(label, spec.format_version)?;
+    for (field, empty) in [
+        ("panels", spec.panels.is_empty()),
+        ("layouts", spec.layouts.is_empty()),
+        ("configs", spec.configs.is_empty()),
+    ] {
+        if empty {
+            return Err(SimError::invalid(label, field, "needs at least one entry"));
+        }
+    }
+    if let Some(base) = &spec.baseline {
+        if !spec.configs.iter().any(|c| &c.label == base) {
+            return Err(SimError::invalid(
+                label,
+                "baseline",
+                format!("`{base}` is not the label of any config"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The simulations, panel-major, then layout, then config.
+fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
+    let mut points = Vec::new();
+    for panel in &spec.panels {
+        for layout in &spec.layouts {
+            for (i, config) in spec.configs.iter().enumerate() {
+                let strategy = config.strategy.parse().map_err(|e| {
+                    SimError::invalid(label, format!("configs[{i}].strategy"), format!("{e}"))
+                })?;
+                points.push(Point {
+                    model: resolve(dir, &panel.model),
+                    cluster: resolve(dir, &panel.cluster),
+                    overrides: ClusterOverrides {
+                        nodes: Some(layout.nodes),
+                        gpus_per_node: Some(layout.gpus_per_node),
+                        inter_gbps: panel.inter_gbps,
+                    },
+                    strategy,
+                    compressor: config.compressor,
+                    memory: config.memory,
+                    scheme: config.scheme,
+                });
+            }
+        }
+    }
+    Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(baseline: &str) -> GridSpec {
+        let text = format!(
+            r#"{{
+                "format_version": 1,
+                "title": "t",
+                "panels": [{{ "title": "ResNet-50", "model": "resnet50", "cluster": "v100-10gbe" }}],
+                "layouts": [{{ "nodes": 1, "gpus_per_node": 1 }}, {{ "nodes": 2, "gpus_per_node": 1 }}],
+                "configs": [
+                    {{ "label": "dense", "strategy": "horovod", "compressor": "none" }},
+                    {{ "label": "half", "strategy": "horovod", "compressor": "fp16" }},
+                    {{ "label": "merged", "strategy": "mergecomp", "compressor": "none" }}
+                ],
+                "baseline": {baseline}
+            }}"#
+        );
+        data::parse_json("spec.json", &text).unwrap()
+    }
+
+    #[test]
+    fn speedups_are_over_the_baseline_at_the_same_layout() {
+        let results = run(&spec("\"dense\""), "spec.json", Path::new(".")).unwrap();
+        let lines: Vec<&str> = results.csv.lines().collect();
+        assert_eq!(lines.len(), 1 + 2 * 3, "{}", results.csv);
+        assert!(lines[0].ends_with(",speedup_vs_baseline"));
+        // The baseline's own speedup is 1; a skipped config has neither throughput nor speedup.
+        assert!(
+            lines[1].contains(",dense,") && lines[1].ends_with(",1.0000"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[3].contains(",merged,") && lines[3].contains(",skipped: "));
+        assert!(lines[3].ends_with(",,,,"), "{}", lines[3]);
+        let files: Vec<&str> = results.charts.iter().map(|c| c.file.as_str()).collect();
+        assert_eq!(files, ["throughput.svg", "speedup.svg"]);
+        // One line per config that ran, one point per layout.
+        let series = &results.charts[0].panels[0].series;
+        assert_eq!(series.len(), 2);
+        assert!(series.iter().all(|s| s.points.len() == 2));
+        assert!(results.table.contains("(1.00×)") && results.table.contains("skipped"));
+        assert!(results.inputs.is_empty());
+    }
+
+    #[test]
+    fn without_a_baseline_there_is_no_speedup_chart() {
+        let results = run(&spec("null"), "spec.json", Path::new(".")).unwrap();
+        assert_eq!(results.charts.len(), 1);
+        assert!(!results.table.contains('×'));
+    }
+
+    #[test]
+    fn a_baseline_that_is_no_config_is_an_error_naming_it() {
+        let err = run(&spec("\"sparse\""), "spec.json", Path::new("."))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("baseline") && err.contains("`sparse`"),
+            "{err}"
+        );
+    }
+}
