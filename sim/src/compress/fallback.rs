@@ -132,9 +132,12 @@ mod tests {
         let profiles = gpu_profiles();
         assert_eq!(profiles.len(), 6);
         for device in &profiles {
+            // A compressor newer than the profiles has no curve to compare with.
             for entry in catalog() {
+                let Some(shipped) = device.compression.get(entry.key) else {
+                    continue;
+                };
                 let c: Compressor = entry.example.parse().unwrap();
-                let shipped = &device.compression[entry.key];
                 let mut bare = device.clone();
                 bare.compression.clear();
                 let estimate = CodecCurves::on(&c, &bare);
@@ -173,10 +176,8 @@ mod tests {
         let host = DeviceProfile::load("host-2core").unwrap();
         let mut ratios: Vec<f64> = catalog()
             .iter()
-            .flat_map(|e| {
-                let cost = &host.compression[e.key];
-                [(e.encode, cost.encode), (e.decode, cost.decode)]
-            })
+            .filter_map(|e| Some((e, host.compression.get(e.key)?)))
+            .flat_map(|(e, cost)| [(e.encode, cost.encode), (e.decode, cost.decode)])
             .filter(|(work, _)| work.bytes_per_element > 0.0)
             .map(|(work, measured)| {
                 work.bytes_per_element
@@ -185,8 +186,9 @@ mod tests {
             })
             .collect();
         ratios.sort_by(f64::total_cmp);
-        assert_eq!(ratios.len(), 34);
-        let median = (ratios[16] + ratios[17]) / 2.0;
+        assert!(ratios.len() >= 34, "{} curves", ratios.len());
+        let middle = ratios.len() / 2;
+        let median = (ratios[(ratios.len() - 1) / 2] + ratios[middle]) / 2.0;
         assert!(
             (median - CPU_BANDWIDTH_EFFICIENCY).abs() < 0.05,
             "median {median}"
