@@ -1,11 +1,11 @@
 //! The compressor catalog: every compressor's variant, spec string, table row (aggregation, exec family, cost-fallback work, tune defaults) and wire bytes.
 //!
-//! Adding a compressor means: a variant of [`Compressor`], one row of [`CATALOG`], and the arms
+//! Adding a compressor means: a variant of [`Compressor`], one row of `CATALOG`, and the arms
 //! of the per-variant `match`es below (`key`, `Display`, `wire_bytes`, `rounding_error` when it
 //! is a precision cast). Everything else derives from the row: what `profile` measures (the
 //! examples), what `tune --compressor auto` considers and with which memory, how `exec` builds
 //! its codec (the family) and what the simulator charges on a device profile without its cost
-//! curve (see [`Work`]).
+//! curve (the rule is on the `CATALOG` table).
 
 use super::memory::Memory;
 use super::{powersgd_layout, Aggregation};
@@ -91,20 +91,7 @@ impl Element {
 
 /// Memory traffic and kernel launches of one encode or decode, per fp32 element of the tensor,
 /// at the catalog example's parameters: what the simulator charges on a device profile that has
-/// no cost curve for the compressor.
-///
-/// The fallback is the memory-bandwidth estimate the shipped GPU profiles' provenance describes:
-/// `ns_per_element = bytes_per_element / (memory_bandwidth_gbytes_per_s × efficiency)` and
-/// `floor_us = launch_us × kernels`, with efficiency 0.7 and 5 µs per kernel launch on a `gpu`
-/// profile, and efficiency 0.5 and no floor on a `cpu` profile. The CPU numbers come from
-/// `profiles/devices/host-2core.json`, measured by `syncopate profile --backend host`: its
-/// least-squares floors are 0 for 28 of its 34 curves (a CPU kernel is a function call, not a
-/// launch), and the median over those curves of (these bytes / its memcpy bandwidth) / measured
-/// ns per element is 0.49 (range 0.12 to 17: quantizers and sign unpacking are compute-bound,
-/// sparse decodes touch only the kept entries). Bytes follow the provenance's convention:
-/// passes reading the fp32 tensor (4 B each), the payload written (encode) or read (decode),
-/// and a decode writing a dense fp32 result (4 B). Kernel counts are those the shipped GPU
-/// profiles' floors assume.
+/// no cost curve for the compressor (the rule is on the `CATALOG` table).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Work {
     pub bytes_per_element: f64,
@@ -164,6 +151,24 @@ const RESIDUAL: Memory = Memory::Residual;
 const NO_MEMORY: Memory = Memory::None;
 
 /// Every compressor, in the order of `syncopate list compressors`.
+///
+/// Cost fallback: encode and decode follow the device profile's `compression.<key>` curves; a
+/// profile without them gets the row's [`Work`] priced by the memory-bandwidth estimate the
+/// shipped GPU profiles' provenance describes:
+///
+/// `ns_per_element = bytes_per_element / (memory_bandwidth_gbytes_per_s × efficiency)` and
+/// `floor_us = launch_us × kernels`, with efficiency 0.7 and 5 µs per kernel launch on a `gpu`
+/// profile, and efficiency 0.5 and no floor on a `cpu` profile. The CPU numbers come from
+/// `profiles/devices/host-2core.json`, measured by `syncopate profile --backend host`: its
+/// least-squares floors are 0 for 28 of its 34 curves (a CPU kernel is a function call, not a
+/// launch), and the median over those curves of (the row's bytes / the profile's memcpy
+/// bandwidth) / the measured ns per element is 0.49 (range 0.12 to 17: quantizers and sign
+/// unpacking are compute-bound, sparse decodes touch only the kept entries). Bytes follow the
+/// provenance's convention: passes reading the fp32 tensor (4 B each), the payload written
+/// (encode) or read (decode), and a decode writing a dense fp32 result (4 B); kernel counts are
+/// those the shipped GPU profiles' floors assume. For the rows those profiles estimate from
+/// bandwidth this gives back their curves; it is optimistic for codecs that are not
+/// memory-bound (the calibrated sparsifier and sign curves are 2 to 33 times above it).
 const CATALOG: &[CatalogEntry] = &[
     CatalogEntry {
         key: "none",

@@ -23,8 +23,9 @@ pub struct CodecCurves {
 }
 
 impl CodecCurves {
-    /// The device profile's curves for `c`, or else the estimate from the catalog's per-element
-    /// work (see `Work` for the rule and where its constants come from).
+    /// The device profile's curves for `c`, or else the estimate from the catalog row's
+    /// per-element work (the rule and where its constants come from are on the `CATALOG` table
+    /// in `catalog.rs`).
     pub fn on(c: &Compressor, device: &DeviceProfile) -> CodecCurves {
         match device.compression.get(c.key()) {
             Some(cost) => CodecCurves {
