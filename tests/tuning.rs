@@ -324,11 +324,11 @@ fn tune_cli_writes_a_plan_that_simulate_reproduces() {
 #[test]
 fn tune_skips_infeasible_candidates_and_says_why_baselines_cannot_run() {
     let base = scenario(ModelProfile::load("resnet50").unwrap(), "dgx-h100", 1);
-    let compressors = syncopate_sim::search::AUTO_COMPRESSORS
+    let compressors = syncopate_sim::compress::auto_specs()
         .iter()
         .map(|s| {
             let c: Compressor = s.parse().unwrap();
-            (c, syncopate_sim::search::default_memory(c))
+            (c, c.default_memory())
         })
         .collect();
     let request = TuneRequest {

@@ -6,7 +6,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use syncopate_exec::compress::rng::Rng;
-use syncopate_exec::profile_host::{make_codec, PROFILED};
+use syncopate_exec::profile_host::{make_codec, profiled};
 use syncopate_sim::compress::Compressor;
 
 const ENCODE_SIZES: [u32; 6] = [10, 14, 18, 22, 24, 26];
@@ -44,7 +44,7 @@ fn encode(crit: &mut Criterion) {
         group.bench_function(BenchmarkId::new("memcpy", n), |b| {
             b.iter(|| dst.copy_from_slice(black_box(grad)))
         });
-        for spec in PROFILED {
+        for spec in profiled() {
             let c: Compressor = spec.parse().expect("profiled specs parse");
             let mut codec = make_codec(&c, n);
             let mut payload = Vec::new();
@@ -71,7 +71,7 @@ fn decode(crit: &mut Criterion) {
         let grad = data(n);
         tune(&mut group, log2);
         group.throughput(Throughput::Bytes(4 * n as u64));
-        for spec in PROFILED {
+        for spec in profiled() {
             let c: Compressor = spec.parse().expect("profiled specs parse");
             let mut codec = make_codec(&c, n);
             let mut payload = Vec::new();

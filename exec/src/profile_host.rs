@@ -5,7 +5,7 @@ use crate::error::Result;
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
-use syncopate_sim::compress::Compressor;
+use syncopate_sim::compress::{catalog, Compressor, Family};
 use syncopate_sim::data::FORMAT_VERSION;
 use syncopate_sim::device::{CodecCost, Contention, CostCurve, DeviceKind, DeviceProfile};
 use syncopate_sim::model::{Provenance, Status};
@@ -18,7 +18,7 @@ pub struct HostProfileOptions {
     pub sizes: Vec<usize>,
     /// Timings per size; the median is kept.
     pub repeats: usize,
-    /// Compressor specs to measure, one per device-profile key (default: [`PROFILED`]).
+    /// Compressor specs to measure, one per device-profile key (default: [`profiled`]).
     pub compressors: Vec<String>,
 }
 
@@ -28,33 +28,15 @@ impl Default for HostProfileOptions {
             name: "host-cpu".into(),
             sizes: (12..=20).step_by(2).map(|p| 1usize << p).collect(),
             repeats: 5,
-            compressors: PROFILED.iter().map(|s| s.to_string()).collect(),
+            compressors: profiled().into_iter().map(String::from).collect(),
         }
     }
 }
 
-/// One representative spec per device-profile key. Threshold and TBQ use 2.576: about 1% of
-/// the standard normal test data lies beyond it, like the 1% sparsifiers.
-pub const PROFILED: &[&str] = &[
-    "none",
-    "fp16",
-    "bf16",
-    "fp8:e4m3",
-    "topk:0.01",
-    "randomk:0.01",
-    "dgc:0.01",
-    "threshold:2.576",
-    "qsgd:256",
-    "terngrad",
-    "natural",
-    "signsgd",
-    "efsignsgd",
-    "signum:0.9",
-    "onebit",
-    "tbq:2.576",
-    "graddrop:0.01",
-    "powersgd:4",
-];
+/// One representative spec per device-profile key: the compressor catalog's examples.
+pub fn profiled() -> Vec<&'static str> {
+    catalog().iter().map(|e| e.example).collect()
+}
 
 /// The middle of `xs` (the upper one of an even count): timings' robust summary.
 pub fn median(mut xs: Vec<f64>) -> f64 {
@@ -93,8 +75,8 @@ fn time(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 /// The tensor shapes profiled for `n` elements: PowerSGD's cost depends on the matrix shape,
 /// so a square-ish rows × cols matrix for it; a flat buffer (no shapes) for the others.
 pub fn profiled_shapes(c: &Compressor, n: usize) -> Vec<Vec<u64>> {
-    match c {
-        Compressor::PowerSgd { .. } => {
+    match c.family() {
+        Family::PowerSgd => {
             let rows = 1u64 << (n.trailing_zeros() / 2);
             vec![vec![rows, n as u64 / rows]]
         }
@@ -260,7 +242,7 @@ mod tests {
         };
         let profile = profile_host(&options).unwrap();
         profile.validate("test").unwrap();
-        assert_eq!(profile.compression.len(), PROFILED.len());
+        assert_eq!(profile.compression.len(), catalog().len());
         let c: Compressor = "topk:0.01".parse().unwrap();
         assert!(c.encode_time(&profile, 1 << 20).is_ok());
     }

@@ -5,14 +5,12 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rayon::prelude::*;
 use std::hint::black_box;
-use syncopate_sim::compress::{Compressor, Memory};
+use syncopate_sim::compress::{auto_specs, Compressor, Memory};
 use syncopate_sim::evaluate::Evaluator;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
-use syncopate_sim::search::{
-    contiguous_plan, default_memory, tune, SearchSpace, TuneRequest, AUTO_COMPRESSORS,
-};
+use syncopate_sim::search::{contiguous_plan, tune, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::{GroupingRule, Strategy, StrategyOptions};
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
@@ -73,11 +71,11 @@ fn search(c: &mut Criterion) {
     let bert = base("bert-large");
     let request = TuneRequest {
         space: SearchSpace::All,
-        compressors: AUTO_COMPRESSORS
-            .iter()
+        compressors: auto_specs()
+            .into_iter()
             .map(|s| {
                 let compressor: Compressor = s.parse().unwrap();
-                (compressor, default_memory(compressor))
+                (compressor, compressor.default_memory())
             })
             .collect(),
         options: StrategyOptions::default(),

@@ -1,19 +1,21 @@
 //! Runs a scenario: picks the symmetric or explicit path, draws noise, runs the engine over
 //! warm-up and measured iterations, and summarizes the steady state.
 
+use crate::compress::{CodecCurves, Compressor, Memory};
 use crate::cost::step_costs;
 use crate::engine::{self, EngineConfig, EngineResult};
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
 use crate::limits;
 use crate::noise::NoiseSpec;
-use crate::plan::Plan;
+use crate::plan::{CompressOn, Plan};
 use crate::scenario::Scenario;
 use crate::schedule::{lower, LaunchPolicy, Schedule, Stream};
 use crate::time::SimTime;
 use crate::trace::Trace;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
+use std::collections::BTreeSet;
 
 /// How to run a simulation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -89,6 +91,17 @@ pub struct Summary {
     pub events: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub statistics: Option<Statistics>,
+    /// Compressors whose encode and decode were priced by the memory-bandwidth fallback
+    /// (`compress::Work`) because the device running their codec has no cost curve for them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub codec_cost_fallback: Vec<CostFallback>,
+}
+
+/// A compressor key and the device profile that lacks its cost curves.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct CostFallback {
+    pub compressor: &'static str,
+    pub device: String,
 }
 
 /// A finished simulation.
@@ -294,7 +307,32 @@ fn summarize(
         measured_iterations: times.len() as u32,
         events: result.events,
         statistics: options.iterations.map(|_| statistics(times)),
+        codec_cost_fallback: cost_fallbacks(scenario, plan),
     }
+}
+
+/// The plan's compressors that the cost pass priced by the fallback: those of groups that run a
+/// codec (a compressor, or an error-feedback memory) on a device without their cost curves.
+fn cost_fallbacks(scenario: &Scenario, plan: &Plan) -> Vec<CostFallback> {
+    let mut found = BTreeSet::new();
+    for group in &plan.groups {
+        if group.compressor == Compressor::None && group.memory == Memory::None {
+            continue;
+        }
+        let device = match group.compress_on {
+            CompressOn::Gpu => Some(&scenario.device),
+            CompressOn::Cpu => scenario.host_codec.as_ref(),
+        };
+        if let Some(device) = device {
+            if CodecCurves::on(&group.compressor, device).fallback {
+                found.insert(CostFallback {
+                    compressor: group.compressor.key(),
+                    device: device.name.clone(),
+                });
+            }
+        }
+    }
+    found.into_iter().collect()
 }
 
 fn statistics(times: &[SimTime]) -> Statistics {
@@ -329,4 +367,56 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     let position = q * (sorted.len() - 1) as f64;
     let (low, high) = (position.floor() as usize, position.ceil() as usize);
     sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelProfile;
+    use crate::strategy::{Strategy, StrategyOptions};
+    use crate::topology::{Cluster, ClusterOverrides};
+
+    fn summary(scenario: &Scenario) -> Summary {
+        let options = StrategyOptions {
+            compressor: "topk:0.01".parse().unwrap(),
+            ..StrategyOptions::default()
+        };
+        let plan = "horovod"
+            .parse::<Strategy>()
+            .unwrap()
+            .plan(scenario, &options)
+            .unwrap();
+        simulate(scenario, &plan, &SimOptions::default())
+            .unwrap()
+            .summary
+    }
+
+    #[test]
+    fn the_summary_names_compressors_priced_by_the_fallback() {
+        let overrides = ClusterOverrides {
+            nodes: Some(2),
+            ..ClusterOverrides::default()
+        };
+        let mut scenario = Scenario::new(
+            ModelProfile::load("resnet50").unwrap(),
+            Cluster::load("v100-10gbe", overrides).unwrap(),
+        )
+        .unwrap();
+        let profiled = summary(&scenario);
+        assert!(profiled.codec_cost_fallback.is_empty());
+        let json = serde_json::to_value(&profiled).unwrap();
+        assert!(json.get("codec_cost_fallback").is_none());
+
+        scenario.device.compression.remove("topk");
+        let estimated = summary(&scenario);
+        let expected = [CostFallback {
+            compressor: "topk",
+            device: scenario.device.name.clone(),
+        }];
+        assert_eq!(estimated.codec_cost_fallback, expected);
+        let json = serde_json::to_value(&estimated).unwrap();
+        assert_eq!(json["codec_cost_fallback"][0]["compressor"], "topk");
+        // The V100's calibrated top-k costs 16× the bandwidth bound the fallback charges.
+        assert!(estimated.compression_ms < profiled.compression_ms);
+    }
 }

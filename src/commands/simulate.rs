@@ -194,6 +194,12 @@ fn print_summary(s: &Summary, scenario: &Scenario) {
             s.compute_scale, scenario.model.device, scenario.device.name
         );
     }
+    for f in &s.codec_cost_fallback {
+        println!(
+            "  {} on {}: no cost curve in the device profile, memory-bandwidth estimate used",
+            f.compressor, f.device
+        );
+    }
     if let Some(st) = &s.statistics {
         println!(
             "  over {} iterations: mean {:.3} ms, p50 {:.3}, p99 {:.3}, 95% CI [{:.3}, {:.3}]",

@@ -6,13 +6,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::time::Instant;
-use syncopate_sim::compress::Compressor;
+use syncopate_sim::compress::{auto_specs, Compressor};
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
-use syncopate_sim::search::{
-    default_memory, tune, Choice, SearchSpace, TuneRequest, AUTO_COMPRESSORS,
-};
+use syncopate_sim::search::{tune, Choice, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::StrategyOptions;
 use syncopate_sim::topology::Cluster;
 
@@ -51,7 +49,7 @@ struct Report<'a> {
 
 fn choices(args: &TuneArgs) -> anyhow::Result<Vec<Choice>> {
     let specs: Vec<&str> = match args.compressor.as_str() {
-        "auto" => AUTO_COMPRESSORS.to_vec(),
+        "auto" => auto_specs(),
         "none" => Vec::new(),
         spec => vec![spec],
     };
@@ -61,7 +59,7 @@ fn choices(args: &TuneArgs) -> anyhow::Result<Vec<Choice>> {
             let compressor: Compressor = spec.parse()?;
             let memory = match &args.memory {
                 Some(memory) => memory.parse()?,
-                None => default_memory(compressor),
+                None => compressor.default_memory(),
             };
             Ok((compressor, memory))
         })

@@ -6,14 +6,15 @@
 use super::minifloat::{self, E4M3_MAX, E5M2_MAX};
 use super::scan::{check_finite, max_abs, CHUNK};
 use super::wire::{bad_payload, expect_len, get_f32, sum_f32_payloads};
-use super::Codec;
+use super::{not_in_family, Build, Codec};
 use crate::error::Result;
-use syncopate_sim::compress::{Compressor, Fp8Format};
+use syncopate_sim::compress::{Compressor, Element, Fp8Format};
 
-pub fn codec(c: Compressor) -> Box<dyn Codec> {
-    match c {
+pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
+    match build.compressor {
+        c @ (Compressor::None | Compressor::Fp16 | Compressor::Bf16) => Box::new(Cast { c }),
         Compressor::Fp8(format) => Box::new(Fp8::new(format)),
-        _ => Box::new(Cast { c }),
+        other => not_in_family(other, "cast"),
     }
 }
 
@@ -112,9 +113,10 @@ impl Codec for Cast {
                 ),
             ));
         }
-        match self.c {
-            Compressor::Fp16 => sum16(acc, other, half_decode, half_encode),
-            Compressor::Bf16 => sum16(acc, other, brain_decode, brain_encode),
+        // In the element type the catalog names, as NCCL sums the same payload on the GPU.
+        match self.c.summed_as() {
+            Some(Element::F16) => sum16(acc, other, half_decode, half_encode),
+            Some(Element::Bf16) => sum16(acc, other, brain_decode, brain_encode),
             _ => return sum_f32_payloads(&self.c, acc, other),
         }
         Ok(())
@@ -193,8 +195,16 @@ impl Codec for Fp8 {
 mod tests {
     use super::*;
 
+    fn cast(c: Compressor) -> Box<dyn Codec> {
+        codec(&Build {
+            compressor: c,
+            shapes: &[],
+            seed: 0,
+        })
+    }
+
     fn roundtrip(c: Compressor, g: &[f32]) -> Vec<f32> {
-        let mut codec = codec(c);
+        let mut codec = cast(c);
         let mut payload = Vec::new();
         codec.encode(g, &mut payload).unwrap();
         assert_eq!(payload.len() as u64, c.wire_bytes(g.len() as u64));
@@ -240,7 +250,7 @@ mod tests {
         let z = vec![0.0f32; 9];
         assert_eq!(roundtrip(Compressor::Fp8(Fp8Format::E4m3), &z), z);
         let c = Compressor::Fp16;
-        let codec = codec(c);
+        let codec = cast(c);
         let mut a = vec![0u8; 4];
         let mut b = vec![0u8; 4];
         a[..2].copy_from_slice(&half_encode(60000.0));

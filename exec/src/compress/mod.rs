@@ -1,4 +1,7 @@
-//! CPU gradient-compression kernels behind one `Codec` trait, built from the simulator's `Compressor` spec.
+//! CPU gradient-compression kernels behind one `Codec` trait, built by the family the simulator's compressor catalog names.
+//!
+//! One file per family (`cast`, `sparse`, `sampled`, `quantize`, `sign`, `powersgd`), whose
+//! `codec` handles its members: a new compressor of an existing family touches only that file.
 //!
 //! Every codec writes a real little-endian byte payload (formats in `exec/WIRE_FORMAT.md`), whose
 //! length is exactly `Compressor::wire_bytes`. Decoding adds into an accumulator so that
@@ -19,7 +22,7 @@ pub(crate) mod sparse;
 mod wire;
 
 use crate::error::{ExecError, Result};
-use syncopate_sim::compress::{Aggregation, Compressor};
+use syncopate_sim::compress::{Aggregation, Compressor, Family};
 
 pub use memory::MemoryState;
 pub use scan::check_all as check_finite;
@@ -54,42 +57,47 @@ pub trait Codec: Send {
     }
 }
 
+/// What a family's constructor builds a codec for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Build<'a> {
+    pub compressor: Compressor,
+    /// The group's tensors, laid out one after another; none for one flat buffer.
+    pub shapes: &'a [&'a [u64]],
+    /// Drives the stochastic codecs.
+    pub seed: u64,
+}
+
 /// A codec for a flat fp32 buffer. `seed` drives the stochastic codecs; workers that must agree
-/// (random-k indices, PowerSGD's initial Q) need the same seed, the others should differ.
-/// A flat buffer is 1-D, so PowerSGD sends it raw; use [`codec_for_shapes`] for matrices.
+/// (`Compressor::shared_seed`: random-k indices, PowerSGD's initial Q) need the same seed, the
+/// others should differ. A flat buffer is 1-D, so PowerSGD sends it raw; use
+/// [`codec_for_shapes`] for matrices.
 pub fn codec_for(c: &Compressor, seed: u64) -> Box<dyn Codec> {
-    match *c {
-        Compressor::None | Compressor::Fp16 | Compressor::Bf16 | Compressor::Fp8(_) => {
-            cast::codec(*c)
-        }
-        Compressor::TopK { ratio } => sparse::exact(*c, sparse::Rule::TopK(ratio)),
-        Compressor::Threshold { value } => sparse::exact(*c, sparse::Rule::Threshold(value as f32)),
-        Compressor::RandomK { ratio } => sparse::random_k(*c, ratio, seed),
-        Compressor::Dgc { ratio } => sampled::codec(*c, ratio, sampled::Sampling::Dgc, seed),
-        Compressor::GradDrop { ratio } => {
-            sampled::codec(*c, ratio, sampled::Sampling::GradDrop, seed)
-        }
-        Compressor::Qsgd { levels } => quantize::codec(*c, quantize::Kind::Qsgd(levels), seed),
-        Compressor::TernGrad => quantize::codec(*c, quantize::Kind::TernGrad, seed),
-        Compressor::Natural => quantize::codec(*c, quantize::Kind::Natural, seed),
-        Compressor::Tbq { threshold } => {
-            quantize::codec(*c, quantize::Kind::Tbq(threshold as f32), seed)
-        }
-        Compressor::SignSgd => sign::codec(*c, sign::Kind::SignSgd),
-        Compressor::EfSignSgd => sign::codec(*c, sign::Kind::EfSignSgd),
-        Compressor::Signum { momentum } => sign::codec(*c, sign::Kind::Signum(momentum as f32)),
-        Compressor::OneBit => sign::codec(*c, sign::Kind::OneBit),
-        Compressor::PowerSgd { rank } => Box::new(powersgd::PowerSgd::new(rank, &[], seed)),
-    }
+    codec_for_shapes(c, &[], seed)
 }
 
 /// A codec for a fused group of tensors with these shapes, laid out one after another.
 /// Only PowerSGD uses the shapes (one low-rank matrix per tensor of two or more dimensions).
+/// The catalog's family of the compressor builds it.
 pub fn codec_for_shapes(c: &Compressor, shapes: &[&[u64]], seed: u64) -> Box<dyn Codec> {
-    match *c {
-        Compressor::PowerSgd { rank } => Box::new(powersgd::PowerSgd::new(rank, shapes, seed)),
-        _ => codec_for(c, seed),
+    let build = Build {
+        compressor: *c,
+        shapes,
+        seed,
+    };
+    match c.family() {
+        Family::Cast => cast::codec(&build),
+        Family::Sparse => sparse::codec(&build),
+        Family::Sampled => sampled::codec(&build),
+        Family::Quantize => quantize::codec(&build),
+        Family::Sign => sign::codec(&build),
+        Family::PowerSgd => powersgd::codec(&build),
     }
+}
+
+/// A family constructor's answer to a compressor of another family: the catalog assigns every
+/// compressor one family, and `tests/compression.rs` builds every catalog row's codec.
+fn not_in_family(c: Compressor, family: &str) -> ! {
+    unreachable!("`{c}` is not in the {family} family (see the compressor catalog)")
 }
 
 /// Encodes and decodes one worker's gradient alone (p = 1): what error feedback subtracts.

@@ -8,9 +8,16 @@
 use super::rng::Rng;
 use super::scan::{check_all, check_finite};
 use super::wire::{bad_payload, f32s, put_f32s, sum_f32_payloads};
-use super::Codec;
+use super::{not_in_family, Build, Codec};
 use crate::error::{ExecError, Result};
 use syncopate_sim::compress::{powersgd_layout, Compressor, PowerSgdTensor};
+
+pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
+    match build.compressor {
+        Compressor::PowerSgd { rank } => Box::new(PowerSgd::new(rank, build.shapes, build.seed)),
+        other => not_in_family(other, "powersgd"),
+    }
+}
 
 pub struct PowerSgd {
     c: Compressor,

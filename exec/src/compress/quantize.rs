@@ -9,7 +9,7 @@ use super::bits::{pack2, pack2_codes, unpack2_add, BitReader, BitWriter};
 use super::rng::Rng;
 use super::scan::{check_finite, max_abs, sum_map, CHUNK};
 use super::wire::{bad_payload, expect_len, get4, get_f32};
-use super::Codec;
+use super::{not_in_family, Build, Codec};
 use crate::error::Result;
 use syncopate_sim::compress::{qsgd_bits, Compressor, QSGD_MAX_LEVELS};
 
@@ -22,7 +22,18 @@ pub enum Kind {
     Tbq(f32),
 }
 
-pub fn codec(c: Compressor, kind: Kind, seed: u64) -> Box<dyn Codec> {
+pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
+    let kind = match build.compressor {
+        Compressor::Qsgd { levels } => Kind::Qsgd(levels),
+        Compressor::TernGrad => Kind::TernGrad,
+        Compressor::Natural => Kind::Natural,
+        Compressor::Tbq { threshold } => Kind::Tbq(threshold as f32),
+        other => not_in_family(other, "quantize"),
+    };
+    quantizer(build.compressor, kind, build.seed)
+}
+
+fn quantizer(c: Compressor, kind: Kind, seed: u64) -> Box<dyn Codec> {
     Box::new(Quantizer {
         c,
         kind,
@@ -457,7 +468,7 @@ mod tests {
     use super::*;
 
     fn decoded(c: Compressor, kind: Kind, g: &[f32], seed: u64) -> Vec<f32> {
-        let mut codec = codec(c, kind, seed);
+        let mut codec = quantizer(c, kind, seed);
         let mut p = Vec::new();
         codec.encode(g, &mut p).unwrap();
         assert_eq!(p.len() as u64, c.wire_bytes(g.len() as u64), "{c}");
@@ -545,7 +556,7 @@ mod tests {
     #[test]
     fn bad_codes_are_errors() {
         let c = Compressor::TernGrad;
-        let mut codec = codec(c, Kind::TernGrad, 0);
+        let mut codec = quantizer(c, Kind::TernGrad, 0);
         let payload = [0, 0, 128, 63, 0xFF];
         assert!(codec.decode_add(&payload, &mut [0.0; 4]).is_err());
     }

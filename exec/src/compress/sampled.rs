@@ -10,7 +10,7 @@ use super::sparse::{
     collect_at_least, emit, emit_all, emit_k_largest, kth_largest, scatter_add, Candidates,
 };
 use super::wire::{bad_payload, expect_len, get_u32};
-use super::Codec;
+use super::{not_in_family, Build, Codec};
 use crate::error::Result;
 use syncopate_sim::compress::{sparse_count, Compressor};
 
@@ -30,12 +30,18 @@ pub enum Sampling {
     GradDrop,
 }
 
-pub fn codec(c: Compressor, ratio: f64, sampling: Sampling, seed: u64) -> Box<dyn Codec> {
+pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
+    let c = build.compressor;
+    let (ratio, sampling) = match c {
+        Compressor::Dgc { ratio } => (ratio, Sampling::Dgc),
+        Compressor::GradDrop { ratio } => (ratio, Sampling::GradDrop),
+        other => not_in_family(other, "sampled"),
+    };
     Box::new(Sampled {
         c,
         ratio,
         sampling,
-        rng: Rng::new(seed),
+        rng: Rng::new(build.seed),
         cand: Candidates::default(),
     })
 }

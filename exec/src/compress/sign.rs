@@ -7,7 +7,7 @@
 use super::bits::{pack1, unpack1_add};
 use super::scan::{check_finite, CHUNK};
 use super::wire::{expect_len, get_f32};
-use super::Codec;
+use super::{not_in_family, Build, Codec};
 use crate::error::Result;
 use syncopate_sim::compress::Compressor;
 
@@ -20,7 +20,18 @@ pub enum Kind {
     OneBit,
 }
 
-pub fn codec(c: Compressor, kind: Kind) -> Box<dyn Codec> {
+pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
+    let kind = match build.compressor {
+        Compressor::SignSgd => Kind::SignSgd,
+        Compressor::EfSignSgd => Kind::EfSignSgd,
+        Compressor::Signum { momentum } => Kind::Signum(momentum as f32),
+        Compressor::OneBit => Kind::OneBit,
+        other => not_in_family(other, "sign"),
+    };
+    sign(build.compressor, kind)
+}
+
+fn sign(c: Compressor, kind: Kind) -> Box<dyn Codec> {
     Box::new(Sign {
         c,
         kind,
@@ -227,18 +238,18 @@ mod tests {
     fn scales_by_hand() {
         let g = [1.0f32, -3.0, 0.0, 5.0, -1.0];
         assert_eq!(
-            decoded(&mut *codec(Compressor::SignSgd, Kind::SignSgd), &g),
+            decoded(&mut *sign(Compressor::SignSgd, Kind::SignSgd), &g),
             [1.0, -1.0, 1.0, 1.0, -1.0]
         );
         assert_eq!(
-            decoded(&mut *codec(Compressor::EfSignSgd, Kind::EfSignSgd), &g),
+            decoded(&mut *sign(Compressor::EfSignSgd, Kind::EfSignSgd), &g),
             [2.0, -2.0, 2.0, 2.0, -2.0]
         );
         assert_eq!(
-            decoded(&mut *codec(Compressor::OneBit, Kind::OneBit), &g),
+            decoded(&mut *sign(Compressor::OneBit, Kind::OneBit), &g),
             [2.0, -2.0, 2.0, 2.0, -2.0]
         );
-        let mut signum = codec(Compressor::Signum { momentum: 0.5 }, Kind::Signum(0.5));
+        let mut signum = sign(Compressor::Signum { momentum: 0.5 }, Kind::Signum(0.5));
         assert_eq!(decoded(&mut *signum, &[1.0, -1.0]), [1.0, -1.0]);
         // momentum 0.5·0.5 + 0.5·(-3) < 0 flips the first sign; 0.5·(-0.5) + 0.5·2 > 0 the second.
         assert_eq!(decoded(&mut *signum, &[-3.0, 2.0]), [-1.0, 1.0]);
@@ -254,7 +265,7 @@ mod tests {
             (Compressor::Signum { momentum: 0.9 }, Kind::Signum(0.9)),
             (Compressor::OneBit, Kind::OneBit),
         ] {
-            let err = codec(c, k)
+            let err = sign(c, k)
                 .encode(&g, &mut Vec::new())
                 .unwrap_err()
                 .to_string();

@@ -7,7 +7,7 @@
 use super::rng::Rng;
 use super::scan::{check_finite, CHUNK};
 use super::wire::{bad_payload, expect_len, f32s, get_u32, put_f32s, sum_f32_payloads};
-use super::Codec;
+use super::{not_in_family, Build, Codec};
 use crate::error::{ExecError, Result};
 use syncopate_sim::compress::{sparse_count, Compressor};
 
@@ -24,7 +24,17 @@ pub enum Rule {
     Threshold(f32),
 }
 
-pub fn exact(c: Compressor, rule: Rule) -> Box<dyn Codec> {
+pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
+    let c = build.compressor;
+    match c {
+        Compressor::TopK { ratio } => exact(c, Rule::TopK(ratio)),
+        Compressor::Threshold { value } => exact(c, Rule::Threshold(value as f32)),
+        Compressor::RandomK { ratio } => random_k(c, ratio, build.seed),
+        other => not_in_family(other, "sparse"),
+    }
+}
+
+fn exact(c: Compressor, rule: Rule) -> Box<dyn Codec> {
     Box::new(Exact {
         c,
         rule,
@@ -32,7 +42,7 @@ pub fn exact(c: Compressor, rule: Rule) -> Box<dyn Codec> {
     })
 }
 
-pub fn random_k(c: Compressor, ratio: f64, seed: u64) -> Box<dyn Codec> {
+fn random_k(c: Compressor, ratio: f64, seed: u64) -> Box<dyn Codec> {
     Box::new(RandomK {
         c,
         ratio,

@@ -1,7 +1,7 @@
 //! What every backend derives from a schedule's pieces in the same way: codecs and their seeds, memories, parameter-server ranks, and the seeded synthetic gradients.
 
 use crate::compress::{codec_for_shapes, rng::Rng, Codec, MemoryState};
-use syncopate_sim::compress::Compressor;
+use syncopate_sim::compress::{Compressor, Element};
 use syncopate_sim::schedule::{Exchange, Piece, Schedule};
 
 /// Elements `offset..offset + numel` of the piece's group buffer, as indices.
@@ -10,15 +10,12 @@ pub fn range(piece: &Piece) -> std::ops::Range<usize> {
 }
 
 /// The seed of rank `rank`'s codec for piece `index` (`None`: the parameter server's).
-/// Random-k's indices and PowerSGD's initial Q must agree across workers, so they share a
-/// seed; other stochastic codecs draw independently. GPU codecs draw from the same seeds.
+/// Codecs whose payloads must agree across workers (`Compressor::shared_seed`: random-k's
+/// indices, PowerSGD's initial Q) share a seed; other stochastic codecs draw independently.
+/// GPU codecs draw from the same seeds.
 pub fn codec_seed(schedule: &Schedule, seed: u64, index: usize, rank: Option<u32>) -> u64 {
     let piece = &schedule.pieces[index];
-    let shared = matches!(
-        piece.compressor,
-        Compressor::RandomK { .. } | Compressor::PowerSgd { .. }
-    );
-    let who = match (shared, rank) {
+    let who = match (piece.compressor.shared_seed(), rank) {
         (true, _) => 0,
         (false, Some(r)) => u64::from(r) + 1,
         (false, None) => u64::MAX,
@@ -60,10 +57,7 @@ pub fn server_rank(piece: &Piece, world: u32) -> u32 {
 
 /// Bytes of one element of a summable payload: the ring reduces whole elements.
 pub fn wire_element_bytes(c: &Compressor) -> usize {
-    match c {
-        Compressor::Fp16 | Compressor::Bf16 => 2,
-        _ => 4,
-    }
+    c.summed_as().unwrap_or(Element::F32).bytes()
 }
 
 /// SplitMix64 step over a pair, so that seeds of neighbouring pieces and ranks are unrelated.

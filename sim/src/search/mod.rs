@@ -25,36 +25,6 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// Compressors `--compressor auto` considers: the casts, the low-rank, sparsifying and sign
-/// families.
-pub const AUTO_COMPRESSORS: &[&str] = &[
-    "fp16",
-    "powersgd:4",
-    "dgc:0.01",
-    "topk:0.01",
-    "efsignsgd",
-    "onebit",
-    "qsgd:256",
-];
-
-/// The memory a compressor is used with unless the user says otherwise: error feedback for the
-/// biased ones (their authors' setups), none for unbiased or near-lossless ones.
-pub fn default_memory(compressor: Compressor) -> Memory {
-    match compressor {
-        Compressor::None | Compressor::Fp16 | Compressor::Bf16 | Compressor::Fp8(_) => Memory::None,
-        Compressor::Qsgd { .. }
-        | Compressor::TernGrad
-        | Compressor::Natural
-        | Compressor::RandomK { .. } => Memory::None,
-        Compressor::EfSignSgd => Memory::EfSignSgd { lr: 0.1 },
-        Compressor::Dgc { .. } => Memory::Dgc {
-            momentum: 0.9,
-            warmup_epochs: 5,
-        },
-        _ => Memory::Residual,
-    }
-}
-
 /// What `tune` may change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SearchSpace {

@@ -6,7 +6,7 @@ use super::kernels::{cuda_err, Kernels};
 use super::probe;
 use crate::compress::rng::Rng;
 use crate::error::{ExecError, Result};
-use crate::profile_host::{fit_curve, median, profiled_shapes, PROFILED};
+use crate::profile_host::{fit_curve, median, profiled, profiled_shapes};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, ReduceOp};
 use std::collections::BTreeMap;
@@ -297,7 +297,7 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
 
     let mut compression = BTreeMap::new();
     let mut without_kernel = Vec::new();
-    for spec in PROFILED {
+    for spec in profiled() {
         let c: Compressor = spec.parse()?;
         if supported(&c).is_err() {
             without_kernel.push(c.key().to_string());

@@ -38,7 +38,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr};
 use cudarc::nccl::{Id, NcclType};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use syncopate_sim::compress::{Aggregation, Compressor, Memory};
+use syncopate_sim::compress::{Aggregation, Element, Memory};
 use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::plan::Launch;
 use syncopate_sim::schedule::{Exchange, Op, Schedule, StepKind, Stream};
@@ -114,14 +114,6 @@ struct Run<'a> {
     timeout: Duration,
     failure: &'a Failure,
     records: Mutex<Vec<TaskRecord>>,
-}
-
-/// Element bytes and NCCL type of a summable payload.
-fn elem_bytes(c: &Compressor) -> usize {
-    match c {
-        Compressor::Fp16 | Compressor::Bf16 => 2,
-        _ => 4,
-    }
 }
 
 /// Refuses, before any GPU work, what this build cannot run.
@@ -260,7 +252,7 @@ impl Run<'_> {
                 &codec,
             )?;
             let bytes = gpu.wire_bytes();
-            let elem = elem_bytes(&spec.compressor);
+            let elem = pieces::wire_element_bytes(&spec.compressor);
             let padded = (bytes / elem).div_ceil(world) * world * elem;
             let gathered = if spec.aggregation == Aggregation::Allgather {
                 bytes * world
@@ -627,7 +619,7 @@ impl<'a> Backend for Run<'a> {
             | Exchange::HierarchicalAllreduce
             | Exchange::ReduceScatter
             | Exchange::AllgatherShards => {
-                let elem = elem_bytes(&spec.compressor);
+                let elem = pieces::wire_element_bytes(&spec.compressor);
                 // Reduce-scatter splits the padded buffer; an allreduce sends only this
                 // round's payload (PowerSGD's P and Q differ in size).
                 let count = match exchange {
@@ -659,9 +651,9 @@ impl<'a> Backend for Run<'a> {
                         }
                     }};
                 }
-                match spec.compressor {
-                    Compressor::Fp16 => reduce!(Half),
-                    Compressor::Bf16 => reduce!(Brain),
+                match spec.compressor.summed_as() {
+                    Some(Element::F16) => reduce!(Half),
+                    Some(Element::Bf16) => reduce!(Brain),
                     _ => reduce!(f32),
                 }
             }

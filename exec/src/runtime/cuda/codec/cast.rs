@@ -1,12 +1,30 @@
 //! Cast codecs on the device: fp32 as is, fp16 and bf16 (element-wise, the CPU's rounding), fp8 e4m3/e5m2 with the per-tensor scale max |x| / max-representable (`compress/cast.rs`).
 
 use super::scan::MaxAbs;
-use super::Family;
+use super::{no_kernel, Build, Family};
 use crate::error::Result;
 use crate::runtime::cuda::kernels::Kernels;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 use syncopate_sim::compress::{Compressor, Fp8Format};
+
+/// Whether this family has kernels for `c`.
+pub(super) fn supports(c: &Compressor) -> bool {
+    matches!(
+        c,
+        Compressor::None | Compressor::Fp16 | Compressor::Bf16 | Compressor::Fp8(_)
+    )
+}
+
+pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
+    Ok(match b.compressor {
+        c @ (Compressor::None | Compressor::Fp16 | Compressor::Bf16) => {
+            Box::new(Cast::new(c, b.count))
+        }
+        c @ Compressor::Fp8(format) => Box::new(Fp8::new(c, b.count, format, b.stream)?),
+        other => return Err(no_kernel(&other)),
+    })
+}
 
 /// none, fp16 or bf16: the cast kernels' `kind` 0, 1 or 2.
 pub struct Cast {

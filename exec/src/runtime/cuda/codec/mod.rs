@@ -1,12 +1,13 @@
 //! GPU encoders/decoders whose payload bytes equal the CPU reference codecs' (same layout, same rounding, same summation order), one compressor family per file as in `compress/`.
 //!
 //! Each family implements [`Family`], the device side of `compress::Codec`, and [`GpuCodec`]
-//! holds one with the finite flag every encoder writes. The families: none, fp16, bf16 and
-//! fp8:e4m3/e5m2 (`cast.rs`); signsgd, efsignsgd, onebit and signum (`sign.rs`); topk,
-//! threshold and randomk (`sparse.rs`, with the device selection of `select.rs`); dgc and
-//! graddrop (`sampled.rs`); qsgd up to `QSGD_MAX_LEVELS`, terngrad, natural and tbq
-//! (`quantize.rs`); powersgd (`powersgd.rs`). Any other compressor (a hand-built qsgd above the
-//! maximum) is refused with an error naming it.
+//! holds one with the finite flag every encoder writes. The compressor catalog's family picks
+//! the file; each file's `supports` says which of its members have kernels and its `new` builds
+//! them: none, fp16, bf16 and fp8:e4m3/e5m2 (`cast.rs`); signsgd, efsignsgd, onebit and signum
+//! (`sign.rs`); topk, threshold and randomk (`sparse.rs`, with the device selection of
+//! `select.rs`); dgc and graddrop (`sampled.rs`); qsgd up to `QSGD_MAX_LEVELS`, terngrad,
+//! natural and tbq (`quantize.rs`); powersgd (`powersgd.rs`). Any other compressor (a CPU-only
+//! one, a hand-built qsgd above the maximum) is refused with an error naming it.
 //!
 //! What the host decides, it decides with the CPU codec's own code and generators, seeded
 //! identically (random-k's indices, the samplers' positions and thresholds, the quantizers'
@@ -28,7 +29,7 @@ use super::kernels::{cuda_err, Kernels};
 use crate::error::{ExecError, Result};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
-use syncopate_sim::compress::{Compressor, QSGD_MAX_LEVELS};
+use syncopate_sim::compress::{catalog, Compressor, Family as CodecFamily};
 
 /// One compressor family's codec on the device, for a piece of a fixed number of elements:
 /// the device side of `compress::Codec`.
@@ -82,15 +83,43 @@ trait Family: Send {
     }
 }
 
+/// What a family's `new` builds a device codec for.
+struct Build<'a> {
+    compressor: Compressor,
+    /// Elements of the piece, and the same as the kernels' 32-bit count.
+    n: usize,
+    count: u32,
+    /// The piece's tensors (PowerSGD compresses matrices); none for one flat buffer.
+    shapes: &'a [&'a [u64]],
+    seed: u64,
+    stream: &'a Arc<CudaStream>,
+}
+
 /// Whether the GPU has a kernel for this compressor; the error names what is missing.
 pub fn supported(c: &Compressor) -> Result<()> {
-    match c {
-        Compressor::Qsgd { levels } if *levels > QSGD_MAX_LEVELS => Err(ExecError::Cuda {
-            message: format!(
-                "compressor `{c}` has no GPU kernel in this build (GPU kernels: none, fp16, bf16, fp8:e4m3, fp8:e5m2, signsgd, efsignsgd, onebit, signum, tbq, threshold, qsgd up to {QSGD_MAX_LEVELS} levels, terngrad, natural, randomk, topk, dgc, graddrop, powersgd); use --backend host for it"
-            ),
-        }),
-        _ => Ok(()),
+    let has_kernel = match c.family() {
+        CodecFamily::Cast => cast::supports(c),
+        CodecFamily::Sparse => sparse::supports(c),
+        CodecFamily::Sampled => sampled::supports(c),
+        CodecFamily::Quantize => quantize::supports(c),
+        CodecFamily::Sign => sign::supports(c),
+        CodecFamily::PowerSgd => powersgd::supports(c),
+    };
+    if has_kernel {
+        Ok(())
+    } else {
+        Err(no_kernel(c))
+    }
+}
+
+/// The refusal of a compressor without GPU kernels, naming it and those that have them.
+fn no_kernel(c: &Compressor) -> ExecError {
+    let with: Vec<&str> = catalog().iter().filter(|e| e.gpu).map(|e| e.form).collect();
+    ExecError::Cuda {
+        message: format!(
+            "no GPU kernel for `{c}` in this build (GPU kernels: {}); use --backend host for it",
+            with.join(", ")
+        ),
     }
 }
 
@@ -116,40 +145,21 @@ impl GpuCodec {
         let count = u32::try_from(n).map_err(|_| ExecError::Cuda {
             message: format!("a piece of {n} elements exceeds the kernels' 32-bit indexing"),
         })?;
-        let c = *c;
-        let family: Box<dyn Family> = match c {
-            Compressor::None | Compressor::Fp16 | Compressor::Bf16 => {
-                Box::new(cast::Cast::new(c, count))
-            }
-            Compressor::Fp8(format) => Box::new(cast::Fp8::new(c, count, format, stream)?),
-            Compressor::SignSgd | Compressor::EfSignSgd | Compressor::OneBit => {
-                Box::new(sign::Sign::new(c, count, stream)?)
-            }
-            Compressor::Signum { momentum } => {
-                Box::new(sign::Signum::new(c, count, momentum as f32, stream)?)
-            }
-            Compressor::TopK { ratio } => Box::new(sparse::TopK::new(c, count, ratio, stream)?),
-            Compressor::Threshold { value } => {
-                Box::new(sparse::Threshold::new(c, count, value as f32, stream)?)
-            }
-            Compressor::RandomK { ratio } => {
-                Box::new(sparse::RandomK::new(c, count, ratio, seed, stream)?)
-            }
-            Compressor::Dgc { ratio } | Compressor::GradDrop { ratio } => {
-                Box::new(sampled::Sampled::new(c, count, ratio, seed, stream)?)
-            }
-            Compressor::Qsgd { levels } => {
-                Box::new(quantize::Qsgd::new(c, count, levels, seed, stream)?)
-            }
-            Compressor::TernGrad | Compressor::Natural => {
-                Box::new(quantize::MaxScaled::new(c, count, seed, stream)?)
-            }
-            Compressor::Tbq { threshold } => {
-                Box::new(quantize::Tbq::new(c, count, threshold as f32))
-            }
-            Compressor::PowerSgd { rank } => {
-                Box::new(powersgd::GpuPowerSgd::new(rank, n, shapes, seed, stream)?)
-            }
+        let build = Build {
+            compressor: *c,
+            n,
+            count,
+            shapes,
+            seed,
+            stream,
+        };
+        let family = match c.family() {
+            CodecFamily::Cast => cast::new(&build)?,
+            CodecFamily::Sparse => sparse::new(&build)?,
+            CodecFamily::Sampled => sampled::new(&build)?,
+            CodecFamily::Quantize => quantize::new(&build)?,
+            CodecFamily::Sign => sign::new(&build)?,
+            CodecFamily::PowerSgd => powersgd::new(&build)?,
         };
         Ok(GpuCodec {
             family,

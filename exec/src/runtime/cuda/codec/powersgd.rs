@@ -4,13 +4,27 @@
 //! cols × r in group order), the kept P̂ as round 1's. The kernels read them as floats at
 //! offsets that are multiples of 4 bytes in device allocations (256-byte aligned).
 
-use super::Family;
+use super::{no_kernel, Build, Family};
 use crate::compress::powersgd::{initial_q, numel_of, Phase};
 use crate::error::{ExecError, Result};
 use crate::runtime::cuda::kernels::{cuda_err, f32s, f32s_mut, Kernels};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 use syncopate_sim::compress::{powersgd_layout, Compressor, PowerSgdTensor};
+
+/// Whether this family has kernels for `c`.
+pub(super) fn supports(c: &Compressor) -> bool {
+    matches!(c, Compressor::PowerSgd { .. })
+}
+
+pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
+    match b.compressor {
+        Compressor::PowerSgd { rank } => Ok(Box::new(GpuPowerSgd::new(
+            rank, b.n, b.shapes, b.seed, b.stream,
+        )?)),
+        other => Err(no_kernel(&other)),
+    }
+}
 
 pub struct GpuPowerSgd {
     c: Compressor,

@@ -10,13 +10,36 @@
 //! `scan.rs`, which follow `scan::sum_map`'s order exactly.
 
 use super::scan::{ChunkSums, MaxAbs, Sums};
-use super::Family;
+use super::{no_kernel, Build, Family};
 use crate::compress::{quantize::draws_for, rng::Rng};
 use crate::error::Result;
 use crate::runtime::cuda::kernels::{cuda_err, Kernels};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
-use syncopate_sim::compress::{qsgd_bits, Compressor};
+use syncopate_sim::compress::{qsgd_bits, Compressor, QSGD_MAX_LEVELS};
+
+/// Whether this family has kernels for `c`: QSGD's codes are at most 16 bits wide.
+pub(super) fn supports(c: &Compressor) -> bool {
+    match c {
+        Compressor::Qsgd { levels } => *levels <= QSGD_MAX_LEVELS,
+        Compressor::TernGrad | Compressor::Natural | Compressor::Tbq { .. } => true,
+        _ => false,
+    }
+}
+
+pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
+    let (c, n, stream) = (b.compressor, b.count, b.stream);
+    Ok(match c {
+        Compressor::Qsgd { levels } if levels <= QSGD_MAX_LEVELS => {
+            Box::new(Qsgd::new(c, n, levels, b.seed, stream)?)
+        }
+        Compressor::TernGrad | Compressor::Natural => {
+            Box::new(MaxScaled::new(c, n, b.seed, stream)?)
+        }
+        Compressor::Tbq { threshold } => Box::new(Tbq::new(c, n, threshold as f32)),
+        other => return Err(no_kernel(&other)),
+    })
+}
 
 /// A stochastic quantizer's uniforms: per step the next ceil(n/2) outputs of the CPU codec's
 /// generator, exactly the draws `quantize.rs` consumes for n elements, for the kernels to

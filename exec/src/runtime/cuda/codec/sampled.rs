@@ -5,7 +5,7 @@
 use super::scan::first_non_finite;
 use super::select::Selector;
 use super::sparse::write_count;
-use super::Family;
+use super::{no_kernel, Build, Family};
 use crate::compress::rng::Rng;
 use crate::compress::sampled::{
     dgc_adapt_with, dgc_band, dgc_positions, graddrop_positions, sample_threshold, Estimate,
@@ -17,6 +17,29 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::cell::RefCell;
 use std::sync::Arc;
 use syncopate_sim::compress::{sparse_count, Compressor};
+
+/// Whether this family has kernels for `c`.
+pub(super) fn supports(c: &Compressor) -> bool {
+    matches!(c, Compressor::Dgc { .. } | Compressor::GradDrop { .. })
+}
+
+pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
+    let (c, n, stream) = (b.compressor, b.count, b.stream);
+    Ok(match c {
+        Compressor::Dgc { ratio } => {
+            Box::new(Sampled::new(c, n, ratio, Sampling::Dgc, b.seed, stream)?)
+        }
+        Compressor::GradDrop { ratio } => Box::new(Sampled::new(
+            c,
+            n,
+            ratio,
+            Sampling::GradDrop,
+            b.seed,
+            stream,
+        )?),
+        other => return Err(no_kernel(&other)),
+    })
+}
 
 /// What a sampled sparsifier sends this step, as `sampled.rs` decides it.
 enum Choice {
@@ -44,6 +67,7 @@ impl Sampled {
         c: Compressor,
         n: u32,
         ratio: f64,
+        sampling: Sampling,
         seed: u64,
         stream: &Arc<CudaStream>,
     ) -> Result<Sampled> {
@@ -52,10 +76,7 @@ impl Sampled {
             n,
             ratio,
             k: sparse_count(u64::from(n), ratio) as u32,
-            sampling: match c {
-                Compressor::Dgc { .. } => Sampling::Dgc,
-                _ => Sampling::GradDrop,
-            },
+            sampling,
             rng: Rng::new(seed),
             select: Selector::new(n, stream)?,
         })

@@ -1,12 +1,34 @@
 //! The sign family on the device: signSGD, EF-SignSGD and 1-bit SGD (their scales summed in the CPU's order), Signum (its momentum kept on the device, updated in the CPU's operation order) (`compress/sign.rs`).
 
 use super::scan::{ChunkSums, Sums};
-use super::Family;
+use super::{no_kernel, Build, Family};
 use crate::error::{ExecError, Result};
 use crate::runtime::cuda::kernels::{cuda_err, Kernels};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 use syncopate_sim::compress::Compressor;
+
+/// Whether this family has kernels for `c`.
+pub(super) fn supports(c: &Compressor) -> bool {
+    matches!(
+        c,
+        Compressor::SignSgd
+            | Compressor::EfSignSgd
+            | Compressor::OneBit
+            | Compressor::Signum { .. }
+    )
+}
+
+pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
+    let (c, n, stream) = (b.compressor, b.count, b.stream);
+    Ok(match c {
+        Compressor::SignSgd | Compressor::EfSignSgd | Compressor::OneBit => {
+            Box::new(Sign::new(c, n, stream)?)
+        }
+        Compressor::Signum { momentum } => Box::new(Signum::new(c, n, momentum as f32, stream)?),
+        other => return Err(no_kernel(&other)),
+    })
+}
 
 /// signsgd, efsignsgd or onebit: sign bits after 0, 1 or 2 f32 scales.
 pub struct Sign {

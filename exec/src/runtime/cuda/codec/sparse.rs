@@ -2,13 +2,31 @@
 
 use super::scan::first_non_finite;
 use super::select::Selector;
-use super::Family;
+use super::{no_kernel, Build, Family};
 use crate::compress::{rng::Rng, sparse::random_subset};
 use crate::error::{ExecError, Result};
 use crate::runtime::cuda::kernels::{cuda_err, Kernels};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 use syncopate_sim::compress::{sparse_count, Compressor};
+
+/// Whether this family has kernels for `c`.
+pub(super) fn supports(c: &Compressor) -> bool {
+    matches!(
+        c,
+        Compressor::TopK { .. } | Compressor::Threshold { .. } | Compressor::RandomK { .. }
+    )
+}
+
+pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
+    let (c, n, stream) = (b.compressor, b.count, b.stream);
+    Ok(match c {
+        Compressor::TopK { ratio } => Box::new(TopK::new(c, n, ratio, stream)?),
+        Compressor::Threshold { value } => Box::new(Threshold::new(c, n, value as f32, stream)?),
+        Compressor::RandomK { ratio } => Box::new(RandomK::new(c, n, ratio, b.seed, stream)?),
+        other => return Err(no_kernel(&other)),
+    })
+}
 
 /// The k of a sparsifier with `ratio` over n elements (at most n, so it fits a u32).
 fn k_of(n: u32, ratio: f64) -> u32 {

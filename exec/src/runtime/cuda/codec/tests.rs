@@ -5,13 +5,19 @@ use super::*;
 use crate::compress::rng::Rng;
 use crate::compress::{codec_for, codec_for_shapes};
 
-/// Runs without a GPU: every compressor the device profiles cover (one spec per profile
-/// key, PowerSGD included) has GPU kernels.
+/// Runs without a GPU: the catalog's `gpu` column is what the families support, for every
+/// catalog example (one spec per profile key, PowerSGD included).
 #[test]
-fn every_profiled_compressor_has_gpu_kernels() {
-    for spec in crate::profile_host::PROFILED {
-        let c: Compressor = spec.parse().unwrap();
-        assert!(supported(&c).is_ok(), "{spec}");
+fn gpu_kernels_are_the_catalogs() {
+    for entry in catalog() {
+        let c: Compressor = entry.example.parse().unwrap();
+        match supported(&c) {
+            Ok(()) => assert!(entry.gpu, "{c} has kernels the catalog does not list"),
+            Err(e) => {
+                assert!(!entry.gpu, "{c}: {e}");
+                assert!(e.to_string().contains(&format!("no GPU kernel for `{c}`")));
+            }
+        }
     }
 }
 
@@ -19,10 +25,10 @@ fn every_profiled_compressor_has_gpu_kernels() {
 #[test]
 fn qsgd_beyond_the_kernels_is_refused_by_name() {
     let c = Compressor::Qsgd {
-        levels: QSGD_MAX_LEVELS + 1,
+        levels: syncopate_sim::compress::QSGD_MAX_LEVELS + 1,
     };
     let err = supported(&c).unwrap_err().to_string();
-    assert!(err.contains(&c.to_string()), "{err}");
+    assert!(err.contains(&format!("no GPU kernel for `{c}`")), "{err}");
 }
 
 /// GPU payload bytes equal the CPU codec's, and decoding adds the same values.

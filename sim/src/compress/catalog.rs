@@ -1,0 +1,997 @@
+//! The compressor catalog: every compressor's variant, spec string, table row (aggregation, exec family, cost-fallback work, tune defaults) and wire bytes.
+//!
+//! Adding a compressor means: a variant of [`Compressor`], one row of `CATALOG`, and the arms
+//! of the per-variant `match`es below (`key`, `Display`, `wire_bytes`, `rounding_error` when it
+//! is a precision cast). Everything else derives from the row: what `profile` measures (the
+//! examples), what `tune --compressor auto` considers and with which memory, how `exec` builds
+//! its codec (the family) and what the simulator charges on a device profile without its cost
+//! curve (the rule is on the `CATALOG` table).
+
+use super::memory::Memory;
+use super::{powersgd_layout, Aggregation};
+use crate::error::SimError;
+use std::fmt;
+use std::str::FromStr;
+
+/// The two 8-bit float layouts of the OCP FP8 specification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fp8Format {
+    /// 4 exponent bits, 3 mantissa bits, bias 7, max 448, no infinities.
+    E4m3,
+    /// 5 exponent bits, 2 mantissa bits, bias 15, max 57344.
+    E5m2,
+}
+
+/// One gradient compressor with its parameters, written as a spec string such as `topk:0.01`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Compressor {
+    None,
+    Fp16,
+    Bf16,
+    Fp8(Fp8Format),
+    TopK { ratio: f64 },
+    RandomK { ratio: f64 },
+    Dgc { ratio: f64 },
+    Threshold { value: f64 },
+    Qsgd { levels: u32 },
+    TernGrad,
+    Natural,
+    SignSgd,
+    EfSignSgd,
+    Signum { momentum: f64 },
+    OneBit,
+    Tbq { threshold: f64 },
+    GradDrop { ratio: f64 },
+    PowerSgd { rank: u32 },
+}
+
+/// The `exec` codec family implementing a compressor: one file of `exec/src/compress/` (and of
+/// `exec/src/runtime/cuda/codec/` for the GPU), whose constructor handles its members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Element-wise precision casts (`cast.rs`).
+    Cast,
+    /// Exact-count or exact-threshold sparsifiers (`sparse.rs`).
+    Sparse,
+    /// Sparsifiers with a threshold estimated from a sample (`sampled.rs`).
+    Sampled,
+    /// Stochastic and fixed quantizers (`quantize.rs`).
+    Quantize,
+    /// One bit per element, with or without scales (`sign.rs`).
+    Sign,
+    /// Low-rank approximation in two allreduce rounds (`powersgd.rs`).
+    PowerSgd,
+}
+
+/// The element type in which summable payloads are added by an allreduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Element {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Element {
+    pub fn bytes(self) -> usize {
+        match self {
+            Element::F32 => 4,
+            Element::F16 | Element::Bf16 => 2,
+        }
+    }
+
+    /// Relative error of one rounding to this type (round to nearest): 2^-(mantissa bits + 1).
+    pub fn unit_roundoff(self) -> f64 {
+        match self {
+            Element::F32 => 2f64.powi(-24),
+            Element::F16 => 2f64.powi(-11),
+            Element::Bf16 => 2f64.powi(-8),
+        }
+    }
+}
+
+/// Memory traffic and kernel launches of one encode or decode, per fp32 element of the tensor,
+/// at the catalog example's parameters: what the simulator charges on a device profile that has
+/// no cost curve for the compressor (the rule is on the `CATALOG` table).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Work {
+    pub bytes_per_element: f64,
+    pub kernels: u32,
+}
+
+const fn work(bytes_per_element: f64, kernels: u32) -> Work {
+    Work {
+        bytes_per_element,
+        kernels,
+    }
+}
+
+/// One compressor of the catalog: everything about it besides its wire bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct CatalogEntry {
+    /// The name before `:`, and the key of its cost curves in device profiles.
+    pub key: &'static str,
+    /// The spec form of `syncopate list compressors` and of parse errors.
+    pub form: &'static str,
+    pub description: &'static str,
+    /// The representative spec: what `syncopate profile` measures for `key` and what the
+    /// catalog-wide tests run.
+    pub example: &'static str,
+    /// Every aggregation rule it supports, the default (cheapest natural) first.
+    pub aggregations: &'static [Aggregation],
+    /// The element type an allreduce sums its payloads in; `None` when not summable.
+    pub summed_as: Option<Element>,
+    /// Whether every worker's codec must draw from one seed (random-k's indices, PowerSGD's
+    /// initial Q) for the payloads to be summable.
+    pub shared_seed: bool,
+    /// The `exec` family implementing it.
+    pub family: Family,
+    /// Whether `exec` has CUDA kernels for it; the CUDA backend refuses the others by name.
+    pub gpu: bool,
+    /// Encode and decode work for the cost fallback (see [`Work`]).
+    pub encode: Work,
+    pub decode: Work,
+    /// The error-feedback memory `tune` uses with it unless `--memory` says otherwise: error
+    /// feedback for the biased ones (their authors' setups), none for unbiased or near-lossless ones.
+    pub default_memory: Memory,
+    /// Its position in `tune --compressor auto`'s list (1 first: the compressing baselines use
+    /// the first); `None`: auto does not consider it.
+    pub auto: Option<u8>,
+    /// Builds the compressor from its spec's parameter.
+    parse: fn(&Parts) -> Result<Compressor, SimError>,
+}
+
+/// Summable payloads allreduce; a parameter server can always decode, sum and re-encode.
+const SUMMABLE: &[Aggregation] = &[Aggregation::Allreduce, Aggregation::ParameterServer];
+/// Payloads with per-worker scales or indices are gathered or decoded by a server.
+const GATHERED: &[Aggregation] = &[Aggregation::Allgather, Aggregation::ParameterServer];
+/// PowerSGD only works as two allreduces.
+const ALLREDUCE_ONLY: &[Aggregation] = &[Aggregation::Allreduce];
+
+const RESIDUAL: Memory = Memory::Residual;
+const NO_MEMORY: Memory = Memory::None;
+
+/// Every compressor, in the order of `syncopate list compressors`.
+///
+/// Cost fallback: encode and decode follow the device profile's `compression.<key>` curves; a
+/// profile without them gets the row's [`Work`] priced by the memory-bandwidth estimate the
+/// shipped GPU profiles' provenance describes:
+///
+/// `ns_per_element = bytes_per_element / (memory_bandwidth_gbytes_per_s × efficiency)` and
+/// `floor_us = launch_us × kernels`, with efficiency 0.7 and 5 µs per kernel launch on a `gpu`
+/// profile, and efficiency 0.5 and no floor on a `cpu` profile. The CPU numbers come from
+/// `profiles/devices/host-2core.json`, measured by `syncopate profile --backend host`: its
+/// least-squares floors are 0 for 28 of its 34 curves (a CPU kernel is a function call, not a
+/// launch), and the median over those curves of (the row's bytes / the profile's memcpy
+/// bandwidth) / the measured ns per element is 0.49 (range 0.12 to 17: quantizers and sign
+/// unpacking are compute-bound, sparse decodes touch only the kept entries). Bytes follow the
+/// provenance's convention: passes reading the fp32 tensor (4 B each), the payload written
+/// (encode) or read (decode), and a decode writing a dense fp32 result (4 B); kernel counts are
+/// those the shipped GPU profiles' floors assume. For the rows those profiles estimate from
+/// bandwidth this gives back their curves; it is optimistic for codecs that are not
+/// memory-bound (the calibrated sparsifier and sign curves are 2 to 33 times above it).
+const CATALOG: &[CatalogEntry] = &[
+    CatalogEntry {
+        key: "none",
+        form: "none",
+        description: "fp32 as is; allreduce",
+        example: "none",
+        aggregations: SUMMABLE,
+        summed_as: Some(Element::F32),
+        shared_seed: false,
+        family: Family::Cast,
+        gpu: true,
+        // No kernels: the gradient is sent as it is.
+        encode: work(0.0, 0),
+        decode: work(0.0, 0),
+        default_memory: NO_MEMORY,
+        auto: None,
+        parse: |p| p.bare(Compressor::None),
+    },
+    CatalogEntry {
+        key: "fp16",
+        form: "fp16",
+        description: "IEEE half, round to nearest even, saturating; allreduce",
+        example: "fp16",
+        aggregations: SUMMABLE,
+        summed_as: Some(Element::F16),
+        shared_seed: false,
+        family: Family::Cast,
+        gpu: true,
+        // Reads 4 B, writes 2 B; decode reads 2 B, writes 4 B.
+        encode: work(6.0, 1),
+        decode: work(6.0, 1),
+        default_memory: NO_MEMORY,
+        auto: Some(1),
+        parse: |p| p.bare(Compressor::Fp16),
+    },
+    CatalogEntry {
+        key: "bf16",
+        form: "bf16",
+        description: "bfloat16, round to nearest even, saturating; allreduce",
+        example: "bf16",
+        aggregations: SUMMABLE,
+        summed_as: Some(Element::Bf16),
+        shared_seed: false,
+        family: Family::Cast,
+        gpu: true,
+        encode: work(6.0, 1),
+        decode: work(6.0, 1),
+        default_memory: NO_MEMORY,
+        auto: None,
+        parse: |p| p.bare(Compressor::Bf16),
+    },
+    CatalogEntry {
+        key: "fp8",
+        form: "fp8:e4m3|e5m2",
+        description: "8-bit float with a per-tensor scale max|x|/max-representable; allgather",
+        example: "fp8:e4m3",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Cast,
+        gpu: true,
+        // Max-abs pass reads 4 B, scale and cast read 4 B and write 1 B; decode 1 B in, 4 B out.
+        encode: work(9.0, 2),
+        decode: work(5.0, 1),
+        default_memory: NO_MEMORY,
+        auto: None,
+        parse: |p| match p.arg()? {
+            "e4m3" => Ok(Compressor::Fp8(Fp8Format::E4m3)),
+            "e5m2" => Ok(Compressor::Fp8(Fp8Format::E5m2)),
+            other => Err(p.bad(format!("unknown fp8 format `{other}`"))),
+        },
+    },
+    CatalogEntry {
+        key: "topk",
+        form: "topk:RATIO",
+        description: "k = max(1, ceil(RATIO·n)) largest magnitudes, u32 indices + f32 values; allgather",
+        example: "topk:0.01",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sparse,
+        gpu: true,
+        // Finiteness, three radix-histogram, count and emit passes read 4 B each; 8k B written.
+        encode: work(24.08, 6),
+        decode: work(4.08, 1),
+        default_memory: RESIDUAL,
+        auto: Some(4),
+        parse: |p| {
+            Ok(Compressor::TopK {
+                ratio: p.ratio()?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "randomk",
+        form: "randomk:RATIO",
+        description: "k random coordinates from a seed shared by all workers, scaled n/k (unbiased); allreduce",
+        example: "randomk:0.01",
+        aggregations: SUMMABLE,
+        summed_as: Some(Element::F32),
+        shared_seed: true,
+        family: Family::Sparse,
+        gpu: true,
+        // Finiteness pass reads 4 B; the gather reads and writes k values.
+        encode: work(4.08, 2),
+        decode: work(4.04, 1),
+        default_memory: NO_MEMORY,
+        auto: None,
+        parse: |p| {
+            Ok(Compressor::RandomK {
+                ratio: p.ratio()?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "dgc",
+        form: "dgc:RATIO",
+        description: "Deep Gradient Compression: threshold from a 1% strided sample, adapted to ±20% of k; allgather",
+        example: "dgc:0.01",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sampled,
+        gpu: true,
+        // 1% sample, count and compaction passes over the tensor, 8k B written.
+        encode: work(8.12, 5),
+        decode: work(4.08, 1),
+        default_memory: Memory::Dgc {
+            momentum: 0.9,
+            warmup_epochs: 5,
+        },
+        auto: Some(3),
+        parse: |p| {
+            Ok(Compressor::Dgc {
+                ratio: p.ratio()?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "threshold",
+        form: "threshold:VALUE",
+        description: "every element with |x| ≥ VALUE (data-dependent size); allgather",
+        // About 1% of the standard normal data `profile` uses lies beyond 2.576, like the 1%
+        // sparsifiers.
+        example: "threshold:2.576",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sparse,
+        gpu: true,
+        // Count pass reads 4 B, compaction reads 4 B, ~4 B budget for the scan and kept entries;
+        // decode zero-fills and scatters.
+        encode: work(12.0, 3),
+        decode: work(8.0, 1),
+        default_memory: RESIDUAL,
+        auto: None,
+        parse: |p| {
+            Ok(Compressor::Threshold {
+                value: p.positive()?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "qsgd",
+        form: "qsgd:LEVELS",
+        description: "QSGD: stochastic, norm-scaled levels in [-LEVELS, LEVELS] (1..=32767), unbiased; allgather",
+        example: "qsgd:256",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Quantize,
+        gpu: true,
+        // Norm pass reads 4 B, quantization reads 4 B and writes ~1 B (9.125 B in the shipped
+        // profiles).
+        encode: work(9.125, 2),
+        decode: work(5.0, 1),
+        default_memory: NO_MEMORY,
+        auto: Some(7),
+        parse: |p| {
+            Ok(Compressor::Qsgd {
+                levels: p.count(QSGD_MAX_LEVELS)?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "terngrad",
+        form: "terngrad",
+        description: "TernGrad: stochastic ternary scaled by max|x|, unbiased; allgather",
+        example: "terngrad",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Quantize,
+        gpu: true,
+        // Max-abs pass reads 4 B, ternarization reads 4 B and writes 2 bits.
+        encode: work(8.25, 2),
+        decode: work(4.25, 1),
+        default_memory: NO_MEMORY,
+        auto: None,
+        parse: |p| p.bare(Compressor::TernGrad),
+    },
+    CatalogEntry {
+        key: "natural",
+        form: "natural",
+        description: "natural compression: stochastic rounding to powers of two, unbiased; allgather",
+        example: "natural",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Quantize,
+        gpu: true,
+        encode: work(5.0, 1),
+        decode: work(5.0, 1),
+        default_memory: NO_MEMORY,
+        auto: None,
+        parse: |p| p.bare(Compressor::Natural),
+    },
+    CatalogEntry {
+        key: "signsgd",
+        form: "signsgd",
+        description: "1 bit per element (sign); allgather or server majority vote",
+        example: "signsgd",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sign,
+        gpu: true,
+        // Sign packing reads 4 B, writes 1 bit; decode reads 1 bit, writes 4 B.
+        encode: work(4.125, 2),
+        decode: work(4.125, 1),
+        default_memory: RESIDUAL,
+        auto: None,
+        parse: |p| p.bare(Compressor::SignSgd),
+    },
+    CatalogEntry {
+        key: "efsignsgd",
+        form: "efsignsgd",
+        description: "sign scaled by mean |x| (use with memory efsignsgd); allgather",
+        example: "efsignsgd",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sign,
+        gpu: true,
+        // Mean |x| pass reads 4 B, then sign packing.
+        encode: work(8.125, 2),
+        decode: work(4.125, 1),
+        default_memory: Memory::EfSignSgd { lr: 0.1 },
+        auto: Some(5),
+        parse: |p| p.bare(Compressor::EfSignSgd),
+    },
+    CatalogEntry {
+        key: "signum",
+        form: "signum:MOMENTUM",
+        description: "sign of the momentum, MOMENTUM in [0, 1); allgather or server majority vote",
+        example: "signum:0.9",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sign,
+        gpu: true,
+        // Reads the gradient and the momentum, writes the momentum (12 B), packs its signs.
+        encode: work(12.125, 2),
+        decode: work(4.125, 1),
+        default_memory: RESIDUAL,
+        auto: None,
+        parse: |p| {
+            Ok(Compressor::Signum {
+                momentum: p.momentum()?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "onebit",
+        form: "onebit",
+        description: "1-bit SGD: sign with the mean of the positive and of the negative elements; allgather",
+        example: "onebit",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sign,
+        gpu: true,
+        // One pass for both means, then sign packing.
+        encode: work(8.125, 3),
+        decode: work(4.125, 1),
+        default_memory: RESIDUAL,
+        auto: Some(6),
+        parse: |p| p.bare(Compressor::OneBit),
+    },
+    CatalogEntry {
+        key: "tbq",
+        form: "tbq:THRESHOLD",
+        description: "HiPress/Strom two-bit: +τ, −τ or 0 per element, τ = THRESHOLD; allgather",
+        // As threshold's: about 1% of standard normal data is beyond ±2.576.
+        example: "tbq:2.576",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Quantize,
+        gpu: true,
+        // Reads 4 B, writes 2 bits; decode reads 2 bits, writes 4 B.
+        encode: work(4.25, 2),
+        decode: work(4.25, 1),
+        default_memory: RESIDUAL,
+        auto: None,
+        parse: |p| {
+            Ok(Compressor::Tbq {
+                threshold: p.positive()?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "graddrop",
+        form: "graddrop:RATIO",
+        description: "Aji & Heafield gradient dropping: keep the top RATIO by a sampled threshold; allgather",
+        example: "graddrop:0.01",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sampled,
+        gpu: true,
+        // 0.1% sample, count and compaction passes over the tensor, 8k B written.
+        encode: work(8.08, 5),
+        decode: work(4.08, 1),
+        default_memory: RESIDUAL,
+        auto: None,
+        parse: |p| {
+            Ok(Compressor::GradDrop {
+                ratio: p.ratio()?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "powersgd",
+        form: "powersgd:RANK",
+        description: "PowerSGD rank-RANK P then Q allreduce, warm-started Q, 1-D tensors raw; allreduce ×2",
+        example: "powersgd:4",
+        aggregations: ALLREDUCE_ONLY,
+        summed_as: Some(Element::F32),
+        shared_seed: true,
+        family: Family::PowerSgd,
+        gpu: true,
+        // Rank 4: error-feedback add (12 B), P = MQ (4 B), Q = MᵀP (4 B), ~12 kernels with the
+        // Gram–Schmidt; decode M' = PQᵀ (4 B) and the residual (8 B).
+        encode: work(20.0, 12),
+        decode: work(12.0, 2),
+        default_memory: RESIDUAL,
+        auto: Some(2),
+        parse: |p| {
+            Ok(Compressor::PowerSgd {
+                rank: p.count(u32::MAX)?,
+            })
+        },
+    },
+];
+
+/// The compressors, one row each, in the order of `syncopate list compressors`.
+pub fn catalog() -> &'static [CatalogEntry] {
+    CATALOG
+}
+
+/// The specs `tune --compressor auto` considers, in its order.
+pub fn auto_specs() -> Vec<&'static str> {
+    let mut auto: Vec<(u8, &str)> = CATALOG
+        .iter()
+        .filter_map(|e| e.auto.map(|rank| (rank, e.example)))
+        .collect();
+    auto.sort_unstable();
+    auto.into_iter().map(|(_, spec)| spec).collect()
+}
+
+/// Largest QSGD level count: keeps a signed level within 16 bits on the wire.
+pub const QSGD_MAX_LEVELS: u32 = 32_767;
+
+/// Header of sampled-threshold sparsifiers (dgc, graddrop, threshold): a u32 count of valid entries.
+const COUNT_HEADER: u64 = 4;
+/// One f32 scale (fp8, qsgd norm, terngrad max, efsignsgd mean, natural exponent).
+const SCALE_HEADER: u64 = 4;
+
+impl Compressor {
+    /// The key of this compressor's catalog row and of its cost curves in a device profile.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Compressor::None => "none",
+            Compressor::Fp16 => "fp16",
+            Compressor::Bf16 => "bf16",
+            Compressor::Fp8(_) => "fp8",
+            Compressor::TopK { .. } => "topk",
+            Compressor::RandomK { .. } => "randomk",
+            Compressor::Dgc { .. } => "dgc",
+            Compressor::Threshold { .. } => "threshold",
+            Compressor::Qsgd { .. } => "qsgd",
+            Compressor::TernGrad => "terngrad",
+            Compressor::Natural => "natural",
+            Compressor::SignSgd => "signsgd",
+            Compressor::EfSignSgd => "efsignsgd",
+            Compressor::Signum { .. } => "signum",
+            Compressor::OneBit => "onebit",
+            Compressor::Tbq { .. } => "tbq",
+            Compressor::GradDrop { .. } => "graddrop",
+            Compressor::PowerSgd { .. } => "powersgd",
+        }
+    }
+
+    /// This compressor's catalog row.
+    pub fn entry(&self) -> &'static CatalogEntry {
+        let key = self.key();
+        CATALOG
+            .iter()
+            .find(|e| e.key == key)
+            .expect("every key() has a catalog row (catalog tests)")
+    }
+
+    /// The `exec` codec family implementing it.
+    pub fn family(&self) -> Family {
+        self.entry().family
+    }
+
+    /// The default (cheapest natural) aggregation rule: the first of `allowed_aggregations`.
+    pub fn aggregation(&self) -> Aggregation {
+        self.allowed_aggregations()[0]
+    }
+
+    /// Every aggregation rule this compressor supports, the default first.
+    pub fn allowed_aggregations(&self) -> &'static [Aggregation] {
+        self.entry().aggregations
+    }
+
+    /// The element type an allreduce sums its payloads in; `None` when not summable.
+    pub fn summed_as(&self) -> Option<Element> {
+        self.entry().summed_as
+    }
+
+    /// Whether all workers' codecs must share one seed for their payloads to be summable.
+    pub fn shared_seed(&self) -> bool {
+        self.entry().shared_seed
+    }
+
+    /// The memory `tune` uses with it unless told otherwise.
+    pub fn default_memory(&self) -> Memory {
+        self.entry().default_memory
+    }
+
+    /// Exact bytes of one worker's payload for a flat fp32 buffer of `numel` elements.
+    ///
+    /// `threshold` is the one data-dependent format (a count header plus one index and value per
+    /// element above the threshold); for it this is the upper bound, every element selected.
+    /// A flat buffer is 1-D, so `powersgd` sends it uncompressed, as PyTorch's hook does.
+    pub fn wire_bytes(&self, numel: u64) -> u64 {
+        let n = numel;
+        match *self {
+            Compressor::None | Compressor::PowerSgd { .. } => 4 * n,
+            Compressor::Fp16 | Compressor::Bf16 => 2 * n,
+            Compressor::Fp8(_) => SCALE_HEADER + n,
+            Compressor::TopK { ratio } => 8 * sparse_count(n, ratio),
+            Compressor::RandomK { ratio } => 4 * sparse_count(n, ratio),
+            Compressor::Dgc { ratio } | Compressor::GradDrop { ratio } => {
+                COUNT_HEADER + 8 * sparse_count(n, ratio)
+            }
+            Compressor::Threshold { .. } => COUNT_HEADER + 8 * n,
+            Compressor::Qsgd { levels } => {
+                SCALE_HEADER + (n * u64::from(qsgd_bits(levels))).div_ceil(8)
+            }
+            Compressor::TernGrad => SCALE_HEADER + n.div_ceil(4),
+            Compressor::Tbq { .. } => n.div_ceil(4),
+            Compressor::Natural => SCALE_HEADER + n,
+            Compressor::SignSgd | Compressor::Signum { .. } => n.div_ceil(8),
+            Compressor::EfSignSgd => SCALE_HEADER + n.div_ceil(8),
+            Compressor::OneBit => 2 * SCALE_HEADER + n.div_ceil(8),
+        }
+    }
+
+    /// Bytes one worker sends for a fused group of tensors (all rounds together). Only PowerSGD
+    /// looks at the shapes: each tensor of two or more dimensions is a rows × cols matrix sent as
+    /// P (rows × r) then Q (cols × r) when that saves at least half the bytes; others go raw.
+    pub fn group_wire_bytes(&self, shapes: &[&[u64]]) -> u64 {
+        match *self {
+            Compressor::PowerSgd { rank } => powersgd_layout(shapes, rank)
+                .iter()
+                .map(|m| m.p_bytes() + m.q_bytes())
+                .sum(),
+            _ => self.wire_bytes(shapes.iter().map(|s| s.iter().product::<u64>()).sum()),
+        }
+    }
+
+    /// Allreduce rounds per step: PowerSGD reduces P, orthogonalizes it, then reduces Q.
+    pub fn allreduce_rounds(&self) -> u32 {
+        match self {
+            Compressor::PowerSgd { .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// Whether decode(encode(g)) == g bit for bit.
+    pub fn is_exact(&self) -> bool {
+        matches!(self, Compressor::None)
+    }
+
+    /// For the precision casts, the relative error u of decode(encode(x)) (|error| ≤ u·|x|);
+    /// `None` for compressors that drop information by design.
+    pub fn rounding_error(&self) -> Option<f64> {
+        match self {
+            Compressor::None => Some(Element::F32.unit_roundoff()),
+            Compressor::Fp16 => Some(Element::F16.unit_roundoff()),
+            Compressor::Bf16 => Some(Element::Bf16.unit_roundoff()),
+            Compressor::Fp8(Fp8Format::E4m3) => Some(2f64.powi(-4)),
+            Compressor::Fp8(Fp8Format::E5m2) => Some(2f64.powi(-3)),
+            _ => None,
+        }
+    }
+}
+
+/// Entries a ratio-based sparsifier sends: `max(1, ceil(ratio·n))`, at most n (0 for n = 0).
+pub fn sparse_count(numel: u64, ratio: f64) -> u64 {
+    if numel == 0 {
+        return 0;
+    }
+    let k = (ratio * numel as f64).ceil();
+    // `as` saturates, and the ratio is validated to (0, 1], so this is within [1, numel].
+    (k as u64).clamp(1, numel)
+}
+
+/// Bits per element of QSGD: a level in [-s, s] stored offset as 0..=2s.
+pub fn qsgd_bits(levels: u32) -> u32 {
+    u32::BITS - (2 * levels.clamp(1, QSGD_MAX_LEVELS)).leading_zeros()
+}
+
+/// A spec split at its first `:`, with the row's form for error messages.
+struct Parts<'a> {
+    spec: &'a str,
+    name: &'a str,
+    arg: Option<&'a str>,
+    form: &'static str,
+}
+
+fn valid_forms() -> String {
+    CATALOG
+        .iter()
+        .map(|e| e.form)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn bad(spec: &str, message: impl Into<String>) -> SimError {
+    SimError::bad_value(
+        "compressor",
+        spec,
+        format!("{}; valid forms: {}", message.into(), valid_forms()),
+    )
+}
+
+impl Parts<'_> {
+    fn bad(&self, message: impl Into<String>) -> SimError {
+        bad(self.spec, message)
+    }
+
+    /// A compressor without a parameter.
+    fn bare(&self, c: Compressor) -> Result<Compressor, SimError> {
+        match self.arg {
+            Some(_) => Err(self.bad(format!("`{}` takes no parameter", self.name))),
+            None => Ok(c),
+        }
+    }
+
+    fn arg(&self) -> Result<&str, SimError> {
+        self.arg
+            .ok_or_else(|| self.bad(format!("`{}` needs a parameter: {}", self.name, self.form)))
+    }
+
+    fn number(&self) -> Result<f64, SimError> {
+        let text = self.arg()?;
+        text.parse()
+            .map_err(|_| self.bad(format!("`{text}` is not a number")))
+    }
+
+    /// A ratio in (0, 1].
+    fn ratio(&self) -> Result<f64, SimError> {
+        let r = self.number()?;
+        if r > 0.0 && r <= 1.0 {
+            Ok(r)
+        } else {
+            Err(self.bad(format!("a ratio is in (0, 1], got {}", self.arg()?)))
+        }
+    }
+
+    /// A finite value > 0.
+    fn positive(&self) -> Result<f64, SimError> {
+        let v = self.number()?;
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(self.bad(format!("expected a finite value > 0, got {}", self.arg()?)))
+        }
+    }
+
+    /// A momentum in [0, 1).
+    fn momentum(&self) -> Result<f64, SimError> {
+        let m = self.number()?;
+        if (0.0..1.0).contains(&m) {
+            Ok(m)
+        } else {
+            Err(self.bad(format!("a momentum is in [0, 1), got {}", self.arg()?)))
+        }
+    }
+
+    /// An integer in 1..=max.
+    fn count(&self, max: u32) -> Result<u32, SimError> {
+        let text = self.arg()?;
+        match text.parse::<u32>() {
+            Ok(v) if (1..=max).contains(&v) => Ok(v),
+            _ => Err(self.bad(format!("expected an integer in 1..={max}, got `{text}`"))),
+        }
+    }
+}
+
+impl FromStr for Compressor {
+    type Err = SimError;
+
+    fn from_str(spec: &str) -> Result<Self, SimError> {
+        let (name, arg) = match spec.split_once(':') {
+            Some((name, arg)) => (name, Some(arg)),
+            None => (spec, None),
+        };
+        let entry = CATALOG
+            .iter()
+            .find(|e| e.key == name)
+            .ok_or_else(|| bad(spec, format!("unknown compressor `{name}`")))?;
+        (entry.parse)(&Parts {
+            spec,
+            name,
+            arg,
+            form: entry.form,
+        })
+    }
+}
+
+impl fmt::Display for Compressor {
+    /// The canonical spec: `f64`'s Display is the shortest string that parses back exactly.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = self.key();
+        match self {
+            Compressor::Fp8(Fp8Format::E4m3) => write!(f, "fp8:e4m3"),
+            Compressor::Fp8(Fp8Format::E5m2) => write!(f, "fp8:e5m2"),
+            Compressor::TopK { ratio }
+            | Compressor::RandomK { ratio }
+            | Compressor::Dgc { ratio }
+            | Compressor::GradDrop { ratio } => write!(f, "{key}:{ratio}"),
+            Compressor::Threshold { value: v } | Compressor::Tbq { threshold: v } => {
+                write!(f, "{key}:{v}")
+            }
+            Compressor::Signum { momentum } => write!(f, "{key}:{momentum}"),
+            Compressor::Qsgd { levels: n } | Compressor::PowerSgd { rank: n } => {
+                write!(f, "{key}:{n}")
+            }
+            _ => write!(f, "{key}"),
+        }
+    }
+}
+
+spec_string_serde!(Compressor);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn example(e: &CatalogEntry) -> Compressor {
+        e.example.parse().unwrap()
+    }
+
+    #[test]
+    fn every_row_is_its_examples_row() {
+        let mut keys = BTreeSet::new();
+        for e in catalog() {
+            assert!(keys.insert(e.key), "{} twice", e.key);
+            let c = example(e);
+            assert_eq!(c.key(), e.key);
+            assert_eq!(c.entry().key, e.key);
+            assert!(e.form.starts_with(e.key), "{}", e.form);
+            assert!(!e.description.is_empty());
+        }
+    }
+
+    #[test]
+    fn examples_and_other_specs_round_trip() {
+        let examples = catalog().iter().map(|e| e.example);
+        for spec in examples.chain(["fp8:e5m2", "randomk:0.5", "dgc:0.001", "threshold:0.25"]) {
+            let c: Compressor = spec.parse().unwrap();
+            assert_eq!(c.to_string(), spec);
+            assert_eq!(c.to_string().parse::<Compressor>().unwrap(), c);
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(json, format!("\"{spec}\""));
+            assert_eq!(serde_json::from_str::<Compressor>(&json).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn rows_are_consistent() {
+        for e in catalog() {
+            let summable = e.aggregations.contains(&Aggregation::Allreduce);
+            assert_eq!(e.summed_as.is_some(), summable, "{}", e.key);
+            assert!(!e.shared_seed || summable, "{}", e.key);
+            for w in [e.encode, e.decode] {
+                assert!(w.bytes_per_element.is_finite() && w.bytes_per_element >= 0.0);
+            }
+            // Precision casts are summable or carry a scale; the loss bound is theirs only.
+            if example(e).rounding_error().is_some() {
+                assert_eq!(e.family, Family::Cast, "{}", e.key);
+            }
+        }
+    }
+
+    #[test]
+    fn auto_ranks_are_one_to_n_and_keep_tunes_order() {
+        let mut ranks: Vec<u8> = catalog().iter().filter_map(|e| e.auto).collect();
+        ranks.sort_unstable();
+        assert_eq!(ranks, (1..=ranks.len() as u8).collect::<Vec<_>>());
+        assert_eq!(
+            auto_specs(),
+            [
+                "fp16",
+                "powersgd:4",
+                "dgc:0.01",
+                "topk:0.01",
+                "efsignsgd",
+                "onebit",
+                "qsgd:256"
+            ]
+        );
+    }
+
+    #[test]
+    fn default_memories_are_the_authors() {
+        let memory = |spec: &str| spec.parse::<Compressor>().unwrap().default_memory();
+        assert_eq!(memory("fp16"), Memory::None);
+        assert_eq!(memory("qsgd:4"), Memory::None);
+        assert_eq!(memory("randomk:0.1"), Memory::None);
+        assert_eq!(memory("efsignsgd"), Memory::EfSignSgd { lr: 0.1 });
+        assert_eq!(
+            memory("dgc:0.01"),
+            Memory::Dgc {
+                momentum: 0.9,
+                warmup_epochs: 5
+            }
+        );
+        assert_eq!(memory("topk:0.01"), Memory::Residual);
+        assert_eq!(memory("powersgd:1"), Memory::Residual);
+    }
+
+    #[test]
+    fn bad_specs_list_the_valid_forms() {
+        for (spec, why) in [
+            ("topk:0", "a ratio is in (0, 1], got 0"),
+            ("topk:1.5", "a ratio is in (0, 1]"),
+            ("topk:NaN", "a ratio is in (0, 1]"),
+            ("topk", "`topk` needs a parameter: topk:RATIO"),
+            ("topk:x", "`x` is not a number"),
+            ("qsgd:0", "expected an integer in 1..=32767, got `0`"),
+            ("powersgd:0", "expected an integer in 1..="),
+            ("fp8:e3m4", "unknown fp8 format `e3m4`"),
+            ("zip", "unknown compressor `zip`"),
+            ("signum:1", "a momentum is in [0, 1), got 1"),
+            ("threshold:-1", "expected a finite value > 0, got -1"),
+            ("threshold:inf", "expected a finite value > 0"),
+            ("fp16:2", "`fp16` takes no parameter"),
+            ("", "unknown compressor ``"),
+        ] {
+            let message = spec.parse::<Compressor>().unwrap_err().to_string();
+            assert!(
+                message.contains(why) && message.contains("valid forms: none, fp16"),
+                "{spec}: {message}"
+            );
+        }
+        assert!(serde_json::from_str::<Compressor>("\"topk:2\"").is_err());
+    }
+
+    #[test]
+    fn sparse_count_rounds_up_and_keeps_one() {
+        assert_eq!(sparse_count(0, 0.01), 0);
+        assert_eq!(sparse_count(1, 0.01), 1);
+        assert_eq!(sparse_count(1000, 0.01), 10);
+        assert_eq!(sparse_count(1001, 0.01), 11);
+        assert_eq!(sparse_count(7, 1.0), 7);
+    }
+
+    #[test]
+    fn qsgd_bits_hold_the_offset_level() {
+        assert_eq!(qsgd_bits(1), 2);
+        assert_eq!(qsgd_bits(127), 8);
+        assert_eq!(qsgd_bits(128), 9);
+        assert_eq!(qsgd_bits(256), 10);
+    }
+
+    #[test]
+    fn wire_bytes_by_hand() {
+        assert_eq!(Compressor::None.wire_bytes(1000), 4000);
+        assert_eq!(Compressor::Fp16.wire_bytes(1000), 2000);
+        assert_eq!(Compressor::Fp8(Fp8Format::E4m3).wire_bytes(1000), 1004);
+        assert_eq!(Compressor::TopK { ratio: 0.01 }.wire_bytes(1000), 80);
+        assert_eq!(Compressor::Dgc { ratio: 0.01 }.wire_bytes(1000), 84);
+        assert_eq!(Compressor::SignSgd.wire_bytes(1001), 126);
+        assert_eq!(Compressor::OneBit.wire_bytes(8), 9);
+        assert_eq!(Compressor::TernGrad.wire_bytes(5), 6);
+        assert_eq!(Compressor::Qsgd { levels: 256 }.wire_bytes(4), 9);
+    }
+
+    #[test]
+    fn aggregation_rules() {
+        assert_eq!(Compressor::Fp16.aggregation(), Aggregation::Allreduce);
+        assert_eq!(
+            Compressor::RandomK { ratio: 0.1 }.aggregation(),
+            Aggregation::Allreduce
+        );
+        assert_eq!(
+            Compressor::TopK { ratio: 0.1 }.aggregation(),
+            Aggregation::Allgather
+        );
+        assert!(Compressor::SignSgd
+            .allowed_aggregations()
+            .contains(&Aggregation::ParameterServer));
+        assert_eq!(
+            Compressor::PowerSgd { rank: 1 }.allowed_aggregations(),
+            &[Aggregation::Allreduce]
+        );
+    }
+}

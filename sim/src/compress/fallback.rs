@@ -1,0 +1,198 @@
+//! The cost curves a compressor follows on a device: the device profile's, or the catalog's memory-bandwidth estimate when the profile has none.
+
+use super::{Compressor, Work};
+use crate::device::{CostCurve, DeviceKind, DeviceProfile};
+
+/// Fraction of the GPU's peak memory bandwidth an elementwise kernel reaches (the shipped GPU
+/// profiles' estimates use it).
+pub const GPU_BANDWIDTH_EFFICIENCY: f64 = 0.7;
+/// Launch and synchronization cost of one GPU kernel.
+pub const GPU_LAUNCH_US: f64 = 5.0;
+/// Median ratio of the bandwidth bound to the measured cost over `host-2core.json`'s curves
+/// (0.49, rounded); CPU codecs are function calls, so they have no floor.
+pub const CPU_BANDWIDTH_EFFICIENCY: f64 = 0.5;
+
+/// Encode and decode cost curves of one compressor on one device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CodecCurves {
+    pub encode: CostCurve,
+    pub decode: CostCurve,
+    /// True when the device profile has no curve for the compressor and these are the
+    /// memory-bandwidth estimate.
+    pub fallback: bool,
+}
+
+impl CodecCurves {
+    /// The device profile's curves for `c`, or else the estimate from the catalog row's
+    /// per-element work (the rule and where its constants come from are on the `CATALOG` table
+    /// in `catalog.rs`).
+    pub fn on(c: &Compressor, device: &DeviceProfile) -> CodecCurves {
+        match device.compression.get(c.key()) {
+            Some(cost) => CodecCurves {
+                encode: cost.encode,
+                decode: cost.decode,
+                fallback: false,
+            },
+            None => {
+                let entry = c.entry();
+                CodecCurves {
+                    encode: estimate(entry.encode, device),
+                    decode: estimate(entry.decode, device),
+                    fallback: true,
+                }
+            }
+        }
+    }
+}
+
+/// bytes / (bandwidth × efficiency) per element, plus a launch floor per kernel on a GPU.
+fn estimate(work: Work, device: &DeviceProfile) -> CostCurve {
+    let (efficiency, launch_us) = match device.kind {
+        DeviceKind::Gpu => (GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US),
+        DeviceKind::Cpu => (CPU_BANDWIDTH_EFFICIENCY, 0.0),
+    };
+    CostCurve {
+        floor_us: launch_us * f64::from(work.kernels),
+        // B / (GB/s) is ns.
+        ns_per_element: work.bytes_per_element
+            / (device.memory_bandwidth_gbytes_per_s * efficiency),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::catalog;
+    use crate::data::DataKind;
+    use crate::time::SimTime;
+
+    fn without(device: &str, key: &str) -> DeviceProfile {
+        let mut profile = DeviceProfile::load(device).unwrap();
+        assert!(profile.compression.remove(key).is_some());
+        profile
+    }
+
+    #[test]
+    fn a_gpu_profile_without_a_curve_gets_the_bandwidth_estimate() {
+        let v100 = without("v100-sxm2-32gb", "topk");
+        let topk: Compressor = "topk:0.01".parse().unwrap();
+        assert!(CodecCurves::on(&topk, &v100).fallback);
+        // Encode: 6 kernels × 5 µs + 24.08 B / (900 GB/s × 0.7) per element
+        // = 30 000 + 38 222.2 ns for 10^6 elements.
+        assert_eq!(topk.encode_time(&v100, 1_000_000).unwrap(), SimTime(68_222));
+        // Decode: 1 kernel × 5 µs + 4.08 B / 630 GB/s = 5 000 + 6 476.2 ns.
+        assert_eq!(topk.decode_time(&v100, 1_000_000).unwrap(), SimTime(11_476));
+        // The other curves are still the profile's.
+        let dgc: Compressor = "dgc:0.01".parse().unwrap();
+        assert!(!CodecCurves::on(&dgc, &v100).fallback);
+        let cost = &v100.compression["dgc"].encode;
+        assert_eq!(
+            dgc.encode_time(&v100, 1_000_000).unwrap(),
+            cost.time(1_000_000)
+        );
+    }
+
+    #[test]
+    fn a_cpu_profile_without_a_curve_gets_the_bandwidth_estimate() {
+        let host = without("host-2core", "dgc");
+        let dgc: Compressor = "dgc:0.01".parse().unwrap();
+        // 8.12 B / (15.5403 GB/s × 0.5) = 1.045 ns per element, no floor.
+        assert_eq!(
+            dgc.encode_time(&host, 1_000_000).unwrap(),
+            SimTime(1_045_023)
+        );
+        assert_eq!(dgc.encode_time(&host, 0).unwrap(), SimTime::ZERO);
+    }
+
+    fn gpu_profiles() -> Vec<DeviceProfile> {
+        DataKind::Device
+            .shipped_names()
+            .into_iter()
+            .map(|name| DeviceProfile::load(name).unwrap())
+            .filter(|d| d.kind == DeviceKind::Gpu)
+            .collect()
+    }
+
+    /// The catalog's kernel counts are the ones the shipped GPU floors assume, and its bytes give
+    /// back every curve those profiles estimated from memory bandwidth alone.
+    #[test]
+    fn the_fallback_reproduces_the_shipped_gpu_estimates() {
+        // (key, encode?, decode?) curves whose provenance is bytes / (bandwidth × 0.7).
+        let bandwidth_only = [
+            ("fp16", true, true),
+            ("bf16", true, true),
+            ("fp8", true, true),
+            ("natural", true, true),
+            ("qsgd", true, true),
+            ("terngrad", true, true),
+            ("threshold", true, true),
+            ("powersgd", true, true),
+            ("tbq", false, true),
+            ("none", true, true),
+        ];
+        let profiles = gpu_profiles();
+        assert_eq!(profiles.len(), 6);
+        for device in &profiles {
+            // A compressor newer than the profiles has no curve to compare with.
+            for entry in catalog() {
+                let Some(shipped) = device.compression.get(entry.key) else {
+                    continue;
+                };
+                let c: Compressor = entry.example.parse().unwrap();
+                let mut bare = device.clone();
+                bare.compression.clear();
+                let estimate = CodecCurves::on(&c, &bare);
+                let which = bandwidth_only.iter().find(|(k, _, _)| *k == entry.key);
+                for (name, shipped, estimate, by_bandwidth) in [
+                    (
+                        "encode",
+                        shipped.encode,
+                        estimate.encode,
+                        which.is_some_and(|w| w.1),
+                    ),
+                    (
+                        "decode",
+                        shipped.decode,
+                        estimate.decode,
+                        which.is_some_and(|w| w.2),
+                    ),
+                ] {
+                    let what = format!("{} {} {name}", device.name, entry.key);
+                    assert_eq!(shipped.floor_us, estimate.floor_us, "{what}");
+                    let slope = (shipped.ns_per_element, estimate.ns_per_element);
+                    if by_bandwidth {
+                        assert!(
+                            (slope.0 - slope.1).abs() <= 1e-3 * slope.1,
+                            "{what}: {slope:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The CPU efficiency is the median over the measured host profile's curves.
+    #[test]
+    fn the_cpu_efficiency_is_the_measured_median() {
+        let host = DeviceProfile::load("host-2core").unwrap();
+        let mut ratios: Vec<f64> = catalog()
+            .iter()
+            .filter_map(|e| Some((e, host.compression.get(e.key)?)))
+            .flat_map(|(e, cost)| [(e.encode, cost.encode), (e.decode, cost.decode)])
+            .filter(|(work, _)| work.bytes_per_element > 0.0)
+            .map(|(work, measured)| {
+                work.bytes_per_element
+                    / host.memory_bandwidth_gbytes_per_s
+                    / measured.ns_per_element
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        assert!(ratios.len() >= 34, "{} curves", ratios.len());
+        let middle = ratios.len() / 2;
+        let median = (ratios[(ratios.len() - 1) / 2] + ratios[middle]) / 2.0;
+        assert!(
+            (median - CPU_BANDWIDTH_EFFICIENCY).abs() < 0.05,
+            "median {median}"
+        );
+    }
+}
