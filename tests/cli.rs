@@ -46,8 +46,8 @@ fn collective_json_has_the_documented_keys() {
     for key in [
         "bytes",
         "time_us",
-        "algbw_gbps",
-        "busbw_gbps",
+        "algbw_gbytes_per_s",
+        "busbw_gbytes_per_s",
         "algorithm",
         "protocol",
     ] {

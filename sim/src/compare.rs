@@ -15,9 +15,9 @@ pub struct Row {
     pub bytes: u64,
     pub time_us: f64,
     /// nccl-tests' algorithm bandwidth in GB/s.
-    pub algbw_gbps: f64,
+    pub algbw_gbytes_per_s: f64,
     /// nccl-tests' bus bandwidth in GB/s.
-    pub busbw_gbps: f64,
+    pub busbw_gbytes_per_s: f64,
     pub algorithm: &'static str,
     pub protocol: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -33,8 +33,8 @@ impl Row {
             gpus: ranks,
             bytes,
             time_us: round3(estimate.time.as_us()),
-            algbw_gbps: round3(algbw),
-            busbw_gbps: round3(algbw * op.bus_factor(ranks)),
+            algbw_gbytes_per_s: round3(algbw),
+            busbw_gbytes_per_s: round3(algbw * op.bus_factor(ranks)),
             algorithm: estimate.algorithm.name(),
             protocol: estimate.protocol.name(),
             measured_time_us: measured,
@@ -135,7 +135,7 @@ mod tests {
             assert_eq!(row.gpus, c.world_size());
             let factor = Op::Allreduce.bus_factor(row.gpus);
             assert!(
-                (row.busbw_gbps - row.algbw_gbps * factor).abs() < 2e-3,
+                (row.busbw_gbytes_per_s - row.algbw_gbytes_per_s * factor).abs() < 2e-3,
                 "{row:?}"
             );
             assert!(row.measured_time_us.is_none() && row.error_pct.is_none());

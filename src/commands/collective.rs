@@ -41,8 +41,8 @@ fn predict(cluster: &Cluster, op: Op, args: &CollectiveArgs) -> anyhow::Result<(
 
 fn print_header(measured: bool) {
     print!(
-        "{:>12} {:>12} {:>10} {:>10}  {:<13} {:<7}",
-        "size(B)", "time(us)", "algbw", "busbw", "algorithm", "proto"
+        "{:>12} {:>12} {:>12} {:>12}  {:<13} {:<7}",
+        "size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "algorithm", "proto"
     );
     if measured {
         print!(" {:>12} {:>8}", "measured", "err(%)");
@@ -52,8 +52,8 @@ fn print_header(measured: bool) {
 
 fn print_row(r: &Row) {
     print!(
-        "{:>12} {:>12.2} {:>10.2} {:>10.2}  {:<13} {:<7}",
-        r.bytes, r.time_us, r.algbw_gbps, r.busbw_gbps, r.algorithm, r.protocol
+        "{:>12} {:>12.2} {:>12.2} {:>12.2}  {:<13} {:<7}",
+        r.bytes, r.time_us, r.algbw_gbytes_per_s, r.busbw_gbytes_per_s, r.algorithm, r.protocol
     );
     if let (Some(m), Some(e)) = (r.measured_time_us, r.error_pct) {
         print!(" {m:>12.2} {e:>8.1}");

@@ -33,16 +33,24 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
                 repeats: args.repeats as usize,
                 ..HostProfileOptions::default()
             })?;
-            write_profile(&args.out, &profile)?;
-            if let (Some(ranks), Some(cluster_out)) = (args.ranks, &args.cluster_out) {
-                let cluster = host_cluster(
-                    &name,
-                    &device,
+            // Everything is measured before anything is written: a failure leaves no file.
+            let cluster = match (args.ranks, &args.cluster_out) {
+                (Some(ranks), Some(cluster_out)) => Some((
                     ranks,
-                    args.repeats as usize,
-                    profile.memory_bandwidth_gbytes_per_s,
-                    &powers_of_four(1 << 10, 1 << 24),
-                )?;
+                    cluster_out,
+                    host_cluster(
+                        &name,
+                        &device,
+                        ranks,
+                        args.repeats as usize,
+                        profile.memory_bandwidth_gbytes_per_s,
+                        &powers_of_four(1 << 10, 1 << 24),
+                    )?,
+                )),
+                _ => None,
+            };
+            write_profile(&args.out, &profile)?;
+            if let Some((ranks, cluster_out, cluster)) = cluster {
                 write_json(cluster_out, &cluster)?;
                 eprintln!(
                     "fitted {ranks}-rank channel collectives; wrote {}",
@@ -64,31 +72,40 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
                 repeats: args.repeats as usize,
                 ..CudaProfileOptions::default()
             })?;
-            write_profile(&args.out, &measured.device)?;
-            if let Some(cluster_out) = &args.cluster_out {
-                if measured.gpus < 2 {
-                    return Err(SimError::bad_value(
-                        "--cluster-out",
-                        cluster_out.display(),
-                        format!(
-                            "a collective needs at least 2 GPUs, this machine has {}",
-                            measured.gpus
-                        ),
-                    )
-                    .into());
+            // Everything is measured before anything is written: a failure leaves no file.
+            let cluster = match &args.cluster_out {
+                Some(cluster_out) => {
+                    if measured.gpus < 2 {
+                        return Err(SimError::bad_value(
+                            "--cluster-out",
+                            cluster_out.display(),
+                            format!(
+                                "a collective needs at least 2 GPUs, this machine has {}",
+                                measured.gpus
+                            ),
+                        )
+                        .into());
+                    }
+                    let base = match &args.cluster_base {
+                        Some(base) => base.clone(),
+                        None => default_base(&measured.device.model)?,
+                    };
+                    Some((
+                        cluster_out,
+                        gpu_cluster(
+                            &name,
+                            &device,
+                            &base,
+                            measured.gpus as u32,
+                            &measured.allreduce,
+                            measured.device.memory_bandwidth_gbytes_per_s,
+                        )?,
+                    ))
                 }
-                let base = match &args.cluster_base {
-                    Some(base) => base.clone(),
-                    None => default_base(&measured.device.model)?,
-                };
-                let cluster = gpu_cluster(
-                    &name,
-                    &device,
-                    &base,
-                    measured.gpus as u32,
-                    &measured.allreduce,
-                    measured.device.memory_bandwidth_gbytes_per_s,
-                )?;
+                None => None,
+            };
+            write_profile(&args.out, &measured.device)?;
+            if let Some((cluster_out, cluster)) = cluster {
                 write_json(cluster_out, &cluster)?;
                 eprintln!(
                     "fitted NCCL allreduce on {} GPUs; wrote {}",

@@ -37,7 +37,16 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     if let Some(streams) = args.comm_streams {
         plan.policy.comm_streams = comm_streams("--comm-streams", streams)?;
     }
-    plan.validate(&label, &base.model)?;
+    plan.validate(&label, &base.model)
+        .map_err(|err| match (&args.plan, err) {
+            // A strategy's plan that the compressor cannot run: the user typed flags, not fields.
+            (None, SimError::Invalid { message, .. }) => SimError::bad_value(
+                "--compressor",
+                &args.compressor,
+                format!("the `{}` strategy cannot use it: {message}", args.strategy),
+            ),
+            (_, err) => err,
+        })?;
     if let Some(path) = &args.save_plan {
         plan.target = Some(target(
             &args.model,

@@ -44,6 +44,22 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         memory,
     };
     let rows = sweep::run(&grid.points(), &StrategyOptions::default())?;
+    if rows
+        .iter()
+        .all(|r| matches!(r.outcome, Outcome::Skipped(_)))
+    {
+        let reasons: Vec<String> = rows
+            .iter()
+            .filter_map(|r| match &r.outcome {
+                Outcome::Skipped(why) => Some(format!("{}: {why}", config_label(r))),
+                Outcome::Done(_) => None,
+            })
+            .collect();
+        anyhow::bail!(
+            "every combination was skipped, nothing was written:\n  {}",
+            reasons.join("\n  ")
+        );
+    }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let csv_path = args.out.join("sweep.csv");

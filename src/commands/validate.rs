@@ -19,6 +19,18 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     let backend = super::exec::choose_backend(run.backend)?;
     let cluster = machine_cluster(args, &plan, &model, backend)?;
     let scenario = Scenario::new(model, cluster)?;
+    if backend != Chosen::Cuda && !scenario.cpu_ranks() {
+        return Err(SimError::bad_value(
+            "--cluster",
+            &scenario.cluster.name,
+            format!(
+                "its ranks are GPUs (device {}), but the {} backend runs CPU ranks, whose times say nothing about GPUs: pass this machine's or the lab's cluster file (`profile --backend host --cluster-out`, `lab up --cluster-out`)",
+                scenario.device.name,
+                backend.name()
+            ),
+        )
+        .into());
+    }
     // One schedule: the real run and the prediction interpret the same steps.
     let schedule = schedule(&scenario, &plan)?;
     let options = super::exec::options(run, false)?;

@@ -648,14 +648,17 @@ mod tests {
         }
     }
 
-    /// Runs wherever NVRTC loads (CI installs the pip wheel), GPU or not: every source compiles
-    /// for the architectures we target and defines every entry point `Kernels::load` asks for.
+    /// Needs NVRTC, GPU or not: every source compiles for the architectures we target and
+    /// defines every entry point `Kernels::load` asks for. Ignored where NVRTC may be missing,
+    /// so that a summary never counts it as passed without running; CI installs the wheel and
+    /// runs it with `--ignored`, where a missing NVRTC fails it.
     #[test]
+    #[ignore = "needs NVRTC (pip wheel nvidia-cuda-nvrtc-cu12 on LD_LIBRARY_PATH): run with --ignored"]
     fn every_kernel_source_compiles_with_nvrtc() {
-        if !super::super::probe::nvrtc_loads() {
-            println!("skipped: no NVRTC library (pip install nvidia-cuda-nvrtc-cu12, add its lib to LD_LIBRARY_PATH)");
-            return;
-        }
+        assert!(
+            super::super::probe::nvrtc_loads(),
+            "NVRTC does not load: pip install nvidia-cuda-nvrtc-cu12 and add its lib to LD_LIBRARY_PATH"
+        );
         // NVRTC 13 dropped Volta: every one of these this NVRTC supports, at least two.
         let supported = supported_archs();
         let archs: Vec<String> = [70, 80, 90]
