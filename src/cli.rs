@@ -442,7 +442,8 @@ pub enum ExperimentCommand {
 pub struct ExperimentRunArgs {
     /// The experiment directory (holding spec.json and README.md).
     pub dir: PathBuf,
-    /// Calibration experiments: evaluate the shipped calibrated inputs instead of fitting anew.
+    /// Calibration experiments: evaluate the shipped calibrated inputs instead of fitting anew;
+    /// lab experiments: predict the shipped measurements instead of measuring anew.
     #[arg(long)]
     pub reuse_fit: bool,
 }
@@ -584,6 +585,15 @@ pub enum LabProbeCommand {
     Allreduce {
         #[arg(long, value_delimiter = ',', required = true)]
         sizes: Vec<u64>,
+        #[arg(long)]
+        repeats: usize,
+        #[arg(long)]
+        timeout_s: f64,
+    },
+    /// How compute and an allreduce slow each other on every rank (under mpirun); JSON on rank 0.
+    Contention {
+        #[arg(long)]
+        bytes: u64,
         #[arg(long)]
         repeats: usize,
         #[arg(long)]

@@ -83,7 +83,10 @@ fn two_tensors_on_one_link_fused_versus_unfused_by_hand() {
     let cluster = one_link_cluster(&device);
     // α = 30 µs MPI overhead + 25 µs hop; β = 1 / (10 Gb/s · 0.8) = 1 ns per byte.
     let alpha_ms = 0.055;
-    let transfer_ms = |bytes: f64| bytes / 1e6;
+    // An uncompressed collective also copies its gradient into the buffer it sends (8 B per
+    // element) and zeroes its result (4 B), at the V100's 900 GB/s; its cast costs nothing.
+    let passes_ms = |bytes: f64| 12.0 * bytes / 4.0 / 900e9 * 1e3;
+    let transfer_ms = |bytes: f64| bytes / 1e6 + passes_ms(bytes);
 
     // Large tensors (4 MB each): sending the first while the second is computed wins.
     let model = two_tensor_model(&device, 1_000_000);
@@ -180,6 +183,8 @@ fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
             },
             slowdown_with_collective: 1.2,
             slowdown_with_codec: 1.1,
+            comm_slowdown_with_compute: 1.3,
+            codec_slowdown_with_compute: 1.2,
             record_ranks: ranks,
         };
         let noise = NoiseSpec {

@@ -1,12 +1,12 @@
 //! The cost pass: how long each step of a schedule takes on a scenario's hardware, from the compute profile, the codec curves and the collective models.
 
 use crate::collective::{self, Estimate, Group as RankGroup, Op, ServerPlacement};
-use crate::compress::{Aggregation, Compressor, Memory};
-use crate::device::{DeviceKind, DeviceProfile};
+use crate::compress::{Aggregation, Memory};
+use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
 use crate::plan::{CompressOn, Group, Plan};
 use crate::scenario::Scenario;
-use crate::schedule::{lower_group, Exchange, Piece, Schedule, StepKind};
+use crate::schedule::{lower_group, Exchange, Op as Step, Piece, Schedule, StepKind};
 use crate::time::SimTime;
 
 /// GPU-to-host bandwidth of a PCIe 3.0 x16 link as NCCL's topology model counts it (PCI_BW,
@@ -20,11 +20,34 @@ pub struct StepCost {
     pub estimate: Option<Estimate>,
 }
 
-/// Encode, every round's collective and decode of one piece.
+/// What each op of a piece's synchronization costs (see the ops of `crate::schedule`), and
+/// every round's collective.
 struct PieceCost {
+    compensate: SimTime,
     encode: SimTime,
+    /// PowerSGD's Q from the reduced P: part of its encode curve, which prices both rounds.
+    next_round: SimTime,
     rounds: Vec<Estimate>,
     decode: SimTime,
+    update_memory: SimTime,
+    scale_output: SimTime,
+}
+
+impl PieceCost {
+    /// A step's time: the sum of its ops.
+    fn step(&self, ops: &[Step], round: usize) -> SimTime {
+        ops.iter()
+            .map(|op| match op {
+                Step::Compensate => self.compensate,
+                Step::Encode => self.encode,
+                Step::NextRound => self.next_round,
+                Step::Exchange => self.rounds[round].time,
+                Step::Decode => self.decode,
+                Step::UpdateMemory => self.update_memory,
+                Step::ScaleOutput => self.scale_output,
+            })
+            .sum()
+    }
 }
 
 /// The cost of every step of `schedule` (one entry per step) on the scenario's hardware.
@@ -38,25 +61,27 @@ pub fn step_costs(scenario: &Scenario, plan: &Plan, schedule: &Schedule) -> Resu
     Ok(schedule
         .steps
         .iter()
-        .map(|step| {
-            let piece = step.piece.map(|p| &pieces[p as usize]);
-            let local = |duration| StepCost {
-                duration,
-                estimate: None,
-            };
-            match (step.kind, piece) {
-                (StepKind::Encode { .. }, Some(p)) => local(p.encode),
-                (StepKind::Decode { .. }, Some(p)) => local(p.decode),
+        .map(
+            |step| match (step.kind, step.piece.map(|p| &pieces[p as usize])) {
                 (StepKind::Collective { round, .. }, Some(p)) => {
-                    let estimate = p.rounds[round as usize];
+                    let mut estimate = p.rounds[round as usize];
+                    // The collective's own ops (an uncompressed group casts and decodes itself).
+                    estimate.time = p.step(&step.ops, round as usize);
                     StepCost {
                         duration: estimate.time,
                         estimate: Some(estimate),
                     }
                 }
-                _ => local(compute_time(scenario, step.profiled_us.unwrap_or(0.0))),
-            }
-        })
+                (_, Some(p)) => StepCost {
+                    duration: p.step(&step.ops, 0),
+                    estimate: None,
+                },
+                (_, None) => StepCost {
+                    duration: compute_time(scenario, step.profiled_us.unwrap_or(0.0)),
+                    estimate: None,
+                },
+            },
+        )
         .collect())
 }
 
@@ -73,9 +98,9 @@ pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 
         .map(|piece| {
             let cost = piece_cost(scenario, 0, piece)?;
             Ok([
-                cost.encode,
+                cost.compensate + cost.encode,
                 cost.rounds.iter().map(|r| r.time).sum(),
-                cost.decode,
+                cost.decode + cost.update_memory + cost.scale_output,
             ])
         })
         .collect()
@@ -94,41 +119,52 @@ fn codec_device<'s>(scenario: &'s Scenario, piece: &Piece) -> Result<&'s DeviceP
     }
 }
 
+/// Bytes per element of the memory passes around a codec, as the executors make them.
+mod pass {
+    /// Zero the result before decoding adds into it.
+    pub const ZERO: f64 = 4.0;
+    /// Scale the result in place (EF-SignSGD's 1/lr).
+    pub const SCALE: f64 = 8.0;
+}
+
 fn piece_cost(scenario: &Scenario, ps_servers: u32, piece: &Piece) -> Result<PieceCost> {
     let cluster = &scenario.cluster;
     let device = codec_device(scenario, piece)?;
     let world = u64::from(cluster.world_size());
-    // Compressing on the host moves the fp32 gradient to the host and the decoded result back.
-    let host_copy = |numel: u64| match device.kind {
-        DeviceKind::Cpu => SimTime::from_secs(4.0 * numel as f64 / (HOST_LINK_GBYTES_PER_S * 1e9)),
-        DeviceKind::Gpu => SimTime::ZERO,
-    };
     let numel = piece.numel.max(1);
-    let compressor = piece.compressor;
-    let compressing = compressor != Compressor::None;
-    let encode = if compressing || piece.memory != Memory::None {
-        compressor.encode_time(device, numel)?
-            + piece.memory.update_time(device, numel)
-            + host_copy(numel)
-    } else {
-        SimTime::ZERO
+    // An elementwise pass over the piece at the device's memory bandwidth.
+    let pass = |bytes_per_element: f64| {
+        SimTime::from_ns(bytes_per_element * numel as f64 / device.memory_bandwidth_gbytes_per_s)
     };
-    let decode = if compressing {
-        let one = compressor.decode_time(device, numel)?;
-        let decoded = match (piece.aggregation, piece.rounds.first().map(|r| r.exchange)) {
-            // Every rank decodes every rank's payload.
-            (Aggregation::Allgather, _) => SimTime(one.as_ns() * world),
-            // The server decodes the pushed payloads of its shard and re-encodes the sum; the
-            // worker decodes the pulled result.
-            (_, Some(Exchange::PushPull { .. })) => {
-                one + one + compressor.encode_time(device, numel / u64::from(cluster.nodes))?
-            }
-            // The ring's per-hop work is in its collective; the result is decoded once.
-            _ => one,
-        };
-        decoded + host_copy(numel)
-    } else {
-        SimTime::ZERO
+    // A GPU rank compressing on its host moves the fp32 gradient to the host and the decoded
+    // result back; a CPU rank's gradient is already there.
+    let offloaded = piece.compress_on == CompressOn::Cpu && !scenario.cpu_ranks();
+    let host_copy = match offloaded {
+        true => SimTime::from_secs(4.0 * numel as f64 / (HOST_LINK_GBYTES_PER_S * 1e9)),
+        false => SimTime::ZERO,
+    };
+    let compressor = piece.compressor;
+    let memory = piece.memory;
+    let compensate = pass(memory.compensate_bytes()) + host_copy;
+    let encode = compressor.encode_time(device, numel)?;
+    let one = compressor.decode_time(device, numel)?;
+    let payloads = match (piece.aggregation, piece.rounds.first().map(|r| r.exchange)) {
+        // Every rank decodes every rank's payload.
+        (Aggregation::Allgather, _) => SimTime(one.as_ns() * world),
+        // The server decodes the pushed payloads of its shard and re-encodes the sum; the
+        // worker decodes the pulled result.
+        (_, Some(Exchange::PushPull { .. })) => {
+            one + one + compressor.encode_time(device, numel / u64::from(cluster.nodes))?
+        }
+        // The ring's per-hop work is in its collective; the result is decoded once.
+        _ => one,
+    };
+    let decode = pass(pass::ZERO) + payloads + host_copy;
+    let update_memory = match memory {
+        Memory::None => SimTime::ZERO,
+        // What this rank's own payload carried (PowerSGD's is the averaged result), then
+        // the memory's bookkeeping.
+        memory => one + pass(memory.update_bytes()),
     };
     let rounds = piece
         .rounds
@@ -145,9 +181,13 @@ fn piece_cost(scenario: &Scenario, ps_servers: u32, piece: &Piece) -> Result<Pie
         })
         .collect::<Result<_>>()?;
     Ok(PieceCost {
+        compensate,
         encode,
+        next_round: SimTime::ZERO,
         rounds,
         decode,
+        update_memory,
+        scale_output: pass(pass::SCALE),
     })
 }
 

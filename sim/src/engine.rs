@@ -24,6 +24,11 @@ pub struct EngineConfig {
     /// Compute time multipliers while a collective / a GPU compression kernel runs beside it.
     pub slowdown_with_collective: f64,
     pub slowdown_with_codec: f64,
+    /// Collective time multiplier while every rank computes (CPU ranks sharing cores).
+    pub comm_slowdown_with_compute: f64,
+    /// Compression time multiplier while the rank computes (a CPU rank's compression thread
+    /// shares the cores its compute runs on).
+    pub codec_slowdown_with_compute: f64,
     /// Ranks whose task times are kept for the trace.
     pub record_ranks: u32,
 }
@@ -366,6 +371,8 @@ impl Engine<'_> {
             LocalStream::Compute => {
                 self.computing -= 1;
                 self.result.compute_busy[iteration] += busy;
+                self.rerate_comm();
+                self.rerate_codec(rank);
             }
             LocalStream::Codec | LocalStream::Cpu => self.result.codec_busy[iteration] += busy,
         }
@@ -445,11 +452,30 @@ impl Engine<'_> {
         1.0 / slowdown
     }
 
+    /// Compression slows while the rank's compute shares its cores.
+    fn codec_rate(&self, rank: u32) -> f64 {
+        if self.ranks[rank as usize].compute.running.is_some() {
+            1.0 / self.config.codec_slowdown_with_compute
+        } else {
+            1.0
+        }
+    }
+
     fn rerate_compute(&mut self, rank: u32) {
         let rate = self.compute_rate(rank);
+        self.rerate_local(rank, LocalStream::Compute, rate);
+    }
+
+    fn rerate_codec(&mut self, rank: u32) {
+        let rate = self.codec_rate(rank);
+        self.rerate_local(rank, LocalStream::Codec, rate);
+    }
+
+    /// Moves a running local task to `rate`, rescheduling its end.
+    fn rerate_local(&mut self, rank: u32, which: LocalStream, rate: f64) {
         let now = self.now;
         let version = self.versions + 1;
-        if let Some(running) = self.ranks[rank as usize].compute.running.as_mut() {
+        if let Some(running) = self.ranks[rank as usize].stream(which).running.as_mut() {
             if running.rate != rate {
                 self.versions = version;
                 let end = running.rerate(now, rate, version);
@@ -457,7 +483,7 @@ impl Engine<'_> {
                     end,
                     Event::Local {
                         rank,
-                        resource: LocalStream::Compute,
+                        resource: which,
                         version,
                     },
                 );
@@ -471,7 +497,10 @@ impl Engine<'_> {
         if active == 0 {
             return;
         }
-        let rate = 1.0 / active as f64;
+        // Concurrent collectives share the network; compute on the ranks' cores slows them.
+        let computing = f64::from(self.computing) / f64::from(self.ranks_n);
+        let slowdown = 1.0 + (self.config.comm_slowdown_with_compute - 1.0) * computing;
+        let rate = 1.0 / (active as f64 * slowdown);
         let now = self.now;
         for stream in 0..self.comm.len() {
             let version = self.versions + 1;
@@ -521,15 +550,21 @@ impl Engine<'_> {
             self.codec_active[rank as usize] = true;
             self.rerate_compute(rank);
         }
-        let rate = if which == LocalStream::Compute {
-            self.computing += 1;
-            self.compute_rate(rank)
-        } else {
-            1.0
+        let rate = match which {
+            LocalStream::Compute => {
+                self.computing += 1;
+                self.rerate_comm();
+                self.compute_rate(rank)
+            }
+            LocalStream::Codec => self.codec_rate(rank),
+            LocalStream::Cpu => 1.0,
         };
         let running = Running::new(task, now, work, rate, version);
         let end = running.end();
         self.ranks[rank as usize].stream(which).running = Some(running);
+        if which == LocalStream::Compute {
+            self.rerate_codec(rank);
+        }
         self.push(
             end,
             Event::Local {
@@ -668,6 +703,8 @@ mod tests {
             },
             slowdown_with_collective: 1.0,
             slowdown_with_codec: 1.0,
+            comm_slowdown_with_compute: 1.0,
+            codec_slowdown_with_compute: 1.0,
             record_ranks: 0,
         };
         let err = run(&graph, &config, &Noise::default())

@@ -205,11 +205,30 @@ pub fn engine_config(
     ranks: u32,
     record_ranks: u32,
 ) -> EngineConfig {
+    // The cluster's measured contention (CPU ranks sharing cores) overrides the device's.
+    let device = &scenario.device.contention;
+    // A CPU rank's compression and compute share cores: each slows the other alike.
+    let (collective, codec, comm, codec_beside_compute) = match &scenario.cluster.contention {
+        Some(c) => (
+            c.compute_slowdown_with_collective,
+            c.compute_slowdown_with_compression,
+            c.collective_slowdown_with_compute,
+            c.compute_slowdown_with_compression,
+        ),
+        None => (
+            device.compute_slowdown_with_collective,
+            device.compute_slowdown_with_compression,
+            1.0,
+            1.0,
+        ),
+    };
     EngineConfig {
         ranks,
         policy: schedule.policy,
-        slowdown_with_collective: scenario.device.contention.compute_slowdown_with_collective,
-        slowdown_with_codec: scenario.device.contention.compute_slowdown_with_compression,
+        slowdown_with_collective: collective,
+        slowdown_with_codec: codec,
+        comm_slowdown_with_compute: comm,
+        codec_slowdown_with_compute: codec_beside_compute,
         record_ranks,
     }
 }
@@ -235,6 +254,8 @@ fn single_gpu_time(scenario: &Scenario, plan: &Plan, warmup: u32) -> Result<SimT
         },
         slowdown_with_collective: 1.0,
         slowdown_with_codec: 1.0,
+        comm_slowdown_with_compute: 1.0,
+        codec_slowdown_with_compute: 1.0,
         record_ranks: 0,
     };
     let result = engine::run(&graph, &config, &Default::default())?;

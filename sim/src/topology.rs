@@ -96,6 +96,11 @@ pub struct MpiParams {
     pub message_overhead_us: f64,
     /// Bytes per second the CPU reduces (sums) in an allreduce step, in GB/s.
     pub reduce_gbytes_per_s: f64,
+    /// The most one rank's MPI-over-TCP path moves per second and direction on these hosts,
+    /// in Gb/s (the CPU's cost per byte of the kernel's TCP stack and of MPI's progress),
+    /// measured; a link is used at min(line rate × tcp_efficiency, this). None: the NIC limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_gbps: Option<f64>,
     pub provenance: Provenance,
 }
 
@@ -135,10 +140,29 @@ pub struct Cluster {
     pub intra_node: IntraNode,
     pub inter_node: InterNode,
     pub library: Library,
+    /// How compute and communication slow each other on this cluster's ranks, measured on it
+    /// (`syncopate lab up`): for CPU ranks it depends on how ranks share cores, which the
+    /// device profile cannot know. Overrides the device's contention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contention: Option<ClusterContention>,
     /// Device memory bandwidth of the GPUs (from the device profile, filled in by `load`): a
     /// one-rank collective is a device-local copy.
     #[serde(skip)]
     pub device_memory_gbytes_per_s: f64,
+}
+
+/// Contention between a rank's compute, compression and communication on one cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterContention {
+    /// Compute time multiplier while a collective runs.
+    pub compute_slowdown_with_collective: f64,
+    /// Compute time multiplier while the rank's compression runs.
+    pub compute_slowdown_with_compression: f64,
+    /// Collective time multiplier while every rank computes (scaled by the share of ranks
+    /// computing).
+    pub collective_slowdown_with_compute: f64,
+    pub provenance: Provenance,
 }
 
 /// Command-line changes to a cluster (`--nodes`, `--gpus-per-node`, `--inter-gbps`).
@@ -245,6 +269,34 @@ impl Cluster {
             "Gb/s",
         )?;
         limits::check_duration_us(label, "inter_node.latency_us", self.inter_node.latency_us)?;
+        if let Some(c) = &self.contention {
+            for (field, value) in [
+                (
+                    "contention.compute_slowdown_with_collective",
+                    c.compute_slowdown_with_collective,
+                ),
+                (
+                    "contention.compute_slowdown_with_compression",
+                    c.compute_slowdown_with_compression,
+                ),
+                (
+                    "contention.collective_slowdown_with_compute",
+                    c.collective_slowdown_with_compute,
+                ),
+            ] {
+                if !(value.is_finite() && (1.0..=limits::MAX_SLOWDOWN).contains(&value)) {
+                    return Err(SimError::invalid(
+                        label,
+                        field,
+                        format!(
+                            "a slowdown is a factor from 1 to {}, got {}",
+                            limits::MAX_SLOWDOWN,
+                            limits::num(value)
+                        ),
+                    ));
+                }
+            }
+        }
         match &self.library {
             Library::Nccl(p) => {
                 check_fraction(label, "library.intra_efficiency", p.intra_efficiency)?;
@@ -301,6 +353,9 @@ impl Cluster {
                     p.reduce_gbytes_per_s,
                     "GB/s",
                 )?;
+                if let Some(host) = p.host_gbps {
+                    limits::check_rate(label, "library.host_gbps", host, "Gb/s")?;
+                }
             }
         }
         Ok(())

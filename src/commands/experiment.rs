@@ -7,6 +7,14 @@ use syncopate_sim::experiment;
 
 pub fn run(args: &ExperimentRunArgs) -> anyhow::Result<()> {
     let dir = &args.dir;
+    // A lab experiment measures first (root, the `mpi` feature), unless its shipped
+    // measurements are reused; its predictions are made like every experiment's.
+    if let (Some(spec), false) = (experiment::lab_spec(dir)?, args.reuse_fit) {
+        if !cfg!(feature = "mpi") {
+            return Err(super::without_mpi_error());
+        }
+        syncopate_exec::lab::experiment::measure(dir, &spec, &|line| eprintln!("{line}"))?;
+    }
     let results = experiment::run(dir, args.reuse_fit)?;
     for (file, input) in &results.inputs {
         super::write_json(&dir.join(file), input)?;

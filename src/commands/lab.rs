@@ -117,25 +117,13 @@ fn measure_and_fit(
     interrupted: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<(LabMeasurements, Option<Cluster>)> {
     let exe = SelfExe::current()?;
-    let options = ProbeOptions {
-        goodput_seconds: measure_s.as_secs_f64(),
-        ..ProbeOptions::default()
-    };
-    let network = measure::network(made, &exe, &options)?;
-    let allreduce = if cfg!(feature = "mpi") {
-        // Generous: the largest size at a tenth of the shaped rate, every repeat, plus start-up.
-        let sizes = measure::sweep_sizes();
-        let slowest = sizes.iter().sum::<u64>() as f64 * 8.0 / (made.gbps * 1e8);
-        let timeout = Duration::from_secs_f64(60.0 + slowest * (args.repeats + 1) as f64);
-        measure::allreduce_sweep(made, &exe, &sizes, args.repeats, timeout, interrupted)?
-    } else {
-        Vec::new()
-    };
-    let measurements = LabMeasurements {
-        network,
-        allreduce,
-        ranks: made.nodes.len() as u32,
-    };
+    let measurements = fit::measure(
+        made,
+        &exe,
+        measure_s.as_secs_f64(),
+        args.repeats,
+        interrupted,
+    )?;
     let cluster = match &args.cluster_out {
         Some(path) => {
             let cluster = fit::cluster(made, &measurements, &args.device, command)?;
@@ -346,6 +334,16 @@ fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&points)?);
             }
         }
+        LabProbeCommand::Contention {
+            bytes,
+            repeats,
+            timeout_s,
+        } => {
+            let timeout = seconds("--timeout-s", timeout_s, 24.0 * 3600.0)?;
+            if let Some(point) = mpi_contention(bytes, repeats, timeout)? {
+                println!("{}", serde_json::to_string(&point)?);
+            }
+        }
         LabProbeCommand::MpiCheck {
             timeout_s,
             kill_rank,
@@ -368,6 +366,26 @@ fn mpi_sweep(
     super::as_mpi_rank(|world| {
         syncopate_exec::mpi::bench::allreduce_sweep(world, sizes, repeats, timeout)
     })
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_contention(
+    bytes: u64,
+    repeats: usize,
+    timeout: Duration,
+) -> anyhow::Result<Option<measure::ContentionPoint>> {
+    super::as_mpi_rank(|world| {
+        syncopate_exec::mpi::bench::contention(world, bytes, repeats, timeout)
+    })
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_contention(
+    _: u64,
+    _: usize,
+    _: Duration,
+) -> anyhow::Result<Option<measure::ContentionPoint>> {
+    Err(super::without_mpi())
 }
 
 #[cfg(feature = "mpi")]

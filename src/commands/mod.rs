@@ -77,6 +77,11 @@ pub fn as_mpi_rank<T, E: std::fmt::Display>(
 /// The error of a command that needs the `mpi` feature in a build without it.
 #[cfg(not(feature = "mpi"))]
 pub fn without_mpi() -> anyhow::Error {
+    without_mpi_error()
+}
+
+/// The message of [`without_mpi`], for code that checks the feature at run time.
+pub fn without_mpi_error() -> anyhow::Error {
     anyhow::anyhow!(
         "this syncopate was built without the `mpi` feature; rebuild with `cargo build --release --features mpi` (needs Debian's openmpi-bin, libopenmpi-dev and libclang-dev)"
     )

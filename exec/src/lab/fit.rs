@@ -1,6 +1,6 @@
 //! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, and MPI's per-message overhead and reduction rate from the allreduce sweep, scored by the simulator's own MPI cost model.
 
-use super::measure::{AllreducePoint, NetworkProbe};
+use super::measure::{AllreducePoint, ContentionPoint, NetworkProbe};
 use super::state::LabState;
 use crate::error::Result;
 use serde::Serialize;
@@ -10,7 +10,8 @@ use syncopate_sim::data::FORMAT_VERSION;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::{Provenance, Status};
 use syncopate_sim::topology::{
-    Cluster, ClusterOverrides, Fabric, InterNode, IntraNode, Library, MpiParams, Transport,
+    Cluster, ClusterContention, ClusterOverrides, Fabric, InterNode, IntraNode, Library, MpiParams,
+    Transport,
 };
 
 /// Everything `lab up` measured.
@@ -21,7 +22,61 @@ pub struct LabMeasurements {
     pub allreduce: Vec<AllreducePoint>,
     /// Ranks of the allreduce sweep.
     pub ranks: u32,
+    /// How compute and communication slow each other on the lab's ranks (with `mpi`).
+    pub contention: Option<ContentionPoint>,
 }
+
+/// Measures everything `lab up` reports on a made lab: the network probes, and with the
+/// `mpi` feature the allreduce sweep and the contention of compute and communication.
+pub fn measure(
+    made: &LabState,
+    exe: &super::measure::SelfExe,
+    goodput_seconds: f64,
+    repeats: usize,
+    interrupted: &std::sync::atomic::AtomicBool,
+) -> Result<LabMeasurements> {
+    use super::measure;
+    use std::time::Duration;
+    let options = measure::ProbeOptions {
+        goodput_seconds,
+        ..measure::ProbeOptions::default()
+    };
+    let network = measure::network(made, exe, &options)?;
+    let mpi = cfg!(feature = "mpi");
+    let allreduce = if mpi {
+        // Generous: the largest size at a tenth of the shaped rate, every repeat, plus start-up.
+        let sizes = measure::sweep_sizes();
+        let slowest = sizes.iter().sum::<u64>() as f64 * 8.0 / (made.gbps * 1e8);
+        let timeout = Duration::from_secs_f64(60.0 + slowest * (repeats + 1) as f64);
+        measure::allreduce_sweep(made, exe, &sizes, repeats, timeout, interrupted)?
+    } else {
+        Vec::new()
+    };
+    let contention = if mpi {
+        let bytes = CONTENTION_BYTES;
+        let timeout =
+            Duration::from_secs_f64(120.0 + bytes as f64 * 8.0 / (made.gbps * 1e8) * 20.0);
+        Some(measure::contention(
+            made,
+            exe,
+            bytes,
+            3,
+            timeout,
+            interrupted,
+        )?)
+    } else {
+        None
+    };
+    Ok(LabMeasurements {
+        network,
+        allreduce,
+        ranks: made.nodes.len() as u32,
+        contention,
+    })
+}
+
+/// The allreduce of the contention probe: a few MB, like the fused buffers of a training run.
+const CONTENTION_BYTES: u64 = 4 << 20;
 
 /// The lab as a cluster of one-rank nodes for `device` (a device profile name or path), with
 /// `command` (the `lab up` command line) and the measurements in its provenance.
@@ -73,11 +128,13 @@ pub fn cluster(
             tcp_efficiency,
             message_overhead_us: 0.0,
             reduce_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s / 3.0,
+            host_gbps: None,
             provenance: Provenance {
                 status: Status::Estimated,
                 method: String::new(),
             },
         }),
+        contention: measured.contention.map(|c| contention(&c, lab)),
         device_memory_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s,
     };
     let goodput = format!(
@@ -95,10 +152,10 @@ pub fn cluster(
             "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; message_overhead_us (0) and reduce_gbytes_per_s (memory bandwidth / 3: a sum reads two buffers and writes one) are estimates: this syncopate was built without the `mpi` feature, so no allreduce sweep was run. {goodput}"
         )
     } else {
-        let (overhead_us, reduce, error) = fit_mpi(&cluster, &measured.allreduce, measured.ranks)?;
+        let (overhead_us, host, error) = fit_mpi(&cluster, &measured.allreduce, measured.ranks)?;
         if let Library::Mpi(params) = &mut cluster.library {
             params.message_overhead_us = overhead_us;
-            params.reduce_gbytes_per_s = reduce;
+            params.host_gbps = Some(host);
         }
         let sweep: Vec<String> = measured
             .allreduce
@@ -106,7 +163,7 @@ pub fn cluster(
             .map(|p| format!("{} B: {:.1} µs", p.bytes, p.seconds.median * 1e6))
             .collect();
         format!(
-            "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; message_overhead_us and reduce_gbytes_per_s fitted (mean |error| {error:.1} %) with syncopate-sim's MPI cost model to an fp32 allreduce sweep over Open MPI on {} ranks (median of {} repeats per size: {}). {goodput}",
+            "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; reduce_gbytes_per_s estimated (memory bandwidth / 3: a sum reads two buffers and writes one); message_overhead_us and host_gbps (the MPI/TCP path's own limit per rank) fitted (mean |error| {error:.1} %) with syncopate-sim's MPI cost model to an fp32 allreduce sweep over Open MPI on {} ranks (median of {} repeats per size: {}). {goodput}",
             measured.ranks,
             measured.allreduce.first().map_or(0, |p| p.seconds.repeats),
             sweep.join(", ")
@@ -130,6 +187,38 @@ pub fn cluster(
     Ok(cluster)
 }
 
+/// The measured contention as the simulator takes it, with what was measured.
+fn contention(c: &ContentionPoint, lab: &LabState) -> ClusterContention {
+    let ms = |s: &super::measure::Spread| {
+        format!(
+            "{:.1} ms (range {:.1}–{:.1})",
+            s.median * 1e3,
+            s.min * 1e3,
+            s.max * 1e3
+        )
+    };
+    ClusterContention {
+        compute_slowdown_with_collective: c.compute_slowdown(),
+        compute_slowdown_with_compression: c.compression_slowdown(),
+        collective_slowdown_with_compute: c.comm_slowdown(),
+        provenance: Provenance {
+            status: Status::Measured,
+            method: format!(
+                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, {} cores in all), medians of {} repeats: 200 ms of the MPI backend's calibrated compute took {} alone, {} beside allreduces of {} B, {} beside a second computing thread; one allreduce took {} alone, {} beside compute",
+                lab.nodes.len(),
+                std::thread::available_parallelism().map_or(0, |n| n.get()),
+                c.compute_alone.repeats,
+                ms(&c.compute_alone),
+                ms(&c.compute_beside_comm),
+                c.bytes,
+                ms(&c.compute_beside_compute),
+                ms(&c.comm_alone),
+                ms(&c.comm_beside_compute),
+            ),
+        },
+    }
+}
+
 /// Fits MPI's per-message overhead (µs) and reduction rate (GB/s) to the sweep: pattern
 /// search in log space from a grid of starts, each candidate scored by the mean relative
 /// error of `syncopate_sim::collective`'s prediction. Returns (overhead, rate, error %).
@@ -142,11 +231,11 @@ pub fn fit_mpi(start: &Cluster, sweep: &[AllreducePoint], ranks: u32) -> Result<
             time_us: p.seconds.median * 1e6,
         })
         .collect();
-    let score = |overhead: f64, reduce: f64| -> f64 {
+    let score = |overhead: f64, host: f64| -> f64 {
         let mut candidate = start.clone();
         if let Library::Mpi(params) = &mut candidate.library {
             params.message_overhead_us = overhead;
-            params.reduce_gbytes_per_s = reduce;
+            params.host_gbps = Some(host);
         }
         match calibrate::predict(&candidate, Op::Allreduce, &points) {
             Ok(predictions) => {
@@ -160,10 +249,12 @@ pub fn fit_mpi(start: &Cluster, sweep: &[AllreducePoint], ranks: u32) -> Result<
             Err(_) => f64::INFINITY,
         }
     };
-    let mut best = (0.0, 1.0, f64::INFINITY);
+    // The host cap starts at, and below, what the NIC allows.
+    let line = start.inter_node.nic_bandwidth_gbps;
+    let mut best = (0.0, line, f64::INFINITY);
     for overhead in [1.0, 10.0, 100.0] {
-        for reduce in [0.5, 2.0, 8.0] {
-            let candidate = pattern_search((overhead, reduce), &score);
+        for host in [0.5 * line, 0.8 * line, line] {
+            let candidate = pattern_search((overhead, host), &score);
             if candidate.2 < best.2 {
                 best = candidate;
             }
@@ -177,17 +268,17 @@ pub fn fit_mpi(start: &Cluster, sweep: &[AllreducePoint], ranks: u32) -> Result<
 const MIN_OVERHEAD_US: f64 = 0.01;
 
 fn pattern_search(start: (f64, f64), score: &dyn Fn(f64, f64) -> f64) -> (f64, f64, f64) {
-    let (mut overhead, mut reduce) = start;
-    let mut best = score(overhead, reduce);
+    let (mut overhead, mut other) = start;
+    let mut best = score(overhead, other);
     let mut step = 1.0_f64;
     while step > 1e-3 {
         let mut improved = false;
-        for (d_overhead, d_reduce) in [(step, 0.0), (-step, 0.0), (0.0, step), (0.0, -step)] {
+        for (d_overhead, d_other) in [(step, 0.0), (-step, 0.0), (0.0, step), (0.0, -step)] {
             let o = (overhead * f64::exp(d_overhead)).max(MIN_OVERHEAD_US);
-            let r = reduce * f64::exp(d_reduce);
+            let r = other * f64::exp(d_other);
             let s = score(o, r);
             if s < best {
-                (overhead, reduce, best) = (o, r, s);
+                (overhead, other, best) = (o, r, s);
                 improved = true;
             }
         }
@@ -195,7 +286,7 @@ fn pattern_search(start: (f64, f64), score: &dyn Fn(f64, f64) -> f64) -> (f64, f
             step /= 2.0;
         }
     }
-    (overhead, reduce, best)
+    (overhead, other, best)
 }
 
 #[cfg(test)]
@@ -233,11 +324,13 @@ mod tests {
             network: network(),
             allreduce: Vec::new(),
             ranks: 2,
+            contention: None,
         };
         let mut truth = cluster(&lab(), &measured, "host-2core", "t").unwrap();
+        // A host that moves 0.6 of the 1 Gb/s line per rank.
         if let Library::Mpi(p) = &mut truth.library {
             p.message_overhead_us = 40.0;
-            p.reduce_gbytes_per_s = 3.0;
+            p.host_gbps = Some(0.6);
         }
         let sweep: Vec<AllreducePoint> = [4u64 << 10, 64 << 10, 1 << 20, 16 << 20]
             .iter()
@@ -254,10 +347,10 @@ mod tests {
                 }
             })
             .collect();
-        let (overhead, reduce, error) = fit_mpi(&truth, &sweep, 2).unwrap();
+        let (overhead, host, error) = fit_mpi(&truth, &sweep, 2).unwrap();
         assert!(error < 0.5, "{error}");
         assert!((overhead / 40.0 - 1.0).abs() < 0.05, "{overhead}");
-        assert!((reduce / 3.0 - 1.0).abs() < 0.2, "{reduce}");
+        assert!((host / 0.6 - 1.0).abs() < 0.02, "{host}");
     }
 
     #[test]
@@ -266,6 +359,7 @@ mod tests {
             network: network(),
             allreduce: Vec::new(),
             ranks: 2,
+            contention: None,
         };
         let c = cluster(&lab(), &measured, "host-2core", "syncopate lab up").unwrap();
         let Library::Mpi(p) = &c.library else {

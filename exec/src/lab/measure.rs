@@ -460,6 +460,35 @@ pub struct AllreducePoint {
     pub busbw_gbps: f64,
 }
 
+/// How compute and an allreduce slow each other on this job's ranks, as rank 0 saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContentionPoint {
+    /// Bytes of the allreduce.
+    pub bytes: u64,
+    /// Seconds of `compute_ns` of calibrated work: alone, and while allreduces run.
+    pub compute_alone: Spread,
+    pub compute_beside_comm: Spread,
+    /// Seconds of the same compute while a second thread computes too (as compression does).
+    pub compute_beside_compute: Spread,
+    /// Seconds of one allreduce: alone, and while every rank computes.
+    pub comm_alone: Spread,
+    pub comm_beside_compute: Spread,
+}
+
+impl ContentionPoint {
+    pub fn compute_slowdown(&self) -> f64 {
+        (self.compute_beside_comm.median / self.compute_alone.median).max(1.0)
+    }
+
+    pub fn compression_slowdown(&self) -> f64 {
+        (self.compute_beside_compute.median / self.compute_alone.median).max(1.0)
+    }
+
+    pub fn comm_slowdown(&self) -> f64 {
+        (self.comm_beside_compute.median / self.comm_alone.median).max(1.0)
+    }
+}
+
 /// The sweep's sizes: 4 KiB to 32 MiB, fourfold apart, and the last (largest) repeated more.
 pub fn sweep_sizes() -> Vec<u64> {
     let mut sizes = vec![4u64 << 10];
@@ -480,17 +509,43 @@ pub fn allreduce_sweep(
     interrupted: &AtomicBool,
 ) -> Result<Vec<AllreducePoint>> {
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
-    let command = exe.probe(
-        "allreduce",
-        &[
-            "--sizes".into(),
-            list.join(","),
-            "--repeats".into(),
-            repeats.to_string(),
-            "--timeout-s".into(),
-            format!("{}", timeout.as_secs_f64()),
-        ],
-    );
+    let args = ["--sizes".into(), list.join(",")];
+    mpi_probe(lab, exe, "allreduce", &args, repeats, timeout, interrupted)
+}
+
+/// Runs the contention probe over MPI with one rank per node of `lab` (the hidden `lab probe
+/// contention`): how compute and an allreduce of `bytes` slow each other on its ranks.
+pub fn contention(
+    lab: &LabState,
+    exe: &SelfExe,
+    bytes: u64,
+    repeats: usize,
+    timeout: Duration,
+    interrupted: &AtomicBool,
+) -> Result<ContentionPoint> {
+    let args = ["--bytes".into(), bytes.to_string()];
+    mpi_probe(lab, exe, "contention", &args, repeats, timeout, interrupted)
+}
+
+/// Runs the hidden `lab probe NAME ARGS --repeats R --timeout-s T` over MPI with one rank per
+/// node and parses rank 0's JSON.
+fn mpi_probe<T: serde::de::DeserializeOwned>(
+    lab: &LabState,
+    exe: &SelfExe,
+    name: &str,
+    args: &[String],
+    repeats: usize,
+    timeout: Duration,
+    interrupted: &AtomicBool,
+) -> Result<T> {
+    let mut args = args.to_vec();
+    args.extend([
+        "--repeats".into(),
+        repeats.to_string(),
+        "--timeout-s".into(),
+        format!("{}", timeout.as_secs_f64()),
+    ]);
+    let command = exe.probe(name, &args);
     let spec = RunSpec {
         ranks_per_node: 1,
         mpi: true,
@@ -501,9 +556,9 @@ pub fn allreduce_sweep(
     };
     let outcome = run::run(lab, &spec, interrupted)?;
     serde_json::from_str(outcome.stdout.trim()).map_err(|e| ExecError::Tool {
-        command: "syncopate lab probe allreduce".into(),
+        command: format!("syncopate lab probe {name}"),
         message: format!(
-            "unreadable sweep ({e}): {}",
+            "unreadable output ({e}): {}",
             tool::first_line_or(&outcome.stdout, "(no output)")
         ),
     })

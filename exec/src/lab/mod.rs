@@ -13,6 +13,7 @@
 //! `down` removes a lab that a crash left half made, and an `up` that fails removes what it
 //! made before it returns the error.
 
+pub mod experiment;
 pub mod fit;
 pub mod measure;
 pub mod net;

@@ -8,14 +8,14 @@
 use super::pieces;
 use crate::compress::{aggregate, Codec, MemoryState};
 use crate::error::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use syncopate_sim::compress::{Aggregation, Compressor, Element, Family};
 use syncopate_sim::schedule::Schedule;
 
 /// What `--check` found for one group over every checked iteration and piece.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GroupCheck {
     pub group: usize,
     pub compressor: String,

@@ -24,7 +24,7 @@ mod sequence;
 
 use crate::error::{ExecError, Result};
 use check::GroupCheck;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::schedule::{Program, Schedule, Slot, Step, Stream};
@@ -88,7 +88,7 @@ pub struct Measured {
 }
 
 /// What `exec --format json` prints and a measured trace carries as `otherData`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MeasuredSummary {
     pub model: String,
     pub strategy: String,
@@ -107,7 +107,7 @@ pub struct MeasuredSummary {
     /// Factor applied to the model profile's compute times.
     pub compute_scale: f64,
     pub seed: u64,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checks: Vec<GroupCheck>,
 }
 

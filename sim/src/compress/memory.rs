@@ -1,8 +1,6 @@
 //! Error-feedback memories (`none`, `residual`, `dgc`, `efsignsgd`): spec strings, DGC's warm-up and update cost.
 
-use crate::device::DeviceProfile;
 use crate::error::SimError;
-use crate::time::SimTime;
 use std::fmt;
 use std::str::FromStr;
 
@@ -69,21 +67,27 @@ impl Memory {
         }
     }
 
-    /// Bytes of fp32 state and gradient one element's compensate + update reads and writes.
-    pub fn bytes_per_element(&self) -> u64 {
+    /// Bytes of fp32 gradient and state one element's compensation reads and writes.
+    pub fn compensate_bytes(&self) -> f64 {
         match self {
-            Memory::None => 0,
-            // compensate: read g, e, write p; update: read p, decoded, write e.
-            Memory::Residual | Memory::EfSignSgd { .. } => 24,
-            // compensate: read g, m, v, write m, v, out; update: read mask, read/write m, v.
-            Memory::Dgc { .. } => 44,
+            // Read g, write p (a copy).
+            Memory::None => 8.0,
+            // Read g, e; write p.
+            Memory::Residual | Memory::EfSignSgd { .. } => 12.0,
+            // Read g, m, v; write m, v, p.
+            Memory::Dgc { .. } => 24.0,
         }
     }
 
-    /// Memory-bound elementwise cost on `device`: bytes touched over its memory bandwidth.
-    pub fn update_time(&self, device: &DeviceProfile, numel: u64) -> SimTime {
-        let bytes = (self.bytes_per_element() * numel) as f64;
-        SimTime::from_ns(bytes / device.memory_bandwidth_gbytes_per_s)
+    /// Bytes one element's update (keeping what was not transmitted) reads and writes.
+    pub fn update_bytes(&self) -> f64 {
+        match self {
+            Memory::None => 0.0,
+            // Read p and the transmitted part; write e.
+            Memory::Residual | Memory::EfSignSgd { .. } => 12.0,
+            // Read the transmitted mask; read and write m and v.
+            Memory::Dgc { .. } => 20.0,
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod grace;
 mod grid;
+pub mod lab;
 
 use crate::chart::Chart;
 use crate::data;
@@ -20,6 +21,8 @@ enum Spec {
     Grid(grid::GridSpec),
     /// Calibration against GRACE's measured throughputs.
     Grace(grace::GraceSpec),
+    /// Predictions of plans measured on emulated clusters (`syncopate lab`).
+    Lab(lab::LabSpec),
 }
 
 /// Everything an experiment run produces, for the caller to write into the experiment directory
@@ -47,6 +50,21 @@ pub enum Input {
 pub const BEGIN: &str = "<!-- results:begin -->";
 pub const END: &str = "<!-- results:end -->";
 
+/// The spec of a lab experiment in `dir`, if that is what it holds (it is measured first).
+pub fn lab_spec(dir: &Path) -> Result<Option<lab::LabSpec>> {
+    let spec_path = dir.join("spec.json");
+    let text = std::fs::read_to_string(&spec_path).map_err(|source| SimError::Io {
+        path: spec_path.clone(),
+        source,
+    })?;
+    Ok(
+        match data::parse_json(&spec_path.display().to_string(), &text)? {
+            Spec::Lab(spec) => Some(spec),
+            _ => None,
+        },
+    )
+}
+
 /// Reads `dir/spec.json` and runs the experiment it describes. `reuse_fit` evaluates the
 /// calibrated inputs already in the directory instead of fitting them again.
 pub fn run(dir: &Path, reuse_fit: bool) -> Result<Results> {
@@ -59,6 +77,7 @@ pub fn run(dir: &Path, reuse_fit: bool) -> Result<Results> {
     match data::parse_json(&label, &text)? {
         Spec::Grid(spec) => grid::run(&spec, &label, dir),
         Spec::Grace(spec) => grace::run(&spec, &label, dir, reuse_fit),
+        Spec::Lab(spec) => lab::run(&spec, &label, dir),
     }
 }
 

@@ -107,8 +107,10 @@ pub fn lower(
             .max()
             .expect("validated groups are non-empty");
         let codec = match (group.compress_on, cpu_ranks) {
-            (CompressOn::Cpu, _) | (_, true) => Stream::Cpu,
-            (CompressOn::Gpu, false) => Stream::Codec,
+            // A GPU rank may hand compression to its host CPU (Espresso); a CPU rank's own
+            // compression stream is on the cores its compute runs on.
+            (CompressOn::Cpu, false) => Stream::Cpu,
+            (_, true) | (CompressOn::Gpu, false) => Stream::Codec,
         };
         let mut tails = Vec::with_capacity(range.len());
         for p in range.clone() {
@@ -509,9 +511,14 @@ mod tests {
         );
         assert_eq!(schedule.pieces[2].rounds[0].bytes, 800);
         assert_eq!(schedule.pieces[2].rounds[0].exchange, Exchange::Allgather);
-        // A CPU rank compresses on its CPU stream.
+        // A CPU rank compresses on its own compression stream, beside its compute; a GPU
+        // rank told to compress on the CPU uses its host's CPU stream.
         let cpu = lower(&model, world(1, 4), true, &plan, "t").unwrap();
-        assert!(cpu.steps.iter().all(|s| s.stream != Stream::Codec));
+        assert!(cpu.steps.iter().all(|s| s.stream != Stream::Cpu));
+        let mut offloaded = plan.clone();
+        offloaded.groups[0].compress_on = CompressOn::Cpu;
+        let gpu = lower(&model, world(1, 4), false, &offloaded, "t").unwrap();
+        assert!(gpu.steps.iter().any(|s| s.stream == Stream::Cpu));
     }
 
     #[test]

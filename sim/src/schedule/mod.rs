@@ -48,9 +48,10 @@ use serde::{Deserialize, Serialize};
 pub enum Stream {
     /// The rank's compute stream: forward, backward, optimizer and updates, in program order.
     Compute,
-    /// The rank's compression stream on its accelerator: encode and decode kernels.
+    /// The rank's compression stream on the device its compute runs on (a GPU's kernels, or
+    /// a CPU rank's compression thread): it slows compute down while it runs.
     Codec,
-    /// The rank's host CPU: compression on the host (Espresso's CPU option), or on CPU ranks.
+    /// A GPU rank's host CPU: compression handed to the host (Espresso's CPU option).
     Cpu,
     /// A communication stream: collectives span every rank and start when all are ready.
     Comm,

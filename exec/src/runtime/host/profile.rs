@@ -177,6 +177,7 @@ pub fn cluster(
         device: device.to_string(),
         nodes: ranks,
         gpus_per_node: 1,
+        contention: None,
         intra_node: IntraNode {
             fabric: Fabric::Pcie,
             bandwidth_gbytes_per_s: memory_gbytes_per_s,
@@ -194,6 +195,7 @@ pub fn cluster(
             tcp_efficiency: 1.0,
             message_overhead_us: alpha * 1e6,
             reduce_gbytes_per_s: 1.0 / gamma / 1e9,
+            host_gbps: None,
             provenance: Provenance {
                 status: Status::Measured,
                 method,

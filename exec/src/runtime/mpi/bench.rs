@@ -1,9 +1,10 @@
 //! The fp32 allreduce micro-benchmark over the MPI transport that `lab up` sweeps: per size, a warm-up and then timed repeats, each started together after a barrier; the median and spread as rank 0 saw them.
 
+use super::transport::Stream;
 use super::world::World;
 use crate::compress::codec_for;
 use crate::error::Result;
-use crate::lab::measure::{AllreducePoint, Spread};
+use crate::lab::measure::{AllreducePoint, ContentionPoint, Spread};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::Compressor;
@@ -80,4 +81,117 @@ pub fn allreduce_sweep(
     }
     drop(streams);
     Ok(if world.rank == 0 { points } else { Vec::new() })
+}
+
+/// The compute work of one contention measurement.
+const CONTENTION_COMPUTE_NS: u64 = 200_000_000;
+
+/// Measures, `repeats` times each, with every rank doing the same at once: calibrated compute
+/// alone; compute while a second thread runs allreduces of `bytes` (enough of them to span the
+/// compute); one allreduce alone; allreduces while a second thread computes. The compute loop
+/// is the MPI backend's own (calibrated with every rank running it), the allreduce the
+/// transport's: what a run of the backend does. Rank 0 returns the point.
+pub fn contention(
+    world: &World,
+    bytes: u64,
+    repeats: usize,
+    timeout: Duration,
+) -> Result<Option<ContentionPoint>> {
+    check(&[bytes], repeats, timeout)?;
+    let mut streams = world.streams(2, timeout)?;
+    // The allreduces run on a thread of their own, which owns their stream while it runs.
+    let mut comm = streams.pop().expect("two streams");
+    let control = streams.pop().expect("two streams");
+    let abort = AtomicBool::new(false);
+    let elements = (bytes / 4) as usize;
+    let payload: Vec<u8> = (0..elements)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    control.barrier(&abort)?;
+    let busy = crate::runtime::host::busy::BusyWork::calibrate(1, Duration::from_millis(60));
+    let allreduce = |comm: &Stream| -> Result<f64> {
+        let mut p = payload.clone();
+        let codec = codec_for(&Compressor::None, 0);
+        let start = Instant::now();
+        comm.allreduce(&mut p, 4, &*codec, &abort)?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mut compute_alone = Vec::new();
+    let mut comm_alone = Vec::new();
+    let mut compute_beside = Vec::new();
+    let mut compute_twice = Vec::new();
+    let mut comm_beside = Vec::new();
+    // A second thread's work until told to stop, in 1 ms slices.
+    let work_until = |stop: &AtomicBool| {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            busy.run_for(1_000_000);
+        }
+    };
+    allreduce(&comm)?;
+    for _ in 0..repeats {
+        control.barrier(&abort)?;
+        let start = Instant::now();
+        busy.run_for(CONTENTION_COMPUTE_NS);
+        compute_alone.push(start.elapsed().as_secs_f64());
+        control.barrier(&abort)?;
+        comm_alone.push(allreduce(&comm)?);
+    }
+    // Enough allreduces to span the compute, the same count on every rank (rank 0's).
+    let alone = Spread::of(&comm_alone).median;
+    let mut count = vec![((CONTENTION_COMPUTE_NS as f64 / 1e9 / alone).ceil() as u8).max(2)];
+    control.broadcast(&mut count, 0, &abort)?;
+    let count = count.first().copied().unwrap_or(2);
+    for _ in 0..repeats {
+        control.barrier(&abort)?;
+        // Compute beside a stream of allreduces.
+        let (computed, back) = std::thread::scope(|scope| {
+            let comm_thread = scope.spawn(move || -> Result<Stream> {
+                for _ in 0..count {
+                    allreduce(&comm)?;
+                }
+                Ok(comm)
+            });
+            let start = Instant::now();
+            busy.run_for(CONTENTION_COMPUTE_NS);
+            let took = start.elapsed().as_secs_f64();
+            (took, comm_thread.join().expect("the allreduce thread"))
+        });
+        comm = back?;
+        compute_beside.push(computed);
+        control.barrier(&abort)?;
+        // Compute beside a second computing thread (a CPU rank's compression).
+        let stop = AtomicBool::new(false);
+        compute_twice.push(std::thread::scope(|scope| {
+            let other = scope.spawn(|| work_until(&stop));
+            let start = Instant::now();
+            busy.run_for(CONTENTION_COMPUTE_NS);
+            let took = start.elapsed().as_secs_f64();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            other.join().expect("the second compute thread");
+            took
+        }));
+        control.barrier(&abort)?;
+        // Allreduces beside compute that outlasts them.
+        let stop = AtomicBool::new(false);
+        let communicated = std::thread::scope(|scope| -> Result<f64> {
+            let compute_thread = scope.spawn(|| work_until(&stop));
+            let mut times = Vec::new();
+            for _ in 0..3 {
+                times.push(allreduce(&comm)?);
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            compute_thread.join().expect("the compute thread");
+            Ok(Spread::of(&times).median)
+        })?;
+        comm_beside.push(communicated);
+    }
+    drop((control, comm));
+    Ok((world.rank == 0).then(|| ContentionPoint {
+        bytes: elements as u64 * 4,
+        compute_alone: Spread::of(&compute_alone),
+        compute_beside_comm: Spread::of(&compute_beside),
+        compute_beside_compute: Spread::of(&compute_twice),
+        comm_alone: Spread::of(&comm_alone),
+        comm_beside_compute: Spread::of(&comm_beside),
+    }))
 }

@@ -176,39 +176,6 @@ pub(super) fn allreduce<T: Equivalence>(
     started(rc, request, (send, recv))
 }
 
-/// `MPI_Ireduce_scatter`: block i of `send` (of `counts[i]` elements) is summed over the ranks
-/// into rank i's `recv` (of `counts[rank]` elements).
-pub(super) fn reduce_scatter<T: Equivalence>(
-    comm: Comm,
-    send: Vec<T>,
-    mut recv: Vec<T>,
-    counts: Vec<c_int>,
-    op: ffi::MPI_Op,
-) -> Started<(Vec<T>, Vec<T>, Vec<c_int>)> {
-    assert_eq!(counts.len(), comm.size, "one count per rank");
-    assert_eq!(
-        counts.iter().map(|&c| c as usize).sum::<usize>(),
-        send.len(),
-        "the counts cover the send buffer"
-    );
-    let mut request = null_request();
-    // SAFETY: `send` holds the sum of `counts` elements and `recv` this rank's count (the
-    // caller sizes it; MPI writes exactly that many); both, and the counts array that a
-    // non-blocking collective reads until completion, live in the returned InFlight.
-    let rc = unsafe {
-        ffi::MPI_Ireduce_scatter(
-            send.as_ptr().cast::<c_void>(),
-            recv.as_mut_ptr().cast::<c_void>(),
-            counts.as_ptr(),
-            T::equivalent_datatype().as_raw(),
-            op,
-            comm.raw,
-            &mut request,
-        )
-    };
-    started(rc, request, (send, recv, counts))
-}
-
 /// `MPI_Iallgather` of one equal-size block per rank: `recv` holds `send.len()` × ranks.
 pub(super) fn allgather<T: Equivalence>(
     comm: Comm,

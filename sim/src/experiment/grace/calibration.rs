@@ -128,6 +128,7 @@ impl Calibration {
                 tcp_efficiency: tcp,
                 message_overhead_us: overhead,
                 reduce_gbytes_per_s: reduce,
+                host_gbps: p.host_gbps,
                 provenance: p.provenance.clone(),
             };
         }

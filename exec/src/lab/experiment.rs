@@ -1,0 +1,269 @@
+//! Measuring the lab-validation experiment: for each lab of the spec, bring it up and measure it into a cluster file, then run every strategy × compressor over the MPI backend, repeats interleaved, and record the measured iterations in `measurements.json`.
+
+use super::fit;
+use super::measure::SelfExe;
+use super::run::{self, Output, RunSpec};
+use super::{signals, LabSpec as MakeLab};
+use crate::error::{ExecError, Result};
+use crate::runtime::MeasuredSummary;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+use syncopate_sim::compress::{Compressor, Memory};
+use syncopate_sim::experiment::lab::{ConfigRuns, LabMeasurements, LabRuns, LabSpec, MEASUREMENTS};
+use syncopate_sim::model::ModelProfile;
+use syncopate_sim::plan::{Plan, Target};
+use syncopate_sim::scenario::Scenario;
+use syncopate_sim::strategy::{Strategy, StrategyOptions};
+use syncopate_sim::topology::{Cluster, ClusterOverrides};
+
+/// The name of the labs this experiment makes (one at a time).
+const LAB: &str = "val";
+/// Seconds of each lab's goodput probe, and repeats of its allreduce sweep.
+const GOODPUT_SECONDS: f64 = 3.0;
+const SWEEP_REPEATS: usize = 3;
+
+/// Runs every lab of `spec` and writes `dir/clusters/*.json` and `dir/measurements.json`.
+/// `progress` gets one line per run.
+pub fn measure(dir: &Path, spec: &LabSpec, progress: &dyn Fn(&str)) -> Result<LabMeasurements> {
+    let interrupted = signals::install();
+    let exe = SelfExe::current()?;
+    let model = ModelProfile::load(&spec.model)?;
+    let profiled_us = (model.forward_time() + model.backward_time()).as_us() + model.optimizer_us;
+    let compute_scale = spec.compute_ms * 1e3 / profiled_us;
+    std::fs::create_dir_all(dir.join("clusters")).map_err(|e| io(dir, e))?;
+    let mut labs = Vec::new();
+    for setting in &spec.labs {
+        let made = super::up(
+            &MakeLab {
+                name: LAB.into(),
+                nodes: setting.nodes,
+                gbps: setting.gbps,
+                latency_us: 0.0,
+                cores_per_node: None,
+                burst_bytes: None,
+                command: format!("syncopate experiment run {}", dir.display()),
+            },
+            interrupted,
+        )?;
+        // Whatever happens on the lab, it is removed before the result is looked at.
+        let runs = on_lab(
+            dir,
+            spec,
+            &made,
+            &exe,
+            &model,
+            compute_scale,
+            interrupted,
+            progress,
+        );
+        super::remove(&made)?;
+        labs.push(runs?);
+        let measured = LabMeasurements {
+            format_version: syncopate_sim::data::FORMAT_VERSION,
+            source: format!(
+                "`syncopate experiment run {}` on a machine with {} CPUs, one rank per lab node, MPI over TCP",
+                dir.display(),
+                std::thread::available_parallelism().map_or(0, |n| n.get())
+            ),
+            labs: labs.clone(),
+        };
+        // Written after every lab, so that a long run that stops keeps what it measured.
+        write_json(&dir.join(MEASUREMENTS), &measured)?;
+    }
+    Ok(LabMeasurements {
+        format_version: syncopate_sim::data::FORMAT_VERSION,
+        source: String::new(),
+        labs,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn on_lab(
+    dir: &Path,
+    spec: &LabSpec,
+    made: &super::state::LabState,
+    exe: &SelfExe,
+    model: &ModelProfile,
+    compute_scale: f64,
+    interrupted: &AtomicBool,
+    progress: &dyn Fn(&str),
+) -> Result<LabRuns> {
+    let setting = spec
+        .labs
+        .iter()
+        .find(|s| s.nodes == made.nodes.len() as u32 && s.gbps == made.gbps)
+        .copied()
+        .expect("the lab was made from a setting");
+    progress(&format!(
+        "lab: {} nodes at {} Gb/s: measuring the network",
+        setting.nodes, setting.gbps
+    ));
+    let measured = fit::measure(made, exe, GOODPUT_SECONDS, SWEEP_REPEATS, interrupted)?;
+    let cluster_name = format!("clusters/lab-{}n-{}g.json", setting.nodes, setting.gbps);
+    let cluster_path = dir.join(&cluster_name);
+    let cluster = fit::cluster(
+        made,
+        &measured,
+        &spec.device,
+        &format!("syncopate experiment run {}", dir.display()),
+    )?;
+    write_json(&cluster_path, &cluster)?;
+    let loaded = Cluster::load(&cluster_path.to_string_lossy(), ClusterOverrides::default())?;
+    let scenario = Scenario::new(model.clone(), loaded)?;
+    let mut configs = plans(spec, &scenario, &cluster_path)?;
+    let scratch =
+        std::env::temp_dir().join(format!("syncopate-lab-experiment-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
+    for repeat in 0..spec.repeats {
+        for (i, config) in configs.iter_mut().enumerate() {
+            let plan_path = scratch.join(format!("plan-{i}.json"));
+            write_json(&plan_path, &config.plan)?;
+            let outcome = run_once(spec, made, exe, &plan_path, compute_scale, interrupted);
+            let line = match outcome {
+                Ok(ms) => {
+                    config.iteration_ms.push(ms);
+                    format!("{ms:.1} ms")
+                }
+                Err(err) => {
+                    config.failures.push(err.to_string());
+                    format!("failed: {err}")
+                }
+            };
+            progress(&format!(
+                "lab {}n {}G, repeat {}/{}: {} {} {}: {line}",
+                setting.nodes,
+                setting.gbps,
+                repeat + 1,
+                spec.repeats,
+                config.strategy,
+                config.compressor,
+                config.memory
+            ));
+            if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(ExecError::Lab {
+                    lab: LAB.into(),
+                    message: "interrupted".into(),
+                });
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    for config in &mut configs {
+        config.compute_scale = compute_scale;
+    }
+    Ok(LabRuns {
+        setting,
+        cluster: cluster_name,
+        configs,
+    })
+}
+
+/// Every strategy × compressor the strategy can run on this lab, with its plan.
+fn plans(spec: &LabSpec, scenario: &Scenario, cluster: &Path) -> Result<Vec<ConfigRuns>> {
+    let mut configs = Vec::new();
+    for strategy in &spec.strategies {
+        let parsed: Strategy = strategy.parse()?;
+        for c in &spec.compressors {
+            let options = StrategyOptions {
+                compressor: c.compressor.parse::<Compressor>()?,
+                memory: c.memory.parse::<Memory>()?,
+                ..StrategyOptions::default()
+            };
+            let plan: Plan = match parsed
+                .plan(scenario, &options)
+                .and_then(|p| p.validate(strategy, &scenario.model).map(|()| p))
+            {
+                Ok(plan) => plan,
+                // A combination the strategy cannot run is not part of the matrix.
+                Err(_) => continue,
+            };
+            let mut plan = plan;
+            plan.target = Some(Target::new(
+                &spec.model,
+                &cluster.to_string_lossy(),
+                scenario.cluster.nodes,
+                scenario.cluster.gpus_per_node,
+                None,
+                None,
+            ));
+            configs.push(ConfigRuns {
+                strategy: strategy.clone(),
+                compressor: c.compressor.clone(),
+                memory: c.memory.clone(),
+                plan,
+                compute_scale: 0.0,
+                iteration_ms: Vec::new(),
+                failures: Vec::new(),
+            });
+        }
+    }
+    Ok(configs)
+}
+
+/// One run of a plan over the MPI backend on the lab: its mean measured iteration in ms.
+fn run_once(
+    spec: &LabSpec,
+    made: &super::state::LabState,
+    exe: &SelfExe,
+    plan: &Path,
+    compute_scale: f64,
+    interrupted: &AtomicBool,
+) -> Result<f64> {
+    let timeout = Duration::from_secs(600);
+    let mut command = vec![exe.path().to_string_lossy().into_owned()];
+    command.extend(
+        [
+            "exec",
+            "--backend",
+            "mpi",
+            "--format",
+            "json",
+            "--plan",
+            &plan.to_string_lossy(),
+            "--iterations",
+            &spec.iterations.to_string(),
+            "--warmup",
+            &spec.warmup.to_string(),
+            "--compute-scale",
+            &compute_scale.to_string(),
+            "--timeout-s",
+            "120",
+        ]
+        .map(String::from),
+    );
+    let run_spec = RunSpec {
+        ranks_per_node: 1,
+        mpi: true,
+        timeout,
+        command,
+        master_port: run::DEFAULT_MASTER_PORT,
+        output: Output::Capture,
+    };
+    let outcome = run::run(made, &run_spec, interrupted)?;
+    let json = outcome
+        .stdout
+        .find('{')
+        .map(|start| &outcome.stdout[start..])
+        .unwrap_or_default();
+    let summary: MeasuredSummary = serde_json::from_str(json).map_err(|e| ExecError::Tool {
+        command: "syncopate exec --backend mpi".into(),
+        message: format!("unreadable summary ({e}): {}", outcome.stdout.trim()),
+    })?;
+    Ok(summary.iteration_time_ms)
+}
+
+fn io(path: &Path, source: std::io::Error) -> ExecError {
+    ExecError::Io {
+        what: format!("cannot write {}", path.display()),
+        source,
+    }
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| ExecError::Io {
+        what: format!("cannot serialize {}", path.display()),
+        source: std::io::Error::other(e),
+    })? + "\n";
+    std::fs::write(path, text).map_err(|e| io(path, e))
+}
