@@ -7,7 +7,10 @@ use syncopate_exec::compress::{
     aggregate, codec_for, codec_for_shapes, roundtrip, Codec, MemoryState,
 };
 use syncopate_exec::profile_host::profiled;
-use syncopate_sim::compress::{auto_specs, catalog, sparse_count, Compressor, Element, Memory};
+use syncopate_sim::compress::{
+    auto_specs, catalog, powersgd_layout, powersgd_rounds, sparse_count, Compressor, Element,
+    Memory,
+};
 
 /// Specs besides the catalog's examples, which every test here runs too: other parameters and
 /// formats.
@@ -448,6 +451,34 @@ fn powersgd_aggregates_low_rank_gradients_exactly() {
             (outs[0][i] - want).abs() < 1e-3 * want.abs().max(1.0),
             "{i}"
         );
+    }
+}
+
+/// A PowerSGD group without a low-rank matrix (biases, tiny matrices) is lowered to one round;
+/// its codec decodes the reduced first round without a second one.
+#[test]
+fn powersgd_group_without_a_matrix_decodes_after_one_round() {
+    let shapes: [&[u64]; 2] = [&[64], &[3, 3]];
+    let c = Compressor::PowerSgd { rank: 4 };
+    assert_eq!(powersgd_rounds(&powersgd_layout(&shapes, 4)), 1);
+    let grads: Vec<Vec<f32>> = (0..3).map(|w| gaussian(73, 30 + w)).collect();
+    let mut codecs: Vec<Box<dyn Codec>> =
+        (0..3).map(|_| codec_for_shapes(&c, &shapes, 5)).collect();
+    let mut payloads = vec![Vec::new(); 3];
+    for ((codec, g), out) in codecs.iter_mut().zip(&grads).zip(&mut payloads) {
+        codec.encode(g, out).unwrap();
+    }
+    let mut reduced = payloads[0].clone();
+    for other in &payloads[1..] {
+        codecs[0].sum_into(&mut reduced, other).unwrap();
+    }
+    for codec in &mut codecs {
+        let mut out = vec![0.0; 73];
+        codec.decode_add(&reduced, &mut out).unwrap();
+        for (i, &x) in out.iter().enumerate() {
+            let want: f32 = grads.iter().map(|g| g[i]).sum();
+            assert!((x - want).abs() <= 1e-5 * want.abs().max(1.0), "{i}");
+        }
     }
 }
 

@@ -114,7 +114,8 @@ fn exec_host(model: &Path, plan: &Path, extra: &[&str]) -> std::process::Output 
     syncopate(&args)
 }
 
-fn assert_checked(out: &std::process::Output, what: &str) {
+/// The run succeeded and checked each of `groups` groups at least three times, all exact.
+fn assert_checked_groups(out: &std::process::Output, what: &str, groups: usize) {
     assert!(
         out.status.success(),
         "{what}: {}{}",
@@ -123,13 +124,18 @@ fn assert_checked(out: &std::process::Output, what: &str) {
     );
     let summary: serde_json::Value = serde_json::from_str(&stdout(out)).unwrap();
     let checks = summary["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 3, "{what}");
+    assert_eq!(checks.len(), groups, "{what}");
     assert!(
         checks
             .iter()
             .all(|c| c["ok"] == true && c["checked"].as_u64() >= Some(3)),
         "{what}: {checks:?}"
     );
+}
+
+/// [`assert_checked_groups`] for the three groups of [`plan`].
+fn assert_checked(out: &std::process::Output, what: &str) {
+    assert_checked_groups(out, what, 3)
 }
 
 #[test]
@@ -152,6 +158,29 @@ fn host_exec_checks_every_compressor() {
             });
         }
     });
+}
+
+/// Wait-free backpropagation with PowerSGD: a group holding one bias has no Q round.
+#[test]
+fn host_exec_runs_powersgd_groups_without_a_matrix() {
+    let dir = scratch("runtime-powersgd-wfbp");
+    let (model_path, model) = tiny_model(&dir);
+    let groups = (0..model.tensors.len())
+        .map(|t| Group {
+            tensors: vec![t],
+            compressor: "powersgd:2".parse().unwrap(),
+            memory: Memory::Residual,
+            compress_on: CompressOn::Gpu,
+            scheme: Scheme::Auto,
+            partitions: 1,
+            priority: 0,
+        })
+        .collect();
+    let plan = Plan::new("wfbp", &model, groups, fifo());
+    let path = dir.join("plan-wfbp.json");
+    std::fs::write(&path, serde_json::to_string(&plan).unwrap()).unwrap();
+    let out = exec_host(&model_path, &path, &[]);
+    assert_checked_groups(&out, "wfbp powersgd:2", model.tensors.len());
 }
 
 #[test]

@@ -10,7 +10,7 @@ use super::scan::{check_all, check_finite};
 use super::wire::{bad_payload, f32s, put_f32s, sum_f32_payloads};
 use super::{not_in_family, Build, Codec};
 use crate::error::{ExecError, Result};
-use syncopate_sim::compress::{powersgd_layout, Compressor, PowerSgdTensor};
+use syncopate_sim::compress::{powersgd_layout, powersgd_rounds, Compressor, PowerSgdTensor};
 
 pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
     match build.compressor {
@@ -413,8 +413,13 @@ impl Codec for PowerSgd {
     }
 
     fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
-        self.phase.require(Phase::SentQ, &self.c)?;
         let layout = self.layout_for(acc.len())?;
+        if self.phase == Phase::SentP && powersgd_rounds(&layout) == 1 {
+            // No Q round: `payload` is the reduced first round, kept as the next round keeps it.
+            self.next_round(payload, &mut Vec::new())?;
+            return self.decode_add(&[], acc);
+        }
+        self.phase.require(Phase::SentQ, &self.c)?;
         let want: u64 = layout.iter().map(PowerSgdTensor::q_bytes).sum();
         if payload.len() as u64 != want {
             return Err(bad_payload(

@@ -107,6 +107,16 @@ impl PowerSgdTensor {
     }
 }
 
+/// Allreduce rounds of a PowerSGD group of `layout`: P with the raw tensors, then Q when some
+/// tensor is low-rank. A group without a low-rank tensor sends no Q round: its decode reads the
+/// reduced first round.
+pub fn powersgd_rounds(layout: &[PowerSgdTensor]) -> u32 {
+    let has_q = layout
+        .iter()
+        .any(|t| matches!(t, PowerSgdTensor::LowRank { .. }));
+    1 + u32::from(has_q)
+}
+
 /// PyTorch's PowerSGD hook rule: a tensor of ≥ 2 dimensions becomes a shape[0] × rest matrix
 /// with rank min(r, rows, cols), compressed only if (rows + cols)·rank·2 < rows·cols.
 pub fn powersgd_layout(shapes: &[&[u64]], rank: u32) -> Vec<PowerSgdTensor> {

@@ -4,7 +4,7 @@ use super::{
     Buffer, Exchange, LaunchPolicy, LaunchSlot, Op, Piece, Round, Schedule, Slot, Step, StepKind,
     Stream, World,
 };
-use crate::compress::{powersgd_layout, Aggregation, Compressor, Memory};
+use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor, Memory};
 use crate::data::FORMAT_VERSION;
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
@@ -345,11 +345,7 @@ fn round_shares(model: &ModelProfile, group: &Group) -> Vec<u64> {
             let layout = powersgd_layout(&shapes, rank);
             let p: u64 = layout.iter().map(|m| m.p_bytes()).sum();
             let q: u64 = layout.iter().map(|m| m.q_bytes()).sum();
-            if q == 0 {
-                vec![p]
-            } else {
-                vec![p, q]
-            }
+            [p, q][..powersgd_rounds(&layout) as usize].to_vec()
         }
         _ => vec![group.wire_bytes(model)],
     }

@@ -10,7 +10,7 @@ use crate::error::{ExecError, Result};
 use crate::runtime::cuda::kernels::{cuda_err, f32s, f32s_mut, Kernels};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
-use syncopate_sim::compress::{powersgd_layout, Compressor, PowerSgdTensor};
+use syncopate_sim::compress::{powersgd_layout, powersgd_rounds, Compressor, PowerSgdTensor};
 
 /// Whether this family has kernels for `c`.
 pub(super) fn supports(c: &Compressor) -> bool {
@@ -223,6 +223,17 @@ impl Family for GpuPowerSgd {
         payload: &CudaView<'_, u8>,
         acc: &mut CudaSlice<f32>,
     ) -> Result<()> {
+        if self.phase == Phase::SentP && powersgd_rounds(&self.layout) == 1 {
+            // No Q round: `payload` is the reduced first round, kept as the next round keeps it.
+            let p_bytes = round_bytes(&self.layout, 0);
+            self.check_round(acc.len(), payload.len(), 0)?;
+            if p_bytes > 0 {
+                stream
+                    .memcpy_dtod(&payload.slice(..p_bytes), &mut self.p.slice_mut(..p_bytes))
+                    .map_err(cuda_err("cannot keep the reduced values"))?;
+            }
+            self.phase = Phase::SentQ;
+        }
         self.phase.require(Phase::SentQ, &self.c)?;
         self.check_round(acc.len(), payload.len(), 1)?;
         let p = f32s(&self.p.as_view())?;
