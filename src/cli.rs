@@ -152,11 +152,13 @@ pub struct CollectiveArgs {
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
-    /// Shipped model name (see `syncopate list models`) or path to a model profile JSON file.
+    /// Shipped model name (see `syncopate list models`) or path to a model profile JSON file
+    /// (default with --plan: the model the plan records).
     #[arg(long)]
-    pub model: String,
+    pub model: Option<String>,
+    /// The cluster (required without --plan; with --plan, the plan's by default).
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub cluster: RunClusterArgs,
     /// Strategy producing the plan (see `syncopate list strategies`).
     #[arg(long, default_value = "horovod", conflicts_with = "plan")]
     pub strategy: String,

@@ -254,6 +254,19 @@ fn saved_plan_reproduces_the_strategy_exactly() {
     let second = syncopate(&[&common[..], &["--plan", plan_arg]].concat());
     assert!(second.status.success(), "{}", stderr(&second));
     assert_eq!(stdout(&first), stdout(&second));
+    // The plan records its model and cluster: `--plan` alone runs the same scenario.
+    let alone = syncopate(&["simulate", "--plan", plan_arg, "--format", "json"]);
+    assert!(alone.status.success(), "{}", stderr(&alone));
+    assert_eq!(stdout(&first), stdout(&alone));
+    // Without a plan, the model and the cluster are named or refused by flag.
+    for (args, flag) in [
+        (["--model", "bert-base"], "--cluster"),
+        (["--cluster", "v100-100gib"], "--model"),
+    ] {
+        let out = syncopate(&[&["simulate"][..], &args].concat());
+        assert_eq!(out.status.code(), Some(1));
+        assert!(stderr(&out).contains(flag), "{}", stderr(&out));
+    }
 }
 
 /// `lower` writes the schedule a saved plan means, for the model and cluster the plan records;

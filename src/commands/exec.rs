@@ -71,13 +71,17 @@ pub fn load_plan(
 ) -> anyhow::Result<(Plan, ModelProfile)> {
     let label = path.to_string_lossy().into_owned();
     let plan = Plan::load(&label)?;
-    let name = model
-        .map(str::to_string)
-        .or_else(|| plan.target.as_ref().map(|t| t.model.clone()))
-        .unwrap_or_else(|| plan.model.clone());
-    let model = ModelProfile::load(&name)?;
+    let model = ModelProfile::load(&plan_model(&plan, model))?;
     plan.validate(&label, &model)?;
     Ok((plan, model))
+}
+
+/// The model a plan runs with: `--model`, else the one the plan records, else its name.
+pub fn plan_model(plan: &Plan, model: Option<&str>) -> String {
+    model
+        .map(str::to_string)
+        .or_else(|| plan.target.as_ref().map(|t| t.model.clone()))
+        .unwrap_or_else(|| plan.model.clone())
 }
 
 /// The cluster a plan runs on: `--cluster` and the overrides, else what the plan records.

@@ -1,29 +1,48 @@
 //! `syncopate simulate`: a model on a cluster under a strategy or plan, summarized.
 
-use crate::cli::{ClusterArgs, Format, SchemeArg, SimulateArgs};
+use crate::cli::{Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
-use syncopate_sim::plan::{Plan, Target};
+use syncopate_sim::plan::Target;
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{simulate, SimOptions, Summary};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
-use syncopate_sim::topology::Cluster;
+use syncopate_sim::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::{limits, SimError};
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
-    let model = ModelProfile::load(&args.model)?;
-    let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
+    // A plan brings its model and cluster; a strategy run names them.
+    let (loaded, model_name, cluster_name, overrides) = match &args.plan {
+        Some(path) => {
+            let (plan, model) = super::exec::load_plan(path, args.model.as_deref())?;
+            let (cluster, overrides) = super::exec::plan_cluster(&args.cluster, &plan)?;
+            let name = super::exec::plan_model(&plan, args.model.as_deref());
+            let label = path.to_string_lossy().into_owned();
+            (Some((plan, model, label)), name, cluster, overrides)
+        }
+        None => {
+            let overrides = ClusterOverrides {
+                nodes: args.cluster.nodes,
+                gpus_per_node: args.cluster.gpus_per_node,
+                inter_gbps: args.cluster.inter_gbps,
+            };
+            let cluster = required("--cluster", &args.cluster.cluster)?;
+            (None, required("--model", &args.model)?, cluster, overrides)
+        }
+    };
+    let cluster = Cluster::load(&cluster_name, overrides)?;
+    let (plan_and_label, model) = match loaded {
+        Some((plan, model, label)) => (Some((plan, label)), model),
+        None => (None, ModelProfile::load(&model_name)?),
+    };
     let mut base = Scenario::new(model, cluster)?;
     if let Some(host) = &args.cpu_compression {
         base = base.with_host_codec(DeviceProfile::load(host)?)?;
     }
-    let (mut plan, label) = match &args.plan {
-        Some(path) => {
-            let path = path.to_string_lossy().into_owned();
-            (Plan::load(&path)?, path)
-        }
+    let (mut plan, label) = match plan_and_label {
+        Some(loaded) => loaded,
         None => {
             let strategy: Strategy = args.strategy.parse()?;
             let mut plan = strategy.plan(&base, &strategy_options(args)?)?;
@@ -49,8 +68,9 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         })?;
     if let Some(path) = &args.save_plan {
         plan.target = Some(target(
-            &args.model,
-            &args.cluster,
+            &model_name,
+            &cluster_name,
+            overrides.inter_gbps,
             &base.cluster,
             args.cpu_compression.as_deref(),
         ));
@@ -87,18 +107,30 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
 /// What a saved plan records about the scenario it was made for.
 pub fn target(
     model: &str,
-    args: &ClusterArgs,
+    cluster_name: &str,
+    inter_gbps: Option<f64>,
     cluster: &Cluster,
     cpu_compression: Option<&str>,
 ) -> Target {
     Target::new(
         model,
-        &args.cluster,
+        cluster_name,
         cluster.nodes,
         cluster.gpus_per_node,
-        args.inter_gbps,
+        inter_gbps,
         cpu_compression,
     )
+}
+
+/// A flag a strategy run needs (a plan brings its own model and cluster).
+fn required(flag: &str, value: &Option<String>) -> Result<String, SimError> {
+    value.clone().ok_or_else(|| {
+        SimError::bad_value(
+            flag,
+            "(none)",
+            "required unless --plan names a plan that records it",
+        )
+    })
 }
 
 /// Largest buffer a size flag may give: 2^30 MiB (1 PiB).

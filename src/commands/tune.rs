@@ -121,7 +121,8 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         let mut plan = result.plan.clone();
         plan.target = Some(super::simulate::target(
             &args.model,
-            &args.cluster,
+            &args.cluster.cluster,
+            args.cluster.inter_gbps,
             &base.cluster,
             None,
         ));

@@ -1,4 +1,4 @@
-//! Real execution of a plan: the backends (host threads, CUDA/NCCL), what they share, and the measured run they return.
+//! Real execution of a plan: the backends (host threads, MPI processes, CUDA/NCCL), what they share, and the measured run they return.
 //!
 //! Every backend runs the plan's lowered `Schedule` (`syncopate_sim::schedule`), unrolled
 //! into the same `Program` the simulator prices, task by task, and times every task, so a
