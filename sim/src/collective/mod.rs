@@ -209,6 +209,24 @@ pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<E
     }
 }
 
+/// What one node's network carries per µs for `processes` sending processes of the cluster's
+/// library: the NICs' line rate times the library's efficiency over them (NCCL's calibrated
+/// `inter_efficiency`, MPI's measured `tcp_efficiency`), and over MPI/TCP at most `host_gbps`
+/// per process. The MPI collectives and the parameter server price the same link with it.
+pub(crate) fn node_goodput_bytes_per_us(cluster: &Cluster, processes: u32) -> f64 {
+    let line = cluster.node_network_bytes_per_s() / 1e6;
+    match &cluster.library {
+        Library::Nccl(params) => line * params.inter_efficiency,
+        Library::Mpi(params) => {
+            let link = line * params.tcp_efficiency;
+            match params.host_gbps {
+                Some(host) => link.min(host * 1e3 / 8.0 * f64::from(processes.max(1))),
+                None => link,
+            }
+        }
+    }
+}
+
 /// Allgather with a different contribution per rank (`bytes_per_rank[i]` from rank i): a ring
 /// moves one block per step, so each step lasts as long as its largest block.
 pub fn estimate_allgatherv(

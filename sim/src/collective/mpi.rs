@@ -21,14 +21,8 @@ pub(super) fn estimate(
     // Per message: software overhead plus one network hop.
     let alpha = params.message_overhead_us + cluster.inter_node.latency_us;
     // Every rank of a node shares the node's NICs; a rank's TCP/MPI path may move less.
-    let nic_bytes_per_us = cluster.node_network_bytes_per_s() * params.tcp_efficiency
-        / 1e6
-        / group.ranks_per_node() as f64;
-    let link_bytes_per_us = match params.host_gbps {
-        Some(host) => nic_bytes_per_us.min(host * 1e3 / 8.0),
-        None => nic_bytes_per_us,
-    };
-    let beta = 1.0 / link_bytes_per_us;
+    let ranks_per_node = group.ranks_per_node().max(1);
+    let beta = f64::from(ranks_per_node) / super::node_goodput_bytes_per_us(cluster, ranks_per_node);
     let gamma = 1.0 / (params.reduce_gbytes_per_s * 1e3);
     if group.ranks == 1 {
         return pick(vec![(0.0, Algorithm::Local)]);

@@ -1,5 +1,6 @@
 //! Parameter-server push/pull: workers send their gradient shards to servers and fetch the
-//! aggregated result, limited by the worker's and the server's links and by incast.
+//! aggregated result, limited by the worker's and the server's links (at the transport's
+//! goodput, as the cluster's collectives see them) and by incast.
 
 use super::{Algorithm, Estimate, Protocol};
 use crate::error::{Result, SimError};
@@ -46,7 +47,8 @@ pub fn ps_push_pull(
             ))
         }
     };
-    let node_bytes_per_us = cluster.node_network_bytes_per_s() / 1e6;
+    // One server or worker process per node drives its NICs, at the library's efficiency.
+    let node_bytes_per_us = super::node_goodput_bytes_per_us(cluster, 1);
     let s = bytes as f64;
     let (k, w) = (servers as f64, workers as f64);
     // Traffic that crosses the network, per direction, for one push (pulls mirror it).

@@ -60,6 +60,11 @@ pub struct LabSpec {
     pub repeats: u32,
     pub warmup: u32,
     pub iterations: u32,
+    /// The lab whose measured cluster file also predicts every other lab, given only their
+    /// node count and line rate: its transport parameters (MPI/TCP overheads, the host limit,
+    /// contention) carried to labs they were not measured on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport_from: Option<LabSetting>,
 }
 
 /// One configuration's runs on one lab.
@@ -107,13 +112,21 @@ pub const MEASUREMENTS: &str = "measurements.json";
 struct Row<'a> {
     setting: LabSetting,
     runs: &'a ConfigRuns,
+    /// From the lab's own measured cluster file.
     predicted_ms: f64,
+    /// From the `transport_from` lab's cluster file with this lab's nodes and line rate.
+    transported_ms: Option<f64>,
     measured_ms: f64,
 }
 
 impl Row<'_> {
     fn error(&self) -> f64 {
         relative_error(self.predicted_ms, self.measured_ms)
+    }
+
+    fn transported_error(&self) -> Option<f64> {
+        self.transported_ms
+            .map(|predicted| relative_error(predicted, self.measured_ms))
     }
 
     fn label(&self) -> String {
@@ -134,19 +147,53 @@ pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
     })?;
     let measured: LabMeasurements = data::parse_json(&path.display().to_string(), &text)?;
     let model = ModelProfile::load(&spec.model)?;
+    let reference = match spec.transport_from {
+        Some(setting) => Some(
+            measured
+                .labs
+                .iter()
+                .find(|lab| lab.setting == setting)
+                .ok_or_else(|| {
+                    SimError::invalid(
+                        label,
+                        "transport_from",
+                        format!(
+                            "no lab of {} nodes at {} Gb/s was measured",
+                            setting.nodes, setting.gbps
+                        ),
+                    )
+                })?,
+        ),
+        None => None,
+    };
     let mut rows = Vec::new();
     for lab in &measured.labs {
-        let cluster_path = dir.join(&lab.cluster);
-        let cluster = Cluster::load(&cluster_path.to_string_lossy(), ClusterOverrides::default())?;
-        let base = Scenario::new(model.clone(), cluster)?;
+        let own = lab_scenario(&model, dir, lab, ClusterOverrides::default())?;
+        let transported = match reference {
+            Some(reference) => Some(lab_scenario(
+                &model,
+                dir,
+                reference,
+                ClusterOverrides {
+                    nodes: Some(lab.setting.nodes),
+                    gpus_per_node: None,
+                    inter_gbps: Some(lab.setting.gbps),
+                },
+            )?),
+            None => None,
+        };
         for runs in lab.configs.iter().filter(|r| !r.iteration_ms.is_empty()) {
-            let mut scenario = base.clone();
-            scenario.compute_scale = runs.compute_scale;
-            let predicted = simulate(&scenario, &runs.plan, &SimOptions::default())?;
+            let predict = |base: &Scenario| -> Result<f64> {
+                let mut scenario = base.clone();
+                scenario.compute_scale = runs.compute_scale;
+                let outcome = simulate(&scenario, &runs.plan, &SimOptions::default())?;
+                Ok(outcome.summary.iteration_time_ms)
+            };
             rows.push(Row {
                 setting: lab.setting,
                 runs,
-                predicted_ms: predicted.summary.iteration_time_ms,
+                predicted_ms: predict(&own)?,
+                transported_ms: transported.as_ref().map(predict).transpose()?,
                 measured_ms: median(&runs.iteration_ms),
             });
         }
@@ -157,6 +204,18 @@ pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
         charts: vec![chart(spec, &rows)],
         table: table(spec, &measured, &rows),
     })
+}
+
+/// The model on a lab's measured cluster file, with `overrides`.
+fn lab_scenario(
+    model: &ModelProfile,
+    dir: &Path,
+    lab: &LabRuns,
+    overrides: ClusterOverrides,
+) -> Result<Scenario> {
+    let path = dir.join(&lab.cluster);
+    let cluster = Cluster::load(&path.to_string_lossy(), overrides)?;
+    Scenario::new(model.clone(), cluster)
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -189,7 +248,10 @@ fn csv(rows: &[Row]) -> String {
         "measured_max_ms",
         "runs",
         "error_pct",
+        "transported_ms",
+        "transported_error_pct",
     ]);
+    let optional = |value: Option<f64>| value.map_or_else(String::new, |v| format!("{v:.1}"));
     for r in rows {
         let (min, max) = spread(&r.runs.iteration_ms);
         csv.row([
@@ -204,6 +266,8 @@ fn csv(rows: &[Row]) -> String {
             format!("{max:.1}"),
             r.runs.iteration_ms.len().to_string(),
             format!("{:.1}", r.error() * 100.0),
+            optional(r.transported_ms),
+            optional(r.transported_error().map(|e| e * 100.0)),
         ]);
     }
     csv.into_text()
@@ -255,16 +319,49 @@ fn quantile(values: &[f64], q: f64) -> f64 {
     sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
 }
 
-/// Error statistics of a set of rows: (median |error|, 90th percentile |error|, Spearman).
-fn statistics(rows: &[&Row]) -> (f64, f64, f64) {
-    let errors: Vec<f64> = rows.iter().map(|r| r.error().abs()).collect();
-    let predicted: Vec<f64> = rows.iter().map(|r| r.predicted_ms).collect();
-    let measured: Vec<f64> = rows.iter().map(|r| r.measured_ms).collect();
-    (
-        quantile(&errors, 0.5),
-        quantile(&errors, 0.9),
-        spearman(&predicted, &measured),
-    )
+/// Error statistics of rows under one way of predicting them: median |error|, 90th
+/// percentile |error| and Spearman's rank correlation of predicted with measured.
+struct Statistics {
+    median: f64,
+    p90: f64,
+    spearman: f64,
+}
+
+impl Statistics {
+    /// Over the rows that `predicted` gives a prediction for; `None` if there are none.
+    fn of(rows: &[&Row], predicted: impl Fn(&Row) -> Option<f64>) -> Option<Statistics> {
+        let pairs: Vec<(f64, f64)> = rows
+            .iter()
+            .filter_map(|r| predicted(r).map(|p| (p, r.measured_ms)))
+            .collect();
+        if pairs.is_empty() {
+            return None;
+        }
+        let errors: Vec<f64> = pairs
+            .iter()
+            .map(|&(p, m)| relative_error(p, m).abs())
+            .collect();
+        let (predicted, measured): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+        Some(Statistics {
+            median: quantile(&errors, 0.5),
+            p90: quantile(&errors, 0.9),
+            spearman: spearman(&predicted, &measured),
+        })
+    }
+
+    /// Table cells: median, 90th percentile and (unless `rank` is false) Spearman.
+    fn cells(stats: Option<Statistics>, rank: bool) -> String {
+        match stats {
+            Some(s) if rank => format!(
+                "{:.1} % | {:.1} % | {:.2}",
+                s.median * 100.0,
+                s.p90 * 100.0,
+                s.spearman
+            ),
+            Some(s) => format!("{:.1} % | {:.1} % |", s.median * 100.0, s.p90 * 100.0),
+            None => "– | – | –".into(),
+        }
+    }
 }
 
 fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
@@ -277,38 +374,50 @@ fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
         spec.model,
         measured.source
     );
+    let transported = spec.transport_from.map(|from| {
+        format!(
+            "the transport of the {} nodes, {} Gb/s lab's file, with this lab's nodes and rate",
+            from.nodes, from.gbps
+        )
+    });
     let _ = writeln!(
         text,
-        "| lab | configurations | median \\|error\\| | 90th percentile \\|error\\| | Spearman (ranking) |"
+        "Predicted from each lab's own measured cluster file{}.\n",
+        transported
+            .as_ref()
+            .map_or_else(String::new, |t| format!(", and from {t}"))
     );
-    let _ = writeln!(text, "|---|---|---|---|---|");
+    let _ = writeln!(
+        text,
+        "| lab | configurations | median \\|error\\| | 90th percentile \\|error\\| | Spearman (ranking) | transported: median | 90th percentile | Spearman |"
+    );
+    let _ = writeln!(text, "|---|---|---|---|---|---|---|---|");
+    let own = |r: &Row| Some(r.predicted_ms);
+    let moved = |r: &Row| r.transported_ms;
     let mut all: Vec<&Row> = Vec::new();
     for lab in &measured.labs {
         let these: Vec<&Row> = rows.iter().filter(|r| r.setting == lab.setting).collect();
         if these.is_empty() {
             continue;
         }
-        let (median, p90, rho) = statistics(&these);
         let _ = writeln!(
             text,
-            "| {} nodes, {} Gb/s | {} | {:.1} % | {:.1} % | {:.2} |",
+            "| {} nodes, {} Gb/s | {} | {} | {} |",
             lab.setting.nodes,
             lab.setting.gbps,
             these.len(),
-            median * 100.0,
-            p90 * 100.0,
-            rho
+            Statistics::cells(Statistics::of(&these, own), true),
+            Statistics::cells(Statistics::of(&these, moved), true),
         );
         all.extend(these);
     }
     if !all.is_empty() {
-        let (median, p90, _) = statistics(&all);
         let _ = writeln!(
             text,
-            "| **all** | {} | {:.1} % | {:.1} % | |",
+            "| **all** | {} | {} | {} |",
             all.len(),
-            median * 100.0,
-            p90 * 100.0
+            Statistics::cells(Statistics::of(&all, own), false),
+            Statistics::cells(Statistics::of(&all, moved), false),
         );
     }
     let failed: usize = measured
@@ -322,14 +431,18 @@ fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
     }
     let _ = writeln!(
         text,
-        "\n| lab | configuration | predicted ms | measured ms (min–max) | error |"
+        "\n| lab | configuration | predicted ms | measured ms (min–max) | error | transported ms | error |"
     );
-    let _ = writeln!(text, "|---|---|---|---|---|");
+    let _ = writeln!(text, "|---|---|---|---|---|---|---|");
     for r in rows {
         let (min, max) = spread(&r.runs.iteration_ms);
+        let (moved_ms, moved_error) = match (r.transported_ms, r.transported_error()) {
+            (Some(ms), Some(error)) => (format!("{ms:.1}"), format!("{:+.1} %", error * 100.0)),
+            _ => ("–".into(), "–".into()),
+        };
         let _ = writeln!(
             text,
-            "| {}n {}G | {} | {:.1} | {:.1} ({:.1}–{:.1}) | {:+.1} % |",
+            "| {}n {}G | {} | {:.1} | {:.1} ({:.1}–{:.1}) | {:+.1} % | {moved_ms} | {moved_error} |",
             r.setting.nodes,
             r.setting.gbps,
             r.label(),
@@ -355,27 +468,41 @@ fn chart(spec: &LabSpec, rows: &[Row]) -> Chart {
     let panels = settings
         .iter()
         .map(|setting| {
-            let mut points: Vec<(f64, f64)> = rows
+            let these: Vec<&Row> = rows.iter().filter(|r| r.setting == *setting).collect();
+            let points = |predicted: &dyn Fn(&Row) -> Option<f64>| {
+                let mut points: Vec<(f64, f64)> = these
+                    .iter()
+                    .filter_map(|r| predicted(r).map(|p| (r.measured_ms, p)))
+                    .collect();
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                points
+            };
+            let own = points(&|r| Some(r.predicted_ms));
+            let moved = points(&|r| r.transported_ms);
+            let top = own
                 .iter()
-                .filter(|r| r.setting == *setting)
-                .map(|r| (r.measured_ms, r.predicted_ms))
-                .collect();
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let top = points.iter().map(|p| p.0.max(p.1)).fold(0.0, f64::max);
+                .chain(&moved)
+                .map(|p| p.0.max(p.1))
+                .fold(0.0, f64::max);
+            let mut series = vec![Series {
+                label: "own cluster file".into(),
+                points: own,
+            }];
+            if !moved.is_empty() {
+                series.push(Series {
+                    label: "transported".into(),
+                    points: moved,
+                });
+            }
+            series.push(Series {
+                label: "exact".into(),
+                points: vec![(0.0, 0.0), (top, top)],
+            });
             Panel {
                 title: format!("{} nodes, {} Gb/s", setting.nodes, setting.gbps),
                 x_label: "measured iteration (ms)".into(),
                 y_label: "predicted iteration (ms)".into(),
-                series: vec![
-                    Series {
-                        label: "configurations".into(),
-                        points,
-                    },
-                    Series {
-                        label: "exact".into(),
-                        points: vec![(0.0, 0.0), (top, top)],
-                    },
-                ],
+                series,
             }
         })
         .collect();
