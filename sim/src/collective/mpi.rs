@@ -22,7 +22,8 @@ pub(super) fn estimate(
     let alpha = params.message_overhead_us + cluster.inter_node.latency_us;
     // Every rank of a node shares the node's NICs; a rank's TCP/MPI path may move less.
     let ranks_per_node = group.ranks_per_node().max(1);
-    let beta = f64::from(ranks_per_node) / super::node_goodput_bytes_per_us(cluster, ranks_per_node);
+    let beta =
+        f64::from(ranks_per_node) / super::node_goodput_bytes_per_us(cluster, ranks_per_node);
     let gamma = 1.0 / (params.reduce_gbytes_per_s * 1e3);
     if group.ranks == 1 {
         return pick(vec![(0.0, Algorithm::Local)]);
