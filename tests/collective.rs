@@ -163,7 +163,11 @@ fn hierarchical_allreduce_composes_its_phases() {
 fn parameter_server_push_pull_is_bounded_by_links() {
     let c = cluster("v100-100gib");
     let bytes = 100u64 << 20;
-    let link_bytes_per_us = 100e9 / 8.0 / 1e6;
+    let Library::Nccl(params) = &c.library else {
+        panic!("v100-100gib is an NCCL cluster");
+    };
+    // The PS prices the link with the library's goodput (line rate x NCCL's inter efficiency).
+    let link_bytes_per_us = c.node_network_bytes_per_s() / 1e6 * params.inter_efficiency;
     // Dedicated servers as many as workers: each worker pushes and pulls all bytes once.
     let even = collective::ps_push_pull(&c, bytes, 16, ServerPlacement::Dedicated { servers: 16 })
         .unwrap();
