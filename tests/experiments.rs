@@ -3,13 +3,14 @@
 use crate::common::{root, scratch, stderr, stdout, syncopate, validation_data};
 use std::path::Path;
 
-const EXPERIMENTS: [&str; 6] = [
+const EXPERIMENTS: [&str; 7] = [
     "mergecomp",
     "dear",
     "hipress",
     "dgc-scaling",
     "lab4-fp16-fp8",
     "grace",
+    "lab-validation",
 ];
 
 /// Copies an experiment into a scratch directory so the run does not rewrite the shipped files;
@@ -17,10 +18,7 @@ const EXPERIMENTS: [&str; 6] = [
 fn copy_experiment(name: &str) -> std::path::PathBuf {
     let from = root().join("experiments").join(name);
     let to = scratch(&format!("experiment-{name}"));
-    for entry in std::fs::read_dir(&from).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
-    }
+    copy_dir(&from, &to);
     let spec_path = to.join("spec.json");
     let mut spec: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
@@ -30,6 +28,21 @@ fn copy_experiment(name: &str) -> std::path::PathBuf {
         std::fs::write(&spec_path, serde_json::to_string_pretty(&spec).unwrap()).unwrap();
     }
     to
+}
+
+/// Copies a directory's files and, one level down, its subdirectories' (lab-validation keeps
+/// its measured cluster files in `clusters/`).
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
 }
 
 fn has_svg(dir: &Path) -> bool {

@@ -160,27 +160,31 @@ fn host_exec_checks_every_compressor() {
     });
 }
 
-/// Wait-free backpropagation with PowerSGD: a group holding one bias has no Q round.
+/// Wait-free backpropagation with PowerSGD: a group holding one bias has no Q round; with
+/// partitions (as ByteScheduler splits tensors), a matrix is split by rows and a bias into raw
+/// slices, and every rank still decodes the same sum.
 #[test]
-fn host_exec_runs_powersgd_groups_without_a_matrix() {
+fn host_exec_runs_powersgd_groups_without_a_matrix_and_partitioned() {
     let dir = scratch("runtime-powersgd-wfbp");
     let (model_path, model) = tiny_model(&dir);
-    let groups = (0..model.tensors.len())
-        .map(|t| Group {
-            tensors: vec![t],
-            compressor: "powersgd:2".parse().unwrap(),
-            memory: Memory::Residual,
-            compress_on: CompressOn::Gpu,
-            scheme: Scheme::Auto,
-            partitions: 1,
-            priority: 0,
-        })
-        .collect();
-    let plan = Plan::new("wfbp", &model, groups, fifo());
-    let path = dir.join("plan-wfbp.json");
-    std::fs::write(&path, serde_json::to_string(&plan).unwrap()).unwrap();
-    let out = exec_host(&model_path, &path, &[]);
-    assert_checked_groups(&out, "wfbp powersgd:2", model.tensors.len());
+    for partitions in [1, 2] {
+        let groups = (0..model.tensors.len())
+            .map(|t| Group {
+                tensors: vec![t],
+                compressor: "powersgd:2".parse().unwrap(),
+                memory: Memory::Residual,
+                compress_on: CompressOn::Gpu,
+                scheme: Scheme::Auto,
+                partitions,
+                priority: 0,
+            })
+            .collect();
+        let plan = Plan::new("wfbp", &model, groups, fifo());
+        let path = dir.join(format!("plan-wfbp-{partitions}.json"));
+        std::fs::write(&path, serde_json::to_string(&plan).unwrap()).unwrap();
+        let out = exec_host(&model_path, &path, &[]);
+        assert_checked_groups(&out, "wfbp powersgd:2", model.tensors.len());
+    }
 }
 
 #[test]

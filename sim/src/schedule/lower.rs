@@ -284,30 +284,30 @@ fn buffer(model: &ModelProfile, group: &Group) -> Buffer {
 /// The pieces of group `g`: equal partitions (the remainder spread over the first ones), each
 /// with the collectives that move its payload by the group's scheme.
 pub fn lower_group(model: &ModelProfile, world: World, g: usize, group: &Group) -> Vec<Piece> {
-    let numel = group.numel(model);
-    let parts = u64::from(group.partitions);
     let aggregation = group.aggregation();
-    let round_bytes = round_shares(model, group);
-    // Only PowerSGD compresses by shape, and only a whole group (a partition is a flat slice).
-    let by_shape = matches!(group.compressor, Compressor::PowerSgd { .. }) && parts == 1;
-    let shapes: Option<Vec<Vec<u64>>> = by_shape.then(|| {
-        group
-            .tensors
-            .iter()
-            .map(|&t| model.tensors[t].shape.clone())
-            .collect()
-    });
     let ranks = u64::from(world.ranks());
-    (0..parts)
-        .map(|p| {
-            let range = share(numel, p, parts);
+    let group_bytes = group.wire_bytes(model);
+    let parts = u64::from(group.partitions);
+    slices(model, group)
+        .into_iter()
+        .enumerate()
+        .map(|(p, (range, shapes))| {
+            let round_bytes = match (&shapes, group.compressor) {
+                (Some(shapes), Compressor::PowerSgd { rank }) => powersgd_round_bytes(shapes, rank),
+                _ => {
+                    let own = share(group_bytes, p as u64, parts);
+                    vec![own.end - own.start]
+                }
+            };
             let rounds = round_bytes
                 .iter()
-                .flat_map(|&total| {
-                    let bytes = (share(total, p, parts).end - share(total, p, parts).start).max(1);
+                .flat_map(|&bytes| {
                     exchanges(group.scheme, aggregation, g, ranks)
                         .into_iter()
-                        .map(move |exchange| Round { exchange, bytes })
+                        .map(move |exchange| Round {
+                            exchange,
+                            bytes: bytes.max(1),
+                        })
                 })
                 .collect();
             Piece {
@@ -320,11 +320,59 @@ pub fn lower_group(model: &ModelProfile, world: World, g: usize, group: &Group) 
                 scheme: group.scheme,
                 compress_on: group.compress_on,
                 aggregation,
-                shapes: shapes.clone(),
+                shapes,
                 rounds,
             }
         })
         .collect()
+}
+
+/// A partition's elements of its group buffer and, for PowerSGD, the matrices it compresses.
+type Slice = (std::ops::Range<u64>, Option<Vec<Vec<u64>>>);
+
+/// Each partition's elements of the group buffer and, for PowerSGD, the matrices its codec
+/// compresses. A whole group keeps its tensors' shapes. A partitioned single matrix is split
+/// by rows, so that each partition is a smaller matrix with its own P and Q (what a
+/// partitioning scheduler does with a 2-D gradient). Any other partition is a flat slice with
+/// no low-rank form: PowerSGD sends it raw, in one round.
+fn slices(model: &ModelProfile, group: &Group) -> Vec<Slice> {
+    let numel = group.numel(model);
+    let parts = u64::from(group.partitions);
+    let flat = |p: u64| share(numel, p, parts);
+    if !matches!(group.compressor, Compressor::PowerSgd { .. }) {
+        return (0..parts).map(|p| (flat(p), None)).collect();
+    }
+    if parts == 1 {
+        let shapes = group
+            .tensors
+            .iter()
+            .map(|&t| model.tensors[t].shape.clone())
+            .collect();
+        return vec![(0..numel, Some(shapes))];
+    }
+    let matrix = match group.tensors.as_slice() {
+        [t] => Some(&model.tensors[*t].shape).filter(|s| s.len() >= 2 && s[0] >= parts),
+        _ => None,
+    };
+    match matrix {
+        Some(shape) => {
+            let (rows, cols) = (shape[0], numel / shape[0]);
+            (0..parts)
+                .map(|p| {
+                    let own = share(rows, p, parts);
+                    let range = own.start * cols..own.end * cols;
+                    (range, Some(vec![vec![own.end - own.start, cols]]))
+                })
+                .collect()
+        }
+        None => (0..parts)
+            .map(|p| {
+                let range = flat(p);
+                let numel = range.end - range.start;
+                (range, Some(vec![vec![numel]]))
+            })
+            .collect(),
+    }
 }
 
 /// Part `p` of `parts` equal shares of `total`, the remainder spread over the first ones.
@@ -333,22 +381,14 @@ fn share(total: u64, p: u64, parts: u64) -> std::ops::Range<u64> {
     at(p)..at(p + 1)
 }
 
-/// Bytes of each allreduce round of a group: PowerSGD sends P then Q, everything else one round.
-fn round_shares(model: &ModelProfile, group: &Group) -> Vec<u64> {
-    match group.compressor {
-        Compressor::PowerSgd { rank } => {
-            let shapes: Vec<&[u64]> = group
-                .tensors
-                .iter()
-                .map(|&t| model.tensors[t].shape.as_slice())
-                .collect();
-            let layout = powersgd_layout(&shapes, rank);
-            let p: u64 = layout.iter().map(|m| m.p_bytes()).sum();
-            let q: u64 = layout.iter().map(|m| m.q_bytes()).sum();
-            [p, q][..powersgd_rounds(&layout) as usize].to_vec()
-        }
-        _ => vec![group.wire_bytes(model)],
-    }
+/// Bytes of each allreduce round of PowerSGD over these matrices: P (with the raw tensors),
+/// then Q when some tensor is low-rank.
+fn powersgd_round_bytes(shapes: &[Vec<u64>], rank: u32) -> Vec<u64> {
+    let shapes: Vec<&[u64]> = shapes.iter().map(Vec::as_slice).collect();
+    let layout = powersgd_layout(&shapes, rank);
+    let p: u64 = layout.iter().map(|m| m.p_bytes()).sum();
+    let q: u64 = layout.iter().map(|m| m.q_bytes()).sum();
+    [p, q][..powersgd_rounds(&layout) as usize].to_vec()
 }
 
 /// The collectives that move one round's payload by the group's scheme.
@@ -619,6 +659,33 @@ mod tests {
             })
             .unwrap();
         assert_eq!(second.ops, vec![Op::NextRound, Op::Exchange]);
+    }
+
+    #[test]
+    fn a_partitioned_powersgd_matrix_is_split_by_rows_and_a_fused_one_is_sent_raw() {
+        let mut model = model(2);
+        model.tensors[0].shape = vec![40, 100];
+        model.tensors[0].numel = 4000;
+        let mut plan = plan(&model, vec![vec![0], vec![1]], "powersgd:2", Scheme::Auto);
+        plan.groups[0].partitions = 3;
+        plan.groups[1].partitions = 2;
+        let schedule = lower(&model, world(1, 2), false, &plan, "t").unwrap();
+        let pieces: Vec<&Piece> = schedule.pieces.iter().filter(|p| p.group == 0).collect();
+        // Rows 13 + 13 + 14 of 100 columns: each partition its own P (rows × 2) and Q (100 × 2).
+        let rows: Vec<u64> = pieces.iter().map(|p| p.numel / 100).collect();
+        assert_eq!(rows, vec![13, 13, 14]);
+        for piece in &pieces {
+            let r = piece.numel / 100;
+            assert_eq!(piece.shapes, Some(vec![vec![r, 100]]));
+            let bytes: Vec<u64> = piece.rounds.iter().map(|r| r.bytes).collect();
+            assert_eq!(bytes, vec![r * 2 * 4, 100 * 2 * 4]);
+        }
+        // A 1-D tensor has no matrix: each partition is a flat slice, raw in one round.
+        for piece in schedule.pieces.iter().filter(|p| p.group == 1) {
+            assert_eq!(piece.shapes, Some(vec![vec![piece.numel]]));
+            let bytes: Vec<u64> = piece.rounds.iter().map(|r| r.bytes).collect();
+            assert_eq!(bytes, vec![piece.numel * 4]);
+        }
     }
 
     #[test]

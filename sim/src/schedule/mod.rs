@@ -208,15 +208,15 @@ pub struct Piece {
     #[serde(default, skip_serializing_if = "is_default")]
     pub compress_on: CompressOn,
     pub aggregation: Aggregation,
-    /// PowerSGD's tensor shapes when the piece is a whole group (it compresses each matrix);
-    /// none for other compressors and for a partition, a flat slice.
+    /// The matrices PowerSGD compresses in this piece: the group's tensor shapes, a partition's
+    /// rows of a single matrix, or a flat slice (sent raw); none for other compressors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<Vec<Vec<u64>>>,
     pub rounds: Vec<Round>,
 }
 
 impl Piece {
-    /// The tensor shapes the codecs take: none for a partitioned group's flat slice.
+    /// The tensor shapes the codecs take (PowerSGD's matrices; empty for other compressors).
     pub fn shapes(&self) -> Vec<&[u64]> {
         self.shapes.iter().flatten().map(Vec::as_slice).collect()
     }
