@@ -60,7 +60,7 @@ pub fn measure(
             made,
             exe,
             bytes,
-            3,
+            CONTENTION_REPEATS,
             timeout,
             interrupted,
         )?)
@@ -74,6 +74,9 @@ pub fn measure(
         contention,
     })
 }
+
+/// Repeats of each contention measurement: its slowdowns are ratios of noisy medians.
+const CONTENTION_REPEATS: usize = 7;
 
 /// The allreduce of the contention probe: a few MB, like the fused buffers of a training run.
 const CONTENTION_BYTES: u64 = 4 << 20;

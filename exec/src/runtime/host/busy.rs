@@ -10,6 +10,14 @@ use std::time::{Duration, Instant};
 /// Multiply-adds per unit of work: 64 independent accumulators × 16 steps.
 const UNIT_STEPS: usize = 16;
 
+/// Rounds of a calibration; the median is kept. A round that the scheduler interrupts (a
+/// shared machine) is an outlier, not the rate.
+const ROUNDS: usize = 7;
+
+/// How long a rank process calibrates (MPI backend, lab probes): every compute of its run
+/// scales with the rate, so a few hundred ms against runs of seconds.
+pub const PROCESS_CALIBRATION: Duration = Duration::from_millis(350);
+
 /// A calibrated busy loop.
 #[derive(Clone, Copy, Debug)]
 pub struct BusyWork {
@@ -31,7 +39,7 @@ fn run_units(units: u64) {
 
 impl BusyWork {
     /// Measures the loop with `threads` concurrent copies for about `budget` and keeps the
-    /// median per-thread rate of three rounds.
+    /// median per-thread rate of [`ROUNDS`] rounds.
     pub fn calibrate(threads: u32, budget: Duration) -> BusyWork {
         let threads = threads.max(1);
         // Size a round from a quick single-thread probe.
@@ -39,8 +47,8 @@ impl BusyWork {
         let start = Instant::now();
         run_units(probe_units);
         let probe = start.elapsed().as_nanos().max(1) as f64 / probe_units as f64;
-        let units = ((budget.as_nanos() as f64 / 3.0 / probe) as u64).max(16);
-        let mut rates: Vec<f64> = (0..3)
+        let units = ((budget.as_nanos() as f64 / ROUNDS as f64 / probe) as u64).max(16);
+        let mut rates: Vec<f64> = (0..ROUNDS)
             .map(|_| {
                 let per_thread: Vec<f64> = std::thread::scope(|scope| {
                     let handles: Vec<_> = (0..threads)
@@ -62,7 +70,7 @@ impl BusyWork {
             .collect();
         rates.sort_by(f64::total_cmp);
         BusyWork {
-            ns_per_unit: rates[1],
+            ns_per_unit: rates[ROUNDS / 2],
         }
     }
 

@@ -8,18 +8,16 @@ use crate::error::{ExecError, Result};
 use crate::runtime::check::Checker;
 use crate::runtime::cpu::{CheckSink, Collectives, CpuRun};
 use crate::runtime::driver::{drive, Local};
-use crate::runtime::host::busy::BusyWork;
+use crate::runtime::host::busy::{BusyWork, PROCESS_CALIBRATION};
 use crate::runtime::pieces::Gradients;
 use crate::runtime::sched::Failure;
 use crate::runtime::{Job, Measured};
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::time::SimTime;
 
-/// How long the compute loop is calibrated, all ranks at once.
-const CALIBRATION: Duration = Duration::from_millis(60);
 /// The most `--check` data one rank keeps for rank 0 (inputs and results, 4 bytes a value).
 const MAX_CHECK_VALUES: usize = 1 << 28;
 
@@ -230,7 +228,7 @@ pub fn execute(world: &World, job: &Job) -> Result<Option<Measured>> {
     let failure = Failure::default();
     // Calibrate compute with every rank of this machine's job busy at once.
     gather.barrier(failure.flag())?;
-    let busy = BusyWork::calibrate(1, CALIBRATION);
+    let busy = BusyWork::calibrate(1, PROCESS_CALIBRATION);
     let gradients = Gradients::new(schedule, world.rank..world.rank + 1, options.seed);
     let collector = options.check.then(Collector::default);
     // Time zero is when every rank leaves this barrier, so that records compare across ranks.

@@ -108,7 +108,10 @@ pub fn contention(
         .flat_map(|i| (i as f32).to_le_bytes())
         .collect();
     control.barrier(&abort)?;
-    let busy = crate::runtime::host::busy::BusyWork::calibrate(1, Duration::from_millis(60));
+    let busy = crate::runtime::host::busy::BusyWork::calibrate(
+        1,
+        crate::runtime::host::busy::PROCESS_CALIBRATION,
+    );
     let allreduce = |comm: &Stream| -> Result<f64> {
         let mut p = payload.clone();
         let codec = codec_for(&Compressor::None, 0);
