@@ -47,7 +47,7 @@ pub enum Command {
     Lab(LabCommand),
 }
 
-#[derive(Subcommand, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Subcommand, Clone, Debug, PartialEq, Eq)]
 pub enum ListWhat {
     /// Model profiles; `--check` compares each one's implied FLOP/s with its device's peak.
     Models {
@@ -55,6 +55,9 @@ pub enum ListWhat {
         /// in the precision the profile was measured in; exits 1 if any profile is impossible.
         #[arg(long)]
         check: bool,
+        /// With --check: these model names or profile files instead of every shipped model.
+        #[arg(requires = "check")]
+        models: Vec<String>,
     },
     /// Device profiles: GPUs and measured hosts.
     Devices,

@@ -141,7 +141,12 @@ fn every_shipped_profile_passes_the_flops_check_or_says_why_not() {
         match check.verdict {
             Verdict::Plausible | Verdict::Suspicious => {}
             Verdict::AbovePeakExplained => {
-                let reason = model.arithmetic.as_ref().unwrap().above_peak_reason.as_ref();
+                let reason = model
+                    .arithmetic
+                    .as_ref()
+                    .unwrap()
+                    .above_peak_reason
+                    .as_ref();
                 assert!(
                     model.source.contains(reason.unwrap().as_str()),
                     "{name}: the reason for {:.0} % of peak belongs in `source` too",
@@ -177,8 +182,13 @@ fn espresso_batches_that_would_beat_the_peak_are_inferred_not_kept() {
         assert_eq!(model.batch_size_per_gpu, 4, "{name}");
         let batch = model.timing.batch.unwrap();
         assert_eq!(batch.status, Status::Estimated, "{name}");
-        assert!(batch.method.contains("batch inferred from FLOPs"), "{name}");
-        assert!(model.source.contains("batch inferred from FLOPs"), "{name}");
+        assert!(
+            batch
+                .method
+                .contains("batch 4 per GPU, inferred from FLOPs"),
+            "{name}"
+        );
+        assert!(model.source.contains("inferred from FLOPs"), "{name}");
     }
 }
 
@@ -228,17 +238,62 @@ fn list_models_check_prints_every_verdict_and_refuses_other_lists() {
 }
 
 #[test]
-fn a_head_tensor_that_is_not_in_the_profile_is_rejected() {
-    let dir = crate::common::scratch("bad-head");
-    let path = dir.join("model.json");
+fn list_models_check_exits_1_on_an_impossible_profile_and_accepts_an_explained_one() {
+    let dir = crate::common::scratch("check-impossible");
     let mut model = serde_json::to_value(ModelProfile::load("gpt2").unwrap()).unwrap();
-    model["arithmetic"]["head_tensors"][0] = serde_json::json!("lm_head.weight");
+    // A tenth of the measured time: about five times the V100's FP32 peak.
+    for tensor in model["tensors"].as_array_mut().unwrap() {
+        for field in ["backward_us", "forward_us"] {
+            let us = tensor[field].as_f64().unwrap();
+            tensor[field] = serde_json::json!(us / 10.0);
+        }
+    }
+    let path = dir.join("fast.json");
     std::fs::write(&path, serde_json::to_string(&model).unwrap()).unwrap();
-    let message = ModelProfile::load(path.to_str().unwrap())
-        .unwrap_err()
-        .to_string();
+    let path = path.to_str().unwrap();
+    let out = syncopate(&["list", "models", "--check", "resnet50", path]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("IMPOSSIBLE"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("gpt2") && stderr(&out).contains("above_peak_reason"),
+        "{}",
+        stderr(&out)
+    );
+    model["arithmetic"]["above_peak_reason"] = serde_json::json!("a test says so");
+    std::fs::write(path, serde_json::to_string(&model).unwrap()).unwrap();
+    let out = syncopate(&["list", "models", "--check", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("above peak, explained"),
+        "{}",
+        stdout(&out)
+    );
+    let out = syncopate(&["list", "models", "resnet50"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn arithmetic_naming_no_tensor_or_giving_an_empty_reason_is_rejected() {
+    let dir = crate::common::scratch("bad-arithmetic");
+    let path = dir.join("model.json");
+    let refusal = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut model = serde_json::to_value(ModelProfile::load("gpt2").unwrap()).unwrap();
+        edit(&mut model);
+        std::fs::write(&path, serde_json::to_string(&model).unwrap()).unwrap();
+        ModelProfile::load(path.to_str().unwrap())
+            .unwrap_err()
+            .to_string()
+    };
+    let message = refusal(&|m| {
+        m["arithmetic"]["head_tensors"][0] = serde_json::json!("lm_head.weight");
+    });
     assert!(
         message.contains("arithmetic.head_tensors[0]") && message.contains("lm_head.weight"),
+        "{message}"
+    );
+    let message = refusal(&|m| m["arithmetic"]["above_peak_reason"] = serde_json::json!(" "));
+    assert!(
+        message.contains("arithmetic.above_peak_reason"),
         "{message}"
     );
 }

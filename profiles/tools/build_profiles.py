@@ -866,12 +866,12 @@ def checked_batch(name, a, bwd, fwd, batch, reference, peak_flops_per_us):
     ref_frac = reference["rate"] / peak_flops_per_us
     halvings = [batch >> k for k in range(1, batch.bit_length())]
     best = min(halvings, key=lambda b: abs(frac * b / batch - ref_frac))
-    text = ("batch inferred from FLOPs: at the %s batch %d the timings imply %.0f %% of the V100's "
+    text = ("batch %d per GPU, inferred from FLOPs: at the %s batch %d the timings imply %.0f %% of the V100's "
             "FP32 peak (%.1f TFLOP/s), impossible for a model of GEMMs, for which no algorithm does fewer "
             "multiplications; the trace was therefore taken at a smaller batch (or in mixed precision, "
             "which the script does not enable). Batch %d is the halving of %d whose implied rate "
             "(%.0f %%) is closest to the reference %.0f %% (%s)"
-            % ("script's" if from_script else "assumed", batch, 100 * frac,
+            % (best, "script's" if from_script else "assumed", batch, 100 * frac,
                frac * peak_flops_per_us / 1e6, best, batch, 100 * frac * best / batch, 100 * ref_frac,
                reference["text"]))
     return best, {"status": "estimated", "method": text}, text

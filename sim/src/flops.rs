@@ -203,7 +203,10 @@ mod tests {
         }
         model.arithmetic.as_mut().unwrap().above_peak_reason = reason.map(str::to_string);
         let check = check(&model, &device).unwrap();
-        assert!((check.fraction_of_peak - fraction).abs() < 1e-3, "{check:?}");
+        assert!(
+            (check.fraction_of_peak - fraction).abs() < 1e-3,
+            "{check:?}"
+        );
         check.verdict
     }
 

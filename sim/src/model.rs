@@ -303,11 +303,7 @@ impl ModelProfile {
 }
 
 /// The FLOP description names tensors of this profile and says how it was derived.
-fn validate_arithmetic(
-    label: &str,
-    arithmetic: &Arithmetic,
-    names: &HashSet<&str>,
-) -> Result<()> {
+fn validate_arithmetic(label: &str, arithmetic: &Arithmetic, names: &HashSet<&str>) -> Result<()> {
     for (i, name) in arithmetic.head_tensors.iter().enumerate() {
         if !names.contains(name.as_str()) {
             return Err(SimError::invalid(
@@ -322,6 +318,17 @@ fn validate_arithmetic(
             label,
             "arithmetic.method",
             "say how the counts were derived",
+        ));
+    }
+    if arithmetic
+        .above_peak_reason
+        .as_ref()
+        .is_some_and(|reason| reason.trim().is_empty())
+    {
+        return Err(SimError::invalid(
+            label,
+            "arithmetic.above_peak_reason",
+            "is empty: say why the timings may beat the peak, or leave the field out",
         ));
     }
     Ok(())

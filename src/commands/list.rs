@@ -12,7 +12,7 @@ use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 pub fn run(what: ListWhat) -> anyhow::Result<()> {
     match what {
-        ListWhat::Models { check: false } => {
+        ListWhat::Models { check: false, .. } => {
             for name in DataKind::Model.shipped_names() {
                 let model = ModelProfile::load(name)?;
                 println!(
@@ -23,7 +23,10 @@ pub fn run(what: ListWhat) -> anyhow::Result<()> {
                 );
             }
         }
-        ListWhat::Models { check: true } => check_models()?,
+        ListWhat::Models {
+            check: true,
+            models,
+        } => check_models(&models)?,
         ListWhat::Devices => {
             for name in DataKind::Device.shipped_names() {
                 let device = DeviceProfile::load(name)?;
@@ -57,12 +60,17 @@ pub fn run(what: ListWhat) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One row per shipped model: training FLOPs per iteration over forward + backward time, against
-/// the peak of the device the profile was measured on. Fails when a profile implies more than the
-/// peak without saying why (`arithmetic.above_peak_reason`).
-fn check_models() -> anyhow::Result<()> {
+/// One row per model (`models`, or every shipped one): training FLOPs per iteration over forward +
+/// backward time, against the peak of the device the profile was measured on. Fails when a
+/// profile implies more than the peak without saying why (`arithmetic.above_peak_reason`).
+fn check_models(models: &[String]) -> anyhow::Result<()> {
+    let names: Vec<&str> = if models.is_empty() {
+        DataKind::Model.shipped_names()
+    } else {
+        models.iter().map(String::as_str).collect()
+    };
     println!(
-        "{:<14} {:<16} {:<5} {:>6} {:>11} {:>11} {:>8} {:>7} {:>12}  verdict",
+        "{:<14} {:<16} {:<5} {:>6} {:>11} {:>11} {:>8} {:>8} {:>7} {:>12}  verdict",
         "model",
         "device",
         "prec",
@@ -70,14 +78,16 @@ fn check_models() -> anyhow::Result<()> {
         "GFLOP/iter",
         "fwd+bwd ms",
         "TFLOP/s",
+        "peak",
         "% peak",
         "1st grad ms"
     );
     let mut impossible = Vec::new();
-    for name in DataKind::Model.shipped_names() {
+    for name in names {
         let model = ModelProfile::load(name)?;
         let device = DeviceProfile::load(&model.device)?;
         let batch = model.batch_size_per_gpu;
+        let name = model.name.as_str();
         let (numbers, verdict) = match flops::check(&model, &device) {
             Some(check) => {
                 let precision = match check.precision {
@@ -85,19 +95,23 @@ fn check_models() -> anyhow::Result<()> {
                     Precision::Fp16 => "fp16",
                 };
                 let numbers = format!(
-                    "{precision:<5} {batch:>6} {:>11.1} {:>11.1} {:>8.2} {:>7.0}",
+                    "{precision:<5} {batch:>6} {:>11.1} {:>11.1} {:>8.2} {:>8.1} {:>7.0}",
                     check.flops_per_iteration / 1e9,
                     check.compute_seconds * 1e3,
                     check.achieved_tflops,
+                    check.peak_tflops,
                     100.0 * check.fraction_of_peak,
                 );
                 if check.verdict == Verdict::Impossible {
-                    impossible.push(name);
+                    impossible.push(name.to_string());
                 }
                 (numbers, verdict_text(check.verdict))
             }
             None => (
-                format!("{:<5} {batch:>6} {:>11} {:>11} {:>8} {:>7}", "-", "-", "-", "-", "-"),
+                format!(
+                    "{:<5} {batch:>6} {:>11} {:>11} {:>8} {:>8} {:>7}",
+                    "-", "-", "-", "-", "-", "-"
+                ),
                 "not checked: no `arithmetic` section".to_string(),
             ),
         };
