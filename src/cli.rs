@@ -33,10 +33,8 @@ pub enum Command {
     /// Measure this machine into a device profile (compression encode/decode cost curves).
     Profile(ProfileArgs),
     /// List shipped models, devices, clusters, compressors or strategies.
-    List {
-        #[arg(value_enum)]
-        what: ListWhat,
-    },
+    #[command(subcommand)]
+    List(ListWhat),
     /// Run a plan for real (CUDA/NCCL, or host threads) and write the measured trace.
     Exec(Box<ExecArgs>),
     /// Run a plan for real and simulate it with this machine's profile: predicted vs measured.
@@ -49,12 +47,25 @@ pub enum Command {
     Lab(LabCommand),
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Subcommand, Clone, Debug, PartialEq, Eq)]
 pub enum ListWhat {
-    Models,
+    /// Model profiles; `--check` compares each one's implied FLOP/s with its device's peak.
+    Models {
+        /// Training FLOPs per iteration over forward + backward time, against the device's peak
+        /// in the precision the profile was measured in; exits 1 if any profile is impossible.
+        #[arg(long)]
+        check: bool,
+        /// With --check: these model names or profile files instead of every shipped model.
+        #[arg(requires = "check")]
+        models: Vec<String>,
+    },
+    /// Device profiles: GPUs and measured hosts.
     Devices,
+    /// Cluster files: nodes, GPUs per node, links.
     Clusters,
+    /// Compressors and error-feedback memories.
     Compressors,
+    /// Named baseline strategies.
     Strategies,
 }
 

@@ -1,9 +1,10 @@
 //! Every shipped data file loads, and model profiles match the exact tensor inventories.
 
-use crate::common::validation_data;
+use crate::common::{stderr, stdout, syncopate, validation_data};
 use syncopate_sim::data::DataKind;
 use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::flops::{self, Verdict};
+use syncopate_sim::model::{ModelProfile, Status};
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 #[test]
@@ -128,6 +129,173 @@ fn measured_models_keep_espresso_backward_totals() {
             "{model_name}: {after_first} vs {last_ready_us}"
         );
     }
+}
+
+#[test]
+fn every_shipped_profile_passes_the_flops_check_or_says_why_not() {
+    for name in DataKind::Model.shipped_names() {
+        let model = ModelProfile::load(name).unwrap();
+        let device = DeviceProfile::load(&model.device).unwrap();
+        let check = flops::check(&model, &device)
+            .unwrap_or_else(|| panic!("{name}: no arithmetic section, so no FLOP/s check"));
+        match check.verdict {
+            Verdict::Plausible | Verdict::Suspicious => {}
+            Verdict::AbovePeakExplained => {
+                let reason = model
+                    .arithmetic
+                    .as_ref()
+                    .unwrap()
+                    .above_peak_reason
+                    .as_ref();
+                assert!(
+                    model.source.contains(reason.unwrap().as_str()),
+                    "{name}: the reason for {:.0} % of peak belongs in `source` too",
+                    100.0 * check.fraction_of_peak
+                );
+            }
+            Verdict::Impossible => panic!("{name}: {check:?}"),
+        }
+    }
+}
+
+#[test]
+fn shipped_profiles_say_where_their_batch_and_first_gradient_come_from() {
+    for name in DataKind::Model.shipped_names() {
+        let model = ModelProfile::load(name).unwrap();
+        let batch = model.timing.batch.as_ref().expect(name);
+        assert!(
+            batch
+                .method
+                .contains(&format!("batch {}", model.batch_size_per_gpu)),
+            "{name}: {}",
+            batch.method
+        );
+        assert!(model.timing.first_gradient.is_some(), "{name}");
+    }
+}
+
+#[test]
+fn espresso_batches_that_would_beat_the_peak_are_inferred_not_kept() {
+    // At the scripts' 8 sequences the BERT traces imply 109 % and 123 % of the V100's FP32 peak.
+    for name in ["bert-base", "bert-large"] {
+        let model = ModelProfile::load(name).unwrap();
+        assert_eq!(model.batch_size_per_gpu, 4, "{name}");
+        let batch = model.timing.batch.unwrap();
+        assert_eq!(batch.status, Status::Estimated, "{name}");
+        assert!(
+            batch
+                .method
+                .contains("batch 4 per GPU, inferred from FLOPs"),
+            "{name}"
+        );
+        assert!(model.source.contains("inferred from FLOPs"), "{name}");
+    }
+}
+
+#[test]
+fn the_time_before_the_first_gradient_holds_the_head_flops() {
+    // A gradient-ready trace starts at the first ready gradient; the profile adds the head's
+    // backward at the rate the trace shows after it, plus a 5 us floor for the loss's kernels.
+    for name in DataKind::Model.shipped_names() {
+        let model = ModelProfile::load(name).unwrap();
+        let total = flops::forward_macs_per_sample(&model).unwrap() as f64;
+        let head = flops::head_macs_per_sample(&model).unwrap() as f64;
+        if total - head < 0.1 * total {
+            continue; // NCF: its trace after the first gradient holds no rate to use
+        }
+        let after: f64 = model.tensors.iter().skip(1).map(|t| t.backward_us).sum();
+        let expected = after * head / (total - head) + 5.0;
+        let first = model.first_gradient_time().as_us();
+        assert!(
+            (first - expected).abs() < 0.01 + 1e-6 * expected,
+            "{name}: {first} us vs {expected} us"
+        );
+    }
+    // GPT-2's tied language-model head: tens of ms before ln_f's gradient is ready.
+    let gpt2 = ModelProfile::load("gpt2").unwrap();
+    let first_ms = gpt2.first_gradient_time().as_us() / 1e3;
+    assert!((20.0..200.0).contains(&first_ms), "{first_ms} ms");
+}
+
+#[test]
+fn list_models_check_prints_every_verdict_and_refuses_other_lists() {
+    let out = syncopate(&["list", "models", "--check"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for name in DataKind::Model.shipped_names() {
+        assert!(text.contains(name), "{name}: {text}");
+    }
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap()
+            .to_string()
+    };
+    assert!(row("vgg16").contains("above peak, explained"), "{text}");
+    assert!(row("bert-base").ends_with(" ok"), "{text}");
+    let out = syncopate(&["list", "devices", "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn list_models_check_exits_1_on_an_impossible_profile_and_accepts_an_explained_one() {
+    let dir = crate::common::scratch("check-impossible");
+    let mut model = serde_json::to_value(ModelProfile::load("gpt2").unwrap()).unwrap();
+    // A tenth of the measured time: about five times the V100's FP32 peak.
+    for tensor in model["tensors"].as_array_mut().unwrap() {
+        for field in ["backward_us", "forward_us"] {
+            let us = tensor[field].as_f64().unwrap();
+            tensor[field] = serde_json::json!(us / 10.0);
+        }
+    }
+    let path = dir.join("fast.json");
+    std::fs::write(&path, serde_json::to_string(&model).unwrap()).unwrap();
+    let path = path.to_str().unwrap();
+    let out = syncopate(&["list", "models", "--check", "resnet50", path]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("IMPOSSIBLE"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("gpt2") && stderr(&out).contains("above_peak_reason"),
+        "{}",
+        stderr(&out)
+    );
+    model["arithmetic"]["above_peak_reason"] = serde_json::json!("a test says so");
+    std::fs::write(path, serde_json::to_string(&model).unwrap()).unwrap();
+    let out = syncopate(&["list", "models", "--check", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("above peak, explained"),
+        "{}",
+        stdout(&out)
+    );
+    let out = syncopate(&["list", "models", "resnet50"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn arithmetic_naming_no_tensor_or_giving_an_empty_reason_is_rejected() {
+    let dir = crate::common::scratch("bad-arithmetic");
+    let path = dir.join("model.json");
+    let refusal = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut model = serde_json::to_value(ModelProfile::load("gpt2").unwrap()).unwrap();
+        edit(&mut model);
+        std::fs::write(&path, serde_json::to_string(&model).unwrap()).unwrap();
+        ModelProfile::load(path.to_str().unwrap())
+            .unwrap_err()
+            .to_string()
+    };
+    let message = refusal(&|m| {
+        m["arithmetic"]["head_tensors"][0] = serde_json::json!("lm_head.weight");
+    });
+    assert!(
+        message.contains("arithmetic.head_tensors[0]") && message.contains("lm_head.weight"),
+        "{message}"
+    );
+    let message = refusal(&|m| m["arithmetic"]["above_peak_reason"] = serde_json::json!(" "));
+    assert!(
+        message.contains("arithmetic.above_peak_reason"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -15,6 +15,9 @@ Sources (see profiles/README.md for the long form):
     argument defaults of the training scripts they call (cited per model below).
   * FLOP counts for scaling: torchvision model docs (https://pytorch.org/vision/stable/models.html,
     "GFLOPS" column, 224x224 input except Inception-v3 at 299x299).
+  * each profile's `arithmetic` and per-tensor `uses_per_sample` (forward multiply-adds), from which
+    the time before the first gradient is estimated and the batch checked against the device's
+    FP32 peak (profiles/devices/v100-sxm2-32gb.json), the rule `syncopate list models --check` applies.
 """
 
 import argparse
@@ -141,18 +144,32 @@ def r3(x):
 # Backward timings
 # --------------------------------------------------------------------------------------------
 
-def first_gap_estimate(gaps):
-    """Espresso's first gap is 0 by construction (measured from the first ready gradient)."""
-    return statistics.median(gaps[1:])
-
-
-FIRST_GAP_TEXT = ("Espresso measures gaps from the first ready gradient, so its first gap is 0; "
-                  "the time from backward start to the first gradient (loss backward + last layer) "
-                  "is estimated as the median of the model's other measured gaps")
+def first_gradient_us(arith, span_us, batch, reference):
+    """Backward time before the first gradient is ready, which a gradient-ready trace cannot see:
+    the head's backward FLOPs at the rate the trace shows after the first gradient, plus the
+    small-tensor floor for the loss's own kernels. When the rest of the trace holds less than a
+    tenth of the backward FLOPs (NCF, whose first ready gradients are its input embeddings) it
+    says nothing about the rate, and the reference rate is used instead. Returns (us, text)."""
+    f, h = arith["forward_macs"], arith["head_macs"]
+    head_flops = 4 * h * batch  # backward = input gradient + weight gradient = 2 x forward
+    if 10 * (f - h) >= f:
+        rate = 4 * (f - h) * batch / span_us
+        how = "the trace's own rate after the first gradient, %.2f TFLOP/s" % (rate / 1e6)
+    else:
+        rate = reference["rate"]
+        how = ("the reference rate %.2f TFLOP/s (the trace after the first gradient holds less than a "
+               "tenth of the FLOPs, so it says nothing about the rate; %s)" % (rate / 1e6, reference["text"]))
+    us = head_flops / rate + SMALL_TENSOR_FLOOR_US
+    text = ("a gradient-ready trace starts at the first ready gradient, so the time before it is "
+            "estimated from FLOPs: backward of the head (%s: %.4g GFLOP per iteration = 4 x %d MACs per "
+            "sample x batch %d) at %s, plus %.0f us for the loss's own kernels = %.1f us"
+            % (", ".join(arith["head"]), head_flops / 1e9, h, batch, how, SMALL_TENSOR_FLOOR_US, us))
+    return us, text
 
 
 def measured_backward(vd, esp_stem, inv):
-    """Per-tensor gaps, mapped to the inventory by position (bwd order). Returns (gaps, notes)."""
+    """Per-tensor gaps, mapped to the inventory by position (bwd order). Returns (gaps, notes);
+    gaps[0] is Espresso's 0 (the first ready gradient), to be replaced by first_gradient_us."""
     esp = read_espresso(vd, esp_stem)
     if len(esp) != len(inv):
         die("%s: %d Espresso tensors vs %d inventory tensors" % (esp_stem, len(esp), len(inv)))
@@ -185,10 +202,7 @@ def measured_backward(vd, esp_stem, inv):
     if numel_diff:
         notes.append("numel differs: %s (NVIDIA BERT pads the vocabulary to a multiple of 8); "
                      "sizes here are the inventory's" % "; ".join(numel_diff))
-    gaps = [e["gap"] for e in esp]
-    gaps[0] = first_gap_estimate(gaps)
-    return gaps, notes
-
+    return [e["gap"] for e in esp], notes
 
 def scale_to_total(values, total):
     s = sum(values)
@@ -208,14 +222,13 @@ def analog_backward(src_names, src_gaps, inv, analog_of, total):
     return scale_to_total(raw, total)
 
 
-def flops_backward(inv, macs_of, total):
+def flops_backward(inv, macs, total):
     """floor + share of (total - n*floor) proportional to the tensor's layer MACs."""
-    macs = [macs_of(t) for t in inv]
     rest = total - SMALL_TENSOR_FLOOR_US * len(inv)
     if rest <= 0:
         die("total backward too small for the per-tensor floor")
     s = sum(macs)
-    return [SMALL_TENSOR_FLOOR_US + rest * m / s for m in macs], sum(macs)
+    return [SMALL_TENSOR_FLOOR_US + rest * m / s for m in macs]
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,46 +384,64 @@ def inventory_from_espresso(vd, stem, shape_fn):
 
 
 # --------------------------------------------------------------------------------------------
-# Per-layer MACs for FLOP-distributed CNN estimates (forward MACs per image)
+# Arithmetic: forward multiply-adds per sample, what `syncopate list models --check` recomputes
 # --------------------------------------------------------------------------------------------
+# A tensor's `uses_per_sample` is how many forward multiply-adds each of its elements takes part in
+# per sample: a conv weight's output height x width, a linear weight's tokens per sample, 0 for
+# lookups, norms and biases (element-wise work is not counted). Forward MACs per sample = sum of
+# numel x uses_per_sample + `parameter_free_macs_per_sample` (attention's Q K^T and P V). The
+# check counts a training iteration as 3 x forward (backward = input + weight gradients).
 
 def is_weight_of_conv_or_linear(t):
     return t["name"].endswith("weight") and len(t["shape"]) in (2, 4)
 
 
-def alexnet_macs(t):
-    if not is_weight_of_conv_or_linear(t):
-        return 0
+def resnet_hw(name):
+    # torchvision ResNet (v1.5: the stride sits on the 3x3 conv, so block 0's conv1 still sees
+    # the previous stage's resolution); 224x224 input, stem output 112.
+    p = name.split(".")
+    if p[0] == "conv1":
+        return 112
+    if p[0] == "fc":
+        return 1
+    stage, block = int(p[0][len("layer"):]), int(p[1])
+    out = {1: 56, 2: 28, 3: 14, 4: 7}[stage]
+    if block == 0 and p[2] == "conv1":
+        return {1: 56, 2: 56, 3: 28, 4: 14}[stage]
+    return out
+
+
+def vgg_hw(stages):
+    def hw(name):
+        p = name.split(".")
+        if p[0] == "classifier":
+            return 1
+        for s, convs in enumerate(stages):
+            if int(p[1]) in convs:
+                return 224 >> s
+        die("vgg: no spatial size for %s" % name)
+    return hw
+
+
+def alexnet_hw(name):
     out_hw = {"features.0": 55, "features.3": 27, "features.6": 13, "features.8": 13, "features.10": 13}
-    layer = layer_of(t["name"])
-    hw = out_hw.get(layer, 1)
-    return t["numel"] * hw * hw
+    return out_hw.get(layer_of(name), 1)
 
 
-def densenet201_macs(t):
-    if not is_weight_of_conv_or_linear(t):
-        return 0
-    n = t["name"]
+def densenet201_hw(n):
     if n.startswith("classifier"):
-        hw = 1
-    elif n.startswith("features.conv0"):
-        hw = 112
-    else:
-        hw = None
-        for k, size in (("denseblock1", 56), ("transition1", 56), ("denseblock2", 28),
-                        ("transition2", 28), ("denseblock3", 14), ("transition3", 14),
-                        ("denseblock4", 7)):
-            if n.startswith("features." + k + "."):
-                hw = size
-        if hw is None:
-            die("densenet201: no spatial size for %s" % n)
-    return t["numel"] * hw * hw
+        return 1
+    if n.startswith("features.conv0"):
+        return 112
+    for k, size in (("denseblock1", 56), ("transition1", 56), ("denseblock2", 28),
+                    ("transition2", 28), ("denseblock3", 14), ("transition3", 14),
+                    ("denseblock4", 7)):
+        if n.startswith("features." + k + "."):
+            return size
+    die("densenet201: no spatial size for %s" % n)
 
 
-def inception_v3_macs(t):
-    if not is_weight_of_conv_or_linear(t):
-        return 0
-    n = t["name"]
+def inception_v3_hw(n):
     sizes = [
         ("Conv2d_1a_3x3.", 149), ("Conv2d_2a_3x3.", 147), ("Conv2d_2b_3x3.", 147),
         ("Conv2d_3b_1x1.", 73), ("Conv2d_4a_3x3.", 71),
@@ -423,8 +454,212 @@ def inception_v3_macs(t):
     ]
     for prefix, hw in sizes:
         if n.startswith(prefix):
-            return t["numel"] * hw * hw
+            return hw
     die("inception-v3: no spatial size for %s" % n)
+
+
+def cnn_uses(hw_of):
+    return lambda t: hw_of(t["name"]) ** 2 if is_weight_of_conv_or_linear(t) else 0
+
+
+VGG16_STAGES = [[0, 2], [5, 7], [10, 12, 14], [17, 19, 21], [24, 26, 28]]
+VGG19_STAGES = [[0, 2], [5, 7], [10, 12, 14, 16], [19, 21, 23, 25], [28, 30, 32, 34]]
+
+CNN_HW = {
+    "resnet50": resnet_hw, "resnet101": resnet_hw, "resnet152": resnet_hw,
+    "vgg16": vgg_hw(VGG16_STAGES), "vgg19": vgg_hw(VGG19_STAGES),
+    "alexnet": alexnet_hw, "densenet201": densenet201_hw, "inception-v3": inception_v3_hw,
+}
+CNN_HEAD = {"resnet50": "fc.weight", "resnet101": "fc.weight", "resnet152": "fc.weight",
+            "vgg16": "classifier.6.weight", "vgg19": "classifier.6.weight",
+            "alexnet": "classifier.6.weight", "densenet201": "classifier.weight",
+            "inception-v3": "fc.weight"}
+CNN_INPUT = {"inception-v3": 299}
+
+BERT_SEQ = 384   # Espresso BERT run_baseline.sh --max_seq_length=384
+GPT2_SEQ = 1024  # block_size = the GPT-2 tokenizer's 1024
+# AWD-LSTM main.py draws each batch's sequence length from N(70, 5) (95 %) or N(35, 5) (5 %):
+# mean 0.95 x 70 + 0.05 x 35 = 68.25 tokens.
+LSTM_TOKENS = 68
+
+
+def count_layers(inv, prefix):
+    return len({t["name"][len(prefix):].split(".")[0] for t in inv if t["name"].startswith(prefix)})
+
+
+def attention_macs(seq, d_model, n_layer):
+    # Q K^T and P V: each seq x seq x d_model multiply-adds per layer; full matrices (HF computes
+    # GPT-2's causal scores in full and masks them).
+    return 2 * seq * seq * d_model * n_layer
+
+
+def bert_arith(inv):
+    d = next(t["numel"] for t in inv if t["name"].endswith("attention.output.LayerNorm.weight"))
+    n_layer = count_layers(inv, "bert.encoder.layer.")
+    return {
+        "uses": lambda t: BERT_SEQ if (len(t["shape"]) == 2 and not t["name"].startswith("bert.embeddings.")) else 0,
+        "parameter_free": attention_macs(BERT_SEQ, d, n_layer),
+        "head": ["qa_outputs.weight"],
+        "method": ("every encoder linear weight and qa_outputs multiply-add once per token, %d tokens per "
+                   "sequence (--max_seq_length); embeddings are lookups; parameter_free = attention's Q K^T "
+                   "and P V, 2 x %d^2 x d_model %d x %d layers; LayerNorm, GELU, softmax and biases not "
+                   "counted. Head (backward before the first gradient): qa_outputs"
+                   % (BERT_SEQ, BERT_SEQ, d, n_layer)),
+    }
+
+
+def gpt2_arith(inv):
+    d = next(t["numel"] for t in inv if t["name"] == "transformer.ln_f.weight")
+    n_layer = count_layers(inv, "transformer.h.")
+
+    def uses(t):
+        if t["name"] == "transformer.wte.weight":
+            return GPT2_SEQ
+        return GPT2_SEQ if (len(t["shape"]) == 2 and t["name"].startswith("transformer.h.")) else 0
+    return {
+        "uses": uses,
+        "parameter_free": attention_macs(GPT2_SEQ, d, n_layer),
+        "head": ["transformer.wte.weight"],
+        "method": ("every block's Conv1D weight multiply-adds once per token, %d tokens per sequence; "
+                   "transformer.wte.weight counts its use as the tied LM head (d_model x vocabulary per "
+                   "token; the embedding lookup is no multiply-add); wpe is a lookup; parameter_free = "
+                   "attention's Q K^T and P V over full %d x %d matrices (HF GPT-2 masks after computing "
+                   "them), 2 x %d^2 x d_model %d x %d layers. The total equals the Megatron-LM count "
+                   "24 l h^2 + 4 l s h + 2 h V forward FLOPs per token (Narayanan et al., SC'21) up to "
+                   "the biases. Head (backward before the first gradient, ln_f): the LM head"
+                   % (GPT2_SEQ, GPT2_SEQ, GPT2_SEQ, GPT2_SEQ, d, n_layer)),
+    }
+
+
+def lstm_arith(inv):
+    return {
+        "uses": lambda t: LSTM_TOKENS if len(t["shape"]) == 2 else 0,
+        "parameter_free": 0,
+        "head": ["encoder.weight"],
+        "method": ("every LSTM weight (4 gates x hidden x input or hidden) and the tied decoder "
+                   "(encoder.weight, 33278-word vocabulary: SplitCrossEntropyLoss has no splits below "
+                   "75000 words, so it computes the full softmax) multiply-add once per token; %d tokens "
+                   "per sequence = the mean of main.py's random sequence length (N(70, 5) 95 %% of the "
+                   "time, N(35, 5) otherwise); the embedding lookup is no multiply-add. Head (backward "
+                   "before decoder.bias, the first ready gradient): the decoder" % LSTM_TOKENS),
+    }
+
+
+def ncf_arith(inv):
+    matmul = [t["name"] for t in inv if len(t["shape"]) == 2 and "embed" not in t["name"]]
+    return {
+        "uses": lambda t: 1 if t["name"] in matmul else 0,
+        "parameter_free": 0,
+        "head": matmul,
+        "method": ("the MLP and final linear weights multiply-add once per user-item pair; the four "
+                   "embeddings are lookups. Head: every linear layer, because the trace's first ready "
+                   "gradients are the input embeddings, whose gradients exist only after the whole MLP "
+                   "backward; the embeddings' dense gradient writes (memory-bound) are not counted"),
+    }
+
+
+# U-GAT-IT per iteration (Espresso UGATIT.py train()): each generator runs 4 times (once in the D
+# update, whose loss is not detached from the generators, and 3 times in the G update: translation,
+# cycle, identity) and each discriminator 3 times (real and fake in the D update, fake in the G
+# update), each with backward.
+UGATIT_GEN_RUNS = 4
+UGATIT_DIS_RUNS = 3
+
+
+def ugatit_uses(t):
+    net, rest = t["name"].split(".", 1)
+    # Spectral norm renames the discriminators' weights to `weight_orig`.
+    if rest.rsplit(".", 1)[-1] not in ("weight", "weight_orig") or len(t["shape"]) not in (2, 4):
+        return 0
+    if net.startswith("gen"):
+        # 256x256 input: DownBlock 7x7 at 256, stride-2 3x3s to 128 and 64; bottleneck, CAM 1x1
+        # and UpBlock1 at 64; UpBlock2 upsamples to 128 and 256; FC/gamma/beta once per image.
+        hw = 1
+        for prefix, size in (("DownBlock.1.", 256), ("DownBlock.5.", 128), ("DownBlock.", 64),
+                             ("conv1x1.", 64), ("UpBlock1_", 64), ("UpBlock2.2.", 128),
+                             ("UpBlock2.7.", 256), ("UpBlock2.11.", 256)):
+            if rest.startswith(prefix):
+                hw = size
+                break
+        return UGATIT_GEN_RUNS * hw * hw
+    # Discriminators (networks.py, reflection pad 1 before every 4x4 conv): stride-2 convs halve
+    # 256 to 128, 64, ...; the last model conv has stride 1 (s -> s - 1), the CAM 1x1 keeps it and
+    # the final conv takes one more off. Global (n_layers 7): 6 model convs; local (5): 4.
+    n_model = 6 if net.startswith("disG") else 4
+    last_stride2 = 256 >> (n_model - 1)
+    if rest.startswith("model."):
+        k = (int(rest.split(".")[1]) - 1) // 3
+        hw = 128 >> k if k < n_model - 1 else last_stride2 - 1
+    elif rest.startswith("conv1x1."):
+        hw = last_stride2 - 1
+    elif rest.startswith("conv."):
+        hw = last_stride2 - 2
+    else:  # gap_fc / gmp_fc
+        hw = 1
+    return UGATIT_DIS_RUNS * hw * hw
+
+
+def ugatit_arith(inv):
+    return {
+        "uses": ugatit_uses,
+        "parameter_free": 0,
+        "head": [inv[0]["name"]],
+        "method": ("one sample = one image pair at 256x256; conv weights multiply-add output height x width "
+                   "times per run, linear weights once per run; each generator runs %d times per iteration "
+                   "(once in the D update, whose loss is not detached from the generators, 3 times in the G "
+                   "update: translation, cycle, identity) and each discriminator %d times (real and fake in "
+                   "the D update, fake in the G update), each with backward; instance/layer norms, "
+                   "spectral norm and the CAM weighting not counted. Head: the first ready gradient's own "
+                   "layer" % (UGATIT_GEN_RUNS, UGATIT_DIS_RUNS)),
+    }
+
+
+def cnn_arith(name):
+    def arith(inv):
+        size = CNN_INPUT.get(name, 224)
+        return {
+            "uses": cnn_uses(CNN_HW[name]),
+            "parameter_free": 0,
+            "head": [CNN_HEAD[name]],
+            "method": ("every conv weight multiply-adds output height x width times per image and every "
+                       "linear weight once (torchvision architecture at %dx%d input); batch norm, biases, "
+                       "pooling and activations not counted. Head (backward before the first gradient): "
+                       "the classifier's last linear layer" % (size, size)),
+        }
+    return arith
+
+
+ARITH = {name: cnn_arith(name) for name in CNN_HW}
+ARITH.update({"bert-base": bert_arith, "bert-large": bert_arith, "gpt2": gpt2_arith,
+              "gpt2-medium": gpt2_arith, "gpt2-large": gpt2_arith, "gpt2-xl": gpt2_arith,
+              "lstm": lstm_arith, "ncf": ncf_arith, "ugatit": ugatit_arith})
+
+
+def arithmetic(name, inv):
+    """The model's FLOP description: uses per tensor, parameter-free MACs, head tensors, totals."""
+    a = ARITH[name](inv)
+    uses = [a["uses"](t) for t in inv]
+    a["uses_list"] = uses
+    a["forward_macs"] = sum(t["numel"] * u for t, u in zip(inv, uses)) + a["parameter_free"]
+    names = {t["name"] for t in inv}
+    missing = [h for h in a["head"] if h not in names]
+    if missing:
+        die("%s: head tensors %s are not in the profile" % (name, missing))
+    a["head_macs"] = sum(t["numel"] * u for t, u in zip(inv, uses) if t["name"] in a["head"])
+    return a
+
+
+def arithmetic_json(a, above_peak_reason=None):
+    out = {
+        "precision": "fp32",
+        "parameter_free_macs_per_sample": a["parameter_free"],
+        "head_tensors": a["head"],
+        "method": (a["method"] + "; forward {:,} MACs per sample. Precision: FP32 (Espresso's scripts pass "
+                   "no fp16/amp flag)".format(a["forward_macs"])),
+    }
+    if above_peak_reason:
+        out["above_peak_reason"] = above_peak_reason
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,10 +678,6 @@ def resnet_analog(src_blocks):
             p[1] = str(block)
         return ".".join(p)
     return f
-
-
-VGG16_STAGES = [[0, 2], [5, 7], [10, 12, 14], [17, 19, 21], [24, 26, 28]]
-VGG19_STAGES = [[0, 2], [5, 7], [10, 12, 14, 16], [19, 21, 23, 25], [28, 30, 32, 34]]
 
 
 def vgg19_analog(name):
@@ -474,30 +705,13 @@ def gpt2_analog(n_layer_target, n_layer_src=12):
     return f
 
 
-def gpt2_dims(inv):
-    d = next(t["numel"] for t in inv if t["name"] == "transformer.ln_f.weight")
-    vocab = next(t["shape"][0] for t in inv if t["name"] == "transformer.wte.weight")
-    n_layer = len({t["name"].split(".")[2] for t in inv if t["name"].startswith("transformer.h.")})
-    n_nonemb = sum(t["numel"] for t in inv if t["name"] not in ("transformer.wte.weight", "transformer.wpe.weight"))
-    return d, vocab, n_layer, n_nonemb
-
-
-GPT2_CTX = 1024
-
-
-def gpt2_flops_per_token(inv):
-    # Kaplan et al. 2020 (arXiv:2001.08361) Table 1: forward ~ 2N + 2 n_layer n_ctx d_model,
-    # plus the tied LM head (2 d_model n_vocab), which Kaplan leaves out of N.
-    d, vocab, n_layer, n_nonemb = gpt2_dims(inv)
-    return 2 * n_nonemb + 2 * n_layer * GPT2_CTX * d + 2 * d * vocab
-
-
 # --------------------------------------------------------------------------------------------
 # Model catalog
 # --------------------------------------------------------------------------------------------
 
 MEASURED = {
-    # name: (espresso stem, inventory stem or None, description, batch, unit, batch note, optimizer)
+    # name: (espresso stem, inventory stem or None, description, batch, unit, batch note, optimizer);
+    # the batch is the script's where the note cites one (BATCH_FROM_SCRIPT), else assumed
     "resnet50": ("resnet50", "resnet50", "ResNet-50 (torchvision), ImageNet 224x224", 32, "images",
                  "batch 32 per GPU assumed: Espresso ships no ResNet-50 script; 32 is the batch of its "
                  "other CNN scripts (resnet101/vgg16 run_baseline.sh --batch-size 32)", "sgd_momentum"),
@@ -511,9 +725,7 @@ MEASURED = {
                   "BERT-base fine-tuning on SQuAD v1.1 (question-answering head, no pooler), sequence length 384",
                   8, "sequences",
                   "batch 8 sequences x 384 tokens per GPU: Espresso byteps/torch/examples/BERT/run_baseline.sh "
-                  "(batch_size=8, --max_seq_length=384, bert_base_config.json). Caveat: 8x384 tokens in the "
-                  "measured 66 ms backward implies ~17 TFLOP/s, above the V100's 15.7 TFLOP/s FP32 peak, so "
-                  "the trace was probably taken at a smaller batch or with mixed precision", "adam"),
+                  "(batch_size=8, --max_seq_length=384, bert_base_config.json)", "adam"),
     "bert-large": ("bert_large", "bert_large_squad_hf",
                    "BERT-large fine-tuning on SQuAD v1.1 (question-answering head, no pooler), sequence length 384",
                    8, "sequences",
@@ -558,180 +770,313 @@ DESCRIPTIONS = {
 }
 
 
-def tensors_json(inv, bwd, fwd):
+# Measured models whose batch their own Espresso script states (the others' is assumed).
+BATCH_FROM_SCRIPT = {"resnet101", "vgg16", "bert-base", "gpt2", "lstm", "ugatit"}
+
+# The rate a trace cannot show (NCF's, whose whole MLP backward precedes its first ready gradient)
+# and the efficiency an inferred batch aims at: the mean rate of the traces whose batch their own
+# script states and whose span after the first gradient is one plain backward pass of GEMMs and
+# convolutions (VGG-16 is left out: see WINOGRAD; the LSTM is recurrent; U-GAT-IT's span includes
+# an optimizer step and a forward pass).
+REFERENCE_MODELS = ("resnet101", "gpt2")
+
+WINOGRAD = ("Espresso's vgg16/main.py sets cudnn.benchmark = True, so cuDNN may run VGG's 3x3 "
+            "convolutions with Winograd algorithms, which do 2.25x (F(2x2,3x3)) to 4x (F(4x4,3x3)) fewer "
+            "multiplications than the direct convolution the check counts (Lavin and Gray, Fast Algorithms "
+            "for Convolutional Neural Networks, CVPR 2016, report effective rates above the GPU's peak for "
+            "VGG layers); the batch is the one Espresso's script states")
+ABOVE_PEAK_REASON = {
+    "vgg16": WINOGRAD,
+    "vgg19": WINOGRAD.replace("the batch is the one Espresso's script states",
+                              "VGG-19's timings are VGG-16's scaled by FLOPs"),
+}
+
+
+def tensors_json(inv, bwd, fwd, uses):
     out = []
-    for t, b, f in zip(inv, bwd, fwd):
+    for t, b, f, u in zip(inv, bwd, fwd, uses):
         for v in (b, f):
             if not (math.isfinite(v) and v >= 0):
                 die("bad timing for %s: %r" % (t["name"], v))
-        out.append({
-            "name": t["name"],
-            "shape": t["shape"],
-            "numel": t["numel"],
+        row = {"name": t["name"], "shape": t["shape"], "numel": t["numel"]}
+        if u:
+            row["uses_per_sample"] = u
+        row.update({
             "dtype": "f32",
             "registration_index": t["reg"],
             "backward_us": r3(b),
             "forward_us": r3(f),
         })
+        out.append(row)
     return out
 
 
-def profile(name, description, source, batch, unit, bwd_prov, fwd_prov, opt_kind, inv, bwd, fwd):
-    opt_us, opt_text = optimizer_estimate(inv, opt_kind)
+def profile(p, inv, bwd, fwd):
+    """The profile's JSON from its parts: p holds name, description, source, batch, unit, the
+    timing provenances, the optimizer kind and the arithmetic."""
+    opt_us, opt_text = optimizer_estimate(inv, p["optimizer"])
     return {
         "format_version": FORMAT_VERSION,
-        "name": name,
-        "description": description,
-        "source": source,
+        "name": p["name"],
+        "description": p["description"],
+        "source": p["source"],
         "device": DEVICE,
         "framework": FRAMEWORK,
-        "batch_size_per_gpu": batch,
-        "sample_unit": unit,
+        "batch_size_per_gpu": p["batch"],
+        "sample_unit": p["unit"],
         "timing": {
-            "backward": bwd_prov,
-            "forward": fwd_prov,
+            "backward": p["backward"],
+            "forward": p["forward"],
             "optimizer": {"status": "estimated", "method": opt_text},
+            "first_gradient": p["first_gradient"],
+            "batch": p["batch_provenance"],
         },
+        "arithmetic": arithmetic_json(p["arithmetic"], ABOVE_PEAK_REASON.get(p["name"])),
         "optimizer_us": r3(opt_us),
-        "tensors": tensors_json(inv, bwd, fwd),
+        "tensors": tensors_json(inv, bwd, fwd, p["arithmetic"]["uses_list"]),
     }
 
 
-def build_all(vd):
+# --------------------------------------------------------------------------------------------
+# The FLOP/s check (the same rule as `syncopate list models --check`) and the batch it implies
+# --------------------------------------------------------------------------------------------
+
+# Above this fraction of the peak the check calls a profile suspicious (possible, but rare for
+# whole training iterations); above 1 impossible unless the profile says why.
+SUSPICIOUS = 0.70
+
+
+def implied_fraction_of_peak(a, batch, bwd, fwd, peak_flops_per_us):
+    """Training FLOPs per iteration (3 x forward) over forward + backward time, as a fraction of
+    the device's FP32 peak."""
+    return 6 * a["forward_macs"] * batch / (sum(bwd) + sum(fwd)) / peak_flops_per_us
+
+
+def checked_batch(name, a, bwd, fwd, batch, reference, peak_flops_per_us):
+    """The batch the timings belong to, its provenance, and a sentence for `source` when the
+    stated or assumed batch is impossible (the timings would beat the device's peak)."""
+    frac = implied_fraction_of_peak(a, batch, bwd, fwd, peak_flops_per_us)
+    from_script = name in BATCH_FROM_SCRIPT
+    if frac <= 1.0 or name in ABOVE_PEAK_REASON:
+        status = "measured" if from_script else "estimated"
+        how = ("stated by the Espresso script that ran the trace (the trace itself does not record it)"
+               if from_script else "assumed (see source)")
+        return batch, {"status": status, "method": "batch %d per GPU, %s; at this batch the timings imply "
+                       "%.0f %% of the V100's FP32 peak" % (batch, how, 100 * frac)}, None
+    ref_frac = reference["rate"] / peak_flops_per_us
+    halvings = [batch >> k for k in range(1, batch.bit_length())]
+    best = min(halvings, key=lambda b: abs(frac * b / batch - ref_frac))
+    text = ("batch %d per GPU, inferred from FLOPs: at the %s batch %d the timings imply %.0f %% of the V100's "
+            "FP32 peak (%.1f TFLOP/s), impossible for a model of GEMMs, for which no algorithm does fewer "
+            "multiplications; the trace was therefore taken at a smaller batch (or in mixed precision, "
+            "which the script does not enable). Batch %d is the halving of %d whose implied rate "
+            "(%.0f %%) is closest to the reference %.0f %% (%s)"
+            % (best, "script's" if from_script else "assumed", batch, 100 * frac,
+               frac * peak_flops_per_us / 1e6, best, batch, 100 * frac * best / batch, 100 * ref_frac,
+               reference["text"]))
+    return best, {"status": "estimated", "method": text}, text
+
+
+def measured_inputs(vd, name):
+    """(inventory, Espresso gaps, notes, size source) of a measured model."""
+    esp, inv_stem = MEASURED[name][0], MEASURED[name][1]
+    if inv_stem is not None:
+        inv = read_inventory(vd, inv_stem)
+        gaps, notes = measured_backward(vd, esp, inv)
+        return inv, gaps, notes, "tensor inventory: profiles/validation/inventory_%s.csv" % inv_stem
+    shape_fn = {"lstm": lstm_shape, "ncf": ncf_shape, "ugatit": ugatit_shape}[name]
+    inv, fallback = inventory_from_espresso(vd, esp, shape_fn)
+    gaps = [e["gap"] for e in read_espresso(vd, esp)]
+    size_src = ("tensor names/numel: the Espresso CSV itself (no inventory); shapes inferred from "
+                "the layer definitions in Espresso's example code%s; registration_index = reverse "
+                "gradient-ready order (an approximation: the true named_parameters() order is not "
+                "in the source)" % ("" if not fallback else
+                                    "; shape [numel] for %s (ambiguous)" % ", ".join(fallback)))
+    return inv, gaps, [], size_src
+
+
+def span_rate(name, inv, gaps):
+    """FLOP/us of a measured trace after its first ready gradient, at the model's stated batch."""
+    a = arithmetic(name, inv)
+    return 4 * (a["forward_macs"] - a["head_macs"]) * MEASURED[name][3] / sum(gaps[1:])
+
+
+def reference_rate(inputs, peak_flops_per_us):
+    rates = [span_rate(n, inputs[n][0], inputs[n][1]) for n in REFERENCE_MODELS]
+    rate = statistics.mean(rates)
+    text = ("reference = mean rate after the first gradient of %s at their scripts' batches: %s TFLOP/s "
+            "= %.0f %% of FP32 peak" % (" and ".join(REFERENCE_MODELS),
+                                         " and ".join("%.2f" % (r / 1e6) for r in rates),
+                                         100 * rate / peak_flops_per_us))
+    return {"rate": rate, "text": text}
+
+
+def finish(p, inv, rest, override, reference, peak_flops_per_us, sources):
+    """Adds the time before the first gradient to the gaps after it (`rest`), derives forward,
+    checks the batch against the device's peak, completes provenance and source, builds the JSON.
+    `override` replaces backward gaps before forward is derived from them (U-GAT-IT)."""
+    def timings(batch):
+        t0, text = first_gradient_us(p["arithmetic"], sum(rest), batch, reference)
+        bwd = [t0] + rest
+        return bwd, forward_from_backward(inv, bwd, override), text
+
+    bwd, fwd, _ = timings(p["batch"])
+    batch, p["batch_provenance"], inferred = checked_batch(
+        p["name"], p["arithmetic"], bwd, fwd, p["batch"], reference, peak_flops_per_us)
+    bwd, fwd, t0_text = timings(batch)
+    p["first_gradient"] = {"status": "estimated", "method": t0_text}
+    frac = implied_fraction_of_peak(p["arithmetic"], batch, bwd, fwd, peak_flops_per_us)
+    if inferred:
+        sources.append(inferred)
+    elif frac > 1.0:
+        sources.append("the FLOP/s check finds %.0f %% of the V100's FP32 peak, counting direct "
+                       "convolutions; why that is possible: %s" % (100 * frac, ABOVE_PEAK_REASON[p["name"]]))
+    elif frac > SUSPICIOUS:
+        sources.append("the FLOP/s check finds %.0f %% of the V100's FP32 peak: high but possible, "
+                       "kept as measured" % (100 * frac))
+    p["batch"] = batch
+    p["source"] = "; ".join(sources)
+    return profile(p, inv, bwd, fwd)
+
+
+def build_all(vd, peak_flops_per_us):
     models = {}
-    measured_bwd = {}  # name -> (inv, bwd)
-    for name, (esp, inv_stem, desc, batch, unit, batch_note, opt) in MEASURED.items():
-        notes = []
-        if inv_stem is not None:
-            inv = read_inventory(vd, inv_stem)
-            bwd, notes = measured_backward(vd, esp, inv)
-            size_src = "tensor inventory: profiles/validation/inventory_%s.csv" % inv_stem
-        else:
-            shape_fn = {"lstm": lstm_shape, "ncf": ncf_shape, "ugatit": ugatit_shape}[name]
-            inv, fallback = inventory_from_espresso(vd, esp, shape_fn)
-            gaps = [e["gap"] for e in read_espresso(vd, esp)]
-            gaps[0] = first_gap_estimate(gaps)
-            bwd = gaps
-            size_src = ("tensor names/numel: the Espresso CSV itself (no inventory); shapes inferred from "
-                        "the layer definitions in Espresso's example code%s; registration_index = reverse "
-                        "gradient-ready order (an approximation: the true named_parameters() order is not "
-                        "in the source)" % ("" if not fallback else
-                                            "; shape [numel] for %s (ambiguous)" % ", ".join(fallback)))
+    inputs = {name: measured_inputs(vd, name) for name in MEASURED}
+    reference = reference_rate(inputs, peak_flops_per_us)
+    measured_bwd = {}  # name -> (inv, Espresso gaps); gaps[0] is Espresso's 0 for the first gradient
+    for name, (esp, _, desc, batch, unit, batch_note, opt) in MEASURED.items():
+        inv, gaps, notes, size_src = inputs[name]
+        a = arithmetic(name, inv)
         override = None
         method = ("measured per-tensor gradient-ready gaps (Espresso gap_us_since_prev_ready, one V100 32GB, "
-                  "PyTorch 1.8), mapped to tensors by position in gradient-ready order; " + FIRST_GAP_TEXT
-                  + " (%.1f us)" % bwd[0])
+                  "PyTorch 1.8), mapped to tensors by position in gradient-ready order; the first tensor's "
+                  "gap is the estimated time before the first gradient (timing.first_gradient)")
         fwd_text = FORWARD_TEXT
         if name == "ugatit":
-            big = max(range(len(bwd)), key=lambda i: bwd[i])
-            med = statistics.median(bwd)
+            big = max(range(len(gaps)), key=lambda i: gaps[i])
+            med = statistics.median(gaps[1:])
             override = {big: med}
             method += ("; note: the %.0f us gap before %s is the switch from the discriminator update to the "
                        "generator update (D optimizer step, generator forward, losses), not backward compute of "
                        "that layer; it is kept as measured because gradients wait through it"
-                       % (bwd[big], inv[big]["name"]))
+                       % (gaps[big], inv[big]["name"]))
             fwd_text += ("; for U-GAT-IT the %.0f us D->G switch gap of %s is replaced by the median gap "
-                         "(%.1f us) before halving" % (bwd[big], inv[big]["name"], med))
+                         "after the first gradient (%.1f us) before halving" % (gaps[big], inv[big]["name"], med))
         if name == "ncf":
             method += ("; note: Espresso's NCF trace has all four embedding gradients ready first and "
                        "only 79 us between first and last gradient, so it reflects hook order rather than "
                        "the layer-by-layer backward of the model; use with care")
-        fwd = forward_from_backward(inv, bwd, override)
-        source = "; ".join([size_src,
-                            "backward timings: %s, via profiles/validation/espresso_v100_readygap_%s.csv"
-                            % (ESPRESSO_SRC, esp),
-                            batch_note] + notes)
-        models[name] = profile(name, desc, source, batch, unit,
-                               {"status": "measured", "method": method},
-                               {"status": "estimated", "method": fwd_text},
-                               opt, inv, bwd, fwd)
-        measured_bwd[name] = (inv, bwd)
+        sources = [size_src,
+                   "backward timings: %s, via profiles/validation/espresso_v100_readygap_%s.csv"
+                   % (ESPRESSO_SRC, esp),
+                   batch_note] + notes
+        p = {"name": name, "description": desc, "batch": batch, "unit": unit, "optimizer": opt,
+             "arithmetic": a,
+             "backward": {"status": "measured", "method": method},
+             "forward": {"status": "estimated", "method": fwd_text}}
+        models[name] = finish(p, inv, gaps[1:], override, reference, peak_flops_per_us, sources)
+        measured_bwd[name] = (inv, gaps)
 
-    def total(name):
-        return sum(measured_bwd[name][1])
+    def span(name):
+        return sum(measured_bwd[name][1][1:])
 
     for name in ESTIMATED:
         inv = read_inventory(vd, INV_STEM[name])
+        a = arithmetic(name, inv)
         size_src = "tensor inventory: profiles/validation/inventory_%s.csv" % INV_STEM[name]
         if name == "resnet152":
             src = "resnet101"
             ratio = TORCHVISION_GFLOPS[name] / TORCHVISION_GFLOPS[src]
-            tot = total(src) * ratio
+            tot = span(src) * ratio
             src_inv = measured_bwd[src][0]
             blocks = {}
             for t in src_inv:
                 p = t["name"].split(".")
                 if p[0].startswith("layer"):
                     blocks[p[0]] = max(blocks.get(p[0], 0), int(p[1]) + 1)
-            bwd = analog_backward([t["name"] for t in src_inv], measured_bwd[src][1], inv,
-                                  resnet_analog(blocks), tot)
-            method = ("estimated from measured ResNet-101 (Espresso): each tensor takes the measured gap of the "
-                      "same-named tensor of ResNet-101 (extra layer2/layer3 bottleneck blocks cycle through "
-                      "ResNet-101's non-first blocks of that stage), then all gaps are scaled so the total equals "
-                      "ResNet-101's total x GFLOPs ratio %.2f/%.2f (%s) = %.1f ms"
+            rest = analog_backward([t["name"] for t in src_inv], measured_bwd[src][1], inv[1:],
+                                   resnet_analog(blocks), tot)
+            method = ("estimated from measured ResNet-101 (Espresso): each tensor after the first takes the "
+                      "measured gap of the same-named tensor of ResNet-101 (extra layer2/layer3 bottleneck blocks "
+                      "cycle through ResNet-101's non-first blocks of that stage), then those gaps are scaled so "
+                      "their total equals ResNet-101's after its first gradient x GFLOPs ratio %.2f/%.2f (%s) = "
+                      "%.1f ms; the first tensor's gap is the estimated time before the first gradient"
                       % (TORCHVISION_GFLOPS[name], TORCHVISION_GFLOPS[src], TORCHVISION_CITE, tot / 1e3))
             batch, unit, opt = 32, "images", "sgd_momentum"
             batch_note = "batch 32 per GPU assumed (the batch of the measured ResNet-101 profile it is scaled from)"
         elif name == "vgg19":
             src = "vgg16"
             ratio = TORCHVISION_GFLOPS[name] / TORCHVISION_GFLOPS[src]
-            tot = total(src) * ratio
+            tot = span(src) * ratio
             src_inv = measured_bwd[src][0]
-            bwd = analog_backward([t["name"] for t in src_inv], measured_bwd[src][1], inv, vgg19_analog, tot)
-            method = ("estimated from measured VGG-16 (Espresso): each tensor takes the measured gap of the tensor "
-                      "at the same place in VGG-16 (same stage and position in stage; the 4th conv of stages 3-5 "
-                      "takes the 3rd conv's gap), then all gaps are scaled so the total equals VGG-16's total x "
-                      "GFLOPs ratio %.2f/%.2f (%s) = %.1f ms"
+            rest = analog_backward([t["name"] for t in src_inv], measured_bwd[src][1], inv[1:], vgg19_analog, tot)
+            method = ("estimated from measured VGG-16 (Espresso): each tensor after the first takes the measured "
+                      "gap of the tensor at the same place in VGG-16 (same stage and position in stage; the 4th "
+                      "conv of stages 3-5 takes the 3rd conv's gap), then those gaps are scaled so their total "
+                      "equals VGG-16's after its first gradient x GFLOPs ratio %.2f/%.2f (%s) = %.1f ms; the "
+                      "first tensor's gap is the estimated time before the first gradient"
                       % (TORCHVISION_GFLOPS[name], TORCHVISION_GFLOPS[src], TORCHVISION_CITE, tot / 1e3))
             batch, unit, opt = 32, "images", "sgd_momentum"
             batch_note = "batch 32 per GPU assumed (the batch of the measured VGG-16 profile it is scaled from)"
         elif name in ("alexnet", "inception-v3", "densenet201"):
             src = "resnet50"
             ratio = TORCHVISION_GFLOPS[name] / TORCHVISION_GFLOPS[src]
-            tot = total(src) * ratio
-            macs_fn = {"alexnet": alexnet_macs, "inception-v3": inception_v3_macs,
-                       "densenet201": densenet201_macs}[name]
-            bwd, macs = flops_backward(inv, macs_fn, tot)
-            method = ("estimated: total = measured ResNet-50 backward (Espresso, incl. first-gap estimate) x GFLOPs "
-                      "ratio %.2f/%.2f (%s) = %.2f ms; distributed as %.0f us per tensor plus the rest in "
-                      "proportion to the forward multiply-adds of the tensor's layer (conv weight numel x output "
-                      "H x W, linear weight numel; bias/BN tensors get only the floor). Per-layer MACs computed "
-                      "here sum to %.2f GMAC/image (published %.2f). FLOP scaling ignores memory-bound layers, so "
+            tot = span(src) * ratio
+            macs = [t["numel"] * u for t, u in zip(inv, a["uses_list"])]
+            rest = flops_backward(inv[1:], macs[1:], tot)
+            method = ("estimated: the time after the first gradient = measured ResNet-50's (Espresso) x GFLOPs "
+                      "ratio %.2f/%.2f (%s) = %.2f ms, distributed over the tensors after the first as %.0f us "
+                      "per tensor plus the rest in proportion to the forward multiply-adds of the tensor "
+                      "(arithmetic: conv weight numel x output H x W, linear weight numel; bias/BN tensors get "
+                      "only the floor); these sum to %.2f GMAC/image (published %.2f); the first tensor's gap is "
+                      "the estimated time before the first gradient. FLOP scaling ignores memory-bound layers, so "
                       "it likely underestimates DenseNet-201 and Inception-v3 (many small layers)"
                       % (TORCHVISION_GFLOPS[name], TORCHVISION_GFLOPS[src], TORCHVISION_CITE, tot / 1e3,
-                         SMALL_TENSOR_FLOOR_US, macs / 1e9, TORCHVISION_GFLOPS[name]))
+                         SMALL_TENSOR_FLOOR_US, sum(macs) / 1e9, TORCHVISION_GFLOPS[name]))
             batch, unit, opt = 32, "images", "sgd_momentum"
             batch_note = ("batch 32 per GPU assumed (the batch of the measured ResNet-50 profile it is scaled "
                           "from)")
         else:  # gpt2-medium / large / xl
             src = "gpt2"
             src_inv = measured_bwd[src][0]
-            f_src = gpt2_flops_per_token(src_inv)
-            f_tgt = gpt2_flops_per_token(inv)
-            tot = total(src) * f_tgt / f_src
-            d, vocab, n_layer, n_nonemb = gpt2_dims(inv)
-            bwd = analog_backward([t["name"] for t in src_inv], measured_bwd[src][1], inv,
-                                  gpt2_analog(n_layer), tot)
+            a_src = arithmetic(src, src_inv)
+            body_src = a_src["forward_macs"] - a_src["head_macs"]
+            body_tgt = a["forward_macs"] - a["head_macs"]
+            tot = span(src) * body_tgt / body_src
+            n_layer = count_layers(inv, "transformer.h.")
+            rest = analog_backward([t["name"] for t in src_inv], measured_bwd[src][1], inv[1:],
+                                   gpt2_analog(n_layer), tot)
             method = ("estimated from measured GPT-2 small (Espresso): block L's tensors take the measured gaps "
                       "of the same tensors in GPT-2 block round(L*11/(%d-1)); ln_f/wte/wpe map to themselves; then "
-                      "all gaps are scaled so the total equals GPT-2 small's total x the ratio of training FLOPs "
-                      "per token, 2N + 2 n_layer n_ctx d_model + 2 d_model n_vocab (Kaplan et al. 2020, Table 1, "
-                      "plus the tied LM head; N = non-embedding parameters from the inventory, n_ctx=1024): "
-                      "%.3g / %.3g = x%.2f -> %.1f ms at the same batch"
-                      % (n_layer, f_tgt, f_src, f_tgt / f_src, tot / 1e3))
+                      "the gaps after the first are scaled so their total equals GPT-2 small's x the ratio of "
+                      "forward multiply-adds per token outside the LM head (arithmetic: every block weight once "
+                      "per token plus attention's Q K^T and P V): %.4g / %.4g = x%.2f -> %.1f ms at the same "
+                      "batch; the first tensor's gap is the estimated time before the first gradient (the tied "
+                      "LM head)" % (n_layer, body_tgt, body_src, body_tgt / body_src, tot / 1e3))
             batch, unit, opt = 4, "sequences", "adam"
             batch_note = ("batch 4 sequences x 1024 tokens per GPU assumed (same as the measured GPT-2 small "
                           "run it is scaled from); for the larger models this batch may not fit a 32 GB V100 "
                           "in FP32 without activation checkpointing")
-        fwd = forward_from_backward(inv, bwd)
-        source = "; ".join([size_src,
-                            "timings scaled from the measured %s profile (%s) by published FLOP counts" % (src, ESPRESSO_SRC),
-                            batch_note])
-        models[name] = profile(name, DESCRIPTIONS[name], source, batch, unit,
-                               {"status": "estimated", "method": method},
-                               {"status": "estimated", "method": FORWARD_TEXT},
-                               opt, inv, bwd, fwd)
+        sources = [size_src,
+                   "timings scaled from the measured %s profile (%s) by published FLOP counts" % (src, ESPRESSO_SRC),
+                   batch_note]
+        p = {"name": name, "description": DESCRIPTIONS[name], "batch": batch, "unit": unit, "optimizer": opt,
+             "arithmetic": a,
+             "backward": {"status": "estimated", "method": method},
+             "forward": {"status": "estimated", "method": FORWARD_TEXT}}
+        models[name] = finish(p, inv, rest, None, reference, peak_flops_per_us, sources)
     return models
+
+
+def device_peak_flops_per_us(repo_root):
+    """The FP32 peak of the device the profiles belong to, from its shipped device profile."""
+    path = os.path.join(repo_root, "profiles", "devices", DEVICE + ".json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            tflops = json.load(f)["peak_fp32_tflops"]
+    except (OSError, ValueError, KeyError) as e:
+        die("%s: cannot read peak_fp32_tflops: %s" % (path, e))
+    return tflops * 1e6
 
 
 def main():
@@ -747,7 +1092,8 @@ def main():
     vd = os.path.normpath(args.validation_data)
     if not os.path.isdir(vd):
         die("validation data directory not found: %s" % vd)
-    models = build_all(vd)
+    peak = device_peak_flops_per_us(repo_root)
+    models = build_all(vd, peak)
     os.makedirs(args.out, exist_ok=True)
     for name in sorted(models):
         path = os.path.join(args.out, name + ".json")
@@ -756,9 +1102,11 @@ def main():
             f.write(text)
         m = models[name]
         bwd = sum(t["backward_us"] for t in m["tensors"])
-        print("%-13s %4d tensors %12d elements  backward %9.3f ms  optimizer %7.3f ms  (%s)"
-              % (name, len(m["tensors"]), sum(t["numel"] for t in m["tensors"]), bwd / 1e3,
-                 m["optimizer_us"] / 1e3, m["timing"]["backward"]["status"]))
+        print("%-13s %4d tensors %12d elements  batch %5d  backward %9.3f ms (first gradient %8.3f)  "
+              "optimizer %7.3f ms  (%s)"
+              % (name, len(m["tensors"]), sum(t["numel"] for t in m["tensors"]), m["batch_size_per_gpu"],
+                 bwd / 1e3, m["tensors"][0]["backward_us"] / 1e3, m["optimizer_us"] / 1e3,
+                 m["timing"]["backward"]["status"]))
 
 
 if __name__ == "__main__":

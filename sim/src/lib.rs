@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod evaluate;
 pub mod experiment;
+pub mod flops;
 pub mod graph;
 pub mod launch;
 pub mod limits;

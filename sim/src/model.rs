@@ -7,6 +7,14 @@ use crate::time::SimTime;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
+/// Bound on a tensor's `uses_per_sample` (a 2^20 × 2^20 output or 2^40 tokens), so that every
+/// multiply-add count stays exact in integers.
+pub const MAX_USES_PER_SAMPLE: u64 = 1 << 40;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Element type of a gradient tensor as the framework holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -48,6 +56,45 @@ pub struct TimingProvenance {
     pub backward: Provenance,
     pub forward: Provenance,
     pub optimizer: Provenance,
+    /// How the first tensor's `backward_us`, the time from the start of backward to the first
+    /// ready gradient, was obtained: a gradient-ready trace cannot see it, so it may be estimated
+    /// from the FLOPs of the layers whose backward runs first (a language-model head: tens of ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_gradient: Option<Provenance>,
+    /// Where `batch_size_per_gpu`, the batch the timings were measured at, comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<Provenance>,
+}
+
+/// Number format the timed kernels computed in; it picks the device peak a profile's implied
+/// FLOP/s is compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// FP32 on CUDA cores (`peak_fp32_tflops`).
+    Fp32,
+    /// Mixed precision on FP16 tensor cores (`peak_fp16_tflops`).
+    Fp16,
+}
+
+/// What a profile's compute amounts to, beyond its tensors' `uses_per_sample`: enough for
+/// `crate::flops` to count its training FLOPs and check its timings against the device's peak.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Arithmetic {
+    pub precision: Precision,
+    /// Forward multiply-adds per sample that involve no parameter tensor (attention's Q Kᵀ and
+    /// P V); the tensors' `uses_per_sample` give the rest.
+    pub parameter_free_macs_per_sample: u64,
+    /// Tensors whose layers' backward runs before the first gradient is ready (a classifier, a
+    /// tied language-model head): their FLOPs are what the time before the first gradient holds.
+    pub head_tensors: Vec<String>,
+    /// How the counts were derived (input size, tokens per sample, runs per iteration).
+    pub method: String,
+    /// Why the timings may legitimately imply more than the device's peak (e.g. Winograd
+    /// convolutions do fewer multiplications than the direct count); absent when they do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub above_peak_reason: Option<String>,
 }
 
 /// One parameter tensor, listed in the order its gradient becomes ready during backward.
@@ -57,6 +104,10 @@ pub struct Tensor {
     pub name: String,
     pub shape: Vec<u64>,
     pub numel: u64,
+    /// Forward multiply-adds each element takes part in per sample: a conv weight's output height
+    /// × width, a linear weight's tokens per sample; 0 (the default) for lookups, norms and biases.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub uses_per_sample: u64,
     pub dtype: DType,
     /// Index in the framework's `named_parameters()`; forward runs in this order and DDP builds
     /// its buckets from its reverse.
@@ -84,6 +135,9 @@ pub struct ModelProfile {
     /// What one sample is (images, sequences, ...), for throughput output.
     pub sample_unit: String,
     pub timing: TimingProvenance,
+    /// FLOP description for the FLOP/s check; profiles without it are not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arithmetic: Option<Arithmetic>,
     /// Optimizer step after all gradients are reduced.
     pub optimizer_us: f64,
     pub tensors: Vec<Tensor>,
@@ -166,6 +220,16 @@ impl ModelProfile {
                     ),
                 ));
             }
+            if tensor.uses_per_sample > MAX_USES_PER_SAMPLE {
+                return Err(SimError::invalid(
+                    label,
+                    at("uses_per_sample"),
+                    format!(
+                        "{} is more than {MAX_USES_PER_SAMPLE}",
+                        tensor.uses_per_sample
+                    ),
+                ));
+            }
             limits::check_duration_us(label, &at("backward_us"), tensor.backward_us)?;
             limits::check_duration_us(label, &at("forward_us"), tensor.forward_us)?;
             total += tensor.numel;
@@ -191,6 +255,9 @@ impl ModelProfile {
                 }
             }
         }
+        if let Some(arithmetic) = &self.arithmetic {
+            validate_arithmetic(label, arithmetic, &names)?;
+        }
         Ok(())
     }
 
@@ -213,6 +280,13 @@ impl ModelProfile {
             .sum()
     }
 
+    /// Backward compute from its start to the first ready gradient: the first tensor's gap.
+    pub fn first_gradient_time(&self) -> SimTime {
+        self.tensors
+            .first()
+            .map_or(SimTime::ZERO, |t| SimTime::from_us(t.backward_us))
+    }
+
     pub fn forward_time(&self) -> SimTime {
         self.tensors
             .iter()
@@ -226,4 +300,36 @@ impl ModelProfile {
         order.sort_by_key(|&i| self.tensors[i].registration_index);
         order
     }
+}
+
+/// The FLOP description names tensors of this profile and says how it was derived.
+fn validate_arithmetic(label: &str, arithmetic: &Arithmetic, names: &HashSet<&str>) -> Result<()> {
+    for (i, name) in arithmetic.head_tensors.iter().enumerate() {
+        if !names.contains(name.as_str()) {
+            return Err(SimError::invalid(
+                label,
+                format!("arithmetic.head_tensors[{i}]"),
+                format!("`{name}` is not a tensor of this profile"),
+            ));
+        }
+    }
+    if arithmetic.method.trim().is_empty() {
+        return Err(SimError::invalid(
+            label,
+            "arithmetic.method",
+            "say how the counts were derived",
+        ));
+    }
+    if arithmetic
+        .above_peak_reason
+        .as_ref()
+        .is_some_and(|reason| reason.trim().is_empty())
+    {
+        return Err(SimError::invalid(
+            label,
+            "arithmetic.above_peak_reason",
+            "is empty: say why the timings may beat the peak, or leave the field out",
+        ));
+    }
+    Ok(())
 }

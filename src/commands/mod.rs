@@ -32,7 +32,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sweep(args) => sweep::run(&args),
         Command::Experiment(ExperimentCommand::Run(args)) => experiment::run(&args),
         Command::Profile(args) => profile::run(&args),
-        Command::List { what } => list::run(what),
+        Command::List(what) => list::run(what),
         Command::Exec(args) => exec::run(&args),
         Command::Validate(args) => validate::run(&args),
         Command::Lower(args) => lower::run(&args),
