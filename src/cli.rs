@@ -393,8 +393,8 @@ pub struct LowerPlanArgs {
 pub struct ValidateArgs {
     #[command(flatten)]
     pub run: RunArgs,
-    /// The machine's cluster file (from `profile --cluster-out`); host: measured on the fly when
-    /// absent; cuda: required.
+    /// The machine's cluster file (from `profile --cluster-out` or `lab up --cluster-out`); when
+    /// absent, host: measured on the fly; cuda and mpi: the one the plan records.
     #[arg(long)]
     pub cluster: Option<String>,
     /// Override the cluster file's number of nodes (e.g. 1 to validate on one machine).

@@ -99,14 +99,25 @@ fn machine_cluster(
                 inter_gbps: None,
             },
         )?,
-        (None, Chosen::Cuda | Chosen::Mpi) => {
-            return Err(SimError::bad_value(
-                "--cluster",
-                "(none)",
-                "validate --backend cuda or mpi needs the cluster's file (from `syncopate profile --backend cuda` or `syncopate lab up --cluster-out`)",
-            )
-            .into())
-        }
+        // A real machine's file: the one the plan records (a lab's, a profiled cluster's).
+        (None, Chosen::Cuda | Chosen::Mpi) => match &plan.target {
+            Some(t) => Cluster::load(
+                &t.cluster,
+                ClusterOverrides {
+                    nodes: args.nodes.or(Some(t.nodes)),
+                    gpus_per_node: args.gpus_per_node.or(Some(t.gpus_per_node)),
+                    inter_gbps: t.inter_gbps,
+                },
+            )?,
+            None => {
+                return Err(SimError::bad_value(
+                    "--cluster",
+                    "(none)",
+                    "validate --backend cuda or mpi needs the cluster's file (from `syncopate profile --backend cuda` or `syncopate lab up --cluster-out`), and the plan records none",
+                )
+                .into())
+            }
+        },
         (None, Chosen::Host) => {
             let ranks = match args.run.ranks {
                 Some(ranks) => super::exec::host_ranks(ranks)?,
