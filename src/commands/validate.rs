@@ -1,7 +1,7 @@
 //! `syncopate validate`: runs a plan for real and simulates the same scenario with this machine's profiles, then reports predicted vs measured.
 
 use super::exec::Chosen;
-use crate::cli::{Format, ValidateArgs};
+use crate::cli::{Format, RunClusterArgs, ValidateArgs};
 use syncopate_exec::profile_cluster::{host_cluster, powers_of_four};
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
 use syncopate_sim::device::DeviceProfile;
@@ -100,24 +100,16 @@ fn machine_cluster(
             },
         )?,
         // A real machine's file: the one the plan records (a lab's, a profiled cluster's).
-        (None, Chosen::Cuda | Chosen::Mpi) => match &plan.target {
-            Some(t) => Cluster::load(
-                &t.cluster,
-                ClusterOverrides {
-                    nodes: args.nodes.or(Some(t.nodes)),
-                    gpus_per_node: args.gpus_per_node.or(Some(t.gpus_per_node)),
-                    inter_gbps: t.inter_gbps,
-                },
-            )?,
-            None => {
-                return Err(SimError::bad_value(
-                    "--cluster",
-                    "(none)",
-                    "validate --backend cuda or mpi needs the cluster's file (from `syncopate profile --backend cuda` or `syncopate lab up --cluster-out`), and the plan records none",
-                )
-                .into())
-            }
-        },
+        (None, Chosen::Cuda | Chosen::Mpi) => {
+            let recorded = RunClusterArgs {
+                cluster: None,
+                nodes: args.nodes,
+                gpus_per_node: args.gpus_per_node,
+                inter_gbps: None,
+            };
+            let (name, overrides) = super::exec::plan_cluster(&recorded, plan)?;
+            Cluster::load(&name, overrides)?
+        }
         (None, Chosen::Host) => {
             let ranks = match args.run.ranks {
                 Some(ranks) => super::exec::host_ranks(ranks)?,
