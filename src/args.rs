@@ -47,6 +47,23 @@ pub fn thread_ranks(text: &str) -> Result<u32, String> {
     })
 }
 
+/// The largest tensor a host profile times: [`MIN_PROFILE_ELEMENTS`] to
+/// [`MAX_PROFILE_ELEMENTS`] elements (1 GiB of fp32, a few buffers of which the kernels hold).
+pub const MIN_PROFILE_ELEMENTS: u32 = 1 << 12;
+pub const MAX_PROFILE_ELEMENTS: u32 = 1 << 28;
+
+pub fn profile_elements(text: &str) -> Result<u32, String> {
+    count(text).and_then(|n| {
+        if (MIN_PROFILE_ELEMENTS..=MAX_PROFILE_ELEMENTS).contains(&n) {
+            Ok(n)
+        } else {
+            Err(format!(
+                "must be {MIN_PROFILE_ELEMENTS} to {MAX_PROFILE_ELEMENTS} elements"
+            ))
+        }
+    })
+}
+
 /// A seed: any whole number from 0 to 2^64 − 1.
 pub fn seed(text: &str) -> Result<u64, String> {
     match text.trim().parse::<i128>() {

@@ -265,6 +265,11 @@ pub struct ProfileArgs {
     /// Timings per size; the median is kept.
     #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::args::repeats)]
     pub repeats: u32,
+    /// Host: the largest tensor timed, in elements; sizes are powers of four up to it. Cost
+    /// curves are straight lines fitted over these sizes, so reach the largest fused buffer
+    /// your plans compress (past the caches, a kernel's cost per element changes).
+    #[arg(long, default_value_t = 1 << 24, allow_negative_numbers = true, value_parser = crate::args::profile_elements)]
+    pub largest: u32,
     /// Host: also time the in-process collectives of this many thread-ranks (at least 2) and
     /// fit them into an MPI-style cluster written to --cluster-out.
     #[arg(long, requires = "cluster_out", allow_negative_numbers = true, value_parser = crate::args::thread_ranks)]
@@ -410,6 +415,10 @@ pub struct ValidateArgs {
     /// Per-task rows to report, largest measured tasks first.
     #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = crate::args::whole)]
     pub top: u32,
+    /// Write both timelines as Chrome traces: PREFIX.predicted.json and PREFIX.measured.json
+    /// (open them side by side in Perfetto to see where the prediction departs from the run).
+    #[arg(long, value_name = "PREFIX")]
+    pub traces: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
 }

@@ -494,6 +494,8 @@ fn host_profile_drives_cpu_compression() {
         "profile",
         "--backend",
         "host",
+        "--largest",
+        "65536",
         "--out",
         profile.to_str().unwrap(),
         "--repeats",

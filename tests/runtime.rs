@@ -369,9 +369,23 @@ fn host_validate_predicts_within_a_factor_of_three() {
         model_path.to_str().unwrap(),
         "--plan",
         plan.to_str().unwrap(),
+        "--traces",
+        dir.join("run").to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    // Both timelines, each with the plan's encode tasks.
+    for kind in ["predicted", "measured"] {
+        let text = std::fs::read_to_string(dir.join(format!("run.{kind}.json"))).unwrap();
+        let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let events = trace["traceEvents"].as_array().unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| e["name"].as_str().unwrap_or("").starts_with("encode")),
+            "{kind}"
+        );
+    }
     let (predicted, measured) = (
         report["predicted_iteration_ms"].as_f64().unwrap(),
         report["measured_iteration_ms"].as_f64().unwrap(),
@@ -392,6 +406,8 @@ fn host_profile_fits_a_cluster_the_simulator_loads() {
         "profile",
         "--backend",
         "host",
+        "--largest",
+        "65536",
         "--repeats",
         "1",
         "--ranks",

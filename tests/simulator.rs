@@ -1,7 +1,7 @@
 //! The simulator: closed-form cases by hand, engine invariants, the symmetric fast path, noise.
 
 use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::engine::{self, EngineConfig, Noise};
+use syncopate_sim::engine::{self, CoreShare, EngineConfig, Noise};
 use syncopate_sim::graph::TaskGraph;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
@@ -185,6 +185,7 @@ fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
             slowdown_with_codec: 1.1,
             comm_slowdown_with_compute: 1.3,
             codec_slowdown_with_compute: 1.2,
+            shared_cores: Some(CoreShare { ranks: 4, cores: 2 }),
             record_ranks: ranks,
         };
         let noise = NoiseSpec {

@@ -26,7 +26,8 @@ impl Default for HostProfileOptions {
     fn default() -> Self {
         HostProfileOptions {
             name: "host-cpu".into(),
-            sizes: (12..=20).step_by(2).map(|p| 1usize << p).collect(),
+            // 4096 to 16 Mi elements: past the caches, to the size of a large fused buffer.
+            sizes: (12..=24).step_by(2).map(|p| 1usize << p).collect(),
             repeats: 5,
             compressors: profiled().into_iter().map(String::from).collect(),
         }

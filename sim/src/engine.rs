@@ -27,10 +27,29 @@ pub struct EngineConfig {
     /// Collective time multiplier while every rank computes (CPU ranks sharing cores).
     pub comm_slowdown_with_compute: f64,
     /// Compression time multiplier while the rank computes (a CPU rank's compression thread
-    /// shares the cores its compute runs on).
+    /// shares the cores its compute runs on), when `shared_cores` does not say more.
     pub codec_slowdown_with_compute: f64,
+    /// CPU ranks sharing a host's cores: compression runs at the share of a core its host's
+    /// busy threads leave it.
+    pub shared_cores: Option<CoreShare>,
     /// Ranks whose task times are kept for the trace.
     pub record_ranks: u32,
+}
+
+/// How many ranks share how many cores.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CoreShare {
+    pub ranks: u32,
+    pub cores: u32,
+}
+
+impl CoreShare {
+    /// The time multiplier of a thread while each rank of the host keeps `threads` busy: the
+    /// ranks of a data-parallel job run the same program in step, so a rank's busy threads
+    /// stand for every rank's.
+    fn slowdown(&self, threads: u32) -> f64 {
+        (f64::from(self.ranks) * f64::from(threads) / f64::from(self.cores)).max(1.0)
+    }
 }
 
 /// Multiplicative duration factors: one per (rank, task) for rank-local tasks, one per task for
@@ -452,12 +471,13 @@ impl Engine<'_> {
         1.0 / slowdown
     }
 
-    /// Compression slows while the rank's compute shares its cores.
+    /// Compression slows while the rank's compute, or other ranks, share its cores.
     fn codec_rate(&self, rank: u32) -> f64 {
-        if self.ranks[rank as usize].compute.running.is_some() {
-            1.0 / self.config.codec_slowdown_with_compute
-        } else {
-            1.0
+        let computing = self.ranks[rank as usize].compute.running.is_some();
+        match self.config.shared_cores {
+            Some(share) => 1.0 / share.slowdown(1 + u32::from(computing)),
+            None if computing => 1.0 / self.config.codec_slowdown_with_compute,
+            None => 1.0,
         }
     }
 
@@ -705,6 +725,7 @@ mod tests {
             slowdown_with_codec: 1.0,
             comm_slowdown_with_compute: 1.0,
             codec_slowdown_with_compute: 1.0,
+            shared_cores: None,
             record_ranks: 0,
         };
         let err = run(&graph, &config, &Noise::default())
@@ -715,5 +736,78 @@ mod tests {
                 && err.contains("the launch policy waits for collective g0.0.1 of iteration 0"),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod shared_core_tests {
+    use super::*;
+    use crate::compress::Compressor;
+    use crate::cost::StepCost;
+    use crate::model::ModelProfile;
+    use crate::plan::Launch;
+    use crate::schedule::{lower, World};
+    use crate::strategy::per_tensor_plan;
+
+    /// Codec task durations (ns) of a per-tensor top-k plan where every step costs 1 µs.
+    fn codec_durations(shared_cores: Option<CoreShare>) -> Vec<u64> {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let mut plan = per_tensor_plan(&model);
+        for group in &mut plan.groups {
+            group.compressor = "topk:0.01".parse::<Compressor>().unwrap();
+        }
+        let world = World {
+            nodes: 4,
+            ranks_per_node: 1,
+        };
+        let schedule = lower(&model, world, true, &plan, "t").unwrap();
+        let costs = vec![
+            StepCost {
+                duration: SimTime(1000),
+                estimate: None
+            };
+            schedule.steps.len()
+        ];
+        let graph = TaskGraph::new(&schedule, &costs, 1).unwrap();
+        let config = EngineConfig {
+            ranks: 1,
+            policy: LaunchPolicy {
+                launch: Launch::PlanOrder,
+                comm_streams: 1,
+                cycle_ns: 0,
+            },
+            slowdown_with_collective: 1.0,
+            slowdown_with_codec: 1.0,
+            comm_slowdown_with_compute: 1.0,
+            codec_slowdown_with_compute: 2.0,
+            shared_cores,
+            record_ranks: 1,
+        };
+        let result = run(&graph, &config, &Noise::default()).unwrap();
+        result
+            .records
+            .iter()
+            .filter(|r| graph.task(r.task).stream == Stream::Codec)
+            .map(|r| (r.end - r.start).as_ns())
+            .collect()
+    }
+
+    #[test]
+    fn ranks_sharing_fewer_cores_slow_every_codec_task_by_their_share() {
+        let alone = codec_durations(None);
+        let shared = codec_durations(Some(CoreShare { ranks: 4, cores: 2 }));
+        assert!(!alone.is_empty() && alone.len() == shared.len());
+        // Own cores: full speed alone, half beside compute (the measured factor).
+        assert!(
+            alone.iter().all(|&d| (1000..=2000).contains(&d)),
+            "{alone:?}"
+        );
+        assert!(alone.contains(&1000));
+        // Four ranks on two cores: half a core alone, a quarter beside compute.
+        assert!(
+            shared.iter().all(|&d| (2000..=4000).contains(&d)),
+            "{shared:?}"
+        );
+        assert!(shared.contains(&2000) && shared.contains(&4000));
     }
 }

@@ -32,6 +32,8 @@ pub const MAX_RANK_TASKS: u64 = 1 << 31;
 /// Largest slowdown factor of a straggler, and largest jitter coefficient of variation.
 pub const MAX_SLOWDOWN: f64 = 1e3;
 pub const MAX_JITTER_CV: f64 = 10.0;
+/// Most cores one host may have (the largest CPU servers have a few hundred).
+pub const MAX_CORES: u32 = 1 << 16;
 
 /// A number as messages show it: plain when ordinary, in scientific notation when huge or tiny
 /// (so that `1e300` does not print as three hundred digits).

@@ -3,7 +3,7 @@
 
 use crate::compress::{CodecCurves, Compressor, Memory};
 use crate::cost::step_costs;
-use crate::engine::{self, EngineConfig, EngineResult};
+use crate::engine::{self, CoreShare, EngineConfig, EngineResult};
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
 use crate::limits;
@@ -229,6 +229,15 @@ pub fn engine_config(
         slowdown_with_codec: codec,
         comm_slowdown_with_compute: comm,
         codec_slowdown_with_compute: codec_beside_compute,
+        shared_cores: scenario
+            .cluster
+            .contention
+            .as_ref()
+            .and_then(|c| c.shared_cores)
+            .map(|shared| CoreShare {
+                ranks: shared.ranks(&scenario.cluster),
+                cores: shared.cores_per_host,
+            }),
         record_ranks,
     }
 }
@@ -256,6 +265,7 @@ fn single_gpu_time(scenario: &Scenario, plan: &Plan, warmup: u32) -> Result<SimT
         slowdown_with_codec: 1.0,
         comm_slowdown_with_compute: 1.0,
         codec_slowdown_with_compute: 1.0,
+        shared_cores: None,
         record_ranks: 0,
     };
     let result = engine::run(&graph, &config, &Default::default())?;

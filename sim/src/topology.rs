@@ -162,7 +162,34 @@ pub struct ClusterContention {
     /// Collective time multiplier while every rank computes (scaled by the share of ranks
     /// computing).
     pub collective_slowdown_with_compute: f64,
+    /// The cores CPU ranks share, when they are fewer than the ranks' busy threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_cores: Option<SharedCores>,
     pub provenance: Provenance,
+}
+
+/// The cores CPU ranks share: a compression thread runs at `cores / busy threads` of a core
+/// when the host's ranks keep more threads busy than it has cores. Compute is not scaled: a CPU
+/// rank's compute profile is measured with every rank of its host computing at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedCores {
+    /// Cores of one host.
+    pub cores_per_host: u32,
+    /// Whether every node of the cluster is on one host (a `syncopate lab`), rather than each
+    /// node being a host of its own.
+    pub one_host: bool,
+}
+
+impl SharedCores {
+    /// Ranks that share one host's cores on `cluster`.
+    pub fn ranks(&self, cluster: &Cluster) -> u32 {
+        if self.one_host {
+            cluster.nodes.saturating_mul(cluster.gpus_per_node)
+        } else {
+            cluster.gpus_per_node
+        }
+    }
 }
 
 /// Command-line changes to a cluster (`--nodes`, `--gpus-per-node`, `--inter-gbps`).
@@ -296,6 +323,19 @@ impl Cluster {
                     ));
                 }
             }
+            if let Some(shared) = &c.shared_cores {
+                if shared.cores_per_host == 0 || shared.cores_per_host > limits::MAX_CORES {
+                    return Err(SimError::invalid(
+                        label,
+                        "contention.shared_cores.cores_per_host",
+                        format!(
+                            "a host has from 1 to {} cores, got {}",
+                            limits::MAX_CORES,
+                            shared.cores_per_host
+                        ),
+                    ));
+                }
+            }
         }
         match &self.library {
             Library::Nccl(p) => {
@@ -380,5 +420,59 @@ fn check_fraction(label: &str, field: &str, value: f64) -> Result<()> {
             field,
             format!("must be in (0, 1], got {value}"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_shared_cores(cores_per_host: u32) -> Cluster {
+        let mut cluster = Cluster::load("dgx-a100", ClusterOverrides::default()).unwrap();
+        cluster.contention = Some(ClusterContention {
+            compute_slowdown_with_collective: 1.0,
+            compute_slowdown_with_compression: 1.0,
+            collective_slowdown_with_compute: 1.0,
+            shared_cores: Some(SharedCores {
+                cores_per_host,
+                one_host: true,
+            }),
+            provenance: Provenance {
+                status: crate::model::Status::Measured,
+                method: "t".into(),
+            },
+        });
+        cluster
+    }
+
+    #[test]
+    fn a_host_without_cores_is_refused_by_name() {
+        let err = with_shared_cores(0)
+            .validate("c.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("contention.shared_cores.cores_per_host"),
+            "{err}"
+        );
+        assert!(with_shared_cores(2).validate("c.json").is_ok());
+    }
+
+    #[test]
+    fn ranks_sharing_a_host_follow_the_node_count_on_one_host() {
+        let mut cluster = with_shared_cores(2);
+        let shared = cluster.contention.as_ref().unwrap().shared_cores.unwrap();
+        assert_eq!(
+            shared.ranks(&cluster),
+            cluster.nodes * cluster.gpus_per_node
+        );
+        cluster.nodes = 4;
+        cluster.gpus_per_node = 1;
+        assert_eq!(shared.ranks(&cluster), 4);
+        let per_node = SharedCores {
+            one_host: false,
+            ..shared
+        };
+        assert_eq!(per_node.ranks(&cluster), 1);
     }
 }

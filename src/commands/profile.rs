@@ -30,6 +30,10 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             }
             let profile = profile_host(&HostProfileOptions {
                 name: name.clone(),
+                sizes: powers_of_four(1 << 12, u64::from(args.largest))
+                    .into_iter()
+                    .map(|n| n as usize)
+                    .collect(),
                 repeats: args.repeats as usize,
                 ..HostProfileOptions::default()
             })?;

@@ -2,6 +2,7 @@
 
 use super::exec::Chosen;
 use crate::cli::{Format, RunClusterArgs, ValidateArgs};
+use anyhow::Context;
 use syncopate_exec::profile_cluster::{host_cluster, powers_of_four};
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
 use syncopate_sim::device::DeviceProfile;
@@ -52,6 +53,18 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     predicted_scenario.compute_scale = job.compute_scale;
     let predicted = simulate(&predicted_scenario, &plan, &sim_options)?;
     let predicted_trace = predicted.trace.as_ref().expect("a trace was asked for");
+    if let Some(prefix) = &args.traces {
+        for (kind, trace) in [
+            ("predicted", predicted_trace),
+            ("measured", &measured_trace),
+        ] {
+            let mut path = prefix.clone().into_os_string();
+            path.push(format!(".{kind}.json"));
+            let path = std::path::PathBuf::from(path);
+            super::write_atomically(&path, &serde_json::to_string(trace)?)
+                .with_context(|| format!("--traces: cannot write {}", path.display()))?;
+        }
+    }
     let report = Report::new(
         &scenario,
         backend.name(),

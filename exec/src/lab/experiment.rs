@@ -5,6 +5,7 @@ use super::measure::SelfExe;
 use super::run::{self, Output, RunSpec};
 use super::{signals, LabSpec as MakeLab};
 use crate::error::{ExecError, Result};
+use crate::profile_host::{profile_host, HostProfileOptions};
 use crate::runtime::MeasuredSummary;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -22,6 +23,9 @@ const LAB: &str = "val";
 /// Seconds of each lab's goodput probe, and repeats of its allreduce sweep.
 const GOODPUT_SECONDS: f64 = 3.0;
 const SWEEP_REPEATS: usize = 3;
+/// The experiment's device profile (this machine's compression costs), and its repeats.
+const DEVICE: &str = "device.json";
+const DEVICE_REPEATS: usize = 7;
 
 /// Runs every lab of `spec` and writes `dir/clusters/*.json` and `dir/measurements.json`.
 /// `progress` gets one line per run.
@@ -32,6 +36,15 @@ pub fn measure(dir: &Path, spec: &LabSpec, progress: &dyn Fn(&str)) -> Result<La
     let profiled_us = (model.forward_time() + model.backward_time()).as_us() + model.optimizer_us;
     let compute_scale = spec.compute_ms * 1e3 / profiled_us;
     std::fs::create_dir_all(dir.join("clusters")).map_err(|e| io(dir, e))?;
+    // The compression costs of the CPU the ranks run on, measured here, once, before any lab
+    // loads it: the runs' own codecs, not a profile from another day's machine load.
+    progress("measuring this machine's compression costs");
+    let device = profile_host(&HostProfileOptions {
+        name: "lab-host".into(),
+        repeats: DEVICE_REPEATS,
+        ..HostProfileOptions::default()
+    })?;
+    write_json(&dir.join(DEVICE), &device)?;
     let mut labs = Vec::new();
     for setting in &spec.labs {
         let made = super::up(
@@ -102,12 +115,14 @@ fn on_lab(
     let measured = fit::measure(made, exe, GOODPUT_SECONDS, SWEEP_REPEATS, interrupted)?;
     let cluster_name = format!("clusters/lab-{}n-{}g.json", setting.nodes, setting.gbps);
     let cluster_path = dir.join(&cluster_name);
-    let cluster = fit::cluster(
+    let mut cluster = fit::cluster(
         made,
         &measured,
-        &spec.device,
+        &dir.join(DEVICE).to_string_lossy(),
         &format!("syncopate experiment run {}", dir.display()),
     )?;
+    // Named relative to the cluster file, so that the experiment's directory can move.
+    cluster.device = format!("../{DEVICE}");
     write_json(&cluster_path, &cluster)?;
     let loaded = Cluster::load(&cluster_path.to_string_lossy(), ClusterOverrides::default())?;
     let scenario = Scenario::new(model.clone(), loaded)?;

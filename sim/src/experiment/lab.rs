@@ -51,8 +51,6 @@ pub struct LabSpec {
     /// One iteration's forward + backward + optimizer on one core, in ms: the model's
     /// profiled compute is scaled to it.
     pub compute_ms: f64,
-    /// The device profile of the lab's cluster files (compression cost curves of this CPU).
-    pub device: String,
     pub labs: Vec<LabSetting>,
     pub strategies: Vec<String>,
     pub compressors: Vec<CompressorSetting>,

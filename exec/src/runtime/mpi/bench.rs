@@ -90,7 +90,8 @@ const CONTENTION_COMPUTE_NS: u64 = 200_000_000;
 /// alone; compute while a second thread runs allreduces of `bytes` (enough of them to span the
 /// compute); one allreduce alone; allreduces while a second thread computes. The compute loop
 /// is the MPI backend's own (calibrated with every rank running it), the allreduce the
-/// transport's: what a run of the backend does. Rank 0 returns the point.
+/// transport's: what a run of the backend does. Each time is the slowest rank's; rank 0
+/// returns the point.
 pub fn contention(
     world: &World,
     bytes: u64,
@@ -188,13 +189,32 @@ pub fn contention(
         })?;
         comm_beside.push(communicated);
     }
-    drop((control, comm));
-    Ok((world.rank == 0).then(|| ContentionPoint {
+    drop(comm);
+    let slowest = |times: &[f64]| slowest_rank(&control, times, &abort);
+    let point = ContentionPoint {
         bytes: elements as u64 * 4,
-        compute_alone: Spread::of(&compute_alone),
-        compute_beside_comm: Spread::of(&compute_beside),
-        compute_beside_compute: Spread::of(&compute_twice),
-        comm_alone: Spread::of(&comm_alone),
-        comm_beside_compute: Spread::of(&comm_beside),
-    }))
+        compute_alone: Spread::of(&slowest(&compute_alone)?),
+        compute_beside_comm: Spread::of(&slowest(&compute_beside)?),
+        compute_beside_compute: Spread::of(&slowest(&compute_twice)?),
+        comm_alone: Spread::of(&slowest(&comm_alone)?),
+        comm_beside_compute: Spread::of(&slowest(&comm_beside)?),
+    };
+    Ok((world.rank == 0).then_some(point))
+}
+
+/// Per repeat, the time of the slowest rank. Ranks that share cores do not share them evenly
+/// (on a 2-core lab one rank's compute beside its compression slowed 1.6x while the other's
+/// slowed 1.1x), and a synchronous job runs at the pace of its slowest rank: the symmetric
+/// model's slowdowns are that rank's.
+fn slowest_rank(control: &Stream, times: &[f64], abort: &AtomicBool) -> Result<Vec<f64>> {
+    let mine: Vec<u8> = times.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let all = control.allgather(mine, abort)?;
+    Ok((0..times.len())
+        .map(|i| {
+            all.iter()
+                .filter_map(|rank| rank.get(8 * i..8 * i + 8))
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .fold(times[i], f64::max)
+        })
+        .collect())
 }
