@@ -24,7 +24,8 @@ pub struct EngineConfig {
     /// Compute time multipliers while a collective / a GPU compression kernel runs beside it.
     pub slowdown_with_collective: f64,
     pub slowdown_with_codec: f64,
-    /// Collective time multiplier while every rank computes (CPU ranks sharing cores).
+    /// Collective time multiplier while every rank keeps its cores busy, computing or
+    /// compressing (CPU ranks: the TCP stack and MPI's progress share those cores).
     pub comm_slowdown_with_compute: f64,
     /// Compression time multiplier while the rank computes (a CPU rank's compression thread
     /// shares the cores its compute runs on), when `shared_cores` does not say more.
@@ -221,6 +222,10 @@ struct Engine<'a> {
     /// Rank-nanoseconds of the current stretch with compute idle, for `comm_exposed`.
     exposed_in_stretch: u128,
     codec_active: Vec<bool>,
+    /// Ranks whose compute or compression thread is running, and how many they are: what
+    /// slows a collective on CPU ranks.
+    cpu_busy: Vec<bool>,
+    cpu_busy_ranks: u32,
     result: EngineResult,
 }
 
@@ -256,6 +261,8 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         computing: 0,
         exposed_in_stretch: 0,
         codec_active: vec![false; ranks],
+        cpu_busy: vec![false; ranks],
+        cpu_busy_ranks: 0,
         result: EngineResult {
             iteration_end: vec![SimTime::ZERO; iterations],
             compute_busy: vec![SimTime::ZERO; iterations],
@@ -390,7 +397,6 @@ impl Engine<'_> {
             LocalStream::Compute => {
                 self.computing -= 1;
                 self.result.compute_busy[iteration] += busy;
-                self.rerate_comm();
                 self.rerate_codec(rank);
             }
             LocalStream::Codec | LocalStream::Cpu => self.result.codec_busy[iteration] += busy,
@@ -399,6 +405,7 @@ impl Engine<'_> {
             self.codec_active[rank as usize] = false;
             self.rerate_compute(rank);
         }
+        self.refresh_cpu_busy(rank);
         if self.graph.iteration_end()[iteration] == running.task {
             let end = &mut self.result.iteration_end[iteration];
             *end = (*end).max(self.now);
@@ -517,9 +524,9 @@ impl Engine<'_> {
         if active == 0 {
             return;
         }
-        // Concurrent collectives share the network; compute on the ranks' cores slows them.
-        let computing = f64::from(self.computing) / f64::from(self.ranks_n);
-        let slowdown = 1.0 + (self.config.comm_slowdown_with_compute - 1.0) * computing;
+        // Concurrent collectives share the network; CPU work on the ranks' cores slows them.
+        let busy = f64::from(self.cpu_busy_ranks) / f64::from(self.ranks_n);
+        let slowdown = 1.0 + (self.config.comm_slowdown_with_compute - 1.0) * busy;
         let rate = 1.0 / (active as f64 * slowdown);
         let now = self.now;
         for stream in 0..self.comm.len() {
@@ -573,7 +580,6 @@ impl Engine<'_> {
         let rate = match which {
             LocalStream::Compute => {
                 self.computing += 1;
-                self.rerate_comm();
                 self.compute_rate(rank)
             }
             LocalStream::Codec => self.codec_rate(rank),
@@ -585,6 +591,7 @@ impl Engine<'_> {
         if which == LocalStream::Compute {
             self.rerate_codec(rank);
         }
+        self.refresh_cpu_busy(rank);
         self.push(
             end,
             Event::Local {
@@ -593,6 +600,22 @@ impl Engine<'_> {
                 version,
             },
         );
+    }
+
+    /// Counts the rank in or out of the CPU-busy ranks after one of its streams started or
+    /// stopped, and rerates the collectives when that changed.
+    fn refresh_cpu_busy(&mut self, rank: u32) {
+        let r = rank as usize;
+        let busy = self.ranks[r].compute.running.is_some() || self.codec_active[r];
+        if busy != self.cpu_busy[r] {
+            self.cpu_busy[r] = busy;
+            if busy {
+                self.cpu_busy_ranks += 1;
+            } else {
+                self.cpu_busy_ranks -= 1;
+            }
+            self.rerate_comm();
+        }
     }
 
     fn dispatch_comm(&mut self) {
@@ -749,8 +772,14 @@ mod shared_core_tests {
     use crate::schedule::{lower, World};
     use crate::strategy::per_tensor_plan;
 
-    /// Codec task durations (ns) of a per-tensor top-k plan where every step costs 1 µs.
-    fn codec_durations(shared_cores: Option<CoreShare>) -> Vec<u64> {
+    /// Task durations (ns) on `stream` of a per-tensor top-k plan on 4 CPU ranks where every
+    /// step costs 1 µs, compute `compute_ns`.
+    fn durations(
+        stream: Stream,
+        compute_ns: u64,
+        comm_slowdown_with_compute: f64,
+        shared_cores: Option<CoreShare>,
+    ) -> Vec<u64> {
         let model = ModelProfile::load("resnet50").unwrap();
         let mut plan = per_tensor_plan(&model);
         for group in &mut plan.groups {
@@ -761,13 +790,18 @@ mod shared_core_tests {
             ranks_per_node: 1,
         };
         let schedule = lower(&model, world, true, &plan, "t").unwrap();
-        let costs = vec![
-            StepCost {
-                duration: SimTime(1000),
-                estimate: None
-            };
-            schedule.steps.len()
-        ];
+        let costs: Vec<StepCost> = schedule
+            .steps
+            .iter()
+            .map(|step| StepCost {
+                duration: SimTime(if step.stream == Stream::Compute {
+                    compute_ns
+                } else {
+                    1000
+                }),
+                estimate: None,
+            })
+            .collect();
         let graph = TaskGraph::new(&schedule, &costs, 1).unwrap();
         let config = EngineConfig {
             ranks: 1,
@@ -778,7 +812,7 @@ mod shared_core_tests {
             },
             slowdown_with_collective: 1.0,
             slowdown_with_codec: 1.0,
-            comm_slowdown_with_compute: 1.0,
+            comm_slowdown_with_compute,
             codec_slowdown_with_compute: 2.0,
             shared_cores,
             record_ranks: 1,
@@ -787,15 +821,20 @@ mod shared_core_tests {
         result
             .records
             .iter()
-            .filter(|r| graph.task(r.task).stream == Stream::Codec)
+            .filter(|r| graph.task(r.task).stream == stream)
             .map(|r| (r.end - r.start).as_ns())
             .collect()
     }
 
     #[test]
     fn ranks_sharing_fewer_cores_slow_every_codec_task_by_their_share() {
-        let alone = codec_durations(None);
-        let shared = codec_durations(Some(CoreShare { ranks: 4, cores: 2 }));
+        let alone = durations(Stream::Codec, 1000, 1.0, None);
+        let shared = durations(
+            Stream::Codec,
+            1000,
+            1.0,
+            Some(CoreShare { ranks: 4, cores: 2 }),
+        );
         assert!(!alone.is_empty() && alone.len() == shared.len());
         // Own cores: full speed alone, half beside compute (the measured factor).
         assert!(
@@ -809,5 +848,19 @@ mod shared_core_tests {
             "{shared:?}"
         );
         assert!(shared.contains(&2000) && shared.contains(&4000));
+    }
+
+    #[test]
+    fn a_collective_slows_beside_compression_as_beside_compute() {
+        // Compute takes no time: every overlap of a collective is with a codec task.
+        let unslowed = durations(Stream::Comm, 0, 1.0, None);
+        let slowed = durations(Stream::Comm, 0, 3.0, None);
+        assert!(unslowed.iter().all(|&d| d == 1000), "{unslowed:?}");
+        // Ends are whole nanoseconds, rounded up.
+        assert!(
+            slowed.iter().all(|&d| (1000..=3001).contains(&d)),
+            "{slowed:?}"
+        );
+        assert!(slowed.iter().any(|&d| d > 1000), "{slowed:?}");
     }
 }

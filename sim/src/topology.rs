@@ -160,7 +160,7 @@ pub struct ClusterContention {
     /// Compute time multiplier while the rank's compression runs.
     pub compute_slowdown_with_compression: f64,
     /// Collective time multiplier while every rank computes (scaled by the share of ranks
-    /// computing).
+    /// whose cores are busy computing or compressing: both are CPU threads beside MPI's).
     pub collective_slowdown_with_compute: f64,
     /// The cores CPU ranks share, when they are fewer than the ranks' busy threads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
