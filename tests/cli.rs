@@ -538,3 +538,70 @@ fn host_profile_drives_cpu_compression() {
     assert_eq!(not_cpu.status.code(), Some(1));
     assert!(stderr(&not_cpu).contains("kind `cpu`"));
 }
+
+/// `collective --fit-out` on an MPI cluster: the host cap and per-message overhead fitted to
+/// an allreduce sweep (the fit `lab up` makes), the file otherwise as it was.
+#[test]
+fn an_mpi_cluster_is_refitted_to_an_allreduce_sweep() {
+    let dir = crate::common::scratch("mpi-refit");
+    let shipped = crate::common::root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
+    let cluster = dir.join("lab.json");
+    let mut original: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&shipped).unwrap()).unwrap();
+    // A device named beside the shipped file is named by its full path in the copy.
+    let device = original["device"].as_str().unwrap().to_string();
+    if device.ends_with(".json") {
+        let beside = shipped.parent().unwrap().join(&device);
+        original["device"] = beside.to_string_lossy().into_owned().into();
+    }
+    std::fs::write(&cluster, original.to_string()).unwrap();
+    // A path that moves 0.5 Gb/s per rank, plus 100 µs per message, at 2 ranks.
+    let mut csv = String::from("gpus,size_bytes,time_us\n");
+    for bytes in [1u64 << 12, 1 << 16, 1 << 20, 4 << 20, 16 << 20, 32 << 20] {
+        csv.push_str(&format!(
+            "2,{bytes},{:.1}\n",
+            200.0 + bytes as f64 * 8.0 / 0.5e3
+        ));
+    }
+    let sweep = dir.join("lab.sweep.csv");
+    std::fs::write(&sweep, csv).unwrap();
+    let args = |op: &str| {
+        vec![
+            "collective".to_string(),
+            "--cluster".into(),
+            cluster.to_string_lossy().into_owned(),
+            "--op".into(),
+            op.into(),
+            "--compare".into(),
+            sweep.to_string_lossy().into_owned(),
+            "--fit-out".into(),
+            cluster.to_string_lossy().into_owned(),
+        ]
+    };
+    let refused = syncopate(
+        &args("allgather")
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("--op"), "{}", stderr(&refused));
+    let out = syncopate(
+        &args("allreduce")
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let refit: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cluster).unwrap()).unwrap();
+    assert_eq!(refit["device"], original["device"]);
+    assert_eq!(refit["contention"], original["contention"]);
+    let cap = refit["library"]["host_gbps"].as_f64().unwrap();
+    assert!((cap / 0.5 - 1.0).abs() < 0.1, "{cap}");
+    let method = refit["library"]["provenance"]["method"].as_str().unwrap();
+    assert!(
+        method.starts_with("refitted by `syncopate collective"),
+        "{method}"
+    );
+}

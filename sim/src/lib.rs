@@ -18,6 +18,7 @@ pub mod graph;
 pub mod launch;
 pub mod limits;
 pub mod model;
+pub mod mpi_fit;
 pub mod noise;
 pub mod plan;
 #[cfg(test)]

@@ -4,8 +4,12 @@ use crate::cli::{CollectiveArgs, Format};
 use syncopate_sim::calibrate::{self, Measurement};
 use syncopate_sim::collective::{Group, Op};
 use syncopate_sim::compare::{self, Row};
+use syncopate_sim::data::{self, DataKind};
+use syncopate_sim::model::{Provenance, Status};
+use syncopate_sim::mpi_fit;
 use syncopate_sim::topology::{Cluster, Library};
 use syncopate_sim::units::{format_bytes, parse_byte_list, parse_bytes};
+use syncopate_sim::SimError;
 
 pub fn run(args: &CollectiveArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
@@ -61,6 +65,52 @@ fn print_row(r: &Row) {
     println!();
 }
 
+/// An MPI cluster's host cap and per-message overhead fitted to allreduce times
+/// (`syncopate_sim::mpi_fit`, the fit `lab up` makes), written to `out` as the input file with
+/// only its library replaced: its device stays named as the file names it.
+fn refit_mpi(
+    cluster: &Cluster,
+    op: Op,
+    measurements: &[Measurement],
+    path: &std::path::Path,
+    args: &CollectiveArgs,
+    out: &std::path::Path,
+) -> anyhow::Result<Cluster> {
+    if op != Op::Allreduce {
+        return Err(SimError::bad_value(
+            "--op",
+            op,
+            "an MPI cluster is fitted to allreduce times: pass --op allreduce",
+        )
+        .into());
+    }
+    let fitted = mpi_fit::fit(cluster, measurements)?;
+    let mut refit = mpi_fit::apply(cluster, &fitted);
+    let method = format!(
+        "refitted by `syncopate collective --cluster {} --op allreduce --compare {} --fit-out {}`: {}",
+        args.cluster.cluster,
+        path.display(),
+        out.display(),
+        mpi_fit::describe(&refit, measurements, &fitted)?
+    );
+    if let Library::Mpi(params) = &mut refit.library {
+        params.provenance = Provenance {
+            status: Status::Calibrated,
+            method,
+        };
+    }
+    let written = data::locate(DataKind::Cluster, &args.cluster.cluster)?;
+    let mut file: serde_json::Value = serde_json::from_str(&written.text)?;
+    file["library"] = serde_json::to_value(&refit.library)?;
+    super::write_json(out, &file)?;
+    eprintln!(
+        "fitted the MPI host cap and message overhead (mean |error| {:.1} %); wrote {}",
+        fitted.mean_error_pct,
+        out.display()
+    );
+    Ok(refit)
+}
+
 fn compare(
     cluster: &Cluster,
     op: Op,
@@ -82,6 +132,9 @@ fn compare(
     );
     let cluster = match &args.fit_out {
         None => cluster.clone(),
+        Some(out) if matches!(cluster.library, Library::Mpi(_)) => {
+            refit_mpi(cluster, op, &measurements, path, args, out)?
+        }
         Some(out) => {
             let (fitted, score) =
                 calibrate::fit(cluster, op, &measurements, args.fit_only.as_deref())?;

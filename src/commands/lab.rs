@@ -2,6 +2,7 @@
 
 use super::print_json;
 use crate::cli::{Format, LabCommand, LabProbeCommand, LabRunArgs, LabStatusArgs, LabUpArgs};
+use anyhow::Context;
 use serde::Serialize;
 use std::time::Duration;
 use syncopate_exec::lab::fit::{self, LabMeasurements};
@@ -126,8 +127,13 @@ fn measure_and_fit(
     )?;
     let cluster = match &args.cluster_out {
         Some(path) => {
-            let cluster = fit::cluster(made, &measurements, &args.device, command)?;
+            let sweep_path = fit::sweep_path(path);
+            let cluster = fit::cluster(made, &measurements, &args.device, command, &sweep_path)?;
             super::write_json(path, &cluster)?;
+            if !measurements.allreduce.is_empty() {
+                std::fs::write(&sweep_path, fit::sweep_csv(&measurements))
+                    .with_context(|| format!("cannot write {}", sweep_path.display()))?;
+            }
             Some(cluster)
         }
         None => None,

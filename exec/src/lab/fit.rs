@@ -1,14 +1,14 @@
-//! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, and MPI's per-message overhead and reduction rate from the allreduce sweep, scored by the simulator's own MPI cost model.
+//! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, MPI's host cap and per-message overhead from the allreduce sweep (`syncopate_sim::mpi_fit`), and the contention of its ranks.
 
 use super::measure::{AllreducePoint, ContentionPoint, NetworkProbe};
 use super::state::LabState;
 use crate::error::Result;
 use serde::Serialize;
-use syncopate_sim::calibrate::{self, Measurement};
-use syncopate_sim::collective::Op;
+use syncopate_sim::calibrate::Measurement;
 use syncopate_sim::data::FORMAT_VERSION;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::{Provenance, Status};
+use syncopate_sim::mpi_fit;
 use syncopate_sim::topology::{
     Cluster, ClusterContention, ClusterOverrides, Fabric, InterNode, IntraNode, Library, MpiParams,
     SharedCores, Transport,
@@ -88,7 +88,11 @@ pub fn cluster(
     measured: &LabMeasurements,
     device: &str,
     command: &str,
+    sweep: &std::path::Path,
 ) -> Result<Cluster> {
+    let sweep_file = sweep
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let profile = DeviceProfile::load(device)?;
     let network = &measured.network;
     let tcp_efficiency = (network.goodput_gbps / lab.gbps).min(1.0);
@@ -155,30 +159,14 @@ pub fn cluster(
             "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; message_overhead_us (0) and reduce_gbytes_per_s (memory bandwidth / 3: a sum reads two buffers and writes one) are estimates: this syncopate was built without the `mpi` feature, so no allreduce sweep was run. {goodput}"
         )
     } else {
-        let (overhead_us, host, error) = fit_mpi(&cluster, &measured.allreduce, measured.ranks)?;
-        if let Library::Mpi(params) = &mut cluster.library {
-            params.message_overhead_us = overhead_us;
-            params.host_gbps = Some(host);
-        }
-        let points: Vec<Measurement> = sweep_points(&measured.allreduce, measured.ranks);
-        let fitted = calibrate::predict(&cluster, Op::Allreduce, &points)?;
-        let sweep: Vec<String> = points
-            .iter()
-            .zip(&fitted)
-            .map(|(m, p)| {
-                format!(
-                    "{} B: {:.1} µs (fit {:.1})",
-                    m.bytes,
-                    m.time_us,
-                    p.time.as_us()
-                )
-            })
-            .collect();
+        let points = sweep_points(&measured.allreduce, measured.ranks);
+        let fitted = mpi_fit::fit(&cluster, &points)?;
+        cluster = mpi_fit::apply(&cluster, &fitted);
         format!(
-            "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; reduce_gbytes_per_s estimated (memory bandwidth / 3: a sum reads two buffers and writes one); message_overhead_us and host_gbps (the MPI/TCP path's own limit per rank) fitted (total |error| {error:.1} % of the sweep's time, each size weighed by its time) with syncopate-sim's MPI cost model to an fp32 allreduce sweep over Open MPI on {} ranks (median of {} repeats per size: {}). {goodput}",
+            "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; reduce_gbytes_per_s estimated (memory bandwidth / 3: a sum reads two buffers and writes one); {} (an allreduce sweep over Open MPI on the lab's {} ranks, median of {} repeats per size; the times are also in {sweep_file}, which `syncopate collective --cluster THIS --op allreduce --compare {sweep_file} --fit-out THIS` refits to). {goodput}",
+            mpi_fit::describe(&cluster, &points, &fitted)?,
             measured.ranks,
             measured.allreduce.first().map_or(0, |p| p.seconds.repeats),
-            sweep.join(", ")
         )
     };
     if let Library::Mpi(params) = &mut cluster.library {
@@ -250,71 +238,19 @@ fn lab_cores(lab: &LabState) -> u32 {
     }
 }
 
-/// Fits MPI's per-message overhead (µs) and per-rank host cap (Gb/s) to the sweep, each
-/// from the sizes that determine it: the cap from the messages of at least
-/// [`RATE_REGIME_BYTES`], then the overhead over every size with that cap. A single fit over
-/// all sizes traded the large messages' rate for the small ones: the lab lets messages below
-/// a GSO packet (64 KiB) through faster than the shaped rate, which no per-message cost plus
-/// rate describes. Each fit is a pattern search in log space from a grid of starts, scored by
-/// the mean relative error of `syncopate_sim::collective`'s prediction. Returns (overhead,
-/// cap, mean relative error % over every size).
-pub fn fit_mpi(start: &Cluster, sweep: &[AllreducePoint], ranks: u32) -> Result<(f64, f64, f64)> {
-    let points = sweep_points(sweep, ranks);
-    let large: Vec<Measurement> = points
-        .iter()
-        .filter(|m| m.bytes >= RATE_REGIME_BYTES)
-        .cloned()
-        .collect();
-    // The host cap starts at, and below, what the NIC allows.
-    let line = start.inter_node.nic_bandwidth_gbps;
-    let mut best = (0.0, line, f64::INFINITY);
-    let rate_points = if large.len() >= 2 { &large } else { &points };
-    for overhead in [1.0, 10.0, 100.0] {
-        for host in [0.5 * line, 0.8 * line, line] {
-            let candidate = pattern_search((overhead, host), true, &|o, h| {
-                mean_error(start, rate_points, o, h)
-            });
-            if candidate.2 < best.2 {
-                best = candidate;
-            }
-        }
+/// The sweep as a measurement CSV that `collective --compare` reads (and `--fit-out` refits an
+/// MPI cluster to): one row per size, its median time.
+pub fn sweep_csv(measured: &LabMeasurements) -> String {
+    let mut csv = String::from("gpus,size_bytes,time_us\n");
+    for m in sweep_points(&measured.allreduce, measured.ranks) {
+        csv.push_str(&format!("{},{},{:.1}\n", m.gpus, m.bytes, m.time_us));
     }
-    let host = best.1;
-    let mut overhead = (best.0, f64::INFINITY);
-    for first in [1.0, 10.0, 100.0, best.0] {
-        let (o, _, error) = pattern_search((first, host), false, &|o, h| {
-            mean_error(start, &points, o, h)
-        });
-        if error < overhead.1 {
-            overhead = (o, error);
-        }
-    }
-    Ok((overhead.0, host, overhead.1))
+    csv
 }
 
-/// Messages at least this large cross the lab at its shaped rate: 64 GSO packets, so that the
-/// burst the shaper lets through at once is a small part of them.
-const RATE_REGIME_BYTES: u64 = 4 << 20;
-
-/// Mean relative error (%) of the MPI cost model with `overhead` µs per message and a host
-/// cap of `host` Gb/s against `points`.
-fn mean_error(start: &Cluster, points: &[Measurement], overhead: f64, host: f64) -> f64 {
-    let mut candidate = start.clone();
-    if let Library::Mpi(params) = &mut candidate.library {
-        params.message_overhead_us = overhead;
-        params.host_gbps = Some(host);
-    }
-    match calibrate::predict(&candidate, Op::Allreduce, points) {
-        Ok(predictions) => {
-            let errors: f64 = points
-                .iter()
-                .zip(&predictions)
-                .map(|(m, p)| (p.time.as_us() - m.time_us).abs() / m.time_us)
-                .sum();
-            errors / points.len() as f64 * 100.0
-        }
-        Err(_) => f64::INFINITY,
-    }
+/// Where the sweep of the cluster file at `cluster_path` goes: beside it, `NAME.sweep.csv`.
+pub fn sweep_path(cluster_path: &std::path::Path) -> std::path::PathBuf {
+    cluster_path.with_extension("sweep.csv")
 }
 
 /// The sweep's medians as calibration measurements on `ranks` ranks.
@@ -329,47 +265,11 @@ fn sweep_points(sweep: &[AllreducePoint], ranks: u32) -> Vec<Measurement> {
         .collect()
 }
 
-/// The floor of the fitted overhead: below a hundredth of a µs it no longer changes a
-/// prediction, and log-space steps need a positive value.
-const MIN_OVERHEAD_US: f64 = 0.01;
-
-fn pattern_search(
-    start: (f64, f64),
-    move_other: bool,
-    score: &dyn Fn(f64, f64) -> f64,
-) -> (f64, f64, f64) {
-    let (mut overhead, mut other) = start;
-    let mut best = score(overhead, other);
-    let mut step = 1.0_f64;
-    while step > 1e-3 {
-        let mut improved = false;
-        let other_step = if move_other { step } else { 0.0 };
-        for (d_overhead, d_other) in [
-            (step, 0.0),
-            (-step, 0.0),
-            (0.0, other_step),
-            (0.0, -other_step),
-        ] {
-            let o = (overhead * f64::exp(d_overhead)).max(MIN_OVERHEAD_US);
-            let r = other * f64::exp(d_other);
-            let s = score(o, r);
-            if s < best {
-                (overhead, other, best) = (o, r, s);
-                improved = true;
-            }
-        }
-        if !improved {
-            step /= 2.0;
-        }
-    }
-    (overhead, other, best)
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::measure::Spread;
     use super::*;
-    use syncopate_sim::collective::{estimate, Group};
+    use syncopate_sim::collective::{estimate, Group, Op};
 
     fn lab() -> LabState {
         let spec = super::super::LabSpec {
@@ -395,20 +295,27 @@ mod tests {
     }
 
     #[test]
-    fn the_fit_recovers_the_models_own_parameters() {
-        let measured = LabMeasurements {
+    fn a_sweep_is_fitted_and_written_for_refitting() {
+        let mut measured = LabMeasurements {
             network: network(),
             allreduce: Vec::new(),
             ranks: 2,
             contention: None,
         };
-        let mut truth = cluster(&lab(), &measured, "host-2core", "t").unwrap();
+        let mut truth = cluster(
+            &lab(),
+            &measured,
+            "host-2core",
+            "t",
+            std::path::Path::new("t.sweep.csv"),
+        )
+        .unwrap();
         // A host that moves 0.6 of the 1 Gb/s line per rank.
         if let Library::Mpi(p) = &mut truth.library {
             p.message_overhead_us = 40.0;
             p.host_gbps = Some(0.6);
         }
-        let sweep: Vec<AllreducePoint> = [4u64 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
+        measured.allreduce = [4u64 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
             .iter()
             .map(|&bytes| {
                 let t = estimate(&truth, Op::Allreduce, bytes, Group::world(&truth))
@@ -423,10 +330,32 @@ mod tests {
                 }
             })
             .collect();
-        let (overhead, host, error) = fit_mpi(&truth, &sweep, 2).unwrap();
-        assert!(error < 0.5, "{error}");
-        assert!((overhead / 40.0 - 1.0).abs() < 0.05, "{overhead}");
-        assert!((host / 0.6 - 1.0).abs() < 0.02, "{host}");
+        let fitted = cluster(
+            &lab(),
+            &measured,
+            "host-2core",
+            "t",
+            std::path::Path::new("t.sweep.csv"),
+        )
+        .unwrap();
+        let Library::Mpi(p) = &fitted.library else {
+            panic!("an MPI cluster")
+        };
+        assert_eq!(p.provenance.status, Status::Calibrated);
+        assert!((p.host_gbps.unwrap() / 0.6 - 1.0).abs() < 0.01, "{p:?}");
+        assert!(p.provenance.method.contains("t.sweep.csv"));
+        // The CSV reads back as the measurements the fit used.
+        let dir = std::env::temp_dir().join(format!("syncopate-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = sweep_path(&dir.join("lab.json"));
+        assert!(path.ends_with("lab.sweep.csv"));
+        std::fs::write(&path, sweep_csv(&measured)).unwrap();
+        let read = syncopate_sim::calibrate::read_measurements(&path, Op::Allreduce, None, 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let read = read.unwrap();
+        assert_eq!(read.len(), 5);
+        assert!(read.iter().all(|m| m.gpus == 2));
+        assert_eq!(read[4].bytes, 16 << 20);
     }
 
     #[test]
@@ -437,7 +366,14 @@ mod tests {
             ranks: 2,
             contention: None,
         };
-        let c = cluster(&lab(), &measured, "host-2core", "syncopate lab up").unwrap();
+        let c = cluster(
+            &lab(),
+            &measured,
+            "host-2core",
+            "syncopate lab up",
+            std::path::Path::new("s.csv"),
+        )
+        .unwrap();
         let Library::Mpi(p) = &c.library else {
             panic!("an MPI cluster")
         };
