@@ -65,6 +65,9 @@ fn print_row(r: &Row) {
     println!();
 }
 
+/// What a refit appends to a cluster's `source`.
+const REFIT_NOTE: &str = " The MPI host cap and message overhead above were since refitted";
+
 /// An MPI cluster's host cap and per-message overhead fitted to allreduce times
 /// (`syncopate_sim::mpi_fit`, the fit `lab up` makes), written to `out` as the input file with
 /// only its library replaced: its device stays named as the file names it.
@@ -102,6 +105,16 @@ fn refit_mpi(
     let written = data::locate(DataKind::Cluster, &args.cluster.cluster)?;
     let mut file: serde_json::Value = serde_json::from_str(&written.text)?;
     file["library"] = serde_json::to_value(&refit.library)?;
+    // A second refit replaces the first one's note.
+    let source = refit.source.split(REFIT_NOTE).next().unwrap_or_default();
+    let refitted = format!(
+        "{REFIT_NOTE}: library.provenance says how (host_gbps {}, message_overhead_us {:.2}).",
+        fitted
+            .host_gbps
+            .map_or_else(|| "none".to_string(), |cap| format!("{cap:.4}")),
+        fitted.message_overhead_us
+    );
+    file["source"] = format!("{source}{refitted}").into();
     super::write_json(out, &file)?;
     eprintln!(
         "fitted the MPI host cap and message overhead (mean |error| {:.1} %); wrote {}",
