@@ -83,8 +83,79 @@ pub struct NcclParams {
     /// Fixed cost of an NVLS allreduce.
     #[serde(default)]
     pub nvls_latency_us: f64,
+    /// The tree's own latencies (multi-node allreduce). Absent: NCCL's tuner relation to the
+    /// ring's (the ring's base cost, the network hop per tree level).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeLatency>,
+    /// Share of the network efficiency lost per doubling of the node count beyond two (adaptive
+    /// routing and congestion on larger fabrics): `inter_efficiency / (1 + loss · log2(nodes / 2))`.
+    #[serde(default)]
+    pub inter_efficiency_loss_per_doubling: f64,
+    /// What NCCL decides from the hardware before any collective runs. Absent: the fastest of the
+    /// calibrated algorithms runs, on all channels at every size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<NcclSetup>,
     pub provenance: Provenance,
 }
+
+/// Latency of NCCL's tree allreduce: a chain inside each node (priced by the intra-node hop)
+/// and a double binary tree across nodes, reduced up and broadcast down.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TreeLatency {
+    /// Fixed cost of one tree allreduce per protocol (launch, the root's turnaround).
+    pub base_latency_us: PerProtocol,
+    /// Cost of one network level of the tree per protocol, paid once up and once down.
+    pub level_latency_us: PerProtocol,
+}
+
+/// NCCL's configuration on a cluster: which tuner tables choose the algorithm and protocol, and
+/// how many channels (CUDA blocks, each with its own ring or tree and network connection) run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcclSetup {
+    /// Release series whose tuner tables apply.
+    pub version: NcclVersion,
+    /// GPU generation (NCCL's tuner tables are per compute capability).
+    pub gpu_arch: GpuArch,
+    /// Host CPU vendor (NCCL's LL bandwidth across nodes depends on it).
+    pub cpu_vendor: CpuVendor,
+    /// Channels of a large collective; smaller ones use fewer, as NCCL's thread thresholds decide.
+    pub channels: u32,
+}
+
+/// NCCL release series with distinct tuner tables (src/graph/tuning.cc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NcclVersion {
+    /// 2.18: tree Simple hop latencies 4/6/14 µs (NVLink/PCIe/network), LL ring at a quarter
+    /// of the bus bandwidth.
+    #[serde(rename = "2.18")]
+    V2_18,
+    /// 2.19–2.20: tree Simple hop latencies raised to 28 µs.
+    #[serde(rename = "2.19")]
+    V2_19,
+    /// 2.21 and later: as 2.19, and the LL ring at half the bus bandwidth.
+    #[serde(rename = "2.21")]
+    V2_21,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuArch {
+    Volta,
+    Ampere,
+    Hopper,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuVendor {
+    Intel,
+    Amd,
+}
+
+/// The most channels NCCL runs (MAXCHANNELS in NCCL 2.18–2.21).
+pub const MAX_NCCL_CHANNELS: u32 = 32;
 
 /// Parameters of MPI over TCP (Horovod's MPI backend, GRACE's setup).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -338,6 +409,38 @@ impl Cluster {
                 if self.intra_node.nvls {
                     check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
                     limits::check_duration_us(label, "library.nvls_latency_us", p.nvls_latency_us)?;
+                }
+                if let Some(tree) = &p.tree {
+                    for (field, value) in [
+                        ("library.tree.base_latency_us.ll", tree.base_latency_us.ll),
+                        ("library.tree.base_latency_us.ll128", tree.base_latency_us.ll128),
+                        ("library.tree.base_latency_us.simple", tree.base_latency_us.simple),
+                        ("library.tree.level_latency_us.ll", tree.level_latency_us.ll),
+                        ("library.tree.level_latency_us.ll128", tree.level_latency_us.ll128),
+                        ("library.tree.level_latency_us.simple", tree.level_latency_us.simple),
+                    ] {
+                        limits::check_duration_us(label, field, value)?;
+                    }
+                }
+                let loss = p.inter_efficiency_loss_per_doubling;
+                if !(loss.is_finite() && (0.0..=1.0).contains(&loss)) {
+                    return Err(SimError::invalid(
+                        label,
+                        "library.inter_efficiency_loss_per_doubling",
+                        format!("must be in [0, 1], got {}", limits::num(loss)),
+                    ));
+                }
+                if let Some(setup) = &p.setup {
+                    if !(1..=MAX_NCCL_CHANNELS).contains(&setup.channels) {
+                        return Err(SimError::invalid(
+                            label,
+                            "library.setup.channels",
+                            format!(
+                                "NCCL runs 1 to {MAX_NCCL_CHANNELS} channels, got {}",
+                                setup.channels
+                            ),
+                        ));
+                    }
                 }
             }
             Library::Mpi(p) => {
