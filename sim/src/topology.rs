@@ -68,7 +68,9 @@ pub struct NcclParams {
     /// uses 6.6 / 14 / 8.4 µs (ring LL / LL128 / Simple); measured clusters are slower.
     pub base_latency_us: PerProtocol,
     /// Fraction of the Simple protocol's bandwidth LL128 reaches (NCCL's tuner assumes 0.92 from
-    /// its 120-of-128-byte lines; measured A100 rings reach less).
+    /// its 120-of-128-byte lines). Simple may itself reach well below a link's line rate, so
+    /// this may exceed 1; LL128 on a link never carries more than 120/128 of its line rate
+    /// ([`NcclParams::ll128_ceiling`]).
     pub ll128_efficiency: f64,
     /// Cap on the LL protocol's algorithm bandwidth, per rank, in GB/s: LL's flag polling rather
     /// than the link bounds it.
@@ -103,8 +105,11 @@ pub struct NcclParams {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TreeLatency {
-    /// Fixed cost of one tree allreduce per protocol (launch, the root's turnaround).
-    pub base_latency_us: PerProtocol,
+    /// Fixed cost of one tree allreduce per protocol (launch, the root's turnaround). Absent:
+    /// the ring's (`library.base_latency_us`): data at one tree depth cannot tell an intercept
+    /// of the tree's own from its per-level cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_latency_us: Option<PerProtocol>,
     /// Cost of one network level of the tree per protocol, paid once up and once down.
     pub level_latency_us: PerProtocol,
 }
@@ -178,6 +183,14 @@ pub struct MpiParams {
 /// LL128 carries 120 data bytes in every 128-byte line, so it can reach at most this share of
 /// the link (NCCL src/include/devcomm.h).
 pub const LL128_PAYLOAD_FRACTION: f64 = 120.0 / 128.0;
+
+impl NcclParams {
+    /// The largest `ll128_efficiency` (a share of Simple's bandwidth) that keeps LL128 within
+    /// its payload share of the line rate on the link where Simple is most efficient.
+    pub fn ll128_ceiling(&self) -> f64 {
+        LL128_PAYLOAD_FRACTION / self.intra_efficiency.max(self.inter_efficiency)
+    }
+}
 
 /// One number per NCCL protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -391,34 +404,39 @@ impl Cluster {
                     p.ll_multi_node_gbytes_per_s,
                     "GB/s",
                 )?;
-                check_fraction(
-                    label,
-                    "library.ll128_efficiency",
-                    p.ll128_efficiency / LL128_PAYLOAD_FRACTION,
-                )
-                .map_err(|_| {
-                    SimError::invalid(
+                let ceiling = p.ll128_ceiling();
+                if !(p.ll128_efficiency > 0.0 && p.ll128_efficiency <= ceiling) {
+                    return Err(SimError::invalid(
                         label,
                         "library.ll128_efficiency",
                         format!(
-                            "must be in (0, {LL128_PAYLOAD_FRACTION}], got {}",
-                            p.ll128_efficiency
+                            "must be in (0, {}] (LL128 carries at most {LL128_PAYLOAD_FRACTION} of a link's line rate; Simple reaches {} of it inside a node and {} across), got {}",
+                            limits::num(ceiling),
+                            limits::num(p.intra_efficiency),
+                            limits::num(p.inter_efficiency),
+                            limits::num(p.ll128_efficiency)
                         ),
-                    )
-                })?;
+                    ));
+                }
                 if self.intra_node.nvls {
                     check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
                     limits::check_duration_us(label, "library.nvls_latency_us", p.nvls_latency_us)?;
                 }
                 if let Some(tree) = &p.tree {
-                    for (field, value) in [
-                        ("library.tree.base_latency_us.ll", tree.base_latency_us.ll),
-                        ("library.tree.base_latency_us.ll128", tree.base_latency_us.ll128),
-                        ("library.tree.base_latency_us.simple", tree.base_latency_us.simple),
-                        ("library.tree.level_latency_us.ll", tree.level_latency_us.ll),
-                        ("library.tree.level_latency_us.ll128", tree.level_latency_us.ll128),
-                        ("library.tree.level_latency_us.simple", tree.level_latency_us.simple),
-                    ] {
+                    let level = &tree.level_latency_us;
+                    let mut fields = vec![
+                        ("library.tree.level_latency_us.ll", level.ll),
+                        ("library.tree.level_latency_us.ll128", level.ll128),
+                        ("library.tree.level_latency_us.simple", level.simple),
+                    ];
+                    if let Some(base) = &tree.base_latency_us {
+                        fields.extend([
+                            ("library.tree.base_latency_us.ll", base.ll),
+                            ("library.tree.base_latency_us.ll128", base.ll128),
+                            ("library.tree.base_latency_us.simple", base.simple),
+                        ]);
+                    }
+                    for (field, value) in fields {
                         limits::check_duration_us(label, field, value)?;
                     }
                 }

@@ -101,8 +101,7 @@ fn compare(
         None => cluster.clone(),
         Some(out) => {
             let fit_set = calibrate::fit_set(&measurements, &held_out);
-            let report =
-                calibrate::fit_report(cluster, op, &fit_set, args.fit_only.as_deref())?;
+            let report = calibrate::fit_report(cluster, op, &fit_set, args.fit_only.as_deref())?;
             super::write_json(out, &report.cluster)?;
             print_fit_report(&report, &held_out, out);
             report.cluster

@@ -1,9 +1,10 @@
 //! Fitting an NCCL cluster's physical parameters to measurements, and reporting what the data could not determine or pushed against a bound.
 
 use super::{error_table, group_for, predict, Measurement};
+use crate::collective::nccl_tree_latency;
 use crate::collective::Op;
 use crate::error::{Result, SimError};
-use crate::topology::{Cluster, Library, NcclParams, PerProtocol, TreeLatency, LL128_PAYLOAD_FRACTION};
+use crate::topology::{Cluster, Library, NcclParams, TreeLatency};
 use std::collections::BTreeSet;
 
 /// The lowest hop latencies the hardware alone allows: an NVLink/PCIe transfer, and a NIC plus
@@ -53,27 +54,92 @@ const fn factor(name: &'static str, min: f64, max: f64, needs: Needs) -> Paramet
 const UNBOUNDED: f64 = f64::INFINITY;
 
 /// The fitted quantities of an NCCL cluster, in the order the search visits them, with their
-/// physical bounds: efficiencies are fractions of a link, LL128 cannot beat its payload share,
-/// a hop costs at least what the hardware takes.
+/// physical bounds: efficiencies are fractions of a link, a hop costs at least what the
+/// hardware takes; LL128 cannot beat its payload share of a line ([`bounds`]).
 const PARAMETERS: [Parameter; 19] = [
-    factor("intra_node.latency_us", MIN_INTRA_HOP_US, UNBOUNDED, Needs::Anything),
-    factor("inter_node.latency_us", MIN_INTER_HOP_US, UNBOUNDED, Needs::Network),
+    factor(
+        "intra_node.latency_us",
+        MIN_INTRA_HOP_US,
+        UNBOUNDED,
+        Needs::Anything,
+    ),
+    factor(
+        "inter_node.latency_us",
+        MIN_INTER_HOP_US,
+        UNBOUNDED,
+        Needs::Network,
+    ),
     factor("library.intra_efficiency", 0.0, 1.0, Needs::Anything),
     factor("library.inter_efficiency", 0.0, 1.0, Needs::Network),
-    factor("library.ll_gbytes_per_s_per_rank", 0.0, UNBOUNDED, Needs::Anything),
-    factor("library.base_latency_us.ll", 0.0, UNBOUNDED, Needs::Anything),
-    factor("library.base_latency_us.ll128", 0.0, UNBOUNDED, Needs::Anything),
-    factor("library.base_latency_us.simple", 0.0, UNBOUNDED, Needs::Anything),
-    factor("library.ll128_efficiency", 0.0, LL128_PAYLOAD_FRACTION, Needs::Anything),
-    factor("library.ll_multi_node_gbytes_per_s", 0.0, UNBOUNDED, Needs::Network),
+    factor(
+        "library.ll_gbytes_per_s_per_rank",
+        0.0,
+        UNBOUNDED,
+        Needs::Anything,
+    ),
+    factor(
+        "library.base_latency_us.ll",
+        0.0,
+        UNBOUNDED,
+        Needs::Anything,
+    ),
+    factor(
+        "library.base_latency_us.ll128",
+        0.0,
+        UNBOUNDED,
+        Needs::Anything,
+    ),
+    factor(
+        "library.base_latency_us.simple",
+        0.0,
+        UNBOUNDED,
+        Needs::Anything,
+    ),
+    factor("library.ll128_efficiency", 0.0, UNBOUNDED, Needs::Anything),
+    factor(
+        "library.ll_multi_node_gbytes_per_s",
+        0.0,
+        UNBOUNDED,
+        Needs::Network,
+    ),
     factor("library.nvls_efficiency", 0.0, 1.0, Needs::Anything),
     factor("library.nvls_latency_us", 0.0, UNBOUNDED, Needs::Anything),
-    factor("library.tree.base_latency_us.ll", 0.0, UNBOUNDED, Needs::Network),
-    factor("library.tree.base_latency_us.ll128", 0.0, UNBOUNDED, Needs::Network),
-    factor("library.tree.base_latency_us.simple", 0.0, UNBOUNDED, Needs::Network),
-    factor("library.tree.level_latency_us.ll", 0.0, UNBOUNDED, Needs::TreeDepths),
-    factor("library.tree.level_latency_us.ll128", 0.0, UNBOUNDED, Needs::TreeDepths),
-    factor("library.tree.level_latency_us.simple", 0.0, UNBOUNDED, Needs::TreeDepths),
+    factor(
+        "library.tree.base_latency_us.ll",
+        0.0,
+        UNBOUNDED,
+        Needs::TreeDepths,
+    ),
+    factor(
+        "library.tree.base_latency_us.ll128",
+        0.0,
+        UNBOUNDED,
+        Needs::TreeDepths,
+    ),
+    factor(
+        "library.tree.base_latency_us.simple",
+        0.0,
+        UNBOUNDED,
+        Needs::TreeDepths,
+    ),
+    factor(
+        "library.tree.level_latency_us.ll",
+        0.0,
+        UNBOUNDED,
+        Needs::Network,
+    ),
+    factor(
+        "library.tree.level_latency_us.ll128",
+        0.0,
+        UNBOUNDED,
+        Needs::Network,
+    ),
+    factor(
+        "library.tree.level_latency_us.simple",
+        0.0,
+        UNBOUNDED,
+        Needs::Network,
+    ),
     Parameter {
         name: "library.inter_efficiency_loss_per_doubling",
         min: 0.0,
@@ -98,16 +164,17 @@ fn parameter(cluster: &mut Cluster, index: usize) -> &mut f64 {
     }
     let params = nccl(cluster);
     if (12..18).contains(&index) {
-        // The fit writes the tree's latencies out before it moves them.
+        // with_explicit_tree writes the levels out before the fit starts; an intercept of the
+        // tree's own starts from the ring's.
         let ring = params.base_latency_us;
-        let tree = params.tree.get_or_insert(TreeLatency {
-            base_latency_us: ring,
-            level_latency_us: ring,
-        });
+        let tree = params
+            .tree
+            .as_mut()
+            .expect("the fit writes the tree's levels out first");
         return match index {
-            12 => &mut tree.base_latency_us.ll,
-            13 => &mut tree.base_latency_us.ll128,
-            14 => &mut tree.base_latency_us.simple,
+            12 => &mut tree.base_latency_us.get_or_insert(ring).ll,
+            13 => &mut tree.base_latency_us.get_or_insert(ring).ll128,
+            14 => &mut tree.base_latency_us.get_or_insert(ring).simple,
             15 => &mut tree.level_latency_us.ll,
             16 => &mut tree.level_latency_us.ll128,
             _ => &mut tree.level_latency_us.simple,
@@ -128,22 +195,18 @@ fn parameter(cluster: &mut Cluster, index: usize) -> &mut f64 {
     }
 }
 
-/// A cluster whose tree latencies are written out (NCCL's relation to the ring's when the file
-/// has none), so that the fit can move them one by one.
+/// A cluster whose tree levels are written out (NCCL's relation to the ring's when the file has
+/// none), so that the fit can move them one by one; the tree's intercept stays the ring's until
+/// the fit moves it.
 fn with_explicit_tree(cluster: &Cluster) -> Cluster {
     let mut explicit = cluster.clone();
     let network_hop = cluster.inter_node.latency_us;
     let params = nccl(&mut explicit);
     if params.tree.is_none() {
-        // NCCL 2.18's tree network hop over LL, LL128 and Simple (hwLat), on the cluster's
-        // own LL hop: as collective::nccl prices a tree without latencies of its own.
+        let (_, level_latency_us) = nccl_tree_latency(network_hop, params);
         params.tree = Some(TreeLatency {
-            base_latency_us: params.base_latency_us,
-            level_latency_us: PerProtocol {
-                ll: network_hop + 2.3,
-                ll128: network_hop + 5.8,
-                simple: network_hop + 11.3,
-            },
+            base_latency_us: None,
+            level_latency_us,
         });
     }
     explicit
@@ -337,8 +400,9 @@ fn hits(cluster: &mut Cluster, indices: &[usize]) -> Vec<BoundHit> {
         .iter()
         .filter_map(|&index| {
             let p = &PARAMETERS[index];
+            let (min, max) = bounds(cluster, index);
             let value = *parameter(cluster, index);
-            let bound = [p.min, p.max]
+            let bound = [min, max]
                 .into_iter()
                 .find(|b| b.is_finite() && (value - b).abs() <= 1e-9 * b.abs().max(1.0))?;
             Some(BoundHit {
@@ -390,9 +454,9 @@ impl DataShape {
             Needs::Network if self.node_counts.is_empty() => {
                 Some("no multi-node data: the network is not exercised")
             }
-            Needs::TreeDepths if self.tree_depths.len() < 2 => Some(
-                "data at one tree depth cannot tell a per-level cost from the intercept",
-            ),
+            Needs::TreeDepths if self.tree_depths.len() < 2 => {
+                Some("data at one tree depth cannot tell a per-level cost from the intercept")
+            }
             Needs::NodeCounts
                 if self.node_counts.len() < 2 || self.node_counts.iter().all(|&n| n <= 2) =>
             {
@@ -422,15 +486,33 @@ fn exercised(
     })
 }
 
-/// Moves parameter `index` by `step` in `direction`, within its bounds.
+/// Index of `library.ll128_efficiency` in [`PARAMETERS`].
+const LL128_EFFICIENCY: usize = 8;
+
+/// The bounds of parameter `index` on `cluster`: the static ones, and for LL128's share of
+/// Simple's bandwidth the ceiling the link efficiencies leave it.
+fn bounds(cluster: &mut Cluster, index: usize) -> (f64, f64) {
+    let p = &PARAMETERS[index];
+    if index == LL128_EFFICIENCY {
+        (p.min, nccl(cluster).ll128_ceiling())
+    } else {
+        (p.min, p.max)
+    }
+}
+
+/// Moves parameter `index` by `step` in `direction`, within its bounds; LL128's share follows a
+/// link efficiency that rises past its ceiling.
 fn nudge(cluster: &mut Cluster, index: usize, direction: f64, step: f64) {
     let p = &PARAMETERS[index];
+    let (min, max) = bounds(cluster, index);
     let value = parameter(cluster, index);
     let moved = match p.step {
         Step::Factor => *value * (direction * step).exp(),
         Step::Add(unit) => *value + direction * step * unit,
     };
-    *value = moved.clamp(p.min, p.max);
+    *value = moved.clamp(min, max);
+    let params = nccl(cluster);
+    params.ll128_efficiency = params.ll128_efficiency.min(params.ll128_ceiling());
 }
 
 fn pattern_search(

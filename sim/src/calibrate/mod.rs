@@ -120,7 +120,10 @@ pub fn read_measurements(
     for (line_index, line) in lines {
         let fields = split_fields(line);
         let get = |i: usize| fields.get(i).map_or("", |f| f.trim());
-        if filter_at.iter().any(|(&at, values)| !values.contains(&get(at))) {
+        if filter_at
+            .iter()
+            .any(|(&at, values)| !values.contains(&get(at)))
+        {
             continue;
         }
         let at_line = |field: &str| format!("line {}, column `{field}`", line_index + 1);
@@ -329,7 +332,9 @@ impl Holdout {
         match self {
             Holdout::Nothing => Vec::new(),
             // With a single GPU count there is nothing left to fit on.
-            Holdout::LargestScale if counts.len() > 1 => counts.last().copied().into_iter().collect(),
+            Holdout::LargestScale if counts.len() > 1 => {
+                counts.last().copied().into_iter().collect()
+            }
             Holdout::LargestScale => Vec::new(),
             Holdout::Gpus(list) => counts.into_iter().filter(|g| list.contains(g)).collect(),
         }
@@ -369,7 +374,10 @@ mod tests {
         assert_eq!(Holdout::LargestScale.gpus(&data), [32]);
         assert_eq!(Holdout::LargestScale.gpus(&data[..1]), Vec::<u32>::new());
         assert_eq!("16,64".parse::<Holdout>().unwrap().gpus(&data), [16]);
-        assert_eq!("none".parse::<Holdout>().unwrap().gpus(&data), Vec::<u32>::new());
+        assert_eq!(
+            "none".parse::<Holdout>().unwrap().gpus(&data),
+            Vec::<u32>::new()
+        );
         assert!("0".parse::<Holdout>().is_err() && "x".parse::<Holdout>().is_err());
         assert_eq!(fit_set(&data, &[32]).len(), 2);
         let rows = error_table(&data, &[]);

@@ -108,6 +108,28 @@ pub(super) fn local_copy(cluster: &Cluster, bytes: u64) -> Estimate {
     }
 }
 
+/// The tree's intercept and per-level cost per protocol: the cluster's own, or NCCL's relation
+/// to the ring's (the ring's intercept; a level costs the network hop plus NCCL's extra for the
+/// protocol).
+pub(crate) fn tree_latency(network_hop_us: f64, params: &NcclParams) -> (PerProtocol, PerProtocol) {
+    let base = params
+        .tree
+        .and_then(|tree| tree.base_latency_us)
+        .unwrap_or(params.base_latency_us);
+    let level = match &params.tree {
+        Some(tree) => tree.level_latency_us,
+        None => {
+            let level = |p: Protocol| network_hop_us + TREE_EXTRAS[index(p)].net;
+            PerProtocol {
+                ll: level(Protocol::Ll),
+                ll128: level(Protocol::Ll128),
+                simple: level(Protocol::Simple),
+            }
+        }
+    };
+    (base, level)
+}
+
 /// The calibrated link properties of one group on one cluster.
 pub(super) struct Costs<'a> {
     params: &'a NcclParams,
@@ -135,8 +157,7 @@ impl<'a> Costs<'a> {
             params,
             group,
             fabric: cluster.intra_node.fabric,
-            intra_gbytes_per_s: cluster.intra_node.bandwidth_gbytes_per_s
-                * params.intra_efficiency,
+            intra_gbytes_per_s: cluster.intra_node.bandwidth_gbytes_per_s * params.intra_efficiency,
             // A group with fewer GPUs per node than NICs cannot drive every NIC.
             inter_gbytes_per_s: cluster.inter_node.nic_bandwidth_gbps / 8.0
                 * nics.min(group.ranks_per_node() as f64)
@@ -266,22 +287,8 @@ impl<'a> Costs<'a> {
         latency + bytes as f64 / (algbw * 1e3)
     }
 
-    /// The tree's latencies: the cluster's own, or NCCL's relation to the ring's.
     fn tree_latency(&self) -> (PerProtocol, PerProtocol) {
-        match &self.params.tree {
-            Some(tree) => (tree.base_latency_us, tree.level_latency_us),
-            None => {
-                let level = |p: Protocol| self.hop_us(false, &TREE_EXTRAS[index(p)]);
-                (
-                    self.params.base_latency_us,
-                    PerProtocol {
-                        ll: level(Protocol::Ll),
-                        ll128: level(Protocol::Ll128),
-                        simple: level(Protocol::Simple),
-                    },
-                )
-            }
-        }
+        tree_latency(self.inter_hop_us, self.params)
     }
 
     /// Tree allreduce: a chain inside each node and a double binary tree across nodes, reduced
@@ -309,11 +316,18 @@ impl<'a> Costs<'a> {
         let per_channel = bytes as f64 / (share * channels);
         let depth = group.ranks_per_node() - 1 + levels;
         let chunk = tree_chunk_bytes(protocol, per_channel, depth).min(per_channel);
+        // A tree channel's block receives, reduces and sends every byte on the way up and
+        // copies it on the way down, the work a ring channel does per byte over the same
+        // links: a tree streams no faster than a ring of the group (Echo's two-node A100 data:
+        // tree LL128 levels off below ring LL128, though the chain alone would allow more).
+        let ring_rate = self.bus_gbytes_per_s() * efficiency
+            / (Op::Allreduce.bus_factor(group.ranks) * channels);
         let slowest = match (chain_hops > 0.0, group.nodes > 1) {
             (true, true) => intra_rate.min(net_rate),
             (true, false) => intra_rate,
             _ => net_rate,
-        };
+        }
+        .min(ring_rate);
         let fill = 2.0 * chunk * (chain_hops / intra_rate + levels as f64 / net_rate);
         let mut transfer = (per_channel - chunk) / slowest + fill;
         if protocol == Protocol::Ll {
@@ -330,7 +344,8 @@ impl<'a> Costs<'a> {
         let ppn = group.ranks_per_node() as f64;
         let intra =
             self.intra_gbytes_per_s / self.params.intra_efficiency * self.params.nvls_efficiency;
-        let mut time = self.params.nvls_latency_us + bytes as f64 * (1.0 + 1.0 / ppn) / (intra * 1e3);
+        let mut time =
+            self.params.nvls_latency_us + bytes as f64 * (1.0 + 1.0 / ppn) / (intra * 1e3);
         if group.nodes > 1 {
             let net_traffic = if group.nodes <= 2 { 1.0 } else { 2.0 };
             let (_, level) = self.tree_latency();
@@ -376,29 +391,48 @@ mod tests {
     #[test]
     fn a_large_tree_streams_at_its_slowest_stage() {
         let (cluster, params) = a100();
-        let group = Group {
-            ranks: 16,
-            nodes: 2,
-        };
-        let costs = Costs::new(&cluster, &params, group);
         let bytes = 8u64 << 30;
-        let algbw = bytes as f64 / (costs.tree_us(Protocol::Simple, bytes) * 1e3);
-        // Inside a node each GPU sends every byte up and down the chain; across two nodes each
-        // node sends every byte once.
-        let slowest = (costs.intra_gbytes_per_s / 2.0).min(costs.inter_gbytes_per_s);
-        assert!(algbw < slowest && algbw > 0.98 * slowest, "{algbw} vs {slowest}");
-        // Deeper trees have nodes serving two children: half the network rate.
-        let deeper = Costs::new(&cluster, &params, Group { ranks: 32, nodes: 4 });
-        let deep_algbw = bytes as f64 / (deeper.tree_us(Protocol::Simple, bytes) * 1e3);
-        let deep_slowest = (deeper.intra_gbytes_per_s / 2.0).min(deeper.inter_gbytes_per_s / 2.0);
-        assert!(deep_algbw < deep_slowest && deep_algbw > 0.98 * deep_slowest);
+        for (ranks, nodes) in [(16, 2), (32, 4), (4, 4)] {
+            let group = Group { ranks, nodes };
+            let costs = Costs::new(&cluster, &params, group);
+            let algbw = bytes as f64 / (costs.tree_us(Protocol::Simple, bytes) * 1e3);
+            // Inside a node each GPU sends every byte up and down the chain; across two nodes
+            // each node sends every byte once, deeper trees have nodes serving two children;
+            // and no tree outruns a ring over the same links.
+            let chain = if ranks > nodes {
+                costs.intra_gbytes_per_s / 2.0
+            } else {
+                f64::INFINITY
+            };
+            let network = costs.inter_gbytes_per_s / if nodes > 2 { 2.0 } else { 1.0 };
+            let ring = costs.bus_gbytes_per_s() / Op::Allreduce.bus_factor(ranks);
+            let slowest = chain.min(network).min(ring);
+            assert!(
+                algbw < slowest && algbw > 0.98 * slowest,
+                "{ranks} ranks: {algbw} vs {slowest}"
+            );
+        }
     }
 
     #[test]
     fn a_single_chunk_crosses_every_hop_of_the_tree() {
         let (cluster, params) = a100();
-        let two = Costs::new(&cluster, &params, Group { ranks: 16, nodes: 2 });
-        let four = Costs::new(&cluster, &params, Group { ranks: 32, nodes: 4 });
+        let two = Costs::new(
+            &cluster,
+            &params,
+            Group {
+                ranks: 16,
+                nodes: 2,
+            },
+        );
+        let four = Costs::new(
+            &cluster,
+            &params,
+            Group {
+                ranks: 32,
+                nodes: 4,
+            },
+        );
         let bytes = 4096;
         // One Simple channel and one chunk: the extra level adds its latency both ways and the
         // chunk's crossing of that level both ways (at half the rate beyond two nodes).
@@ -408,8 +442,7 @@ mod tests {
         let net_rate_four = four.inter_gbytes_per_s / (2.0 * channels);
         let extra = 2.0 * level.simple
             + 2.0 * bytes as f64 * (2.0 / net_rate_four - 1.0 / net_rate_two) / 1e3;
-        let measured =
-            four.tree_us(Protocol::Simple, bytes) - two.tree_us(Protocol::Simple, bytes);
+        let measured = four.tree_us(Protocol::Simple, bytes) - two.tree_us(Protocol::Simple, bytes);
         assert!((measured - extra).abs() < 1e-9, "{measured} vs {extra}");
     }
 
@@ -420,21 +453,36 @@ mod tests {
         let channels = costs.channels as f64;
         // A ring's LL channel takes 512 threads × 8 bytes per rank.
         let per_channel = 512 * 8 * 8;
-        assert_eq!(costs.channel_share(Algorithm::Ring, Protocol::Ll, 1), 1.0 / channels);
+        assert_eq!(
+            costs.channel_share(Algorithm::Ring, Protocol::Ll, 1),
+            1.0 / channels
+        );
         assert_eq!(
             costs.channel_share(Algorithm::Ring, Protocol::Ll, 3 * per_channel),
             3.0 / channels
         );
-        assert_eq!(costs.channel_share(Algorithm::Ring, Protocol::Ll, 1 << 30), 1.0);
-        assert_eq!(costs.channel_share(Algorithm::Tree, Protocol::Simple, 32768 * 2), 2.0 / channels);
+        assert_eq!(
+            costs.channel_share(Algorithm::Ring, Protocol::Ll, 1 << 30),
+            1.0
+        );
+        assert_eq!(
+            costs.channel_share(Algorithm::Tree, Protocol::Simple, 32768 * 2),
+            2.0 / channels
+        );
     }
 
     #[test]
     fn the_simple_tree_chunk_shrinks_to_fill_the_pipeline() {
         assert_eq!(tree_chunk_bytes(Protocol::Simple, 1e9, 8), 512.0 * 1024.0);
         // 8 deep: a chunk of 128 KiB needs 64 of them (8 MiB); 4 MiB gets 64 KiB chunks.
-        assert_eq!(tree_chunk_bytes(Protocol::Simple, 8.0 * 1048576.0, 8), 131_072.0);
-        assert_eq!(tree_chunk_bytes(Protocol::Simple, 4.0 * 1048576.0, 8), 65_536.0);
+        assert_eq!(
+            tree_chunk_bytes(Protocol::Simple, 8.0 * 1048576.0, 8),
+            131_072.0
+        );
+        assert_eq!(
+            tree_chunk_bytes(Protocol::Simple, 4.0 * 1048576.0, 8),
+            65_536.0
+        );
         assert_eq!(tree_chunk_bytes(Protocol::Simple, 1024.0, 8), 32_768.0);
         assert_eq!(tree_chunk_bytes(Protocol::Ll, 1024.0, 8), 256.0);
     }

@@ -8,6 +8,8 @@
 mod cost;
 mod tuner;
 
+pub(crate) use cost::tree_latency;
+
 use super::{Algorithm, Estimate, Group, Op, Protocol};
 use crate::time::SimTime;
 use crate::topology::{Cluster, NcclParams, PerProtocol};

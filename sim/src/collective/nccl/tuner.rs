@@ -158,7 +158,11 @@ impl Tuner<'_> {
                 let (steps, inter_steps) = match self.op {
                     Op::Allreduce => (
                         2.0 * (n - 1.0),
-                        if g.nodes > 1 { 2.0 * g.nodes as f64 } else { 0.0 },
+                        if g.nodes > 1 {
+                            2.0 * g.nodes as f64
+                        } else {
+                            0.0
+                        },
                     ),
                     Op::Allgather | Op::ReduceScatter | Op::Alltoall => {
                         (n - 1.0, (g.nodes - 1) as f64)
@@ -200,14 +204,22 @@ impl Tuner<'_> {
         let (intra, inter) = (self.intra_gbytes_per_s, self.inter_gbytes_per_s);
         // Rings and trees count the intra-node graph's bandwidth up to two nodes, the
         // network's beyond.
-        let bus = if g.nodes <= 2 { intra } else { inter.min(intra) };
+        let bus = if g.nodes <= 2 {
+            intra
+        } else {
+            inter.min(intra)
+        };
         match algorithm {
             Algorithm::Tree => {
                 let tree = (bus * 0.92).min(channels * tree_cap);
                 let bus = match protocol {
                     Protocol::Ll => (tree / 3.8).min(ll_max),
                     Protocol::Ll128 => {
-                        let payload = if g.nodes == 1 { 7.0 / 9.0 } else { 120.0 / 128.0 };
+                        let payload = if g.nodes == 1 {
+                            7.0 / 9.0
+                        } else {
+                            120.0 / 128.0
+                        };
                         (tree * payload).min(channels * tree_ll128_cap)
                     }
                     _ => tree,
@@ -338,13 +350,24 @@ mod tests {
         let Library::Nccl(params) = &cluster.library else {
             panic!("{name} runs NCCL")
         };
-        let setup = params.setup.expect("shipped NCCL clusters state NCCL's setup");
-        choose(&cluster, &setup, Op::Allreduce, bytes, Group { ranks, nodes })
+        let setup = params
+            .setup
+            .expect("shipped NCCL clusters state NCCL's setup");
+        choose(
+            &cluster,
+            &setup,
+            Op::Allreduce,
+            bytes,
+            Group { ranks, nodes },
+        )
     }
 
     #[test]
     fn nccl_picks_ll_for_small_rings_and_simple_for_large_ones() {
-        assert_eq!(choose_on("a100-ib200", 4096, 8, 1), (Algorithm::Ring, Protocol::Ll));
+        assert_eq!(
+            choose_on("a100-ib200", 4096, 8, 1),
+            (Algorithm::Ring, Protocol::Ll)
+        );
         // Simple's full bus bandwidth beats LL128's 0.92 of it once latency is paid off.
         assert_eq!(
             choose_on("a100-ib200", 1 << 30, 8, 1),
@@ -354,8 +377,14 @@ mod tests {
 
     #[test]
     fn nccl_trees_small_messages_across_nodes_and_reduces_in_the_switch_on_hopper() {
-        assert_eq!(choose_on("a100-ib200", 4096, 32, 4), (Algorithm::Tree, Protocol::Ll));
-        assert_eq!(choose_on("dgx-h100", 1 << 30, 8, 1), (Algorithm::Nvls, Protocol::Simple));
+        assert_eq!(
+            choose_on("a100-ib200", 4096, 32, 4),
+            (Algorithm::Tree, Protocol::Ll)
+        );
+        assert_eq!(
+            choose_on("dgx-h100", 1 << 30, 8, 1),
+            (Algorithm::Nvls, Protocol::Simple)
+        );
     }
 
     #[test]
@@ -369,7 +398,10 @@ mod tests {
         let cluster = Cluster::load("a100-ib200", ClusterOverrides::default()).unwrap();
         let tuner = Tuner {
             setup: &setup,
-            group: Group { ranks: 16, nodes: 2 },
+            group: Group {
+                ranks: 16,
+                nodes: 2,
+            },
             op: Op::Allreduce,
             fabric: Fabric::Nvswitch,
             intra_gbytes_per_s: cluster.intra_node.bandwidth_gbytes_per_s,
