@@ -474,13 +474,18 @@ mod tests {
     #[test]
     fn the_simple_tree_chunk_shrinks_to_fill_the_pipeline() {
         assert_eq!(tree_chunk_bytes(Protocol::Simple, 1e9, 8), 512.0 * 1024.0);
-        // 8 deep: a chunk of 128 KiB needs 64 of them (8 MiB); 4 MiB gets 64 KiB chunks.
+        // 8 deep: 128 KiB chunks need 8 x 8 of them (8 MiB) before halving stops there, and
+        // 4 x 8 (4 MiB) to stay; 2 MiB holds only 16, so it gets 64 KiB chunks.
         assert_eq!(
             tree_chunk_bytes(Protocol::Simple, 8.0 * 1048576.0, 8),
             131_072.0
         );
         assert_eq!(
             tree_chunk_bytes(Protocol::Simple, 4.0 * 1048576.0, 8),
+            131_072.0
+        );
+        assert_eq!(
+            tree_chunk_bytes(Protocol::Simple, 2.0 * 1048576.0, 8),
             65_536.0
         );
         assert_eq!(tree_chunk_bytes(Protocol::Simple, 1024.0, 8), 32_768.0);
