@@ -3,6 +3,7 @@
 use crate::common::{scratch, stderr, stdout, syncopate, validation_data};
 use syncopate_sim::calibrate::{self, Measurement, RowFilter};
 use syncopate_sim::collective::{self, Algorithm, Group, Op, Protocol, ServerPlacement};
+use syncopate_sim::data::DataKind;
 use syncopate_sim::topology::{Cluster, ClusterOverrides, Library};
 
 fn cluster(name: &str) -> Cluster {
@@ -125,6 +126,42 @@ fn time_never_decreases_with_size() {
                     .as_ns();
                 assert!(t >= previous, "{name} {op} at 2^{shift}: {t} < {previous}");
                 previous = t;
+            }
+        }
+    }
+}
+
+#[test]
+fn time_never_decreases_between_powers_of_two_on_any_shipped_cluster() {
+    // Sizes 7 % apart cross every channel threshold and every switch of NCCL's tuner, where a
+    // rounded channel count or pricing the tuner's choice made a larger message faster.
+    let sizes: Vec<u64> = (0..)
+        .map(|k| (4.0 * 1.07f64.powi(k)) as u64)
+        .take_while(|&b| b <= 16 << 30)
+        .collect();
+    for name in DataKind::Cluster.shipped_names() {
+        for nodes in [1, 2, 3, 4, 16, 128] {
+            let mut c = cluster(name);
+            c.apply(ClusterOverrides {
+                nodes: Some(nodes),
+                ..Default::default()
+            })
+            .unwrap();
+            for op in Op::ALL {
+                let mut previous = (0, 0);
+                for &bytes in &sizes {
+                    let t = collective::estimate(&c, op, bytes, Group::world(&c))
+                        .unwrap()
+                        .time
+                        .as_ns();
+                    assert!(
+                        t >= previous.1,
+                        "{name}, {nodes} nodes, {op}: {bytes} B take {t} ns, {} B {} ns",
+                        previous.0,
+                        previous.1
+                    );
+                    previous = (bytes, t);
+                }
             }
         }
     }
@@ -284,14 +321,14 @@ fn mean_error_at(cluster: &Cluster, measurements: &[Measurement], gpus: u32) -> 
 
 // Errors measured when the shipped cluster files were fitted (profiles/validation/README.md),
 // with a little room: a change to the model that makes them worse fails here. Issue 13 asks for
-// at most 8 % at Echo's 32 GPUs; the model is not there yet.
-const ECHO_HELD_OUT_MEDIAN_PCT: f64 = 10.5;
-const ECHO_HELD_OUT_MEAN_PCT: f64 = 13.0;
-const ECHO_FIT_MEAN_PCT: f64 = 14.0;
-const POLARIS_256_NODES_MEDIAN_PCT: f64 = 35.0;
-const POLARIS_540_NODES_MEDIAN_PCT: f64 = 32.0;
-const POLARIS_TCP_128_NODES_MEDIAN_PCT: f64 = 33.0;
-const H100_8_NODES_MEDIAN_PCT: f64 = 32.0;
+// a mean of at most 8 % at Echo's 32 GPUs (7.8 % since the fit prices the cheapest candidate).
+const ECHO_HELD_OUT_MEDIAN_PCT: f64 = 8.5;
+const ECHO_HELD_OUT_MEAN_PCT: f64 = 8.0;
+const ECHO_FIT_MEAN_PCT: f64 = 9.5;
+const POLARIS_256_NODES_MEDIAN_PCT: f64 = 12.5;
+const POLARIS_540_NODES_MEDIAN_PCT: f64 = 18.5;
+const POLARIS_TCP_128_NODES_MEDIAN_PCT: f64 = 31.0;
+const H100_8_NODES_MEDIAN_PCT: f64 = 24.5;
 
 /// Median of the absolute percentage errors of the predictions of `measurements` at `gpus`.
 fn median_error_at(cluster: &Cluster, measurements: &[Measurement], gpus: u32) -> f64 {

@@ -394,6 +394,11 @@ pub fn determinable_fields(
     indices.iter().map(|&i| PARAMETERS[i].name).collect()
 }
 
+/// How close to a bound counts as on it, relative to the bound (absolute for a bound of 0): the
+/// search moves parameters by factors, so one driven towards 0 (a latency of 0.0002 µs) never
+/// reaches the bound exactly.
+const AT_BOUND: f64 = 1e-3;
+
 /// The parameters among `indices` that sit on one of their bounds.
 fn hits(cluster: &mut Cluster, indices: &[usize]) -> Vec<BoundHit> {
     indices
@@ -404,7 +409,7 @@ fn hits(cluster: &mut Cluster, indices: &[usize]) -> Vec<BoundHit> {
             let value = *parameter(cluster, index);
             let bound = [min, max]
                 .into_iter()
-                .find(|b| b.is_finite() && (value - b).abs() <= 1e-9 * b.abs().max(1.0))?;
+                .find(|b| b.is_finite() && (value - b).abs() <= AT_BOUND * b.abs().max(1.0))?;
             Some(BoundHit {
                 name: p.name,
                 value,

@@ -235,11 +235,14 @@ impl<'a> Costs<'a> {
     }
 
     /// Share of the full bandwidth a collective of `bytes` gets: NCCL runs only as many
-    /// channels as the message fills.
+    /// channels as the message fills. The share grows in proportion to the bytes rather than
+    /// by whole channels: with a rounded count, the byte that starts one more channel would
+    /// halve every channel's work and make a larger message faster than a smaller one (while
+    /// channels are added, each carries one threshold's worth and the time stays level).
     fn channel_share(&self, algorithm: Algorithm, protocol: Protocol, bytes: u64) -> f64 {
         let per_channel = bytes_per_channel(algorithm, protocol, self.group.ranks);
-        let used = bytes.div_ceil(per_channel).clamp(1, self.channels as u64);
-        used as f64 / self.channels as f64
+        let channels = self.channels as f64;
+        (bytes as f64 / per_channel as f64).clamp(1.0, channels) / channels
     }
 
     fn hop_us(&self, intra: bool, extras: &HopExtras) -> f64 {
@@ -460,6 +463,11 @@ mod tests {
         assert_eq!(
             costs.channel_share(Algorithm::Ring, Protocol::Ll, 3 * per_channel),
             3.0 / channels
+        );
+        // Between thresholds the share grows with the bytes, so the time stays level.
+        assert_eq!(
+            costs.channel_share(Algorithm::Ring, Protocol::Ll, 3 * per_channel / 2),
+            1.5 / channels
         );
         assert_eq!(
             costs.channel_share(Algorithm::Ring, Protocol::Ll, 1 << 30),
