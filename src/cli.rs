@@ -159,6 +159,15 @@ pub struct CollectiveArgs {
     /// default: all of them.
     #[arg(long, requires = "fit_out", value_delimiter = ',')]
     pub fit_only: Option<Vec<String>>,
+    /// GPU counts of the --compare data kept out of the fit, whose error is reported apart:
+    /// a list (32 or 16,32), `largest` (the default with --fit-out) or `none`. Without
+    /// --fit-out it names the counts the cluster was not calibrated on.
+    #[arg(long, requires = "compare")]
+    pub holdout_gpus: Option<String>,
+    /// Read only the --compare rows whose COLUMN holds VALUE (COLUMN=VALUE, comma-separated or
+    /// repeated; values of one column are alternatives), for files that hold several runs.
+    #[arg(long = "where", requires = "compare", value_delimiter = ',')]
+    pub where_: Vec<String>,
 }
 
 #[derive(Args, Debug)]

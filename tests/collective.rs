@@ -1,8 +1,9 @@
 //! The collective model: closed-form cases by hand, monotonicity, and calibration accuracy.
 
-use crate::common::validation_data;
-use syncopate_sim::calibrate;
+use crate::common::{scratch, stderr, stdout, syncopate, validation_data};
+use syncopate_sim::calibrate::{self, Measurement, RowFilter};
 use syncopate_sim::collective::{self, Algorithm, Group, Op, Protocol, ServerPlacement};
+use syncopate_sim::data::DataKind;
 use syncopate_sim::topology::{Cluster, ClusterOverrides, Library};
 
 fn cluster(name: &str) -> Cluster {
@@ -131,6 +132,42 @@ fn time_never_decreases_with_size() {
 }
 
 #[test]
+fn time_never_decreases_between_powers_of_two_on_any_shipped_cluster() {
+    // Sizes 7 % apart cross every channel threshold and every switch of NCCL's tuner, where a
+    // rounded channel count or pricing the tuner's choice made a larger message faster.
+    let sizes: Vec<u64> = (0..)
+        .map(|k| (4.0 * 1.07f64.powi(k)) as u64)
+        .take_while(|&b| b <= 16 << 30)
+        .collect();
+    for name in DataKind::Cluster.shipped_names() {
+        for nodes in [1, 2, 3, 4, 16, 128] {
+            let mut c = cluster(name);
+            c.apply(ClusterOverrides {
+                nodes: Some(nodes),
+                ..Default::default()
+            })
+            .unwrap();
+            for op in Op::ALL {
+                let mut previous = (0, 0);
+                for &bytes in &sizes {
+                    let t = collective::estimate(&c, op, bytes, Group::world(&c))
+                        .unwrap()
+                        .time
+                        .as_ns();
+                    assert!(
+                        t >= previous.1,
+                        "{name}, {nodes} nodes, {op}: {bytes} B take {t} ns, {} B {} ns",
+                        previous.0,
+                        previous.1
+                    );
+                    previous = (bytes, t);
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn slower_network_is_never_faster() {
     let fast = cluster("v100-100gib");
     let mut slow = fast.clone();
@@ -201,31 +238,6 @@ fn allgatherv_is_bounded_by_the_largest_block() {
 }
 
 #[test]
-fn echo_a100_error_is_within_ten_percent_for_every_gpu_count() {
-    let c = cluster("a100-ib200");
-    let path = validation_data("echo_nccl_allreduce_a100_ib200.csv");
-    let measurements: Vec<_> = calibrate::read_measurements(&path, Op::Allreduce, None, 8)
-        .unwrap()
-        .into_iter()
-        .filter(|m| (4096..=4 << 30).contains(&m.bytes))
-        .collect();
-    let predictions = calibrate::predict(&c, Op::Allreduce, &measurements).unwrap();
-    let table = calibrate::error_table(&measurements, &predictions);
-    assert_eq!(
-        table.iter().map(|r| r.gpus).collect::<Vec<_>>(),
-        [1, 2, 4, 8, 16, 32]
-    );
-    for row in table {
-        assert!(
-            row.mean_abs_pct <= 10.0,
-            "{} GPUs: {:.1}%",
-            row.gpus,
-            row.mean_abs_pct
-        );
-    }
-}
-
-#[test]
 fn azure_hopper_nvls_curves_are_within_ten_percent() {
     for (name, column) in [
         ("dgx-h100", "h100_80gb_x8_busbw_gbs"),
@@ -234,7 +246,7 @@ fn azure_hopper_nvls_curves_are_within_ten_percent() {
         let c = cluster(name);
         let path = validation_data("azure_nccl_allreduce_busbw_8gpu.csv");
         let measurements: Vec<_> =
-            calibrate::read_measurements(&path, Op::Allreduce, Some(column), 8)
+            calibrate::read_measurements(&path, Op::Allreduce, Some(column), 8, &[])
                 .unwrap()
                 .into_iter()
                 .filter(|m| m.bytes >= 4096)
@@ -286,4 +298,332 @@ fn fitting_recovers_a_known_cluster() {
             row.mean_abs_pct
         );
     }
+}
+
+/// Echo's A100 allreduce from 4 KiB to 4 GiB.
+fn echo() -> Vec<Measurement> {
+    let path = validation_data("echo_nccl_allreduce_a100_ib200.csv");
+    calibrate::read_measurements(&path, Op::Allreduce, None, 8, &[])
+        .unwrap()
+        .into_iter()
+        .filter(|m| (4096..=4 << 30).contains(&m.bytes))
+        .collect()
+}
+
+fn mean_error_at(cluster: &Cluster, measurements: &[Measurement], gpus: u32) -> f64 {
+    let predictions = calibrate::predict(cluster, Op::Allreduce, measurements).unwrap();
+    calibrate::error_table(measurements, &predictions)
+        .into_iter()
+        .find(|r| r.gpus == gpus)
+        .unwrap_or_else(|| panic!("no measurements at {gpus} GPUs"))
+        .mean_abs_pct
+}
+
+// Errors measured when the shipped cluster files were fitted (profiles/validation/README.md),
+// with a little room: a change to the model that makes them worse fails here. Issue 13 asks for
+// a mean of at most 8 % at Echo's 32 GPUs (7.8 % since the fit prices the cheapest candidate).
+const ECHO_HELD_OUT_MEDIAN_PCT: f64 = 8.5;
+const ECHO_HELD_OUT_MEAN_PCT: f64 = 8.0;
+const ECHO_FIT_MEAN_PCT: f64 = 9.5;
+const POLARIS_256_NODES_MEDIAN_PCT: f64 = 12.5;
+const POLARIS_540_NODES_MEDIAN_PCT: f64 = 18.5;
+const POLARIS_TCP_128_NODES_MEDIAN_PCT: f64 = 31.0;
+const H100_8_NODES_MEDIAN_PCT: f64 = 24.5;
+
+/// Median of the absolute percentage errors of the predictions of `measurements` at `gpus`.
+fn median_error_at(cluster: &Cluster, measurements: &[Measurement], gpus: u32) -> f64 {
+    let at: Vec<Measurement> = measurements
+        .iter()
+        .filter(|m| m.gpus == gpus)
+        .copied()
+        .collect();
+    let predictions = calibrate::predict(cluster, Op::Allreduce, &at).unwrap();
+    let mut errors: Vec<f64> = at
+        .iter()
+        .zip(&predictions)
+        .map(|(m, p)| (p.time.as_us() - m.time_us).abs() / m.time_us * 100.0)
+        .collect();
+    assert!(!errors.is_empty(), "no measurements at {gpus} GPUs");
+    errors.sort_by(f64::total_cmp);
+    let mid = errors.len() / 2;
+    if errors.len() % 2 == 1 {
+        errors[mid]
+    } else {
+        (errors[mid - 1] + errors[mid]) / 2.0
+    }
+}
+
+#[test]
+fn echo_a100_fitted_up_to_sixteen_gpus_predicts_thirty_two() {
+    // The shipped a100-ib200 was fitted on 1-16 GPUs only (its provenance names the command).
+    let c = cluster("a100-ib200");
+    let data = echo();
+    let median = median_error_at(&c, &data, 32);
+    let mean = mean_error_at(&c, &data, 32);
+    assert!(
+        median <= ECHO_HELD_OUT_MEDIAN_PCT,
+        "held-out 32 GPUs: median {median:.1}%"
+    );
+    assert!(
+        mean <= ECHO_HELD_OUT_MEAN_PCT,
+        "held-out 32 GPUs: mean {mean:.1}%"
+    );
+    for gpus in [1, 2, 4, 8, 16] {
+        let fitted = mean_error_at(&c, &data, gpus);
+        assert!(
+            fitted <= ECHO_FIT_MEAN_PCT,
+            "{gpus} GPUs (fitted): {fitted:.1}%"
+        );
+    }
+}
+
+#[test]
+fn the_echo_fit_without_thirty_two_gpus_puts_no_parameter_on_a_bound() {
+    let c = cluster("a100-ib200");
+    let fit_set = calibrate::fit_set(&echo(), &[32]);
+    let report = calibrate::fit_report(&c, Op::Allreduce, &fit_set, None).unwrap();
+    assert!(report.at_bounds.is_empty(), "{:?}", report.at_bounds);
+    // Two nodes are one tree depth: the fit moves the per-level cost and leaves the tree's
+    // intercept to the ring's.
+    assert!(
+        report.fitted.contains(&"library.tree.level_latency_us.ll"),
+        "{:?}",
+        report.fitted
+    );
+    let kept: Vec<&str> = report.kept.iter().map(|k| k.name).collect();
+    assert!(
+        kept.contains(&"library.tree.base_latency_us.ll"),
+        "{kept:?}"
+    );
+    assert!(
+        kept.contains(&"library.inter_efficiency_loss_per_doubling"),
+        "{kept:?}"
+    );
+    // Refitting the shipped cluster on its own data leaves the held-out error where it was.
+    let shipped = mean_error_at(&c, &echo(), 32);
+    let refit = mean_error_at(&report.cluster, &echo(), 32);
+    assert!((refit - shipped).abs() < 1.0, "{refit:.2} vs {shipped:.2}");
+}
+
+#[test]
+fn one_node_data_keeps_the_network_and_the_fit_is_deterministic() {
+    let one_node: Vec<Measurement> = echo().into_iter().filter(|m| m.gpus <= 8).collect();
+    let c = cluster("a100-ib200");
+    let only: Vec<String> = [
+        "intra_node.latency_us",
+        "inter_node.latency_us",
+        "library.intra_efficiency",
+    ]
+    .map(String::from)
+    .to_vec();
+    let first = calibrate::fit_report(&c, Op::Allreduce, &one_node, Some(&only)).unwrap();
+    let second = calibrate::fit_report(&c, Op::Allreduce, &one_node, Some(&only)).unwrap();
+    assert_eq!(first.cluster, second.cluster);
+    assert_eq!(first.objective.to_bits(), second.objective.to_bits());
+    assert_eq!(
+        first.fitted,
+        ["intra_node.latency_us", "library.intra_efficiency"]
+    );
+    assert_eq!(first.kept.len(), 1);
+    assert_eq!(first.kept[0].name, "inter_node.latency_us");
+    assert_eq!(first.cluster.inter_node, c.inter_node);
+}
+
+#[test]
+fn nccls_tuner_chooses_and_the_calibrated_model_prices() {
+    let c = cluster("a100-ib200");
+    let two_nodes = Group {
+        ranks: 16,
+        nodes: 2,
+    };
+    // NCCL 2.18's tables rate a two-node tree below the ring for large messages.
+    let large = collective::estimate(&c, Op::Allreduce, 1 << 30, two_nodes).unwrap();
+    assert_eq!(
+        (large.algorithm, large.protocol),
+        (Algorithm::Ring, Protocol::Simple)
+    );
+    let four_nodes = Group {
+        ranks: 32,
+        nodes: 4,
+    };
+    let small = collective::estimate(&c, Op::Allreduce, 4096, four_nodes).unwrap();
+    assert_eq!(
+        (small.algorithm, small.protocol),
+        (Algorithm::Tree, Protocol::Ll)
+    );
+    // Without NCCL's setup the fastest calibrated algorithm runs instead.
+    let mut no_setup = c.clone();
+    if let Library::Nccl(p) = &mut no_setup.library {
+        p.setup = None;
+    }
+    let fastest = collective::estimate(&no_setup, Op::Allreduce, 1 << 30, two_nodes).unwrap();
+    assert!(fastest.time <= large.time);
+}
+
+#[test]
+fn compare_reports_the_held_out_error_apart() {
+    let data = validation_data("echo_nccl_allreduce_a100_ib200.csv");
+    let out = syncopate(&[
+        "collective",
+        "--cluster",
+        "a100-ib200",
+        "--compare",
+        data.to_str().unwrap(),
+        "--holdout-gpus",
+        "32",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["held_out_error"]["gpus"], serde_json::json!([32]));
+    assert_eq!(
+        report["fit_error"]["gpus"],
+        serde_json::json!([1, 2, 4, 8, 16])
+    );
+    assert!(
+        report["held_out_error"]["mean_abs_error_pct"]
+            .as_f64()
+            .unwrap()
+            <= ECHO_HELD_OUT_MEAN_PCT
+    );
+}
+
+#[test]
+fn a_fit_holds_the_largest_scale_out_and_says_what_it_kept() {
+    let dir = scratch("fit-holdout");
+    let data = validation_data("azure_nccl_allreduce_busbw_8gpu.csv");
+    let out_file = dir.join("fitted.json");
+    let out = syncopate(&[
+        "collective",
+        "--cluster",
+        "dgx-h100",
+        "--compare",
+        data.to_str().unwrap(),
+        "--column",
+        "h100_80gb_x8_busbw_gbs",
+        "--fit-out",
+        out_file.to_str().unwrap(),
+        "--fit-only",
+        "library.nvls_latency_us,inter_node.latency_us",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    // One GPU count: nothing can be held out, and one node says nothing about the network.
+    assert!(err.contains("nothing held out"), "{err}");
+    assert!(
+        err.contains("kept inter_node.latency_us: no multi-node data"),
+        "{err}"
+    );
+    assert!(Cluster::load(out_file.to_str().unwrap(), ClusterOverrides::default()).is_ok());
+}
+
+#[test]
+fn row_filters_select_one_run_of_a_multi_run_file() {
+    let path = validation_data("polaris_nccl_a100_slingshot11.csv");
+    let filters: Vec<RowFilter> = ["collective=all_reduce", "nccl_series=2.21", "env_setup=5"]
+        .iter()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    let rows = calibrate::read_measurements(
+        &path,
+        Op::Allreduce,
+        Some("time_us_out_of_place"),
+        8,
+        &filters,
+    )
+    .unwrap();
+    // Nodes 2, 8, 256 and 540 at 29 sizes from 4 B to 1 GiB.
+    assert_eq!(rows.len(), 4 * 29);
+    let unknown = ["no_such_column=1".parse::<RowFilter>().unwrap()];
+    let err = calibrate::read_measurements(&path, Op::Allreduce, None, 8, &unknown)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--where") && err.contains("no_such_column"),
+        "{err}"
+    );
+}
+
+/// Out-of-place allreduce rows of a vendored multi-run file from 4 KiB to `max_bytes`;
+/// `filters` pick the runs.
+fn allreduce_rows(file: &str, filters: &[&str], max_bytes: u64) -> Vec<Measurement> {
+    let filters: Vec<RowFilter> = filters.iter().map(|f| f.parse().unwrap()).collect();
+    calibrate::read_measurements(
+        &validation_data(file),
+        Op::Allreduce,
+        Some("time_us_out_of_place"),
+        8,
+        &filters,
+    )
+    .unwrap()
+    .into_iter()
+    .filter(|m| (4096..=max_bytes).contains(&m.bytes))
+    .collect()
+}
+
+/// `cluster` resized to `nodes` nodes.
+fn with_nodes(cluster: &Cluster, nodes: u32) -> Cluster {
+    let mut sized = cluster.clone();
+    sized.nodes = nodes;
+    sized
+}
+
+#[test]
+fn polaris_fitted_on_two_and_eight_nodes_predicts_256_and_540_nodes() {
+    // NCCL 2.21 over libfabric CXI (setup 5); the cluster file was fitted on 8 and 32 GPUs.
+    let data = allreduce_rows(
+        "polaris_nccl_a100_slingshot11.csv",
+        &["collective=all_reduce", "nccl_series=2.21", "env_setup=5"],
+        1 << 30,
+    );
+    let c = cluster("polaris-a100-ss11");
+    for (gpus, bound) in [
+        (1024, POLARIS_256_NODES_MEDIAN_PCT),
+        (2160, POLARIS_540_NODES_MEDIAN_PCT),
+    ] {
+        let median = median_error_at(&c, &data, gpus);
+        assert!(median <= bound, "held-out {gpus} GPUs: median {median:.1}%");
+    }
+    // Across 540 nodes NCCL's tuner trees small messages (a ring would pay 2 x 2159 hops).
+    let group = Group {
+        ranks: 2160,
+        nodes: 540,
+    };
+    let small = collective::estimate(&with_nodes(&c, 540), Op::Allreduce, 64 << 10, group).unwrap();
+    assert_eq!(
+        (small.algorithm, small.protocol),
+        (Algorithm::Tree, Protocol::Ll)
+    );
+}
+
+#[test]
+fn polaris_over_tcp_sockets_fitted_on_two_and_eight_nodes_predicts_128_nodes() {
+    let data = allreduce_rows(
+        "polaris_nccl_a100_slingshot11.csv",
+        &["collective=all_reduce", "nccl_series=2.18", "env_setup=1"],
+        1 << 30,
+    );
+    let c = cluster("polaris-a100-tcp");
+    let median = median_error_at(&c, &data, 512);
+    assert!(
+        median <= POLARIS_TCP_128_NODES_MEDIAN_PCT,
+        "held-out 512 GPUs: median {median:.1}%"
+    );
+}
+
+#[test]
+fn h100_issue_309_fitted_on_two_and_four_nodes_predicts_eight() {
+    // Cluster C of NVIDIA/nccl-tests#309: runs C2 (2 nodes) and C3 (4 nodes) fitted, C1 held out.
+    let data = allreduce_rows(
+        "h100_ib400_nccl_allreduce_issue309.csv",
+        &["run_id=C1", "run_id=C2", "run_id=C3"],
+        4 << 30,
+    );
+    let c = cluster("h100-ib400");
+    let median = median_error_at(&c, &data, 64);
+    assert!(
+        median <= H100_8_NODES_MEDIAN_PCT,
+        "held-out 64 GPUs: median {median:.1}%"
+    );
 }

@@ -1,6 +1,6 @@
-//! nccl-tests-style tables of the collective model: time, algorithm and bus bandwidth per size, alone or next to measurements with the error per GPU count.
+//! nccl-tests-style tables of the collective model: time, algorithm and bus bandwidth per size, alone or next to measurements with the error per GPU count, fitted and held out apart.
 
-use crate::calibrate::{self, ErrorRow, Measurement};
+use crate::calibrate::{self, ErrorRow, ErrorSummary, Measurement};
 use crate::collective::{self, Estimate, Group, Op};
 use crate::error::Result;
 use crate::topology::Cluster;
@@ -60,16 +60,28 @@ pub fn predict(cluster: &Cluster, op: Op, sizes: &[u64]) -> Result<Vec<Row>> {
         .collect()
 }
 
-/// Predicted against measured times: a row per measurement and the error per GPU count.
+/// Predicted against measured times: a row per measurement, the error per GPU count, and the
+/// error over the GPU counts the cluster was fitted on apart from the ones held out of the fit.
 pub struct Comparison {
     pub cluster: String,
     pub rows: Vec<Row>,
     /// Unrounded; the JSON form rounds to three decimals.
     pub errors: Vec<ErrorRow>,
+    /// GPU counts kept out of the fit.
+    pub held_out_gpus: Vec<u32>,
+    /// Over the other GPU counts (every count when none is held out).
+    pub fit_error: Option<ErrorSummary>,
+    pub held_out_error: Option<ErrorSummary>,
 }
 
-/// Predicts every measurement on `cluster` (resized to each measurement's GPU count).
-pub fn compare(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> Result<Comparison> {
+/// Predicts every measurement on `cluster` (resized to each measurement's GPU count);
+/// `held_out_gpus` are the counts the cluster was not fitted on.
+pub fn compare(
+    cluster: &Cluster,
+    op: Op,
+    measurements: &[Measurement],
+    held_out_gpus: &[u32],
+) -> Result<Comparison> {
     let predictions = calibrate::predict(cluster, op, measurements)?;
     let errors = calibrate::error_table(measurements, &predictions);
     let rows = measurements
@@ -80,6 +92,9 @@ pub fn compare(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> Resul
     Ok(Comparison {
         cluster: cluster.name.clone(),
         rows,
+        fit_error: calibrate::summarize(&errors, |g| !held_out_gpus.contains(&g)),
+        held_out_error: calibrate::summarize(&errors, |g| held_out_gpus.contains(&g)),
+        held_out_gpus: held_out_gpus.to_vec(),
         errors,
     })
 }
@@ -90,14 +105,32 @@ impl Serialize for Comparison {
         struct Json<'a> {
             rows: &'a [Row],
             error_by_gpus: Vec<ErrorJson>,
+            fit_error: Option<SummaryJson<'a>>,
+            held_out_error: Option<SummaryJson<'a>>,
             cluster: &'a str,
         }
         #[derive(Serialize)]
         struct ErrorJson {
             gpus: u32,
+            held_out: bool,
             points: usize,
             mean_abs_error_pct: f64,
             max_abs_error_pct: f64,
+        }
+        #[derive(Serialize)]
+        struct SummaryJson<'a> {
+            gpus: &'a [u32],
+            points: usize,
+            mean_abs_error_pct: f64,
+            max_abs_error_pct: f64,
+        }
+        fn summary(s: &ErrorSummary) -> SummaryJson<'_> {
+            SummaryJson {
+                gpus: &s.gpus,
+                points: s.points,
+                mean_abs_error_pct: round3(s.mean_abs_pct),
+                max_abs_error_pct: round3(s.max_abs_pct),
+            }
         }
         Json {
             rows: &self.rows,
@@ -106,11 +139,14 @@ impl Serialize for Comparison {
                 .iter()
                 .map(|r| ErrorJson {
                     gpus: r.gpus,
+                    held_out: self.held_out_gpus.contains(&r.gpus),
                     points: r.points,
                     mean_abs_error_pct: round3(r.mean_abs_pct),
                     max_abs_error_pct: round3(r.max_abs_pct),
                 })
                 .collect(),
+            fit_error: self.fit_error.as_ref().map(summary),
+            held_out_error: self.held_out_error.as_ref().map(summary),
             cluster: &self.cluster,
         }
         .serialize(serializer)
@@ -163,7 +199,7 @@ mod tests {
                 time_us: predicted * 2.0,
             },
         ];
-        let comparison = compare(&c, Op::Allreduce, &measurements).unwrap();
+        let comparison = compare(&c, Op::Allreduce, &measurements, &[]).unwrap();
         let errors: Vec<f64> = comparison.rows.iter().filter_map(|r| r.error_pct).collect();
         assert_eq!(errors.len(), 2);
         assert!(
@@ -179,7 +215,9 @@ mod tests {
             .keys()
             .map(String::as_str)
             .collect();
-        assert_eq!(keys.len(), 3, "{keys:?}");
+        assert_eq!(keys.len(), 5, "{keys:?}");
         assert_eq!(json["error_by_gpus"][0]["gpus"], gpus);
+        assert_eq!(json["fit_error"]["points"], 2);
+        assert!(json["held_out_error"].is_null());
     }
 }

@@ -68,7 +68,9 @@ pub struct NcclParams {
     /// uses 6.6 / 14 / 8.4 µs (ring LL / LL128 / Simple); measured clusters are slower.
     pub base_latency_us: PerProtocol,
     /// Fraction of the Simple protocol's bandwidth LL128 reaches (NCCL's tuner assumes 0.92 from
-    /// its 120-of-128-byte lines; measured A100 rings reach less).
+    /// its 120-of-128-byte lines). Simple may itself reach well below a link's line rate, so
+    /// this may exceed 1; LL128 on a link never carries more than 120/128 of its line rate
+    /// ([`NcclParams::ll128_ceiling`]).
     pub ll128_efficiency: f64,
     /// Cap on the LL protocol's algorithm bandwidth, per rank, in GB/s: LL's flag polling rather
     /// than the link bounds it.
@@ -83,8 +85,82 @@ pub struct NcclParams {
     /// Fixed cost of an NVLS allreduce.
     #[serde(default)]
     pub nvls_latency_us: f64,
+    /// The tree's own latencies (multi-node allreduce). Absent: NCCL's tuner relation to the
+    /// ring's (the ring's base cost, the network hop per tree level).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeLatency>,
+    /// Share of the network efficiency lost per doubling of the node count beyond two (adaptive
+    /// routing and congestion on larger fabrics): `inter_efficiency / (1 + loss · log2(nodes / 2))`.
+    #[serde(default)]
+    pub inter_efficiency_loss_per_doubling: f64,
+    /// What NCCL decides from the hardware before any collective runs. Absent: the fastest of the
+    /// calibrated algorithms runs, on all channels at every size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<NcclSetup>,
     pub provenance: Provenance,
 }
+
+/// Latency of NCCL's tree allreduce: a chain inside each node (priced by the intra-node hop)
+/// and a double binary tree across nodes, reduced up and broadcast down.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TreeLatency {
+    /// Fixed cost of one tree allreduce per protocol (launch, the root's turnaround). Absent:
+    /// the ring's (`library.base_latency_us`): data at one tree depth cannot tell an intercept
+    /// of the tree's own from its per-level cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_latency_us: Option<PerProtocol>,
+    /// Cost of one network level of the tree per protocol, paid once up and once down.
+    pub level_latency_us: PerProtocol,
+}
+
+/// NCCL's configuration on a cluster: which tuner tables choose the algorithm and protocol, and
+/// how many channels (CUDA blocks, each with its own ring or tree and network connection) run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcclSetup {
+    /// Release series whose tuner tables apply.
+    pub version: NcclVersion,
+    /// GPU generation (NCCL's tuner tables are per compute capability).
+    pub gpu_arch: GpuArch,
+    /// Host CPU vendor (NCCL's LL bandwidth across nodes depends on it).
+    pub cpu_vendor: CpuVendor,
+    /// Channels of a large collective; smaller ones use fewer, as NCCL's thread thresholds decide.
+    pub channels: u32,
+}
+
+/// NCCL release series with distinct tuner tables (src/graph/tuning.cc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NcclVersion {
+    /// 2.18: tree Simple hop latencies 4/6/14 µs (NVLink/PCIe/network), LL ring at a quarter
+    /// of the bus bandwidth.
+    #[serde(rename = "2.18")]
+    V2_18,
+    /// 2.19–2.20: tree Simple hop latencies raised to 28 µs.
+    #[serde(rename = "2.19")]
+    V2_19,
+    /// 2.21 and later: as 2.19, and the LL ring at half the bus bandwidth.
+    #[serde(rename = "2.21")]
+    V2_21,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuArch {
+    Volta,
+    Ampere,
+    Hopper,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuVendor {
+    Intel,
+    Amd,
+}
+
+/// The most channels NCCL runs (MAXCHANNELS in NCCL 2.18–2.21).
+pub const MAX_NCCL_CHANNELS: u32 = 32;
 
 /// Parameters of MPI over TCP (Horovod's MPI backend, GRACE's setup).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -107,6 +183,14 @@ pub struct MpiParams {
 /// LL128 carries 120 data bytes in every 128-byte line, so it can reach at most this share of
 /// the link (NCCL src/include/devcomm.h).
 pub const LL128_PAYLOAD_FRACTION: f64 = 120.0 / 128.0;
+
+impl NcclParams {
+    /// The largest `ll128_efficiency` (a share of Simple's bandwidth) that keeps LL128 within
+    /// its payload share of the line rate on the link where Simple is most efficient.
+    pub fn ll128_ceiling(&self) -> f64 {
+        LL128_PAYLOAD_FRACTION / self.intra_efficiency.max(self.inter_efficiency)
+    }
+}
 
 /// One number per NCCL protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -360,24 +444,61 @@ impl Cluster {
                     p.ll_multi_node_gbytes_per_s,
                     "GB/s",
                 )?;
-                check_fraction(
-                    label,
-                    "library.ll128_efficiency",
-                    p.ll128_efficiency / LL128_PAYLOAD_FRACTION,
-                )
-                .map_err(|_| {
-                    SimError::invalid(
+                let ceiling = p.ll128_ceiling();
+                if !(p.ll128_efficiency > 0.0 && p.ll128_efficiency <= ceiling) {
+                    return Err(SimError::invalid(
                         label,
                         "library.ll128_efficiency",
                         format!(
-                            "must be in (0, {LL128_PAYLOAD_FRACTION}], got {}",
-                            p.ll128_efficiency
+                            "must be in (0, {}] (LL128 carries at most {LL128_PAYLOAD_FRACTION} of a link's line rate; Simple reaches {} of it inside a node and {} across), got {}",
+                            limits::num(ceiling),
+                            limits::num(p.intra_efficiency),
+                            limits::num(p.inter_efficiency),
+                            limits::num(p.ll128_efficiency)
                         ),
-                    )
-                })?;
+                    ));
+                }
                 if self.intra_node.nvls {
                     check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
                     limits::check_duration_us(label, "library.nvls_latency_us", p.nvls_latency_us)?;
+                }
+                if let Some(tree) = &p.tree {
+                    let level = &tree.level_latency_us;
+                    let mut fields = vec![
+                        ("library.tree.level_latency_us.ll", level.ll),
+                        ("library.tree.level_latency_us.ll128", level.ll128),
+                        ("library.tree.level_latency_us.simple", level.simple),
+                    ];
+                    if let Some(base) = &tree.base_latency_us {
+                        fields.extend([
+                            ("library.tree.base_latency_us.ll", base.ll),
+                            ("library.tree.base_latency_us.ll128", base.ll128),
+                            ("library.tree.base_latency_us.simple", base.simple),
+                        ]);
+                    }
+                    for (field, value) in fields {
+                        limits::check_duration_us(label, field, value)?;
+                    }
+                }
+                let loss = p.inter_efficiency_loss_per_doubling;
+                if !(loss.is_finite() && (0.0..=1.0).contains(&loss)) {
+                    return Err(SimError::invalid(
+                        label,
+                        "library.inter_efficiency_loss_per_doubling",
+                        format!("must be in [0, 1], got {}", limits::num(loss)),
+                    ));
+                }
+                if let Some(setup) = &p.setup {
+                    if !(1..=MAX_NCCL_CHANNELS).contains(&setup.channels) {
+                        return Err(SimError::invalid(
+                            label,
+                            "library.setup.channels",
+                            format!(
+                                "NCCL runs 1 to {MAX_NCCL_CHANNELS} channels, got {}",
+                                setup.channels
+                            ),
+                        ));
+                    }
                 }
             }
             Library::Mpi(p) => {

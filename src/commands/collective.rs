@@ -1,7 +1,7 @@
 //! `syncopate collective`: nccl-tests-style predictions, comparison with measurements, fitting.
 
 use crate::cli::{CollectiveArgs, Format};
-use syncopate_sim::calibrate::{self, Measurement};
+use syncopate_sim::calibrate::{self, FitReport, Holdout, Measurement, RowFilter};
 use syncopate_sim::collective::{Group, Op};
 use syncopate_sim::compare::{self, Row};
 use syncopate_sim::data::{self, DataKind};
@@ -131,11 +131,21 @@ fn compare(
     args: &CollectiveArgs,
 ) -> anyhow::Result<()> {
     let (min, max) = (parse_bytes(&args.min_bytes)?, parse_bytes(&args.max_bytes)?);
-    let measurements: Vec<Measurement> =
-        calibrate::read_measurements(path, op, args.column.as_deref(), cluster.world_size())?
-            .into_iter()
-            .filter(|m| (min..=max).contains(&m.bytes))
-            .collect();
+    let filters = args
+        .where_
+        .iter()
+        .map(|f| f.parse())
+        .collect::<Result<Vec<RowFilter>, _>>()?;
+    let measurements: Vec<Measurement> = calibrate::read_measurements(
+        path,
+        op,
+        args.column.as_deref(),
+        cluster.world_size(),
+        &filters,
+    )?
+    .into_iter()
+    .filter(|m| (min..=max).contains(&m.bytes))
+    .collect();
     anyhow::ensure!(
         !measurements.is_empty(),
         "{}: no measurements between {} and {} bytes",
@@ -143,27 +153,27 @@ fn compare(
         format_bytes(min),
         format_bytes(max)
     );
+    // A fit reports its error on data it did not use: by default the largest scale is kept out.
+    let holdout: Holdout = match (&args.holdout_gpus, &args.fit_out) {
+        (Some(text), _) => text.parse()?,
+        (None, Some(_)) => Holdout::LargestScale,
+        (None, None) => Holdout::Nothing,
+    };
+    let held_out = holdout.gpus(&measurements);
     let cluster = match &args.fit_out {
         None => cluster.clone(),
         Some(out) if matches!(cluster.library, Library::Mpi(_)) => {
             refit_mpi(cluster, op, &measurements, path, args, out)?
         }
         Some(out) => {
-            let (fitted, score) =
-                calibrate::fit(cluster, op, &measurements, args.fit_only.as_deref())?;
-            super::write_json(out, &fitted)?;
-            let fields = match &args.fit_only {
-                Some(names) => names.join(", "),
-                None => calibrate::fitted_fields().join(", "),
-            };
-            eprintln!(
-                "fitted {fields} (objective {score:.2}); wrote {}",
-                out.display()
-            );
-            fitted
+            let fit_set = calibrate::fit_set(&measurements, &held_out);
+            let report = calibrate::fit_report(cluster, op, &fit_set, args.fit_only.as_deref())?;
+            super::write_json(out, &report.cluster)?;
+            print_fit_report(&report, &held_out, out);
+            report.cluster
         }
     };
-    let comparison = compare::compare(&cluster, op, &measurements)?;
+    let comparison = compare::compare(&cluster, op, &measurements, &held_out)?;
     match args.format {
         Format::Json => super::print_json(&comparison),
         Format::Text => {
@@ -186,12 +196,67 @@ fn compare(
                 "gpus", "points", "mean |err| %", "max |err| %"
             );
             for r in &comparison.errors {
+                let mark = if held_out.contains(&r.gpus) {
+                    "  held out"
+                } else {
+                    ""
+                };
                 println!(
-                    "{:>6} {:>7} {:>14.1} {:>13.1}",
+                    "{:>6} {:>7} {:>14.1} {:>13.1}{mark}",
                     r.gpus, r.points, r.mean_abs_pct, r.max_abs_pct
                 );
             }
+            let label = if held_out.is_empty() {
+                "all"
+            } else {
+                "fitted on"
+            };
+            for (what, summary) in [
+                (label, &comparison.fit_error),
+                ("held out", &comparison.held_out_error),
+            ] {
+                if let Some(s) = summary {
+                    println!(
+                        "# {what} (GPUs {}): {} points, mean |err| {:.1} %, max {:.1} %",
+                        join(&s.gpus),
+                        s.points,
+                        s.mean_abs_pct,
+                        s.max_abs_pct
+                    );
+                }
+            }
             Ok(())
         }
+    }
+}
+
+fn join(gpus: &[u32]) -> String {
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What the fit determined, what it could not, and which parameters ended on a bound.
+fn print_fit_report(report: &FitReport, held_out: &[u32], out: &std::path::Path) {
+    let kept_out = if held_out.is_empty() {
+        "nothing held out".to_string()
+    } else {
+        format!("GPUs {} held out", join(held_out))
+    };
+    eprintln!(
+        "fitted {} (objective {:.2}, {kept_out}); wrote {}",
+        report.fitted.join(", "),
+        report.objective,
+        out.display()
+    );
+    for kept in &report.kept {
+        eprintln!("kept {}: {}", kept.name, kept.reason);
+    }
+    for hit in &report.at_bounds {
+        eprintln!(
+            "warning: {} = {} is on its bound {}: the model's structure, not the data's noise, limits the fit",
+            hit.name, hit.value, hit.bound
+        );
     }
 }

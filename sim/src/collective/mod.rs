@@ -4,6 +4,7 @@ mod mpi;
 mod nccl;
 mod ps;
 
+pub(crate) use nccl::tree_latency as nccl_tree_latency;
 pub use ps::{ps_push_pull, ServerPlacement};
 
 use crate::error::{Result, SimError};
