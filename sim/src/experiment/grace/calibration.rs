@@ -1,6 +1,6 @@
 //! The calibrated inputs of the GRACE experiment (model profiles, cluster, device), the predictions they make, and loading them.
 
-use super::files::CLUSTER_FILE;
+use super::files::{fitted_marker, CLUSTER_FILE};
 use super::measured::Measurement;
 use super::{GraceSpec, Implementation, MethodSpec, OpWork};
 use crate::compress::{GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
@@ -179,8 +179,9 @@ impl Calibration {
     }
 }
 
-/// Each covered method's fitted price, read back from a fitted device: its payload decode
-/// curve over the implementation's payload ops and bytes.
+/// Each fitted method's price, read back from a fitted device: its payload decode curve over
+/// the implementation's payload ops and bytes. Methods the fit did not price (no GRACE rows)
+/// are left out, as the fit leaves them out.
 pub fn op_costs(
     fitted: &DeviceProfile,
     methods: &BTreeMap<String, MethodSpec>,
@@ -188,7 +189,11 @@ pub fn op_costs(
     let mut costs = BTreeMap::new();
     for (name, method) in methods {
         if let (Some(implementation), Some(key)) = (&method.implementation, method.key()?) {
-            let decode = fitted.codec_cost(key)?.decode;
+            let cost = fitted.codec_cost(key)?;
+            if !cost.provenance.method.starts_with(&fitted_marker(name)) {
+                continue;
+            }
+            let decode = cost.decode;
             let payload = implementation.payload;
             costs.insert(
                 name.clone(),

@@ -12,58 +12,89 @@ use std::collections::BTreeMap;
 pub enum ComputeTarget {
     /// Its own consistent 1-worker `none` row: one worker runs at that row's images/s.
     Row(Measurement),
-    /// Its 1-worker row is excluded as inconsistent: its profile takes the network model's
-    /// factor (GRACE's TensorFlow against our profiles' timings, both on a V100), so our
-    /// profiles' relative compute carries it over.
-    Borrowed { from: String, excluded: Measurement },
+    /// Its 1-worker row is excluded as inconsistent: one worker runs at the per-worker speed of
+    /// its fastest consistent calibration row (communication and codecs only slow a worker
+    /// down, so this is a lower bound on its compute speed, from its own measurements).
+    Fastest {
+        row: Measurement,
+        excluded: Measurement,
+    },
 }
 
-/// Each model's compute target, from the 1-worker `none` rows of `calibration`.
+impl ComputeTarget {
+    /// Images/s of one worker computing alone.
+    pub fn images_per_s(&self) -> f64 {
+        match self {
+            ComputeTarget::Row(row) => row.throughput,
+            ComputeTarget::Fastest { row, .. } => row.throughput / f64::from(row.workers),
+        }
+    }
+
+    /// The row of one worker at that speed, which the factor is fitted to.
+    fn one_worker(&self) -> Measurement {
+        match self {
+            ComputeTarget::Row(row) => row.clone(),
+            ComputeTarget::Fastest { excluded, .. } => Measurement {
+                throughput: self.images_per_s(),
+                excluded: None,
+                ..excluded.clone()
+            },
+        }
+    }
+}
+
+/// Each model's compute target, from the rows of `calibration`: its 1-worker `none` row, or
+/// where that row is excluded, its fastest consistent multi-worker row per worker.
 pub fn targets(
     spec: &GraceSpec,
     calibration: &[Measurement],
 ) -> Result<BTreeMap<String, ComputeTarget>> {
-    let one = |name: &str| {
-        calibration
-            .iter()
-            .find(|m| m.model == name && m.workers == 1 && m.method == "none")
-            .ok_or_else(|| {
-                SimError::invalid(
-                    &spec.data,
-                    "rows",
-                    format!("no 1-worker `none` row for {name}"),
-                )
-            })
-    };
-    let network = one(&spec.network_model)?;
-    if network.excluded.is_some() {
-        return Err(SimError::invalid(
-            "spec.json",
-            "network_model",
-            format!(
-                "{}'s 1-worker `none` row is excluded as inconsistent; name a model whose row is consistent",
-                spec.network_model
-            ),
-        ));
-    }
     spec.models
         .iter()
         .map(|model| {
-            let row = one(&model.grace)?;
-            let target = match row.excluded {
-                None => ComputeTarget::Row(row.clone()),
-                Some(_) => ComputeTarget::Borrowed {
-                    from: spec.network_model.clone(),
-                    excluded: row.clone(),
-                },
+            let name = &model.grace;
+            let one = calibration
+                .iter()
+                .find(|m| &m.model == name && m.workers == 1 && m.method == "none")
+                .ok_or_else(|| {
+                    SimError::invalid(
+                        &spec.data,
+                        "rows",
+                        format!("no 1-worker `none` row for {name}"),
+                    )
+                })?;
+            if one.excluded.is_none() {
+                return Ok((name.clone(), ComputeTarget::Row(one.clone())));
+            }
+            let fastest = calibration
+                .iter()
+                .filter(|m| &m.model == name && m.workers > 1 && m.excluded.is_none())
+                .max_by(|a, b| {
+                    (a.throughput / f64::from(a.workers))
+                        .total_cmp(&(b.throughput / f64::from(b.workers)))
+                })
+                .ok_or_else(|| {
+                    SimError::invalid(
+                        &spec.data,
+                        "rows",
+                        format!(
+                            "{name}: its 1-worker row is excluded and no consistent row with 2 to {} workers is left",
+                            spec.fit_workers
+                        ),
+                    )
+                })?;
+            let target = ComputeTarget::Fastest {
+                row: fastest.clone(),
+                excluded: one.clone(),
             };
-            Ok((model.grace.clone(), target))
+            Ok((name.clone(), target))
         })
         .collect()
 }
 
-/// Scales each model's profile so that one worker runs at its target: by its own factor, or
-/// by the network model's for a borrowed target. Returns the calibration and each factor.
+/// Scales each model's profile, with its own factor, so that one worker runs at its target
+/// (GRACE's TensorFlow on its V100 against our profiles' timings). Returns the calibration and
+/// each factor.
 pub fn with_compute(
     spec: &GraceSpec,
     base: &Calibration,
@@ -71,40 +102,28 @@ pub fn with_compute(
 ) -> Result<(Calibration, BTreeMap<String, f64>)> {
     let none = MethodSpec::dense();
     let mut factors = BTreeMap::new();
-    for (name, profile) in &base.models {
-        if let Some(ComputeTarget::Row(one)) = targets.get(name) {
-            let mut k = 1.0;
-            // Two passes: the first from the profile's own time, the second corrects what the
-            // simulated single iteration adds beyond compute (the one-rank local copy).
-            for _ in 0..2 {
-                let trial = Calibration {
-                    models: BTreeMap::from([(name.clone(), scaled(spec, profile, k))]),
-                    ..base.clone()
-                };
-                k *= trial.predict(spec, one, &none)? / one.throughput;
-            }
-            factors.insert(name.clone(), k);
-        }
-    }
     let mut models = BTreeMap::new();
     for (name, profile) in &base.models {
-        let k = match targets.get(name) {
-            Some(ComputeTarget::Row(_)) => factors[name],
-            Some(ComputeTarget::Borrowed { from, .. }) => *factors.get(from).ok_or_else(|| {
+        let one = targets
+            .get(name)
+            .ok_or_else(|| {
                 SimError::invalid(
-                    "spec.json",
-                    "network_model",
-                    format!("`{from}` is not one of the models"),
-                )
-            })?,
-            None => {
-                return Err(SimError::invalid(
                     "spec.json",
                     "models",
                     format!("no compute target for {name}"),
-                ))
-            }
-        };
+                )
+            })?
+            .one_worker();
+        let mut k = 1.0;
+        // Two passes: the first from the profile's own time, the second corrects what the
+        // simulated single iteration adds beyond compute (the one-rank local copy).
+        for _ in 0..2 {
+            let trial = Calibration {
+                models: BTreeMap::from([(name.clone(), scaled(spec, profile, k))]),
+                ..base.clone()
+            };
+            k *= trial.predict(spec, &one, &none)? / one.throughput;
+        }
         factors.insert(name.clone(), k);
         models.insert(name.clone(), scaled(spec, profile, k));
     }

@@ -38,8 +38,13 @@ pub fn inputs(
                 "so that 1 worker runs at GRACE's 1-worker `none` row ({:.2} img/s)",
                 row.throughput
             ),
-            ComputeTarget::Borrowed { from, excluded } => format!(
-                "by {from}'s factor (GRACE's TensorFlow against our profile on a V100): its own 1-worker `none` row ({:.2} img/s) is excluded as inconsistent ({})",
+            ComputeTarget::Fastest { row, excluded } => format!(
+                "so that 1 worker runs at {:.2} img/s, GRACE's fastest consistent {} row per worker (`{}` at {} workers, {:.2} img/s), a lower bound on its compute speed: its own 1-worker `none` row ({:.2} img/s) is excluded as inconsistent ({})",
+                row.throughput / f64::from(row.workers),
+                m.grace,
+                row.method,
+                row.workers,
+                row.throughput,
                 excluded.throughput,
                 excluded.excluded.as_deref().unwrap_or("")
             ),
@@ -91,7 +96,8 @@ fn device(
             cost.provenance = Provenance {
                 status: Status::Calibrated,
                 method: format!(
-                    "GRACE's `{name}` as its TensorFlow code runs it ({source}): per tensor, encode {e} ops and {eb} B per element; each payload decoded {p} ops and {pb} B per element (decode); once per decode call {c} ops and {cb} B per element (aggregate); priced at {us:.2} us per op ({us_x:.2}x a {launch} us kernel launch) and {ns:.5} ns per byte ({ns_x:.2}x {bw} GB/s x {eff}), the pair that minimizes the mean absolute percentage error of GRACE's consistent `{name}` rows at {w} workers (ResNet-50 and VGG-19), ties within {tie} points broken toward the base ({ROWS})",
+                    "{fitted} ({source}): per tensor, encode {e} ops and {eb} B per element; each payload decoded {p} ops and {pb} B per element (decode); once per decode call {c} ops and {cb} B per element (aggregate); priced at {us:.2} us per op ({us_x:.2}x a {launch} us kernel launch) and {ns:.5} ns per byte ({ns_x:.2}x {bw} GB/s x {eff}), the pair that minimizes the mean absolute percentage error of GRACE's consistent `{name}` rows at {w} workers (ResNet-50 and VGG-19), ties within {tie} points broken toward the base ({ROWS})",
+                    fitted = fitted_marker(&method.grace),
                     name = method.grace,
                     source = implementation.source,
                     e = implementation.encode.ops,
@@ -114,6 +120,12 @@ fn device(
         }
     }
     Ok(device)
+}
+
+/// How a fitted codec curve's provenance begins, so that `--reuse-fit` reads back exactly the
+/// methods the fit priced (a method without GRACE rows keeps the base curve).
+pub fn fitted_marker(method: &str) -> String {
+    format!("GRACE's `{method}` as its TensorFlow code runs it")
 }
 
 fn cluster(spec: &GraceSpec, cal: &Calibration) -> crate::topology::Cluster {

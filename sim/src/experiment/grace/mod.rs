@@ -30,8 +30,7 @@ pub struct GraceSpec {
     base_cluster: String,
     base_device: String,
     strategy: String,
-    /// The GRACE model whose dense calibration row fits the MPI/TCP costs, and whose 1-worker
-    /// row gives the compute factor of a model whose own 1-worker row is inconsistent.
+    /// The GRACE model whose dense calibration row fits the MPI/TCP costs.
     network_model: String,
     /// A `throughput` row below this share of GRACE's `upper-bound` row of the same
     /// configuration is excluded as inconsistent.

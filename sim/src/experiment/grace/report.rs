@@ -303,8 +303,12 @@ impl Report<'_> {
                 ComputeTarget::Row(row) => {
                     format!("its 1-worker `none` row ({:.2} img/s)", row.throughput)
                 }
-                ComputeTarget::Borrowed { from, excluded } => format!(
-                    "{from}'s factor on our {model} profile (its own 1-worker row, {:.2} img/s, is excluded as inconsistent)",
+                ComputeTarget::Fastest { row, excluded } => format!(
+                    "its fastest consistent row per worker, `{}` at {} workers ({:.2} img/s = {:.2} per worker; its 1-worker row, {:.2} img/s, is excluded as inconsistent)",
+                    row.method,
+                    row.workers,
+                    row.throughput,
+                    target.images_per_s(),
                     excluded.throughput
                 ),
             };
@@ -453,7 +457,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fit_sees_only_calibration_rows_and_an_inconsistent_model_borrows_a_factor() {
+    fn the_fit_sees_only_calibration_rows_and_an_inconsistent_model_takes_its_fastest_row() {
         let row = Measurement::test_row;
         let mut vgg_one = row("vgg19", 1, "none", 30.0);
         vgg_one.excluded = Some("slower per worker".to_string());
@@ -479,8 +483,8 @@ mod tests {
         assert_eq!(targets["resnet50"], ComputeTarget::Row(data[0].clone()));
         assert_eq!(
             targets["vgg19"],
-            ComputeTarget::Borrowed {
-                from: "resnet50".to_string(),
+            ComputeTarget::Fastest {
+                row: data[4].clone(),
                 excluded: vgg_one
             }
         );
