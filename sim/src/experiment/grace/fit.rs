@@ -53,15 +53,23 @@ pub fn price_on_bound(multiple: f64) -> bool {
 /// (three MPI costs from one dense row; two prices from one or two rows) move as little as fits.
 pub const TIE_PCT: f64 = 0.5;
 
-/// Runs the whole fit on the calibration rows. Returns the calibration, each model's compute
-/// factor and each method's op and byte price.
+/// What the fit produces.
+pub struct Fitted {
+    pub calibration: Calibration,
+    /// Each model's compute factor.
+    pub factors: BTreeMap<String, f64>,
+    /// Each fitted method's op and byte price.
+    pub prices: BTreeMap<String, OpCost>,
+}
+
+/// Runs the whole fit on the calibration rows.
 pub fn fit(
     spec: &GraceSpec,
     base: &Calibration,
     calibration: &[Measurement],
     methods: &BTreeMap<String, MethodSpec>,
     targets: &BTreeMap<String, ComputeTarget>,
-) -> Result<(Calibration, BTreeMap<String, f64>, BTreeMap<String, OpCost>)> {
+) -> Result<Fitted> {
     let (cal, factors) = compute::with_compute(spec, base, targets)?;
     let mut cal = fit_mpi(spec, &cal, calibration, &methods["none"])?;
     let start = OpCost::base(&cal.device);
@@ -114,7 +122,11 @@ pub fn fit(
         cal = cal.with_codec(key, implementation, price)?;
         prices.insert(name, price);
     }
-    Ok((cal, factors, prices))
+    Ok(Fitted {
+        calibration: cal,
+        factors,
+        prices,
+    })
 }
 
 /// The MPI/TCP costs that best fit the network model's dense calibration rows, ties broken

@@ -159,7 +159,11 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result
         let prices = calibration::op_costs(&cal.device, &methods)?;
         (cal, prices, Vec::new())
     } else {
-        let (cal, factors, prices) = fit::fit(spec, &base, &calibration, &methods, &targets)?;
+        let fit::Fitted {
+            calibration: cal,
+            factors,
+            prices,
+        } = fit::fit(spec, &base, &calibration, &methods, &targets)?;
         let inputs = files::inputs(spec, &cal, &factors, &prices, &targets)?;
         (cal, prices, inputs)
     };

@@ -7,6 +7,7 @@ use super::measured::Measurement;
 use super::{fit, GraceSpec, MethodSpec};
 use crate::chart::{Panel, Series};
 use crate::csv::Csv;
+use crate::experiment::lab;
 use crate::topology::Library;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,37 +30,13 @@ fn median(v: &[f64]) -> Option<f64> {
     }
 }
 
-/// Ranks of `v` from 1, ties sharing the mean of their ranks.
-fn ranks(v: &[f64]) -> Vec<f64> {
-    let mut order: Vec<usize> = (0..v.len()).collect();
-    order.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
-    let mut ranks = vec![0.0; v.len()];
-    let mut i = 0;
-    while i < order.len() {
-        let mut j = i;
-        while j + 1 < order.len() && v[order[j + 1]] == v[order[i]] {
-            j += 1;
-        }
-        let rank = (i + j) as f64 / 2.0 + 1.0;
-        for &k in &order[i..=j] {
-            ranks[k] = rank;
-        }
-        i = j + 1;
-    }
-    ranks
-}
-
-/// Spearman's rank correlation of the pairs: Pearson's correlation of their ranks. `None` for
-/// fewer than two pairs or a constant side.
+/// Spearman's rank correlation of the pairs (the lab experiment's); `None` for fewer than two
+/// pairs or a constant side, where it is undefined.
 fn spearman(pairs: &[(f64, f64)]) -> Option<f64> {
-    let x = ranks(&pairs.iter().map(|p| p.0).collect::<Vec<_>>());
-    let y = ranks(&pairs.iter().map(|p| p.1).collect::<Vec<_>>());
-    let n = x.len() as f64;
-    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
-    let cov: f64 = x.iter().zip(&y).map(|(a, b)| (a - mx) * (b - my)).sum();
-    let vx: f64 = x.iter().map(|a| (a - mx).powi(2)).sum();
-    let vy: f64 = y.iter().map(|b| (b - my).powi(2)).sum();
-    (x.len() >= 2 && vx > 0.0 && vy > 0.0).then(|| cov / (vx * vy).sqrt())
+    let x: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    let y: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    let varies = |v: &[f64]| v.iter().any(|&a| a != v[0]);
+    (pairs.len() >= 2 && varies(&x) && varies(&y)).then(|| lab::spearman(&x, &y))
 }
 
 pub struct Report<'a> {
@@ -534,11 +511,10 @@ mod tests {
     }
 
     #[test]
-    fn median_ranks_and_spearman_by_hand() {
+    fn median_and_spearman_by_hand() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[]), None);
-        assert_eq!(ranks(&[10.0, 30.0, 20.0, 20.0]), vec![1.0, 4.0, 2.5, 2.5]);
         let same = [(1.0, 10.0), (2.0, 20.0), (3.0, 25.0)];
         assert_eq!(spearman(&same), Some(1.0));
         let reversed = [(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)];
