@@ -100,6 +100,25 @@ impl SchemeArg {
     }
 }
 
+/// `simulate --wire`: how the implementation lays sub-byte element codes on the wire.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireArg {
+    /// Packed bits: the catalog's formats, what `exec` runs.
+    Packed,
+    /// One byte per code, as GRACE's TensorFlow compressors send (simulation only).
+    Bytes,
+}
+
+impl WireArg {
+    pub fn wire(self) -> syncopate_sim::compress::Wire {
+        use syncopate_sim::compress::Wire;
+        match self {
+            WireArg::Packed => Wire::Packed,
+            WireArg::Bytes => Wire::Bytes,
+        }
+    }
+}
+
 /// A cluster by shipped name or path, with the overrides every cluster-taking command accepts.
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
@@ -200,6 +219,10 @@ pub struct SimulateArgs {
     /// Synchronization scheme for every group of the strategy's plan (GRACE ran allgather).
     #[arg(long, value_enum, default_value = "auto", conflicts_with = "plan")]
     pub scheme: SchemeArg,
+    /// Wire layout of sub-byte codes (sign bits, ternary and QSGD levels) for the strategy's
+    /// plan: `bytes` describes GRACE's TensorFlow compressors (one byte per code).
+    #[arg(long, value_enum, default_value = "packed", conflicts_with = "plan")]
+    pub wire: WireArg,
     /// Run compression on the host CPU with this `cpu` device profile (name or path), as
     /// measured by `syncopate profile --backend host`, instead of on the GPU.
     #[arg(long)]

@@ -101,6 +101,42 @@ fn grace_reports_the_overall_error_of_the_shipped_fit() {
     assert!(flagged("vgg19,1,none", "slower per worker"), "{csv}");
     assert!(!flagged("resnet50,1,none", "slower per worker"), "{csv}");
     assert!(text.contains("Excluded as inconsistent"), "{text}");
+    // The fit saw the rows with at most 2 workers only; the rest are held out, and the held-out
+    // statistics (median absolute error per worker count, Spearman at 8 workers) are printed.
+    for line in csv.lines().skip(1) {
+        let fields: Vec<&str> = line.split(',').collect();
+        let workers: u32 = fields[1].parse().unwrap();
+        let role = if workers <= 2 { "fit" } else { "held-out" };
+        assert_eq!(fields[10], role, "{line}");
+    }
+    for needle in [
+        "**Held out**",
+        "| 4 |",
+        "| 8 |",
+        "**Spearman rank correlation**",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    // The shipped results are what the shipped calibrated files give.
+    let shipped = root().join("experiments").join("grace");
+    assert_eq!(
+        csv,
+        std::fs::read_to_string(shipped.join("results.csv")).unwrap(),
+        "results.csv differs from what the shipped fit gives: rerun the experiment"
+    );
+    let block = |readme: &str| {
+        readme
+            .split("<!-- results:begin -->")
+            .nth(1)
+            .and_then(|rest| rest.split("<!-- results:end -->").next())
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        block(&std::fs::read_to_string(dir.join("README.md")).unwrap()),
+        block(&std::fs::read_to_string(shipped.join("README.md")).unwrap()),
+        "the README's results block differs from what the shipped fit gives"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@ use crate::common::{scratch, stderr, stdout, syncopate};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use syncopate_exec::profile_host::profiled;
-use syncopate_sim::compress::{Compressor, Memory};
+use syncopate_sim::compress::{Compressor, Memory, Wire};
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
 
@@ -160,6 +160,33 @@ fn host_exec_checks_every_compressor() {
             });
         }
     });
+}
+
+/// A plan that sends sign bits one per byte (GRACE's TensorFlow wire) is the simulator's to
+/// price; the executors run packed codes, so they refuse it by name instead of running another
+/// plan. Byte-aligned formats run either way.
+#[test]
+fn host_exec_refuses_byte_codes_it_would_pack() {
+    let dir = scratch("runtime-wire");
+    let (model_path, model) = tiny_model(&dir);
+    for (spec, refused) in [("signsgd", true), ("topk:0.1", false)] {
+        let path = plan(&dir, &model, spec, Memory::None, Scheme::Auto, fifo());
+        let mut plan: Plan =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        plan.wire = Wire::Bytes;
+        std::fs::write(&path, serde_json::to_string(&plan).unwrap()).unwrap();
+        let out = exec_host(&model_path, &path, &[]);
+        if refused {
+            assert_eq!(out.status.code(), Some(1), "{spec}: {}", stdout(&out));
+            let err = stderr(&out);
+            assert!(
+                err.contains("wire `bytes`") && err.contains("pieces[0]") && err.contains(spec),
+                "{err}"
+            );
+        } else {
+            assert_checked(&out, spec);
+        }
+    }
 }
 
 /// Wait-free backpropagation with PowerSGD: a group holding one bias has no Q round; with

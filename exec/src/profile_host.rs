@@ -183,6 +183,8 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
             CodecCost {
                 encode: fit_curve(&enc),
                 decode: fit_curve(&dec),
+                // Its kernels decode each payload into the result: no per-call pass.
+                aggregate: Default::default(),
                 provenance: provenance(Status::Measured, method),
             },
         );

@@ -1,7 +1,7 @@
 //! The cost pass: how long each step of a schedule takes on a scenario's hardware, from the compute profile, the codec curves and the collective models.
 
 use crate::collective::{self, Estimate, Group as RankGroup, Op, ServerPlacement};
-use crate::compress::{Aggregation, Memory};
+use crate::compress::{Aggregation, Memory, Wire};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
 use crate::plan::{CompressOn, Group, Plan};
@@ -93,7 +93,8 @@ pub fn compute_time(scenario: &Scenario, profiled_us: f64) -> SimTime {
 /// Encode, communication (all rounds) and decode time of each piece of one group, as the
 /// engine will run them: the stages a pipelining strategy (HiPress's SeCoPa) reasons about.
 pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 3]>> {
-    lower_group(&scenario.model, scenario.world(), 0, group)
+    // Strategies weigh the catalog's packed formats, the ones `exec` runs.
+    lower_group(&scenario.model, scenario.world(), 0, group, Wire::Packed)
         .iter()
         .map(|piece| {
             let cost = piece_cost(scenario, 0, piece)?;
@@ -148,16 +149,20 @@ fn piece_cost(scenario: &Scenario, ps_servers: u32, piece: &Piece) -> Result<Pie
     let compensate = pass(memory.compensate_bytes()) + host_copy;
     let encode = compressor.encode_time(device, numel)?;
     let one = compressor.decode_time(device, numel)?;
+    // A decode call pays its own cost once and each payload's decode (device.rs, CodecCost).
+    let call = |payloads: u64| compressor.decode_call_time(device, numel, payloads);
     let payloads = match (piece.aggregation, piece.rounds.first().map(|r| r.exchange)) {
-        // Every rank decodes every rank's payload.
-        (Aggregation::Allgather, _) => SimTime(one.as_ns() * world),
+        // Every rank decodes every rank's payload in one call.
+        (Aggregation::Allgather, _) => call(world)?,
         // The server decodes the pushed payloads of its shard and re-encodes the sum; the
         // worker decodes the pulled result.
         (_, Some(Exchange::PushPull { .. })) => {
-            one + one + compressor.encode_time(device, numel / u64::from(cluster.nodes))?
+            call(1)?
+                + call(1)?
+                + compressor.encode_time(device, numel / u64::from(cluster.nodes))?
         }
         // The ring's per-hop work is in its collective; the result is decoded once.
-        _ => one,
+        _ => call(1)?,
     };
     let decode = pass(pass::ZERO) + payloads + host_copy;
     let update_memory = match memory {
@@ -220,7 +225,7 @@ fn exchange_cost(
             // the n-1 hops decodes the incoming shard, adds and re-encodes it.
             let mut estimate = collective::estimate(cluster, Op::Allreduce, bytes, world)?;
             let shard = piece.numel.max(1).div_ceil(u64::from(world.ranks)).max(1);
-            let hop = piece.compressor.decode_time(device, shard)?
+            let hop = piece.compressor.decode_call_time(device, shard, 1)?
                 + piece.compressor.encode_time(device, shard)?;
             estimate.time += SimTime(hop.as_ns() * u64::from(world.ranks - 1));
             estimate
@@ -240,4 +245,63 @@ fn exchange_cost(
             estimate
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::Compressor;
+    use crate::device::CostCurve;
+    use crate::model::ModelProfile;
+    use crate::plan::Scheme;
+    use crate::strategy::per_tensor_plan;
+    use crate::topology::{Cluster, ClusterOverrides};
+
+    /// The decode op of the first tensor's signsgd allgather on `ranks` ranks, with its
+    /// per-payload curve set by hand and `aggregate` as the per-call part; and its element count.
+    fn decode_at(ranks: u32, aggregate: CostCurve) -> (SimTime, u64) {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let overrides = ClusterOverrides {
+            nodes: Some(ranks),
+            gpus_per_node: Some(1),
+            inter_gbps: None,
+        };
+        let cluster = Cluster::load("v100-tcp", overrides).unwrap();
+        let mut scenario = Scenario::new(model, cluster).unwrap();
+        let cost = scenario.device.compression.get_mut("signsgd").unwrap();
+        cost.decode = CostCurve {
+            floor_us: 10.0,
+            ns_per_element: 1.0,
+        };
+        cost.aggregate = aggregate;
+        let mut plan = per_tensor_plan(&scenario.model);
+        plan.groups[0].compressor = Compressor::SignSgd;
+        plan.groups[0].scheme = Scheme::Allgather;
+        let pieces = lower_group(
+            &scenario.model,
+            scenario.world(),
+            0,
+            &plan.groups[0],
+            Wire::Packed,
+        );
+        let decode = piece_cost(&scenario, 0, &pieces[0]).unwrap().decode;
+        (decode, pieces[0].numel)
+    }
+
+    #[test]
+    fn an_allgather_decode_pays_each_payload_once_per_rank_and_its_call_once() {
+        let call = CostCurve {
+            floor_us: 300.0,
+            ns_per_element: 2.0,
+        };
+        let (two, n) = decode_at(2, CostCurve::default());
+        let (eight, _) = decode_at(8, CostCurve::default());
+        let payload = SimTime::from_ns(10e3 + n as f64);
+        assert_eq!(eight - two, SimTime(payload.as_ns() * 6));
+        for ranks in [2, 8] {
+            let without = decode_at(ranks, CostCurve::default()).0;
+            let with = decode_at(ranks, call).0;
+            assert_eq!(with - without, call.time(n), "{ranks} ranks");
+        }
+    }
 }

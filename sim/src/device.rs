@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 /// Cost of one kernel as a function of its element count: a fixed floor (launch and
 /// synchronization) plus a per-element slope.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostCurve {
     pub floor_us: f64,
@@ -21,14 +21,29 @@ impl CostCurve {
     pub fn time(&self, elements: u64) -> SimTime {
         SimTime::from_ns(self.floor_us * 1e3 + self.ns_per_element * elements as f64)
     }
+
+    fn is_zero(&self) -> bool {
+        *self == CostCurve::default()
+    }
 }
 
 /// Encode and decode costs of one compressor on this device.
+///
+/// A decode call combines one payload (allreduce, a parameter server's pull) or every rank's
+/// (allgather): it pays `aggregate` once and `decode` once per payload, so at p ranks an
+/// allgather's per-call floor is not multiplied by p.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CodecCost {
     pub encode: CostCurve,
+    /// Per payload decoded: its floor and its per-element cost (elements of the payload's tensor).
     pub decode: CostCurve,
+    /// Once per decode call, however many payloads it combines: the call's fixed cost (a
+    /// framework's op dispatch, a final kernel) and its passes over the aggregated result, per
+    /// element (the final sum, averaging, a sign vote). Zero when absent: the kernels of
+    /// `exec` decode each payload into the result and have no pass of their own.
+    #[serde(default, skip_serializing_if = "CostCurve::is_zero")]
+    pub aggregate: CostCurve,
     pub provenance: Provenance,
 }
 
@@ -97,7 +112,11 @@ impl DeviceProfile {
             limits::check_positive_at_most(label, field, value, limits::MAX_RATE)?;
         }
         for (name, cost) in &self.compression {
-            for (which, curve) in [("encode", &cost.encode), ("decode", &cost.decode)] {
+            for (which, curve) in [
+                ("encode", &cost.encode),
+                ("decode", &cost.decode),
+                ("aggregate", &cost.aggregate),
+            ] {
                 let field = format!("compression.{name}.{which}");
                 limits::check_duration_us(label, &format!("{field}.floor_us"), curve.floor_us)?;
                 // Bounded so that the largest model's curve stays within the duration limit.

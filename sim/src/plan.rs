@@ -1,7 +1,7 @@
 //! Plans: fusion groups with their compressor, collective scheme, partitions and priority, plus
 //! the launch policy; the one input both the simulator and the runner execute.
 
-use crate::compress::{Aggregation, Compressor, Memory};
+use crate::compress::{Aggregation, Compressor, Memory, Wire};
 use crate::data::{self, FORMAT_VERSION};
 use crate::error::{Result, SimError};
 use crate::limits;
@@ -149,6 +149,12 @@ pub struct Plan {
     pub model_fingerprint: String,
     pub policy: Policy,
     pub groups: Vec<Group>,
+    /// How the implementation running the plan lays element codes narrower than a byte on the
+    /// wire: `packed` (the catalog's formats, what `exec` runs) or `bytes` (one byte per code,
+    /// to describe another framework's implementation, such as GRACE's TensorFlow compressors;
+    /// the simulator prices it, `exec` refuses it). `lower` turns it into every round's bytes.
+    #[serde(default, skip_serializing_if = "is_packed")]
+    pub wire: Wire,
     /// The model, cluster and options the plan was made for (plans written by `simulate
     /// --save-plan` and `tune --out` record them; older plans do not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -178,6 +184,7 @@ impl Plan {
             model_fingerprint: fingerprint(model),
             policy,
             groups,
+            wire: Wire::Packed,
             target: None,
         }
     }
@@ -375,8 +382,9 @@ impl Group {
         self.tensors.iter().map(|&t| model.tensors[t].numel).sum()
     }
 
-    /// Bytes one rank contributes to the group's synchronization (all rounds and partitions).
-    pub fn wire_bytes(&self, model: &ModelProfile) -> u64 {
+    /// Bytes one rank contributes to the group's synchronization (all rounds and partitions)
+    /// when its codes are laid out as `wire` says (the plan's [`Plan::wire`]).
+    pub fn wire_bytes(&self, model: &ModelProfile, wire: Wire) -> u64 {
         match self.compressor {
             // Only PowerSGD's size depends on the tensors' shapes.
             Compressor::PowerSgd { .. } => {
@@ -387,7 +395,11 @@ impl Group {
                     .collect();
                 self.compressor.group_wire_bytes(&shapes)
             }
-            _ => self.compressor.wire_bytes(self.numel(model)),
+            _ => self.compressor.wire_bytes_as(self.numel(model), wire),
         }
     }
+}
+
+fn is_packed(wire: &Wire) -> bool {
+    *wire == Wire::Packed
 }

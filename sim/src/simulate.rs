@@ -325,7 +325,7 @@ fn summarize(
         wire_bytes_per_rank: if world > 1 {
             plan.groups
                 .iter()
-                .map(|g| g.wire_bytes(&scenario.model))
+                .map(|g| g.wire_bytes(&scenario.model, plan.wire))
                 .sum()
         } else {
             0

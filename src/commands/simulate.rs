@@ -50,6 +50,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             if args.scheme != SchemeArg::Auto {
                 plan.set_scheme(args.scheme.scheme());
             }
+            plan.wire = args.wire.wire();
             (plan, format!("strategy {strategy}"))
         }
     };

@@ -26,6 +26,7 @@ use crate::error::{ExecError, Result};
 use check::GroupCheck;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use syncopate_sim::compress::Wire;
 use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::schedule::{Program, Schedule, Slot, Step, Stream};
 use syncopate_sim::time::SimTime;
@@ -244,6 +245,7 @@ impl<'a> Job<'a> {
                 ),
             ));
         }
+        refuse_unpacked_wire(schedule)?;
         Ok(Job {
             schedule,
             program: Program::unroll(schedule, iterations)?,
@@ -251,6 +253,29 @@ impl<'a> Job<'a> {
             compute_scale,
             options,
         })
+    }
+}
+
+/// Refuses a schedule whose plan sends element codes in whole bytes where the catalog packs
+/// them (a plan describing another framework's implementation, e.g. GRACE's): every backend's
+/// codecs write the packed formats, and running them would measure another plan than the one
+/// predicted.
+fn refuse_unpacked_wire(schedule: &Schedule) -> Result<()> {
+    match schedule
+        .pieces
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.wire != Wire::Packed && p.compressor.depends_on_wire())
+    {
+        Some((index, piece)) => Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
+            "--plan",
+            format!("wire `{}`", piece.wire.name()),
+            format!(
+                "pieces[{index}] (group {}, `{}`) sends each element code in a byte of its own; the executors run the catalog's packed wire formats only (exec/WIRE_FORMAT.md): set the plan's `wire` to `packed` to run it",
+                piece.group, piece.compressor
+            ),
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -89,6 +89,34 @@ impl Element {
     }
 }
 
+/// How an implementation lays element codes narrower than a byte (a sign bit, a ternary or
+/// QSGD level) on the wire. The catalog's formats (`exec/WIRE_FORMAT.md`), and so `exec`'s
+/// codecs, pack them; a plan that describes another framework's implementation may say that it
+/// sends each code in whole bytes.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Wire {
+    /// Codes packed into consecutive bits.
+    #[default]
+    Packed,
+    /// Each code in a byte of its own (a 9- to 16-bit code in two), as GRACE's TensorFlow
+    /// compressors send `tf.bool`, `int8` and `uint8` tensors (sands-lab/grace,
+    /// grace_dl/tensorflow/compressor/signsgd.py, onebit.py, terngrad.py, qsgd.py).
+    Bytes,
+}
+
+impl Wire {
+    /// The wire as plans spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Packed => "packed",
+            Wire::Bytes => "bytes",
+        }
+    }
+}
+
 /// Memory traffic and kernel launches of one encode or decode, per fp32 element of the tensor,
 /// at the catalog example's parameters: what the simulator charges on a device profile that has
 /// no cost curve for the compressor (the rule is on the `CATALOG` table).
@@ -612,13 +640,24 @@ impl Compressor {
         self.entry().default_memory
     }
 
-    /// Exact bytes of one worker's payload for a flat fp32 buffer of `numel` elements.
+    /// Exact bytes of one worker's payload for a flat fp32 buffer of `numel` elements, in the
+    /// catalog's packed format ([`Wire::Packed`]).
     ///
     /// `threshold` is the one data-dependent format (a count header plus one index and value per
     /// element above the threshold); for it this is the upper bound, every element selected.
     /// A flat buffer is 1-D, so `powersgd` sends it uncompressed, as PyTorch's hook does.
     pub fn wire_bytes(&self, numel: u64) -> u64 {
+        self.wire_bytes_as(numel, Wire::Packed)
+    }
+
+    /// Bytes of one worker's payload of `numel` elements when the implementation lays its
+    /// element codes out as `wire` says (the headers are the same either way).
+    pub fn wire_bytes_as(&self, numel: u64, wire: Wire) -> u64 {
         let n = numel;
+        let codes = |bits: u32| match wire {
+            Wire::Packed => (n * u64::from(bits)).div_ceil(8),
+            Wire::Bytes => n * u64::from(bits.div_ceil(8)),
+        };
         match *self {
             Compressor::None | Compressor::PowerSgd { .. } => 4 * n,
             Compressor::Fp16 | Compressor::Bf16 => 2 * n,
@@ -629,16 +668,21 @@ impl Compressor {
                 COUNT_HEADER + 8 * sparse_count(n, ratio)
             }
             Compressor::Threshold { .. } => COUNT_HEADER + 8 * n,
-            Compressor::Qsgd { levels } => {
-                SCALE_HEADER + (n * u64::from(qsgd_bits(levels))).div_ceil(8)
-            }
-            Compressor::TernGrad => SCALE_HEADER + n.div_ceil(4),
-            Compressor::Tbq { .. } => n.div_ceil(4),
+            Compressor::Qsgd { levels } => SCALE_HEADER + codes(qsgd_bits(levels)),
+            Compressor::TernGrad => SCALE_HEADER + codes(2),
+            Compressor::Tbq { .. } => codes(2),
             Compressor::Natural => SCALE_HEADER + n,
-            Compressor::SignSgd | Compressor::Signum { .. } => n.div_ceil(8),
-            Compressor::EfSignSgd => SCALE_HEADER + n.div_ceil(8),
-            Compressor::OneBit => 2 * SCALE_HEADER + n.div_ceil(8),
+            Compressor::SignSgd | Compressor::Signum { .. } => codes(1),
+            Compressor::EfSignSgd => SCALE_HEADER + codes(1),
+            Compressor::OneBit => 2 * SCALE_HEADER + codes(1),
         }
+    }
+
+    /// Whether `wire` changes this compressor's payload: its element codes are narrower than a
+    /// byte, or between whole bytes (a 9- to 15-bit QSGD level).
+    pub fn depends_on_wire(&self) -> bool {
+        // Two elements tell every format apart: packed codes share bytes, byte codes do not.
+        self.wire_bytes_as(2, Wire::Packed) != self.wire_bytes_as(2, Wire::Bytes)
     }
 
     /// Bytes one worker sends for a fused group of tensors (all rounds together). Only PowerSGD
@@ -973,6 +1017,49 @@ mod tests {
         assert_eq!(Compressor::OneBit.wire_bytes(8), 9);
         assert_eq!(Compressor::TernGrad.wire_bytes(5), 6);
         assert_eq!(Compressor::Qsgd { levels: 256 }.wire_bytes(4), 9);
+    }
+
+    #[test]
+    fn byte_codes_take_a_byte_each_and_keep_the_headers() {
+        let n = 1001;
+        assert_eq!(Compressor::SignSgd.wire_bytes_as(n, Wire::Bytes), 1001);
+        assert_eq!(Compressor::EfSignSgd.wire_bytes_as(n, Wire::Bytes), 1005);
+        assert_eq!(Compressor::OneBit.wire_bytes_as(n, Wire::Bytes), 1009);
+        assert_eq!(Compressor::TernGrad.wire_bytes_as(n, Wire::Bytes), 1005);
+        assert_eq!(
+            Compressor::Tbq { threshold: 0.1 }.wire_bytes_as(n, Wire::Bytes),
+            1001
+        );
+        // 8-bit QSGD and natural are whole bytes already; 9 bits take two.
+        let q8 = Compressor::Qsgd { levels: 127 };
+        assert_eq!(q8.wire_bytes_as(n, Wire::Bytes), q8.wire_bytes(n));
+        assert!(!q8.depends_on_wire() && !Compressor::Natural.depends_on_wire());
+        let q9 = Compressor::Qsgd { levels: 255 };
+        assert_eq!(q9.wire_bytes_as(n, Wire::Bytes), 4 + 2002);
+        assert!(q9.depends_on_wire());
+        // Formats without sub-byte codes are the same either way.
+        for c in [
+            "none",
+            "fp16",
+            "topk:0.01",
+            "dgc:0.01",
+            "randomk:0.01",
+            "natural",
+        ] {
+            let c: Compressor = c.parse().unwrap();
+            assert_eq!(c.wire_bytes_as(n, Wire::Bytes), c.wire_bytes(n), "{c}");
+            assert!(!c.depends_on_wire(), "{c}");
+        }
+        for c in [
+            "signsgd",
+            "signum:0.9",
+            "efsignsgd",
+            "onebit",
+            "terngrad",
+            "tbq:0.1",
+        ] {
+            assert!(c.parse::<Compressor>().unwrap().depends_on_wire(), "{c}");
+        }
     }
 
     #[test]

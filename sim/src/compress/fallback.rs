@@ -16,7 +16,11 @@ pub const CPU_BANDWIDTH_EFFICIENCY: f64 = 0.5;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CodecCurves {
     pub encode: CostCurve,
+    /// Per payload decoded.
     pub decode: CostCurve,
+    /// Once per decode call (see [`crate::device::CodecCost`]); zero in the estimate, whose
+    /// decode adds each payload into the result.
+    pub aggregate: CostCurve,
     /// True when the device profile has no curve for the compressor and these are the
     /// memory-bandwidth estimate.
     pub fallback: bool,
@@ -31,6 +35,7 @@ impl CodecCurves {
             Some(cost) => CodecCurves {
                 encode: cost.encode,
                 decode: cost.decode,
+                aggregate: cost.aggregate,
                 fallback: false,
             },
             None => {
@@ -38,6 +43,7 @@ impl CodecCurves {
                 CodecCurves {
                     encode: estimate(entry.encode, device),
                     decode: estimate(entry.decode, device),
+                    aggregate: CostCurve::default(),
                     fallback: true,
                 }
             }

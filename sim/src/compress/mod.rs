@@ -34,9 +34,9 @@ mod memory;
 
 pub use catalog::{
     auto_specs, catalog, qsgd_bits, sparse_count, CatalogEntry, Compressor, Element, Family,
-    Fp8Format, Work, QSGD_MAX_LEVELS,
+    Fp8Format, Wire, Work, QSGD_MAX_LEVELS,
 };
-pub use fallback::CodecCurves;
+pub use fallback::{CodecCurves, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
 pub use memory::{Memory, MemoryCatalogEntry};
 
 use crate::device::DeviceProfile;
@@ -74,9 +74,23 @@ impl Compressor {
         Ok(CodecCurves::on(self, device).encode.time(numel))
     }
 
-    /// Decode time of one payload of `numel` elements on `device`, as [`Compressor::encode_time`].
+    /// Decode time of one payload of `numel` elements on `device`, as [`Compressor::encode_time`]
+    /// (without the call's own cost: see [`Compressor::decode_call_time`]).
     pub fn decode_time(&self, device: &DeviceProfile, numel: u64) -> Result<SimTime> {
         Ok(CodecCurves::on(self, device).decode.time(numel))
+    }
+
+    /// Time of one decode call that combines `payloads` payloads of `numel` elements each: the
+    /// call's cost once and each payload's decode (an allgather's p, a pull's one).
+    pub fn decode_call_time(
+        &self,
+        device: &DeviceProfile,
+        numel: u64,
+        payloads: u64,
+    ) -> Result<SimTime> {
+        let curves = CodecCurves::on(self, device);
+        Ok(curves.aggregate.time(numel)
+            + SimTime(curves.decode.time(numel).as_ns().saturating_mul(payloads)))
     }
 }
 

@@ -4,7 +4,7 @@ use super::{
     Buffer, Exchange, LaunchPolicy, LaunchSlot, Op, Piece, Round, Schedule, Slot, Step, StepKind,
     Stream, World,
 };
-use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor, Memory};
+use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor, Memory, Wire};
 use crate::data::FORMAT_VERSION;
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
@@ -47,7 +47,7 @@ pub fn lower(
     if syncing {
         for (g, group) in plan.groups.iter().enumerate() {
             let first = pieces.len();
-            pieces.extend(lower_group(model, world, g, group));
+            pieces.extend(lower_group(model, world, g, group, plan.wire));
             group_pieces.push(first..pieces.len());
         }
     }
@@ -282,11 +282,17 @@ fn buffer(model: &ModelProfile, group: &Group) -> Buffer {
 }
 
 /// The pieces of group `g`: equal partitions (the remainder spread over the first ones), each
-/// with the collectives that move its payload by the group's scheme.
-pub fn lower_group(model: &ModelProfile, world: World, g: usize, group: &Group) -> Vec<Piece> {
+/// with the collectives that move its payload, laid out as `wire` says, by the group's scheme.
+pub fn lower_group(
+    model: &ModelProfile,
+    world: World,
+    g: usize,
+    group: &Group,
+    wire: Wire,
+) -> Vec<Piece> {
     let aggregation = group.aggregation();
     let ranks = u64::from(world.ranks());
-    let group_bytes = group.wire_bytes(model);
+    let group_bytes = group.wire_bytes(model, wire);
     let parts = u64::from(group.partitions);
     slices(model, group)
         .into_iter()
@@ -320,6 +326,7 @@ pub fn lower_group(model: &ModelProfile, world: World, g: usize, group: &Group) 
                 scheme: group.scheme,
                 compress_on: group.compress_on,
                 aggregation,
+                wire,
                 shapes,
                 rounds,
             }
@@ -555,6 +562,24 @@ mod tests {
         offloaded.groups[0].compress_on = CompressOn::Cpu;
         let gpu = lower(&model, world(1, 4), false, &offloaded, "t").unwrap();
         assert!(gpu.steps.iter().any(|s| s.stream == Stream::Cpu));
+    }
+
+    #[test]
+    fn a_plan_sending_byte_codes_is_lowered_to_byte_rounds_and_says_so_in_its_pieces() {
+        let model = model(2);
+        let mut plan = plan(&model, vec![vec![0, 1]], "signsgd", Scheme::Allgather);
+        let packed = lower(&model, world(1, 4), false, &plan, "t").unwrap();
+        assert_eq!(packed.pieces[0].rounds[0].bytes, 2000 / 8);
+        assert_eq!(packed.pieces[0].wire, Wire::Packed);
+        plan.wire = Wire::Bytes;
+        let bytes = lower(&model, world(1, 4), false, &plan, "t").unwrap();
+        assert_eq!(bytes.pieces[0].rounds[0].bytes, 2000);
+        assert_eq!(bytes.pieces[0].wire, Wire::Bytes);
+        // The plan file names it only when it is not the default.
+        assert!(!serde_json::to_string(&packed).unwrap().contains("\"wire\""));
+        let text = serde_json::to_string(&plan).unwrap();
+        assert!(text.contains("\"wire\":\"bytes\""), "{text}");
+        assert_eq!(serde_json::from_str::<Plan>(&text).unwrap(), plan);
     }
 
     #[test]

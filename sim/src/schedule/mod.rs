@@ -36,7 +36,7 @@ mod unroll;
 pub use lower::{lower, lower_group};
 pub use unroll::{LaunchKey, Program, TaskRef};
 
-use crate::compress::{Aggregation, Compressor, Memory};
+use crate::compress::{Aggregation, Compressor, Memory, Wire};
 use crate::data;
 use crate::error::{Result, SimError};
 use crate::plan::{CompressOn, Launch, Scheme};
@@ -208,6 +208,10 @@ pub struct Piece {
     #[serde(default, skip_serializing_if = "is_default")]
     pub compress_on: CompressOn,
     pub aggregation: Aggregation,
+    /// How the plan's implementation lays sub-byte codes on the wire (the plan's `wire`): the
+    /// rounds' bytes follow it; executors run only the packed formats and refuse `bytes`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub wire: Wire,
     /// The matrices PowerSGD compresses in this piece: the group's tensor shapes, a partition's
     /// rows of a single matrix, or a flat slice (sent raw); none for other compressors.
     #[serde(default, skip_serializing_if = "Option::is_none")]

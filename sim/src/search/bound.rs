@@ -62,7 +62,7 @@ pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
     let all: f64 = plan
         .groups
         .iter()
-        .map(|g| payload_ns(g.wire_bytes(model), g.aggregation()))
+        .map(|g| payload_ns(g.wire_bytes(model, plan.wire), g.aggregation()))
         .sum();
     // Without overlap, the optimizer (and so the next forward) waits for the last gradient to
     // become ready, the last tensor in backward order, to be synchronized. With overlap only the
@@ -76,7 +76,10 @@ pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
             .find(|g| g.tensors.contains(&last))
             .map(|g| {
                 let share = model.tensors[last].numel as f64 / g.numel(model) as f64;
-                payload_ns((g.wire_bytes(model) as f64 * share) as u64, g.aggregation())
+                payload_ns(
+                    (g.wire_bytes(model, plan.wire) as f64 * share) as u64,
+                    g.aggregation(),
+                )
             })
             .unwrap_or(0.0),
     };

@@ -318,6 +318,8 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
             CodecCost {
                 encode: fit_curve(&enc),
                 decode: fit_curve(&dec),
+                // Its kernels decode each payload into the result: no per-call pass.
+                aggregate: Default::default(),
                 provenance: provenance(Status::Measured, method),
             },
         );

@@ -1,9 +1,10 @@
 //! The calibrated inputs of the GRACE experiment (model profiles, cluster, device), the predictions they make, and loading them.
 
-use super::files::CLUSTER_FILE;
+use super::files::{fitted_marker, CLUSTER_FILE};
 use super::measured::Measurement;
-use super::{GraceSpec, MethodSpec};
-use crate::device::DeviceProfile;
+use super::{GraceSpec, Implementation, MethodSpec, OpWork};
+use crate::compress::{GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
+use crate::device::{CodecCost, CostCurve, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::experiment::resolve;
 use crate::model::ModelProfile;
@@ -23,13 +24,32 @@ pub struct Calibration {
     pub device: DeviceProfile,
 }
 
-/// Multipliers on a codec's per-kernel floor and per-element slope: two numbers, because
-/// GRACE's TensorFlow compressors pay per-tensor op overheads (ResNet-50: 161 tensors) and
-/// per-element work (VGG-19: 143 M elements) in proportions one scale cannot match.
+/// The price of GRACE's codec work on its testbed: a fixed cost per TensorFlow op (dispatch and
+/// launch) and a cost per byte its ops move. One pair per compressor, fitted at the calibration
+/// workers; the method's [`Implementation`] says how many ops and bytes each phase has.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CodecScale {
-    pub floor: f64,
-    pub slope: f64,
+pub struct OpCost {
+    pub us_per_op: f64,
+    pub ns_per_byte: f64,
+}
+
+impl OpCost {
+    /// A bandwidth-bound GPU kernel on `device`: the catalog fallback's launch floor and
+    /// memory-bandwidth efficiency, from which the fit starts and toward which it breaks ties.
+    pub fn base(device: &DeviceProfile) -> OpCost {
+        OpCost {
+            us_per_op: GPU_LAUNCH_US,
+            ns_per_byte: 1.0 / (device.memory_bandwidth_gbytes_per_s * GPU_BANDWIDTH_EFFICIENCY),
+        }
+    }
+
+    /// The curve of `work` at this price.
+    fn curve(&self, work: OpWork) -> CostCurve {
+        CostCurve {
+            floor_us: f64::from(work.ops) * self.us_per_op,
+            ns_per_element: work.bytes_per_element * self.ns_per_byte,
+        }
+    }
 }
 
 impl Calibration {
@@ -106,6 +126,7 @@ impl Calibration {
         } else {
             Scheme::Allreduce
         });
+        plan.wire = spec.wire;
         Ok(simulate(&scenario, &plan, &SimOptions::default())?
             .summary
             .throughput_samples_per_s)
@@ -135,45 +156,54 @@ impl Calibration {
         c
     }
 
-    /// This calibration with `key`'s encode and decode floors and slopes scaled from the base
-    /// device's.
-    pub fn with_codec_scale(
+    /// This calibration with `key`'s codec priced as `implementation` at `cost`: its encode,
+    /// each payload's decode and the decode call's own part.
+    pub fn with_codec(
         &self,
-        base: &DeviceProfile,
         key: &str,
-        scale: CodecScale,
+        implementation: &Implementation,
+        cost: OpCost,
     ) -> Result<Calibration> {
         let mut c = self.clone();
-        let mut cost = base.codec_cost(key)?.clone();
-        for curve in [&mut cost.encode, &mut cost.decode] {
-            curve.floor_us *= scale.floor;
-            curve.ns_per_element *= scale.slope;
-        }
-        c.device.compression.insert(key.to_string(), cost);
+        let provenance = self.device.codec_cost(key)?.provenance.clone();
+        c.device.compression.insert(
+            key.to_string(),
+            CodecCost {
+                encode: cost.curve(implementation.encode),
+                decode: cost.curve(implementation.payload),
+                aggregate: cost.curve(implementation.call),
+                provenance,
+            },
+        );
         Ok(c)
     }
 }
 
-/// Each covered method's fitted scale, read back as the ratio of its slope to the base device's.
-pub fn codec_scales(
+/// Each fitted method's price, read back from a fitted device: its payload decode curve over
+/// the implementation's payload ops and bytes. Methods the fit did not price (no GRACE rows)
+/// are left out, as the fit leaves them out.
+pub fn op_costs(
     fitted: &DeviceProfile,
-    base: &DeviceProfile,
     methods: &BTreeMap<String, MethodSpec>,
-) -> Result<BTreeMap<String, CodecScale>> {
-    let mut scales = BTreeMap::new();
-    for (name, method) in methods
-        .iter()
-        .filter(|(n, m)| m.compressor.is_some() && n.as_str() != "none")
-    {
-        let key = method.resolve("0.01", "false")?.0.key();
-        let (f, b) = (fitted.codec_cost(key)?, base.codec_cost(key)?);
-        if b.encode.ns_per_element > 0.0 && b.encode.floor_us > 0.0 && f != b {
-            let scale = CodecScale {
-                floor: f.encode.floor_us / b.encode.floor_us,
-                slope: f.encode.ns_per_element / b.encode.ns_per_element,
-            };
-            scales.insert(name.clone(), scale);
+) -> Result<BTreeMap<String, OpCost>> {
+    let mut costs = BTreeMap::new();
+    for (name, method) in methods {
+        if let (Some(implementation), Some(key)) = (&method.implementation, method.key()?) {
+            let cost = fitted.codec_cost(key)?;
+            if !cost.provenance.method.starts_with(&fitted_marker(name)) {
+                continue;
+            }
+            let decode = cost.decode;
+            let payload = implementation.payload;
+            costs.insert(
+                name.clone(),
+                OpCost {
+                    us_per_op: decode.floor_us / f64::from(payload.ops.max(1)),
+                    ns_per_byte: decode.ns_per_element
+                        / payload.bytes_per_element.max(f64::MIN_POSITIVE),
+                },
+            );
         }
     }
-    Ok(scales)
+    Ok(costs)
 }

@@ -1,4 +1,4 @@
-//! Each GRACE model's measured compute speed, and the model profiles scaled to run at it.
+//! Each GRACE model's compute speed, from the calibration rows, and the model profiles scaled to run at it.
 
 use super::calibration::Calibration;
 use super::measured::Measurement;
@@ -7,40 +7,66 @@ use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
 use std::collections::BTreeMap;
 
-/// The measured compute speed one model is scaled to: images/s of one worker, and where it comes from.
-#[derive(Clone, Debug)]
-pub struct ComputeTarget {
-    pub images_per_s: f64,
-    pub source: String,
-    /// The row it comes from.
-    pub row: Measurement,
+/// Where one model's compute speed comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ComputeTarget {
+    /// Its own consistent 1-worker `none` row: one worker runs at that row's images/s.
+    Row(Measurement),
+    /// Its 1-worker row is excluded as inconsistent: one worker runs at the per-worker speed of
+    /// its fastest consistent calibration row (communication and codecs only slow a worker
+    /// down, so this is a lower bound on its compute speed, from its own measurements).
+    Fastest {
+        row: Measurement,
+        excluded: Measurement,
+    },
 }
 
-/// Each model's compute target: its own 1-worker `none` row; where the consistency rules flag
-/// that row, its fastest remaining multi-worker row per worker (communication only slows a
-/// worker down, so this is a lower bound on its compute speed).
-pub fn targets(spec: &GraceSpec, data: &[Measurement]) -> Result<BTreeMap<String, ComputeTarget>> {
-    let mut targets = BTreeMap::new();
-    for model in &spec.models {
-        let name = &model.grace;
-        let one = data
-            .iter()
-            .find(|m| &m.model == name && m.workers == 1 && m.method == "none")
-            .ok_or_else(|| {
-                SimError::invalid(
-                    &spec.data,
-                    "rows",
-                    format!("no 1-worker `none` row for {name}"),
-                )
-            })?;
-        let target = if one.excluded.is_none() {
-            ComputeTarget {
-                images_per_s: one.throughput,
-                source: format!("its 1-worker `none` row ({:.2} img/s)", one.throughput),
-                row: one.clone(),
+impl ComputeTarget {
+    /// Images/s of one worker computing alone.
+    pub fn images_per_s(&self) -> f64 {
+        match self {
+            ComputeTarget::Row(row) => row.throughput,
+            ComputeTarget::Fastest { row, .. } => row.throughput / f64::from(row.workers),
+        }
+    }
+
+    /// The row of one worker at that speed, which the factor is fitted to.
+    fn one_worker(&self) -> Measurement {
+        match self {
+            ComputeTarget::Row(row) => row.clone(),
+            ComputeTarget::Fastest { excluded, .. } => Measurement {
+                throughput: self.images_per_s(),
+                excluded: None,
+                ..excluded.clone()
+            },
+        }
+    }
+}
+
+/// Each model's compute target, from the rows of `calibration`: its 1-worker `none` row, or
+/// where that row is excluded, its fastest consistent multi-worker row per worker.
+pub fn targets(
+    spec: &GraceSpec,
+    calibration: &[Measurement],
+) -> Result<BTreeMap<String, ComputeTarget>> {
+    spec.models
+        .iter()
+        .map(|model| {
+            let name = &model.grace;
+            let one = calibration
+                .iter()
+                .find(|m| &m.model == name && m.workers == 1 && m.method == "none")
+                .ok_or_else(|| {
+                    SimError::invalid(
+                        &spec.data,
+                        "rows",
+                        format!("no 1-worker `none` row for {name}"),
+                    )
+                })?;
+            if one.excluded.is_none() {
+                return Ok((name.clone(), ComputeTarget::Row(one.clone())));
             }
-        } else {
-            let fastest = data
+            let fastest = calibration
                 .iter()
                 .filter(|m| &m.model == name && m.workers > 1 && m.excluded.is_none())
                 .max_by(|a, b| {
@@ -51,79 +77,73 @@ pub fn targets(spec: &GraceSpec, data: &[Measurement]) -> Result<BTreeMap<String
                     SimError::invalid(
                         &spec.data,
                         "rows",
-                        format!("{name}: 1-worker row excluded and no other row left"),
+                        format!(
+                            "{name}: its 1-worker row is excluded and no consistent row with 2 to {} workers is left",
+                            spec.fit_workers
+                        ),
                     )
                 })?;
-            let per_worker = fastest.throughput / f64::from(fastest.workers);
-            ComputeTarget {
-                images_per_s: per_worker,
-                source: format!(
-                    "its fastest consistent row per worker, `{}` at {} workers ({:.1} img/s = {:.2} per worker; its 1-worker row, {:.2} img/s, is excluded as inconsistent)",
-                    fastest.method, fastest.workers, fastest.throughput, per_worker, one.throughput
-                ),
+            let target = ComputeTarget::Fastest {
                 row: fastest.clone(),
-            }
-        };
-        targets.insert(name.clone(), target);
-    }
-    Ok(targets)
+                excluded: one.clone(),
+            };
+            Ok((name.clone(), target))
+        })
+        .collect()
 }
 
-/// Scales each model, with its own factor, so that one worker runs at its compute target
-/// (GRACE's TensorFlow on its V100 against our profiles' PyTorch timings).
+/// Scales each model's profile, with its own factor, so that one worker runs at its target
+/// (GRACE's TensorFlow on its V100 against our profiles' timings). Returns the calibration and
+/// each factor.
 pub fn with_compute(
     spec: &GraceSpec,
     base: &Calibration,
     targets: &BTreeMap<String, ComputeTarget>,
-    batch: u32,
-) -> Result<Calibration> {
+) -> Result<(Calibration, BTreeMap<String, f64>)> {
     let none = MethodSpec::dense();
+    let mut factors = BTreeMap::new();
     let mut models = BTreeMap::new();
     for (name, profile) in &base.models {
-        let target = targets.get(name).ok_or_else(|| {
-            SimError::invalid(
-                "spec.json",
-                "models",
-                format!("no compute target for {name}"),
-            )
-        })?;
-        let one = Measurement {
-            model: name.clone(),
-            workers: 1,
-            method: "none".to_string(),
-            ratio: "n/a".to_string(),
-            memory: "n/a".to_string(),
-            comm_method: "allreduce".to_string(),
-            throughput: target.images_per_s,
-            runs: 1,
-            excluded: None,
-        };
+        let one = targets
+            .get(name)
+            .ok_or_else(|| {
+                SimError::invalid(
+                    "spec.json",
+                    "models",
+                    format!("no compute target for {name}"),
+                )
+            })?
+            .one_worker();
         let mut k = 1.0;
         // Two passes: the first from the profile's own time, the second corrects what the
         // simulated single iteration adds beyond compute (the one-rank local copy).
         for _ in 0..2 {
             let trial = Calibration {
-                models: BTreeMap::from([(name.clone(), scaled(profile, k, batch))]),
+                models: BTreeMap::from([(name.clone(), scaled(spec, profile, k))]),
                 ..base.clone()
             };
             k *= trial.predict(spec, &one, &none)? / one.throughput;
         }
-        models.insert(name.clone(), scaled(profile, k, batch));
+        factors.insert(name.clone(), k);
+        models.insert(name.clone(), scaled(spec, profile, k));
     }
-    Ok(Calibration {
-        models,
-        ..base.clone()
-    })
+    Ok((
+        Calibration {
+            models,
+            ..base.clone()
+        },
+        factors,
+    ))
 }
 
 /// The profile with every compute time multiplied by `k` and GRACE's batch.
-fn scaled(profile: &ModelProfile, k: f64, batch: u32) -> ModelProfile {
+fn scaled(spec: &GraceSpec, profile: &ModelProfile, k: f64) -> ModelProfile {
     let mut m = profile.clone();
     for t in &mut m.tensors {
         t.backward_us *= k;
         t.forward_us *= k;
     }
     m.optimizer_us *= k;
-    m.batch_size_per_gpu = batch;
+    m.batch_size_per_gpu = spec.batch_size_per_gpu;
     m
 }

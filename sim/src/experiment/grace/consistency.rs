@@ -15,12 +15,15 @@ pub struct Exclusions {
 /// 1. a `throughput` row below `min_ratio` × the `upper-bound` row of the same configuration
 ///    (model, workers, method, ratio, memory, communication method);
 /// 2. a model's 1-worker `none` row that runs slower per worker than more than half of that
-///    model's remaining multi-worker rows: adding workers only adds communication, so a 1-worker
-///    run cannot be slower per worker than a multi-worker run of the same model and batch.
+///    model's remaining multi-worker rows with at most `max_workers` workers (the calibration
+///    rows, so that no held-out row decides what the fit uses): adding workers only adds
+///    communication, so a 1-worker run cannot be slower per worker than a multi-worker run of
+///    the same model and batch.
 pub fn flag_inconsistent(
     data: &mut [Measurement],
     upper: &[Measurement],
     min_ratio: f64,
+    max_workers: u32,
 ) -> Exclusions {
     let same = |a: &Measurement, b: &Measurement| {
         (
@@ -55,7 +58,9 @@ pub fn flag_inconsistent(
     for model in models {
         let per_worker: Vec<f64> = data
             .iter()
-            .filter(|m| m.model == model && m.workers > 1 && m.excluded.is_none())
+            .filter(|m| {
+                m.model == model && (2..=max_workers).contains(&m.workers) && m.excluded.is_none()
+            })
             .map(|m| m.throughput / f64::from(m.workers))
             .collect();
         let Some(one) = data
@@ -70,7 +75,7 @@ pub fn flag_inconsistent(
         let faster = per_worker.iter().filter(|&&t| t > one.throughput).count();
         if 2 * faster > per_worker.len() {
             one.excluded = Some(format!(
-                "slower per worker than {faster} of its model's {} multi-worker rows",
+                "slower per worker than {faster} of its model's {} rows with 2 to {max_workers} workers",
                 per_worker.len()
             ));
             counts.slow_one_worker += 1;
@@ -99,7 +104,7 @@ mod tests {
             row("resnet50", 2, "fp16", 300.0),
             row("resnet50", 2, "dgc", 300.0),
         ];
-        let counts = flag_inconsistent(&mut data, &upper, 0.5);
+        let counts = flag_inconsistent(&mut data, &upper, 0.5, 8);
         assert_eq!(counts.below_upper_bound, 1);
         assert_eq!(counts.slow_one_worker, 0);
         let reason = data[0].excluded.as_deref().unwrap();
@@ -115,7 +120,7 @@ mod tests {
         let mut data = vec![row("resnet50", 2, "fp16", 100.0)];
         let mut other = row("resnet50", 2, "fp16", 1000.0);
         other.memory = "true".to_string();
-        let counts = flag_inconsistent(&mut data, &[other], 0.5);
+        let counts = flag_inconsistent(&mut data, &[other], 0.5, 8);
         assert_eq!(counts.below_upper_bound, 0);
         assert!(data[0].excluded.is_none());
     }
@@ -129,11 +134,26 @@ mod tests {
             row("vgg19", 4, "fp16", 220.0),
             row("vgg19", 8, "dgc", 320.0),
         ];
-        let counts = flag_inconsistent(&mut data, &[], 0.5);
+        let counts = flag_inconsistent(&mut data, &[], 0.5, 8);
         assert_eq!(counts.slow_one_worker, 1);
         let reason = data[0].excluded.as_deref().unwrap();
-        assert!(reason.contains("2 of its model's 3"), "{reason}");
+        assert!(reason.contains("2 of its model's 3 rows"), "{reason}");
         assert!(data[1..].iter().all(|m| m.excluded.is_none()));
+    }
+
+    #[test]
+    fn rows_above_max_workers_do_not_judge_the_one_worker_row() {
+        // At 8 workers two rows are faster per worker, but only 2-worker rows count.
+        let mut data = vec![
+            row("vgg19", 1, "none", 50.0),
+            row("vgg19", 2, "none", 80.0),
+            row("vgg19", 8, "fp16", 480.0),
+            row("vgg19", 8, "dgc", 800.0),
+        ];
+        let counts = flag_inconsistent(&mut data, &[], 0.5, 2);
+        assert_eq!(counts.slow_one_worker, 0);
+        assert!(data[0].excluded.is_none());
+        assert_eq!(flag_inconsistent(&mut data, &[], 0.5, 8).slow_one_worker, 1);
     }
 
     #[test]
@@ -146,7 +166,7 @@ mod tests {
             // Another model's rows do not count against vgg19.
             row("resnet50", 2, "none", 1000.0),
         ];
-        let counts = flag_inconsistent(&mut data, &[], 0.5);
+        let counts = flag_inconsistent(&mut data, &[], 0.5, 8);
         assert_eq!(counts.slow_one_worker, 0);
         assert!(data.iter().all(|m| m.excluded.is_none()));
     }
@@ -164,7 +184,7 @@ mod tests {
             row("vgg19", 2, "none", 1000.0),
             row("vgg19", 4, "none", 1000.0),
         ];
-        let counts = flag_inconsistent(&mut data, &upper, 0.5);
+        let counts = flag_inconsistent(&mut data, &upper, 0.5, 8);
         assert_eq!(counts.below_upper_bound, 2);
         assert_eq!(counts.slow_one_worker, 0);
         assert!(data[0].excluded.is_none());
@@ -177,7 +197,7 @@ mod tests {
             row("vgg19", 2, "none", 120.0),
         ];
         let upper = [row("vgg19", 1, "none", 1000.0)];
-        let counts = flag_inconsistent(&mut data, &upper, 0.5);
+        let counts = flag_inconsistent(&mut data, &upper, 0.5, 8);
         assert_eq!((counts.below_upper_bound, counts.slow_one_worker), (1, 0));
         assert!(data[0].excluded.as_deref().unwrap().contains("upper-bound"));
     }

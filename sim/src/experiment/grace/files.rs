@@ -1,6 +1,6 @@
 //! The fitted calibration as the data files the GRACE experiment ships, each with its provenance.
 
-use super::calibration::{Calibration, CodecScale};
+use super::calibration::{Calibration, OpCost};
 use super::compute::ComputeTarget;
 use super::{fit, GraceSpec};
 use crate::error::Result;
@@ -14,31 +14,44 @@ pub const CLUSTER_FILE: &str = "cluster.json";
 pub const DEVICE_FILE: &str = "device.json";
 
 /// Where the fitted rows come from, for every provenance.
-const ROWS: &str = "fitted by `syncopate experiment run experiments/grace` on profiles/validation/grace_imagenet_throughput.csv (GRACE, ICDCS'21, sands-lab/grace-data), mode=throughput backend=mpi rows, rows flagged inconsistent excluded";
+const ROWS: &str = "fitted by `syncopate experiment run experiments/grace` on profiles/validation/grace_imagenet_throughput.csv (GRACE, ICDCS'21, sands-lab/grace-data), mode=throughput backend=mpi rows";
 
 /// The device, the cluster and each model profile, with file names, in the order they are written.
 pub fn inputs(
     spec: &GraceSpec,
     cal: &Calibration,
-    batch: u32,
-    scales: &BTreeMap<String, CodecScale>,
+    factors: &BTreeMap<String, f64>,
+    prices: &BTreeMap<String, OpCost>,
     targets: &BTreeMap<String, ComputeTarget>,
 ) -> Result<Vec<(String, Input)>> {
     let mut inputs = vec![
         (
             DEVICE_FILE.to_string(),
-            Input::Device(device(spec, cal, scales)?),
+            Input::Device(device(spec, cal, prices)?),
         ),
         (CLUSTER_FILE.to_string(), Input::Cluster(cluster(spec, cal))),
     ];
     for m in &spec.models {
         let mut profile = cal.models[&m.grace].clone();
+        let target = match &targets[&m.grace] {
+            ComputeTarget::Row(row) => format!(
+                "so that 1 worker runs at GRACE's 1-worker `none` row ({:.2} img/s)",
+                row.throughput
+            ),
+            ComputeTarget::Fastest { row, excluded } => format!(
+                "so that 1 worker runs at {:.2} img/s, GRACE's fastest consistent {} row per worker (`{}` at {} workers, {:.2} img/s), a lower bound on its compute speed: its own 1-worker `none` row ({:.2} img/s) is excluded as inconsistent ({})",
+                row.throughput / f64::from(row.workers),
+                m.grace,
+                row.method,
+                row.workers,
+                row.throughput,
+                excluded.throughput,
+                excluded.excluded.as_deref().unwrap_or("")
+            ),
+        };
         let provenance = format!(
-            "compute scaled from profile `{}` by this model's own factor so that 1 worker runs at {} img/s, GRACE's {}; batch {batch} per GPU chosen among {:?} with the MPI fit (GRACE does not record it) ({ROWS})",
-            m.profile,
-            format_args!("{:.2}", targets[&m.grace].images_per_s),
-            targets[&m.grace].source,
-            spec.batch_sizes
+            "compute scaled from profile `{}` by {:.4} {target}; batch {} per GPU: {} ({ROWS} with at most {} workers)",
+            m.profile, factors[&m.grace], spec.batch_size_per_gpu, spec.batch_source, spec.fit_workers
         );
         profile.name = format!("grace-{}", m.grace);
         profile.source = format!("{}; {provenance}", profile.source);
@@ -58,40 +71,61 @@ pub fn inputs(
 fn device(
     spec: &GraceSpec,
     cal: &Calibration,
-    scales: &BTreeMap<String, CodecScale>,
+    prices: &BTreeMap<String, OpCost>,
 ) -> Result<crate::device::DeviceProfile> {
     let mut device = cal.device.clone();
     device.name = "grace-v100".to_string();
     device.source = format!(
-        "{} with GRACE-calibrated codec curves: {}",
+        "{} with codec curves of GRACE's TensorFlow compressors: {}",
         spec.base_device, device.source
     );
     device.compute_speed_provenance = Provenance {
         status: Status::Calibrated,
-        method: format!("1.0: each model profile's compute is scaled to GRACE's measured compute speed of that model instead ({ROWS})"),
+        method: format!("1.0: each model profile's compute is scaled to GRACE's measured compute speed instead ({ROWS})"),
     };
-    for (method, scale) in scales {
-        let key = spec
-            .methods
-            .iter()
-            .find(|m| &m.grace == method)
-            .map(|m| m.resolve("0.01", "false"))
-            .transpose()?
-            .map(|c| c.0.key());
-        if let Some(cost) = key.and_then(|k| device.compression.get_mut(k)) {
+    let base = OpCost::base(&cal.device);
+    for method in &spec.methods {
+        let (Some(price), Some(implementation), Some(key)) = (
+            prices.get(&method.grace),
+            &method.implementation,
+            method.key()?,
+        ) else {
+            continue;
+        };
+        if let Some(cost) = device.compression.get_mut(key) {
             cost.provenance = Provenance {
                 status: Status::Calibrated,
                 method: format!(
-                    "{spec_device}'s curve with floors x {floor:.3} and per-element slopes x {slope:.3} (encode and decode): the pair that minimizes the mean absolute percentage error of GRACE's consistent `{method}` rows at {w} workers, ResNet-50 and VGG-19, ties within 0.5 points broken toward the base curve (mode=throughput, backend=mpi rows of profiles/validation/grace_imagenet_throughput.csv, GRACE ICDCS'21, sands-lab/grace-data), fitted by `syncopate experiment run experiments/grace`; GRACE's TensorFlow compressors run as unfused TF ops, far above the bandwidth-bound kernels of the base profile",
-                    spec_device = spec.base_device,
-                    floor = scale.floor,
-                    slope = scale.slope,
-                    w = spec.fit_workers
+                    "{fitted} ({source}): per tensor, encode {e} ops and {eb} B per element; each payload decoded {p} ops and {pb} B per element (decode); once per decode call {c} ops and {cb} B per element (aggregate); priced at {us:.2} us per op ({us_x:.2}x a {launch} us kernel launch) and {ns:.5} ns per byte ({ns_x:.2}x {bw} GB/s x {eff}), the pair that minimizes the mean absolute percentage error of GRACE's consistent `{name}` rows at {w} workers (ResNet-50 and VGG-19), ties within {tie} points broken toward the base ({ROWS})",
+                    fitted = fitted_marker(&method.grace),
+                    name = method.grace,
+                    source = implementation.source,
+                    e = implementation.encode.ops,
+                    eb = implementation.encode.bytes_per_element,
+                    p = implementation.payload.ops,
+                    pb = implementation.payload.bytes_per_element,
+                    c = implementation.call.ops,
+                    cb = implementation.call.bytes_per_element,
+                    us = price.us_per_op,
+                    us_x = price.us_per_op / base.us_per_op,
+                    launch = base.us_per_op,
+                    ns = price.ns_per_byte,
+                    ns_x = price.ns_per_byte / base.ns_per_byte,
+                    bw = cal.device.memory_bandwidth_gbytes_per_s,
+                    eff = crate::compress::GPU_BANDWIDTH_EFFICIENCY,
+                    w = spec.fit_workers,
+                    tie = fit::TIE_PCT,
                 ),
             };
         }
     }
     Ok(device)
+}
+
+/// How a fitted codec curve's provenance begins, so that `--reuse-fit` reads back exactly the
+/// methods the fit priced (a method without GRACE rows keeps the base curve).
+pub fn fitted_marker(method: &str) -> String {
+    format!("GRACE's `{method}` as its TensorFlow code runs it")
 }
 
 fn cluster(spec: &GraceSpec, cal: &Calibration) -> crate::topology::Cluster {
@@ -104,8 +138,8 @@ fn cluster(spec: &GraceSpec, cal: &Calibration) -> crate::topology::Cluster {
         p.provenance = Provenance {
             status: Status::Calibrated,
             method: format!(
-                "tcp_efficiency, message_overhead_us and reduce_gbytes_per_s chosen on a grid ({} x {} x {}) to minimize the mean absolute percentage error of {}'s `none` (allreduce) rows at 2, 4 and 8 workers ({ROWS})",
-                spec.network_model, tcp, overhead, reduce
+                "tcp_efficiency, message_overhead_us and reduce_gbytes_per_s chosen on a grid ({tcp} x {overhead} x {reduce}) to minimize the mean absolute percentage error of {}'s consistent `none` (allreduce) rows with 2 to {} workers, ties within {} points broken toward {}'s estimates ({ROWS})",
+                spec.network_model, spec.fit_workers, fit::TIE_PCT, spec.base_cluster
             ),
         };
     }

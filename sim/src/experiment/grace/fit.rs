@@ -1,10 +1,11 @@
-//! Fitting GRACE's calibration: batch and MPI/TCP costs on a grid against the dense rows, then one codec-cost scale pair per compressor.
+//! Fitting GRACE's calibration on its calibration rows: compute speed, MPI/TCP costs on a grid against the dense row, then one op and byte price per compressor.
 
-use super::calibration::{Calibration, CodecScale};
-use super::compute;
+use super::calibration::{Calibration, OpCost};
+use super::compute::{self, ComputeTarget};
 use super::measured::Measurement;
 use super::{GraceSpec, MethodSpec};
 use crate::error::{Result, SimError};
+use crate::topology::Library;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 
@@ -20,25 +21,123 @@ pub const GRID_SIZES: (usize, usize, usize) = (
     MESSAGE_OVERHEAD_US.len(),
     REDUCE_GBYTES_PER_S.len(),
 );
-/// Codec scales (per-kernel floor, per-element slope) are searched on a log2 grid, then on a
+/// Op and byte prices are searched on a log2 grid of multiples of the base price, then on a
 /// grid four times finer around the best point.
-const SCALE_GRID_LOG2: std::ops::RangeInclusive<i32> = -10..=14;
+pub const PRICE_GRID_LOG2: std::ops::RangeInclusive<i32> = -4..=14;
 const REFINE: i32 = 4;
-/// Codec scales whose error is within this many percentage points of the best count as ties;
-/// among ties the fit keeps the pair nearest the base curve (smallest |log2 floor| + |log2 slope|),
-/// so a compressor with fewer fit rows than parameters gets the smallest change that fits.
-const TIE_PCT: f64 = 0.5;
+/// The fitted MPI costs that sit on an end of their grid, named: a fit that wants to go further
+/// than the grid allows says that the model's structure, not the data, limits it.
+pub fn mpi_on_bounds(tcp: f64, overhead: f64, reduce: f64) -> Vec<&'static str> {
+    let ends = |grid: &[f64], value: f64| {
+        grid.first().is_some_and(|&x| value <= x) || grid.last().is_some_and(|&x| value >= x)
+    };
+    [
+        ("tcp_efficiency", ends(&TCP_EFFICIENCY, tcp)),
+        ("message_overhead_us", ends(&MESSAGE_OVERHEAD_US, overhead)),
+        ("reduce_gbytes_per_s", ends(&REDUCE_GBYTES_PER_S, reduce)),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect()
+}
 
-/// Runs the whole fit. Returns the calibration, the chosen batch, and each method's codec scale.
+/// Whether a price, as a multiple of the base price, sits on an end of the price grid.
+pub fn price_on_bound(multiple: f64) -> bool {
+    let log2 = multiple.log2();
+    log2 <= f64::from(*PRICE_GRID_LOG2.start()) + 1e-9
+        || log2 >= f64::from(*PRICE_GRID_LOG2.end()) - 1e-9
+}
+
+/// Errors within this many percentage points of the best count as ties; among ties the fit keeps
+/// the point nearest its starting values, so parameters the calibration rows cannot tell apart
+/// (three MPI costs from one dense row; two prices from one or two rows) move as little as fits.
+pub const TIE_PCT: f64 = 0.5;
+
+/// What the fit produces.
+pub struct Fitted {
+    pub calibration: Calibration,
+    /// Each model's compute factor.
+    pub factors: BTreeMap<String, f64>,
+    /// Each fitted method's op and byte price.
+    pub prices: BTreeMap<String, OpCost>,
+}
+
+/// Runs the whole fit on the calibration rows.
 pub fn fit(
     spec: &GraceSpec,
     base: &Calibration,
-    data: &[Measurement],
+    calibration: &[Measurement],
     methods: &BTreeMap<String, MethodSpec>,
-) -> Result<(Calibration, u32, BTreeMap<String, CodecScale>)> {
-    let none = &methods["none"];
-    let targets = compute::targets(spec, data)?;
-    let dense: Vec<(&Measurement, &MethodSpec)> = data
+    targets: &BTreeMap<String, ComputeTarget>,
+) -> Result<Fitted> {
+    let (cal, factors) = compute::with_compute(spec, base, targets)?;
+    let mut cal = fit_mpi(spec, &cal, calibration, &methods["none"])?;
+    let start = OpCost::base(&cal.device);
+    let fitted = methods
+        .par_iter()
+        .filter_map(|(name, method)| method.implementation.as_ref().map(|i| (name, method, i)))
+        .map(|(name, method, implementation)| {
+            let rows: Vec<(&Measurement, &MethodSpec)> = calibration
+                .iter()
+                .filter(|m| &m.method == name && m.workers > 1 && m.excluded.is_none())
+                .map(|m| (m, method))
+                .collect();
+            if rows.is_empty() {
+                return Ok(None);
+            }
+            let key = method.resolve(&rows[0].0.ratio, &rows[0].0.memory)?.0.key();
+            let price = |op: f64, byte: f64| OpCost {
+                us_per_op: start.us_per_op * op.exp2(),
+                ns_per_byte: start.ns_per_byte * byte.exp2(),
+            };
+            let error = |op: f64, byte: f64| -> Result<(f64, f64, (f64, f64))> {
+                let error = cal
+                    .with_codec(key, implementation, price(op, byte))?
+                    .mape(spec, &rows)?;
+                Ok((error, op.abs() + byte.abs(), (op, byte)))
+            };
+            let mut scored = Vec::new();
+            for op in PRICE_GRID_LOG2 {
+                for byte in PRICE_GRID_LOG2 {
+                    scored.push(error(f64::from(op), f64::from(byte))?);
+                }
+            }
+            let (op0, byte0) = pick(&scored, name)?;
+            let step = |k: i32| f64::from(k) / f64::from(REFINE);
+            for i in -REFINE..=REFINE {
+                for j in -REFINE..=REFINE {
+                    scored.push(error(op0 + step(i), byte0 + step(j))?);
+                }
+            }
+            let (op, byte) = pick(&scored, name)?;
+            Ok(Some((name.clone(), key, price(op, byte))))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut prices = BTreeMap::new();
+    for (name, key, price) in fitted.into_iter().flatten() {
+        let implementation = methods[&name]
+            .implementation
+            .as_ref()
+            .expect("only methods with an implementation are fitted");
+        cal = cal.with_codec(key, implementation, price)?;
+        prices.insert(name, price);
+    }
+    Ok(Fitted {
+        calibration: cal,
+        factors,
+        prices,
+    })
+}
+
+/// The MPI/TCP costs that best fit the network model's dense calibration rows, ties broken
+/// toward the base cluster's estimates.
+fn fit_mpi(
+    spec: &GraceSpec,
+    cal: &Calibration,
+    calibration: &[Measurement],
+    none: &MethodSpec,
+) -> Result<Calibration> {
+    let dense: Vec<(&Measurement, &MethodSpec)> = calibration
         .iter()
         .filter(|m| {
             m.model == spec.network_model
@@ -48,98 +147,59 @@ pub fn fit(
         })
         .map(|m| (m, none))
         .collect();
-    let mut best: Option<(f64, Calibration, u32)> = None;
-    for &batch in &spec.batch_sizes {
-        let cal = compute::with_compute(spec, base, &targets, batch)?;
-        let grid: Vec<(f64, f64, f64)> = TCP_EFFICIENCY
-            .iter()
-            .flat_map(|&t| {
-                MESSAGE_OVERHEAD_US
-                    .iter()
-                    .flat_map(move |&o| REDUCE_GBYTES_PER_S.iter().map(move |&r| (t, o, r)))
-            })
-            .collect();
-        let scored = grid
-            .par_iter()
-            .map(|&(t, o, r)| {
-                let c = cal.with_mpi(t, o, r);
-                Ok((c.mape(spec, &dense)?, c))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        for (error, c) in scored {
-            if best.as_ref().is_none_or(|b| error < b.0) {
-                best = Some((error, c, batch));
-            }
-        }
+    if dense.is_empty() {
+        return Err(SimError::invalid(
+            "spec.json",
+            "network_model",
+            format!(
+                "{} has no consistent multi-worker `none` row with at most {} workers to fit the MPI costs on",
+                spec.network_model, spec.fit_workers
+            ),
+        ));
     }
-    let (_, mut cal, batch) = best.ok_or_else(|| {
-        SimError::invalid("spec.json", "batch_sizes", "needs at least one batch size")
-    })?;
-    let base_device = cal.device.clone();
-    let fitted = methods
-        .par_iter()
-        .filter(|(name, m)| m.compressor.is_some() && name.as_str() != "none")
-        .map(|(name, method)| {
-            let rows: Vec<(&Measurement, &MethodSpec)> = data
+    let Library::Mpi(start) = &cal.cluster.library else {
+        return Err(SimError::invalid(
+            "spec.json",
+            "base_cluster",
+            "GRACE ran Horovod over MPI: the base cluster needs an `mpi` library",
+        ));
+    };
+    // Distance from the base estimates in log units (the overhead may be 0).
+    let distance = |t: f64, o: f64, r: f64| {
+        (t / start.tcp_efficiency).ln().abs()
+            + ((1.0 + o) / (1.0 + start.message_overhead_us)).ln().abs()
+            + (r / start.reduce_gbytes_per_s).ln().abs()
+    };
+    let grid: Vec<(f64, f64, f64)> = TCP_EFFICIENCY
+        .iter()
+        .flat_map(|&t| {
+            MESSAGE_OVERHEAD_US
                 .iter()
-                .filter(|m| {
-                    m.workers == spec.fit_workers && &m.method == name && m.excluded.is_none()
-                })
-                .map(|m| (m, method))
-                .collect();
-            if rows.is_empty() {
-                return Ok(None);
-            }
-            let key = method.resolve(&rows[0].0.ratio, &rows[0].0.memory)?.0.key();
-            let error = |floor: f64, slope: f64| -> Result<f64> {
-                let scale = CodecScale {
-                    floor: floor.exp2(),
-                    slope: slope.exp2(),
-                };
-                cal.with_codec_scale(&base_device, key, scale)?
-                    .mape(spec, &rows)
-            };
-            let mut scored = Vec::new();
-            for f in SCALE_GRID_LOG2 {
-                for l in SCALE_GRID_LOG2 {
-                    let (f, l) = (f64::from(f), f64::from(l));
-                    scored.push((error(f, l)?, f, l));
-                }
-            }
-            let (_, f0, l0) = pick(&scored);
-            for i in -REFINE..=REFINE {
-                for j in -REFINE..=REFINE {
-                    let step = |k: i32| f64::from(k) / f64::from(REFINE);
-                    let (f, l) = (f0 + step(i), l0 + step(j));
-                    scored.push((error(f, l)?, f, l));
-                }
-            }
-            let best = pick(&scored);
-            let scale = CodecScale {
-                floor: best.1.exp2(),
-                slope: best.2.exp2(),
-            };
-            Ok(Some((name.clone(), key, scale)))
+                .flat_map(move |&o| REDUCE_GBYTES_PER_S.iter().map(move |&r| (t, o, r)))
+        })
+        .collect();
+    let scored = grid
+        .par_iter()
+        .map(|&(t, o, r)| {
+            let error = cal.with_mpi(t, o, r).mape(spec, &dense)?;
+            Ok((error, distance(t, o, r), (t, o, r)))
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut scales = BTreeMap::new();
-    for (name, key, scale) in fitted.into_iter().flatten() {
-        cal = cal.with_codec_scale(&base_device, key, scale)?;
-        scales.insert(name, scale);
-    }
-    Ok((cal, batch, scales))
+    let (t, o, r) = pick(&scored, "base_cluster")?;
+    Ok(cal.with_mpi(t, o, r))
 }
 
-/// The best (error, log2 floor, log2 slope): the lowest error, ties (within [`TIE_PCT`]) broken
-/// toward the base curve.
-fn pick(scored: &[(f64, f64, f64)]) -> (f64, f64, f64) {
+/// The point of the lowest error; among points within [`TIE_PCT`] of it, the one nearest the
+/// start (smallest distance; the first of equals, so the grid order decides determinately).
+/// An error names `what` when no point has a finite error.
+fn pick<T: Copy>(scored: &[(f64, f64, T)], what: &str) -> Result<T> {
     let lowest = scored.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
     scored
         .iter()
         .filter(|s| s.0 <= lowest + TIE_PCT)
-        .min_by(|a, b| (a.1.abs() + a.2.abs()).total_cmp(&(b.1.abs() + b.2.abs())))
-        .copied()
-        .unwrap_or((lowest, 0.0, 0.0))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|s| s.2)
+        .ok_or_else(|| SimError::invalid("spec.json", what, "no grid point gives a finite error"))
 }
 
 #[cfg(test)]
@@ -148,14 +208,33 @@ mod tests {
 
     #[test]
     fn the_lowest_error_wins_outside_the_tie_band() {
-        let scored = [(5.0, 0.0, 0.0), (3.0, 4.0, -2.0), (4.0, 1.0, 1.0)];
-        assert_eq!(pick(&scored), (3.0, 4.0, -2.0));
+        let scored = [(5.0, 0.0, 'a'), (3.0, 6.0, 'b'), (4.0, 2.0, 'c')];
+        assert_eq!(pick(&scored, "t").unwrap(), 'b');
     }
 
     #[test]
-    fn ties_go_to_the_pair_nearest_the_base_curve() {
+    fn ties_go_to_the_point_nearest_the_start() {
         let within = 3.0 + TIE_PCT / 2.0;
-        let scored = [(3.0, 4.0, -2.0), (within, -1.0, 1.0), (within, 0.0, 3.0)];
-        assert_eq!(pick(&scored), (within, -1.0, 1.0));
+        let scored = [(3.0, 6.0, 'a'), (within, 2.0, 'b'), (within, 3.0, 'c')];
+        assert_eq!(pick(&scored, "t").unwrap(), 'b');
+    }
+
+    #[test]
+    fn parameters_on_the_ends_of_their_grids_are_named() {
+        assert!(mpi_on_bounds(0.8, 30.0, 5.0).is_empty());
+        assert_eq!(
+            mpi_on_bounds(0.95, 0.0, 5.0),
+            vec!["tcp_efficiency", "message_overhead_us"]
+        );
+        assert!(price_on_bound(2f64.powi(*PRICE_GRID_LOG2.end())));
+        assert!(price_on_bound(2f64.powi(*PRICE_GRID_LOG2.start() - 1)));
+        assert!(!price_on_bound(1.0));
+    }
+
+    #[test]
+    fn no_finite_error_is_an_error_naming_the_fit() {
+        let scored = [(f64::NAN, 0.0, 'a')];
+        let err = pick(&scored, "methods").unwrap_err().to_string();
+        assert!(err.contains("methods"), "{err}");
     }
 }

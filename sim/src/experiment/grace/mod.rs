@@ -10,10 +10,11 @@ mod report;
 
 use super::Results;
 use crate::chart::Chart;
-use crate::compress::{Compressor, Memory};
+use crate::compress::{Compressor, Memory, Wire};
 use crate::data;
 use crate::error::{Result, SimError};
 use calibration::Calibration;
+use measured::Measurement;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,14 +30,20 @@ pub struct GraceSpec {
     base_cluster: String,
     base_device: String,
     strategy: String,
-    /// The GRACE model whose dense multi-worker rows fit the MPI/TCP costs.
+    /// The GRACE model whose dense calibration row fits the MPI/TCP costs.
     network_model: String,
     /// A `throughput` row below this share of GRACE's `upper-bound` row of the same
     /// configuration is excluded as inconsistent.
     upper_bound_min_ratio: f64,
+    /// The calibration rows have at most this many workers (and are all the fit sees); rows
+    /// with more are held out.
     fit_workers: u32,
-    /// Candidate per-GPU batch sizes (GRACE does not record it).
-    batch_sizes: Vec<u32>,
+    /// The per-GPU batch (GRACE does not record it) and where the number comes from.
+    batch_size_per_gpu: u32,
+    batch_source: String,
+    /// How GRACE's compressors lay their codes on the wire, and where that is read.
+    wire: Wire,
+    wire_source: String,
     models: Vec<ModelSpec>,
     methods: Vec<MethodSpec>,
 }
@@ -59,7 +66,34 @@ struct MethodSpec {
     /// Memory spec when GRACE's `memory` column is true (default: residual).
     #[serde(default)]
     memory: Option<String>,
+    /// What GRACE's TensorFlow code of the method does per tensor (every covered compressing
+    /// method has one); the fit prices it.
+    #[serde(default)]
+    implementation: Option<Implementation>,
     note: String,
+}
+
+/// Element-wise work of one phase of a GRACE codec, per tensor: the TensorFlow ops that touch
+/// every element and the bytes they read and write per element of the fp32 tensor.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpWork {
+    ops: u32,
+    bytes_per_element: f64,
+}
+
+/// A GRACE method's codec as its TensorFlow source does it (sands-lab/grace,
+/// grace_dl/tensorflow): the encode, each payload a rank decodes (the allgather communicator's
+/// slice, the compressor's `decompress`, `add_n` reading it), and once per call (`add_n`'s
+/// output, the compressor's `aggregate`, the average over workers).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Implementation {
+    encode: OpWork,
+    payload: OpWork,
+    call: OpWork,
+    /// The source files and ops counted.
+    source: String,
 }
 
 impl MethodSpec {
@@ -69,7 +103,16 @@ impl MethodSpec {
             grace: "none".to_string(),
             compressor: Some("none".to_string()),
             memory: None,
+            implementation: None,
             note: String::new(),
+        }
+    }
+
+    /// The key of our compressor's cost curves; `None` for a method we do not cover.
+    fn key(&self) -> Result<Option<&'static str>> {
+        match self.compressor {
+            None => Ok(None),
+            Some(_) => Ok(Some(self.resolve("0.01", "false")?.0.key())),
         }
     }
 
@@ -89,36 +132,40 @@ impl MethodSpec {
     }
 }
 
-/// Fits (or, with `reuse_fit`, reads back) the calibration, then predicts every GRACE row of a
-/// covered method.
+/// Fits (or, with `reuse_fit`, reads back) the calibration on the rows with at most
+/// `fit_workers` workers, then predicts every GRACE row of a covered method.
 pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result<Results> {
     data::check_format_version(label, spec.format_version)?;
     let mut rows = measured::load(&dir.join(&spec.data), "throughput")?;
     let upper = measured::load(&dir.join(&spec.data), "upper-bound")?;
-    let exclusions = consistency::flag_inconsistent(&mut rows, &upper, spec.upper_bound_min_ratio);
-    let targets = compute::targets(spec, &rows)?;
+    let exclusions = consistency::flag_inconsistent(
+        &mut rows,
+        &upper,
+        spec.upper_bound_min_ratio,
+        spec.fit_workers,
+    );
+    // Everything fitted sees these rows only, so no held-out row can have been fitted.
+    let calibration = calibration_rows(spec, &rows);
+    let targets = compute::targets(spec, &calibration)?;
     let methods: BTreeMap<String, MethodSpec> = spec
         .methods
         .iter()
         .map(|m| (m.grace.clone(), m.clone()))
         .collect();
-    if methods.get("none").and_then(|m| m.compressor.as_deref()) != Some("none") {
-        return Err(SimError::invalid(
-            label,
-            "methods",
-            "needs GRACE's `none` mapped to compressor `none`",
-        ));
-    }
+    check_methods(label, &methods)?;
     let base = Calibration::base(spec)?;
-    let (cal, batch, scales, inputs) = if reuse_fit {
+    let (cal, prices, inputs) = if reuse_fit {
         let cal = Calibration::fitted(spec, dir)?;
-        let batch = cal.models[&spec.network_model].batch_size_per_gpu;
-        let scales = calibration::codec_scales(&cal.device, &base.device, &methods)?;
-        (cal, batch, scales, Vec::new())
+        let prices = calibration::op_costs(&cal.device, &methods)?;
+        (cal, prices, Vec::new())
     } else {
-        let (cal, batch, scales) = fit::fit(spec, &base, &rows, &methods)?;
-        let inputs = files::inputs(spec, &cal, batch, &scales, &targets)?;
-        (cal, batch, scales, inputs)
+        let fit::Fitted {
+            calibration: cal,
+            factors,
+            prices,
+        } = fit::fit(spec, &base, &calibration, &methods, &targets)?;
+        let inputs = files::inputs(spec, &cal, &factors, &prices, &targets)?;
+        (cal, prices, inputs)
     };
     let predicted = rows
         .iter()
@@ -144,6 +191,36 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result
             panels: report.panels(),
             columns: 4,
         }],
-        table: report.markdown(&cal, batch, &scales, &methods, &rows, &exclusions),
+        table: report.markdown(&cal, &base, &prices, &methods, &rows, &exclusions),
     })
+}
+
+/// The rows the fit may use: those with at most `fit_workers` workers.
+fn calibration_rows(spec: &GraceSpec, rows: &[Measurement]) -> Vec<Measurement> {
+    rows.iter()
+        .filter(|m| m.workers <= spec.fit_workers)
+        .cloned()
+        .collect()
+}
+
+/// `none` must be GRACE's dense baseline, and every covered compressing method needs the
+/// description of its implementation that the fit prices.
+fn check_methods(label: &str, methods: &BTreeMap<String, MethodSpec>) -> Result<()> {
+    if methods.get("none").and_then(|m| m.compressor.as_deref()) != Some("none") {
+        return Err(SimError::invalid(
+            label,
+            "methods",
+            "needs GRACE's `none` mapped to compressor `none`",
+        ));
+    }
+    match methods.iter().find(|(name, m)| {
+        m.compressor.is_some() && name.as_str() != "none" && m.implementation.is_none()
+    }) {
+        Some((name, _)) => Err(SimError::invalid(
+            label,
+            format!("methods[{name}].implementation"),
+            "a covered compressing method needs the ops and bytes of GRACE's implementation",
+        )),
+        None => Ok(()),
+    }
 }

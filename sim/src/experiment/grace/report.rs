@@ -1,33 +1,42 @@
 //! The GRACE comparison as results: each row's role (fit, held out, excluded), the CSV, the chart panels and the error table.
 
-use super::calibration::{Calibration, CodecScale};
+use super::calibration::{Calibration, OpCost};
 use super::compute::ComputeTarget;
 use super::consistency::Exclusions;
 use super::measured::Measurement;
-use super::{GraceSpec, MethodSpec};
+use super::{fit, GraceSpec, MethodSpec};
 use crate::chart::{Panel, Series};
 use crate::csv::Csv;
+use crate::experiment::lab;
 use crate::topology::Library;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-/// Whether a consistent row was used by the fit (each model's compute target; the network
-/// model's dense rows for the MPI costs; every model's compressed rows at `fit_workers` for the
-/// codec scales) or is held out. Excluded rows are never fitted.
-fn fitted_row(
-    spec: &GraceSpec,
-    targets: &BTreeMap<String, ComputeTarget>,
-    m: &Measurement,
-) -> bool {
-    if m.excluded.is_some() {
-        false
-    } else if targets.get(&m.model).is_some_and(|t| t.row == *m) {
-        true
-    } else if m.method == "none" {
-        m.model == spec.network_model && m.workers > 1
-    } else {
-        m.workers == spec.fit_workers
+/// Whether a row is a calibration row (at most `fit_workers` workers: the only rows the fit
+/// sees) or held out. Excluded rows are never fitted, whichever set they are in.
+fn fitted_row(spec: &GraceSpec, m: &Measurement) -> bool {
+    m.workers <= spec.fit_workers
+}
+
+/// The median of `v` (the mean of the middle two for an even count); `None` when empty.
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
+}
+
+/// Spearman's rank correlation of the pairs (the lab experiment's); `None` for fewer than two
+/// pairs or a constant side, where it is undefined.
+fn spearman(pairs: &[(f64, f64)]) -> Option<f64> {
+    let x: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    let y: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    let varies = |v: &[f64]| v.iter().any(|&a| a != v[0]);
+    (pairs.len() >= 2 && varies(&x) && varies(&y)).then(|| lab::spearman(&x, &y))
 }
 
 pub struct Report<'a> {
@@ -64,7 +73,7 @@ impl Report<'_> {
                 format!("{:.2}", m.throughput),
                 format!("{predicted:.2}"),
                 format!("{:.2}", 100.0 * (predicted / m.throughput - 1.0)),
-                if fitted_row(self.spec, self.targets, m) {
+                if fitted_row(self.spec, m) {
                     "fit"
                 } else {
                     "held-out"
@@ -124,11 +133,101 @@ impl Report<'_> {
             .collect()
     }
 
+    /// Predicted over measured minus one, in percent, for every row at `workers` workers that
+    /// `keep` accepts.
+    fn errors_at(&self, workers: u32, keep: &dyn Fn(&Measurement) -> bool) -> Vec<f64> {
+        self.rows
+            .iter()
+            .filter(|(m, _)| m.workers == workers && keep(m))
+            .map(|(m, p)| 100.0 * (p / m.throughput - 1.0))
+            .collect()
+    }
+
+    /// The held-out statistics: median absolute error at each held-out worker count and over
+    /// all of them, and each model's Spearman rank correlation of its configurations at the
+    /// largest worker count (measured against predicted throughput), from consistent rows.
+    fn held_out(&self, md: &mut String) {
+        let mut counts: Vec<u32> = self
+            .rows
+            .iter()
+            .map(|(m, _)| m.workers)
+            .filter(|&w| w > self.spec.fit_workers)
+            .collect();
+        counts.sort_unstable();
+        counts.dedup();
+        let consistent = |m: &Measurement| m.excluded.is_none();
+        let all = |_: &Measurement| true;
+        let abs = |v: Vec<f64>| v.into_iter().map(f64::abs).collect::<Vec<_>>();
+        let show = |v: &[f64]| match median(v) {
+            Some(x) => format!("{x:.1} % ({} rows)", v.len()),
+            None => "–".to_string(),
+        };
+        let _ = writeln!(
+            md,
+            "\n**Held out** (rows with more than {} workers; the fit never sees them):\n\n| workers | median absolute error | median absolute error incl. excluded | median signed error |\n|---|---|---|---|",
+            self.spec.fit_workers
+        );
+        let (mut held, mut held_with) = (Vec::new(), Vec::new());
+        for &w in &counts {
+            let (c, x) = (self.errors_at(w, &consistent), self.errors_at(w, &all));
+            let _ = writeln!(
+                md,
+                "| {w} | {} | {} | {} |",
+                show(&abs(c.clone())),
+                show(&abs(x.clone())),
+                median(&c).map_or("–".to_string(), |m| format!("{m:+.1} %"))
+            );
+            held.extend(abs(c));
+            held_with.extend(abs(x));
+        }
+        let _ = writeln!(
+            md,
+            "| **all held out** | **{}** | {} | |",
+            show(&held),
+            show(&held_with)
+        );
+        let Some(&largest) = counts.last() else {
+            return;
+        };
+        let mut models: Vec<&str> = self.rows.iter().map(|(m, _)| m.model.as_str()).collect();
+        models.sort_unstable();
+        models.dedup();
+        let _ = write!(
+            md,
+            "\n**Spearman rank correlation** of measured and predicted throughput over each model's consistent compressor configurations (method, ratio, memory) at {largest} workers, and with `none` among them:"
+        );
+        for model in models {
+            let pairs = |with_none: bool| -> Vec<(f64, f64)> {
+                self.rows
+                    .iter()
+                    .filter(|(m, _)| {
+                        m.model == model
+                            && m.workers == largest
+                            && m.excluded.is_none()
+                            && (with_none || m.method != "none")
+                    })
+                    .map(|(m, p)| (m.throughput, *p))
+                    .collect()
+            };
+            let rho =
+                |v: &[(f64, f64)]| spearman(v).map_or("–".to_string(), |r| format!("{r:.2}"));
+            let (compressors, all) = (pairs(false), pairs(true));
+            let _ = write!(
+                md,
+                " **{model}** {} ({} configurations), {} with `none`;",
+                rho(&compressors),
+                compressors.len(),
+                rho(&all)
+            );
+        }
+        md.push('\n');
+    }
+
     pub fn markdown(
         &self,
         cal: &Calibration,
-        batch: u32,
-        scales: &BTreeMap<String, CodecScale>,
+        base: &Calibration,
+        prices: &BTreeMap<String, OpCost>,
         methods: &BTreeMap<String, MethodSpec>,
         data: &[Measurement],
         exclusions: &Exclusions,
@@ -147,22 +246,54 @@ impl Report<'_> {
         };
         let mut md = String::new();
         if let Library::Mpi(p) = &cal.cluster.library {
+            let bounds = fit::mpi_on_bounds(
+                p.tcp_efficiency,
+                p.message_overhead_us,
+                p.reduce_gbytes_per_s,
+            );
+            let warning = match bounds.is_empty() {
+                true => String::new(),
+                false => format!(" **On the end of its grid:** {}.", bounds.join(", ")),
+            };
             let _ = writeln!(
                 md,
-                "Fitted: batch {batch} per GPU; MPI/TCP `tcp_efficiency` {:.2}, `message_overhead_us` {:.0}, `reduce_gbytes_per_s` {:.1} (on {}'s dense rows).\n",
-                p.tcp_efficiency, p.message_overhead_us, p.reduce_gbytes_per_s, self.spec.network_model
+                "Fitted on the rows with at most {} workers: MPI/TCP `tcp_efficiency` {:.2}, `message_overhead_us` {:.0}, `reduce_gbytes_per_s` {:.1} (on {}'s dense rows);{warning} batch {} per GPU (not fitted: {}); wire `{}` ({}).\n",
+                self.spec.fit_workers,
+                p.tcp_efficiency,
+                p.message_overhead_us,
+                p.reduce_gbytes_per_s,
+                self.spec.network_model,
+                self.spec.batch_size_per_gpu,
+                self.spec.batch_source,
+                self.spec.wire.name(),
+                self.spec.wire_source
             );
         }
-        md.push_str("Compute, one factor per model:");
+        md.push_str("Compute:");
         for (model, target) in self.targets {
-            let _ = write!(
-                md,
-                " **{model}** at {:.2} img/s per worker, {};",
-                target.images_per_s, target.source
-            );
+            let one = self
+                .rows
+                .iter()
+                .find(|(m, _)| &m.model == model && m.workers == 1 && m.method == "none")
+                .map_or(f64::NAN, |(_, p)| *p);
+            let source = match target {
+                ComputeTarget::Row(row) => {
+                    format!("its 1-worker `none` row ({:.2} img/s)", row.throughput)
+                }
+                ComputeTarget::Fastest { row, excluded } => format!(
+                    "its fastest consistent row per worker, `{}` at {} workers ({:.2} img/s = {:.2} per worker; its 1-worker row, {:.2} img/s, is excluded as inconsistent)",
+                    row.method,
+                    row.workers,
+                    row.throughput,
+                    target.images_per_s(),
+                    excluded.throughput
+                ),
+            };
+            let _ = write!(md, " **{model}** at {one:.2} img/s per worker, {source};");
         }
         md.push_str("\n\n");
-        md.push_str("| GRACE method | our compressor | codec scale floor / per element | rows fit / held out / excluded | MAPE fit rows | MAPE held-out | MAPE held-out incl. excluded | MAPE all | MAPE all incl. excluded |\n|---|---|---|---|---|---|---|---|---|\n");
+        let start = OpCost::base(&base.device);
+        md.push_str("| GRACE method | our compressor | µs per op / ns per byte (× a bandwidth-bound kernel) | rows fit / held out / excluded | MAPE fit rows | MAPE held-out | MAPE held-out incl. excluded | MAPE all | MAPE all incl. excluded |\n|---|---|---|---|---|---|---|---|---|\n");
         // (fit, held-out consistent, excluded) absolute percentage errors over all methods.
         let (mut fit_all, mut held_all, mut excl_all) = (Vec::new(), Vec::new(), Vec::new());
         for (name, method) in methods {
@@ -180,17 +311,30 @@ impl Report<'_> {
                     .map(|(m, p)| ape(m, *p))
                     .collect()
             };
-            let f = errors(&|m| fitted_row(self.spec, self.targets, m));
-            let h = errors(&|m| m.excluded.is_none() && !fitted_row(self.spec, self.targets, m));
+            let f = errors(&|m| m.excluded.is_none() && fitted_row(self.spec, m));
+            let h = errors(&|m| m.excluded.is_none() && !fitted_row(self.spec, m));
             let x = errors(&|m| m.excluded.is_some());
             let cat = |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().chain(b).copied().collect() };
-            let scale = scales
+            let price = prices
                 .get(name)
-                .map(|s| format!("{:.2}× / {:.1}×", s.floor, s.slope))
+                .map(|p| {
+                    let (op, byte) = (
+                        p.us_per_op / start.us_per_op,
+                        p.ns_per_byte / start.ns_per_byte,
+                    );
+                    let bound = match fit::price_on_bound(op) || fit::price_on_bound(byte) {
+                        true => " **on the grid's end**",
+                        false => "",
+                    };
+                    format!(
+                        "{:.1} / {:.4} ({op:.0}× / {byte:.1}×){bound}",
+                        p.us_per_op, p.ns_per_byte
+                    )
+                })
                 .unwrap_or_else(|| "–".to_string());
             let _ = writeln!(
                 md,
-                "| {name} | `{compressor}` | {scale} | {} / {} / {} | {} | {} | {} | {} | {} |",
+                "| {name} | `{compressor}` | {price} | {} / {} / {} | {} | {} | {} | {} | {} |",
                 f.len(),
                 h.len(),
                 x.len(),
@@ -230,6 +374,7 @@ impl Report<'_> {
             all.len(),
             show(mean(&all_with))
         );
+        self.held_out(&mut md);
         let excluded: Vec<&(&Measurement, f64)> = self
             .rows
             .iter()
@@ -237,10 +382,11 @@ impl Report<'_> {
             .collect();
         let _ = writeln!(
             md,
-            "\n**Excluded as inconsistent** (kept in results.csv, column `excluded`): rule 1 (below {:.2}× the `upper-bound` row of the same configuration) {} rows of the file, {} of them of covered methods; rule 2 (1-worker `none` row slower per worker than more than half of its model's remaining multi-worker rows) {} rows. The covered ones:\n",
+            "\n**Excluded as inconsistent** (kept in results.csv, column `excluded`): rule 1 (below {:.2}× the `upper-bound` row of the same configuration) {} rows of the file, {} of them of covered methods; rule 2 (1-worker `none` row slower per worker than more than half of its model's remaining rows with 2 to {} workers) {} rows. The covered ones:\n",
             self.spec.upper_bound_min_ratio,
             exclusions.below_upper_bound,
             excluded.iter().filter(|(m, _)| m.workers > 1).count(),
+            self.spec.fit_workers,
             exclusions.slow_one_worker
         );
         for (m, p) in excluded {
@@ -256,7 +402,7 @@ impl Report<'_> {
                 m.excluded.as_deref().unwrap_or("")
             );
         }
-        md.push_str("\nMAPE: mean absolute percentage error of throughput over GRACE configurations with 2–8 workers (repeated runs merged into their median). Not covered:");
+        md.push_str("\nMAPE: mean absolute percentage error of throughput over GRACE configurations with 2–8 workers (repeated runs merged into their median); fit rows are those with at most `fit_workers` workers, whether or not a parameter was fitted to them. Not covered:");
         for (name, method) in methods.iter().filter(|(_, m)| m.compressor.is_none()) {
             let rows = data.iter().filter(|m| &m.method == name).count();
             let _ = write!(md, " `{name}` ({rows} configurations; {})", method.note);
@@ -268,7 +414,7 @@ impl Report<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::compute;
+    use super::super::{calibration_rows, compute};
     use super::*;
     use crate::data;
 
@@ -277,7 +423,7 @@ mod tests {
             "format_version": 1, "title": "t", "data": "grace.csv",
             "base_cluster": "v100-tcp", "base_device": "v100-pcie-32gb", "strategy": "horovod",
             "network_model": "resnet50", "upper_bound_min_ratio": 0.5, "fit_workers": 2,
-            "batch_sizes": [32],
+            "batch_size_per_gpu": 64, "batch_source": "b", "wire": "bytes", "wire_source": "w",
             "models": [
                 { "grace": "resnet50", "profile": "resnet50", "file": "r.json" },
                 { "grace": "vgg19", "profile": "vgg19", "file": "v.json" }
@@ -288,29 +434,95 @@ mod tests {
     }
 
     #[test]
-    fn rows_are_fitted_by_role_and_excluded_rows_never_are() {
+    fn the_fit_sees_only_calibration_rows_and_an_inconsistent_model_takes_its_fastest_row() {
         let row = Measurement::test_row;
         let mut vgg_one = row("vgg19", 1, "none", 30.0);
         vgg_one.excluded = Some("slower per worker".to_string());
-        let mut excluded = row("resnet50", 2, "dgc", 150.0);
-        excluded.excluded = Some("below the upper bound".to_string());
         let data = [
-            (row("resnet50", 1, "none", 100.0), true),
-            (row("resnet50", 4, "none", 300.0), true),
-            (row("vgg19", 4, "none", 60.0), false),
-            // vgg19's 1-worker row is excluded: its fastest row per worker is its compute target.
-            (vgg_one, false),
-            (row("vgg19", 2, "none", 50.0), true),
-            (row("resnet50", 2, "fp16", 170.0), true),
-            (row("resnet50", 4, "fp16", 320.0), false),
-            (excluded, false),
+            row("resnet50", 1, "none", 100.0),
+            row("resnet50", 4, "none", 300.0),
+            row("vgg19", 4, "none", 60.0),
+            vgg_one.clone(),
+            row("vgg19", 2, "none", 50.0),
+            row("resnet50", 8, "fp16", 320.0),
         ];
         let spec = spec();
-        let rows: Vec<Measurement> = data.iter().map(|(m, _)| m.clone()).collect();
-        let targets = compute::targets(&spec, &rows).unwrap();
-        assert_eq!(targets["vgg19"].images_per_s, 25.0);
-        for (m, fitted) in &data {
-            assert_eq!(fitted_row(&spec, &targets, m), *fitted, "{m:?}");
-        }
+        let calibration = calibration_rows(&spec, &data);
+        assert_eq!(calibration.len(), 3);
+        assert!(calibration
+            .iter()
+            .all(|m| m.workers <= 2 && fitted_row(&spec, m)));
+        assert!(data
+            .iter()
+            .filter(|m| m.workers > 2)
+            .all(|m| !fitted_row(&spec, m)));
+        let targets = compute::targets(&spec, &calibration).unwrap();
+        assert_eq!(targets["resnet50"], ComputeTarget::Row(data[0].clone()));
+        assert_eq!(
+            targets["vgg19"],
+            ComputeTarget::Fastest {
+                row: data[4].clone(),
+                excluded: vgg_one
+            }
+        );
+    }
+
+    #[test]
+    fn held_out_statistics_come_from_the_held_out_rows_only() {
+        let row = Measurement::test_row;
+        let mut excluded = row("vgg19", 8, "topk", 10.0);
+        excluded.excluded = Some("below the upper bound".to_string());
+        let data = [
+            row("resnet50", 2, "none", 100.0),
+            row("resnet50", 4, "none", 100.0),
+            row("resnet50", 4, "fp16", 100.0),
+            row("resnet50", 4, "dgc", 100.0),
+            row("resnet50", 8, "none", 100.0),
+            row("resnet50", 8, "fp16", 200.0),
+            row("resnet50", 8, "dgc", 300.0),
+            excluded,
+        ];
+        // Errors: 2 workers +500 %; 4 workers +10, -20, +30 %; 8 workers +5, -10, +33 % (same
+        // order as measured) and the excluded row's +9900 %.
+        let predicted = [600.0, 110.0, 80.0, 130.0, 105.0, 180.0, 400.0, 1000.0];
+        let rows: Vec<(&Measurement, f64)> = data.iter().zip(predicted).collect();
+        let spec = spec();
+        let report = Report {
+            spec: &spec,
+            rows: &rows,
+            targets: &BTreeMap::new(),
+        };
+        let mut md = String::new();
+        report.held_out(&mut md);
+        assert!(md.contains("| 4 | 20.0 % (3 rows) |"), "{md}");
+        assert!(
+            md.contains("| 8 | 10.0 % (3 rows) | 21.7 % (4 rows) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("**all held out** | **15.0 % (6 rows)**"),
+            "{md}"
+        );
+        assert!(
+            md.contains("**resnet50** 1.00 (2 configurations), 1.00 with `none`"),
+            "{md}"
+        );
+        assert!(!md.contains("500"), "{md}");
+    }
+
+    #[test]
+    fn median_and_spearman_by_hand() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+        let same = [(1.0, 10.0), (2.0, 20.0), (3.0, 25.0)];
+        assert_eq!(spearman(&same), Some(1.0));
+        let reversed = [(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)];
+        assert_eq!(spearman(&reversed), Some(-1.0));
+        // d = (0, 1, -1): 1 - 6·2 / (3·8) = 0.5.
+        let swapped = [(1.0, 1.0), (2.0, 3.0), (3.0, 2.0)];
+        assert!((spearman(&swapped).unwrap() - 0.5).abs() < 1e-12);
+        assert_eq!(spearman(&[(1.0, 1.0)]), None);
+        assert_eq!(spearman(&[(1.0, 1.0), (2.0, 1.0)]), None);
     }
 }
