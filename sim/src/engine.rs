@@ -37,6 +37,22 @@ pub struct EngineConfig {
     pub record_ranks: u32,
 }
 
+impl EngineConfig {
+    /// `ranks` ranks under `policy` with nothing slowing anything down, no rank recorded.
+    pub fn uncontended(ranks: u32, policy: LaunchPolicy) -> EngineConfig {
+        EngineConfig {
+            ranks,
+            policy,
+            slowdown_with_collective: 1.0,
+            slowdown_with_codec: 1.0,
+            comm_slowdown_with_compute: 1.0,
+            codec_slowdown_with_compute: 1.0,
+            shared_cores: None,
+            record_ranks: 0,
+        }
+    }
+}
+
 /// How many ranks share how many cores.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CoreShare {
@@ -737,20 +753,14 @@ mod tests {
             schedule.steps.len()
         ];
         let graph = TaskGraph::new(&schedule, &costs, 2).unwrap();
-        let config = EngineConfig {
-            ranks: 2,
-            policy: LaunchPolicy {
+        let config = EngineConfig::uncontended(
+            2,
+            LaunchPolicy {
                 launch: Launch::PlanOrder,
                 comm_streams: 1,
                 cycle_ns: 0,
             },
-            slowdown_with_collective: 1.0,
-            slowdown_with_codec: 1.0,
-            comm_slowdown_with_compute: 1.0,
-            codec_slowdown_with_compute: 1.0,
-            shared_cores: None,
-            record_ranks: 0,
-        };
+        );
         let err = run(&graph, &config, &Noise::default())
             .unwrap_err()
             .to_string();
@@ -803,19 +813,17 @@ mod shared_core_tests {
             })
             .collect();
         let graph = TaskGraph::new(&schedule, &costs, 1).unwrap();
+        let policy = LaunchPolicy {
+            launch: Launch::PlanOrder,
+            comm_streams: 1,
+            cycle_ns: 0,
+        };
         let config = EngineConfig {
-            ranks: 1,
-            policy: LaunchPolicy {
-                launch: Launch::PlanOrder,
-                comm_streams: 1,
-                cycle_ns: 0,
-            },
-            slowdown_with_collective: 1.0,
-            slowdown_with_codec: 1.0,
             comm_slowdown_with_compute,
             codec_slowdown_with_compute: 2.0,
             shared_cores,
             record_ranks: 1,
+            ..EngineConfig::uncontended(1, policy)
         };
         let result = run(&graph, &config, &Noise::default()).unwrap();
         result

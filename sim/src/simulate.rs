@@ -254,20 +254,14 @@ fn single_gpu_time(scenario: &Scenario, plan: &Plan, warmup: u32) -> Result<SimT
     let single = scenario.single_gpu();
     let schedule = schedule(&single, plan)?;
     let graph = task_graph(&single, plan, &schedule, warmup + 1)?;
-    let config = EngineConfig {
-        ranks: 1,
-        policy: LaunchPolicy {
+    let config = EngineConfig::uncontended(
+        1,
+        LaunchPolicy {
             launch: plan.policy.launch,
             comm_streams: 1,
             cycle_ns: 0,
         },
-        slowdown_with_collective: 1.0,
-        slowdown_with_codec: 1.0,
-        comm_slowdown_with_compute: 1.0,
-        codec_slowdown_with_compute: 1.0,
-        shared_cores: None,
-        record_ranks: 0,
-    };
+    );
     let result = engine::run(&graph, &config, &Default::default())?;
     Ok(*steady_iterations(&result, warmup)
         .last()

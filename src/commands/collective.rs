@@ -68,7 +68,7 @@ fn print_row(r: &Row) {
 /// What a refit appends to a cluster's `source`.
 const REFIT_NOTE: &str = " The MPI host cap and message overhead above were since refitted";
 
-/// An MPI cluster's host cap and per-message overhead fitted to allreduce times
+/// An MPI cluster's host cap and per-message overhead fitted to the allreduce times not held out
 /// (`syncopate_sim::mpi_fit`, the fit `lab up` makes), written to `out` as the input file with
 /// only its library replaced: its device stays named as the file names it.
 fn refit_mpi(
@@ -163,7 +163,8 @@ fn compare(
     let cluster = match &args.fit_out {
         None => cluster.clone(),
         Some(out) if matches!(cluster.library, Library::Mpi(_)) => {
-            refit_mpi(cluster, op, &measurements, path, args, out)?
+            let fit_set = calibrate::fit_set(&measurements, &held_out);
+            refit_mpi(cluster, op, &fit_set, path, args, out)?
         }
         Some(out) => {
             let fit_set = calibrate::fit_set(&measurements, &held_out);

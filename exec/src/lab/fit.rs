@@ -294,6 +294,12 @@ mod tests {
         }
     }
 
+    /// The test lab's cluster file for `measured`, its sweep written as `t.sweep.csv`.
+    fn lab_cluster(measured: &LabMeasurements) -> Cluster {
+        let sweep = std::path::Path::new("t.sweep.csv");
+        cluster(&lab(), measured, "host-2core", "syncopate lab up", sweep).unwrap()
+    }
+
     #[test]
     fn a_sweep_is_fitted_and_written_for_refitting() {
         let mut measured = LabMeasurements {
@@ -302,14 +308,7 @@ mod tests {
             ranks: 2,
             contention: None,
         };
-        let mut truth = cluster(
-            &lab(),
-            &measured,
-            "host-2core",
-            "t",
-            std::path::Path::new("t.sweep.csv"),
-        )
-        .unwrap();
+        let mut truth = lab_cluster(&measured);
         // A host that moves 0.6 of the 1 Gb/s line per rank.
         if let Library::Mpi(p) = &mut truth.library {
             p.message_overhead_us = 40.0;
@@ -330,14 +329,7 @@ mod tests {
                 }
             })
             .collect();
-        let fitted = cluster(
-            &lab(),
-            &measured,
-            "host-2core",
-            "t",
-            std::path::Path::new("t.sweep.csv"),
-        )
-        .unwrap();
+        let fitted = lab_cluster(&measured);
         let Library::Mpi(p) = &fitted.library else {
             panic!("an MPI cluster")
         };
@@ -350,7 +342,7 @@ mod tests {
         let path = sweep_path(&dir.join("lab.json"));
         assert!(path.ends_with("lab.sweep.csv"));
         std::fs::write(&path, sweep_csv(&measured)).unwrap();
-        let read = syncopate_sim::calibrate::read_measurements(&path, Op::Allreduce, None, 1);
+        let read = syncopate_sim::calibrate::read_measurements(&path, Op::Allreduce, None, 1, &[]);
         std::fs::remove_dir_all(&dir).unwrap();
         let read = read.unwrap();
         assert_eq!(read.len(), 5);
@@ -366,14 +358,7 @@ mod tests {
             ranks: 2,
             contention: None,
         };
-        let c = cluster(
-            &lab(),
-            &measured,
-            "host-2core",
-            "syncopate lab up",
-            std::path::Path::new("s.csv"),
-        )
-        .unwrap();
+        let c = lab_cluster(&measured);
         let Library::Mpi(p) = &c.library else {
             panic!("an MPI cluster")
         };
