@@ -12,7 +12,9 @@ use syncopate_sim::schedule::{Piece, Schedule};
 #[pyclass(module = "syncopate._syncopate")]
 pub struct Rank {
     schedule: Schedule,
+    rank: u32,
     world: u32,
+    seed: u64,
     /// Locked per call: pyo3 classes must be shareable between threads.
     pieces: Vec<Mutex<PieceState>>,
 }
@@ -58,7 +60,9 @@ impl Rank {
             .collect();
         Ok(Rank {
             schedule,
+            rank,
             world,
+            seed,
             pieces,
         })
     }
@@ -71,6 +75,12 @@ impl Rank {
             Element::F16 => "f16",
             Element::Bf16 => "bf16",
         }))
+    }
+
+    /// The seed of this rank's codec for the piece (what `encode_reference` takes to agree).
+    fn codec_seed(&self, piece: usize) -> PyResult<u64> {
+        self.spec(piece)?;
+        Ok(pieces::codec_seed(&self.schedule, self.seed, piece, Some(self.rank)))
     }
 
     /// The rank that aggregates a push-pull (or CaSync-Ring) piece.
