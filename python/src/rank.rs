@@ -70,17 +70,26 @@ impl Rank {
     /// The element type a summable payload is reduced in (`f32`, `f16`, `bf16`), or `None`
     /// for payloads that are gathered or pushed whole.
     fn wire_dtype(&self, piece: usize) -> PyResult<Option<&'static str>> {
-        Ok(self.spec(piece)?.compressor.summed_as().map(|element| match element {
-            Element::F32 => "f32",
-            Element::F16 => "f16",
-            Element::Bf16 => "bf16",
-        }))
+        Ok(self
+            .spec(piece)?
+            .compressor
+            .summed_as()
+            .map(|element| match element {
+                Element::F32 => "f32",
+                Element::F16 => "f16",
+                Element::Bf16 => "bf16",
+            }))
     }
 
     /// The seed of this rank's codec for the piece (what `encode_reference` takes to agree).
     fn codec_seed(&self, piece: usize) -> PyResult<u64> {
         self.spec(piece)?;
-        Ok(pieces::codec_seed(&self.schedule, self.seed, piece, Some(self.rank)))
+        Ok(pieces::codec_seed(
+            &self.schedule,
+            self.seed,
+            piece,
+            Some(self.rank),
+        ))
     }
 
     /// The rank that aggregates a push-pull (or CaSync-Ring) piece.

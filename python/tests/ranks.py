@@ -30,6 +30,9 @@ def _main(function, rank, world, port, queue, args, kwargs):
 def run(function, *args, world=2, timeout=240, **kwargs):
     """`function(rank, world, *args, **kwargs)` on every rank; a list of their return values, in rank
     order, or a RankError for the first rank that raised."""
+    # One compute thread per rank: two ranks of OpenMP threads spinning on a shared machine
+    # slow each other down by orders of magnitude.
+    os.environ["OMP_NUM_THREADS"] = "1"
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     port = conftest.free_port()

@@ -21,8 +21,10 @@ def test_payload_bytes_match_the_rust_reference(spec, base_plan, tmp_path):
     schedule_json, _ = syncopate.lower(str(path), 2)
     schedule = json.loads(schedule_json)
     state = syncopate.Rank(schedule_json, 0, 7)
-    group = torch.randn(schedule["buffers"][0]["numel"], generator=torch.Generator().manual_seed(3))
+    generator = torch.Generator().manual_seed(3)
+    groups = [torch.randn(b["numel"], generator=generator) for b in schedule["buffers"]]
     for index, piece in enumerate(schedule["pieces"]):
+        group = groups[piece["group"]]
         state.compensate(index, group.numpy())
         length = state.encode(index)
         payload = torch.empty(length, dtype=torch.uint8)
