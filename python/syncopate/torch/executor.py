@@ -2,7 +2,7 @@
 
 import collections
 
-from syncopate import Launcher, NonFiniteError, NonFiniteGradient
+from syncopate import Launcher, NonFiniteError, NonFiniteGradient, SyncopateError
 from syncopate.torch import exchange
 from syncopate.torch.schedule import SYNC_STREAMS, exchange_of, kind_of
 
@@ -66,7 +66,7 @@ class Executor:
         while self.sync is not None and not all(self.sync.done[s] for s in steps):
             if not self._progress():
                 names = ", ".join(kind_label(self.layout.steps[s]) for s in steps if not self.sync.done[s])
-                raise RuntimeError(f"schedule stalled: {names} can never run (a gradient never arrived?)")
+                raise SyncopateError(f"schedule stalled: {names} can never run (a gradient never arrived?)")
 
     # The dependency walk.
 
