@@ -1,16 +1,16 @@
 //! The CPU backends' shared core: a rank's buffers and codecs, compute as a calibrated busy loop, and the synchronization primitives on the real CPU kernels, over any transport with the collectives of [`Collectives`] (in-process channels or MPI).
 
 use super::backend::{Backend, Lane};
+use super::piece_state::PieceState;
 use super::pieces::{self, wire_element_bytes, Gradients};
 use super::sched::Failure;
 use super::Job;
-use crate::compress::{Codec, MemoryState};
+use crate::compress::Codec;
 use crate::error::Result;
 use crate::runtime::host::busy::BusyWork;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Instant;
-use syncopate_sim::compress::{Aggregation, Memory};
 use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::schedule::{Exchange, Op, StepKind};
 use syncopate_sim::time::SimTime;
@@ -59,20 +59,6 @@ pub trait Collectives: Send {
 pub trait CheckSink: Sync {
     fn input(&self, piece: usize, rank: u32, iteration: u32, input: &[f32]);
     fn result(&self, piece: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()>;
-}
-
-/// One rank's buffers and codec state for one piece.
-pub struct PieceState {
-    codec: Box<dyn Codec>,
-    server_codec: Box<dyn Codec>,
-    memory: MemoryState,
-    compensated: Vec<f32>,
-    payload: Vec<u8>,
-    /// This rank's own payload, kept for error feedback when the collective overwrites it.
-    own: Vec<u8>,
-    gathered: Vec<Vec<u8>>,
-    result: Vec<f32>,
-    transmitted: Vec<f32>,
 }
 
 pub struct RankState {
@@ -138,24 +124,8 @@ fn rank_state(job: &Job, rank: u32) -> RankState {
             .iter()
             .map(|b| Mutex::new(vec![0.0; b.numel as usize]))
             .collect(),
-        pieces: schedule
-            .pieces
-            .iter()
-            .enumerate()
-            .map(|(i, piece)| {
-                let n = piece.numel as usize;
-                Mutex::new(PieceState {
-                    codec: pieces::codec(schedule, seed, i, Some(rank)),
-                    server_codec: pieces::codec(schedule, seed, i, None),
-                    memory: pieces::memory(piece),
-                    compensated: Vec::with_capacity(n),
-                    payload: Vec::new(),
-                    own: Vec::new(),
-                    gathered: Vec::new(),
-                    result: vec![0.0; n],
-                    transmitted: vec![0.0; n],
-                })
-            })
+        pieces: (0..schedule.pieces.len())
+            .map(|i| Mutex::new(PieceState::new(schedule, seed, i, rank)))
             .collect(),
     }
 }
@@ -245,10 +215,10 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             let step = self.job.step(task);
             let iteration = self.job.program.task(task).iteration;
             if step.ops.contains(&Op::Compensate) {
-                checker.input(index, state.rank, iteration, &piece.compensated);
+                checker.input(index, state.rank, iteration, piece.compensated());
             }
             if step.ops.contains(&Op::Decode) {
-                checker.result(index, state.rank, iteration, &piece.result)?;
+                checker.result(index, state.rank, iteration, piece.result())?;
             }
         }
         drop(piece);
@@ -269,9 +239,7 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         let buffer = state.groups[spec.group as usize]
             .lock()
             .expect("a group buffer lock");
-        piece
-            .memory
-            .compensate(&buffer[pieces::range(spec)], &mut piece.compensated)
+        piece.compensate(spec, &buffer)
     }
 
     fn encode(
@@ -281,11 +249,7 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         piece: &mut PieceState,
         index: usize,
     ) -> Result<()> {
-        piece.codec.encode(&piece.compensated, &mut piece.payload)?;
-        if self.piece(index).memory != Memory::None {
-            piece.own.clone_from(&piece.payload);
-        }
-        Ok(())
+        piece.encode(self.piece(index))
     }
 
     fn next_round(
@@ -295,8 +259,7 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         piece: &mut PieceState,
         _: usize,
     ) -> Result<()> {
-        let reduced = std::mem::take(&mut piece.payload);
-        piece.codec.next_round(&reduced, &mut piece.payload)
+        piece.next_round()
     }
 
     fn exchange(
@@ -347,18 +310,7 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         piece: &mut PieceState,
         index: usize,
     ) -> Result<()> {
-        piece.result.fill(0.0);
-        match self.piece(index).aggregation {
-            Aggregation::Allreduce | Aggregation::ParameterServer => {
-                piece.codec.decode_add(&piece.payload, &mut piece.result)
-            }
-            Aggregation::Allgather => {
-                for payload in &piece.gathered {
-                    piece.codec.decode_add(payload, &mut piece.result)?;
-                }
-                Ok(())
-            }
-        }
+        piece.decode(self.piece(index))
     }
 
     fn update_memory(
@@ -368,19 +320,7 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         piece: &mut PieceState,
         index: usize,
     ) -> Result<()> {
-        // Error feedback keeps what this rank's own payload did not carry. A multi-round codec
-        // (PowerSGD) has no payload of its own to decode: its transmitted part is the averaged
-        // low-rank result, as in PyTorch's hook.
-        if self.piece(index).compressor.allreduce_rounds() > 1 {
-            let world = self.world as f32;
-            for (t, &r) in piece.transmitted.iter_mut().zip(&piece.result) {
-                *t = r / world;
-            }
-        } else {
-            piece.transmitted.fill(0.0);
-            piece.codec.decode_add(&piece.own, &mut piece.transmitted)?;
-        }
-        piece.memory.update(&piece.compensated, &piece.transmitted)
+        piece.update_memory(self.piece(index), self.world)
     }
 
     fn scale_output(
@@ -390,8 +330,7 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         piece: &mut PieceState,
         _: usize,
     ) -> Result<()> {
-        let scale = piece.memory.output_scale();
-        piece.result.iter_mut().for_each(|x| *x *= scale);
+        piece.scale_output();
         Ok(())
     }
 }

@@ -17,6 +17,7 @@ pub mod host;
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod piece_state;
 pub mod pieces;
 pub mod rendezvous;
 mod sched;

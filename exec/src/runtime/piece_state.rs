@@ -1,0 +1,120 @@
+//! One rank's CPU codec state of one piece and the synchronization primitives on it, shared by the CPU backends and the Python extension.
+
+use super::pieces;
+use crate::compress::{Codec, MemoryState};
+use crate::error::Result;
+use syncopate_sim::compress::{Aggregation, Memory};
+use syncopate_sim::schedule::{Piece, Schedule};
+
+/// One rank's buffers and codec state for one piece. The transports move `payload` (and fill
+/// `gathered` for allgathers); the primitives below do everything else.
+pub struct PieceState {
+    pub codec: Box<dyn Codec>,
+    /// The parameter server's re-encoding codec.
+    pub server_codec: Box<dyn Codec>,
+    memory: MemoryState,
+    compensated: Vec<f32>,
+    pub payload: Vec<u8>,
+    /// This rank's own payload, kept for error feedback when the collective overwrites it.
+    own: Vec<u8>,
+    pub gathered: Vec<Vec<u8>>,
+    result: Vec<f32>,
+    transmitted: Vec<f32>,
+}
+
+impl PieceState {
+    /// Rank `rank`'s state of piece `index`, its codecs drawing from `seed`.
+    pub fn new(schedule: &Schedule, seed: u64, index: usize, rank: u32) -> PieceState {
+        let n = schedule.pieces[index].numel as usize;
+        PieceState {
+            codec: pieces::codec(schedule, seed, index, Some(rank)),
+            server_codec: pieces::codec(schedule, seed, index, None),
+            memory: pieces::memory(&schedule.pieces[index]),
+            compensated: Vec::with_capacity(n),
+            payload: Vec::new(),
+            own: Vec::new(),
+            gathered: Vec::new(),
+            result: vec![0.0; n],
+            transmitted: vec![0.0; n],
+        }
+    }
+
+    /// The compression input of this step (the piece's gradient plus error feedback).
+    pub fn compensated(&self) -> &[f32] {
+        &self.compensated
+    }
+
+    /// The aggregated result of the last decode.
+    pub fn result(&self) -> &[f32] {
+        &self.result
+    }
+
+    /// Reads the piece from its group buffer and adds the error feedback.
+    pub fn compensate(&mut self, spec: &Piece, group_buffer: &[f32]) -> Result<()> {
+        self.memory
+            .compensate(&group_buffer[pieces::range(spec)], &mut self.compensated)
+    }
+
+    /// Encodes the compression input into the payload (round 0's, for multi-round codecs).
+    pub fn encode(&mut self, spec: &Piece) -> Result<()> {
+        self.codec.encode(&self.compensated, &mut self.payload)?;
+        if spec.memory != Memory::None {
+            self.own.clone_from(&self.payload);
+        }
+        Ok(())
+    }
+
+    /// The next round's payload from the reduced one (PowerSGD's Q from P).
+    pub fn next_round(&mut self) -> Result<()> {
+        let reduced = std::mem::take(&mut self.payload);
+        self.codec.next_round(&reduced, &mut self.payload)
+    }
+
+    /// Decodes what the exchanges delivered into the result.
+    pub fn decode(&mut self, spec: &Piece) -> Result<()> {
+        self.result.fill(0.0);
+        match spec.aggregation {
+            Aggregation::Allreduce | Aggregation::ParameterServer => {
+                self.codec.decode_add(&self.payload, &mut self.result)
+            }
+            Aggregation::Allgather => {
+                for payload in &self.gathered {
+                    self.codec.decode_add(payload, &mut self.result)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Keeps in the memory what this rank's own payload did not transmit.
+    pub fn update_memory(&mut self, spec: &Piece, world: u32) -> Result<()> {
+        // A multi-round codec (PowerSGD) has no payload of its own to decode: its transmitted
+        // part is the averaged low-rank result, as in PyTorch's hook.
+        if spec.compressor.allreduce_rounds() > 1 {
+            let world = world as f32;
+            for (t, &r) in self.transmitted.iter_mut().zip(&self.result) {
+                *t = r / world;
+            }
+        } else {
+            self.transmitted.fill(0.0);
+            self.codec.decode_add(&self.own, &mut self.transmitted)?;
+        }
+        self.memory.update(&self.compensated, &self.transmitted)
+    }
+
+    /// Scales the result by the memory's output factor (EF-SignSGD divides by its lr again).
+    pub fn scale_output(&mut self) {
+        let scale = self.memory.output_scale();
+        self.result.iter_mut().for_each(|x| *x *= scale);
+    }
+
+    /// The parameter server's part: decodes every pushed payload (in rank order) with this
+    /// rank's codec, sums them and re-encodes the sum with the server codec into `payload`.
+    pub fn serve(&mut self, spec: &Piece, pushed: &[&[u8]]) -> Result<()> {
+        let mut sum = vec![0.0f32; spec.numel as usize];
+        for payload in pushed {
+            self.codec.decode_add(payload, &mut sum)?;
+        }
+        self.server_codec.encode(&sum, &mut self.payload)
+    }
+}

@@ -1,0 +1,70 @@
+//! The simulator's launch policy as Python drives it: collectives reported ready, the policy's next launch returned, identically on every rank.
+
+use crate::rank::parse_schedule;
+use crate::{sim_error, SyncopateError};
+use pyo3::prelude::*;
+use syncopate_sim::launch;
+use syncopate_sim::schedule::{LaunchPolicy, Program};
+
+/// One iteration's launch decisions. Time is not consulted (every call is at time 0): ranks
+/// that decide alone agree only on what follows from the order of events, so a Horovod cycle
+/// releases a ready collective at once.
+#[pyclass(module = "syncopate._syncopate")]
+pub struct Launcher {
+    policy: LaunchPolicy,
+    program: Program,
+    launcher: launch::Launcher,
+    /// The program task of each schedule step (iteration 0 holds every collective).
+    task_of_step: Vec<Option<u32>>,
+}
+
+#[pymethods]
+impl Launcher {
+    #[new]
+    fn new(schedule: &str) -> PyResult<Launcher> {
+        let schedule = parse_schedule(schedule)?;
+        let program = Program::unroll(&schedule, 1).map_err(sim_error)?;
+        let mut task_of_step = vec![None; schedule.steps.len()];
+        for (t, task) in program.tasks.iter().enumerate() {
+            task_of_step[task.step as usize] = Some(t as u32);
+        }
+        Ok(Launcher {
+            launcher: launch::Launcher::new(&schedule.policy, &program),
+            policy: schedule.policy,
+            program,
+            task_of_step,
+        })
+    }
+
+    /// Starts a new iteration: nothing ready, nothing launched.
+    fn reset(&mut self) {
+        self.launcher = launch::Launcher::new(&self.policy, &self.program);
+    }
+
+    /// Collective step `step` has met its dependencies on every rank.
+    fn ready(&mut self, step: usize) -> PyResult<()> {
+        let task = self
+            .task_of_step
+            .get(step)
+            .copied()
+            .flatten()
+            .ok_or_else(|| {
+                SyncopateError::new_err(format!("step {step} is not a collective of the schedule"))
+            })?;
+        self.launcher.ready(task, 0);
+        Ok(())
+    }
+
+    /// The collective step to launch next, if the policy has one.
+    fn next(&mut self) -> Option<u32> {
+        self.launcher
+            .next(0)
+            .map(|task| self.program.task(task).step)
+    }
+
+    /// How many collectives may run at once.
+    #[getter]
+    fn comm_streams(&self) -> u32 {
+        self.policy.comm_streams
+    }
+}

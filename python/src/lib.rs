@@ -1,0 +1,61 @@
+//! The `syncopate._syncopate` extension: what `syncopate.torch` takes from the Rust crates (lowering, codecs, launch policy, check, trace).
+
+mod check;
+mod launch;
+mod lowering;
+mod rank;
+mod trace;
+mod views;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(
+    _syncopate,
+    SyncopateError,
+    PyException,
+    "Bad input or a failed step, with the file, field, tensor or rank it concerns."
+);
+create_exception!(
+    _syncopate,
+    PlanMismatch,
+    SyncopateError,
+    "The plan was made for another model or another world size than this run's."
+);
+create_exception!(
+    _syncopate,
+    NonFiniteError,
+    SyncopateError,
+    "A gradient element is NaN or infinite; args are (message, element index in the piece)."
+);
+
+/// A Rust error as the Python exception that names it.
+pub(crate) fn exec_error(err: syncopate_exec::ExecError) -> PyErr {
+    match err {
+        syncopate_exec::ExecError::NonFinite { index, value } => NonFiniteError::new_err((
+            format!("non-finite value {value} at element {index}"),
+            index,
+        )),
+        other => SyncopateError::new_err(other.to_string()),
+    }
+}
+
+pub(crate) fn sim_error(err: syncopate_sim::SimError) -> PyErr {
+    SyncopateError::new_err(err.to_string())
+}
+
+#[pymodule]
+fn _syncopate(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("SyncopateError", m.py().get_type::<SyncopateError>())?;
+    m.add("PlanMismatch", m.py().get_type::<PlanMismatch>())?;
+    m.add("NonFiniteError", m.py().get_type::<NonFiniteError>())?;
+    m.add_function(wrap_pyfunction!(lowering::lower, m)?)?;
+    m.add_function(wrap_pyfunction!(lowering::compressors, m)?)?;
+    m.add_function(wrap_pyfunction!(lowering::encode_reference, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::write_trace, m)?)?;
+    m.add_class::<rank::Rank>()?;
+    m.add_class::<launch::Launcher>()?;
+    m.add_class::<check::Checker>()?;
+    Ok(())
+}

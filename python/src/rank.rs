@@ -1,0 +1,244 @@
+//! One rank's codec state of every piece of a schedule, driven op by op from Python; the transports are torch.distributed's.
+
+use crate::{exec_error, sim_error, views, SyncopateError};
+use pyo3::prelude::*;
+use std::sync::{Mutex, MutexGuard};
+use syncopate_exec::runtime::piece_state::PieceState;
+use syncopate_exec::runtime::pieces;
+use syncopate_sim::compress::Element;
+use syncopate_sim::schedule::{Piece, Schedule};
+
+/// A rank's codecs, memories and payloads, one per piece of the schedule.
+#[pyclass(module = "syncopate._syncopate")]
+pub struct Rank {
+    schedule: Schedule,
+    rank: u32,
+    world: u32,
+    seed: u64,
+    /// Locked per call: pyo3 classes must be shareable between threads.
+    pieces: Vec<Mutex<PieceState>>,
+}
+
+/// Parses and checks a schedule handed over as JSON.
+pub fn parse_schedule(json: &str) -> PyResult<Schedule> {
+    let schedule: Schedule = serde_json::from_str(json)
+        .map_err(|err| SyncopateError::new_err(format!("schedule: {err}")))?;
+    schedule.validate("schedule").map_err(sim_error)?;
+    Ok(schedule)
+}
+
+impl Rank {
+    fn spec(&self, index: usize) -> PyResult<&Piece> {
+        Ok(self.piece(index)?.0)
+    }
+
+    fn piece(&self, index: usize) -> PyResult<(&Piece, MutexGuard<'_, PieceState>)> {
+        match (self.schedule.pieces.get(index), self.pieces.get(index)) {
+            (Some(spec), Some(state)) => Ok((spec, state.lock().expect("a piece lock"))),
+            _ => Err(SyncopateError::new_err(format!(
+                "piece {index} does not exist (the schedule has {})",
+                self.pieces.len()
+            ))),
+        }
+    }
+}
+
+#[pymethods]
+impl Rank {
+    /// Rank `rank`'s state of `schedule` (JSON), its codecs drawing from `seed` as `exec`'s do.
+    #[new]
+    fn new(schedule: &str, rank: u32, seed: u64) -> PyResult<Rank> {
+        let schedule = parse_schedule(schedule)?;
+        let world = schedule.world.ranks();
+        if rank >= world {
+            return Err(SyncopateError::new_err(format!(
+                "rank {rank} is not below the schedule's {world} ranks"
+            )));
+        }
+        let pieces = (0..schedule.pieces.len())
+            .map(|i| Mutex::new(PieceState::new(&schedule, seed, i, rank)))
+            .collect();
+        Ok(Rank {
+            schedule,
+            rank,
+            world,
+            seed,
+            pieces,
+        })
+    }
+
+    /// The element type a summable payload is reduced in (`f32`, `f16`, `bf16`), or `None`
+    /// for payloads that are gathered or pushed whole.
+    fn wire_dtype(&self, piece: usize) -> PyResult<Option<&'static str>> {
+        Ok(self
+            .spec(piece)?
+            .compressor
+            .summed_as()
+            .map(|element| match element {
+                Element::F32 => "f32",
+                Element::F16 => "f16",
+                Element::Bf16 => "bf16",
+            }))
+    }
+
+    /// The seed of this rank's codec for the piece (what `encode_reference` takes to agree).
+    fn codec_seed(&self, piece: usize) -> PyResult<u64> {
+        self.spec(piece)?;
+        Ok(pieces::codec_seed(
+            &self.schedule,
+            self.seed,
+            piece,
+            Some(self.rank),
+        ))
+    }
+
+    /// The rank that aggregates a push-pull (or CaSync-Ring) piece.
+    fn server_rank(&self, piece: usize) -> PyResult<u32> {
+        Ok(pieces::server_rank(self.spec(piece)?, self.world))
+    }
+
+    /// Reads the piece from its group's buffer (float32, in place) and adds the error feedback.
+    fn compensate(&self, piece: usize, group_buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (spec, mut state) = self.piece(piece)?;
+        if spec.offset + spec.numel
+            > views::read(group_buffer, "group buffer", |b: &[f32]| b.len())? as u64
+        {
+            return Err(SyncopateError::new_err(format!(
+                "piece {piece}: the group buffer is shorter than the piece's end"
+            )));
+        }
+        views::read(group_buffer, "group buffer", |b: &[f32]| {
+            state.compensate(spec, b)
+        })?
+        .map_err(exec_error)
+    }
+
+    /// Encodes the compression input; returns the payload's length in bytes.
+    fn encode(&self, piece: usize) -> PyResult<usize> {
+        let (spec, mut state) = self.piece(piece)?;
+        state.encode(spec).map_err(exec_error)?;
+        Ok(state.payload.len())
+    }
+
+    /// The next round's payload from the reduced one in place; returns its length.
+    fn next_round(&self, piece: usize) -> PyResult<usize> {
+        let (_, mut state) = self.piece(piece)?;
+        state.next_round().map_err(exec_error)?;
+        Ok(state.payload.len())
+    }
+
+    /// Copies the payload into `out` (bytes, exactly its length).
+    fn copy_payload(&self, piece: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (_, state) = self.piece(piece)?;
+        views::write(out, "payload buffer", |o: &mut [u8]| {
+            if o.len() == state.payload.len() {
+                o.copy_from_slice(&state.payload);
+                Ok(())
+            } else {
+                Err(SyncopateError::new_err(format!(
+                    "piece {piece}: a payload of {} bytes does not fit a buffer of {}",
+                    state.payload.len(),
+                    o.len()
+                )))
+            }
+        })?
+    }
+
+    /// The payload the exchange delivered (a reduced or pulled one).
+    fn set_payload(&self, piece: usize, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (_, mut state) = self.piece(piece)?;
+        state.payload = views::read(data, "payload", <[u8]>::to_vec)?;
+        Ok(())
+    }
+
+    /// Every rank's payload of an allgather, in rank order.
+    fn set_gathered(&self, piece: usize, payloads: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let gathered = payloads
+            .iter()
+            .map(|p| views::read(p, "gathered payload", <[u8]>::to_vec))
+            .collect::<PyResult<Vec<_>>>()?;
+        let (_, mut state) = self.piece(piece)?;
+        state.gathered = gathered;
+        Ok(())
+    }
+
+    /// The parameter server's aggregation of the pushed payloads (rank order) into the payload
+    /// every rank pulls; returns its length.
+    fn serve(&self, piece: usize, pushed: Vec<Bound<'_, PyAny>>) -> PyResult<usize> {
+        let copies = pushed
+            .iter()
+            .map(|p| views::read(p, "pushed payload", <[u8]>::to_vec))
+            .collect::<PyResult<Vec<_>>>()?;
+        let (spec, mut state) = self.piece(piece)?;
+        let slices: Vec<&[u8]> = copies.iter().map(Vec::as_slice).collect();
+        state.serve(spec, &slices).map_err(exec_error)?;
+        Ok(state.payload.len())
+    }
+
+    fn decode(&self, piece: usize) -> PyResult<()> {
+        let (spec, mut state) = self.piece(piece)?;
+        state.decode(spec).map_err(exec_error)
+    }
+
+    fn update_memory(&self, piece: usize) -> PyResult<()> {
+        let world = self.world;
+        let (spec, mut state) = self.piece(piece)?;
+        state.update_memory(spec, world).map_err(exec_error)
+    }
+
+    fn scale_output(&self, piece: usize) -> PyResult<()> {
+        self.piece(piece)?.1.scale_output();
+        Ok(())
+    }
+
+    /// Writes the result times `scale` into the piece's elements of `group_buffer` (float32).
+    fn write_result(
+        &self,
+        piece: usize,
+        group_buffer: &Bound<'_, PyAny>,
+        scale: f32,
+    ) -> PyResult<()> {
+        let (spec, state) = self.piece(piece)?;
+        let range = pieces::range(spec);
+        views::write(group_buffer, "result buffer", |b: &mut [f32]| {
+            match b.get_mut(range) {
+                Some(out) => {
+                    for (o, &r) in out.iter_mut().zip(state.result()) {
+                        *o = r * scale;
+                    }
+                    Ok(())
+                }
+                None => Err(SyncopateError::new_err(format!(
+                    "piece {piece}: the result buffer is shorter than the piece's end"
+                ))),
+            }
+        })?
+    }
+
+    /// Copies the compression input of the last step into `out` (float32, the piece's length).
+    fn copy_compensated(&self, piece: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (_, state) = self.piece(piece)?;
+        copy_floats(state.compensated(), out, piece)
+    }
+
+    /// Copies the last decoded result into `out` (float32, the piece's length).
+    fn copy_result(&self, piece: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (_, state) = self.piece(piece)?;
+        copy_floats(state.result(), out, piece)
+    }
+}
+
+fn copy_floats(values: &[f32], out: &Bound<'_, PyAny>, piece: usize) -> PyResult<()> {
+    views::write(out, "float buffer", |o: &mut [f32]| {
+        if o.len() == values.len() {
+            o.copy_from_slice(values);
+            Ok(())
+        } else {
+            Err(SyncopateError::new_err(format!(
+                "piece {piece}: {} values do not fit a buffer of {}",
+                values.len(),
+                o.len()
+            )))
+        }
+    })?
+}

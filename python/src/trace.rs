@@ -1,0 +1,66 @@
+//! Writes a PyTorch run's step timings as a measured trace, the schema `simulate --trace` and `exec --trace` write.
+
+use crate::rank::parse_schedule;
+use crate::{sim_error, SyncopateError};
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use syncopate_exec::runtime::MeasuredSummary;
+use syncopate_sim::engine::TaskRecord;
+use syncopate_sim::model::ModelProfile;
+use syncopate_sim::schedule::Program;
+use syncopate_sim::time::SimTime;
+use syncopate_sim::trace::Trace;
+
+/// One timed step: (rank, step, iteration, stream, start ns, end ns).
+type Record = (u32, u32, u32, u32, u64, u64);
+
+/// Writes the trace of `records` to `path` (through a temporary file renamed into place), with
+/// `summary` (JSON, `exec --format json`'s fields) as its `otherData`.
+#[pyfunction]
+pub fn write_trace(
+    path: &str,
+    schedule: &str,
+    model: &str,
+    records: Vec<Record>,
+    summary: &str,
+) -> PyResult<()> {
+    let schedule = parse_schedule(schedule)?;
+    let bad = |what: &str, err: String| SyncopateError::new_err(format!("{path}: {what}: {err}"));
+    let model: ModelProfile =
+        serde_json::from_str(model).map_err(|e| bad("model", e.to_string()))?;
+    let summary: MeasuredSummary =
+        serde_json::from_str(summary).map_err(|e| bad("summary", e.to_string()))?;
+    let iterations = records.iter().map(|r| r.2 + 1).max().unwrap_or(1);
+    let program = Program::unroll(&schedule, iterations).map_err(sim_error)?;
+    let task_of: HashMap<(u32, u32), u32> = program
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(t, task)| ((task.iteration, task.step), t as u32))
+        .collect();
+    let records = records
+        .iter()
+        .map(|&(rank, step, iteration, stream, start, end)| {
+            let task = task_of.get(&(iteration, step)).copied().ok_or_else(|| {
+                bad(
+                    "records",
+                    format!("step {step} does not run in iteration {iteration}"),
+                )
+            })?;
+            Ok(TaskRecord {
+                rank,
+                task,
+                stream,
+                start: SimTime(start),
+                end: SimTime(end.max(start)),
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let other = serde_json::to_value(&summary).map_err(|e| bad("summary", e.to_string()))?;
+    let trace = Trace::from_records(&model, &schedule, &program, &records, |_| None, other);
+    let text = serde_json::to_string(&trace).map_err(|e| bad("trace", e.to_string()))?;
+    let temporary = format!("{path}.tmp");
+    std::fs::write(&temporary, text)
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|e| bad("write", e.to_string()))
+}

@@ -1,0 +1,160 @@
+"""One round's exchange of a piece's payload over torch.distributed: started asynchronously, finished later into the rank's codec state."""
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import PeerFailure
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Link:
+    """This rank's end of the collectives: world, rank, timeout, and a tag per launch for
+    point-to-point messages (every rank launches in the same order, so tags agree)."""
+
+    def __init__(self, rank, world, timeout_s):
+        self.rank = rank
+        self.world = world
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.launches = 0
+
+    def wait(self, work, what):
+        """Waits for `work` within the timeout; a failure names what was waited for."""
+        try:
+            if not work.wait(self.timeout):
+                raise PeerFailure(f"{what}: no answer within {self.timeout.total_seconds():g} s")
+        except PeerFailure:
+            raise
+        except RuntimeError as err:
+            raise PeerFailure(f"{what} failed on rank {self.rank}: {err}") from err
+
+    def next_tag(self):
+        self.launches += 1
+        return (self.launches % (1 << 20)) * 4
+
+
+def payload_tensor(state, piece, length):
+    """The rank's current payload of `piece` copied into a fresh uint8 tensor."""
+    buffer = torch.empty(length, dtype=torch.uint8)
+    state.copy_payload(piece, buffer.numpy())
+    return buffer
+
+
+class Allreduce:
+    """Every rank's payload summed element-wise in its wire type."""
+
+    def __init__(self, link, state, piece, length, dtype, what):
+        if length % DTYPES[dtype].itemsize:
+            raise PeerFailure(f"{what}: a payload of {length} bytes is not whole {dtype} elements")
+        self.link, self.state, self.piece, self.what = link, state, piece, what
+        self.buffer = payload_tensor(state, piece, length)
+        self.work = dist.all_reduce(self.buffer.view(DTYPES[dtype]), async_op=True)
+
+    def finish(self):
+        self.link.wait(self.work, self.what)
+        self.state.set_payload(self.piece, self.buffer.numpy())
+
+
+class ReduceScatter:
+    """DeAR's first half: each rank ends with the sum of its shard of the payload (padded to
+    whole shards); the shard waits for the all-gather half."""
+
+    def __init__(self, link, state, piece, length, dtype, what):
+        element = DTYPES[dtype].itemsize
+        if length % element:
+            raise PeerFailure(f"{what}: a payload of {length} bytes is not whole {dtype} elements")
+        self.link, self.what = link, what
+        self.count = length // element
+        chunk = -(-self.count // link.world)
+        padded = torch.zeros(chunk * link.world * element, dtype=torch.uint8)
+        state.copy_payload(piece, padded[:length].numpy())
+        self.dtype = DTYPES[dtype]
+        self.shard = torch.empty(chunk, dtype=self.dtype)
+        self.work = dist.reduce_scatter_tensor(self.shard, padded.view(self.dtype), async_op=True)
+
+    def finish(self):
+        self.link.wait(self.work, self.what)
+
+
+class AllgatherShards:
+    """DeAR's second half: the summed shards to every rank, the payload whole again."""
+
+    def __init__(self, link, state, piece, scattered, what):
+        self.link, self.state, self.piece, self.what = link, state, piece, what
+        self.scattered = scattered
+        self.full = torch.empty(scattered.shard.numel() * link.world, dtype=scattered.dtype)
+        self.work = dist.all_gather_into_tensor(self.full, scattered.shard, async_op=True)
+
+    def finish(self):
+        self.link.wait(self.work, self.what)
+        self.state.set_payload(self.piece, self.full[: self.scattered.count].view(torch.uint8).numpy())
+
+
+class Allgather:
+    """Every rank's payload to every rank. Gloo gathers equal sizes only: the sizes are
+    exchanged first (a small blocking all-gather) and the payloads padded to the largest."""
+
+    def __init__(self, link, state, piece, length, what):
+        self.link, self.state, self.piece, self.what = link, state, piece, what
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(link.world)]
+        link.wait(dist.all_gather(sizes, torch.tensor([length]), async_op=True), what + " (sizes)")
+        self.sizes = [int(s.item()) for s in sizes]
+        largest = max(self.sizes)
+        mine = torch.zeros(largest, dtype=torch.uint8)
+        state.copy_payload(piece, mine[:length].numpy())
+        self.gathered = [torch.empty(largest, dtype=torch.uint8) for _ in range(link.world)]
+        self.work = dist.all_gather(self.gathered, mine, async_op=True)
+
+    def finish(self):
+        self.link.wait(self.work, self.what)
+        self.state.set_gathered(self.piece, [g[:n].numpy() for g, n in zip(self.gathered, self.sizes)])
+
+
+class PushPull:
+    """Parameter server over point-to-point messages: every worker pushes its payload to the
+    piece's server rank, which decodes, sums and re-encodes (the Rust codecs), then every worker
+    pulls the result. The push is sent at launch; the server's part and the pull run at finish."""
+
+    def __init__(self, link, state, piece, length, server, what):
+        self.link, self.state, self.piece, self.what = link, state, piece, what
+        self.server = server
+        self.tag = link.next_tag()
+        self.payload = payload_tensor(state, piece, length)
+        self.sends = []
+        if link.rank != server:
+            size = torch.tensor([length], dtype=torch.int64)
+            self.sends = [
+                dist.isend(size, server, tag=self.tag),
+                dist.isend(self.payload, server, tag=self.tag + 1),
+            ]
+
+    def _receive(self, peer, tag, what):
+        size = torch.zeros(1, dtype=torch.int64)
+        self.link.wait(dist.irecv(size, peer, tag=tag), what)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.link.wait(dist.irecv(payload, peer, tag=tag + 1), what)
+        return payload
+
+    def finish(self):
+        link = self.link
+        if link.rank != self.server:
+            for send in self.sends:
+                link.wait(send, f"{self.what}: push to server rank {self.server}")
+            pulled = self._receive(self.server, self.tag + 2, f"{self.what}: pull from server rank {self.server}")
+            self.state.set_payload(self.piece, pulled.numpy())
+            return
+        pushed = [
+            self.payload if peer == link.rank else self._receive(peer, self.tag, f"{self.what}: push from rank {peer}")
+            for peer in range(link.world)
+        ]
+        length = self.state.serve(self.piece, [p.numpy() for p in pushed])
+        pulled = payload_tensor(self.state, self.piece, length)
+        size = torch.tensor([length], dtype=torch.int64)
+        sends = []
+        for peer in range(link.world):
+            if peer != link.rank:
+                sends += [dist.isend(size, peer, tag=self.tag + 2), dist.isend(pulled, peer, tag=self.tag + 3)]
+        for send in sends:
+            link.wait(send, f"{self.what}: pull by a worker")

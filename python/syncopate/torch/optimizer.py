@@ -1,0 +1,228 @@
+"""DistributedOptimizer: wraps a torch optimizer so that a plan's lowered Schedule synchronizes the gradients (Horovod/DeAR style: hooks, async collectives, updates)."""
+
+import functools
+import json
+
+import torch
+import torch.distributed as dist
+
+from syncopate import Rank, SyncopateError, lower
+from syncopate.torch import timing
+from syncopate.torch.check import Check
+from syncopate.torch.exchange import Link
+from syncopate.torch.executor import Executor
+from syncopate.torch.parameters import match_parameters
+from syncopate.torch.schedule import Layout, kind_of
+
+
+class DistributedOptimizer:
+    """Runs `plan` (a plan file; `model_profile` overrides the model profile it records) for
+    `module` on the initialized torch.distributed process group (gloo, CPU tensors).
+
+    Gradients are copied into their group's fusion buffer as they become ready; the schedule's
+    encode, collective and decode steps follow its dependencies and launch policy. `step()`
+    applies the averaged gradients; plans that update each group just before its next forward
+    (DeAR, ByteScheduler) do so in forward pre-hooks, and `flush()` applies what is pending
+    (call it before evaluating or saving the model). `check=N` compares the first N
+    iterations' aggregated gradients with the reference aggregation and raises on a mismatch.
+    `timeout_s` bounds every wait for a peer."""
+
+    def __init__(self, optimizer, module, plan, *, model_profile=None, seed=0, check=0, timeout_s=60.0):
+        if not dist.is_available() or not dist.is_initialized():
+            raise SyncopateError("torch.distributed is not initialized: call init_process_group first")
+        if not timeout_s > 0:
+            raise SyncopateError(f"timeout_s: {timeout_s!r} is not a positive number of seconds")
+        if check < 0:
+            raise SyncopateError(f"check: {check!r} is not a number of iterations")
+        self.optimizer = optimizer
+        self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.seed = seed
+        self.schedule_json, self.model_json = lower(str(plan), self.world, model_profile)
+        schedule = json.loads(self.schedule_json)
+        model = json.loads(self.model_json)
+        self.params, names = match_parameters(module, model, schedule, str(plan))
+        self.layout = Layout(schedule)
+        self.link = Link(self.rank, self.world, timeout_s)
+        self.state = Rank(self.schedule_json, self.rank, seed)
+        self.recorder = timing.Recorder(self.rank)
+        self._buffers(schedule)
+        self.check = (
+            Check(self.schedule_json, seed, check, self.state, schedule["pieces"], self.link) if check else None
+        )
+        self.executor = Executor(
+            self.layout, self.schedule_json, self.state, self.link, self.buffers, self.results,
+            self.scales, self.recorder, self.check, names,
+        )
+        self.iteration = -1
+        self.in_backward = False
+        self.pending_updates = set()
+        self.last_ready = 0
+        self.last_forward_end = 0
+        self.handles = [
+            p.register_post_accumulate_grad_hook(functools.partial(self._gradient, t)) for t, p in enumerate(self.params)
+        ]
+        self._forward_hooks(module)
+        # A common time origin for the trace, and a first proof that every peer is there.
+        self.link.wait(dist.barrier(async_op=True), "the start barrier")
+        self.recorder.restart()
+
+    def _buffers(self, schedule):
+        """Each group's fusion buffer and result buffer; each parameter's slots in them. A
+        group reduced in fp16 divides by the world size before summing (Horovod's prescale,
+        so the sum cannot overflow); the others divide the decoded sum."""
+        self.buffers = [torch.zeros(b["numel"], dtype=torch.float32) for b in schedule["buffers"]]
+        self.results = [torch.zeros(b["numel"], dtype=torch.float32) for b in schedule["buffers"]]
+        self.prescale = [False] * len(self.buffers)
+        for index, piece in enumerate(schedule["pieces"]):
+            self.prescale[piece["group"]] = self.state.wire_dtype(index) == "f16"
+        self.scales = [1.0 if pre else 1.0 / self.world for pre in self.prescale]
+        self.slots = [None] * len(self.params)
+        for g, buffer in enumerate(schedule["buffers"]):
+            for slot in buffer["slots"]:
+                t, lo, hi = slot["tensor"], slot["offset"], slot["offset"] + slot["numel"]
+                shape = self.params[t].shape
+                self.slots[t] = (g, self.buffers[g][lo:hi], self.results[g][lo:hi].view(shape))
+
+    def _forward_hooks(self, module):
+        index = {id(p): t for t, p in enumerate(self.params)}
+        for owner in module.modules():
+            own = sorted(index[id(p)] for p in owner.parameters(recurse=False) if id(p) in index)
+            if own:
+                self.handles.append(owner.register_forward_pre_hook(functools.partial(self._before_forward, own)))
+                self.handles.append(owner.register_forward_hook(functools.partial(self._after_forward, own)))
+
+    # Hooks.
+
+    def _before_forward(self, tensors, _module, _inputs):
+        for t in tensors:
+            for g in self.layout.updates_before.get(t, []):
+                if g in self.pending_updates:
+                    self.executor.finish_steps(self.layout.tails[g])
+                    self._update(g)
+        self.forward_start = self.recorder.now()
+
+    def _after_forward(self, tensors, _module, _inputs, _output):
+        if not torch.is_grad_enabled():
+            return
+        end = self.recorder.now()
+        span = (end - self.forward_start) // len(tensors)
+        for i, t in enumerate(tensors):
+            step = self.layout.forward[t]
+            self.recorder.records.append((self.rank, step, self.iteration + 1, 0, self.forward_start + i * span,
+                                          self.forward_start + (i + 1) * span))
+        self.last_forward_end = end
+
+    def _gradient(self, tensor, param):
+        if not self.in_backward:
+            self.in_backward = True
+            self.iteration += 1
+            self.executor.begin(self.iteration)
+            self.last_ready = self.last_forward_end
+        sync = self.executor.sync
+        step = self.layout.backward[tensor]
+        if sync.done[step]:
+            raise SyncopateError(
+                f"the gradient of {self._name(tensor)} arrived twice in iteration {self.iteration}: call step() "
+                "after each backward pass (accumulating several backward passes is not supported)"
+            )
+        group, inputs, _ = self.slots[tensor]
+        grad = param.grad.reshape(-1)
+        if self.prescale[group]:
+            torch.div(grad, self.world, out=inputs)
+        else:
+            inputs.copy_(grad)
+        now = self.recorder.now()
+        self.recorder.records.append((self.rank, step, self.iteration, 0, min(self.last_ready, now), now))
+        self.last_ready = now
+        self.executor.gradient_ready(tensor)
+
+    def _name(self, tensor):
+        return self.executor.names[tensor]
+
+    # The optimizer.
+
+    def _missing(self, steps):
+        """Tensors whose gradient never arrived before `steps` were needed."""
+        sync = self.executor.sync
+        missing = [self._name(t) for t, s in self.layout.backward.items() if not sync.done[s]]
+        if missing:
+            raise SyncopateError(
+                f"iteration {self.iteration}: no gradient arrived for {len(missing)} parameter(s), e.g. {missing[0]} "
+                "(unused parameters cannot be synchronized: freeze them with requires_grad=False)"
+            )
+        self.executor.finish_steps(steps)
+
+    def _attach(self, groups):
+        """Points the parameters of `groups` at their averaged gradients, the others at None."""
+        chosen = set(groups)
+        for t, p in enumerate(self.params):
+            group, _, result = self.slots[t]
+            p.grad = result if group in chosen else None
+
+    def _timed(self, step, iteration, body):
+        start = self.recorder.now()
+        value = body()
+        if step is not None:
+            self.recorder.add(step, iteration, 0, start)
+        return value
+
+    def _update(self, group):
+        self._attach([group])
+        self._timed(self.layout.update_step[group], self.iteration + 1, self.optimizer.step)
+        for t, p in enumerate(self.params):
+            if self.slots[t][0] == group:
+                p.grad = None
+        self.pending_updates.discard(group)
+
+    def step(self, closure=None):
+        """Synchronizes this iteration's gradients and applies them (or, for plans that
+        overlap updates with the next forward, leaves them pending for its pre-hooks)."""
+        if closure is not None:
+            raise SyncopateError("step(closure): closures re-run backward, which a schedule cannot replay")
+        if not self.in_backward:
+            raise SyncopateError("step() without a backward pass since the last step()")
+        self.in_backward = False
+        if not self.layout.pieces:
+            # One rank: nothing to synchronize; the gradients are the average already.
+            return self._timed(self.layout.optimizer, self.iteration, self.optimizer.step)
+        if self.layout.overlap:
+            self._missing([])
+            self.pending_updates = set(self.layout.update_step)
+            # The all-gathers go out now, to overlap the next forward.
+            self.executor.pump()
+            return None
+        self._missing(self.layout.steps[self.layout.optimizer].get("after", []))
+        self.executor.finish_all()
+        self._attach(range(len(self.buffers)))
+        return self._timed(self.layout.optimizer, self.iteration, self.optimizer.step)
+
+    def synchronize(self):
+        """Completes every collective of the iteration (before gradient clipping, say)."""
+        self.executor.finish_all()
+
+    def flush(self):
+        """Applies every pending per-group update now (before evaluation or saving)."""
+        self.executor.finish_all()
+        for step in sorted(self.layout.update_step[g] for g in self.pending_updates):
+            _, fields = kind_of(self.layout.steps[step])
+            self._update(fields["group"])
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def write_trace(self, path, warmup=1):
+        """Writes the run's measured trace (every rank calls it; rank 0 writes `path`)."""
+        checks = self.check.reports if self.check else []
+        timing.write(path, self.layout, self.schedule_json, self.model_json, self.recorder, self.world, warmup,
+                     self.seed, checks)
+
+    def close(self):
+        """Removes the hooks from the module and its parameters."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def __getattr__(self, name):
+        # param_groups, state, state_dict, ...: the wrapped optimizer's.
+        return getattr(self.__dict__["optimizer"], name)

@@ -1,0 +1,23 @@
+"""model_profile records a torch module's parameters in gradient-ready order with their timings, as a profile the CLI accepts."""
+
+import json
+
+import conftest
+import models
+
+
+def test_profile_lists_every_parameter_in_gradient_ready_order(profile_path):
+    profile = json.loads(profile_path.read_text())
+    names = [name for name, _ in models.tiny().named_parameters()]
+    tensors = profile["tensors"]
+    assert sorted(t["name"] for t in tensors) == sorted(names)
+    # Backward runs from the last layer to the first.
+    assert tensors[0]["name"].startswith("8.") and tensors[-1]["name"].startswith("1.")
+    assert [names[t["registration_index"]] for t in tensors] == [t["name"] for t in tensors]
+    assert all(t["backward_us"] >= 0 and t["forward_us"] >= 0 for t in tensors)
+
+
+def test_the_cli_simulates_the_recorded_profile(profile_path):
+    done = conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 1,
+                        "--gpus-per-node", 2, "--strategy", "horovod", "--format", "json")
+    assert json.loads(done.stdout)["iteration_time_ms"] > 0
