@@ -22,12 +22,21 @@ pub struct HostProfileOptions {
     pub compressors: Vec<String>,
 }
 
+/// The smallest tensor a host profile times, and the largest by default: 4096 to 16 Mi
+/// elements reaches past the caches, to the size of a large fused buffer.
+pub const SMALLEST_PROFILED: usize = 1 << 12;
+pub const DEFAULT_LARGEST_PROFILED: usize = 1 << 24;
+
+/// The sizes a profile times: powers of four from [`SMALLEST_PROFILED`] up to `largest`.
+pub fn profiled_sizes(largest: usize) -> Vec<usize> {
+    std::iter::successors(Some(SMALLEST_PROFILED), |&n| (n < largest).then_some(n * 4)).collect()
+}
+
 impl Default for HostProfileOptions {
     fn default() -> Self {
         HostProfileOptions {
             name: "host-cpu".into(),
-            // 4096 to 16 Mi elements: past the caches, to the size of a large fused buffer.
-            sizes: (12..=24).step_by(2).map(|p| 1usize << p).collect(),
+            sizes: profiled_sizes(DEFAULT_LARGEST_PROFILED),
             repeats: 5,
             compressors: profiled().into_iter().map(String::from).collect(),
         }

@@ -716,6 +716,7 @@ impl Engine<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compress::Compressor;
     use crate::cost::StepCost;
     use crate::model::ModelProfile;
     use crate::plan::{Launch, Scheme};
@@ -770,17 +771,6 @@ mod tests {
             "{err}"
         );
     }
-}
-
-#[cfg(test)]
-mod shared_core_tests {
-    use super::*;
-    use crate::compress::Compressor;
-    use crate::cost::StepCost;
-    use crate::model::ModelProfile;
-    use crate::plan::Launch;
-    use crate::schedule::{lower, World};
-    use crate::strategy::per_tensor_plan;
 
     /// Task durations (ns) on `stream` of a per-tensor top-k plan on 4 CPU ranks where every
     /// step costs 1 µs, compute `compute_ns`.

@@ -67,30 +67,14 @@ pub fn fit(start: &Cluster, points: &[Measurement]) -> Result<MpiFit> {
     let caps = log_grid(CAP_FROM * line, CAP_TO * line, CAP_STEP);
     let overheads = log_grid(OVERHEAD_FROM_US, OVERHEAD_TO_US, 10f64.powf(0.25));
     // Stage 1: the cap, from the messages that cross at the sustained rate.
-    let mut best = (overheads[0], caps[0], f64::INFINITY);
-    for &overhead in &overheads {
-        for &cap in &caps {
-            let error = time_error(start, rate_points, overhead, Some(cap))?;
-            if error < best.2 {
-                best = (overhead, cap, error);
-            }
-        }
-    }
-    let (rate_overhead, cap, capped) = refine(best, true, &|o, c| {
+    let (rate_overhead, cap, capped) = search(&overheads, &caps, &|o, c| {
         time_error(start, rate_points, o, Some(c))
     })?;
     // No cap at all when none describes the large messages better: the path keeps up.
     let uncapped = time_error(start, rate_points, rate_overhead, None)?;
     let cap = (uncapped > capped + UNBOUND_TOLERANCE_PCT).then_some(cap);
-    // Stage 2: the overhead over every size, with that cap.
-    let mut first = (overheads[0], f64::INFINITY);
-    for &overhead in &overheads {
-        let error = mean_error(start, points, overhead, cap)?;
-        if error < first.1 {
-            first = (overhead, error);
-        }
-    }
-    let (overhead, _, error) = refine((first.0, 1.0, first.1), false, &|o, _| {
+    // Stage 2: the overhead over every size, with that cap (the cap axis is a single point).
+    let (overhead, _, error) = search(&overheads, &[1.0], &|o, _| {
         mean_error(start, points, o, cap)
     })?;
     Ok(MpiFit {
@@ -204,13 +188,25 @@ fn log_grid(from: f64, to: f64, step: f64) -> Vec<f64> {
     values
 }
 
-/// Pattern search in log space from a grid point, with steps below the grid's spacing.
-fn refine(
-    start: (f64, f64, f64),
-    move_cap: bool,
+/// The best (overhead, cap) of the grid `overheads` × `caps`, refined by pattern search in log
+/// space with steps below the grid's spacing; a single-point `caps` stays where it is. Returns
+/// (overhead, cap, score).
+fn search(
+    overheads: &[f64],
+    caps: &[f64],
     score: &dyn Fn(f64, f64) -> Result<f64>,
 ) -> Result<(f64, f64, f64)> {
-    let (mut overhead, mut cap, mut best) = start;
+    let mut best = (overheads[0], caps[0], f64::INFINITY);
+    for &overhead in overheads {
+        for &cap in caps {
+            let s = score(overhead, cap)?;
+            if s < best.2 {
+                best = (overhead, cap, s);
+            }
+        }
+    }
+    let (mut overhead, mut cap, mut best) = best;
+    let move_cap = caps.len() > 1;
     let mut step = 0.1_f64;
     while step > 1e-4 {
         let cap_step = if move_cap { step } else { 0.0 };

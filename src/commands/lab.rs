@@ -2,7 +2,6 @@
 
 use super::print_json;
 use crate::cli::{Format, LabCommand, LabProbeCommand, LabRunArgs, LabStatusArgs, LabUpArgs};
-use anyhow::Context;
 use serde::Serialize;
 use std::time::Duration;
 use syncopate_exec::lab::fit::{self, LabMeasurements};
@@ -127,13 +126,9 @@ fn measure_and_fit(
     )?;
     let cluster = match &args.cluster_out {
         Some(path) => {
-            let sweep_path = fit::sweep_path(path);
-            let cluster = fit::cluster(made, &measurements, &args.device, command, &sweep_path)?;
+            let cluster = fit::cluster(made, &measurements, &args.device, command, path)?;
             super::write_json(path, &cluster)?;
-            if !measurements.allreduce.is_empty() {
-                std::fs::write(&sweep_path, fit::sweep_csv(&measurements))
-                    .with_context(|| format!("cannot write {}", sweep_path.display()))?;
-            }
+            fit::write_sweep(path, &measurements)?;
             Some(cluster)
         }
         None => None,

@@ -4,7 +4,7 @@ use super::write_json;
 use crate::cli::{ProfileArgs, ProfileBackend};
 use anyhow::Context;
 use syncopate_exec::profile_cluster::{default_base, gpu_cluster, host_cluster, powers_of_four};
-use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
+use syncopate_exec::profile_host::{profile_host, profiled_sizes, HostProfileOptions};
 use syncopate_exec::runtime::cuda::{self, CudaProfileOptions};
 use syncopate_sim::SimError;
 
@@ -30,10 +30,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
             }
             let profile = profile_host(&HostProfileOptions {
                 name: name.clone(),
-                sizes: powers_of_four(1 << 12, u64::from(args.largest))
-                    .into_iter()
-                    .map(|n| n as usize)
-                    .collect(),
+                sizes: profiled_sizes(args.largest as usize),
                 repeats: args.repeats as usize,
                 ..HostProfileOptions::default()
             })?;

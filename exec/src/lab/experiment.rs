@@ -115,18 +115,17 @@ fn on_lab(
     let measured = fit::measure(made, exe, GOODPUT_SECONDS, SWEEP_REPEATS, interrupted)?;
     let cluster_name = format!("clusters/lab-{}n-{}g.json", setting.nodes, setting.gbps);
     let cluster_path = dir.join(&cluster_name);
-    let sweep_path = fit::sweep_path(&cluster_path);
     let mut cluster = fit::cluster(
         made,
         &measured,
         &dir.join(DEVICE).to_string_lossy(),
         &format!("syncopate experiment run {}", dir.display()),
-        &sweep_path,
+        &cluster_path,
     )?;
     // Named relative to the cluster file, so that the experiment's directory can move.
     cluster.device = format!("../{DEVICE}");
     write_json(&cluster_path, &cluster)?;
-    std::fs::write(&sweep_path, fit::sweep_csv(&measured)).map_err(|e| io(&sweep_path, e))?;
+    fit::write_sweep(&cluster_path, &measured)?;
     let loaded = Cluster::load(&cluster_path.to_string_lossy(), ClusterOverrides::default())?;
     let scenario = Scenario::new(model.clone(), loaded)?;
     let mut configs = plans(spec, &scenario, &cluster_path)?;

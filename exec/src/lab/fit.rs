@@ -2,7 +2,7 @@
 
 use super::measure::{AllreducePoint, ContentionPoint, NetworkProbe};
 use super::state::LabState;
-use crate::error::Result;
+use crate::error::{ExecError, Result};
 use serde::Serialize;
 use syncopate_sim::calibrate::Measurement;
 use syncopate_sim::data::FORMAT_VERSION;
@@ -88,11 +88,8 @@ pub fn cluster(
     measured: &LabMeasurements,
     device: &str,
     command: &str,
-    sweep: &std::path::Path,
+    cluster_path: &std::path::Path,
 ) -> Result<Cluster> {
-    let sweep_file = sweep
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let profile = DeviceProfile::load(device)?;
     let network = &measured.network;
     let tcp_efficiency = (network.goodput_gbps / lab.gbps).min(1.0);
@@ -159,6 +156,9 @@ pub fn cluster(
             "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; message_overhead_us (0) and reduce_gbytes_per_s (memory bandwidth / 3: a sum reads two buffers and writes one) are estimates: this syncopate was built without the `mpi` feature, so no allreduce sweep was run. {goodput}"
         )
     } else {
+        let sweep_file = sweep_path(cluster_path)
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let points = sweep_points(&measured.allreduce, measured.ranks);
         let fitted = mpi_fit::fit(&cluster, &points)?;
         cluster = mpi_fit::apply(&cluster, &fitted);
@@ -240,7 +240,7 @@ fn lab_cores(lab: &LabState) -> u32 {
 
 /// The sweep as a measurement CSV that `collective --compare` reads (and `--fit-out` refits an
 /// MPI cluster to): one row per size, its median time.
-pub fn sweep_csv(measured: &LabMeasurements) -> String {
+fn sweep_csv(measured: &LabMeasurements) -> String {
     let mut csv = String::from("gpus,size_bytes,time_us\n");
     for m in sweep_points(&measured.allreduce, measured.ranks) {
         csv.push_str(&format!("{},{},{:.1}\n", m.gpus, m.bytes, m.time_us));
@@ -248,8 +248,21 @@ pub fn sweep_csv(measured: &LabMeasurements) -> String {
     csv
 }
 
+/// Writes the sweep beside the cluster file at `cluster_path` ([`sweep_path`]); without a
+/// sweep (no `mpi` feature) nothing is written.
+pub fn write_sweep(cluster_path: &std::path::Path, measured: &LabMeasurements) -> Result<()> {
+    if measured.allreduce.is_empty() {
+        return Ok(());
+    }
+    let path = sweep_path(cluster_path);
+    std::fs::write(&path, sweep_csv(measured)).map_err(|source| ExecError::Io {
+        what: format!("cannot write {}", path.display()),
+        source,
+    })
+}
+
 /// Where the sweep of the cluster file at `cluster_path` goes: beside it, `NAME.sweep.csv`.
-pub fn sweep_path(cluster_path: &std::path::Path) -> std::path::PathBuf {
+fn sweep_path(cluster_path: &std::path::Path) -> std::path::PathBuf {
     cluster_path.with_extension("sweep.csv")
 }
 
@@ -294,10 +307,10 @@ mod tests {
         }
     }
 
-    /// The test lab's cluster file for `measured`, its sweep written as `t.sweep.csv`.
+    /// The test lab's cluster file `t.json` for `measured` (its sweep beside it: `t.sweep.csv`).
     fn lab_cluster(measured: &LabMeasurements) -> Cluster {
-        let sweep = std::path::Path::new("t.sweep.csv");
-        cluster(&lab(), measured, "host-2core", "syncopate lab up", sweep).unwrap()
+        let path = std::path::Path::new("t.json");
+        cluster(&lab(), measured, "host-2core", "syncopate lab up", path).unwrap()
     }
 
     #[test]
@@ -339,9 +352,8 @@ mod tests {
         // The CSV reads back as the measurements the fit used.
         let dir = std::env::temp_dir().join(format!("syncopate-sweep-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = sweep_path(&dir.join("lab.json"));
-        assert!(path.ends_with("lab.sweep.csv"));
-        std::fs::write(&path, sweep_csv(&measured)).unwrap();
+        write_sweep(&dir.join("lab.json"), &measured).unwrap();
+        let path = dir.join("lab.sweep.csv");
         let read = syncopate_sim::calibrate::read_measurements(&path, Op::Allreduce, None, 1, &[]);
         std::fs::remove_dir_all(&dir).unwrap();
         let read = read.unwrap();
