@@ -451,6 +451,10 @@ pub struct ValidateArgs {
     /// (open them side by side in Perfetto to see where the prediction departs from the run).
     #[arg(long, value_name = "PREFIX")]
     pub traces: Option<PathBuf>,
+    /// Compare a trace measured elsewhere instead of running the plan: `exec --trace`'s or
+    /// syncopate.torch's `write_trace` (real training). Needs --cluster, the machine it ran on.
+    #[arg(long, value_name = "TRACE", requires = "cluster", conflicts_with_all = ["backend", "ranks", "compute_scale", "iterations", "warmup", "seed", "timeout_s"])]
+    pub measured: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
 }

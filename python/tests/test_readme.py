@@ -35,3 +35,9 @@ def test_readme_example_trains_and_writes_a_checked_trace(tmp_path):
     summary = json.loads((tmp_path / "measured.json").read_text())["otherData"]
     assert summary["strategy"] == "dear" and summary["world_size"] == 2
     assert summary["checks"] and all(c["ok"] for c in summary["checks"])
+    # The trace of real training is compared with the plan's prediction on a CPU cluster file.
+    lab = conftest.REPO / "experiments/lab-validation/clusters/lab-2n-1g.json"
+    report = json.loads(conftest.cli("validate", "--plan", tmp_path / "plan.json", "--model", tmp_path / "mlp.json",
+                                      "--measured", tmp_path / "measured.json", "--cluster", lab, "--format", "json").stdout)
+    assert report["backend"] == "torch" and report["measured_iteration_ms"] == summary["iteration_time_ms"]
+    assert any(row["task"].startswith("reduce-scatter") for row in report["largest_tasks"])

@@ -5,32 +5,33 @@ use crate::cli::{Format, RunClusterArgs, ValidateArgs};
 use anyhow::Context;
 use syncopate_exec::profile_cluster::{host_cluster, powers_of_four};
 use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
+use syncopate_exec::runtime::MeasuredSummary;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{schedule, simulate, SimOptions};
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
+use syncopate_sim::trace::Trace;
 use syncopate_sim::validate::{Report, Run, Times};
 use syncopate_sim::SimError;
 
 pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
+    match &args.measured {
+        Some(path) => validate_trace(args, path),
+        None => validate_run(args),
+    }
+}
+
+/// Runs the plan on a backend, then predicts the same run.
+fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
     let run = &args.run;
     let (plan, model) = super::exec::load_plan(&run.plan, run.model.as_deref())?;
     let backend = super::exec::choose_backend(run.backend)?;
     let cluster = machine_cluster(args, &plan, &model, backend)?;
     let scenario = Scenario::new(model, cluster)?;
-    if backend != Chosen::Cuda && !scenario.cpu_ranks() {
-        return Err(SimError::bad_value(
-            "--cluster",
-            &scenario.cluster.name,
-            format!(
-                "its ranks are GPUs (device {}), but the {} backend runs CPU ranks, whose times say nothing about GPUs: pass this machine's or the lab's cluster file (`profile --backend host --cluster-out`, `lab up --cluster-out`)",
-                scenario.device.name,
-                backend.name()
-            ),
-        )
-        .into());
+    if backend != Chosen::Cuda {
+        require_cpu_ranks(&scenario, &format!("the {} backend", backend.name()))?;
     }
     // One schedule: the real run and the prediction interpret the same steps.
     let schedule = schedule(&scenario, &plan)?;
@@ -42,22 +43,149 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
     };
     let summary = measured.summary(&job, backend.name());
     let measured_trace = super::exec::measured_trace(&scenario.model, &job, &measured, &summary)?;
+    // Predict the run as it ran: the host backend's compute scale replaces the device's.
+    let mut predicted_scenario = scenario;
+    predicted_scenario.compute_scale = job.compute_scale;
+    let span = (options.warmup, options.iterations);
+    predict_and_report(
+        args,
+        &predicted_scenario,
+        &plan,
+        span,
+        &summary,
+        &measured_trace,
+    )
+}
+
+/// Compares a trace measured elsewhere (`exec --trace`, `syncopate.torch`'s `write_trace`)
+/// with the prediction of the same plan on `--cluster`.
+fn validate_trace(args: &ValidateArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    let run = &args.run;
+    let (plan, model) = super::exec::load_plan(&run.plan, run.model.as_deref())?;
+    let Some(name) = &args.cluster else {
+        anyhow::bail!(
+            "--measured needs --cluster: the cluster file of the machine the trace was measured on (`lab up --cluster-out`, `profile --backend host --cluster-out`)"
+        );
+    };
+    let mut cluster = Cluster::load(
+        name,
+        ClusterOverrides {
+            nodes: args.nodes,
+            gpus_per_node: args.gpus_per_node,
+            inter_gbps: None,
+        },
+    )?;
+    if let Some(device) = &args.device_profile {
+        use_device(&mut cluster, device)?;
+    }
+    let mut scenario = Scenario::new(model, cluster)?;
+    let (trace, summary) = read_measured_trace(path)?;
+    if summary.backend != "cuda" {
+        require_cpu_ranks(
+            &scenario,
+            &format!("a run on the {} backend", summary.backend),
+        )?;
+    }
+    let world = scenario.cluster.world_size();
+    if summary.world_size != world {
+        return Err(SimError::bad_value(
+            "--measured",
+            path.display(),
+            format!(
+                "the trace ran {} ranks, but --cluster {} has {world} (pass --nodes/--gpus-per-node to match)",
+                summary.world_size, scenario.cluster.name
+            ),
+        )
+        .into());
+    }
+    if summary.model != scenario.model.name || summary.strategy != plan.strategy {
+        return Err(SimError::bad_value(
+            "--measured",
+            path.display(),
+            format!(
+                "the trace ran model {} with strategy {}, but --plan {} is for model {} with strategy {}",
+                summary.model,
+                summary.strategy,
+                run.plan.display(),
+                scenario.model.name,
+                plan.strategy
+            ),
+        )
+        .into());
+    }
+    if summary.measured_iterations == 0 {
+        return Err(SimError::bad_value(
+            "--measured",
+            path.display(),
+            "the trace has no measured iteration (run more iterations than its warm-up)",
+        )
+        .into());
+    }
+    scenario.compute_scale = summary.compute_scale;
+    // The simulator's first iteration is never steady state; the trace's measured ones start at 1.
+    let span = (
+        summary.warmup_iterations.max(1),
+        summary.measured_iterations,
+    );
+    predict_and_report(args, &scenario, &plan, span, &summary, &trace)
+}
+
+/// A measured trace and its summary (`otherData`); errors name the file.
+fn read_measured_trace(path: &std::path::Path) -> anyhow::Result<(Trace, MeasuredSummary)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--measured: cannot read {}", path.display()))?;
+    let trace: Trace = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "--measured {}: not a Chrome trace with traceEvents and otherData",
+            path.display()
+        )
+    })?;
+    let summary: MeasuredSummary = serde_json::from_value(trace.other_data.clone())
+        .with_context(|| {
+            format!(
+                "--measured {}: otherData is not a measured run's summary (written by `exec --trace` or syncopate.torch's write_trace)",
+                path.display()
+            )
+        })?;
+    Ok((trace, summary))
+}
+
+/// A CPU run's times say nothing about GPUs: the cluster's ranks must be CPUs.
+fn require_cpu_ranks(scenario: &Scenario, run: &str) -> anyhow::Result<()> {
+    if scenario.cpu_ranks() {
+        return Ok(());
+    }
+    Err(SimError::bad_value(
+        "--cluster",
+        &scenario.cluster.name,
+        format!(
+            "its ranks are GPUs (device {}), but {run} ran CPU ranks, whose times say nothing about GPUs: pass this machine's or the lab's cluster file (`profile --backend host --cluster-out`, `lab up --cluster-out`)",
+            scenario.device.name,
+        ),
+    )
+    .into())
+}
+
+/// Simulates `plan` on `scenario` over the measured run's (warm-up, measured iterations), then
+/// prints (and optionally writes) predicted against measured.
+fn predict_and_report(
+    args: &ValidateArgs,
+    scenario: &Scenario,
+    plan: &Plan,
+    (warmup, iterations): (u32, u32),
+    summary: &MeasuredSummary,
+    measured_trace: &Trace,
+) -> anyhow::Result<()> {
     let sim_options = SimOptions {
-        warmup: options.warmup,
-        iterations: Some(options.iterations),
+        warmup,
+        iterations: Some(iterations),
         trace_ranks: 1,
         ..SimOptions::default()
     };
-    // Predict the run as it ran: the host backend's compute scale replaces the device's.
-    let mut predicted_scenario = scenario.clone();
-    predicted_scenario.compute_scale = job.compute_scale;
-    let predicted = simulate(&predicted_scenario, &plan, &sim_options)?;
+    let predicted = simulate(scenario, plan, &sim_options)?;
     let predicted_trace = predicted.trace.as_ref().expect("a trace was asked for");
     if let Some(prefix) = &args.traces {
-        for (kind, trace) in [
-            ("predicted", predicted_trace),
-            ("measured", &measured_trace),
-        ] {
+        for (kind, trace) in [("predicted", predicted_trace), ("measured", measured_trace)] {
             let mut path = prefix.clone().into_os_string();
             path.push(format!(".{kind}.json"));
             let path = std::path::PathBuf::from(path);
@@ -66,8 +194,8 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
         }
     }
     let report = Report::new(
-        &scenario,
-        backend.name(),
+        scenario,
+        &summary.backend,
         Run {
             times: Times::from(&predicted.summary),
             trace: predicted_trace,
@@ -78,9 +206,9 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
                 compute_ms: summary.compute_ms,
                 comm_ms: summary.comm_ms,
             },
-            trace: &measured_trace,
+            trace: measured_trace,
         },
-        options.warmup,
+        warmup,
         args.top as usize,
     );
     match args.format {
@@ -144,11 +272,17 @@ fn machine_cluster(
         }
     };
     if let Some(device) = &args.device_profile {
-        let profile = DeviceProfile::load(device)?;
-        cluster.device = device.clone();
-        cluster.device_memory_gbytes_per_s = profile.memory_bandwidth_gbytes_per_s;
+        use_device(&mut cluster, device)?;
     }
     Ok(cluster)
+}
+
+/// Replaces the cluster's device with the profile at `path` (--device-profile).
+fn use_device(cluster: &mut Cluster, path: &str) -> anyhow::Result<()> {
+    let profile = DeviceProfile::load(path)?;
+    cluster.device = path.to_string();
+    cluster.device_memory_gbytes_per_s = profile.memory_bandwidth_gbytes_per_s;
+    Ok(())
 }
 
 /// The plan's largest group's element count.

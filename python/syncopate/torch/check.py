@@ -47,7 +47,7 @@ class Check:
             for values, report in ((self.inputs, self.checker.input), (self.outputs, self.checker.result)):
                 mine = values.pop(piece)
                 gathered = [torch.empty_like(mine) for _ in range(world)]
-                self.link.wait(dist.all_gather(gathered, mine, async_op=True), f"check of piece {piece}")
+                self.link.wait(self.link.start(dist.all_gather, gathered, mine, async_op=True), f"check of piece {piece}")
                 for rank, theirs in enumerate(gathered):
                     report(piece, rank, iteration, theirs.numpy())
         self.reports = json.loads(self.checker.report())

@@ -1,38 +1,11 @@
 """One round's exchange of a piece's payload over torch.distributed: started asynchronously, finished later into the rank's codec state."""
 
-import datetime
-
 import torch
 import torch.distributed as dist
 
 from syncopate.errors import PeerFailure
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
-class Link:
-    """This rank's end of the collectives: world, rank, timeout, and a tag per launch for
-    point-to-point messages (every rank launches in the same order, so tags agree)."""
-
-    def __init__(self, rank, world, timeout_s):
-        self.rank = rank
-        self.world = world
-        self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.launches = 0
-
-    def wait(self, work, what):
-        """Waits for `work` within the timeout; a failure names what was waited for."""
-        try:
-            if not work.wait(self.timeout):
-                raise PeerFailure(f"{what}: no answer within {self.timeout.total_seconds():g} s")
-        except PeerFailure:
-            raise
-        except RuntimeError as err:
-            raise PeerFailure(f"{what} failed on rank {self.rank}: {err}") from err
-
-    def next_tag(self):
-        self.launches += 1
-        return (self.launches % (1 << 20)) * 4
 
 
 def payload_tensor(state, piece, length):
@@ -50,7 +23,7 @@ class Allreduce:
             raise PeerFailure(f"{what}: a payload of {length} bytes is not whole {dtype} elements")
         self.link, self.state, self.piece, self.what = link, state, piece, what
         self.buffer = payload_tensor(state, piece, length)
-        self.work = dist.all_reduce(self.buffer.view(DTYPES[dtype]), async_op=True)
+        self.work = link.start(dist.all_reduce, self.buffer.view(DTYPES[dtype]), async_op=True)
 
     def finish(self):
         self.link.wait(self.work, self.what)
@@ -72,7 +45,7 @@ class ReduceScatter:
         state.copy_payload(piece, padded[:length].numpy())
         self.dtype = DTYPES[dtype]
         self.shard = torch.empty(chunk, dtype=self.dtype)
-        self.work = dist.reduce_scatter_tensor(self.shard, padded.view(self.dtype), async_op=True)
+        self.work = link.start(dist.reduce_scatter_tensor, self.shard, padded.view(self.dtype), async_op=True)
 
     def finish(self):
         self.link.wait(self.work, self.what)
@@ -85,7 +58,7 @@ class AllgatherShards:
         self.link, self.state, self.piece, self.what = link, state, piece, what
         self.scattered = scattered
         self.full = torch.empty(scattered.shard.numel() * link.world, dtype=scattered.dtype)
-        self.work = dist.all_gather_into_tensor(self.full, scattered.shard, async_op=True)
+        self.work = link.start(dist.all_gather_into_tensor, self.full, scattered.shard, async_op=True)
 
     def finish(self):
         self.link.wait(self.work, self.what)
@@ -98,14 +71,12 @@ class Allgather:
 
     def __init__(self, link, state, piece, length, what):
         self.link, self.state, self.piece, self.what = link, state, piece, what
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(link.world)]
-        link.wait(dist.all_gather(sizes, torch.tensor([length]), async_op=True), what + " (sizes)")
-        self.sizes = [int(s.item()) for s in sizes]
+        self.sizes = link.gather_lengths(length, what)
         largest = max(self.sizes)
         mine = torch.zeros(largest, dtype=torch.uint8)
         state.copy_payload(piece, mine[:length].numpy())
         self.gathered = [torch.empty(largest, dtype=torch.uint8) for _ in range(link.world)]
-        self.work = dist.all_gather(self.gathered, mine, async_op=True)
+        self.work = link.start(dist.all_gather, self.gathered, mine, async_op=True)
 
     def finish(self):
         self.link.wait(self.work, self.what)
@@ -126,15 +97,15 @@ class PushPull:
         if link.rank != server:
             size = torch.tensor([length], dtype=torch.int64)
             self.sends = [
-                dist.isend(size, server, tag=self.tag),
-                dist.isend(self.payload, server, tag=self.tag + 1),
+                link.start(dist.isend, size, server, tag=self.tag),
+                link.start(dist.isend, self.payload, server, tag=self.tag + 1),
             ]
 
     def _receive(self, peer, tag, what):
         size = torch.zeros(1, dtype=torch.int64)
-        self.link.wait(dist.irecv(size, peer, tag=tag), what)
+        self.link.wait(self.link.start(dist.irecv, size, peer, tag=tag), what)
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.link.wait(dist.irecv(payload, peer, tag=tag + 1), what)
+        self.link.wait(self.link.start(dist.irecv, payload, peer, tag=tag + 1), what)
         return payload
 
     def finish(self):
@@ -155,6 +126,6 @@ class PushPull:
         sends = []
         for peer in range(link.world):
             if peer != link.rank:
-                sends += [dist.isend(size, peer, tag=self.tag + 2), dist.isend(pulled, peer, tag=self.tag + 3)]
+                sends += [link.start(dist.isend, size, peer, tag=self.tag + 2), link.start(dist.isend, pulled, peer, tag=self.tag + 3)]
         for send in sends:
             link.wait(send, f"{self.what}: pull by a worker")

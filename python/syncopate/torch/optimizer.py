@@ -9,7 +9,7 @@ import torch.distributed as dist
 from syncopate import Rank, SyncopateError, lower
 from syncopate.torch import timing
 from syncopate.torch.check import Check
-from syncopate.torch.exchange import Link
+from syncopate.torch.link import Link
 from syncopate.torch.executor import Executor
 from syncopate.torch.parameters import match_parameters
 from syncopate.torch.schedule import Layout, kind_of
@@ -64,7 +64,7 @@ class DistributedOptimizer:
         ]
         self._forward_hooks(module)
         # A common time origin for the trace, and a first proof that every peer is there.
-        self.link.wait(dist.barrier(async_op=True), "the start barrier")
+        self.link.wait(self.link.start(dist.barrier, async_op=True), "the start barrier")
         self.recorder.restart()
 
     def _buffers(self, schedule):
@@ -214,7 +214,7 @@ class DistributedOptimizer:
     def write_trace(self, path, warmup=1):
         """Writes the run's measured trace (every rank calls it; rank 0 writes `path`)."""
         checks = self.check.reports if self.check else []
-        timing.write(path, self.layout, self.schedule_json, self.model_json, self.recorder, self.world, warmup,
+        timing.write(path, self.layout, self.schedule_json, self.model_json, self.recorder, self.link, warmup,
                      self.seed, checks)
 
     def close(self):

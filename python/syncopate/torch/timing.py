@@ -3,8 +3,6 @@
 import json
 import time
 
-import torch.distributed as dist
-
 from syncopate import write_trace
 
 
@@ -68,11 +66,10 @@ def summary(layout, records, world, warmup, seed, checks):
     }
 
 
-def write(path, layout, schedule_json, model_json, recorder, world, warmup, seed, checks):
+def write(path, layout, schedule_json, model_json, recorder, link, warmup, seed, checks):
     """Gathers every rank's records (a collective call) and has rank 0 write the trace."""
-    gathered = [None] * world
-    dist.all_gather_object(gathered, recorder.records)
+    gathered = link.gather_objects(recorder.records, "the trace's records")
     records = [r for rank_records in gathered for r in rank_records]
     if recorder.rank == 0:
-        text = json.dumps(summary(layout, records, world, warmup, seed, checks))
+        text = json.dumps(summary(layout, records, link.world, warmup, seed, checks))
         write_trace(str(path), schedule_json, model_json, records, text)

@@ -1,0 +1,102 @@
+"""This rank's end of torch.distributed: launches that remember their tensors, bounded waits, and an exit that lets gloo's workers let go first."""
+
+import atexit
+import datetime
+import pickle
+import time
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import PeerFailure
+
+# How long the exit waits for gloo's worker threads to drop the tensors of finished collectives.
+SETTLE_TIMEOUT_S = 10.0
+# Then how long it leaves them the interpreter's lock to drop what it cannot see: a collective's
+# captured thread-local state and the copies gloo makes internally (reduce-scatter's, a
+# barrier's list of the collectives it waited for). They need it for microseconds; this is a
+# scheduling delay on a loaded machine with margin.
+EXIT_GRACE_S = 0.1
+
+
+class Launch:
+    """A started collective and the tensors it was given (views and temporaries included)."""
+
+    def __init__(self, work, tensors):
+        self.work = work
+        self.tensors = tensors
+
+
+class Link:
+    """This rank's end of the collectives: world, rank, timeout, and a tag per launch for
+    point-to-point messages (every rank launches in the same order, so tags agree).
+
+    Gloo's worker thread releases a collective a moment after `wait` returns (and a barrier
+    keeps the collectives it waited for until it is released itself). Releasing one drops
+    Python objects (its tensors, its captured thread-local state), which needs the
+    interpreter's lock; if the interpreter is already shutting down, the worker thread exits
+    inside a C++ destructor and the process aborts ("terminate called without an active
+    exception", the crash pytorch/pytorch#179291 describes; seen here about once in 10 runs of
+    a 2-rank job on a loaded machine). So the link keeps every finished collective's tensors,
+    and at exit waits, with the lock released, until gloo has dropped them, then a grace period
+    for what it cannot see."""
+
+    def __init__(self, rank, world, timeout_s):
+        self.rank = rank
+        self.world = world
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.launches = 0
+        self.settling = []
+        atexit.register(self.settle)
+
+    def start(self, collective, *args, **options):
+        """Calls `collective(*args, **options)` (an asynchronous torch.distributed call)."""
+        tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
+        return Launch(collective(*args, **options), tensors)
+
+    def wait(self, launch, what):
+        """Waits for `launch` within the timeout; a failure names what was waited for."""
+        try:
+            if not launch.work.wait(self.timeout):
+                raise PeerFailure(f"{what}: no answer within {self.timeout.total_seconds():g} s")
+        except PeerFailure:
+            raise
+        except RuntimeError as err:
+            raise PeerFailure(f"{what} failed on rank {self.rank}: {err}") from err
+        self.settling = [t for t in self.settling if held_by_gloo(t)]
+        self.settling.extend(launch.tensors)
+
+    def settle(self):
+        """Waits, with the interpreter's lock released, until gloo holds none of the finished
+        collectives' tensors (bounded), then for the grace period."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while any(held_by_gloo(t) for t in self.settling) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self.settling = []
+        time.sleep(EXIT_GRACE_S)
+
+    def gather_lengths(self, length, what):
+        """Every rank's `length`, in rank order (a small blocking all-gather)."""
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        self.wait(self.start(dist.all_gather, sizes, torch.tensor([length]), async_op=True), what + " (sizes)")
+        return [int(s.item()) for s in sizes]
+
+    def gather_objects(self, value, what):
+        """Every rank's picklable `value`, in rank order: the pickles' sizes first, then the
+        pickles padded to the largest (gloo gathers equal sizes only)."""
+        data = pickle.dumps(value)
+        lengths = self.gather_lengths(len(data), what)
+        mine = torch.zeros(max(lengths), dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        gathered = [torch.empty_like(mine) for _ in range(self.world)]
+        self.wait(self.start(dist.all_gather, gathered, mine, async_op=True), what)
+        return [pickle.loads(g[:n].numpy().tobytes()) for g, n in zip(gathered, lengths)]
+
+    def next_tag(self):
+        self.launches += 1
+        return (self.launches % (1 << 20)) * 4
+
+
+def held_by_gloo(tensor):
+    """Whether something besides its Python object still holds `tensor`."""
+    return tensor._use_count() > 1
