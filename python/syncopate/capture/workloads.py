@@ -59,9 +59,14 @@ def torchvision_workload(name, batch_size, image_size, device):
 
     def loss():
         out = model(images)
-        if isinstance(out, tuple):  # inception's and googlenet's (logits, aux logits...)
-            out = out[0]
-        return torch.nn.functional.cross_entropy(out, labels)
+        if not isinstance(out, tuple):
+            return torch.nn.functional.cross_entropy(out, labels)
+        # Inception v3 and GoogLeNet return (logits, auxiliary logits...): the auxiliary
+        # classifiers train too (weighted 0.3, as in the GoogLeNet paper), so that their
+        # parameters get gradients, as in the shipped inception-v3 profile.
+        main, *auxiliary = (o for o in out if o is not None)
+        return torch.nn.functional.cross_entropy(main, labels) + sum(
+            0.3 * torch.nn.functional.cross_entropy(a, labels) for a in auxiliary)
 
     return Workload(model, loss, name, f"{name} (torchvision), {image_size}x{image_size}", "images")
 
