@@ -1,10 +1,4 @@
-"""`python -m syncopate.capture`: records a model profile of a torchvision, Hugging Face or user-supplied model with syncopate.torch.model_profile's hooks, on one GPU or the CPU.
-
-The tool builds the model and one fixed batch of random inputs, trains it for `--warmup` +
-`--iterations` steps and writes the profile (profiles/models/*.json schema) with the batch, the
-host's thread counts and the command line as its `source`. Errors print one line naming the flag
-or value at fault: exit 1 for an error, 2 for bad usage, 3 when `--device cuda` finds no GPU.
-"""
+"""`python -m syncopate.capture`: records a model profile of a torchvision, Hugging Face or user-supplied model with syncopate.torch.model_profile's hooks, on one GPU or the CPU."""
 
 import json
 import os
@@ -18,7 +12,11 @@ __all__ = ["CaptureError", "main"]
 
 
 def main(argv=None):
-    """Runs the tool on `argv` (default: the command line); returns the exit status."""
+    """Runs the tool on `argv` (default: the command line): builds the model and one fixed batch
+    of inputs, trains it for --warmup + --iterations steps and writes the profile with the batch,
+    the thread counts and the command line as its `source`. Returns the exit status: 0, 1 for an
+    error, 2 for bad usage (argparse exits), 3 when --device cuda finds no GPU; each failure is
+    one line naming the flag or value at fault."""
     argv = sys.argv[1:] if argv is None else list(argv)
     usage = parser()
     args = usage.parse_args(argv)

@@ -9,6 +9,7 @@ import torch
 
 from syncopate.capture.failure import CaptureError
 
+
 @dataclasses.dataclass
 class Workload:
     """A module on the capture's device and `loss_fn()`, its forward on one batch returning the
