@@ -46,6 +46,18 @@ def test_a_module_capture_records_batch_and_threads_and_the_cli_accepts_it(tmp_p
     assert json.loads(simulated.stdout)["iteration_time_ms"] > 0
 
 
+def test_the_optimizer_and_autocast_are_the_ones_asked_for(tmp_path):
+    out = tmp_path / "adam.json"
+    done = capture(tmp_path, "--module", "models:factory", "--batch-size", 4, "--optimizer", "adam", "--amp",
+                   "--warmup", 0, "--iterations", 1, "--device", "cpu", "--device-name", "host-2core",
+                   "--name", "tiny-adam", "--out", out)
+    assert done.returncode == 0, done.stderr
+    profile = json.loads(out.read_text())
+    assert profile["name"] == "tiny-adam" and profile["batch_size_per_gpu"] == 4
+    assert profile["timing"]["optimizer"]["method"].startswith("Adam step")
+    assert "autocast bf16" in profile["timing"]["backward"]["method"]
+
+
 @pytest.mark.parametrize("args, blocked, code, message", [
     (["--module", "models:factory", "--batch-size", 0], (), 2, "argument --batch-size: must be 1 to"),
     (["--module", "models:factory", "--batch-size", "nan"], (), 2, "argument --batch-size: not an integer"),
