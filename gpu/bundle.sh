@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine without a Rust toolchain needs into target/gpu-bundle/: the release
 # `syncopate` binary and syncopate-exec's unit-test binary (which holds the GPU tests), both
-# stripped so that the bundle travels within a device transfer limit. Run here, then carry the
-# directory to the GPU machine and run gpu/session.sh there.
+# stripped so that the bundle travels within a device transfer limit, and the Python package's
+# abi3 wheel (its `python -m syncopate.capture` records the model profiles). Run here, then carry
+# the directory to the GPU machine and run gpu/session.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=target/gpu-bundle
@@ -18,5 +19,8 @@ for line in sys.stdin:
         print(m["executable"])')
 strip -o "$bundle/syncopate" target/release/syncopate
 strip -o "$bundle/exec-tests" "$tests"
+# maturin comes with the package's build environment (target/pyenv, made once by setup-env).
+python/setup-env
+target/pyenv/bin/maturin build --release --locked --quiet --strip -m python/Cargo.toml -o "$bundle"
 git rev-parse HEAD > "$bundle/COMMIT"
 du -sh "$bundle"

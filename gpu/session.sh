@@ -95,17 +95,20 @@ phase_profile() {
         --out "$out/devices/$device-measured.json"
 }
 
-# capture NAME ARGS...: one model profile with the PyTorch capture script.
+# capture NAME ARGS...: one model profile with the package's capture tool.
 capture() {
     local name=$1
     shift
-    step "capture-$name" $py profiles/capture/capture_profile.py "$@" --device-name "$device" \
+    step "capture-$name" env PYTHONPATH="$out/python" $py -m syncopate.capture "$@" --device-name "$device" \
         --name "$name-$tag" --out "$out/models/$name-$tag.json"
     step "inventory-$name" $py profiles/capture/check_inventory.py "$out/models/$name-$tag.json" \
         "profiles/models/$name.json"
 }
 
 phase_capture() {
+    # The bundle's wheel into OUT/python, beside (not inside) the machine's PyTorch install.
+    step install-package $py -m pip install --quiet --no-deps --upgrade --target "$out/python" \
+        "$bundle"/syncopate-*.whl
     # The shipped V100 profiles' batch sizes and inputs (profiles/models/*.json), so that the
     # captured profiles compare with them.
     capture resnet50 --torchvision resnet50 --batch-size 32

@@ -3,7 +3,8 @@
 gradient-ready order) with a shipped profile's, so that a capture can stand in for it.
 
 Usage: python3 profiles/capture/check_inventory.py CAPTURED.json profiles/models/NAME.json
-Exit status 0 when the inventories are equal, 1 with the first difference otherwise.
+Exit status 0 when the inventories are equal, 1 with the first difference otherwise, 2 for bad
+usage or a file that cannot be read.
 """
 
 import json
@@ -11,14 +12,26 @@ import sys
 
 
 def inventory(path):
-    with open(path) as f:
-        profile = json.load(f)
-    return [(t["name"], tuple(t["shape"]), t["numel"]) for t in profile["tensors"]]
+    """The (name, shape, numel) of each tensor of the profile at `path`; exits 2 naming the file
+    when it cannot be read or is not a model profile."""
+    try:
+        with open(path) as f:
+            profile = json.load(f)
+        return [(t["name"], tuple(t["shape"]), t["numel"]) for t in profile["tensors"]]
+    except OSError as failed:
+        fail(f"error: {path}: {failed.strerror}")
+    except (ValueError, KeyError, TypeError) as failed:
+        fail(f"error: {path} is not a model profile ({type(failed).__name__}: {failed})")
+
+
+def fail(message):
+    print(message, file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv):
     if len(argv) != 3:
-        sys.exit(__doc__.strip().splitlines()[-2])
+        fail(next(line for line in __doc__.splitlines() if line.startswith("Usage:")))
     captured, shipped = inventory(argv[1]), inventory(argv[2])
     for i, (a, b) in enumerate(zip(captured, shipped)):
         if a != b:

@@ -1,4 +1,4 @@
-"""Syncopate from Python: lower a plan for a run's ranks, the Rust codecs, and (in `syncopate.torch`) the executor that runs a plan's Schedule inside PyTorch training."""
+"""Syncopate from Python: lower a plan for a run's ranks, the Rust codecs, (in `syncopate.torch`) the executor that runs a plan's Schedule inside PyTorch training, and (`python -m syncopate.capture`) the tool that records a model profile."""
 
 from syncopate._syncopate import (
     Checker,

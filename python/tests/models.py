@@ -24,3 +24,22 @@ def batch(rank, iteration, size=8):
     x = torch.randn(size, 16, generator=generator)
     y = torch.randint(0, 4, (size,), generator=generator)
     return x, y
+
+
+def factory(batch_size, device):
+    """What `python -m syncopate.capture --module models:factory` calls: the tiny model on
+    `device` and the loss of one seeded batch of `batch_size` samples."""
+    model = tiny().to(device)
+    x, y = batch(0, 0, size=batch_size)
+    x, y = x.to(device), y.to(device)
+    return model, lambda: torch.nn.functional.cross_entropy(model(x), y)
+
+
+def failing_factory(batch_size, device):
+    """A factory whose model cannot be built."""
+    raise RuntimeError(f"no model for batch {batch_size} on {device}")
+
+
+def module_only(batch_size, device):
+    """A factory that forgets the loss function."""
+    return tiny().to(device)

@@ -21,3 +21,12 @@ def test_the_cli_simulates_the_recorded_profile(profile_path):
     done = conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 1,
                         "--gpus-per-node", 2, "--strategy", "horovod", "--format", "json")
     assert json.loads(done.stdout)["iteration_time_ms"] > 0
+
+
+def test_profile_records_its_batch_and_thread_counts(profile_path):
+    import torch
+
+    profile = json.loads(profile_path.read_text())
+    assert profile["batch_size_per_gpu"] == 8 and "batch_size=8" in profile["timing"]["batch"]["method"]
+    assert profile["threads"]["intra_op"] == torch.get_num_threads()
+    assert profile["threads"]["inter_op"] == torch.get_num_interop_threads()

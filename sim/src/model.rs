@@ -66,6 +66,19 @@ pub struct TimingProvenance {
     pub batch: Option<Provenance>,
 }
 
+/// The CPU threads the framework computed with while a profile's timings were taken: CPU timings
+/// scale with them, so a profile recorded with 2 threads describes a 2-thread run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Threads {
+    /// Threads one operator may use (PyTorch's `torch.get_num_threads()`).
+    pub intra_op: u32,
+    /// Threads that run independent operators at once (`torch.get_num_interop_threads()`).
+    pub inter_op: u32,
+    /// How the counts were obtained.
+    pub provenance: Provenance,
+}
+
 /// Number format the timed kernels computed in; it picks the device peak a profile's implied
 /// FLOP/s is compared with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,6 +147,10 @@ pub struct ModelProfile {
     pub batch_size_per_gpu: u32,
     /// What one sample is (images, sequences, ...), for throughput output.
     pub sample_unit: String,
+    /// Host threads during the measurement; absent when the source does not say (every profile
+    /// built from published traces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<Threads>,
     pub timing: TimingProvenance,
     /// FLOP description for the FLOP/s check; profiles without it are not checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,6 +186,9 @@ impl ModelProfile {
                 "batch_size_per_gpu",
                 "must be at least 1",
             ));
+        }
+        if let Some(threads) = &self.threads {
+            validate_threads(label, threads)?;
         }
         limits::check_duration_us(label, "optimizer_us", self.optimizer_us)?;
         if self.tensors.len() > limits::MAX_TENSORS {
@@ -302,6 +322,23 @@ impl ModelProfile {
     }
 }
 
+/// Each thread count is at least one and at most a host's cores.
+fn validate_threads(label: &str, threads: &Threads) -> Result<()> {
+    for (field, count) in [
+        ("threads.intra_op", threads.intra_op),
+        ("threads.inter_op", threads.inter_op),
+    ] {
+        if count == 0 || count > limits::MAX_CORES {
+            return Err(SimError::invalid(
+                label,
+                field,
+                format!("{count} threads; a count is 1 to {}", limits::MAX_CORES),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The FLOP description names tensors of this profile and says how it was derived.
 fn validate_arithmetic(label: &str, arithmetic: &Arithmetic, names: &HashSet<&str>) -> Result<()> {
     for (i, name) in arithmetic.head_tensors.iter().enumerate() {
@@ -332,4 +369,62 @@ fn validate_arithmetic(label: &str, arithmetic: &Arithmetic, names: &HashSet<&st
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-tensor profile with `extra` fields at its top level.
+    fn profile_text(extra: &str) -> String {
+        format!(
+            r#"{{"format_version": 1, "name": "one", "description": "d", "source": "s",
+            "device": "host-2core", "framework": "PyTorch", "batch_size_per_gpu": 8,
+            "sample_unit": "samples", {extra}
+            "timing": {{"backward": {{"status": "measured", "method": "m"}},
+                        "forward": {{"status": "measured", "method": "m"}},
+                        "optimizer": {{"status": "measured", "method": "m"}}}},
+            "optimizer_us": 1.0,
+            "tensors": [{{"name": "w", "shape": [2, 3], "numel": 6, "dtype": "f32",
+                          "registration_index": 0, "backward_us": 2.0, "forward_us": 1.0}}]}}"#
+        )
+    }
+
+    fn parse(extra: &str) -> Result<ModelProfile> {
+        let model: ModelProfile = data::parse_json("one.json", &profile_text(extra))?;
+        model.validate("one.json")?;
+        Ok(model)
+    }
+
+    const THREADS: &str = r#""threads": {"intra_op": 2, "inter_op": 1,
+        "provenance": {"status": "measured", "method": "torch.get_num_threads()"}},"#;
+
+    #[test]
+    fn a_profile_loads_with_and_without_its_thread_counts() {
+        assert_eq!(parse("").unwrap().threads, None);
+        let threads = parse(THREADS).unwrap().threads.unwrap();
+        assert_eq!((threads.intra_op, threads.inter_op), (2, 1));
+        assert_eq!(threads.provenance.status, Status::Measured);
+    }
+
+    #[test]
+    fn a_profile_without_thread_counts_serializes_without_the_field() {
+        let text = serde_json::to_string(&parse("").unwrap()).unwrap();
+        assert!(!text.contains("threads"), "{text}");
+    }
+
+    #[test]
+    fn zero_or_too_many_threads_are_rejected_naming_the_field() {
+        let zero = parse(&THREADS.replace(r#""inter_op": 1"#, r#""inter_op": 0"#)).unwrap_err();
+        assert!(zero.to_string().contains("threads.inter_op"), "{zero}");
+        let many = THREADS.replace(r#""intra_op": 2"#, r#""intra_op": 65537"#);
+        let many = parse(&many).unwrap_err();
+        assert!(many.to_string().contains("threads.intra_op"), "{many}");
+    }
+
+    #[test]
+    fn thread_counts_without_their_provenance_are_rejected() {
+        let bare = r#""threads": {"intra_op": 2, "inter_op": 1},"#;
+        assert!(parse(bare).unwrap_err().to_string().contains("threads"));
+    }
 }

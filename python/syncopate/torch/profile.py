@@ -1,56 +1,125 @@
-"""model_profile: a Syncopate model profile (profiles/models/*.json schema) recorded from a real torch module on the CPU, so that a plan can be made for it."""
+"""model_profile: a Syncopate model profile (profiles/models/*.json schema) recorded from a real torch module with post-accumulate-grad and forward hooks, timed on its parameters' device."""
 
 import math
 import statistics
-import time
 
 import torch
 
+from syncopate.torch.clock import clock_for
 
-def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", iterations=5, warmup=2, lr=0.01):
-    """Runs `loss_fn()` (forward, returning the loss) and its backward `warmup + iterations`
-    times with an SGD step and records: the trainable parameters in gradient-ready order
-    (post-accumulate-grad hooks), the gap before each gradient, each parameterized module's
-    forward time split over its parameters by size, and the optimizer step; medians of the
-    measured iterations. `device` names the device profile the timings belong to."""
+
+def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", iterations=5, warmup=2, lr=0.01,
+                  optimizer=None, amp=False, sample_unit="samples"):
+    """Runs `loss_fn()` (forward on one batch of `batch_size` samples, returning the loss), its
+    backward and an optimizer step `warmup + iterations` times, and records: the trainable
+    parameters in gradient-ready order (post-accumulate-grad hooks), the gap before each
+    gradient (the first one's measured from the loss), each parameterized module's forward time
+    (forward hooks; parameter-less work in between joins the next such module, the loss the
+    last) split over its parameters by element count, the optimizer step, and the host's thread
+    counts; medians of the measured iterations. Timed with perf_counter on the CPU and with CUDA
+    events when the parameters are on a GPU. `device` names the device profile the timings
+    belong to; `optimizer` (default: SGD with `lr`) steps the module's parameters; `amp`
+    autocasts the forward (fp16 with a gradient scaler on a GPU, bf16 on the CPU)."""
     if iterations < 1 or warmup < 0 or batch_size < 1:
         raise ValueError("model_profile: iterations and batch_size must be at least 1, warmup at least 0")
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("model_profile: the module has no trainable parameters")
+    devices = sorted({str(p.device) for _, p in named})
+    if len(devices) > 1:
+        raise ValueError(f"model_profile: the parameters are on several devices ({', '.join(devices)}); "
+                         "a profile times one device")
+    on = named[0][1].device
+    clock = clock_for(on)
+    optimizer = optimizer or torch.optim.SGD([p for _, p in named], lr=lr)
+    samples = _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations)
+    tensors = _tensors(named, samples)
+    precision = f", autocast {_autocast_dtype(on)}" if amp else ""
+    method = (f"{clock.description}, median of {iterations} iterations after {warmup} warm-up, batch {batch_size}"
+              f"{precision}, PyTorch {torch.__version__}")
+    return {
+        "format_version": 1,
+        "name": name,
+        "description": f"{type(module).__name__} ({len(tensors)} parameter tensors), recorded by syncopate.torch.model_profile",
+        "source": "syncopate.torch.model_profile",
+        "device": device,
+        "framework": f"PyTorch {torch.__version__}",
+        "batch_size_per_gpu": batch_size,
+        "sample_unit": sample_unit,
+        "threads": {
+            "intra_op": torch.get_num_threads(),
+            "inter_op": torch.get_num_interop_threads(),
+            "provenance": {"status": "measured",
+                           "method": "torch.get_num_threads() and torch.get_num_interop_threads() after the measurement"},
+        },
+        "timing": {
+            "backward": {"status": "measured", "method": "post-accumulate-grad hooks, " + method},
+            "forward": {"status": "measured",
+                        "method": "forward hooks on parameterized modules, parameter-less work attributed to the "
+                                  "next parameterized module, split by element count; " + method},
+            "optimizer": {"status": "measured", "method": f"{type(optimizer).__name__} step, " + method},
+            "batch": {"status": "measured",
+                      "method": f"the batch loss_fn computes on, as the caller states it (batch_size={batch_size})"},
+        },
+        "optimizer_us": round(statistics.median(s["optimizer"] for s in samples), 3),
+        "tensors": tensors,
+    }
+
+
+def _autocast_dtype(on):
+    """fp16 on a GPU (tensor cores, with a gradient scaler), bf16 on the CPU (no scaler needed)."""
+    return "fp16" if on.type == "cuda" else "bf16"
+
+
+def _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations):
+    """The samples of `iterations` training steps after `warmup`, with the hooks in place."""
     registration = {id(p): i for i, (_, p) in enumerate(named)}
-    optimizer = torch.optim.SGD([p for _, p in named], lr=lr)
     ready, forward = [], []
-    handles = [p.register_post_accumulate_grad_hook(lambda q: ready.append((registration[id(q)], time.perf_counter_ns())))
+    handles = [p.register_post_accumulate_grad_hook(lambda q: ready.append((registration[id(q)], clock.mark())))
                for _, p in named]
     owners = {}
     for owner in module.modules():
         own = [registration[id(p)] for p in owner.parameters(recurse=False) if id(p) in registration]
         if own:
             owners[owner] = own
-            handles.append(owner.register_forward_hook(lambda m, _i, _o: forward.append((m, time.perf_counter_ns()))))
+            handles.append(owner.register_forward_hook(lambda m, _i, _o: forward.append((m, clock.mark()))))
+    dtype = torch.float16 if _autocast_dtype(on) == "fp16" else torch.bfloat16
+    scaler = torch.amp.GradScaler(on.type) if amp and on.type == "cuda" else None
     samples = []
     try:
         for step in range(warmup + iterations):
             ready.clear()
             forward.clear()
             optimizer.zero_grad(set_to_none=True)
-            start = time.perf_counter_ns()
-            loss = loss_fn()
-            loss_done = time.perf_counter_ns()
-            loss.backward()
-            backward_done = time.perf_counter_ns()
-            optimizer.step()
-            step_done = time.perf_counter_ns()
+            start = clock.mark()
+            with torch.autocast(on.type, dtype=dtype, enabled=amp):
+                loss = loss_fn()
+            loss_done = clock.mark()
+            (scaler.scale(loss) if scaler else loss).backward()
+            backward_done = clock.mark()
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            step_done = clock.mark()
+            clock.sync()
             if step >= warmup:
-                samples.append(_sample(named, owners, ready, forward, start, loss_done, backward_done, step_done))
+                marks = (start, loss_done, backward_done, step_done)
+                samples.append(_sample(named, owners, ready, forward, clock, marks))
     finally:
         for handle in handles:
             handle.remove()
+    return samples
+
+
+def _tensors(named, samples):
+    """The profile's tensors in the last iteration's gradient-ready order, with median timings."""
     order = samples[-1]["order"]
     if len(order) != len(named):
         missing = sorted(set(range(len(named))) - set(order))
-        raise ValueError(f"model_profile: {len(missing)} parameters never received a gradient, e.g. {named[missing[0]][0]}")
+        raise ValueError(f"model_profile: {len(missing)} parameters never received a gradient, e.g. "
+                         f"{named[missing[0]][0]}; freeze them (requires_grad=False) or fix the loss")
     median = statistics.median
     tensors = []
     for index in order:
@@ -62,50 +131,36 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
             "numel": math.prod(shape),
             "dtype": "f32",
             "registration_index": index,
-            "backward_us": round(median(s["backward"][index] for s in samples), 3),
+            "backward_us": round(median(s["backward"].get(index, 0.0) for s in samples), 3),
             "forward_us": round(median(s["forward"][index] for s in samples), 3),
         })
-    method = f"perf_counter on the CPU, median of {iterations} iterations after {warmup} warm-up, PyTorch {torch.__version__}"
-    return {
-        "format_version": 1,
-        "name": name,
-        "description": f"{type(module).__name__} ({len(tensors)} parameter tensors), recorded by syncopate.torch.model_profile",
-        "source": "syncopate.torch.model_profile",
-        "device": device,
-        "framework": f"PyTorch {torch.__version__}",
-        "batch_size_per_gpu": batch_size,
-        "sample_unit": "samples",
-        "timing": {
-            "backward": {"status": "measured", "method": "post-accumulate-grad hooks, " + method},
-            "forward": {"status": "measured",
-                        "method": "forward hooks on parameterized modules, split by element count; " + method},
-            "optimizer": {"status": "measured", "method": "SGD step, " + method},
-        },
-        "optimizer_us": round(median(s["optimizer"] for s in samples), 3),
-        "tensors": tensors,
-    }
+    return tensors
 
 
-def _sample(named, owners, ready, forward, start, loss_done, backward_done, step_done):
-    """One iteration's gradient order and gaps, per-tensor forward spans and optimizer time (µs)."""
+def _sample(named, owners, ready, forward, clock, marks):
+    """One iteration's gradient order and gaps, per-tensor forward spans and optimizer time (µs),
+    from its hooks' marks and `marks` = (start, loss done, backward done, step done)."""
+    start, loss_done, backward_done, step_done = marks
     order, backward, previous = [], {}, loss_done
     for index, at in ready:
         if index in backward:  # a shared parameter accumulates twice: keep the last
             order.remove(index)
         order.append(index)
-        backward[index] = max(at - previous, 0) / 1e3
+        backward[index] = max(clock.elapsed_us(previous, at), 0.0)
         previous = at
     forward_us = {i: 0.0 for i in range(len(named))}
-    previous, last = start, None
-    for owner, at in forward:
-        params = owners[owner]
+
+    def attribute(params, span):
         total = sum(named[i][1].numel() for i in params)
         for i in params:
-            forward_us[i] += (at - previous) / 1e3 * named[i][1].numel() / total
-        previous, last = at, params
+            forward_us[i] += span * named[i][1].numel() / total
+
+    previous, last = start, None
+    for owner, at in forward:
+        attribute(owners[owner], clock.elapsed_us(previous, at))
+        previous, last = at, owners[owner]
     if last:
-        # The work after the last parameterized module (the loss) joins it.
-        total = sum(named[i][1].numel() for i in last)
-        for i in last:
-            forward_us[i] += max(loss_done - previous, 0) / 1e3 * named[i][1].numel() / total
-    return {"order": order, "backward": backward, "forward": forward_us, "optimizer": (step_done - backward_done) / 1e3}
+        # The work after the last parameterized module (the head's activation, the loss) joins it.
+        attribute(last, max(clock.elapsed_us(previous, loss_done), 0.0))
+    return {"order": order, "backward": backward, "forward": forward_us,
+            "optimizer": clock.elapsed_us(backward_done, step_done)}
