@@ -144,11 +144,14 @@ impl Rank {
         })?
     }
 
-    /// The payload the exchange delivered (a reduced or pulled one).
+    /// The payload the exchange delivered (a reduced or pulled one), copied into the payload's
+    /// own allocation (a fresh one of tens of MB costs its page faults every step).
     fn set_payload(&self, piece: usize, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let (_, mut state) = self.piece(piece)?;
-        state.payload = views::read(data, "payload", <[u8]>::to_vec)?;
-        Ok(())
+        views::read(data, "payload", |d: &[u8]| {
+            state.payload.clear();
+            state.payload.extend_from_slice(d);
+        })
     }
 
     /// Every rank's payload of an allgather, in rank order.

@@ -22,7 +22,8 @@ class Allreduce:
         if length % DTYPES[dtype].itemsize:
             raise PeerFailure(f"{what}: a payload of {length} bytes is not whole {dtype} elements")
         self.link, self.state, self.piece, self.what = link, state, piece, what
-        self.buffer = payload_tensor(state, piece, length)
+        self.buffer = link.buffers.get("allreduce", piece, length)
+        state.copy_payload(piece, self.buffer.numpy())
         self.work = link.start(dist.all_reduce, self.buffer.view(DTYPES[dtype]), async_op=True)
 
     def finish(self):
@@ -41,10 +42,11 @@ class ReduceScatter:
         self.link, self.what = link, what
         self.count = length // element
         chunk = -(-self.count // link.world)
-        padded = torch.zeros(chunk * link.world * element, dtype=torch.uint8)
+        padded = link.buffers.get("reduce-scatter input", piece, chunk * link.world * element)
         state.copy_payload(piece, padded[:length].numpy())
+        padded[length:].zero_()
         self.dtype = DTYPES[dtype]
-        self.shard = torch.empty(chunk, dtype=self.dtype)
+        self.shard = link.buffers.get("reduce-scatter shard", piece, chunk, self.dtype)
         self.work = link.start(dist.reduce_scatter_tensor, self.shard, padded.view(self.dtype), async_op=True)
 
     def finish(self):
@@ -57,7 +59,7 @@ class AllgatherShards:
     def __init__(self, link, state, piece, scattered, what):
         self.link, self.state, self.piece, self.what = link, state, piece, what
         self.scattered = scattered
-        self.full = torch.empty(scattered.shard.numel() * link.world, dtype=scattered.dtype)
+        self.full = link.buffers.get("all-gathered shards", piece, scattered.shard.numel() * link.world, scattered.dtype)
         self.work = link.start(dist.all_gather_into_tensor, self.full, scattered.shard, async_op=True)
 
     def finish(self):
@@ -73,9 +75,10 @@ class Allgather:
         self.link, self.state, self.piece, self.what = link, state, piece, what
         self.sizes = link.gather_lengths(length, what)
         largest = max(self.sizes)
-        mine = torch.zeros(largest, dtype=torch.uint8)
+        mine = link.buffers.get("allgather input", piece, largest)
         state.copy_payload(piece, mine[:length].numpy())
-        self.gathered = [torch.empty(largest, dtype=torch.uint8) for _ in range(link.world)]
+        mine[length:].zero_()
+        self.gathered = [link.buffers.get(f"allgathered from rank {r}", piece, largest) for r in range(link.world)]
         self.work = link.start(dist.all_gather, self.gathered, mine, async_op=True)
 
     def finish(self):

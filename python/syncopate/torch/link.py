@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import PeerFailure
+from syncopate.torch.buffers import Buffers
 
 # How long the exit waits for gloo's worker threads to drop the tensors of finished collectives.
 SETTLE_TIMEOUT_S = 10.0
@@ -38,7 +39,7 @@ class Link:
     inside a C++ destructor and the process aborts ("terminate called without an active
     exception", the crash pytorch/pytorch#179291 describes; seen here about once in 10 runs of
     a 2-rank job on a loaded machine). So the link keeps every finished collective's tensors,
-    and at exit waits, with the lock released, until gloo has dropped them, then a grace period
+    and at exit `settle` waits, with the lock released, until gloo has dropped them, then a grace period
     for what it cannot see."""
 
     def __init__(self, rank, world, timeout_s):
@@ -46,8 +47,7 @@ class Link:
         self.world = world
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.launches = 0
-        self.settling = []
-        atexit.register(self.settle)
+        self.buffers = Buffers()
 
     def start(self, collective, *args, **options):
         """Calls `collective(*args, **options)` (an asynchronous torch.distributed call)."""
@@ -63,17 +63,8 @@ class Link:
             raise
         except RuntimeError as err:
             raise PeerFailure(f"{what} failed on rank {self.rank}: {err}") from err
-        self.settling = [t for t in self.settling if held_by_gloo(t)]
-        self.settling.extend(launch.tensors)
-
-    def settle(self):
-        """Waits, with the interpreter's lock released, until gloo holds none of the finished
-        collectives' tensors (bounded), then for the grace period."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while any(held_by_gloo(t) for t in self.settling) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        self.settling = []
-        time.sleep(EXIT_GRACE_S)
+        SETTLING[:] = [t for t in SETTLING if held_by_gloo(t)]
+        SETTLING.extend(launch.tensors)
 
     def gather_lengths(self, length, what):
         """Every rank's `length`, in rank order (a small blocking all-gather)."""
@@ -95,6 +86,24 @@ class Link:
     def next_tag(self):
         self.launches += 1
         return (self.launches % (1 << 20)) * 4
+
+
+# The finished collectives' tensors that gloo may still hold, of every link in this process.
+SETTLING = []
+
+
+@atexit.register
+def settle():
+    """Waits, with the interpreter's lock released, until gloo holds none of the finished
+    collectives' tensors (bounded), then for the grace period; nothing to wait for when no
+    collective ran."""
+    if not SETTLING:
+        return
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while any(held_by_gloo(t) for t in SETTLING) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    SETTLING.clear()
+    time.sleep(EXIT_GRACE_S)
 
 
 def held_by_gloo(tensor):

@@ -1,0 +1,157 @@
+"""The wrapper's overhead against PyTorch DDP on the lab: for the plans DDP can express (its buckets, without a hook, with fp16_compress_hook and with powerSGD_hook), the same model and batches trained by DDP and by syncopate.torch under the equivalent plan, interleaved and repeated.
+
+Needs root (network namespaces), the release CLI (`cargo build --release`) and the package built
+in release mode into target/pyenv (README.md, "Training with a plan in PyTorch"). Writes
+results.csv, README.md's results and overhead.svg here. One command:
+
+    sudo target/pyenv/bin/python experiments/ddp-overhead/run.py
+"""
+
+import argparse
+import csv
+import json
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RANK = HERE / "rank.py"
+LAB = "ddpov"
+COMPRESSORS = [("none", "none"), ("fp16", "none"), ("powersgd:4", "residual")]
+ENGINES = ["ddp", "syncopate"]
+
+
+def sh(args, what, timeout, cwd=None):
+    """Runs a command; raises with its output when it fails."""
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}): {' '.join(map(str, args))}\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def plans(opts):
+    """The model's profile (one process) and, per compressor, the ddp strategy's plan for the lab."""
+    sh([opts.python, RANK, "--profile", HERE / "model.json"], "recording the profile", 600)
+    (HERE / "plans").mkdir(exist_ok=True)
+    for compressor, memory in COMPRESSORS:
+        sh([opts.syncopate, "simulate", "--model", "model.json", "--cluster", "lab.json", "--strategy", "ddp",
+            "--compressor", compressor, "--memory", memory, "--save-plan", f"plans/{slug(compressor)}.json"],
+           f"plan for {compressor}", 300, cwd=HERE)
+
+
+def slug(compressor):
+    return compressor.replace(":", "-")
+
+
+# A run's bound: 25 iterations and the start take under 20 s here. DDP's powerSGD_hook can
+# deadlock on gloo (its callbacks wait for the next allreduce on gloo's two worker threads; README.md).
+RUN_TIMEOUT_S = 60
+
+
+def run_one(opts, engine, compressor):
+    """One run of `iterations` steps on the lab; the median of rank 0's step times, or None when
+    the run did not finish within RUN_TIMEOUT_S."""
+    args = [opts.syncopate, "lab", "run", "--name", LAB, "--timeout-s", RUN_TIMEOUT_S, "--", "env", "OMP_NUM_THREADS=1",
+            opts.python, RANK, "--engine", engine, "--compressor", compressor, "--iterations", opts.iterations]
+    if engine == "syncopate":
+        args += ["--plan", HERE / "plans" / f"{slug(compressor)}.json"]
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
+    if done.returncode != 0 and "timed out" in done.stderr:
+        return None
+    if done.returncode != 0:
+        raise RuntimeError(f"{engine} {compressor} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    out = done.stdout
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    if len(results) != 1:
+        raise RuntimeError(f"{engine} {compressor}: expected one RESULT line from rank 0, got:\n{out}")
+    return results[0]["iteration_ms"]
+
+
+def measure(opts):
+    rows = []
+    configs = [(e, c) for c, _ in COMPRESSORS for e in ENGINES]
+    order = random.Random(opts.seed)
+    for repeat in range(opts.repeats):
+        # Interleaved: every configuration once per repeat, in a fresh order.
+        for engine, compressor in order.sample(configs, len(configs)):
+            ms = run_one(opts, engine, compressor)
+            print(f"  repeat {repeat}: {engine:9} {compressor:10} " + (f"{ms:8.1f} ms" if ms else "hung"), flush=True)
+            rows.append({"repeat": repeat, "engine": engine, "compressor": compressor,
+                         "iteration_ms": round(ms, 3) if ms else "hung"})
+    with open(HERE / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def summary():
+    """Per compressor: each engine's median and range over the repeats, and the overhead of the
+    wrapper's median over DDP's."""
+    rows = list(csv.DictReader(open(HERE / "results.csv")))
+    table = []
+    for compressor, _ in COMPRESSORS:
+        runs = {e: [r["iteration_ms"] for r in rows if r["engine"] == e and r["compressor"] == compressor] for e in ENGINES}
+        times = {e: [float(t) for t in r if t != "hung"] for e, r in runs.items()}
+        hung = {e: len(r) - len(times[e]) for e, r in runs.items()}
+        medians = {e: statistics.median(t) if t else None for e, t in times.items()}
+        overhead = (medians["syncopate"] / medians["ddp"] - 1) * 100 if all(medians.values()) else None
+        table.append({"compressor": compressor, "times": times, "hung": hung, "runs": runs, "medians": medians,
+                      "overhead_pct": overhead})
+    return table
+
+
+def cell(row, engine):
+    """A table cell: median (range), and how many runs hung."""
+    times, hung = row["times"][engine], row["hung"][engine]
+    text = f"{statistics.median(times):.1f} ({min(times):.1f}–{max(times):.1f})" if times else "–"
+    return text + (f", {hung} of {len(row['runs'][engine])} runs hung" if hung else "")
+
+
+def write_readme(table, opts):
+    lines = ["| plan (ddp buckets) | DDP (ms per iteration) | syncopate.torch (ms) | overhead |", "|---|---|---|---|"]
+    for row in table:
+        lines.append(f"| {row['compressor']} | {cell(row, 'ddp')} | {cell(row, 'syncopate')} | "
+                     + (f"{row['overhead_pct']:+.1f} % |" if row["overhead_pct"] is not None else "– |"))
+    text = (HERE / "README.md").read_text()
+    start, end = text.index("<!-- results:begin -->"), text.index("<!-- results:end -->")
+    runs = len(table[0]["runs"]["ddp"])
+    body = "\n".join(lines) + (f"\n\nMedian (range) over {runs} interleaved repeats of {opts.iterations} measured "
+                               f"iterations each; overhead = syncopate.torch's median / DDP's − 1; a run that did "
+                               f"not finish within {RUN_TIMEOUT_S} s counts as hung.\n")
+    (HERE / "README.md").write_text(text[: start + len("<!-- results:begin -->")] + "\n" + body + text[end:])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--syncopate", default=str(REPO / "target" / "release" / "syncopate"))
+    p.add_argument("--python", default=str(REPO / "target" / "pyenv" / "bin" / "python"))
+    p.add_argument("--gbps", type=float, default=1.0, help="the lab's link rate")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0, help="the interleaving order's seed")
+    p.add_argument("--reuse", action="store_true", help="rewrite the summary from results.csv without measuring")
+    opts = p.parse_args()
+    if opts.repeats < 1 or opts.iterations < 1 or not opts.gbps > 0:
+        p.error("--repeats and --iterations must be at least 1, --gbps positive")
+    if not opts.reuse:
+        for tool in (opts.syncopate, opts.python):
+            if not pathlib.Path(tool).exists():
+                sys.exit(f"{tool} is missing: see this file's docstring")
+        try:
+            sh([opts.syncopate, "lab", "up", "--name", LAB, "--nodes", 2, "--gbps", opts.gbps, "--cluster-out", "lab.json"],
+               "lab up", 900, cwd=HERE)
+            plans(opts)
+            measure(opts)
+        finally:
+            subprocess.run([opts.syncopate, "lab", "down", "--name", LAB], capture_output=True, timeout=120)
+    table = summary()
+    write_readme(table, opts)
+    for row in table:
+        print(f"{row['compressor']:10} ddp {cell(row, 'ddp')}  syncopate {cell(row, 'syncopate')}")
+
+
+if __name__ == "__main__":
+    main()
