@@ -94,6 +94,8 @@ def parse(argv):
     p.add_argument("--out", help="write the per-epoch log (JSON) here (rank 0)")
     p.add_argument("--trace", help="write the wrapper's measured trace here (rank 0)")
     p.add_argument("--record-profile", help="record the model profile into this file instead of training")
+    p.add_argument("--profile-device", default="host-2core",
+                   help="the device profile the recorded timings belong to (its name; the cluster's device for no scaling)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = p.parse_args(argv)
     for name in ("epochs", "batch", "threads"):
@@ -123,7 +125,7 @@ def record_profile(args, rank, world):
         import torch.distributed as dist
         dist.barrier()  # every rank computes at once, as in training
     profile = model_profile(model, lambda: F.cross_entropy(model(x), y), name="digits-cnn", batch_size=args.batch,
-                            iterations=30, warmup=5)
+                            device=args.profile_device, iterations=30, warmup=5)
     profile["description"] += f"; {world} rank(s) computing at once on this machine, {args.threads} torch thread(s) each"
     if rank == 0:
         pathlib.Path(args.record_profile).write_text(json.dumps(profile, indent=1) + "\n")
