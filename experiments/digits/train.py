@@ -13,6 +13,7 @@ training, and rank 0 writes the file.
 import argparse
 import gzip
 import json
+import math
 import os
 import pathlib
 import sys
@@ -86,7 +87,10 @@ def parse(argv):
     p.add_argument("--model-profile", help="the model profile the plan was made with (default: the one it records)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch", type=int, default=32, help="images per rank and iteration")
-    p.add_argument("--lr", type=float, default=0.05, help="learning rate of one rank; scaled by the world size (Horovod's rule)")
+    p.add_argument("--lr", type=float, default=0.05, help="learning rate of one rank, scaled by √(world size): see --lr-scaling")
+    p.add_argument("--lr-scaling", choices=("sqrt", "linear"), default="sqrt",
+                   help="the world's learning rate: lr·√world (default) or lr·world (Horovod's linear rule; with "
+                        "momentum 0.9 it leaves this model stuck or diverging at 4 ranks in some seeds)")
     p.add_argument("--momentum", type=float, default=0.9,
                    help="the SGD optimizer's momentum; 0 for plans whose memory is dgc (its momentum correction is the momentum)")
     p.add_argument("--seed", type=int, default=0, help="model initialization, shuffling and codec seed")
@@ -137,7 +141,8 @@ def train(args, rank, world):
     torch.manual_seed(args.seed)  # the same initial model on every rank
     model = DigitsNet()
     train_x, train_y, test_x, test_y = load_digits()
-    sgd = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=args.momentum)
+    lr = args.lr * (world if args.lr_scaling == "linear" else math.sqrt(world))
+    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     if args.plan:
         from syncopate.torch import DistributedOptimizer
 
@@ -147,7 +152,7 @@ def train(args, rank, world):
                                          check=args.check)
     else:
         optimizer = sgd
-    log = {"world_size": world, "plan": args.plan, "epochs": [], "batch_per_rank": args.batch, "lr": args.lr * world,
+    log = {"world_size": world, "plan": args.plan, "epochs": [], "batch_per_rank": args.batch, "lr": lr,
            "momentum": args.momentum, "seed": args.seed, "threads": args.threads}
     elapsed = 0.0
     for epoch in range(args.epochs):

@@ -209,13 +209,20 @@ def report(opts):
             "predicted_serial_profile_ms": round(predictions[key]["predicted_serial_profile_ms"], 3),
             "error_serial_profile_pct": round((predictions[key]["predicted_serial_profile_ms"] - measured) / measured * 100, 1),
             "checks_ok": all(r.get("checks_ok", True) for r in runs),
+            "load_average_median": round(statistics.median(x for r in runs for x in r["load_average"]), 2),
         }
+        if nodes > 1:
+            # Where the time goes: rank 0's busy time per iteration on each stream (the traces'
+            # summaries, median over seeds) beside the prediction's.
+            for stream in ("compute", "comm", "compression"):
+                row[f"measured_{stream}_ms"] = round(statistics.median(r["trace_ms"][f"{stream}_ms"] for r in runs), 3)
+                row[f"predicted_{stream}_ms"] = round(predictions[key][f"predicted_{stream}_ms"], 3)
         rows.append(row)
         for r in runs:
             for e in r["epochs"]:
                 run_rows.append({"config": key, "seed": r["seed"], **e})
     with open(HERE / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(rows[-1]), restval="")
         writer.writeheader()
         writer.writerows(rows)
     with open(HERE / "epochs.csv", "w", newline="") as f:
@@ -254,6 +261,18 @@ def write_readme(rows, opts):
         f"largest {errors_serial[-1]:.1f} %. The serial row's prediction is the profile's compute alone. Every distributed run "
         f"checked its first 2 iterations' aggregation against the reference: {'all passed' if all(r['checks_ok'] for r in rows) else 'SOME FAILED'}.",
     ]
+    lines += [
+        "",
+        "Where an iteration's time goes: rank 0's busy time per iteration on each stream, measured (the traces' summaries, "
+        "median over seeds) and predicted; the machine's 1-minute load average around the runs (median).",
+        "",
+        "| ranks | link | compression | compute ms measured / predicted | comm ms measured / predicted | compression ms measured / predicted | load average |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in distributed:
+        lines.append(f"| {r['ranks']} | {r['gbps']:g} Gb/s | {r['compressor']} | {r['measured_compute_ms']:.1f} / {r['predicted_compute_ms']:.1f} | "
+                     f"{r['measured_comm_ms']:.1f} / {r['predicted_comm_ms']:.1f} | {r['measured_compression_ms']:.2f} / "
+                     f"{r['predicted_compression_ms']:.2f} | {r['load_average_median']:.1f} |")
     text = (HERE / "README.md").read_text()
     begin, end = "<!-- results:begin -->", "<!-- results:end -->"
     head, rest = text.split(begin)
