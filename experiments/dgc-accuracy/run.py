@@ -8,13 +8,11 @@ checks its first 2 iterations' aggregation against the reference (check=2).
 """
 
 import argparse
-import csv
 import json
 import pathlib
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
@@ -22,6 +20,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
+from runner import sh, splice_readme, write_csv  # noqa: E402
 
 TRAINER = REPO / "experiments" / "digits" / "train.py"
 WORLD = 4
@@ -39,13 +38,6 @@ CONFIGS = [
     ("powersgd", "PowerSGD rank 4 (+ error feedback)", "powersgd:4", "residual", 0.9, LR),
 ]
 LABELS = {c[0]: c[1] for c in CONFIGS}
-
-
-def sh(args, what, timeout, cwd=None):
-    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {done.returncode}): {' '.join(map(str, args))}\n{done.stdout}\n{done.stderr}")
-    return done.stdout
 
 
 def make_plans(opts):
@@ -101,14 +93,8 @@ def report(opts):
         })
         for r in runs:
             epoch_rows += [{"config": key, "seed": r["seed"], **e} for e in r["epochs"]]
-    with open(HERE / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(HERE / "epochs.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(epoch_rows[0]))
-        writer.writeheader()
-        writer.writerows(epoch_rows)
+    write_csv(HERE / "results.csv", rows)
+    write_csv(HERE / "epochs.csv", epoch_rows)
     write_readme(rows, logs, opts)
     plot(logs)
 
@@ -156,11 +142,7 @@ def write_readme(rows, logs, opts):
                      f"{by['topk-ef']['final_accuracy_min']:.2f}–{by['topk-ef']['final_accuracy_max']:.2f}).")
     order = sorted(rows, key=lambda r: -r["final_accuracy_mean"])
     lines.append("- Ordering by mean final accuracy: " + " > ".join(f"{LABELS[r['config']]} ({r['final_accuracy_mean']:.2f})" for r in order) + ".")
-    text = (HERE / "README.md").read_text()
-    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
-    head, rest = text.split(begin)
-    _, tail = rest.split(end)
-    (HERE / "README.md").write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
+    splice_readme(HERE / "README.md", lines)
 
 
 def plot(logs):

@@ -10,7 +10,6 @@ up at the start and removed at the end, also after an error or Ctrl-C.
 """
 
 import argparse
-import csv
 import json
 import os
 import pathlib
@@ -26,6 +25,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
+from runner import sh, splice_readme, write_csv  # noqa: E402
 
 TRAINER = REPO / "experiments" / "digits" / "train.py"
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
@@ -44,14 +44,6 @@ def lab_key(nodes, gbps):
 
 def config_key(nodes, gbps, compressor):
     return "serial" if nodes == 1 else f"{lab_key(nodes, gbps)}-{compressor.replace(':', '-')}"
-
-
-def sh(args, what, timeout, cwd=None):
-    """Runs a command; raises with its output when it fails."""
-    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {done.returncode}): {' '.join(map(str, args))}\n{done.stdout}\n{done.stderr}")
-    return done.stdout
 
 
 def record_profiles(opts):
@@ -221,14 +213,8 @@ def report(opts):
         for r in runs:
             for e in r["epochs"]:
                 run_rows.append({"config": key, "seed": r["seed"], **e})
-    with open(HERE / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[-1]), restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(HERE / "epochs.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(run_rows[0]))
-        writer.writeheader()
-        writer.writerows(run_rows)
+    write_csv(HERE / "results.csv", rows)
+    write_csv(HERE / "epochs.csv", run_rows)
     write_readme(rows, opts)
     plot(rows, logs)
 
@@ -273,11 +259,7 @@ def write_readme(rows, opts):
         lines.append(f"| {r['ranks']} | {r['gbps']:g} Gb/s | {r['compressor']} | {r['measured_compute_ms']:.1f} / {r['predicted_compute_ms']:.1f} | "
                      f"{r['measured_comm_ms']:.1f} / {r['predicted_comm_ms']:.1f} | {r['measured_compression_ms']:.2f} / "
                      f"{r['predicted_compression_ms']:.2f} | {r['load_average_median']:.1f} |")
-    text = (HERE / "README.md").read_text()
-    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
-    head, rest = text.split(begin)
-    _, tail = rest.split(end)
-    (HERE / "README.md").write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
+    splice_readme(HERE / "README.md", lines)
 
 
 def plot(rows, logs):
