@@ -5,13 +5,16 @@ use pyo3::prelude::*;
 use std::sync::{Mutex, MutexGuard};
 use syncopate_exec::runtime::piece_state::PieceState;
 use syncopate_exec::runtime::pieces;
-use syncopate_sim::compress::Element;
+use syncopate_sim::compress::{Compressor, Element, Memory};
 use syncopate_sim::schedule::{Piece, Schedule};
 
 /// A rank's codecs, memories and payloads, one per piece of the schedule.
 #[pyclass(module = "syncopate._syncopate")]
 pub struct Rank {
+    /// The schedule as it runs this epoch: DGC's warm-up changes its pieces' ratios.
     schedule: Schedule,
+    /// Each piece's compressor as lowered (the target of DGC's warm-up).
+    lowered: Vec<Compressor>,
     rank: u32,
     world: u32,
     seed: u64,
@@ -58,13 +61,43 @@ impl Rank {
         let pieces = (0..schedule.pieces.len())
             .map(|i| Mutex::new(PieceState::new(&schedule, seed, i, rank)))
             .collect();
+        let lowered = schedule.pieces.iter().map(|p| p.compressor).collect();
         Ok(Rank {
             schedule,
+            lowered,
             rank,
             world,
             seed,
             pieces,
         })
+    }
+
+    /// Enters training epoch `epoch` (from 0): a piece with DGC's memory sparsifies at its
+    /// warm-up ratio for that epoch (`Memory::compression_ratio`: 0.25, 0.063, 0.015, 0.004,
+    /// 0.001 stretched over the warm-up epochs, never below the plan's ratio), the plan's ratio
+    /// after the warm-up. A piece whose ratio changes gets fresh codecs (same seeds). Returns the
+    /// pieces that changed. Without a call the plan's ratios hold from the start.
+    fn set_epoch(&mut self, epoch: u32) -> Vec<usize> {
+        let mut changed = Vec::new();
+        for index in 0..self.schedule.pieces.len() {
+            let memory = self.schedule.pieces[index].memory;
+            let compressor = warmed_up(self.lowered[index], memory, epoch);
+            if compressor == self.schedule.pieces[index].compressor {
+                continue;
+            }
+            self.schedule.pieces[index].compressor = compressor;
+            let state = self.pieces[index].get_mut().expect("a piece lock");
+            state.codec = pieces::codec(&self.schedule, self.seed, index, Some(self.rank));
+            state.server_codec = pieces::codec(&self.schedule, self.seed, index, None);
+            changed.push(index);
+        }
+        changed
+    }
+
+    /// The schedule as it runs now (JSON): the lowered one with this epoch's warm-up ratios.
+    fn schedule_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.schedule)
+            .map_err(|err| SyncopateError::new_err(format!("schedule: {err}")))
     }
 
     /// The element type a summable payload is reduced in (`f32`, `f16`, `bf16`), or `None`
@@ -228,6 +261,19 @@ impl Rank {
     fn copy_result(&self, piece: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
         let (_, state) = self.piece(piece)?;
         copy_floats(state.result(), out, piece)
+    }
+}
+
+/// The compressor a piece runs in `epoch`: DGC's warm-up ratio for the sparsifiers (whose
+/// ratio is k/n), the lowered compressor for every other piece or memory.
+fn warmed_up(lowered: Compressor, memory: Memory, epoch: u32) -> Compressor {
+    let warm = |ratio| memory.compression_ratio(epoch, ratio);
+    match lowered {
+        Compressor::Dgc { ratio } => Compressor::Dgc { ratio: warm(ratio) },
+        Compressor::TopK { ratio } => Compressor::TopK { ratio: warm(ratio) },
+        Compressor::GradDrop { ratio } => Compressor::GradDrop { ratio: warm(ratio) },
+        Compressor::RandomK { ratio } => Compressor::RandomK { ratio: warm(ratio) },
+        other => other,
     }
 }
 

@@ -5,7 +5,7 @@ import json
 import torch
 import torch.distributed as dist
 
-from syncopate import Checker
+from syncopate import Checker, SyncopateError
 from syncopate.errors import CheckFailed
 
 
@@ -15,6 +15,7 @@ class Check:
 
     def __init__(self, schedule_json, seed, iterations, state, pieces, link):
         self.checker = Checker(schedule_json, seed)
+        self.seed = seed
         self.iterations = iterations
         self.state = state
         self.pieces = pieces
@@ -23,6 +24,19 @@ class Check:
         self.outputs = {}
         self.verified = -1
         self.reports = []
+
+    def restart(self, schedule_json, iteration, epoch):
+        """The codecs changed before `iteration` (DGC's warm-up at `epoch`): the reference
+        restarts with them. Only possible before the first iteration, or after the checked
+        ones: a fresh reference mid-check would restart every piece's codec state, not only the
+        changed ones'."""
+        if 0 < iteration < self.iterations:
+            raise SyncopateError(
+                f"set_epoch({epoch}) changes DGC's warm-up ratio at iteration {iteration}, inside the {self.iterations} "
+                "checked iterations: make check at most the iterations of one epoch"
+            )
+        if iteration == 0:
+            self.checker = Checker(schedule_json, self.seed)
 
     def _copy(self, piece, read):
         values = torch.empty(self.pieces[piece]["numel"], dtype=torch.float32)

@@ -208,6 +208,24 @@ class DistributedOptimizer:
             _, fields = kind_of(self.layout.steps[step])
             self._update(fields["group"])
 
+    def set_epoch(self, epoch):
+        """Tells the plan's codecs that training epoch `epoch` (from 0) begins; call it on every
+        rank before the epoch's first backward. DGC's warm-up is per epoch (the memory
+        `dgc:MOMENTUM:WARMUP_EPOCHS`): its pieces sparsify at 0.25, 0.063, 0.015, 0.004, 0.001 of
+        the elements stretched over the warm-up epochs, never below the plan's ratio, and at the
+        plan's ratio afterwards. Without calls the plan's ratio holds from the first iteration.
+        Other compressors and memories do not depend on the epoch. Returns the pieces whose
+        codecs changed (each starts afresh from its seed)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**32:
+            raise SyncopateError(f"set_epoch: {epoch!r} is not an epoch number (an integer from 0)")
+        if self.in_backward:
+            raise SyncopateError(f"set_epoch({epoch}) during a backward pass: call it between step() and the next backward")
+        self.executor.finish_all()
+        changed = self.state.set_epoch(epoch)
+        if changed and self.check is not None:
+            self.check.restart(self.state.schedule_json(), self.iteration + 1, epoch)
+        return changed
+
     def zero_grad(self, set_to_none=True):
         self.optimizer.zero_grad(set_to_none=set_to_none)
 

@@ -1,0 +1,331 @@
+"""lab4-real: the Horovod lab's table for real — the digits CNN trained serially and at 2 and 4 ranks on emulated clusters (syncopate lab) at 1 and 0.2 Gb/s, uncompressed and with fp16, fp8 e4m3 and e5m2 under Horovod-style fusion; time per epoch, time to a target accuracy, final accuracy, and Syncopate's predicted time per iteration beside the measured one.
+
+    sudo target/pyenv/bin/python experiments/lab4-real/run.py            # everything (about 25 min)
+    target/pyenv/bin/python experiments/lab4-real/run.py --report-only   # tables and plots from runs/
+
+Needs root (network namespaces), the release CLI built with `--features mpi` (the labs' cluster
+files are fitted to Open MPI allreduce sweeps) and the package installed into target/pyenv
+(python/setup-env, then a release build of the extension: see README.md). The labs are brought
+up at the start and removed at the end, also after an error or Ctrl-C.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "experiments" / "digits"))
+import svgplot  # noqa: E402
+from runner import sh, splice_readme, write_csv  # noqa: E402
+
+TRAINER = REPO / "experiments" / "digits" / "train.py"
+# This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
+DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
+# (name, nodes, Gb/s): every lab is up at once, so that the runs of all of them interleave.
+LABS = [("l4a", 2, 1.0), ("l4b", 2, 0.2), ("l4c", 4, 1.0), ("l4d", 4, 0.2)]
+COMPRESSORS = ["none", "fp16", "fp8:e4m3", "fp8:e5m2"]
+LABEL = {"none": "fp32", "fp16": "fp16", "fp8:e4m3": "fp8 e4m3", "fp8:e5m2": "fp8 e5m2"}
+CHECKED = 2  # iterations whose aggregation every distributed run checks against the reference
+SCRATCH = REPO / "target" / "lab4-real"  # traces (large; only their summaries are kept)
+
+
+def lab_key(nodes, gbps):
+    return f"{nodes}n-{gbps:g}g"
+
+
+def config_key(nodes, gbps, compressor):
+    return "serial" if nodes == 1 else f"{lab_key(nodes, gbps)}-{compressor.replace(':', '-')}"
+
+
+def record_profiles(opts):
+    """The model profile at 1, 2 and 4 ranks computing at once on this machine (torchrun on
+    localhost; no communication is timed), so that the prediction sees the compute each rank
+    gets when the ranks share the cores."""
+    (HERE / "profiles").mkdir(exist_ok=True)
+    for world in (1, 2, 4):
+        out = HERE / "profiles" / f"digits-w{world}.json"
+        # The device (a path relative to this directory, where simulate runs) is the cluster's:
+        # the simulator then takes the recorded times as they are (compute_scale 1).
+        common = [TRAINER, "--record-profile", out, "--profile-device", os.path.relpath(DEVICE, HERE)]
+        if world == 1:
+            sh([opts.python, *common], "recording the serial profile", 600)
+        else:
+            sh([opts.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", world, *common],
+               f"recording the profile at {world} ranks", 600)
+
+
+def labs_up(opts):
+    (HERE / "clusters").mkdir(exist_ok=True)
+    device = os.path.relpath(DEVICE, HERE / "clusters")
+    for name, nodes, gbps in LABS:
+        print(f"lab up {name}: {nodes} nodes at {gbps:g} Gb/s", flush=True)
+        sh([opts.syncopate, "lab", "up", "--name", name, "--nodes", nodes, "--gbps", gbps, "--device", device,
+            "--cluster-out", f"lab-{lab_key(nodes, gbps)}.json"], f"lab up {name}", 900, cwd=HERE / "clusters")
+
+
+def labs_down(opts):
+    for name, _, _ in LABS:
+        subprocess.run([str(opts.syncopate), "lab", "down", "--name", name], capture_output=True, timeout=120)
+
+
+def plans_and_predictions(opts):
+    """A Horovod plan per lab and compressor, made for the profile at the lab's rank count, and
+    its predicted iteration; also the prediction from the serial profile."""
+    (HERE / "plans").mkdir(exist_ok=True)
+    predictions = {}
+    device = os.path.relpath(DEVICE, HERE)
+    for _, nodes, gbps in LABS:
+        cluster = f"clusters/lab-{lab_key(nodes, gbps)}.json"
+        for compressor in COMPRESSORS:
+            key = config_key(nodes, gbps, compressor)
+            entry = {}
+            for profile, field in ((f"digits-w{nodes}.json", "predicted_ms"), ("digits-w1.json", "predicted_serial_profile_ms")):
+                # Paths relative to this directory, so that the plans name no machine's paths.
+                args = [opts.syncopate, "simulate", "--model", f"profiles/{profile}", "--cluster", cluster,
+                        "--nodes", nodes, "--gpus-per-node", 1, "--strategy", "horovod", "--compressor", compressor,
+                        "--cpu-compression", device, "--format", "json"]
+                if field == "predicted_ms":
+                    args += ["--save-plan", f"plans/{key}.json"]
+                result = json.loads(sh(args, f"simulate {key}", 300, cwd=HERE))
+                entry[field] = result["iteration_time_ms"]
+                if field == "predicted_ms":
+                    entry.update(predicted_compute_ms=result["compute_ms"], predicted_comm_ms=result["comm_ms"],
+                                 predicted_compression_ms=result["compression_ms"], wire_bytes_per_rank=result["wire_bytes_per_rank"])
+            predictions[key] = entry
+    serial = json.loads(sh([opts.syncopate, "simulate", "--model", "profiles/digits-w1.json", "--cluster",
+                            f"clusters/lab-{lab_key(2, 1.0)}.json", "--nodes", 2, "--gpus-per-node", 1,
+                            "--strategy", "horovod", "--format", "json"], "simulate serial", 300, cwd=HERE))
+    predictions["serial"] = {"predicted_ms": serial["single_gpu_iteration_time_ms"],
+                             "predicted_serial_profile_ms": serial["single_gpu_iteration_time_ms"]}
+    (HERE / "predictions.json").write_text(json.dumps(predictions, indent=1, sort_keys=True) + "\n")
+
+
+def measured_iterations(trace, log):
+    """The trace's iteration times without the first iteration of each epoch (it follows the
+    previous epoch's evaluation), the warm-up iteration and the CHECKED iterations (their
+    all-gathers of every rank's gradients are not part of the plan)."""
+    summary = json.loads(pathlib.Path(trace).read_text())["otherData"]
+    per_epoch = log["epochs"][0]["iterations"]
+    warmup = summary["warmup_iterations"]
+    times = summary["iteration_times_ms"]
+    total = sum(e["iterations"] for e in log["epochs"])
+    if len(times) != total - warmup:
+        raise RuntimeError(f"{trace}: {len(times)} iteration times for {total} iterations after {warmup} warm-up")
+    return [t for k, t in zip(range(warmup, total), times) if k % per_epoch != 0 and k > CHECKED]
+
+
+def run_one(opts, config, seed):
+    name, nodes, gbps, compressor = config
+    key = config_key(nodes, gbps, compressor)
+    out = HERE / "runs" / f"{key}-s{seed}.json"
+    trace = SCRATCH / f"{key}-s{seed}.trace.json"
+    common = [TRAINER, "--epochs", opts.epochs, "--seed", seed, "--out", out]
+    started = time.monotonic()
+    load_before = os.getloadavg()[0]
+    if nodes == 1:
+        sh(["env", "OMP_NUM_THREADS=1", opts.python, *common], f"{key} seed {seed}", 1200)
+    else:
+        sh([opts.syncopate, "lab", "run", "--name", name, "--timeout-s", 1200, "--", "env", "OMP_NUM_THREADS=1", opts.python,
+            *common, "--plan", HERE / "plans" / f"{key}.json", "--model-profile", HERE / "profiles" / f"digits-w{nodes}.json",
+            "--trace", trace, "--check", CHECKED], f"{key} seed {seed}", 1300)
+    log = json.loads(out.read_text())
+    log["config"] = key
+    # The machine's 1-minute load average before and after: other jobs share its two cores.
+    log["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    if nodes > 1:
+        log["iteration_ms"] = measured_iterations(trace, log)
+        summary = json.loads(trace.read_text())["otherData"]
+        log["checks_ok"] = all(c["ok"] for c in summary["checks"])
+        # Rank 0's busy time per iteration on each stream (the trace's summary).
+        log["trace_ms"] = {k: summary[k] for k in ("compute_ms", "compression_ms", "comm_ms")}
+        trace.unlink()
+    out.write_text(json.dumps(log, indent=1) + "\n")
+    print(f"  {key} seed {seed}: {time.monotonic() - started:.0f} s, final accuracy "
+          f"{log['epochs'][-1]['test_accuracy']:.3f}", flush=True)
+
+
+def configs():
+    rows = [("", 1, 0.0, "none")]
+    for name, nodes, gbps in LABS:
+        rows += [(name, nodes, gbps, c) for c in COMPRESSORS]
+    return rows
+
+
+def spread(values):
+    return f"{statistics.mean(values):.{3}g} ({min(values):.3g}–{max(values):.3g})"
+
+
+def report(opts):
+    predictions = json.loads((HERE / "predictions.json").read_text())
+    logs = {}
+    for path in sorted((HERE / "runs").glob("*.json")):
+        log = json.loads(path.read_text())
+        logs.setdefault(log["config"], []).append(log)
+    rows, run_rows = [], []
+    for _, nodes, gbps, compressor in configs():
+        key = config_key(nodes, gbps, compressor)
+        runs = logs.get(key, [])
+        if not runs:
+            continue
+        epoch_s = [statistics.median(e["epoch_s"] for e in r["epochs"][1:]) for r in runs]
+        final = [r["epochs"][-1]["test_accuracy"] * 100 for r in runs]
+        reach = [next((e["elapsed_s"] for e in r["epochs"] if e["test_accuracy"] >= opts.target), None) for r in runs]
+        if nodes == 1:
+            iteration = [statistics.median(e["epoch_s"] / e["iterations"] for e in r["epochs"][1:]) * 1e3 for r in runs]
+        else:
+            iteration = [statistics.mean(r["iteration_ms"]) for r in runs]
+        measured = statistics.median(iteration)
+        predicted = predictions[key]["predicted_ms"]
+        row = {
+            "config": key, "ranks": nodes, "gbps": gbps if nodes > 1 else "", "compressor": LABEL[compressor],
+            "seeds": len(runs), "epochs": len(runs[0]["epochs"]), "iterations_per_epoch": runs[0]["epochs"][0]["iterations"],
+            "epoch_s_mean": round(statistics.mean(epoch_s), 4), "epoch_s_min": round(min(epoch_s), 4), "epoch_s_max": round(max(epoch_s), 4),
+            "target_accuracy": opts.target, "reached": sum(r is not None for r in reach),
+            "time_to_target_s_mean": round(statistics.mean([r for r in reach if r is not None]), 3) if any(r is not None for r in reach) else "",
+            "time_to_target_s_min": round(min(r for r in reach if r is not None), 3) if any(r is not None for r in reach) else "",
+            "time_to_target_s_max": round(max(r for r in reach if r is not None), 3) if any(r is not None for r in reach) else "",
+            "final_accuracy_mean": round(statistics.mean(final), 2), "final_accuracy_min": round(min(final), 2),
+            "final_accuracy_max": round(max(final), 2),
+            "measured_iteration_ms": round(measured, 3), "measured_iteration_ms_min": round(min(iteration), 3),
+            "measured_iteration_ms_max": round(max(iteration), 3), "predicted_iteration_ms": round(predicted, 3),
+            "error_pct": round((predicted - measured) / measured * 100, 1),
+            "predicted_serial_profile_ms": round(predictions[key]["predicted_serial_profile_ms"], 3),
+            "error_serial_profile_pct": round((predictions[key]["predicted_serial_profile_ms"] - measured) / measured * 100, 1),
+            "checks_ok": all(r.get("checks_ok", True) for r in runs),
+            "load_average_median": round(statistics.median(x for r in runs for x in r["load_average"]), 2),
+        }
+        if nodes > 1:
+            # Where the time goes: rank 0's busy time per iteration on each stream (the traces'
+            # summaries, median over seeds) beside the prediction's.
+            for stream in ("compute", "comm", "compression"):
+                row[f"measured_{stream}_ms"] = round(statistics.median(r["trace_ms"][f"{stream}_ms"] for r in runs), 3)
+                row[f"predicted_{stream}_ms"] = round(predictions[key][f"predicted_{stream}_ms"], 3)
+        rows.append(row)
+        for r in runs:
+            for e in r["epochs"]:
+                run_rows.append({"config": key, "seed": r["seed"], **e})
+    write_csv(HERE / "results.csv", rows)
+    write_csv(HERE / "epochs.csv", run_rows)
+    write_readme(rows, opts)
+    plot(rows, logs)
+
+
+def write_readme(rows, opts):
+    distributed = [r for r in rows if r["ranks"] > 1]
+    errors = sorted(abs(r["error_pct"]) for r in distributed)
+    errors_serial = sorted(abs(r["error_serial_profile_pct"]) for r in distributed)
+    lines = [
+        f"{len(rows)} configurations, {rows[0]['seeds']} seeds each, {rows[0]['epochs']} epochs; target accuracy "
+        f"{opts.target * 100:g} %. Mean (min–max) over seeds; time per epoch is each run's median epoch after the first.",
+        "",
+        "| ranks | link | compression | time per epoch s | time to target s (runs reaching it) | final test accuracy % | measured ms/iteration (min–max) | predicted ms/iteration | error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        reach = (f"{r['time_to_target_s_mean']} ({r['time_to_target_s_min']}–{r['time_to_target_s_max']}, {r['reached']}/{r['seeds']})"
+                 if r["reached"] else f"not reached (0/{r['seeds']})")
+        link = f"{r['gbps']:g} Gb/s" if r["ranks"] > 1 else "—"
+        lines.append(
+            f"| {r['ranks']} | {link} | {r['compressor']} | {r['epoch_s_mean']:.3f} ({r['epoch_s_min']:.3f}–{r['epoch_s_max']:.3f}) | {reach} | "
+            f"{r['final_accuracy_mean']:.2f} ({r['final_accuracy_min']:.2f}–{r['final_accuracy_max']:.2f}) | "
+            f"{r['measured_iteration_ms']:.2f} ({r['measured_iteration_ms_min']:.2f}–{r['measured_iteration_ms_max']:.2f}) | "
+            f"{r['predicted_iteration_ms']:.2f} | {r['error_pct']:+.1f} % |")
+    lines += [
+        "",
+        f"Predicted vs measured time per iteration over the {len(distributed)} distributed configurations: median |error| "
+        f"**{statistics.median(errors):.1f} %** (target ≤ 10 %), largest {errors[-1]:.1f} %. Predicted from the serial "
+        f"profile instead of the profile recorded at the lab's rank count: median |error| {statistics.median(errors_serial):.1f} %, "
+        f"largest {errors_serial[-1]:.1f} %. The serial row's prediction is the profile's compute alone. Every distributed run "
+        f"checked its first 2 iterations' aggregation against the reference: {'all passed' if all(r['checks_ok'] for r in rows) else 'SOME FAILED'}.",
+    ]
+    lines += [
+        "",
+        "Where an iteration's time goes: rank 0's busy time per iteration on each stream, measured (the traces' summaries, "
+        "median over seeds) and predicted; the machine's 1-minute load average around the runs (median).",
+        "",
+        "| ranks | link | compression | compute ms measured / predicted | comm ms measured / predicted | compression ms measured / predicted | load average |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in distributed:
+        lines.append(f"| {r['ranks']} | {r['gbps']:g} Gb/s | {r['compressor']} | {r['measured_compute_ms']:.1f} / {r['predicted_compute_ms']:.1f} | "
+                     f"{r['measured_comm_ms']:.1f} / {r['predicted_comm_ms']:.1f} | {r['measured_compression_ms']:.2f} / "
+                     f"{r['predicted_compression_ms']:.2f} | {r['load_average_median']:.1f} |")
+    splice_readme(HERE / "README.md", lines)
+
+
+def plot(rows, logs):
+    distributed = [r for r in rows if r["ranks"] > 1]
+    series = []
+    for _, nodes, gbps in LABS:
+        points = [(r["measured_iteration_ms"], r["predicted_iteration_ms"]) for r in distributed
+                  if r["ranks"] == nodes and r["gbps"] == gbps]
+        series.append({"label": f"{nodes} ranks, {gbps:g} Gb/s", "points": points, "line": False})
+    svgplot.chart(HERE / "predicted-vs-measured.svg", "Time per iteration: Syncopate's prediction vs the lab",
+                  "measured ms per iteration (median over seeds)", "predicted ms per iteration", series, diagonal=True)
+    curves = []
+    for key, label, dash in [("serial", "serial", None)] + [
+            (config_key(n, g, c), f"{n} ranks {g:g} Gb/s {LABEL[c]}", "5 3" if g < 1 else None)
+            for _, n, g in LABS for c in ("none", "fp16", "fp8:e4m3") if n == 4 or c == "none"]:
+        runs = logs.get(key)
+        if not runs:
+            continue
+        epochs = len(runs[0]["epochs"])
+        points = [(statistics.mean(r["epochs"][e]["elapsed_s"] for r in runs),
+                   statistics.mean(r["epochs"][e]["test_accuracy"] for r in runs) * 100) for e in range(epochs)]
+        curves.append({"label": label, "points": points, "dash": dash})
+    svgplot.chart(HERE / "accuracy-vs-time.svg", "Test accuracy against training time (mean over seeds)",
+                  "training wall-clock time, s (evaluation excluded)", "test accuracy %", curves, y_range=(0, 100))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--target", type=float, default=0.95, help="target test accuracy (fraction)")
+    p.add_argument("--syncopate", default=str(REPO / "target" / "release" / "syncopate"))
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--report-only", action="store_true", help="only rewrite results.csv, README.md and the plots from runs/")
+    opts = p.parse_args()
+    if opts.seeds < 1 or opts.epochs < 2 or not 0 < opts.target <= 1:
+        p.error("--seeds ≥ 1, --epochs ≥ 2 and --target in (0, 1]")
+    if opts.report_only:
+        return report(opts)
+    if os.geteuid() != 0:
+        raise SystemExit("lab4-real makes network namespaces: run it as root (sudo)")
+    if not pathlib.Path(opts.syncopate).exists():
+        raise SystemExit(f"{opts.syncopate} is missing: cargo build --release --features mpi")
+    # SIGTERM ends the run like Ctrl-C: through the finally below, which removes the labs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    shutil.rmtree(HERE / "runs", ignore_errors=True)
+    (HERE / "runs").mkdir()
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        record_profiles(opts)
+        labs_up(opts)
+        plans_and_predictions(opts)
+        for seed in range(opts.seeds):
+            # Every configuration once per seed, in an order drawn per seed: slow phases of the
+            # shared machine spread over all of them.
+            order = configs()
+            random.Random(seed).shuffle(order)
+            print(f"seed {seed}: {len(order)} configurations ({time.monotonic() - started:.0f} s so far)", flush=True)
+            for config in order:
+                run_one(opts, config, seed)
+    finally:
+        labs_down(opts)
+    report(opts)
+    print(f"done in {time.monotonic() - started:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
