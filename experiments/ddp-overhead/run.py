@@ -18,18 +18,12 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "experiments" / "digits"))
+from runner import sh, splice_readme, write_csv  # noqa: E402
 RANK = HERE / "rank.py"
 LAB = "ddpov"
 COMPRESSORS = [("none", "none"), ("fp16", "none"), ("powersgd:4", "residual")]
 ENGINES = ["ddp", "syncopate"]
-
-
-def sh(args, what, timeout, cwd=None):
-    """Runs a command; raises with its output when it fails."""
-    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {done.returncode}): {' '.join(map(str, args))}\n{done.stdout}\n{done.stderr}")
-    return done.stdout
 
 
 def plans(opts):
@@ -81,10 +75,7 @@ def measure(opts):
             print(f"  repeat {repeat}: {engine:9} {compressor:10} " + (f"{ms:8.1f} ms" if ms else "hung"), flush=True)
             rows.append({"repeat": repeat, "engine": engine, "compressor": compressor,
                          "iteration_ms": round(ms, 3) if ms else "hung"})
-    with open(HERE / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(HERE / "results.csv", rows)
 
 
 def summary():
@@ -115,13 +106,11 @@ def write_readme(table, opts):
     for row in table:
         lines.append(f"| {row['compressor']} | {cell(row, 'ddp')} | {cell(row, 'syncopate')} | "
                      + (f"{row['overhead_pct']:+.1f} % |" if row["overhead_pct"] is not None else "– |"))
-    text = (HERE / "README.md").read_text()
-    start, end = text.index("<!-- results:begin -->"), text.index("<!-- results:end -->")
     runs = len(table[0]["runs"]["ddp"])
-    body = "\n".join(lines) + (f"\n\nMedian (range) over {runs} interleaved repeats of {opts.iterations} measured "
-                               f"iterations each; overhead = syncopate.torch's median / DDP's − 1; a run that did "
-                               f"not finish within {RUN_TIMEOUT_S} s counts as hung.\n")
-    (HERE / "README.md").write_text(text[: start + len("<!-- results:begin -->")] + "\n" + body + text[end:])
+    lines += ["", f"Median (range) over {runs} interleaved repeats of {opts.iterations} measured iterations each; "
+              f"overhead = syncopate.torch's median / DDP's − 1; a run that did not finish within {RUN_TIMEOUT_S} s "
+              "counts as hung."]
+    splice_readme(HERE / "README.md", lines)
 
 
 def main():
