@@ -425,20 +425,24 @@ fn host_validate_predicts_within_a_factor_of_three() {
     assert!(!report["largest_tasks"].as_array().unwrap().is_empty());
     // The measured trace compared again on its own (`--measured`), against a 2-rank CPU
     // cluster file: the measured side is the run's, to the digit.
+    let measured = dir.join("run.measured.json");
+    let compare = |cluster: &str, extra: &[&str]| {
+        let mut args = vec![
+            "validate",
+            "--measured",
+            measured.to_str().unwrap(),
+            "--model",
+            model_path.to_str().unwrap(),
+            "--plan",
+            plan.to_str().unwrap(),
+            "--cluster",
+            cluster,
+        ];
+        args.extend_from_slice(extra);
+        syncopate(&args)
+    };
     let lab = crate::common::root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
-    let again = syncopate(&[
-        "validate",
-        "--measured",
-        dir.join("run.measured.json").to_str().unwrap(),
-        "--cluster",
-        lab.to_str().unwrap(),
-        "--format",
-        "json",
-        "--model",
-        model_path.to_str().unwrap(),
-        "--plan",
-        plan.to_str().unwrap(),
-    ]);
+    let again = compare(lab.to_str().unwrap(), &["--format", "json"]);
     assert!(again.status.success(), "{}", stderr(&again));
     let again: serde_json::Value = serde_json::from_str(&stdout(&again)).unwrap();
     assert_eq!(
@@ -448,21 +452,7 @@ fn host_validate_predicts_within_a_factor_of_three() {
     assert_eq!(again["measured_compute_ms"], report["measured_compute_ms"]);
     assert!(again["predicted_iteration_ms"].as_f64().unwrap() > 0.0);
     // A GPU cluster cannot describe CPU ranks' times.
-    let gpus = syncopate(&[
-        "validate",
-        "--measured",
-        dir.join("run.measured.json").to_str().unwrap(),
-        "--cluster",
-        "v100-10gbe",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        "--plan",
-        plan.to_str().unwrap(),
-        "--model",
-        model_path.to_str().unwrap(),
-    ]);
+    let gpus = compare("v100-10gbe", &["--nodes", "1", "--gpus-per-node", "2"]);
     assert_eq!(gpus.status.code(), Some(1));
     assert!(
         stderr(&gpus).contains("ranks are GPUs"),
