@@ -19,6 +19,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
+import svgplot  # noqa: E402
 from runner import sh, splice_readme, write_csv  # noqa: E402
 RANK = HERE / "rank.py"
 LAB = "ddpov"
@@ -113,6 +114,19 @@ def write_readme(table, opts):
     splice_readme(HERE / "README.md", lines)
 
 
+def plot(table):
+    """Every repeat's pair of times, DDP's against the wrapper's, one series per plan (a repeat
+    with a hung run has no point); above the diagonal the wrapper is slower."""
+    series = []
+    for row in table:
+        runs = zip(row["runs"]["ddp"], row["runs"]["syncopate"])
+        pairs = [(float(d), float(w)) for d, w in runs if "hung" not in (d, w)]
+        if pairs:
+            series.append({"label": row["compressor"], "points": pairs, "line": False})
+    svgplot.chart(HERE / "overhead.svg", "Iteration time on a 2-node lab: syncopate.torch against DDP",
+                  "DDP ms per iteration", "syncopate.torch ms per iteration", series, diagonal=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--syncopate", default=str(REPO / "target" / "release" / "syncopate"))
@@ -138,6 +152,7 @@ def main():
             subprocess.run([opts.syncopate, "lab", "down", "--name", LAB], capture_output=True, timeout=120)
     table = summary()
     write_readme(table, opts)
+    plot(table)
     for row in table:
         print(f"{row['compressor']:10} ddp {cell(row, 'ddp')}  syncopate {cell(row, 'syncopate')}")
 
