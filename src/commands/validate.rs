@@ -67,17 +67,7 @@ fn validate_trace(args: &ValidateArgs, path: &std::path::Path) -> anyhow::Result
             "--measured needs --cluster: the cluster file of the machine the trace was measured on (`lab up --cluster-out`, `profile --backend host --cluster-out`)"
         );
     };
-    let mut cluster = Cluster::load(
-        name,
-        ClusterOverrides {
-            nodes: args.nodes,
-            gpus_per_node: args.gpus_per_node,
-            inter_gbps: None,
-        },
-    )?;
-    if let Some(device) = &args.device_profile {
-        use_device(&mut cluster, device)?;
-    }
+    let cluster = with_device(args, cluster_file(args, name)?)?;
     let mut scenario = Scenario::new(model, cluster)?;
     let (trace, summary) = read_measured_trace(path)?;
     if summary.backend != "cuda" {
@@ -231,15 +221,8 @@ fn machine_cluster(
     model: &ModelProfile,
     backend: Chosen,
 ) -> anyhow::Result<Cluster> {
-    let mut cluster = match (&args.cluster, backend) {
-        (Some(name), _) => Cluster::load(
-            name,
-            ClusterOverrides {
-                nodes: args.nodes,
-                gpus_per_node: args.gpus_per_node,
-                inter_gbps: None,
-            },
-        )?,
+    let cluster = match (&args.cluster, backend) {
+        (Some(name), _) => cluster_file(args, name)?,
         // A real machine's file: the one the plan records (a lab's, a profiled cluster's).
         (None, Chosen::Cuda | Chosen::Mpi) => {
             let recorded = RunClusterArgs {
@@ -271,18 +254,29 @@ fn machine_cluster(
             Cluster::load(&path.to_string_lossy(), ClusterOverrides::default())?
         }
     };
-    if let Some(device) = &args.device_profile {
-        use_device(&mut cluster, device)?;
-    }
-    Ok(cluster)
+    with_device(args, cluster)
 }
 
-/// Replaces the cluster's device with the profile at `path` (--device-profile).
-fn use_device(cluster: &mut Cluster, path: &str) -> anyhow::Result<()> {
-    let profile = DeviceProfile::load(path)?;
-    cluster.device = path.to_string();
-    cluster.device_memory_gbytes_per_s = profile.memory_bandwidth_gbytes_per_s;
-    Ok(())
+/// The cluster file `name` (--cluster) with --nodes and --gpus-per-node applied.
+fn cluster_file(args: &ValidateArgs, name: &str) -> anyhow::Result<Cluster> {
+    Ok(Cluster::load(
+        name,
+        ClusterOverrides {
+            nodes: args.nodes,
+            gpus_per_node: args.gpus_per_node,
+            inter_gbps: None,
+        },
+    )?)
+}
+
+/// `cluster` with its device replaced by --device-profile's, when given.
+fn with_device(args: &ValidateArgs, mut cluster: Cluster) -> anyhow::Result<Cluster> {
+    if let Some(path) = &args.device_profile {
+        let profile = DeviceProfile::load(path)?;
+        cluster.device = path.clone();
+        cluster.device_memory_gbytes_per_s = profile.memory_bandwidth_gbytes_per_s;
+    }
+    Ok(cluster)
 }
 
 /// The plan's largest group's element count.
