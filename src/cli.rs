@@ -146,13 +146,26 @@ impl ClusterArgs {
     }
 }
 
+/// A collective library over TCP that a cluster's TCP parameters can be priced as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcpLibrary {
+    Mpi,
+    Gloo,
+}
+
 #[derive(Args, Debug)]
 pub struct CollectiveArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Collective operation: allreduce, allgather, reduce-scatter, broadcast, reduce, alltoall.
+    /// A --compare file with an `op` column is read at this operation's rows.
     #[arg(long, default_value = "allreduce")]
     pub op: String,
+    /// Price a TCP cluster (library mpi or gloo) as this library, its TCP parameters kept: `gloo`
+    /// turns a lab's MPI-fitted file into the start of a gloo fit (with --fit-out, which then
+    /// fits to the allreduce and allgather rows of a `python -m syncopate.torch.sweep` file).
+    #[arg(long, value_enum)]
+    pub library: Option<TcpLibrary>,
     /// Buffer sizes as nccl-tests counts them: a list (4K,1M,1G) or a power-of-two range (8-1G).
     #[arg(long, default_value = "8-1G")]
     pub bytes: String,

@@ -1,6 +1,6 @@
 //! The collective model: closed-form cases by hand, monotonicity, and calibration accuracy.
 
-use crate::common::{scratch, stderr, stdout, syncopate, validation_data};
+use crate::common::{root, scratch, stderr, stdout, syncopate, validation_data};
 use syncopate_sim::calibrate::{self, Measurement, RowFilter};
 use syncopate_sim::collective::{self, Algorithm, Group, Op, Protocol, ServerPlacement};
 use syncopate_sim::data::DataKind;
@@ -625,5 +625,113 @@ fn h100_issue_309_fitted_on_two_and_four_nodes_predicts_eight() {
     assert!(
         median <= H100_8_NODES_MEDIAN_PCT,
         "held-out 64 GPUs: median {median:.1}%"
+    );
+}
+
+/// A gloo sweep file (`python -m syncopate.torch.sweep`'s columns) that `truth` prices.
+fn gloo_sweep(truth: &Cluster, path: &std::path::Path) {
+    let mut csv = String::from("op,gpus,size_bytes,time_us\n");
+    for op in [Op::Allreduce, Op::Allgather] {
+        for bytes in [4u64 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20] {
+            let t = collective::estimate(truth, op, bytes, Group::world(truth)).unwrap();
+            csv.push_str(&format!("{op},2,{bytes},{:.3}\n", t.time.as_us()));
+        }
+    }
+    std::fs::write(path, csv).unwrap();
+}
+
+#[test]
+fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
+    let dir = scratch("gloo-fit");
+    let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
+    let mut truth = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
+    let mut params = truth.library.tcp().unwrap().clone();
+    params.call_overhead_us = 700.0;
+    params.message_overhead_us = 50.0;
+    truth.library = Library::Gloo(params);
+    let sweep = dir.join("gloo-sweep.csv");
+    gloo_sweep(&truth, &sweep);
+    let fitted_file = dir.join("lab-gloo.json");
+    let args = |library: &str, out: &std::path::Path| {
+        syncopate(&[
+            "collective",
+            "--cluster",
+            lab.to_str().unwrap(),
+            "--library",
+            library,
+            "--compare",
+            sweep.to_str().unwrap(),
+            "--fit-out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let out = args("gloo", &fitted_file);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The input file with its library replaced (its device stays named relative to the input).
+    let fitted: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fitted_file).unwrap()).unwrap();
+    let library = &fitted["library"];
+    assert_eq!(library["kind"], "gloo", "{library}");
+    let call = library["call_overhead_us"].as_f64().unwrap();
+    assert!((call / 700.0 - 1.0).abs() < 0.05, "{library}");
+    let method = library["provenance"]["method"].as_str().unwrap();
+    assert!(method.contains("allreduce and allgather"), "{method}");
+    // The comparison reads only --op's rows of the file.
+    assert!(stdout(&out).contains("5 points"), "{}", stdout(&out));
+    // Fitting as MPI reads the allreduce rows alone.
+    let out = args("mpi", &dir.join("lab-mpi.json"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A gloo fit needs the op column.
+    let no_ops = dir.join("no-ops.csv");
+    std::fs::write(
+        &no_ops,
+        "gpus,size_bytes,time_us\n2,4096,900\n2,1048576,9000\n",
+    )
+    .unwrap();
+    let out = syncopate(&[
+        "collective",
+        "--cluster",
+        lab.to_str().unwrap(),
+        "--library",
+        "gloo",
+        "--compare",
+        no_ops.to_str().unwrap(),
+        "--fit-out",
+        dir.join("x.json").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--compare") && stderr(&out).contains("op"));
+    // NCCL clusters are not TCP libraries.
+    let out = syncopate(&["collective", "--cluster", "dgx-a100", "--library", "gloo"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--library"), "{}", stderr(&out));
+}
+
+#[test]
+fn gloos_allreduce_pays_a_message_per_segment_and_its_allgather_a_second_call() {
+    let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
+    let mut cluster = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
+    let mut params = cluster.library.tcp().unwrap().clone();
+    params.call_overhead_us = 100.0;
+    params.message_overhead_us = 10.0;
+    params.host_gbps = None;
+    cluster.library = Library::Gloo(params.clone());
+    let world = Group::world(&cluster);
+    let alpha = 10.0 + cluster.inter_node.latency_us;
+    let beta = 1.0 / (cluster.inter_node.nic_bandwidth_gbps * 1e3 / 8.0 * params.tcp_efficiency);
+    // 16 MiB over 2 ranks: 8 segments per rank, 2 × 8 messages, 16 MiB sent per rank.
+    let s = (16u64 << 20) as f64;
+    let gamma = 1.0 / (params.reduce_gbytes_per_s * 1e3);
+    let allreduce = collective::estimate(&cluster, Op::Allreduce, 16 << 20, world).unwrap();
+    let expected = 100.0 + 16.0 * alpha + s * beta + 0.5 * s * gamma;
+    assert!(
+        (allreduce.time.as_us() / expected - 1.0).abs() < 1e-6,
+        "{allreduce:?} vs {expected}"
+    );
+    let allgather = collective::estimate(&cluster, Op::Allgather, 16 << 20, world).unwrap();
+    let expected = 2.0 * (100.0 + 2.0 * alpha) + 0.5 * s * beta;
+    assert!(
+        (allgather.time.as_us() / expected - 1.0).abs() < 1e-6,
+        "{allgather:?} vs {expected}"
     );
 }

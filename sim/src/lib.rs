@@ -18,7 +18,6 @@ pub mod graph;
 pub mod launch;
 pub mod limits;
 pub mod model;
-pub mod mpi_fit;
 pub mod noise;
 pub mod plan;
 #[cfg(test)]
@@ -29,6 +28,7 @@ pub mod search;
 pub mod simulate;
 pub mod strategy;
 pub mod sweep;
+pub mod tcp_fit;
 pub mod time;
 pub mod topology;
 pub mod trace;

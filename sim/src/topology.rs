@@ -162,14 +162,21 @@ pub enum CpuVendor {
 /// The most channels NCCL runs (MAXCHANNELS in NCCL 2.18–2.21).
 pub const MAX_NCCL_CHANNELS: u32 = 32;
 
-/// Parameters of MPI over TCP (Horovod's MPI backend, GRACE's setup).
+/// Parameters of a collective library over TCP sockets: MPI (Horovod's MPI backend, GRACE's
+/// setup, `syncopate lab`'s sweep) or gloo (torch.distributed on CPUs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MpiParams {
+pub struct TcpParams {
     /// Fraction of the NIC line rate a TCP stream reaches.
     pub tcp_efficiency: f64,
     /// Software overhead of one message (MPI matching, kernel send/receive path).
     pub message_overhead_us: f64,
+    /// Fixed cost of one collective call whatever its messages: for gloo through
+    /// torch.distributed, the launch from Python, the hand-off to gloo's worker thread and the
+    /// completion's return. Fitted where calls of two algorithms tell it from the per-message
+    /// cost (gloo's allreduce and allgather sweep); 0 for the MPI fits, which time one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub call_overhead_us: f64,
     /// Bytes per second the CPU reduces (sums) in an allreduce step, in GB/s.
     pub reduce_gbytes_per_s: f64,
     /// The most one rank's MPI-over-TCP path moves per second and direction on these hosts,
@@ -206,7 +213,39 @@ pub struct PerProtocol {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Library {
     Nccl(NcclParams),
-    Mpi(MpiParams),
+    Mpi(TcpParams),
+    /// torch.distributed's gloo backend: ring allreduce in segments, ring allgather.
+    Gloo(TcpParams),
+}
+
+impl Library {
+    /// The TCP parameters of an MPI or gloo library.
+    pub fn tcp(&self) -> Option<&TcpParams> {
+        match self {
+            Library::Nccl(_) => None,
+            Library::Mpi(p) | Library::Gloo(p) => Some(p),
+        }
+    }
+
+    pub fn tcp_mut(&mut self) -> Option<&mut TcpParams> {
+        match self {
+            Library::Nccl(_) => None,
+            Library::Mpi(p) | Library::Gloo(p) => Some(p),
+        }
+    }
+
+    /// How `collective` names the library.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Library::Nccl(_) => "NCCL",
+            Library::Mpi(_) => "MPI/TCP",
+            Library::Gloo(_) => "gloo/TCP",
+        }
+    }
+}
+
+fn is_zero(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// A cluster as stored in `topologies/*.json`.
@@ -501,13 +540,14 @@ impl Cluster {
                     }
                 }
             }
-            Library::Mpi(p) => {
+            Library::Mpi(p) | Library::Gloo(p) => {
                 check_fraction(label, "library.tcp_efficiency", p.tcp_efficiency)?;
                 limits::check_duration_us(
                     label,
                     "library.message_overhead_us",
                     p.message_overhead_us,
                 )?;
+                limits::check_duration_us(label, "library.call_overhead_us", p.call_overhead_us)?;
                 limits::check_rate(
                     label,
                     "library.reduce_gbytes_per_s",

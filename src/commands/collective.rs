@@ -1,18 +1,21 @@
 //! `syncopate collective`: nccl-tests-style predictions, comparison with measurements, fitting.
 
-use crate::cli::{CollectiveArgs, Format};
+use crate::cli::{CollectiveArgs, Format, TcpLibrary};
 use syncopate_sim::calibrate::{self, FitReport, Holdout, Measurement, RowFilter};
 use syncopate_sim::collective::{Group, Op};
 use syncopate_sim::compare::{self, Row};
 use syncopate_sim::data::{self, DataKind};
 use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::mpi_fit;
+use syncopate_sim::tcp_fit::{self, Timed};
 use syncopate_sim::topology::{Cluster, Library};
 use syncopate_sim::units::{format_bytes, parse_byte_list, parse_bytes};
 use syncopate_sim::SimError;
 
 pub fn run(args: &CollectiveArgs) -> anyhow::Result<()> {
-    let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
+    let mut cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
+    if let Some(library) = args.library {
+        cluster.library = as_library(&cluster, library)?;
+    }
     let op: Op = args.op.parse()?;
     match &args.compare {
         None => predict(&cluster, op, args),
@@ -25,10 +28,7 @@ fn predict(cluster: &Cluster, op: Op, args: &CollectiveArgs) -> anyhow::Result<(
     match args.format {
         Format::Json => super::print_json(&rows),
         Format::Text => {
-            let library = match cluster.library {
-                Library::Nccl(_) => "NCCL",
-                Library::Mpi(_) => "MPI/TCP",
-            };
+            let library = cluster.library.label();
             println!(
                 "# {op} on {} ({} nodes x {} GPUs = {} ranks), {library} library",
                 cluster.name,
@@ -65,38 +65,61 @@ fn print_row(r: &Row) {
     println!();
 }
 
-/// What a refit appends to a cluster's `source`.
-const REFIT_NOTE: &str = " The MPI host cap and message overhead above were since refitted";
+/// `cluster`'s TCP parameters as `library`'s.
+fn as_library(cluster: &Cluster, library: TcpLibrary) -> anyhow::Result<Library> {
+    let Some(params) = cluster.library.tcp() else {
+        return Err(SimError::bad_value(
+            "--library",
+            format!("{library:?}").to_lowercase(),
+            format!(
+                "`{}` runs NCCL; only a TCP cluster (library mpi or gloo) is priced as another TCP library",
+                cluster.name
+            ),
+        )
+        .into());
+    };
+    Ok(match library {
+        TcpLibrary::Mpi => Library::Mpi(params.clone()),
+        TcpLibrary::Gloo => Library::Gloo(params.clone()),
+    })
+}
 
-/// An MPI cluster's host cap and per-message overhead fitted to the allreduce times not held out
-/// (`syncopate_sim::mpi_fit`, the fit `lab up` makes), written to `out` as the input file with
-/// only its library replaced: its device stays named as the file names it.
-fn refit_mpi(
+/// What a refit appends to a cluster's `source`.
+const REFIT_NOTE: &str = " The TCP host cap and overheads above were since refitted";
+
+/// The collectives a TCP library's fit reads: MPI's sweep times allreduce; gloo's sweep
+/// (`python -m syncopate.torch.sweep`) times allreduce and allgather, which the fit needs both
+/// of to tell a call's cost from a message's.
+fn fitted_ops(library: &Library) -> &'static [Op] {
+    match library {
+        Library::Gloo(_) => &[Op::Allreduce, Op::Allgather],
+        _ => &[Op::Allreduce],
+    }
+}
+
+/// A TCP cluster's host cap and overheads fitted to the times not held out
+/// (`syncopate_sim::tcp_fit`, the fit `lab up` makes for MPI), written to `out` as the input
+/// file with only its library replaced: its device stays named as the file names it.
+fn refit_tcp(
     cluster: &Cluster,
-    op: Op,
-    measurements: &[Measurement],
+    measurements: &[Timed],
     path: &std::path::Path,
     args: &CollectiveArgs,
     out: &std::path::Path,
 ) -> anyhow::Result<Cluster> {
-    if op != Op::Allreduce {
-        return Err(SimError::bad_value(
-            "--op",
-            op,
-            "an MPI cluster is fitted to allreduce times: pass --op allreduce",
-        )
-        .into());
-    }
-    let fitted = mpi_fit::fit(cluster, measurements)?;
-    let mut refit = mpi_fit::apply(cluster, &fitted);
+    let fitted = tcp_fit::fit(cluster, measurements)?;
+    let mut refit = tcp_fit::apply(cluster, &fitted);
+    let library = args
+        .library
+        .map_or_else(String::new, |l| format!(" --library {l:?}").to_lowercase());
     let method = format!(
-        "refitted by `syncopate collective --cluster {} --op allreduce --compare {} --fit-out {}`: {}",
+        "refitted by `syncopate collective --cluster {}{library} --compare {} --fit-out {}`: {}",
         args.cluster.cluster,
         path.display(),
         out.display(),
-        mpi_fit::describe(&refit, measurements, &fitted)?
+        tcp_fit::describe(&refit, measurements, &fitted)?
     );
-    if let Library::Mpi(params) = &mut refit.library {
+    if let Some(params) = refit.library.tcp_mut() {
         params.provenance = Provenance {
             status: Status::Calibrated,
             method,
@@ -108,20 +131,113 @@ fn refit_mpi(
     // A second refit replaces the first one's note.
     let source = refit.source.split(REFIT_NOTE).next().unwrap_or_default();
     let refitted = format!(
-        "{REFIT_NOTE}: library.provenance says how (host_gbps {}, message_overhead_us {:.2}).",
+        "{REFIT_NOTE}: library.provenance says how (host_gbps {}, call_overhead_us {:.2}, message_overhead_us {:.2}).",
         fitted
             .host_gbps
             .map_or_else(|| "none".to_string(), |cap| format!("{cap:.4}")),
+        fitted.call_overhead_us,
         fitted.message_overhead_us
     );
     file["source"] = format!("{source}{refitted}").into();
     super::write_json(out, &file)?;
     eprintln!(
-        "fitted the MPI host cap and message overhead (mean |error| {:.1} %); wrote {}",
+        "fitted the {} host cap and overheads (mean |error| {:.1} %); wrote {}",
+        refit.library.label(),
         fitted.mean_error_pct,
         out.display()
     );
     Ok(refit)
+}
+
+/// The rows of `path` for `op` between --min-bytes and --max-bytes that the filters accept (in a
+/// file with an `op` column, only `op`'s rows).
+fn read_op(
+    cluster: &Cluster,
+    op: Op,
+    path: &std::path::Path,
+    args: &CollectiveArgs,
+    filters: &[RowFilter],
+) -> anyhow::Result<Vec<Measurement>> {
+    let (min, max) = (parse_bytes(&args.min_bytes)?, parse_bytes(&args.max_bytes)?);
+    let mut filters = filters.to_vec();
+    if has_op_column(path)? && !filters.iter().any(|f| f.column == "op") {
+        filters.push(RowFilter {
+            column: "op".into(),
+            value: op.name().into(),
+        });
+    }
+    let measurements: Vec<Measurement> = calibrate::read_measurements(
+        path,
+        op,
+        args.column.as_deref(),
+        cluster.world_size(),
+        &filters,
+    )?
+    .into_iter()
+    .filter(|m| (min..=max).contains(&m.bytes))
+    .collect();
+    anyhow::ensure!(
+        !measurements.is_empty(),
+        "{}: no {op} measurements between {} and {} bytes",
+        path.display(),
+        format_bytes(min),
+        format_bytes(max)
+    );
+    Ok(measurements)
+}
+
+/// Whether the CSV at `path` names its rows' collective in an `op` column.
+fn has_op_column(path: &std::path::Path) -> anyhow::Result<bool> {
+    let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let header = text.lines().next().unwrap_or_default();
+    Ok(header.split(',').any(|name| name.trim() == "op"))
+}
+
+/// The TCP fit's measurements: every fitted collective's rows not held out.
+fn tcp_fit_set(
+    cluster: &Cluster,
+    op: Op,
+    path: &std::path::Path,
+    args: &CollectiveArgs,
+    filters: &[RowFilter],
+    held_out: &[u32],
+) -> anyhow::Result<Vec<Timed>> {
+    let ops = fitted_ops(&cluster.library);
+    if ops.len() == 1 && op != ops[0] {
+        return Err(SimError::bad_value(
+            "--op",
+            op,
+            format!(
+                "an MPI cluster is fitted to {} times: pass --op {}",
+                ops[0], ops[0]
+            ),
+        )
+        .into());
+    }
+    if ops.len() > 1 && !has_op_column(path)? {
+        return Err(SimError::bad_value(
+            "--compare",
+            path.display(),
+            "a gloo fit needs allreduce and allgather rows named in an `op` column (as `python -m syncopate.torch.sweep` writes them)",
+        )
+        .into());
+    }
+    let mut timed = Vec::new();
+    for &fitted in ops {
+        let rows = read_op(cluster, fitted, path, args, filters)?;
+        timed.extend(
+            calibrate::fit_set(&rows, held_out)
+                .into_iter()
+                .map(|measured| Timed {
+                    op: fitted,
+                    measured,
+                }),
+        );
+    }
+    Ok(timed)
 }
 
 fn compare(
@@ -136,23 +252,7 @@ fn compare(
         .iter()
         .map(|f| f.parse())
         .collect::<Result<Vec<RowFilter>, _>>()?;
-    let measurements: Vec<Measurement> = calibrate::read_measurements(
-        path,
-        op,
-        args.column.as_deref(),
-        cluster.world_size(),
-        &filters,
-    )?
-    .into_iter()
-    .filter(|m| (min..=max).contains(&m.bytes))
-    .collect();
-    anyhow::ensure!(
-        !measurements.is_empty(),
-        "{}: no measurements between {} and {} bytes",
-        path.display(),
-        format_bytes(min),
-        format_bytes(max)
-    );
+    let measurements = read_op(cluster, op, path, args, &filters)?;
     // A fit reports its error on data it did not use: by default the largest scale is kept out.
     let holdout: Holdout = match (&args.holdout_gpus, &args.fit_out) {
         (Some(text), _) => text.parse()?,
@@ -162,9 +262,9 @@ fn compare(
     let held_out = holdout.gpus(&measurements);
     let cluster = match &args.fit_out {
         None => cluster.clone(),
-        Some(out) if matches!(cluster.library, Library::Mpi(_)) => {
-            let fit_set = calibrate::fit_set(&measurements, &held_out);
-            refit_mpi(cluster, op, &fit_set, path, args, out)?
+        Some(out) if cluster.library.tcp().is_some() => {
+            let fit_set = tcp_fit_set(cluster, op, path, args, &filters, &held_out)?;
+            refit_tcp(cluster, &fit_set, path, args, out)?
         }
         Some(out) => {
             let fit_set = calibrate::fit_set(&measurements, &held_out);

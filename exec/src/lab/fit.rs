@@ -1,17 +1,18 @@
-//! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, MPI's host cap and per-message overhead from the allreduce sweep (`syncopate_sim::mpi_fit`), and the contention of its ranks.
+//! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, MPI's host cap and per-message overhead from the allreduce sweep (`syncopate_sim::tcp_fit`), and the contention of its ranks.
 
 use super::measure::{AllreducePoint, ContentionPoint, NetworkProbe};
 use super::state::LabState;
 use crate::error::{ExecError, Result};
 use serde::Serialize;
 use syncopate_sim::calibrate::Measurement;
+use syncopate_sim::collective::Op;
 use syncopate_sim::data::FORMAT_VERSION;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::mpi_fit;
+use syncopate_sim::tcp_fit::{self, Timed};
 use syncopate_sim::topology::{
-    Cluster, ClusterContention, ClusterOverrides, Fabric, InterNode, IntraNode, Library, MpiParams,
-    SharedCores, Transport,
+    Cluster, ClusterContention, ClusterOverrides, Fabric, InterNode, IntraNode, Library,
+    SharedCores, TcpParams, Transport,
 };
 
 /// Everything `lab up` measured.
@@ -128,9 +129,10 @@ pub fn cluster(
             nic_bandwidth_gbps: lab.gbps,
             latency_us: hop_us,
         },
-        library: Library::Mpi(MpiParams {
+        library: Library::Mpi(TcpParams {
             tcp_efficiency,
             message_overhead_us: 0.0,
+            call_overhead_us: 0.0,
             reduce_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s / 3.0,
             host_gbps: None,
             provenance: Provenance {
@@ -160,11 +162,11 @@ pub fn cluster(
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let points = sweep_points(&measured.allreduce, measured.ranks);
-        let fitted = mpi_fit::fit(&cluster, &points)?;
-        cluster = mpi_fit::apply(&cluster, &fitted);
+        let fitted = tcp_fit::fit(&cluster, &points)?;
+        cluster = tcp_fit::apply(&cluster, &fitted);
         format!(
             "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; reduce_gbytes_per_s estimated (memory bandwidth / 3: a sum reads two buffers and writes one); {} (an allreduce sweep over Open MPI on the lab's {} ranks, median of {} repeats per size; the times are also in {sweep_file}, which `syncopate collective --cluster THIS --op allreduce --compare {sweep_file} --fit-out THIS` refits to). {goodput}",
-            mpi_fit::describe(&cluster, &points, &fitted)?,
+            tcp_fit::describe(&cluster, &points, &fitted)?,
             measured.ranks,
             measured.allreduce.first().map_or(0, |p| p.seconds.repeats),
         )
@@ -242,7 +244,7 @@ fn lab_cores(lab: &LabState) -> u32 {
 /// MPI cluster to): one row per size, its median time.
 fn sweep_csv(measured: &LabMeasurements) -> String {
     let mut csv = String::from("gpus,size_bytes,time_us\n");
-    for m in sweep_points(&measured.allreduce, measured.ranks) {
+    for Timed { measured: m, .. } in sweep_points(&measured.allreduce, measured.ranks) {
         csv.push_str(&format!("{},{},{:.1}\n", m.gpus, m.bytes, m.time_us));
     }
     csv
@@ -267,13 +269,16 @@ fn sweep_path(cluster_path: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// The sweep's medians as calibration measurements on `ranks` ranks.
-fn sweep_points(sweep: &[AllreducePoint], ranks: u32) -> Vec<Measurement> {
+fn sweep_points(sweep: &[AllreducePoint], ranks: u32) -> Vec<Timed> {
     sweep
         .iter()
-        .map(|p| Measurement {
-            gpus: ranks,
-            bytes: p.bytes,
-            time_us: p.seconds.median * 1e6,
+        .map(|p| Timed {
+            op: Op::Allreduce,
+            measured: Measurement {
+                gpus: ranks,
+                bytes: p.bytes,
+                time_us: p.seconds.median * 1e6,
+            },
         })
         .collect()
 }

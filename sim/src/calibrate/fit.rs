@@ -215,7 +215,7 @@ fn with_explicit_tree(cluster: &Cluster) -> Cluster {
 fn original_tree(cluster: &Cluster) -> Option<TreeLatency> {
     match &cluster.library {
         Library::Nccl(params) => params.tree,
-        Library::Mpi(_) => None,
+        Library::Mpi(_) | Library::Gloo(_) => None,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Cost of collective operations on a cluster: which library algorithm runs and how long it takes.
 
+mod gloo;
 mod mpi;
 mod nccl;
 mod ps;
@@ -207,18 +208,20 @@ pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<E
     match &cluster.library {
         Library::Nccl(params) => Ok(nccl::estimate(cluster, params, op, bytes, group)),
         Library::Mpi(params) => Ok(mpi::estimate(cluster, params, op, bytes, group)),
+        Library::Gloo(params) => Ok(gloo::estimate(cluster, params, op, bytes, group)),
     }
 }
 
 /// What one node's network carries per µs for `processes` sending processes of the cluster's
 /// library: the NICs' line rate times the library's efficiency over them (NCCL's calibrated
-/// `inter_efficiency`, MPI's measured `tcp_efficiency`), and over MPI/TCP at most `host_gbps`
-/// per process. The MPI collectives and the parameter server price the same link with it.
+/// `inter_efficiency`, a TCP library's measured `tcp_efficiency`), and over TCP at most
+/// `host_gbps` per process. The TCP collectives and the parameter server price the same link
+/// with it.
 pub(crate) fn node_goodput_bytes_per_us(cluster: &Cluster, processes: u32) -> f64 {
     let line = cluster.node_network_bytes_per_s() / 1e6;
     match &cluster.library {
         Library::Nccl(params) => line * params.inter_efficiency,
-        Library::Mpi(params) => {
+        Library::Mpi(params) | Library::Gloo(params) => {
             let link = line * params.tcp_efficiency;
             match params.host_gbps {
                 Some(host) => link.min(host * 1e3 / 8.0 * f64::from(processes.max(1))),

@@ -7,24 +7,41 @@
 
 use super::{Algorithm, Estimate, Group, Op, Protocol};
 use crate::time::SimTime;
-use crate::topology::{Cluster, MpiParams};
+use crate::topology::{Cluster, TcpParams};
+
+/// The Hockney terms of a TCP library's collective over `group`, in µs.
+pub(super) struct Hockney {
+    /// Per message: software overhead plus one network hop.
+    pub alpha: f64,
+    /// Per byte sent by one rank.
+    pub beta: f64,
+    /// Per byte reduced.
+    pub gamma: f64,
+}
+
+impl Hockney {
+    pub fn of(cluster: &Cluster, params: &TcpParams, group: Group) -> Hockney {
+        // Every rank of a node shares the node's NICs; a rank's TCP path may move less.
+        let ranks_per_node = group.ranks_per_node().max(1);
+        Hockney {
+            alpha: params.message_overhead_us + cluster.inter_node.latency_us,
+            beta: f64::from(ranks_per_node)
+                / super::node_goodput_bytes_per_us(cluster, ranks_per_node),
+            gamma: 1.0 / (params.reduce_gbytes_per_s * 1e3),
+        }
+    }
+}
 
 pub(super) fn estimate(
     cluster: &Cluster,
-    params: &MpiParams,
+    params: &TcpParams,
     op: Op,
     bytes: u64,
     group: Group,
 ) -> Estimate {
     let n = group.ranks as f64;
     let s = bytes as f64;
-    // Per message: software overhead plus one network hop.
-    let alpha = params.message_overhead_us + cluster.inter_node.latency_us;
-    // Every rank of a node shares the node's NICs; a rank's TCP/MPI path may move less.
-    let ranks_per_node = group.ranks_per_node().max(1);
-    let beta =
-        f64::from(ranks_per_node) / super::node_goodput_bytes_per_us(cluster, ranks_per_node);
-    let gamma = 1.0 / (params.reduce_gbytes_per_s * 1e3);
+    let Hockney { alpha, beta, gamma } = Hockney::of(cluster, params, group);
     if group.ranks == 1 {
         return pick(vec![(0.0, Algorithm::Local)]);
     }
@@ -71,7 +88,12 @@ pub(super) fn estimate(
         Op::Reduce => vec![(log_n * (alpha + s * beta + s * gamma), Algorithm::Tree)],
         Op::Alltoall => vec![((n - 1.0) * alpha + frac * s * beta, Algorithm::P2p)],
     };
-    pick(candidates)
+    pick(
+        candidates
+            .into_iter()
+            .map(|(time, algorithm)| (params.call_overhead_us + time, algorithm))
+            .collect(),
+    )
 }
 
 fn fold_cost(n: f64, alpha: f64, s: f64, beta: f64) -> f64 {
@@ -83,7 +105,8 @@ fn fold_cost(n: f64, alpha: f64, s: f64, beta: f64) -> f64 {
     }
 }
 
-fn pick(candidates: Vec<(f64, Algorithm)>) -> Estimate {
+/// The fastest of `candidates` (µs, algorithm), over TCP.
+pub(super) fn pick(candidates: Vec<(f64, Algorithm)>) -> Estimate {
     let (time_us, algorithm) = candidates
         .into_iter()
         .min_by(|a, b| a.0.total_cmp(&b.0))

@@ -15,7 +15,7 @@ use syncopate_sim::compress::Compressor;
 use syncopate_sim::data::FORMAT_VERSION;
 use syncopate_sim::model::{Provenance, Status};
 use syncopate_sim::topology::{
-    Cluster, Fabric, InterNode, IntraNode, Library, MpiParams, Transport,
+    Cluster, Fabric, InterNode, IntraNode, Library, TcpParams, Transport,
 };
 
 /// One timed collective: ranks, total bytes (S above), median seconds.
@@ -191,9 +191,10 @@ pub fn cluster(
             nic_bandwidth_gbps: 8.0 / beta / 1e9,
             latency_us: 0.0,
         },
-        library: Library::Mpi(MpiParams {
+        library: Library::Mpi(TcpParams {
             tcp_efficiency: 1.0,
             message_overhead_us: alpha * 1e6,
+            call_overhead_us: 0.0,
             reduce_gbytes_per_s: 1.0 / gamma / 1e9,
             host_gbps: None,
             provenance: Provenance {

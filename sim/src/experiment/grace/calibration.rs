@@ -12,7 +12,7 @@ use crate::plan::Scheme;
 use crate::scenario::Scenario;
 use crate::simulate::{simulate, SimOptions};
 use crate::strategy::{Strategy, StrategyOptions};
-use crate::topology::{Cluster, ClusterOverrides, Library, MpiParams};
+use crate::topology::{Cluster, ClusterOverrides, Library, TcpParams};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -145,9 +145,10 @@ impl Calibration {
     pub fn with_mpi(&self, tcp: f64, overhead: f64, reduce: f64) -> Calibration {
         let mut c = self.clone();
         if let Library::Mpi(p) = &mut c.cluster.library {
-            *p = MpiParams {
+            *p = TcpParams {
                 tcp_efficiency: tcp,
                 message_overhead_us: overhead,
+                call_overhead_us: 0.0,
                 reduce_gbytes_per_s: reduce,
                 host_gbps: p.host_gbps,
                 provenance: p.provenance.clone(),

@@ -1,0 +1,135 @@
+"""A collective sweep over torch.distributed (gloo on CPU), launched and waited as the wrapper does, written as the CSV that `syncopate collective --compare/--fit-out` reads.
+
+Run one process per rank with torchrun's variables set (`syncopate lab run -- python -m
+syncopate.torch.sweep --out sweep.csv`, or torchrun). Each size is timed `--iterations` times
+back to back after a barrier (the ranks start together), each call launched asynchronously and
+waited for as `syncopate.torch`'s exchanges do; a row is the median over `--rounds` rounds of
+the slowest rank's mean time per call, the time a collective in training takes.
+"""
+
+import argparse
+import csv
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from syncopate.errors import SyncopateError
+from syncopate.torch.link import Link
+
+OPS = ("allreduce", "allgather")
+# The sizes `syncopate lab up`'s MPI sweep uses, so that the two fits see the same messages.
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M"
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# The largest size a sweep accepts: a fp32 buffer of a quarter of a GiB per rank.
+MAX_BYTES = 256 << 20
+
+
+def parse_sizes(text):
+    """`4K,1M,…` as byte counts: whole fp32 elements, at most MAX_BYTES."""
+    sizes = []
+    for item in text.split(","):
+        item = item.strip().upper()
+        number, unit = (item[:-1], item[-1]) if item[-1:] in UNITS else (item, "")
+        try:
+            size = int(number) * UNITS[unit]
+        except ValueError:
+            raise SyncopateError(f"--sizes: {item!r} is not a size (a whole number with K, M or G)") from None
+        if size <= 0 or size % 4 or size > MAX_BYTES:
+            raise SyncopateError(f"--sizes: {item!r} must be a positive multiple of 4 bytes up to {MAX_BYTES >> 20}M")
+        sizes.append(size)
+    return sizes
+
+
+def positive(flag, text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise SyncopateError(f"{flag}: {text!r} is not a whole number") from None
+    if value <= 0:
+        raise SyncopateError(f"{flag}: {value} must be at least 1")
+    return value
+
+
+def calls(op, link, size):
+    """One launch-and-wait of `op` on a per-rank buffer of `size` bytes. Allgather gathers the
+    total `size` (nccl-tests' convention: each rank sends size / world) the way
+    `syncopate.torch`'s exchange gathers payloads: their sizes first, then the payloads."""
+    if op == "allreduce":
+        buffer = torch.ones(size // 4, dtype=torch.float32)
+        return lambda: link.wait(link.start(dist.all_reduce, buffer, async_op=True), "sweep allreduce")
+    shard = max(size // link.world, 1)
+    mine = torch.ones(shard, dtype=torch.uint8)
+    gathered = [torch.empty(shard, dtype=torch.uint8) for _ in range(link.world)]
+
+    def allgather():
+        link.gather_lengths(shard, "sweep allgather")
+        link.wait(link.start(dist.all_gather, gathered, mine, async_op=True), "sweep allgather")
+
+    return allgather
+
+
+def slowest(link, value):
+    """The largest of every rank's `value`."""
+    tensor = torch.tensor([value], dtype=torch.float64)
+    link.wait(link.start(dist.all_reduce, tensor, op=dist.ReduceOp.MAX, async_op=True), "sweep times")
+    return float(tensor.item())
+
+
+def measure(link, op, size, iterations, rounds):
+    """Median over rounds of the slowest rank's mean µs per call."""
+    call = calls(op, link, size)
+    call()  # connections and buffers warmed outside the timing
+    times = []
+    for _ in range(rounds):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            call()
+        times.append(slowest(link, (time.perf_counter() - start) / iterations * 1e6))
+    return statistics.median(times)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m syncopate.torch.sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="CSV to write (rank 0): op,gpus,size_bytes,time_us")
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"per-rank buffer sizes (default {DEFAULT_SIZES})")
+    p.add_argument("--ops", default=",".join(OPS), help=f"collectives to time, of {', '.join(OPS)}")
+    p.add_argument("--iterations", default="10", help="calls per round (default 10)")
+    p.add_argument("--rounds", default="5", help="rounds per size; the median is kept (default 5)")
+    p.add_argument("--timeout-s", default="120", help="how long one call may wait for its peers (default 120)")
+    args = p.parse_args(argv)
+    try:
+        sizes = parse_sizes(args.sizes)
+        ops = [op.strip() for op in args.ops.split(",")]
+        unknown = [op for op in ops if op not in OPS]
+        if unknown:
+            raise SyncopateError(f"--ops: unknown collective {unknown[0]!r}; known: {', '.join(OPS)}")
+        iterations = positive("--iterations", args.iterations)
+        rounds = positive("--rounds", args.rounds)
+        timeout_s = positive("--timeout-s", args.timeout_s)
+        missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+        if missing:
+            raise SyncopateError(f"{', '.join(missing)} not set: run under torchrun or `syncopate lab run`")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
+        rows = [(op, link.world, size, measure(link, op, size, iterations, rounds)) for op in ops for size in sizes]
+        if link.rank == 0:
+            with open(args.out, "w", newline="") as f:
+                out = csv.writer(f)
+                out.writerow(["op", "gpus", "size_bytes", "time_us"])
+                out.writerows((op, world, size, f"{t:.1f}") for op, world, size, t in rows)
+        dist.barrier()
+        dist.destroy_process_group()
+    except (SyncopateError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

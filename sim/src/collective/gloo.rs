@@ -1,0 +1,91 @@
+//! Gloo over TCP (torch.distributed on CPUs, as `syncopate.torch` calls it): the algorithms gloo runs, priced with the TCP library's Hockney terms and a fixed cost per call.
+//!
+//! torch's ProcessGroupGloo runs `gloo::allreduce` with its default ring: the buffer is cut
+//! into segments of at most 1 MiB, at least two per rank and a whole number per rank, one
+//! message per segment and step of a reduce-scatter and an all-gather (gloo/allreduce.cc,
+//! `kMaxSegmentSize` in gloo/allreduce.h). `gloo::allgather` is a ring that sends each block
+//! in two halves (gloo/allgather.cc). torch's gloo gathers equal sizes only, so
+//! `syncopate.torch` gathers variable-size payloads in two calls, the sizes and then the
+//! payloads padded to the largest (python/syncopate/torch/exchange.py); `python -m
+//! syncopate.torch.sweep` times its allgather the same way, so the fitted costs hold for it.
+//! Reduce-scatter, broadcast, reduce and alltoall are priced by their textbook algorithms
+//! (ring, binomial tree, pairwise); no sweep here measures them.
+
+use super::mpi::{pick, Hockney};
+use super::{Algorithm, Estimate, Group, Op};
+use crate::topology::{Cluster, TcpParams};
+
+/// gloo's `AllreduceOptions::kMaxSegmentSize`.
+const MAX_SEGMENT_BYTES: u64 = 1 << 20;
+
+pub(super) fn estimate(
+    cluster: &Cluster,
+    params: &TcpParams,
+    op: Op,
+    bytes: u64,
+    group: Group,
+) -> Estimate {
+    if group.ranks == 1 {
+        return pick(vec![(0.0, Algorithm::Local)]);
+    }
+    let n = group.ranks as f64;
+    let s = bytes as f64;
+    let frac = (n - 1.0) / n;
+    let log_n = n.log2().ceil();
+    let call = params.call_overhead_us;
+    let Hockney { alpha, beta, gamma } = Hockney::of(cluster, params, group);
+    let (time, algorithm) = match op {
+        Op::Allreduce => {
+            let per_rank = segments_per_rank(bytes, group.ranks) as f64;
+            let messages = 2.0 * (n - 1.0) * per_rank;
+            (
+                call + messages * alpha + 2.0 * frac * s * beta + frac * s * gamma,
+                Algorithm::Ring,
+            )
+        }
+        // The sizes' call (n 8-byte counts) before the payloads' ring of half-blocks.
+        Op::Allgather => (
+            2.0 * (call + 2.0 * (n - 1.0) * alpha) + frac * s * beta,
+            Algorithm::Ring,
+        ),
+        Op::ReduceScatter => {
+            let per_rank = segments_per_rank(bytes, group.ranks) as f64;
+            (
+                call + (n - 1.0) * per_rank * alpha + frac * s * (beta + gamma),
+                Algorithm::Ring,
+            )
+        }
+        Op::Broadcast => (call + log_n * (alpha + s * beta), Algorithm::Tree),
+        Op::Reduce => (call + log_n * (alpha + s * (beta + gamma)), Algorithm::Tree),
+        Op::Alltoall => (call + (n - 1.0) * alpha + frac * s * beta, Algorithm::P2p),
+    };
+    pick(vec![(time, algorithm)])
+}
+
+/// Segments per rank of gloo's ring allreduce: ⌈bytes / 1 MiB⌉, at least two per rank, rounded
+/// up to a whole number per rank.
+fn segments_per_rank(bytes: u64, ranks: u32) -> u64 {
+    let ranks = u64::from(ranks);
+    bytes
+        .div_ceil(MAX_SEGMENT_BYTES)
+        .max(2 * ranks)
+        .div_ceil(ranks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_follow_gloos_rule() {
+        // Small buffers: two segments per rank.
+        assert_eq!(segments_per_rank(4096, 2), 2);
+        assert_eq!(segments_per_rank(4096, 4), 2);
+        // 16 MiB over 2 ranks: 16 segments of 1 MiB, 8 per rank.
+        assert_eq!(segments_per_rank(16 << 20, 2), 8);
+        // 5 MiB over 4 ranks: 5 segments rounded up to 8, 2 per rank.
+        assert_eq!(segments_per_rank(5 << 20, 4), 2);
+        // 9 MiB over 4 ranks: 9 rounded up to 12, 3 per rank.
+        assert_eq!(segments_per_rank(9 << 20, 4), 3);
+    }
+}
