@@ -94,6 +94,18 @@ def measure(link, op, size, iterations, rounds):
     return statistics.median(times)
 
 
+def sweep(link, ops, sizes, iterations, rounds):
+    """Rows (op, ranks, size in bytes, µs) for every op and size, on every rank alike."""
+    return [(op, link.world, size, measure(link, op, size, iterations, rounds)) for op in ops for size in sizes]
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["op", "gpus", "size_bytes", "time_us"])
+        out.writerows((op, world, size, f"{t:.1f}") for op, world, size, t in rows)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m syncopate.torch.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="CSV to write (rank 0): op,gpus,size_bytes,time_us")
@@ -117,12 +129,9 @@ def main(argv=None):
             raise SyncopateError(f"{', '.join(missing)} not set: run under torchrun or `syncopate lab run`")
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
         link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
-        rows = [(op, link.world, size, measure(link, op, size, iterations, rounds)) for op in ops for size in sizes]
+        rows = sweep(link, ops, sizes, iterations, rounds)
         if link.rank == 0:
-            with open(args.out, "w", newline="") as f:
-                out = csv.writer(f)
-                out.writerow(["op", "gpus", "size_bytes", "time_us"])
-                out.writerows((op, world, size, f"{t:.1f}") for op, world, size, t in rows)
+            write_csv(args.out, rows)
         dist.barrier()
         dist.destroy_process_group()
     except (SyncopateError, OSError) as err:
