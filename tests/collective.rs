@@ -735,3 +735,21 @@ fn gloos_allreduce_pays_a_message_per_segment_and_its_allgather_a_second_call() 
         "{allgather:?} vs {expected}"
     );
 }
+
+#[test]
+fn a_tcp_parameter_server_pays_its_fixed_costs_per_peer_message() {
+    let lab = root().join("experiments/lab-validation/clusters/lab-4n-1g.json");
+    let mut cluster = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
+    let mut params = cluster.library.tcp().unwrap().clone();
+    params.call_overhead_us = 0.0;
+    params.message_overhead_us = 0.0;
+    cluster.library = Library::Gloo(params.clone());
+    let bare = collective::ps_push_pull(&cluster, 1 << 20, 4, ServerPlacement::Colocated).unwrap();
+    params.call_overhead_us = 300.0;
+    params.message_overhead_us = 20.0;
+    cluster.library = Library::Gloo(params);
+    let paid = collective::ps_push_pull(&cluster, 1 << 20, 4, ServerPlacement::Colocated).unwrap();
+    // Push and pull: each server takes a length and a payload from each of 3 peers.
+    let extra = paid.time.as_us() - bare.time.as_us();
+    assert!((extra - 2.0 * 2.0 * 3.0 * 320.0).abs() < 1e-6, "{extra}");
+}

@@ -21,6 +21,11 @@ pub enum ServerPlacement {
 /// linear loss is an estimate, not a measurement. RDMA fabrics are modeled without it.
 const TCP_INCAST_LOSS_PER_SENDER: f64 = 0.01;
 
+/// Messages per push or pull: a payload's length, then the payload (variable-size payloads
+/// need their length first: `syncopate.torch`'s and the MPI backend's point-to-point pushes
+/// send both, as ps-lite sends a key/value message's metadata apart from its data).
+const MESSAGES_PER_TRANSFER: f64 = 2.0;
+
 /// Push `bytes` from each of `workers` nodes to the servers and pull the aggregate back.
 /// Each server owns `1/servers` of every tensor; push and pull of one tensor run back to back.
 pub fn ps_push_pull(
@@ -71,9 +76,18 @@ pub fn ps_push_pull(
             (worker_bytes / node_bytes_per_us).max(server_bytes / node_bytes_per_us * incast)
         }
     };
+    // A server takes its peers' messages one after the other, each at the TCP library's fixed
+    // costs (a call and a message); an RDMA library's are in its rate.
+    let peers = match placement {
+        ServerPlacement::Colocated => w - 1.0,
+        ServerPlacement::Dedicated { .. } => w,
+    };
+    let fixed_us = cluster.library.tcp().map_or(0.0, |p| {
+        (p.call_overhead_us + p.message_overhead_us) * MESSAGES_PER_TRANSFER * peers.max(1.0)
+    });
     let latency_us = cluster.inter_node.latency_us;
     Ok(Estimate {
-        time: SimTime::from_us(2.0 * (latency_us + per_phase_us)),
+        time: SimTime::from_us(2.0 * (latency_us + fixed_us + per_phase_us)),
         algorithm: Algorithm::ParameterServer,
         protocol: match cluster.inter_node.transport {
             Transport::Tcp => Protocol::Tcp,
