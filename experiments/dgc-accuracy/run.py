@@ -2,6 +2,7 @@
 
     target/pyenv/bin/python experiments/dgc-accuracy/run.py               # everything (about 15 min)
     target/pyenv/bin/python experiments/dgc-accuracy/run.py --report-only # tables and plots from runs/
+    target/pyenv/bin/python experiments/dgc-accuracy/run.py --ablation    # why DGC falls behind (about 20 min)
 
 The 4 ranks run with torchrun on localhost (accuracy does not depend on the network); every run
 checks its first 2 iterations' aggregation against the reference (check=2).
@@ -27,25 +28,40 @@ WORLD = 4
 LR = 0.05  # the trainer's default, at every rank count
 SIGN_LR = 0.0003  # signSGD's steps are ±lr per element (README.md: how it was chosen)
 WARMUP_EPOCHS = 3
-# (key, label, compressor, memory, momentum of the SGD optimizer, lr per rank)
+DGC_MEMORY = f"dgc:0.9:{WARMUP_EPOCHS}"
+# (key, label, compressor, memory, momentum of the SGD optimizer, lr per rank, epochs as a
+# multiple of --epochs)
 CONFIGS = [
-    ("fp32", "fp32", "none", "none", 0.9, LR),
-    ("dgc", "DGC 0.1 % (momentum correction, warm-up)", "dgc:0.001", f"dgc:0.9:{WARMUP_EPOCHS}", 0.0, LR),
-    ("topk-ef", "top-k 1 % + error feedback", "topk:0.01", "residual", 0.9, LR),
-    ("topk", "top-k 1 %, no error feedback", "topk:0.01", "none", 0.9, LR),
-    ("signsgd", "signSGD", "signsgd", "none", 0.9, SIGN_LR),
-    ("efsignsgd", "EF-signSGD", "efsignsgd", f"efsignsgd:{LR:g}", 0.9, LR),
-    ("powersgd", "PowerSGD rank 4 (+ error feedback)", "powersgd:4", "residual", 0.9, LR),
+    ("fp32", "fp32", "none", "none", 0.9, LR, 1),
+    ("dgc", "DGC 0.1 % (momentum correction, warm-up)", "dgc:0.001", DGC_MEMORY, 0.0, LR, 1),
+    ("topk-ef", "top-k 1 % + error feedback", "topk:0.01", "residual", 0.9, LR, 1),
+    ("topk", "top-k 1 %, no error feedback", "topk:0.01", "none", 0.9, LR, 1),
+    ("signsgd", "signSGD", "signsgd", "none", 0.9, SIGN_LR, 1),
+    ("efsignsgd", "EF-signSGD", "efsignsgd", f"efsignsgd:{LR:g}", 0.9, LR, 1),
+    ("powersgd", "PowerSGD rank 4 (+ error feedback)", "powersgd:4", "residual", 0.9, LR, 1),
 ]
-LABELS = {c[0]: c[1] for c in CONFIGS}
+# Why DGC falls behind (`--ablation`): more density at the same length, and the same density
+# over a longer run beside fp32 over as long a run. If every coordinate needs many sends to
+# learn, density and length close the gap; if sending often loses the momentum (masking), more
+# density widens it.
+LONG = 4
+ABLATION = [
+    ("dgc-1pct", "DGC 1 %", "dgc:0.01", DGC_MEMORY, 0.0, LR, 1),
+    ("dgc-10pct", "DGC 10 %", "dgc:0.1", DGC_MEMORY, 0.0, LR, 1),
+    ("dgc-long", f"DGC 0.1 %, {LONG}× the epochs", "dgc:0.001", DGC_MEMORY, 0.0, LR, LONG),
+    ("fp32-long", f"fp32, {LONG}× the epochs", "none", "none", 0.9, LR, LONG),
+]
+LABELS = {c[0]: c[1] for c in CONFIGS + ABLATION}
 
 
 def make_plans(opts):
     """One plan per configuration: wfbp (one collective per tensor, so that every compressor
     works per layer as DGC, GRACE and PowerSGD do), made for this model's profile."""
     (HERE / "plans").mkdir(exist_ok=True)
-    sh([opts.python, TRAINER, "--record-profile", HERE / "digits.json"], "recording the profile", 600)
-    for key, _, compressor, memory, _, _ in CONFIGS:
+    # The ablation keeps the main runs' profile (their plans are made from it).
+    if not (opts.ablation and (HERE / "digits.json").exists()):
+        sh([opts.python, TRAINER, "--record-profile", HERE / "digits.json"], "recording the profile", 600)
+    for key, _, compressor, memory, *_ in CONFIGS + ABLATION:
         # Relative paths: the plans name no machine's paths.
         sh([opts.syncopate, "simulate", "--model", "digits.json", "--cluster", "v100-10gbe", "--nodes", WORLD,
             "--gpus-per-node", 1, "--strategy", "wfbp", "--compressor", compressor, "--memory", memory,
@@ -53,11 +69,11 @@ def make_plans(opts):
 
 
 def run_one(opts, config, seed):
-    key, _, _, _, momentum, lr = config
+    key, _, _, _, momentum, lr, factor = config
     out = HERE / "runs" / f"{key}-s{seed}.json"
     started = time.monotonic()
     sh(["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", WORLD,
-        TRAINER, "--plan", HERE / "plans" / f"{key}.json", "--model-profile", HERE / "digits.json", "--epochs", opts.epochs,
+        TRAINER, "--plan", HERE / "plans" / f"{key}.json", "--model-profile", HERE / "digits.json", "--epochs", opts.epochs * factor,
         "--seed", seed, "--lr", lr, "--momentum", momentum, "--check", 2, "--out", out], f"{key} seed {seed}", 1800)
     log = json.loads(out.read_text())
     log["config"] = key
@@ -72,7 +88,7 @@ def report(opts):
         log = json.loads(path.read_text())
         logs.setdefault(log["config"], []).append(log)
     rows, epoch_rows = [], []
-    for key, label, compressor, memory, momentum, lr in CONFIGS:
+    for key, label, compressor, memory, momentum, lr, _ in CONFIGS + ABLATION:
         runs = sorted(logs.get(key, []), key=lambda r: r["seed"])
         if not runs:
             continue
@@ -93,9 +109,15 @@ def report(opts):
         })
         for r in runs:
             epoch_rows += [{"config": key, "seed": r["seed"], **e} for e in r["epochs"]]
-    write_csv(HERE / "results.csv", rows)
-    write_csv(HERE / "epochs.csv", epoch_rows)
-    write_readme(rows, logs, opts)
+    main_keys = {c[0] for c in CONFIGS}
+    write_csv(HERE / "results.csv", [r for r in rows if r["config"] in main_keys])
+    write_csv(HERE / "epochs.csv", [r for r in epoch_rows if r["config"] in main_keys])
+    write_readme([r for r in rows if r["config"] in main_keys], logs, opts)
+    ablation = [r for r in rows if r["config"] not in main_keys]
+    if ablation:
+        write_csv(HERE / "ablation.csv", ablation)
+        write_csv(HERE / "ablation-epochs.csv", [r for r in epoch_rows if r["config"] not in main_keys])
+        write_ablation(rows, logs)
     plot(logs)
 
 
@@ -145,6 +167,30 @@ def write_readme(rows, logs, opts):
     splice_readme(HERE / "README.md", lines)
 
 
+def write_ablation(rows, logs):
+    """The ablation's table beside fp32's and DGC 0.1 %'s main rows, with the updates each
+    weight could get: density × iterations (DGC sends a coordinate only when it is among the
+    largest accumulated ones)."""
+    by = {r["config"]: r for r in rows}
+    lines = [
+        "| configuration | epochs | final accuracy % mean ± sd (min–max) | mean of last 3 epochs % | per seed | "
+        "sends per weight after warm-up (density × iterations) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in ("fp32", "dgc", "dgc-1pct", "dgc-10pct", "fp32-long", "dgc-long"):
+        r = by.get(key)
+        if r is None:
+            continue
+        iterations = logs[key][0]["epochs"][0]["iterations"]
+        compressor = r["compressor"]
+        density = float(compressor.split(":")[1]) if compressor.startswith("dgc") else 1.0
+        sends = density * iterations * max(r["epochs"] - WARMUP_EPOCHS, 0) if density < 1 else iterations * r["epochs"]
+        lines.append(f"| {LABELS[key]} | {r['epochs']} | {r['final_accuracy_mean']:.2f} ± {r['final_accuracy_sd']:.2f} "
+                     f"({r['final_accuracy_min']:.2f}–{r['final_accuracy_max']:.2f}) | {r['last3_accuracy_mean']:.2f} | "
+                     f"{r['final_accuracy_by_seed']} | {sends:g} |")
+    splice_readme(HERE / "README.md", lines, block="ablation")
+
+
 def plot(logs):
     by_epoch, by_time = [], []
     for key, label, *_ in CONFIGS:
@@ -170,6 +216,8 @@ def main():
     p.add_argument("--syncopate", default=str(REPO / "target" / "release" / "syncopate"))
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--ablation", action="store_true",
+                   help="run only the ablation of DGC (density and run length; keeps the main runs) and report")
     opts = p.parse_args()
     if opts.seeds < 2 or opts.epochs < 3 or not 0 < opts.target <= 1:
         p.error("--seeds ≥ 2, --epochs ≥ 3 and --target in (0, 1]")
@@ -177,12 +225,18 @@ def main():
         return report(opts)
     if not pathlib.Path(opts.syncopate).exists():
         raise SystemExit(f"{opts.syncopate} is missing: cargo build --release")
-    shutil.rmtree(HERE / "runs", ignore_errors=True)
-    (HERE / "runs").mkdir()
+    configs = ABLATION if opts.ablation else CONFIGS
+    if opts.ablation:
+        for path in (HERE / "runs").glob("*.json"):
+            if json.loads(path.read_text())["config"] in {c[0] for c in ABLATION}:
+                path.unlink()
+    else:
+        shutil.rmtree(HERE / "runs", ignore_errors=True)
+    (HERE / "runs").mkdir(exist_ok=True)
     started = time.monotonic()
     make_plans(opts)
     for seed in range(opts.seeds):
-        order = list(CONFIGS)
+        order = list(configs)
         random.Random(seed).shuffle(order)  # interleaved: slow phases of the shared machine spread over all
         print(f"seed {seed} ({time.monotonic() - started:.0f} s so far)", flush=True)
         for config in order:

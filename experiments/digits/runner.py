@@ -3,9 +3,6 @@
 import csv
 import subprocess
 
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-
-
 def sh(args, what, timeout, cwd=None):
     """Runs a command; raises with its output when it fails; returns its stdout."""
     done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
@@ -22,9 +19,11 @@ def write_csv(path, rows):
         writer.writerows(rows)
 
 
-def splice_readme(path, lines):
-    """Replaces what lies between the README's results markers with `lines`."""
+def splice_readme(path, lines, block="results"):
+    """Replaces what lies between the README's `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->`
+    markers with `lines`."""
+    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
     text = path.read_text()
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    path.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail)
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    path.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)

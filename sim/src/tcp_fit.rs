@@ -80,8 +80,8 @@ pub fn fit(start: &Cluster, points: &[Timed]) -> Result<TcpFit> {
     let line = start.inter_node.nic_bandwidth_gbps;
     let caps = log_grid(CAP_FROM * line, CAP_TO * line, CAP_STEP);
     let overheads = log_grid(OVERHEAD_FROM_US, OVERHEAD_TO_US, 10f64.powf(0.25));
-    let fits_call = matches!(start.library, Library::Gloo(_))
-        && points.iter().any(|t| t.op != points[0].op);
+    let fits_call =
+        matches!(start.library, Library::Gloo(_)) && points.iter().any(|t| t.op != points[0].op);
     // The cap is fitted with the fixed costs of the pass before (none at first): a gloo call's
     // cost is a few percent of a large message's time, enough to bias the cap without it.
     let mut fitted = TcpFit {
