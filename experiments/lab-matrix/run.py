@@ -1,11 +1,11 @@
 """lab-matrix: issue 15's lab matrix — the digits CNN trained on 2- and 4-node labs at 1 Gb/s under every strategy uncompressed and under six compressors with Horovod fusion and with a tuned plan, each run checking its first iterations' aggregation; completed or the error, check, accuracy, measured and predicted time per iteration.
 
-    sudo target/pyenv/bin/python experiments/lab-matrix/run.py            # everything (about 20 min)
+    sudo target/pyenv/bin/python experiments/lab-matrix/run.py            # everything (20–26 min)
     target/pyenv/bin/python experiments/lab-matrix/run.py --report-only   # results.csv and README.md from runs/
 
-Needs root (network namespaces), the release CLI built with `--features mpi` (the labs' cluster
-files are fitted to Open MPI allreduce sweeps) and the package installed into target/pyenv (see
-README.md). The labs (`mx2`, `mx4`) are brought up at the start and removed at the end, also
+Needs root (network namespaces), the release CLI built with `--features mpi` (`lab up` fits each
+lab's cluster file to an Open MPI allreduce sweep; a gloo sweep then refits it to gloo, the
+library the ranks train over) and the package installed into target/pyenv (see README.md). The labs (`mx2`, `mx4`) are brought up at the start and removed at the end, also
 after an error or Ctrl-C/SIGTERM. A run that fails is recorded with its error, not skipped.
 """
 
@@ -23,7 +23,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
-from runner import end_on_sigterm, lab_train, lab_up, labs_down, measured_iterations, sh, splice_readme, write_csv  # noqa: E402
+from runner import (end_on_sigterm, fit_gloo, lab_train, lab_up, labs_down, measured_iterations, sh,  # noqa: E402
+                    splice_readme, write_csv)
 
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
 DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
@@ -84,8 +85,10 @@ def key_of(config):
     return f"{nodes}r-{slug(strategy)}-{slug(compressor)}"
 
 
-def cluster_of(nodes):
-    return f"clusters/lab-{nodes}n-{GBPS:g}g.json"
+def cluster_of(nodes, library=""):
+    """The lab's cluster file: fitted to Open MPI's allreduce (`lab up`), or with library
+    "-gloo" refitted to gloo's collectives as the wrapper calls them (the ranks talk gloo)."""
+    return f"clusters/lab-{nodes}n-{GBPS:g}g{library}.json"
 
 
 def profile_of(nodes):
@@ -102,39 +105,44 @@ def check_strategy_coverage(opts):
 
 
 def plan_one(opts, config):
-    """Makes the config's plan (simulate --save-plan, or tune --search all) and predicts its
-    iteration; returns the prediction, or the error when no plan could be made."""
+    """Makes the config's plan for the lab's gloo fit (simulate --save-plan, or tune --search
+    all) and predicts its iteration there and on the lab's MPI fit; returns the predictions, or
+    the error when no plan could be made."""
     _, nodes, kind, strategy, compressor, memory = config
     key = key_of(config)
     plan = f"plans/{key}.json"
-    where = ["--model", profile_of(nodes), "--cluster", cluster_of(nodes), "--nodes", nodes, "--gpus-per-node", 1]
+    where = ["--model", profile_of(nodes), "--nodes", nodes, "--gpus-per-node", 1]
+    # Compression on this machine's CPU, for the tuned plans as for the others.
+    simulate = [opts.syncopate, "simulate", *where, "--cpu-compression", os.path.relpath(DEVICE, HERE), "--format", "json"]
     entry = {"plan": plan}
     try:
         if kind == "tuned":
-            tuned = json.loads(sh([opts.syncopate, "tune", *where, "--compressor", compressor, "--memory", memory,
-                                   "--search", "all", "--out", plan, "--format", "json"], f"tune {key}", 600, cwd=HERE))
+            tuned = json.loads(sh([opts.syncopate, "tune", *where, "--cluster", cluster_of(nodes, "-gloo"), "--compressor",
+                                   compressor, "--memory", memory, "--search", "all", "--out", plan, "--format", "json"],
+                                  f"tune {key}", 600, cwd=HERE))
             entry["tune_predicted_ms"] = tuned["best_iteration_time_ms"]
-            # The tuned plan simulated as every other plan is: compression on this machine's CPU.
             args = ["--plan", plan]
         else:
             args = ["--strategy", strategy, "--compressor", compressor, "--memory", memory, "--save-plan", plan]
-        result = json.loads(sh([opts.syncopate, "simulate", *where, *args, "--cpu-compression",
-                                os.path.relpath(DEVICE, HERE), "--format", "json"], f"simulate {key}", 300, cwd=HERE))
+        result = json.loads(sh([*simulate, "--cluster", cluster_of(nodes, "-gloo"), *args], f"simulate {key}", 300, cwd=HERE))
+        mpi = json.loads(sh([*simulate, "--cluster", cluster_of(nodes), "--plan", plan], f"simulate {key} (MPI fit)", 300,
+                            cwd=HERE))
     except RuntimeError as err:
         return {**entry, "error": cause(str(err))}
     groups = json.loads((HERE / plan).read_text())["groups"]
-    entry.update(predicted_ms=result["iteration_time_ms"], groups=len(groups),
+    entry.update(predicted_ms=result["iteration_time_ms"], predicted_mpi_fit_ms=mpi["iteration_time_ms"], groups=len(groups),
                  compressed_groups=sum(g.get("compressor", "none") != "none" for g in groups))
     return entry
 
 
 def cause(output):
-    """The line that says why a command failed: the last exception or `error:` line of its
-    output (a rank's traceback, the CLI's message), else its first line."""
+    """The line that says why a command failed: a rank's last Python exception (`pkg.SomeError:
+    message`), else the last `error:` line (the CLI's message), else the output's first line."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    found = [line for line in lines if re.search(r"(^|\s|\])(error:|[A-Za-z_.]*(Error|Exception|Failed|Gradient)\b:?)", line)
-             and not line.startswith(("File ", "Traceback"))]
-    return (found[-1] if found else lines[0])[:400]
+    exceptions = [line for line in lines if re.search(r"\b[A-Za-z_][\w.]*(Error|Exception|Failed|Gradient|Exit): ", line)
+                  and not re.search(r"(^|\] )error: ", line)]
+    errors = [line for line in lines if re.search(r"(^|\] )error: ", line)]
+    return (exceptions or errors or lines[:1] or ["no output"])[-1][:400]
 
 
 def run_one(opts, config, prediction):
@@ -202,6 +210,7 @@ def report(opts):
             "measured_iteration_ms": round(measured, 3) if completed else "",
             "predicted_iteration_ms": round(prediction["predicted_ms"], 3) if "predicted_ms" in prediction else "",
             "tune_predicted_ms": round(prediction["tune_predicted_ms"], 3) if "tune_predicted_ms" in prediction else "",
+            "predicted_mpi_fit_ms": round(prediction["predicted_mpi_fit_ms"], 3) if "predicted_mpi_fit_ms" in prediction else "",
             "wall_s": record.get("wall_s", ""),
             "load_average_before": record.get("load_average", ["", ""])[0],
             "load_average_after": record.get("load_average", ["", ""])[1],
@@ -216,8 +225,10 @@ def write_readme(rows, meta):
     failures = [r for r in rows if r["status"] != "completed"]
     accuracy = sorted(r["final_accuracy_pct"] for r in done)
     minutes = meta["duration_s"] / 60
-    ratios = {n: sorted(r["measured_iteration_ms"] / r["predicted_iteration_ms"] for r in done if r["ranks"] == n)
-              for n in sorted({r["ranks"] for r in done})}
+    ranks = sorted({r["ranks"] for r in done})
+    ratios = {n: sorted(r["measured_iteration_ms"] / r["predicted_iteration_ms"] for r in done if r["ranks"] == n) for n in ranks}
+    ratios_mpi = {n: sorted(r["measured_iteration_ms"] / r["predicted_mpi_fit_ms"] for r in done if r["ranks"] == n)
+                  for n in ranks}
     lines = [
         f"Run on {meta['date']}: {len(rows)} runs ({meta['epochs']} epochs, seed {meta['seed']}, check of the first "
         f"{meta['check']} iterations) in {minutes:.0f} min including the labs' bring-up and measurement; the machine's "
@@ -228,11 +239,13 @@ def write_readme(rows, meta):
         + (f"; final test accuracy {accuracy[0]:.2f}–{accuracy[-1]:.2f} %" if accuracy else "")
         + (f". Failed: {', '.join(r['config'] for r in failures)}." if failures else "."),
         "",
-        "Measured / predicted time per iteration: "
-        + "; ".join(f"{n} ranks median {statistics.median(v):.2f} ({v[0]:.2f}–{v[-1]:.2f})" for n, v in ratios.items()) + ".",
+        "Measured / predicted time per iteration (median, min–max over the runs): on the labs' gloo fits "
+        + "; ".join(f"{n} ranks {statistics.median(v):.2f} ({v[0]:.2f}–{v[-1]:.2f})" for n, v in ratios.items())
+        + "; on their MPI fits " + "; ".join(f"{n} ranks {statistics.median(v):.2f} ({v[0]:.2f}–{v[-1]:.2f})"
+                                             for n, v in ratios_mpi.items()) + ".",
         "",
         "| ranks | plan | compressor (memory) | groups (compressed) | completed | check | final test accuracy % | "
-        "measured ms/iteration | predicted ms/iteration |",
+        "measured ms/iteration | predicted ms/iteration (gloo fit) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -283,6 +296,8 @@ def main():
         for lab, nodes in LABS:
             lab_up(opts.syncopate, lab, nodes, GBPS, os.path.relpath(DEVICE, HERE / "clusters"),
                    os.path.basename(cluster_of(nodes)), HERE / "clusters")
+        for lab, nodes in LABS:
+            fit_gloo(opts.syncopate, opts.python, lab, pathlib.Path(cluster_of(nodes)).stem, HERE / "clusters")
         predictions = {key_of(c): plan_one(opts, c) for c in configs()}
         (HERE / "predictions.json").write_text(json.dumps(predictions, indent=1, sort_keys=True) + "\n")
         print(f"{len(predictions)} plans ({time.monotonic() - started:.0f} s so far)", flush=True)
