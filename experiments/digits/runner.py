@@ -1,7 +1,14 @@
-"""What the digits experiments' run.py scripts share: running a command with its output in the error, writing a CSV, and splicing a generated block into a README."""
+"""What the digits experiments' run.py scripts share: running a command with its output in the error, bringing labs up and down, fitting them to gloo and training on them, the measured iterations of a trace, writing a CSV, and splicing a generated block into a README."""
 
 import csv
+import json
+import pathlib
+import signal
 import subprocess
+import sys
+
+TRAINER = pathlib.Path(__file__).resolve().parent / "train.py"
+
 
 def sh(args, what, timeout, cwd=None):
     """Runs a command; raises with its output when it fails; returns its stdout."""
@@ -9,6 +16,63 @@ def sh(args, what, timeout, cwd=None):
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {done.returncode}): {' '.join(map(str, args))}\n{done.stdout}\n{done.stderr}")
     return done.stdout
+
+
+def end_on_sigterm():
+    """SIGTERM ends the run like Ctrl-C: through the caller's `finally`, which removes its labs."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def lab_up(syncopate, name, nodes, gbps, device, cluster_out, cwd):
+    """Brings up lab `name` (`nodes` namespaces, links shaped to `gbps` per direction) and writes
+    its fitted cluster file `cluster_out`, naming the device profile `device` (both relative to `cwd`)."""
+    print(f"lab up {name}: {nodes} nodes at {gbps:g} Gb/s", flush=True)
+    sh([syncopate, "lab", "up", "--name", name, "--nodes", nodes, "--gbps", gbps, "--device", device,
+        "--cluster-out", cluster_out], f"lab up {name}", 900, cwd=cwd)
+
+
+def labs_down(syncopate, names):
+    """Removes the labs `names` (a lab that is not up is no error here: this runs in `finally`)."""
+    for name in names:
+        subprocess.run([str(syncopate), "lab", "down", "--name", name], capture_output=True, timeout=120)
+
+
+def lab_python(syncopate, name, python, args, what, timeout_s):
+    """Runs `python args` once per node of lab `name`, one torch thread per rank; the lab stops
+    every rank after `timeout_s`. Raises with the output when it fails."""
+    return sh([syncopate, "lab", "run", "--name", name, "--timeout-s", timeout_s, "--", "env", "OMP_NUM_THREADS=1",
+               python, *args], what, timeout_s + 100)
+
+
+def lab_train(syncopate, name, python, args, what, timeout_s):
+    """Runs the digits trainer with `args` on lab `name` (see lab_python)."""
+    return lab_python(syncopate, name, python, [TRAINER, *args], what, timeout_s)
+
+
+def fit_gloo(syncopate, python, name, cluster, clusters):
+    """Times gloo's allreduce and allgather on lab `name` as the wrapper calls them (`python -m
+    syncopate.torch.sweep`, one rank per node) and refits the lab's MPI cluster file
+    `clusters/CLUSTER.json` to them: `clusters/CLUSTER-gloo.json`, the file to predict with."""
+    print(f"gloo sweep on {name}", flush=True)
+    sweep = f"{cluster}.gloo-sweep.csv"
+    lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--out", pathlib.Path(clusters) / sweep],
+               f"gloo sweep on {name}", 900)
+    sh([syncopate, "collective", "--cluster", f"{cluster}.json", "--library", "gloo", "--compare", sweep,
+        "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {name}", 300, cwd=clusters)
+
+
+def measured_iterations(trace, log, checked):
+    """The trace's iteration times without the first iteration of each epoch (it follows the
+    previous epoch's evaluation), the warm-up iteration and the `checked` iterations (their
+    all-gathers of every rank's gradients are not part of the plan)."""
+    summary = json.loads(pathlib.Path(trace).read_text())["otherData"]
+    per_epoch = log["epochs"][0]["iterations"]
+    warmup = summary["warmup_iterations"]
+    times = summary["iteration_times_ms"]
+    total = sum(e["iterations"] for e in log["epochs"])
+    if len(times) != total - warmup:
+        raise RuntimeError(f"{trace}: {len(times)} iteration times for {total} iterations after {warmup} warm-up")
+    return [t for k, t in zip(range(warmup, total), times) if k % per_epoch != 0 and k > checked]
 
 
 def write_csv(path, rows):

@@ -16,9 +16,7 @@ import os
 import pathlib
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 
@@ -26,9 +24,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import sh, splice_readme, write_csv  # noqa: E402
+from runner import (TRAINER, end_on_sigterm, fit_gloo, lab_train, lab_up, labs_down, measured_iterations,  # noqa: E402
+                    sh, splice_readme, write_csv)
 
-TRAINER = REPO / "experiments" / "digits" / "train.py"
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
 DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
 # (name, nodes, Gb/s): every lab is up at once, so that the runs of all of them interleave.
@@ -68,28 +66,9 @@ def labs_up(opts):
     (HERE / "clusters").mkdir(exist_ok=True)
     device = os.path.relpath(DEVICE, HERE / "clusters")
     for name, nodes, gbps in LABS:
-        print(f"lab up {name}: {nodes} nodes at {gbps:g} Gb/s", flush=True)
-        sh([opts.syncopate, "lab", "up", "--name", name, "--nodes", nodes, "--gbps", gbps, "--device", device,
-            "--cluster-out", f"lab-{lab_key(nodes, gbps)}.json"], f"lab up {name}", 900, cwd=HERE / "clusters")
+        lab_up(opts.syncopate, name, nodes, gbps, device, f"lab-{lab_key(nodes, gbps)}.json", HERE / "clusters")
     for name, nodes, gbps in LABS:
-        fit_gloo(opts, name, lab_key(nodes, gbps))
-
-
-def fit_gloo(opts, name, key):
-    """Times gloo's allreduce and allgather on the lab as the wrapper calls them (`python -m
-    syncopate.torch.sweep`, one rank per node) and refits the lab's MPI cluster file to them:
-    `clusters/lab-KEY-gloo.json`, the file the predictions use."""
-    print(f"gloo sweep on {name}", flush=True)
-    sweep = f"lab-{key}.gloo-sweep.csv"
-    sh([opts.syncopate, "lab", "run", "--name", name, "--timeout-s", 900, "--", "env", "OMP_NUM_THREADS=1", opts.python,
-        "-m", "syncopate.torch.sweep", "--out", HERE / "clusters" / sweep], f"gloo sweep on {name}", 1000)
-    sh([opts.syncopate, "collective", "--cluster", f"lab-{key}.json", "--library", "gloo", "--compare", sweep,
-        "--fit-out", f"lab-{key}-gloo.json"], f"gloo fit of {name}", 300, cwd=HERE / "clusters")
-
-
-def labs_down(opts):
-    for name, _, _ in LABS:
-        subprocess.run([str(opts.syncopate), "lab", "down", "--name", name], capture_output=True, timeout=120)
+        fit_gloo(opts.syncopate, opts.python, name, f"lab-{lab_key(nodes, gbps)}", HERE / "clusters")
 
 
 def plans_and_predictions(opts):
@@ -127,40 +106,26 @@ def plans_and_predictions(opts):
     (HERE / "predictions.json").write_text(json.dumps(predictions, indent=1, sort_keys=True) + "\n")
 
 
-def measured_iterations(trace, log):
-    """The trace's iteration times without the first iteration of each epoch (it follows the
-    previous epoch's evaluation), the warm-up iteration and the CHECKED iterations (their
-    all-gathers of every rank's gradients are not part of the plan)."""
-    summary = json.loads(pathlib.Path(trace).read_text())["otherData"]
-    per_epoch = log["epochs"][0]["iterations"]
-    warmup = summary["warmup_iterations"]
-    times = summary["iteration_times_ms"]
-    total = sum(e["iterations"] for e in log["epochs"])
-    if len(times) != total - warmup:
-        raise RuntimeError(f"{trace}: {len(times)} iteration times for {total} iterations after {warmup} warm-up")
-    return [t for k, t in zip(range(warmup, total), times) if k % per_epoch != 0 and k > CHECKED]
-
-
 def run_one(opts, config, seed):
     name, nodes, gbps, compressor = config
     key = config_key(nodes, gbps, compressor)
     out = HERE / "runs" / f"{key}-s{seed}.json"
     trace = SCRATCH / f"{key}-s{seed}.trace.json"
-    common = [TRAINER, "--epochs", opts.epochs, "--seed", seed, "--out", out]
+    common = ["--epochs", opts.epochs, "--seed", seed, "--out", out]
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     if nodes == 1:
-        sh(["env", "OMP_NUM_THREADS=1", opts.python, *common], f"{key} seed {seed}", 1200)
+        sh(["env", "OMP_NUM_THREADS=1", opts.python, TRAINER, *common], f"{key} seed {seed}", 1200)
     else:
-        sh([opts.syncopate, "lab", "run", "--name", name, "--timeout-s", 1200, "--", "env", "OMP_NUM_THREADS=1", opts.python,
-            *common, "--plan", HERE / "plans" / f"{key}.json", "--model-profile", HERE / "profiles" / f"digits-w{nodes}.json",
-            "--trace", trace, "--check", CHECKED], f"{key} seed {seed}", 1300)
+        lab_train(opts.syncopate, name, opts.python,
+                  [*common, "--plan", HERE / "plans" / f"{key}.json", "--model-profile",
+                   HERE / "profiles" / f"digits-w{nodes}.json", "--trace", trace, "--check", CHECKED], f"{key} seed {seed}", 1200)
     log = json.loads(out.read_text())
     log["config"] = key
     # The machine's 1-minute load average before and after: other jobs share its two cores.
     log["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     if nodes > 1:
-        log["iteration_ms"] = measured_iterations(trace, log)
+        log["iteration_ms"] = measured_iterations(trace, log, CHECKED)
         summary = json.loads(trace.read_text())["otherData"]
         log["checks_ok"] = all(c["ok"] for c in summary["checks"])
         # Rank 0's busy time per iteration on each stream (the trace's summary).
@@ -325,8 +290,7 @@ def main():
         raise SystemExit("lab4-real makes network namespaces: run it as root (sudo)")
     if not pathlib.Path(opts.syncopate).exists():
         raise SystemExit(f"{opts.syncopate} is missing: cargo build --release --features mpi")
-    # SIGTERM ends the run like Ctrl-C: through the finally below, which removes the labs.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    end_on_sigterm()
     shutil.rmtree(HERE / "runs", ignore_errors=True)
     (HERE / "runs").mkdir()
     SCRATCH.mkdir(parents=True, exist_ok=True)
@@ -344,7 +308,7 @@ def main():
             for config in order:
                 run_one(opts, config, seed)
     finally:
-        labs_down(opts)
+        labs_down(opts.syncopate, [name for name, _, _ in LABS])
     report(opts)
     print(f"done in {time.monotonic() - started:.0f} s", flush=True)
 
