@@ -96,7 +96,8 @@ def parse(argv):
                    help="the learning rate at W ranks: lr (default), lr·√W or lr·W (Horovod's linear rule: with "
                         "momentum 0.9 it leaves this model stuck or diverging at 4 ranks in some seeds)")
     p.add_argument("--momentum", type=float, default=0.9,
-                   help="the SGD optimizer's momentum; 0 for plans whose memory is dgc (its momentum correction is the momentum)")
+                   help="the SGD optimizer's momentum, for every parameter but those a plan's dgc memory corrects "
+                        "(its momentum correction is their momentum)")
     p.add_argument("--seed", type=int, default=0, help="model initialization, shuffling and codec seed")
     p.add_argument("--check", type=int, default=0, help="check the first N iterations' aggregation (DistributedOptimizer check=N)")
     p.add_argument("--out", help="write the per-epoch log (JSON) here (rank 0)")
@@ -114,12 +115,6 @@ def parse(argv):
     if not 0 <= args.momentum < 1:
         p.error(f"--momentum: {args.momentum} is not in [0, 1)")
     return args
-
-
-def plan_memories(path):
-    """The error-feedback memories a plan's groups use (as spec strings)."""
-    plan = json.loads(pathlib.Path(path).read_text())
-    return {str(g.get("memory", "none")) for g in plan.get("groups", [])}
 
 
 def record_profile(args, rank, world):
@@ -146,16 +141,16 @@ def train(args, rank, world):
     model = DigitsNet()
     train_x, train_y, test_x, test_y = load_digits()
     lr = args.lr * {"none": 1, "sqrt": math.sqrt(world), "linear": world}[args.lr_scaling]
-    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     if args.plan:
         from syncopate.torch import DistributedOptimizer
+        from syncopate.torch.momentum import param_groups
 
-        if args.momentum > 0 and any(m.startswith("dgc") for m in plan_memories(args.plan)):
-            raise SystemExit(f"{args.plan}: its memory is dgc, whose momentum correction is the momentum: pass --momentum 0")
+        # Parameters that DGC's memory corrects take their momentum from it, the rest from SGD.
+        sgd = torch.optim.SGD(param_groups(model, args.plan, args.momentum, model_profile=args.model_profile), lr=lr)
         optimizer = DistributedOptimizer(sgd, model, args.plan, model_profile=args.model_profile, seed=args.seed,
                                          check=args.check)
     else:
-        optimizer = sgd
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     log = {"world_size": world, "plan": args.plan, "epochs": [], "batch_per_rank": args.batch, "lr": lr,
            "momentum": args.momentum, "seed": args.seed, "threads": args.threads}
     elapsed = 0.0

@@ -53,7 +53,8 @@ STRATEGIES = [
 ]
 # (compressor, memory) of issue 15's list, each under Horovod fusion and under a tuned plan.
 # DGC's warm-up (0.25 … 0.001 of the elements) lasts one epoch instead of the default five, so
-# that the short runs train at 0.001 after it; its momentum correction replaces SGD's momentum.
+# that the short runs train at 0.001 after it; its momentum correction replaces SGD's momentum
+# for the parameters it corrects (train.py builds SGD from syncopate.torch.momentum.param_groups).
 COMPRESSORS = [
     ("fp16", "none"),
     ("fp8:e4m3", "none"),
@@ -147,7 +148,7 @@ def cause(output):
 
 def run_one(opts, config, prediction):
     """Trains the config on its lab; writes runs/KEY.json with the trainer's log, or the error."""
-    lab, nodes, _, _, _, memory = config
+    lab, nodes, *_ = config
     key = key_of(config)
     out = HERE / "runs" / f"{key}.json"
     trace = SCRATCH / f"{key}.trace.json"
@@ -159,8 +160,6 @@ def run_one(opts, config, prediction):
     else:
         args = ["--plan", HERE / prediction["plan"], "--model-profile", HERE / profile_of(nodes), "--epochs", opts.epochs,
                 "--seed", opts.seed, "--check", opts.check, "--trace", trace, "--out", out]
-        if memory.startswith("dgc"):
-            args += ["--momentum", 0]
         try:
             lab_train(opts.syncopate, lab, opts.python, args, key, RUN_TIMEOUT_S)
             # The plan as this directory names it, not this machine's path to it.

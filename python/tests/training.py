@@ -5,13 +5,15 @@ import torch.nn.functional as F
 
 import models
 from syncopate.torch import DistributedOptimizer
+from syncopate.torch.momentum import param_groups
 
 
 def train(rank, world, plan, iterations=3, check=0, seed=0, trace=None, lr=0.1):
     """Trains models.tiny() on this rank's batches; returns its parameters, losses and checks."""
     torch.manual_seed(0)
     model = models.tiny()
-    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), model, plan,
+    # Momentum 0.9 but for the parameters a DGC memory corrects (its correction is their momentum).
+    optimizer = DistributedOptimizer(torch.optim.SGD(param_groups(model, plan, 0.9, lr=lr)), model, plan,
                                      seed=seed, check=check, timeout_s=30)
     losses = []
     for k in range(iterations):

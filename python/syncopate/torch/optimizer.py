@@ -11,6 +11,7 @@ from syncopate.torch import timing
 from syncopate.torch.check import Check
 from syncopate.torch.link import Link
 from syncopate.torch.executor import Executor
+from syncopate.torch.momentum import check_momentum
 from syncopate.torch.parameters import match_parameters
 from syncopate.torch.schedule import Layout, kind_of
 
@@ -42,6 +43,7 @@ class DistributedOptimizer:
         schedule = json.loads(self.schedule_json)
         model = json.loads(self.model_json)
         self.params, names = match_parameters(module, model, schedule, str(plan))
+        check_momentum(optimizer, self.params, names, schedule)
         self.layout = Layout(schedule)
         self.link = Link(self.rank, self.world, timeout_s)
         self.state = Rank(self.schedule_json, self.rank, seed)
