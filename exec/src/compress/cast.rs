@@ -23,13 +23,13 @@ struct Cast {
     c: Compressor,
 }
 
-/// Encodes chunk by chunk so the finiteness check and the conversion share one pass over memory.
+/// Encodes chunk by chunk so the finiteness check and the conversion share one pass over memory;
+/// `out` holds exactly `W` bytes per element.
 fn encode_elements<const W: usize>(
     grad: &[f32],
-    out: &mut Vec<u8>,
+    out: &mut [u8],
     convert: impl Fn(f32) -> [u8; W],
 ) -> Result<()> {
-    out.resize(grad.len() * W, 0);
     for (c, (src, dst)) in grad
         .chunks(CHUNK)
         .zip(out.chunks_mut(CHUNK * W))
@@ -85,6 +85,12 @@ impl Codec for Cast {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        out.resize(self.c.wire_bytes(grad.len() as u64) as usize, 0);
+        self.encode_into(grad, out, &mut Vec::new())
+    }
+
+    fn encode_into(&mut self, grad: &[f32], out: &mut [u8], _scratch: &mut Vec<u8>) -> Result<()> {
+        expect_len(&self.c, out, grad.len())?;
         match self.c {
             Compressor::Fp16 => encode_elements(grad, out, half_encode),
             Compressor::Bf16 => encode_elements(grad, out, brain_encode),
