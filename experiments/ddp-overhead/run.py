@@ -22,14 +22,13 @@ sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
 from runner import sh, splice_readme, write_csv  # noqa: E402
 RANK = HERE / "rank.py"
-LAB = "ddpov"
 COMPRESSORS = [("none", "none"), ("fp16", "none"), ("powersgd:4", "residual")]
 ENGINES = ["ddp", "syncopate"]
 
 
 def plans(opts):
     """The model's profile (one process) and, per compressor, the ddp strategy's plan for the lab."""
-    sh([opts.python, RANK, "--profile", HERE / "model.json"], "recording the profile", 600)
+    sh([*rank_command(opts), "--profile", HERE / "model.json"], "recording the profile", 600)
     (HERE / "plans").mkdir(exist_ok=True)
     for compressor, memory in COMPRESSORS:
         sh([opts.syncopate, "simulate", "--model", "model.json", "--cluster", "lab.json", "--strategy", "ddp",
@@ -41,6 +40,12 @@ def slug(compressor):
     return compressor.replace(":", "-")
 
 
+def rank_command(opts):
+    """rank.py under the chosen interpreter, one thread, with --pythonpath when given."""
+    env = ["OMP_NUM_THREADS=1"] + ([f"PYTHONPATH={opts.pythonpath}"] if opts.pythonpath else [])
+    return ["env", *env, opts.python, RANK]
+
+
 # A run's bound: 25 iterations and the start take under 20 s here. DDP's powerSGD_hook can
 # deadlock on gloo (its callbacks wait for the next allreduce on gloo's two worker threads; README.md).
 RUN_TIMEOUT_S = 60
@@ -49,8 +54,7 @@ RUN_TIMEOUT_S = 60
 def run_one(opts, engine, compressor):
     """One run of `iterations` steps on the lab; the median of rank 0's step times, or None when
     the run did not finish within RUN_TIMEOUT_S."""
-    args = [opts.syncopate, "lab", "run", "--name", LAB, "--timeout-s", RUN_TIMEOUT_S, "--", "env", "OMP_NUM_THREADS=1",
-            opts.python, RANK, "--engine", engine, "--compressor", compressor, "--iterations", opts.iterations]
+    args = [opts.syncopate, "lab", "run", "--name", opts.lab, "--timeout-s", RUN_TIMEOUT_S, "--", *rank_command(opts), "--engine", engine, "--compressor", compressor, "--iterations", opts.iterations]
     if engine == "syncopate":
         args += ["--plan", HERE / "plans" / f"{slug(compressor)}.json"]
     done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
@@ -131,6 +135,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--syncopate", default=str(REPO / "target" / "release" / "syncopate"))
     p.add_argument("--python", default=str(REPO / "target" / "pyenv" / "bin" / "python"))
+    p.add_argument("--pythonpath", help="PYTHONPATH for the ranks (a syncopate package unpacked from a wheel, say)")
+    p.add_argument("--lab", default="ddpov", help="the lab's name (its network namespaces are named after it)")
     p.add_argument("--gbps", type=float, default=1.0, help="the lab's link rate")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--iterations", type=int, default=20)
@@ -144,12 +150,12 @@ def main():
             if not pathlib.Path(tool).exists():
                 sys.exit(f"{tool} is missing: see this file's docstring")
         try:
-            sh([opts.syncopate, "lab", "up", "--name", LAB, "--nodes", 2, "--gbps", opts.gbps, "--cluster-out", "lab.json"],
+            sh([opts.syncopate, "lab", "up", "--name", opts.lab, "--nodes", 2, "--gbps", opts.gbps, "--cluster-out", "lab.json"],
                "lab up", 900, cwd=HERE)
             plans(opts)
             measure(opts)
         finally:
-            subprocess.run([opts.syncopate, "lab", "down", "--name", LAB], capture_output=True, timeout=120)
+            subprocess.run([opts.syncopate, "lab", "down", "--name", opts.lab], capture_output=True, timeout=120)
     table = summary()
     write_readme(table, opts)
     plot(table)

@@ -133,24 +133,58 @@ impl Rank {
     /// Reads the piece from its group's buffer (float32, in place) and adds the error feedback.
     fn compensate(&self, piece: usize, group_buffer: &Bound<'_, PyAny>) -> PyResult<()> {
         let (spec, mut state) = self.piece(piece)?;
-        if spec.offset + spec.numel
-            > views::read(group_buffer, "group buffer", |b: &[f32]| b.len())? as u64
-        {
-            return Err(SyncopateError::new_err(format!(
-                "piece {piece}: the group buffer is shorter than the piece's end"
-            )));
-        }
         views::read(group_buffer, "group buffer", |b: &[f32]| {
-            state.compensate(spec, b)
+            covers(b, spec, piece, "group buffer")?;
+            state.compensate(spec, b).map_err(exec_error)
         })?
-        .map_err(exec_error)
     }
 
-    /// Encodes the compression input; returns the payload's length in bytes.
-    fn encode(&self, piece: usize) -> PyResult<usize> {
+    /// Whether the piece's elements of its group buffer are finite (the identity codec's
+    /// exchange skips compensate and encode, whose check this is); the error names the element.
+    fn check_finite(&self, piece: usize, group_buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let spec = self.spec(piece)?;
+        views::read(group_buffer, "group buffer", |b: &[f32]| {
+            covers(b, spec, piece, "group buffer")?;
+            syncopate_exec::compress::check_finite(&b[pieces::range(spec)]).map_err(exec_error)
+        })?
+    }
+
+    /// Encodes the compression input into the payload; returns the payload's length in bytes.
+    /// With `out` (bytes, exactly the payload's length: the exchange's buffer) the payload is
+    /// written there instead, and with `group_buffer` (float32) the piece's elements in it are
+    /// the input (a piece without memory, where compensating would only copy them).
+    #[pyo3(signature = (piece, out=None, group_buffer=None))]
+    fn encode(
+        &self,
+        piece: usize,
+        out: Option<&Bound<'_, PyAny>>,
+        group_buffer: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
         let (spec, mut state) = self.piece(piece)?;
-        state.encode(spec).map_err(exec_error)?;
-        Ok(state.payload.len())
+        match (out, group_buffer) {
+            (None, None) => {
+                state.encode(spec).map_err(exec_error)?;
+                Ok(state.payload.len())
+            }
+            (Some(out), None) => views::write(out, "payload buffer", |o: &mut [u8]| {
+                state.encode_into(spec, None, o).map_err(exec_error)?;
+                Ok(o.len())
+            })?,
+            (Some(out), Some(group)) => views::read_write(
+                group,
+                "group buffer",
+                out,
+                "payload buffer",
+                |b: &[f32], o: &mut [u8]| {
+                    covers(b, spec, piece, "group buffer")?;
+                    state.encode_into(spec, Some(b), o).map_err(exec_error)?;
+                    Ok(o.len())
+                },
+            )?,
+            (None, Some(_)) => Err(SyncopateError::new_err(format!(
+                "piece {piece}: encoding from the group buffer needs an out buffer"
+            ))),
+        }
     }
 
     /// The next round's payload from the reduced one in place; returns its length.
@@ -211,9 +245,41 @@ impl Rank {
         Ok(state.payload.len())
     }
 
-    fn decode(&self, piece: usize) -> PyResult<()> {
+    /// Decodes what the exchanges delivered into the result: the payload, or `delivered` (bytes:
+    /// the exchange's buffer of a summed or pulled payload) read where it arrived. With `out`
+    /// (float32, the group's result buffer) a delivered payload is decoded straight into the
+    /// piece's elements there instead (pieces without memory: nothing else reads the result).
+    #[pyo3(signature = (piece, delivered=None, out=None))]
+    fn decode(
+        &self,
+        piece: usize,
+        delivered: Option<&Bound<'_, PyAny>>,
+        out: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let (spec, mut state) = self.piece(piece)?;
-        state.decode(spec).map_err(exec_error)
+        match (delivered, out) {
+            (None, None) => state.decode(spec, None).map_err(exec_error),
+            (Some(delivered), None) => {
+                views::read(delivered, "delivered payload", |d: &[u8]| {
+                    state.decode(spec, Some(d)).map_err(exec_error)
+                })?
+            }
+            (Some(delivered), Some(out)) => views::read_write(
+                delivered,
+                "delivered payload",
+                out,
+                "result buffer",
+                |d: &[u8], o: &mut [f32]| {
+                    covers(o, spec, piece, "result buffer")?;
+                    state
+                        .decode_into(spec, d, &mut o[pieces::range(spec)])
+                        .map_err(exec_error)
+                },
+            )?,
+            (None, Some(_)) => Err(SyncopateError::new_err(format!(
+                "piece {piece}: decoding into the result buffer needs the delivered payload"
+            ))),
+        }
     }
 
     fn update_memory(&self, piece: usize) -> PyResult<()> {
@@ -235,19 +301,12 @@ impl Rank {
         scale: f32,
     ) -> PyResult<()> {
         let (spec, state) = self.piece(piece)?;
-        let range = pieces::range(spec);
         views::write(group_buffer, "result buffer", |b: &mut [f32]| {
-            match b.get_mut(range) {
-                Some(out) => {
-                    for (o, &r) in out.iter_mut().zip(state.result()) {
-                        *o = r * scale;
-                    }
-                    Ok(())
-                }
-                None => Err(SyncopateError::new_err(format!(
-                    "piece {piece}: the result buffer is shorter than the piece's end"
-                ))),
+            covers(b, spec, piece, "result buffer")?;
+            for (o, &r) in b[pieces::range(spec)].iter_mut().zip(state.result()) {
+                *o = r * scale;
             }
+            Ok(())
         })?
     }
 
@@ -261,6 +320,17 @@ impl Rank {
     fn copy_result(&self, piece: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
         let (_, state) = self.piece(piece)?;
         copy_floats(state.result(), out, piece)
+    }
+}
+
+/// Whether `buffer` (a group's) reaches the piece's end.
+fn covers<T>(buffer: &[T], spec: &Piece, piece: usize, what: &str) -> PyResult<()> {
+    if pieces::range(spec).end <= buffer.len() {
+        Ok(())
+    } else {
+        Err(SyncopateError::new_err(format!(
+            "piece {piece}: the {what} is shorter than the piece's end"
+        )))
     }
 }
 

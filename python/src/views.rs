@@ -48,3 +48,41 @@ pub fn write<T: Element, R>(
         unsafe { std::slice::from_raw_parts_mut(buffer.buf_ptr() as *mut T, buffer.item_count()) };
     Ok(body(slice))
 }
+
+/// Runs `body` on the elements of `source` and of writable `target` at once; an error when the
+/// two share memory (a slice and a mutable slice over the same bytes may not coexist).
+pub fn read_write<S: Element, T: Element, R>(
+    source: &Bound<'_, PyAny>,
+    source_what: &str,
+    target: &Bound<'_, PyAny>,
+    target_what: &str,
+    body: impl FnOnce(&[S], &mut [T]) -> R,
+) -> PyResult<R> {
+    let input = buffer::<S>(source, source_what, false)?;
+    let output = buffer::<T>(target, target_what, true)?;
+    let span = |b: usize, items: usize, size: usize| b..b + items * size;
+    let a = span(
+        input.buf_ptr() as usize,
+        input.item_count(),
+        std::mem::size_of::<S>(),
+    );
+    let b = span(
+        output.buf_ptr() as usize,
+        output.item_count(),
+        std::mem::size_of::<T>(),
+    );
+    if a.start < b.end && b.start < a.end {
+        return Err(SyncopateError::new_err(format!(
+            "{source_what} and {target_what} share memory"
+        )));
+    }
+    // SAFETY: as in `read` and `write` for each buffer; the two spans were just checked to be
+    // disjoint, so the shared and the mutable slice never alias.
+    let (i, o) = unsafe {
+        (
+            std::slice::from_raw_parts(input.buf_ptr() as *const S, input.item_count()),
+            std::slice::from_raw_parts_mut(output.buf_ptr() as *mut T, output.item_count()),
+        )
+    };
+    Ok(body(i, o))
+}

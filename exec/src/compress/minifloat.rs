@@ -62,15 +62,18 @@ pub fn decode<const E: u32, const M: u32, const IEEE_SPECIALS: bool>(code: u32) 
     f32::from_bits(value | sign)
 }
 
+#[inline(always)]
 pub fn f32_to_f16(x: f32) -> u16 {
     encode::<5, 10, 0x7BFF>(x) as u16
 }
 
+#[inline(always)]
 pub fn f16_to_f32(h: u16) -> f32 {
     decode::<5, 10, true>(u32::from(h))
 }
 
 /// bf16 is the top half of an f32, so rounding is a bias add on the discarded half.
+#[inline(always)]
 pub fn f32_to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
     let abs = bits & 0x7FFF_FFFF;
@@ -78,6 +81,7 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     ((bits >> 16) & 0x8000) as u16 | rounded as u16
 }
 
+#[inline(always)]
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
 }

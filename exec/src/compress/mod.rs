@@ -36,6 +36,25 @@ pub trait Codec: Send {
     /// error naming the element.
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()>;
 
+    /// Encodes into `out`, a buffer of exactly the payload's length (an exchange's, so that
+    /// the payload is exchanged where it was written). Codecs that convert element by element
+    /// write it in place; the others encode into `scratch` and copy.
+    fn encode_into(&mut self, grad: &[f32], out: &mut [u8], scratch: &mut Vec<u8>) -> Result<()> {
+        self.encode(grad, scratch)?;
+        if scratch.len() != out.len() {
+            return Err(wire::bad_payload(
+                &self.compressor(),
+                format!(
+                    "a payload of {} bytes does not fit a buffer of {}",
+                    scratch.len(),
+                    out.len()
+                ),
+            ));
+        }
+        out.copy_from_slice(scratch);
+        Ok(())
+    }
+
     /// Adds the decoded payload into `acc`. For allreduce codecs the payload may be the sum of
     /// p payloads; for PowerSGD it is the reduced payload of the last round.
     fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()>;
@@ -183,4 +202,32 @@ fn sum_payloads(codecs: &[Box<dyn Codec>], payloads: &[Vec<u8>]) -> Result<Vec<u
         codecs[0].sum_into(&mut reduced, other)?;
     }
     Ok(reduced)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syncopate_sim::compress::catalog;
+
+    /// Encoding into an exchange's buffer writes the same bytes as encoding into a payload, for
+    /// every catalog example (the in-place casts and the others' copy alike); a buffer of
+    /// another length is refused.
+    #[test]
+    fn encode_into_writes_the_payloads_bytes() {
+        let grad: Vec<f32> = (0..4099).map(|i| ((i as f32) * 0.61).sin() * 2.5).collect();
+        for entry in catalog() {
+            let c: Compressor = entry.example.parse().unwrap();
+            let mut payload = Vec::new();
+            codec_for(&c, 7).encode(&grad, &mut payload).unwrap();
+            let mut out = vec![0xAAu8; payload.len()];
+            let mut scratch = Vec::new();
+            codec_for(&c, 7)
+                .encode_into(&grad, &mut out, &mut scratch)
+                .unwrap();
+            assert_eq!(out, payload, "{c}");
+            let mut short = vec![0u8; payload.len() - 1];
+            let err = codec_for(&c, 7).encode_into(&grad, &mut short, &mut scratch);
+            assert!(err.is_err(), "{c}: a short buffer was accepted");
+        }
+    }
 }

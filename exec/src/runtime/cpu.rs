@@ -310,7 +310,7 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         piece: &mut PieceState,
         index: usize,
     ) -> Result<()> {
-        piece.decode(self.piece(index))
+        piece.decode(self.piece(index), None)
     }
 
     fn update_memory(

@@ -2,7 +2,7 @@
 
 use super::pieces;
 use crate::compress::{Codec, MemoryState};
-use crate::error::Result;
+use crate::error::{ExecError, Result};
 use syncopate_sim::compress::{Aggregation, Memory};
 use syncopate_sim::schedule::{Piece, Schedule};
 
@@ -64,26 +64,70 @@ impl PieceState {
         Ok(())
     }
 
+    /// Encodes into `out`, an exchange's buffer of exactly the payload's length, so that the
+    /// payload is exchanged where it was written. The input is `group_buffer`'s piece when given
+    /// (a piece without memory: its gradient is its compression input, no copy needed; the
+    /// codec's finiteness check still runs), else the compensated input.
+    pub fn encode_into(
+        &mut self,
+        spec: &Piece,
+        group_buffer: Option<&[f32]>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let input = match group_buffer {
+            Some(buffer) => {
+                if spec.memory != Memory::None {
+                    return Err(ExecError::Protocol {
+                        compressor: spec.compressor.to_string(),
+                        message: format!(
+                            "memory {} needs the compensated input, not the group buffer's",
+                            spec.memory
+                        ),
+                    });
+                }
+                &buffer[pieces::range(spec)]
+            }
+            None => &self.compensated,
+        };
+        self.codec.encode_into(input, out, &mut self.payload)?;
+        if spec.memory != Memory::None {
+            self.own.clear();
+            self.own.extend_from_slice(out);
+        }
+        Ok(())
+    }
+
     /// The next round's payload from the reduced one (PowerSGD's Q from P).
     pub fn next_round(&mut self) -> Result<()> {
         let reduced = std::mem::take(&mut self.payload);
         self.codec.next_round(&reduced, &mut self.payload)
     }
 
-    /// Decodes what the exchanges delivered into the result.
-    pub fn decode(&mut self, spec: &Piece) -> Result<()> {
+    /// Decodes what the exchanges delivered into the result: `delivered` when given (the
+    /// exchange's buffer of a summed or pulled payload, read where it arrived), else the payload.
+    pub fn decode(&mut self, spec: &Piece, delivered: Option<&[u8]>) -> Result<()> {
         self.result.fill(0.0);
-        match spec.aggregation {
-            Aggregation::Allreduce | Aggregation::ParameterServer => {
-                self.codec.decode_add(&self.payload, &mut self.result)
-            }
-            Aggregation::Allgather => {
-                for payload in &self.gathered {
-                    self.codec.decode_add(payload, &mut self.result)?;
-                }
-                Ok(())
-            }
+        decode_delivered(
+            &mut *self.codec,
+            spec,
+            delivered.unwrap_or(&self.payload),
+            &self.gathered,
+            &mut self.result,
+        )
+    }
+
+    /// Decodes a summed or pulled payload straight into `out`, the piece's elements of its
+    /// result buffer, leaving the result alone: for pieces without memory, where nothing else
+    /// reads the result.
+    pub fn decode_into(&mut self, spec: &Piece, delivered: &[u8], out: &mut [f32]) -> Result<()> {
+        if spec.memory != Memory::None {
+            return Err(ExecError::Protocol {
+                compressor: spec.compressor.to_string(),
+                message: format!("memory {} keeps the decoded result", spec.memory),
+            });
         }
+        out.fill(0.0);
+        decode_delivered(&mut *self.codec, spec, delivered, &self.gathered, out)
     }
 
     /// Keeps in the memory what this rank's own payload did not transmit.
@@ -116,5 +160,25 @@ impl PieceState {
             self.codec.decode_add(payload, &mut sum)?;
         }
         self.server_codec.encode(&sum, &mut self.payload)
+    }
+}
+
+/// Adds what the exchanges delivered into `acc`: the summed or pulled payload, or every
+/// gathered one.
+fn decode_delivered(
+    codec: &mut dyn Codec,
+    spec: &Piece,
+    payload: &[u8],
+    gathered: &[Vec<u8>],
+    acc: &mut [f32],
+) -> Result<()> {
+    match spec.aggregation {
+        Aggregation::Allreduce | Aggregation::ParameterServer => codec.decode_add(payload, acc),
+        Aggregation::Allgather => {
+            for payload in gathered {
+                codec.decode_add(payload, acc)?;
+            }
+            Ok(())
+        }
     }
 }

@@ -43,13 +43,17 @@ class Check:
         read(piece, values.numpy())
         return values
 
-    def input(self, piece, iteration):
+    def input(self, piece, iteration, values=None):
+        """Keeps the piece's compression input: `values` (a tensor the executor encoded from),
+        else the state's compensated input."""
         if iteration < self.iterations:
-            self.inputs[piece] = self._copy(piece, self.state.copy_compensated)
+            self.inputs[piece] = values.clone() if values is not None else self._copy(piece, self.state.copy_compensated)
 
-    def result(self, piece, iteration):
+    def result(self, piece, iteration, values=None):
+        """Keeps the piece's decoded sum: `values` (a tensor the executor decoded into), else
+        the state's result."""
         if iteration < self.iterations:
-            self.outputs[piece] = self._copy(piece, self.state.copy_result)
+            self.outputs[piece] = values.clone() if values is not None else self._copy(piece, self.state.copy_result)
 
     def verify(self, iteration):
         """Gathers every piece's inputs and results of `iteration` and raises on a mismatch."""

@@ -1,4 +1,4 @@
-"""One round's exchange of a piece's payload over torch.distributed: started asynchronously, finished later into the rank's codec state."""
+"""One round's exchange of a piece's payload over torch.distributed: started asynchronously, finished later into the rank's codec state (or, for an allreduce, left in its buffer for the decode to read)."""
 
 import torch
 import torch.distributed as dist
@@ -16,19 +16,23 @@ def payload_tensor(state, piece, length):
 
 
 class Allreduce:
-    """Every rank's payload summed element-wise in its wire type."""
+    """Every rank's payload summed element-wise in its wire type, in place: in `staged` (bytes)
+    when the payload was encoded there, else in a kept buffer it is copied into."""
 
-    def __init__(self, link, state, piece, length, dtype, what):
+    def __init__(self, link, state, piece, length, dtype, what, staged=None):
         if length % DTYPES[dtype].itemsize:
             raise PeerFailure(f"{what}: a payload of {length} bytes is not whole {dtype} elements")
-        self.link, self.state, self.piece, self.what = link, state, piece, what
-        self.buffer = link.buffers.get("allreduce", piece, length)
-        state.copy_payload(piece, self.buffer.numpy())
+        self.link, self.what = link, what
+        if staged is None:
+            staged = link.buffers.get("allreduce", piece, length)
+            state.copy_payload(piece, staged.numpy())
+        self.buffer = staged
         self.work = link.start(dist.all_reduce, self.buffer.view(DTYPES[dtype]), async_op=True)
 
     def finish(self):
+        """The summed payload's buffer."""
         self.link.wait(self.work, self.what)
-        self.state.set_payload(self.piece, self.buffer.numpy())
+        return self.buffer
 
 
 class ReduceScatter:

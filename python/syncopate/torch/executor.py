@@ -2,8 +2,9 @@
 
 import collections
 
-from syncopate import Launcher, NonFiniteError, NonFiniteGradient, SyncopateError
+from syncopate import Launcher, SyncopateError
 from syncopate.torch import exchange
+from syncopate.torch.codecs import SUMMED, Codecs
 from syncopate.torch.schedule import SYNC_STREAMS, exchange_of, kind_of
 
 
@@ -33,13 +34,10 @@ class Executor:
         self.state = state
         self.link = link
         self.launcher = Launcher(schedule_json)
-        self.buffers = [b.numpy() for b in buffers]
-        self.results = [r.numpy() for r in results]
-        self.scales = scales
+        self.codecs = Codecs(layout, state, link, buffers, results, scales, check, names)
         self.recorder = recorder
         self.check = check
         self.names = names
-        self.length = {}
         self.scattered = {}
         self.sync = None
 
@@ -84,7 +82,7 @@ class Executor:
         step = self.layout.steps[index]
         if step["stream"] in SYNC_STREAMS:
             start = self.recorder.now()
-            self._ops(index, step["ops"])
+            self.codecs.run(step["piece"], step["ops"], self.sync.iteration)
             self.recorder.add(index, self.sync.iteration, 0, start)
             self._done(index)
         elif step["stream"] == "comm":
@@ -129,7 +127,7 @@ class Executor:
         ops = step["ops"]
         split = ops.index("exchange")
         start = self.recorder.now()
-        self._ops(index, ops[:split])
+        self.codecs.run(step["piece"], ops[:split], sync.iteration)
         _, fields = kind_of(step)
         piece = step["piece"]
         what = f"{kind_label(step)} (rank {self.link.rank}, iteration {sync.iteration})"
@@ -140,11 +138,12 @@ class Executor:
 
     def _exchange(self, name, piece, what):
         state, link = self.state, self.link
-        length = self.length.get(piece, 0)
+        length = self.codecs.length.get(piece, 0)
         dtype = state.wire_dtype(piece) or "f32"
-        if name in ("allreduce", "hierarchical-allreduce"):
+        if name in SUMMED:
             # Gloo on CPU has no node hierarchy: the hierarchical allreduce's sum is the same.
-            return exchange.Allreduce(link, state, piece, length, dtype, what)
+            staged = self.codecs.staged.pop(piece, None)
+            return exchange.Allreduce(link, state, piece, length, dtype, what, staged)
         if name == "reduce-scatter":
             pending = exchange.ReduceScatter(link, state, piece, length, dtype, what)
             self.scattered[piece] = pending
@@ -158,55 +157,12 @@ class Executor:
 
     def _complete_oldest(self):
         index, pending, start, stream = self.sync.in_flight.popleft()
-        pending.finish()
-        ops = self.layout.steps[index]["ops"]
-        self._ops(index, ops[ops.index("exchange") + 1:])
+        step = self.layout.steps[index]
+        self.codecs.deliver(step["piece"], pending.finish())
+        ops = step["ops"]
+        self.codecs.run(step["piece"], ops[ops.index("exchange") + 1:], self.sync.iteration)
         self.recorder.add(index, self.sync.iteration, stream, start)
         self._done(index)
-
-    # Codec ops on the Rust state.
-
-    def _ops(self, index, ops):
-        step = self.layout.steps[index]
-        piece = step["piece"]
-        group = self.layout.pieces[piece]["group"]
-        state = self.state
-        for op in ops:
-            if op == "compensate":
-                self._compensate(piece, group)
-            elif op == "encode":
-                self.length[piece] = state.encode(piece)
-            elif op == "next-round":
-                self.length[piece] = state.next_round(piece)
-            elif op == "decode":
-                state.decode(piece)
-            elif op == "update-memory":
-                state.update_memory(piece)
-            elif op == "scale-output":
-                state.scale_output(piece)
-        if "decode" in ops:
-            state.write_result(piece, self.results[group], self.scales[group])
-            if self.check is not None:
-                self.check.result(piece, self.sync.iteration)
-
-    def _compensate(self, piece, group):
-        try:
-            self.state.compensate(piece, self.buffers[group])
-        except NonFiniteError as err:
-            message, element = err.args
-            raise NonFiniteGradient(
-                f"{self._tensor_at(piece, element)}: {message} (rank {self.link.rank}, iteration {self.sync.iteration})"
-            ) from err
-        if self.check is not None:
-            self.check.input(piece, self.sync.iteration)
-
-    def _tensor_at(self, piece, element):
-        spec = self.layout.pieces[piece]
-        at = spec["offset"] + element
-        for slot in self.layout.buffers[spec["group"]]["slots"]:
-            if slot["offset"] <= at < slot["offset"] + slot["numel"]:
-                return f"gradient of {self.names[slot['tensor']]} (element {at - slot['offset']})"
-        return f"group {spec['group']} (element {at})"
 
 
 def kind_label(step):

@@ -1,0 +1,152 @@
+"""A rank's codec ops on the Rust state, with each payload written where its allreduce sends it and decoded where it arrives, so a step passes over the gradients as few times as DDP does."""
+
+import torch
+
+from syncopate import NonFiniteError, NonFiniteGradient
+from syncopate.torch.schedule import exchange_of
+
+SUMMED = ("allreduce", "hierarchical-allreduce")
+
+
+class Codecs:
+    """Runs compensate, encode, next-round, decode, update-memory and scale-output for each
+    piece on `state` (a `syncopate.Rank`); `buffers` and `results` are each group's float32
+    gradient and result tensors, `scales` what a group's decoded sum is multiplied by.
+
+    Three shortcuts, none of which changes a payload's bytes or a result:
+    - a piece whose first round is an allreduce is encoded straight into the exchange's buffer
+      (`staged`), and one without memory from its group buffer (compensating would only copy);
+    - an allreduced payload is decoded where it arrived (`deliver`), and for a piece without
+      memory straight into its result buffer when the sum needs no scaling;
+    - the identity codec (`none` without memory) has no payload of its own: its wire format is
+      the float32 elements little-endian, which is how the group buffer holds them on the
+      little-endian machines torch runs on, so the group buffer's piece is what gets allreduced
+      and the result is the sum times the scale, written in one pass."""
+
+    def __init__(self, layout, state, link, buffers, results, scales, check, names):
+        self.layout = layout
+        self.state = state
+        self.link = link
+        self.buffers = buffers
+        self.results = results
+        self.arrays = [b.numpy() for b in buffers]
+        self.result_arrays = [r.numpy() for r in results]
+        self.scales = scales
+        self.check = check
+        self.names = names
+        self.length = {}
+        self.staged = {}
+        self.delivered = {}
+        self.in_place = set()
+        self.identity = set()
+        for index, piece in enumerate(layout.pieces):
+            first, _ = exchange_of(piece["rounds"][0])
+            if first in SUMMED:
+                self.in_place.add(index)
+                if piece["compressor"] == "none" and piece["memory"] == "none" and len(piece["rounds"]) == 1:
+                    self.identity.add(index)
+
+    def _span(self, piece):
+        spec = self.layout.pieces[piece]
+        return spec["group"], slice(spec["offset"], spec["offset"] + spec["numel"])
+
+    def run(self, piece, ops, iteration):
+        """Runs `ops` on `piece` in order (the schedule's order) in `iteration`."""
+        state = self.state
+        written = False
+        for op in ops:
+            if op == "compensate":
+                self._compensate(piece, iteration)
+            elif op == "encode":
+                self._encode(piece, iteration)
+            elif op == "next-round":
+                self._take_delivered(piece)
+                self.length[piece] = state.next_round(piece)
+            elif op == "decode":
+                written = self._decode(piece, iteration)
+            elif op == "update-memory":
+                state.update_memory(piece)
+            elif op == "scale-output":
+                state.scale_output(piece)
+        if "decode" in ops and not written:
+            group, _ = self._span(piece)
+            state.write_result(piece, self.result_arrays[group], self.scales[group])
+            if self.check is not None:
+                self.check.result(piece, iteration)
+
+    def deliver(self, piece, buffer):
+        """The exchange left the summed payload in `buffer` (None: in the state already)."""
+        if buffer is not None:
+            self.delivered[piece] = buffer
+
+    def _take_delivered(self, piece):
+        delivered = self.delivered.pop(piece, None)
+        if delivered is not None:
+            self.state.set_payload(piece, delivered.numpy())
+
+    # The ops.
+
+    def _no_memory(self, piece):
+        return self.layout.pieces[piece]["memory"] == "none"
+
+    def _compensate(self, piece, iteration):
+        if piece in self.in_place and self._no_memory(piece):
+            # Its encode reads the group buffer itself (and checks it is finite).
+            return
+        group, _ = self._span(piece)
+        self._named(piece, iteration, lambda: self.state.compensate(piece, self.arrays[group]))
+        if self.check is not None:
+            self.check.input(piece, iteration)
+
+    def _encode(self, piece, iteration):
+        if piece not in self.in_place:
+            self.length[piece] = self.state.encode(piece)
+            return
+        group, span = self._span(piece)
+        if piece in self.identity:
+            self._named(piece, iteration, lambda: self.state.check_finite(piece, self.arrays[group]))
+            out = self.buffers[group][span].view(torch.uint8)
+        else:
+            out = self.link.buffers.get("allreduce", piece, self.layout.pieces[piece]["rounds"][0]["bytes"])
+            source = self.arrays[group] if self._no_memory(piece) else None
+            self._named(piece, iteration, lambda: self.state.encode(piece, out.numpy(), source))
+        if self._no_memory(piece) and self.check is not None:
+            self.check.input(piece, iteration, self.buffers[group][span])
+        self.staged[piece] = out
+        self.length[piece] = out.numel()
+
+    def _decode(self, piece, iteration):
+        """Decodes the piece; True when the result buffer holds its result already."""
+        delivered = self.delivered.pop(piece, None)
+        group, span = self._span(piece)
+        if piece in self.identity and delivered is not None:
+            total = delivered.view(torch.float32)
+            torch.mul(total, self.scales[group], out=self.results[group][span])
+            if self.check is not None:
+                self.check.result(piece, iteration, total)
+            return True
+        if delivered is not None and self._no_memory(piece) and self.scales[group] == 1.0:
+            self.state.decode(piece, delivered.numpy(), self.result_arrays[group])
+            if self.check is not None:
+                self.check.result(piece, iteration, self.results[group][span])
+            return True
+        self.state.decode(piece, None if delivered is None else delivered.numpy())
+        return False
+
+    def _named(self, piece, iteration, body):
+        """Runs `body`; a non-finite gradient element is reported with its tensor's name."""
+        try:
+            return body()
+        except NonFiniteError as err:
+            message, element = err.args
+            raise NonFiniteGradient(
+                f"{self._tensor_at(piece, element)}: {message} (rank {self.link.rank}, iteration {iteration})"
+            ) from err
+
+    def _tensor_at(self, piece, element):
+        spec = self.layout.pieces[piece]
+        at = spec["offset"] + element
+        for slot in self.layout.buffers[spec["group"]]["slots"]:
+            if slot["offset"] <= at < slot["offset"] + slot["numel"]:
+                return f"gradient of {self.names[slot['tensor']]} (element {at - slot['offset']})"
+        return f"group {spec['group']} (element {at})"
