@@ -1,6 +1,7 @@
 """`python -m syncopate.torch.sweep`: every op and size timed on 2 gloo ranks and written as the CSV `collective --compare` reads; bad flags and a missing launcher end in one-line errors."""
 
 import csv
+import os
 import subprocess
 import sys
 
@@ -44,7 +45,7 @@ def test_bad_sizes_are_named(text, message):
 
 
 def test_without_a_launcher_the_error_says_what_is_missing(tmp_path):
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     run = subprocess.run([sys.executable, "-m", "syncopate.torch.sweep", "--out", str(tmp_path / "x.csv")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 1
