@@ -16,7 +16,8 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
     gradient (the first one's measured from the loss), each parameterized module's forward time
     (forward hooks; parameter-less work in between joins the next such module, the loss the
     last) split over its parameters by element count, the optimizer step, and the host's thread
-    counts; medians of the measured iterations. Timed with perf_counter on the CPU and with CUDA
+    counts; per-tensor medians of the measured iterations, scaled to the median iteration's
+    total (so that time-sharing of the cores, which per-tensor medians miss, is kept). Timed with perf_counter on the CPU and with CUDA
     events when the parameters are on a GPU. `device` names the device profile the timings
     belong to; `optimizer` (default: SGD with `lr`) steps the module's parameters; `amp`
     autocasts the forward (fp16 with a gradient scaler on a GPU, bf16 on the CPU)."""
@@ -35,7 +36,7 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
     samples = _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations)
     tensors = _tensors(named, samples)
     precision = f", autocast {_autocast_dtype(on)}" if amp else ""
-    method = (f"{clock.description}, median of {iterations} iterations after {warmup} warm-up, batch {batch_size}"
+    method = (f"{clock.description}, per-tensor medians of {iterations} iterations after {warmup} warm-up scaled to the median iteration's total, batch {batch_size}"
               f"{precision}, PyTorch {torch.__version__}")
     return {
         "format_version": 1,
@@ -121,6 +122,14 @@ def _tensors(named, samples):
         raise ValueError(f"model_profile: {len(missing)} parameters never received a gradient, e.g. "
                          f"{named[missing[0]][0]}; freeze them (requires_grad=False) or fix the loss")
     median = statistics.median
+    backward = {i: median(s["backward"].get(i, 0.0) for s in samples) for i in order}
+    forward = {i: median(s["forward"][i] for s in samples) for i in order}
+    # Each tensor's median keeps the shape of an iteration; the median iteration's total keeps its
+    # level. They differ where processes time-share cores (ranks beside each other on a CPU host):
+    # a preemption lands in a few short gaps of each iteration, so every tensor's median misses
+    # it while every iteration's total pays it.
+    backward_scale = _level(median(sum(s["backward"].values()) for s in samples), sum(backward.values()))
+    forward_scale = _level(median(sum(s["forward"].values()) for s in samples), sum(forward.values()))
     tensors = []
     for index in order:
         param_name, p = named[index]
@@ -131,10 +140,15 @@ def _tensors(named, samples):
             "numel": math.prod(shape),
             "dtype": "f32",
             "registration_index": index,
-            "backward_us": round(median(s["backward"].get(index, 0.0) for s in samples), 3),
-            "forward_us": round(median(s["forward"][index] for s in samples), 3),
+            "backward_us": round(backward[index] * backward_scale, 3),
+            "forward_us": round(forward[index] * forward_scale, 3),
         })
     return tensors
+
+
+def _level(iteration_total, sum_of_medians):
+    """The factor that brings the per-tensor medians to the median iteration's total."""
+    return iteration_total / sum_of_medians if sum_of_medians > 0 else 1.0
 
 
 def _sample(named, owners, ready, forward, clock, marks):
