@@ -159,19 +159,12 @@ fn read_op(
     filters: &[RowFilter],
 ) -> anyhow::Result<Vec<Measurement>> {
     let (min, max) = (parse_bytes(&args.min_bytes)?, parse_bytes(&args.max_bytes)?);
-    let mut filters = filters.to_vec();
-    if has_op_column(path)? && !filters.iter().any(|f| f.column == "op") {
-        filters.push(RowFilter {
-            column: "op".into(),
-            value: op.name().into(),
-        });
-    }
     let measurements: Vec<Measurement> = calibrate::read_measurements(
         path,
         op,
         args.column.as_deref(),
         cluster.world_size(),
-        &filters,
+        filters,
     )?
     .into_iter()
     .filter(|m| (min..=max).contains(&m.bytes))
@@ -184,16 +177,6 @@ fn read_op(
         format_bytes(max)
     );
     Ok(measurements)
-}
-
-/// Whether the CSV at `path` names its rows' collective in an `op` column.
-fn has_op_column(path: &std::path::Path) -> anyhow::Result<bool> {
-    let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let header = text.lines().next().unwrap_or_default();
-    Ok(header.split(',').any(|name| name.trim() == "op"))
 }
 
 /// The TCP fit's measurements: every fitted collective's rows not held out.
@@ -217,7 +200,7 @@ fn tcp_fit_set(
         )
         .into());
     }
-    if ops.len() > 1 && !has_op_column(path)? {
+    if ops.len() > 1 && !calibrate::has_op_column(path)? {
         return Err(SimError::bad_value(
             "--compare",
             path.display(),

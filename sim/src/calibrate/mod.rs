@@ -57,8 +57,10 @@ impl std::str::FromStr for RowFilter {
 
 /// Reads a CSV of nccl-tests results. It needs a `size_bytes` column and either a time column
 /// (`time_us…`) or a bus-bandwidth column (`…busbw…`); `column` picks one by name. Rows without
-/// a `gpus` column take `default_gpus`; only rows the filters accept are read. Rows whose
-/// value is zero or missing are skipped (nccl-tests prints 0.00 GB/s for one rank).
+/// a `gpus` column take `default_gpus`; only rows the filters accept are read, and in a file
+/// with an `op` column (several collectives, as `python -m syncopate.torch.sweep` writes) only
+/// `op`'s rows unless a filter names that column. Rows whose value is zero or missing are
+/// skipped (nccl-tests prints 0.00 GB/s for one rank).
 pub fn read_measurements(
     path: &Path,
     op: Op,
@@ -78,7 +80,7 @@ pub fn read_measurements(
     let (_, header) = lines
         .next()
         .ok_or_else(|| SimError::invalid(&label, "header", "the file is empty"))?;
-    let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    let names = column_names(header);
     let find = |name: &str| names.iter().position(|n| *n == name);
     let size_at = find("size_bytes")
         .ok_or_else(|| SimError::invalid(&label, "header", "needs a `size_bytes` column"))?;
@@ -94,6 +96,9 @@ pub fn read_measurements(
             )
         })?;
         filter_at.entry(at).or_default().push(&f.value);
+    }
+    if let Some(at) = find(OP_COLUMN).filter(|at| !filter_at.contains_key(at)) {
+        filter_at.insert(at, vec![op.name()]);
     }
     let chosen = match column {
         Some(name) => {
@@ -175,6 +180,26 @@ pub fn read_measurements(
         return Err(SimError::invalid(&label, names[chosen.0], "no usable rows"));
     }
     Ok(rows)
+}
+
+/// The column of a measurement CSV that names each row's collective.
+const OP_COLUMN: &str = "op";
+
+fn column_names(header: &str) -> Vec<&str> {
+    header.split(',').map(str::trim).collect()
+}
+
+/// Whether the measurement CSV at `path` names each row's collective in an `op` column.
+pub fn has_op_column(path: &Path) -> Result<bool> {
+    let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let header = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    Ok(column_names(header).contains(&OP_COLUMN))
 }
 
 /// The fields of one CSV line, with RFC 4180 quoting (a quoted field may hold commas and
