@@ -6,9 +6,8 @@ use pyo3::prelude::*;
 use syncopate_sim::launch;
 use syncopate_sim::schedule::{LaunchPolicy, Program};
 
-/// One iteration's launch decisions. Time is not consulted (every call is at time 0): ranks
-/// that decide alone agree only on what follows from the order of events, so a Horovod cycle
-/// releases a ready collective at once.
+/// One iteration's launch decisions on the caller's clock (a Horovod cycle releases a ready
+/// collective at the next tick of it).
 #[pyclass(module = "syncopate._syncopate")]
 pub struct Launcher {
     policy: LaunchPolicy,
@@ -41,8 +40,10 @@ impl Launcher {
         self.launcher = launch::Launcher::new(&self.policy, &self.program);
     }
 
-    /// Collective step `step` has met its dependencies on every rank.
-    fn ready(&mut self, step: usize) -> PyResult<()> {
+    /// Collective step `step` has met its dependencies on every rank at `now` (ns on the
+    /// caller's clock). Returns when it is released: `now`, or the next cycle tick.
+    #[pyo3(signature = (step, now=0))]
+    fn ready(&mut self, step: usize, now: u64) -> PyResult<u64> {
         let task = self
             .task_of_step
             .get(step)
@@ -51,15 +52,26 @@ impl Launcher {
             .ok_or_else(|| {
                 SyncopateError::new_err(format!("step {step} is not a collective of the schedule"))
             })?;
-        self.launcher.ready(task, 0);
-        Ok(())
+        Ok(self.launcher.ready(task, now))
     }
 
-    /// The collective step to launch next, if the policy has one.
-    fn next(&mut self) -> Option<u32> {
+    /// The collective step to launch at `now` on a free stream, if the policy has one.
+    #[pyo3(signature = (now=0))]
+    fn next(&mut self, now: u64) -> Option<u32> {
         self.launcher
-            .next(0)
+            .next(now)
             .map(|task| self.program.task(task).step)
+    }
+
+    /// When the earliest collective waiting for a cycle tick is released, if one is.
+    fn next_release(&self) -> Option<u64> {
+        self.launcher.next_release()
+    }
+
+    /// Whether every rank can decide the launch order alone (plan order on one stream).
+    #[getter]
+    fn order_is_fixed(&self) -> bool {
+        self.policy.order_is_fixed()
     }
 
     /// How many collectives may run at once.

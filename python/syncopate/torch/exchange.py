@@ -73,21 +73,23 @@ class AllgatherShards:
 
 class Allgather:
     """Every rank's payload to every rank. Gloo gathers equal sizes only: the sizes are
-    exchanged first (a small blocking all-gather) and the payloads padded to the largest."""
+    exchanged first (started at launch, so a launch never blocks) and the payloads, padded to
+    the largest, at finish."""
 
     def __init__(self, link, state, piece, length, what):
-        self.link, self.state, self.piece, self.what = link, state, piece, what
-        self.sizes = link.gather_lengths(length, what)
-        largest = max(self.sizes)
-        mine = link.buffers.get("allgather input", piece, largest)
-        state.copy_payload(piece, mine[:length].numpy())
-        mine[length:].zero_()
-        self.gathered = [link.buffers.get(f"allgathered from rank {r}", piece, largest) for r in range(link.world)]
-        self.work = link.start(dist.all_gather, self.gathered, mine, async_op=True)
+        self.link, self.state, self.piece, self.length, self.what = link, state, piece, length, what
+        self.sizes = link.start_lengths(length)
 
     def finish(self):
-        self.link.wait(self.work, self.what)
-        self.state.set_gathered(self.piece, [g[:n].numpy() for g, n in zip(self.gathered, self.sizes)])
+        link, piece = self.link, self.piece
+        sizes = link.finish_lengths(self.sizes, self.what)
+        largest = max(sizes)
+        mine = link.buffers.get("allgather input", piece, largest)
+        self.state.copy_payload(piece, mine[: self.length].numpy())
+        mine[self.length :].zero_()
+        gathered = [link.buffers.get(f"allgathered from rank {r}", piece, largest) for r in range(link.world)]
+        link.wait(link.start(dist.all_gather, gathered, mine, async_op=True), self.what)
+        self.state.set_gathered(piece, [g[:n].numpy() for g, n in zip(gathered, sizes)])
 
 
 class PushPull:

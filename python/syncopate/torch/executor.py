@@ -1,16 +1,19 @@
-"""Runs one rank's part of a lowered Schedule during PyTorch training: steps released by their dependencies, codec ops on the Rust state, collectives launched in the launch policy's order and finished in launch order, so every rank issues the same collectives in the same order."""
+"""Runs one rank's part of a lowered Schedule during PyTorch training: steps released by their dependencies, codec ops on the Rust state, and one thread per communication stream that takes the launch policy's next collective, launches it and finishes it (Horovod's background thread), so the backward pass never waits for the network."""
 
-import collections
+import threading
 
 from syncopate import Launcher, SyncopateError
 from syncopate.torch import exchange
 from syncopate.torch.codecs import SUMMED, Codecs
 from syncopate.torch.schedule import SYNC_STREAMS, exchange_of, kind_of
 
+# What rank 0 broadcasts when a stream has nothing more to run in the iteration.
+END = -1
+
 
 class Sync:
     """One iteration's synchronization: which steps are done, what each step still waits
-    for, the launch policy's state and the collectives in flight (oldest first)."""
+    for, which collectives are ready, and how many have been taken by a stream and finished."""
 
     def __init__(self, layout, launcher, iteration):
         self.iteration = iteration
@@ -19,54 +22,107 @@ class Sync:
             for i, step in enumerate(layout.steps)
         ]
         self.done = [False] * len(layout.steps)
+        self.collectives = sum(
+            1 for i, step in enumerate(layout.steps) if step["stream"] == "comm" and self.waiting[i] is not None
+        )
         launcher.reset()
-        self.readied = 0
-        self.launched = 0
-        self.in_flight = collections.deque()
+        self.ready = set()
+        self.taken = 0
+        self.finished = 0
+
+    def idle(self):
+        """Whether every ready collective has finished (nothing can happen without new events)."""
+        return self.finished == len(self.ready)
 
 
 class Executor:
     """Interprets the schedule's synchronization steps on `state` (a `syncopate.Rank`) over
-    `link`; `buffers` and `results` are each group's float32 gradient and result tensors."""
+    `link`; `buffers` and `results` are each group's float32 gradient and result tensors.
+
+    Each communication stream gets a process group of its own, and, unless every rank can
+    decide the launch order alone (plan order on one stream), one more on which rank 0 tells
+    the others which collective the stream runs next (Horovod's coordinator).
+
+    The training thread reports events (a new backward pass, a gradient ready) and waits for
+    steps; the stream threads launch and finish collectives. One lock guards the iteration's
+    state, the launcher and the codecs; nobody holds it while waiting for the network."""
 
     def __init__(self, layout, schedule_json, state, link, buffers, results, scales, recorder, check, names):
         self.layout = layout
         self.state = state
-        self.link = link
         self.launcher = Launcher(schedule_json)
+        streams = range(self.launcher.comm_streams)
+        self.links = [link.new_group() for _ in streams]
+        self.controls = None if self.launcher.order_is_fixed else [link.new_group() for _ in streams]
         self.codecs = Codecs(layout, state, link, buffers, results, scales, check, names)
         self.recorder = recorder
         self.check = check
         self.names = names
         self.scattered = {}
         self.sync = None
+        self.lock = threading.Condition()
+        self.failure = None
+        self.closed = False
+        self.threads = [
+            threading.Thread(target=self._stream, args=(s,), name=f"syncopate comm {s}", daemon=True)
+            for s in streams
+        ]
+        for thread in self.threads:
+            thread.start()
 
     # Events from training.
 
     def begin(self, iteration):
         """A new backward pass: the previous iteration's synchronization must be complete."""
         self.finish_all()
-        self.sync = Sync(self.layout, self.launcher, iteration)
+        with self.lock:
+            self.sync = Sync(self.layout, self.launcher, iteration)
+            self.lock.notify_all()
 
     def gradient_ready(self, tensor):
-        self._done(self.layout.backward[tensor])
-        self.pump()
+        with self.lock:
+            self._raise_failure()
+            self._done(self.layout.backward[tensor])
 
     def finish_all(self):
-        """Completes every collective of the current iteration, in the policy's order."""
-        while self.sync is not None and self._progress():
-            pass
+        """Waits until every ready collective of the current iteration has finished, then
+        verifies the iteration when it is checked."""
+        with self.lock:
+            self._wait(lambda: self.sync is None or self.sync.idle())
         if self.sync is not None and self.check is not None:
             self.check.verify(self.sync.iteration)
 
     def finish_steps(self, steps):
-        """Completes collectives, oldest first, until every one of `steps` is done."""
-        while self.sync is not None and not all(self.sync.done[s] for s in steps):
-            if not self._progress():
-                names = ", ".join(kind_label(self.layout.steps[s]) for s in steps if not self.sync.done[s])
-                raise SyncopateError(f"schedule stalled: {names} can never run (a gradient never arrived?)")
+        """Waits until every one of `steps` is done."""
+        with self.lock:
+            while not all(self.sync.done[s] for s in steps):
+                if self.sync.idle():
+                    names = ", ".join(kind_label(self.layout.steps[s]) for s in steps if not self.sync.done[s])
+                    raise SyncopateError(f"schedule stalled: {names} can never run (a gradient never arrived?)")
+                self._wait_once()
 
-    # The dependency walk.
+    def close(self):
+        """Ends the stream threads (each once it is idle)."""
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()
+
+    # Waiting (with the lock held).
+
+    def _raise_failure(self):
+        if self.failure is not None:
+            raise self.failure
+
+    def _wait_once(self, timeout=None):
+        self._raise_failure()
+        self.lock.wait(timeout)
+        self._raise_failure()
+
+    def _wait(self, condition):
+        while not condition():
+            self._wait_once()
+
+    # The dependency walk (with the lock held).
 
     def _done(self, index):
         sync = self.sync
@@ -86,58 +142,88 @@ class Executor:
             self.recorder.add(index, self.sync.iteration, 0, start)
             self._done(index)
         elif step["stream"] == "comm":
-            self.launcher.ready(index)
-            self.sync.readied += 1
+            self.launcher.ready(index, self.recorder.now())
+            self.sync.ready.add(index)
+            self.lock.notify_all()
 
-    def pump(self):
-        """Launches what the policy releases while a stream is free; with every stream busy
-        and a collective released, finishes the oldest first (a stream frees in launch order)."""
-        sync = self.sync
-        streams = self.launcher.comm_streams
-        while True:
-            if len(sync.in_flight) < streams:
-                index = self.launcher.next()
-                if index is not None:
-                    self._launch(index)
-                    continue
-                return
-            if sync.readied > sync.launched:
-                self._complete_oldest()
-                continue
-            return
+    # The stream threads.
 
-    def _progress(self):
-        """One unit of progress: a launch or the oldest collective finished; False when idle."""
+    def _stream(self, stream):
+        """Stream `stream`'s thread: each iteration, the collectives it is given, one at a time."""
+        try:
+            iteration = -1
+            while True:
+                with self.lock:
+                    while not self.closed and (self.sync is None or self.sync.iteration <= iteration):
+                        self.lock.wait()
+                    if self.closed:
+                        return
+                    iteration = self.sync.iteration
+                while (index := self._next(stream, iteration)) is not None:
+                    self._run(index, stream)
+        except BaseException as err:  # noqa: BLE001 - handed to the training thread
+            with self.lock:
+                if self.failure is None:
+                    self.failure = err
+                self.lock.notify_all()
+
+    def _next(self, stream, iteration):
+        """The collective the stream runs next in `iteration`, or None when it has none left."""
+        control = None if self.controls is None else self.controls[stream]
+        if control is not None and control.rank != 0:
+            index = control.broadcast_int(None, f"rank 0's launch decision on stream {stream}")
+            if index == END:
+                return None
+            with self.lock:
+                self._wait(lambda: self.closed or index in self.sync.ready)
+                self.sync.taken += 1
+            return index
+        with self.lock:
+            index = self._decide()
+        if control is not None:
+            control.broadcast_int(END if index is None else index, f"rank 0's launch decision on stream {stream}")
+        return index
+
+    def _decide(self):
+        """The launch policy's next collective on this rank's clock, waiting for one to be
+        released; None once every collective of the iteration was taken."""
         sync = self.sync
-        if len(sync.in_flight) < self.launcher.comm_streams:
-            index = self.launcher.next()
+        while sync.taken < sync.collectives and not self.closed:
+            now = self.recorder.now()
+            index = self.launcher.next(now)
             if index is not None:
-                self._launch(index)
-                return True
-        if sync.in_flight:
-            self._complete_oldest()
-            return True
-        return False
+                sync.taken += 1
+                return index
+            release = self.launcher.next_release()
+            self._wait_once(None if release is None else max(release - now, 0) / 1e9)
+        return None
 
-    # Collectives.
+    def _run(self, index, stream):
+        """Launches collective step `index` on the stream's link and finishes it."""
+        link = self.links[stream]
+        with self.lock:
+            sync = self.sync
+            step = self.layout.steps[index]
+            piece, ops = step["piece"], step["ops"]
+            split = ops.index("exchange")
+            start = self.recorder.now()
+            self.codecs.run(piece, ops[:split], sync.iteration)
+            _, fields = kind_of(step)
+            what = f"{kind_label(step)} (rank {link.rank}, iteration {sync.iteration})"
+            name, _ = exchange_of(self.layout.pieces[piece]["rounds"][fields["round"]])
+            pending = self._exchange(link, name, piece, what)
+        # The exchange touches only this piece's payload: the training thread may go on.
+        arrived = pending.finish()
+        with self.lock:
+            self.codecs.deliver(piece, arrived)
+            self.codecs.run(piece, ops[split + 1:], sync.iteration)
+            self.recorder.add(index, sync.iteration, stream, start)
+            self._done(index)
+            sync.finished += 1
+            self.lock.notify_all()
 
-    def _launch(self, index):
-        sync = self.sync
-        step = self.layout.steps[index]
-        ops = step["ops"]
-        split = ops.index("exchange")
-        start = self.recorder.now()
-        self.codecs.run(step["piece"], ops[:split], sync.iteration)
-        _, fields = kind_of(step)
-        piece = step["piece"]
-        what = f"{kind_label(step)} (rank {self.link.rank}, iteration {sync.iteration})"
-        name, _ = exchange_of(self.layout.pieces[piece]["rounds"][fields["round"]])
-        pending = self._exchange(name, piece, what)
-        sync.launched += 1
-        sync.in_flight.append((index, pending, start, sync.launched % self.launcher.comm_streams))
-
-    def _exchange(self, name, piece, what):
-        state, link = self.state, self.link
+    def _exchange(self, link, name, piece, what):
+        state = self.state
         length = self.codecs.length.get(piece, 0)
         dtype = state.wire_dtype(piece) or "f32"
         if name in SUMMED:
@@ -154,15 +240,6 @@ class Executor:
             return exchange.Allgather(link, state, piece, length, what)
         # push-pull, and CaSync-Ring aggregated by the same decode-sum-re-encode on its server.
         return exchange.PushPull(link, state, piece, length, state.server_rank(piece), what)
-
-    def _complete_oldest(self):
-        index, pending, start, stream = self.sync.in_flight.popleft()
-        step = self.layout.steps[index]
-        self.codecs.deliver(step["piece"], pending.finish())
-        ops = step["ops"]
-        self.codecs.run(step["piece"], ops[ops.index("exchange") + 1:], self.sync.iteration)
-        self.recorder.add(index, self.sync.iteration, stream, start)
-        self._done(index)
 
 
 def kind_label(step):

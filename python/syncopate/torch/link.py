@@ -42,16 +42,28 @@ class Link:
     and at exit `settle` waits, with the lock released, until gloo has dropped them, then a grace period
     for what it cannot see."""
 
-    def __init__(self, rank, world, timeout_s):
+    def __init__(self, rank, world, timeout_s, group=None, buffers=None):
         self.rank = rank
         self.world = world
         self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.group = group
         self.launches = 0
-        self.buffers = Buffers()
+        self.buffers = buffers if buffers is not None else Buffers()
+
+    def new_group(self):
+        """A link over a process group of its own (the same ranks), sharing this link's kept
+        buffers: a thread that issues collectives beside others needs one, since a group
+        matches collectives by the order they are issued in. Every rank must call it, in the
+        same order."""
+        group = dist.new_group(timeout=self.timeout)
+        return Link(self.rank, self.world, self.timeout.total_seconds(), group, self.buffers)
 
     def start(self, collective, *args, **options):
-        """Calls `collective(*args, **options)` (an asynchronous torch.distributed call)."""
+        """Calls `collective(*args, **options)` (an asynchronous torch.distributed call) on
+        this link's group."""
         tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
+        if self.group is not None:
+            options["group"] = self.group
         return Launch(collective(*args, **options), tensors)
 
     def wait(self, launch, what):
@@ -66,11 +78,20 @@ class Link:
         SETTLING[:] = [t for t in SETTLING if held_by_gloo(t)]
         SETTLING.extend(launch.tensors)
 
+    def start_lengths(self, length):
+        """Starts gathering every rank's `length`: finish with `finish_lengths`."""
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        return self.start(dist.all_gather, sizes, torch.tensor([length]), async_op=True), sizes
+
+    def finish_lengths(self, started, what):
+        """Every rank's length, in rank order."""
+        launch, sizes = started
+        self.wait(launch, what + " (sizes)")
+        return [int(s.item()) for s in sizes]
+
     def gather_lengths(self, length, what):
         """Every rank's `length`, in rank order (a small blocking all-gather)."""
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        self.wait(self.start(dist.all_gather, sizes, torch.tensor([length]), async_op=True), what + " (sizes)")
-        return [int(s.item()) for s in sizes]
+        return self.finish_lengths(self.start_lengths(length), what)
 
     def gather_objects(self, value, what):
         """Every rank's picklable `value`, in rank order: the pickles' sizes first, then the
@@ -82,6 +103,12 @@ class Link:
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         self.wait(self.start(dist.all_gather, gathered, mine, async_op=True), what)
         return [pickle.loads(g[:n].numpy().tobytes()) for g, n in zip(gathered, lengths)]
+
+    def broadcast_int(self, value, what):
+        """Rank 0's `value` (an int it passes; the others pass None) on every rank."""
+        word = torch.tensor([0 if value is None else value], dtype=torch.int64)
+        self.wait(self.start(dist.broadcast, word, src=0, async_op=True), what)
+        return int(word.item())
 
     def next_tag(self):
         self.launches += 1

@@ -190,9 +190,8 @@ class DistributedOptimizer:
             return self._timed(self.layout.optimizer, self.iteration, self.optimizer.step)
         if self.layout.overlap:
             self._missing([])
+            # The all-gathers go out as the reduce-scatters finish, overlapping the next forward.
             self.pending_updates = set(self.layout.update_step)
-            # The all-gathers go out now, to overlap the next forward.
-            self.executor.pump()
             return None
         self._missing(self.layout.steps[self.layout.optimizer].get("after", []))
         self.executor.finish_all()
@@ -238,10 +237,11 @@ class DistributedOptimizer:
                      self.seed, checks)
 
     def close(self):
-        """Removes the hooks from the module and its parameters."""
+        """Removes the hooks from the module and its parameters, and ends the communication threads."""
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        self.executor.close()
 
     def __getattr__(self, name):
         # param_groups, state, state_dict, ...: the wrapped optimizer's.

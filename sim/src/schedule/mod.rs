@@ -300,6 +300,15 @@ pub struct LaunchPolicy {
     pub cycle_ns: u64,
 }
 
+impl LaunchPolicy {
+    /// Whether every rank can decide the launch order by itself: plan order on one stream
+    /// fixes it whatever the timing, as DDP and NCCL rely on. Otherwise which collective takes
+    /// a free stream depends on when it frees, and one rank must decide for all.
+    pub fn order_is_fixed(&self) -> bool {
+        self.launch == Launch::PlanOrder && self.comm_streams == 1
+    }
+}
+
 /// A plan lowered for one model on one world: see the module documentation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -14,7 +14,6 @@ use crate::runtime::board::{Board, LocalBoard};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
-use syncopate_sim::plan::Launch;
 use syncopate_sim::schedule::{LaunchPolicy, Program};
 
 /// The word that ends a stream's decisions.
@@ -50,7 +49,7 @@ impl<'w> MpiBoard<'w> {
         epoch: Instant,
         timeout: Duration,
     ) -> MpiBoard<'w> {
-        let alone = policy.launch == Launch::PlanOrder && policy.comm_streams == 1;
+        let alone = policy.order_is_fixed();
         let control = control.into_iter().map(Mutex::new).collect();
         match (alone, rank) {
             (true, _) => MpiBoard::Alone(LocalBoard::new(policy, program, 1, epoch, timeout)),
