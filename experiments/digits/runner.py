@@ -29,6 +29,11 @@ def lab_up(syncopate, name, nodes, gbps, device, cluster_out, cwd):
     print(f"lab up {name}: {nodes} nodes at {gbps:g} Gb/s", flush=True)
     sh([syncopate, "lab", "up", "--name", name, "--nodes", nodes, "--gbps", gbps, "--device", device,
         "--cluster-out", cluster_out], f"lab up {name}", 900, cwd=cwd)
+    # Without the `mpi` feature `lab up` measures no contention and no allreduce sweep, and the
+    # predictions would silently lack them.
+    if "contention" not in json.loads((pathlib.Path(cwd) / cluster_out).read_text()):
+        raise RuntimeError(f"{syncopate} was built without the `mpi` feature: lab up {name} measured no contention "
+                           "(cargo build --release --features mpi)")
 
 
 def labs_down(syncopate, names):

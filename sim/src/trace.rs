@@ -82,6 +82,11 @@ impl Trace {
         summary: Value,
     ) -> Trace {
         let ranks: u32 = records.iter().map(|r| r.rank + 1).max().unwrap_or(0);
+        let is_collective =
+            |r: &TaskRecord| schedule.step(program.task(r.task).step).stream == Stream::Comm;
+        // The simulator records a collective once, with rank 0, and it spans every rank; a real
+        // run records each rank's own span of it (launch to completion on that rank).
+        let shared_collectives = !records.iter().any(|r| is_collective(r) && r.rank != 0);
         let mut events = Vec::new();
         for rank in 0..ranks {
             events.push(meta(
@@ -131,7 +136,7 @@ impl Trace {
                 },
                 args: args.clone(),
             };
-            if stream == Stream::Comm {
+            if stream == Stream::Comm && shared_collectives {
                 events.extend((0..ranks).map(span));
             } else {
                 events.push(span(record.rank));
@@ -228,5 +233,60 @@ fn describe(
                 args,
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{lower, World};
+    use crate::strategy::per_tensor_plan;
+    use crate::time::SimTime;
+
+    #[test]
+    fn a_shared_collective_is_drawn_on_every_rank_and_per_rank_records_on_their_own() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let world = World {
+            nodes: 2,
+            ranks_per_node: 1,
+        };
+        let schedule = lower(&model, world, false, &per_tensor_plan(&model), "test").unwrap();
+        let program = Program::unroll(&schedule, 1).unwrap();
+        let first_on = |stream: Stream| {
+            (0..program.len() as u32)
+                .find(|&t| schedule.step(program.task(t).step).stream == stream)
+                .unwrap()
+        };
+        let (compute, collective) = (first_on(Stream::Compute), first_on(Stream::Comm));
+        let record = |rank, task| TaskRecord {
+            rank,
+            task,
+            stream: 0,
+            start: SimTime::ZERO,
+            end: SimTime(1000),
+        };
+        let comm_pids = |records: &[TaskRecord]| -> Vec<u32> {
+            Trace::from_records(&model, &schedule, &program, records, |_| None, Value::Null)
+                .trace_events
+                .iter()
+                .filter(|e| e.ph == "X" && e.cat == "comm")
+                .map(|e| e.pid)
+                .collect()
+        };
+        // The simulator's collective, recorded once with rank 0, spans both ranks.
+        let shared = [
+            record(0, compute),
+            record(1, compute),
+            record(0, collective),
+        ];
+        assert_eq!(comm_pids(&shared), vec![0, 1]);
+        // A real run's ranks each record their own span: one span per rank, not one per record
+        // on every rank.
+        let own = [
+            record(0, collective),
+            record(1, collective),
+            record(1, compute),
+        ];
+        assert_eq!(comm_pids(&own), vec![0, 1]);
     }
 }

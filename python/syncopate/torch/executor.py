@@ -1,5 +1,6 @@
 """Runs one rank's part of a lowered Schedule during PyTorch training: steps released by their dependencies, codec ops on the Rust state, and one thread per communication stream that takes the launch policy's next collective, launches it and finishes it (Horovod's background thread), so the backward pass never waits for the network."""
 
+import atexit
 import threading
 
 from syncopate import Launcher, SyncopateError
@@ -9,6 +10,9 @@ from syncopate.torch.schedule import SYNC_STREAMS, exchange_of, kind_of
 
 # What rank 0 broadcasts when a stream has nothing more to run in the iteration.
 END = -1
+# How long stopping waits for each stream thread: at exit, a thread still inside a collective
+# must not be cut off in C++ frames (see link.py).
+STOP_TIMEOUT_S = 10.0
 
 
 class Sync:
@@ -69,6 +73,7 @@ class Executor:
         ]
         for thread in self.threads:
             thread.start()
+        atexit.register(self.stop)
 
     # Events from training.
 
@@ -89,6 +94,7 @@ class Executor:
         verifies the iteration when it is checked."""
         with self.lock:
             self._wait(lambda: self.sync is None or self.sync.idle())
+            self._raise_failure()
         if self.sync is not None and self.check is not None:
             self.check.verify(self.sync.iteration)
 
@@ -100,12 +106,22 @@ class Executor:
                     names = ", ".join(kind_label(self.layout.steps[s]) for s in steps if not self.sync.done[s])
                     raise SyncopateError(f"schedule stalled: {names} can never run (a gradient never arrived?)")
                 self._wait_once()
+            self._raise_failure()
 
     def close(self):
-        """Ends the stream threads (each once it is idle)."""
+        """Finishes what is in flight, then ends the stream threads."""
+        self.finish_all()
+        self.stop()
+
+    def stop(self):
+        """Ends the stream threads without finishing anything (at exit, and after close):
+        each leaves once its current exchange, bounded by the timeout, returns."""
         with self.lock:
             self.closed = True
             self.lock.notify_all()
+        for thread in self.threads:
+            if thread is not threading.current_thread():
+                thread.join(STOP_TIMEOUT_S)
 
     # Waiting (with the lock held).
 
@@ -158,51 +174,62 @@ class Executor:
                         self.lock.wait()
                     if self.closed:
                         return
-                    iteration = self.sync.iteration
-                while (index := self._next(stream, iteration)) is not None:
-                    self._run(index, stream)
+                    # The thread stays with this iteration's state even once the training
+                    # thread has begun the next one.
+                    sync = self.sync
+                    iteration = sync.iteration
+                while (index := self._next(stream, sync)) is not None:
+                    self._run(index, stream, sync)
         except BaseException as err:  # noqa: BLE001 - handed to the training thread
             with self.lock:
                 if self.failure is None:
                     self.failure = err
                 self.lock.notify_all()
 
-    def _next(self, stream, iteration):
-        """The collective the stream runs next in `iteration`, or None when it has none left."""
+    def _next(self, stream, sync):
+        """The collective the stream runs next in `sync`'s iteration, or None when it has none left."""
         control = None if self.controls is None else self.controls[stream]
         if control is not None and control.rank != 0:
             index = control.broadcast_int(None, f"rank 0's launch decision on stream {stream}")
             if index == END:
                 return None
             with self.lock:
-                self._wait(lambda: self.closed or index in self.sync.ready)
-                self.sync.taken += 1
+                if not 0 <= index < len(self.layout.steps) or self.layout.steps[index]["stream"] != "comm":
+                    raise SyncopateError(f"rank 0 decided on step {index}, not a collective of the schedule")
+                self._wait(lambda: self.closed or index in sync.ready)
+                if self.closed:
+                    return None
+                if sync.done[index]:
+                    raise SyncopateError(f"rank 0 decided on {kind_label(self.layout.steps[index])} twice "
+                                         f"in iteration {sync.iteration}")
+                sync.taken += 1
             return index
         with self.lock:
-            index = self._decide()
-        if control is not None:
+            index = self._decide(sync)
+        # Once stopped, nobody waits for the decision.
+        if control is not None and not self.closed:
             control.broadcast_int(END if index is None else index, f"rank 0's launch decision on stream {stream}")
         return index
 
-    def _decide(self):
+    def _decide(self, sync):
         """The launch policy's next collective on this rank's clock, waiting for one to be
-        released; None once every collective of the iteration was taken."""
-        sync = self.sync
+        released; None once every collective of `sync`'s iteration was taken."""
         while sync.taken < sync.collectives and not self.closed:
             now = self.recorder.now()
             index = self.launcher.next(now)
             if index is not None:
                 sync.taken += 1
+                # Another stream waiting for the last collective may now send its END.
+                self.lock.notify_all()
                 return index
             release = self.launcher.next_release()
             self._wait_once(None if release is None else max(release - now, 0) / 1e9)
         return None
 
-    def _run(self, index, stream):
-        """Launches collective step `index` on the stream's link and finishes it."""
+    def _run(self, index, stream, sync):
+        """Launches collective step `index` of `sync`'s iteration on the stream's link and finishes it."""
         link = self.links[stream]
         with self.lock:
-            sync = self.sync
             step = self.layout.steps[index]
             piece, ops = step["piece"], step["ops"]
             split = ops.index("exchange")

@@ -3,6 +3,7 @@
 import atexit
 import datetime
 import pickle
+import threading
 import time
 
 import torch
@@ -75,8 +76,9 @@ class Link:
             raise
         except RuntimeError as err:
             raise PeerFailure(f"{what} failed on rank {self.rank}: {err}") from err
-        SETTLING[:] = [t for t in SETTLING if held_by_gloo(t)]
-        SETTLING.extend(launch.tensors)
+        with SETTLING_LOCK:
+            SETTLING[:] = [t for t in SETTLING if held_by_gloo(t)]
+            SETTLING.extend(launch.tensors)
 
     def start_lengths(self, length):
         """Starts gathering every rank's `length`: finish with `finish_lengths`."""
@@ -115,8 +117,10 @@ class Link:
         return (self.launches % (1 << 20)) * 4
 
 
-# The finished collectives' tensors that gloo may still hold, of every link in this process.
+# The finished collectives' tensors that gloo may still hold, of every link in this process
+# (links wait on several threads: the training thread and one per communication stream).
 SETTLING = []
+SETTLING_LOCK = threading.Lock()
 
 
 @atexit.register
@@ -124,12 +128,14 @@ def settle():
     """Waits, with the interpreter's lock released, until gloo holds none of the finished
     collectives' tensors (bounded), then for the grace period; nothing to wait for when no
     collective ran."""
-    if not SETTLING:
+    with SETTLING_LOCK:
+        settling = list(SETTLING)
+        SETTLING.clear()
+    if not settling:
         return
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while any(held_by_gloo(t) for t in SETTLING) and time.monotonic() < deadline:
+    while any(held_by_gloo(t) for t in settling) and time.monotonic() < deadline:
         time.sleep(0.001)
-    SETTLING.clear()
     time.sleep(EXIT_GRACE_S)
 
 
