@@ -317,18 +317,22 @@ fn horovod_launches_on_cycle_ticks() {
         .unwrap();
         let cycle_us = plan.policy.cycle_time_us;
         let trace = outcome.trace.unwrap();
-        let mut spans: Vec<(f64, f64)> = trace
+        let mut spans: Vec<(u64, f64, f64)> = trace
             .trace_events
             .iter()
             .filter(|e| e.cat == "comm")
-            .map(|e| (e.ts, e.ts + e.dur))
+            .map(|e| (e.args["iteration"].as_u64().unwrap(), e.ts, e.ts + e.dur))
             .collect();
-        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        spans.sort_by(|a, b| a.1.total_cmp(&b.1));
         assert!(!spans.is_empty());
-        // A collective starts on a tick, or, when the link is still busy, as the previous ends.
-        for (i, &(start, _)) in spans.iter().enumerate() {
-            let on_tick = (start / cycle_us - (start / cycle_us).round()).abs() < 1e-6;
-            let queued = i > 0 && (start - spans[i - 1].1).abs() < 1e-3;
+        // Each iteration's ticks follow its first launch every cycle (the expected phase of a
+        // free-running loop); a collective starts on one of them, or, when the link is still
+        // busy, as the previous one ends.
+        let mut first = std::collections::BTreeMap::new();
+        for (i, &(iteration, start, _)) in spans.iter().enumerate() {
+            let grid = (start - *first.entry(iteration).or_insert(start)) / cycle_us;
+            let on_tick = (grid - grid.round()).abs() < 1e-6;
+            let queued = i > 0 && (start - spans[i - 1].2).abs() < 1e-3;
             assert!(on_tick || queued, "{cluster}: collective at {start} µs");
         }
     }

@@ -28,7 +28,7 @@ impl Launcher {
             task_of_step[task.step as usize] = Some(t as u32);
         }
         Ok(Launcher {
-            launcher: launch::Launcher::new(&schedule.policy, &program),
+            launcher: launch::Launcher::new(&schedule.policy, &program, launch::Ticks::FreeRunning),
             policy: schedule.policy,
             program,
             task_of_step,
@@ -37,7 +37,8 @@ impl Launcher {
 
     /// Starts a new iteration: nothing ready, nothing launched.
     fn reset(&mut self) {
-        self.launcher = launch::Launcher::new(&self.policy, &self.program);
+        self.launcher =
+            launch::Launcher::new(&self.policy, &self.program, launch::Ticks::FreeRunning);
     }
 
     /// Collective step `step` has met its dependencies on every rank at `now` (ns on the

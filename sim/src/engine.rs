@@ -8,7 +8,7 @@
 
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
-use crate::launch::Launcher;
+use crate::launch::{Launcher, Ticks};
 use crate::schedule::{LaunchPolicy, Stream};
 use crate::time::SimTime;
 use std::cmp::Reverse;
@@ -270,7 +270,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         dirty_list: Vec::new(),
         arrivals: vec![0; graph.len()],
         finished: vec![0; graph.len()],
-        launcher: Launcher::new(&config.policy, &graph.program),
+        launcher: Launcher::new(&config.policy, &graph.program, Ticks::ExpectedPhase),
         comm: vec![None; config.policy.comm_streams.max(1) as usize],
         versions: 0,
         comm_busy_since: SimTime::ZERO,

@@ -37,6 +37,8 @@ pub struct TcpFit {
     /// `None` when no cap below the link's rate describes the measurements better: the TCP
     /// path keeps up with the link.
     pub host_gbps: Option<f64>,
+    /// gloo's allgather's own cap, from its large rows (`None`: the common limits describe them).
+    pub allgather_host_gbps: Option<f64>,
     /// Mean relative error over every measurement, in percent.
     pub mean_error_pct: f64,
 }
@@ -71,60 +73,95 @@ pub fn fit(start: &Cluster, points: &[Timed]) -> Result<TcpFit> {
             "no collective time to fit to",
         ));
     }
-    let large: Vec<Timed> = points
-        .iter()
-        .filter(|t| t.measured.bytes >= RATE_REGIME_BYTES)
-        .copied()
-        .collect();
-    let rate_points = if large.len() >= 2 { &large[..] } else { points };
     let line = start.inter_node.nic_bandwidth_gbps;
     let caps = log_grid(CAP_FROM * line, CAP_TO * line, CAP_STEP);
     let overheads = log_grid(OVERHEAD_FROM_US, OVERHEAD_TO_US, 10f64.powf(0.25));
     let fits_call =
         matches!(start.library, Library::Gloo(_)) && points.iter().any(|t| t.op != points[0].op);
+    // A gloo sweep's allreduce rows give the common cap and its allgather rows the allgather's.
+    let rate_points = rate_regime(points, fits_call.then_some(Op::Allreduce));
+    let allgather_points = rate_regime(points, Some(Op::Allgather));
     // The cap is fitted with the fixed costs of the pass before (none at first): a gloo call's
     // cost is a few percent of a large message's time, enough to bias the cap without it.
     let mut fitted = TcpFit {
         call_overhead_us: 0.0,
         message_overhead_us: 0.0,
         host_gbps: None,
+        allgather_host_gbps: None,
         mean_error_pct: f64::INFINITY,
     };
     for _ in 0..if fits_call { CALL_PASSES } else { 1 } {
-        let call = fitted.call_overhead_us;
-        let costs = |call, message, cap| TcpFit {
+        let (call, allgather_cap) = (fitted.call_overhead_us, fitted.allgather_host_gbps);
+        let costs = |call, message, cap, allgather_cap| TcpFit {
             call_overhead_us: call,
             message_overhead_us: message,
             host_gbps: cap,
+            allgather_host_gbps: allgather_cap,
             mean_error_pct: 0.0,
         };
         // Stage 1: the cap, from the messages that cross at the sustained rate.
         let (rate_overhead, cap, capped) = search(&overheads, &caps, &|o, c| {
-            time_error(start, rate_points, &costs(call, o, Some(c)))
+            time_error(start, &rate_points, &costs(call, o, Some(c), allgather_cap))
         })?;
         // No cap at all when none describes the large messages better: the path keeps up.
-        let uncapped = time_error(start, rate_points, &costs(call, rate_overhead, None))?;
+        let uncapped = time_error(
+            start,
+            &rate_points,
+            &costs(call, rate_overhead, None, allgather_cap),
+        )?;
         let cap = (uncapped > capped + UNBOUND_TOLERANCE_PCT).then_some(cap);
-        // Stage 2: the fixed costs over every size, with that cap.
+        // Stage 1b (gloo): the allgather's own cap, when one below the common limits
+        // describes its large messages better.
+        let allgather_cap = if fits_call {
+            let with = |c| costs(call, rate_overhead, cap, c);
+            let (_, found, capped) = search(&[rate_overhead], &caps, &|_, c| {
+                time_error(start, &allgather_points, &with(Some(c)))
+            })?;
+            let uncapped = time_error(start, &allgather_points, &with(None))?;
+            (uncapped > capped + UNBOUND_TOLERANCE_PCT).then_some(found)
+        } else {
+            None
+        };
+        // Stage 2: the fixed costs over every size, with those caps.
         fitted = if fits_call {
             let (call, message, error) = search(&overheads, &overheads, &|c, m| {
-                mean_error(start, points, &costs(c, m, cap))
+                mean_error(start, points, &costs(c, m, cap, allgather_cap))
             })?;
             TcpFit {
                 mean_error_pct: error,
-                ..costs(call, message, cap)
+                ..costs(call, message, cap, allgather_cap)
             }
         } else {
             let (message, _, error) = search(&overheads, &[1.0], &|m, _| {
-                mean_error(start, points, &costs(0.0, m, cap))
+                mean_error(start, points, &costs(0.0, m, cap, None))
             })?;
             TcpFit {
                 mean_error_pct: error,
-                ..costs(0.0, message, cap)
+                ..costs(0.0, message, cap, None)
             }
         };
     }
     Ok(fitted)
+}
+
+/// The points of `op` (every op when None) whose messages cross at the sustained rate, or all
+/// of them when fewer than two do.
+fn rate_regime(points: &[Timed], op: Option<Op>) -> Vec<Timed> {
+    let of_op: Vec<Timed> = points
+        .iter()
+        .filter(|t| op.is_none_or(|op| t.op == op))
+        .copied()
+        .collect();
+    let large: Vec<Timed> = of_op
+        .iter()
+        .filter(|t| t.measured.bytes >= RATE_REGIME_BYTES)
+        .copied()
+        .collect();
+    if large.len() >= 2 {
+        large
+    } else {
+        of_op
+    }
 }
 
 /// What was fitted to what, for a provenance: every size's measured and fitted time.
@@ -148,6 +185,10 @@ pub fn describe(fitted_cluster: &Cluster, points: &[Timed], fitted: &TcpFit) -> 
             "no host cap (none below the link's rate describes the sizes of at least {RATE_REGIME_BYTES} B better)"
         ),
     };
+    let cap = match fitted.allgather_host_gbps {
+        Some(allgather) => format!("{cap}, allgather_host_gbps {allgather:.4} (from the allgather sizes of at least {RATE_REGIME_BYTES} B)"),
+        None => cap,
+    };
     let mut ops: Vec<&str> = points.iter().map(|t| t.op.name()).collect();
     ops.dedup();
     Ok(format!(
@@ -168,6 +209,7 @@ pub fn apply(cluster: &Cluster, fitted: &TcpFit) -> Cluster {
         params.call_overhead_us = fitted.call_overhead_us;
         params.message_overhead_us = fitted.message_overhead_us;
         params.host_gbps = fitted.host_gbps;
+        params.allgather_host_gbps = fitted.allgather_host_gbps;
     }
     out
 }
@@ -309,6 +351,7 @@ mod tests {
             call_overhead_us: call,
             message_overhead_us: message,
             host_gbps: cap,
+            allgather_host_gbps: None,
             mean_error_pct: 0.0,
         }
     }
@@ -345,6 +388,31 @@ mod tests {
         );
         let described = describe(&apply(&gloo_lab(), &fitted), &points, &fitted).unwrap();
         assert!(described.contains("allreduce and allgather"), "{described}");
+        assert_eq!(fitted.allgather_host_gbps, None, "{fitted:?}");
+    }
+
+    #[test]
+    fn a_gloo_fit_finds_an_allgather_slower_than_the_allreduce() {
+        let truth = apply(
+            &gloo_lab(),
+            &TcpFit {
+                allgather_host_gbps: Some(0.5),
+                ..costs(900.0, 60.0, Some(0.8))
+            },
+        );
+        let points = sweep(&truth, &[Op::Allreduce, Op::Allgather]);
+        let fitted = fit(&gloo_lab(), &points).unwrap();
+        assert!(fitted.mean_error_pct < 1.0, "{fitted:?}");
+        assert!(
+            (fitted.host_gbps.unwrap() / 0.8 - 1.0).abs() < 0.02,
+            "{fitted:?}"
+        );
+        assert!(
+            (fitted.allgather_host_gbps.unwrap() / 0.5 - 1.0).abs() < 0.02,
+            "{fitted:?}"
+        );
+        let described = describe(&apply(&gloo_lab(), &fitted), &points, &fitted).unwrap();
+        assert!(described.contains("allgather_host_gbps 0."), "{described}");
     }
 
     #[test]

@@ -184,6 +184,12 @@ pub struct TcpParams {
     /// measured; a link is used at min(line rate × tcp_efficiency, this). None: the NIC limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_gbps: Option<f64>,
+    /// gloo only: the most one rank's allgather moves per second and direction, in Gb/s, when
+    /// it is less than `host_gbps` allows. gloo's allgather ring moves large messages slower
+    /// than its allreduce (0.6 against 0.93 of a 1 Gb/s lab link, docs/LAB.md); fitted to an
+    /// allgather sweep. None: the same limits as every collective.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allgather_host_gbps: Option<f64>,
     pub provenance: Provenance,
 }
 
@@ -556,6 +562,9 @@ impl Cluster {
                 )?;
                 if let Some(host) = p.host_gbps {
                     limits::check_rate(label, "library.host_gbps", host, "Gb/s")?;
+                }
+                if let Some(host) = p.allgather_host_gbps {
+                    limits::check_rate(label, "library.allgather_host_gbps", host, "Gb/s")?;
                 }
             }
         }

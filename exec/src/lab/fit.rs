@@ -135,6 +135,7 @@ pub fn cluster(
             call_overhead_us: 0.0,
             reduce_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s / 3.0,
             host_gbps: None,
+            allgather_host_gbps: None,
             provenance: Provenance {
                 status: Status::Estimated,
                 method: String::new(),

@@ -9,7 +9,7 @@ use crate::error::{ExecError, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
-use syncopate_sim::launch::Launcher;
+use syncopate_sim::launch::{Launcher, Ticks};
 use syncopate_sim::schedule::{LaunchPolicy, Program};
 
 const POLL: Duration = Duration::from_millis(20);
@@ -55,7 +55,7 @@ impl LocalBoard {
     ) -> LocalBoard {
         LocalBoard {
             state: Mutex::new(State {
-                launcher: Launcher::new(policy, program),
+                launcher: Launcher::new(policy, program, Ticks::FreeRunning),
                 arrivals: vec![0; program.len()],
                 log: vec![Vec::new(); policy.comm_streams as usize],
             }),

@@ -9,7 +9,9 @@
 //! payloads padded to the largest (python/syncopate/torch/exchange.py); `python -m
 //! syncopate.torch.sweep` times its allgather the same way, so the fitted costs hold for it.
 //! Reduce-scatter, broadcast, reduce and alltoall are priced by their textbook algorithms
-//! (ring, binomial tree, pairwise); no sweep here measures them.
+//! (ring, binomial tree, pairwise); no sweep here measures them. gloo's allgather moves large
+//! messages slower than its allreduce, so it may have a host cap of its own
+//! (`allgather_host_gbps`), fitted to the allgather rows of a sweep.
 
 use super::mpi::{pick, Hockney};
 use super::{Algorithm, Estimate, Group, Op};
@@ -43,11 +45,17 @@ pub(super) fn estimate(
                 Algorithm::Ring,
             )
         }
-        // The sizes' call (n 8-byte counts) before the payloads' ring of half-blocks.
-        Op::Allgather => (
-            2.0 * (call + 2.0 * (n - 1.0) * alpha) + frac * s * beta,
-            Algorithm::Ring,
-        ),
+        // The sizes' call (n 8-byte counts) before the payloads' ring of half-blocks, at the
+        // allgather's own cap when it has one.
+        Op::Allgather => {
+            let beta = params
+                .allgather_host_gbps
+                .map_or(beta, |cap| beta.max(8.0 / (cap * 1e3)));
+            (
+                2.0 * (call + 2.0 * (n - 1.0) * alpha) + frac * s * beta,
+                Algorithm::Ring,
+            )
+        }
         Op::ReduceScatter => {
             let per_rank = segments_per_rank(bytes, group.ranks) as f64;
             (

@@ -197,6 +197,7 @@ pub fn cluster(
             call_overhead_us: 0.0,
             reduce_gbytes_per_s: 1.0 / gamma / 1e9,
             host_gbps: None,
+            allgather_host_gbps: None,
             provenance: Provenance {
                 status: Status::Measured,
                 method,

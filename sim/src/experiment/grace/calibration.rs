@@ -151,6 +151,7 @@ impl Calibration {
                 call_overhead_us: 0.0,
                 reduce_gbytes_per_s: reduce,
                 host_gbps: p.host_gbps,
+                allgather_host_gbps: p.allgather_host_gbps,
                 provenance: p.provenance.clone(),
             };
         }
