@@ -2,7 +2,8 @@
 
     target/pyenv/bin/python experiments/dgc-accuracy/run.py               # everything (about 15 min)
     target/pyenv/bin/python experiments/dgc-accuracy/run.py --report-only # tables and plots from runs/
-    target/pyenv/bin/python experiments/dgc-accuracy/run.py --ablation    # why DGC falls behind (about 20 min)
+    target/pyenv/bin/python experiments/dgc-accuracy/run.py --study dgc    # why DGC falls behind (about 20 min)
+    target/pyenv/bin/python experiments/dgc-accuracy/run.py --study error-feedback    # top-k with and without it
 
 The 4 ranks run with torchrun on localhost (accuracy does not depend on the network); every run
 checks its first 2 iterations' aggregation against the reference (check=2).
@@ -40,7 +41,7 @@ CONFIGS = [
     ("efsignsgd", "EF-signSGD", "efsignsgd", f"efsignsgd:{LR:g}", 0.9, LR, 1),
     ("powersgd", "PowerSGD rank 4 (+ error feedback)", "powersgd:4", "residual", 0.9, LR, 1),
 ]
-# Why DGC falls behind (`--ablation`): more density at the same length, and the same density
+# Why DGC falls behind (`--study dgc`): more density at the same length, and the same density
 # over a longer run beside fp32 over as long a run. If every coordinate needs many sends to
 # learn, density and length close the gap; if sending often loses the momentum (masking), more
 # density widens it.
@@ -51,17 +52,31 @@ ABLATION = [
     ("dgc-long", f"DGC 0.1 %, {LONG}× the epochs", "dgc:0.001", DGC_MEMORY, 0.0, LR, LONG),
     ("fp32-long", f"fp32, {LONG}× the epochs", "none", "none", 0.9, LR, LONG),
 ]
-LABELS = {c[0]: c[1] for c in CONFIGS + ABLATION}
+# Whether top-k without error feedback falls behind top-k with it (`--study error-feedback`):
+# at DGC's density, where a step sends 226 of the 226 570 weights and what is not sent is lost
+# without feedback, and at 1 % over a run as long as DGC's long one.
+ERROR_FEEDBACK = [
+    ("topk-ef-0.1pct", "top-k 0.1 % + error feedback", "topk:0.001", "residual", 0.9, LR, 1),
+    ("topk-0.1pct", "top-k 0.1 %, no error feedback", "topk:0.001", "none", 0.9, LR, 1),
+    ("topk-ef-long", f"top-k 1 % + error feedback, {LONG}× the epochs", "topk:0.01", "residual", 0.9, LR, LONG),
+    ("topk-long", f"top-k 1 %, no error feedback, {LONG}× the epochs", "topk:0.01", "none", 0.9, LR, LONG),
+]
+STUDIES = {"dgc": ABLATION, "error-feedback": ERROR_FEEDBACK}
+EXTRA = ABLATION + ERROR_FEEDBACK
+# (without error feedback, with it, what the pair holds fixed)
+EF_PAIRS = [("topk", "topk-ef", "1 %, 15 epochs"), ("topk-0.1pct", "topk-ef-0.1pct", "0.1 %, 15 epochs"),
+            ("topk-long", "topk-ef-long", f"1 %, {LONG * 15} epochs")]
+LABELS = {c[0]: c[1] for c in CONFIGS + EXTRA}
 
 
 def make_plans(opts):
     """One plan per configuration: wfbp (one collective per tensor, so that every compressor
     works per layer as DGC, GRACE and PowerSGD do), made for this model's profile."""
     (HERE / "plans").mkdir(exist_ok=True)
-    # The ablation keeps the main runs' profile (their plans are made from it).
-    if not (opts.ablation and (HERE / "digits.json").exists()):
+    # A study keeps the main runs' profile (their plans are made from it).
+    if not (opts.study and (HERE / "digits.json").exists()):
         sh([opts.python, TRAINER, "--record-profile", HERE / "digits.json"], "recording the profile", 600)
-    for key, _, compressor, memory, *_ in CONFIGS + ABLATION:
+    for key, _, compressor, memory, *_ in CONFIGS + EXTRA:
         # Relative paths: the plans name no machine's paths.
         sh([opts.syncopate, "simulate", "--model", "digits.json", "--cluster", "v100-10gbe", "--nodes", WORLD,
             "--gpus-per-node", 1, "--strategy", "wfbp", "--compressor", compressor, "--memory", memory,
@@ -88,7 +103,7 @@ def report(opts):
         log = json.loads(path.read_text())
         logs.setdefault(log["config"], []).append(log)
     rows, epoch_rows = [], []
-    for key, label, compressor, memory, momentum, lr, _ in CONFIGS + ABLATION:
+    for key, label, compressor, memory, momentum, lr, _ in CONFIGS + EXTRA:
         runs = sorted(logs.get(key, []), key=lambda r: r["seed"])
         if not runs:
             continue
@@ -115,9 +130,10 @@ def report(opts):
     write_readme([r for r in rows if r["config"] in main_keys], logs, opts)
     ablation = [r for r in rows if r["config"] not in main_keys]
     if ablation:
-        write_csv(HERE / "ablation.csv", ablation)
-        write_csv(HERE / "ablation-epochs.csv", [r for r in epoch_rows if r["config"] not in main_keys])
+        write_csv(HERE / "studies.csv", ablation)
+        write_csv(HERE / "studies-epochs.csv", [r for r in epoch_rows if r["config"] not in main_keys])
         write_ablation(rows, logs)
+        write_error_feedback(rows, logs)
     plot(logs)
 
 
@@ -154,17 +170,42 @@ def write_readme(rows, logs, opts):
                      f"{' '.join(f'{x:+.2f}' for x in d)}; last-3-epoch means {by['fp32']['last3_accuracy_mean']:.2f} vs "
                      f"{by['dgc']['last3_accuracy_mean']:.2f}).")
     if "topk" in by and "topk-ef" in by:
-        d = paired(logs, "topk", "topk-ef")
-        gap = by["topk-ef"]["final_accuracy_mean"] - by["topk"]["final_accuracy_mean"]
-        visibly = gap > 0 and by["topk"]["final_accuracy_max"] < by["topk-ef"]["final_accuracy_min"]
-        lines.append(f"- **Top-k without error feedback visibly worse: {'yes' if visibly else 'NO (ranges overlap or it is not worse)'}.** "
-                     f"top-k 1 % with EF {by['topk-ef']['final_accuracy_mean']:.2f} %, without {by['topk']['final_accuracy_mean']:.2f} % "
-                     f"({gap:+.2f} points; per seed without − with: {' '.join(f'{x:+.2f}' for x in d)}; ranges "
-                     f"{by['topk']['final_accuracy_min']:.2f}–{by['topk']['final_accuracy_max']:.2f} vs "
-                     f"{by['topk-ef']['final_accuracy_min']:.2f}–{by['topk-ef']['final_accuracy_max']:.2f}).")
+        lines.append(ef_verdict(by, logs, "topk", "topk-ef", "top-k 1 %, 15 epochs (0.1 % and 60 epochs: the error-feedback study below)"))
     order = sorted(rows, key=lambda r: -r["final_accuracy_mean"])
     lines.append("- Ordering by mean final accuracy: " + " > ".join(f"{LABELS[r['config']]} ({r['final_accuracy_mean']:.2f})" for r in order) + ".")
     splice_readme(HERE / "README.md", lines)
+
+
+def ef_verdict(by, logs, without, with_, what):
+    """Whether top-k without error feedback is visibly worse than with it: lower on average
+    and no seed's final accuracy above the other's lowest."""
+    d = paired(logs, without, with_)
+    a, b = by[without], by[with_]
+    gap = b["final_accuracy_mean"] - a["final_accuracy_mean"]
+    visibly = gap > 0 and a["final_accuracy_max"] < b["final_accuracy_min"]
+    return (f"- **{what}: without error feedback visibly worse: {'yes' if visibly else 'NO (ranges overlap or it is not worse)'}.** "
+            f"with EF {b['final_accuracy_mean']:.2f} %, without {a['final_accuracy_mean']:.2f} % ({gap:+.2f} points; per seed "
+            f"without − with: {' '.join(f'{x:+.2f}' for x in d)}; ranges {a['final_accuracy_min']:.2f}–{a['final_accuracy_max']:.2f} "
+            f"vs {b['final_accuracy_min']:.2f}–{b['final_accuracy_max']:.2f}).")
+
+
+def write_error_feedback(rows, logs):
+    """Top-k with and without error feedback, pair by pair, with the verdict of each."""
+    by = {r["config"]: r for r in rows}
+    lines = ["| configuration | epochs | final accuracy % mean ± sd (min–max) | mean of last 3 epochs % | per seed |",
+             "|---|---|---|---|---|"]
+    verdicts = []
+    for without, with_, what in EF_PAIRS:
+        if without not in by or with_ not in by:
+            continue
+        for key in (with_, without):
+            r = by[key]
+            lines.append(f"| {LABELS[key]} | {r['epochs']} | {r['final_accuracy_mean']:.2f} ± {r['final_accuracy_sd']:.2f} "
+                         f"({r['final_accuracy_min']:.2f}–{r['final_accuracy_max']:.2f}) | {r['last3_accuracy_mean']:.2f} | "
+                         f"{r['final_accuracy_by_seed']} |")
+        verdicts.append(ef_verdict(by, logs, without, with_, f"top-k {what}"))
+    if verdicts:
+        splice_readme(HERE / "README.md", lines + [""] + verdicts, block="error-feedback")
 
 
 def write_ablation(rows, logs):
@@ -216,8 +257,9 @@ def main():
     p.add_argument("--syncopate", default=str(REPO / "target" / "release" / "syncopate"))
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--report-only", action="store_true")
-    p.add_argument("--ablation", action="store_true",
-                   help="run only the ablation of DGC (density and run length; keeps the main runs) and report")
+    p.add_argument("--study", choices=sorted(STUDIES),
+                   help="run only one study and report, keeping the other runs: dgc (why DGC falls behind: density "
+                        "and run length) or error-feedback (top-k with and without it, at 0.1 %% and over a long run)")
     opts = p.parse_args()
     if opts.seeds < 2 or opts.epochs < 3 or not 0 < opts.target <= 1:
         p.error("--seeds ≥ 2, --epochs ≥ 3 and --target in (0, 1]")
@@ -225,10 +267,10 @@ def main():
         return report(opts)
     if not pathlib.Path(opts.syncopate).exists():
         raise SystemExit(f"{opts.syncopate} is missing: cargo build --release")
-    configs = ABLATION if opts.ablation else CONFIGS
-    if opts.ablation:
+    configs = STUDIES[opts.study] if opts.study else CONFIGS
+    if opts.study:
         for path in (HERE / "runs").glob("*.json"):
-            if json.loads(path.read_text())["config"] in {c[0] for c in ABLATION}:
+            if json.loads(path.read_text())["config"] in {c[0] for c in configs}:
                 path.unlink()
     else:
         shutil.rmtree(HERE / "runs", ignore_errors=True)
