@@ -97,3 +97,27 @@ def test_trace_has_the_schedule_tasks_and_a_summary(trained):
     assert {n[4:] for n in names if n.startswith("fwd ")} == parameters
     assert "optimizer" in names
     assert any(n.startswith("allreduce g0.0.0 ") for n in names), sorted(names)
+
+
+def closed_and_released(rank, world, plan):
+    import gc
+    import weakref
+
+    from syncopate.torch import DistributedOptimizer
+
+    model = models.tiny()
+    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, plan, timeout_s=10)
+    executor = weakref.ref(optimizer.executor)
+    threads = list(optimizer.executor.threads)
+    optimizer.close()
+    del optimizer
+    gc.collect()
+    return executor() is None, [t.is_alive() for t in threads]
+
+
+def test_a_closed_optimizer_ends_its_stream_threads_and_is_released(make_plan):
+    # bytescheduler: several streams, rank 0 deciding for the other.
+    plan = make_plan("bytescheduler", "none", None)
+    for released, alive in ranks.values(ranks.run(closed_and_released, plan)):
+        assert alive and not any(alive), alive
+        assert released, "something still holds the closed optimizer's executor"

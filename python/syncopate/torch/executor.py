@@ -109,9 +109,11 @@ class Executor:
             self._raise_failure()
 
     def close(self):
-        """Finishes what is in flight, then ends the stream threads."""
+        """Finishes what is in flight, then ends the stream threads; the exit no longer holds
+        this executor (and its buffers) once it is closed."""
         self.finish_all()
         self.stop()
+        atexit.unregister(self.stop)
 
     def stop(self):
         """Ends the stream threads without finishing anything (at exit, and after close):
