@@ -368,6 +368,7 @@ fn noise_gives_statistics_and_is_seeded() {
             jitter_cv: 0.1,
             straggler_probability: 0.05,
             straggler_slowdown: 2.0,
+            rank_skew_cv: 0.0,
             seed: 3,
         },
         ..Default::default()
@@ -418,4 +419,55 @@ fn compute_scales_only_across_different_devices() {
         "{}",
         other.compute_scale
     );
+}
+
+/// The two-tensor model with a measured skew of `cv` between ranks.
+fn skewed(model: &ModelProfile, cv: f64) -> ModelProfile {
+    let mut model = model.clone();
+    model.rank_skew = Some(syncopate_sim::model::RankSkew {
+        cv,
+        ranks: 2,
+        provenance: syncopate_sim::model::Provenance {
+            status: syncopate_sim::model::Status::Measured,
+            method: "a test's".into(),
+        },
+    });
+    model
+}
+
+#[test]
+fn a_skew_between_ranks_makes_the_slowest_rank_set_the_pace_deterministically() {
+    let dir = crate::common::scratch("rank-skew");
+    let device = quiet_device(&dir);
+    let model = two_tensor_model(&device, 1 << 20);
+    let cluster = one_link_cluster(&device);
+    let plain = run(&model, &cluster, "ddp");
+    let skewed_model = skewed(&model, 0.2);
+    let skewed = run(&skewed_model, &cluster, "ddp");
+    assert_eq!((plain.path, plain.rank_skew_cv), ("symmetric", None));
+    assert_eq!((skewed.path, skewed.rank_skew_cv), ("explicit", Some(0.2)));
+    assert_eq!(skewed.measured_iterations, 64);
+    // Each rank's compute keeps its mean, but every collective waits for the later rank: two
+    // ranks of 20 ms ± 20 % meet about 2 ms later than one mean rank would.
+    assert!((skewed.compute_ms / plain.compute_ms - 1.0).abs() < 0.05);
+    assert!(
+        skewed.iteration_time_ms > plain.iteration_time_ms + 1.0,
+        "{} vs {}",
+        skewed.iteration_time_ms,
+        plain.iteration_time_ms
+    );
+    assert_eq!(run(&skewed_model, &cluster, "ddp"), skewed);
+    // The tuner's evaluator prices a plan as `simulate` does.
+    let scenario = Scenario::new(skewed_model.clone(), cluster.clone()).unwrap();
+    let plan = "ddp"
+        .parse::<Strategy>()
+        .unwrap()
+        .plan(&scenario, &StrategyOptions::default())
+        .unwrap();
+    let evaluated = syncopate_sim::evaluate::steady_iteration_time(&scenario, &plan).unwrap();
+    assert!((evaluated.as_ms() - skewed.iteration_time_ms).abs() < 1e-5);
+    // One rank has no one to wait for.
+    let mut single = cluster.clone();
+    single.nodes = 1;
+    assert_eq!(run(&skewed_model, &single, "ddp").path, "symmetric");
 }

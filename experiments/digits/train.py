@@ -128,7 +128,7 @@ def record_profile(args, rank, world):
         import torch.distributed as dist
         dist.barrier()  # every rank computes at once, as in training
     profile = model_profile(model, lambda: F.cross_entropy(model(x), y), name="digits-cnn", batch_size=args.batch,
-                            device=args.profile_device, iterations=30, warmup=5)
+                            device=args.profile_device, iterations=30, warmup=5, rank_skew=world > 1)
     profile["description"] += f"; {world} rank(s) computing at once on this machine, {args.threads} torch thread(s) each"
     if rank == 0:
         pathlib.Path(args.record_profile).write_text(json.dumps(profile, indent=1) + "\n")

@@ -6,7 +6,9 @@ use crate::engine::{self, Noise};
 use crate::error::Result;
 use crate::plan::Plan;
 use crate::scenario::Scenario;
-use crate::simulate::{engine_config, schedule, task_graph};
+use crate::simulate::{
+    engine_config, mean_ns, rank_skew_cv, schedule, simulate, task_graph, SimOptions,
+};
 use crate::time::SimTime;
 
 /// Warm-up iterations before the measured one, as `simulate`'s default.
@@ -45,12 +47,18 @@ impl Evaluator {
     }
 }
 
-/// The iteration after one warm-up, on the symmetric path without noise.
+/// The iteration after one warm-up, on the symmetric path without noise; with a skew between
+/// ranks, `simulate`'s mean iteration.
 ///
 /// When nothing of an iteration outlives its optimizer step (no overlap with the next forward)
 /// and no cycle ties launches to absolute time, every iteration repeats the first one exactly,
 /// so one iteration's makespan is the steady-state time and half the work is saved.
 pub fn steady_iteration_time(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
+    // Ranks that differ (a measured skew) are simulated one by one over many iterations.
+    if rank_skew_cv(scenario).is_some() {
+        let outcome = simulate(scenario, plan, &SimOptions::default())?;
+        return Ok(SimTime::from_ns(mean_ns(&outcome.iteration_times)));
+    }
     let policy = &plan.policy;
     let schedule = schedule(scenario, plan)?;
     let config = engine_config(scenario, &schedule, 1, 0);

@@ -79,6 +79,21 @@ pub struct Threads {
     pub provenance: Provenance,
 }
 
+/// How much one rank's compute per iteration differs from the iteration's mean over the ranks,
+/// measured with `ranks` ranks computing at once and starting each iteration together (CPU ranks
+/// time-sharing a host's cores: which rank the scheduler holds back changes every iteration).
+/// Ranks meet at every collective, so the slowest rank of an iteration sets its pace; a
+/// symmetric simulation of the mean rank cannot see that.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankSkew {
+    /// Coefficient of variation of a rank's iteration compute around the iteration's mean.
+    pub cv: f64,
+    /// Ranks that computed at once while it was measured.
+    pub ranks: u32,
+    pub provenance: Provenance,
+}
+
 /// Number format the timed kernels computed in; it picks the device peak a profile's implied
 /// FLOP/s is compared with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,6 +166,10 @@ pub struct ModelProfile {
     /// built from published traces).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<Threads>,
+    /// The spread of compute between ranks computing at once; absent when not measured (the
+    /// simulator then treats ranks as identical).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_skew: Option<RankSkew>,
     pub timing: TimingProvenance,
     /// FLOP description for the FLOP/s check; profiles without it are not checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,6 +208,9 @@ impl ModelProfile {
         }
         if let Some(threads) = &self.threads {
             validate_threads(label, threads)?;
+        }
+        if let Some(skew) = &self.rank_skew {
+            validate_rank_skew(label, skew)?;
         }
         limits::check_duration_us(label, "optimizer_us", self.optimizer_us)?;
         if self.tensors.len() > limits::MAX_TENSORS {
@@ -339,6 +361,33 @@ fn validate_threads(label: &str, threads: &Threads) -> Result<()> {
     Ok(())
 }
 
+/// A skew is a finite coefficient of variation measured with at least two ranks.
+fn validate_rank_skew(label: &str, skew: &RankSkew) -> Result<()> {
+    if !(skew.cv.is_finite() && (0.0..=limits::MAX_JITTER_CV).contains(&skew.cv)) {
+        return Err(SimError::invalid(
+            label,
+            "rank_skew.cv",
+            format!(
+                "{}; a coefficient of variation is 0 to {}",
+                limits::num(skew.cv),
+                limits::MAX_JITTER_CV
+            ),
+        ));
+    }
+    if skew.ranks < 2 || u64::from(skew.ranks) > limits::MAX_RANKS {
+        return Err(SimError::invalid(
+            label,
+            "rank_skew.ranks",
+            format!(
+                "{}; a skew between ranks is measured with 2 to {} ranks",
+                skew.ranks,
+                limits::MAX_RANKS
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The FLOP description names tensors of this profile and says how it was derived.
 fn validate_arithmetic(label: &str, arithmetic: &Arithmetic, names: &HashSet<&str>) -> Result<()> {
     for (i, name) in arithmetic.head_tensors.iter().enumerate() {
@@ -405,6 +454,27 @@ mod tests {
         let threads = parse(THREADS).unwrap().threads.unwrap();
         assert_eq!((threads.intra_op, threads.inter_op), (2, 1));
         assert_eq!(threads.provenance.status, Status::Measured);
+    }
+
+    const SKEW: &str = r#""rank_skew": {"cv": 0.15, "ranks": 4,
+        "provenance": {"status": "measured", "method": "4 ranks at once"}},"#;
+
+    #[test]
+    fn a_rank_skew_loads_and_bad_ones_are_rejected_naming_the_field() {
+        assert_eq!(parse("").unwrap().rank_skew, None);
+        let skew = parse(SKEW).unwrap().rank_skew.unwrap();
+        assert_eq!((skew.cv, skew.ranks), (0.15, 4));
+        for (bad, field) in [
+            (SKEW.replace("0.15", "-0.1"), "rank_skew.cv"),
+            (SKEW.replace("0.15", "11"), "rank_skew.cv"),
+            (
+                SKEW.replace(r#""ranks": 4"#, r#""ranks": 1"#),
+                "rank_skew.ranks",
+            ),
+        ] {
+            let err = parse(&bad).unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
     }
 
     #[test]

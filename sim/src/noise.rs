@@ -1,5 +1,4 @@
-//! Seeded noise: per-task lognormal jitter and per-iteration stragglers, drawn in a fixed order
-//! so that the same seed gives the same run.
+//! Seeded noise: per-task lognormal jitter, per-iteration stragglers and a measured skew between ranks, drawn in a fixed order so that the same seed gives the same run.
 
 use crate::engine::Noise;
 use crate::error::{Result, SimError};
@@ -19,6 +18,10 @@ pub struct NoiseSpec {
     /// `straggler_slowdown` times longer.
     pub straggler_probability: f64,
     pub straggler_slowdown: f64,
+    /// Coefficient of variation of each rank's compute per iteration (lognormal with mean 1,
+    /// one factor for all of a rank's compute in an iteration): the model profile's measured
+    /// `rank_skew`; 0 for none.
+    pub rank_skew_cv: f64,
     pub seed: u64,
 }
 
@@ -28,6 +31,7 @@ impl Default for NoiseSpec {
             jitter_cv: 0.0,
             straggler_probability: 0.0,
             straggler_slowdown: 1.0,
+            rank_skew_cv: 0.0,
             seed: 1,
         }
     }
@@ -35,7 +39,7 @@ impl Default for NoiseSpec {
 
 impl NoiseSpec {
     pub fn is_quiet(&self) -> bool {
-        self.jitter_cv == 0.0 && self.straggler_probability == 0.0
+        self.jitter_cv == 0.0 && self.straggler_probability == 0.0 && self.rank_skew_cv == 0.0
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -43,6 +47,13 @@ impl NoiseSpec {
             return Err(SimError::bad_value(
                 "--jitter",
                 crate::limits::num(self.jitter_cv),
+                format!("the coefficient of variation is 0 to {MAX_JITTER_CV}"),
+            ));
+        }
+        if !(self.rank_skew_cv.is_finite() && (0.0..=MAX_JITTER_CV).contains(&self.rank_skew_cv)) {
+            return Err(SimError::bad_value(
+                "rank_skew.cv",
+                crate::limits::num(self.rank_skew_cv),
                 format!("the coefficient of variation is 0 to {MAX_JITTER_CV}"),
             ));
         }
@@ -71,10 +82,8 @@ impl NoiseSpec {
         if self.is_quiet() {
             return Ok(Noise::default());
         }
-        let sigma = (1.0 + self.jitter_cv * self.jitter_cv).ln().sqrt();
-        // A lognormal with mean 1: mu = -sigma²/2.
-        let jitter = LogNormal::new(-sigma * sigma / 2.0, sigma)
-            .map_err(|e| SimError::bad_value("--jitter", self.jitter_cv, e.to_string()))?;
+        let jitter = mean_one_lognormal("--jitter", self.jitter_cv)?;
+        let skew = mean_one_lognormal("rank_skew.cv", self.rank_skew_cv)?;
         let tasks = graph.len();
         let mut per_rank_task = Vec::with_capacity(ranks as usize * tasks);
         for rank in 0..ranks {
@@ -84,6 +93,20 @@ impl NoiseSpec {
             let stragglers: Vec<bool> = (0..graph.iterations())
                 .map(|_| rng.random::<f64>() < self.straggler_probability)
                 .collect();
+            // Drawn from a generator of its own, so that adding the skew leaves the other
+            // draws of a seed as they were.
+            let mut skew_rng = StdRng::seed_from_u64(
+                self.seed ^ (u64::from(rank) + 1).wrapping_mul(0xd1b5_4a32_d192_ed03),
+            );
+            let speed: Vec<f64> = (0..graph.iterations())
+                .map(|_| {
+                    if self.rank_skew_cv > 0.0 {
+                        skew.sample(&mut skew_rng)
+                    } else {
+                        1.0
+                    }
+                })
+                .collect();
             for t in 0..tasks as u32 {
                 let task = graph.task(t);
                 let mut factor = if self.jitter_cv > 0.0 {
@@ -91,8 +114,11 @@ impl NoiseSpec {
                 } else {
                     1.0
                 };
-                if task.stream == Stream::Compute && stragglers[task.iteration as usize] {
-                    factor *= self.straggler_slowdown;
+                if task.stream == Stream::Compute {
+                    factor *= speed[task.iteration as usize];
+                    if stragglers[task.iteration as usize] {
+                        factor *= self.straggler_slowdown;
+                    }
                 }
                 per_rank_task.push(factor as f32);
             }
@@ -112,4 +138,11 @@ impl NoiseSpec {
             per_collective,
         })
     }
+}
+
+/// A lognormal with mean 1 and coefficient of variation `cv` (mu = -sigma²/2).
+fn mean_one_lognormal(field: &str, cv: f64) -> Result<LogNormal<f64>> {
+    let sigma = (1.0 + cv * cv).ln().sqrt();
+    LogNormal::new(-sigma * sigma / 2.0, sigma)
+        .map_err(|e| SimError::bad_value(field, cv, e.to_string()))
 }

@@ -199,6 +199,8 @@ fn noise(args: &SimulateArgs) -> anyhow::Result<NoiseSpec> {
         jitter_cv: args.jitter,
         straggler_probability: probability,
         straggler_slowdown: slowdown,
+        // The model profile's measured skew joins in `simulate`.
+        rank_skew_cv: 0.0,
         seed: args.seed,
     };
     spec.validate()?;

@@ -4,12 +4,13 @@ import math
 import statistics
 
 import torch
+import torch.distributed as dist
 
 from syncopate.torch.clock import clock_for
 
 
 def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", iterations=5, warmup=2, lr=0.01,
-                  optimizer=None, amp=False, sample_unit="samples"):
+                  optimizer=None, amp=False, sample_unit="samples", rank_skew=False):
     """Runs `loss_fn()` (forward on one batch of `batch_size` samples, returning the loss), its
     backward and an optimizer step `warmup + iterations` times, and records: the trainable
     parameters in gradient-ready order (post-accumulate-grad hooks), the gap before each
@@ -20,7 +21,12 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
     total (so that time-sharing of the cores, which per-tensor medians miss, is kept). Timed with perf_counter on the CPU and with CUDA
     events when the parameters are on a GPU. `device` names the device profile the timings
     belong to; `optimizer` (default: SGD with `lr`) steps the module's parameters; `amp`
-    autocasts the forward (fp16 with a gradient scaler on a GPU, bf16 on the CPU)."""
+    autocasts the forward (fp16 with a gradient scaler on a GPU, bf16 on the CPU). `rank_skew`
+    (every rank of an initialized torch.distributed world calls model_profile at once) starts
+    each iteration on all ranks together, after an untimed barrier, and records how much one
+    rank's iteration compute differs from the iteration's mean over the ranks: ranks that
+    time-share a host's cores do not keep pace with each other, and the slowest one sets the
+    pace of every collective."""
     if iterations < 1 or warmup < 0 or batch_size < 1:
         raise ValueError("model_profile: iterations and batch_size must be at least 1, warmup at least 0")
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -33,12 +39,17 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
     on = named[0][1].device
     clock = clock_for(on)
     optimizer = optimizer or torch.optim.SGD([p for _, p in named], lr=lr)
-    samples = _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations)
+    world = _world() if rank_skew else 1
+    if rank_skew and world < 2:
+        raise ValueError("model_profile: rank_skew needs an initialized torch.distributed world of at least 2 ranks, "
+                         "every rank calling model_profile at once")
+    barrier = dist.barrier if world > 1 else None
+    samples = _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations, barrier)
     tensors = _tensors(named, samples)
     precision = f", autocast {_autocast_dtype(on)}" if amp else ""
     method = (f"{clock.description}, per-tensor medians of {iterations} iterations after {warmup} warm-up scaled to the median iteration's total, batch {batch_size}"
               f"{precision}, PyTorch {torch.__version__}")
-    return {
+    profile = {
         "format_version": 1,
         "name": name,
         "description": f"{type(module).__name__} ({len(tensors)} parameter tensors), recorded by syncopate.torch.model_profile",
@@ -65,6 +76,32 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
         "optimizer_us": round(statistics.median(s["optimizer"] for s in samples), 3),
         "tensors": tensors,
     }
+    if world > 1:
+        profile["rank_skew"] = _rank_skew(samples, world, method)
+    return profile
+
+
+def _world():
+    """The ranks of the initialized torch.distributed world (1 when there is none)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank_skew(samples, world, method):
+    """The coefficient of variation of a rank's iteration compute around the iteration's mean
+    over the ranks (the variances across ranks pooled over iterations), from every rank's samples."""
+    mine = [sum(s["backward"].values()) + sum(s["forward"].values()) + s["optimizer"] for s in samples]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    variance = statistics.fmean(statistics.variance(iteration) for iteration in zip(*everyone))
+    mean = statistics.fmean(total for totals in everyone for total in totals)
+    return {
+        "cv": round(math.sqrt(variance) / mean, 4) if mean > 0 else 0.0,
+        "ranks": world,
+        "provenance": {"status": "measured",
+                       "method": f"{world} ranks computing at once, each iteration started together after an untimed "
+                                 "barrier; the variance of the iteration's compute (forward, backward, optimizer) "
+                                 f"across the ranks, pooled over iterations, over the mean; {method}"},
+    }
 
 
 def _autocast_dtype(on):
@@ -72,8 +109,9 @@ def _autocast_dtype(on):
     return "fp16" if on.type == "cuda" else "bf16"
 
 
-def _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations):
-    """The samples of `iterations` training steps after `warmup`, with the hooks in place."""
+def _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations, barrier):
+    """The samples of `iterations` training steps after `warmup`, with the hooks in place, each
+    started after `barrier()` when there is one."""
     registration = {id(p): i for i, (_, p) in enumerate(named)}
     ready, forward = [], []
     handles = [p.register_post_accumulate_grad_hook(lambda q: ready.append((registration[id(q)], clock.mark())))
@@ -92,6 +130,8 @@ def _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iteratio
             ready.clear()
             forward.clear()
             optimizer.zero_grad(set_to_none=True)
+            if barrier:
+                barrier()
             start = clock.mark()
             with torch.autocast(on.type, dtype=dtype, enabled=amp):
                 loss = loss_fn()
