@@ -191,6 +191,11 @@ pub struct CollectiveArgs {
     /// default: all of them.
     #[arg(long, requires = "fit_out", value_delimiter = ',')]
     pub fit_only: Option<Vec<String>>,
+    /// The --compare sweep timed again while every rank computes beside it (`python -m
+    /// syncopate.torch.sweep --beside-compute`): a TCP cluster's fit then also sets
+    /// `contention.collective_slowdown_with_compute` to the median ratio of the two.
+    #[arg(long, requires = "fit_out")]
+    pub beside_compute: Option<PathBuf>,
     /// GPU counts of the --compare data kept out of the fit, whose error is reported apart:
     /// a list (32 or 16,32), `largest` (the default with --fit-out) or `none`. Without
     /// --fit-out it names the counts the cluster was not calibrated on.

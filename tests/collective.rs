@@ -753,3 +753,89 @@ fn a_tcp_parameter_server_pays_its_fixed_costs_per_peer_message() {
     let extra = paid.time.as_us() - bare.time.as_us();
     assert!((extra - 2.0 * 2.0 * 3.0 * 320.0).abs() < 1e-6, "{extra}");
 }
+
+#[test]
+fn a_sweep_beside_compute_sets_the_gloo_fits_collective_slowdown() {
+    let dir = scratch("gloo-beside-compute");
+    let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
+    let mut truth = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
+    truth.library = Library::Gloo(truth.library.tcp().unwrap().clone());
+    let sweep = dir.join("alone.csv");
+    gloo_sweep(&truth, &sweep);
+    // Every row 1.25 times slower beside compute.
+    let busy = dir.join("beside.csv");
+    let slower: String = std::fs::read_to_string(&sweep)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, line)| match line.rsplit_once(',') {
+            Some((row, t)) if i > 0 => format!("{row},{}\n", t.parse::<f64>().unwrap() * 1.25),
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    std::fs::write(&busy, slower).unwrap();
+    let fit = |cluster: &str, out: &std::path::Path| {
+        syncopate(&[
+            "collective",
+            "--cluster",
+            cluster,
+            "--library",
+            "gloo",
+            "--compare",
+            sweep.to_str().unwrap(),
+            "--beside-compute",
+            busy.to_str().unwrap(),
+            "--fit-out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let out_file = dir.join("lab-gloo.json");
+    let out = fit(lab.to_str().unwrap(), &out_file);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let fitted: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    let contention = &fitted["contention"];
+    let factor = contention["collective_slowdown_with_compute"]
+        .as_f64()
+        .unwrap();
+    assert!((factor - 1.25).abs() < 1e-3, "{contention}");
+    let method = contention["provenance"]["method"].as_str().unwrap();
+    assert!(method.contains("beside compute (x1.25)"), "{method}");
+    // The compute slowdowns measured before stay.
+    let before: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&lab).unwrap()).unwrap();
+    assert_eq!(
+        contention["compute_slowdown_with_collective"],
+        before["contention"]["compute_slowdown_with_collective"]
+    );
+    // Refitting the refitted file replaces the note rather than stacking a second one.
+    let device = root()
+        .join("experiments/lab-validation/device.json")
+        .to_string_lossy()
+        .into_owned();
+    let mut refitted = fitted.clone();
+    refitted["device"] = device.clone().into();
+    std::fs::write(&out_file, refitted.to_string()).unwrap();
+    let again = dir.join("again.json");
+    let out = fit(out_file.to_str().unwrap(), &again);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&again).unwrap();
+    assert_eq!(
+        text.matches("Since measured with the library's own sweeps")
+            .count(),
+        1
+    );
+    // A cluster file without a contention section has nothing to refine.
+    let mut bare = before.clone();
+    bare.as_object_mut().unwrap().remove("contention");
+    bare["device"] = device.into();
+    let bare_file = dir.join("bare.json");
+    std::fs::write(&bare_file, bare.to_string()).unwrap();
+    let out = fit(bare_file.to_str().unwrap(), &dir.join("x.json"));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--beside-compute") && stderr(&out).contains("contention"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -54,16 +54,25 @@ def lab_train(syncopate, name, python, args, what, timeout_s):
     return lab_python(syncopate, name, python, [TRAINER, *args], what, timeout_s)
 
 
+# The sizes timed again beside compute: those that move bytes (`beside_compute::FROM_BYTES` up).
+BESIDE_COMPUTE_SIZES = "64K,256K,1M,4M"
+
+
 def fit_gloo(syncopate, python, name, cluster, clusters):
     """Times gloo's allreduce and allgather on lab `name` as the wrapper calls them (`python -m
-    syncopate.torch.sweep`, one rank per node) and refits the lab's MPI cluster file
-    `clusters/CLUSTER.json` to them: `clusters/CLUSTER-gloo.json`, the file to predict with."""
+    syncopate.torch.sweep`, one rank per node), alone and with every rank computing beside
+    them, and refits the lab's MPI cluster file `clusters/CLUSTER.json` to them:
+    `clusters/CLUSTER-gloo.json`, the file to predict with, its collectives' slowdown beside
+    compute measured with gloo."""
     print(f"gloo sweep on {name}", flush=True)
-    sweep = f"{cluster}.gloo-sweep.csv"
+    sweep, busy = f"{cluster}.gloo-sweep.csv", f"{cluster}.gloo-sweep-beside-compute.csv"
     lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--out", pathlib.Path(clusters) / sweep],
                f"gloo sweep on {name}", 900)
+    lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--beside-compute", "--sizes",
+                                         BESIDE_COMPUTE_SIZES, "--out", pathlib.Path(clusters) / busy],
+               f"gloo sweep beside compute on {name}", 900)
     sh([syncopate, "collective", "--cluster", f"{cluster}.json", "--library", "gloo", "--compare", sweep,
-        "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {name}", 300, cwd=clusters)
+        "--beside-compute", busy, "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {name}", 300, cwd=clusters)
 
 
 def measured_iterations(trace, log, checked):

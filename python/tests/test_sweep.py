@@ -33,6 +33,23 @@ def test_every_op_and_size_is_timed_alike_on_every_rank(tmp_path):
     assert [r["op"] for r in rows] == ["allreduce", "allreduce", "allgather", "allgather"]
 
 
+def timed_beside_compute(rank, world, sizes):
+    import threading
+
+    with sweep.Computing() as computing:
+        rows = timed(rank, world, sizes)
+        alive = computing.thread.is_alive()
+    names = {t.name for t in threading.enumerate()}
+    return rows, alive, "syncopate-sweep-compute" in names
+
+
+def test_beside_compute_every_rank_computes_while_it_is_timed_and_stops_after():
+    outcomes = ranks.values(ranks.run(timed_beside_compute, sweep.parse_sizes("64K")))
+    for rows, alive, left_running in outcomes:
+        assert [(op, size) for op, _, size, _ in rows] == [("allreduce", 65536), ("allgather", 65536)]
+        assert alive and not left_running
+
+
 @pytest.mark.parametrize("text, message", [
     ("4K,huge", "'HUGE' is not a size"),
     ("0", "positive multiple of 4"),

@@ -1,5 +1,6 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
+pub mod beside_compute;
 pub mod calibrate;
 pub mod chart;
 pub mod collective;

@@ -1,6 +1,7 @@
 //! `syncopate collective`: nccl-tests-style predictions, comparison with measurements, fitting.
 
 use crate::cli::{CollectiveArgs, Format, TcpLibrary};
+use syncopate_sim::beside_compute;
 use syncopate_sim::calibrate::{self, FitReport, Holdout, Measurement, RowFilter};
 use syncopate_sim::collective::{Group, Op};
 use syncopate_sim::compare::{self, Row};
@@ -106,6 +107,7 @@ fn refit_tcp(
     path: &std::path::Path,
     args: &CollectiveArgs,
     out: &std::path::Path,
+    slowdown: Option<&beside_compute::Slowdown>,
 ) -> anyhow::Result<Cluster> {
     let fitted = tcp_fit::fit(cluster, measurements)?;
     let mut refit = tcp_fit::apply(cluster, &fitted);
@@ -139,6 +141,9 @@ fn refit_tcp(
         fitted.message_overhead_us
     );
     file["source"] = format!("{source}{refitted}").into();
+    if let Some(slowdown) = slowdown {
+        set_collective_slowdown(&mut file, slowdown, args)?;
+    }
     super::write_json(out, &file)?;
     eprintln!(
         "fitted the {} host cap and overheads (mean |error| {:.1} %); wrote {}",
@@ -147,6 +152,57 @@ fn refit_tcp(
         out.display()
     );
     Ok(refit)
+}
+
+/// What a measured slowdown beside compute appends to the contention's provenance.
+const BESIDE_COMPUTE_NOTE: &str = " Since measured with the library's own sweeps";
+
+/// Writes the measured slowdown of collectives beside compute into the cluster file's
+/// `contention`, whose other figures (compute slowed by collectives and by compression, the
+/// shared cores) stay as measured before.
+fn set_collective_slowdown(
+    file: &mut serde_json::Value,
+    slowdown: &beside_compute::Slowdown,
+    args: &CollectiveArgs,
+) -> anyhow::Result<()> {
+    let busy = args
+        .beside_compute
+        .as_ref()
+        .expect("a slowdown comes from --beside-compute");
+    let Some(contention) = file.get_mut("contention").filter(|c| c.is_object()) else {
+        return Err(SimError::bad_value(
+            "--beside-compute",
+            busy.display(),
+            format!(
+                "`{}` has no `contention` section to refine (a lab's cluster file has one: `syncopate lab up --cluster-out` with the mpi feature)",
+                args.cluster.cluster
+            ),
+        )
+        .into());
+    };
+    contention["collective_slowdown_with_compute"] = slowdown.factor.into();
+    let method = contention["provenance"]["method"]
+        .as_str()
+        .unwrap_or_default()
+        .split(BESIDE_COMPUTE_NOTE)
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    contention["provenance"]["method"] = format!(
+        "{method}{BESIDE_COMPUTE_NOTE} (`--compare {} --beside-compute {}`): {}",
+        args.compare
+            .as_ref()
+            .map_or_else(Default::default, |p| p.display().to_string()),
+        busy.display(),
+        beside_compute::describe(slowdown)
+    )
+    .into();
+    eprintln!(
+        "measured collectives beside compute {:.3}x slower (median over {} sizes)",
+        slowdown.factor,
+        slowdown.pairs.len()
+    );
+    Ok(())
 }
 
 /// The rows of `path` for `op` between --min-bytes and --max-bytes that the filters accept (in a
@@ -247,7 +303,26 @@ fn compare(
         None => cluster.clone(),
         Some(out) if cluster.library.tcp().is_some() => {
             let fit_set = tcp_fit_set(cluster, op, path, args, &filters, &held_out)?;
-            refit_tcp(cluster, &fit_set, path, args, out)?
+            let slowdown = match &args.beside_compute {
+                Some(busy) => {
+                    let alone = tcp_fit_set(cluster, op, path, args, &filters, &[])?;
+                    let beside = tcp_fit_set(cluster, op, busy, args, &filters, &[])?;
+                    Some(beside_compute::fit(&alone, &beside)?)
+                }
+                None => None,
+            };
+            refit_tcp(cluster, &fit_set, path, args, out, slowdown.as_ref())?
+        }
+        Some(_) if args.beside_compute.is_some() => {
+            return Err(SimError::bad_value(
+                "--beside-compute",
+                args.beside_compute.as_ref().map_or_else(Default::default, |p| p.display().to_string()),
+                format!(
+                    "`{}` runs NCCL, whose collectives do not run on the cores compute uses; only a TCP cluster (MPI or gloo) is slowed that way",
+                    cluster.name
+                ),
+            )
+            .into())
         }
         Some(out) => {
             let fit_set = calibrate::fit_set(&measurements, &held_out);

@@ -5,6 +5,9 @@ syncopate.torch.sweep --out sweep.csv`, or torchrun). Each size is timed `--iter
 back to back after a barrier (the ranks start together), each call launched asynchronously and
 waited for as `syncopate.torch`'s exchanges do; a row is the median over `--rounds` rounds of
 the slowest rank's mean time per call, the time a collective in training takes.
+`--beside-compute` times the same calls while every rank also computes on a thread of its own
+(a rank's backward pass beside its communication): `syncopate collective --beside-compute`
+turns the two sweeps' ratio into the cluster's `contention.collective_slowdown_with_compute`.
 """
 
 import argparse
@@ -13,6 +16,7 @@ import datetime
 import os
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -94,6 +98,26 @@ def measure(link, op, size, iterations, rounds):
     return statistics.median(times)
 
 
+class Computing:
+    """A thread that multiplies matrices until the block ends, as a rank's compute does beside
+    its collectives (torch releases the interpreter while it multiplies)."""
+
+    def __enter__(self):
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="syncopate-sweep-compute", daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self):
+        a, b = torch.randn(128, 128), torch.randn(128, 128)
+        while not self.stop.is_set():
+            torch.mm(a, b)
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
 def sweep(link, ops, sizes, iterations, rounds):
     """Rows (op, ranks, size in bytes, µs) for every op and size, on every rank alike."""
     return [(op, link.world, size, measure(link, op, size, iterations, rounds)) for op in ops for size in sizes]
@@ -114,6 +138,8 @@ def main(argv=None):
     p.add_argument("--iterations", default="10", help="calls per round (default 10)")
     p.add_argument("--rounds", default="5", help="rounds per size; the median is kept (default 5)")
     p.add_argument("--timeout-s", default="120", help="how long one call may wait for its peers (default 120)")
+    p.add_argument("--beside-compute", action="store_true",
+                   help="time every call while each rank also computes on a thread of its own")
     args = p.parse_args(argv)
     try:
         sizes = parse_sizes(args.sizes)
@@ -129,7 +155,11 @@ def main(argv=None):
             raise SyncopateError(f"{', '.join(missing)} not set: run under torchrun or `syncopate lab run`")
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
         link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
-        rows = sweep(link, ops, sizes, iterations, rounds)
+        if args.beside_compute:
+            with Computing():
+                rows = sweep(link, ops, sizes, iterations, rounds)
+        else:
+            rows = sweep(link, ops, sizes, iterations, rounds)
         if link.rank == 0:
             write_csv(args.out, rows)
         dist.barrier()
