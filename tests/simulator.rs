@@ -471,3 +471,55 @@ fn a_skew_between_ranks_makes_the_slowest_rank_set_the_pace_deterministically() 
     single.nodes = 1;
     assert_eq!(run(&skewed_model, &single, "ddp").path, "symmetric");
 }
+
+#[test]
+fn a_rank_skew_scales_each_ranks_compute_in_an_iteration_alike_and_leaves_other_draws() {
+    let (scenario, plan) = scenario("resnet50", "v100-100gib", 2, "ddp", "none");
+    let graph = graph(&scenario, &plan, 3);
+    let ranks = 4;
+    let jitter = NoiseSpec {
+        jitter_cv: 0.1,
+        seed: 5,
+        ..Default::default()
+    };
+    let skewed = NoiseSpec {
+        rank_skew_cv: 0.3,
+        ..jitter
+    };
+    let plain = jitter.draw(&graph, ranks).unwrap();
+    let both = skewed.draw(&graph, ranks).unwrap();
+    let only_skew = NoiseSpec {
+        jitter_cv: 0.0,
+        ..skewed
+    }
+    .draw(&graph, ranks)
+    .unwrap();
+    let tasks = graph.len();
+    let mut speeds = std::collections::BTreeSet::new();
+    for rank in 0..ranks as usize {
+        for iteration in 0..3 {
+            let factors: Vec<f32> = (0..tasks)
+                .filter(|&t| graph.task(t as u32).iteration == iteration)
+                .map(|t| (t, only_skew.per_rank_task[rank * tasks + t]))
+                .filter(|&(t, _)| graph.task(t as u32).stream == Stream::Compute)
+                .map(|(_, f)| f)
+                .collect();
+            // One factor for all of the rank's compute in the iteration.
+            assert!(factors.windows(2).all(|w| w[0] == w[1]), "{factors:?}");
+            speeds.insert(factors[0].to_bits());
+        }
+    }
+    assert!(speeds.len() > 1, "ranks and iterations differ");
+    for t in 0..tasks {
+        let compute = graph.task(t as u32).stream == Stream::Compute;
+        for rank in 0..ranks as usize {
+            let i = rank * tasks + t;
+            if !compute {
+                // Not compute: no skew, and the jitter drawn as without it.
+                assert_eq!(only_skew.per_rank_task[i], 1.0);
+                assert_eq!(both.per_rank_task[i], plain.per_rank_task[i]);
+            }
+        }
+    }
+    assert_eq!(both.per_collective, plain.per_collective);
+}

@@ -8,6 +8,9 @@ import torch.distributed as dist
 
 from syncopate.torch.clock import clock_for
 
+# A normal distribution's σ over its median absolute deviation.
+MAD_TO_SIGMA = 1.4826
+
 
 def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", iterations=5, warmup=2, lr=0.01,
                   optimizer=None, amp=False, sample_unit="samples", rank_skew=False):
@@ -23,10 +26,11 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
     belong to; `optimizer` (default: SGD with `lr`) steps the module's parameters; `amp`
     autocasts the forward (fp16 with a gradient scaler on a GPU, bf16 on the CPU). `rank_skew`
     (every rank of an initialized torch.distributed world calls model_profile at once) starts
-    each iteration on all ranks together, after an untimed barrier, and records how much one
-    rank's iteration compute differs from the iteration's mean over the ranks: ranks that
-    time-share a host's cores do not keep pace with each other, and the slowest one sets the
-    pace of every collective."""
+    the ranks together and records how much one rank's iteration compute differs from the mean
+    of the ranks' same iteration: ranks that time-share a host's cores do not keep pace with
+    each other, and the slowest one sets the pace of every collective. No barrier separates the
+    iterations: on oversubscribed cores it lets half the ranks compute while the others wait,
+    and each would time an iteration as if it had a core of its own."""
     if iterations < 1 or warmup < 0 or batch_size < 1:
         raise ValueError("model_profile: iterations and batch_size must be at least 1, warmup at least 0")
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -43,8 +47,9 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
     if rank_skew and world < 2:
         raise ValueError("model_profile: rank_skew needs an initialized torch.distributed world of at least 2 ranks, "
                          "every rank calling model_profile at once")
-    barrier = dist.barrier if world > 1 else None
-    samples = _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations, barrier)
+    if world > 1:
+        dist.barrier()  # the ranks start together; each iteration then runs as the cores let it
+    samples = _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations)
     tensors = _tensors(named, samples)
     precision = f", autocast {_autocast_dtype(on)}" if amp else ""
     method = (f"{clock.description}, per-tensor medians of {iterations} iterations after {warmup} warm-up scaled to the median iteration's total, batch {batch_size}"
@@ -88,19 +93,23 @@ def _world():
 
 def _rank_skew(samples, world, method):
     """The coefficient of variation of a rank's iteration compute around the iteration's mean
-    over the ranks (the variances across ranks pooled over iterations), from every rank's samples."""
+    over the ranks, from every rank's samples. Robust: 1.4826 × the median absolute deviation
+    (a normal's σ), so that one iteration in which the shared machine stalled a rank does not
+    set the spread of all of them; × √(n / (n − 1)), since deviations from a mean of n ranks are
+    that much narrower than the ranks' own spread."""
     mine = [sum(s["backward"].values()) + sum(s["forward"].values()) + s["optimizer"] for s in samples]
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
-    variance = statistics.fmean(statistics.variance(iteration) for iteration in zip(*everyone))
     mean = statistics.fmean(total for totals in everyone for total in totals)
+    deviations = [abs(total - statistics.fmean(iteration)) for iteration in zip(*everyone) for total in iteration]
+    spread = MAD_TO_SIGMA * statistics.median(deviations) * math.sqrt(world / (world - 1))
     return {
-        "cv": round(math.sqrt(variance) / mean, 4) if mean > 0 else 0.0,
+        "cv": round(spread / mean, 4) if mean > 0 else 0.0,
         "ranks": world,
         "provenance": {"status": "measured",
-                       "method": f"{world} ranks computing at once, each iteration started together after an untimed "
-                                 "barrier; the variance of the iteration's compute (forward, backward, optimizer) "
-                                 f"across the ranks, pooled over iterations, over the mean; {method}"},
+                       "method": f"{world} ranks computing at once, started together; 1.4826 × the median absolute deviation of a rank's iteration compute "
+                                 "(forward, backward, optimizer) from the iteration's mean over the ranks, "
+                                 f"× √(n/(n−1)), over the mean; {method}"},
     }
 
 
@@ -109,9 +118,8 @@ def _autocast_dtype(on):
     return "fp16" if on.type == "cuda" else "bf16"
 
 
-def _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations, barrier):
-    """The samples of `iterations` training steps after `warmup`, with the hooks in place, each
-    started after `barrier()` when there is one."""
+def _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations):
+    """The samples of `iterations` training steps after `warmup`, with the hooks in place."""
     registration = {id(p): i for i, (_, p) in enumerate(named)}
     ready, forward = [], []
     handles = [p.register_post_accumulate_grad_hook(lambda q: ready.append((registration[id(q)], clock.mark())))
@@ -130,8 +138,6 @@ def _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iteratio
             ready.clear()
             forward.clear()
             optimizer.zero_grad(set_to_none=True)
-            if barrier:
-                barrier()
             start = clock.mark()
             with torch.autocast(on.type, dtype=dtype, enabled=amp):
                 loss = loss_fn()
