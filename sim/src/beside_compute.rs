@@ -64,14 +64,8 @@ pub fn fit(alone: &[Timed], beside: &[Timed]) -> Result<Slowdown> {
             ),
         ));
     }
-    let mut ratios: Vec<f64> = pairs.iter().map(|p| p.beside_us / p.alone_us).collect();
-    ratios.sort_by(f64::total_cmp);
-    let middle = ratios.len() / 2;
-    let median = if ratios.len() % 2 == 1 {
-        ratios[middle]
-    } else {
-        (ratios[middle - 1] + ratios[middle]) / 2.0
-    };
+    let ratios: Vec<f64> = pairs.iter().map(|p| p.beside_us / p.alone_us).collect();
+    let median = crate::stats::median(&ratios).expect("at least one pair");
     if !(median.is_finite() && median <= MAX_SLOWDOWN) {
         return Err(SimError::bad_value(
             "--beside-compute",

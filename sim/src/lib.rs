@@ -27,6 +27,7 @@ pub mod scenario;
 pub mod schedule;
 pub mod search;
 pub mod simulate;
+pub mod stats;
 pub mod strategy;
 pub mod sweep;
 pub mod tcp_fit;

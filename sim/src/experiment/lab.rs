@@ -13,6 +13,7 @@ use crate::model::ModelProfile;
 use crate::plan::Plan;
 use crate::scenario::Scenario;
 use crate::simulate::{simulate, SimOptions};
+use crate::stats::median;
 use crate::topology::{Cluster, ClusterOverrides};
 use crate::validate::relative_error;
 use serde::{Deserialize, Serialize};
@@ -180,7 +181,12 @@ pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
             )?),
             None => None,
         };
-        for runs in lab.configs.iter().filter(|r| !r.iteration_ms.is_empty()) {
+        // A configuration without measured iterations (it failed) has no median and no row.
+        let measured = lab
+            .configs
+            .iter()
+            .filter_map(|runs| Some((runs, median(&runs.iteration_ms)?)));
+        for (runs, measured_ms) in measured {
             let predict = |base: &Scenario| -> Result<f64> {
                 let mut scenario = base.clone();
                 scenario.compute_scale = runs.compute_scale;
@@ -192,7 +198,7 @@ pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
                 runs,
                 predicted_ms: predict(&own)?,
                 transported_ms: transported.as_ref().map(predict).transpose()?,
-                measured_ms: median(&runs.iteration_ms),
+                measured_ms,
             });
         }
     }
@@ -214,17 +220,6 @@ fn lab_scenario(
     let path = dir.join(&lab.cluster);
     let cluster = Cluster::load(&path.to_string_lossy(), overrides)?;
     Scenario::new(model.clone(), cluster)
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    }
 }
 
 fn spread(values: &[f64]) -> (f64, f64) {
@@ -528,6 +523,5 @@ mod tests {
     fn quantiles_interpolate() {
         assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), 2.0);
         assert!((quantile(&[0.0, 10.0], 0.9) - 9.0).abs() < 1e-12);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
     }
 }

@@ -8,6 +8,7 @@ use super::{fit, GraceSpec, MethodSpec};
 use crate::chart::{Panel, Series};
 use crate::csv::Csv;
 use crate::experiment::lab;
+use crate::stats::median;
 use crate::topology::Library;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -16,18 +17,6 @@ use std::fmt::Write as _;
 /// sees) or held out. Excluded rows are never fitted, whichever set they are in.
 fn fitted_row(spec: &GraceSpec, m: &Measurement) -> bool {
     m.workers <= spec.fit_workers
-}
-
-/// The median of `v` (the mean of the middle two for an even count); `None` when empty.
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
 }
 
 /// Spearman's rank correlation of the pairs (the lab experiment's); `None` for fewer than two
