@@ -20,18 +20,19 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import sh, splice_readme, write_csv  # noqa: E402
+from runner import end_on_sigterm, fit_gloo, sh, splice_readme, write_csv  # noqa: E402
 RANK = HERE / "rank.py"
 COMPRESSORS = [("none", "none"), ("fp16", "none"), ("powersgd:4", "residual")]
 ENGINES = ["ddp", "syncopate"]
 
 
 def plans(opts):
-    """The model's profile (one process) and, per compressor, the ddp strategy's plan for the lab."""
+    """The model's profile (one process) and, per compressor, the ddp strategy's plan for the lab's
+    gloo fit."""
     sh([*rank_command(opts), "--profile", HERE / "model.json"], "recording the profile", 600)
     (HERE / "plans").mkdir(exist_ok=True)
     for compressor, memory in COMPRESSORS:
-        sh([opts.syncopate, "simulate", "--model", "model.json", "--cluster", "lab.json", "--strategy", "ddp",
+        sh([opts.syncopate, "simulate", "--model", "model.json", "--cluster", "lab-gloo.json", "--strategy", "ddp",
             "--compressor", compressor, "--memory", memory, "--save-plan", f"plans/{slug(compressor)}.json"],
            f"plan for {compressor}", 300, cwd=HERE)
 
@@ -146,12 +147,16 @@ def main():
     if opts.repeats < 1 or opts.iterations < 1 or not opts.gbps > 0:
         p.error("--repeats and --iterations must be at least 1, --gbps positive")
     if not opts.reuse:
+        end_on_sigterm()
         for tool in (opts.syncopate, opts.python):
             if not pathlib.Path(tool).exists():
                 sys.exit(f"{tool} is missing: see this file's docstring")
         try:
             sh([opts.syncopate, "lab", "up", "--name", opts.lab, "--nodes", 2, "--gbps", opts.gbps, "--cluster-out", "lab.json"],
                "lab up", 900, cwd=HERE)
+            # Both engines talk gloo: the plans are made for the lab's gloo fit (DDP on gloo runs
+            # two buckets at once, on ProcessGroupGloo's two worker threads).
+            fit_gloo(opts.syncopate, opts.python, opts.lab, "lab", HERE)
             plans(opts)
             measure(opts)
         finally:

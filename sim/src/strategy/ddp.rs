@@ -3,6 +3,20 @@
 
 use super::StrategyOptions;
 use crate::model::ModelProfile;
+use crate::topology::{Cluster, Library};
+
+/// ProcessGroupGloo's worker threads (`ProcessGroupGloo::Options::threads`, 2 by default):
+/// DDP's allreduces run on them, two buckets at once.
+const GLOO_WORKER_THREADS: u32 = 2;
+
+/// The buckets in flight at once: two on gloo's two worker threads, one on the single NCCL
+/// stream or MPI's progress.
+pub(super) fn comm_streams(cluster: &Cluster) -> u32 {
+    match cluster.library {
+        Library::Gloo(_) => GLOO_WORKER_THREADS,
+        _ => 1,
+    }
+}
 
 pub(super) fn buckets(model: &ModelProfile, options: &StrategyOptions) -> Vec<Vec<usize>> {
     let mut order = model.forward_order();
@@ -27,4 +41,20 @@ pub(super) fn buckets(model: &ModelProfile, options: &StrategyOptions) -> Vec<Ve
         buckets.push(current);
     }
     buckets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::ClusterOverrides;
+
+    #[test]
+    fn ddp_runs_two_buckets_at_once_on_gloo_and_one_elsewhere() {
+        let mut cluster = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
+        assert_eq!(comm_streams(&cluster), 1);
+        cluster.library = Library::Gloo(cluster.library.tcp().unwrap().clone());
+        assert_eq!(comm_streams(&cluster), GLOO_WORKER_THREADS);
+        let nccl = Cluster::load("dgx-a100", ClusterOverrides::default()).unwrap();
+        assert_eq!(comm_streams(&nccl), 1);
+    }
 }

@@ -246,7 +246,14 @@ impl Strategy {
                 Scheme::Auto,
                 plan_order(options.cycle_us),
             ),
-            Strategy::Ddp => uniform(ddp::buckets(model, options), Scheme::Auto, plan_order(0.0)),
+            Strategy::Ddp => uniform(
+                ddp::buckets(model, options),
+                Scheme::Auto,
+                Policy {
+                    comm_streams: ddp::comm_streams(&scenario.cluster),
+                    ..plan_order(0.0)
+                },
+            ),
             Strategy::FixedGroups { count, rule } => uniform(
                 fixed_groups::groups(model, count, rule)?,
                 Scheme::Auto,
