@@ -56,11 +56,12 @@ impl Launcher {
         Ok(self.launcher.ready(task, now))
     }
 
-    /// The collective step to launch at `now` on a free stream, if the policy has one.
-    #[pyo3(signature = (now=0))]
-    fn next(&mut self, now: u64) -> Option<u32> {
+    /// The collective step to launch at `now` on free stream `stream`, if the policy has one
+    /// for it.
+    #[pyo3(signature = (stream, now=0))]
+    fn next(&mut self, stream: u32, now: u64) -> Option<u32> {
         self.launcher
-            .next(now)
+            .next(stream, now)
             .map(|task| self.program.task(task).step)
     }
 
@@ -69,7 +70,8 @@ impl Launcher {
         self.launcher.next_release()
     }
 
-    /// Whether every rank can decide the launch order alone (plan order on one stream).
+    /// Whether every rank can decide the launch order alone (plan order: the collectives take
+    /// the streams in turn).
     #[getter]
     fn order_is_fixed(&self) -> bool {
         self.policy.order_is_fixed()

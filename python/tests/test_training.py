@@ -9,10 +9,11 @@ import models
 import ranks
 import training
 
-# (strategy, compressor, memory[, the groups' scheme]): every exchange the lowering produces,
+# (strategy, compressor, memory[, the groups' scheme[, comm streams]]): every exchange the lowering produces,
 # partitions and priorities (bytescheduler), updates overlapping the next forward (dear,
 # bytescheduler), error feedback and multi-round codecs. A scheme set by hand covers what the
-# strategies do not pick for a model this small (HiPress keeps its tiny gradients uncompressed).
+# strategies do not pick for a model this small (HiPress keeps its tiny gradients uncompressed);
+# plan order on two streams has its collectives take the streams in turn, every rank alone.
 PLANS = [
     ("horovod", "none", None),
     ("horovod", "onebit", None, "compressed-ring"),
@@ -26,6 +27,7 @@ PLANS = [
     ("fixed-groups:2", "powersgd:4", None),
     ("bytescheduler", "none", None),
     ("dear", "none", None),
+    ("fixed-groups:3", "none", None, None, 2),
     ("ps", "none", None),
     ("byteps", "qsgd:256", None),
     ("hipress", "onebit", None),
@@ -33,20 +35,24 @@ PLANS = [
 ITERATIONS = 3
 
 
-def with_scheme(path, scheme=None):
-    """The plan at `path`, its groups set to `scheme` (a copy next to it), or as it is."""
-    if scheme is None:
+def edited(path, scheme=None, streams=None):
+    """The plan at `path` with its groups set to `scheme` and its policy to `streams`
+    communication streams (a copy next to it), or as it is."""
+    if scheme is None and streams is None:
         return path
     plan = json.loads(path.read_text())
-    plan["groups"] = [dict(group, scheme=scheme) for group in plan["groups"]]
-    edited = path.with_name(f"{path.stem}-{scheme}.json")
-    edited.write_text(json.dumps(plan))
-    return edited
+    if scheme is not None:
+        plan["groups"] = [dict(group, scheme=scheme) for group in plan["groups"]]
+    if streams is not None:
+        plan["policy"]["comm_streams"] = streams
+    copy = path.with_name(f"{path.stem}-{scheme}-{streams}.json")
+    copy.write_text(json.dumps(plan))
+    return copy
 
 
 @pytest.fixture(scope="module")
 def trained(make_plan, tmp_path_factory):
-    plans = [with_scheme(make_plan(*plan[:3]), *plan[3:]) for plan in PLANS]
+    plans = [edited(make_plan(*plan[:3]), *plan[3:]) for plan in PLANS]
     trace = tmp_path_factory.mktemp("trace") / "measured.json"
     outcomes = ranks.values(ranks.run(training.train_each, plans, iterations=ITERATIONS, check=2))
     # One more run writes a trace: the first plan's.

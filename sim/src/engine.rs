@@ -636,13 +636,19 @@ impl Engine<'_> {
 
     fn dispatch_comm(&mut self) {
         loop {
-            let Some(free) = self.comm.iter().position(Option::is_none) else {
+            let mut launched = false;
+            for stream in 0..self.comm.len() {
+                if self.comm[stream].is_some() {
+                    continue;
+                }
+                if let Some(next) = self.launcher.next(stream as u32, self.now.as_ns()) {
+                    self.start_collective(stream, next);
+                    launched = true;
+                }
+            }
+            if !launched {
                 return;
-            };
-            let Some(next) = self.launcher.next(self.now.as_ns()) else {
-                return;
-            };
-            self.start_collective(free, next);
+            }
         }
     }
 

@@ -3,8 +3,10 @@
 //! A collective is *ready* once every rank has met its dependencies; under a Horovod cycle it
 //! is *released* at the cycle's next tick, otherwise at once. A runtime's ticks run free on its
 //! clock; a prediction places them where they fall on average (see [`Ticks`]). The policy then
-//! picks among released collectives: plan order strictly (the next in plan order, or nothing),
-//! or the lowest launch key first (priority). The caller asks for decisions and applies them;
+//! picks among released collectives: plan order strictly (the next in plan order, or nothing;
+//! with several streams the collectives of an iteration take them in turn, so that every rank
+//! puts the same collective on the same stream without exchanging decisions), or the lowest
+//! launch key first (priority, on whichever stream is free). The caller asks for decisions and applies them;
 //! time is whatever clock the caller runs on (simulated or wall-clock nanoseconds).
 
 use crate::plan::Launch;
@@ -41,6 +43,9 @@ pub struct Launcher {
     keys: Vec<LaunchKey>,
     /// Collective tasks in plan order.
     order: Vec<u32>,
+    /// Under plan order, the stream each collective runs on: its place among its iteration's
+    /// collectives in plan order, modulo the streams.
+    stream_of: Vec<u32>,
     next_in_order: usize,
     released: Vec<bool>,
     launched: Vec<bool>,
@@ -62,6 +67,7 @@ impl Launcher {
             first_tick: vec![None; program.iterations as usize],
             keys: program.launch_keys.clone(),
             order: program.plan_order.clone(),
+            stream_of: turns(program, policy.comm_streams.max(1)),
             next_in_order: 0,
             released: vec![false; n],
             launched: vec![false; n],
@@ -110,8 +116,8 @@ impl Launcher {
         }
     }
 
-    /// The collective to launch now on a free stream, if the policy has one.
-    pub fn next(&mut self, now: u64) -> Option<u32> {
+    /// The collective to launch now on free stream `stream`, if the policy has one for it.
+    pub fn next(&mut self, stream: u32, now: u64) -> Option<u32> {
         while let Some(&Reverse((at, task))) = self.waiting.peek() {
             if at > now {
                 break;
@@ -122,7 +128,7 @@ impl Launcher {
         let task = match self.launch {
             Launch::PlanOrder => {
                 let &task = self.order.get(self.next_in_order)?;
-                if !self.released[task as usize] {
+                if !self.released[task as usize] || self.stream_of[task as usize] != stream {
                     return None;
                 }
                 self.next_in_order += 1;
@@ -154,6 +160,19 @@ impl Launcher {
     }
 }
 
+/// Each collective's stream under plan order: its place among its iteration's collectives in
+/// plan order, modulo `streams` (0 for tasks that are not collectives).
+fn turns(program: &Program, streams: u32) -> Vec<u32> {
+    let mut stream_of = vec![0; program.len()];
+    let mut taken = vec![0u32; program.iterations as usize];
+    for &task in &program.plan_order {
+        let iteration = program.task(task).iteration as usize;
+        stream_of[task as usize] = taken[iteration] % streams;
+        taken[iteration] += 1;
+    }
+    stream_of
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,7 +182,7 @@ mod tests {
     use crate::strategy::{per_tensor_plan, plan_order};
 
     fn launcher(launch: Launch, cycle_us: f64, priorities: bool) -> (Launcher, Vec<u32>) {
-        launcher_with(launch, cycle_us, priorities, Ticks::FreeRunning, 1)
+        launcher_with(launch, cycle_us, priorities, Ticks::FreeRunning, 1, 1)
     }
 
     fn launcher_with(
@@ -172,11 +191,13 @@ mod tests {
         priorities: bool,
         ticks: Ticks,
         iterations: u32,
+        streams: u32,
     ) -> (Launcher, Vec<u32>) {
         let model = ModelProfile::load("resnet50").unwrap();
         let mut plan: Plan = per_tensor_plan(&model);
         plan.policy = plan_order(cycle_us);
         plan.policy.launch = launch;
+        plan.policy.comm_streams = streams;
         if priorities {
             // Reverse priorities: the last group in plan order goes first.
             for (g, group) in plan.groups.iter_mut().enumerate() {
@@ -197,11 +218,11 @@ mod tests {
     fn plan_order_waits_for_the_next_collective_in_order() {
         let (mut l, order) = launcher(Launch::PlanOrder, 0.0, false);
         assert_eq!(l.ready(order[1], 10), 10);
-        assert_eq!(l.next(10), None, "the second may not pass the first");
+        assert_eq!(l.next(0, 10), None, "the second may not pass the first");
         l.ready(order[0], 20);
-        assert_eq!(l.next(20), Some(order[0]));
-        assert_eq!(l.next(20), Some(order[1]));
-        assert_eq!(l.next(20), None);
+        assert_eq!(l.next(0, 20), Some(order[0]));
+        assert_eq!(l.next(0, 20), Some(order[1]));
+        assert_eq!(l.next(0, 20), None);
         assert_eq!(l.first_pending(), Some(order[2]));
     }
 
@@ -211,30 +232,31 @@ mod tests {
         l.ready(order[0], 5);
         l.ready(order[3], 5);
         assert_eq!(
-            l.next(5),
+            l.next(0, 5),
             Some(order[3]),
             "the later group has the lower priority"
         );
-        assert_eq!(l.next(5), Some(order[0]));
-        assert_eq!(l.next(5), None);
+        assert_eq!(l.next(0, 5), Some(order[0]));
+        assert_eq!(l.next(0, 5), None);
     }
 
     #[test]
     fn a_cycle_releases_at_the_next_tick() {
         let (mut l, order) = launcher(Launch::PlanOrder, 5.0, false);
         assert_eq!(l.ready(order[0], 12_000), 15_000);
-        assert_eq!(l.next(14_999), None);
+        assert_eq!(l.next(0, 14_999), None);
         assert_eq!(l.next_release(), Some(15_000));
-        assert_eq!(l.next(15_000), Some(order[0]));
+        assert_eq!(l.next(0, 15_000), Some(order[0]));
         assert_eq!(l.next_release(), None);
         // Ready exactly on a tick: released at once.
         assert_eq!(l.ready(order[1], 20_000), 20_000);
-        assert_eq!(l.next(20_000), Some(order[1]));
+        assert_eq!(l.next(0, 20_000), Some(order[1]));
     }
 
     #[test]
     fn a_predicted_cycle_ticks_half_a_cycle_after_each_iterations_first_ready_collective() {
-        let (mut l, order) = launcher_with(Launch::PlanOrder, 5.0, false, Ticks::ExpectedPhase, 2);
+        let (mut l, order) =
+            launcher_with(Launch::PlanOrder, 5.0, false, Ticks::ExpectedPhase, 2, 1);
         let per_iteration = order.len() / 2;
         let (first, second, third) = (order[0], order[1], order[2]);
         assert_eq!(l.ready(first, 12_000), 14_500);
@@ -258,11 +280,39 @@ mod tests {
         for &t in &order {
             l.ready(t, 0);
         }
-        let mut launched: Vec<u32> = std::iter::from_fn(|| l.next(0)).collect();
+        let mut launched: Vec<u32> = std::iter::from_fn(|| l.next(0, 0)).collect();
         assert!(l.all_launched());
         launched.sort_unstable();
         let mut expected = order.clone();
         expected.sort_unstable();
         assert_eq!(launched, expected);
+    }
+
+    #[test]
+    fn under_plan_order_each_iterations_collectives_take_the_streams_in_turn() {
+        let (mut l, order) = launcher_with(Launch::PlanOrder, 0.0, false, Ticks::FreeRunning, 2, 2);
+        let per_iteration = order.len() / 2;
+        assert_eq!(
+            per_iteration % 2,
+            1,
+            "an odd count shows the turns restart per iteration"
+        );
+        for &t in &order {
+            l.ready(t, 0);
+        }
+        assert_eq!(l.next(1, 0), None, "the first collective is stream 0's");
+        assert_eq!(l.next(0, 0), Some(order[0]));
+        assert_eq!(l.next(0, 0), None, "the second is stream 1's");
+        assert_eq!(l.next(1, 0), Some(order[1]));
+        for k in 2..per_iteration {
+            assert_eq!(l.next(k as u32 % 2, 0), Some(order[k]));
+        }
+        // The next iteration starts again on stream 0.
+        assert_eq!(l.next(1, 0), None);
+        assert_eq!(l.next(0, 0), Some(order[per_iteration]));
+        // Priority takes the lowest key on whichever stream asks.
+        let (mut p, order) = launcher_with(Launch::Priority, 0.0, true, Ticks::FreeRunning, 1, 2);
+        p.ready(order[0], 0);
+        assert_eq!(p.next(1, 0), Some(order[0]));
     }
 }

@@ -100,7 +100,7 @@ impl Board for LocalBoard {
                 return Ok(None);
             }
             let now_ns = self.now_ns();
-            if let Some(task) = state.launcher.next(now_ns) {
+            if let Some(task) = state.launcher.next(stream, now_ns) {
                 state.log[stream as usize].push(task);
                 self.changed.notify_all();
                 return Ok(Some(task));

@@ -207,18 +207,19 @@ class Executor:
                 sync.taken += 1
             return index
         with self.lock:
-            index = self._decide(sync)
+            index = self._decide(sync, stream)
         # Once stopped, nobody waits for the decision.
         if control is not None and not self.closed:
             control.broadcast_int(END if index is None else index, f"rank 0's launch decision on stream {stream}")
         return index
 
-    def _decide(self, sync):
-        """The launch policy's next collective on this rank's clock, waiting for one to be
-        released; None once every collective of `sync`'s iteration was taken."""
+    def _decide(self, sync, stream):
+        """The launch policy's next collective for `stream` on this rank's clock, waiting for one
+        to be released (under plan order, for the stream's turn); None once every collective of
+        `sync`'s iteration was taken."""
         while sync.taken < sync.collectives and not self.closed:
             now = self.recorder.now()
-            index = self.launcher.next(now)
+            index = self.launcher.next(stream, now)
             if index is not None:
                 sync.taken += 1
                 # Another stream waiting for the last collective may now send its END.

@@ -301,11 +301,12 @@ pub struct LaunchPolicy {
 }
 
 impl LaunchPolicy {
-    /// Whether every rank can decide the launch order by itself: plan order on one stream
-    /// fixes it whatever the timing, as DDP and NCCL rely on. Otherwise which collective takes
-    /// a free stream depends on when it frees, and one rank must decide for all.
+    /// Whether every rank can decide the launch order by itself: plan order fixes it whatever
+    /// the timing, as DDP and NCCL rely on (with several streams the collectives take them in
+    /// turn: `launch::Launcher`). Under priority which collective takes a free stream depends
+    /// on what was released when it freed, and one rank must decide for all.
     pub fn order_is_fixed(&self) -> bool {
-        self.launch == Launch::PlanOrder && self.comm_streams == 1
+        self.launch == Launch::PlanOrder
     }
 }
 
