@@ -304,8 +304,8 @@ mod tests {
         assert_eq!(l.next(0, 0), Some(order[0]));
         assert_eq!(l.next(0, 0), None, "the second is stream 1's");
         assert_eq!(l.next(1, 0), Some(order[1]));
-        for k in 2..per_iteration {
-            assert_eq!(l.next(k as u32 % 2, 0), Some(order[k]));
+        for (k, &task) in order.iter().enumerate().take(per_iteration).skip(2) {
+            assert_eq!(l.next(k as u32 % 2, 0), Some(task));
         }
         // The next iteration starts again on stream 0.
         assert_eq!(l.next(1, 0), None);
