@@ -124,9 +124,6 @@ def record_profile(args, rank, world):
     model = DigitsNet()
     images, labels, _, _ = load_digits()
     x, y = images[: args.batch], labels[: args.batch]
-    if world > 1:
-        import torch.distributed as dist
-        dist.barrier()  # every rank computes at once, as in training
     profile = model_profile(model, lambda: F.cross_entropy(model(x), y), name="digits-cnn", batch_size=args.batch,
                             device=args.profile_device, iterations=30, warmup=5, rank_skew=world > 1)
     profile["description"] += f"; {world} rank(s) computing at once on this machine, {args.threads} torch thread(s) each"

@@ -32,6 +32,11 @@ pub const MAX_RANK_TASKS: u64 = 1 << 31;
 /// Largest slowdown factor of a straggler, and largest jitter coefficient of variation.
 pub const MAX_SLOWDOWN: f64 = 1e3;
 pub const MAX_JITTER_CV: f64 = 10.0;
+
+/// Whether `cv` is a coefficient of variation the noise model accepts: finite, 0 to MAX_JITTER_CV.
+pub fn is_cv(cv: f64) -> bool {
+    cv.is_finite() && (0.0..=MAX_JITTER_CV).contains(&cv)
+}
 /// Most cores one host may have (the largest CPU servers have a few hundred).
 pub const MAX_CORES: u32 = 1 << 16;
 

@@ -79,9 +79,9 @@ pub struct Threads {
     pub provenance: Provenance,
 }
 
-/// How much one rank's compute per iteration differs from the iteration's mean over the ranks,
-/// measured with `ranks` ranks computing at once and starting each iteration together (CPU ranks
-/// time-sharing a host's cores: which rank the scheduler holds back changes every iteration).
+/// How much one rank's compute per iteration differs from the mean of the ranks' same iteration,
+/// measured with `ranks` ranks computing at once, started together (CPU ranks time-sharing a
+/// host's cores: which rank the scheduler holds back changes every iteration).
 /// Ranks meet at every collective, so the slowest rank of an iteration sets its pace; a
 /// symmetric simulation of the mean rank cannot see that.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -363,7 +363,7 @@ fn validate_threads(label: &str, threads: &Threads) -> Result<()> {
 
 /// A skew is a finite coefficient of variation measured with at least two ranks.
 fn validate_rank_skew(label: &str, skew: &RankSkew) -> Result<()> {
-    if !(skew.cv.is_finite() && (0.0..=limits::MAX_JITTER_CV).contains(&skew.cv)) {
+    if !limits::is_cv(skew.cv) {
         return Err(SimError::invalid(
             label,
             "rank_skew.cv",

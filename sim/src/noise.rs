@@ -3,7 +3,7 @@
 use crate::engine::Noise;
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
-use crate::limits::{MAX_JITTER_CV, MAX_SLOWDOWN};
+use crate::limits::{is_cv, MAX_JITTER_CV, MAX_SLOWDOWN};
 use crate::schedule::Stream;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -43,19 +43,17 @@ impl NoiseSpec {
     }
 
     pub fn validate(&self) -> Result<()> {
-        if !(self.jitter_cv.is_finite() && (0.0..=MAX_JITTER_CV).contains(&self.jitter_cv)) {
-            return Err(SimError::bad_value(
-                "--jitter",
-                crate::limits::num(self.jitter_cv),
-                format!("the coefficient of variation is 0 to {MAX_JITTER_CV}"),
-            ));
-        }
-        if !(self.rank_skew_cv.is_finite() && (0.0..=MAX_JITTER_CV).contains(&self.rank_skew_cv)) {
-            return Err(SimError::bad_value(
-                "rank_skew.cv",
-                crate::limits::num(self.rank_skew_cv),
-                format!("the coefficient of variation is 0 to {MAX_JITTER_CV}"),
-            ));
+        for (field, cv) in [
+            ("--jitter", self.jitter_cv),
+            ("rank_skew.cv", self.rank_skew_cv),
+        ] {
+            if !is_cv(cv) {
+                return Err(SimError::bad_value(
+                    field,
+                    crate::limits::num(cv),
+                    format!("the coefficient of variation is 0 to {MAX_JITTER_CV}"),
+                ));
+            }
         }
         if !(0.0..=1.0).contains(&self.straggler_probability) {
             return Err(SimError::bad_value(

@@ -107,7 +107,7 @@ fn refit_tcp(
     path: &std::path::Path,
     args: &CollectiveArgs,
     out: &std::path::Path,
-    slowdown: Option<&beside_compute::Slowdown>,
+    beside: Option<&(beside_compute::Slowdown, &std::path::Path)>,
 ) -> anyhow::Result<Cluster> {
     let fitted = tcp_fit::fit(cluster, measurements)?;
     let mut refit = tcp_fit::apply(cluster, &fitted);
@@ -141,8 +141,8 @@ fn refit_tcp(
         fitted.message_overhead_us
     );
     file["source"] = format!("{source}{refitted}").into();
-    if let Some(slowdown) = slowdown {
-        set_collective_slowdown(&mut file, slowdown, args)?;
+    if let Some((slowdown, busy)) = beside {
+        set_collective_slowdown(&mut file, slowdown, (path, busy), args)?;
     }
     super::write_json(out, &file)?;
     eprintln!(
@@ -157,18 +157,15 @@ fn refit_tcp(
 /// What a measured slowdown beside compute appends to the contention's provenance.
 const BESIDE_COMPUTE_NOTE: &str = " Since measured with the library's own sweeps";
 
-/// Writes the measured slowdown of collectives beside compute into the cluster file's
-/// `contention`, whose other figures (compute slowed by collectives and by compression, the
-/// shared cores) stay as measured before.
+/// Writes the slowdown of collectives beside compute, measured by the sweeps `alone` and
+/// `busy`, into the cluster file's `contention`, whose other figures (compute slowed by
+/// collectives and by compression, the shared cores) stay as measured before.
 fn set_collective_slowdown(
     file: &mut serde_json::Value,
     slowdown: &beside_compute::Slowdown,
+    (alone, busy): (&std::path::Path, &std::path::Path),
     args: &CollectiveArgs,
 ) -> anyhow::Result<()> {
-    let busy = args
-        .beside_compute
-        .as_ref()
-        .expect("a slowdown comes from --beside-compute");
     let Some(contention) = file.get_mut("contention").filter(|c| c.is_object()) else {
         return Err(SimError::bad_value(
             "--beside-compute",
@@ -190,9 +187,7 @@ fn set_collective_slowdown(
         .to_string();
     contention["provenance"]["method"] = format!(
         "{method}{BESIDE_COMPUTE_NOTE} (`--compare {} --beside-compute {}`): {}",
-        args.compare
-            .as_ref()
-            .map_or_else(Default::default, |p| p.display().to_string()),
+        alone.display(),
         busy.display(),
         beside_compute::describe(slowdown)
     )
@@ -299,30 +294,31 @@ fn compare(
         (None, None) => Holdout::Nothing,
     };
     let held_out = holdout.gpus(&measurements);
-    let cluster = match &args.fit_out {
-        None => cluster.clone(),
-        Some(out) if cluster.library.tcp().is_some() => {
-            let fit_set = tcp_fit_set(cluster, op, path, args, &filters, &held_out)?;
-            let slowdown = match &args.beside_compute {
-                Some(busy) => {
-                    let alone = tcp_fit_set(cluster, op, path, args, &filters, &[])?;
-                    let beside = tcp_fit_set(cluster, op, busy, args, &filters, &[])?;
-                    Some(beside_compute::fit(&alone, &beside)?)
-                }
-                None => None,
-            };
-            refit_tcp(cluster, &fit_set, path, args, out, slowdown.as_ref())?
-        }
-        Some(_) if args.beside_compute.is_some() => {
+    // The sweep beside compute (with --fit-out only) refines a TCP library's contention.
+    let beside = match &args.beside_compute {
+        None => None,
+        Some(busy) if cluster.library.tcp().is_none() => {
             return Err(SimError::bad_value(
                 "--beside-compute",
-                args.beside_compute.as_ref().map_or_else(Default::default, |p| p.display().to_string()),
+                busy.display(),
                 format!(
                     "`{}` runs NCCL, whose collectives do not run on the cores compute uses; only a TCP cluster (MPI or gloo) is slowed that way",
                     cluster.name
                 ),
             )
             .into())
+        }
+        Some(busy) => {
+            let alone = tcp_fit_set(cluster, op, path, args, &filters, &[])?;
+            let beside = tcp_fit_set(cluster, op, busy, args, &filters, &[])?;
+            Some((beside_compute::fit(&alone, &beside)?, busy.as_path()))
+        }
+    };
+    let cluster = match &args.fit_out {
+        None => cluster.clone(),
+        Some(out) if cluster.library.tcp().is_some() => {
+            let fit_set = tcp_fit_set(cluster, op, path, args, &filters, &held_out)?;
+            refit_tcp(cluster, &fit_set, path, args, out, beside.as_ref())?
         }
         Some(out) => {
             let fit_set = calibrate::fit_set(&measurements, &held_out);

@@ -11,6 +11,7 @@ turns the two sweeps' ratio into the cluster's `contention.collective_slowdown_w
 """
 
 import argparse
+import contextlib
 import csv
 import datetime
 import os
@@ -155,10 +156,7 @@ def main(argv=None):
             raise SyncopateError(f"{', '.join(missing)} not set: run under torchrun or `syncopate lab run`")
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
         link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
-        if args.beside_compute:
-            with Computing():
-                rows = sweep(link, ops, sizes, iterations, rounds)
-        else:
+        with Computing() if args.beside_compute else contextlib.nullcontext():
             rows = sweep(link, ops, sizes, iterations, rounds)
         if link.rank == 0:
             write_csv(args.out, rows)
