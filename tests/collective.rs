@@ -2,7 +2,7 @@
 
 use crate::common::{root, scratch, stderr, stdout, syncopate, validation_data};
 use syncopate_sim::calibrate::{self, Measurement, RowFilter};
-use syncopate_sim::collective::{self, Algorithm, Group, Op, Protocol, ServerPlacement};
+use syncopate_sim::collective::{self, Algorithm, Group, Links, Op, Protocol, ServerLink};
 use syncopate_sim::data::DataKind;
 use syncopate_sim::topology::{Cluster, ClusterOverrides, Library};
 
@@ -197,24 +197,33 @@ fn hierarchical_allreduce_composes_its_phases() {
 }
 
 #[test]
-fn parameter_server_push_pull_is_bounded_by_links() {
+fn a_push_pull_carries_every_senders_payload_through_its_servers_link() {
     let c = cluster("v100-100gib");
     let bytes = 100u64 << 20;
     let Library::Nccl(params) = &c.library else {
         panic!("v100-100gib is an NCCL cluster");
     };
+    assert_eq!(c.nodes, 16);
     // The PS prices the link with the library's goodput (line rate x NCCL's inter efficiency).
     let link_bytes_per_us = c.node_network_bytes_per_s() / 1e6 * params.inter_efficiency;
-    // Dedicated servers as many as workers: each worker pushes and pulls all bytes once.
-    let even = collective::ps_push_pull(&c, bytes, 16, ServerPlacement::Dedicated { servers: 16 })
-        .unwrap();
-    let expected = 2.0 * (c.inter_node.latency_us + bytes as f64 / link_bytes_per_us);
-    assert!((even.time.as_us() - expected).abs() < 0.01);
-    // Fewer servers: each server's link carries workers/servers times more (incast fan-in).
-    let few =
-        collective::ps_push_pull(&c, bytes, 16, ServerPlacement::Dedicated { servers: 4 }).unwrap();
-    assert!(few.time.as_us() > 3.9 * even.time.as_us() - 1.0);
-    assert!(collective::ps_push_pull(&c, bytes, 0, ServerPlacement::Colocated).is_err());
+    let round = |server| collective::push_pull(&c, bytes, server).unwrap();
+    // A dedicated server takes all 16 nodes' payloads in, then sends the result to each.
+    let (dedicated, links) = round(ServerLink::Dedicated(0));
+    let expected = 2.0 * (c.inter_node.latency_us + 16.0 * bytes as f64 / link_bytes_per_us);
+    assert!((dedicated.time.as_us() - expected).abs() < 0.01);
+    assert_eq!(
+        links,
+        Links::Server {
+            server: ServerLink::Dedicated(0),
+            senders: 16
+        }
+    );
+    // A server on a worker node has its own node's payload already.
+    let (colocated, _) = round(ServerLink::Node(3));
+    let expected = 2.0 * (c.inter_node.latency_us + 15.0 * bytes as f64 / link_bytes_per_us);
+    assert!((colocated.time.as_us() - expected).abs() < 0.01);
+    let err = collective::push_pull(&c, bytes, ServerLink::Node(16)).unwrap_err();
+    assert!(err.to_string().contains("node 16"), "{err}");
 }
 
 #[test]
@@ -629,12 +638,26 @@ fn h100_issue_309_fitted_on_two_and_four_nodes_predicts_eight() {
 }
 
 /// A gloo sweep file (`python -m syncopate.torch.sweep`'s columns) that `truth` prices.
+/// A gloo sweep of `truth` as `python -m syncopate.torch.sweep` writes it: allreduce and
+/// allgather rows, and push-pull rows when `truth` has a point-to-point cost.
 fn gloo_sweep(truth: &Cluster, path: &std::path::Path) {
     let mut csv = String::from("op,gpus,size_bytes,time_us\n");
     for op in [Op::Allreduce, Op::Allgather] {
         for bytes in [4u64 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20] {
             let t = collective::estimate(truth, op, bytes, Group::world(truth)).unwrap();
             csv.push_str(&format!("{op},2,{bytes},{:.3}\n", t.time.as_us()));
+        }
+    }
+    if truth
+        .library
+        .tcp()
+        .unwrap()
+        .p2p_message_overhead_us
+        .is_some()
+    {
+        for bytes in [4u64 << 10, 64 << 10, 1 << 20] {
+            let (t, _) = collective::push_pull(truth, bytes, ServerLink::Node(0)).unwrap();
+            csv.push_str(&format!("push-pull,2,{bytes},{:.3}\n", t.time.as_us()));
         }
     }
     std::fs::write(path, csv).unwrap();
@@ -648,6 +671,7 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
     let mut params = truth.library.tcp().unwrap().clone();
     params.call_overhead_us = 700.0;
     params.message_overhead_us = 50.0;
+    params.p2p_message_overhead_us = Some(80.0);
     truth.library = Library::Gloo(params);
     let sweep = dir.join("gloo-sweep.csv");
     gloo_sweep(&truth, &sweep);
@@ -676,6 +700,10 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
     assert!((call / 700.0 - 1.0).abs() < 0.05, "{library}");
     let method = library["provenance"]["method"].as_str().unwrap();
     assert!(method.contains("allreduce and allgather"), "{method}");
+    // The push-pull rows give the parameter server's cost per message on the fitted links.
+    let p2p = library["p2p_message_overhead_us"].as_f64().unwrap();
+    assert!((p2p / 80.0 - 1.0).abs() < 0.05, "{library}");
+    assert!(method.contains("p2p_message_overhead_us"), "{method}");
     // The comparison reads only --op's rows of the file.
     assert!(stdout(&out).contains("5 points"), "{}", stdout(&out));
     // Fitting as MPI reads the allreduce rows alone.
@@ -744,11 +772,12 @@ fn a_tcp_parameter_server_pays_its_fixed_costs_per_peer_message() {
     params.call_overhead_us = 0.0;
     params.message_overhead_us = 0.0;
     cluster.library = Library::Gloo(params.clone());
-    let bare = collective::ps_push_pull(&cluster, 1 << 20, 4, ServerPlacement::Colocated).unwrap();
+    let round = |cluster: &Cluster| collective::push_pull(cluster, 1 << 20, ServerLink::Node(0));
+    let (bare, _) = round(&cluster).unwrap();
     params.call_overhead_us = 300.0;
     params.message_overhead_us = 20.0;
     cluster.library = Library::Gloo(params);
-    let paid = collective::ps_push_pull(&cluster, 1 << 20, 4, ServerPlacement::Colocated).unwrap();
+    let (paid, _) = round(&cluster).unwrap();
     // Push and pull: each server takes a length and a payload from each of 3 peers.
     let extra = paid.time.as_us() - bare.time.as_us();
     assert!((extra - 2.0 * 2.0 * 3.0 * 320.0).abs() < 1e-6, "{extra}");

@@ -61,15 +61,16 @@ BESIDE_COMPUTE_SIZES = "64K,256K,1M,4M"
 def fit_gloo(syncopate, python, name, cluster, clusters):
     """Times gloo's allreduce and allgather on lab `name` as the wrapper calls them (`python -m
     syncopate.torch.sweep`, one rank per node), alone and with every rank computing beside
-    them, and refits the lab's MPI cluster file `clusters/CLUSTER.json` to them:
-    `clusters/CLUSTER-gloo.json`, the file to predict with, its collectives' slowdown beside
-    compute measured with gloo."""
+    them, and the wrapper's parameter-server push-pull alone, and refits the lab's MPI cluster
+    file `clusters/CLUSTER.json` to them: `clusters/CLUSTER-gloo.json`, the file to predict
+    with, its collectives' slowdown beside compute measured with gloo and its cost per
+    point-to-point message fitted to the push-pulls."""
     print(f"gloo sweep on {name}", flush=True)
     sweep, busy = f"{cluster}.gloo-sweep.csv", f"{cluster}.gloo-sweep-beside-compute.csv"
     lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--out", pathlib.Path(clusters) / sweep],
                f"gloo sweep on {name}", 900)
-    lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--beside-compute", "--sizes",
-                                         BESIDE_COMPUTE_SIZES, "--out", pathlib.Path(clusters) / busy],
+    lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--beside-compute", "--ops", "allreduce,allgather",
+                                         "--sizes", BESIDE_COMPUTE_SIZES, "--out", pathlib.Path(clusters) / busy],
                f"gloo sweep beside compute on {name}", 900)
     sh([syncopate, "collective", "--cluster", f"{cluster}.json", "--library", "gloo", "--compare", sweep,
         "--beside-compute", busy, "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {name}", 300, cwd=clusters)

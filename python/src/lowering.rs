@@ -4,6 +4,7 @@ use crate::{exec_error, sim_error, views, PlanMismatch, SyncopateError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use syncopate_exec::compress::codec_for_shapes;
+use syncopate_exec::runtime::refuse_unrunnable;
 use syncopate_sim::compress::{catalog, Compressor};
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::Plan;
@@ -40,6 +41,7 @@ pub fn lower(plan: &str, world_size: u32, model: Option<&str>) -> PyResult<(Stri
         )));
     }
     let lowered = schedule::lower(&profile, world, true, &loaded, plan).map_err(sim_error)?;
+    refuse_unrunnable(&lowered).map_err(exec_error)?;
     let json = |value: serde_json::Result<String>| {
         value.map_err(|err| SyncopateError::new_err(format!("{plan}: {err}")))
     };

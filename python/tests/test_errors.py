@@ -1,4 +1,4 @@
-"""Bad input ends in a Python exception that names it, never a hang: a plan for another model, a world size the plan was not made for, a non-finite gradient, a peer that dies."""
+"""Bad input ends in a Python exception that names it, never a hang: a plan for another model, a world size the plan was not made for, dedicated parameter servers, a non-finite gradient, a peer that dies."""
 
 import datetime
 import json
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import conftest
 import models
 import ranks
-from syncopate import NonFiniteGradient, PeerFailure, PlanMismatch
+from syncopate import NonFiniteGradient, PeerFailure, PlanMismatch, SyncopateError
 from syncopate.torch import DistributedOptimizer
 
 
@@ -43,6 +43,12 @@ def test_a_plan_for_another_model_is_refused(alone, make_plan):
 def test_a_plan_for_another_world_size_is_refused(alone, make_plan):
     plan = make_plan("horovod", ranks_per_node=4)
     with pytest.raises(PlanMismatch, match=r"made for 4 ranks \(1 nodes × 4\), this run has world size 1"):
+        wrap(models.tiny(), plan)
+
+
+def test_a_plan_with_dedicated_servers_is_refused(alone, make_plan):
+    plan = make_plan("ps", ranks_per_node=1)
+    with pytest.raises(SyncopateError, match=r"policy\.ps_servers 1.*machines of their own.*`byteps`"):
         wrap(models.tiny(), plan)
 
 

@@ -18,19 +18,47 @@ def timed(rank, world, sizes):
     return sweep.sweep(Link(rank, world, 30), sweep.OPS, sizes, iterations=2, rounds=2)
 
 
+def sizes_of(collectives, push_pull):
+    """Each op's sizes: the collectives' and the push-pull's."""
+    collectives = sweep.parse_sizes("--sizes", collectives)
+    return {"allreduce": collectives, "allgather": collectives, "push-pull": sweep.parse_sizes("--push-pull-sizes", push_pull)}
+
+
 def test_every_op_and_size_is_timed_alike_on_every_rank(tmp_path):
-    sizes = sweep.parse_sizes("4K,64K")
-    outcomes = ranks.values(ranks.run(timed, sizes))
+    outcomes = ranks.values(ranks.run(timed, sizes_of("4K,64K", "16K")))
     # Every rank reports the slowest rank's time: the same rows everywhere.
     assert outcomes[0] == outcomes[1]
     assert [(op, world, size) for op, world, size, _ in outcomes[0]] == [
-        (op, 2, size) for op in ("allreduce", "allgather") for size in (4096, 65536)]
+        (op, 2, size) for op in ("allreduce", "allgather") for size in (4096, 65536)] + [("push-pull", 2, 16384)]
     assert all(t > 0 for *_, t in outcomes[0])
     path = tmp_path / "sweep.csv"
     sweep.write_csv(path, outcomes[0])
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0]) == ["op", "gpus", "size_bytes", "time_us"]
-    assert [r["op"] for r in rows] == ["allreduce", "allreduce", "allgather", "allgather"]
+    assert [r["op"] for r in rows] == ["allreduce", "allreduce", "allgather", "allgather", "push-pull"]
+
+
+def pulled(rank, world):
+    import torch
+
+    from syncopate.torch.exchange import PushPullMessages
+    from syncopate.torch.link import Link
+
+    link = Link(rank, world, 30)
+    payload = torch.full((5 + rank,), rank + 1, dtype=torch.uint8)
+    served = []
+
+    def serve(pushed):
+        served.extend(p.tolist() for p in pushed)
+        return torch.arange(3, dtype=torch.uint8)
+
+    return PushPullMessages(link, payload, 1, "test").finish(serve).tolist(), served
+
+
+def test_a_push_pull_brings_every_payload_to_the_server_and_its_answer_to_every_worker():
+    outcomes = ranks.values(ranks.run(pulled))
+    assert outcomes[0] == ([0, 1, 2], [])
+    assert outcomes[1] == ([0, 1, 2], [[1] * 5, [2] * 6])
 
 
 def timed_beside_compute(rank, world, sizes):
@@ -44,9 +72,9 @@ def timed_beside_compute(rank, world, sizes):
 
 
 def test_beside_compute_every_rank_computes_while_it_is_timed_and_stops_after():
-    outcomes = ranks.values(ranks.run(timed_beside_compute, sweep.parse_sizes("64K")))
+    outcomes = ranks.values(ranks.run(timed_beside_compute, sizes_of("64K", "4K")))
     for rows, alive, left_running in outcomes:
-        assert [(op, size) for op, _, size, _ in rows] == [("allreduce", 65536), ("allgather", 65536)]
+        assert [(op, size) for op, _, size, _ in rows] == [("allreduce", 65536), ("allgather", 65536), ("push-pull", 4096)]
         assert alive and not left_running
 
 
@@ -58,7 +86,7 @@ def test_beside_compute_every_rank_computes_while_it_is_timed_and_stops_after():
 ])
 def test_bad_sizes_are_named(text, message):
     with pytest.raises(SyncopateError, match=message):
-        sweep.parse_sizes(text)
+        sweep.parse_sizes("--sizes", text)
 
 
 def test_without_a_launcher_the_error_says_what_is_missing(tmp_path):

@@ -28,7 +28,7 @@ PLANS = [
     ("bytescheduler", "none", None),
     ("dear", "none", None),
     ("fixed-groups:3", "none", None, None, 2),
-    ("ps", "none", None),
+    ("byteps", "none", None),
     ("byteps", "qsgd:256", None),
     ("hipress", "onebit", None),
 ]

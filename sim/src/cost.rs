@@ -1,23 +1,25 @@
 //! The cost pass: how long each step of a schedule takes on a scenario's hardware, from the compute profile, the codec curves and the collective models.
 
-use crate::collective::{self, Estimate, Group as RankGroup, Op, ServerPlacement};
+use crate::collective::{self, Estimate, Group as RankGroup, Links, Op, ServerLink};
 use crate::compress::{Aggregation, Memory, Wire};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
-use crate::plan::{CompressOn, Group, Plan};
+use crate::plan::{CompressOn, Group};
 use crate::scenario::Scenario;
-use crate::schedule::{lower_group, Exchange, Op as Step, Piece, Schedule, StepKind};
+use crate::schedule::{lower_group, Exchange, Op as Step, Piece, Schedule, Servers, StepKind};
 use crate::time::SimTime;
 
 /// GPU-to-host bandwidth of a PCIe 3.0 x16 link as NCCL's topology model counts it (PCI_BW,
 /// src/graph/topo.h): compression on the host pays it for the gradient and for the result.
 const HOST_LINK_GBYTES_PER_S: f64 = 12.0;
 
-/// The predicted duration of one step, and for collectives the algorithm and protocol.
+/// The predicted duration of one step, and for collectives the algorithm and protocol and the
+/// links they keep busy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepCost {
     pub duration: SimTime,
     pub estimate: Option<Estimate>,
+    pub links: Links,
 }
 
 /// What each op of a piece's synchronization costs (see the ops of `crate::schedule`), and
@@ -27,7 +29,7 @@ struct PieceCost {
     encode: SimTime,
     /// PowerSGD's Q from the reduced P: part of its encode curve, which prices both rounds.
     next_round: SimTime,
-    rounds: Vec<Estimate>,
+    rounds: Vec<(Estimate, Links)>,
     decode: SimTime,
     update_memory: SimTime,
     scale_output: SimTime,
@@ -41,7 +43,7 @@ impl PieceCost {
                 Step::Compensate => self.compensate,
                 Step::Encode => self.encode,
                 Step::NextRound => self.next_round,
-                Step::Exchange => self.rounds[round].time,
+                Step::Exchange => self.rounds[round].0.time,
                 Step::Decode => self.decode,
                 Step::UpdateMemory => self.update_memory,
                 Step::ScaleOutput => self.scale_output,
@@ -51,12 +53,11 @@ impl PieceCost {
 }
 
 /// The cost of every step of `schedule` (one entry per step) on the scenario's hardware.
-/// `plan` is the plan the schedule was lowered from (for the dedicated servers of `ps`).
-pub fn step_costs(scenario: &Scenario, plan: &Plan, schedule: &Schedule) -> Result<Vec<StepCost>> {
+pub fn step_costs(scenario: &Scenario, schedule: &Schedule) -> Result<Vec<StepCost>> {
     let pieces: Vec<PieceCost> = schedule
         .pieces
         .iter()
-        .map(|piece| piece_cost(scenario, plan.policy.ps_servers, piece))
+        .map(|piece| piece_cost(scenario, schedule.servers, piece))
         .collect::<Result<_>>()?;
     Ok(schedule
         .steps
@@ -64,21 +65,24 @@ pub fn step_costs(scenario: &Scenario, plan: &Plan, schedule: &Schedule) -> Resu
         .map(
             |step| match (step.kind, step.piece.map(|p| &pieces[p as usize])) {
                 (StepKind::Collective { round, .. }, Some(p)) => {
-                    let mut estimate = p.rounds[round as usize];
+                    let (mut estimate, links) = p.rounds[round as usize];
                     // The collective's own ops (an uncompressed group casts and decodes itself).
                     estimate.time = p.step(&step.ops, round as usize);
                     StepCost {
                         duration: estimate.time,
                         estimate: Some(estimate),
+                        links,
                     }
                 }
                 (_, Some(p)) => StepCost {
                     duration: p.step(&step.ops, 0),
                     estimate: None,
+                    links: Links::Every,
                 },
                 (_, None) => StepCost {
                     duration: compute_time(scenario, step.profiled_us.unwrap_or(0.0)),
                     estimate: None,
+                    links: Links::Every,
                 },
             },
         )
@@ -94,17 +98,26 @@ pub fn compute_time(scenario: &Scenario, profiled_us: f64) -> SimTime {
 /// engine will run them: the stages a pipelining strategy (HiPress's SeCoPa) reasons about.
 pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 3]>> {
     // Strategies weigh the catalog's packed formats, the ones `exec` runs.
-    lower_group(&scenario.model, scenario.world(), 0, group, Wire::Packed)
-        .iter()
-        .map(|piece| {
-            let cost = piece_cost(scenario, 0, piece)?;
-            Ok([
-                cost.compensate + cost.encode,
-                cost.rounds.iter().map(|r| r.time).sum(),
-                cost.decode + cost.update_memory + cost.scale_output,
-            ])
-        })
-        .collect()
+    let servers = Servers::Colocated;
+    lower_group(
+        &scenario.model,
+        scenario.world(),
+        servers,
+        0,
+        0,
+        group,
+        Wire::Packed,
+    )
+    .iter()
+    .map(|piece| {
+        let cost = piece_cost(scenario, servers, piece)?;
+        Ok([
+            cost.compensate + cost.encode,
+            cost.rounds.iter().map(|(r, _)| r.time).sum(),
+            cost.decode + cost.update_memory + cost.scale_output,
+        ])
+    })
+    .collect()
 }
 
 /// The device whose cost curves a piece's compression follows.
@@ -128,7 +141,7 @@ mod pass {
     pub const SCALE: f64 = 8.0;
 }
 
-fn piece_cost(scenario: &Scenario, ps_servers: u32, piece: &Piece) -> Result<PieceCost> {
+fn piece_cost(scenario: &Scenario, servers: Servers, piece: &Piece) -> Result<PieceCost> {
     let cluster = &scenario.cluster;
     let device = codec_device(scenario, piece)?;
     let world = u64::from(cluster.world_size());
@@ -154,14 +167,8 @@ fn piece_cost(scenario: &Scenario, ps_servers: u32, piece: &Piece) -> Result<Pie
     let payloads = match (piece.aggregation, piece.rounds.first().map(|r| r.exchange)) {
         // Every rank decodes every rank's payload in one call.
         (Aggregation::Allgather, _) => call(world)?,
-        // The server decodes the pushed payloads of its shard and re-encodes the sum; the
-        // worker decodes the pulled result.
-        (_, Some(Exchange::PushPull { .. })) => {
-            call(1)?
-                + call(1)?
-                + compressor.encode_time(device, numel / u64::from(cluster.nodes))?
-        }
-        // The ring's per-hop work is in its collective; the result is decoded once.
+        // The ring's per-hop work and the server's are in their collectives; the result is
+        // decoded once.
         _ => call(1)?,
     };
     let decode = pass(pass::ZERO) + payloads + host_copy;
@@ -177,7 +184,7 @@ fn piece_cost(scenario: &Scenario, ps_servers: u32, piece: &Piece) -> Result<Pie
         .map(|round| {
             exchange_cost(
                 scenario,
-                ps_servers,
+                servers,
                 piece,
                 device,
                 round.exchange,
@@ -196,18 +203,19 @@ fn piece_cost(scenario: &Scenario, ps_servers: u32, piece: &Piece) -> Result<Pie
     })
 }
 
-/// The collective that moves one rank's payload of `bytes` by `exchange`.
+/// The collective that moves one rank's payload of `bytes` by `exchange`, and the links it
+/// keeps busy.
 fn exchange_cost(
     scenario: &Scenario,
-    ps_servers: u32,
+    servers: Servers,
     piece: &Piece,
     device: &DeviceProfile,
     exchange: Exchange,
     bytes: u64,
-) -> Result<Estimate> {
+) -> Result<(Estimate, Links)> {
     let cluster = &scenario.cluster;
     let world = RankGroup::world(cluster);
-    Ok(match exchange {
+    let estimate = match exchange {
         Exchange::HierarchicalAllreduce => {
             collective::estimate_hierarchical_allreduce(cluster, bytes)?
         }
@@ -230,21 +238,40 @@ fn exchange_cost(
             estimate.time += SimTime(hop.as_ns() * u64::from(world.ranks - 1));
             estimate
         }
-        Exchange::PushPull { .. } => {
-            let placement = match ps_servers {
-                0 => ServerPlacement::Colocated,
-                servers => ServerPlacement::Dedicated { servers },
-            };
-            // BytePS: reduce inside each node, push/pull between nodes, broadcast inside.
-            let mut estimate = collective::ps_push_pull(cluster, bytes, cluster.nodes, placement)?;
-            if cluster.gpus_per_node > 1 {
-                let local = RankGroup::one_node(cluster);
-                estimate.time += collective::estimate(cluster, Op::Reduce, bytes, local)?.time
-                    + collective::estimate(cluster, Op::Broadcast, bytes, local)?.time;
-            }
-            estimate
+        Exchange::PushPull { server } => {
+            return push_pull_cost(scenario, servers, piece, device, server, bytes)
         }
-    })
+    };
+    Ok((estimate, Links::Every))
+}
+
+/// A push-pull round to `server`: BytePS's reduce inside each node, push and pull between
+/// nodes with the server's decode, sum and re-encode between them, broadcast inside each node.
+fn push_pull_cost(
+    scenario: &Scenario,
+    servers: Servers,
+    piece: &Piece,
+    device: &DeviceProfile,
+    server: u32,
+    bytes: u64,
+) -> Result<(Estimate, Links)> {
+    let cluster = &scenario.cluster;
+    let at = match servers {
+        Servers::Colocated => ServerLink::Node(server / cluster.gpus_per_node.max(1)),
+        Servers::Dedicated(_) => ServerLink::Dedicated(server),
+    };
+    let (mut estimate, links) = collective::push_pull(cluster, bytes, at)?;
+    // The server decodes every node's payload in one call and re-encodes the sum.
+    let numel = piece.numel.max(1);
+    let nodes = u64::from(cluster.nodes);
+    estimate.time += piece.compressor.decode_call_time(device, numel, nodes)?
+        + piece.compressor.encode_time(device, numel)?;
+    if cluster.gpus_per_node > 1 {
+        let local = RankGroup::one_node(cluster);
+        estimate.time += collective::estimate(cluster, Op::Reduce, bytes, local)?.time
+            + collective::estimate(cluster, Op::Broadcast, bytes, local)?.time;
+    }
+    Ok((estimate, links))
 }
 
 #[cfg(test)]
@@ -280,11 +307,15 @@ mod tests {
         let pieces = lower_group(
             &scenario.model,
             scenario.world(),
+            Servers::Colocated,
+            0,
             0,
             &plan.groups[0],
             Wire::Packed,
         );
-        let decode = piece_cost(&scenario, 0, &pieces[0]).unwrap().decode;
+        let decode = piece_cost(&scenario, Servers::Colocated, &pieces[0])
+            .unwrap()
+            .decode;
         (decode, pieces[0].numel)
     }
 

@@ -6,6 +6,7 @@
 //! tasks progress at a rate (compute slows while collectives or compression kernels run beside
 //! it; concurrent collectives share the network), and a rate change reschedules the task's end.
 
+use crate::collective::{shared_slowdowns, Links};
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
 use crate::launch::{Launcher, Ticks};
@@ -229,6 +230,9 @@ struct Engine<'a> {
     finished: Vec<u32>,
     launcher: Launcher,
     comm: Vec<Option<Running>>,
+    /// Scratch for sharing the links: the running collectives' links and their slowdowns.
+    comm_links: Vec<Links>,
+    comm_shared: Vec<f64>,
     /// Source of versions for running tasks.
     versions: u64,
     /// Start of the current stretch with some collective running, for `comm_busy`.
@@ -272,6 +276,8 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         finished: vec![0; graph.len()],
         launcher: Launcher::new(&config.policy, &graph.program, Ticks::ExpectedPhase),
         comm: vec![None; config.policy.comm_streams.max(1) as usize],
+        comm_links: Vec::new(),
+        comm_shared: Vec::new(),
         versions: 0,
         comm_busy_since: SimTime::ZERO,
         computing: 0,
@@ -534,20 +540,26 @@ impl Engine<'_> {
         }
     }
 
-    /// Concurrent collectives share the network equally.
+    /// Concurrent collectives share the links they use (`collective::shared_slowdowns`).
     fn rerate_comm(&mut self) {
-        let active = self.active_collectives();
-        if active == 0 {
+        if self.active_collectives() == 0 {
             return;
         }
-        // Concurrent collectives share the network; CPU work on the ranks' cores slows them.
+        self.comm_links.clear();
+        for running in self.comm.iter().flatten() {
+            self.comm_links.push(self.graph.task(running.task).links);
+        }
+        shared_slowdowns(&self.comm_links, &mut self.comm_shared);
+        // CPU work on the ranks' cores slows them.
         let busy = f64::from(self.cpu_busy_ranks) / f64::from(self.ranks_n);
         let slowdown = 1.0 + (self.config.comm_slowdown_with_compute - 1.0) * busy;
-        let rate = 1.0 / (active as f64 * slowdown);
         let now = self.now;
+        let mut nth = 0;
         for stream in 0..self.comm.len() {
             let version = self.versions + 1;
             if let Some(running) = self.comm[stream].as_mut() {
+                let rate = 1.0 / (self.comm_shared[nth] * slowdown);
+                nth += 1;
                 if running.rate != rate {
                     self.versions = version;
                     let end = running.rerate(now, rate, version);
@@ -722,6 +734,7 @@ impl Engine<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::ServerLink;
     use crate::compress::Compressor;
     use crate::cost::StepCost;
     use crate::model::ModelProfile;
@@ -755,7 +768,8 @@ mod tests {
         let costs = vec![
             StepCost {
                 duration: SimTime(1000),
-                estimate: None
+                estimate: None,
+                links: Links::Every,
             };
             schedule.steps.len()
         ];
@@ -806,6 +820,7 @@ mod tests {
                     1000
                 }),
                 estimate: None,
+                links: Links::Every,
             })
             .collect();
         let graph = TaskGraph::new(&schedule, &costs, 1).unwrap();
@@ -828,6 +843,65 @@ mod tests {
             .filter(|r| graph.task(r.task).stream == stream)
             .map(|r| (r.end - r.start).as_ns())
             .collect()
+    }
+
+    /// Durations (ns) of the 4 push-pull rounds of a 4-tensor plan on 4 nodes, all ready at
+    /// once on 4 streams, each 1 µs alone, served by the nodes `servers` names.
+    fn push_pull_durations(servers: [u32; 4]) -> Vec<u64> {
+        let mut model = ModelProfile::load("resnet50").unwrap();
+        model.tensors.truncate(4);
+        let mut plan = per_tensor_plan(&model);
+        for group in &mut plan.groups {
+            group.scheme = Scheme::Ps;
+        }
+        let world = World {
+            nodes: 4,
+            ranks_per_node: 1,
+        };
+        let schedule = lower(&model, world, false, &plan, "t").unwrap();
+        let costs: Vec<StepCost> = schedule
+            .steps
+            .iter()
+            .map(|step| match (step.kind, step.piece) {
+                (StepKind::Collective { .. }, Some(piece)) => StepCost {
+                    duration: SimTime(1000),
+                    estimate: None,
+                    links: Links::Server {
+                        server: ServerLink::Node(servers[piece as usize]),
+                        senders: 3,
+                    },
+                },
+                _ => StepCost {
+                    duration: SimTime::ZERO,
+                    estimate: None,
+                    links: Links::Every,
+                },
+            })
+            .collect();
+        let graph = TaskGraph::new(&schedule, &costs, 1).unwrap();
+        let policy = LaunchPolicy {
+            launch: Launch::PlanOrder,
+            comm_streams: 4,
+            cycle_ns: 0,
+        };
+        let config = EngineConfig {
+            record_ranks: 1,
+            ..EngineConfig::uncontended(1, policy)
+        };
+        let result = run(&graph, &config, &Noise::default()).unwrap();
+        result
+            .records
+            .iter()
+            .filter(|r| graph.task(r.task).stream == Stream::Comm)
+            .map(|r| (r.end - r.start).as_ns())
+            .collect()
+    }
+
+    #[test]
+    fn push_pulls_to_different_servers_overlap_and_to_one_server_queue() {
+        assert_eq!(push_pull_durations([0, 1, 2, 3]), vec![1000; 4]);
+        // Four rounds into node 0's link at once: each direction carries twice its capacity.
+        assert_eq!(push_pull_durations([0; 4]), vec![2000; 4]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The engine's input: a schedule's K iterations (the Program) with every task's predicted duration from the cost pass.
 
-use crate::collective::Estimate;
+use crate::collective::{Estimate, Links};
 use crate::cost::StepCost;
 use crate::error::Result;
 use crate::schedule::{LaunchKey, Program, Schedule, StepKind, Stream};
@@ -19,6 +19,8 @@ pub struct Task {
     pub estimate: Option<Estimate>,
     /// For collectives: where it stands in the launch order.
     pub launch_key: LaunchKey,
+    /// For collectives: the links they keep busy, shared with concurrent ones.
+    pub links: Links,
 }
 
 impl Task {
@@ -60,6 +62,7 @@ impl TaskGraph {
                     bytes,
                     estimate: cost.estimate,
                     launch_key,
+                    links: cost.links,
                 }
             })
             .collect();

@@ -20,6 +20,7 @@ pub mod launch;
 pub mod limits;
 pub mod model;
 pub mod noise;
+pub mod p2p_fit;
 pub mod plan;
 #[cfg(test)]
 mod properties;

@@ -179,7 +179,7 @@ fn run(
     seed: u64,
 ) -> (crate::graph::TaskGraph, EngineConfig, EngineResult) {
     let schedule = schedule(scenario, plan).unwrap();
-    let graph = task_graph(scenario, plan, &schedule, 3).unwrap();
+    let graph = task_graph(scenario, &schedule, 3).unwrap();
     let ranks = scenario.cluster.world_size();
     let config = engine_config(scenario, &schedule, ranks, ranks);
     let noise = NoiseSpec {

@@ -127,13 +127,8 @@ pub fn schedule(scenario: &Scenario, plan: &Plan) -> Result<Schedule> {
 }
 
 /// `iterations` iterations of the schedule, every task priced by the cost pass.
-pub fn task_graph(
-    scenario: &Scenario,
-    plan: &Plan,
-    schedule: &Schedule,
-    iterations: u32,
-) -> Result<TaskGraph> {
-    let costs = step_costs(scenario, plan, schedule)?;
+pub fn task_graph(scenario: &Scenario, schedule: &Schedule, iterations: u32) -> Result<TaskGraph> {
+    let costs = step_costs(scenario, schedule)?;
     TaskGraph::new(schedule, &costs, iterations)
 }
 
@@ -185,7 +180,7 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
         )
     })?;
     let schedule = schedule(scenario, plan)?;
-    let graph = task_graph(scenario, plan, &schedule, total)?;
+    let graph = task_graph(scenario, &schedule, total)?;
     if too_many(graph.len()) {
         return Err(SimError::bad_value(
             "--explicit/--jitter/--straggler/the model's rank_skew",
@@ -275,7 +270,7 @@ fn steady_iterations(result: &EngineResult, warmup: u32) -> Vec<SimTime> {
 fn single_gpu_time(scenario: &Scenario, plan: &Plan, warmup: u32) -> Result<SimTime> {
     let single = scenario.single_gpu();
     let schedule = schedule(&single, plan)?;
-    let graph = task_graph(&single, plan, &schedule, warmup + 1)?;
+    let graph = task_graph(&single, &schedule, warmup + 1)?;
     let config = EngineConfig::uncontended(
         1,
         LaunchPolicy {

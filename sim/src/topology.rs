@@ -190,6 +190,11 @@ pub struct TcpParams {
     /// allgather sweep. None: the same limits as every collective.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allgather_host_gbps: Option<f64>,
+    /// What a parameter server pays per point-to-point message it takes or sends (a payload's
+    /// length or the payload) beside its bytes, in µs; fitted to a sweep's push-pull rows
+    /// (`syncopate_sim::p2p_fit`). None: a collective call's and message's costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_message_overhead_us: Option<f64>,
     pub provenance: Provenance,
 }
 
@@ -565,6 +570,9 @@ impl Cluster {
                 }
                 if let Some(host) = p.allgather_host_gbps {
                     limits::check_rate(label, "library.allgather_host_gbps", host, "Gb/s")?;
+                }
+                if let Some(p2p) = p.p2p_message_overhead_us {
+                    limits::check_duration_us(label, "library.p2p_message_overhead_us", p2p)?;
                 }
             }
         }

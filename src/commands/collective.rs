@@ -7,6 +7,7 @@ use syncopate_sim::collective::{Group, Op};
 use syncopate_sim::compare::{self, Row};
 use syncopate_sim::data::{self, DataKind};
 use syncopate_sim::model::{Provenance, Status};
+use syncopate_sim::p2p_fit;
 use syncopate_sim::tcp_fit::{self, Timed};
 use syncopate_sim::topology::{Cluster, Library};
 use syncopate_sim::units::{format_bytes, parse_byte_list, parse_bytes};
@@ -111,15 +112,30 @@ fn refit_tcp(
 ) -> anyhow::Result<Cluster> {
     let fitted = tcp_fit::fit(cluster, measurements)?;
     let mut refit = tcp_fit::apply(cluster, &fitted);
+    let mut described = tcp_fit::describe(&refit, measurements, &fitted)?;
+    // A sweep that timed the parameter server's messages gives their cost on the fitted links.
+    let pushes = match calibrate::has_op_column(path)? {
+        true => calibrate::read_named(path, p2p_fit::OP, cluster.world_size())?,
+        false => Vec::new(),
+    };
+    if !pushes.is_empty() {
+        let p2p = p2p_fit::fit(&refit, &pushes, &path.display().to_string())?;
+        refit = p2p_fit::apply(&refit, &p2p);
+        described = format!("{described}; {}", p2p_fit::describe(&p2p));
+        eprintln!(
+            "fitted {:.1} µs per point-to-point message from {} push-pull rows",
+            p2p.per_message_us,
+            p2p.rows.len()
+        );
+    }
     let library = args
         .library
         .map_or_else(String::new, |l| format!(" --library {l:?}").to_lowercase());
     let method = format!(
-        "refitted by `syncopate collective --cluster {}{library} --compare {} --fit-out {}`: {}",
+        "refitted by `syncopate collective --cluster {}{library} --compare {} --fit-out {}`: {described}",
         args.cluster.cluster,
         path.display(),
         out.display(),
-        tcp_fit::describe(&refit, measurements, &fitted)?
     );
     if let Some(params) = refit.library.tcp_mut() {
         params.provenance = Provenance {

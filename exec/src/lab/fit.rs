@@ -136,6 +136,7 @@ pub fn cluster(
             reduce_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s / 3.0,
             host_gbps: None,
             allgather_host_gbps: None,
+            p2p_message_overhead_us: None,
             provenance: Provenance {
                 status: Status::Estimated,
                 method: String::new(),

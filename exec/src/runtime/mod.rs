@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use syncopate_sim::compress::Wire;
 use syncopate_sim::engine::TaskRecord;
-use syncopate_sim::schedule::{Program, Schedule, Slot, Step, Stream};
+use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, Stream};
 use syncopate_sim::time::SimTime;
 
 /// Where a plan runs.
@@ -246,7 +246,7 @@ impl<'a> Job<'a> {
                 ),
             ));
         }
-        refuse_unpacked_wire(schedule)?;
+        refuse_unrunnable(schedule)?;
         Ok(Job {
             schedule,
             program: Program::unroll(schedule, iterations)?,
@@ -257,11 +257,20 @@ impl<'a> Job<'a> {
     }
 }
 
-/// Refuses a schedule whose plan sends element codes in whole bytes where the catalog packs
-/// them (a plan describing another framework's implementation, e.g. GRACE's): every backend's
-/// codecs write the packed formats, and running them would measure another plan than the one
-/// predicted.
-fn refuse_unpacked_wire(schedule: &Schedule) -> Result<()> {
+/// Refuses a schedule that no backend runs as the simulator predicts it (every backend and
+/// `syncopate.torch` check it before running):
+/// - a plan that sends element codes in whole bytes where the catalog packs them (a plan
+///   describing another framework's implementation, e.g. GRACE's): every backend's codecs write
+///   the packed formats;
+/// - parameter servers on machines of their own: the backends run servers on the workers.
+pub fn refuse_unrunnable(schedule: &Schedule) -> Result<()> {
+    if let Servers::Dedicated(servers) = schedule.servers {
+        return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
+            "--plan",
+            format!("policy.ps_servers {servers}"),
+            "the plan's parameter servers run on machines of their own, which the executors do not have: make the plan with the `byteps` strategy (servers on the workers) to run it",
+        )));
+    }
     match schedule
         .pieces
         .iter()

@@ -92,22 +92,21 @@ class Allgather:
         self.state.set_gathered(piece, [g[:n].numpy() for g, n in zip(gathered, sizes)])
 
 
-class PushPull:
-    """Parameter server over point-to-point messages: every worker pushes its payload to the
-    piece's server rank, which decodes, sums and re-encodes (the Rust codecs), then every worker
-    pulls the result. The push is sent at launch; the server's part and the pull run at finish."""
+class PushPullMessages:
+    """A parameter server's messages, as ps-lite sends a key/value's metadata apart from its
+    data: every worker sends its payload's length and then the payload to the server (at
+    launch); at finish the server receives them from each peer in rank order, makes the payload
+    every worker pulls, and sends its length and bytes back to each."""
 
-    def __init__(self, link, state, piece, length, server, what):
-        self.link, self.state, self.piece, self.what = link, state, piece, what
-        self.server = server
+    def __init__(self, link, payload, server, what):
+        self.link, self.payload, self.server, self.what = link, payload, server, what
         self.tag = link.next_tag()
-        self.payload = payload_tensor(state, piece, length)
         self.sends = []
         if link.rank != server:
-            size = torch.tensor([length], dtype=torch.int64)
+            size = torch.tensor([payload.numel()], dtype=torch.int64)
             self.sends = [
                 link.start(dist.isend, size, server, tag=self.tag),
-                link.start(dist.isend, self.payload, server, tag=self.tag + 1),
+                link.start(dist.isend, payload, server, tag=self.tag + 1),
             ]
 
     def _receive(self, peer, tag, what):
@@ -117,24 +116,44 @@ class PushPull:
         self.link.wait(self.link.start(dist.irecv, payload, peer, tag=tag + 1), what)
         return payload
 
-    def finish(self):
+    def finish(self, serve):
+        """A worker's pulled payload; on the server, `serve(every rank's pushed payload, in
+        rank order)` makes the payload the workers pull, which is returned."""
         link = self.link
         if link.rank != self.server:
             for send in self.sends:
                 link.wait(send, f"{self.what}: push to server rank {self.server}")
-            pulled = self._receive(self.server, self.tag + 2, f"{self.what}: pull from server rank {self.server}")
-            self.state.set_payload(self.piece, pulled.numpy())
-            return
+            return self._receive(self.server, self.tag + 2, f"{self.what}: pull from server rank {self.server}")
         pushed = [
             self.payload if peer == link.rank else self._receive(peer, self.tag, f"{self.what}: push from rank {peer}")
             for peer in range(link.world)
         ]
-        length = self.state.serve(self.piece, [p.numpy() for p in pushed])
-        pulled = payload_tensor(self.state, self.piece, length)
-        size = torch.tensor([length], dtype=torch.int64)
+        pulled = serve(pushed)
+        size = torch.tensor([pulled.numel()], dtype=torch.int64)
         sends = []
         for peer in range(link.world):
             if peer != link.rank:
                 sends += [link.start(dist.isend, size, peer, tag=self.tag + 2), link.start(dist.isend, pulled, peer, tag=self.tag + 3)]
         for send in sends:
             link.wait(send, f"{self.what}: pull by a worker")
+        return pulled
+
+
+class PushPull:
+    """Parameter server over point-to-point messages: every worker pushes its payload to the
+    piece's server rank, which decodes, sums and re-encodes (the Rust codecs), then every worker
+    pulls the result. The push is sent at launch; the server's part and the pull run at finish."""
+
+    def __init__(self, link, state, piece, length, server, what):
+        self.state, self.piece = state, piece
+        self.serving = link.rank == server
+        self.messages = PushPullMessages(link, payload_tensor(state, piece, length), server, what)
+
+    def _serve(self, pushed):
+        length = self.state.serve(self.piece, [p.numpy() for p in pushed])
+        return payload_tensor(self.state, self.piece, length)
+
+    def finish(self):
+        pulled = self.messages.finish(self._serve)
+        if not self.serving:
+            self.state.set_payload(self.piece, pulled.numpy())

@@ -24,18 +24,23 @@ import torch
 import torch.distributed as dist
 
 from syncopate.errors import SyncopateError
+from syncopate.torch import exchange
 from syncopate.torch.link import Link
 
-OPS = ("allreduce", "allgather")
+OPS = ("allreduce", "allgather", "push-pull")
 # The sizes `syncopate lab up`'s MPI sweep uses, so that the two fits see the same messages.
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M"
+# A push-pull's server link carries every peer's payload, (ranks - 1) times an allreduce's
+# bytes: its per-message cost shows at sizes up to 1 MiB, and larger ones take minutes on a
+# slow lab.
+DEFAULT_PUSH_PULL_SIZES = "4K,16K,64K,256K,1M"
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # The largest size a sweep accepts: a fp32 buffer of a quarter of a GiB per rank.
 MAX_BYTES = 256 << 20
 
 
-def parse_sizes(text):
-    """`4K,1M,…` as byte counts: whole fp32 elements, at most MAX_BYTES."""
+def parse_sizes(flag, text):
+    """`flag`'s `4K,1M,…` as byte counts: whole fp32 elements, at most MAX_BYTES."""
     sizes = []
     for item in text.split(","):
         item = item.strip().upper()
@@ -43,9 +48,9 @@ def parse_sizes(text):
         try:
             size = int(number) * UNITS[unit]
         except ValueError:
-            raise SyncopateError(f"--sizes: {item!r} is not a size (a whole number with K, M or G)") from None
+            raise SyncopateError(f"{flag}: {item!r} is not a size (a whole number with K, M or G)") from None
         if size <= 0 or size % 4 or size > MAX_BYTES:
-            raise SyncopateError(f"--sizes: {item!r} must be a positive multiple of 4 bytes up to {MAX_BYTES >> 20}M")
+            raise SyncopateError(f"{flag}: {item!r} must be a positive multiple of 4 bytes up to {MAX_BYTES >> 20}M")
         sizes.append(size)
     return sizes
 
@@ -63,7 +68,12 @@ def positive(flag, text):
 def calls(op, link, size):
     """One launch-and-wait of `op` on a per-rank buffer of `size` bytes. Allgather gathers the
     total `size` (nccl-tests' convention: each rank sends size / world) the way
-    `syncopate.torch`'s exchange gathers payloads: their sizes first, then the payloads."""
+    `syncopate.torch`'s exchange gathers payloads: their sizes first, then the payloads. A
+    push-pull sends every rank's `size` bytes to rank 0 and rank 0's back, with the messages of
+    `syncopate.torch`'s parameter server (its codecs' work left out)."""
+    if op == "push-pull":
+        payload = torch.ones(size, dtype=torch.uint8)
+        return lambda: exchange.PushPullMessages(link, payload, 0, "sweep push-pull").finish(lambda pushed: pushed[0])
     if op == "allreduce":
         buffer = torch.ones(size // 4, dtype=torch.float32)
         return lambda: link.wait(link.start(dist.all_reduce, buffer, async_op=True), "sweep allreduce")
@@ -120,8 +130,9 @@ class Computing:
 
 
 def sweep(link, ops, sizes, iterations, rounds):
-    """Rows (op, ranks, size in bytes, µs) for every op and size, on every rank alike."""
-    return [(op, link.world, size, measure(link, op, size, iterations, rounds)) for op in ops for size in sizes]
+    """Rows (op, ranks, size in bytes, µs) for every op and its sizes (`sizes[op]`), on every
+    rank alike."""
+    return [(op, link.world, size, measure(link, op, size, iterations, rounds)) for op in ops for size in sizes[op]]
 
 
 def write_csv(path, rows):
@@ -135,6 +146,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m syncopate.torch.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="CSV to write (rank 0): op,gpus,size_bytes,time_us")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"per-rank buffer sizes (default {DEFAULT_SIZES})")
+    p.add_argument("--push-pull-sizes", default=DEFAULT_PUSH_PULL_SIZES,
+                   help=f"per-rank payload sizes of the push-pull (default {DEFAULT_PUSH_PULL_SIZES})")
     p.add_argument("--ops", default=",".join(OPS), help=f"collectives to time, of {', '.join(OPS)}")
     p.add_argument("--iterations", default="10", help="calls per round (default 10)")
     p.add_argument("--rounds", default="5", help="rounds per size; the median is kept (default 5)")
@@ -143,7 +156,9 @@ def main(argv=None):
                    help="time every call while each rank also computes on a thread of its own")
     args = p.parse_args(argv)
     try:
-        sizes = parse_sizes(args.sizes)
+        collective_sizes = parse_sizes("--sizes", args.sizes)
+        push_pull_sizes = parse_sizes("--push-pull-sizes", args.push_pull_sizes)
+        sizes = {"allreduce": collective_sizes, "allgather": collective_sizes, "push-pull": push_pull_sizes}
         ops = [op.strip() for op in args.ops.split(",")]
         unknown = [op for op in ops if op not in OPS]
         if unknown:

@@ -68,6 +68,25 @@ pub fn read_measurements(
     default_gpus: u32,
     filters: &[RowFilter],
 ) -> Result<Vec<Measurement>> {
+    read_rows(path, op.name(), Some(op), column, default_gpus, filters)
+}
+
+/// The rows named `name` in the `op` column of a sweep's CSV (its time column), as
+/// [`read_measurements`] reads a collective's, for what is not a collective (`push-pull`):
+/// none is no error.
+pub fn read_named(path: &Path, name: &str, default_gpus: u32) -> Result<Vec<Measurement>> {
+    read_rows(path, name, None, None, default_gpus, &[])
+}
+
+/// [`read_measurements`] of the rows named `name`; bus bandwidths convert with `op`'s factor.
+fn read_rows(
+    path: &Path,
+    name: &str,
+    op: Option<Op>,
+    column: Option<&str>,
+    default_gpus: u32,
+    filters: &[RowFilter],
+) -> Result<Vec<Measurement>> {
     let label = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
         path: path.to_path_buf(),
@@ -98,7 +117,7 @@ pub fn read_measurements(
         filter_at.entry(at).or_default().push(&f.value);
     }
     if let Some(at) = find(OP_COLUMN).filter(|at| !filter_at.contains_key(at)) {
-        filter_at.insert(at, vec![op.name()]);
+        filter_at.insert(at, vec![name]);
     }
     let chosen = match column {
         Some(name) => {
@@ -162,7 +181,14 @@ pub fn read_measurements(
         }
         let time_us = match &chosen.1 {
             Column::Time(_) => value,
-            Column::BusBandwidth(_) => {
+            Column::BusBandwidth(column) => {
+                let Some(op) = op else {
+                    return Err(SimError::invalid(
+                        &label,
+                        format!("column `{column}`"),
+                        format!("`{name}` rows need a time column (`time_us…`)"),
+                    ));
+                };
                 let factor = op.bus_factor(gpus);
                 if factor == 0.0 {
                     continue;
@@ -176,7 +202,8 @@ pub fn read_measurements(
             time_us,
         });
     }
-    if rows.is_empty() {
+    // A collective's rows are what the caller came for; named rows are optional.
+    if rows.is_empty() && op.is_some() {
         return Err(SimError::invalid(&label, names[chosen.0], "no usable rows"));
     }
     Ok(rows)

@@ -1,12 +1,14 @@
 //! Cost of collective operations on a cluster: which library algorithm runs and how long it takes.
 
 mod gloo;
+mod links;
 mod mpi;
 mod nccl;
 mod ps;
 
+pub use links::{shared_slowdowns, Links, ServerLink};
 pub(crate) use nccl::tree_latency as nccl_tree_latency;
-pub use ps::{ps_push_pull, ServerPlacement};
+pub use ps::push_pull;
 
 use crate::error::{Result, SimError};
 use crate::time::SimTime;

@@ -1,8 +1,8 @@
 //! Lowering: turns (model, world, plan) into a Schedule, the one place that says what a plan means.
 
 use super::{
-    Buffer, Exchange, LaunchPolicy, LaunchSlot, Op, Piece, Round, Schedule, Slot, Step, StepKind,
-    Stream, World,
+    Buffer, Exchange, LaunchPolicy, LaunchSlot, Op, Piece, Round, Schedule, Servers, Slot, Step,
+    StepKind, Stream, World,
 };
 use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor, Memory, Wire};
 use crate::data::FORMAT_VERSION;
@@ -41,13 +41,17 @@ pub fn lower(
     let cycle = SimTime::from_us(plan.policy.cycle_time_us);
     let syncing = world.ranks() > 1;
     let overlap = plan.policy.overlap_forward && syncing;
+    let servers = Servers::from_count(plan.policy.ps_servers);
     let buffers: Vec<Buffer> = plan.groups.iter().map(|g| buffer(model, g)).collect();
     let mut pieces = Vec::new();
     let mut group_pieces = Vec::with_capacity(plan.groups.len());
     if syncing {
         for (g, group) in plan.groups.iter().enumerate() {
             let first = pieces.len();
-            pieces.extend(lower_group(model, world, g, group, plan.wire));
+            let turn = pieces.len();
+            pieces.extend(lower_group(
+                model, world, servers, turn, g, group, plan.wire,
+            ));
             group_pieces.push(first..pieces.len());
         }
     }
@@ -208,6 +212,7 @@ pub fn lower(
             comm_streams: plan.policy.comm_streams,
             cycle_ns: cycle.as_ns(),
         },
+        servers,
         buffers,
         pieces,
         steps,
@@ -283,15 +288,17 @@ fn buffer(model: &ModelProfile, group: &Group) -> Buffer {
 
 /// The pieces of group `g`: equal partitions (the remainder spread over the first ones), each
 /// with the collectives that move its payload, laid out as `wire` says, by the group's scheme.
+/// `turn` is the schedule's index of the first of them (parameter servers take turns).
 pub fn lower_group(
     model: &ModelProfile,
     world: World,
+    servers: Servers,
+    turn: usize,
     g: usize,
     group: &Group,
     wire: Wire,
 ) -> Vec<Piece> {
     let aggregation = group.aggregation();
-    let ranks = u64::from(world.ranks());
     let group_bytes = group.wire_bytes(model, wire);
     let parts = u64::from(group.partitions);
     slices(model, group)
@@ -308,7 +315,7 @@ pub fn lower_group(
             let rounds = round_bytes
                 .iter()
                 .flat_map(|&bytes| {
-                    exchanges(group.scheme, aggregation, g, ranks)
+                    exchanges(group.scheme, aggregation, server(world, servers, turn + p))
                         .into_iter()
                         .map(move |exchange| Round {
                             exchange,
@@ -398,8 +405,19 @@ fn powersgd_round_bytes(shapes: &[Vec<u64>], rank: u32) -> Vec<u64> {
     [p, q][..powersgd_rounds(&layout) as usize].to_vec()
 }
 
-/// The collectives that move one round's payload by the group's scheme.
-fn exchanges(scheme: Scheme, aggregation: Aggregation, g: usize, ranks: u64) -> Vec<Exchange> {
+/// The server of the schedule's `turn`-th piece: pieces take turns over the nodes' first ranks
+/// (or the dedicated servers), so that a model's pieces spread over every server's link, as
+/// BytePS and ByteScheduler spread their partitions' keys.
+fn server(world: World, servers: Servers, turn: usize) -> u32 {
+    match servers {
+        Servers::Colocated => (turn as u64 % u64::from(world.nodes)) as u32 * world.ranks_per_node,
+        Servers::Dedicated(n) => (turn as u64 % u64::from(n.max(1))) as u32,
+    }
+}
+
+/// The collectives that move one round's payload by the group's scheme; `server` serves a
+/// parameter server's push-pull.
+fn exchanges(scheme: Scheme, aggregation: Aggregation, server: u32) -> Vec<Exchange> {
     match (scheme, aggregation) {
         (Scheme::Hierarchical, _) => vec![Exchange::HierarchicalAllreduce],
         (Scheme::ReduceScatterAllgather, _) => {
@@ -408,10 +426,7 @@ fn exchanges(scheme: Scheme, aggregation: Aggregation, g: usize, ranks: u64) -> 
         (Scheme::CompressedRing, _) => vec![Exchange::CompressedRing],
         (_, Aggregation::Allreduce) => vec![Exchange::Allreduce],
         (_, Aggregation::Allgather) => vec![Exchange::Allgather],
-        // Groups take turns serving, so that servers share the load.
-        (_, Aggregation::ParameterServer) => vec![Exchange::PushPull {
-            server: (g as u64 % ranks) as u32,
-        }],
+        (_, Aggregation::ParameterServer) => vec![Exchange::PushPull { server }],
     }
 }
 
@@ -638,29 +653,37 @@ mod tests {
         assert_eq!(updates, vec![1]);
     }
 
+    /// The server of each piece's push-pull round.
+    fn servers_of(schedule: &Schedule) -> Vec<u32> {
+        schedule
+            .pieces
+            .iter()
+            .map(|p| match p.rounds[0].exchange {
+                Exchange::PushPull { server } => server,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
     #[test]
-    fn parameter_servers_take_turns_by_group() {
+    fn pieces_take_turns_over_the_nodes_first_ranks_or_the_dedicated_servers() {
         let model = model(3);
-        let plan = plan(
+        let mut plan = plan(
             &model,
             vec![vec![0], vec![1], vec![2]],
             "onebit",
             Scheme::Ps,
         );
-        let schedule = lower(&model, world(2, 1), false, &plan, "t").unwrap();
-        let servers: Vec<Exchange> = schedule
-            .pieces
-            .iter()
-            .map(|p| p.rounds[0].exchange)
-            .collect();
-        assert_eq!(
-            servers,
-            vec![
-                Exchange::PushPull { server: 0 },
-                Exchange::PushPull { server: 1 },
-                Exchange::PushPull { server: 0 }
-            ]
-        );
+        plan.groups[1].partitions = 2;
+        // Pieces g0, g1.0, g1.1, g2 take turns over 2 nodes of 2 ranks.
+        let colocated = lower(&model, world(2, 2), false, &plan, "t").unwrap();
+        assert_eq!(colocated.servers, Servers::Colocated);
+        assert_eq!(servers_of(&colocated), vec![0, 2, 0, 2]);
+        plan.policy.ps_servers = 3;
+        let dedicated = lower(&model, world(2, 2), false, &plan, "t").unwrap();
+        assert_eq!(dedicated.servers, Servers::Dedicated(3));
+        assert_eq!(servers_of(&dedicated), vec![0, 1, 2, 0]);
+        dedicated.validate("t").unwrap();
     }
 
     #[test]

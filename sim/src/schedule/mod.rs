@@ -145,7 +145,11 @@ pub enum Exchange {
     AllgatherShards,
     /// Every rank's payload (sizes may differ) to every rank, each decoded there.
     Allgather,
-    /// Push to the piece's server rank, which decodes, sums and re-encodes; pull its payload.
+    /// Push to the piece's server, which decodes, sums and re-encodes; pull its payload. The
+    /// server is a rank or a dedicated machine ([`Schedule::servers`]). The simulator prices
+    /// BytePS's round, summed inside each node and pushed from each node; the executors push
+    /// every rank's payload to the server rank (the same sum, and the same traffic with one rank
+    /// per node).
     PushPull { server: u32 },
     /// HiPress CaSync-Ring: a ring whose every hop decodes, adds and re-encodes the shard.
     CompressedRing,
@@ -310,6 +314,29 @@ impl LaunchPolicy {
     }
 }
 
+/// Where a schedule's parameter servers run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Servers {
+    /// On the workers: a push-pull's `server` is a rank, the first of its node (BytePS's
+    /// colocated servers).
+    #[default]
+    Colocated,
+    /// On this many machines of their own beside the workers: a push-pull's `server` indexes
+    /// them. Only the simulator runs them; the executors refuse such a schedule.
+    Dedicated(u32),
+}
+
+impl Servers {
+    /// The plan's `policy.ps_servers` (0: colocated).
+    pub fn from_count(count: u32) -> Servers {
+        match count {
+            0 => Servers::Colocated,
+            n => Servers::Dedicated(n),
+        }
+    }
+}
+
 /// A plan lowered for one model on one world: see the module documentation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -320,6 +347,8 @@ pub struct Schedule {
     pub model_fingerprint: String,
     pub world: World,
     pub policy: LaunchPolicy,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub servers: Servers,
     /// One fusion buffer per plan group.
     pub buffers: Vec<Buffer>,
     /// Every group's partitions, group by group (none on a single rank: nothing to synchronize).
@@ -432,13 +461,16 @@ impl Schedule {
                     "needs at least one round".into(),
                 );
             }
-            let ranks = self.world.ranks();
             for round in &piece.rounds {
                 if let Exchange::PushPull { server } = round.exchange {
-                    if server >= ranks {
+                    let (count, what) = match self.servers {
+                        Servers::Colocated => (self.world.ranks(), "ranks"),
+                        Servers::Dedicated(n) => (n, "dedicated servers"),
+                    };
+                    if server >= count {
                         return bad(
                             format!("pieces[{p}].rounds"),
-                            format!("server rank {server} is not one of the {ranks} ranks"),
+                            format!("server {server} is not one of the {count} {what}"),
                         );
                     }
                 }

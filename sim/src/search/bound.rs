@@ -2,7 +2,7 @@
 //! synchronization cannot overlap backward, and the link must carry every byte at its best
 //! bandwidth.
 
-use crate::collective::{self, Group as RankGroup, Op, ServerPlacement};
+use crate::collective::{self, Group as RankGroup, Op, ServerLink};
 use crate::compress::Aggregation;
 use crate::error::Result;
 use crate::plan::Plan;
@@ -41,18 +41,15 @@ pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
         Ok((twice - once) / LARGE as f64)
     };
     let (allreduce, allgather) = (slope(Op::Allreduce)?, slope(Op::Allgather)?);
-    // Servers colocated with every node move the fewest bytes a parameter server can.
+    // Colocated servers move the fewest bytes a parameter server can, and with every node
+    // serving a piece at once each byte costs 1/nodes of one server's round.
     let ps = {
         let cluster = &scenario.cluster;
-        let once =
-            collective::ps_push_pull(cluster, LARGE, cluster.nodes, ServerPlacement::Colocated)?;
-        let twice = collective::ps_push_pull(
-            cluster,
-            2 * LARGE,
-            cluster.nodes,
-            ServerPlacement::Colocated,
-        )?;
-        (twice.time.as_ns() as f64 - once.time.as_ns() as f64) / LARGE as f64
+        let round = |bytes: u64| -> Result<f64> {
+            let (estimate, _) = collective::push_pull(cluster, bytes, ServerLink::Node(0))?;
+            Ok(estimate.time.as_ns() as f64)
+        };
+        (round(2 * LARGE)? - round(LARGE)?) / LARGE as f64 / f64::from(cluster.nodes.max(1))
     };
     let payload_ns = |bytes: u64, aggregation: Aggregation| match aggregation {
         Aggregation::Allgather => bytes as f64 * f64::from(world) * allgather,

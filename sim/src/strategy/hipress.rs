@@ -7,6 +7,7 @@ use super::{require_compressor, CaSyncTopology, StrategyOptions};
 use crate::compress::{Compressor, Memory};
 use crate::cost::piece_stages;
 use crate::error::Result;
+use crate::limits;
 use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
 use crate::scenario::Scenario;
 use crate::time::SimTime;
@@ -55,9 +56,15 @@ pub(super) fn plan(
             Ok(best)
         })
         .collect::<Result<Vec<_>>>()?;
+    // CaSync-PS spreads a gradient's partitions over the servers and keeps them all busy; a
+    // ring synchronizes one piece at a time.
+    let comm_streams = match topology {
+        CaSyncTopology::Ps => scenario.cluster.nodes.clamp(1, limits::MAX_COMM_STREAMS),
+        CaSyncTopology::Ring => 1,
+    };
     let policy = Policy {
         launch: Launch::PlanOrder,
-        comm_streams: 1,
+        comm_streams,
         cycle_time_us: 0.0,
         overlap_forward: false,
         ps_servers: 0,
@@ -66,9 +73,17 @@ pub(super) fn plan(
 }
 
 /// SeCoPa's estimate: the pieces flow through encode, communication and decode as a pipeline,
-/// so after the first piece's three stages each further piece adds its slowest stage.
+/// so after the first piece's three stages each further piece adds its slowest stage. Over a
+/// parameter server, pieces on different servers communicate at once: a piece's share of the
+/// communication stage is its round over the servers it spreads across.
 fn pipelined(scenario: &Scenario, group: &Group) -> Result<SimTime> {
-    let stages = piece_stages(scenario, group)?;
+    let mut stages = piece_stages(scenario, group)?;
+    if group.scheme == Scheme::Ps {
+        let servers = (stages.len() as u64).min(u64::from(scenario.cluster.nodes.max(1)));
+        for stage in &mut stages {
+            stage[1] = SimTime(stage[1].as_ns() / servers);
+        }
+    }
     let first: SimTime = stages[0].iter().copied().sum();
     let rest: SimTime = stages[1..]
         .iter()

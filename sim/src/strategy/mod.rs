@@ -142,11 +142,11 @@ const CATALOG: &[StrategyEntry] = &[
     },
     StrategyEntry {
         form: "byteps",
-        description: "BytePS: servers colocated with the workers, intra-node aggregation, --partition-mb partitions, priority and credit",
+        description: "BytePS: servers colocated with the workers, intra-node aggregation, --partition-mb partitions each served whole by one server in turn, priority, a partition in flight per server (at least --credit)",
     },
     StrategyEntry {
         form: "ps",
-        description: "parameter servers on --ps-servers dedicated machines (default: as many as nodes), intra-node aggregation",
+        description: "parameter servers on --ps-servers dedicated machines (default: as many as nodes), intra-node aggregation; simulate only (exec runs servers on the workers)",
     },
     StrategyEntry {
         form: "espresso",
@@ -269,11 +269,12 @@ impl Strategy {
                 },
             ),
             Strategy::ByteScheduler => bytescheduler::plan(&name, model, options)?,
-            Strategy::BytePs => ps::plan(&name, model, options, 0)?,
+            Strategy::BytePs => ps::plan(&name, model, options, scenario.cluster.nodes, 0)?,
             Strategy::Ps => ps::plan(
                 &name,
                 model,
                 options,
+                scenario.cluster.nodes,
                 options.ps_servers.max(scenario.cluster.nodes),
             )?,
             Strategy::MergeComp => mergecomp::plan(&name, scenario, options)?,

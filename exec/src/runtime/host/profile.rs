@@ -198,6 +198,7 @@ pub fn cluster(
             reduce_gbytes_per_s: 1.0 / gamma / 1e9,
             host_gbps: None,
             allgather_host_gbps: None,
+            p2p_message_overhead_us: None,
             provenance: Provenance {
                 status: Status::Measured,
                 method,

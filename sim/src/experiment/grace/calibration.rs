@@ -152,6 +152,7 @@ impl Calibration {
                 reduce_gbytes_per_s: reduce,
                 host_gbps: p.host_gbps,
                 allgather_host_gbps: p.allgather_host_gbps,
+                p2p_message_overhead_us: p.p2p_message_overhead_us,
                 provenance: p.provenance.clone(),
             };
         }

@@ -1,0 +1,138 @@
+//! Which network links a collective keeps busy, and how much slower concurrent collectives run when they share those links.
+
+/// A parameter server's link: a worker node's own, or a dedicated server machine's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ServerLink {
+    Node(u32),
+    Dedicated(u32),
+}
+
+/// The links a collective keeps busy while it runs alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Links {
+    /// Both directions of every node's link, all of the time (rings, trees, allgathers).
+    #[default]
+    Every,
+    /// A push-pull round to one server from `senders` nodes: the server's link carries every
+    /// sender's payload in during the push and out during the pull, each direction busy half
+    /// of the round; a sender's link carries one payload each way, 1/senders of that.
+    Server { server: ServerLink, senders: u32 },
+}
+
+/// Share of the round each direction of the server's link is busy: the push fills its inbound
+/// direction, the pull its outbound one.
+const SERVER_DIRECTION_SHARE: f64 = 0.5;
+
+impl Links {
+    /// Load on a sending node's link, per direction.
+    fn sender_load(senders: u32) -> f64 {
+        SERVER_DIRECTION_SHARE / f64::from(senders.max(1))
+    }
+}
+
+/// How many times slower than alone each of the concurrent collectives `active` runs (at least
+/// 1). A link whose users' loads add up beyond its capacity slows every user in proportion,
+/// and a collective runs at the pace of the most loaded link it uses. Collectives on every link share them
+/// equally; push-pulls to different servers overlap where the links allow (in BytePS, the
+/// pieces of a model spread over every server to use all the links).
+pub fn shared_slowdowns(active: &[Links], slowdowns: &mut Vec<f64>) {
+    slowdowns.clear();
+    // Load on a worker link that serves nothing, and each server link's load beyond it.
+    let mut on_every = 0.0;
+    let mut servers: Vec<(ServerLink, f64)> = Vec::new();
+    for links in active {
+        match *links {
+            Links::Every => on_every += 1.0,
+            Links::Server { server, senders } => {
+                let sender = Links::sender_load(senders);
+                on_every += sender;
+                // A serving node is no sender of its own piece.
+                let extra = match server {
+                    ServerLink::Node(_) => SERVER_DIRECTION_SHARE - sender,
+                    ServerLink::Dedicated(_) => SERVER_DIRECTION_SHARE,
+                };
+                match servers.iter_mut().find(|(s, _)| *s == server) {
+                    Some((_, load)) => *load += extra,
+                    None => servers.push((server, extra)),
+                }
+            }
+        }
+    }
+    let busiest_node_extra = servers
+        .iter()
+        .filter(|(s, _)| matches!(s, ServerLink::Node(_)))
+        .map(|&(_, load)| load)
+        .fold(0.0, f64::max);
+    let worker_links = on_every + busiest_node_extra;
+    slowdowns.extend(active.iter().map(|links| {
+        let load = match *links {
+            Links::Every => worker_links,
+            Links::Server { server, .. } => {
+                let own = servers
+                    .iter()
+                    .find(|(s, _)| *s == server)
+                    .map_or(0.0, |&(_, load)| load);
+                match server {
+                    ServerLink::Node(_) => worker_links,
+                    ServerLink::Dedicated(_) => worker_links.max(own),
+                }
+            }
+        };
+        load.max(1.0)
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rates the collectives run at (1: as fast as alone).
+    fn rates(active: &[Links]) -> Vec<f64> {
+        let mut slowdowns = Vec::new();
+        shared_slowdowns(active, &mut slowdowns);
+        slowdowns.iter().map(|s| 1.0 / s).collect()
+    }
+
+    fn at_node(node: u32, senders: u32) -> Links {
+        Links::Server {
+            server: ServerLink::Node(node),
+            senders,
+        }
+    }
+
+    #[test]
+    fn collectives_on_every_link_share_them_equally() {
+        assert_eq!(rates(&[Links::Every]), vec![1.0]);
+        assert_eq!(rates(&[Links::Every; 4]), vec![0.25; 4]);
+    }
+
+    #[test]
+    fn push_pulls_to_every_server_at_once_fill_the_links_without_slowing() {
+        // 4 nodes, one piece per server: each link carries its own piece's half and a sixth
+        // of each of the three others', per direction.
+        let all: Vec<Links> = (0..4).map(|n| at_node(n, 3)).collect();
+        assert!(rates(&all).iter().all(|&r| (r - 1.0).abs() < 1e-12));
+        // Two pieces on one server overload its link.
+        let crowded = rates(&[at_node(0, 3), at_node(0, 3), at_node(0, 3)]);
+        let load = 3.0 * 0.5;
+        assert!(crowded.iter().all(|&r| (r - 1.0 / load).abs() < 1e-12));
+    }
+
+    #[test]
+    fn a_push_pull_beside_a_ring_waits_for_the_ring_on_every_link() {
+        let r = rates(&[Links::Every, at_node(1, 3)]);
+        let load = 1.0 + 0.5;
+        assert!(r.iter().all(|&x| (x - 1.0 / load).abs() < 1e-12), "{r:?}");
+    }
+
+    #[test]
+    fn dedicated_servers_load_their_own_links() {
+        let server = |d| Links::Server {
+            server: ServerLink::Dedicated(d),
+            senders: 4,
+        };
+        assert_eq!(rates(&[server(0), server(1)]), vec![1.0, 1.0]);
+        let same = rates(&[server(0), server(0), server(0)]);
+        assert!(same.iter().all(|&r| (r - 1.0 / 1.5).abs() < 1e-12));
+    }
+}
