@@ -658,6 +658,9 @@ fn gloo_sweep(truth: &Cluster, path: &std::path::Path) {
         for bytes in [4u64 << 10, 64 << 10, 1 << 20] {
             let (t, _) = collective::push_pull(truth, bytes, ServerLink::Node(0)).unwrap();
             csv.push_str(&format!("push-pull,2,{bytes},{:.3}\n", t.time.as_us()));
+            // Both servers' rounds at once take 1.5 rounds' time: 4/3 rounds at once.
+            let all = 1.5 * t.time.as_us();
+            csv.push_str(&format!("push-pull-all,2,{bytes},{all:.3}\n"));
         }
     }
     std::fs::write(path, csv).unwrap();
@@ -704,6 +707,8 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
     let p2p = library["p2p_message_overhead_us"].as_f64().unwrap();
     assert!((p2p / 80.0 - 1.0).abs() < 0.05, "{library}");
     assert!(method.contains("p2p_message_overhead_us"), "{method}");
+    let at_once = library["p2p_rounds_at_once"].as_f64().unwrap();
+    assert!((at_once - 4.0 / 3.0).abs() < 1e-3, "{library}");
     // The comparison reads only --op's rows of the file.
     assert!(stdout(&out).contains("5 points"), "{}", stdout(&out));
     // Fitting as MPI reads the allreduce rows alone.

@@ -188,6 +188,7 @@ fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
             comm_slowdown_with_compute: 1.3,
             codec_slowdown_with_compute: 1.2,
             shared_cores: Some(CoreShare { ranks: 4, cores: 2 }),
+            push_pulls_at_once: Some(1.5),
             record_ranks: ranks,
         };
         let noise = NoiseSpec {

@@ -20,7 +20,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import end_on_sigterm, fit_gloo, sh, splice_readme, write_csv  # noqa: E402
+from runner import end_on_sigterm, fit_gloo, require_release_package, sh, splice_readme, write_csv  # noqa: E402
 RANK = HERE / "rank.py"
 COMPRESSORS = [("none", "none"), ("fp16", "none"), ("powersgd:4", "residual")]
 ENGINES = ["ddp", "syncopate"]
@@ -151,6 +151,7 @@ def main():
         for tool in (opts.syncopate, opts.python):
             if not pathlib.Path(tool).exists():
                 sys.exit(f"{tool} is missing: see this file's docstring")
+        require_release_package(opts.python, opts.pythonpath)
         try:
             sh([opts.syncopate, "lab", "up", "--name", opts.lab, "--nodes", 2, "--gbps", opts.gbps, "--cluster-out", "lab.json"],
                "lab up", 900, cwd=HERE)

@@ -22,7 +22,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import sh, splice_readme, write_csv  # noqa: E402
+from runner import require_release_package, sh, splice_readme, write_csv  # noqa: E402
 
 TRAINER = REPO / "experiments" / "digits" / "train.py"
 WORLD = 4
@@ -267,6 +267,7 @@ def main():
         return report(opts)
     if not pathlib.Path(opts.syncopate).exists():
         raise SystemExit(f"{opts.syncopate} is missing: cargo build --release")
+    require_release_package(opts.python)
     configs = STUDIES[opts.study] if opts.study else CONFIGS
     if opts.study:
         for path in (HERE / "runs").glob("*.json"):

@@ -1,7 +1,8 @@
-"""What the digits experiments' run.py scripts share: running a command with its output in the error, bringing labs up and down, fitting them to gloo and training on them, the measured iterations of a trace, writing a CSV, and splicing a generated block into a README."""
+"""What the digits experiments' run.py scripts share: running a command with its output in the error, refusing a debug build of the package, bringing labs up and down, fitting them to gloo and training on them, the measured iterations of a trace, writing a CSV, and splicing a generated block into a README."""
 
 import csv
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -16,6 +17,23 @@ def sh(args, what, timeout, cwd=None):
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {done.returncode}): {' '.join(map(str, args))}\n{done.stdout}\n{done.stderr}")
     return done.stdout
+
+
+RELEASE_WHEEL = ("target/pyenv/bin/maturin build --release -m python/Cargo.toml -o target/wheels-release && "
+                 "target/pyenv/bin/pip install --force-reinstall --no-deps target/wheels-release/syncopate-*.whl")
+
+
+def require_release_package(python, pythonpath=None):
+    """Stops unless `python` imports a release build of the syncopate package (`.ci/run`
+    installs a debug one for the tests): a debug build's codecs run several times slower, and
+    a timed run would measure the build rather than the plan."""
+    env = dict(os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}))
+    probe = subprocess.run([str(python), "-c", "import syncopate._syncopate as s; print(s.release_build())"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    if probe.returncode != 0:
+        raise SystemExit(f"{python} cannot import the syncopate package (python/setup-env): {probe.stderr.strip()[-400:]}")
+    if probe.stdout.strip() != "True":
+        raise SystemExit(f"{python} imports a debug build of the syncopate package; install a release build: {RELEASE_WHEEL}")
 
 
 def end_on_sigterm():

@@ -25,7 +25,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
 from runner import (TRAINER, end_on_sigterm, fit_gloo, lab_train, lab_up, labs_down, measured_iterations,  # noqa: E402
-                    sh, splice_readme, write_csv)
+                    require_release_package, sh, splice_readme, write_csv)
 
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
 DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
@@ -312,6 +312,7 @@ def main():
         raise SystemExit("lab4-real makes network namespaces: run it as root (sudo)")
     if not pathlib.Path(opts.syncopate).exists():
         raise SystemExit(f"{opts.syncopate} is missing: cargo build --release --features mpi")
+    require_release_package(opts.python)
     end_on_sigterm()
     shutil.rmtree(HERE / "runs", ignore_errors=True)
     (HERE / "runs").mkdir()

@@ -45,6 +45,13 @@ pub(crate) fn sim_error(err: syncopate_sim::SimError) -> PyErr {
     SyncopateError::new_err(err.to_string())
 }
 
+/// Whether this module was compiled with optimizations: timed experiments refuse a debug build,
+/// whose codecs run several times slower than a release build's.
+#[pyfunction]
+fn release_build() -> bool {
+    !cfg!(debug_assertions)
+}
+
 #[pymodule]
 fn _syncopate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SyncopateError", m.py().get_type::<SyncopateError>())?;
@@ -54,6 +61,7 @@ fn _syncopate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lowering::compressors, m)?)?;
     m.add_function(wrap_pyfunction!(lowering::encode_reference, m)?)?;
     m.add_function(wrap_pyfunction!(trace::write_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(release_build, m)?)?;
     m.add_class::<rank::Rank>()?;
     m.add_class::<launch::Launcher>()?;
     m.add_class::<check::Checker>()?;

@@ -21,7 +21,8 @@ def timed(rank, world, sizes):
 def sizes_of(collectives, push_pull):
     """Each op's sizes: the collectives' and the push-pull's."""
     collectives = sweep.parse_sizes("--sizes", collectives)
-    return {"allreduce": collectives, "allgather": collectives, "push-pull": sweep.parse_sizes("--push-pull-sizes", push_pull)}
+    push_pull = sweep.parse_sizes("--push-pull-sizes", push_pull)
+    return {"allreduce": collectives, "allgather": collectives, "push-pull": push_pull, "push-pull-all": push_pull}
 
 
 def test_every_op_and_size_is_timed_alike_on_every_rank(tmp_path):
@@ -29,13 +30,14 @@ def test_every_op_and_size_is_timed_alike_on_every_rank(tmp_path):
     # Every rank reports the slowest rank's time: the same rows everywhere.
     assert outcomes[0] == outcomes[1]
     assert [(op, world, size) for op, world, size, _ in outcomes[0]] == [
-        (op, 2, size) for op in ("allreduce", "allgather") for size in (4096, 65536)] + [("push-pull", 2, 16384)]
+        (op, 2, size) for op in ("allreduce", "allgather") for size in (4096, 65536)] + [
+        ("push-pull", 2, 16384), ("push-pull-all", 2, 16384)]
     assert all(t > 0 for *_, t in outcomes[0])
     path = tmp_path / "sweep.csv"
     sweep.write_csv(path, outcomes[0])
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0]) == ["op", "gpus", "size_bytes", "time_us"]
-    assert [r["op"] for r in rows] == ["allreduce", "allreduce", "allgather", "allgather", "push-pull"]
+    assert [r["op"] for r in rows] == ["allreduce", "allreduce", "allgather", "allgather", "push-pull", "push-pull-all"]
 
 
 def pulled(rank, world):
@@ -74,7 +76,8 @@ def timed_beside_compute(rank, world, sizes):
 def test_beside_compute_every_rank_computes_while_it_is_timed_and_stops_after():
     outcomes = ranks.values(ranks.run(timed_beside_compute, sizes_of("64K", "4K")))
     for rows, alive, left_running in outcomes:
-        assert [(op, size) for op, _, size, _ in rows] == [("allreduce", 65536), ("allgather", 65536), ("push-pull", 4096)]
+        assert [(op, size) for op, _, size, _ in rows] == [
+            ("allreduce", 65536), ("allgather", 65536), ("push-pull", 4096), ("push-pull-all", 4096)]
         assert alive and not left_running
 
 

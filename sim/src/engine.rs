@@ -34,6 +34,9 @@ pub struct EngineConfig {
     /// CPU ranks sharing a host's cores: compression runs at the share of a core its host's
     /// busy threads leave it.
     pub shared_cores: Option<CoreShare>,
+    /// Push-pull rounds to different servers that run at full speed together, when the hosts
+    /// rather than the links limit them (`TcpParams::p2p_rounds_at_once`).
+    pub push_pulls_at_once: Option<f64>,
     /// Ranks whose task times are kept for the trace.
     pub record_ranks: u32,
 }
@@ -49,6 +52,7 @@ impl EngineConfig {
             comm_slowdown_with_compute: 1.0,
             codec_slowdown_with_compute: 1.0,
             shared_cores: None,
+            push_pulls_at_once: None,
             record_ranks: 0,
         }
     }
@@ -549,7 +553,11 @@ impl Engine<'_> {
         for running in self.comm.iter().flatten() {
             self.comm_links.push(self.graph.task(running.task).links);
         }
-        shared_slowdowns(&self.comm_links, &mut self.comm_shared);
+        shared_slowdowns(
+            &self.comm_links,
+            self.config.push_pulls_at_once,
+            &mut self.comm_shared,
+        );
         // CPU work on the ranks' cores slows them.
         let busy = f64::from(self.cpu_busy_ranks) / f64::from(self.ranks_n);
         let slowdown = 1.0 + (self.config.comm_slowdown_with_compute - 1.0) * busy;

@@ -1,11 +1,14 @@
-//! A TCP library's cost per point-to-point message, fitted to a sweep's push-pull rows: what a parameter server pays per message beside the bytes.
+//! A TCP library's parameter-server costs fitted to a sweep's push-pull rows: what a server pays per message beside the bytes, and how many rounds to different servers the hosts run at once.
 //!
 //! A parameter server takes its peers' pushes one message at a time and sends its result the
 //! same way. The collective fit's per-call and per-message costs describe a collective's
 //! launch and its ring's messages; a point-to-point receive of bytes that have arrived costs
 //! something else. `python -m syncopate.torch.sweep` times `syncopate.torch`'s own push-pull
 //! (rank 0 serving, one rank per node); the cost per message is the median over the sizes of
-//! what each row's time leaves once the links' share is taken out.
+//! what each row's time leaves once the links' share is taken out. Its `push-pull-all` rows
+//! time one round to every server at once: where the links would let them all run at full
+//! speed but the hosts do not (a lab's nodes share one machine's kernel and cores), the median
+//! of ranks × (one round's time) / (their time) is the rounds that run at once.
 
 use crate::calibrate::Measurement;
 use crate::collective::{self, ServerLink};
@@ -15,6 +18,8 @@ use crate::topology::Cluster;
 
 /// The sweep's name for the push-pull rows.
 pub const OP: &str = "push-pull";
+/// The sweep's name for the rows of one push-pull to every server at once.
+pub const OP_ALL: &str = "push-pull-all";
 
 /// One row and what it says the per-message cost is.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,14 +30,28 @@ pub struct Row {
     pub per_message_us: f64,
 }
 
-/// The fitted cost per message (at least 0) and the rows it comes from.
+/// One size timed one round at a time and every server's round at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AtOnce {
+    pub bytes: u64,
+    pub one_us: f64,
+    pub all_us: f64,
+    /// Rounds that ran at full speed together: ranks × one / all, within 1..=ranks.
+    pub rounds: f64,
+}
+
+/// The fitted cost per message (at least 0), the rounds that run at once (none without
+/// `push-pull-all` rows), and the rows they come from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct P2pFit {
     pub per_message_us: f64,
     pub rows: Vec<Row>,
+    pub rounds_at_once: Option<f64>,
+    pub at_once: Vec<AtOnce>,
 }
 
-/// `cluster` with `per_message_us` as its TCP library's point-to-point cost.
+/// `cluster` with `per_message_us` as its TCP library's point-to-point cost (and its other
+/// parameters as they are).
 fn with_cost(cluster: &Cluster, per_message_us: f64) -> Cluster {
     let mut out = cluster.clone();
     if let Some(params) = out.library.tcp_mut() {
@@ -50,8 +69,14 @@ fn round_us(cluster: &Cluster, bytes: u64) -> Result<f64> {
 }
 
 /// The cost per message that describes `rows` (one rank per node of `cluster`, as the sweep
-/// runs on a lab) on `cluster`'s links. `label` names the rows' file in errors.
-pub fn fit(cluster: &Cluster, rows: &[Measurement], label: &str) -> Result<P2pFit> {
+/// runs on a lab) on `cluster`'s links, and the rounds at once that `all` (the same sizes to
+/// every server at once) imply. `label` names the rows' file in errors.
+pub fn fit(
+    cluster: &Cluster,
+    rows: &[Measurement],
+    all: &[Measurement],
+    label: &str,
+) -> Result<P2pFit> {
     if cluster.library.tcp().is_none() {
         return Err(SimError::bad_value(
             label,
@@ -62,7 +87,7 @@ pub fn fit(cluster: &Cluster, rows: &[Measurement], label: &str) -> Result<P2pFi
             ),
         ));
     }
-    if let Some(row) = rows.iter().find(|r| r.gpus != cluster.nodes) {
+    if let Some(row) = rows.iter().chain(all).find(|r| r.gpus != cluster.nodes) {
         return Err(SimError::bad_value(
             label,
             format!("{OP} on {} ranks", row.gpus),
@@ -106,15 +131,35 @@ pub fn fit(cluster: &Cluster, rows: &[Measurement], label: &str) -> Result<P2pFi
             "the fitted cost per point-to-point message is out of range",
         ));
     }
+    let ranks = f64::from(cluster.nodes);
+    let at_once: Vec<AtOnce> = all
+        .iter()
+        .filter_map(|a| {
+            let one = rows.iter().find(|r| r.bytes == a.bytes)?;
+            Some(AtOnce {
+                bytes: a.bytes,
+                one_us: one.time_us,
+                all_us: a.time_us,
+                rounds: (ranks * one.time_us / a.time_us).clamp(1.0, ranks),
+            })
+        })
+        .collect();
+    let rounds: Vec<f64> = at_once.iter().map(|a| a.rounds).collect();
     Ok(P2pFit {
         per_message_us: median.max(0.0),
         rows: fitted,
+        rounds_at_once: crate::stats::median(&rounds),
+        at_once,
     })
 }
 
-/// `cluster` with the fitted cost in its TCP library.
+/// `cluster` with the fitted costs in its TCP library.
 pub fn apply(cluster: &Cluster, fitted: &P2pFit) -> Cluster {
-    with_cost(cluster, fitted.per_message_us)
+    let mut out = with_cost(cluster, fitted.per_message_us);
+    if let Some(params) = out.library.tcp_mut() {
+        params.p2p_rounds_at_once = fitted.rounds_at_once;
+    }
+    out
 }
 
 /// The fit in words, each row with its time, its time without message costs and the cost it
@@ -130,11 +175,30 @@ pub fn describe(fitted: &P2pFit) -> String {
             )
         })
         .collect();
-    format!(
+    let described = format!(
         "p2p_message_overhead_us {:.2}: the median (at least 0) over the push-pull rows of what each round's time leaves beyond its links' share, per message the server takes or sends: {}",
         fitted.per_message_us,
         rows.join(", ")
-    )
+    );
+    match fitted.rounds_at_once {
+        None => described,
+        Some(rounds) => {
+            let sizes: Vec<String> = fitted
+                .at_once
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{} B: {:.1} µs one round, {:.1} every server's at once ({:.2} rounds)",
+                        a.bytes, a.one_us, a.all_us, a.rounds
+                    )
+                })
+                .collect();
+            format!(
+                "{described}; p2p_rounds_at_once {rounds:.2}: the median over the sizes of ranks × one round's time / the time of a round to every server at once: {}",
+                sizes.join(", ")
+            )
+        }
+    }
 }
 
 #[cfg(test)]
@@ -164,27 +228,52 @@ mod tests {
     #[test]
     fn the_fit_recovers_the_cost_the_rows_were_made_with() {
         let truth = with_cost(&lab(), 123.0);
-        let fitted = fit(&lab(), &rows(&truth, &[4096, 65536, 1 << 20]), "s.csv").unwrap();
+        let one = rows(&truth, &[4096, 65536, 1 << 20]);
+        // Every server's round at once takes 2.5 rounds' time on 4 ranks: 1.6 at once.
+        let all: Vec<Measurement> = one
+            .iter()
+            .map(|m| Measurement {
+                time_us: m.time_us * 2.5,
+                ..*m
+            })
+            .collect();
+        let fitted = fit(&lab(), &one, &all, "s.csv").unwrap();
         assert!((fitted.per_message_us - 123.0).abs() < 1e-3, "{fitted:?}");
+        assert!(
+            (fitted.rounds_at_once.unwrap() - 1.6).abs() < 1e-9,
+            "{fitted:?}"
+        );
         let applied = apply(&lab(), &fitted);
         assert!((round_us(&applied, 4096).unwrap() - round_us(&truth, 4096).unwrap()).abs() < 0.01);
-        assert!(describe(&fitted).contains("p2p_message_overhead_us 123.00"));
+        assert_eq!(applied.library.tcp().unwrap().p2p_rounds_at_once, Some(1.6));
+        let described = describe(&fitted);
+        assert!(
+            described.contains("p2p_message_overhead_us 123.00"),
+            "{described}"
+        );
+        assert!(described.contains("p2p_rounds_at_once 1.60"), "{described}");
+        // Without rounds at once, none is fitted.
+        let alone = fit(&lab(), &one, &[], "s.csv").unwrap();
+        assert_eq!(alone.rounds_at_once, None);
     }
 
     #[test]
     fn rows_faster_than_the_links_allow_fit_no_negative_cost() {
         let mut fast = rows(&lab(), &[1 << 20]);
         fast[0].time_us /= 2.0;
-        assert_eq!(fit(&lab(), &fast, "s.csv").unwrap().per_message_us, 0.0);
+        assert_eq!(
+            fit(&lab(), &fast, &[], "s.csv").unwrap().per_message_us,
+            0.0
+        );
     }
 
     #[test]
     fn rows_of_another_rank_count_or_none_at_all_are_refused() {
         let mut other = rows(&lab(), &[4096]);
         other[0].gpus = 2;
-        let err = fit(&lab(), &other, "s.csv").unwrap_err().to_string();
+        let err = fit(&lab(), &other, &[], "s.csv").unwrap_err().to_string();
         assert!(err.contains("s.csv") && err.contains("4 nodes"), "{err}");
-        let err = fit(&lab(), &[], "s.csv").unwrap_err().to_string();
+        let err = fit(&lab(), &[], &[], "s.csv").unwrap_err().to_string();
         assert!(err.contains("no push-pull rows"), "{err}");
     }
 }

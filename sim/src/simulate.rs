@@ -255,6 +255,11 @@ pub fn engine_config(
                 ranks: shared.ranks(&scenario.cluster),
                 cores: shared.cores_per_host,
             }),
+        push_pulls_at_once: scenario
+            .cluster
+            .library
+            .tcp()
+            .and_then(|p| p.p2p_rounds_at_once),
         record_ranks,
     }
 }

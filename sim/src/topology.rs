@@ -195,6 +195,12 @@ pub struct TcpParams {
     /// (`syncopate_sim::p2p_fit`). None: a collective call's and message's costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_message_overhead_us: Option<f64>,
+    /// How many push-pull rounds to different servers run at full speed together: measured
+    /// where the hosts limit them (a lab's nodes share one machine's kernel and cores), from a
+    /// sweep's rounds to every server at once against one at a time. None: as many as the
+    /// links allow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_rounds_at_once: Option<f64>,
     pub provenance: Provenance,
 }
 
@@ -573,6 +579,20 @@ impl Cluster {
                 }
                 if let Some(p2p) = p.p2p_message_overhead_us {
                     limits::check_duration_us(label, "library.p2p_message_overhead_us", p2p)?;
+                }
+                if let Some(at_once) = p.p2p_rounds_at_once {
+                    if !(at_once.is_finite() && (1.0..=limits::MAX_RANKS as f64).contains(&at_once))
+                    {
+                        return Err(SimError::invalid(
+                            label,
+                            "library.p2p_rounds_at_once",
+                            format!(
+                                "must be 1 to {} rounds, got {}",
+                                limits::MAX_RANKS,
+                                limits::num(at_once)
+                            ),
+                        ));
+                    }
                 }
             }
         }

@@ -114,18 +114,23 @@ fn refit_tcp(
     let mut refit = tcp_fit::apply(cluster, &fitted);
     let mut described = tcp_fit::describe(&refit, measurements, &fitted)?;
     // A sweep that timed the parameter server's messages gives their cost on the fitted links.
-    let pushes = match calibrate::has_op_column(path)? {
-        true => calibrate::read_named(path, p2p_fit::OP, cluster.world_size())?,
-        false => Vec::new(),
+    let named = |name| match calibrate::has_op_column(path)? {
+        true => calibrate::read_named(path, name, cluster.world_size()),
+        false => Ok(Vec::new()),
     };
+    let pushes = named(p2p_fit::OP)?;
     if !pushes.is_empty() {
-        let p2p = p2p_fit::fit(&refit, &pushes, &path.display().to_string())?;
+        let all = named(p2p_fit::OP_ALL)?;
+        let p2p = p2p_fit::fit(&refit, &pushes, &all, &path.display().to_string())?;
         refit = p2p_fit::apply(&refit, &p2p);
         described = format!("{described}; {}", p2p_fit::describe(&p2p));
         eprintln!(
-            "fitted {:.1} µs per point-to-point message from {} push-pull rows",
+            "fitted {:.1} µs per point-to-point message from {} push-pull rows{}",
             p2p.per_message_us,
-            p2p.rows.len()
+            p2p.rows.len(),
+            p2p.rounds_at_once.map_or_else(String::new, |r| format!(
+                ", {r:.2} rounds to different servers at once"
+            ))
         );
     }
     let library = args

@@ -1,4 +1,4 @@
-"""A collective sweep over torch.distributed (gloo on CPU), launched and waited as the wrapper does, written as the CSV that `syncopate collective --compare/--fit-out` reads.
+"""A collective sweep over torch.distributed (gloo on CPU), launched and waited as the wrapper does (and the wrapper's parameter-server push-pull), written as the CSV that `syncopate collective --compare/--fit-out` reads.
 
 Run one process per rank with torchrun's variables set (`syncopate lab run -- python -m
 syncopate.torch.sweep --out sweep.csv`, or torchrun). Each size is timed `--iterations` times
@@ -11,6 +11,7 @@ turns the two sweeps' ratio into the cluster's `contention.collective_slowdown_w
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import csv
 import datetime
@@ -27,7 +28,7 @@ from syncopate.errors import SyncopateError
 from syncopate.torch import exchange
 from syncopate.torch.link import Link
 
-OPS = ("allreduce", "allgather", "push-pull")
+OPS = ("allreduce", "allgather", "push-pull", "push-pull-all")
 # The sizes `syncopate lab up`'s MPI sweep uses, so that the two fits see the same messages.
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M"
 # A push-pull's server link carries every peer's payload, (ranks - 1) times an allreduce's
@@ -70,10 +71,24 @@ def calls(op, link, size):
     total `size` (nccl-tests' convention: each rank sends size / world) the way
     `syncopate.torch`'s exchange gathers payloads: their sizes first, then the payloads. A
     push-pull sends every rank's `size` bytes to rank 0 and rank 0's back, with the messages of
-    `syncopate.torch`'s parameter server (its codecs' work left out)."""
+    `syncopate.torch`'s parameter server (its codecs' work left out); `push-pull-all` makes one
+    to every rank at once, each on a thread and process group of its own, as the wrapper's
+    communication streams do."""
     if op == "push-pull":
         payload = torch.ones(size, dtype=torch.uint8)
-        return lambda: exchange.PushPullMessages(link, payload, 0, "sweep push-pull").finish(lambda pushed: pushed[0])
+        return lambda: push_pull(link, payload, 0)
+    if op == "push-pull-all":
+        links = server_links(link)
+        payloads = [torch.ones(size, dtype=torch.uint8) for _ in links]
+
+        def at_once():
+            with concurrent.futures.ThreadPoolExecutor(len(links)) as pool:
+                rounds = [pool.submit(push_pull, server_link, payload, server)
+                          for server, (server_link, payload) in enumerate(zip(links, payloads))]
+                for done in rounds:
+                    done.result()
+
+        return at_once
     if op == "allreduce":
         buffer = torch.ones(size // 4, dtype=torch.float32)
         return lambda: link.wait(link.start(dist.all_reduce, buffer, async_op=True), "sweep allreduce")
@@ -86,6 +101,22 @@ def calls(op, link, size):
         link.wait(link.start(dist.all_gather, gathered, mine, async_op=True), "sweep allgather")
 
     return allgather
+
+
+def push_pull(link, payload, server):
+    """One push-pull of `payload` to `server`, which serves the first payload back."""
+    exchange.PushPullMessages(link, payload, server, "sweep push-pull").finish(lambda pushed: pushed[0])
+
+
+# Each link's process groups for the rounds at once, one per server (made once: every rank
+# makes them in the same order).
+SERVER_LINKS = {}
+
+
+def server_links(link):
+    if id(link) not in SERVER_LINKS:
+        SERVER_LINKS[id(link)] = [link.new_group() for _ in range(link.world)]
+    return SERVER_LINKS[id(link)]
 
 
 def slowest(link, value):
@@ -158,7 +189,8 @@ def main(argv=None):
     try:
         collective_sizes = parse_sizes("--sizes", args.sizes)
         push_pull_sizes = parse_sizes("--push-pull-sizes", args.push_pull_sizes)
-        sizes = {"allreduce": collective_sizes, "allgather": collective_sizes, "push-pull": push_pull_sizes}
+        sizes = {"allreduce": collective_sizes, "allgather": collective_sizes, "push-pull": push_pull_sizes,
+                 "push-pull-all": push_pull_sizes}
         ops = [op.strip() for op in args.ops.split(",")]
         unknown = [op for op in ops if op not in OPS]
         if unknown:

@@ -32,11 +32,22 @@ impl Links {
 
 /// How many times slower than alone each of the concurrent collectives `active` runs (at least
 /// 1). A link whose users' loads add up beyond its capacity slows every user in proportion,
-/// and a collective runs at the pace of the most loaded link it uses. Collectives on every link share them
-/// equally; push-pulls to different servers overlap where the links allow (in BytePS, the
-/// pieces of a model spread over every server to use all the links).
-pub fn shared_slowdowns(active: &[Links], slowdowns: &mut Vec<f64>) {
+/// and a collective runs at the pace of the most loaded link it uses. Collectives on every link
+/// share them equally; push-pulls to different servers overlap where the links allow (in
+/// BytePS, the pieces of a model spread over every server to use all the links), and at most
+/// `push_pulls_at_once` of them run at full speed together when the hosts limit it
+/// (`TcpParams::p2p_rounds_at_once`: a lab's nodes share one machine's kernel and cores).
+pub fn shared_slowdowns(
+    active: &[Links],
+    push_pulls_at_once: Option<f64>,
+    slowdowns: &mut Vec<f64>,
+) {
     slowdowns.clear();
+    let push_pulls = active
+        .iter()
+        .filter(|l| matches!(l, Links::Server { .. }))
+        .count() as f64;
+    let crowd = push_pulls_at_once.map_or(1.0, |at_once| push_pulls / at_once);
     // Load on a worker link that serves nothing, and each server link's load beyond it.
     let mut on_every = 0.0;
     let mut servers: Vec<(ServerLink, f64)> = Vec::new();
@@ -76,6 +87,7 @@ pub fn shared_slowdowns(active: &[Links], slowdowns: &mut Vec<f64>) {
                     ServerLink::Node(_) => worker_links,
                     ServerLink::Dedicated(_) => worker_links.max(own),
                 }
+                .max(crowd)
             }
         };
         load.max(1.0)
@@ -88,8 +100,12 @@ mod tests {
 
     /// The rates the collectives run at (1: as fast as alone).
     fn rates(active: &[Links]) -> Vec<f64> {
+        rates_at_once(active, None)
+    }
+
+    fn rates_at_once(active: &[Links], at_once: Option<f64>) -> Vec<f64> {
         let mut slowdowns = Vec::new();
-        shared_slowdowns(active, &mut slowdowns);
+        shared_slowdowns(active, at_once, &mut slowdowns);
         slowdowns.iter().map(|s| 1.0 / s).collect()
     }
 
@@ -116,6 +132,19 @@ mod tests {
         let crowded = rates(&[at_node(0, 3), at_node(0, 3), at_node(0, 3)]);
         let load = 3.0 * 0.5;
         assert!(crowded.iter().all(|&r| (r - 1.0 / load).abs() < 1e-12));
+    }
+
+    #[test]
+    fn hosts_that_run_fewer_push_pulls_at_once_slow_them_alike() {
+        let all: Vec<Links> = (0..4).map(|n| at_node(n, 3)).collect();
+        let limited = rates_at_once(&all, Some(1.6));
+        assert!(
+            limited.iter().all(|&r| (r - 0.4).abs() < 1e-12),
+            "{limited:?}"
+        );
+        // One alone runs at full speed; rings are not counted.
+        assert_eq!(rates_at_once(&[at_node(0, 3)], Some(1.6)), vec![1.0]);
+        assert_eq!(rates_at_once(&[Links::Every; 2], Some(1.6)), vec![0.5; 2]);
     }
 
     #[test]

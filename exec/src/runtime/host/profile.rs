@@ -199,6 +199,7 @@ pub fn cluster(
             host_gbps: None,
             allgather_host_gbps: None,
             p2p_message_overhead_us: None,
+            p2p_rounds_at_once: None,
             provenance: Provenance {
                 status: Status::Measured,
                 method,

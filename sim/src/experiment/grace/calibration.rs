@@ -153,6 +153,7 @@ impl Calibration {
                 host_gbps: p.host_gbps,
                 allgather_host_gbps: p.allgather_host_gbps,
                 p2p_message_overhead_us: p.p2p_message_overhead_us,
+                p2p_rounds_at_once: p.p2p_rounds_at_once,
                 provenance: p.provenance.clone(),
             };
         }
