@@ -78,15 +78,14 @@ def calls(op, link, size):
         payload = torch.ones(size, dtype=torch.uint8)
         return lambda: push_pull(link, payload, 0)
     if op == "push-pull-all":
-        links = server_links(link)
+        links, pool = servers(link)
         payloads = [torch.ones(size, dtype=torch.uint8) for _ in links]
 
         def at_once():
-            with concurrent.futures.ThreadPoolExecutor(len(links)) as pool:
-                rounds = [pool.submit(push_pull, server_link, payload, server)
-                          for server, (server_link, payload) in enumerate(zip(links, payloads))]
-                for done in rounds:
-                    done.result()
+            rounds = [pool.submit(push_pull, server_link, payload, server)
+                      for server, (server_link, payload) in enumerate(zip(links, payloads))]
+            for done in rounds:
+                done.result()
 
         return at_once
     if op == "allreduce":
@@ -108,15 +107,17 @@ def push_pull(link, payload, server):
     exchange.PushPullMessages(link, payload, server, "sweep push-pull").finish(lambda pushed: pushed[0])
 
 
-# Each link's process groups for the rounds at once, one per server (made once: every rank
-# makes them in the same order).
-SERVER_LINKS = {}
+# Per link, the process groups and the threads of the rounds at once, one per server, made
+# once (every rank makes the groups in the same order) and kept, as the wrapper keeps its
+# communication streams' threads: starting threads for every call would time their start.
+SERVERS = {}
 
 
-def server_links(link):
-    if id(link) not in SERVER_LINKS:
-        SERVER_LINKS[id(link)] = [link.new_group() for _ in range(link.world)]
-    return SERVER_LINKS[id(link)]
+def servers(link):
+    if id(link) not in SERVERS:
+        pool = concurrent.futures.ThreadPoolExecutor(link.world, thread_name_prefix="syncopate-sweep-server")
+        SERVERS[id(link)] = ([link.new_group() for _ in range(link.world)], pool)
+    return SERVERS[id(link)]
 
 
 def slowest(link, value):
@@ -205,6 +206,8 @@ def main(argv=None):
         link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
         with Computing() if args.beside_compute else contextlib.nullcontext():
             rows = sweep(link, ops, sizes, iterations, rounds)
+        for _, pool in SERVERS.values():
+            pool.shutdown()
         if link.rank == 0:
             write_csv(args.out, rows)
         dist.barrier()
