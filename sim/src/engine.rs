@@ -234,6 +234,9 @@ struct Engine<'a> {
     finished: Vec<u32>,
     launcher: Launcher,
     comm: Vec<Option<Running>>,
+    /// Whether any collective keeps only some links busy (a push-pull); if none does, the
+    /// running collectives share every link equally, without the per-link account.
+    push_pulls: bool,
     /// Scratch for sharing the links: the running collectives' links and their slowdowns.
     comm_links: Vec<Links>,
     comm_shared: Vec<f64>,
@@ -280,6 +283,10 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         finished: vec![0; graph.len()],
         launcher: Launcher::new(&config.policy, &graph.program, Ticks::ExpectedPhase),
         comm: vec![None; config.policy.comm_streams.max(1) as usize],
+        push_pulls: graph
+            .tasks()
+            .iter()
+            .any(|t| matches!(t.links, Links::Server { .. })),
         comm_links: Vec::new(),
         comm_shared: Vec::new(),
         versions: 0,
@@ -546,18 +553,21 @@ impl Engine<'_> {
 
     /// Concurrent collectives share the links they use (`collective::shared_slowdowns`).
     fn rerate_comm(&mut self) {
-        if self.active_collectives() == 0 {
+        let active = self.active_collectives();
+        if active == 0 {
             return;
         }
-        self.comm_links.clear();
-        for running in self.comm.iter().flatten() {
-            self.comm_links.push(self.graph.task(running.task).links);
+        if self.push_pulls {
+            self.comm_links.clear();
+            for running in self.comm.iter().flatten() {
+                self.comm_links.push(self.graph.task(running.task).links);
+            }
+            shared_slowdowns(
+                &self.comm_links,
+                self.config.push_pulls_at_once,
+                &mut self.comm_shared,
+            );
         }
-        shared_slowdowns(
-            &self.comm_links,
-            self.config.push_pulls_at_once,
-            &mut self.comm_shared,
-        );
         // CPU work on the ranks' cores slows them.
         let busy = f64::from(self.cpu_busy_ranks) / f64::from(self.ranks_n);
         let slowdown = 1.0 + (self.config.comm_slowdown_with_compute - 1.0) * busy;
@@ -566,7 +576,11 @@ impl Engine<'_> {
         for stream in 0..self.comm.len() {
             let version = self.versions + 1;
             if let Some(running) = self.comm[stream].as_mut() {
-                let rate = 1.0 / (self.comm_shared[nth] * slowdown);
+                let shared = match self.push_pulls {
+                    true => self.comm_shared[nth],
+                    false => f64::from(active),
+                };
+                let rate = 1.0 / (shared * slowdown);
                 nth += 1;
                 if running.rate != rate {
                     self.versions = version;
