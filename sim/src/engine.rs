@@ -761,7 +761,7 @@ mod tests {
     use crate::cost::StepCost;
     use crate::model::ModelProfile;
     use crate::plan::{Launch, Scheme};
-    use crate::schedule::{lower, StepKind, World};
+    use crate::schedule::{lower, Schedule, StepKind, World};
     use crate::strategy::per_tensor_plan;
 
     /// A DeAR-style split allreduce whose all-gather half was edited to launch before its
@@ -845,20 +845,38 @@ mod tests {
                 links: Links::Every,
             })
             .collect();
-        let graph = TaskGraph::new(&schedule, &costs, 1).unwrap();
-        let policy = LaunchPolicy {
-            launch: Launch::PlanOrder,
-            comm_streams: 1,
-            cycle_ns: 0,
-        };
         let config = EngineConfig {
             comm_slowdown_with_compute,
             codec_slowdown_with_compute: 2.0,
             shared_cores,
+            ..plan_order(1)
+        };
+        recorded_durations(&schedule, &costs, &config, stream)
+    }
+
+    /// One rank with nothing slowed, collectives in plan order on `streams` streams.
+    fn plan_order(streams: u32) -> EngineConfig {
+        let policy = LaunchPolicy {
+            launch: Launch::PlanOrder,
+            comm_streams: streams,
+            cycle_ns: 0,
+        };
+        EngineConfig {
             record_ranks: 1,
             ..EngineConfig::uncontended(1, policy)
-        };
-        let result = run(&graph, &config, &Noise::default()).unwrap();
+        }
+    }
+
+    /// Durations (ns) of rank 0's tasks on `stream` when one iteration of `schedule` at
+    /// `costs` runs under `config`.
+    fn recorded_durations(
+        schedule: &Schedule,
+        costs: &[StepCost],
+        config: &EngineConfig,
+        stream: Stream,
+    ) -> Vec<u64> {
+        let graph = TaskGraph::new(schedule, costs, 1).unwrap();
+        let result = run(&graph, config, &Noise::default()).unwrap();
         result
             .records
             .iter()
@@ -900,23 +918,7 @@ mod tests {
                 },
             })
             .collect();
-        let graph = TaskGraph::new(&schedule, &costs, 1).unwrap();
-        let policy = LaunchPolicy {
-            launch: Launch::PlanOrder,
-            comm_streams: 4,
-            cycle_ns: 0,
-        };
-        let config = EngineConfig {
-            record_ranks: 1,
-            ..EngineConfig::uncontended(1, policy)
-        };
-        let result = run(&graph, &config, &Noise::default()).unwrap();
-        result
-            .records
-            .iter()
-            .filter(|r| graph.task(r.task).stream == Stream::Comm)
-            .map(|r| (r.end - r.start).as_ns())
-            .collect()
+        recorded_durations(&schedule, &costs, &plan_order(4), Stream::Comm)
     }
 
     #[test]
