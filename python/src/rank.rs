@@ -27,6 +27,7 @@ pub fn parse_schedule(json: &str) -> PyResult<Schedule> {
     let schedule: Schedule = serde_json::from_str(json)
         .map_err(|err| SyncopateError::new_err(format!("schedule: {err}")))?;
     schedule.validate("schedule").map_err(sim_error)?;
+    syncopate_exec::runtime::refuse_unrunnable(&schedule).map_err(crate::exec_error)?;
     Ok(schedule)
 }
 

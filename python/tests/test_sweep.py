@@ -15,7 +15,10 @@ from syncopate.torch import sweep
 def timed(rank, world, sizes):
     from syncopate.torch.link import Link
 
-    return sweep.sweep(Link(rank, world, 30), sweep.OPS, sizes, iterations=2, rounds=2)
+    try:
+        return sweep.sweep(Link(rank, world, 30), sweep.OPS, sizes, iterations=2, rounds=2)
+    finally:
+        sweep.release_servers()
 
 
 def sizes_of(collectives, push_pull):

@@ -261,7 +261,9 @@ fn push_pull_cost(
         Servers::Dedicated(_) => ServerLink::Dedicated(server),
     };
     let (mut estimate, links) = collective::push_pull(cluster, bytes, at)?;
-    // The server decodes every node's payload in one call and re-encodes the sum.
+    // The server decodes every node's payload in one call and re-encodes the sum between push
+    // and pull, inside the round: it slows as the round does (shared links, crowded hosts,
+    // compute beside it), not as the codec stream does.
     let numel = piece.numel.max(1);
     let nodes = u64::from(cluster.nodes);
     estimate.time += piece.compressor.decode_call_time(device, numel, nodes)?

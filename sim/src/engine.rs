@@ -924,8 +924,8 @@ mod tests {
     #[test]
     fn push_pulls_to_different_servers_overlap_and_to_one_server_queue() {
         assert_eq!(push_pull_durations([0, 1, 2, 3]), vec![1000; 4]);
-        // Four rounds into node 0's link at once: each direction carries twice its capacity.
-        assert_eq!(push_pull_durations([0; 4]), vec![2000; 4]);
+        // Four rounds to node 0 at once push together and pull together: they queue.
+        assert_eq!(push_pull_durations([0; 4]), vec![4000; 4]);
     }
 
     #[test]

@@ -20,6 +20,7 @@ import statistics
 import sys
 import threading
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -84,6 +85,9 @@ def calls(op, link, size):
         def at_once():
             rounds = [pool.submit(push_pull, server_link, payload, server)
                       for server, (server_link, payload) in enumerate(zip(links, payloads))]
+            # Every round ends (or fails) before the first failure is raised: none is left
+            # waiting on its peers while the sweep moves on.
+            concurrent.futures.wait(rounds)
             for done in rounds:
                 done.result()
 
@@ -110,14 +114,21 @@ def push_pull(link, payload, server):
 # Per link, the process groups and the threads of the rounds at once, one per server, made
 # once (every rank makes the groups in the same order) and kept, as the wrapper keeps its
 # communication streams' threads: starting threads for every call would time their start.
-SERVERS = {}
+SERVERS = weakref.WeakKeyDictionary()
 
 
 def servers(link):
-    if id(link) not in SERVERS:
+    if link not in SERVERS:
         pool = concurrent.futures.ThreadPoolExecutor(link.world, thread_name_prefix="syncopate-sweep-server")
-        SERVERS[id(link)] = ([link.new_group() for _ in range(link.world)], pool)
-    return SERVERS[id(link)]
+        SERVERS[link] = ([link.new_group() for _ in range(link.world)], pool)
+    return SERVERS[link]
+
+
+def release_servers():
+    """Ends the rounds-at-once threads (idle after a sweep; after a failure, not waited for)."""
+    for _, pool in list(SERVERS.values()):
+        pool.shutdown(wait=False, cancel_futures=True)
+    SERVERS.clear()
 
 
 def slowest(link, value):
@@ -204,10 +215,11 @@ def main(argv=None):
             raise SyncopateError(f"{', '.join(missing)} not set: run under torchrun or `syncopate lab run`")
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
         link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
-        with Computing() if args.beside_compute else contextlib.nullcontext():
-            rows = sweep(link, ops, sizes, iterations, rounds)
-        for _, pool in SERVERS.values():
-            pool.shutdown()
+        try:
+            with Computing() if args.beside_compute else contextlib.nullcontext():
+                rows = sweep(link, ops, sizes, iterations, rounds)
+        finally:
+            release_servers()
         if link.rank == 0:
             write_csv(args.out, rows)
         dist.barrier()

@@ -15,7 +15,9 @@ pub enum Links {
     Every,
     /// A push-pull round to one server from `senders` nodes: the server's link carries every
     /// sender's payload in during the push and out during the pull, each direction busy half
-    /// of the round; a sender's link carries one payload each way, 1/senders of that.
+    /// of the round; a sender's link carries one payload each way, 1/senders of that. Rounds
+    /// to different servers mix their phases on a link (one's push beside another's pull);
+    /// rounds to the same server push together and pull together, so they queue.
     Server { server: ServerLink, senders: u32 },
 }
 
@@ -48,9 +50,10 @@ pub fn shared_slowdowns(
         .filter(|l| matches!(l, Links::Server { .. }))
         .count() as f64;
     let crowd = push_pulls_at_once.map_or(1.0, |at_once| push_pulls / at_once);
-    // Load on a worker link that serves nothing, and each server link's load beyond it.
+    // Load on a worker link that serves nothing, and each server link's load beyond it and
+    // its rounds.
     let mut on_every = 0.0;
-    let mut servers: Vec<(ServerLink, f64)> = Vec::new();
+    let mut servers: Vec<(ServerLink, f64, f64)> = Vec::new();
     for links in active {
         match *links {
             Links::Every => on_every += 1.0,
@@ -62,31 +65,35 @@ pub fn shared_slowdowns(
                     ServerLink::Node(_) => SERVER_DIRECTION_SHARE - sender,
                     ServerLink::Dedicated(_) => SERVER_DIRECTION_SHARE,
                 };
-                match servers.iter_mut().find(|(s, _)| *s == server) {
-                    Some((_, load)) => *load += extra,
-                    None => servers.push((server, extra)),
+                match servers.iter_mut().find(|(s, ..)| *s == server) {
+                    Some((_, load, rounds)) => {
+                        *load += extra;
+                        *rounds += 1.0;
+                    }
+                    None => servers.push((server, extra, 1.0)),
                 }
             }
         }
     }
     let busiest_node_extra = servers
         .iter()
-        .filter(|(s, _)| matches!(s, ServerLink::Node(_)))
-        .map(|&(_, load)| load)
+        .filter(|(s, ..)| matches!(s, ServerLink::Node(_)))
+        .map(|&(_, load, _)| load)
         .fold(0.0, f64::max);
     let worker_links = on_every + busiest_node_extra;
     slowdowns.extend(active.iter().map(|links| {
         let load = match *links {
             Links::Every => worker_links,
             Links::Server { server, .. } => {
-                let own = servers
+                let (own, rounds) = servers
                     .iter()
-                    .find(|(s, _)| *s == server)
-                    .map_or(0.0, |&(_, load)| load);
+                    .find(|(s, ..)| *s == server)
+                    .map_or((0.0, 1.0), |&(_, load, rounds)| (load, rounds));
                 match server {
                     ServerLink::Node(_) => worker_links,
                     ServerLink::Dedicated(_) => worker_links.max(own),
                 }
+                .max(rounds)
                 .max(crowd)
             }
         };
@@ -128,10 +135,12 @@ mod tests {
         // of each of the three others', per direction.
         let all: Vec<Links> = (0..4).map(|n| at_node(n, 3)).collect();
         assert!(rates(&all).iter().all(|&r| (r - 1.0).abs() < 1e-12));
-        // Two pieces on one server overload its link.
+        // Rounds to one server push together and pull together: they queue.
         let crowded = rates(&[at_node(0, 3), at_node(0, 3), at_node(0, 3)]);
-        let load = 3.0 * 0.5;
-        assert!(crowded.iter().all(|&r| (r - 1.0 / load).abs() < 1e-12));
+        assert!(crowded.iter().all(|&r| (r - 1.0 / 3.0).abs() < 1e-12));
+        // On 2 nodes, a round to each server: one's push is the other's pull's direction.
+        assert_eq!(rates(&[at_node(0, 1), at_node(1, 1)]), vec![1.0, 1.0]);
+        assert_eq!(rates(&[at_node(0, 1), at_node(0, 1)]), vec![0.5, 0.5]);
     }
 
     #[test]
@@ -162,6 +171,6 @@ mod tests {
         };
         assert_eq!(rates(&[server(0), server(1)]), vec![1.0, 1.0]);
         let same = rates(&[server(0), server(0), server(0)]);
-        assert!(same.iter().all(|&r| (r - 1.0 / 1.5).abs() < 1e-12));
+        assert!(same.iter().all(|&r| (r - 1.0 / 3.0).abs() < 1e-12));
     }
 }

@@ -48,9 +48,8 @@ pub fn lower(
     if syncing {
         for (g, group) in plan.groups.iter().enumerate() {
             let first = pieces.len();
-            let turn = pieces.len();
             pieces.extend(lower_group(
-                model, world, servers, turn, g, group, plan.wire,
+                model, world, servers, first, g, group, plan.wire,
             ));
             group_pieces.push(first..pieces.len());
         }

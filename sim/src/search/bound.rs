@@ -41,15 +41,26 @@ pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
         Ok((twice - once) / LARGE as f64)
     };
     let (allreduce, allgather) = (slope(Op::Allreduce)?, slope(Op::Allgather)?);
-    // Colocated servers move the fewest bytes a parameter server can, and with every node
-    // serving a piece at once each byte costs 1/nodes of one server's round.
+    // With every node serving a round at once, a byte to colocated servers costs 1/nodes of
+    // one server's round; dedicated servers leave the workers' links free for up to 2 × nodes
+    // rounds at once (each loads a worker's link a half over the senders in each direction).
     let ps = {
         let cluster = &scenario.cluster;
-        let round = |bytes: u64| -> Result<f64> {
-            let (estimate, _) = collective::push_pull(cluster, bytes, ServerLink::Node(0))?;
-            Ok(estimate.time.as_ns() as f64)
+        let nodes = f64::from(cluster.nodes.max(1));
+        let slope = |server: ServerLink| -> Result<f64> {
+            let round = |bytes: u64| -> Result<f64> {
+                Ok(collective::push_pull(cluster, bytes, server)?
+                    .0
+                    .time
+                    .as_ns() as f64)
+            };
+            Ok((round(2 * LARGE)? - round(LARGE)?) / LARGE as f64)
         };
-        (round(2 * LARGE)? - round(LARGE)?) / LARGE as f64 / f64::from(cluster.nodes.max(1))
+        let colocated = slope(ServerLink::Node(0))? / nodes;
+        match plan.policy.ps_servers {
+            0 => colocated,
+            _ => colocated.min(slope(ServerLink::Dedicated(0))? / (2.0 * nodes)),
+        }
     };
     let payload_ns = |bytes: u64, aggregation: Aggregation| match aggregation {
         Aggregation::Allgather => bytes as f64 * f64::from(world) * allgather,
