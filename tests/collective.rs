@@ -714,6 +714,43 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
     // Fitting as MPI reads the allreduce rows alone.
     let out = args("mpi", &dir.join("lab-mpi.json"));
     assert!(out.status.success(), "{}", stderr(&out));
+    // Refitting the gloo file to a sweep without push-pulls keeps its point-to-point costs and
+    // says so.
+    let mut without = truth.clone();
+    if let Some(p) = without.library.tcp_mut() {
+        p.p2p_message_overhead_us = None;
+    }
+    let collectives_only = dir.join("collectives-only.csv");
+    gloo_sweep(&without, &collectives_only);
+    let mut input = fitted.clone();
+    input["device"] = root()
+        .join("experiments/lab-validation/device.json")
+        .to_string_lossy()
+        .into_owned()
+        .into();
+    let input_file = dir.join("gloo-input.json");
+    std::fs::write(&input_file, input.to_string()).unwrap();
+    let refitted_file = dir.join("gloo-refit.json");
+    let out = syncopate(&[
+        "collective",
+        "--cluster",
+        input_file.to_str().unwrap(),
+        "--compare",
+        collectives_only.to_str().unwrap(),
+        "--fit-out",
+        refitted_file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let refitted: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&refitted_file).unwrap()).unwrap();
+    assert_eq!(
+        refitted["library"]["p2p_message_overhead_us"],
+        library["p2p_message_overhead_us"]
+    );
+    let method = refitted["library"]["provenance"]["method"]
+        .as_str()
+        .unwrap();
+    assert!(method.contains("kept from the input file"), "{method}");
     // A gloo fit needs the op column.
     let no_ops = dir.join("no-ops.csv");
     std::fs::write(

@@ -135,12 +135,18 @@ pub fn fit(
     let at_once: Vec<AtOnce> = all
         .iter()
         .filter_map(|a| {
-            let one = rows.iter().find(|r| r.bytes == a.bytes)?;
+            // A size timed more than once one round at a time: the median of its times.
+            let same: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.bytes == a.bytes)
+                .map(|r| r.time_us)
+                .collect();
+            let one_us = crate::stats::median(&same)?;
             Some(AtOnce {
                 bytes: a.bytes,
-                one_us: one.time_us,
+                one_us,
                 all_us: a.time_us,
-                rounds: (ranks * one.time_us / a.time_us).clamp(1.0, ranks),
+                rounds: (ranks * one_us / a.time_us).clamp(1.0, ranks),
             })
         })
         .collect();

@@ -119,6 +119,17 @@ fn refit_tcp(
         false => Ok(Vec::new()),
     };
     let pushes = named(p2p_fit::OP)?;
+    if pushes.is_empty()
+        && refit
+            .library
+            .tcp()
+            .is_some_and(|p| p.p2p_message_overhead_us.is_some())
+    {
+        // Kept from the input file, fitted there on its links rather than these.
+        described = format!(
+            "{described}; p2p_message_overhead_us and p2p_rounds_at_once kept from the input file, not refitted: the sweep has no push-pull rows"
+        );
+    }
     if !pushes.is_empty() {
         let all = named(p2p_fit::OP_ALL)?;
         let p2p = p2p_fit::fit(&refit, &pushes, &all, &path.display().to_string())?;
