@@ -1,6 +1,6 @@
 //! The collective model: closed-form cases by hand, monotonicity, and calibration accuracy.
 
-use crate::common::{root, scratch, stderr, stdout, syncopate, validation_data};
+use crate::common::{read_json, root, scratch, stderr, stdout, syncopate, validation_data};
 use syncopate_sim::calibrate::{self, Measurement, RowFilter};
 use syncopate_sim::collective::{self, Algorithm, Group, Links, Op, Protocol, ServerLink};
 use syncopate_sim::data::DataKind;
@@ -638,6 +638,14 @@ fn h100_issue_309_fitted_on_two_and_four_nodes_predicts_eight() {
 }
 
 /// A gloo sweep file (`python -m syncopate.torch.sweep`'s columns) that `truth` prices.
+/// Writes a lab cluster file to `path` in a scratch directory, its device named by its
+/// absolute path (the lab's files name it relative to their own folder).
+fn write_lab_cluster(path: &std::path::Path, mut cluster: serde_json::Value) {
+    let device = root().join("experiments/lab-validation/device.json");
+    cluster["device"] = device.to_string_lossy().into_owned().into();
+    std::fs::write(path, cluster.to_string()).unwrap();
+}
+
 /// A gloo sweep of `truth` as `python -m syncopate.torch.sweep` writes it: allreduce and
 /// allgather rows, and push-pull rows when `truth` has a point-to-point cost.
 fn gloo_sweep(truth: &Cluster, path: &std::path::Path) {
@@ -695,8 +703,7 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
     let out = args("gloo", &fitted_file);
     assert!(out.status.success(), "{}", stderr(&out));
     // The input file with its library replaced (its device stays named relative to the input).
-    let fitted: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&fitted_file).unwrap()).unwrap();
+    let fitted: serde_json::Value = read_json(&fitted_file);
     let library = &fitted["library"];
     assert_eq!(library["kind"], "gloo", "{library}");
     let call = library["call_overhead_us"].as_f64().unwrap();
@@ -722,14 +729,8 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
     }
     let collectives_only = dir.join("collectives-only.csv");
     gloo_sweep(&without, &collectives_only);
-    let mut input = fitted.clone();
-    input["device"] = root()
-        .join("experiments/lab-validation/device.json")
-        .to_string_lossy()
-        .into_owned()
-        .into();
     let input_file = dir.join("gloo-input.json");
-    std::fs::write(&input_file, input.to_string()).unwrap();
+    write_lab_cluster(&input_file, fitted.clone());
     let refitted_file = dir.join("gloo-refit.json");
     let out = syncopate(&[
         "collective",
@@ -741,8 +742,7 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
         refitted_file.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let refitted: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&refitted_file).unwrap()).unwrap();
+    let refitted: serde_json::Value = read_json(&refitted_file);
     assert_eq!(
         refitted["library"]["p2p_message_overhead_us"],
         library["p2p_message_overhead_us"]
@@ -863,8 +863,7 @@ fn a_sweep_beside_compute_sets_the_gloo_fits_collective_slowdown() {
     let out_file = dir.join("lab-gloo.json");
     let out = fit(lab.to_str().unwrap(), &out_file);
     assert!(out.status.success(), "{}", stderr(&out));
-    let fitted: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    let fitted: serde_json::Value = read_json(&out_file);
     let contention = &fitted["contention"];
     let factor = contention["collective_slowdown_with_compute"]
         .as_f64()
@@ -873,20 +872,13 @@ fn a_sweep_beside_compute_sets_the_gloo_fits_collective_slowdown() {
     let method = contention["provenance"]["method"].as_str().unwrap();
     assert!(method.contains("beside compute (x1.25)"), "{method}");
     // The compute slowdowns measured before stay.
-    let before: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&lab).unwrap()).unwrap();
+    let before: serde_json::Value = read_json(&lab);
     assert_eq!(
         contention["compute_slowdown_with_collective"],
         before["contention"]["compute_slowdown_with_collective"]
     );
     // Refitting the refitted file replaces the note rather than stacking a second one.
-    let device = root()
-        .join("experiments/lab-validation/device.json")
-        .to_string_lossy()
-        .into_owned();
-    let mut refitted = fitted.clone();
-    refitted["device"] = device.clone().into();
-    std::fs::write(&out_file, refitted.to_string()).unwrap();
+    write_lab_cluster(&out_file, fitted.clone());
     let again = dir.join("again.json");
     let out = fit(out_file.to_str().unwrap(), &again);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -899,9 +891,8 @@ fn a_sweep_beside_compute_sets_the_gloo_fits_collective_slowdown() {
     // A cluster file without a contention section has nothing to refine.
     let mut bare = before.clone();
     bare.as_object_mut().unwrap().remove("contention");
-    bare["device"] = device.into();
     let bare_file = dir.join("bare.json");
-    std::fs::write(&bare_file, bare.to_string()).unwrap();
+    write_lab_cluster(&bare_file, bare);
     let out = fit(bare_file.to_str().unwrap(), &dir.join("x.json"));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(

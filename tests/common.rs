@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: paths to shared data and running the binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -21,6 +21,11 @@ pub fn syncopate(args: &[&str]) -> Output {
         .current_dir(root())
         .output()
         .expect("the syncopate binary runs")
+}
+
+/// A JSON file the binary wrote.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 pub fn stdout(output: &Output) -> String {

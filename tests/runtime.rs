@@ -1,6 +1,6 @@
 //! The runtime end to end: `exec --backend host --check` for every compressor, host validation, the GPU path where a GPU exists, and rendezvous failures.
 
-use crate::common::{scratch, stderr, stdout, syncopate};
+use crate::common::{read_json, scratch, stderr, stdout, syncopate};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use syncopate_exec::profile_host::profiled;
@@ -521,10 +521,6 @@ fn iteration_spans(trace: &serde_json::Value) -> std::collections::BTreeMap<u64,
         span.1 = f64::max(span.1, end);
     }
     spans
-}
-
-fn read_json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Every strategy, with and without a compressor where it takes one: `simulate` and `exec`

@@ -114,22 +114,12 @@ fn refit_tcp(
     let mut refit = tcp_fit::apply(cluster, &fitted);
     let mut described = tcp_fit::describe(&refit, measurements, &fitted)?;
     // A sweep that timed the parameter server's messages gives their cost on the fitted links.
-    let named = |name| match calibrate::has_op_column(path)? {
+    let has_ops = calibrate::has_op_column(path)?;
+    let named = |name| match has_ops {
         true => calibrate::read_named(path, name, cluster.world_size()),
         false => Ok(Vec::new()),
     };
     let pushes = named(p2p_fit::OP)?;
-    if pushes.is_empty()
-        && refit
-            .library
-            .tcp()
-            .is_some_and(|p| p.p2p_message_overhead_us.is_some())
-    {
-        // Kept from the input file, fitted there on its links rather than these.
-        described = format!(
-            "{described}; p2p_message_overhead_us and p2p_rounds_at_once kept from the input file, not refitted: the sweep has no push-pull rows"
-        );
-    }
     if !pushes.is_empty() {
         let all = named(p2p_fit::OP_ALL)?;
         let p2p = p2p_fit::fit(&refit, &pushes, &all, &path.display().to_string())?;
@@ -142,6 +132,15 @@ fn refit_tcp(
             p2p.rounds_at_once.map_or_else(String::new, |r| format!(
                 ", {r:.2} rounds to different servers at once"
             ))
+        );
+    } else if refit
+        .library
+        .tcp()
+        .is_some_and(|p| p.p2p_message_overhead_us.is_some())
+    {
+        // Kept from the input file, fitted there on its links rather than these.
+        described = format!(
+            "{described}; p2p_message_overhead_us and p2p_rounds_at_once kept from the input file, not refitted: the sweep has no push-pull rows"
         );
     }
     let library = args
