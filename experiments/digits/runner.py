@@ -96,16 +96,18 @@ def fit_gloo(syncopate, python, name, cluster, clusters):
 
 def measured_iterations(trace, log, checked):
     """The trace's iteration times without the first iteration of each epoch (it follows the
-    previous epoch's evaluation), the warm-up iteration and the `checked` iterations (their
-    all-gathers of every rank's gradients are not part of the plan)."""
+    previous epoch's evaluation) and those after the `checked` iterations (their all-gathers of
+    every rank's gradients are not part of the plan). The trace measures from the iteration after
+    the one that follows its warm-up (an iteration's time carries the tail of the one before:
+    syncopate_sim::real_run)."""
     summary = json.loads(pathlib.Path(trace).read_text())["otherData"]
     per_epoch = log["epochs"][0]["iterations"]
-    warmup = summary["warmup_iterations"]
+    first = summary["warmup_iterations"] + 1
     times = summary["iteration_times_ms"]
     total = sum(e["iterations"] for e in log["epochs"])
-    if len(times) != total - warmup:
-        raise RuntimeError(f"{trace}: {len(times)} iteration times for {total} iterations after {warmup} warm-up")
-    return [t for k, t in zip(range(warmup, total), times) if k % per_epoch != 0 and k > checked]
+    if len(times) != total - first:
+        raise RuntimeError(f"{trace}: {len(times)} iteration times for {total} iterations measured from {first}")
+    return [t for k, t in zip(range(first, total), times) if k % per_epoch != 0 and k > checked]
 
 
 def write_csv(path, rows):

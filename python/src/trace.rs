@@ -4,7 +4,8 @@ use crate::rank::parse_schedule;
 use crate::{sim_error, SyncopateError};
 use pyo3::prelude::*;
 use std::collections::HashMap;
-use syncopate_exec::runtime::MeasuredSummary;
+use syncopate_exec::runtime::check::GroupCheck;
+use syncopate_exec::runtime::{Measured, RunInfo};
 use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::schedule::Program;
@@ -14,22 +15,28 @@ use syncopate_sim::trace::Trace;
 /// One timed step: (rank, step, iteration, stream, start ns, end ns).
 type Record = (u32, u32, u32, u32, u64, u64);
 
-/// Writes the trace of `records` to `path` (through a temporary file renamed into place), with
-/// `summary` (JSON, `exec --format json`'s fields) as its `otherData`.
+/// Writes the trace of `records` of a run of `world` ranks to `path` (through a temporary file
+/// renamed into place), with its summary as `exec` makes it (`otherData`: the iterations after
+/// `warmup` that `syncopate_sim::real_run` measures, `seed`, and `checks`, the JSON list of the
+/// check's reports).
 #[pyfunction]
+#[allow(clippy::too_many_arguments)]
 pub fn write_trace(
     path: &str,
     schedule: &str,
     model: &str,
     records: Vec<Record>,
-    summary: &str,
+    world: u32,
+    warmup: u32,
+    seed: u64,
+    checks: &str,
 ) -> PyResult<()> {
     let schedule = parse_schedule(schedule)?;
     let bad = |what: &str, err: String| SyncopateError::new_err(format!("{path}: {what}: {err}"));
     let model: ModelProfile =
         serde_json::from_str(model).map_err(|e| bad("model", e.to_string()))?;
-    let summary: MeasuredSummary =
-        serde_json::from_str(summary).map_err(|e| bad("summary", e.to_string()))?;
+    let checks: Vec<GroupCheck> =
+        serde_json::from_str(checks).map_err(|e| bad("checks", e.to_string()))?;
     let iterations = records.iter().map(|r| r.2 + 1).max().unwrap_or(1);
     let program = Program::unroll(&schedule, iterations).map_err(sim_error)?;
     let task_of: HashMap<(u32, u32), u32> = program
@@ -56,8 +63,24 @@ pub fn write_trace(
             })
         })
         .collect::<PyResult<Vec<_>>>()?;
+    let measured = Measured::from_records(&program, records, world, checks);
+    let summary = measured.summary(&RunInfo {
+        schedule: &schedule,
+        program: &program,
+        warmup,
+        seed,
+        compute_scale: 1.0,
+        backend: "torch",
+    });
     let other = serde_json::to_value(&summary).map_err(|e| bad("summary", e.to_string()))?;
-    let trace = Trace::from_records(&model, &schedule, &program, &records, |_| None, other);
+    let trace = Trace::from_records(
+        &model,
+        &schedule,
+        &program,
+        &measured.records,
+        |_| None,
+        other,
+    );
     let text = serde_json::to_string(&trace).map_err(|e| bad("trace", e.to_string()))?;
     let temporary = format!("{path}.tmp");
     std::fs::write(&temporary, text)

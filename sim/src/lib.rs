@@ -24,6 +24,7 @@ pub mod p2p_fit;
 pub mod plan;
 #[cfg(test)]
 mod properties;
+pub mod real_run;
 pub mod scenario;
 pub mod schedule;
 pub mod search;

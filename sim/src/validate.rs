@@ -1,5 +1,6 @@
 //! Prediction-vs-measurement statistics: a simulated and a measured run of one schedule compared, in total and per task.
 
+use crate::real_run;
 use crate::scenario::Scenario;
 use crate::simulate::Summary;
 use crate::trace::Trace;
@@ -99,12 +100,12 @@ pub fn relative_error(predicted: f64, measured: f64) -> f64 {
     }
 }
 
-/// Mean duration per measured iteration of each task name on rank 0, in µs.
-pub fn task_means(trace: &Trace, warmup: u32) -> BTreeMap<String, f64> {
+/// Mean duration of each task name on rank 0 over the iterations from `first` on, in µs.
+pub fn task_means(trace: &Trace, first: u32) -> BTreeMap<String, f64> {
     let mut sums: BTreeMap<String, (f64, u32)> = BTreeMap::new();
     for event in &trace.trace_events {
         let iteration = event.args.get("iteration").and_then(|i| i.as_u64());
-        if event.ph != "X" || event.pid != 0 || iteration.is_none_or(|i| i < u64::from(warmup)) {
+        if event.ph != "X" || event.pid != 0 || iteration.is_none_or(|i| i < u64::from(first)) {
             continue;
         }
         let entry = sums.entry(event.name.clone()).or_default();
@@ -117,10 +118,11 @@ pub fn task_means(trace: &Trace, warmup: u32) -> BTreeMap<String, f64> {
 }
 
 /// The tasks both traces ran, longest measured first, at most `top` of them; times rounded
-/// to ns, the error from the unrounded means.
+/// to ns, the error from the unrounded means. Each trace counts the iterations its run
+/// measures after `warmup`: a real run's start one later (`crate::real_run`).
 pub fn task_rows(predicted: &Trace, measured: &Trace, warmup: u32, top: usize) -> Vec<TaskRow> {
     let predicted = task_means(predicted, warmup);
-    let mut rows: Vec<TaskRow> = task_means(measured, warmup)
+    let mut rows: Vec<TaskRow> = task_means(measured, real_run::first_measured(warmup))
         .into_iter()
         .filter_map(|(task, measured_us)| {
             let predicted_us = *predicted.get(&task)?;
@@ -204,12 +206,13 @@ mod tests {
             ]
             .concat(),
         );
+        // A real run measures an iteration later: its iteration 0 is the warm-up's tail.
         let measured = trace(
             [
-                spans("a", &[(0, 20.0)]),
-                spans("b", &[(0, 0.0)]),
-                spans("c", &[(0, 1.0 / 3.0)]),
-                spans("only-measured", &[(0, 99.0)]),
+                spans("a", &[(0, 500.0), (1, 20.0)]),
+                spans("b", &[(1, 0.0)]),
+                spans("c", &[(1, 1.0 / 3.0)]),
+                spans("only-measured", &[(1, 99.0)]),
             ]
             .concat(),
         );
@@ -230,7 +233,7 @@ mod tests {
         let cluster = Cluster::load("v100-10gbe", ClusterOverrides::default()).unwrap();
         let scenario = Scenario::new(model, cluster).unwrap();
         let predicted = trace(spans("a", &[(0, 10.0)]));
-        let measured = trace(spans("a", &[(0, 8.0)]));
+        let measured = trace(spans("a", &[(1, 8.0)]));
         let times = |iteration_ms| Times {
             iteration_ms,
             compute_ms: 1.0,

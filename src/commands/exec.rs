@@ -28,7 +28,7 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     let Some((job, measured)) = execute(backend, &args.run, &scenario, &schedule, &options)? else {
         return Ok(());
     };
-    let summary = measured.summary(&job, backend.name());
+    let summary = measured.summary(&job.run_info(backend.name()));
     if let Some(path) = &args.trace {
         write_trace(path, &scenario.model, &job, &measured, &summary)?;
     }

@@ -41,7 +41,7 @@ fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
         // An MPI rank other than 0: rank 0 reports.
         return Ok(());
     };
-    let summary = measured.summary(&job, backend.name());
+    let summary = measured.summary(&job.run_info(backend.name()));
     let measured_trace = super::exec::measured_trace(&scenario.model, &job, &measured, &summary)?;
     // Predict the run as it ran: the host backend's compute scale replaces the device's.
     let mut predicted_scenario = scenario;
@@ -112,7 +112,7 @@ fn validate_trace(args: &ValidateArgs, path: &std::path::Path) -> anyhow::Result
         .into());
     }
     scenario.compute_scale = summary.compute_scale;
-    // The simulator's first iteration is never steady state; the trace's measured ones start at 1.
+    // The simulator's first iteration is never steady state; a real run's warm-up is at least 1.
     let span = (
         summary.warmup_iterations.max(1),
         summary.measured_iterations,

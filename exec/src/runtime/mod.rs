@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use syncopate_sim::compress::Wire;
 use syncopate_sim::engine::TaskRecord;
+use syncopate_sim::real_run;
 use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, Stream};
 use syncopate_sim::time::SimTime;
 
@@ -83,7 +84,8 @@ impl Job<'_> {
 pub struct Measured {
     /// Rank-local tasks of every rank; collectives once, as rank 0 saw them.
     pub records: Vec<TaskRecord>,
-    /// Per iteration: when the last rank finished its optimizer step.
+    /// Per executed iteration: when the last rank finished its closing step
+    /// (`Schedule::iteration_end`).
     pub iteration_end: Vec<SimTime>,
     pub ranks: u32,
     pub checks: Vec<GroupCheck>,
@@ -138,61 +140,82 @@ impl Measured {
         }
     }
 
-    /// Steady-state iteration times: from one iteration's end to the next, after warm-up.
-    pub fn steady_iterations(&self, warmup: u32) -> Vec<SimTime> {
-        let ends = &self.iteration_end;
-        (warmup.max(1) as usize..ends.len())
-            .map(|k| ends[k] - ends[k - 1])
-            .collect()
-    }
-
-    /// Rank 0's busy time on `resources` per measured iteration, in ms.
-    fn busy_ms(&self, job: &Job, warmup: u32, streams: &[Stream]) -> f64 {
-        let measured = self
-            .iteration_end
+    /// Rank 0's busy time on `streams` per measured iteration, in ms: the time some task of
+    /// those streams ran (concurrent collectives on several streams count once).
+    fn busy_ms(
+        &self,
+        schedule: &Schedule,
+        program: &Program,
+        warmup: u32,
+        streams: &[Stream],
+    ) -> f64 {
+        let measured = real_run::measured_times(&self.iteration_end, warmup)
             .len()
-            .saturating_sub(warmup.max(1) as usize)
             .max(1);
-        let total: u64 = self
+        let spans = self
             .records
             .iter()
-            .filter(|r| r.rank == 0)
             .filter(|r| {
-                job.program.task(r.task).iteration >= warmup.max(1)
-                    && streams.contains(&job.step(r.task).stream)
+                let task = program.task(r.task);
+                r.rank == 0
+                    && real_run::is_measured(task.iteration, warmup)
+                    && streams.contains(&schedule.step(task.step).stream)
             })
-            .map(|r| (r.end - r.start).as_ns())
-            .sum();
-        total as f64 / measured as f64 / 1e6
+            .map(|r| (r.start, r.end))
+            .collect();
+        real_run::covered_ns(spans) as f64 / measured as f64 / 1e6
     }
 
-    pub fn summary(&self, job: &Job, backend: &str) -> MeasuredSummary {
-        let options = job.options;
-        let times: Vec<f64> = self
-            .steady_iterations(options.warmup)
+    /// The run's summary: its measured iterations (`syncopate_sim::real_run`) and rank 0's busy
+    /// streams.
+    pub fn summary(&self, run: &RunInfo) -> MeasuredSummary {
+        let times: Vec<f64> = real_run::measured_times(&self.iteration_end, run.warmup)
             .iter()
             .map(|t| round6(t.as_ms()))
             .collect();
         let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+        let busy = |streams: &[Stream]| {
+            round6(self.busy_ms(run.schedule, run.program, run.warmup, streams))
+        };
         MeasuredSummary {
-            model: job.schedule.model.clone(),
-            strategy: job.schedule.strategy.clone(),
-            backend: backend.to_string(),
+            model: run.schedule.model.clone(),
+            strategy: run.schedule.strategy.clone(),
+            backend: run.backend.to_string(),
             world_size: self.ranks,
-            warmup_iterations: options.warmup,
+            warmup_iterations: run.warmup,
             measured_iterations: times.len() as u32,
             iteration_time_ms: round6(mean),
             iteration_times_ms: times,
-            compute_ms: round6(self.busy_ms(job, options.warmup, &[Stream::Compute])),
-            compression_ms: round6(self.busy_ms(
-                job,
-                options.warmup,
-                &[Stream::Codec, Stream::Cpu],
-            )),
-            comm_ms: round6(self.busy_ms(job, options.warmup, &[Stream::Comm])),
-            compute_scale: job.compute_scale,
-            seed: options.seed,
+            compute_ms: busy(&[Stream::Compute]),
+            compression_ms: busy(&[Stream::Codec, Stream::Cpu]),
+            comm_ms: busy(&[Stream::Comm]),
+            compute_scale: run.compute_scale,
+            seed: run.seed,
             checks: self.checks.clone(),
+        }
+    }
+}
+
+/// What a measured run's summary says about how it ran.
+pub struct RunInfo<'a> {
+    pub schedule: &'a Schedule,
+    pub program: &'a Program,
+    pub warmup: u32,
+    pub seed: u64,
+    pub compute_scale: f64,
+    pub backend: &'a str,
+}
+
+impl Job<'_> {
+    /// How this job ran, for its measured summary, on `backend`.
+    pub fn run_info<'a>(&'a self, backend: &'a str) -> RunInfo<'a> {
+        RunInfo {
+            schedule: self.schedule,
+            program: &self.program,
+            warmup: self.options.warmup,
+            seed: self.options.seed,
+            compute_scale: self.compute_scale,
+            backend,
         }
     }
 }
@@ -206,7 +229,8 @@ fn round6(value: f64) -> f64 {
 pub const MAX_HOST_BYTES: u64 = 8 << 30;
 
 impl<'a> Job<'a> {
-    /// The schedule unrolled for warm-up plus measured iterations, checked for what a run of
+    /// The schedule unrolled for warm-up, measured iterations and the one between them
+    /// (`syncopate_sim::real_run`), checked for what a run of
     /// `local_ranks` ranks in this process can hold.
     pub fn new(
         schedule: &'a Schedule,
@@ -224,14 +248,12 @@ impl<'a> Job<'a> {
                 "at least one warm-up and one measured iteration are needed".into(),
             ));
         }
-        let iterations = options
-            .warmup
-            .checked_add(options.iterations)
+        let iterations = real_run::iterations_to_run(options.warmup, options.iterations)
             .ok_or_else(|| {
                 bad(
                     "--warmup/--iterations",
                     format!("{}/{}", options.warmup, options.iterations),
-                    "their sum exceeds 2^32".into(),
+                    "their sum plus one exceeds 2^32".into(),
                 )
             })?;
         let elements: u64 = schedule.buffers.iter().map(|b| b.numel).sum();

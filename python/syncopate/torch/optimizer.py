@@ -234,7 +234,7 @@ class DistributedOptimizer:
         """Writes the run's measured trace (every rank calls it; rank 0 writes `path`)."""
         self.executor.finish_all()
         checks = self.check.reports if self.check else []
-        timing.write(path, self.layout, self.schedule_json, self.model_json, self.recorder, self.link, warmup,
+        timing.write(path, self.schedule_json, self.model_json, self.recorder, self.link, warmup,
                      self.seed, checks)
 
     def close(self):
