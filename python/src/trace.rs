@@ -37,7 +37,17 @@ pub fn write_trace(
         serde_json::from_str(model).map_err(|e| bad("model", e.to_string()))?;
     let checks: Vec<GroupCheck> =
         serde_json::from_str(checks).map_err(|e| bad("checks", e.to_string()))?;
-    let iterations = records.iter().map(|r| r.2 + 1).max().unwrap_or(1);
+    if warmup == 0 {
+        return Err(bad(
+            "warmup",
+            "0: at least one warm-up iteration (its tail pays first-time costs)".into(),
+        ));
+    }
+    let iterations = records
+        .iter()
+        .map(|r| r.2.saturating_add(1))
+        .max()
+        .unwrap_or(1);
     let program = Program::unroll(&schedule, iterations).map_err(sim_error)?;
     let task_of: HashMap<(u32, u32), u32> = program
         .tasks

@@ -128,3 +128,12 @@ def test_a_closed_optimizer_ends_its_stream_threads_and_is_released(make_plan):
     for released, alive in ranks.values(ranks.run(closed_and_released, plan)):
         assert alive and not any(alive), alive
         assert released, "something still holds the closed optimizer's executor"
+
+
+def test_a_trace_after_flush_measures_finished_iterations_only(make_plan, tmp_path):
+    # DeAR's flush() runs the last iteration's updates, steps of an iteration that never finishes.
+    trace = tmp_path / "dear.json"
+    ranks.values(ranks.run(training.train, make_plan("dear", "none", None), iterations=4, trace=str(trace)))
+    summary = json.loads(trace.read_text())["otherData"]
+    assert summary["measured_iterations"] == 2
+    assert all(t > 0 for t in summary["iteration_times_ms"])

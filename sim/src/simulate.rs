@@ -264,7 +264,9 @@ pub fn engine_config(
     }
 }
 
-/// Durations of the iterations after warm-up: from the end of one optimizer step to the next.
+/// Durations of the iterations after warm-up: from one iteration's closing step (its last
+/// backward step) to the next. The simulator has no first-time costs, so unlike a real run
+/// (`crate::real_run`) its first iteration after warm-up is already steady.
 fn steady_iterations(result: &EngineResult, warmup: u32) -> Vec<SimTime> {
     let ends = &result.iteration_end;
     (warmup as usize..ends.len())

@@ -62,7 +62,8 @@ pub struct Report {
 }
 
 impl Report {
-    /// Compares two runs of `scenario` on `backend`, each trace's iterations from `warmup` on;
+    /// Compares two runs of `scenario` on `backend`, each trace's iterations after `warmup`
+    /// (the measured one's from `real_run::first_measured`);
     /// lists the `top` tasks that took longest in the measured run.
     pub fn new(
         scenario: &Scenario,

@@ -107,7 +107,7 @@ fn validate_trace(args: &ValidateArgs, path: &std::path::Path) -> anyhow::Result
         return Err(SimError::bad_value(
             "--measured",
             path.display(),
-            "the trace has no measured iteration (run more iterations than its warm-up)",
+            "the trace has no measured iteration (run at least its warm-up plus 2 iterations)",
         )
         .into());
     }

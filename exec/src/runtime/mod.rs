@@ -84,7 +84,7 @@ impl Job<'_> {
 pub struct Measured {
     /// Rank-local tasks of every rank; collectives once, as rank 0 saw them.
     pub records: Vec<TaskRecord>,
-    /// Per executed iteration: when the last rank finished its closing step
+    /// Per finished iteration: when the last rank finished its closing step
     /// (`Schedule::iteration_end`).
     pub iteration_end: Vec<SimTime>,
     pub ranks: u32,
@@ -104,7 +104,7 @@ pub struct MeasuredSummary {
     pub iteration_times_ms: Vec<f64>,
     /// Busy time of rank 0's compute stream per measured iteration.
     pub compute_ms: f64,
-    /// Busy time of rank 0's compression stream per measured iteration.
+    /// Time rank 0's compression or CPU stream was busy per measured iteration.
     pub compression_ms: f64,
     /// Time some collective was running per measured iteration (rank 0's view).
     pub comm_ms: f64,
@@ -117,21 +117,24 @@ pub struct MeasuredSummary {
 
 impl Measured {
     /// The run's records; an iteration ends when the last rank finishes the schedule's
-    /// iteration-closing step, as in the simulator.
+    /// iteration-closing step, as in the simulator. Iterations end up to the first one without
+    /// such a record (a trace may hold steps of an iteration it did not finish: the per-group
+    /// updates a `flush()` runs before the next forward).
     pub fn from_records(
         program: &Program,
         records: Vec<TaskRecord>,
         ranks: u32,
         checks: Vec<GroupCheck>,
     ) -> Measured {
-        let mut iteration_end = vec![SimTime::ZERO; program.iterations as usize];
+        let mut ends: Vec<Option<SimTime>> = vec![None; program.iterations as usize];
         for record in &records {
             let task = program.task(record.task);
             if program.iteration_end[task.iteration as usize] == record.task {
-                let end = &mut iteration_end[task.iteration as usize];
-                *end = (*end).max(record.end);
+                let end = &mut ends[task.iteration as usize];
+                *end = Some(end.map_or(record.end, |e| e.max(record.end)));
             }
         }
+        let iteration_end = ends.into_iter().map_while(|end| end).collect();
         Measured {
             records,
             iteration_end,
@@ -159,6 +162,7 @@ impl Measured {
                 let task = program.task(r.task);
                 r.rank == 0
                     && real_run::is_measured(task.iteration, warmup)
+                    && (task.iteration as usize) < self.iteration_end.len()
                     && streams.contains(&schedule.step(task.step).stream)
             })
             .map(|r| (r.start, r.end))
