@@ -99,8 +99,14 @@ pub fn fit(start: &Cluster, points: &[Timed]) -> Result<TcpFit> {
             allgather_host_gbps: allgather_cap,
             mean_error_pct: 0.0,
         };
-        // Stage 1: the cap, from the messages that cross at the sustained rate.
-        let (rate_overhead, cap, capped) = search(&overheads, &caps, &|o, c| {
+        // Stage 1: the cap, from the messages that cross at the sustained rate. gloo cuts a
+        // large buffer into 1 MiB segments, so there its messages grow with the size and a cost
+        // per message cannot be told from the rate: the pass before's is kept.
+        let rate_overheads = match fits_call {
+            true => vec![fitted.message_overhead_us],
+            false => overheads.clone(),
+        };
+        let (rate_overhead, cap, capped) = search(&rate_overheads, &caps, &|o, c| {
             time_error(start, &rate_points, &costs(call, o, Some(c), allgather_cap))
         })?;
         // No cap at all when none describes the large messages better: the path keeps up.
