@@ -96,7 +96,8 @@ pub struct TaskRecord {
 /// What a run produced.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineResult {
-    /// Per iteration: when its last rank finished the optimizer step.
+    /// Per iteration: when its last rank finished its closing step (`Schedule::iteration_end`,
+    /// the last backward step).
     pub iteration_end: Vec<SimTime>,
     /// Per iteration: busy time of each rank's compute stream and codec stream, summed over ranks.
     pub compute_busy: Vec<SimTime>,
