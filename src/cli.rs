@@ -273,8 +273,7 @@ pub struct SimulateArgs {
     /// Measured iterations; the JSON then carries mean, p50, p99 and a 95% confidence interval.
     #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub iterations: Option<u32>,
-    /// Warm-up iterations before measuring (then one more runs, unmeasured: it carries the
-    /// last warm-up iteration's communication tail)
+    /// Warm-up iterations before measuring.
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::whole)]
     pub warmup: u32,
     /// Seed of the noise generators.
@@ -372,7 +371,8 @@ pub struct RunArgs {
     /// Measured iterations.
     #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub iterations: u32,
-    /// Warm-up iterations before measuring.
+    /// Warm-up iterations before measuring; then one more runs, unmeasured (it carries the
+    /// last warm-up iteration's communication tail).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::whole)]
     pub warmup: u32,
     /// Seed of the synthetic gradients and the stochastic compressors.

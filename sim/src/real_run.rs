@@ -4,7 +4,7 @@
 //! backward step, `Schedule::iteration_end`) to the end of its own, so its time carries the
 //! previous iteration's communication tail. A real run's warm-up iterations pay first-time
 //! costs (connections, allocations, first touches) in their tails too: on a 2-node lab, DGC's
-//! warm-up tail took 0.23–0.90 s where a steady one took 3–12 ms. The first measured iteration
+//! warm-up tail took 0.23–0.90 s where a steady one took 0.5–12 ms. The first measured iteration
 //! therefore follows an iteration that is past warm-up, and a run executes one iteration more
 //! than its warm-up and measured ones. The simulator has no first-time costs, so its steady
 //! state starts an iteration earlier (`simulate`).

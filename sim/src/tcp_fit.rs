@@ -102,11 +102,9 @@ pub fn fit(start: &Cluster, points: &[Timed]) -> Result<TcpFit> {
         // Stage 1: the cap, from the messages that cross at the sustained rate. gloo cuts a
         // large buffer into 1 MiB segments, so there its messages grow with the size and a cost
         // per message cannot be told from the rate: the pass before's is kept.
-        let rate_overheads = match fits_call {
-            true => vec![fitted.message_overhead_us],
-            false => overheads.clone(),
-        };
-        let (rate_overhead, cap, capped) = search(&rate_overheads, &caps, &|o, c| {
+        let previous = [fitted.message_overhead_us];
+        let rate_overheads: &[f64] = if fits_call { &previous } else { &overheads };
+        let (rate_overhead, cap, capped) = search(rate_overheads, &caps, &|o, c| {
             time_error(start, &rate_points, &costs(call, o, Some(c), allgather_cap))
         })?;
         // No cap at all when none describes the large messages better: the path keeps up.
@@ -287,18 +285,23 @@ fn search(
         }
     }
     let (mut a, mut b, mut best) = best;
-    let move_second = seconds.len() > 1;
+    // A single candidate is held, not refined.
+    let (move_first, move_second) = (firsts.len() > 1, seconds.len() > 1);
     let mut step = 0.1_f64;
     while step > 1e-4 {
+        let first_step = if move_first { step } else { 0.0 };
         let second_step = if move_second { step } else { 0.0 };
         let mut improved = false;
         for (d_a, d_b) in [
-            (step, 0.0),
-            (-step, 0.0),
+            (first_step, 0.0),
+            (-first_step, 0.0),
             (0.0, second_step),
             (0.0, -second_step),
         ] {
-            let next_a = (a * f64::exp(d_a)).max(MIN_OVERHEAD_US);
+            let next_a = match move_first {
+                true => (a * f64::exp(d_a)).max(MIN_OVERHEAD_US),
+                false => a,
+            };
             let next_b = b * f64::exp(d_b);
             let s = score(next_a, next_b)?;
             if s < best {
@@ -318,6 +321,17 @@ mod tests {
     use super::*;
     use crate::collective::{estimate, Group};
     use crate::topology::ClusterOverrides;
+
+    #[test]
+    fn a_single_candidate_is_held_while_the_other_is_refined() {
+        let score = |a: f64, b: f64| Ok((a - 5.0).abs() + (b - 3.0).abs());
+        let (a, b, _) = search(&[1.0], &[1.0, 2.0, 4.0], &score).unwrap();
+        assert_eq!(a, 1.0);
+        assert!((b - 3.0).abs() < 0.01, "{b}");
+        // Zero stays zero (the refinement's floor applies to values it moves).
+        let (a, ..) = search(&[0.0], &[1.0, 2.0], &score).unwrap();
+        assert_eq!(a, 0.0);
+    }
 
     fn lab() -> Cluster {
         let path = concat!(

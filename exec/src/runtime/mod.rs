@@ -257,7 +257,7 @@ impl<'a> Job<'a> {
                 bad(
                     "--warmup/--iterations",
                     format!("{}/{}", options.warmup, options.iterations),
-                    "their sum plus one exceeds 2^32".into(),
+                    "their sum plus one exceeds 4294967295".into(),
                 )
             })?;
         let elements: u64 = schedule.buffers.iter().map(|b| b.numel).sum();

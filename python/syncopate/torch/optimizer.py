@@ -232,6 +232,8 @@ class DistributedOptimizer:
 
     def write_trace(self, path, warmup=1):
         """Writes the run's measured trace (every rank calls it; rank 0 writes `path`)."""
+        if warmup < 1:
+            raise ValueError(f"write_trace: warmup {warmup}: at least one warm-up iteration (its tail pays first-time costs)")
         self.executor.finish_all()
         checks = self.check.reports if self.check else []
         timing.write(path, self.schedule_json, self.model_json, self.recorder, self.link, warmup,

@@ -27,7 +27,6 @@ class Layout:
     synchronization tails (what its update or the optimizer waits for)."""
 
     def __init__(self, schedule):
-        self.schedule = schedule
         self.steps = schedule["steps"]
         self.pieces = schedule["pieces"]
         self.buffers = schedule["buffers"]
@@ -55,7 +54,6 @@ class Layout:
             elif kind == "optimizer":
                 self.optimizer = index
         self.tails = {g: self.steps[s].get("after_previous", []) for g, s in self.update_step.items()}
-        self.iteration_end = schedule["iteration_end"]
 
     def exists_in(self, index, iteration):
         return self.steps[index].get("from_iteration", 0) <= iteration

@@ -56,8 +56,8 @@ impl Program {
         let steps = &schedule.steps;
         let limit = |what: &str| {
             SimError::bad_value(
-                "--iterations",
-                iterations,
+                "--warmup/--iterations",
+                format!("{iterations} iterations in all"),
                 format!("{what} would exceed 2^32 tasks: run fewer iterations or a smaller plan"),
             )
         };
@@ -67,10 +67,10 @@ impl Program {
             .filter(|&n| n <= limits::MAX_TASKS)
             .ok_or_else(|| {
                 SimError::bad_value(
-                    "--iterations",
-                    iterations,
+                    "--warmup/--iterations",
+                    format!("{iterations} iterations in all"),
                     format!(
-                        "{iterations} iterations of {per_iteration} steps exceed the {} tasks one run may unroll",
+                        "{iterations} iterations (warm-up included) of {per_iteration} steps exceed the {} tasks one run may unroll",
                         limits::MAX_TASKS
                     ),
                 )
