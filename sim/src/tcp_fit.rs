@@ -298,9 +298,11 @@ fn search(
             (0.0, second_step),
             (0.0, -second_step),
         ] {
-            let next_a = match move_first {
-                true => (a * f64::exp(d_a)).max(MIN_OVERHEAD_US),
-                false => a,
+            // The floor applies to a value the step moves; a held one stays as given.
+            let next_a = if d_a == 0.0 {
+                a
+            } else {
+                (a * f64::exp(d_a)).max(MIN_OVERHEAD_US)
             };
             let next_b = b * f64::exp(d_b);
             let s = score(next_a, next_b)?;

@@ -143,18 +143,10 @@ impl Measured {
         }
     }
 
-    /// Rank 0's busy time on `streams` per measured iteration, in ms: the time some task of
-    /// those streams ran (concurrent collectives on several streams count once).
-    fn busy_ms(
-        &self,
-        schedule: &Schedule,
-        program: &Program,
-        warmup: u32,
-        streams: &[Stream],
-    ) -> f64 {
-        let measured = real_run::measured_times(&self.iteration_end, warmup)
-            .len()
-            .max(1);
+    /// Rank 0's busy time on `streams` per measured iteration (`measured` of them), in ms: the
+    /// time some task of those streams ran (concurrent collectives on several streams count once).
+    fn busy_ms(&self, run: &RunInfo, measured: usize, streams: &[Stream]) -> f64 {
+        let (program, warmup) = (run.program, run.warmup);
         let spans = self
             .records
             .iter()
@@ -163,11 +155,11 @@ impl Measured {
                 r.rank == 0
                     && real_run::is_measured(task.iteration, warmup)
                     && (task.iteration as usize) < self.iteration_end.len()
-                    && streams.contains(&schedule.step(task.step).stream)
+                    && streams.contains(&run.schedule.step(task.step).stream)
             })
             .map(|r| (r.start, r.end))
             .collect();
-        real_run::covered_ns(spans) as f64 / measured as f64 / 1e6
+        real_run::covered_ns(spans) as f64 / measured.max(1) as f64 / 1e6
     }
 
     /// The run's summary: its measured iterations (`syncopate_sim::real_run`) and rank 0's busy
@@ -177,17 +169,16 @@ impl Measured {
             .iter()
             .map(|t| round6(t.as_ms()))
             .collect();
-        let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
-        let busy = |streams: &[Stream]| {
-            round6(self.busy_ms(run.schedule, run.program, run.warmup, streams))
-        };
+        let measured = times.len();
+        let mean = times.iter().sum::<f64>() / measured.max(1) as f64;
+        let busy = |streams: &[Stream]| round6(self.busy_ms(run, measured, streams));
         MeasuredSummary {
             model: run.schedule.model.clone(),
             strategy: run.schedule.strategy.clone(),
             backend: run.backend.to_string(),
             world_size: self.ranks,
             warmup_iterations: run.warmup,
-            measured_iterations: times.len() as u32,
+            measured_iterations: measured as u32,
             iteration_time_ms: round6(mean),
             iteration_times_ms: times,
             compute_ms: busy(&[Stream::Compute]),
