@@ -22,7 +22,10 @@ pub struct EngineConfig {
     pub ranks: u32,
     /// Communication streams, launch order and Horovod's cycle.
     pub policy: LaunchPolicy,
-    /// Compute time multipliers while a collective / a GPU compression kernel runs beside it.
+    /// Compute time multiplier with every rank computing and nothing beside it (the slowest
+    /// rank's pace), and the multipliers on top of it while a collective / a GPU compression
+    /// kernel runs beside it.
+    pub compute_slowdown: f64,
     pub slowdown_with_collective: f64,
     pub slowdown_with_codec: f64,
     /// Collective time multiplier while every rank keeps its cores busy, computing or
@@ -47,6 +50,7 @@ impl EngineConfig {
         EngineConfig {
             ranks,
             policy,
+            compute_slowdown: 1.0,
             slowdown_with_collective: 1.0,
             slowdown_with_codec: 1.0,
             comm_slowdown_with_compute: 1.0,
@@ -502,7 +506,7 @@ impl Engine<'_> {
 
     /// Compute progresses more slowly while collectives or compression kernels share the GPU.
     fn compute_rate(&self, rank: u32) -> f64 {
-        let mut slowdown = 1.0;
+        let mut slowdown = self.config.compute_slowdown;
         if self.active_collectives() > 0 {
             slowdown *= self.config.slowdown_with_collective;
         }
@@ -965,5 +969,37 @@ mod tests {
             "{slowed:?}"
         );
         assert!(slowed.iter().any(|&d| d > 1000), "{slowed:?}");
+    }
+
+    #[test]
+    fn every_rank_computing_at_once_slows_compute_with_nothing_beside_it() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let plan = per_tensor_plan(&model);
+        let world = World {
+            nodes: 1,
+            ranks_per_node: 1,
+        };
+        let schedule = lower(&model, world, false, &plan, "t").unwrap();
+        // Compute steps take 1 µs and nothing else takes time: no overlap slows them.
+        let costs: Vec<StepCost> = schedule
+            .steps
+            .iter()
+            .map(|step| StepCost {
+                duration: SimTime(if step.stream == Stream::Compute {
+                    1000
+                } else {
+                    0
+                }),
+                estimate: None,
+                links: Links::Every,
+            })
+            .collect();
+        let config = EngineConfig {
+            compute_slowdown: 1.25,
+            ..plan_order(1)
+        };
+        let slowed = recorded_durations(&schedule, &costs, &config, Stream::Compute);
+        assert!(!slowed.is_empty());
+        assert!(slowed.iter().all(|&d| d == 1250), "{slowed:?}");
     }
 }

@@ -225,14 +225,17 @@ pub fn engine_config(
     // The cluster's measured contention (CPU ranks sharing cores) overrides the device's.
     let device = &scenario.device.contention;
     // A CPU rank's compression and compute share cores: each slows the other alike.
-    let (collective, codec, comm, codec_beside_compute) = match &scenario.cluster.contention {
+    let (alone, collective, codec, comm, codec_beside_compute) = match &scenario.cluster.contention
+    {
         Some(c) => (
+            c.compute_slowdown_with_ranks,
             c.compute_slowdown_with_collective,
             c.compute_slowdown_with_compression,
             c.collective_slowdown_with_compute,
             c.compute_slowdown_with_compression,
         ),
         None => (
+            1.0,
             device.compute_slowdown_with_collective,
             device.compute_slowdown_with_compression,
             1.0,
@@ -242,6 +245,7 @@ pub fn engine_config(
     EngineConfig {
         ranks,
         policy: schedule.policy,
+        compute_slowdown: alone,
         slowdown_with_collective: collective,
         slowdown_with_codec: codec,
         comm_slowdown_with_compute: comm,

@@ -295,7 +295,13 @@ pub struct Cluster {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterContention {
-    /// Compute time multiplier while a collective runs.
+    /// Compute time multiplier with every rank computing at once and nothing else running
+    /// beside it, against the rate its profile (or a CPU rank's calibrated loop) gives: a
+    /// synchronous job runs at its slowest rank's pace, and ranks sharing a host's cores do not
+    /// share them evenly. Files written before it was measured lack it: 1.
+    #[serde(default = "no_slowdown")]
+    pub compute_slowdown_with_ranks: f64,
+    /// Compute time multiplier while a collective runs (on top of the one with every rank).
     pub compute_slowdown_with_collective: f64,
     /// Compute time multiplier while the rank's compression runs.
     pub compute_slowdown_with_compression: f64,
@@ -306,6 +312,10 @@ pub struct ClusterContention {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_cores: Option<SharedCores>,
     pub provenance: Provenance,
+}
+
+fn no_slowdown() -> f64 {
+    1.0
 }
 
 /// The cores CPU ranks share: a compression thread runs at `cores / busy threads` of a core
@@ -438,6 +448,10 @@ impl Cluster {
         limits::check_duration_us(label, "inter_node.latency_us", self.inter_node.latency_us)?;
         if let Some(c) = &self.contention {
             for (field, value) in [
+                (
+                    "contention.compute_slowdown_with_ranks",
+                    c.compute_slowdown_with_ranks,
+                ),
                 (
                     "contention.compute_slowdown_with_collective",
                     c.compute_slowdown_with_collective,
@@ -628,6 +642,7 @@ mod tests {
     fn with_shared_cores(cores_per_host: u32) -> Cluster {
         let mut cluster = Cluster::load("dgx-a100", ClusterOverrides::default()).unwrap();
         cluster.contention = Some(ClusterContention {
+            compute_slowdown_with_ranks: 1.0,
             compute_slowdown_with_collective: 1.0,
             compute_slowdown_with_compression: 1.0,
             collective_slowdown_with_compute: 1.0,

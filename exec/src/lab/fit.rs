@@ -203,6 +203,7 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> ClusterContention {
         )
     };
     ClusterContention {
+        compute_slowdown_with_ranks: c.compute_slowdown_with_ranks(),
         compute_slowdown_with_collective: c.compute_slowdown(),
         compute_slowdown_with_compression: c.compression_slowdown(),
         collective_slowdown_with_compute: c.comm_slowdown(),
@@ -213,10 +214,11 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> ClusterContention {
         provenance: Provenance {
             status: Status::Measured,
             method: format!(
-                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, sharing {} cores), the slowest rank's times, medians of {} repeats: 200 ms of the MPI backend's calibrated compute took {} alone, {} beside allreduces of {} B, {} beside a second computing thread; one allreduce took {} alone, {} beside compute",
+                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, sharing {} cores), the slowest rank's times, medians of {} repeats: {:.0} ms of the MPI backend's calibrated compute took {} alone, {} beside allreduces of {} B, {} beside a second computing thread; one allreduce took {} alone, {} beside compute",
                 lab.nodes.len(),
                 lab_cores(lab),
                 c.compute_alone.repeats,
+                c.compute_ns as f64 / 1e6,
                 ms(&c.compute_alone),
                 ms(&c.compute_beside_comm),
                 c.bytes,

@@ -465,7 +465,10 @@ pub struct AllreducePoint {
 pub struct ContentionPoint {
     /// Bytes of the allreduce.
     pub bytes: u64,
-    /// Seconds of `compute_ns` of calibrated work: alone, and while allreduces run.
+    /// Nanoseconds of calibrated work each compute measurement asks for.
+    pub compute_ns: u64,
+    /// Seconds of `compute_ns` of calibrated work: alone (every rank computing at once), and
+    /// while allreduces run.
     pub compute_alone: Spread,
     pub compute_beside_comm: Spread,
     /// Seconds of the same compute while a second thread computes too (as compression does).
@@ -476,6 +479,11 @@ pub struct ContentionPoint {
 }
 
 impl ContentionPoint {
+    /// Compute alone against the calibrated rate: the slowest rank's pace.
+    pub fn compute_slowdown_with_ranks(&self) -> f64 {
+        (self.compute_alone.median / (self.compute_ns as f64 / 1e9)).max(1.0)
+    }
+
     pub fn compute_slowdown(&self) -> f64 {
         (self.compute_beside_comm.median / self.compute_alone.median).max(1.0)
     }

@@ -193,6 +193,7 @@ pub fn contention(
     let slowest = |times: &[f64]| slowest_rank(&control, times, &abort);
     let point = ContentionPoint {
         bytes: elements as u64 * 4,
+        compute_ns: CONTENTION_COMPUTE_NS,
         compute_alone: Spread::of(&slowest(&compute_alone)?),
         compute_beside_comm: Spread::of(&slowest(&compute_beside)?),
         compute_beside_compute: Spread::of(&slowest(&compute_twice)?),
