@@ -680,6 +680,8 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
     let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
     let mut truth = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
     let mut params = truth.library.tcp().unwrap().clone();
+    // The MPI sweep the file carries measured MPI, not these costs.
+    params.measured.clear();
     params.call_overhead_us = 700.0;
     params.message_overhead_us = 50.0;
     params.p2p_message_overhead_us = Some(80.0);
@@ -782,6 +784,8 @@ fn gloos_allreduce_pays_a_message_per_segment_and_its_allgather_a_second_call() 
     let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
     let mut cluster = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
     let mut params = cluster.library.tcp().unwrap().clone();
+    // The MPI sweep the file carries measured MPI, not these costs.
+    params.measured.clear();
     params.call_overhead_us = 100.0;
     params.message_overhead_us = 10.0;
     params.host_gbps = None;
@@ -811,6 +815,8 @@ fn a_tcp_parameter_server_pays_its_fixed_costs_per_peer_message() {
     let lab = root().join("experiments/lab-validation/clusters/lab-4n-1g.json");
     let mut cluster = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
     let mut params = cluster.library.tcp().unwrap().clone();
+    // The MPI sweep the file carries measured MPI, not these costs.
+    params.measured.clear();
     params.call_overhead_us = 0.0;
     params.message_overhead_us = 0.0;
     cluster.library = Library::Gloo(params.clone());
@@ -830,7 +836,9 @@ fn a_sweep_beside_compute_sets_the_gloo_fits_collective_slowdown() {
     let dir = scratch("gloo-beside-compute");
     let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
     let mut truth = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
-    truth.library = Library::Gloo(truth.library.tcp().unwrap().clone());
+    let mut params = truth.library.tcp().unwrap().clone();
+    params.measured.clear();
+    truth.library = Library::Gloo(params);
     let sweep = dir.join("alone.csv");
     gloo_sweep(&truth, &sweep);
     // Every row 1.25 times slower beside compute.

@@ -183,6 +183,7 @@ fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
                 comm_streams: 1,
                 cycle_ns: SimTime::from_us(plan.policy.cycle_time_us).as_ns(),
             },
+            compute_slowdown: 1.15,
             slowdown_with_collective: 1.2,
             slowdown_with_codec: 1.1,
             comm_slowdown_with_compute: 1.3,

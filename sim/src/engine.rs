@@ -504,7 +504,8 @@ impl Engine<'_> {
         self.comm.iter().filter(|c| c.is_some()).count() as u32
     }
 
-    /// Compute progresses more slowly while collectives or compression kernels share the GPU.
+    /// Compute progresses at the pace of every rank computing at once, and more slowly while
+    /// collectives or compression kernels share the device.
     fn compute_rate(&self, rank: u32) -> f64 {
         let mut slowdown = self.config.compute_slowdown;
         if self.active_collectives() > 0 {

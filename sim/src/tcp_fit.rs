@@ -13,7 +13,7 @@
 //! plateau where the cap is above what the link allows and no longer changes a prediction.
 
 use crate::calibrate::{self, Measurement};
-use crate::collective::Op;
+use crate::collective::{MeasuredSweep, Op, SweepPoint};
 use crate::error::{Result, SimError};
 use crate::topology::{Cluster, Library};
 
@@ -73,6 +73,8 @@ pub fn fit(start: &Cluster, points: &[Timed]) -> Result<TcpFit> {
             "no collective time to fit to",
         ));
     }
+    // The model alone is fitted: measured times standing in for it would score themselves.
+    let start = &parametric(start);
     let line = start.inter_node.nic_bandwidth_gbps;
     let caps = log_grid(CAP_FROM * line, CAP_TO * line, CAP_STEP);
     let overheads = log_grid(OVERHEAD_FROM_US, OVERHEAD_TO_US, 10f64.powf(0.25));
@@ -170,7 +172,7 @@ fn rate_regime(points: &[Timed], op: Option<Op>) -> Vec<Timed> {
 
 /// What was fitted to what, for a provenance: every size's measured and fitted time.
 pub fn describe(fitted_cluster: &Cluster, points: &[Timed], fitted: &TcpFit) -> Result<String> {
-    let predictions = predict(fitted_cluster, points)?;
+    let predictions = predict(&parametric(fitted_cluster), points)?;
     let sizes: Vec<String> = points
         .iter()
         .zip(&predictions)
@@ -214,6 +216,63 @@ pub fn apply(cluster: &Cluster, fitted: &TcpFit) -> Cluster {
         params.message_overhead_us = fitted.message_overhead_us;
         params.host_gbps = fitted.host_gbps;
         params.allgather_host_gbps = fitted.allgather_host_gbps;
+    }
+    out
+}
+
+/// `cluster` carrying `points` as its measured sweeps (one per operation and rank count with
+/// at least two sizes; times of a size measured twice averaged), in place of any it had: where
+/// a plan runs what they measured, they price it (`collective::measured`).
+pub fn attach(cluster: &Cluster, points: &[Timed]) -> Cluster {
+    let mut out = cluster.clone();
+    let mut sweeps: Vec<MeasuredSweep> = Vec::new();
+    for t in points {
+        let group = calibrate::group_for(cluster, t.measured.gpus);
+        let point = SweepPoint {
+            bytes: t.measured.bytes,
+            time_us: t.measured.time_us,
+        };
+        match sweeps
+            .iter_mut()
+            .find(|s| s.op == t.op && s.ranks == group.ranks)
+        {
+            Some(sweep) => sweep.points.push(point),
+            None => sweeps.push(MeasuredSweep {
+                op: t.op,
+                ranks: group.ranks,
+                nodes: group.nodes,
+                nics_per_node: cluster.inter_node.nics_per_node,
+                nic_bandwidth_gbps: cluster.inter_node.nic_bandwidth_gbps,
+                points: vec![point],
+            }),
+        }
+    }
+    for sweep in &mut sweeps {
+        sweep.points.sort_by_key(|p| p.bytes);
+        let mut merged: Vec<(SweepPoint, f64)> = Vec::new();
+        for p in &sweep.points {
+            match merged.last_mut() {
+                Some((last, count)) if last.bytes == p.bytes => {
+                    last.time_us = (last.time_us * *count + p.time_us) / (*count + 1.0);
+                    *count += 1.0;
+                }
+                _ => merged.push((*p, 1.0)),
+            }
+        }
+        sweep.points = merged.into_iter().map(|(p, _)| p).collect();
+    }
+    sweeps.retain(|s| s.ranks >= 2 && s.points.len() >= 2);
+    if let Some(params) = out.library.tcp_mut() {
+        params.measured = sweeps;
+    }
+    out
+}
+
+/// `cluster` without measured sweeps: its cost model alone.
+pub fn parametric(cluster: &Cluster) -> Cluster {
+    let mut out = cluster.clone();
+    if let Some(params) = out.library.tcp_mut() {
+        params.measured.clear();
     }
     out
 }
@@ -335,12 +394,13 @@ mod tests {
         assert_eq!(a, 0.0);
     }
 
+    /// The lab's cluster file with its cost model alone (without the sweep it carries).
     fn lab() -> Cluster {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../experiments/lab-validation/clusters/lab-2n-1g.json"
         );
-        Cluster::load(path, ClusterOverrides::default()).unwrap()
+        parametric(&Cluster::load(path, ClusterOverrides::default()).unwrap())
     }
 
     /// The lab as a gloo cluster (its TCP parameters kept).
@@ -392,6 +452,43 @@ mod tests {
             "{fitted:?}"
         );
         assert_eq!(fitted.call_overhead_us, 0.0, "MPI fits no call cost");
+    }
+
+    #[test]
+    fn an_attached_sweep_prices_what_it_measured_and_leaves_the_fit_alone() {
+        let truth = apply(&lab(), &costs(0.0, 40.0, Some(0.6)));
+        let mut points = sweep(&truth, &[Op::Allreduce]);
+        // The lab measured 1 MiB slower than the model says.
+        points[2].measured.time_us *= 3.0;
+        let carrying = attach(&truth, &points);
+        let world = Group::world(&carrying);
+        let at = |bytes| {
+            estimate(&carrying, Op::Allreduce, bytes, world)
+                .unwrap()
+                .time
+                .as_us()
+        };
+        assert!((at(1 << 20) / points[2].measured.time_us - 1.0).abs() < 1e-6);
+        assert!((at(4 << 20) / points[3].measured.time_us - 1.0).abs() < 1e-6);
+        let (low, high) = (points[2].measured.time_us, points[3].measured.time_us);
+        let between = at(2 << 20);
+        assert!(
+            between > low.min(high) && between < low.max(high),
+            "{between}"
+        );
+        // Another link rate is not what was measured: the model alone.
+        let mut faster = carrying.clone();
+        faster.inter_node.nic_bandwidth_gbps = 10.0;
+        let model = estimate(&parametric(&faster), Op::Allreduce, 1 << 20, world).unwrap();
+        assert_eq!(
+            estimate(&faster, Op::Allreduce, 1 << 20, world).unwrap(),
+            model
+        );
+        // Fitting from a cluster that carries a sweep fits the model, as from one that does not.
+        assert_eq!(
+            fit(&carrying, &points).unwrap(),
+            fit(&truth, &points).unwrap()
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Clusters: nodes, GPUs per node, the intra-node fabric, the NICs, and the collective library.
 
+use crate::collective::MeasuredSweep;
 use crate::data::{self, DataKind};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
@@ -201,6 +202,11 @@ pub struct TcpParams {
     /// links allow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_rounds_at_once: Option<f64>,
+    /// The sweeps the parameters were fitted to (`syncopate lab up`, `collective --fit-out`):
+    /// where a plan runs the very collective a sweep measured, its times stand in for the
+    /// model's (`collective::measured`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<MeasuredSweep>,
     pub provenance: Provenance,
 }
 
@@ -303,7 +309,8 @@ pub struct ClusterContention {
     pub compute_slowdown_with_ranks: f64,
     /// Compute time multiplier while a collective runs (on top of the one with every rank).
     pub compute_slowdown_with_collective: f64,
-    /// Compute time multiplier while the rank's compression runs.
+    /// Compute time multiplier while the rank's compression runs (on top of the one with every
+    /// rank).
     pub compute_slowdown_with_compression: f64,
     /// Collective time multiplier while every rank computes (scaled by the share of ranks
     /// whose cores are busy computing or compressing: both are CPU threads beside MPI's).
@@ -319,8 +326,9 @@ fn no_slowdown() -> f64 {
 }
 
 /// The cores CPU ranks share: a compression thread runs at `cores / busy threads` of a core
-/// when the host's ranks keep more threads busy than it has cores. Compute is not scaled: a CPU
-/// rank's compute profile is measured with every rank of its host computing at once.
+/// when the host's ranks keep more threads busy than it has cores. Compute is not scaled by
+/// the share: a CPU rank's compute is calibrated with every rank of its host computing at once,
+/// and what that calibration misses is `compute_slowdown_with_ranks`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SharedCores {
@@ -593,6 +601,17 @@ impl Cluster {
                 }
                 if let Some(p2p) = p.p2p_message_overhead_us {
                     limits::check_duration_us(label, "library.p2p_message_overhead_us", p2p)?;
+                }
+                for (i, sweep) in p.measured.iter().enumerate() {
+                    let field = format!("library.measured[{i}]");
+                    sweep.validate(label, &field)?;
+                    if p.measured[..i].iter().any(|s| s.same_conditions(sweep)) {
+                        return Err(SimError::invalid(
+                            label,
+                            field,
+                            "a second sweep of the same collective on the same ranks and links: keep one",
+                        ));
+                    }
                 }
                 if let Some(at_once) = p.p2p_rounds_at_once {
                     if !(at_once.is_finite() && (1.0..=limits::MAX_RANKS as f64).contains(&at_once))

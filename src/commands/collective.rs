@@ -80,9 +80,18 @@ fn as_library(cluster: &Cluster, library: TcpLibrary) -> anyhow::Result<Library>
         )
         .into());
     };
+    // Sweeps measured another library's collectives: this one's are priced by the model.
+    let mut params = params.clone();
+    let same = matches!(
+        (&cluster.library, library),
+        (Library::Mpi(_), TcpLibrary::Mpi) | (Library::Gloo(_), TcpLibrary::Gloo)
+    );
+    if !same {
+        params.measured.clear();
+    }
     Ok(match library {
-        TcpLibrary::Mpi => Library::Mpi(params.clone()),
-        TcpLibrary::Gloo => Library::Gloo(params.clone()),
+        TcpLibrary::Mpi => Library::Mpi(params),
+        TcpLibrary::Gloo => Library::Gloo(params),
     })
 }
 
@@ -111,7 +120,7 @@ fn refit_tcp(
     beside: Option<&(beside_compute::Slowdown, &std::path::Path)>,
 ) -> anyhow::Result<Cluster> {
     let fitted = tcp_fit::fit(cluster, measurements)?;
-    let mut refit = tcp_fit::apply(cluster, &fitted);
+    let mut refit = tcp_fit::attach(&tcp_fit::apply(cluster, &fitted), measurements);
     let mut described = tcp_fit::describe(&refit, measurements, &fitted)?;
     // A sweep that timed the parameter server's messages gives their cost on the fitted links.
     let has_ops = calibrate::has_op_column(path)?;
@@ -359,7 +368,9 @@ fn compare(
             report.cluster
         }
     };
-    let comparison = compare::compare(&cluster, op, &measurements, &held_out)?;
+    // The cost model's error: a sweep the file carries would score itself.
+    let comparison =
+        compare::compare(&tcp_fit::parametric(&cluster), op, &measurements, &held_out)?;
     match args.format {
         Format::Json => super::print_json(&comparison),
         Format::Text => {

@@ -138,6 +138,7 @@ pub fn cluster(
             allgather_host_gbps: None,
             p2p_message_overhead_us: None,
             p2p_rounds_at_once: None,
+            measured: Vec::new(),
             provenance: Provenance {
                 status: Status::Estimated,
                 method: String::new(),
@@ -166,7 +167,7 @@ pub fn cluster(
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let points = sweep_points(&measured.allreduce, measured.ranks);
         let fitted = tcp_fit::fit(&cluster, &points)?;
-        cluster = tcp_fit::apply(&cluster, &fitted);
+        cluster = tcp_fit::attach(&tcp_fit::apply(&cluster, &fitted), &points);
         format!(
             "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; reduce_gbytes_per_s estimated (memory bandwidth / 3: a sum reads two buffers and writes one); {} (an allreduce sweep over Open MPI on the lab's {} ranks, median of {} repeats per size; the times are also in {sweep_file}, which `syncopate collective --cluster THIS --op allreduce --compare {sweep_file} --fit-out THIS` refits to). {goodput}",
             tcp_fit::describe(&cluster, &points, &fitted)?,

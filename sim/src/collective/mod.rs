@@ -2,11 +2,13 @@
 
 mod gloo;
 mod links;
+mod measured;
 mod mpi;
 mod nccl;
 mod ps;
 
 pub use links::{shared_slowdowns, Links, ServerLink};
+pub use measured::{least_ns_per_byte, MeasuredSweep, SweepPoint};
 pub(crate) use nccl::tree_latency as nccl_tree_latency;
 pub use ps::push_pull;
 
@@ -207,11 +209,19 @@ impl Estimate {
 /// choosing algorithm and protocol the way the library's tuner does.
 pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<Estimate> {
     check_group(cluster, group)?;
-    match &cluster.library {
-        Library::Nccl(params) => Ok(nccl::estimate(cluster, params, op, bytes, group)),
-        Library::Mpi(params) => Ok(mpi::estimate(cluster, params, op, bytes, group)),
-        Library::Gloo(params) => Ok(gloo::estimate(cluster, params, op, bytes, group)),
-    }
+    let model = |bytes| match &cluster.library {
+        Library::Nccl(params) => nccl::estimate(cluster, params, op, bytes, group),
+        Library::Mpi(params) => mpi::estimate(cluster, params, op, bytes, group),
+        Library::Gloo(params) => gloo::estimate(cluster, params, op, bytes, group),
+    };
+    let estimate = model(bytes);
+    let measured = measured::stand_in(cluster, op, bytes, group, estimate.time, &|bytes| {
+        model(bytes).time
+    });
+    Ok(Estimate {
+        time: measured.unwrap_or(estimate.time),
+        ..estimate
+    })
 }
 
 /// What one node's network carries per µs for `processes` sending processes of the cluster's

@@ -38,7 +38,10 @@ pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
         let twice = collective::estimate(&scenario.cluster, op, 2 * LARGE, group)?
             .time
             .as_ns() as f64;
-        Ok((twice - once) / LARGE as f64)
+        let asymptotic = (twice - once) / LARGE as f64;
+        // A cluster's measured sizes may cost less per byte than its model's slope.
+        Ok(collective::least_ns_per_byte(&scenario.cluster, op, group)
+            .map_or(asymptotic, |least| asymptotic.min(least)))
     };
     let (allreduce, allgather) = (slope(Op::Allreduce)?, slope(Op::Allgather)?);
     // With every node serving a round at once, a byte to colocated servers costs 1/nodes of

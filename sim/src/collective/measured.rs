@@ -1,0 +1,298 @@
+//! Collective times measured on a cluster (a lab's sweep), standing in for the cost model where the conditions match the measurement's: same operation, ranks, nodes and link rate.
+//!
+//! A TCP library's cost model follows Hockney's α–β terms, and a lab's sweep has regimes those
+//! terms cannot follow (on 4 nodes sharing 2 cores, allreduces of 256 KiB took 2.3× the fitted
+//! time and those of 64 KiB 0.7×: experiments/lab-validation's `lab-4n-0.2g.sweep.csv` of
+//! 2026-11-24 morning). Where a sweep measured the very collective a plan runs, its times are
+//! the better cost; between two measured sizes the time is interpolated in log-log space, and
+//! outside the measured sizes the model's time is scaled by its ratio at the nearest one.
+//! Anywhere else (other ranks, other links, a `--inter-gbps` or `--nodes` override to another
+//! value) the model alone prices the collective.
+
+use super::{Group, Op};
+use crate::error::{Result, SimError};
+use crate::limits;
+use crate::time::SimTime;
+use crate::topology::Cluster;
+use serde::{Deserialize, Serialize};
+
+/// One operation's measured times on one cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredSweep {
+    pub op: Op,
+    /// Ranks and nodes the operation spanned.
+    pub ranks: u32,
+    pub nodes: u32,
+    /// Each node's NICs and their rate when it was measured, in Gb/s.
+    pub nics_per_node: u32,
+    pub nic_bandwidth_gbps: f64,
+    /// Sizes in increasing order (nccl-tests' convention: the per-rank buffer of an
+    /// allreduce, the gathered buffer of an allgather).
+    pub points: Vec<SweepPoint>,
+}
+
+/// One measured size.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepPoint {
+    pub bytes: u64,
+    pub time_us: f64,
+}
+
+impl MeasuredSweep {
+    /// Checks the sweep of `field` in the file `label`.
+    pub fn validate(&self, label: &str, field: &str) -> Result<()> {
+        if self.ranks < 2 || self.nodes == 0 || !self.ranks.is_multiple_of(self.nodes) {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.ranks"),
+                format!(
+                    "a measured collective spans at least 2 ranks spread evenly over its nodes, got {} ranks on {} nodes",
+                    self.ranks, self.nodes
+                ),
+            ));
+        }
+        if self.nics_per_node == 0 {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.nics_per_node"),
+                "a node needs at least one NIC",
+            ));
+        }
+        limits::check_rate(
+            label,
+            &format!("{field}.nic_bandwidth_gbps"),
+            self.nic_bandwidth_gbps,
+            "Gb/s",
+        )?;
+        if self.points.len() < 2 {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.points"),
+                format!(
+                    "interpolating needs at least 2 sizes, got {}",
+                    self.points.len()
+                ),
+            ));
+        }
+        for (i, point) in self.points.iter().enumerate() {
+            let at = format!("{field}.points[{i}]");
+            if point.bytes == 0 {
+                return Err(SimError::invalid(
+                    label,
+                    format!("{at}.bytes"),
+                    "a measured size is at least 1 byte",
+                ));
+            }
+            if i > 0 && point.bytes <= self.points[i - 1].bytes {
+                return Err(SimError::invalid(
+                    label,
+                    format!("{at}.bytes"),
+                    format!(
+                        "sizes increase from one point to the next, got {} after {}",
+                        point.bytes,
+                        self.points[i - 1].bytes
+                    ),
+                ));
+            }
+            limits::check_duration_us(label, &format!("{at}.time_us"), point.time_us)?;
+            if point.time_us <= 0.0 {
+                return Err(SimError::invalid(
+                    label,
+                    format!("{at}.time_us"),
+                    "a measured collective takes some time",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether it measured `op` over `group` on `cluster`'s links.
+    fn measured(&self, op: Op, group: Group, cluster: &Cluster) -> bool {
+        self.op == op
+            && self.ranks == group.ranks
+            && self.nodes == group.nodes
+            && self.nics_per_node == cluster.inter_node.nics_per_node
+            && self.nic_bandwidth_gbps == cluster.inter_node.nic_bandwidth_gbps
+    }
+
+    /// Whether `other` measured what this sweep did (a file holds one sweep of each).
+    pub fn same_conditions(&self, other: &MeasuredSweep) -> bool {
+        self.op == other.op
+            && self.ranks == other.ranks
+            && self.nodes == other.nodes
+            && self.nics_per_node == other.nics_per_node
+            && self.nic_bandwidth_gbps == other.nic_bandwidth_gbps
+    }
+
+    /// The time of `bytes`, which the model prices at `modeled`: interpolated between measured
+    /// sizes, or the model's time scaled by its ratio at the nearest measured size outside them.
+    fn time(&self, bytes: u64, modeled: SimTime, model: &dyn Fn(u64) -> SimTime) -> SimTime {
+        let (first, last) = (self.points[0], self.points[self.points.len() - 1]);
+        let beyond = |end: SweepPoint| {
+            let at_end = model(end.bytes).as_us();
+            let us = if at_end > 0.0 {
+                modeled.as_us() * end.time_us / at_end
+            } else {
+                end.time_us
+            };
+            SimTime::from_us(us.min(limits::MAX_DURATION_US))
+        };
+        if bytes <= first.bytes {
+            return beyond(first);
+        }
+        if bytes >= last.bytes {
+            return beyond(last);
+        }
+        let upper = self.points.partition_point(|p| p.bytes < bytes);
+        let (a, b) = (self.points[upper - 1], self.points[upper]);
+        let along = (bytes as f64 / a.bytes as f64).ln() / (b.bytes as f64 / a.bytes as f64).ln();
+        SimTime::from_us(a.time_us * (b.time_us / a.time_us).powf(along))
+    }
+}
+
+/// The sweeps of `cluster`'s TCP library (none for NCCL).
+fn sweeps(cluster: &Cluster) -> &[MeasuredSweep] {
+    cluster.library.tcp().map_or(&[], |p| p.measured.as_slice())
+}
+
+/// The measured time of `op` on `bytes` over `group`, when one of `cluster`'s sweeps measured
+/// it there; the model prices it at `modeled` and `model` prices other sizes.
+pub(super) fn stand_in(
+    cluster: &Cluster,
+    op: Op,
+    bytes: u64,
+    group: Group,
+    modeled: SimTime,
+    model: &dyn Fn(u64) -> SimTime,
+) -> Option<SimTime> {
+    sweeps(cluster)
+        .iter()
+        .find(|s| s.measured(op, group, cluster))
+        .map(|s| s.time(bytes, modeled, model))
+}
+
+/// The least ns per byte any measured size of `op` over `group` took on `cluster`: a bound on
+/// what the collective costs per byte must not exceed it.
+pub fn least_ns_per_byte(cluster: &Cluster, op: Op, group: Group) -> Option<f64> {
+    sweeps(cluster)
+        .iter()
+        .find(|s| s.measured(op, group, cluster))
+        .and_then(|s| {
+            s.points
+                .iter()
+                .map(|p| p.time_us * 1e3 / p.bytes as f64)
+                .min_by(f64::total_cmp)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::ClusterOverrides;
+
+    fn sweep() -> MeasuredSweep {
+        MeasuredSweep {
+            op: Op::Allreduce,
+            ranks: 4,
+            nodes: 4,
+            nics_per_node: 1,
+            nic_bandwidth_gbps: 1.0,
+            points: vec![
+                SweepPoint {
+                    bytes: 1000,
+                    time_us: 100.0,
+                },
+                SweepPoint {
+                    bytes: 100_000,
+                    time_us: 10_000.0,
+                },
+            ],
+        }
+    }
+
+    /// A 4-node 1 Gb/s lab carrying `sweep()`.
+    fn lab() -> Cluster {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../experiments/lab-validation/clusters/lab-4n-1g.json"
+        );
+        let mut cluster = Cluster::load(path, ClusterOverrides::default()).unwrap();
+        cluster.library.tcp_mut().unwrap().measured = vec![sweep()];
+        cluster
+    }
+
+    const FOUR: Group = Group { ranks: 4, nodes: 4 };
+
+    /// A model that takes 1 µs per 200 bytes: a twentieth of the measured times.
+    fn model(bytes: u64) -> SimTime {
+        SimTime::from_us(bytes as f64 / 200.0)
+    }
+
+    #[test]
+    fn measured_sizes_give_their_times_and_others_interpolate_or_scale_the_model() {
+        let lab = lab();
+        let at = |bytes| stand_in(&lab, Op::Allreduce, bytes, FOUR, model(bytes), &model);
+        assert_eq!(at(1000), Some(SimTime::from_us(100.0)));
+        assert_eq!(at(100_000), Some(SimTime::from_us(10_000.0)));
+        // Halfway in log size between 1 kB and 100 kB: halfway in log time.
+        let middle = at(10_000).unwrap().as_us();
+        assert!((middle - 1000.0).abs() < 1e-3, "{middle}");
+        // Beyond the sweep: the model's time times its ratio at the end (20×).
+        assert_eq!(at(400_000), Some(SimTime::from_us(40_000.0)));
+        assert_eq!(at(100), Some(SimTime::from_us(10.0)));
+        assert_eq!(least_ns_per_byte(&lab, Op::Allreduce, FOUR), Some(100.0));
+    }
+
+    #[test]
+    fn other_conditions_leave_the_model_alone() {
+        let at =
+            |cluster: &Cluster, op, group| stand_in(cluster, op, 5000, group, model(5000), &model);
+        let lab = lab();
+        assert!(at(&lab, Op::Allreduce, FOUR).is_some());
+        assert_eq!(at(&lab, Op::Allgather, FOUR), None);
+        assert_eq!(at(&lab, Op::Allreduce, Group { ranks: 2, nodes: 2 }), None);
+        assert_eq!(at(&lab, Op::Allreduce, Group { ranks: 4, nodes: 2 }), None);
+        let mut faster = lab.clone();
+        faster.inter_node.nic_bandwidth_gbps = 0.2;
+        assert_eq!(at(&faster, Op::Allreduce, FOUR), None);
+        let mut two_nics = lab.clone();
+        two_nics.inter_node.nics_per_node = 2;
+        assert_eq!(at(&two_nics, Op::Allreduce, FOUR), None);
+    }
+
+    #[test]
+    fn a_malformed_sweep_names_its_field() {
+        let mut unordered = sweep();
+        unordered.points.swap(0, 1);
+        let err = unordered
+            .validate("c.json", "library.measured[0]")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("library.measured[0].points[1].bytes"),
+            "{err}"
+        );
+        let mut one_rank = sweep();
+        one_rank.ranks = 1;
+        let err = one_rank
+            .validate("c.json", "library.measured[0]")
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("library.measured[0].ranks"),
+            "{err}"
+        );
+        let mut negative = sweep();
+        negative.points[1].time_us = -1.0;
+        assert!(negative.validate("c.json", "library.measured[0]").is_err());
+        let mut nan = sweep();
+        nan.nic_bandwidth_gbps = f64::NAN;
+        assert!(nan.validate("c.json", "library.measured[0]").is_err());
+        // Two sweeps of one collective in one file: which one prices it is ambiguous.
+        let mut lab = lab();
+        lab.library.tcp_mut().unwrap().measured.push(sweep());
+        let err = lab.validate("c.json").unwrap_err();
+        assert!(err.to_string().contains("library.measured[1]"), "{err}");
+    }
+}
