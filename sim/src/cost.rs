@@ -67,6 +67,8 @@ pub fn step_costs(scenario: &Scenario, schedule: &Schedule) -> Result<Vec<StepCo
                 (StepKind::Collective { round, .. }, Some(p)) => {
                     let (mut estimate, links) = p.rounds[round as usize];
                     // The collective's own ops (an uncompressed group casts and decodes itself).
+                    // Only the exchange's fixed part is kept from the sharing of links: the
+                    // ops are priced as before, inside the shared time.
                     estimate.time = p.step(&step.ops, round as usize);
                     StepCost {
                         duration: estimate.time,

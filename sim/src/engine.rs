@@ -239,6 +239,11 @@ struct Engine<'a> {
     finished: Vec<u32>,
     launcher: Launcher,
     comm: Vec<Option<Running>>,
+    /// Per communication stream, while its collective pays its fixed part (which shares no
+    /// link): the transfer work that follows it, in nanoseconds at full rate.
+    transfer_after: Vec<Option<f64>>,
+    /// Running collectives past their fixed part: those that share the links.
+    transferring: u32,
     /// Whether any collective keeps only some links busy (a push-pull); if none does, the
     /// running collectives share every link equally, without the per-link account.
     push_pulls: bool,
@@ -288,6 +293,8 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         finished: vec![0; graph.len()],
         launcher: Launcher::new(&config.policy, &graph.program, Ticks::ExpectedPhase),
         comm: vec![None; config.policy.comm_streams.max(1) as usize],
+        transfer_after: vec![None; config.policy.comm_streams.max(1) as usize],
+        transferring: 0,
         push_pulls: graph
             .tasks()
             .iter()
@@ -416,8 +423,14 @@ impl Engine<'_> {
             }
             Event::Comm { stream, version } => match self.comm[stream as usize] {
                 Some(running) if running.version == version => {
-                    self.comm[stream as usize] = None;
-                    self.finish_collective(stream, running);
+                    match self.transfer_after[stream as usize].take() {
+                        Some(transfer) => self.start_transfer(stream as usize, running, transfer),
+                        None => {
+                            self.comm[stream as usize] = None;
+                            self.transferring -= 1;
+                            self.finish_collective(stream, running);
+                        }
+                    }
                 }
                 _ => {}
             },
@@ -500,6 +513,24 @@ impl Engine<'_> {
         }
     }
 
+    /// `running` on `stream` has paid its fixed part: its transfer starts sharing the links.
+    fn start_transfer(&mut self, stream: usize, mut running: Running, transfer: f64) {
+        let version = self.fresh_version();
+        running.remaining = transfer;
+        running.since = self.now;
+        running.version = version;
+        self.comm[stream] = Some(running);
+        self.transferring += 1;
+        self.push(
+            running.end(),
+            Event::Comm {
+                stream: stream as u32,
+                version,
+            },
+        );
+        self.rerate_comm();
+    }
+
     fn active_collectives(&self) -> u32 {
         self.comm.iter().filter(|c| c.is_some()).count() as u32
     }
@@ -557,16 +588,20 @@ impl Engine<'_> {
         }
     }
 
-    /// Concurrent collectives share the links they use (`collective::shared_slowdowns`).
+    /// Concurrent collectives share the links they use (`collective::shared_slowdowns`); one
+    /// paying its fixed part shares none.
     fn rerate_comm(&mut self) {
-        let active = self.active_collectives();
-        if active == 0 {
+        if self.active_collectives() == 0 {
             return;
         }
+        let active = self.transferring;
         if self.push_pulls {
             self.comm_links.clear();
-            for running in self.comm.iter().flatten() {
-                self.comm_links.push(self.graph.task(running.task).links);
+            for stream in 0..self.comm.len() {
+                let transferring = self.transfer_after[stream].is_none();
+                if let Some(running) = self.comm[stream].filter(|_| transferring) {
+                    self.comm_links.push(self.graph.task(running.task).links);
+                }
             }
             shared_slowdowns(
                 &self.comm_links,
@@ -581,13 +616,15 @@ impl Engine<'_> {
         let mut nth = 0;
         for stream in 0..self.comm.len() {
             let version = self.versions + 1;
+            let transferring = self.transfer_after[stream].is_none();
             if let Some(running) = self.comm[stream].as_mut() {
-                let shared = match self.push_pulls {
-                    true => self.comm_shared[nth],
-                    false => f64::from(active),
+                let shared = match (transferring, self.push_pulls) {
+                    (false, _) => 1.0,
+                    (true, true) => self.comm_shared[nth],
+                    (true, false) => f64::from(active),
                 };
                 let rate = 1.0 / (shared * slowdown);
-                nth += 1;
+                nth += usize::from(transferring);
                 if running.rate != rate {
                     self.versions = version;
                     let end = running.rerate(now, rate, version);
@@ -701,9 +738,20 @@ impl Engine<'_> {
             .per_collective
             .get(task as usize)
             .map_or(1.0, |&f| f as f64);
-        let work = self.graph.task(task).duration.as_ns() as f64 * factor;
+        let task_info = self.graph.task(task);
+        let work = task_info.duration.as_ns() as f64 * factor;
+        // The fixed part first, beside whatever shares the links, then the transfer.
+        let fixed = task_info.estimate.map_or(0.0, |e| {
+            e.fixed.min(task_info.duration).as_ns() as f64 * factor
+        });
+        let (first, transfer) = match fixed > 0.0 {
+            true => (fixed, Some(work - fixed)),
+            false => (work, None),
+        };
+        self.transfer_after[stream] = transfer;
+        self.transferring += u32::from(transfer.is_none());
         let version = self.fresh_version();
-        let running = Running::new(task, self.now, work, 1.0, version);
+        let running = Running::new(task, self.now, first, 1.0, version);
         self.comm[stream] = Some(running);
         let end = running.end();
         self.push(
@@ -762,7 +810,7 @@ impl Engine<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::ServerLink;
+    use crate::collective::{Algorithm, Estimate, Protocol, ServerLink};
     use crate::compress::Compressor;
     use crate::cost::StepCost;
     use crate::model::ModelProfile;
@@ -1002,5 +1050,49 @@ mod tests {
         let slowed = recorded_durations(&schedule, &costs, &config, Stream::Compute);
         assert!(!slowed.is_empty());
         assert!(slowed.iter().all(|&d| d == 1250), "{slowed:?}");
+    }
+
+    /// Durations (ns) of the collectives of a 2-tensor plan on 2 nodes, ready at once on 2
+    /// streams, each 1 µs alone of which `fixed_ns` is fixed.
+    fn concurrent_durations(fixed_ns: u64) -> Vec<u64> {
+        let mut model = ModelProfile::load("resnet50").unwrap();
+        model.tensors.truncate(2);
+        let plan = per_tensor_plan(&model);
+        let world = World {
+            nodes: 2,
+            ranks_per_node: 1,
+        };
+        let schedule = lower(&model, world, false, &plan, "t").unwrap();
+        let costs: Vec<StepCost> = schedule
+            .steps
+            .iter()
+            .map(|step| match step.kind {
+                StepKind::Collective { .. } => StepCost {
+                    duration: SimTime(1000),
+                    estimate: Some(Estimate {
+                        time: SimTime(1000),
+                        algorithm: Algorithm::Ring,
+                        protocol: Protocol::Tcp,
+                        fixed: SimTime(fixed_ns),
+                    }),
+                    links: Links::Every,
+                },
+                _ => StepCost {
+                    duration: SimTime::ZERO,
+                    estimate: None,
+                    links: Links::Every,
+                },
+            })
+            .collect();
+        recorded_durations(&schedule, &costs, &plan_order(2), Stream::Comm)
+    }
+
+    #[test]
+    fn concurrent_collectives_share_their_transfers_but_not_their_fixed_parts() {
+        // All shared: two at once take twice as long.
+        assert_eq!(concurrent_durations(0), vec![2000; 2]);
+        // 400 ns fixed each, side by side, then 600 ns of transfer each at half the rate.
+        assert_eq!(concurrent_durations(400), vec![1600; 2]);
+        assert_eq!(concurrent_durations(1000), vec![1000; 2]);
     }
 }

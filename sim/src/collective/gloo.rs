@@ -28,15 +28,32 @@ pub(super) fn estimate(
     group: Group,
 ) -> Estimate {
     if group.ranks == 1 {
-        return pick(vec![(0.0, Algorithm::Local)]);
+        return pick(vec![(0.0, 0.0, Algorithm::Local)]);
     }
+    // The time, and its fixed part: the same terms with no byte on the links.
+    let (time, algorithm) = priced(cluster, params, op, bytes, group, 1.0);
+    let (fixed, _) = priced(cluster, params, op, bytes, group, 0.0);
+    pick(vec![(time, fixed, algorithm)])
+}
+
+/// The algorithm gloo runs and its time (µs), with `network` times the cost per byte on the
+/// links.
+fn priced(
+    cluster: &Cluster,
+    params: &TcpParams,
+    op: Op,
+    bytes: u64,
+    group: Group,
+    network: f64,
+) -> (f64, Algorithm) {
     let n = group.ranks as f64;
     let s = bytes as f64;
     let frac = (n - 1.0) / n;
     let log_n = n.log2().ceil();
     let call = params.call_overhead_us;
     let Hockney { alpha, beta, gamma } = Hockney::of(cluster, params, group);
-    let (time, algorithm) = match op {
+    let beta = beta * network;
+    match op {
         Op::Allreduce => {
             let per_rank = segments_per_rank(bytes, group.ranks) as f64;
             let messages = 2.0 * (n - 1.0) * per_rank;
@@ -50,7 +67,7 @@ pub(super) fn estimate(
         Op::Allgather => {
             let beta = params
                 .allgather_host_gbps
-                .map_or(beta, |cap| beta.max(8.0 / (cap * 1e3)));
+                .map_or(beta, |cap| beta.max(8.0 / (cap * 1e3) * network));
             (
                 2.0 * (call + 2.0 * (n - 1.0) * alpha) + frac * s * beta,
                 Algorithm::Ring,
@@ -66,8 +83,7 @@ pub(super) fn estimate(
         Op::Broadcast => (call + log_n * (alpha + s * beta), Algorithm::Tree),
         Op::Reduce => (call + log_n * (alpha + s * (beta + gamma)), Algorithm::Tree),
         Op::Alltoall => (call + (n - 1.0) * alpha + frac * s * beta, Algorithm::P2p),
-    };
-    pick(vec![(time, algorithm)])
+    }
 }
 
 /// Segments per rank of gloo's ring allreduce: ⌈bytes / 1 MiB⌉, at least two per rank, rounded

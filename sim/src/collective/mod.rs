@@ -193,6 +193,11 @@ pub struct Estimate {
     pub time: SimTime,
     pub algorithm: Algorithm,
     pub protocol: Protocol,
+    /// The part of `time` that collectives sharing links do not stretch: per-call and
+    /// per-message costs and reductions, which run beside another collective's transfer rather
+    /// than in turn with it. Priced for the TCP libraries; 0 (all of it shared) otherwise.
+    #[serde(skip)]
+    pub fixed: SimTime,
 }
 
 impl Estimate {
@@ -218,9 +223,15 @@ pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<E
     let measured = measured::stand_in(cluster, op, bytes, group, estimate.time, &|bytes| {
         model(bytes).time
     });
-    Ok(Estimate {
-        time: measured.unwrap_or(estimate.time),
-        ..estimate
+    Ok(match measured {
+        // What the measured time holds beyond the model's transfer is fixed: the transfer is
+        // what shares the links.
+        Some(time) => Estimate {
+            time,
+            fixed: time.saturating_sub(estimate.time.saturating_sub(estimate.fixed)),
+            ..estimate
+        },
+        None => estimate,
     })
 }
 
@@ -284,6 +295,7 @@ pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<
         time: reduce_scatter.time + inter.time + allgather.time,
         algorithm: Algorithm::Hierarchical,
         protocol: inter.protocol,
+        fixed: reduce_scatter.fixed + inter.fixed + allgather.fixed,
     })
 }
 

@@ -10,6 +10,7 @@ use crate::time::SimTime;
 use crate::topology::{Cluster, TcpParams};
 
 /// The Hockney terms of a TCP library's collective over `group`, in µs.
+#[derive(Clone, Copy)]
 pub(super) struct Hockney {
     /// Per message: software overhead plus one network hop.
     pub alpha: f64,
@@ -39,15 +40,39 @@ pub(super) fn estimate(
     bytes: u64,
     group: Group,
 ) -> Estimate {
+    if group.ranks == 1 {
+        return pick(vec![(0.0, 0.0, Algorithm::Local)]);
+    }
+    let hockney = Hockney::of(cluster, params, group);
+    // Each algorithm's time, and its fixed part: the same terms with no byte on the links.
+    let priced = |network: f64| {
+        let Hockney { alpha, beta, gamma } = hockney;
+        candidates(op, group, bytes, alpha, beta * network, gamma)
+    };
+    let call = params.call_overhead_us;
+    pick(
+        priced(1.0)
+            .into_iter()
+            .zip(priced(0.0))
+            .map(|((time, algorithm), (fixed, _))| (call + time, call + fixed, algorithm))
+            .collect(),
+    )
+}
+
+/// Every algorithm's time (µs) for `op` on `bytes` over `group` with these Hockney terms.
+fn candidates(
+    op: Op,
+    group: Group,
+    bytes: u64,
+    alpha: f64,
+    beta: f64,
+    gamma: f64,
+) -> Vec<(f64, Algorithm)> {
     let n = group.ranks as f64;
     let s = bytes as f64;
-    let Hockney { alpha, beta, gamma } = Hockney::of(cluster, params, group);
-    if group.ranks == 1 {
-        return pick(vec![(0.0, Algorithm::Local)]);
-    }
     let log_n = n.log2().ceil();
     let frac = (n - 1.0) / n;
-    let candidates = match op {
+    match op {
         Op::Allreduce => vec![
             (
                 log_n * (alpha + s * beta + s * gamma),
@@ -87,13 +112,7 @@ pub(super) fn estimate(
         ],
         Op::Reduce => vec![(log_n * (alpha + s * beta + s * gamma), Algorithm::Tree)],
         Op::Alltoall => vec![((n - 1.0) * alpha + frac * s * beta, Algorithm::P2p)],
-    };
-    pick(
-        candidates
-            .into_iter()
-            .map(|(time, algorithm)| (params.call_overhead_us + time, algorithm))
-            .collect(),
-    )
+    }
 }
 
 fn fold_cost(n: f64, alpha: f64, s: f64, beta: f64) -> f64 {
@@ -105,9 +124,9 @@ fn fold_cost(n: f64, alpha: f64, s: f64, beta: f64) -> f64 {
     }
 }
 
-/// The fastest of `candidates` (µs, algorithm), over TCP.
-pub(super) fn pick(candidates: Vec<(f64, Algorithm)>) -> Estimate {
-    let (time_us, algorithm) = candidates
+/// The fastest of `candidates` (µs, its fixed part in µs, algorithm), over TCP.
+pub(super) fn pick(candidates: Vec<(f64, f64, Algorithm)>) -> Estimate {
+    let (time_us, fixed_us, algorithm) = candidates
         .into_iter()
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .expect("every operation has at least one algorithm");
@@ -115,5 +134,34 @@ pub(super) fn pick(candidates: Vec<(f64, Algorithm)>) -> Estimate {
         time: SimTime::from_us(time_us),
         algorithm,
         protocol: Protocol::Tcp,
+        fixed: SimTime::from_us(fixed_us),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::collective::{estimate, Group, Op};
+    use crate::tcp_fit::parametric;
+    use crate::topology::{Cluster, ClusterOverrides};
+
+    #[test]
+    fn the_fixed_part_is_what_a_faster_link_leaves() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../experiments/lab-validation/clusters/lab-4n-1g.json"
+        );
+        let mut lab = parametric(&Cluster::load(path, ClusterOverrides::default()).unwrap());
+        lab.library.tcp_mut().unwrap().host_gbps = None;
+        let mut faster = lab.clone();
+        faster.inter_node.nic_bandwidth_gbps *= 10.0;
+        let world = Group::world(&lab);
+        for op in [Op::Allreduce, Op::Allgather, Op::ReduceScatter, Op::Reduce] {
+            let slow = estimate(&lab, op, 4 << 20, world).unwrap();
+            let fast = estimate(&faster, op, 4 << 20, world).unwrap();
+            assert_eq!(slow.algorithm, fast.algorithm, "{op}");
+            assert!(slow.fixed > crate::time::SimTime::ZERO, "{op}: {slow:?}");
+            assert!(slow.fixed < slow.time && fast.time < slow.time, "{op}");
+            assert_eq!(slow.fixed, fast.fixed, "{op}");
+        }
     }
 }

@@ -45,6 +45,7 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
             time: SimTime::ZERO,
             algorithm: Algorithm::ParameterServer,
             protocol,
+            fixed: SimTime::ZERO,
         };
         return Ok((estimate, Links::Every));
     }
@@ -72,6 +73,7 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
         time: SimTime::from_us(2.0 * (latency_us + fixed_us + per_phase_us)),
         algorithm: Algorithm::ParameterServer,
         protocol,
+        fixed: SimTime::from_us(2.0 * (latency_us + fixed_us)),
     };
     let links = Links::Server { server, senders };
     Ok((estimate, links))

@@ -105,6 +105,7 @@ pub(super) fn local_copy(cluster: &Cluster, bytes: u64) -> Estimate {
         time: SimTime::from_us(LOCAL_LAUNCH_US + bytes as f64 / (device_copy_gbytes_per_s * 1e3)),
         algorithm: Algorithm::Local,
         protocol: Protocol::Memcpy,
+        fixed: SimTime::ZERO,
     }
 }
 

@@ -42,6 +42,7 @@ pub(super) fn estimate(
         time: SimTime::from_us(time_us),
         algorithm,
         protocol,
+        fixed: SimTime::ZERO,
     }
 }
 
