@@ -64,9 +64,14 @@ fn every_shipped_experiment_regenerates_its_results() {
         assert!(csv.lines().count() > 2, "{name}: results.csv has no rows");
         // What is shipped is what the code gives: a change of the model regenerates it.
         let shipped = root().join("experiments").join(name).join("results.csv");
+        let shipped = std::fs::read_to_string(shipped).unwrap();
+        let differing = csv
+            .lines()
+            .zip(shipped.lines())
+            .find(|(given, kept)| given != kept);
         assert!(
-            csv == std::fs::read_to_string(shipped).unwrap(),
-            "{name}: results.csv differs from what the code gives: rerun `syncopate experiment run experiments/{name} --reuse-fit`"
+            csv == shipped,
+            "{name}: results.csv differs from what the code gives (first: {differing:?}): rerun `syncopate experiment run experiments/{name} --reuse-fit`"
         );
         assert!(has_svg(&dir), "{name}: no SVG with text");
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();

@@ -4,7 +4,8 @@
 //! Events are processed in batches of equal time; only after a whole batch do streams pick
 //! their next task, so the outcome does not depend on the order ranks are visited in. Running
 //! tasks progress at a rate (compute slows while collectives or compression kernels run beside
-//! it; concurrent collectives share the network), and a rate change reschedules the task's end.
+//! it; concurrent collectives share the network with their transfers, while a collective's
+//! fixed part runs beside them), and a rate change reschedules the task's end.
 
 use crate::collective::{shared_slowdowns, Links};
 use crate::error::{Result, SimError};
@@ -424,7 +425,14 @@ impl Engine<'_> {
             Event::Comm { stream, version } => match self.comm[stream as usize] {
                 Some(running) if running.version == version => {
                     match self.transfer_after[stream as usize].take() {
-                        Some(transfer) => self.start_transfer(stream as usize, running, transfer),
+                        Some(transfer) if transfer > 0.0 => {
+                            self.start_transfer(stream as usize, running, transfer)
+                        }
+                        // All of it was fixed: it never shared the links.
+                        Some(_) => {
+                            self.comm[stream as usize] = None;
+                            self.finish_collective(stream, running);
+                        }
                         None => {
                             self.comm[stream as usize] = None;
                             self.transferring -= 1;
@@ -940,8 +948,9 @@ mod tests {
     }
 
     /// Durations (ns) of the 4 push-pull rounds of a 4-tensor plan on 4 nodes, all ready at
-    /// once on 4 streams, each 1 µs alone, served by the nodes `servers` names.
-    fn push_pull_durations(servers: [u32; 4]) -> Vec<u64> {
+    /// once on 4 streams, each 1 µs alone of which `fixed_ns` is fixed, served by the nodes
+    /// `servers` names.
+    fn push_pull_durations(servers: [u32; 4], fixed_ns: u64) -> Vec<u64> {
         let mut model = ModelProfile::load("resnet50").unwrap();
         model.tensors.truncate(4);
         let mut plan = per_tensor_plan(&model);
@@ -959,7 +968,12 @@ mod tests {
             .map(|step| match (step.kind, step.piece) {
                 (StepKind::Collective { .. }, Some(piece)) => StepCost {
                     duration: SimTime(1000),
-                    estimate: None,
+                    estimate: Some(Estimate {
+                        time: SimTime(1000),
+                        algorithm: Algorithm::ParameterServer,
+                        protocol: Protocol::Tcp,
+                        fixed: SimTime(fixed_ns),
+                    }),
                     links: Links::Server {
                         server: ServerLink::Node(servers[piece as usize]),
                         senders: 3,
@@ -977,9 +991,12 @@ mod tests {
 
     #[test]
     fn push_pulls_to_different_servers_overlap_and_to_one_server_queue() {
-        assert_eq!(push_pull_durations([0, 1, 2, 3]), vec![1000; 4]);
+        assert_eq!(push_pull_durations([0, 1, 2, 3], 0), vec![1000; 4]);
         // Four rounds to node 0 at once push together and pull together: they queue.
-        assert_eq!(push_pull_durations([0; 4]), vec![4000; 4]);
+        assert_eq!(push_pull_durations([0; 4], 0), vec![4000; 4]);
+        // Their fixed parts (400 ns each) run side by side; only the transfers queue.
+        assert_eq!(push_pull_durations([0; 4], 400), vec![2800; 4]);
+        assert_eq!(push_pull_durations([0, 1, 2, 3], 400), vec![1000; 4]);
     }
 
     #[test]

@@ -195,7 +195,8 @@ pub struct Estimate {
     pub protocol: Protocol,
     /// The part of `time` that collectives sharing links do not stretch: per-call and
     /// per-message costs and reductions, which run beside another collective's transfer rather
-    /// than in turn with it. Priced for the TCP libraries; 0 (all of it shared) otherwise.
+    /// than in turn with it. Priced for the TCP libraries and a parameter server's hops and
+    /// messages; 0 (all of it shared) for NCCL's collectives.
     #[serde(skip)]
     pub fixed: SimTime,
 }

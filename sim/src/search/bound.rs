@@ -31,13 +31,14 @@ pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
         return Ok(compute);
     }
     let group = RankGroup::world(&scenario.cluster);
+    // What the links carry: a collective's fixed part runs beside other transfers.
+    let transfer = |bytes: u64, op: Op| -> Result<f64> {
+        let estimate = collective::estimate(&scenario.cluster, op, bytes, group)?;
+        Ok(estimate.time.saturating_sub(estimate.fixed).as_ns() as f64)
+    };
     let slope = |op: Op| -> Result<f64> {
-        let once = collective::estimate(&scenario.cluster, op, LARGE, group)?
-            .time
-            .as_ns() as f64;
-        let twice = collective::estimate(&scenario.cluster, op, 2 * LARGE, group)?
-            .time
-            .as_ns() as f64;
+        let once = transfer(LARGE, op)?;
+        let twice = transfer(2 * LARGE, op)?;
         let asymptotic = (twice - once) / LARGE as f64;
         // A cluster's measured sizes may cost less per byte than its model's slope.
         Ok(collective::least_ns_per_byte(&scenario.cluster, op, group)
