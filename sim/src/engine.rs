@@ -428,14 +428,10 @@ impl Engine<'_> {
                         Some(transfer) if transfer > 0.0 => {
                             self.start_transfer(stream as usize, running, transfer)
                         }
-                        // All of it was fixed: it never shared the links.
-                        Some(_) => {
+                        // Done; one that was all fixed never shared the links.
+                        after => {
                             self.comm[stream as usize] = None;
-                            self.finish_collective(stream, running);
-                        }
-                        None => {
-                            self.comm[stream as usize] = None;
-                            self.transferring -= 1;
+                            self.transferring -= u32::from(after.is_none());
                             self.finish_collective(stream, running);
                         }
                     }
@@ -894,19 +890,7 @@ mod tests {
             ranks_per_node: 1,
         };
         let schedule = lower(&model, world, true, &plan, "t").unwrap();
-        let costs: Vec<StepCost> = schedule
-            .steps
-            .iter()
-            .map(|step| StepCost {
-                duration: SimTime(if step.stream == Stream::Compute {
-                    compute_ns
-                } else {
-                    1000
-                }),
-                estimate: None,
-                links: Links::Every,
-            })
-            .collect();
+        let costs = stream_costs(&schedule, compute_ns, 1000);
         let config = EngineConfig {
             comm_slowdown_with_compute,
             codec_slowdown_with_compute: 2.0,
@@ -926,6 +910,37 @@ mod tests {
         EngineConfig {
             record_ranks: 1,
             ..EngineConfig::uncontended(1, policy)
+        }
+    }
+
+    /// `compute_ns` for every compute step of `schedule` and `other_ns` for every other.
+    fn stream_costs(schedule: &Schedule, compute_ns: u64, other_ns: u64) -> Vec<StepCost> {
+        schedule
+            .steps
+            .iter()
+            .map(|step| StepCost {
+                duration: SimTime(if step.stream == Stream::Compute {
+                    compute_ns
+                } else {
+                    other_ns
+                }),
+                estimate: None,
+                links: Links::Every,
+            })
+            .collect()
+    }
+
+    /// A 1 µs TCP collective of `algorithm` on `links`, `fixed_ns` of it fixed.
+    fn collective_cost(algorithm: Algorithm, fixed_ns: u64, links: Links) -> StepCost {
+        StepCost {
+            duration: SimTime(1000),
+            estimate: Some(Estimate {
+                time: SimTime(1000),
+                algorithm,
+                protocol: Protocol::Tcp,
+                fixed: SimTime(fixed_ns),
+            }),
+            links,
         }
     }
 
@@ -966,19 +981,14 @@ mod tests {
             .steps
             .iter()
             .map(|step| match (step.kind, step.piece) {
-                (StepKind::Collective { .. }, Some(piece)) => StepCost {
-                    duration: SimTime(1000),
-                    estimate: Some(Estimate {
-                        time: SimTime(1000),
-                        algorithm: Algorithm::ParameterServer,
-                        protocol: Protocol::Tcp,
-                        fixed: SimTime(fixed_ns),
-                    }),
-                    links: Links::Server {
+                (StepKind::Collective { .. }, Some(piece)) => collective_cost(
+                    Algorithm::ParameterServer,
+                    fixed_ns,
+                    Links::Server {
                         server: ServerLink::Node(servers[piece as usize]),
                         senders: 3,
                     },
-                },
+                ),
                 _ => StepCost {
                     duration: SimTime::ZERO,
                     estimate: None,
@@ -1047,19 +1057,7 @@ mod tests {
         };
         let schedule = lower(&model, world, false, &plan, "t").unwrap();
         // Compute steps take 1 µs and nothing else takes time: no overlap slows them.
-        let costs: Vec<StepCost> = schedule
-            .steps
-            .iter()
-            .map(|step| StepCost {
-                duration: SimTime(if step.stream == Stream::Compute {
-                    1000
-                } else {
-                    0
-                }),
-                estimate: None,
-                links: Links::Every,
-            })
-            .collect();
+        let costs = stream_costs(&schedule, 1000, 0);
         let config = EngineConfig {
             compute_slowdown: 1.25,
             ..plan_order(1)
@@ -1084,16 +1082,9 @@ mod tests {
             .steps
             .iter()
             .map(|step| match step.kind {
-                StepKind::Collective { .. } => StepCost {
-                    duration: SimTime(1000),
-                    estimate: Some(Estimate {
-                        time: SimTime(1000),
-                        algorithm: Algorithm::Ring,
-                        protocol: Protocol::Tcp,
-                        fixed: SimTime(fixed_ns),
-                    }),
-                    links: Links::Every,
-                },
+                StepKind::Collective { .. } => {
+                    collective_cost(Algorithm::Ring, fixed_ns, Links::Every)
+                }
                 _ => StepCost {
                     duration: SimTime::ZERO,
                     estimate: None,

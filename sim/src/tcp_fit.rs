@@ -249,17 +249,14 @@ pub fn attach(cluster: &Cluster, points: &[Timed]) -> Cluster {
     }
     for sweep in &mut sweeps {
         sweep.points.sort_by_key(|p| p.bytes);
-        let mut merged: Vec<(SweepPoint, f64)> = Vec::new();
-        for p in &sweep.points {
-            match merged.last_mut() {
-                Some((last, count)) if last.bytes == p.bytes => {
-                    last.time_us = (last.time_us * *count + p.time_us) / (*count + 1.0);
-                    *count += 1.0;
-                }
-                _ => merged.push((*p, 1.0)),
-            }
-        }
-        sweep.points = merged.into_iter().map(|(p, _)| p).collect();
+        sweep.points = sweep
+            .points
+            .chunk_by(|a, b| a.bytes == b.bytes)
+            .map(|same| SweepPoint {
+                bytes: same[0].bytes,
+                time_us: same.iter().map(|p| p.time_us).sum::<f64>() / same.len() as f64,
+            })
+            .collect();
     }
     sweeps.retain(|s| s.ranks >= 2 && s.points.len() >= 2);
     if let Some(params) = out.library.tcp_mut() {

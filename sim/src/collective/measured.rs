@@ -108,22 +108,20 @@ impl MeasuredSweep {
         Ok(())
     }
 
-    /// Whether it measured `op` over `group` on `cluster`'s links.
-    fn measured(&self, op: Op, group: Group, cluster: &Cluster) -> bool {
-        self.op == op
-            && self.ranks == group.ranks
-            && self.nodes == group.nodes
-            && self.nics_per_node == cluster.inter_node.nics_per_node
-            && self.nic_bandwidth_gbps == cluster.inter_node.nic_bandwidth_gbps
+    /// What it measured: the operation, its ranks and nodes, and the nodes' links.
+    fn conditions(&self) -> (Op, u32, u32, u32, f64) {
+        (
+            self.op,
+            self.ranks,
+            self.nodes,
+            self.nics_per_node,
+            self.nic_bandwidth_gbps,
+        )
     }
 
     /// Whether `other` measured what this sweep did (a file holds one sweep of each).
     pub fn same_conditions(&self, other: &MeasuredSweep) -> bool {
-        self.op == other.op
-            && self.ranks == other.ranks
-            && self.nodes == other.nodes
-            && self.nics_per_node == other.nics_per_node
-            && self.nic_bandwidth_gbps == other.nic_bandwidth_gbps
+        self.conditions() == other.conditions()
     }
 
     /// The time of `bytes`, which the model prices at `modeled`: interpolated between measured
@@ -152,9 +150,22 @@ impl MeasuredSweep {
     }
 }
 
-/// The sweeps of `cluster`'s TCP library (none for NCCL).
-fn sweeps(cluster: &Cluster) -> &[MeasuredSweep] {
-    cluster.library.tcp().map_or(&[], |p| p.measured.as_slice())
+/// The sweep of `cluster`'s TCP library (none for NCCL) that measured `op` over `group` on its
+/// links.
+fn matching(cluster: &Cluster, op: Op, group: Group) -> Option<&MeasuredSweep> {
+    let links = &cluster.inter_node;
+    let wanted = (
+        op,
+        group.ranks,
+        group.nodes,
+        links.nics_per_node,
+        links.nic_bandwidth_gbps,
+    );
+    let sweeps = cluster
+        .library
+        .tcp()
+        .map_or(&[][..], |p| p.measured.as_slice());
+    sweeps.iter().find(|s| s.conditions() == wanted)
 }
 
 /// The measured time of `op` on `bytes` over `group`, when one of `cluster`'s sweeps measured
@@ -167,24 +178,18 @@ pub(super) fn stand_in(
     modeled: SimTime,
     model: &dyn Fn(u64) -> SimTime,
 ) -> Option<SimTime> {
-    sweeps(cluster)
-        .iter()
-        .find(|s| s.measured(op, group, cluster))
-        .map(|s| s.time(bytes, modeled, model))
+    matching(cluster, op, group).map(|s| s.time(bytes, modeled, model))
 }
 
 /// The least ns per byte any measured size of `op` over `group` took on `cluster`: a bound on
 /// what the collective costs per byte must not exceed it.
 pub fn least_ns_per_byte(cluster: &Cluster, op: Op, group: Group) -> Option<f64> {
-    sweeps(cluster)
-        .iter()
-        .find(|s| s.measured(op, group, cluster))
-        .and_then(|s| {
-            s.points
-                .iter()
-                .map(|p| p.time_us * 1e3 / p.bytes as f64)
-                .min_by(f64::total_cmp)
-        })
+    matching(cluster, op, group).and_then(|s| {
+        s.points
+            .iter()
+            .map(|p| p.time_us * 1e3 / p.bytes as f64)
+            .min_by(f64::total_cmp)
+    })
 }
 
 #[cfg(test)]
