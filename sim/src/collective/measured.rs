@@ -5,7 +5,8 @@
 //! time and those of 64 KiB 0.7×: experiments/lab-validation's `lab-4n-0.2g.sweep.csv` of
 //! 2026-11-24 morning). Where a sweep measured the very collective a plan runs, its times are
 //! the better cost; between two measured sizes the time is interpolated in log-log space, and
-//! outside the measured sizes the model's time is scaled by its ratio at the nearest one.
+//! outside the measured sizes the model's time is scaled by its ratio at the nearest one. A
+//! sweep whose larger size measured faster than a smaller one is first made non-decreasing.
 //! Anywhere else (other ranks, other links, a `--inter-gbps` or `--nodes` override to another
 //! value) the model alone prices the collective.
 
@@ -127,7 +128,8 @@ impl MeasuredSweep {
     /// The time of `bytes`, which the model prices at `modeled`: interpolated between measured
     /// sizes, or the model's time scaled by its ratio at the nearest measured size outside them.
     fn time(&self, bytes: u64, modeled: SimTime, model: &dyn Fn(u64) -> SimTime) -> SimTime {
-        let (first, last) = (self.points[0], self.points[self.points.len() - 1]);
+        let points = monotone(&self.points);
+        let (first, last) = (points[0], points[points.len() - 1]);
         let beyond = |end: SweepPoint| {
             let at_end = model(end.bytes).as_us();
             let us = if at_end > 0.0 {
@@ -143,11 +145,42 @@ impl MeasuredSweep {
         if bytes >= last.bytes {
             return beyond(last);
         }
-        let upper = self.points.partition_point(|p| p.bytes < bytes);
-        let (a, b) = (self.points[upper - 1], self.points[upper]);
+        let upper = points.partition_point(|p| p.bytes < bytes);
+        let (a, b) = (points[upper - 1], points[upper]);
         let along = (bytes as f64 / a.bytes as f64).ln() / (b.bytes as f64 / a.bytes as f64).ln();
         SimTime::from_us(a.time_us * (b.time_us / a.time_us).powf(along))
     }
+}
+
+/// The points with their times made non-decreasing in size, as close to the measured ones as
+/// can be (least squares: pool-adjacent-violators, each run of sizes that measured faster than
+/// a smaller one replaced by its mean): a collective of more bytes does not take less time,
+/// and a sweep that says so measured the machine's noise (a gloo sweep on 4 nodes sharing 2
+/// cores timed 4 KiB at 7.8 ms and 256 KiB at 5.0 ms).
+fn monotone(points: &[SweepPoint]) -> Vec<SweepPoint> {
+    // Blocks of (sum of times, count), each block's mean above the one before.
+    let mut blocks: Vec<(f64, usize)> = Vec::with_capacity(points.len());
+    for point in points {
+        blocks.push((point.time_us, 1));
+        while let [.., (sum_a, n_a), (sum_b, n_b)] = blocks[..] {
+            if sum_a / n_a as f64 <= sum_b / n_b as f64 {
+                break;
+            }
+            blocks.pop();
+            *blocks.last_mut().expect("two blocks") = (sum_a + sum_b, n_a + n_b);
+        }
+    }
+    let times = blocks
+        .iter()
+        .flat_map(|&(sum, n)| std::iter::repeat_n(sum / n as f64, n));
+    points
+        .iter()
+        .zip(times)
+        .map(|(p, time_us)| SweepPoint {
+            bytes: p.bytes,
+            time_us,
+        })
+        .collect()
 }
 
 /// The sweep of `cluster`'s TCP library (none for NCCL) that measured `op` over `group` on its
@@ -185,7 +218,7 @@ pub(super) fn stand_in(
 /// what the collective costs per byte must not exceed it.
 pub fn least_ns_per_byte(cluster: &Cluster, op: Op, group: Group) -> Option<f64> {
     matching(cluster, op, group).and_then(|s| {
-        s.points
+        monotone(&s.points)
             .iter()
             .map(|p| p.time_us * 1e3 / p.bytes as f64)
             .min_by(f64::total_cmp)
@@ -248,6 +281,36 @@ mod tests {
         assert_eq!(at(400_000), Some(SimTime::from_us(40_000.0)));
         assert_eq!(at(100), Some(SimTime::from_us(10.0)));
         assert_eq!(least_ns_per_byte(&lab, Op::Allreduce, FOUR), Some(100.0));
+    }
+
+    #[test]
+    fn a_larger_size_measured_faster_is_pooled_with_the_smaller_ones() {
+        let times = |measured: &[f64]| {
+            let points: Vec<SweepPoint> = measured
+                .iter()
+                .enumerate()
+                .map(|(i, &time_us)| SweepPoint {
+                    bytes: 1000 << i,
+                    time_us,
+                })
+                .collect();
+            monotone(&points)
+                .iter()
+                .map(|p| p.time_us)
+                .collect::<Vec<f64>>()
+        };
+        assert_eq!(times(&[1.0, 2.0, 3.0]), [1.0, 2.0, 3.0]);
+        // 7.8 ms at 4 KiB, 7.3 at 64 KiB, 5.0 at 256 KiB, then 15.3 at 1 MiB: the first three
+        // take their mean.
+        assert_eq!(times(&[7.8, 7.3, 5.0, 15.3]), [6.7, 6.7, 6.7, 15.3]);
+        assert_eq!(times(&[3.0, 1.0, 2.0]), [2.0, 2.0, 2.0]);
+        // The stand-in and the bound read the pooled times.
+        let mut lab = lab();
+        lab.library.tcp_mut().unwrap().measured[0].points[0].time_us = 20_000.0;
+        let at = |bytes| stand_in(&lab, Op::Allreduce, bytes, FOUR, model(bytes), &model);
+        assert_eq!(at(1000), Some(SimTime::from_us(15_000.0)));
+        assert_eq!(at(100_000), Some(SimTime::from_us(15_000.0)));
+        assert_eq!(least_ns_per_byte(&lab, Op::Allreduce, FOUR), Some(150.0));
     }
 
     #[test]
