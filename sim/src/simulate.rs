@@ -215,6 +215,16 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
     })
 }
 
+/// The cluster's compute slowdown with every rank computing at once, unless the model profile
+/// was recorded with as many ranks computing at once (its `rank_skew`): its times then hold
+/// that pace already, and its skew draws each rank's, the slowest setting the collectives'.
+fn ranks_pace(scenario: &Scenario, with_ranks: f64) -> f64 {
+    match &scenario.model.rank_skew {
+        Some(skew) if skew.ranks == scenario.cluster.world_size() => 1.0,
+        _ => with_ranks,
+    }
+}
+
 /// The engine settings a schedule and the scenario's device imply.
 pub fn engine_config(
     scenario: &Scenario,
@@ -228,7 +238,7 @@ pub fn engine_config(
     let (alone, collective, codec, comm, codec_beside_compute) = match &scenario.cluster.contention
     {
         Some(c) => (
-            c.compute_slowdown_with_ranks,
+            ranks_pace(scenario, c.compute_slowdown_with_ranks),
             c.compute_slowdown_with_collective,
             c.compute_slowdown_with_compression,
             c.collective_slowdown_with_compute,
@@ -477,5 +487,45 @@ mod tests {
         assert_eq!(json["codec_cost_fallback"][0]["compressor"], "topk");
         // The V100's calibrated top-k costs 16× the bandwidth bound the fallback charges.
         assert!(estimated.compression_ms < profiled.compression_ms);
+    }
+
+    #[test]
+    fn a_profile_recorded_with_every_rank_computing_is_not_slowed_by_the_ranks_again() {
+        let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let lab = |nodes| {
+            let overrides = ClusterOverrides {
+                nodes: Some(nodes),
+                ..ClusterOverrides::default()
+            };
+            let path = format!("{repo}/experiments/lab-validation/clusters/lab-4n-1g.json");
+            Cluster::load(&path, overrides).unwrap()
+        };
+        let with_ranks = lab(4)
+            .contention
+            .as_ref()
+            .unwrap()
+            .compute_slowdown_with_ranks;
+        assert!(with_ranks > 1.0, "{with_ranks}");
+        // digits-w4.json was recorded with 4 ranks computing at once.
+        let mut model = ModelProfile::load(&format!(
+            "{repo}/experiments/lab4-real/profiles/digits-w4.json"
+        ))
+        .unwrap();
+        // Named relative to the experiment's directory, where simulate runs.
+        model.device = format!("{repo}/experiments/lab-validation/device.json");
+        assert_eq!(model.rank_skew.as_ref().unwrap().ranks, 4);
+        let pace = |nodes| {
+            let scenario = Scenario::new(model.clone(), lab(nodes)).unwrap();
+            let plan = "horovod"
+                .parse::<Strategy>()
+                .unwrap()
+                .plan(&scenario, &StrategyOptions::default())
+                .unwrap();
+            let schedule = schedule(&scenario, &plan).unwrap();
+            engine_config(&scenario, &schedule, 1, 0).compute_slowdown
+        };
+        assert_eq!(pace(4), 1.0);
+        // On 8 ranks the profile's pace is not the cluster's.
+        assert_eq!(pace(8), with_ranks);
     }
 }

@@ -304,7 +304,9 @@ pub struct ClusterContention {
     /// Compute time multiplier with every rank computing at once and nothing else running
     /// beside it, against the rate its profile (or a CPU rank's calibrated loop) gives: a
     /// synchronous job runs at its slowest rank's pace, and ranks sharing a host's cores do not
-    /// share them evenly. Files written before it was measured lack it: 1.
+    /// share them evenly. Files written before it was measured lack it: 1. A model profile
+    /// recorded with as many ranks computing at once (its `rank_skew`) holds that pace already,
+    /// and the simulator leaves this factor out for it.
     #[serde(default = "no_slowdown")]
     pub compute_slowdown_with_ranks: f64,
     /// Compute time multiplier while a collective runs (on top of the one with every rank).
