@@ -193,7 +193,8 @@ pub struct CollectiveArgs {
     pub fit_only: Option<Vec<String>>,
     /// The --compare sweep timed again while every rank computes beside it (`python -m
     /// syncopate.torch.sweep --beside-compute`): a TCP cluster's fit then also sets
-    /// `contention.collective_slowdown_with_compute` to the median ratio of the two.
+    /// `contention.collective_slowdown_with_compute` and `collective_delay_with_compute_us`
+    /// to the line `beside = factor × alone + delay` through the two.
     #[arg(long, requires = "fit_out")]
     pub beside_compute: Option<PathBuf>,
     /// GPU counts of the --compare data kept out of the fit, whose error is reported apart:
@@ -667,10 +668,11 @@ pub enum LabProbeCommand {
         #[arg(long)]
         timeout_s: f64,
     },
-    /// How compute and an allreduce slow each other on every rank (under mpirun); JSON on rank 0.
+    /// How compute and allreduces slow each other on every rank (under mpirun); JSON on rank 0.
+    /// Compute is timed beside the largest size; every size alone and beside compute.
     Contention {
-        #[arg(long)]
-        bytes: u64,
+        #[arg(long, value_delimiter = ',', required = true)]
+        sizes: Vec<u64>,
         #[arg(long)]
         repeats: usize,
         #[arg(long)]

@@ -877,6 +877,14 @@ fn a_sweep_beside_compute_sets_the_gloo_fits_collective_slowdown() {
         .as_f64()
         .unwrap();
     assert!((factor - 1.25).abs() < 1e-3, "{contention}");
+    // Slower by a factor alone: no delay, for the allgathers neither.
+    for delay in [
+        "collective_delay_with_compute_us",
+        "allgather_delay_with_compute_us",
+    ] {
+        let us = contention[delay].as_f64().unwrap();
+        assert!(us.abs() < 1e-6, "{contention}");
+    }
     let method = contention["provenance"]["method"].as_str().unwrap();
     assert!(method.contains("beside compute (x1.25)"), "{method}");
     // The compute slowdowns measured before stay.

@@ -1,14 +1,20 @@
-//! A TCP library's collectives slowed by compute on the same cores: the ratio of a sweep timed while every rank computes to the same sweep timed alone.
+//! A TCP library's collectives slowed by compute on the same cores: lines through the times of a sweep run alone and of the same sweep run while every rank computes.
 //!
 //! CPU ranks run their collectives on the cores their compute uses (gloo's and MPI's progress
 //! threads, the TCP stack), so a collective beside a backward pass takes longer than the same
-//! collective in a sweep. `python -m syncopate.torch.sweep --beside-compute` times the sweep
-//! with a computing thread on every rank; the median ratio over the sizes that move bytes is
-//! the cluster's `contention.collective_slowdown_with_compute`.
+//! collective in a sweep, in two ways: every round of it waits for its progress thread to be
+//! scheduled (a delay whatever its size: a 64 KiB MPI allreduce on 4 ranks sharing 2 cores
+//! took 3.0 ms alone and 34.4 ms beside compute), and its transfer runs somewhat slower. So
+//! `beside = factor × alone + delay`: the line through the allreduces gives the factor
+//! (`contention.collective_slowdown_with_compute`) and their delay
+//! (`collective_delay_with_compute_us`); an allgather, whose rounds differ, has a delay of its
+//! own beyond the same factor (`allgather_delay_with_compute_us`). `python -m
+//! syncopate.torch.sweep --beside-compute` times gloo's; `syncopate lab probe contention` times
+//! MPI's.
 
 use crate::collective::Op;
 use crate::error::{Result, SimError};
-use crate::limits::MAX_SLOWDOWN;
+use crate::limits::{MAX_DURATION_US, MAX_SLOWDOWN};
 use crate::tcp_fit::Timed;
 
 /// Smaller messages are latency, which the machine's scheduling makes noisy beyond use.
@@ -24,16 +30,151 @@ pub struct Pair {
     pub beside_us: f64,
 }
 
-/// The fitted slowdown and the pairs it comes from.
+/// The fit and the pairs it comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Slowdown {
-    /// The median ratio, at least 1: a collective is not faster beside compute, and a ratio
-    /// below 1 is the machine's noise.
-    pub factor: f64,
+    pub fit: BesideCompute,
     pub pairs: Vec<Pair>,
 }
 
-/// The slowdown from the rows of at least [`FROM_BYTES`] that both sweeps time (same
+/// What compute on the same cores adds to a collective.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BesideCompute {
+    /// The allreduces' line (every pair's, when none is an allreduce).
+    pub line: Line,
+    /// The allgathers' delay beyond `line.factor`, when allgathers were timed.
+    pub allgather_delay_us: Option<f64>,
+}
+
+impl BesideCompute {
+    /// Through `pairs` (at least one); errors name `what`.
+    pub fn fit(pairs: &[Pair], what: &str) -> Result<BesideCompute> {
+        let times = |op: Option<Op>| -> Vec<(f64, f64)> {
+            pairs
+                .iter()
+                .filter(|p| op.is_none_or(|op| p.op == op))
+                .map(|p| (p.alone_us, p.beside_us))
+                .collect()
+        };
+        let allreduces = times(Some(Op::Allreduce));
+        let line = match allreduces.is_empty() {
+            true => Line::fit(&times(None), what)?,
+            false => Line::fit(&allreduces, what)?,
+        };
+        let allgathers = times(Some(Op::Allgather));
+        let allgather_delay_us = match allgathers.is_empty() {
+            true => None,
+            false => Some(line.delay_beyond(&allgathers, what)?),
+        };
+        Ok(BesideCompute {
+            line,
+            allgather_delay_us,
+        })
+    }
+
+    /// The fit in words, for a provenance.
+    pub fn describe(&self) -> String {
+        let allgather = self.allgather_delay_us.map_or(String::new(), |d| {
+            format!(", allgather_delay_with_compute_us {d:.1} (the allgathers' mean time beyond the factor, weighed likewise)")
+        });
+        format!("{}{allgather}", self.line.describe())
+    }
+}
+
+/// `beside = factor × alone + delay_us`, with `factor` at least 1 and `delay_us` at least 0:
+/// a collective is not faster beside compute, and a line that says so fits the machine's noise.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Line {
+    pub factor: f64,
+    pub delay_us: f64,
+}
+
+impl Line {
+    /// The line through `(alone, beside)` times (µs, at least one pair, all positive), fitted
+    /// by least squares on relative errors (each pair weighed by 1 / alone², so that the
+    /// largest sizes' noise does not swamp the delay the small ones show). Err names `what`
+    /// when the fit is out of range.
+    pub fn fit(times: &[(f64, f64)], what: &str) -> Result<Line> {
+        let (mut w, mut a, mut b, mut aa, mut ab) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for &(alone, beside) in times {
+            let weight = 1.0 / (alone * alone);
+            w += weight;
+            a += weight * alone;
+            b += weight * beside;
+            aa += weight * alone * alone;
+            ab += weight * alone * beside;
+        }
+        let spread = w * aa - a * a;
+        // One size (or sizes whose times are all alike) cannot tell a delay from a factor.
+        let (mut factor, mut delay) = match spread > 1e-9 * w * aa {
+            true => {
+                let factor = (w * ab - a * b) / spread;
+                (factor, (b - factor * a) / w)
+            }
+            false => (ab / aa, 0.0),
+        };
+        if factor < 1.0 {
+            factor = 1.0;
+            delay = (b - a) / w;
+        }
+        if delay < 0.0 {
+            delay = 0.0;
+            factor = (ab / aa).max(1.0);
+        }
+        if !(factor.is_finite() && factor <= MAX_SLOWDOWN) {
+            return Err(SimError::bad_value(
+                what,
+                crate::limits::num(factor),
+                format!("the slowdown of collectives beside compute must be a factor up to {MAX_SLOWDOWN}"),
+            ));
+        }
+        if !(delay.is_finite() && delay <= MAX_DURATION_US) {
+            return Err(SimError::bad_value(
+                what,
+                crate::limits::num(delay),
+                format!(
+                    "the delay of a collective beside compute must be up to {MAX_DURATION_US:e} µs"
+                ),
+            ));
+        }
+        Ok(Line {
+            factor,
+            delay_us: delay.max(0.0),
+        })
+    }
+
+    /// The mean of `beside − factor × alone` over `times` (weighed by 1 / alone², at least 0):
+    /// the delay of an operation whose rounds differ, beyond this line's factor.
+    pub fn delay_beyond(&self, times: &[(f64, f64)], what: &str) -> Result<f64> {
+        let (mut weights, mut sum) = (0.0, 0.0);
+        for &(alone, beside) in times {
+            let weight = 1.0 / (alone * alone);
+            weights += weight;
+            sum += weight * (beside - self.factor * alone);
+        }
+        let delay = (sum / weights).max(0.0);
+        if !(delay.is_finite() && delay <= MAX_DURATION_US) {
+            return Err(SimError::bad_value(
+                what,
+                crate::limits::num(delay),
+                format!(
+                    "the delay of a collective beside compute must be up to {MAX_DURATION_US:e} µs"
+                ),
+            ));
+        }
+        Ok(delay)
+    }
+
+    /// The line in words, for a provenance.
+    pub fn describe(&self) -> String {
+        format!(
+            "collective_slowdown_with_compute {:.3} and collective_delay_with_compute_us {:.1}: the line beside = factor × alone + delay (factor at least 1, delay at least 0) fitted by least squares on relative errors",
+            self.factor, self.delay_us
+        )
+    }
+}
+
+/// The fit through the rows of at least [`FROM_BYTES`] that both sweeps time (same
 /// collective, ranks and size).
 pub fn fit(alone: &[Timed], beside: &[Timed]) -> Result<Slowdown> {
     let pairs: Vec<Pair> = beside
@@ -64,17 +205,8 @@ pub fn fit(alone: &[Timed], beside: &[Timed]) -> Result<Slowdown> {
             ),
         ));
     }
-    let ratios: Vec<f64> = pairs.iter().map(|p| p.beside_us / p.alone_us).collect();
-    let median = crate::stats::median(&ratios).expect("at least one pair");
-    if !(median.is_finite() && median <= MAX_SLOWDOWN) {
-        return Err(SimError::bad_value(
-            "--beside-compute",
-            crate::limits::num(median),
-            format!("the median slowdown must be a factor up to {MAX_SLOWDOWN}"),
-        ));
-    }
     Ok(Slowdown {
-        factor: median.max(1.0),
+        fit: BesideCompute::fit(&pairs, "--beside-compute")?,
         pairs,
     })
 }
@@ -97,8 +229,8 @@ pub fn describe(slowdown: &Slowdown) -> String {
         })
         .collect();
     format!(
-        "collective_slowdown_with_compute {:.3}: the median ratio (at least 1) over the sizes of at least {} KiB timed alone and with every rank computing on a thread beside: {}",
-        slowdown.factor,
+        "{} to the sizes of at least {} KiB timed alone and with every rank computing on a thread beside: {}",
+        slowdown.fit.describe(),
         FROM_BYTES >> 10,
         pairs.join(", ")
     )
@@ -121,36 +253,67 @@ mod tests {
     }
 
     #[test]
-    fn the_median_ratio_of_sizes_timed_both_ways_from_64_kib() {
+    fn a_factor_and_a_delay_from_the_sizes_timed_both_ways_from_64_kib() {
         let alone = [
             timed(Op::Allreduce, 4096, 100.0),
             timed(Op::Allreduce, 65536, 1000.0),
             timed(Op::Allreduce, 1 << 20, 8000.0),
             timed(Op::Allgather, 1 << 20, 4000.0),
         ];
+        // 1.2 × alone + 2000 µs.
         let beside = [
             // Too small to count, however slow.
             timed(Op::Allreduce, 4096, 900.0),
-            timed(Op::Allreduce, 65536, 3000.0),
-            timed(Op::Allreduce, 1 << 20, 9600.0),
-            timed(Op::Allgather, 1 << 20, 6000.0),
+            timed(Op::Allreduce, 65536, 3200.0),
+            timed(Op::Allreduce, 1 << 20, 11600.0),
+            timed(Op::Allgather, 1 << 20, 6800.0),
             // Not timed alone: no pair.
             timed(Op::Allgather, 4 << 20, 1e6),
         ];
         let fitted = fit(&alone, &beside).unwrap();
         assert_eq!(fitted.pairs.len(), 3);
-        // Ratios 3.0, 1.2 and 1.5: the median is 1.5.
-        assert!((fitted.factor - 1.5).abs() < 1e-12);
-        assert!(describe(&fitted).contains("allgather 2 ranks 1048576 B"));
+        let line = fitted.fit.line;
+        assert!((line.factor - 1.2).abs() < 1e-9, "{fitted:?}");
+        assert!((line.delay_us - 2000.0).abs() < 1e-6, "{fitted:?}");
+        // The allgather: 6800 − 1.2 × 4000.
+        let allgather = fitted.fit.allgather_delay_us.unwrap();
+        assert!((allgather - 2000.0).abs() < 1e-6, "{fitted:?}");
+        let text = describe(&fitted);
+        assert!(text.contains("allgather 2 ranks 1048576 B"), "{text}");
+        assert!(
+            text.contains("collective_delay_with_compute_us 2000.0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("allgather_delay_with_compute_us 2000.0"),
+            "{text}"
+        );
     }
 
     #[test]
-    fn noise_below_one_is_no_speedup_and_no_common_row_is_an_error() {
+    fn a_line_that_says_faster_is_clamped_to_no_speedup() {
+        // A delay with a slope below 1 (the largest size's noise): slope 1, the delay the
+        // relative errors weigh.
+        let line = Line::fit(&[(1000.0, 6000.0), (100_000.0, 102_000.0)], "x").unwrap();
+        assert_eq!(line.factor, 1.0);
+        assert!((line.delay_us - 5000.0).abs() < 1.0, "{line:?}");
+        // Faster beside compute at every size: neither slower nor delayed.
+        let line = Line::fit(&[(1000.0, 900.0), (8000.0, 7000.0)], "x").unwrap();
+        assert_eq!((line.factor, line.delay_us), (1.0, 0.0));
+        // One size cannot tell a delay from a factor: the ratio.
+        let line = Line::fit(&[(8000.0, 12000.0)], "x").unwrap();
+        assert_eq!((line.factor, line.delay_us), (1.5, 0.0));
+    }
+
+    #[test]
+    fn no_common_row_and_absurd_slowdowns_are_errors() {
         let alone = [timed(Op::Allreduce, 1 << 20, 8000.0)];
-        let faster = [timed(Op::Allreduce, 1 << 20, 7000.0)];
-        assert_eq!(fit(&alone, &faster).unwrap().factor, 1.0);
         let other = [timed(Op::Allgather, 1 << 20, 7000.0)];
         let err = fit(&alone, &other).unwrap_err().to_string();
+        assert!(err.contains("--beside-compute"), "{err}");
+        let err = Line::fit(&[(1.0, 1e9)], "--beside-compute")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--beside-compute"), "{err}");
     }
 }

@@ -215,6 +215,29 @@ fn exchange_cost(
     exchange: Exchange,
     bytes: u64,
 ) -> Result<(Estimate, Links)> {
+    let (mut estimate, links) = priced_exchange(scenario, servers, piece, device, exchange, bytes)?;
+    if let Some(contention) = &scenario.cluster.contention {
+        let delay_us = match (exchange, contention.allgather_delay_with_compute_us) {
+            (Exchange::Allgather | Exchange::AllgatherShards, Some(allgather)) => allgather,
+            _ => contention.collective_delay_with_compute_us,
+        };
+        // Measured as `factor × alone + delay`: the engine stretches the delay by the factor
+        // with the rest of the collective.
+        let factor = contention.collective_slowdown_with_compute;
+        estimate.delay_with_compute = SimTime::from_us(delay_us / factor);
+    }
+    Ok((estimate, links))
+}
+
+/// `exchange_cost` before compute on the same cores delays it.
+fn priced_exchange(
+    scenario: &Scenario,
+    servers: Servers,
+    piece: &Piece,
+    device: &DeviceProfile,
+    exchange: Exchange,
+    bytes: u64,
+) -> Result<(Estimate, Links)> {
     let cluster = &scenario.cluster;
     let world = RankGroup::world(cluster);
     let estimate = match exchange {

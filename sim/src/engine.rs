@@ -644,14 +644,16 @@ impl Engine<'_> {
         }
     }
 
+    /// Starts what is ready: local work first, so that a collective launched at the same
+    /// instant sees the cores its ranks keep busy.
     fn dispatch(&mut self) {
-        self.dispatch_comm();
         while let Some(rank) = self.dirty_list.pop() {
             self.dirty[rank as usize] = false;
             for which in [LocalStream::Codec, LocalStream::Cpu, LocalStream::Compute] {
                 self.start_local(rank, which);
             }
         }
+        self.dispatch_comm();
     }
 
     fn start_local(&mut self, rank: u32, which: LocalStream) {
@@ -699,6 +701,12 @@ impl Engine<'_> {
         );
     }
 
+    /// The share of ranks whose compute runs now.
+    fn computing_share(&self) -> f64 {
+        let computing = self.ranks.iter().filter(|r| r.compute.running.is_some());
+        computing.count() as f64 / f64::from(self.ranks_n)
+    }
+
     /// Counts the rank in or out of the CPU-busy ranks after one of its streams started or
     /// stopped, and rerates the collectives when that changed.
     fn refresh_cpu_busy(&mut self, rank: u32) {
@@ -743,11 +751,21 @@ impl Engine<'_> {
             .get(task as usize)
             .map_or(1.0, |&f| f as f64);
         let task_info = self.graph.task(task);
-        let work = task_info.duration.as_ns() as f64 * factor;
+        // Computing ranks delay the collective's rounds (`Estimate::delay_with_compute`): work
+        // before its transfer, sharing no link.
+        let delay = match task_info
+            .estimate
+            .map_or(0, |e| e.delay_with_compute.as_ns())
+        {
+            0 => 0.0,
+            ns => ns as f64 * self.computing_share(),
+        };
+        let work = task_info.duration.as_ns() as f64 * factor + delay;
         // The fixed part first, beside whatever shares the links, then the transfer.
-        let fixed = task_info.estimate.map_or(0.0, |e| {
-            e.fixed.min(task_info.duration).as_ns() as f64 * factor
-        });
+        let fixed = delay
+            + task_info.estimate.map_or(0.0, |e| {
+                e.fixed.min(task_info.duration).as_ns() as f64 * factor
+            });
         let (first, transfer) = match fixed > 0.0 {
             true => (fixed, Some(work - fixed)),
             false => (work, None),
@@ -873,13 +891,8 @@ mod tests {
     }
 
     /// Task durations (ns) on `stream` of a per-tensor top-k plan on 4 CPU ranks where every
-    /// step costs 1 µs, compute `compute_ns`.
-    fn durations(
-        stream: Stream,
-        compute_ns: u64,
-        comm_slowdown_with_compute: f64,
-        shared_cores: Option<CoreShare>,
-    ) -> Vec<u64> {
+    /// step costs 1 µs, compute `compute_ns`, compression slowed 2x beside compute.
+    fn durations(stream: Stream, compute_ns: u64, contention: EngineConfig) -> Vec<u64> {
         let model = ModelProfile::load("resnet50").unwrap();
         let mut plan = per_tensor_plan(&model);
         for group in &mut plan.groups {
@@ -892,10 +905,8 @@ mod tests {
         let schedule = lower(&model, world, true, &plan, "t").unwrap();
         let costs = stream_costs(&schedule, compute_ns, 1000);
         let config = EngineConfig {
-            comm_slowdown_with_compute,
             codec_slowdown_with_compute: 2.0,
-            shared_cores,
-            ..plan_order(1)
+            ..contention
         };
         recorded_durations(&schedule, &costs, &config, stream)
     }
@@ -939,6 +950,7 @@ mod tests {
                 algorithm,
                 protocol: Protocol::Tcp,
                 fixed: SimTime(fixed_ns),
+                delay_with_compute: SimTime::ZERO,
             }),
             links,
         }
@@ -1011,12 +1023,15 @@ mod tests {
 
     #[test]
     fn ranks_sharing_fewer_cores_slow_every_codec_task_by_their_share() {
-        let alone = durations(Stream::Codec, 1000, 1.0, None);
+        let alone = durations(Stream::Codec, 1000, plan_order(1));
+        let shared_cores = Some(CoreShare { ranks: 4, cores: 2 });
         let shared = durations(
             Stream::Codec,
             1000,
-            1.0,
-            Some(CoreShare { ranks: 4, cores: 2 }),
+            EngineConfig {
+                shared_cores,
+                ..plan_order(1)
+            },
         );
         assert!(!alone.is_empty() && alone.len() == shared.len());
         // Own cores: full speed alone, half beside compute (the measured factor).
@@ -1036,8 +1051,15 @@ mod tests {
     #[test]
     fn a_collective_slows_beside_compression_as_beside_compute() {
         // Compute takes no time: every overlap of a collective is with a codec task.
-        let unslowed = durations(Stream::Comm, 0, 1.0, None);
-        let slowed = durations(Stream::Comm, 0, 3.0, None);
+        let unslowed = durations(Stream::Comm, 0, plan_order(1));
+        let slowed = durations(
+            Stream::Comm,
+            0,
+            EngineConfig {
+                comm_slowdown_with_compute: 3.0,
+                ..plan_order(1)
+            },
+        );
         assert!(unslowed.iter().all(|&d| d == 1000), "{unslowed:?}");
         // Ends are whole nanoseconds, rounded up.
         assert!(
@@ -1045,6 +1067,44 @@ mod tests {
             "{slowed:?}"
         );
         assert!(slowed.iter().any(|&d| d > 1000), "{slowed:?}");
+    }
+
+    #[test]
+    fn a_collective_started_while_its_rank_computes_pays_the_delay_before_its_transfer() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let plan = per_tensor_plan(&model);
+        let world = World {
+            nodes: 4,
+            ranks_per_node: 1,
+        };
+        let schedule = lower(&model, world, true, &plan, "t").unwrap();
+        // Compute steps of 1 µs; collectives of 1 µs that take 0.5 µs more beside compute.
+        let delayed = collective_cost(Algorithm::Ring, 0, Links::Every);
+        let delayed = StepCost {
+            estimate: delayed.estimate.map(|e| Estimate {
+                delay_with_compute: SimTime(500),
+                ..e
+            }),
+            ..delayed
+        };
+        let costs: Vec<StepCost> = stream_costs(&schedule, 1000, 0)
+            .into_iter()
+            .zip(&schedule.steps)
+            .map(|(cost, step)| match step.stream {
+                Stream::Comm => delayed,
+                _ => cost,
+            })
+            .collect();
+        let durations = recorded_durations(&schedule, &costs, &plan_order(1), Stream::Comm);
+        // Launched while the backward pass computes: 1.5 µs; queued until after it: 1 µs.
+        assert!(
+            durations.iter().all(|&d| d == 1000 || d == 1500),
+            "{durations:?}"
+        );
+        assert!(
+            durations.contains(&1000) && durations.contains(&1500),
+            "{durations:?}"
+        );
     }
 
     #[test]

@@ -317,6 +317,17 @@ pub struct ClusterContention {
     /// Collective time multiplier while every rank computes (scaled by the share of ranks
     /// whose cores are busy computing or compressing: both are CPU threads beside MPI's).
     pub collective_slowdown_with_compute: f64,
+    /// Microseconds an allreduce that starts while every rank computes takes beyond
+    /// `collective_slowdown_with_compute` times its time alone (scaled by the share of
+    /// computing ranks): on CPU ranks whose cores are busy, each round of a collective waits
+    /// for its progress thread to be scheduled, a cost of every collective whatever its size.
+    /// Operations with no delay of their own pay this one. Files written before it was
+    /// measured lack it: 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub collective_delay_with_compute_us: f64,
+    /// The same for an allgather (its rounds differ from an allreduce's), when it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allgather_delay_with_compute_us: Option<f64>,
     /// The cores CPU ranks share, when they are fewer than the ranks' busy threads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_cores: Option<SharedCores>,
@@ -486,6 +497,18 @@ impl Cluster {
                         ),
                     ));
                 }
+            }
+            limits::check_duration_us(
+                label,
+                "contention.collective_delay_with_compute_us",
+                c.collective_delay_with_compute_us,
+            )?;
+            if let Some(delay) = c.allgather_delay_with_compute_us {
+                limits::check_duration_us(
+                    label,
+                    "contention.allgather_delay_with_compute_us",
+                    delay,
+                )?;
             }
             if let Some(shared) = &c.shared_cores {
                 if shared.cores_per_host == 0 || shared.cores_per_host > limits::MAX_CORES {
@@ -667,6 +690,8 @@ mod tests {
             compute_slowdown_with_collective: 1.0,
             compute_slowdown_with_compression: 1.0,
             collective_slowdown_with_compute: 1.0,
+            collective_delay_with_compute_us: 0.0,
+            allgather_delay_with_compute_us: None,
             shared_cores: Some(SharedCores {
                 cores_per_host,
                 one_host: true,
@@ -690,6 +715,22 @@ mod tests {
             "{err}"
         );
         assert!(with_shared_cores(2).validate("c.json").is_ok());
+    }
+
+    #[test]
+    fn a_negative_or_absurd_delay_beside_compute_is_refused_by_name() {
+        for (value, allgather) in [(-1.0, None), (f64::NAN, None), (0.0, Some(1e30))] {
+            let mut cluster = with_shared_cores(2);
+            let contention = cluster.contention.as_mut().unwrap();
+            contention.collective_delay_with_compute_us = value;
+            contention.allgather_delay_with_compute_us = allgather;
+            let err = cluster.validate("c.json").unwrap_err().to_string();
+            let field = match allgather {
+                Some(_) => "contention.allgather_delay_with_compute_us",
+                None => "contention.collective_delay_with_compute_us",
+            };
+            assert!(err.contains(field), "{err}");
+        }
     }
 
     #[test]

@@ -197,8 +197,8 @@ fn refit_tcp(
 /// What a measured slowdown beside compute appends to the contention's provenance.
 const BESIDE_COMPUTE_NOTE: &str = " Since measured with the library's own sweeps";
 
-/// Writes the slowdown of collectives beside compute, measured by the sweeps `alone` and
-/// `busy`, into the cluster file's `contention`, whose other figures (compute slowed by
+/// Writes the slowdown and delays of collectives beside compute, measured by the sweeps
+/// `alone` and `busy`, into the cluster file's `contention`, whose other figures (compute slowed by
 /// collectives and by compression, the shared cores) stay as measured before.
 fn set_collective_slowdown(
     file: &mut serde_json::Value,
@@ -217,7 +217,17 @@ fn set_collective_slowdown(
         )
         .into());
     };
-    contention["collective_slowdown_with_compute"] = slowdown.factor.into();
+    let fit = &slowdown.fit;
+    contention["collective_slowdown_with_compute"] = fit.line.factor.into();
+    contention["collective_delay_with_compute_us"] = fit.line.delay_us.into();
+    match fit.allgather_delay_us {
+        Some(delay) => contention["allgather_delay_with_compute_us"] = delay.into(),
+        None => {
+            contention
+                .as_object_mut()
+                .map(|c| c.remove("allgather_delay_with_compute_us"));
+        }
+    }
     let method = contention["provenance"]["method"]
         .as_str()
         .unwrap_or_default()
@@ -233,8 +243,11 @@ fn set_collective_slowdown(
     )
     .into();
     eprintln!(
-        "measured collectives beside compute {:.3}x slower (median over {} sizes)",
-        slowdown.factor,
+        "measured collectives beside compute {:.3}x slower and {:.1} µs later (allgathers {}), through {} sizes",
+        fit.line.factor,
+        fit.line.delay_us,
+        fit.allgather_delay_us
+            .map_or("not timed".into(), |d| format!("{d:.1} µs later")),
         slowdown.pairs.len()
     );
     Ok(())

@@ -336,12 +336,12 @@ fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
             }
         }
         LabProbeCommand::Contention {
-            bytes,
+            sizes,
             repeats,
             timeout_s,
         } => {
             let timeout = seconds("--timeout-s", timeout_s, 24.0 * 3600.0)?;
-            if let Some(point) = mpi_contention(bytes, repeats, timeout)? {
+            if let Some(point) = mpi_contention(&sizes, repeats, timeout)? {
                 println!("{}", serde_json::to_string(&point)?);
             }
         }
@@ -371,18 +371,18 @@ fn mpi_sweep(
 
 #[cfg(feature = "mpi")]
 fn mpi_contention(
-    bytes: u64,
+    sizes: &[u64],
     repeats: usize,
     timeout: Duration,
 ) -> anyhow::Result<Option<measure::ContentionPoint>> {
     super::as_mpi_rank(|world| {
-        syncopate_exec::mpi::bench::contention(world, bytes, repeats, timeout)
+        syncopate_exec::mpi::bench::contention(world, sizes, repeats, timeout)
     })
 }
 
 #[cfg(not(feature = "mpi"))]
 fn mpi_contention(
-    _: u64,
+    _: &[u64],
     _: usize,
     _: Duration,
 ) -> anyhow::Result<Option<measure::ContentionPoint>> {

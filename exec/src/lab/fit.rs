@@ -54,13 +54,13 @@ pub fn measure(
         Vec::new()
     };
     let contention = if mpi {
-        let bytes = CONTENTION_BYTES;
+        let bytes: u64 = CONTENTION_SIZES.iter().sum();
         let timeout =
             Duration::from_secs_f64(120.0 + bytes as f64 * 8.0 / (made.gbps * 1e8) * 20.0);
         Some(measure::contention(
             made,
             exe,
-            bytes,
+            &CONTENTION_SIZES,
             CONTENTION_REPEATS,
             timeout,
             interrupted,
@@ -79,8 +79,10 @@ pub fn measure(
 /// Repeats of each contention measurement: its slowdowns are ratios of noisy medians.
 const CONTENTION_REPEATS: usize = 7;
 
-/// The allreduce of the contention probe: a few MB, like the fused buffers of a training run.
-const CONTENTION_BYTES: u64 = 4 << 20;
+/// The allreduces of the contention probe: a small one, whose time beside compute is mostly
+/// the delay of its rounds waiting for busy cores, and a few MB, like the fused buffers of a
+/// training run, whose time is mostly the slowed transfer.
+const CONTENTION_SIZES: [u64; 2] = [64 << 10, 4 << 20];
 
 /// The lab as a cluster of one-rank nodes for `device` (a device profile name or path), with
 /// `command` (the `lab up` command line) and the measurements in its provenance.
@@ -144,7 +146,11 @@ pub fn cluster(
                 method: String::new(),
             },
         }),
-        contention: measured.contention.map(|c| contention(&c, lab)),
+        contention: measured
+            .contention
+            .as_ref()
+            .map(|c| contention(c, lab))
+            .transpose()?,
         device_memory_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s,
     };
     let goodput = format!(
@@ -194,7 +200,7 @@ pub fn cluster(
 }
 
 /// The measured contention as the simulator takes it, with what was measured.
-fn contention(c: &ContentionPoint, lab: &LabState) -> ClusterContention {
+fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> {
     let ms = |s: &super::measure::Spread| {
         format!(
             "{:.1} ms (range {:.1}–{:.1})",
@@ -203,11 +209,27 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> ClusterContention {
             s.max * 1e3
         )
     };
-    ClusterContention {
+    let fit = c.beside_compute(lab.nodes.len() as u32)?;
+    let collectives: Vec<String> = c
+        .comm
+        .iter()
+        .map(|a| {
+            format!(
+                "{} of {} B {} alone, {} beside compute",
+                a.op,
+                a.bytes,
+                ms(&a.alone),
+                ms(&a.beside_compute)
+            )
+        })
+        .collect();
+    Ok(ClusterContention {
         compute_slowdown_with_ranks: c.compute_slowdown_with_ranks(),
         compute_slowdown_with_collective: c.compute_slowdown(),
         compute_slowdown_with_compression: c.compression_slowdown(),
-        collective_slowdown_with_compute: c.comm_slowdown(),
+        collective_slowdown_with_compute: fit.line.factor,
+        collective_delay_with_compute_us: fit.line.delay_us,
+        allgather_delay_with_compute_us: fit.allgather_delay_us,
         shared_cores: Some(SharedCores {
             cores_per_host: lab_cores(lab),
             one_host: true,
@@ -215,7 +237,7 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> ClusterContention {
         provenance: Provenance {
             status: Status::Measured,
             method: format!(
-                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, sharing {} cores), the slowest rank's times, medians of {} repeats: {:.0} ms of the MPI backend's calibrated compute took {} alone, {} beside allreduces of {} B, {} beside a second computing thread; one allreduce took {} alone, {} beside compute",
+                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, sharing {} cores), the slowest rank's times, medians of {} repeats: {:.0} ms of the MPI backend's calibrated compute took {} alone, {} beside allreduces of {} B, {} beside a second computing thread; one {}; {} through them",
                 lab.nodes.len(),
                 lab_cores(lab),
                 c.compute_alone.repeats,
@@ -224,11 +246,11 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> ClusterContention {
                 ms(&c.compute_beside_comm),
                 c.bytes,
                 ms(&c.compute_beside_compute),
-                ms(&c.comm_alone),
-                ms(&c.comm_beside_compute),
+                collectives.join(", one "),
+                fit.describe(),
             ),
         },
-    }
+    })
 }
 
 /// The cores a lab's ranks share: every node's CPU set together, or every CPU this machine

@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
+use syncopate_sim::beside_compute::{BesideCompute, Pair};
+use syncopate_sim::collective::Op;
+use syncopate_sim::SimError;
 
 /// The port the probe server listens on inside node 1's (fresh) namespace.
 pub const PROBE_PORT: u16 = 47_000;
@@ -460,10 +463,10 @@ pub struct AllreducePoint {
     pub busbw_gbps: f64,
 }
 
-/// How compute and an allreduce slow each other on this job's ranks, as rank 0 saw it.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// How compute and allreduces slow each other on this job's ranks, as rank 0 saw it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ContentionPoint {
-    /// Bytes of the allreduce.
+    /// Bytes of the allreduces compute is timed beside.
     pub bytes: u64,
     /// Nanoseconds of calibrated work each compute measurement asks for.
     pub compute_ns: u64,
@@ -473,9 +476,18 @@ pub struct ContentionPoint {
     pub compute_beside_comm: Spread,
     /// Seconds of the same compute while a second thread computes too (as compression does).
     pub compute_beside_compute: Spread,
-    /// Seconds of one allreduce: alone, and while every rank computes.
-    pub comm_alone: Spread,
-    pub comm_beside_compute: Spread,
+    /// One collective of each operation and size, alone and while every rank computes.
+    pub comm: Vec<CommBesideCompute>,
+}
+
+/// Seconds of one `op` of `bytes` (an allgather's gathered total): alone, and while every rank
+/// computes.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommBesideCompute {
+    pub op: Op,
+    pub bytes: u64,
+    pub alone: Spread,
+    pub beside_compute: Spread,
 }
 
 impl ContentionPoint {
@@ -492,8 +504,28 @@ impl ContentionPoint {
         (self.compute_beside_compute.median / self.compute_alone.median).max(1.0)
     }
 
-    pub fn comm_slowdown(&self) -> f64 {
-        (self.comm_beside_compute.median / self.comm_alone.median).max(1.0)
+    /// Collectives beside compute as `factor × alone + delay`, through the collectives timed
+    /// on `ranks` ranks.
+    pub fn beside_compute(&self, ranks: u32) -> syncopate_sim::Result<BesideCompute> {
+        let pairs: Vec<Pair> = self
+            .comm
+            .iter()
+            .map(|c| Pair {
+                op: c.op,
+                gpus: ranks,
+                bytes: c.bytes,
+                alone_us: c.alone.median * 1e6,
+                beside_us: c.beside_compute.median * 1e6,
+            })
+            .collect();
+        if pairs.is_empty() {
+            return Err(SimError::bad_value(
+                "lab probe contention",
+                "its collectives",
+                "none was timed",
+            ));
+        }
+        BesideCompute::fit(&pairs, "lab probe contention")
     }
 }
 
@@ -522,16 +554,17 @@ pub fn allreduce_sweep(
 }
 
 /// Runs the contention probe over MPI with one rank per node of `lab` (the hidden `lab probe
-/// contention`): how compute and an allreduce of `bytes` slow each other on its ranks.
+/// contention`): how compute and allreduces of `sizes` slow each other on its ranks.
 pub fn contention(
     lab: &LabState,
     exe: &SelfExe,
-    bytes: u64,
+    sizes: &[u64],
     repeats: usize,
     timeout: Duration,
     interrupted: &AtomicBool,
 ) -> Result<ContentionPoint> {
-    let args = ["--bytes".into(), bytes.to_string()];
+    let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    let args = ["--sizes".into(), list.join(",")];
     mpi_probe(lab, exe, "contention", &args, repeats, timeout, interrupted)
 }
 

@@ -7,7 +7,8 @@ waited for as `syncopate.torch`'s exchanges do; a row is the median over `--roun
 the slowest rank's mean time per call, the time a collective in training takes.
 `--beside-compute` times the same calls while every rank also computes on a thread of its own
 (a rank's backward pass beside its communication): `syncopate collective --beside-compute`
-turns the two sweeps' ratio into the cluster's `contention.collective_slowdown_with_compute`.
+turns the two sweeps into the cluster's `contention.collective_slowdown_with_compute` and its
+delays of a collective beside compute.
 """
 
 import argparse

@@ -199,6 +199,11 @@ pub struct Estimate {
     /// messages; 0 (all of it shared) for NCCL's collectives.
     #[serde(skip)]
     pub fixed: SimTime,
+    /// What the collective takes beyond `time` (before the cores' slowdown stretches it) when
+    /// it starts while every rank computes on the cores its progress needs: CPU ranks sharing
+    /// them (the cluster's measured `contention`); 0 elsewhere. Set by the cost pass.
+    #[serde(skip)]
+    pub delay_with_compute: SimTime,
 }
 
 impl Estimate {
@@ -297,6 +302,7 @@ pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<
         algorithm: Algorithm::Hierarchical,
         protocol: inter.protocol,
         fixed: reduce_scatter.fixed + inter.fixed + allgather.fixed,
+        delay_with_compute: SimTime::ZERO,
     })
 }
 

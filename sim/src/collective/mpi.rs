@@ -135,6 +135,7 @@ pub(super) fn pick(candidates: Vec<(f64, f64, Algorithm)>) -> Estimate {
         algorithm,
         protocol: Protocol::Tcp,
         fixed: SimTime::from_us(fixed_us),
+        delay_with_compute: SimTime::ZERO,
     }
 }
 

@@ -46,6 +46,7 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
             algorithm: Algorithm::ParameterServer,
             protocol,
             fixed: SimTime::ZERO,
+            delay_with_compute: SimTime::ZERO,
         };
         return Ok((estimate, Links::Every));
     }
@@ -74,6 +75,7 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
         algorithm: Algorithm::ParameterServer,
         protocol,
         fixed: SimTime::from_us(2.0 * (latency_us + fixed_us)),
+        delay_with_compute: SimTime::ZERO,
     };
     let links = Links::Server { server, senders };
     Ok((estimate, links))

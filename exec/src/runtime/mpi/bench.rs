@@ -4,9 +4,10 @@ use super::transport::Stream;
 use super::world::World;
 use crate::compress::codec_for;
 use crate::error::Result;
-use crate::lab::measure::{AllreducePoint, ContentionPoint, Spread};
+use crate::lab::measure::{AllreducePoint, CommBesideCompute, ContentionPoint, Spread};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
+use syncopate_sim::collective::Op;
 use syncopate_sim::compress::Compressor;
 use syncopate_sim::SimError;
 
@@ -87,25 +88,26 @@ pub fn allreduce_sweep(
 const CONTENTION_COMPUTE_NS: u64 = 200_000_000;
 
 /// Measures, `repeats` times each, with every rank doing the same at once: calibrated compute
-/// alone; compute while a second thread runs allreduces of `bytes` (enough of them to span the
-/// compute); one allreduce alone; allreduces while a second thread computes. The compute loop
-/// is the MPI backend's own (calibrated with every rank running it), the allreduce the
-/// transport's: what a run of the backend does. Each time is the slowest rank's; rank 0
-/// returns the point.
+/// alone; compute while a second thread runs allreduces of the largest of `sizes` (enough of
+/// them to span the compute); compute beside a second computing thread; one allreduce and one
+/// allgather (of payloads of any length, as the backend's exchanges gather them) of every size,
+/// alone and while a second thread computes. The compute loop is the MPI backend's own
+/// (calibrated with every rank running it), the collectives the transport's: what a run of the
+/// backend does. Each time is the slowest rank's; rank 0 returns the point.
 pub fn contention(
     world: &World,
-    bytes: u64,
+    sizes: &[u64],
     repeats: usize,
     timeout: Duration,
 ) -> Result<Option<ContentionPoint>> {
-    check(&[bytes], repeats, timeout)?;
+    check(sizes, repeats, timeout)?;
     let mut streams = world.streams(2, timeout)?;
-    // The allreduces run on a thread of their own, which owns their stream while it runs.
+    // The collectives run on a thread of their own, which owns their stream while it runs.
     let mut comm = streams.pop().expect("two streams");
     let control = streams.pop().expect("two streams");
     let abort = AtomicBool::new(false);
-    let elements = (bytes / 4) as usize;
-    let payload: Vec<u8> = (0..elements)
+    let largest = sizes.iter().copied().max().expect("checked: a size") / 4 * 4;
+    let payload: Vec<u8> = (0..largest / 4)
         .flat_map(|i| (i as f32).to_le_bytes())
         .collect();
     control.barrier(&abort)?;
@@ -113,36 +115,54 @@ pub fn contention(
         1,
         crate::runtime::host::busy::PROCESS_CALIBRATION,
     );
-    let allreduce = |comm: &Stream| -> Result<f64> {
-        let mut p = payload.clone();
-        let codec = codec_for(&Compressor::None, 0);
+    // Sizes as nccl-tests count them: an allreduce's buffer, an allgather's gathered total.
+    let collectives: Vec<(Op, u64)> = [Op::Allreduce, Op::Allgather]
+        .into_iter()
+        .flat_map(|op| sizes.iter().map(move |&s| (op, s / 4 * 4)))
+        .collect();
+    let ranks = u64::from(world.size);
+    let collective = |comm: &Stream, (op, bytes): (Op, u64)| -> Result<f64> {
         let start = Instant::now();
-        comm.allreduce(&mut p, 4, &*codec, &abort)?;
+        if op == Op::Allgather {
+            comm.allgather(payload[..(bytes / ranks) as usize].to_vec(), &abort)?;
+        } else {
+            let mut p = payload[..bytes as usize].to_vec();
+            comm.allreduce(&mut p, 4, &*codec_for(&Compressor::None, 0), &abort)?;
+        }
         Ok(start.elapsed().as_secs_f64())
     };
     let mut compute_alone = Vec::new();
-    let mut comm_alone = Vec::new();
     let mut compute_beside = Vec::new();
     let mut compute_twice = Vec::new();
-    let mut comm_beside = Vec::new();
+    let mut comm_alone = vec![Vec::new(); collectives.len()];
+    let mut comm_beside = vec![Vec::new(); collectives.len()];
     // A second thread's work until told to stop, in 1 ms slices.
     let work_until = |stop: &AtomicBool| {
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             busy.run_for(1_000_000);
         }
     };
-    allreduce(&comm)?;
+    for &c in &collectives {
+        collective(&comm, c)?;
+    }
     for _ in 0..repeats {
         control.barrier(&abort)?;
         let start = Instant::now();
         busy.run_for(CONTENTION_COMPUTE_NS);
         compute_alone.push(start.elapsed().as_secs_f64());
-        control.barrier(&abort)?;
-        comm_alone.push(allreduce(&comm)?);
+        for (times, &c) in comm_alone.iter_mut().zip(&collectives) {
+            control.barrier(&abort)?;
+            times.push(collective(&comm, c)?);
+        }
     }
     // Enough allreduces to span the compute, the same count on every rank (rank 0's).
-    let alone = Spread::of(&comm_alone).median;
-    let mut count = vec![((CONTENTION_COMPUTE_NS as f64 / 1e9 / alone).ceil() as u8).max(2)];
+    let spanning = (Op::Allreduce, largest);
+    let largest_alone = collectives
+        .iter()
+        .position(|&c| c == spanning)
+        .map_or(1.0, |i| Spread::of(&comm_alone[i]).median);
+    let mut count =
+        vec![((CONTENTION_COMPUTE_NS as f64 / 1e9 / largest_alone).ceil() as u8).max(2)];
     control.broadcast(&mut count, 0, &abort)?;
     let count = count.first().copied().unwrap_or(2);
     for _ in 0..repeats {
@@ -151,7 +171,7 @@ pub fn contention(
         let (computed, back) = std::thread::scope(|scope| {
             let comm_thread = scope.spawn(move || -> Result<Stream> {
                 for _ in 0..count {
-                    allreduce(&comm)?;
+                    collective(&comm, spanning)?;
                 }
                 Ok(comm)
             });
@@ -174,31 +194,48 @@ pub fn contention(
             other.join().expect("the second compute thread");
             took
         }));
-        control.barrier(&abort)?;
-        // Allreduces beside compute that outlasts them.
-        let stop = AtomicBool::new(false);
-        let communicated = std::thread::scope(|scope| -> Result<f64> {
-            let compute_thread = scope.spawn(|| work_until(&stop));
-            let mut times = Vec::new();
-            for _ in 0..3 {
-                times.push(allreduce(&comm)?);
-            }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            compute_thread.join().expect("the compute thread");
-            Ok(Spread::of(&times).median)
-        })?;
-        comm_beside.push(communicated);
+        // Every collective beside compute that outlasts it.
+        for (times, &c) in comm_beside.iter_mut().zip(&collectives) {
+            control.barrier(&abort)?;
+            let stop = AtomicBool::new(false);
+            times.push(std::thread::scope(|scope| -> Result<f64> {
+                let compute_thread = scope.spawn(|| work_until(&stop));
+                let mut each = Vec::new();
+                for _ in 0..20 {
+                    each.push(collective(&comm, c)?);
+                }
+                if world.rank == 0 {
+                    eprintln!(
+                        "each {:?}",
+                        each.iter()
+                            .map(|t| (t * 1e4).round() / 10.0)
+                            .collect::<Vec<_>>()
+                    );
+                }
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                compute_thread.join().expect("the compute thread");
+                Ok(Spread::of(&each).median)
+            })?);
+        }
     }
     drop(comm);
     let slowest = |times: &[f64]| slowest_rank(&control, times, &abort);
+    let mut comm_points = Vec::with_capacity(collectives.len());
+    for ((alone, beside), &(op, bytes)) in comm_alone.iter().zip(&comm_beside).zip(&collectives) {
+        comm_points.push(CommBesideCompute {
+            op,
+            bytes,
+            alone: Spread::of(&slowest(alone)?),
+            beside_compute: Spread::of(&slowest(beside)?),
+        });
+    }
     let point = ContentionPoint {
-        bytes: elements as u64 * 4,
+        bytes: largest,
         compute_ns: CONTENTION_COMPUTE_NS,
         compute_alone: Spread::of(&slowest(&compute_alone)?),
         compute_beside_comm: Spread::of(&slowest(&compute_beside)?),
         compute_beside_compute: Spread::of(&slowest(&compute_twice)?),
-        comm_alone: Spread::of(&slowest(&comm_alone)?),
-        comm_beside_compute: Spread::of(&slowest(&comm_beside)?),
+        comm: comm_points,
     };
     Ok((world.rank == 0).then_some(point))
 }

@@ -106,6 +106,7 @@ pub(super) fn local_copy(cluster: &Cluster, bytes: u64) -> Estimate {
         algorithm: Algorithm::Local,
         protocol: Protocol::Memcpy,
         fixed: SimTime::ZERO,
+        delay_with_compute: SimTime::ZERO,
     }
 }
 

@@ -43,6 +43,7 @@ pub(super) fn estimate(
         algorithm,
         protocol,
         fixed: SimTime::ZERO,
+        delay_with_compute: SimTime::ZERO,
     }
 }
 
