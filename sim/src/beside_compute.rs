@@ -96,6 +96,8 @@ impl Line {
     /// when the fit is out of range.
     pub fn fit(times: &[(f64, f64)], what: &str) -> Result<Line> {
         let (mut w, mut a, mut b, mut aa, mut ab) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        // Unweighted, for a line through the origin.
+        let (mut plain_aa, mut plain_ab) = (0.0, 0.0);
         for &(alone, beside) in times {
             let weight = 1.0 / (alone * alone);
             w += weight;
@@ -103,6 +105,8 @@ impl Line {
             b += weight * beside;
             aa += weight * alone * alone;
             ab += weight * alone * beside;
+            plain_aa += alone * alone;
+            plain_ab += alone * beside;
         }
         let spread = w * aa - a * a;
         // One size (or sizes whose times are all alike) cannot tell a delay from a factor.
@@ -118,8 +122,11 @@ impl Line {
             delay = (b - a) / w;
         }
         if delay < 0.0 {
+            // No delay (a small size measured no slower beside compute): the factor of the
+            // line through the origin, by absolute errors, which the large sizes' slowed
+            // transfers set rather than the small sizes' noise.
             delay = 0.0;
-            factor = (ab / aa).max(1.0);
+            factor = (plain_ab / plain_aa).max(1.0);
         }
         if !(factor.is_finite() && factor <= MAX_SLOWDOWN) {
             return Err(SimError::bad_value(
@@ -300,6 +307,11 @@ mod tests {
         // Faster beside compute at every size: neither slower nor delayed.
         let line = Line::fit(&[(1000.0, 900.0), (8000.0, 7000.0)], "x").unwrap();
         assert_eq!((line.factor, line.delay_us), (1.0, 0.0));
+        // A small size no slower beside compute: no delay, and the factor the large size's
+        // slowed transfer sets (1.15), not the mean of the ratios (0.98).
+        let line = Line::fit(&[(1000.0, 800.0), (100_000.0, 115_000.0)], "x").unwrap();
+        assert_eq!(line.delay_us, 0.0);
+        assert!((line.factor - 1.15).abs() < 1e-3, "{line:?}");
         // One size cannot tell a delay from a factor: the ratio.
         let line = Line::fit(&[(8000.0, 12000.0)], "x").unwrap();
         assert_eq!((line.factor, line.delay_us), (1.5, 0.0));
