@@ -32,7 +32,7 @@ pub struct Pair {
 
 /// The fit and the pairs it comes from.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Slowdown {
+pub struct SweepFit {
     pub fit: BesideCompute,
     pub pairs: Vec<Pair>,
 }
@@ -135,18 +135,9 @@ impl Line {
                 format!("the slowdown of collectives beside compute must be a factor up to {MAX_SLOWDOWN}"),
             ));
         }
-        if !(delay.is_finite() && delay <= MAX_DURATION_US) {
-            return Err(SimError::bad_value(
-                what,
-                crate::limits::num(delay),
-                format!(
-                    "the delay of a collective beside compute must be up to {MAX_DURATION_US:e} µs"
-                ),
-            ));
-        }
         Ok(Line {
             factor,
-            delay_us: delay.max(0.0),
+            delay_us: checked_delay(delay, what)?,
         })
     }
 
@@ -159,17 +150,7 @@ impl Line {
             weights += weight;
             sum += weight * (beside - self.factor * alone);
         }
-        let delay = (sum / weights).max(0.0);
-        if !(delay.is_finite() && delay <= MAX_DURATION_US) {
-            return Err(SimError::bad_value(
-                what,
-                crate::limits::num(delay),
-                format!(
-                    "the delay of a collective beside compute must be up to {MAX_DURATION_US:e} µs"
-                ),
-            ));
-        }
-        Ok(delay)
+        checked_delay((sum / weights).max(0.0), what)
     }
 
     /// The line in words, for a provenance.
@@ -181,9 +162,21 @@ impl Line {
     }
 }
 
+/// `delay` (µs), unless it is not a duration (errors name `what`).
+fn checked_delay(delay: f64, what: &str) -> Result<f64> {
+    if delay.is_finite() && (0.0..=MAX_DURATION_US).contains(&delay) {
+        return Ok(delay);
+    }
+    Err(SimError::bad_value(
+        what,
+        crate::limits::num(delay),
+        format!("the delay of a collective beside compute must be 0 to {MAX_DURATION_US:e} µs"),
+    ))
+}
+
 /// The fit through the rows of at least [`FROM_BYTES`] that both sweeps time (same
 /// collective, ranks and size).
-pub fn fit(alone: &[Timed], beside: &[Timed]) -> Result<Slowdown> {
+pub fn fit(alone: &[Timed], beside: &[Timed]) -> Result<SweepFit> {
     let pairs: Vec<Pair> = beside
         .iter()
         .filter(|b| b.measured.bytes >= FROM_BYTES)
@@ -212,14 +205,14 @@ pub fn fit(alone: &[Timed], beside: &[Timed]) -> Result<Slowdown> {
             ),
         ));
     }
-    Ok(Slowdown {
+    Ok(SweepFit {
         fit: BesideCompute::fit(&pairs, "--beside-compute")?,
         pairs,
     })
 }
 
 /// The fit in words, every pair with its times and ratio, for a provenance.
-pub fn describe(slowdown: &Slowdown) -> String {
+pub fn describe(slowdown: &SweepFit) -> String {
     let pairs: Vec<String> = slowdown
         .pairs
         .iter()

@@ -217,14 +217,16 @@ fn exchange_cost(
 ) -> Result<(Estimate, Links)> {
     let (mut estimate, links) = priced_exchange(scenario, servers, piece, device, exchange, bytes)?;
     if let Some(contention) = &scenario.cluster.contention {
+        // An allgather's rounds, and a reduce-scatter's (as many), are fewer than an
+        // allreduce's; every other exchange pays the allreduce's delay.
         let delay_us = match (exchange, contention.allgather_delay_with_compute_us) {
-            (Exchange::Allgather | Exchange::AllgatherShards, Some(allgather)) => allgather,
+            (
+                Exchange::Allgather | Exchange::AllgatherShards | Exchange::ReduceScatter,
+                Some(allgather),
+            ) => allgather,
             _ => contention.collective_delay_with_compute_us,
         };
-        // Measured as `factor × alone + delay`: the engine stretches the delay by the factor
-        // with the rest of the collective.
-        let factor = contention.collective_slowdown_with_compute;
-        estimate.delay_with_compute = SimTime::from_us(delay_us / factor);
+        estimate.delay_with_compute = SimTime::from_us(delay_us);
     }
     Ok((estimate, links))
 }

@@ -613,9 +613,7 @@ impl Engine<'_> {
                 &mut self.comm_shared,
             );
         }
-        // CPU work on the ranks' cores slows them.
-        let busy = f64::from(self.cpu_busy_ranks) / f64::from(self.ranks_n);
-        let slowdown = 1.0 + (self.config.comm_slowdown_with_compute - 1.0) * busy;
+        let slowdown = self.comm_slowdown();
         let now = self.now;
         let mut nth = 0;
         for stream in 0..self.comm.len() {
@@ -701,10 +699,10 @@ impl Engine<'_> {
         );
     }
 
-    /// The share of ranks whose compute runs now.
-    fn computing_share(&self) -> f64 {
-        let computing = self.ranks.iter().filter(|r| r.compute.running.is_some());
-        computing.count() as f64 / f64::from(self.ranks_n)
+    /// Collective time multiplier now: CPU work on the ranks' cores slows them.
+    fn comm_slowdown(&self) -> f64 {
+        let busy = f64::from(self.cpu_busy_ranks) / f64::from(self.ranks_n);
+        1.0 + (self.config.comm_slowdown_with_compute - 1.0) * busy
     }
 
     /// Counts the rank in or out of the CPU-busy ranks after one of its streams started or
@@ -752,13 +750,17 @@ impl Engine<'_> {
             .map_or(1.0, |&f| f as f64);
         let task_info = self.graph.task(task);
         // Computing ranks delay the collective's rounds (`Estimate::delay_with_compute`): work
-        // before its transfer, sharing no link.
+        // before its transfer that shares no link, as much as takes the measured delay at the
+        // rate the busy cores leave the collective now.
         let delay = match task_info
             .estimate
             .map_or(0, |e| e.delay_with_compute.as_ns())
         {
             0 => 0.0,
-            ns => ns as f64 * self.computing_share(),
+            ns => {
+                let share = f64::from(self.computing) / f64::from(self.ranks_n);
+                ns as f64 * share / self.comm_slowdown()
+            }
         };
         let work = task_info.duration.as_ns() as f64 * factor + delay;
         // The fixed part first, beside whatever shares the links, then the transfer.

@@ -325,7 +325,8 @@ pub struct ClusterContention {
     /// measured lack it: 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub collective_delay_with_compute_us: f64,
-    /// The same for an allgather (its rounds differ from an allreduce's), when it was measured.
+    /// The same for an allgather, when it was measured (its rounds are fewer than an
+    /// allreduce's; a reduce-scatter, with as many, pays it too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allgather_delay_with_compute_us: Option<f64>,
     /// The cores CPU ranks share, when they are fewer than the ranks' busy threads.

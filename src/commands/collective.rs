@@ -117,7 +117,7 @@ fn refit_tcp(
     path: &std::path::Path,
     args: &CollectiveArgs,
     out: &std::path::Path,
-    beside: Option<&(beside_compute::Slowdown, &std::path::Path)>,
+    beside: Option<&(beside_compute::SweepFit, &std::path::Path)>,
 ) -> anyhow::Result<Cluster> {
     let fitted = tcp_fit::fit(cluster, measurements)?;
     let mut refit = tcp_fit::attach(&tcp_fit::apply(cluster, &fitted), measurements);
@@ -202,7 +202,7 @@ const BESIDE_COMPUTE_NOTE: &str = " Since measured with the library's own sweeps
 /// collectives and by compression, the shared cores) stay as measured before.
 fn set_collective_slowdown(
     file: &mut serde_json::Value,
-    slowdown: &beside_compute::Slowdown,
+    slowdown: &beside_compute::SweepFit,
     (alone, busy): (&std::path::Path, &std::path::Path),
     args: &CollectiveArgs,
 ) -> anyhow::Result<()> {

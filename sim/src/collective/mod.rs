@@ -199,9 +199,9 @@ pub struct Estimate {
     /// messages; 0 (all of it shared) for NCCL's collectives.
     #[serde(skip)]
     pub fixed: SimTime,
-    /// What the collective takes beyond `time` (before the cores' slowdown stretches it) when
-    /// it starts while every rank computes on the cores its progress needs: CPU ranks sharing
-    /// them (the cluster's measured `contention`); 0 elsewhere. Set by the cost pass.
+    /// What the collective takes beyond its slowed `time` when it starts while every rank
+    /// computes on the cores its progress needs (CPU ranks: the cluster's measured
+    /// `contention`); 0 for a cluster without one. Set by the cost pass.
     #[serde(skip)]
     pub delay_with_compute: SimTime,
 }
