@@ -90,8 +90,16 @@ def fit_gloo(syncopate, python, name, cluster, clusters):
     lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--beside-compute", "--ops", "allreduce,allgather",
                                          "--sizes", BESIDE_COMPUTE_SIZES, "--out", pathlib.Path(clusters) / busy],
                f"gloo sweep beside compute on {name}", 900)
+    refit_gloo(syncopate, cluster, clusters)
+
+
+def refit_gloo(syncopate, cluster, clusters):
+    """Fits `clusters/CLUSTER-gloo.json` to the gloo sweeps `fit_gloo` wrote beside the lab's MPI
+    cluster file `clusters/CLUSTER.json` (no lab needed: an experiment's committed sweeps can be
+    refitted by a newer Syncopate)."""
+    sweep, busy = f"{cluster}.gloo-sweep.csv", f"{cluster}.gloo-sweep-beside-compute.csv"
     sh([syncopate, "collective", "--cluster", f"{cluster}.json", "--library", "gloo", "--compare", sweep,
-        "--beside-compute", busy, "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {name}", 300, cwd=clusters)
+        "--beside-compute", busy, "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {cluster}", 300, cwd=clusters)
 
 
 def measured_iterations(trace, log, checked):

@@ -2,6 +2,7 @@
 
     sudo target/pyenv/bin/python experiments/lab4-real/run.py            # everything (about 25 min)
     target/pyenv/bin/python experiments/lab4-real/run.py --report-only   # tables and plots from runs/
+    target/pyenv/bin/python experiments/lab4-real/run.py --repredict     # the committed runs predicted again
 
 Needs root (network namespaces), the release CLI built with `--features mpi` (`lab up` fits each
 lab's cluster file to an Open MPI allreduce sweep; a gloo sweep then refits it to gloo, the
@@ -25,7 +26,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
 from runner import (TRAINER, end_on_sigterm, fit_gloo, lab_train, lab_up, labs_down, measured_iterations,  # noqa: E402
-                    require_release_package, sh, splice_readme, write_csv)
+                    refit_gloo, require_release_package, sh, splice_readme, write_csv)
 
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
 DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
@@ -126,6 +127,22 @@ def plans_and_predictions(opts):
     predictions["serial"] = dict.fromkeys(("predicted_ms", "predicted_serial_profile_ms", "predicted_mpi_fit_ms"),
                                           serial["single_gpu_iteration_time_ms"])
     (HERE / "predictions.json").write_text(json.dumps(predictions, indent=1, sort_keys=True) + "\n")
+
+
+def repredict(opts):
+    """The committed runs predicted again by this Syncopate, without a lab: each lab's gloo file
+    refitted to its committed sweeps, then the predictions made again. The plans must come out
+    as the ranks ran them; if this Syncopate makes others, they are put back and it is an
+    error (the runs must then be repeated)."""
+    ran = {path: path.read_text() for path in (HERE / "plans").glob("*.json")}
+    for _, nodes, gbps in LABS:
+        refit_gloo(opts.syncopate, f"lab-{lab_key(nodes, gbps)}", HERE / "clusters")
+    plans_and_predictions(opts)
+    changed = [path.name for path, text in ran.items() if json.loads(path.read_text())["groups"] != json.loads(text)["groups"]]
+    for path, text in ran.items():
+        path.write_text(text)
+    if changed:
+        raise SystemExit(f"this Syncopate plans {', '.join(changed)} otherwise than the ranks ran them: rerun the experiment")
 
 
 def run_one(opts, config, seed):
@@ -303,10 +320,15 @@ def main():
     p.add_argument("--syncopate", default=str(REPO / "target" / "release" / "syncopate"))
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--report-only", action="store_true", help="only rewrite results.csv, README.md and the plots from runs/")
+    p.add_argument("--repredict", action="store_true",
+                   help="refit the gloo cluster files to the committed sweeps and predict the committed runs again (no lab, no root), then rewrite the tables")
     opts = p.parse_args()
     if opts.seeds < 1 or opts.epochs < 2 or not 0 < opts.target <= 1:
         p.error("--seeds ≥ 1, --epochs ≥ 2 and --target in (0, 1]")
     if opts.report_only:
+        return report(opts)
+    if opts.repredict:
+        repredict(opts)
         return report(opts)
     if os.geteuid() != 0:
         raise SystemExit("lab4-real makes network namespaces: run it as root (sudo)")
