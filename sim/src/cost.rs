@@ -184,14 +184,16 @@ fn piece_cost(scenario: &Scenario, servers: Servers, piece: &Piece) -> Result<Pi
         .rounds
         .iter()
         .map(|round| {
-            exchange_cost(
+            let (mut estimate, links) = exchange_cost(
                 scenario,
                 servers,
                 piece,
                 device,
                 round.exchange,
                 round.bytes,
-            )
+            )?;
+            estimate.delay_with_compute = delay_with_compute(scenario, round.exchange);
+            Ok((estimate, links))
         })
         .collect::<Result<_>>()?;
     Ok(PieceCost {
@@ -205,34 +207,26 @@ fn piece_cost(scenario: &Scenario, servers: Servers, piece: &Piece) -> Result<Pi
     })
 }
 
+/// What `exchange` takes beyond its time when it starts while its CPU ranks compute (the
+/// cluster's measured `contention`): an allgather's rounds, and a reduce-scatter's (as many),
+/// are fewer than an allreduce's; every other exchange pays the allreduce's delay.
+fn delay_with_compute(scenario: &Scenario, exchange: Exchange) -> SimTime {
+    let Some(contention) = &scenario.cluster.contention else {
+        return SimTime::ZERO;
+    };
+    let delay_us = match (exchange, contention.allgather_delay_with_compute_us) {
+        (
+            Exchange::Allgather | Exchange::AllgatherShards | Exchange::ReduceScatter,
+            Some(allgather),
+        ) => allgather,
+        _ => contention.collective_delay_with_compute_us,
+    };
+    SimTime::from_us(delay_us)
+}
+
 /// The collective that moves one rank's payload of `bytes` by `exchange`, and the links it
 /// keeps busy.
 fn exchange_cost(
-    scenario: &Scenario,
-    servers: Servers,
-    piece: &Piece,
-    device: &DeviceProfile,
-    exchange: Exchange,
-    bytes: u64,
-) -> Result<(Estimate, Links)> {
-    let (mut estimate, links) = priced_exchange(scenario, servers, piece, device, exchange, bytes)?;
-    if let Some(contention) = &scenario.cluster.contention {
-        // An allgather's rounds, and a reduce-scatter's (as many), are fewer than an
-        // allreduce's; every other exchange pays the allreduce's delay.
-        let delay_us = match (exchange, contention.allgather_delay_with_compute_us) {
-            (
-                Exchange::Allgather | Exchange::AllgatherShards | Exchange::ReduceScatter,
-                Some(allgather),
-            ) => allgather,
-            _ => contention.collective_delay_with_compute_us,
-        };
-        estimate.delay_with_compute = SimTime::from_us(delay_us);
-    }
-    Ok((estimate, links))
-}
-
-/// `exchange_cost` before compute on the same cores delays it.
-fn priced_exchange(
     scenario: &Scenario,
     servers: Servers,
     piece: &Piece,
