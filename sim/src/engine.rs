@@ -838,7 +838,7 @@ mod tests {
     use crate::compress::Compressor;
     use crate::cost::StepCost;
     use crate::model::ModelProfile;
-    use crate::plan::{Launch, Scheme};
+    use crate::plan::{Launch, Plan, Scheme};
     use crate::schedule::{lower, Schedule, StepKind, World};
     use crate::strategy::per_tensor_plan;
 
@@ -900,11 +900,7 @@ mod tests {
         for group in &mut plan.groups {
             group.compressor = "topk:0.01".parse::<Compressor>().unwrap();
         }
-        let world = World {
-            nodes: 4,
-            ranks_per_node: 1,
-        };
-        let schedule = lower(&model, world, true, &plan, "t").unwrap();
+        let schedule = lower_on(&model, &plan, 4, true);
         let costs = stream_costs(&schedule, compute_ns, 1000);
         let config = EngineConfig {
             codec_slowdown_with_compute: 2.0,
@@ -924,6 +920,15 @@ mod tests {
             record_ranks: 1,
             ..EngineConfig::uncontended(1, policy)
         }
+    }
+
+    /// `plan` lowered for `model` on `nodes` nodes of one rank each (CPU ranks or not).
+    fn lower_on(model: &ModelProfile, plan: &Plan, nodes: u32, cpu_ranks: bool) -> Schedule {
+        let world = World {
+            nodes,
+            ranks_per_node: 1,
+        };
+        lower(model, world, cpu_ranks, plan, "t").unwrap()
     }
 
     /// `compute_ns` for every compute step of `schedule` and `other_ns` for every other.
@@ -986,11 +991,7 @@ mod tests {
         for group in &mut plan.groups {
             group.scheme = Scheme::Ps;
         }
-        let world = World {
-            nodes: 4,
-            ranks_per_node: 1,
-        };
-        let schedule = lower(&model, world, false, &plan, "t").unwrap();
+        let schedule = lower_on(&model, &plan, 4, false);
         let costs: Vec<StepCost> = schedule
             .steps
             .iter()
@@ -1075,11 +1076,7 @@ mod tests {
     fn a_collective_started_while_its_rank_computes_pays_the_delay_before_its_transfer() {
         let model = ModelProfile::load("resnet50").unwrap();
         let plan = per_tensor_plan(&model);
-        let world = World {
-            nodes: 4,
-            ranks_per_node: 1,
-        };
-        let schedule = lower(&model, world, true, &plan, "t").unwrap();
+        let schedule = lower_on(&model, &plan, 4, true);
         // Compute steps of 1 µs; collectives of 1 µs that take 0.5 µs more beside compute.
         let delayed = collective_cost(Algorithm::Ring, 0, Links::Every);
         let delayed = StepCost {
@@ -1113,11 +1110,7 @@ mod tests {
     fn every_rank_computing_at_once_slows_compute_with_nothing_beside_it() {
         let model = ModelProfile::load("resnet50").unwrap();
         let plan = per_tensor_plan(&model);
-        let world = World {
-            nodes: 1,
-            ranks_per_node: 1,
-        };
-        let schedule = lower(&model, world, false, &plan, "t").unwrap();
+        let schedule = lower_on(&model, &plan, 1, false);
         // Compute steps take 1 µs and nothing else takes time: no overlap slows them.
         let costs = stream_costs(&schedule, 1000, 0);
         let config = EngineConfig {
@@ -1135,11 +1128,7 @@ mod tests {
         let mut model = ModelProfile::load("resnet50").unwrap();
         model.tensors.truncate(2);
         let plan = per_tensor_plan(&model);
-        let world = World {
-            nodes: 2,
-            ranks_per_node: 1,
-        };
-        let schedule = lower(&model, world, false, &plan, "t").unwrap();
+        let schedule = lower_on(&model, &plan, 2, false);
         let costs: Vec<StepCost> = schedule
             .steps
             .iter()
