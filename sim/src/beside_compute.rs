@@ -16,6 +16,7 @@ use crate::collective::Op;
 use crate::error::{Result, SimError};
 use crate::limits::{MAX_DURATION_US, MAX_SLOWDOWN};
 use crate::tcp_fit::Timed;
+use crate::topology::ClusterContention;
 
 /// Smaller messages are latency, which the machine's scheduling makes noisy beyond use.
 pub const FROM_BYTES: u64 = 64 << 10;
@@ -70,6 +71,14 @@ impl BesideCompute {
             line,
             allgather_delay_us,
         })
+    }
+
+    /// Writes the fit into `contention`'s three fields for collectives beside compute (an
+    /// allgather delay that was not timed is left out: allgathers then pay the allreduces').
+    pub fn apply_to(&self, contention: &mut ClusterContention) {
+        contention.collective_slowdown_with_compute = self.line.factor;
+        contention.collective_delay_with_compute_us = self.line.delay_us;
+        contention.allgather_delay_with_compute_us = self.allgather_delay_us;
     }
 
     /// The fit in words, for a provenance.

@@ -963,6 +963,25 @@ mod tests {
         }
     }
 
+    /// `collective(piece)` for every collective step of `schedule`, nothing for every other.
+    fn collectives_only(
+        schedule: &Schedule,
+        collective: impl Fn(u32) -> StepCost,
+    ) -> Vec<StepCost> {
+        schedule
+            .steps
+            .iter()
+            .map(|step| match (step.kind, step.piece) {
+                (StepKind::Collective { .. }, Some(piece)) => collective(piece),
+                _ => StepCost {
+                    duration: SimTime::ZERO,
+                    estimate: None,
+                    links: Links::Every,
+                },
+            })
+            .collect()
+    }
+
     /// Durations (ns) of rank 0's tasks on `stream` when one iteration of `schedule` at
     /// `costs` runs under `config`.
     fn recorded_durations(
@@ -992,25 +1011,16 @@ mod tests {
             group.scheme = Scheme::Ps;
         }
         let schedule = lower_on(&model, &plan, 4, false);
-        let costs: Vec<StepCost> = schedule
-            .steps
-            .iter()
-            .map(|step| match (step.kind, step.piece) {
-                (StepKind::Collective { .. }, Some(piece)) => collective_cost(
-                    Algorithm::ParameterServer,
-                    fixed_ns,
-                    Links::Server {
-                        server: ServerLink::Node(servers[piece as usize]),
-                        senders: 3,
-                    },
-                ),
-                _ => StepCost {
-                    duration: SimTime::ZERO,
-                    estimate: None,
-                    links: Links::Every,
+        let costs = collectives_only(&schedule, |piece| {
+            collective_cost(
+                Algorithm::ParameterServer,
+                fixed_ns,
+                Links::Server {
+                    server: ServerLink::Node(servers[piece as usize]),
+                    senders: 3,
                 },
-            })
-            .collect();
+            )
+        });
         recorded_durations(&schedule, &costs, &plan_order(4), Stream::Comm)
     }
 
@@ -1129,20 +1139,9 @@ mod tests {
         model.tensors.truncate(2);
         let plan = per_tensor_plan(&model);
         let schedule = lower_on(&model, &plan, 2, false);
-        let costs: Vec<StepCost> = schedule
-            .steps
-            .iter()
-            .map(|step| match step.kind {
-                StepKind::Collective { .. } => {
-                    collective_cost(Algorithm::Ring, fixed_ns, Links::Every)
-                }
-                _ => StepCost {
-                    duration: SimTime::ZERO,
-                    estimate: None,
-                    links: Links::Every,
-                },
-            })
-            .collect();
+        let costs = collectives_only(&schedule, |_| {
+            collective_cost(Algorithm::Ring, fixed_ns, Links::Every)
+        });
         recorded_durations(&schedule, &costs, &plan_order(2), Stream::Comm)
     }
 

@@ -9,7 +9,7 @@ use syncopate_sim::data::{self, DataKind};
 use syncopate_sim::model::{Provenance, Status};
 use syncopate_sim::p2p_fit;
 use syncopate_sim::tcp_fit::{self, Timed};
-use syncopate_sim::topology::{Cluster, Library};
+use syncopate_sim::topology::{Cluster, ClusterContention, Library};
 use syncopate_sim::units::{format_bytes, parse_byte_list, parse_bytes};
 use syncopate_sim::SimError;
 
@@ -218,16 +218,10 @@ fn set_collective_slowdown(
         .into());
     };
     let fit = &slowdown.fit;
-    contention["collective_slowdown_with_compute"] = fit.line.factor.into();
-    contention["collective_delay_with_compute_us"] = fit.line.delay_us.into();
-    match fit.allgather_delay_us {
-        Some(delay) => contention["allgather_delay_with_compute_us"] = delay.into(),
-        None => {
-            contention
-                .as_object_mut()
-                .map(|c| c.remove("allgather_delay_with_compute_us"));
-        }
-    }
+    // The file was loaded as a cluster already, so its contention parses.
+    let mut parsed: ClusterContention = serde_json::from_value(contention.clone())?;
+    fit.apply_to(&mut parsed);
+    *contention = serde_json::to_value(parsed)?;
     let method = contention["provenance"]["method"]
         .as_str()
         .unwrap_or_default()

@@ -223,13 +223,14 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> 
             )
         })
         .collect();
-    Ok(ClusterContention {
+    let mut contention = ClusterContention {
         compute_slowdown_with_ranks: c.compute_slowdown_with_ranks(),
         compute_slowdown_with_collective: c.compute_slowdown(),
         compute_slowdown_with_compression: c.compression_slowdown(),
-        collective_slowdown_with_compute: fit.line.factor,
-        collective_delay_with_compute_us: fit.line.delay_us,
-        allgather_delay_with_compute_us: fit.allgather_delay_us,
+        // None until the fit's figures are applied below.
+        collective_slowdown_with_compute: 1.0,
+        collective_delay_with_compute_us: 0.0,
+        allgather_delay_with_compute_us: None,
         shared_cores: Some(SharedCores {
             cores_per_host: lab_cores(lab),
             one_host: true,
@@ -250,7 +251,9 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> 
                 fit.describe(),
             ),
         },
-    })
+    };
+    fit.apply_to(&mut contention);
+    Ok(contention)
 }
 
 /// The cores a lab's ranks share: every node's CPU set together, or every CPU this machine

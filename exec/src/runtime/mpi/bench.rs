@@ -165,10 +165,11 @@ pub fn contention(
     }
     // Enough allreduces to span the compute, the same count on every rank (rank 0's).
     let spanning = (Op::Allreduce, largest);
-    let largest_alone = collectives
+    let spanning_index = collectives
         .iter()
         .position(|&c| c == spanning)
-        .map_or(1.0, |i| Spread::of(&comm_alone[i]).median);
+        .expect("the largest size's allreduce is one of the collectives");
+    let largest_alone = Spread::of(&comm_alone[spanning_index]).median;
     let mut count =
         vec![((CONTENTION_COMPUTE_NS as f64 / 1e9 / largest_alone).ceil() as u8).max(2)];
     control.broadcast(&mut count, 0, &abort)?;
