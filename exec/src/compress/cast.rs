@@ -3,6 +3,8 @@
 //! Wire formats: `none` n × f32; `fp16`/`bf16` n × u16; `fp8` f32 scale then n × u8 codes,
 //! value = fp8(code) · scale with scale = max|x| / max-representable.
 
+#[cfg(target_arch = "x86_64")]
+use super::f16c;
 use super::minifloat::{self, E4M3_MAX, E5M2_MAX};
 use super::scan::{check_finite, max_abs, CHUNK};
 use super::wire::{bad_payload, expect_len, get_f32, sum_f32_payloads};
@@ -56,17 +58,51 @@ fn encode_elements_impl<const W: usize>(
     out: &mut [u8],
     convert: impl Fn(f32) -> [u8; W],
 ) -> Result<()> {
+    encode_checked::<W>(grad, out, |src, dst| {
+        for (d, &x) in dst.chunks_exact_mut(W).zip(src) {
+            d.copy_from_slice(&convert(x));
+        }
+    })
+}
+
+/// Runs `kernel` on `grad` and `out` chunk by chunk, each chunk checked finite first (while it
+/// is in L1 for the kernel); `out` holds `W` bytes per element.
+#[inline(always)]
+fn encode_checked<const W: usize>(
+    grad: &[f32],
+    out: &mut [u8],
+    kernel: impl Fn(&[f32], &mut [u8]),
+) -> Result<()> {
     for (c, (src, dst)) in grad
         .chunks(CHUNK)
         .zip(out.chunks_mut(CHUNK * W))
         .enumerate()
     {
         check_finite(src, c * CHUNK)?;
-        for (d, &x) in dst.chunks_exact_mut(W).zip(src) {
-            d.copy_from_slice(&convert(x));
-        }
+        kernel(src, dst);
     }
     Ok(())
+}
+
+/// fp16 codes of `grad`: the F16C instructions where the CPU has them (same bytes).
+fn encode_half(grad: &[f32], out: &mut [u8]) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if f16c::available() {
+        // SAFETY: the CPU supports F16C and AVX.
+        return encode_checked::<2>(grad, out, |src, dst| unsafe { f16c::encode(src, dst) });
+    }
+    encode_elements(grad, out, half_encode)
+}
+
+/// Adds the fp16 codes of `payload` to `acc`: the F16C instructions where the CPU has them
+/// (same sums).
+fn decode_half(payload: &[u8], acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if f16c::available() {
+        // SAFETY: the CPU supports F16C and AVX.
+        return unsafe { f16c::decode_add(payload, acc) };
+    }
+    decode_elements(payload, acc, half_decode)
 }
 
 fn decode_elements<const W: usize>(
@@ -147,7 +183,7 @@ impl Codec for Cast {
     fn encode_into(&mut self, grad: &[f32], out: &mut [u8], _scratch: &mut Vec<u8>) -> Result<()> {
         expect_len(&self.c, out, grad.len())?;
         match self.c {
-            Compressor::Fp16 => encode_elements(grad, out, half_encode),
+            Compressor::Fp16 => encode_half(grad, out),
             Compressor::Bf16 => encode_elements(grad, out, brain_encode),
             _ => encode_elements(grad, out, f32::to_le_bytes),
         }
@@ -156,7 +192,7 @@ impl Codec for Cast {
     fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
         expect_len(&self.c, payload, acc.len())?;
         match self.c {
-            Compressor::Fp16 => decode_elements(payload, acc, half_decode),
+            Compressor::Fp16 => decode_half(payload, acc),
             Compressor::Bf16 => decode_elements(payload, acc, brain_decode),
             _ => decode_elements(payload, acc, f32::from_le_bytes),
         }
@@ -298,6 +334,61 @@ mod tests {
             decode_elements_impl(&codes, &mut base, decode);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&fast), bits(&base));
+        }
+    }
+
+    /// The F16C loops give the integer arithmetic's bytes and sums: every 16-bit code decoded
+    /// (onto an accumulator, as decode does), a sweep of finite f32 bit patterns encoded (every
+    /// 4099th, the largest magnitudes, which saturate, and the ties around the subnormals),
+    /// and lengths that leave a tail shorter than a block.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16c_loops_match_the_integer_arithmetic() {
+        if !f16c::available() {
+            eprintln!("skipped: no F16C");
+            return;
+        }
+        let mut grad: Vec<f32> = (0..0x7F80_0000u32)
+            .step_by(4099)
+            .flat_map(|bits| [f32::from_bits(bits), -f32::from_bits(bits)])
+            .collect();
+        grad.extend([
+            f32::MAX,
+            -f32::MAX,
+            65504.0,
+            65519.99,
+            65520.0,
+            -65520.0,
+            0.0,
+            -0.0,
+        ]);
+        // Halfway between neighbouring subnormal and smallest normal fp16 values.
+        grad.extend((0..64).map(|k| (k as f32 + 0.5) * 2f32.powi(-24)));
+        for len in [grad.len(), grad.len() - 3, 7] {
+            let grad = &grad[..len];
+            let mut fast = vec![0u8; len * 2];
+            let mut base = vec![0u8; len * 2];
+            // SAFETY: the CPU supports F16C and AVX (checked above).
+            encode_checked::<2>(grad, &mut fast, |src, dst| unsafe {
+                f16c::encode(src, dst)
+            })
+            .unwrap();
+            encode_elements_impl(grad, &mut base, half_encode).unwrap();
+            assert_eq!(fast, base, "{len} elements");
+        }
+        let codes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        for len in [codes.len() / 2, codes.len() / 2 - 5] {
+            let mut fast = vec![1.5f32; len];
+            let mut base = fast.clone();
+            // SAFETY: the CPU supports F16C and AVX (checked above).
+            unsafe { f16c::decode_add(&codes[..len * 2], &mut fast) };
+            decode_elements_impl(&codes[..len * 2], &mut base, half_decode);
+            for (i, (f, b)) in fast.iter().zip(&base).enumerate() {
+                assert!(
+                    f.to_bits() == b.to_bits() || (f.is_nan() && b.is_nan()),
+                    "code {i}: {f} {b}"
+                );
+            }
         }
     }
 

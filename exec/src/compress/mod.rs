@@ -10,6 +10,8 @@
 
 mod bits;
 mod cast;
+#[cfg(target_arch = "x86_64")]
+mod f16c;
 pub mod memory;
 pub mod minifloat;
 pub(crate) mod powersgd;
