@@ -1,6 +1,6 @@
 //! Clusters: nodes, GPUs per node, the intra-node fabric, the NICs, and the collective library.
 
-use crate::collective::MeasuredSweep;
+use crate::collective::{Algorithm, MeasuredSweep, MPI_ALLREDUCE_ALGORITHMS};
 use crate::data::{self, DataKind};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
@@ -180,6 +180,13 @@ pub struct TcpParams {
     pub call_overhead_us: f64,
     /// Bytes per second the CPU reduces (sums) in an allreduce step, in GB/s.
     pub reduce_gbytes_per_s: f64,
+    /// MPI only: the allreduce algorithm the library is told to run at every size. Syncopate's
+    /// MPI backend asks Open MPI's non-blocking allreduce (libnbc) for its ring
+    /// (`OMPI_MCA_coll_libnbc_iallreduce_algorithm=1`), and a lab's cluster file says so.
+    /// None: the cheapest of ring, recursive doubling and Rabenseifner at each size (close to
+    /// Open MPI `tuned`'s rules for the blocking MPI_Allreduce, which Horovod calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allreduce_algorithm: Option<Algorithm>,
     /// The most one rank's MPI-over-TCP path moves per second and direction on these hosts,
     /// in Gb/s (the CPU's cost per byte of the kernel's TCP stack and of MPI's progress),
     /// measured; a link is used at min(line rate × tcp_efficiency, this). None: the NIC limits.
@@ -621,6 +628,19 @@ impl Cluster {
                 )?;
                 if let Some(host) = p.host_gbps {
                     limits::check_rate(label, "library.host_gbps", host, "Gb/s")?;
+                }
+                if let Some(algorithm) = p.allreduce_algorithm {
+                    let mpi = matches!(self.library, Library::Mpi(_));
+                    if !mpi || !MPI_ALLREDUCE_ALGORITHMS.contains(&algorithm) {
+                        return Err(SimError::invalid(
+                            label,
+                            "library.allreduce_algorithm",
+                            format!(
+                                "`{}` is not an allreduce an MPI library runs (ring, rec-doubling or rabenseifner; MPI clusters only)",
+                                algorithm.name()
+                            ),
+                        ));
+                    }
                 }
                 if let Some(host) = p.allgather_host_gbps {
                     limits::check_rate(label, "library.allgather_host_gbps", host, "Gb/s")?;

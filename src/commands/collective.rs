@@ -88,6 +88,8 @@ fn as_library(cluster: &Cluster, library: TcpLibrary) -> anyhow::Result<Library>
     );
     if !same {
         params.measured.clear();
+        // A pinned allreduce was what that library was told to run.
+        params.allreduce_algorithm = None;
     }
     Ok(match library {
         TcpLibrary::Mpi => Library::Mpi(params),

@@ -5,7 +5,7 @@ use super::state::LabState;
 use crate::error::{ExecError, Result};
 use serde::Serialize;
 use syncopate_sim::calibrate::Measurement;
-use syncopate_sim::collective::Op;
+use syncopate_sim::collective::{Algorithm, Op};
 use syncopate_sim::data::FORMAT_VERSION;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::{Provenance, Status};
@@ -140,6 +140,8 @@ pub fn cluster(
             allgather_host_gbps: None,
             p2p_message_overhead_us: None,
             p2p_rounds_at_once: None,
+            // What the MPI backend runs (exec/src/runtime/mpi/world.rs asks libnbc for it).
+            allreduce_algorithm: Some(Algorithm::Ring),
             measured: Vec::new(),
             provenance: Provenance {
                 status: Status::Estimated,

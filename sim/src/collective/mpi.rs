@@ -9,6 +9,14 @@ use super::{Algorithm, Estimate, Group, Op, Protocol};
 use crate::time::SimTime;
 use crate::topology::{Cluster, TcpParams};
 
+/// The allreduce algorithms priced here, which a cluster may pin one of
+/// (`library.allreduce_algorithm`).
+pub const ALLREDUCE_ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::Ring,
+    Algorithm::RecursiveDoubling,
+    Algorithm::Rabenseifner,
+];
+
 /// The Hockney terms of a TCP library's collective over `group`, in µs.
 #[derive(Clone, Copy)]
 pub(super) struct Hockney {
@@ -50,10 +58,16 @@ pub(super) fn estimate(
         candidates(op, group, bytes, alpha, beta * network, gamma)
     };
     let call = params.call_overhead_us;
+    // The allreduce a cluster pins runs at every size; otherwise the cheapest runs.
+    let pinned = match op {
+        Op::Allreduce => params.allreduce_algorithm,
+        _ => None,
+    };
     pick(
         priced(1.0)
             .into_iter()
             .zip(priced(0.0))
+            .filter(|((_, algorithm), _)| pinned.is_none_or(|p| p == *algorithm))
             .map(|((time, algorithm), (fixed, _))| (call + time, call + fixed, algorithm))
             .collect(),
     )
@@ -141,9 +155,38 @@ pub(super) fn pick(candidates: Vec<(f64, f64, Algorithm)>) -> Estimate {
 
 #[cfg(test)]
 mod tests {
-    use crate::collective::{estimate, Group, Op};
+    use crate::collective::{estimate, Algorithm, Group, Op};
     use crate::tcp_fit::parametric;
     use crate::topology::{Cluster, ClusterOverrides};
+
+    #[test]
+    fn a_pinned_allreduce_runs_at_every_size_and_only_on_mpi() {
+        let mut cluster = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
+        let world = Group::world(&cluster);
+        let chosen = |cluster: &Cluster, bytes| {
+            estimate(cluster, Op::Allreduce, bytes, world)
+                .unwrap()
+                .algorithm
+        };
+        // Unpinned, small messages take fewer rounds than the ring's.
+        assert_ne!(chosen(&cluster, 4 << 10), Algorithm::Ring);
+        cluster.library.tcp_mut().unwrap().allreduce_algorithm = Some(Algorithm::Ring);
+        assert!(cluster.validate("c.json").is_ok());
+        for bytes in [4 << 10, 1 << 20, 256 << 20] {
+            assert_eq!(chosen(&cluster, bytes), Algorithm::Ring, "{bytes}");
+        }
+        // Other operations keep their cheapest algorithm.
+        let allgather = estimate(&cluster, Op::Allgather, 4 << 10, world).unwrap();
+        assert_eq!(allgather.algorithm, Algorithm::RecursiveDoubling);
+        let mut tree = cluster.clone();
+        tree.library.tcp_mut().unwrap().allreduce_algorithm = Some(Algorithm::Tree);
+        let err = tree.validate("c.json").unwrap_err().to_string();
+        assert!(err.contains("library.allreduce_algorithm"), "{err}");
+        let params = cluster.library.tcp().unwrap().clone();
+        cluster.library = crate::topology::Library::Gloo(params);
+        let err = cluster.validate("c.json").unwrap_err().to_string();
+        assert!(err.contains("library.allreduce_algorithm"), "{err}");
+    }
 
     #[test]
     fn the_fixed_part_is_what_a_faster_link_leaves() {

@@ -200,6 +200,7 @@ pub fn cluster(
             allgather_host_gbps: None,
             p2p_message_overhead_us: None,
             p2p_rounds_at_once: None,
+            allreduce_algorithm: None,
             measured: Vec::new(),
             provenance: Provenance {
                 status: Status::Measured,
