@@ -46,8 +46,10 @@ def config_key(nodes, gbps, compressor):
     return "serial" if nodes == 1 else f"{lab_key(nodes, gbps)}-{compressor.replace(':', '-')}"
 
 
-# Recordings per rank count: the machine is shared, and one recording may land in a slow phase.
+# Recordings per rank count before the runs (the plans are made from them), and then one more
+# before each seed's runs: the machine is shared, and its speed drifts over the experiment.
 PROFILE_RECORDINGS = 3
+RANK_COUNTS = (1, 2, 4)
 
 
 def profile_total(path):
@@ -56,17 +58,16 @@ def profile_total(path):
     return sum(t["forward_us"] + t["backward_us"] for t in profile["tensors"]) + profile["optimizer_us"]
 
 
-def record_profiles(opts):
+def record_profiles(opts, tags):
     """The model profile at 1, 2 and 4 ranks computing at once on this machine (torchrun on
     localhost; no communication is timed), so that the prediction sees the compute each rank
     gets when the ranks share the cores, and (at 2 and 4 ranks) how much the ranks differ
-    within an iteration (`rank_skew`). Each is recorded PROFILE_RECORDINGS times, the rank
-    counts interleaved, and the recording of median compute is kept."""
-    (HERE / "profiles").mkdir(exist_ok=True)
-    recordings = {world: [] for world in (1, 2, 4)}
-    for attempt in range(PROFILE_RECORDINGS):
-        for world in recordings:
-            out = SCRATCH / "profiles" / f"digits-w{world}-{attempt}.json"
+    within an iteration (`rank_skew`). One recording per rank count and tag, the rank counts
+    interleaved; returns {rank count: [recordings]}."""
+    recordings = {world: [] for world in RANK_COUNTS}
+    for tag in tags:
+        for world in RANK_COUNTS:
+            out = SCRATCH / "profiles" / f"digits-w{world}-{tag}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             # The device (a path relative to this directory, where simulate runs) is the cluster's:
             # the simulator then takes the recorded times as they are (compute_scale 1).
@@ -77,6 +78,12 @@ def record_profiles(opts):
                 sh([opts.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", world, *common],
                    f"recording the profile at {world} ranks", 600)
             recordings[world].append(out)
+    return recordings
+
+
+def keep_median_profiles(recordings):
+    """Keeps, per rank count, the recording of median compute as profiles/digits-wN.json."""
+    (HERE / "profiles").mkdir(exist_ok=True)
     for world, paths in recordings.items():
         ranked = sorted(paths, key=profile_total)
         kept = ranked[len(ranked) // 2]
@@ -94,12 +101,25 @@ def labs_up(opts):
         fit_gloo(opts.syncopate, opts.python, name, f"lab-{lab_key(nodes, gbps)}", HERE / "clusters")
 
 
-def plans_and_predictions(opts):
-    """A Horovod plan per lab and compressor, made for the profile at the lab's rank count, and
-    its predicted iteration on the lab's gloo fit; also the predictions from the serial profile
-    and from the lab's MPI fit."""
+def make_plans(opts):
+    """A Horovod plan per lab and compressor, made for the profile at the lab's rank count on the
+    lab's gloo fit: what the ranks run."""
     (HERE / "plans").mkdir(exist_ok=True)
-    predictions = {}
+    device = os.path.relpath(DEVICE, HERE)
+    for _, nodes, gbps in LABS:
+        for compressor in COMPRESSORS:
+            key = config_key(nodes, gbps, compressor)
+            # Paths relative to this directory, so that the plans name no machine's paths.
+            sh([opts.syncopate, "simulate", "--model", f"profiles/digits-w{nodes}.json", "--cluster",
+                f"clusters/lab-{lab_key(nodes, gbps)}-gloo.json", "--nodes", nodes, "--gpus-per-node", 1,
+                "--strategy", "horovod", "--compressor", compressor, "--cpu-compression", device,
+                "--save-plan", f"plans/{key}.json"], f"plan {key}", 300, cwd=HERE)
+
+
+def predict_plans(opts):
+    """The predicted iteration of each plan that ran, on its lab's gloo fit with the profile at
+    the lab's rank count; also from the serial profile and on the lab's MPI fit."""
+    predicted = {}
     device = os.path.relpath(DEVICE, HERE)
     for _, nodes, gbps in LABS:
         for compressor in COMPRESSORS:
@@ -108,41 +128,29 @@ def plans_and_predictions(opts):
             for profile, library, field in ((f"digits-w{nodes}.json", "-gloo", "predicted_ms"),
                                             ("digits-w1.json", "-gloo", "predicted_serial_profile_ms"),
                                             (f"digits-w{nodes}.json", "", "predicted_mpi_fit_ms")):
-                cluster = f"clusters/lab-{lab_key(nodes, gbps)}{library}.json"
-                # Paths relative to this directory, so that the plans name no machine's paths.
-                args = [opts.syncopate, "simulate", "--model", f"profiles/{profile}", "--cluster", cluster,
-                        "--nodes", nodes, "--gpus-per-node", 1, "--strategy", "horovod", "--compressor", compressor,
-                        "--cpu-compression", device, "--format", "json"]
-                if field == "predicted_ms":
-                    args += ["--save-plan", f"plans/{key}.json"]
-                result = json.loads(sh(args, f"simulate {key}", 300, cwd=HERE))
+                result = json.loads(sh([opts.syncopate, "simulate", "--plan", f"plans/{key}.json", "--model",
+                                        f"profiles/{profile}", "--cluster", f"clusters/lab-{lab_key(nodes, gbps)}{library}.json",
+                                        "--nodes", nodes, "--gpus-per-node", 1, "--cpu-compression", device,
+                                        "--format", "json"], f"simulate {key}", 300, cwd=HERE))
                 entry[field] = result["iteration_time_ms"]
                 if field == "predicted_ms":
                     entry.update(predicted_compute_ms=result["compute_ms"], predicted_comm_ms=result["comm_ms"],
                                  predicted_compression_ms=result["compression_ms"], wire_bytes_per_rank=result["wire_bytes_per_rank"])
-            predictions[key] = entry
+            predicted[key] = entry
     serial = json.loads(sh([opts.syncopate, "simulate", "--model", "profiles/digits-w1.json", "--cluster",
                             f"clusters/lab-{lab_key(2, 1.0)}.json", "--nodes", 2, "--gpus-per-node", 1,
                             "--strategy", "horovod", "--format", "json"], "simulate serial", 300, cwd=HERE))
-    predictions["serial"] = dict.fromkeys(("predicted_ms", "predicted_serial_profile_ms", "predicted_mpi_fit_ms"),
+    predicted["serial"] = dict.fromkeys(("predicted_ms", "predicted_serial_profile_ms", "predicted_mpi_fit_ms"),
                                           serial["single_gpu_iteration_time_ms"])
-    (HERE / "predictions.json").write_text(json.dumps(predictions, indent=1, sort_keys=True) + "\n")
+    (HERE / "predictions.json").write_text(json.dumps(predicted, indent=1, sort_keys=True) + "\n")
 
 
 def repredict(opts):
     """The committed runs predicted again by this Syncopate, without a lab: each lab's gloo file
-    refitted to its committed sweeps, then the predictions made again. The plans must come out
-    as the ranks ran them; if this Syncopate makes others, they are put back and it is an
-    error (the runs must then be repeated)."""
-    ran = {path: path.read_text() for path in (HERE / "plans").glob("*.json")}
+    refitted to its committed sweeps, then the plans that ran predicted again."""
     for _, nodes, gbps in LABS:
         refit_gloo(opts.syncopate, f"lab-{lab_key(nodes, gbps)}", HERE / "clusters")
-    plans_and_predictions(opts)
-    changed = [path.name for path, text in ran.items() if json.loads(path.read_text())["groups"] != json.loads(text)["groups"]]
-    for path, text in ran.items():
-        path.write_text(text)
-    if changed:
-        raise SystemExit(f"this Syncopate plans {', '.join(changed)} otherwise than the ranks ran them: rerun the experiment")
+    predict_plans(opts)
 
 
 def run_one(opts, config, seed):
@@ -341,10 +349,15 @@ def main():
     SCRATCH.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        record_profiles(opts)
+        recordings = record_profiles(opts, range(PROFILE_RECORDINGS))
+        keep_median_profiles(recordings)
         labs_up(opts)
-        plans_and_predictions(opts)
+        make_plans(opts)
         for seed in range(opts.seeds):
+            # The profile again between the runs, so that the one kept for the prediction is
+            # the median over the whole experiment, not over its first minute.
+            for world, more in record_profiles(opts, [f"s{seed}"]).items():
+                recordings[world] += more
             # Every configuration once per seed, in an order drawn per seed: slow phases of the
             # shared machine spread over all of them.
             order = configs()
@@ -354,6 +367,8 @@ def main():
                 run_one(opts, config, seed)
     finally:
         labs_down(opts.syncopate, [name for name, _, _ in LABS])
+    keep_median_profiles(recordings)
+    predict_plans(opts)
     report(opts)
     print(f"done in {time.monotonic() - started:.0f} s", flush=True)
 
