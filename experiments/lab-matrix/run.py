@@ -2,6 +2,7 @@
 
     sudo target/pyenv/bin/python experiments/lab-matrix/run.py            # everything (20–26 min)
     target/pyenv/bin/python experiments/lab-matrix/run.py --report-only   # results.csv and README.md from runs/
+    target/pyenv/bin/python experiments/lab-matrix/run.py --repredict     # the committed runs predicted again
 
 Needs root (network namespaces), the release CLI built with `--features mpi` (`lab up` fits each
 lab's cluster file to an Open MPI allreduce sweep; a gloo sweep then refits it to gloo, the
@@ -23,14 +24,16 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
-from runner import (end_on_sigterm, fit_gloo, lab_train, lab_up, labs_down, measured_iterations, require_release_package,  # noqa: E402
-                    sh, splice_readme, write_csv)
+from runner import (end_on_sigterm, fit_gloo, lab_train, lab_up, labs_down, measured_iterations, refit_gloo,  # noqa: E402
+                    require_release_package, sh, splice_readme, write_csv)
 
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
 DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
-# The model profiles lab4-real recorded with 2 and 4 ranks computing at once on this machine
-# (read only here): a lab's ranks share the machine's two cores.
-PROFILES = REPO / "experiments" / "lab4-real" / "profiles"
+# The model profiles lab4-real recorded last, with 2 and 4 ranks computing at once on this
+# machine (a lab's ranks share its two cores), copied here when a run starts: the ones the runs
+# and their predictions used.
+LAB4_PROFILES = REPO / "experiments" / "lab4-real" / "profiles"
+PROFILES = HERE / "profiles"
 GBPS = 1.0
 LABS = [("mx2", 2), ("mx4", 4)]
 # (strategy, compressor, memory): every strategy of `syncopate list strategies` uncompressed;
@@ -109,14 +112,11 @@ def check_strategy_coverage(opts):
 
 def plan_one(opts, config):
     """Makes the config's plan for the lab's gloo fit (simulate --save-plan, or tune --search
-    all) and predicts its iteration there and on the lab's MPI fit; returns the predictions, or
-    the error when no plan could be made."""
+    all) and predicts it; returns the predictions, or the error when no plan could be made."""
     _, nodes, kind, strategy, compressor, memory = config
     key = key_of(config)
     plan = f"plans/{key}.json"
     where = ["--model", profile_of(nodes), "--nodes", nodes, "--gpus-per-node", 1]
-    # Compression on this machine's CPU, for the tuned plans as for the others.
-    simulate = [opts.syncopate, "simulate", *where, "--cpu-compression", os.path.relpath(DEVICE, HERE), "--format", "json"]
     entry = {"plan": plan}
     try:
         if kind == "tuned":
@@ -124,18 +124,45 @@ def plan_one(opts, config):
                                    compressor, "--memory", memory, "--search", "all", "--out", plan, "--format", "json"],
                                   f"tune {key}", 600, cwd=HERE))
             entry["tune_predicted_ms"] = tuned["best_iteration_time_ms"]
-            args = ["--plan", plan]
         else:
-            args = ["--strategy", strategy, "--compressor", compressor, "--memory", memory, "--save-plan", plan]
-        result = json.loads(sh([*simulate, "--cluster", cluster_of(nodes, "-gloo"), *args], f"simulate {key}", 300, cwd=HERE))
-        mpi = json.loads(sh([*simulate, "--cluster", cluster_of(nodes), "--plan", plan], f"simulate {key} (MPI fit)", 300,
-                            cwd=HERE))
+            sh([*simulate_on(opts, nodes), "--cluster", cluster_of(nodes, "-gloo"), "--strategy", strategy, "--compressor",
+                compressor, "--memory", memory, "--save-plan", plan], f"plan {key}", 300, cwd=HERE)
+        entry.update(predict_plan(opts, config, plan))
     except RuntimeError as err:
         return {**entry, "error": cause(str(err))}
-    groups = json.loads((HERE / plan).read_text())["groups"]
-    entry.update(predicted_ms=result["iteration_time_ms"], predicted_mpi_fit_ms=mpi["iteration_time_ms"], groups=len(groups),
-                 compressed_groups=sum(g.get("compressor", "none") != "none" for g in groups))
     return entry
+
+
+def simulate_on(opts, nodes):
+    """`syncopate simulate` for the profile at `nodes` ranks, compressing on this machine's CPU."""
+    return [opts.syncopate, "simulate", "--model", profile_of(nodes), "--nodes", nodes, "--gpus-per-node", 1,
+            "--cpu-compression", os.path.relpath(DEVICE, HERE), "--format", "json"]
+
+
+def predict_plan(opts, config, plan):
+    """The plan's predicted iteration on the lab's gloo fit and on its MPI fit, and its groups."""
+    nodes, key = config[1], key_of(config)
+    result = json.loads(sh([*simulate_on(opts, nodes), "--cluster", cluster_of(nodes, "-gloo"), "--plan", plan],
+                           f"simulate {key}", 300, cwd=HERE))
+    mpi = json.loads(sh([*simulate_on(opts, nodes), "--cluster", cluster_of(nodes), "--plan", plan],
+                        f"simulate {key} (MPI fit)", 300, cwd=HERE))
+    groups = json.loads((HERE / plan).read_text())["groups"]
+    return {"predicted_ms": result["iteration_time_ms"], "predicted_mpi_fit_ms": mpi["iteration_time_ms"],
+            "groups": len(groups), "compressed_groups": sum(g.get("compressor", "none") != "none" for g in groups)}
+
+
+def repredict(opts):
+    """The committed runs predicted again by this Syncopate, without a lab: each lab's gloo file
+    refitted to its committed sweeps, then every plan that ran predicted again (a tuned plan's
+    `tune_predicted_ms` stays what the tuner said when it chose it)."""
+    for _, nodes in LABS:
+        refit_gloo(opts.syncopate, pathlib.Path(cluster_of(nodes)).stem, HERE / "clusters")
+    predictions = json.loads((HERE / "predictions.json").read_text())
+    for config in configs():
+        entry = predictions.get(key_of(config), {})
+        if "plan" in entry and "error" not in entry:
+            entry.update(predict_plan(opts, config, entry["plan"]))
+    (HERE / "predictions.json").write_text(json.dumps(predictions, indent=1, sort_keys=True) + "\n")
 
 
 def cause(output):
@@ -274,10 +301,16 @@ def main():
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--report-only", "--reuse", action="store_true",
                    help="only rewrite results.csv and README.md from runs/, predictions.json and meta.json")
+    p.add_argument("--repredict", action="store_true",
+                   help="refit the gloo cluster files to the committed sweeps and predict the committed plans again "
+                        "(no lab, no root), then rewrite the tables")
     opts = p.parse_args()
     if opts.epochs < 2 or opts.check < 1:
         p.error("--epochs ≥ 2 (the first iteration of each epoch is not measured) and --check ≥ 1")
     if opts.report_only:
+        return report(opts)
+    if opts.repredict:
+        repredict(opts)
         return report(opts)
     if os.geteuid() != 0:
         raise SystemExit("lab-matrix makes network namespaces: run it as root (sudo)")
@@ -290,6 +323,7 @@ def main():
     for directory in ("runs", "plans"):
         shutil.rmtree(HERE / directory, ignore_errors=True)
         (HERE / directory).mkdir()
+    shutil.copytree(LAB4_PROFILES, PROFILES, dirs_exist_ok=True)
     (HERE / "clusters").mkdir(exist_ok=True)
     SCRATCH.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
