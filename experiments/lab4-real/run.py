@@ -81,15 +81,21 @@ def record_profiles(opts, tags):
     return recordings
 
 
-def keep_median_profiles(recordings):
-    """Keeps, per rank count, the recording of median compute as profiles/digits-wN.json."""
+def profile_path(world, purpose):
+    """profiles/digits-wN-plans.json: what the plans were made from and the ranks lowered them
+    with; profiles/digits-wN.json: what the predictions price (PURPOSE "plans" or "predict")."""
+    return HERE / "profiles" / (f"digits-w{world}-plans.json" if purpose == "plans" else f"digits-w{world}.json")
+
+
+def keep_median_profiles(recordings, purpose):
+    """Keeps, per rank count, the recording of median compute as the profile for `purpose`."""
     (HERE / "profiles").mkdir(exist_ok=True)
     for world, paths in recordings.items():
         ranked = sorted(paths, key=profile_total)
         kept = ranked[len(ranked) // 2]
         totals = ", ".join(f"{profile_total(p) / 1e3:.2f}" for p in ranked)
         print(f"profile at {world} rank(s): compute {totals} ms per iteration; keeping the median", flush=True)
-        shutil.copyfile(kept, HERE / "profiles" / f"digits-w{world}.json")
+        shutil.copyfile(kept, profile_path(world, purpose))
 
 
 def labs_up(opts):
@@ -110,7 +116,7 @@ def make_plans(opts):
         for compressor in COMPRESSORS:
             key = config_key(nodes, gbps, compressor)
             # Paths relative to this directory, so that the plans name no machine's paths.
-            sh([opts.syncopate, "simulate", "--model", f"profiles/digits-w{nodes}.json", "--cluster",
+            sh([opts.syncopate, "simulate", "--model", os.path.relpath(profile_path(nodes, "plans"), HERE), "--cluster",
                 f"clusters/lab-{lab_key(nodes, gbps)}-gloo.json", "--nodes", nodes, "--gpus-per-node", 1,
                 "--strategy", "horovod", "--compressor", compressor, "--cpu-compression", device,
                 "--save-plan", f"plans/{key}.json"], f"plan {key}", 300, cwd=HERE)
@@ -166,7 +172,7 @@ def run_one(opts, config, seed):
     else:
         lab_train(opts.syncopate, name, opts.python,
                   [*common, "--plan", HERE / "plans" / f"{key}.json", "--model-profile",
-                   HERE / "profiles" / f"digits-w{nodes}.json", "--trace", trace, "--check", CHECKED], f"{key} seed {seed}", 1200)
+                   profile_path(nodes, "plans"), "--trace", trace, "--check", CHECKED], f"{key} seed {seed}", 1200)
     log = json.loads(out.read_text())
     log["config"] = key
     # The machine's 1-minute load average before and after: other jobs share its two cores.
@@ -346,11 +352,13 @@ def main():
     end_on_sigterm()
     shutil.rmtree(HERE / "runs", ignore_errors=True)
     (HERE / "runs").mkdir()
+    # Written once the runs are done: an interrupted run leaves none to mix with its runs.
+    (HERE / "predictions.json").unlink(missing_ok=True)
     SCRATCH.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
         recordings = record_profiles(opts, range(PROFILE_RECORDINGS))
-        keep_median_profiles(recordings)
+        keep_median_profiles(recordings, "plans")
         labs_up(opts)
         make_plans(opts)
         for seed in range(opts.seeds):
@@ -367,7 +375,7 @@ def main():
                 run_one(opts, config, seed)
     finally:
         labs_down(opts.syncopate, [name for name, _, _ in LABS])
-    keep_median_profiles(recordings)
+    keep_median_profiles(recordings, "predict")
     predict_plans(opts)
     report(opts)
     print(f"done in {time.monotonic() - started:.0f} s", flush=True)

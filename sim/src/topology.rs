@@ -630,16 +630,16 @@ impl Cluster {
                     limits::check_rate(label, "library.host_gbps", host, "Gb/s")?;
                 }
                 if let Some(algorithm) = p.allreduce_algorithm {
-                    let mpi = matches!(self.library, Library::Mpi(_));
-                    if !mpi || !MPI_ALLREDUCE_ALGORITHMS.contains(&algorithm) {
-                        return Err(SimError::invalid(
-                            label,
-                            "library.allreduce_algorithm",
-                            format!(
-                                "`{}` is not an allreduce an MPI library runs (ring, rec-doubling or rabenseifner; MPI clusters only)",
-                                algorithm.name()
-                            ),
-                        ));
+                    let why = match self.library {
+                        Library::Gloo(_) => Some("gloo chooses its own allreduce: only an MPI cluster pins one".to_string()),
+                        _ if !MPI_ALLREDUCE_ALGORITHMS.contains(&algorithm) => Some(format!(
+                            "`{}` is not an allreduce an MPI library runs (ring, rec-doubling or rabenseifner)",
+                            algorithm.name()
+                        )),
+                        _ => None,
+                    };
+                    if let Some(why) = why {
+                        return Err(SimError::invalid(label, "library.allreduce_algorithm", why));
                     }
                 }
                 if let Some(host) = p.allgather_host_gbps {

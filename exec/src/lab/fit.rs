@@ -229,7 +229,7 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> 
         compute_slowdown_with_ranks: c.compute_slowdown_with_ranks(),
         compute_slowdown_with_collective: c.compute_slowdown(),
         compute_slowdown_with_compression: c.compression_slowdown(),
-        // None until the fit's figures are applied below.
+        // Placeholders until the fit's figures are applied below.
         collective_slowdown_with_compute: 1.0,
         collective_delay_with_compute_us: 0.0,
         allgather_delay_with_compute_us: None,

@@ -60,7 +60,10 @@ pub(super) fn estimate(
     let call = params.call_overhead_us;
     // The allreduce a cluster pins runs at every size; otherwise the cheapest runs.
     let pinned = match op {
-        Op::Allreduce => params.allreduce_algorithm,
+        // (A pin that is not one of them, which validation refuses, is ignored, not a panic.)
+        Op::Allreduce => params
+            .allreduce_algorithm
+            .filter(|a| ALLREDUCE_ALGORITHMS.contains(a)),
         _ => None,
     };
     pick(
