@@ -116,11 +116,10 @@ def plan_one(opts, config):
     _, nodes, kind, strategy, compressor, memory = config
     key = key_of(config)
     plan = f"plans/{key}.json"
-    where = ["--model", profile_of(nodes), "--nodes", nodes, "--gpus-per-node", 1]
     entry = {"plan": plan}
     try:
         if kind == "tuned":
-            tuned = json.loads(sh([opts.syncopate, "tune", *where, "--cluster", cluster_of(nodes, "-gloo"), "--compressor",
+            tuned = json.loads(sh([opts.syncopate, "tune", *on_lab(nodes), "--cluster", cluster_of(nodes, "-gloo"), "--compressor",
                                    compressor, "--memory", memory, "--search", "all", "--out", plan, "--format", "json"],
                                   f"tune {key}", 600, cwd=HERE))
             entry["tune_predicted_ms"] = tuned["best_iteration_time_ms"]
@@ -133,10 +132,15 @@ def plan_one(opts, config):
     return entry
 
 
+def on_lab(nodes):
+    """The model and world of the lab of `nodes` nodes: its profile, one rank per node."""
+    return ["--model", profile_of(nodes), "--nodes", nodes, "--gpus-per-node", 1]
+
+
 def simulate_on(opts, nodes):
-    """`syncopate simulate` for the profile at `nodes` ranks, compressing on this machine's CPU."""
-    return [opts.syncopate, "simulate", "--model", profile_of(nodes), "--nodes", nodes, "--gpus-per-node", 1,
-            "--cpu-compression", os.path.relpath(DEVICE, HERE), "--format", "json"]
+    """`syncopate simulate` on the lab of `nodes` nodes, compressing on this machine's CPU."""
+    return [opts.syncopate, "simulate", *on_lab(nodes), "--cpu-compression", os.path.relpath(DEVICE, HERE),
+            "--format", "json"]
 
 
 def predict_plan(opts, config, plan):

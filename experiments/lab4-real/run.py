@@ -147,7 +147,7 @@ def predict_plans(opts):
                             f"clusters/lab-{lab_key(2, 1.0)}.json", "--nodes", 2, "--gpus-per-node", 1,
                             "--strategy", "horovod", "--format", "json"], "simulate serial", 300, cwd=HERE))
     predicted["serial"] = dict.fromkeys(("predicted_ms", "predicted_serial_profile_ms", "predicted_mpi_fit_ms"),
-                                          serial["single_gpu_iteration_time_ms"])
+                                        serial["single_gpu_iteration_time_ms"])
     (HERE / "predictions.json").write_text(json.dumps(predicted, indent=1, sort_keys=True) + "\n")
 
 
