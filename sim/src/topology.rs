@@ -192,6 +192,12 @@ pub struct TcpParams {
     /// measured; a link is used at min(line rate × tcp_efficiency, this). None: the NIC limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_gbps: Option<f64>,
+    /// GPU hosts whose library works on host memory (Horovod built without GPU operations,
+    /// over MPI or gloo): each collective copies its input off the GPU and its output back,
+    /// through Horovod's host fusion buffer, at this many GB/s per direction (the PCIe copy and
+    /// the host memcpy in turn). None: the library reads the buffers where they are (CPU hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_staging_gbytes_per_s: Option<f64>,
     /// gloo only: the most one rank's allgather moves per second and direction, in Gb/s, when
     /// it is less than `host_gbps` allows. gloo's allgather ring moves large messages slower
     /// than its allreduce (0.6 against 0.93 of a 1 Gb/s lab link, docs/LAB.md); fitted to an
@@ -628,6 +634,14 @@ impl Cluster {
                 )?;
                 if let Some(host) = p.host_gbps {
                     limits::check_rate(label, "library.host_gbps", host, "Gb/s")?;
+                }
+                if let Some(staging) = p.host_staging_gbytes_per_s {
+                    limits::check_rate(
+                        label,
+                        "library.host_staging_gbytes_per_s",
+                        staging,
+                        "GB/s",
+                    )?;
                 }
                 if let Some(algorithm) = p.allreduce_algorithm {
                     let why = match self.library {

@@ -13,7 +13,7 @@
 //! messages slower than its allreduce, so it may have a host cap of its own
 //! (`allgather_host_gbps`), fitted to the allgather rows of a sweep.
 
-use super::mpi::{pick, Hockney};
+use super::mpi::{pick, staging_us, Hockney};
 use super::{Algorithm, Estimate, Group, Op};
 use crate::topology::{Cluster, TcpParams};
 
@@ -33,7 +33,8 @@ pub(super) fn estimate(
     // The time, and its fixed part: the same terms with no byte on the links.
     let (time, algorithm) = priced(cluster, params, op, bytes, group, 1.0);
     let (fixed, _) = priced(cluster, params, op, bytes, group, 0.0);
-    pick(vec![(time, fixed, algorithm)])
+    let staging = staging_us(params, op, bytes, group.ranks);
+    pick(vec![(time + staging, fixed + staging, algorithm)])
 }
 
 /// The algorithm gloo runs and its time (µs), with `network` times the cost per byte on the

@@ -41,6 +41,26 @@ impl Hockney {
     }
 }
 
+/// What a GPU host's copies between device and host memory add to `op` on `bytes` over `ranks`
+/// (µs): the busiest rank's input copied off the device before the call and its output copied
+/// back after it (`host_staging_gbytes_per_s`); 0 where the library reads the buffers in place.
+/// Neither copy uses the network, so it is part of the collective's fixed time.
+pub(super) fn staging_us(params: &TcpParams, op: Op, bytes: u64, ranks: u32) -> f64 {
+    let Some(rate) = params.host_staging_gbytes_per_s else {
+        return 0.0;
+    };
+    let s = bytes as f64;
+    let block = s / f64::from(ranks.max(1));
+    // Sizes as `Op` reads them: the per-rank buffer, or the gathered one for allgather and
+    // reduce-scatter.
+    let copied = match op {
+        Op::Allreduce | Op::Reduce | Op::Alltoall => 2.0 * s,
+        Op::Allgather | Op::ReduceScatter => s + block,
+        Op::Broadcast => s,
+    };
+    copied / (rate * 1e3)
+}
+
 pub(super) fn estimate(
     cluster: &Cluster,
     params: &TcpParams,
@@ -57,7 +77,7 @@ pub(super) fn estimate(
         let Hockney { alpha, beta, gamma } = hockney;
         candidates(op, group, bytes, alpha, beta * network, gamma)
     };
-    let call = params.call_overhead_us;
+    let call = params.call_overhead_us + staging_us(params, op, bytes, group.ranks);
     // The allreduce a cluster pins runs at every size; otherwise the cheapest runs.
     let pinned = match op {
         // (A pin that is not one of them, which validation refuses, is ignored, not a panic.)
@@ -209,6 +229,48 @@ mod tests {
             assert!(slow.fixed > crate::time::SimTime::ZERO, "{op}: {slow:?}");
             assert!(slow.fixed < slow.time && fast.time < slow.time, "{op}");
             assert_eq!(slow.fixed, fast.fixed, "{op}");
+        }
+    }
+
+    #[test]
+    fn host_staging_adds_its_copies_to_the_fixed_part_on_mpi_and_gloo() {
+        let mut mpi = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
+        let world = Group::world(&mpi);
+        let mut gloo = mpi.clone();
+        gloo.library = crate::topology::Library::Gloo(mpi.library.tcp().unwrap().clone());
+        let bytes: u64 = 64 << 20;
+        let n = f64::from(world.ranks);
+        // Per byte of the buffer: the input off the device and the output back at 4 GB/s.
+        let copied = [
+            (Op::Allreduce, 2.0),
+            (Op::Allgather, 1.0 + 1.0 / n),
+            (Op::ReduceScatter, 1.0 + 1.0 / n),
+            (Op::Broadcast, 1.0),
+        ];
+        for cluster in [&mut mpi, &mut gloo] {
+            let plain = cluster.clone();
+            cluster.library.tcp_mut().unwrap().host_staging_gbytes_per_s = Some(4.0);
+            assert!(cluster.validate("c.json").is_ok());
+            for (op, per_byte) in copied {
+                let without = estimate(&plain, op, bytes, world).unwrap();
+                let with = estimate(cluster, op, bytes, world).unwrap();
+                let expected_us = per_byte * bytes as f64 / 4e3;
+                let added_us = (with.time.as_ns() - without.time.as_ns()) as f64 / 1e3;
+                let fixed_us = (with.fixed.as_ns() - without.fixed.as_ns()) as f64 / 1e3;
+                assert!(
+                    (added_us / expected_us - 1.0).abs() < 1e-6,
+                    "{op}: {added_us}"
+                );
+                assert!(
+                    (fixed_us / expected_us - 1.0).abs() < 1e-6,
+                    "{op}: {fixed_us}"
+                );
+            }
+            for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+                cluster.library.tcp_mut().unwrap().host_staging_gbytes_per_s = Some(bad);
+                let err = cluster.validate("c.json").unwrap_err().to_string();
+                assert!(err.contains("library.host_staging_gbytes_per_s"), "{err}");
+            }
         }
     }
 }

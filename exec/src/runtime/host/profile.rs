@@ -197,6 +197,7 @@ pub fn cluster(
             call_overhead_us: 0.0,
             reduce_gbytes_per_s: 1.0 / gamma / 1e9,
             host_gbps: None,
+            host_staging_gbytes_per_s: None,
             allgather_host_gbps: None,
             p2p_message_overhead_us: None,
             p2p_rounds_at_once: None,
