@@ -139,7 +139,7 @@ def main():
     p.add_argument("--pythonpath", help="PYTHONPATH for the ranks (a syncopate package unpacked from a wheel, say)")
     p.add_argument("--lab", default="ddpov", help="the lab's name (its network namespaces are named after it)")
     p.add_argument("--gbps", type=float, default=1.0, help="the lab's link rate")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--seed", type=int, default=0, help="the interleaving order's seed")
     p.add_argument("--reuse", action="store_true", help="rewrite the summary from results.csv without measuring")
