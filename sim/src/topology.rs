@@ -193,9 +193,10 @@ pub struct TcpParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_gbps: Option<f64>,
     /// GPU hosts whose library works on host memory (Horovod built without GPU operations,
-    /// over MPI or gloo): each collective copies its input off the GPU and its output back,
-    /// through Horovod's host fusion buffer, at this many GB/s per direction (the PCIe copy and
-    /// the host memcpy in turn). None: the library reads the buffers where they are (CPU hosts).
+    /// over MPI or gloo): each collective and push-pull copies its input off the GPU and its
+    /// output back, through Horovod's host fusion buffer, at this many GB/s per direction (the
+    /// PCIe copy and the host memcpy in turn). None: the library reads the buffers where they
+    /// are (CPU hosts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_staging_gbytes_per_s: Option<f64>,
     /// gloo only: the most one rank's allgather moves per second and direction, in Gb/s, when

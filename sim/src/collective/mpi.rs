@@ -233,7 +233,7 @@ mod tests {
     }
 
     #[test]
-    fn host_staging_adds_its_copies_to_the_fixed_part_on_mpi_and_gloo() {
+    fn host_staging_adds_its_copies_to_the_fixed_part_of_collectives_and_push_pulls() {
         let mut mpi = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
         let world = Group::world(&mpi);
         let mut gloo = mpi.clone();
@@ -266,6 +266,21 @@ mod tests {
                     "{op}: {fixed_us}"
                 );
             }
+            // A parameter server's push-pull copies like an allreduce.
+            let server = crate::collective::ServerLink::Node(0);
+            let (without, _) = crate::collective::ps::push_pull(&plain, bytes, server).unwrap();
+            let (with, _) = crate::collective::ps::push_pull(cluster, bytes, server).unwrap();
+            let added_us = (with.time.as_ns() - without.time.as_ns()) as f64 / 1e3;
+            let fixed_us = (with.fixed.as_ns() - without.fixed.as_ns()) as f64 / 1e3;
+            let expected_us = 2.0 * bytes as f64 / 4e3;
+            assert!(
+                (added_us / expected_us - 1.0).abs() < 1e-6,
+                "push-pull: {added_us}"
+            );
+            assert!(
+                (fixed_us / expected_us - 1.0).abs() < 1e-6,
+                "push-pull: {fixed_us}"
+            );
             for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
                 cluster.library.tcp_mut().unwrap().host_staging_gbytes_per_s = Some(bad);
                 let err = cluster.validate("c.json").unwrap_err().to_string();

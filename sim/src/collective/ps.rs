@@ -2,7 +2,7 @@
 //! push their payload to the server's link and pull the result back from it, at the transport's
 //! goodput (as the cluster's collectives see it), with incast and the server's per-peer costs.
 
-use super::{Algorithm, Estimate, Links, Protocol, ServerLink};
+use super::{Algorithm, Estimate, Links, Op, Protocol, ServerLink};
 use crate::error::{Result, SimError};
 use crate::time::SimTime;
 use crate::topology::{Cluster, Transport};
@@ -67,7 +67,10 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
         let per_message = p
             .p2p_message_overhead_us
             .unwrap_or(p.call_overhead_us + p.message_overhead_us);
-        per_message * MESSAGES_PER_TRANSFER * peers
+        // A GPU worker's payload leaves its device before the push and the result returns
+        // after the pull, as an allreduce's buffer does: half of it in each phase.
+        let staging = super::mpi::staging_us(p, Op::Allreduce, bytes, 1);
+        per_message * MESSAGES_PER_TRANSFER * peers + staging / 2.0
     });
     let latency_us = cluster.inter_node.latency_us;
     let estimate = Estimate {
