@@ -178,7 +178,7 @@ pub(super) fn pick(candidates: Vec<(f64, f64, Algorithm)>) -> Estimate {
 
 #[cfg(test)]
 mod tests {
-    use crate::collective::{estimate, Algorithm, Group, Op};
+    use crate::collective::{estimate, Algorithm, Estimate, Group, Op};
     use crate::tcp_fit::parametric;
     use crate::topology::{Cluster, ClusterOverrides};
 
@@ -247,6 +247,17 @@ mod tests {
             (Op::ReduceScatter, 1.0 + 1.0 / n),
             (Op::Broadcast, 1.0),
         ];
+        // What staging added to an estimate's time and to its fixed part: both the copies.
+        let adds = |without: Estimate, with: Estimate, per_byte: f64, what: &str| {
+            let expected_us = per_byte * bytes as f64 / 4e3;
+            for (after, before) in [(with.time, without.time), (with.fixed, without.fixed)] {
+                let added_us = (after.as_ns() - before.as_ns()) as f64 / 1e3;
+                assert!(
+                    (added_us / expected_us - 1.0).abs() < 1e-6,
+                    "{what}: {added_us}"
+                );
+            }
+        };
         for cluster in [&mut mpi, &mut gloo] {
             let plain = cluster.clone();
             cluster.library.tcp_mut().unwrap().host_staging_gbytes_per_s = Some(4.0);
@@ -254,33 +265,13 @@ mod tests {
             for (op, per_byte) in copied {
                 let without = estimate(&plain, op, bytes, world).unwrap();
                 let with = estimate(cluster, op, bytes, world).unwrap();
-                let expected_us = per_byte * bytes as f64 / 4e3;
-                let added_us = (with.time.as_ns() - without.time.as_ns()) as f64 / 1e3;
-                let fixed_us = (with.fixed.as_ns() - without.fixed.as_ns()) as f64 / 1e3;
-                assert!(
-                    (added_us / expected_us - 1.0).abs() < 1e-6,
-                    "{op}: {added_us}"
-                );
-                assert!(
-                    (fixed_us / expected_us - 1.0).abs() < 1e-6,
-                    "{op}: {fixed_us}"
-                );
+                adds(without, with, per_byte, op.name());
             }
             // A parameter server's push-pull copies like an allreduce.
             let server = crate::collective::ServerLink::Node(0);
             let (without, _) = crate::collective::ps::push_pull(&plain, bytes, server).unwrap();
             let (with, _) = crate::collective::ps::push_pull(cluster, bytes, server).unwrap();
-            let added_us = (with.time.as_ns() - without.time.as_ns()) as f64 / 1e3;
-            let fixed_us = (with.fixed.as_ns() - without.fixed.as_ns()) as f64 / 1e3;
-            let expected_us = 2.0 * bytes as f64 / 4e3;
-            assert!(
-                (added_us / expected_us - 1.0).abs() < 1e-6,
-                "push-pull: {added_us}"
-            );
-            assert!(
-                (fixed_us / expected_us - 1.0).abs() < 1e-6,
-                "push-pull: {fixed_us}"
-            );
+            adds(without, with, 2.0, "push-pull");
             for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
                 cluster.library.tcp_mut().unwrap().host_staging_gbytes_per_s = Some(bad);
                 let err = cluster.validate("c.json").unwrap_err().to_string();
