@@ -300,6 +300,18 @@ mod tests {
         })
     }
 
+    /// Finite f32 bit patterns of both signs (every 4099th) and the largest magnitudes, which
+    /// saturate in fp16: what the fast conversion loops are checked on.
+    #[cfg(target_arch = "x86_64")]
+    fn swept_f32s() -> Vec<f32> {
+        let mut grad: Vec<f32> = (0..0x7F80_0000u32)
+            .step_by(4099)
+            .flat_map(|bits| [f32::from_bits(bits), -f32::from_bits(bits)])
+            .collect();
+        grad.extend([f32::MAX, -f32::MAX, 65504.0, 65519.99, 65520.0]);
+        grad
+    }
+
     /// The AVX2 build of the conversion loops gives the baseline build's bytes and sums: every
     /// 16-bit code decoded, and a sweep of finite f32 bit patterns (every 4099th, plus the
     /// largest magnitudes, which saturate) encoded.
@@ -310,11 +322,7 @@ mod tests {
             eprintln!("skipped: no AVX2");
             return;
         }
-        let mut grad: Vec<f32> = (0..0x7F80_0000u32)
-            .step_by(4099)
-            .flat_map(|bits| [f32::from_bits(bits), -f32::from_bits(bits)])
-            .collect();
-        grad.extend([f32::MAX, -f32::MAX, 65504.0, 65519.99, 65520.0]);
+        let grad = swept_f32s();
         let codes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
         type Encode = fn(f32) -> [u8; 2];
         type Decode = fn([u8; 2]) -> f32;
@@ -349,20 +357,8 @@ mod tests {
             eprintln!("skipped: no F16C");
             return;
         }
-        let mut grad: Vec<f32> = (0..0x7F80_0000u32)
-            .step_by(4099)
-            .flat_map(|bits| [f32::from_bits(bits), -f32::from_bits(bits)])
-            .collect();
-        grad.extend([
-            f32::MAX,
-            -f32::MAX,
-            65504.0,
-            65519.99,
-            65520.0,
-            -65520.0,
-            0.0,
-            -0.0,
-        ]);
+        let mut grad = swept_f32s();
+        grad.extend([-65520.0, 0.0, -0.0]);
         // Halfway between neighbouring fp16 subnormals, up to the smallest normal value.
         grad.extend((0..1024).map(|k| (k as f32 + 0.5) * 2f32.powi(-24)));
         for len in [grad.len(), grad.len() - 3, 7] {
