@@ -67,17 +67,20 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
         let per_message = p
             .p2p_message_overhead_us
             .unwrap_or(p.call_overhead_us + p.message_overhead_us);
-        // A GPU worker's payload leaves its device before the push and the result returns
-        // after the pull, as an allreduce's buffer does: half of it in each phase.
-        let staging = super::mpi::staging_us(p, Op::Allreduce, bytes, 1);
-        per_message * MESSAGES_PER_TRANSFER * peers + staging / 2.0
+        per_message * MESSAGES_PER_TRANSFER * peers
     });
+    // A GPU worker's payload leaves its device before the push and the result returns after
+    // the pull, as an allreduce's buffer does; no link carries the copies.
+    let staging_us = cluster
+        .library
+        .tcp()
+        .map_or(0.0, |p| super::mpi::staging_us(p, Op::Allreduce, bytes, 1));
     let latency_us = cluster.inter_node.latency_us;
     let estimate = Estimate {
-        time: SimTime::from_us(2.0 * (latency_us + fixed_us + per_phase_us)),
+        time: SimTime::from_us(2.0 * (latency_us + fixed_us + per_phase_us) + staging_us),
         algorithm: Algorithm::ParameterServer,
         protocol,
-        fixed: SimTime::from_us(2.0 * (latency_us + fixed_us)),
+        fixed: SimTime::from_us(2.0 * (latency_us + fixed_us) + staging_us),
         delay_with_compute: SimTime::ZERO,
     };
     let links = Links::Server { server, senders };
