@@ -20,7 +20,7 @@ pub trait Collectives: Send {
     /// Ring allreduce in the wire type (elements of `element` bytes, summed by the codec).
     fn allreduce(
         &self,
-        payload: &mut [u8],
+        payload: &mut Vec<u8>,
         element: usize,
         codec: &dyn Codec,
         abort: &AtomicBool,

@@ -83,7 +83,7 @@ pub fn execute(job: &Job, ranks: u32, busy: BusyWork) -> Result<Measured> {
 impl Collectives for Mesh {
     fn allreduce(
         &self,
-        payload: &mut [u8],
+        payload: &mut Vec<u8>,
         element: usize,
         codec: &dyn Codec,
         abort: &AtomicBool,

@@ -24,7 +24,7 @@ const MAX_CHECK_VALUES: usize = 1 << 28;
 impl Collectives for Stream<'_> {
     fn allreduce(
         &self,
-        payload: &mut [u8],
+        payload: &mut Vec<u8>,
         element: usize,
         codec: &dyn Codec,
         abort: &AtomicBool,

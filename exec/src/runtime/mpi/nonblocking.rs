@@ -150,18 +150,33 @@ pub(super) struct Comm {
     pub size: usize,
 }
 
-/// `MPI_Iallreduce` of `send` into `recv` (same length) with `op`.
+/// `MPI_Iallreduce` of the elements of T that the bytes of `send` hold into those of `recv`
+/// (same length) with `op`. The payload's own bytes go to MPI, with no copy into a buffer of
+/// T; they hold T's native (little-endian, see the assertion below) representation.
 pub(super) fn allreduce<T: Equivalence>(
     comm: Comm,
-    send: Vec<T>,
-    mut recv: Vec<T>,
+    send: Vec<u8>,
+    mut recv: Vec<u8>,
     op: ffi::MPI_Op,
-) -> Started<Pair<T>> {
+) -> Started<Pair<u8>> {
     assert_eq!(send.len(), recv.len(), "allreduce buffers of one length");
-    let n = count(send.len())?;
+    let size = std::mem::size_of::<T>();
+    let align = std::mem::align_of::<T>();
+    // The system allocator aligns every allocation to 16 bytes; an empty Vec's dangling
+    // pointer is aligned to 1 only, and its zero elements are never read.
+    if !send.len().is_multiple_of(size)
+        || (!send.is_empty()
+            && (send.as_ptr().align_offset(align) != 0 || recv.as_ptr().align_offset(align) != 0))
+    {
+        return Err(format!(
+            "allreduce buffers of {} bytes that are not whole aligned {size}-byte elements",
+            send.len()
+        ));
+    }
+    let n = count(send.len() / size)?;
     let mut request = null_request();
-    // SAFETY: both buffers hold `n` elements of T's MPI datatype and stay alive and untouched
-    // in the returned InFlight until MPI has completed the request.
+    // SAFETY: both buffers hold `n` aligned elements of T's MPI datatype (checked above) and
+    // stay alive and untouched in the returned InFlight until MPI has completed the request.
     let rc = unsafe {
         ffi::MPI_Iallreduce(
             send.as_ptr().cast::<c_void>(),
@@ -175,6 +190,12 @@ pub(super) fn allreduce<T: Equivalence>(
     };
     started(rc, request, (send, recv))
 }
+
+// Payload bytes are little-endian; MPI sums native numbers in place of them.
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "the MPI transport hands little-endian payload bytes to MPI as native numbers"
+);
 
 /// `MPI_Iallgather` of one equal-size block per rank: `recv` holds `send.len()` × ranks.
 pub(super) fn allgather<T: Equivalence>(

@@ -10,11 +10,13 @@
 //! agree bit for bit in any order.
 
 use super::nonblocking::{self, Comm, InFlight, Stop};
-use super::wire::{unwords, words, HalfSums, WireType, Word};
+use super::spare::Spares;
+use super::wire::{HalfSums, WireType};
 use super::world::World;
 use crate::compress::Codec;
 use crate::error::{ExecError, Result};
 use mpi::collective::SystemOperation;
+use mpi::datatype::Equivalence;
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use std::marker::PhantomData;
@@ -37,7 +39,7 @@ const TAG_DATA_SIZE: c_int = 6;
 const TAG_DATA: c_int = 7;
 
 /// A summing operation on payload bytes with a given MPI reduction.
-type Summing<'w> = fn(&Stream<'w>, &mut [u8], mpi::ffi::MPI_Op, &AtomicBool) -> Result<()>;
+type Summing<'w> = fn(&Stream<'w>, &mut Vec<u8>, mpi::ffi::MPI_Op, &AtomicBool) -> Result<()>;
 
 /// One rank's end of one stream.
 pub struct Stream<'w> {
@@ -47,6 +49,7 @@ pub struct Stream<'w> {
     pub world: u32,
     pub timeout: Duration,
     halves: HalfSums,
+    spares: Spares,
     _world: PhantomData<&'w World>,
 }
 
@@ -74,6 +77,7 @@ impl<'w> Stream<'w> {
             comm,
             timeout,
             halves: HalfSums::new(),
+            spares: Spares::default(),
             _world: PhantomData,
         })
     }
@@ -150,7 +154,7 @@ impl<'w> Stream<'w> {
     /// `codec`'s wire type.
     fn in_wire_type(
         &self,
-        payload: &mut [u8],
+        payload: &mut Vec<u8>,
         element: usize,
         codec: &dyn Codec,
         abort: &AtomicBool,
@@ -169,7 +173,7 @@ impl<'w> Stream<'w> {
     /// Allreduce in the wire type: f32 with MPI_SUM, fp16/bf16 with the codec's sum.
     pub fn allreduce(
         &self,
-        payload: &mut [u8],
+        payload: &mut Vec<u8>,
         element: usize,
         codec: &dyn Codec,
         abort: &AtomicBool,
@@ -178,17 +182,20 @@ impl<'w> Stream<'w> {
         self.in_wire_type(payload, element, codec, abort, words32, words16)
     }
 
-    fn allreduce_words<W: Word>(
+    /// The payload itself is MPI's send buffer and a spare its receive buffer; the sum then
+    /// becomes the payload and the old payload a spare, so nothing is copied.
+    fn allreduce_words<W: Equivalence>(
         &self,
-        payload: &mut [u8],
+        payload: &mut Vec<u8>,
         op: mpi::ffi::MPI_Op,
         abort: &AtomicBool,
     ) -> Result<()> {
-        let send: Vec<W> = words(payload);
-        let recv = vec![W::default(); send.len()];
-        let flight = nonblocking::allreduce(self.raw(), send, recv, op);
-        let (_, summed) = self.finish(flight, "allreduce", None, abort)?;
-        unwords(&summed, payload);
+        let send = std::mem::take(payload);
+        let recv = self.spares.take(send.len());
+        let flight = nonblocking::allreduce::<W>(self.raw(), send, recv, op);
+        let (sent, summed) = self.finish(flight, "allreduce", None, abort)?;
+        *payload = summed;
+        self.spares.give(sent);
         Ok(())
     }
 
@@ -212,6 +219,7 @@ impl<'w> Stream<'w> {
             let recv = self.chunk((r + 2 * w - step - 1) % w, elements, element);
             let other = self.ring_step(&payload[send], recv.len(), "reduce-scatter step", abort)?;
             codec.sum_into(&mut payload[recv], &other)?;
+            self.spares.give(other);
         }
         Ok(())
     }
@@ -227,10 +235,11 @@ impl<'w> Stream<'w> {
     ) -> Result<Vec<u8>> {
         let (w, r) = (self.world as usize, self.rank as usize);
         let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
-        let out = nonblocking::send(self.raw(), send.to_vec(), next, TAG_RING);
-        let incoming = nonblocking::receive(self.raw(), vec![0u8; len], prev, TAG_RING);
+        let out = nonblocking::send(self.raw(), self.spares.copy_of(send), next, TAG_RING);
+        let incoming = nonblocking::receive(self.raw(), self.spares.take(len), prev, TAG_RING);
         let flight = out.and_then(|o| incoming.map(|i| o.and(i)));
-        let (_, received) = self.finish(flight, what, Some(prev), abort)?;
+        let (sent, received) = self.finish(flight, what, Some(prev), abort)?;
+        self.spares.give(sent);
         Ok(received)
     }
 
@@ -252,6 +261,7 @@ impl<'w> Stream<'w> {
             let recv = self.chunk((r + w - step) % w, elements, element);
             let other = self.ring_step(&payload[send], recv.len(), "allgather step", abort)?;
             payload[recv].copy_from_slice(&other);
+            self.spares.give(other);
         }
         Ok(())
     }
@@ -430,7 +440,7 @@ impl<'w> Stream<'w> {
 
     /// A barrier, bounded like every other operation (for benchmarks and tests).
     pub fn barrier(&self, abort: &AtomicBool) -> Result<()> {
-        let flight = nonblocking::allreduce(
+        let flight = nonblocking::allreduce::<u8>(
             self.raw(),
             vec![0u8],
             vec![0u8],

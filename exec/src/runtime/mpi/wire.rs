@@ -1,4 +1,4 @@
-//! The wire types an MPI allreduce sums in — f32 with MPI's own sum, fp16 and bf16 with user-defined reductions that add through the codec's `sum_into` — and the conversions between payload bytes and MPI element buffers.
+//! The wire types an MPI allreduce sums in — f32 with MPI's own sum, fp16 and bf16 with user-defined reductions that add through the codec's `sum_into` — whose payload bytes MPI takes as they are.
 
 use crate::compress::{codec_for, Codec};
 use crate::error::{ExecError, Result};
@@ -134,45 +134,6 @@ unsafe fn sum_halves(
     }
 }
 
-/// An element type of an MPI buffer, read from and written to little-endian payload bytes.
-pub trait Word: Copy + Default + mpi::datatype::Equivalence {
-    const BYTES: usize;
-    fn read(bytes: &[u8]) -> Self;
-    fn write(self, bytes: &mut [u8]);
-}
-
-impl Word for f32 {
-    const BYTES: usize = 4;
-    fn read(b: &[u8]) -> f32 {
-        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-    }
-    fn write(self, b: &mut [u8]) {
-        b.copy_from_slice(&self.to_le_bytes());
-    }
-}
-
-impl Word for u16 {
-    const BYTES: usize = 2;
-    fn read(b: &[u8]) -> u16 {
-        u16::from_le_bytes([b[0], b[1]])
-    }
-    fn write(self, b: &mut [u8]) {
-        b.copy_from_slice(&self.to_le_bytes());
-    }
-}
-
-/// The elements of a payload, in an aligned buffer MPI can take.
-pub fn words<W: Word>(bytes: &[u8]) -> Vec<W> {
-    bytes.chunks_exact(W::BYTES).map(W::read).collect()
-}
-
-/// Writes `words` back into payload bytes.
-pub fn unwords<W: Word>(words: &[W], bytes: &mut [u8]) {
-    for (w, b) in words.iter().zip(bytes.chunks_exact_mut(W::BYTES)) {
-        w.write(b);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,14 +179,5 @@ mod tests {
             )
         };
         assert_eq!(inout, expected);
-    }
-
-    #[test]
-    fn words_round_trip() {
-        let bytes: Vec<u8> = (0..8).collect();
-        let w: Vec<u16> = words(&bytes);
-        let mut back = vec![0u8; 8];
-        unwords(&w, &mut back);
-        assert_eq!(back, bytes);
     }
 }
