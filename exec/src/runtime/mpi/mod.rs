@@ -10,7 +10,6 @@ pub mod bench;
 pub mod conformance;
 mod coordinate;
 mod nonblocking;
-mod spare;
 pub mod transport;
 pub mod wire;
 pub mod world;

@@ -150,8 +150,8 @@ pub(super) struct Comm {
     pub size: usize,
 }
 
-/// `MPI_Iallreduce` of the elements of T that the bytes of `send` hold into those of `recv`
-/// (same length) with `op`. The payload's own bytes go to MPI, with no copy into a buffer of
+/// `MPI_Iallreduce` of the elements of T that the bytes of `send` hold into the first as many
+/// bytes of `recv` with `op`. The payload's own bytes go to MPI, with no copy into a buffer of
 /// T; they hold T's native (little-endian, see the assertion below) representation.
 pub(super) fn allreduce<T: Equivalence>(
     comm: Comm,
@@ -159,7 +159,10 @@ pub(super) fn allreduce<T: Equivalence>(
     mut recv: Vec<u8>,
     op: ffi::MPI_Op,
 ) -> Started<Pair<u8>> {
-    assert_eq!(send.len(), recv.len(), "allreduce buffers of one length");
+    assert!(
+        send.len() <= recv.len(),
+        "a receive buffer as long as the send buffer"
+    );
     let size = std::mem::size_of::<T>();
     let align = std::mem::align_of::<T>();
     // The system allocator aligns every allocation to 16 bytes; an empty Vec's dangling
