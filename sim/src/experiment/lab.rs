@@ -60,8 +60,10 @@ pub struct LabSpec {
     pub warmup: u32,
     pub iterations: u32,
     /// The lab whose measured cluster file also predicts every other lab, given only their
-    /// node count and line rate: its transport parameters (MPI/TCP overheads, the host limit,
-    /// contention) carried to labs they were not measured on.
+    /// node count and line rate: its transport parameters (MPI/TCP overheads, the host limit)
+    /// carried to networks they were not measured on. The hosts' contention comes from each
+    /// lab's own probe: four ranks on two cores are other hosts than two ranks on two cores,
+    /// and a user profiles the hosts of a cluster to be, as `lab probe contention` does here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport_from: Option<LabSetting>,
 }
@@ -169,16 +171,20 @@ pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
     for lab in &measured.labs {
         let own = lab_scenario(&model, dir, lab, ClusterOverrides::default())?;
         let transported = match reference {
-            Some(reference) => Some(lab_scenario(
-                &model,
-                dir,
-                reference,
-                ClusterOverrides {
-                    nodes: Some(lab.setting.nodes),
-                    gpus_per_node: None,
-                    inter_gbps: Some(lab.setting.gbps),
-                },
-            )?),
+            Some(reference) => {
+                let mut moved = lab_scenario(
+                    &model,
+                    dir,
+                    reference,
+                    ClusterOverrides {
+                        nodes: Some(lab.setting.nodes),
+                        gpus_per_node: None,
+                        inter_gbps: Some(lab.setting.gbps),
+                    },
+                )?;
+                moved.cluster.contention = own.cluster.contention.clone();
+                Some(moved)
+            }
             None => None,
         };
         // A configuration without measured iterations (it failed) has no median and no row.
@@ -369,7 +375,7 @@ fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
     );
     let transported = spec.transport_from.map(|from| {
         format!(
-            "the transport of the {} nodes, {} Gb/s lab's file, with this lab's nodes and rate",
+            "the transport of the {} nodes, {} Gb/s lab's file, with this lab's nodes, rate and measured host contention",
             from.nodes, from.gbps
         )
     });
