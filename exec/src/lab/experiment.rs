@@ -1,7 +1,7 @@
 //! Measuring the lab-validation experiment: for each lab of the spec, bring it up and measure it into a cluster file, then run every strategy × compressor over the MPI backend, repeats interleaved, and record the measured iterations in `measurements.json`.
 
 use super::fit;
-use super::measure::SelfExe;
+use super::measure::{ContentionPoint, SelfExe};
 use super::run::{self, Output, RunSpec};
 use super::{signals, LabSpec as MakeLab};
 use crate::error::{ExecError, Result};
@@ -112,19 +112,10 @@ fn on_lab(
         "lab: {} nodes at {} Gb/s: measuring the network",
         setting.nodes, setting.gbps
     ));
-    let measured = fit::measure(made, exe, GOODPUT_SECONDS, SWEEP_REPEATS, interrupted)?;
+    let mut measured = fit::measure(made, exe, GOODPUT_SECONDS, SWEEP_REPEATS, interrupted)?;
     let cluster_name = format!("clusters/lab-{}n-{}g.json", setting.nodes, setting.gbps);
     let cluster_path = dir.join(&cluster_name);
-    let mut cluster = fit::cluster(
-        made,
-        &measured,
-        &dir.join(DEVICE).to_string_lossy(),
-        &format!("syncopate experiment run {}", dir.display()),
-        &cluster_path,
-    )?;
-    // Named relative to the cluster file, so that the experiment's directory can move.
-    cluster.device = format!("../{DEVICE}");
-    write_json(&cluster_path, &cluster)?;
+    write_cluster(dir, made, &measured, &cluster_path)?;
     fit::write_sweep(&cluster_path, &measured)?;
     let loaded = Cluster::load(&cluster_path.to_string_lossy(), ClusterOverrides::default())?;
     let scenario = Scenario::new(model.clone(), loaded)?;
@@ -132,6 +123,9 @@ fn on_lab(
     let scratch =
         std::env::temp_dir().join(format!("syncopate-lab-experiment-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
+    // The hosts' pace drifts over minutes: the contention is probed again after every round
+    // of runs, and the cluster file gets each timing's median over the probes.
+    let mut probes: Vec<ContentionPoint> = measured.contention.iter().cloned().collect();
     for repeat in 0..spec.repeats {
         for (i, config) in configs.iter_mut().enumerate() {
             let plan_path = scratch.join(format!("plan-{i}.json"));
@@ -164,6 +158,26 @@ fn on_lab(
                 });
             }
         }
+        if !probes.is_empty() {
+            progress(&format!(
+                "lab {}n {}G: probing contention again after repeat {}/{}",
+                setting.nodes,
+                setting.gbps,
+                repeat + 1,
+                spec.repeats
+            ));
+            probes.push(fit::probe_contention(made, exe, interrupted)?);
+        }
+    }
+    if !probes.is_empty() {
+        measured.contention =
+            Some(
+                ContentionPoint::pooled(&probes).ok_or_else(|| ExecError::Lab {
+                    lab: LAB.into(),
+                    message: "its contention probes timed different collectives".into(),
+                })?,
+            );
+        write_cluster(dir, made, &measured, &cluster_path)?;
     }
     let _ = std::fs::remove_dir_all(&scratch);
     for config in &mut configs {
@@ -268,6 +282,25 @@ fn run_once(
         message: format!("unreadable summary ({e}): {}", outcome.stdout.trim()),
     })?;
     Ok(summary.iteration_time_ms)
+}
+
+/// Writes the lab's cluster file, fitted to what was measured on it.
+fn write_cluster(
+    dir: &Path,
+    made: &super::state::LabState,
+    measured: &fit::LabMeasurements,
+    path: &Path,
+) -> Result<()> {
+    let mut cluster = fit::cluster(
+        made,
+        measured,
+        &dir.join(DEVICE).to_string_lossy(),
+        &format!("syncopate experiment run {}", dir.display()),
+        path,
+    )?;
+    // Named relative to the cluster file, so that the experiment's directory can move.
+    cluster.device = format!("../{DEVICE}");
+    write_json(path, &cluster)
 }
 
 fn io(path: &Path, source: std::io::Error) -> ExecError {

@@ -54,17 +54,7 @@ pub fn measure(
         Vec::new()
     };
     let contention = if mpi {
-        let bytes: u64 = CONTENTION_SIZES.iter().sum();
-        let timeout =
-            Duration::from_secs_f64(120.0 + bytes as f64 * 8.0 / (made.gbps * 1e8) * 20.0);
-        Some(measure::contention(
-            made,
-            exe,
-            &CONTENTION_SIZES,
-            CONTENTION_REPEATS,
-            timeout,
-            interrupted,
-        )?)
+        Some(probe_contention(made, exe, interrupted)?)
     } else {
         None
     };
@@ -74,6 +64,25 @@ pub fn measure(
         ranks: made.nodes.len() as u32,
         contention,
     })
+}
+
+/// One contention probe of a made lab (`lab probe contention` on every rank, under mpirun).
+pub fn probe_contention(
+    made: &LabState,
+    exe: &super::measure::SelfExe,
+    interrupted: &std::sync::atomic::AtomicBool,
+) -> Result<ContentionPoint> {
+    let bytes: u64 = CONTENTION_SIZES.iter().sum();
+    let timeout =
+        std::time::Duration::from_secs_f64(120.0 + bytes as f64 * 8.0 / (made.gbps * 1e8) * 20.0);
+    super::measure::contention(
+        made,
+        exe,
+        &CONTENTION_SIZES,
+        CONTENTION_REPEATS,
+        timeout,
+        interrupted,
+    )
 }
 
 /// Repeats of each contention measurement: its slowdowns are ratios of noisy medians.
@@ -241,10 +250,17 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> 
         provenance: Provenance {
             status: Status::Measured,
             method: format!(
-                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, sharing {} cores), the slowest rank's times, medians of {} repeats: {:.0} ms of the MPI backend's calibrated compute took {} alone, {} beside allreduces of {} B, {} beside a second computing thread; one {}; {} through them",
+                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, sharing {} cores), the slowest rank's times, {}: {:.0} ms of the MPI backend's calibrated compute took {} alone, {} beside allreduces of {} B, {} beside a second computing thread; one {}; {} through them",
                 lab.nodes.len(),
                 lab_cores(lab),
-                c.compute_alone.repeats,
+                if c.probes > 1 {
+                    format!(
+                        "each timing the median over {} probes taken before, between and after the lab's runs (each the median of its {} repeats)",
+                        c.probes, CONTENTION_REPEATS
+                    )
+                } else {
+                    format!("medians of {} repeats", c.compute_alone.repeats)
+                },
                 c.compute_ns as f64 / 1e6,
                 ms(&c.compute_alone),
                 ms(&c.compute_beside_comm),

@@ -77,6 +77,20 @@ pub struct Spread {
 }
 
 impl Spread {
+    /// The spread over several measurements of one quantity: the median of their medians, the
+    /// least minimum and the largest maximum, and all their repeats.
+    pub fn pooled(spreads: &[Spread]) -> Spread {
+        Spread {
+            median: median(spreads.iter().map(|s| s.median).collect()),
+            min: spreads.iter().map(|s| s.min).fold(f64::INFINITY, f64::min),
+            max: spreads
+                .iter()
+                .map(|s| s.max)
+                .fold(f64::NEG_INFINITY, f64::max),
+            repeats: spreads.iter().map(|s| s.repeats).sum(),
+        }
+    }
+
     pub fn of(values: &[f64]) -> Spread {
         let min = values.iter().copied().fold(f64::INFINITY, f64::min);
         let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -478,6 +492,13 @@ pub struct ContentionPoint {
     pub compute_beside_compute: Spread,
     /// One collective of each operation and size, alone and while every rank computes.
     pub comm: Vec<CommBesideCompute>,
+    /// Probes this point pools (see [`ContentionPoint::pooled`]); one probe's output says 1.
+    #[serde(default = "one_probe")]
+    pub probes: usize,
+}
+
+fn one_probe() -> usize {
+    1
 }
 
 /// Seconds of one `op` of `bytes` (an allgather's gathered total): alone, and while every rank
@@ -491,6 +512,51 @@ pub struct CommBesideCompute {
 }
 
 impl ContentionPoint {
+    /// Probes of one lab taken at different times, as one point: each timing's median over
+    /// the probes. The machine's pace drifts over minutes (four probes in a row on a 4-node
+    /// lab timed 200 ms of calibrated compute at 187, 241, 219 and 200 ms, each probe's own
+    /// repeats within a few percent), so one probe samples one moment of it. `None` when
+    /// `points` is empty or its probes timed different collectives.
+    pub fn pooled(points: &[ContentionPoint]) -> Option<ContentionPoint> {
+        let first = points.first()?;
+        let same = points.iter().all(|p| {
+            p.bytes == first.bytes
+                && p.compute_ns == first.compute_ns
+                && p.comm.len() == first.comm.len()
+                && p.comm
+                    .iter()
+                    .zip(&first.comm)
+                    .all(|(a, b)| a.op == b.op && a.bytes == b.bytes)
+        });
+        if !same {
+            return None;
+        }
+        let pool = |field: fn(&ContentionPoint) -> Spread| {
+            Spread::pooled(&points.iter().map(field).collect::<Vec<_>>())
+        };
+        let comm = (0..first.comm.len())
+            .map(|i| CommBesideCompute {
+                alone: Spread::pooled(&points.iter().map(|p| p.comm[i].alone).collect::<Vec<_>>()),
+                beside_compute: Spread::pooled(
+                    &points
+                        .iter()
+                        .map(|p| p.comm[i].beside_compute)
+                        .collect::<Vec<_>>(),
+                ),
+                ..first.comm[i]
+            })
+            .collect();
+        Some(ContentionPoint {
+            bytes: first.bytes,
+            compute_ns: first.compute_ns,
+            compute_alone: pool(|p| p.compute_alone),
+            compute_beside_comm: pool(|p| p.compute_beside_comm),
+            compute_beside_compute: pool(|p| p.compute_beside_compute),
+            comm,
+            probes: points.iter().map(|p| p.probes).sum(),
+        })
+    }
+
     /// Compute alone against the calibrated rate: the slowest rank's pace.
     pub fn compute_slowdown_with_ranks(&self) -> f64 {
         (self.compute_alone.median / (self.compute_ns as f64 / 1e9)).max(1.0)
@@ -608,6 +674,58 @@ fn mpi_probe<T: serde::de::DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn probed(compute_alone_s: f64, allgather_beside_s: f64) -> ContentionPoint {
+        let spread = |median: f64| Spread {
+            median,
+            min: median * 0.9,
+            max: median * 1.1,
+            repeats: 7,
+        };
+        ContentionPoint {
+            bytes: 4 << 20,
+            compute_ns: 200_000_000,
+            compute_alone: spread(compute_alone_s),
+            compute_beside_comm: spread(0.25),
+            compute_beside_compute: spread(0.4),
+            comm: vec![CommBesideCompute {
+                op: Op::Allgather,
+                bytes: 64 << 10,
+                alone: spread(0.002),
+                beside_compute: spread(allgather_beside_s),
+            }],
+            probes: 1,
+        }
+    }
+
+    #[test]
+    fn pooled_probes_take_each_timings_median_over_the_probes() {
+        let probes = [
+            probed(0.187, 0.016),
+            probed(0.241, 0.020),
+            probed(0.219, 0.016),
+        ];
+        let pooled = ContentionPoint::pooled(&probes).unwrap();
+        assert_eq!(pooled.compute_alone.median, 0.219);
+        assert_eq!(pooled.compute_alone.min, 0.187 * 0.9);
+        assert_eq!(pooled.compute_alone.max, 0.241 * 1.1);
+        assert_eq!(pooled.compute_alone.repeats, 21);
+        assert_eq!(pooled.comm[0].beside_compute.median, 0.016);
+        assert_eq!(
+            (pooled.comm[0].op, pooled.comm[0].bytes),
+            (Op::Allgather, 64 << 10)
+        );
+        assert_eq!(pooled.probes, 3);
+        assert_eq!(ContentionPoint::pooled(&probes[..1]).unwrap(), probes[0]);
+    }
+
+    #[test]
+    fn probes_of_different_collectives_or_none_do_not_pool() {
+        let mut other = probed(0.2, 0.02);
+        other.comm[0].bytes = 4 << 20;
+        assert!(ContentionPoint::pooled(&[probed(0.2, 0.02), other]).is_none());
+        assert!(ContentionPoint::pooled(&[]).is_none());
+    }
 
     #[test]
     fn probes_measure_a_loopback_server() {

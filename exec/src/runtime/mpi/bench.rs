@@ -237,6 +237,7 @@ pub fn contention(
         compute_beside_comm: Spread::of(&slowest(&compute_beside)?),
         compute_beside_compute: Spread::of(&slowest(&compute_twice)?),
         comm: comm_points,
+        probes: 1,
     };
     Ok((world.rank == 0).then_some(point))
 }
