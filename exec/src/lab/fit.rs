@@ -256,7 +256,8 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> 
                 if c.probes > 1 {
                     format!(
                         "each timing the median over {} probes taken before, between and after the lab's runs (each the median of its {} repeats)",
-                        c.probes, CONTENTION_REPEATS
+                        c.probes,
+                        c.compute_alone.repeats / c.probes
                     )
                 } else {
                     format!("medians of {} repeats", c.compute_alone.repeats)

@@ -531,27 +531,22 @@ impl ContentionPoint {
         if !same {
             return None;
         }
-        let pool = |field: fn(&ContentionPoint) -> Spread| {
+        let pool = |field: &dyn Fn(&ContentionPoint) -> Spread| {
             Spread::pooled(&points.iter().map(field).collect::<Vec<_>>())
         };
         let comm = (0..first.comm.len())
             .map(|i| CommBesideCompute {
-                alone: Spread::pooled(&points.iter().map(|p| p.comm[i].alone).collect::<Vec<_>>()),
-                beside_compute: Spread::pooled(
-                    &points
-                        .iter()
-                        .map(|p| p.comm[i].beside_compute)
-                        .collect::<Vec<_>>(),
-                ),
+                alone: pool(&|p| p.comm[i].alone),
+                beside_compute: pool(&|p| p.comm[i].beside_compute),
                 ..first.comm[i]
             })
             .collect();
         Some(ContentionPoint {
             bytes: first.bytes,
             compute_ns: first.compute_ns,
-            compute_alone: pool(|p| p.compute_alone),
-            compute_beside_comm: pool(|p| p.compute_beside_comm),
-            compute_beside_compute: pool(|p| p.compute_beside_compute),
+            compute_alone: pool(&|p| p.compute_alone),
+            compute_beside_comm: pool(&|p| p.compute_beside_comm),
+            compute_beside_compute: pool(&|p| p.compute_beside_compute),
             comm,
             probes: points.iter().map(|p| p.probes).sum(),
         })
