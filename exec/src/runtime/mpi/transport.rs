@@ -49,10 +49,12 @@ pub struct Stream<'w> {
     pub world: u32,
     pub timeout: Duration,
     halves: HalfSums,
-    /// The receive buffer of this stream's allreduces, kept from one to the next at the
-    /// largest payload's size: a fresh 32 MiB buffer cost this machine about 13 ms of page
-    /// faults when MPI first wrote into it.
+    /// The receive buffer of this stream's allreduces and ring steps, kept from one to the
+    /// next at the largest payload's size: a fresh 32 MiB buffer cost this machine about
+    /// 13 ms of page faults when MPI first wrote into it.
     received: RefCell<Vec<u8>>,
+    /// The send buffer of this stream's ring steps, kept for the same reason.
+    sending: RefCell<Vec<u8>>,
     _world: PhantomData<&'w World>,
 }
 
@@ -81,6 +83,7 @@ impl<'w> Stream<'w> {
             timeout,
             halves: HalfSums::new(),
             received: RefCell::default(),
+            sending: RefCell::default(),
             _world: PhantomData,
         })
     }
@@ -226,28 +229,45 @@ impl<'w> Stream<'w> {
         for step in 0..w - 1 {
             let send = self.chunk((r + w - step) % w, elements, element);
             let recv = self.chunk((r + 2 * w - step - 1) % w, elements, element);
-            let other = self.ring_step(&payload[send], recv.len(), "reduce-scatter step", abort)?;
-            codec.sum_into(&mut payload[recv], &other)?;
+            self.ring_step(
+                payload,
+                send,
+                recv,
+                "reduce-scatter step",
+                abort,
+                |mine, other| codec.sum_into(mine, other),
+            )?;
         }
         Ok(())
     }
 
-    /// One step of a ring: `send` to the next rank while receiving `len` bytes from the
-    /// previous one.
+    /// One step of a ring: bytes `send` of `payload` to the next rank while receiving as
+    /// many bytes as `recv` holds from the previous one, which `take` then merges into
+    /// `payload[recv]`. Both go through the stream's kept buffers.
     fn ring_step(
         &self,
-        send: &[u8],
-        len: usize,
+        payload: &mut [u8],
+        send: Range<usize>,
+        recv: Range<usize>,
         what: &str,
         abort: &AtomicBool,
-    ) -> Result<Vec<u8>> {
+        take: impl FnOnce(&mut [u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
         let (w, r) = (self.world as usize, self.rank as usize);
         let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
-        let out = nonblocking::send(self.raw(), send.to_vec(), next, TAG_RING);
-        let incoming = nonblocking::receive(self.raw(), vec![0u8; len], prev, TAG_RING);
+        let mut outgoing = self.sending.take();
+        outgoing.clear();
+        outgoing.extend_from_slice(&payload[send]);
+        let mut incoming = self.received.take();
+        incoming.resize(recv.len(), 0);
+        let out = nonblocking::send(self.raw(), outgoing, next, TAG_RING);
+        let incoming = nonblocking::receive(self.raw(), incoming, prev, TAG_RING);
         let flight = out.and_then(|o| incoming.map(|i| o.and(i)));
-        let (_, received) = self.finish(flight, what, Some(prev), abort)?;
-        Ok(received)
+        let (sent, received) = self.finish(flight, what, Some(prev), abort)?;
+        let taken = take(&mut payload[recv], &received);
+        self.sending.replace(sent);
+        self.received.replace(received);
+        taken
     }
 
     /// The allgather half: every rank contributes the chunk its reduce-scatter summed. A ring
@@ -266,8 +286,17 @@ impl<'w> Stream<'w> {
         for step in 0..w - 1 {
             let send = self.chunk((r + 1 + w - step) % w, elements, element);
             let recv = self.chunk((r + w - step) % w, elements, element);
-            let other = self.ring_step(&payload[send], recv.len(), "allgather step", abort)?;
-            payload[recv].copy_from_slice(&other);
+            self.ring_step(
+                payload,
+                send,
+                recv,
+                "allgather step",
+                abort,
+                |mine, other| {
+                    mine.copy_from_slice(other);
+                    Ok(())
+                },
+            )?;
         }
         Ok(())
     }
