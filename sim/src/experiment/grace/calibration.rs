@@ -25,8 +25,10 @@ pub struct Calibration {
 }
 
 /// The price of GRACE's codec work on its testbed: a fixed cost per TensorFlow op (dispatch and
-/// launch) and a cost per byte its ops move. One pair per compressor, fitted at the calibration
-/// workers; the method's [`Implementation`] says how many ops and bytes each phase has.
+/// launch) and a cost per byte its ops move. The op price is each compressor's own (its ops are
+/// different kernels); the byte price is one for every compressor (their ops all move bytes
+/// through the same GPU memory). Fitted at the calibration workers; the method's
+/// [`Implementation`] says how many ops and bytes each phase has.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpCost {
     pub us_per_op: f64,

@@ -1,9 +1,9 @@
-//! Fitting GRACE's calibration on its calibration rows: compute speed, MPI/TCP costs on a grid against the dense row, then one op and byte price per compressor.
+//! Fitting GRACE's calibration on its calibration rows: compute speed, MPI/TCP costs on a grid against the dense row, then one byte price for the device's codec work and one op price per compressor.
 
 use super::calibration::{Calibration, OpCost};
 use super::compute::{self, ComputeTarget};
 use super::measured::Measurement;
-use super::{GraceSpec, MethodSpec};
+use super::{GraceSpec, Implementation, MethodSpec};
 use crate::error::{Result, SimError};
 use crate::topology::Library;
 use rayon::prelude::*;
@@ -50,7 +50,7 @@ pub fn price_on_bound(multiple: f64) -> bool {
 
 /// Errors within this many percentage points of the best count as ties; among ties the fit keeps
 /// the point nearest its starting values, so parameters the calibration rows cannot tell apart
-/// (three MPI costs from one dense row; two prices from one or two rows) move as little as fits.
+/// (three MPI costs from one dense row; an op price from one or two rows) move as little as fits.
 pub const TIE_PCT: f64 = 0.5;
 
 /// What the fit produces.
@@ -58,7 +58,7 @@ pub struct Fitted {
     pub calibration: Calibration,
     /// Each model's compute factor.
     pub factors: BTreeMap<String, f64>,
-    /// Each fitted method's op and byte price.
+    /// Each fitted method's op price and the shared byte price.
     pub prices: BTreeMap<String, OpCost>,
 }
 
@@ -73,60 +73,91 @@ pub fn fit(
     let (cal, factors) = compute::with_compute(spec, base, targets)?;
     let mut cal = fit_mpi(spec, &cal, calibration, &methods["none"])?;
     let start = OpCost::base(&cal.device);
-    let fitted = methods
-        .par_iter()
-        .filter_map(|(name, method)| method.implementation.as_ref().map(|i| (name, method, i)))
-        .map(|(name, method, implementation)| {
-            let rows: Vec<(&Measurement, &MethodSpec)> = calibration
-                .iter()
-                .filter(|m| &m.method == name && m.workers > 1 && m.excluded.is_none())
-                .map(|m| (m, method))
-                .collect();
-            if rows.is_empty() {
-                return Ok(None);
-            }
-            let key = method.resolve(&rows[0].0.ratio, &rows[0].0.memory)?.0.key();
-            let price = |op: f64, byte: f64| OpCost {
-                us_per_op: start.us_per_op * op.exp2(),
-                ns_per_byte: start.ns_per_byte * byte.exp2(),
-            };
-            let error = |op: f64, byte: f64| -> Result<(f64, f64, (f64, f64))> {
-                let error = cal
-                    .with_codec(key, implementation, price(op, byte))?
-                    .mape(spec, &rows)?;
-                Ok((error, op.abs() + byte.abs(), (op, byte)))
-            };
-            let mut scored = Vec::new();
-            for op in PRICE_GRID_LOG2 {
-                for byte in PRICE_GRID_LOG2 {
-                    scored.push(error(f64::from(op), f64::from(byte))?);
-                }
-            }
-            let (op0, byte0) = pick(&scored, name)?;
-            let step = |k: i32| f64::from(k) / f64::from(REFINE);
-            for i in -REFINE..=REFINE {
-                for j in -REFINE..=REFINE {
-                    scored.push(error(op0 + step(i), byte0 + step(j))?);
-                }
-            }
-            let (op, byte) = pick(&scored, name)?;
-            Ok(Some((name.clone(), key, price(op, byte))))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let price = |op: f64, byte: f64| OpCost {
+        us_per_op: start.us_per_op * op.exp2(),
+        ns_per_byte: start.ns_per_byte * byte.exp2(),
+    };
+    let priced = priced_methods(calibration, methods)?;
+    let rows: usize = priced.iter().map(|p| p.rows.len()).sum();
+    // At one byte price, each method's best op price and the error over every priced row.
+    let at_byte = |byte: f64| -> Result<(f64, Vec<f64>)> {
+        let ops = priced
+            .par_iter()
+            .map(|p| {
+                let error = |op: f64| -> Result<(f64, f64, f64)> {
+                    let error = cal
+                        .with_codec(p.key, p.implementation, price(op, byte))?
+                        .mape(spec, &p.rows)?;
+                    Ok((error, op.abs(), op))
+                };
+                let op = search(&error, p.name)?;
+                Ok((error(op)?.0 * p.rows.len() as f64, op))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let error = ops.iter().map(|o| o.0).sum::<f64>() / rows.max(1) as f64;
+        Ok((error, ops.into_iter().map(|o| o.1).collect()))
+    };
+    let byte = search(&|byte| Ok((at_byte(byte)?.0, byte.abs(), byte)), "methods")?;
     let mut prices = BTreeMap::new();
-    for (name, key, price) in fitted.into_iter().flatten() {
-        let implementation = methods[&name]
-            .implementation
-            .as_ref()
-            .expect("only methods with an implementation are fitted");
-        cal = cal.with_codec(key, implementation, price)?;
-        prices.insert(name, price);
+    for (p, op) in priced.iter().zip(at_byte(byte)?.1) {
+        cal = cal.with_codec(p.key, p.implementation, price(op, byte))?;
+        prices.insert(p.name.clone(), price(op, byte));
     }
     Ok(Fitted {
         calibration: cal,
         factors,
         prices,
     })
+}
+
+/// A method the fit prices: its consistent calibration rows with more than one worker, its
+/// codec's key and its implementation.
+struct Priced<'a> {
+    name: &'a String,
+    key: &'static str,
+    implementation: &'a Implementation,
+    rows: Vec<(&'a Measurement, &'a MethodSpec)>,
+}
+
+/// The methods with an implementation and calibration rows to price it on.
+fn priced_methods<'a>(
+    calibration: &'a [Measurement],
+    methods: &'a BTreeMap<String, MethodSpec>,
+) -> Result<Vec<Priced<'a>>> {
+    let mut priced = Vec::new();
+    for (name, method) in methods {
+        let Some(implementation) = &method.implementation else {
+            continue;
+        };
+        let rows: Vec<(&Measurement, &MethodSpec)> = calibration
+            .iter()
+            .filter(|m| &m.method == name && m.workers > 1 && m.excluded.is_none())
+            .map(|m| (m, method))
+            .collect();
+        if let Some((first, _)) = rows.first() {
+            let key = method.resolve(&first.ratio, &first.memory)?.0.key();
+            priced.push(Priced {
+                name,
+                key,
+                implementation,
+                rows,
+            });
+        }
+    }
+    Ok(priced)
+}
+
+/// The best log2 price multiple for `error` (error, distance from the start, multiple): on
+/// [`PRICE_GRID_LOG2`], then on a grid [`REFINE`] times finer around the best point.
+fn search(error: &(dyn Fn(f64) -> Result<(f64, f64, f64)> + Sync), what: &str) -> Result<f64> {
+    let mut scored = PRICE_GRID_LOG2
+        .map(|k| error(f64::from(k)))
+        .collect::<Result<Vec<_>>>()?;
+    let coarse = pick(&scored, what)?;
+    for k in -REFINE..=REFINE {
+        scored.push(error(coarse + f64::from(k) / f64::from(REFINE))?);
+    }
+    pick(&scored, what)
 }
 
 /// The MPI/TCP costs that best fit the network model's dense calibration rows, ties broken
