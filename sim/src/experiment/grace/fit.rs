@@ -84,22 +84,22 @@ pub fn fit(
         let ops = priced
             .par_iter()
             .map(|p| {
-                let error = |op: f64| -> Result<(f64, f64, f64)> {
+                let error = |op: f64| -> Result<(f64, f64)> {
                     let error = cal
                         .with_codec(p.key, p.implementation, price(op, byte))?
                         .mape(spec, &p.rows)?;
-                    Ok((error, op.abs(), op))
+                    Ok((error, error))
                 };
-                let op = search(&error, p.name)?;
-                Ok((error(op)?.0 * p.rows.len() as f64, op))
+                let (op, error) = search(&error, p.name)?;
+                Ok((error * p.rows.len() as f64, op))
             })
             .collect::<Result<Vec<_>>>()?;
         let error = ops.iter().map(|o| o.0).sum::<f64>() / rows.max(1) as f64;
         Ok((error, ops.into_iter().map(|o| o.1).collect()))
     };
-    let byte = search(&|byte| Ok((at_byte(byte)?.0, byte.abs(), byte)), "methods")?;
+    let (byte, ops) = search(&at_byte, "methods")?;
     let mut prices = BTreeMap::new();
-    for (p, op) in priced.iter().zip(at_byte(byte)?.1) {
+    for (p, op) in priced.iter().zip(ops) {
         cal = cal.with_codec(p.key, p.implementation, price(op, byte))?;
         prices.insert(p.name.clone(), price(op, byte));
     }
@@ -147,15 +147,19 @@ fn priced_methods<'a>(
     Ok(priced)
 }
 
-/// The best log2 price multiple for `error` (error, distance from the start, multiple): on
-/// [`PRICE_GRID_LOG2`], then on a grid [`REFINE`] times finer around the best point.
-fn search(error: &(dyn Fn(f64) -> Result<(f64, f64, f64)> + Sync), what: &str) -> Result<f64> {
+/// The log2 price multiple of the lowest `error` (which gives the error at a multiple and what
+/// came with it), and what came with it: on [`PRICE_GRID_LOG2`], then on a grid [`REFINE`] times finer around
+/// the best point; ties go to the multiple nearest 0 (the start).
+fn search<T: Clone>(error: &dyn Fn(f64) -> Result<(f64, T)>, what: &str) -> Result<(f64, T)> {
+    let score = |multiple: f64| {
+        error(multiple).map(|(error, with)| (error, multiple.abs(), (multiple, with)))
+    };
     let mut scored = PRICE_GRID_LOG2
-        .map(|k| error(f64::from(k)))
+        .map(|k| score(f64::from(k)))
         .collect::<Result<Vec<_>>>()?;
-    let coarse = pick(&scored, what)?;
+    let (coarse, _) = pick(&scored, what)?;
     for k in -REFINE..=REFINE {
-        scored.push(error(coarse + f64::from(k) / f64::from(REFINE))?);
+        scored.push(score(coarse + f64::from(k) / f64::from(REFINE))?);
     }
     pick(&scored, what)
 }
@@ -223,13 +227,13 @@ fn fit_mpi(
 /// The point of the lowest error; among points within [`TIE_PCT`] of it, the one nearest the
 /// start (smallest distance; the first of equals, so the grid order decides determinately).
 /// An error names `what` when no point has a finite error.
-fn pick<T: Copy>(scored: &[(f64, f64, T)], what: &str) -> Result<T> {
+fn pick<T: Clone>(scored: &[(f64, f64, T)], what: &str) -> Result<T> {
     let lowest = scored.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
     scored
         .iter()
         .filter(|s| s.0 <= lowest + TIE_PCT)
         .min_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|s| s.2)
+        .map(|s| s.2.clone())
         .ok_or_else(|| SimError::invalid("spec.json", what, "no grid point gives a finite error"))
 }
 
