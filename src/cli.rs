@@ -669,7 +669,8 @@ pub enum LabProbeCommand {
         timeout_s: f64,
     },
     /// How compute and allreduces slow each other on every rank (under mpirun); JSON on rank 0.
-    /// Compute is timed beside the largest size; every size alone and beside compute.
+    /// Compute is timed beside the largest size; every size alone and beside compute; a 4 KiB
+    /// allreduce alone and behind a second stream's allreduces of the largest size.
     Contention {
         #[arg(long, value_delimiter = ',', required = true)]
         sizes: Vec<u64>,

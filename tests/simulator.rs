@@ -190,6 +190,7 @@ fn precedence_holds_and_no_resource_runs_two_tasks_at_once() {
             codec_slowdown_with_compute: 1.2,
             shared_cores: Some(CoreShare { ranks: 4, cores: 2 }),
             push_pulls_at_once: Some(1.5),
+            queue_behind_ns: 5000.0,
             record_ranks: ranks,
         };
         let noise = NoiseSpec {

@@ -41,6 +41,11 @@ pub struct EngineConfig {
     /// Push-pull rounds to different servers that run at full speed together, when the hosts
     /// rather than the links limit them (`TcpParams::p2p_rounds_at_once`).
     pub push_pulls_at_once: Option<f64>,
+    /// Nanoseconds at most a collective waits, before its transfer, behind the transfers
+    /// other streams' collectives have queued on the same connections
+    /// (`TcpParams::queue_behind_bytes` at the links' goodput); 0: they share the links fairly from
+    /// the start.
+    pub queue_behind_ns: f64,
     /// Ranks whose task times are kept for the trace.
     pub record_ranks: u32,
 }
@@ -58,6 +63,7 @@ impl EngineConfig {
             codec_slowdown_with_compute: 1.0,
             shared_cores: None,
             push_pulls_at_once: None,
+            queue_behind_ns: 0.0,
             record_ranks: 0,
         }
     }
@@ -762,9 +768,11 @@ impl Engine<'_> {
                 ns as f64 * share / self.comm_slowdown()
             }
         };
-        let work = task_info.duration.as_ns() as f64 * factor + delay;
+        let queued = self.queued_ahead();
+        let work = task_info.duration.as_ns() as f64 * factor + delay + queued;
         // The fixed part first, beside whatever shares the links, then the transfer.
         let fixed = delay
+            + queued
             + task_info.estimate.map_or(0.0, |e| {
                 e.fixed.min(task_info.duration).as_ns() as f64 * factor
             });
@@ -791,6 +799,22 @@ impl Engine<'_> {
                 self.rerate_compute(rank);
             }
         }
+    }
+
+    /// How long a collective starting now waits behind what the transferring collectives have
+    /// queued ahead of it: their transfers left at the full rate of the links (queued bytes
+    /// drain in order, at full speed), at most `queue_behind_ns` (what the connections hold).
+    fn queued_ahead(&self) -> f64 {
+        if self.config.queue_behind_ns == 0.0 || self.transferring == 0 {
+            return 0.0;
+        }
+        let now = self.now;
+        let left: f64 = (0..self.comm.len())
+            .filter(|&stream| self.transfer_after[stream].is_none())
+            .filter_map(|stream| self.comm[stream])
+            .map(|r| (r.remaining - (now - r.since).as_ns() as f64 * r.rate).max(0.0))
+            .sum();
+        left.min(self.config.queue_behind_ns)
     }
 
     /// Err naming the first task some rank never finished, and what it was waiting for.
@@ -1135,6 +1159,12 @@ mod tests {
     /// Durations (ns) of the collectives of a 2-tensor plan on 2 nodes, ready at once on 2
     /// streams, each 1 µs alone of which `fixed_ns` is fixed.
     fn concurrent_durations(fixed_ns: u64) -> Vec<u64> {
+        queued_durations(fixed_ns, 0.0)
+    }
+
+    /// Durations (ns) of two 1000 ns collectives of `fixed_ns` fixed cost each, started at once
+    /// on two streams, where one waits at most `queue_behind_ns` behind the other's transfer.
+    fn queued_durations(fixed_ns: u64, queue_behind_ns: f64) -> Vec<u64> {
         let mut model = ModelProfile::load("resnet50").unwrap();
         model.tensors.truncate(2);
         let plan = per_tensor_plan(&model);
@@ -1142,7 +1172,13 @@ mod tests {
         let costs = collectives_only(&schedule, |_| {
             collective_cost(Algorithm::Ring, fixed_ns, Links::Every)
         });
-        recorded_durations(&schedule, &costs, &plan_order(2), Stream::Comm)
+        let config = EngineConfig {
+            queue_behind_ns,
+            ..plan_order(2)
+        };
+        let mut durations = recorded_durations(&schedule, &costs, &config, Stream::Comm);
+        durations.sort_unstable();
+        durations
     }
 
     #[test]
@@ -1152,5 +1188,16 @@ mod tests {
         // 400 ns fixed each, side by side, then 600 ns of transfer each at half the rate.
         assert_eq!(concurrent_durations(400), vec![1600; 2]);
         assert_eq!(concurrent_durations(1000), vec![1000; 2]);
+    }
+
+    #[test]
+    fn a_collective_waits_behind_what_another_stream_has_queued_up_to_the_connections_hold() {
+        // The second waits 300 ns while the first transfers alone (700 ns left), then both
+        // share: the first ends at 300 + 2 × 700, the second's last 300 ns run alone.
+        assert_eq!(queued_durations(0, 300.0), vec![1700, 2000]);
+        // A wait longer than the first's transfer ends with it: in order, as over one socket.
+        assert_eq!(queued_durations(0, 5000.0), vec![1000, 2000]);
+        // Nothing to wait behind while the other pays its fixed part.
+        assert_eq!(queued_durations(1000, 5000.0), vec![1000; 2]);
     }
 }

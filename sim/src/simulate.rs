@@ -12,6 +12,7 @@ use crate::plan::{CompressOn, Plan};
 use crate::scenario::Scenario;
 use crate::schedule::{lower, LaunchPolicy, Schedule, Stream};
 use crate::time::SimTime;
+use crate::topology::Cluster;
 use crate::trace::Trace;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
@@ -225,6 +226,17 @@ fn ranks_pace(scenario: &Scenario, with_ranks: f64) -> f64 {
     }
 }
 
+/// How long a rank's connections take to drain `TcpParams::queue_behind_bytes` at the goodput
+/// its collectives get, in ns; 0 without a queue.
+fn queue_behind_ns(cluster: &Cluster) -> f64 {
+    let Some(bytes) = cluster.library.tcp().and_then(|p| p.queue_behind_bytes) else {
+        return 0.0;
+    };
+    let ranks = cluster.gpus_per_node.max(1);
+    let per_rank = crate::collective::node_goodput_bytes_per_us(cluster, ranks) / f64::from(ranks);
+    bytes as f64 / per_rank * 1e3
+}
+
 /// The engine settings a schedule and the scenario's device imply.
 pub fn engine_config(
     scenario: &Scenario,
@@ -274,6 +286,7 @@ pub fn engine_config(
             .library
             .tcp()
             .and_then(|p| p.p2p_rounds_at_once),
+        queue_behind_ns: queue_behind_ns(&scenario.cluster),
         record_ranks,
     }
 }

@@ -216,6 +216,15 @@ pub struct TcpParams {
     /// links allow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_rounds_at_once: Option<f64>,
+    /// Bytes at most that a collective's messages wait behind, queued on the same connections
+    /// by other streams' collectives: Open MPI's TCP transport carries every communicator
+    /// between two processes over the same sockets, in order, so a small allreduce started
+    /// beside a large one waits for what the large one has queued (a ring step's message, up
+    /// to the socket buffers). Measured by `syncopate lab up`: a small allreduce's time beside
+    /// another stream's large ones less its time alone, at the link's goodput. None:
+    /// concurrent collectives share the links fairly from their start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_behind_bytes: Option<u64>,
     /// The sweeps the parameters were fitted to (`syncopate lab up`, `collective --fit-out`):
     /// where a plan runs the very collective a sweep measured, its times stand in for the
     /// model's (`collective::measured`).
@@ -674,6 +683,19 @@ impl Cluster {
                         ));
                     }
                 }
+                if let Some(queue) = p
+                    .queue_behind_bytes
+                    .filter(|&b| b > limits::MAX_QUEUE_BYTES)
+                {
+                    return Err(SimError::invalid(
+                        label,
+                        "library.queue_behind_bytes",
+                        format!(
+                            "connections hold at most {} bytes, got {queue}",
+                            limits::MAX_QUEUE_BYTES
+                        ),
+                    ));
+                }
                 if let Some(at_once) = p.p2p_rounds_at_once {
                     if !(at_once.is_finite() && (1.0..=limits::MAX_RANKS as f64).contains(&at_once))
                     {
@@ -785,5 +807,15 @@ mod tests {
             ..shared
         };
         assert_eq!(per_node.ranks(&cluster), 1);
+    }
+
+    #[test]
+    fn a_queue_larger_than_any_connection_holds_is_rejected_by_name() {
+        let mut cluster = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
+        cluster.library.tcp_mut().unwrap().queue_behind_bytes = Some(2 << 20);
+        assert!(cluster.validate("t").is_ok());
+        cluster.library.tcp_mut().unwrap().queue_behind_bytes = Some(limits::MAX_QUEUE_BYTES + 1);
+        let err = cluster.validate("t").unwrap_err().to_string();
+        assert!(err.contains("library.queue_behind_bytes"), "{err}");
     }
 }

@@ -150,6 +150,7 @@ pub fn cluster(
             allgather_host_gbps: None,
             p2p_message_overhead_us: None,
             p2p_rounds_at_once: None,
+            queue_behind_bytes: None,
             // What the MPI backend runs (exec/src/runtime/mpi/world.rs asks libnbc for it).
             allreduce_algorithm: Some(Algorithm::Ring),
             measured: Vec::new(),
@@ -193,7 +194,25 @@ pub fn cluster(
             measured.allreduce.first().map_or(0, |p| p.seconds.repeats),
         )
     };
+    // One rank per node: a rank's connections drain at its node's goodput.
+    let queue = measured.contention.as_ref().and_then(|c| c.queue).map(|q| {
+        let bytes = q.wait_us() * syncopate_sim::collective::node_goodput_bytes_per_us(&cluster, 1);
+        (q, bytes.round() as u64)
+    });
+    let method = match queue {
+        Some((q, bytes)) => format!(
+            "{method}; queue_behind_bytes {bytes}: an allreduce of {} B took {:.3} ms alone and {:.3} ms while a second stream ran allreduces of {} B (`syncopate lab probe contention`, the median over {} repeats of each repeat's mean), {:.0} µs more at the fitted goodput",
+            q.small_bytes,
+            q.alone.median * 1e3,
+            q.beside_large.median * 1e3,
+            q.large_bytes,
+            q.beside_large.repeats,
+            q.wait_us(),
+        ),
+        None => method,
+    };
     if let Library::Mpi(params) = &mut cluster.library {
+        params.queue_behind_bytes = queue.map(|(_, bytes)| bytes);
         params.provenance = Provenance {
             status: if measured.allreduce.is_empty() {
                 Status::Estimated
@@ -416,6 +435,28 @@ mod tests {
         assert_eq!(read.len(), 5);
         assert!(read.iter().all(|m| m.gpus == 2));
         assert_eq!(read[4].bytes, 16 << 20);
+    }
+
+    #[test]
+    fn a_measured_queue_is_the_bytes_its_wait_drains_at_the_goodput() {
+        let measured = LabMeasurements {
+            network: network(),
+            allreduce: Vec::new(),
+            ranks: 2,
+            contention: Some(crate::lab::measure::probed(0.2, 0.016)),
+        };
+        let cluster = lab_cluster(&measured);
+        let Library::Mpi(p) = &cluster.library else {
+            panic!("an MPI cluster")
+        };
+        // 15.9 ms more than alone, at the goodput the probe measured.
+        let goodput = syncopate_sim::collective::node_goodput_bytes_per_us(&cluster, 1);
+        let expected = (15_900.0 * goodput).round() as u64;
+        assert_eq!(p.queue_behind_bytes, Some(expected));
+        assert!(p
+            .provenance
+            .method
+            .contains(&format!("queue_behind_bytes {expected}")));
     }
 
     #[test]

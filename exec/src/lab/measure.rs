@@ -492,6 +492,10 @@ pub struct ContentionPoint {
     pub compute_beside_compute: Spread,
     /// One collective of each operation and size, alone and while every rank computes.
     pub comm: Vec<CommBesideCompute>,
+    /// A small allreduce alone and while a second stream runs large ones. Probes made before
+    /// it was measured lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueBehind>,
     /// Probes this point pools (see [`ContentionPoint::pooled`]); one probe's output says 1.
     #[serde(default = "one_probe")]
     pub probes: usize,
@@ -499,6 +503,24 @@ pub struct ContentionPoint {
 
 fn one_probe() -> usize {
     1
+}
+
+/// Seconds of an allreduce of `small_bytes` alone and while another stream runs allreduces of
+/// `large_bytes` back to back (each repeat the mean over its calls): what it waits behind the
+/// bytes they queued on the connections.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueBehind {
+    pub small_bytes: u64,
+    pub large_bytes: u64,
+    pub alone: Spread,
+    pub beside_large: Spread,
+}
+
+impl QueueBehind {
+    /// Microseconds the small allreduce waited behind the large ones' queued bytes.
+    pub fn wait_us(&self) -> f64 {
+        ((self.beside_large.median - self.alone.median) * 1e6).max(0.0)
+    }
 }
 
 /// Seconds of one `op` of `bytes` (an allgather's gathered total): alone, and while every rank
@@ -519,8 +541,10 @@ impl ContentionPoint {
     /// `points` is empty or its probes timed different collectives.
     pub fn pooled(points: &[ContentionPoint]) -> Option<ContentionPoint> {
         let first = points.first()?;
+        let sizes = |p: &ContentionPoint| p.queue.map(|q| (q.small_bytes, q.large_bytes));
         let same = points.iter().all(|p| {
             p.bytes == first.bytes
+                && sizes(p) == sizes(first)
                 && p.compute_ns == first.compute_ns
                 && p.comm.len() == first.comm.len()
                 && p.comm
@@ -548,6 +572,11 @@ impl ContentionPoint {
             compute_beside_comm: pool(&|p| p.compute_beside_comm),
             compute_beside_compute: pool(&|p| p.compute_beside_compute),
             comm,
+            queue: first.queue.map(|q| QueueBehind {
+                alone: pool(&|p| p.queue.map_or(q.alone, |o| o.alone)),
+                beside_large: pool(&|p| p.queue.map_or(q.beside_large, |o| o.beside_large)),
+                ..q
+            }),
             probes: points.iter().map(|p| p.probes).sum(),
         })
     }
@@ -666,32 +695,40 @@ fn mpi_probe<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// A probe's point with the given compute and allgather-beside-compute times, for tests.
+#[cfg(test)]
+pub(crate) fn probed(compute_alone_s: f64, allgather_beside_s: f64) -> ContentionPoint {
+    let spread = |median: f64| Spread {
+        median,
+        min: median * 0.9,
+        max: median * 1.1,
+        repeats: 7,
+    };
+    ContentionPoint {
+        bytes: 4 << 20,
+        compute_ns: 200_000_000,
+        compute_alone: spread(compute_alone_s),
+        compute_beside_comm: spread(0.25),
+        compute_beside_compute: spread(0.4),
+        comm: vec![CommBesideCompute {
+            op: Op::Allgather,
+            bytes: 64 << 10,
+            alone: spread(0.002),
+            beside_compute: spread(allgather_beside_s),
+        }],
+        queue: Some(QueueBehind {
+            small_bytes: 4096,
+            large_bytes: 4 << 20,
+            alone: spread(0.0001),
+            beside_large: spread(allgather_beside_s),
+        }),
+        probes: 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn probed(compute_alone_s: f64, allgather_beside_s: f64) -> ContentionPoint {
-        let spread = |median: f64| Spread {
-            median,
-            min: median * 0.9,
-            max: median * 1.1,
-            repeats: 7,
-        };
-        ContentionPoint {
-            bytes: 4 << 20,
-            compute_ns: 200_000_000,
-            compute_alone: spread(compute_alone_s),
-            compute_beside_comm: spread(0.25),
-            compute_beside_compute: spread(0.4),
-            comm: vec![CommBesideCompute {
-                op: Op::Allgather,
-                bytes: 64 << 10,
-                alone: spread(0.002),
-                beside_compute: spread(allgather_beside_s),
-            }],
-            probes: 1,
-        }
-    }
 
     #[test]
     fn pooled_probes_take_each_timings_median_over_the_probes() {
@@ -711,6 +748,12 @@ mod tests {
             (Op::Allgather, 64 << 10)
         );
         assert_eq!(pooled.probes, 3);
+        let queue = pooled.queue.unwrap();
+        assert_eq!(
+            (queue.beside_large.median, queue.beside_large.repeats),
+            (0.016, 21)
+        );
+        assert!((queue.wait_us() - 15_900.0).abs() < 1e-6);
         assert_eq!(ContentionPoint::pooled(&probes[..1]).unwrap(), probes[0]);
     }
 
@@ -719,6 +762,9 @@ mod tests {
         let mut other = probed(0.2, 0.02);
         other.comm[0].bytes = 4 << 20;
         assert!(ContentionPoint::pooled(&[probed(0.2, 0.02), other]).is_none());
+        let mut without_queue = probed(0.2, 0.02);
+        without_queue.queue = None;
+        assert!(ContentionPoint::pooled(&[probed(0.2, 0.02), without_queue]).is_none());
         assert!(ContentionPoint::pooled(&[]).is_none());
     }
 

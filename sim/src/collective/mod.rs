@@ -247,7 +247,7 @@ pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<E
 /// `inter_efficiency`, a TCP library's measured `tcp_efficiency`), and over TCP at most
 /// `host_gbps` per process. The TCP collectives and the parameter server price the same link
 /// with it.
-pub(crate) fn node_goodput_bytes_per_us(cluster: &Cluster, processes: u32) -> f64 {
+pub fn node_goodput_bytes_per_us(cluster: &Cluster, processes: u32) -> f64 {
     let line = cluster.node_network_bytes_per_s() / 1e6;
     match &cluster.library {
         Library::Nccl(params) => line * params.inter_efficiency,

@@ -201,6 +201,7 @@ pub fn cluster(
             allgather_host_gbps: None,
             p2p_message_overhead_us: None,
             p2p_rounds_at_once: None,
+            queue_behind_bytes: None,
             allreduce_algorithm: None,
             measured: Vec::new(),
             provenance: Provenance {

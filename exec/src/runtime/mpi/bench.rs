@@ -4,7 +4,9 @@ use super::transport::Stream;
 use super::world::World;
 use crate::compress::codec_for;
 use crate::error::Result;
-use crate::lab::measure::{AllreducePoint, CommBesideCompute, ContentionPoint, Spread};
+use crate::lab::measure::{
+    AllreducePoint, CommBesideCompute, ContentionPoint, QueueBehind, Spread,
+};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use syncopate_sim::collective::Op;
@@ -91,11 +93,26 @@ const BESIDE_COMPUTE_CALLS: usize = 5;
 /// The compute work of one contention measurement.
 const CONTENTION_COMPUTE_NS: u64 = 200_000_000;
 
+/// The small allreduce timed behind another stream's large ones: a bias's or a norm's gradient.
+const QUEUE_SMALL_BYTES: u64 = 4096;
+/// Repeats of the queue measurement, and small allreduces timed in each, a gap apart. A small
+/// allreduce waits behind what the large one has queued at that moment: a whole ring step's
+/// message (about 17 ms of a 1 Gb/s link for 4 MiB on 2 ranks) or nothing, between steps. The
+/// mean over many calls is the wait to expect.
+const QUEUE_REPEATS: usize = 3;
+const QUEUE_CALLS: usize = 12;
+const QUEUE_GAP: Duration = Duration::from_millis(2);
+/// The large allreduces run for at least this long, so that the small ones are timed while
+/// they run, and start this much earlier, so that they have filled the connections.
+const QUEUE_SPAN_S: f64 = 2.0;
+const QUEUE_HEAD_START: Duration = Duration::from_millis(20);
+
 /// Measures, `repeats` times each, with every rank doing the same at once: calibrated compute
 /// alone; compute while a second thread runs allreduces of the largest of `sizes` (enough of
 /// them to span the compute); compute beside a second computing thread; one allreduce and one
 /// allgather (of payloads of any length, as the backend's exchanges gather them) of every size,
-/// alone and while a second thread computes. The compute loop is the MPI backend's own
+/// alone and while a second thread computes; an allreduce of `QUEUE_SMALL_BYTES` alone and while
+/// a second stream runs allreduces of the largest size. The compute loop is the MPI backend's own
 /// (calibrated with every rank running it), the collectives the transport's: what a run of the
 /// backend does. Each time is the slowest rank's; rank 0 returns the point.
 pub fn contention(
@@ -105,10 +122,11 @@ pub fn contention(
     timeout: Duration,
 ) -> Result<Option<ContentionPoint>> {
     check(sizes, repeats, timeout)?;
-    let mut streams = world.streams(2, timeout)?;
-    // The collectives run on a thread of their own, which owns their stream while it runs.
-    let mut comm = streams.pop().expect("two streams");
-    let control = streams.pop().expect("two streams");
+    let mut streams = world.streams(3, timeout)?;
+    // The collectives run on threads of their own, which own their streams while they run.
+    let second = streams.pop().expect("three streams");
+    let mut comm = streams.pop().expect("three streams");
+    let control = streams.pop().expect("three streams");
     let abort = AtomicBool::new(false);
     let largest = sizes.iter().copied().max().expect("checked: a size") / 4 * 4;
     let payload: Vec<u8> = (0..largest / 4)
@@ -219,6 +237,21 @@ pub fn contention(
             })?);
         }
     }
+    let mut large_count = vec![((QUEUE_SPAN_S / largest_alone).ceil().min(255.0) as u8).max(2)];
+    control.broadcast(&mut large_count, 0, &abort)?;
+    let large = (Op::Allreduce, largest);
+    let (small_alone, small_beside) = queue_behind(
+        [&control, &comm],
+        second,
+        |comm: &Stream| collective(comm, (Op::Allreduce, QUEUE_SMALL_BYTES)),
+        |second: &Stream| {
+            for _ in 0..large_count.first().copied().unwrap_or(2) {
+                collective(second, large)?;
+            }
+            Ok(())
+        },
+        &abort,
+    )?;
     drop(comm);
     let slowest = |times: &[f64]| slowest_rank(&control, times, &abort);
     let mut comm_points = Vec::with_capacity(collectives.len());
@@ -237,9 +270,68 @@ pub fn contention(
         compute_beside_comm: Spread::of(&slowest(&compute_beside)?),
         compute_beside_compute: Spread::of(&slowest(&compute_twice)?),
         comm: comm_points,
+        queue: Some(QueueBehind {
+            small_bytes: QUEUE_SMALL_BYTES,
+            large_bytes: largest,
+            alone: Spread::of(&slowest(&small_alone)?),
+            beside_large: Spread::of(&slowest(&small_beside)?),
+        }),
         probes: 1,
     };
     Ok((world.rank == 0).then_some(point))
+}
+
+/// Per repeat, the mean time of `small` on `comm` alone and while `large` runs on `second`
+/// (starting `QUEUE_HEAD_START` earlier); calls that ended after `large` did are left out.
+fn queue_behind(
+    [control, comm]: [&Stream; 2],
+    mut second: Stream,
+    small: impl Fn(&Stream) -> Result<f64>,
+    large: impl Fn(&Stream) -> Result<()> + Send + Copy,
+    abort: &AtomicBool,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut alone = Vec::with_capacity(QUEUE_REPEATS);
+    let mut beside = Vec::with_capacity(QUEUE_REPEATS);
+    for _ in 0..QUEUE_REPEATS {
+        control.barrier(abort)?;
+        let times = (0..QUEUE_CALLS)
+            .map(|_| small(comm))
+            .collect::<Result<Vec<_>>>()?;
+        alone.push(mean(&times));
+        control.barrier(abort)?;
+        let (calls, back) = std::thread::scope(|scope| {
+            let large_thread = scope.spawn(move || -> Result<(Stream, Instant)> {
+                large(&second)?;
+                Ok((second, Instant::now()))
+            });
+            std::thread::sleep(QUEUE_HEAD_START);
+            let calls: Result<Vec<(f64, Instant)>> = (0..QUEUE_CALLS)
+                .map(|_| {
+                    std::thread::sleep(QUEUE_GAP);
+                    small(comm).map(|t| (t, Instant::now()))
+                })
+                .collect();
+            (
+                calls,
+                large_thread.join().expect("the large allreduces' thread"),
+            )
+        });
+        let (stream, large_ended) = back?;
+        second = stream;
+        let calls = calls?;
+        let within: Vec<f64> = calls
+            .iter()
+            .filter(|(_, ended)| *ended <= large_ended)
+            .map(|&(t, _)| t)
+            .collect();
+        let all: Vec<f64> = calls.iter().map(|&(t, _)| t).collect();
+        beside.push(mean(if within.is_empty() { &all } else { &within }));
+    }
+    Ok((alone, beside))
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
 /// Per repeat, the time of the slowest rank. Ranks that share cores do not share them evenly
