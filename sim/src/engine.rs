@@ -5,7 +5,8 @@
 //! their next task, so the outcome does not depend on the order ranks are visited in. Running
 //! tasks progress at a rate (compute slows while collectives or compression kernels run beside
 //! it; concurrent collectives share the network with their transfers, while a collective's
-//! fixed part runs beside them), and a rate change reschedules the task's end.
+//! fixed part runs beside them, after waiting behind what the others have queued on its
+//! connections), and a rate change reschedules the task's end.
 
 use crate::collective::{shared_slowdowns, Links};
 use crate::error::{Result, SimError};
@@ -67,6 +68,22 @@ impl EngineConfig {
             record_ranks: 0,
         }
     }
+}
+
+/// The `queue_behind_ns` under which a collective that starts at a uniformly random moment of
+/// another's transfer of `span` waits `mean` on average, as the engine charges the wait (the
+/// least of the cap and the transfer left): mean = cap − cap² / (2 span), solved for the cap.
+/// A probe measures such a mean (`syncopate lab probe contention`); a mean of half the span or
+/// more takes the whole span, the most the charge can give.
+pub fn queue_cap_for_mean_wait(mean: f64, span: f64) -> f64 {
+    let valid = mean > 0.0 && span > 0.0 && span.is_finite();
+    if !valid {
+        return 0.0;
+    }
+    if mean >= span / 2.0 {
+        return span;
+    }
+    span - (span * span - 2.0 * mean * span).sqrt()
 }
 
 /// How many ranks share how many cores.
@@ -768,14 +785,17 @@ impl Engine<'_> {
                 ns as f64 * share / self.comm_slowdown()
             }
         };
-        let queued = self.queued_ahead();
+        let own_fixed = task_info.estimate.map_or(0.0, |e| {
+            e.fixed.min(task_info.duration).as_ns() as f64 * factor
+        });
+        // Only messages that carry bytes queue behind others' bytes.
+        let queued = match task_info.duration.as_ns() as f64 * factor > own_fixed {
+            true => self.queued_ahead(task_info.links),
+            false => 0.0,
+        };
         let work = task_info.duration.as_ns() as f64 * factor + delay + queued;
         // The fixed part first, beside whatever shares the links, then the transfer.
-        let fixed = delay
-            + queued
-            + task_info.estimate.map_or(0.0, |e| {
-                e.fixed.min(task_info.duration).as_ns() as f64 * factor
-            });
+        let fixed = delay + queued + own_fixed;
         let (first, transfer) = match fixed > 0.0 {
             true => (fixed, Some(work - fixed)),
             false => (work, None),
@@ -801,17 +821,21 @@ impl Engine<'_> {
         }
     }
 
-    /// How long a collective starting now waits behind what the transferring collectives have
-    /// queued ahead of it: their transfers left at the full rate of the links (queued bytes
-    /// drain in order, at full speed), at most `queue_behind_ns` (what the connections hold).
-    fn queued_ahead(&self) -> f64 {
-        if self.config.queue_behind_ns == 0.0 || self.transferring == 0 {
+    /// How long a collective over `links` starting now waits behind what the transferring
+    /// collectives that share its connections have queued ahead of it: their transfers left at
+    /// the full rate of the links (queued bytes drain in order, at full speed), at most
+    /// `queue_behind_ns` (what the connections hold).
+    fn queued_ahead(&self, links: Links) -> f64 {
+        // Also none for a NaN or negative setting.
+        let queues = self.config.queue_behind_ns > 0.0;
+        if !queues || self.transferring == 0 {
             return 0.0;
         }
         let now = self.now;
         let left: f64 = (0..self.comm.len())
             .filter(|&stream| self.transfer_after[stream].is_none())
             .filter_map(|stream| self.comm[stream])
+            .filter(|r| links.share_connections(self.graph.task(r.task).links))
             .map(|r| (r.remaining - (now - r.since).as_ns() as f64 * r.rate).max(0.0))
             .sum();
         left.min(self.config.queue_behind_ns)
@@ -1188,6 +1212,26 @@ mod tests {
         // 400 ns fixed each, side by side, then 600 ns of transfer each at half the rate.
         assert_eq!(concurrent_durations(400), vec![1600; 2]);
         assert_eq!(concurrent_durations(1000), vec![1000; 2]);
+    }
+
+    #[test]
+    fn the_queue_cap_gives_the_measured_mean_wait_over_uniform_starts() {
+        for (mean, span) in [(17.2, 35.9), (15.5, 54.8), (1.0, 100.0)] {
+            let cap = queue_cap_for_mean_wait(mean, span);
+            assert!(cap > mean && cap < span, "{cap}");
+            let starts = 100_000;
+            let average = (0..starts)
+                .map(|i| (span * (i as f64 + 0.5) / starts as f64).min(cap))
+                .sum::<f64>()
+                / starts as f64;
+            assert!(
+                (average / mean - 1.0).abs() < 1e-6,
+                "{average} against {mean}"
+            );
+        }
+        assert_eq!(queue_cap_for_mean_wait(20.0, 35.0), 35.0);
+        assert_eq!(queue_cap_for_mean_wait(0.0, 35.0), 0.0);
+        assert_eq!(queue_cap_for_mean_wait(f64::NAN, 35.0), 0.0);
     }
 
     #[test]

@@ -31,9 +31,9 @@ pub const MAX_TASKS: u64 = 20_000_000;
 pub const MAX_RANK_TASKS: u64 = 1 << 31;
 /// Largest slowdown factor of a straggler, and largest jitter coefficient of variation.
 pub const MAX_SLOWDOWN: f64 = 1e3;
-/// Bytes queued on one connection (socket buffers are megabytes).
-pub const MAX_QUEUE_BYTES: u64 = 1 << 40;
 pub const MAX_JITTER_CV: f64 = 10.0;
+/// Most bytes queued ahead on one connection (socket buffers hold megabytes).
+pub const MAX_QUEUE_BYTES: u64 = 1 << 30;
 
 /// Whether `cv` is a coefficient of variation the noise model accepts: finite, 0 to MAX_JITTER_CV.
 pub fn is_cv(cv: f64) -> bool {

@@ -216,13 +216,14 @@ pub struct TcpParams {
     /// links allow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_rounds_at_once: Option<f64>,
-    /// Bytes at most that a collective's messages wait behind, queued on the same connections
-    /// by other streams' collectives: Open MPI's TCP transport carries every communicator
-    /// between two processes over the same sockets, in order, so a small allreduce started
-    /// beside a large one waits for what the large one has queued (a ring step's message, up
-    /// to the socket buffers). Measured by `syncopate lab up`: a small allreduce's time beside
-    /// another stream's large ones less its time alone, at the link's goodput. None:
-    /// concurrent collectives share the links fairly from their start.
+    /// MPI only: bytes at most that a collective's messages wait behind, queued on the same
+    /// connections by other streams' collectives. Open MPI's TCP transport carries every
+    /// communicator between two processes over the same sockets, in order, so a small
+    /// allreduce started beside a large one waits for what the large one has queued. The
+    /// simulator charges the least of this and the others' transfers left. Measured by
+    /// `syncopate lab up`: a small allreduce's mean time beside another stream's large ones less
+    /// its time alone, turned into the cap under which that charge gives the same mean, at the
+    /// link's goodput. None: concurrent collectives share the links fairly from their start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_behind_bytes: Option<u64>,
     /// The sweeps the parameters were fitted to (`syncopate lab up`, `collective --fit-out`):
@@ -683,18 +684,21 @@ impl Cluster {
                         ));
                     }
                 }
-                if let Some(queue) = p
-                    .queue_behind_bytes
-                    .filter(|&b| b > limits::MAX_QUEUE_BYTES)
-                {
-                    return Err(SimError::invalid(
-                        label,
-                        "library.queue_behind_bytes",
-                        format!(
-                            "connections hold at most {} bytes, got {queue}",
-                            limits::MAX_QUEUE_BYTES
+                if let Some(queue) = p.queue_behind_bytes {
+                    let why = match self.library {
+                        Library::Gloo(_) => Some(
+                            "measured for Open MPI's shared sockets: only an MPI cluster has it"
+                                .to_string(),
                         ),
-                    ));
+                        _ if queue > limits::MAX_QUEUE_BYTES => Some(format!(
+                            "at most {} bytes queue ahead on a connection, got {queue}",
+                            limits::MAX_QUEUE_BYTES
+                        )),
+                        _ => None,
+                    };
+                    if let Some(why) = why {
+                        return Err(SimError::invalid(label, "library.queue_behind_bytes", why));
+                    }
                 }
                 if let Some(at_once) = p.p2p_rounds_at_once {
                     if !(at_once.is_finite() && (1.0..=limits::MAX_RANKS as f64).contains(&at_once))

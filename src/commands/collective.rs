@@ -154,6 +154,16 @@ fn refit_tcp(
             "{described}; p2p_message_overhead_us and p2p_rounds_at_once kept from the input file, not refitted: the sweep has no push-pull rows"
         );
     }
+    if refit
+        .library
+        .tcp()
+        .is_some_and(|p| p.queue_behind_bytes.is_some())
+    {
+        // Measured beside a second stream (`lab up`), which a sweep of one stream cannot refit.
+        described = format!(
+            "{described}; queue_behind_bytes kept from the input file, not refitted: a sweep times one stream at a time"
+        );
+    }
     let library = args
         .library
         .map_or_else(String::new, |l| format!(" --library {l:?}").to_lowercase());

@@ -195,24 +195,28 @@ pub fn cluster(
         )
     };
     // One rank per node: a rank's connections drain at its node's goodput.
-    let queue = measured.contention.as_ref().and_then(|c| c.queue).map(|q| {
-        let bytes = q.wait_us() * syncopate_sim::collective::node_goodput_bytes_per_us(&cluster, 1);
-        (q, bytes.round() as u64)
-    });
+    let goodput = syncopate_sim::collective::node_goodput_bytes_per_us(&cluster, 1);
+    let queue = measured
+        .contention
+        .as_ref()
+        .and_then(ContentionPoint::queue_cap_us)
+        .map(|(q, span_us, cap_us)| (q, span_us, cap_us, (cap_us * goodput).round() as u64));
     let method = match queue {
-        Some((q, bytes)) => format!(
-            "{method}; queue_behind_bytes {bytes}: an allreduce of {} B took {:.3} ms alone and {:.3} ms while a second stream ran allreduces of {} B (`syncopate lab probe contention`, the median over {} repeats of each repeat's mean), {:.0} µs more at the fitted goodput",
+        Some((q, span_us, cap_us, bytes)) => format!(
+            "{method}; queue_behind_bytes {bytes}: an allreduce of {} B took {:.3} ms alone and {:.3} ms while a second stream ran allreduces of {} B (`syncopate lab probe contention`, each repeat the mean of its calls, {} repeats; pooled probes: the median of the probes' medians), {:.0} µs more on average, which the simulator's wait (the least of the cap and the transfer left) gives for starts spread over a {:.1} ms allreduce with a cap of {:.0} µs, {bytes} B at the fitted goodput",
             q.small_bytes,
             q.alone.median * 1e3,
             q.beside_large.median * 1e3,
             q.large_bytes,
             q.beside_large.repeats,
             q.wait_us(),
+            span_us / 1e3,
+            cap_us,
         ),
         None => method,
     };
     if let Library::Mpi(params) = &mut cluster.library {
-        params.queue_behind_bytes = queue.map(|(_, bytes)| bytes);
+        params.queue_behind_bytes = queue.map(|(.., bytes)| bytes);
         params.provenance = Provenance {
             status: if measured.allreduce.is_empty() {
                 Status::Estimated
@@ -449,9 +453,10 @@ mod tests {
         let Library::Mpi(p) = &cluster.library else {
             panic!("an MPI cluster")
         };
-        // 15.9 ms more than alone, at the goodput the probe measured.
+        // 15.9 ms more than alone on average over a 36 ms allreduce, as a cap at the goodput.
         let goodput = syncopate_sim::collective::node_goodput_bytes_per_us(&cluster, 1);
-        let expected = (15_900.0 * goodput).round() as u64;
+        let cap_us = syncopate_sim::engine::queue_cap_for_mean_wait(15_900.0, 36_000.0);
+        let expected = (cap_us * goodput).round() as u64;
         assert_eq!(p.queue_behind_bytes, Some(expected));
         assert!(p
             .provenance

@@ -572,6 +572,7 @@ impl ContentionPoint {
             compute_beside_comm: pool(&|p| p.compute_beside_comm),
             compute_beside_compute: pool(&|p| p.compute_beside_compute),
             comm,
+            // Every probe has a queue when the first has: their sizes were compared above.
             queue: first.queue.map(|q| QueueBehind {
                 alone: pool(&|p| p.queue.map_or(q.alone, |o| o.alone)),
                 beside_large: pool(&|p| p.queue.map_or(q.beside_large, |o| o.beside_large)),
@@ -579,6 +580,20 @@ impl ContentionPoint {
             }),
             probes: points.iter().map(|p| p.probes).sum(),
         })
+    }
+
+    /// The probe's queue, the time of its large allreduce alone (the span a small one starts
+    /// within, µs) and the simulator's cap that gives the queue's mean wait over such starts
+    /// (`syncopate_sim::engine::queue_cap_for_mean_wait`, µs).
+    pub fn queue_cap_us(&self) -> Option<(QueueBehind, f64, f64)> {
+        let queue = self.queue?;
+        let large = self
+            .comm
+            .iter()
+            .find(|c| c.op == Op::Allreduce && c.bytes == queue.large_bytes)?;
+        let span_us = large.alone.median * 1e6;
+        let cap_us = syncopate_sim::engine::queue_cap_for_mean_wait(queue.wait_us(), span_us);
+        Some((queue, span_us, cap_us))
     }
 
     /// Compute alone against the calibrated rate: the slowest rank's pace.
@@ -710,12 +725,21 @@ pub(crate) fn probed(compute_alone_s: f64, allgather_beside_s: f64) -> Contentio
         compute_alone: spread(compute_alone_s),
         compute_beside_comm: spread(0.25),
         compute_beside_compute: spread(0.4),
-        comm: vec![CommBesideCompute {
-            op: Op::Allgather,
-            bytes: 64 << 10,
-            alone: spread(0.002),
-            beside_compute: spread(allgather_beside_s),
-        }],
+        comm: vec![
+            CommBesideCompute {
+                op: Op::Allgather,
+                bytes: 64 << 10,
+                alone: spread(0.002),
+                beside_compute: spread(allgather_beside_s),
+            },
+            CommBesideCompute {
+                op: Op::Allreduce,
+                bytes: 4 << 20,
+                alone: spread(0.036),
+                beside_compute: spread(0.04),
+            },
+        ],
+        // The small allreduce waits as long beside large ones as the allgather beside compute.
         queue: Some(QueueBehind {
             small_bytes: 4096,
             large_bytes: 4 << 20,

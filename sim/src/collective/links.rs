@@ -21,6 +21,18 @@ pub enum Links {
     Server { server: ServerLink, senders: u32 },
 }
 
+impl Links {
+    /// Whether two collectives' messages travel over some of the same connections: every
+    /// collective of `Every` does with any other; push-pulls only with those to the same
+    /// server (a worker's messages to another server go over another socket).
+    pub fn share_connections(self, other: Links) -> bool {
+        match (self, other) {
+            (Links::Server { server: a, .. }, Links::Server { server: b, .. }) => a == b,
+            _ => true,
+        }
+    }
+}
+
 /// Share of the round each direction of the server's link is busy: the push fills its inbound
 /// direction, the pull its outbound one.
 const SERVER_DIRECTION_SHARE: f64 = 0.5;

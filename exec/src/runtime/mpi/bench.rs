@@ -3,7 +3,7 @@
 use super::transport::Stream;
 use super::world::World;
 use crate::compress::codec_for;
-use crate::error::Result;
+use crate::error::{ExecError, Result};
 use crate::lab::measure::{
     AllreducePoint, CommBesideCompute, ContentionPoint, QueueBehind, Spread,
 };
@@ -102,9 +102,8 @@ const QUEUE_SMALL_BYTES: u64 = 4096;
 const QUEUE_REPEATS: usize = 3;
 const QUEUE_CALLS: usize = 12;
 const QUEUE_GAP: Duration = Duration::from_millis(2);
-/// The large allreduces run for at least this long, so that the small ones are timed while
-/// they run, and start this much earlier, so that they have filled the connections.
-const QUEUE_SPAN_S: f64 = 2.0;
+/// The large allreduces start this much earlier than the small ones, so that they have filled
+/// the connections.
 const QUEUE_HEAD_START: Duration = Duration::from_millis(20);
 
 /// Measures, `repeats` times each, with every rank doing the same at once: calibrated compute
@@ -122,6 +121,17 @@ pub fn contention(
     timeout: Duration,
 ) -> Result<Option<ContentionPoint>> {
     check(sizes, repeats, timeout)?;
+    if sizes.iter().all(|&s| s < 2 * QUEUE_SMALL_BYTES) {
+        return Err(SimError::bad_value(
+            "--sizes",
+            sizes.iter().max().copied().unwrap_or(0),
+            format!(
+                "the largest size must be at least {} bytes: a {QUEUE_SMALL_BYTES}-byte allreduce is timed behind it",
+                2 * QUEUE_SMALL_BYTES
+            ),
+        )
+        .into());
+    }
     let mut streams = world.streams(3, timeout)?;
     // The collectives run on threads of their own, which own their streams while they run.
     let second = streams.pop().expect("three streams");
@@ -237,7 +247,11 @@ pub fn contention(
             })?);
         }
     }
-    let mut large_count = vec![((QUEUE_SPAN_S / largest_alone).ceil().min(255.0) as u8).max(2)];
+    // Enough large allreduces to outlast the small calls, each of which waits at most about one
+    // of them (the same count on every rank, rank 0's).
+    let small_calls_s = QUEUE_HEAD_START.as_secs_f64()
+        + QUEUE_CALLS as f64 * (QUEUE_GAP.as_secs_f64() + largest_alone);
+    let mut large_count = vec![((small_calls_s / largest_alone).ceil() as u8).saturating_add(1)];
     control.broadcast(&mut large_count, 0, &abort)?;
     let large = (Op::Allreduce, largest);
     let (small_alone, small_beside) = queue_behind(
@@ -282,7 +296,8 @@ pub fn contention(
 }
 
 /// Per repeat, the mean time of `small` on `comm` alone and while `large` runs on `second`
-/// (starting `QUEUE_HEAD_START` earlier); calls that ended after `large` did are left out.
+/// (starting `QUEUE_HEAD_START` earlier); calls that ended after `large` did are left out, and a
+/// repeat none of whose calls did is an error.
 fn queue_behind(
     [control, comm]: [&Stream; 2],
     mut second: Stream,
@@ -324,8 +339,13 @@ fn queue_behind(
             .filter(|(_, ended)| *ended <= large_ended)
             .map(|&(t, _)| t)
             .collect();
-        let all: Vec<f64> = calls.iter().map(|&(t, _)| t).collect();
-        beside.push(mean(if within.is_empty() { &all } else { &within }));
+        if within.is_empty() {
+            return Err(ExecError::Rank {
+                rank: comm.rank,
+                message: "the queue probe's large allreduces ended before its first small one: nothing was timed behind them".into(),
+            });
+        }
+        beside.push(mean(&within));
     }
     Ok((alone, beside))
 }
