@@ -90,6 +90,8 @@ fn as_library(cluster: &Cluster, library: TcpLibrary) -> anyhow::Result<Library>
         params.measured.clear();
         // A pinned allreduce was what that library was told to run.
         params.allreduce_algorithm = None;
+        // The queue was measured on that library's sockets.
+        params.queue_behind_bytes = None;
     }
     Ok(match library {
         TcpLibrary::Mpi => Library::Mpi(params),
