@@ -785,15 +785,16 @@ impl Engine<'_> {
                 ns as f64 * share / self.comm_slowdown()
             }
         };
+        let duration = task_info.duration.as_ns() as f64 * factor;
         let own_fixed = task_info.estimate.map_or(0.0, |e| {
             e.fixed.min(task_info.duration).as_ns() as f64 * factor
         });
         // Only messages that carry bytes queue behind others' bytes.
-        let queued = match task_info.duration.as_ns() as f64 * factor > own_fixed {
+        let queued = match duration > own_fixed {
             true => self.queued_ahead(task_info.links),
             false => 0.0,
         };
-        let work = task_info.duration.as_ns() as f64 * factor + delay + queued;
+        let work = duration + delay + queued;
         // The fixed part first, beside whatever shares the links, then the transfer.
         let fixed = delay + queued + own_fixed;
         let (first, transfer) = match fixed > 0.0 {

@@ -232,9 +232,7 @@ fn queue_behind_ns(cluster: &Cluster) -> f64 {
     let Some(bytes) = cluster.library.tcp().and_then(|p| p.queue_behind_bytes) else {
         return 0.0;
     };
-    let ranks = cluster.gpus_per_node.max(1);
-    let per_rank = crate::collective::node_goodput_bytes_per_us(cluster, ranks) / f64::from(ranks);
-    bytes as f64 / per_rank * 1e3
+    bytes as f64 / crate::collective::rank_goodput_bytes_per_us(cluster) * 1e3
 }
 
 /// The engine settings a schedule and the scenario's device imply.

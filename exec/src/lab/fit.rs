@@ -194,8 +194,8 @@ pub fn cluster(
             measured.allreduce.first().map_or(0, |p| p.seconds.repeats),
         )
     };
-    // One rank per node: a rank's connections drain at its node's goodput.
-    let goodput = syncopate_sim::collective::node_goodput_bytes_per_us(&cluster, 1);
+    // The rate the simulator drains the queue at.
+    let goodput = syncopate_sim::collective::rank_goodput_bytes_per_us(&cluster);
     let queue = measured
         .contention
         .as_ref()
@@ -454,7 +454,7 @@ mod tests {
             panic!("an MPI cluster")
         };
         // 15.9 ms more than alone on average over a 36 ms allreduce, as a cap at the goodput.
-        let goodput = syncopate_sim::collective::node_goodput_bytes_per_us(&cluster, 1);
+        let goodput = syncopate_sim::collective::rank_goodput_bytes_per_us(&cluster);
         let cap_us = syncopate_sim::engine::queue_cap_for_mean_wait(15_900.0, 36_000.0);
         let expected = (cap_us * goodput).round() as u64;
         assert_eq!(p.queue_behind_bytes, Some(expected));

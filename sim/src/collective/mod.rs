@@ -242,12 +242,19 @@ pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<E
     })
 }
 
+/// What one rank's connections carry per µs: its node's goodput shared by the node's ranks.
+/// Bytes queued on them drain at this rate (`TcpParams::queue_behind_bytes`).
+pub fn rank_goodput_bytes_per_us(cluster: &Cluster) -> f64 {
+    let ranks = cluster.gpus_per_node.max(1);
+    node_goodput_bytes_per_us(cluster, ranks) / f64::from(ranks)
+}
+
 /// What one node's network carries per µs for `processes` sending processes of the cluster's
 /// library: the NICs' line rate times the library's efficiency over them (NCCL's calibrated
 /// `inter_efficiency`, a TCP library's measured `tcp_efficiency`), and over TCP at most
 /// `host_gbps` per process. The TCP collectives and the parameter server price the same link
 /// with it.
-pub fn node_goodput_bytes_per_us(cluster: &Cluster, processes: u32) -> f64 {
+pub(crate) fn node_goodput_bytes_per_us(cluster: &Cluster, processes: u32) -> f64 {
     let line = cluster.node_network_bytes_per_s() / 1e6;
     match &cluster.library {
         Library::Nccl(params) => line * params.inter_efficiency,
