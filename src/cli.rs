@@ -679,6 +679,14 @@ pub enum LabProbeCommand {
         #[arg(long)]
         timeout_s: f64,
     },
+    /// The pace of the MPI backend's compute as a run meets it (under mpirun); JSON on rank 0:
+    /// every rank calibrates and then computes 200 ms of it at once, `--repeats` times.
+    Pace {
+        #[arg(long)]
+        repeats: usize,
+        #[arg(long)]
+        timeout_s: f64,
+    },
     /// The MPI transport's conformance checks against the host mesh (under mpirun).
     MpiCheck {
         #[arg(long, default_value_t = 30.0)]

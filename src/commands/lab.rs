@@ -345,6 +345,12 @@ fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&point)?);
             }
         }
+        LabProbeCommand::Pace { repeats, timeout_s } => {
+            let timeout = seconds("--timeout-s", timeout_s, 24.0 * 3600.0)?;
+            if let Some(pace) = mpi_pace(repeats, timeout)? {
+                println!("{}", serde_json::to_string(&pace)?);
+            }
+        }
         LabProbeCommand::MpiCheck {
             timeout_s,
             kill_rank,
@@ -386,6 +392,16 @@ fn mpi_contention(
     _: usize,
     _: Duration,
 ) -> anyhow::Result<Option<measure::ContentionPoint>> {
+    Err(super::without_mpi())
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_pace(repeats: usize, timeout: Duration) -> anyhow::Result<Option<measure::Spread>> {
+    super::as_mpi_rank(|world| syncopate_exec::mpi::bench::pace(world, repeats, timeout))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_pace(_: usize, _: Duration) -> anyhow::Result<Option<measure::Spread>> {
     Err(super::without_mpi())
 }
 

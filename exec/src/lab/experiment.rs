@@ -1,7 +1,7 @@
 //! Measuring the lab-validation experiment: for each lab of the spec, bring it up and measure it into a cluster file, then run every strategy × compressor over the MPI backend, repeats interleaved, and record the measured iterations in `measurements.json`.
 
 use super::fit;
-use super::measure::{ContentionPoint, SelfExe};
+use super::measure::{ContentionPoint, SelfExe, Spread};
 use super::run::{self, Output, RunSpec};
 use super::{signals, LabSpec as MakeLab};
 use crate::error::{ExecError, Result};
@@ -124,8 +124,11 @@ fn on_lab(
         std::env::temp_dir().join(format!("syncopate-lab-experiment-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
     // The hosts' pace drifts over minutes: the contention is probed again after every round
-    // of runs, and the cluster file gets each timing's median over the probes.
+    // of runs, and the cluster file gets each timing's median over the probes. The pace of
+    // compute, which scales every compute task, is drawn after every run, so that its draws
+    // sample the moments the runs do.
     let mut probes: Vec<ContentionPoint> = measured.contention.iter().cloned().collect();
+    let mut paces: Vec<Spread> = Vec::new();
     for repeat in 0..spec.repeats {
         for (i, config) in configs.iter_mut().enumerate() {
             let plan_path = scratch.join(format!("plan-{i}.json"));
@@ -141,6 +144,9 @@ fn on_lab(
                     format!("failed: {err}")
                 }
             };
+            if !probes.is_empty() {
+                paces.push(fit::probe_pace(made, exe, 1, interrupted)?);
+            }
             progress(&format!(
                 "lab {}n {}G, repeat {}/{}: {} {} {}: {line}",
                 setting.nodes,
@@ -170,13 +176,14 @@ fn on_lab(
         }
     }
     if !probes.is_empty() {
-        measured.contention =
-            Some(
-                ContentionPoint::pooled(&probes).ok_or_else(|| ExecError::Lab {
-                    lab: LAB.into(),
-                    message: "its contention probes timed different collectives".into(),
-                })?,
-            );
+        let mut pooled = ContentionPoint::pooled(&probes).ok_or_else(|| ExecError::Lab {
+            lab: LAB.into(),
+            message: "its contention probes timed different collectives".into(),
+        })?;
+        // Each probe's draws and each run's count alike.
+        paces.extend(probes.iter().filter_map(|p| p.pace));
+        pooled.pace = (!paces.is_empty()).then(|| Spread::pooled(&paces));
+        measured.contention = Some(pooled);
         write_cluster(dir, made, &measured, &cluster_path)?;
     }
     let _ = std::fs::remove_dir_all(&scratch);

@@ -75,14 +75,29 @@ pub fn probe_contention(
     let bytes: u64 = CONTENTION_SIZES.iter().sum();
     let timeout =
         std::time::Duration::from_secs_f64(120.0 + bytes as f64 * 8.0 / (made.gbps * 1e8) * 20.0);
-    super::measure::contention(
+    let mut point = super::measure::contention(
         made,
         exe,
         &CONTENTION_SIZES,
         CONTENTION_REPEATS,
         timeout,
         interrupted,
-    )
+    )?;
+    point.pace = Some(probe_pace(made, exe, CONTENTION_REPEATS, interrupted)?);
+    Ok(point)
+}
+
+/// One pace probe of a made lab (`lab probe pace` on every rank, under mpirun): `repeats`
+/// draws of calibration and compute, about half a second each.
+pub fn probe_pace(
+    made: &LabState,
+    exe: &super::measure::SelfExe,
+    repeats: usize,
+    interrupted: &std::sync::atomic::AtomicBool,
+) -> Result<super::measure::Spread> {
+    // Generous: a draw takes well under a second, even on 4 ranks sharing 2 cores.
+    let timeout = std::time::Duration::from_secs_f64(60.0 + 10.0 * repeats as f64);
+    super::measure::pace(made, exe, repeats, timeout, interrupted)
 }
 
 /// Repeats of each contention measurement: its slowdowns are ratios of noisy medians.
@@ -273,7 +288,7 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> 
         provenance: Provenance {
             status: Status::Measured,
             method: format!(
-                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, sharing {} cores), the slowest rank's times, {}: {:.0} ms of the MPI backend's calibrated compute took {} alone, {} beside allreduces of {} B, {} beside a second computing thread; one {}; {} through them",
+                "measured by `syncopate lab probe contention` on every one of the {} ranks at once (one per node, sharing {} cores), the slowest rank's times, {}: {:.0} ms of the MPI backend's calibrated compute took {} alone{}, {} beside allreduces of {} B, {} beside a second computing thread; one {}; {} through them",
                 lab.nodes.len(),
                 lab_cores(lab),
                 if c.probes > 1 {
@@ -287,6 +302,11 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> 
                 },
                 c.compute_ns as f64 / 1e6,
                 ms(&c.compute_alone),
+                c.pace.map_or_else(String::new, |pace| format!(
+                    " and {} in {} draws of `syncopate lab probe pace` (each rank calibrating afresh and then computing, all at once, as a run's ranks do; the pace `compute_slowdown_with_ranks` takes)",
+                    ms(&pace),
+                    pace.repeats
+                )),
                 ms(&c.compute_beside_comm),
                 c.bytes,
                 ms(&c.compute_beside_compute),

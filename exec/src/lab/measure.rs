@@ -77,11 +77,14 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// The spread over several measurements of one quantity: the median of their medians, the
-    /// least minimum and the largest maximum, and all their repeats.
+    /// The spread over several measurements of one quantity: the median of their medians (the
+    /// mean of the middle two of an even count: four probes' upper middle would bias every
+    /// pooled timing up), the least minimum and the largest maximum, and all their repeats.
     pub fn pooled(spreads: &[Spread]) -> Spread {
+        let medians: Vec<f64> = spreads.iter().map(|s| s.median).collect();
         Spread {
-            median: median(spreads.iter().map(|s| s.median).collect()),
+            // NaN only for no spreads, which no caller pools.
+            median: syncopate_sim::stats::median(&medians).unwrap_or(f64::NAN),
             min: spreads.iter().map(|s| s.min).fold(f64::INFINITY, f64::min),
             max: spreads
                 .iter()
@@ -496,6 +499,11 @@ pub struct ContentionPoint {
     /// it was measured lack it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueBehind>,
+    /// Seconds of `compute_ns` of calibrated work with every rank calibrating afresh before
+    /// each draw, as a run does (`lab probe pace`), from probes of their own, run more often
+    /// than this one: what a run's compute meets. Probes made before it was measured lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<Spread>,
     /// Probes this point pools (see [`ContentionPoint::pooled`]); one probe's output says 1.
     #[serde(default = "one_probe")]
     pub probes: usize,
@@ -578,6 +586,10 @@ impl ContentionPoint {
                 beside_large: pool(&|p| p.queue.map_or(q.beside_large, |o| o.beside_large)),
                 ..q
             }),
+            pace: {
+                let paces: Vec<Spread> = points.iter().filter_map(|p| p.pace).collect();
+                (!paces.is_empty()).then(|| Spread::pooled(&paces))
+            },
             probes: points.iter().map(|p| p.probes).sum(),
         })
     }
@@ -596,9 +608,11 @@ impl ContentionPoint {
         Some((queue, span_us, cap_us))
     }
 
-    /// Compute alone against the calibrated rate: the slowest rank's pace.
+    /// Compute alone against the calibrated rate: the slowest rank's pace, from the pace probes
+    /// when there are some (their draws calibrate as runs do), else from this probe's repeats.
     pub fn compute_slowdown_with_ranks(&self) -> f64 {
-        (self.compute_alone.median / (self.compute_ns as f64 / 1e9)).max(1.0)
+        let alone = self.pace.unwrap_or(self.compute_alone);
+        (alone.median / (self.compute_ns as f64 / 1e9)).max(1.0)
     }
 
     pub fn compute_slowdown(&self) -> f64 {
@@ -671,6 +685,18 @@ pub fn contention(
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
     let args = ["--sizes".into(), list.join(",")];
     mpi_probe(lab, exe, "contention", &args, repeats, timeout, interrupted)
+}
+
+/// Runs the pace probe over MPI with one rank per node of `lab` (the hidden `lab probe pace`):
+/// `repeats` draws of every rank calibrating and then computing at once.
+pub fn pace(
+    lab: &LabState,
+    exe: &SelfExe,
+    repeats: usize,
+    timeout: Duration,
+    interrupted: &AtomicBool,
+) -> Result<Spread> {
+    mpi_probe(lab, exe, "pace", &[], repeats, timeout, interrupted)
 }
 
 /// Runs the hidden `lab probe NAME ARGS --repeats R --timeout-s T` over MPI with one rank per
@@ -746,6 +772,7 @@ pub(crate) fn probed(compute_alone_s: f64, allgather_beside_s: f64) -> Contentio
             alone: spread(0.0001),
             beside_large: spread(allgather_beside_s),
         }),
+        pace: None,
         probes: 1,
     }
 }
@@ -779,6 +806,28 @@ mod tests {
         );
         assert!((queue.wait_us() - 15_900.0).abs() < 1e-6);
         assert_eq!(ContentionPoint::pooled(&probes[..1]).unwrap(), probes[0]);
+    }
+
+    #[test]
+    fn every_ranks_pace_comes_from_the_pace_draws_when_there_are_some() {
+        let mut probes = [probed(0.2, 0.016), probed(0.24, 0.016)];
+        // Two probes' medians pool to their mean, not the upper one.
+        let pooled = ContentionPoint::pooled(&probes).unwrap();
+        assert!((pooled.compute_slowdown_with_ranks() - 1.1).abs() < 1e-12);
+        assert_eq!(pooled.pace, None);
+        let draw = |median: f64| Spread {
+            median,
+            min: median,
+            max: median,
+            repeats: 1,
+        };
+        probes[0].pace = Some(draw(0.21));
+        probes[1].pace = Some(draw(0.25));
+        let pooled = ContentionPoint::pooled(&probes).unwrap();
+        assert_eq!(pooled.pace.map(|p| p.repeats), Some(2));
+        assert!((pooled.compute_slowdown_with_ranks() - 1.15).abs() < 1e-12);
+        // This probe's own repeats still give the other slowdowns.
+        assert!((pooled.compute_slowdown() - 0.25 / 0.22).abs() < 1e-12);
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub fn check(sizes: &[u64], repeats: usize, timeout: Duration) -> Result<()> {
     if sizes.is_empty() {
         return Err(SimError::bad_value("--sizes", "(none)", "give at least one size").into());
     }
+    check_repeats(repeats, timeout)
+}
+
+/// Checks `--repeats` and `--timeout-s`.
+fn check_repeats(repeats: usize, timeout: Duration) -> Result<()> {
     if repeats == 0 || repeats > MAX_REPEATS {
         return Err(
             SimError::bad_value("--repeats", repeats, format!("from 1 to {MAX_REPEATS}")).into(),
@@ -290,9 +295,37 @@ pub fn contention(
             alone: Spread::of(&slowest(&small_alone)?),
             beside_large: Spread::of(&slowest(&small_beside)?),
         }),
+        // Timed by `pace`, whose draws calibrate afresh.
+        pace: None,
         probes: 1,
     };
     Ok((world.rank == 0).then_some(point))
+}
+
+/// Times the MPI backend's compute as a run of it meets it, `repeats` times: every rank
+/// calibrates its loop at once, as each rank of a run does when it starts, then computes
+/// `CONTENTION_COMPUTE_NS` of it at once. Each repeat calibrates afresh because a run's every
+/// compute task rides on its one calibration, so the pace a run sees is a draw of calibration and
+/// compute together, which [`contention`]'s repeats of one calibration sample only once. Each time
+/// is the slowest rank's; rank 0 returns them.
+pub fn pace(world: &World, repeats: usize, timeout: Duration) -> Result<Option<Spread>> {
+    check_repeats(repeats, timeout)?;
+    let control = world.streams(1, timeout)?.pop().expect("one stream");
+    let abort = AtomicBool::new(false);
+    let mut times = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        control.barrier(&abort)?;
+        let busy = crate::runtime::host::busy::BusyWork::calibrate(
+            1,
+            crate::runtime::host::busy::PROCESS_CALIBRATION,
+        );
+        control.barrier(&abort)?;
+        let start = Instant::now();
+        busy.run_for(CONTENTION_COMPUTE_NS);
+        times.push(start.elapsed().as_secs_f64());
+    }
+    let slowest = Spread::of(&slowest_rank(&control, &times, &abort)?);
+    Ok((world.rank == 0).then_some(slowest))
 }
 
 /// Per repeat, the mean time of `small` on `comm` alone and while `large` runs on `second`
