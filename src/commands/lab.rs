@@ -396,12 +396,12 @@ fn mpi_contention(
 }
 
 #[cfg(feature = "mpi")]
-fn mpi_pace(repeats: usize, timeout: Duration) -> anyhow::Result<Option<measure::Spread>> {
+fn mpi_pace(repeats: usize, timeout: Duration) -> anyhow::Result<Option<measure::Pace>> {
     super::as_mpi_rank(|world| syncopate_exec::mpi::bench::pace(world, repeats, timeout))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_pace(_: usize, _: Duration) -> anyhow::Result<Option<measure::Spread>> {
+fn mpi_pace(_: usize, _: Duration) -> anyhow::Result<Option<measure::Pace>> {
     Err(super::without_mpi())
 }
 

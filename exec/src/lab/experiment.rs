@@ -1,7 +1,7 @@
 //! Measuring the lab-validation experiment: for each lab of the spec, bring it up and measure it into a cluster file, then run every strategy × compressor over the MPI backend, repeats interleaved, and record the measured iterations in `measurements.json`.
 
 use super::fit;
-use super::measure::{ContentionPoint, SelfExe, Spread};
+use super::measure::{ContentionPoint, Pace, SelfExe};
 use super::run::{self, Output, RunSpec};
 use super::{signals, LabSpec as MakeLab};
 use crate::error::{ExecError, Result};
@@ -128,7 +128,7 @@ fn on_lab(
     // compute, which scales every compute task, is drawn after every run, so that its draws
     // sample the moments the runs do.
     let mut probes: Vec<ContentionPoint> = measured.contention.iter().cloned().collect();
-    let mut paces: Vec<Spread> = Vec::new();
+    let mut pace_draws: Vec<Pace> = Vec::new();
     for repeat in 0..spec.repeats {
         for (i, config) in configs.iter_mut().enumerate() {
             let plan_path = scratch.join(format!("plan-{i}.json"));
@@ -144,8 +144,12 @@ fn on_lab(
                     format!("failed: {err}")
                 }
             };
-            if !probes.is_empty() {
-                paces.push(fit::probe_pace(made, exe, 1, interrupted)?);
+            if !probes.is_empty() && !interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+                // A lost draw costs one sample of many, not the lab's runs.
+                match fit::probe_pace(made, exe, interrupted) {
+                    Ok(draw) => pace_draws.push(draw),
+                    Err(err) => progress(&format!("a pace draw failed (left out): {err}")),
+                }
             }
             progress(&format!(
                 "lab {}n {}G, repeat {}/{}: {} {} {}: {line}",
@@ -176,14 +180,12 @@ fn on_lab(
         }
     }
     if !probes.is_empty() {
-        let mut pooled = ContentionPoint::pooled(&probes).ok_or_else(|| ExecError::Lab {
+        let pooled = ContentionPoint::pooled(&probes).ok_or_else(|| ExecError::Lab {
             lab: LAB.into(),
             message: "its contention probes timed different collectives".into(),
         })?;
-        // Each probe's draws and each run's count alike.
-        paces.extend(probes.iter().filter_map(|p| p.pace));
-        pooled.pace = (!paces.is_empty()).then(|| Spread::pooled(&paces));
-        measured.contention = Some(pooled);
+        // The draws beside the runs, not the probes' own, which sample four moments.
+        measured.contention = Some(pooled.with_pace(&pace_draws)?);
         write_cluster(dir, made, &measured, &cluster_path)?;
     }
     let _ = std::fs::remove_dir_all(&scratch);

@@ -75,7 +75,7 @@ pub fn probe_contention(
     let bytes: u64 = CONTENTION_SIZES.iter().sum();
     let timeout =
         std::time::Duration::from_secs_f64(120.0 + bytes as f64 * 8.0 / (made.gbps * 1e8) * 20.0);
-    let mut point = super::measure::contention(
+    let point = super::measure::contention(
         made,
         exe,
         &CONTENTION_SIZES,
@@ -83,21 +83,22 @@ pub fn probe_contention(
         timeout,
         interrupted,
     )?;
-    point.pace = Some(probe_pace(made, exe, CONTENTION_REPEATS, interrupted)?);
-    Ok(point)
+    let draws = (0..CONTENTION_REPEATS)
+        .map(|_| probe_pace(made, exe, interrupted))
+        .collect::<Result<Vec<_>>>()?;
+    point.with_pace(&draws)
 }
 
-/// One pace probe of a made lab (`lab probe pace` on every rank, under mpirun): `repeats`
-/// draws of calibration and compute, about half a second each.
+/// One draw of the compute's pace on a made lab (`lab probe pace` on every rank, under
+/// mpirun): a launch of its own, whose ranks calibrate and compute as a run's ranks start.
 pub fn probe_pace(
     made: &LabState,
     exe: &super::measure::SelfExe,
-    repeats: usize,
     interrupted: &std::sync::atomic::AtomicBool,
-) -> Result<super::measure::Spread> {
-    // Generous: a draw takes well under a second, even on 4 ranks sharing 2 cores.
-    let timeout = std::time::Duration::from_secs_f64(60.0 + 10.0 * repeats as f64);
-    super::measure::pace(made, exe, repeats, timeout, interrupted)
+) -> Result<super::measure::Pace> {
+    // Generous: a draw takes about half a second, a few on 4 ranks sharing 2 cores.
+    let timeout = std::time::Duration::from_secs(60);
+    super::measure::pace(made, exe, timeout, interrupted)
 }
 
 /// Repeats of each contention measurement: its slowdowns are ratios of noisy medians.
@@ -303,7 +304,7 @@ fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> 
                 c.compute_ns as f64 / 1e6,
                 ms(&c.compute_alone),
                 c.pace.map_or_else(String::new, |pace| format!(
-                    " and {} in {} draws of `syncopate lab probe pace` (each rank calibrating afresh and then computing, all at once, as a run's ranks do; the pace `compute_slowdown_with_ranks` takes)",
+                    " and {} as the median of {} draws of `syncopate lab probe pace` (each a launch of its own whose ranks calibrate and then compute at once, as a run's ranks start; `syncopate experiment run` on a lab experiment draws one after every run), the pace `compute_slowdown_with_ranks` takes",
                     ms(&pace),
                     pace.repeats
                 )),

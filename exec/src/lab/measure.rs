@@ -98,7 +98,8 @@ impl Spread {
         let min = values.iter().copied().fold(f64::INFINITY, f64::min);
         let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         Spread {
-            median: median(values.to_vec()),
+            // NaN only for no values: every timing has at least one repeat (`--repeats` ≥ 1).
+            median: syncopate_sim::stats::median(values).unwrap_or(f64::NAN),
             min,
             max,
             repeats: values.len(),
@@ -499,9 +500,9 @@ pub struct ContentionPoint {
     /// it was measured lack it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueBehind>,
-    /// Seconds of `compute_ns` of calibrated work with every rank calibrating afresh before
-    /// each draw, as a run does (`lab probe pace`), from probes of their own, run more often
-    /// than this one: what a run's compute meets. Probes made before it was measured lack it.
+    /// Seconds of `compute_ns` of calibrated work in draws of `lab probe pace` (see [`Pace`]),
+    /// launched apart from this probe and more often: what a run's compute meets. Probes made
+    /// before it was measured lack it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pace: Option<Spread>,
     /// Probes this point pools (see [`ContentionPoint::pooled`]); one probe's output says 1.
@@ -511,6 +512,16 @@ pub struct ContentionPoint {
 
 fn one_probe() -> usize {
     1
+}
+
+/// Seconds of `compute_ns` of calibrated work, the slowest rank's, in draws each of which
+/// starts with every rank calibrating its loop at once (`lab probe pace`). A run's every compute
+/// task rides on the one calibration its rank made at start, so the pace a run meets is a draw
+/// of calibration and compute together; a launch of one draw is what a run's start is.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pace {
+    pub compute_ns: u64,
+    pub seconds: Spread,
 }
 
 /// Seconds of an allreduce of `small_bytes` alone and while another stream runs allreduces of
@@ -608,6 +619,25 @@ impl ContentionPoint {
         Some((queue, span_us, cap_us))
     }
 
+    /// This point with its pace from `draws` (each draw's median counts once), replacing any
+    /// it had; unchanged without draws. Draws of other work than this probe's are an error.
+    pub fn with_pace(mut self, draws: &[Pace]) -> Result<ContentionPoint> {
+        if let Some(other) = draws.iter().find(|d| d.compute_ns != self.compute_ns) {
+            return Err(ExecError::Tool {
+                command: "syncopate lab probe pace".into(),
+                message: format!(
+                    "timed {} ns of compute where `lab probe contention` timed {} ns: both come from one syncopate build",
+                    other.compute_ns, self.compute_ns
+                ),
+            });
+        }
+        if !draws.is_empty() {
+            let seconds: Vec<Spread> = draws.iter().map(|d| d.seconds).collect();
+            self.pace = Some(Spread::pooled(&seconds));
+        }
+        Ok(self)
+    }
+
     /// Compute alone against the calibrated rate: the slowest rank's pace, from the pace probes
     /// when there are some (their draws calibrate as runs do), else from this probe's repeats.
     pub fn compute_slowdown_with_ranks(&self) -> f64 {
@@ -688,15 +718,14 @@ pub fn contention(
 }
 
 /// Runs the pace probe over MPI with one rank per node of `lab` (the hidden `lab probe pace`):
-/// `repeats` draws of every rank calibrating and then computing at once.
+/// one launch, one draw, as one run's start.
 pub fn pace(
     lab: &LabState,
     exe: &SelfExe,
-    repeats: usize,
     timeout: Duration,
     interrupted: &AtomicBool,
-) -> Result<Spread> {
-    mpi_probe(lab, exe, "pace", &[], repeats, timeout, interrupted)
+) -> Result<Pace> {
+    mpi_probe(lab, exe, "pace", &[], 1, timeout, interrupted)
 }
 
 /// Runs the hidden `lab probe NAME ARGS --repeats R --timeout-s T` over MPI with one rank per
@@ -828,6 +857,33 @@ mod tests {
         assert!((pooled.compute_slowdown_with_ranks() - 1.15).abs() < 1e-12);
         // This probe's own repeats still give the other slowdowns.
         assert!((pooled.compute_slowdown() - 0.25 / 0.22).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pace_draws_replace_the_probes_pace_and_must_time_the_same_work() {
+        let point = probed(0.2, 0.016);
+        let draw = |compute_ns: u64, median: f64| Pace {
+            compute_ns,
+            seconds: Spread {
+                median,
+                min: median,
+                max: median,
+                repeats: 1,
+            },
+        };
+        let ns = point.compute_ns;
+        let paced = point
+            .clone()
+            .with_pace(&[draw(ns, 0.21), draw(ns, 0.3), draw(ns, 0.25)])
+            .unwrap();
+        assert_eq!(paced.pace.map(|p| (p.median, p.repeats)), Some((0.25, 3)));
+        assert!((paced.compute_slowdown_with_ranks() - 1.25).abs() < 1e-12);
+        assert_eq!(point.clone().with_pace(&[]).unwrap(), point);
+        let err = point
+            .with_pace(&[draw(ns / 2, 0.1)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("100000000 ns of compute"), "{err}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ const ROUNDS: usize = 7;
 
 /// How long a rank process calibrates (MPI backend, lab probes): every compute of its run
 /// scales with the rate, so a few hundred ms against runs of seconds.
-pub const PROCESS_CALIBRATION: Duration = Duration::from_millis(350);
+const PROCESS_CALIBRATION: Duration = Duration::from_millis(350);
 
 /// A calibrated busy loop.
 #[derive(Clone, Copy, Debug)]
@@ -72,6 +72,12 @@ impl BusyWork {
         BusyWork {
             ns_per_unit: rates[ROUNDS / 2],
         }
+    }
+
+    /// The calibration of a rank process (MPI backend, lab probes): one thread, since every
+    /// rank is a process of its own, over [`PROCESS_CALIBRATION`].
+    pub fn for_rank_process() -> BusyWork {
+        BusyWork::calibrate(1, PROCESS_CALIBRATION)
     }
 
     /// Works for about `ns` nanoseconds at the calibrated rate.

@@ -8,7 +8,7 @@ use crate::error::{ExecError, Result};
 use crate::runtime::check::Checker;
 use crate::runtime::cpu::{CheckSink, Collectives, CpuRun};
 use crate::runtime::driver::{drive, Local};
-use crate::runtime::host::busy::{BusyWork, PROCESS_CALIBRATION};
+use crate::runtime::host::busy::BusyWork;
 use crate::runtime::pieces::Gradients;
 use crate::runtime::sched::Failure;
 use crate::runtime::{Job, Measured};
@@ -228,7 +228,7 @@ pub fn execute(world: &World, job: &Job) -> Result<Option<Measured>> {
     let failure = Failure::default();
     // Calibrate compute with every rank of this machine's job busy at once.
     gather.barrier(failure.flag())?;
-    let busy = BusyWork::calibrate(1, PROCESS_CALIBRATION);
+    let busy = BusyWork::for_rank_process();
     let gradients = Gradients::new(schedule, world.rank..world.rank + 1, options.seed);
     let collector = options.check.then(Collector::default);
     // Time zero is when every rank leaves this barrier, so that records compare across ranks.

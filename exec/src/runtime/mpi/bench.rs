@@ -3,9 +3,10 @@
 use super::transport::Stream;
 use super::world::World;
 use crate::compress::codec_for;
+use crate::runtime::host::busy::BusyWork;
 use crate::error::{ExecError, Result};
 use crate::lab::measure::{
-    AllreducePoint, CommBesideCompute, ContentionPoint, QueueBehind, Spread,
+    AllreducePoint, CommBesideCompute, ContentionPoint, Pace, QueueBehind, Spread,
 };
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -148,10 +149,7 @@ pub fn contention(
         .flat_map(|i| (i as f32).to_le_bytes())
         .collect();
     control.barrier(&abort)?;
-    let busy = crate::runtime::host::busy::BusyWork::calibrate(
-        1,
-        crate::runtime::host::busy::PROCESS_CALIBRATION,
-    );
+    let busy = BusyWork::for_rank_process();
     // Sizes as nccl-tests count them: an allreduce's buffer, an allgather's gathered total.
     let collectives: Vec<(Op, u64)> = [Op::Allreduce, Op::Allgather]
         .into_iter()
@@ -302,30 +300,29 @@ pub fn contention(
     Ok((world.rank == 0).then_some(point))
 }
 
-/// Times the MPI backend's compute as a run of it meets it, `repeats` times: every rank
+/// Times the MPI backend's compute as a run of it meets it, `repeats` draws: every rank
 /// calibrates its loop at once, as each rank of a run does when it starts, then computes
-/// `CONTENTION_COMPUTE_NS` of it at once. Each repeat calibrates afresh because a run's every
-/// compute task rides on its one calibration, so the pace a run sees is a draw of calibration and
-/// compute together, which [`contention`]'s repeats of one calibration sample only once. Each time
-/// is the slowest rank's; rank 0 returns them.
-pub fn pace(world: &World, repeats: usize, timeout: Duration) -> Result<Option<Spread>> {
+/// `CONTENTION_COMPUTE_NS` of it at once (see [`Pace`]; a launch with one repeat is a run's
+/// start, later repeats calibrate after the draw before). Each time is the slowest rank's;
+/// rank 0 returns them.
+pub fn pace(world: &World, repeats: usize, timeout: Duration) -> Result<Option<Pace>> {
     check_repeats(repeats, timeout)?;
     let control = world.streams(1, timeout)?.pop().expect("one stream");
     let abort = AtomicBool::new(false);
     let mut times = Vec::with_capacity(repeats);
     for _ in 0..repeats {
         control.barrier(&abort)?;
-        let busy = crate::runtime::host::busy::BusyWork::calibrate(
-            1,
-            crate::runtime::host::busy::PROCESS_CALIBRATION,
-        );
+        let busy = BusyWork::for_rank_process();
         control.barrier(&abort)?;
         let start = Instant::now();
         busy.run_for(CONTENTION_COMPUTE_NS);
         times.push(start.elapsed().as_secs_f64());
     }
-    let slowest = Spread::of(&slowest_rank(&control, &times, &abort)?);
-    Ok((world.rank == 0).then_some(slowest))
+    let seconds = Spread::of(&slowest_rank(&control, &times, &abort)?);
+    Ok((world.rank == 0).then_some(Pace {
+        compute_ns: CONTENTION_COMPUTE_NS,
+        seconds,
+    }))
 }
 
 /// Per repeat, the mean time of `small` on `comm` alone and while `large` runs on `second`
