@@ -3,11 +3,11 @@
 use super::transport::Stream;
 use super::world::World;
 use crate::compress::codec_for;
-use crate::runtime::host::busy::BusyWork;
 use crate::error::{ExecError, Result};
 use crate::lab::measure::{
     AllreducePoint, CommBesideCompute, ContentionPoint, Pace, QueueBehind, Spread,
 };
+use crate::runtime::host::busy::BusyWork;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use syncopate_sim::collective::Op;
