@@ -69,7 +69,7 @@ fn tuned_plan_is_within_one_percent_of_exhaustive_search_on_small_models() {
     ];
     for (n, cluster, nodes) in [(8, "v100-10gbe", 2), (7, "v100-pcie-25gbe", 2)] {
         let base = scenario(small_model(n), cluster, nodes);
-        let mut evaluator = Evaluator::new(base.clone());
+        let evaluator = Evaluator::new(base.clone());
         let mut best = SimTime(u64::MAX);
         for groups in partitions(n) {
             // Every assignment of a choice to each group.

@@ -47,7 +47,7 @@ fn search(c: &mut Criterion) {
     let mut group = c.benchmark_group("resnet50/64xV100");
     group.throughput(Throughput::Elements(plans.len() as u64));
     group.bench_function("plan-evaluations", |b| {
-        let mut evaluator = Evaluator::new(resnet.clone());
+        let evaluator = Evaluator::new(resnet.clone());
         b.iter(|| {
             for plan in &plans {
                 black_box(evaluator.iteration_time(plan).unwrap());

@@ -18,30 +18,20 @@ const WARMUP: u32 = 1;
 #[derive(Clone)]
 pub struct Evaluator {
     scenario: Scenario,
-    evaluations: u64,
 }
 
 impl Evaluator {
     /// Evaluates plans on `scenario`.
     pub fn new(scenario: Scenario) -> Evaluator {
-        Evaluator {
-            scenario,
-            evaluations: 0,
-        }
+        Evaluator { scenario }
     }
 
     pub fn scenario(&self) -> &Scenario {
         &self.scenario
     }
 
-    /// Plans evaluated so far by this evaluator.
-    pub fn evaluations(&self) -> u64 {
-        self.evaluations
-    }
-
     /// Steady-state iteration time of `plan` (lowering validates it against the model).
-    pub fn iteration_time(&mut self, plan: &Plan) -> Result<SimTime> {
-        self.evaluations += 1;
+    pub fn iteration_time(&self, plan: &Plan) -> Result<SimTime> {
         steady_iteration_time(&self.scenario, plan)
     }
 }

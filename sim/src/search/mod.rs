@@ -155,7 +155,7 @@ pub fn tune(
     let mut scored = Vec::new();
     for (strategy, plan) in baselines_of(base, request, uniform)? {
         let time = plan.and_then(|plan| {
-            let mut evaluator = Evaluator::new(base.clone());
+            let evaluator = Evaluator::new(base.clone());
             let time = evaluator.iteration_time(&plan)?;
             scored.push((plan, time));
             Ok(time)

@@ -13,7 +13,7 @@ const PATIENCE: usize = 2;
 pub(super) fn plan(name: &str, scenario: &Scenario, options: &StrategyOptions) -> Result<Plan> {
     require_compressor(name, options)?;
     let model = &scenario.model;
-    let mut evaluator = Evaluator::new(scenario.clone());
+    let evaluator = Evaluator::new(scenario.clone());
     let candidate = |y: usize| -> Result<Plan> {
         let groups = fixed_groups::groups(model, y, GroupingRule::Bytes)?;
         Ok(Plan::new(
