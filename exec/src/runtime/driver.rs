@@ -2,7 +2,7 @@
 
 use super::backend::{Backend, Lane};
 use super::board::Board;
-use super::sched::{Failure, Readiness, Sched};
+use super::sched::{Failure, Readiness, Sched, Waiter};
 use super::sequence::run_sync_task;
 use super::Job;
 use crate::error::Result;
@@ -87,11 +87,12 @@ impl<B: Backend> Driver<'_, B> {
     fn wait_for<X>(
         &self,
         rank: &Rank<B::Rank>,
+        waiter: Waiter,
         what: &str,
         pick: impl FnMut(&mut Sched) -> Option<X>,
     ) -> Result<X> {
         rank.readiness
-            .wait_for(what, self.timeout, self.failure.flag(), pick)
+            .wait_for(waiter, what, self.timeout, self.failure.flag(), pick)
     }
 
     /// Marks `task` done on the rank and releases its successors.
@@ -117,7 +118,7 @@ impl<B: Backend> Driver<'_, B> {
             loop {
                 self.complete_done(rank, &mut in_flight)?;
                 if in_flight.is_empty() {
-                    self.wait_for(rank, "a compute task's input", |s| {
+                    self.wait_for(rank, Waiter::Compute, "a compute task's input", |s| {
                         (s.pending[task as usize] == 0).then_some(())
                     })?;
                     break;
@@ -168,7 +169,7 @@ impl<B: Backend> Driver<'_, B> {
     fn codec_thread(&self, rank: &Rank<B::Rank>) -> Result<()> {
         let count = self.tasks_on(&[Stream::Codec, Stream::Cpu]).count();
         for _ in 0..count {
-            let task = self.wait_for(rank, "a compression task", |s| s.codec_queue.pop_front())?;
+            let task = self.wait_for(rank, Waiter::Codec, "a compression task", |s| s.codec_queue.pop_front())?;
             run_sync_task(self.backend, self.job, rank.state, &Lane::Codec, task)?;
             self.complete(rank, task);
         }
