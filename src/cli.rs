@@ -659,8 +659,12 @@ pub enum LabProbeCommand {
         #[arg(long)]
         burst_repeats: usize,
     },
-    /// fp32 allreduce sweep over MPI (one process per rank under mpirun); JSON on rank 0's stdout.
-    Allreduce {
+    /// Collective sweep over MPI (one process per rank under mpirun): fp32 allreduce or the
+    /// backend's allgather; JSON on rank 0's stdout.
+    Sweep {
+        /// allreduce or allgather.
+        #[arg(long)]
+        op: String,
         #[arg(long, value_delimiter = ',', required = true)]
         sizes: Vec<u64>,
         #[arg(long)]

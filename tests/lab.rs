@@ -226,6 +226,8 @@ fn a_two_node_lab_runs_plain_and_mpi_ranks_and_leaves_nothing_behind() {
             let sweep = probe_over_mpi(
                 &name,
                 &[
+                    "sweep",
+                    "--op",
                     "allreduce",
                     "--sizes",
                     &size,
@@ -292,13 +294,13 @@ fn lab_up_measures_its_network_into_a_cluster_the_simulator_loads() {
         .unwrap();
     // A shaped link carries at most its rate, and TCP gets most of it.
     assert!(goodput > 0.2 && goodput <= 0.5 * 1.05, "{goodput}");
-    assert_eq!(
-        report["measurements"]["allreduce"]
-            .as_array()
-            .unwrap()
-            .is_empty(),
-        !cfg!(feature = "mpi")
-    );
+    for op in ["allreduce", "allgather"] {
+        assert_eq!(
+            report["measurements"][op].as_array().unwrap().is_empty(),
+            !cfg!(feature = "mpi"),
+            "{op}"
+        );
+    }
     let predicted = syncopate(&[
         "collective",
         "--cluster",
@@ -309,6 +311,18 @@ fn lab_up_measures_its_network_into_a_cluster_the_simulator_loads() {
         "json",
     ]);
     assert!(predicted.status.success(), "{}", stderr(&predicted));
+    // Both sweeps stand in for the model on this lab: the allreduces and the allgathers.
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cluster).unwrap()).unwrap();
+    let swept: Vec<&str> = written["library"]["measured"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|s| s["op"].as_str()).collect())
+        .unwrap_or_default();
+    let expected: &[&str] = match cfg!(feature = "mpi") {
+        true => &["allreduce", "allgather"],
+        false => &[],
+    };
+    assert_eq!(swept, expected);
     lab.down();
 }
 

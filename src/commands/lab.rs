@@ -9,6 +9,7 @@ use syncopate_exec::lab::measure::{self, ProbeOptions, SelfExe};
 use syncopate_exec::lab::run::{Output, RunSpec};
 use syncopate_exec::lab::state::LabState;
 use syncopate_exec::lab::{self, signals, LabSpec};
+use syncopate_sim::collective::Op;
 use syncopate_sim::topology::Cluster;
 use syncopate_sim::SimError;
 
@@ -173,14 +174,22 @@ fn report_up(
             made.burst_bytes,
             burst.join(", ")
         );
-        if m.allreduce.is_empty() {
-            println!("allreduce  not measured: this syncopate was built without the `mpi` feature");
-        } else {
+        let sweeps = [
+            ("allreduce", "fp32 allreduce", &m.allreduce),
+            ("allgather", "the MPI backend's allgather", &m.allgather),
+        ];
+        for (op, what, sweep) in sweeps {
+            let Some(first) = sweep.first() else {
+                println!(
+                    "{op:<10} not measured: this syncopate was built without the `mpi` feature"
+                );
+                continue;
+            };
             println!(
-                "allreduce  fp32 over Open MPI, {} ranks, median (min–max) of {} repeats:",
-                m.ranks, m.allreduce[0].seconds.repeats
+                "{op:<10} {what} over Open MPI, {} ranks, median (min–max) of {} repeats:",
+                m.ranks, first.seconds.repeats
             );
-            for p in &m.allreduce {
+            for p in sweep {
                 println!(
                     "  {:>9} B  {:>10.1} µs ({:.1}–{:.1})  busbw {:.4} Gb/s ({:.1} % of goodput)",
                     p.bytes,
@@ -324,13 +333,15 @@ fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
             };
             print_json(&measure::probe(connect, &options)?)?;
         }
-        LabProbeCommand::Allreduce {
+        LabProbeCommand::Sweep {
+            op,
             sizes,
             repeats,
             timeout_s,
         } => {
+            let op: Op = op.parse()?;
             let timeout = seconds("--timeout-s", timeout_s, 24.0 * 3600.0)?;
-            let points = mpi_sweep(&sizes, repeats, timeout)?;
+            let points = mpi_sweep(op, &sizes, repeats, timeout)?;
             if !points.is_empty() {
                 println!("{}", serde_json::to_string(&points)?);
             }
@@ -366,12 +377,13 @@ fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
 
 #[cfg(feature = "mpi")]
 fn mpi_sweep(
+    op: Op,
     sizes: &[u64],
     repeats: usize,
     timeout: Duration,
-) -> anyhow::Result<Vec<measure::AllreducePoint>> {
+) -> anyhow::Result<Vec<measure::CollectivePoint>> {
     super::as_mpi_rank(|world| {
-        syncopate_exec::mpi::bench::allreduce_sweep(world, sizes, repeats, timeout)
+        syncopate_exec::mpi::bench::sweep(world, op, sizes, repeats, timeout)
     })
 }
 
@@ -411,7 +423,12 @@ fn mpi_check(timeout: Duration, kill_rank: Option<u32>) -> anyhow::Result<Vec<St
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_sweep(_: &[u64], _: usize, _: Duration) -> anyhow::Result<Vec<measure::AllreducePoint>> {
+fn mpi_sweep(
+    _: Op,
+    _: &[u64],
+    _: usize,
+    _: Duration,
+) -> anyhow::Result<Vec<measure::CollectivePoint>> {
     Err(super::without_mpi())
 }
 

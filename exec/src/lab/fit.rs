@@ -1,11 +1,11 @@
 //! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, MPI's host cap and per-message overhead from the allreduce sweep (`syncopate_sim::tcp_fit`), and the contention of its ranks.
 
-use super::measure::{AllreducePoint, ContentionPoint, NetworkProbe};
+use super::measure::{CollectivePoint, ContentionPoint, NetworkProbe};
 use super::state::LabState;
 use crate::error::{ExecError, Result};
 use serde::Serialize;
 use syncopate_sim::calibrate::Measurement;
-use syncopate_sim::collective::{Algorithm, Op};
+use syncopate_sim::collective::{estimate, Algorithm, Group, Op};
 use syncopate_sim::data::FORMAT_VERSION;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::{Provenance, Status};
@@ -20,8 +20,11 @@ use syncopate_sim::topology::{
 pub struct LabMeasurements {
     pub network: NetworkProbe,
     /// Empty when the binary was built without the `mpi` feature.
-    pub allreduce: Vec<AllreducePoint>,
-    /// Ranks of the allreduce sweep.
+    pub allreduce: Vec<CollectivePoint>,
+    /// The MPI backend's allgather at the same sizes (empty likewise): the plans' compressed
+    /// exchanges, which the cost model prices from the allreduces' fit otherwise.
+    pub allgather: Vec<CollectivePoint>,
+    /// Ranks of the sweeps.
     pub ranks: u32,
     /// How compute and communication slow each other on the lab's ranks (with `mpi`).
     pub contention: Option<ContentionPoint>,
@@ -44,15 +47,18 @@ pub fn measure(
     };
     let network = measure::network(made, exe, &options)?;
     let mpi = cfg!(feature = "mpi");
-    let allreduce = if mpi {
+    let sweep = |op| {
+        if !mpi {
+            return Ok(Vec::new());
+        }
         // Generous: the largest size at a tenth of the shaped rate, every repeat, plus start-up.
         let sizes = measure::sweep_sizes();
         let slowest = sizes.iter().sum::<u64>() as f64 * 8.0 / (made.gbps * 1e8);
         let timeout = Duration::from_secs_f64(60.0 + slowest * (repeats + 1) as f64);
-        measure::allreduce_sweep(made, exe, &sizes, repeats, timeout, interrupted)?
-    } else {
-        Vec::new()
+        measure::sweep(made, exe, op, &sizes, repeats, timeout, interrupted)
     };
+    let allreduce = sweep(Op::Allreduce)?;
+    let allgather = sweep(Op::Allgather)?;
     let contention = if mpi {
         Some(probe_contention(made, exe, interrupted)?)
     } else {
@@ -61,6 +67,7 @@ pub fn measure(
     Ok(LabMeasurements {
         network,
         allreduce,
+        allgather,
         ranks: made.nodes.len() as u32,
         contention,
     })
@@ -200,11 +207,21 @@ pub fn cluster(
         let sweep_file = sweep_path(cluster_path)
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let points = sweep_points(&measured.allreduce, measured.ranks);
+        let points = sweep_points(&measured.allreduce, Op::Allreduce, measured.ranks);
         let fitted = tcp_fit::fit(&cluster, &points)?;
-        cluster = tcp_fit::attach(&tcp_fit::apply(&cluster, &fitted), &points);
+        // The allgathers are not fitted (MPI's model has no parameter of their own); their
+        // times stand in for the model where a plan runs the very same allgather.
+        let fitted_cluster = tcp_fit::apply(&cluster, &fitted);
+        cluster = tcp_fit::attach(&fitted_cluster, &all_sweep_points(measured));
+        let allgathers = match measured.allgather.is_empty() {
+            true => String::new(),
+            false => format!(
+                "; the MPI backend's allgather (sizes, then MPI_Iallgatherv) swept at the same sizes is kept in `measured` for the plans' allgathers, not fitted: {}",
+                describe_against_model(&fitted_cluster, &measured.allgather, Op::Allgather)?
+            ),
+        };
         format!(
-            "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; reduce_gbytes_per_s estimated (memory bandwidth / 3: a sum reads two buffers and writes one); {} (an allreduce sweep over Open MPI on the lab's {} ranks, median of {} repeats per size; the times are also in {sweep_file}, which `syncopate collective --cluster THIS --op allreduce --compare {sweep_file} --fit-out THIS` refits to). {goodput}",
+            "tcp_efficiency = goodput / shaped rate and inter_node.latency_us = RTT/2 measured; reduce_gbytes_per_s estimated (memory bandwidth / 3: a sum reads two buffers and writes one); {} (an allreduce sweep over Open MPI on the lab's {} ranks, median of {} repeats per size; the times are also in {sweep_file}, which `syncopate collective --cluster THIS --op allreduce --compare {sweep_file} --fit-out THIS` refits to){allgathers}. {goodput}",
             tcp_fit::describe(&cluster, &points, &fitted)?,
             measured.ranks,
             measured.allreduce.first().map_or(0, |p| p.seconds.repeats),
@@ -335,14 +352,26 @@ fn lab_cores(lab: &LabState) -> u32 {
     }
 }
 
-/// The sweep as a measurement CSV that `collective --compare` reads (and `--fit-out` refits an
-/// MPI cluster to): one row per size, its median time.
+/// The sweeps as a measurement CSV that `collective --compare` reads at its `--op`'s rows (and
+/// `--fit-out` refits an MPI cluster to, from the allreduces): one row per operation and size,
+/// its median time.
 fn sweep_csv(measured: &LabMeasurements) -> String {
-    let mut csv = String::from("gpus,size_bytes,time_us\n");
-    for Timed { measured: m, .. } in sweep_points(&measured.allreduce, measured.ranks) {
-        csv.push_str(&format!("{},{},{:.1}\n", m.gpus, m.bytes, m.time_us));
+    let mut csv = String::from("op,gpus,size_bytes,time_us\n");
+    for Timed { op, measured: m } in all_sweep_points(measured) {
+        csv.push_str(&format!("{op},{},{},{:.1}\n", m.gpus, m.bytes, m.time_us));
     }
     csv
+}
+
+/// Every sweep's medians: the allreduces', then the allgathers'.
+fn all_sweep_points(measured: &LabMeasurements) -> Vec<Timed> {
+    let mut points = sweep_points(&measured.allreduce, Op::Allreduce, measured.ranks);
+    points.extend(sweep_points(
+        &measured.allgather,
+        Op::Allgather,
+        measured.ranks,
+    ));
+    points
 }
 
 /// Writes the sweep beside the cluster file at `cluster_path` ([`sweep_path`]); without a
@@ -358,17 +387,37 @@ pub fn write_sweep(cluster_path: &std::path::Path, measured: &LabMeasurements) -
     })
 }
 
+/// Each point of an `op` sweep on all of `cluster`'s ranks against the cost model's time for
+/// it, in words.
+fn describe_against_model(cluster: &Cluster, sweep: &[CollectivePoint], op: Op) -> Result<String> {
+    let group = Group::world(cluster);
+    let sizes = sweep
+        .iter()
+        .map(|p| {
+            let model = estimate(cluster, op, p.bytes, group)?;
+            Ok(format!(
+                "{op} {} ranks {} B: {:.1} µs (model {:.1})",
+                group.ranks,
+                p.bytes,
+                p.seconds.median * 1e6,
+                model.time.as_us()
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(sizes.join(", "))
+}
+
 /// Where the sweep of the cluster file at `cluster_path` goes: beside it, `NAME.sweep.csv`.
 fn sweep_path(cluster_path: &std::path::Path) -> std::path::PathBuf {
     cluster_path.with_extension("sweep.csv")
 }
 
-/// The sweep's medians as calibration measurements on `ranks` ranks.
-fn sweep_points(sweep: &[AllreducePoint], ranks: u32) -> Vec<Timed> {
+/// A sweep of `op`'s medians as calibration measurements on `ranks` ranks.
+fn sweep_points(sweep: &[CollectivePoint], op: Op, ranks: u32) -> Vec<Timed> {
     sweep
         .iter()
         .map(|p| Timed {
-            op: Op::Allreduce,
+            op,
             measured: Measurement {
                 gpus: ranks,
                 bytes: p.bytes,
@@ -382,7 +431,6 @@ fn sweep_points(sweep: &[AllreducePoint], ranks: u32) -> Vec<Timed> {
 mod tests {
     use super::super::measure::Spread;
     use super::*;
-    use syncopate_sim::collective::{estimate, Group, Op};
 
     fn lab() -> LabState {
         let spec = super::super::LabSpec {
@@ -418,6 +466,7 @@ mod tests {
         let mut measured = LabMeasurements {
             network: network(),
             allreduce: Vec::new(),
+            allgather: Vec::new(),
             ranks: 2,
             contention: None,
         };
@@ -435,7 +484,7 @@ mod tests {
                     .time
                     .as_us()
                     / 1e6;
-                AllreducePoint {
+                CollectivePoint {
                     bytes,
                     seconds: Spread::of(&[t]),
                     busbw_gbps: 0.0,
@@ -467,6 +516,7 @@ mod tests {
         let measured = LabMeasurements {
             network: network(),
             allreduce: Vec::new(),
+            allgather: Vec::new(),
             ranks: 2,
             contention: Some(crate::lab::measure::probed(0.2, 0.016)),
         };
@@ -490,6 +540,7 @@ mod tests {
         let measured = LabMeasurements {
             network: network(),
             allreduce: Vec::new(),
+            allgather: Vec::new(),
             ranks: 2,
             contention: None,
         };

@@ -472,12 +472,14 @@ fn wait_ready(server: &mut std::process::Child, limit: Duration) -> Result<()> {
     }
 }
 
-/// One size of the MPI allreduce sweep: fp32 sum over every rank, median of the repeats.
+/// One size of an MPI collective sweep over every rank, median of the repeats.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AllreducePoint {
+pub struct CollectivePoint {
+    /// nccl-tests' size: an allreduce's buffer, an allgather's gathered total.
     pub bytes: u64,
     pub seconds: Spread,
-    /// nccl-tests' bus bandwidth of the median: 2(n−1)/n · S / t, Gb/s.
+    /// nccl-tests' bus bandwidth of the median (allreduce 2(n−1)/n · S / t, allgather
+    /// (n−1)/n · S / t), Gb/s.
     pub busbw_gbps: f64,
 }
 
@@ -687,19 +689,25 @@ pub fn sweep_sizes() -> Vec<u64> {
     sizes
 }
 
-/// Runs the allreduce micro-benchmark over MPI with one rank per node of `lab` (the binary's
-/// hidden `lab probe allreduce`, built with the `mpi` feature) and returns its sweep.
-pub fn allreduce_sweep(
+/// Runs a collective micro-benchmark over MPI with one rank per node of `lab` (the binary's
+/// hidden `lab probe sweep --op OP`, built with the `mpi` feature) and returns its sweep.
+pub fn sweep(
     lab: &LabState,
     exe: &SelfExe,
+    op: Op,
     sizes: &[u64],
     repeats: usize,
     timeout: Duration,
     interrupted: &AtomicBool,
-) -> Result<Vec<AllreducePoint>> {
+) -> Result<Vec<CollectivePoint>> {
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
-    let args = ["--sizes".into(), list.join(",")];
-    mpi_probe(lab, exe, "allreduce", &args, repeats, timeout, interrupted)
+    let args = [
+        "--op".into(),
+        op.name().into(),
+        "--sizes".into(),
+        list.join(","),
+    ];
+    mpi_probe(lab, exe, "sweep", &args, repeats, timeout, interrupted)
 }
 
 /// Runs the contention probe over MPI with one rank per node of `lab` (the hidden `lab probe

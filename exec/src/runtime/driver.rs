@@ -169,7 +169,9 @@ impl<B: Backend> Driver<'_, B> {
     fn codec_thread(&self, rank: &Rank<B::Rank>) -> Result<()> {
         let count = self.tasks_on(&[Stream::Codec, Stream::Cpu]).count();
         for _ in 0..count {
-            let task = self.wait_for(rank, Waiter::Codec, "a compression task", |s| s.codec_queue.pop_front())?;
+            let task = self.wait_for(rank, Waiter::Codec, "a compression task", |s| {
+                s.codec_queue.pop_front()
+            })?;
             run_sync_task(self.backend, self.job, rank.state, &Lane::Codec, task)?;
             self.complete(rank, task);
         }

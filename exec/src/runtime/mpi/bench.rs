@@ -1,11 +1,11 @@
-//! The fp32 allreduce micro-benchmark over the MPI transport that `lab up` sweeps: per size, a warm-up and then timed repeats, each started together after a barrier; the median and spread as rank 0 saw them.
+//! The collective micro-benchmarks over the MPI transport that `lab up` sweeps (fp32 allreduce, the backend's allgather): per size, a warm-up and then timed repeats, each started together after a barrier; the median and spread as rank 0 saw them.
 
 use super::transport::Stream;
 use super::world::World;
 use crate::compress::codec_for;
 use crate::error::{ExecError, Result};
 use crate::lab::measure::{
-    AllreducePoint, CommBesideCompute, ContentionPoint, Pace, QueueBehind, Spread,
+    CollectivePoint, CommBesideCompute, ContentionPoint, Pace, QueueBehind, Spread,
 };
 use crate::runtime::host::busy::BusyWork;
 use std::sync::atomic::AtomicBool;
@@ -49,48 +49,70 @@ fn check_repeats(repeats: usize, timeout: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Times fp32 allreduces of every size (rounded down to whole floats) over all ranks of this
-/// MPI job. Rank 0 returns the sweep; the other ranks return an empty one.
-pub fn allreduce_sweep(
+/// Times `op` (an fp32 allreduce, or the backend's allgather of payloads of any length) at
+/// every size over all ranks of this MPI job: sizes as nccl-tests counts them, an allreduce's
+/// buffer and an allgather's gathered total, rounded down to whole floats per rank. Rank 0
+/// returns the sweep; the other ranks return an empty one.
+pub fn sweep(
     world: &World,
+    op: Op,
     sizes: &[u64],
     repeats: usize,
     timeout: Duration,
-) -> Result<Vec<AllreducePoint>> {
+) -> Result<Vec<CollectivePoint>> {
     check(sizes, repeats, timeout)?;
+    if !SWEPT.contains(&op) {
+        return Err(
+            SimError::bad_value("--op", op, "the sweep times allreduce or allgather").into(),
+        );
+    }
     let streams = world.streams(1, timeout)?;
     let stream = &streams[0];
     let abort = AtomicBool::new(false);
     let codec = codec_for(&Compressor::None, 0);
-    let n = f64::from(world.size);
+    let ranks = u64::from(world.size);
     let mut points = Vec::new();
     for &size in sizes {
-        let elements = (size / 4) as usize;
+        let elements = match op {
+            Op::Allgather => (size / 4 / ranks * ranks) as usize,
+            _ => (size / 4) as usize,
+        };
         let values: Vec<u8> = (0..elements)
             .flat_map(|i| ((i % 251) as f32 + world.rank as f32).to_le_bytes())
             .collect();
+        let mine = &values[..values.len() / ranks as usize];
         let mut times = Vec::with_capacity(repeats);
         // One untimed run first: connection set-up and buffer first touch.
         for timed in std::iter::once(false).chain(std::iter::repeat_n(true, repeats)) {
-            let mut payload = values.clone();
+            // Each call's buffer is made before its clock starts.
+            let mut payload = match op {
+                Op::Allgather => mine.to_vec(),
+                _ => values.clone(),
+            };
             stream.barrier(&abort)?;
             let start = Instant::now();
-            stream.allreduce(&mut payload, 4, &*codec, &abort)?;
+            match op {
+                Op::Allgather => drop(stream.allgather(payload, &abort)?),
+                _ => stream.allreduce(&mut payload, 4, &*codec, &abort)?,
+            }
             if timed {
                 times.push(start.elapsed().as_secs_f64());
             }
         }
         let seconds = Spread::of(&times);
         let bytes = elements as u64 * 4;
-        points.push(AllreducePoint {
+        points.push(CollectivePoint {
             bytes,
             seconds,
-            busbw_gbps: 2.0 * (n - 1.0) / n * bytes as f64 * 8.0 / seconds.median / 1e9,
+            busbw_gbps: op.bus_factor(world.size) * bytes as f64 * 8.0 / seconds.median / 1e9,
         });
     }
     drop(streams);
     Ok(if world.rank == 0 { points } else { Vec::new() })
 }
+
+/// The collectives `sweep` times: the two the MPI backend's exchanges run.
+pub const SWEPT: [Op; 2] = [Op::Allreduce, Op::Allgather];
 
 /// Collectives timed back to back beside compute per repeat, of which the median is kept: each
 /// waits for the scheduler in steps of its tick (4 ms here), so one call is a draw.
