@@ -444,3 +444,29 @@ fn mpi_programs_outside_a_launch_say_how_to_start_them() {
     let out = syncopate(&["lab", "probe", "mpi-check"]);
     assert_fails_with(&out, &["not started by an MPI launcher", "mpirun"]);
 }
+
+#[test]
+fn a_sweep_of_an_operation_it_cannot_time_names_the_flag_before_mpi_starts() {
+    for (op, needles) in [
+        (
+            "broadcast",
+            vec!["--op", "broadcast", "allreduce or allgather"],
+        ),
+        ("gather-all", vec!["--op", "gather-all"]),
+    ] {
+        let out = syncopate(&[
+            "lab",
+            "probe",
+            "sweep",
+            "--op",
+            op,
+            "--sizes",
+            "4096",
+            "--repeats",
+            "1",
+            "--timeout-s",
+            "5",
+        ]);
+        assert_fails_with(&out, &needles);
+    }
+}

@@ -242,6 +242,12 @@ fn exchange_cost(
         }
         Exchange::Allreduce => collective::estimate(cluster, Op::Allreduce, bytes, world)?,
         Exchange::ReduceScatter => collective::estimate(cluster, Op::ReduceScatter, bytes, world)?,
+        // The CPU backends ring the shards over point-to-point messages (the MPI transport's
+        // `allgather_chunks`), not through the library's allgather that a lab's sweep times
+        // (`MPI_Iallgatherv`, 1.5–2.1× the ring there): the model's ring prices them.
+        Exchange::AllgatherShards if cluster.library.tcp().is_some() => {
+            collective::estimate_modeled(cluster, Op::Allgather, bytes, world)?
+        }
         Exchange::AllgatherShards => collective::estimate(cluster, Op::Allgather, bytes, world)?,
         Exchange::Allgather => collective::estimate(
             cluster,

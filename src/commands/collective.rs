@@ -118,13 +118,15 @@ fn fitted_ops(library: &Library) -> &'static [Op] {
 fn refit_tcp(
     cluster: &Cluster,
     measurements: &[Timed],
+    kept: &[Timed],
     path: &std::path::Path,
     args: &CollectiveArgs,
     out: &std::path::Path,
     beside: Option<&(beside_compute::SweepFit, &std::path::Path)>,
 ) -> anyhow::Result<Cluster> {
     let fitted = tcp_fit::fit(cluster, measurements)?;
-    let mut refit = tcp_fit::attach(&tcp_fit::apply(cluster, &fitted), measurements);
+    let measured = [measurements, kept].concat();
+    let mut refit = tcp_fit::attach(&tcp_fit::apply(cluster, &fitted), &measured);
     let mut described = tcp_fit::describe(&refit, measurements, &fitted)?;
     // A sweep that timed the parameter server's messages gives their cost on the fitted links.
     let has_ops = calibrate::has_op_column(path)?;
@@ -291,6 +293,39 @@ fn read_op(
     Ok(measurements)
 }
 
+/// The rows a refit keeps in the cluster's `measured` beside the fitted ones, not held out and
+/// not fitted: an MPI sweep's allgathers (`lab up` times the MPI backend's own), which stand in
+/// for the model where a plan runs that allgather.
+fn kept_set(
+    cluster: &Cluster,
+    path: &std::path::Path,
+    args: &CollectiveArgs,
+    filters: &[RowFilter],
+    held_out: &[u32],
+) -> anyhow::Result<Vec<Timed>> {
+    if !matches!(cluster.library, Library::Mpi(_)) || !calibrate::has_op_column(path)? {
+        return Ok(Vec::new());
+    }
+    let (min, max) = (parse_bytes(&args.min_bytes)?, parse_bytes(&args.max_bytes)?);
+    let rows: Vec<Measurement> = calibrate::read_measurements(
+        path,
+        Op::Allgather,
+        args.column.as_deref(),
+        cluster.world_size(),
+        filters,
+    )?
+    .into_iter()
+    .filter(|m| (min..=max).contains(&m.bytes))
+    .collect();
+    Ok(calibrate::fit_set(&rows, held_out)
+        .into_iter()
+        .map(|measured| Timed {
+            op: Op::Allgather,
+            measured,
+        })
+        .collect())
+}
+
 /// The TCP fit's measurements: every fitted collective's rows not held out.
 fn tcp_fit_set(
     cluster: &Cluster,
@@ -379,7 +414,8 @@ fn compare(
         None => cluster.clone(),
         Some(out) if cluster.library.tcp().is_some() => {
             let fit_set = tcp_fit_set(cluster, op, path, args, &filters, &held_out)?;
-            refit_tcp(cluster, &fit_set, path, args, out, beside.as_ref())?
+            let kept = kept_set(cluster, path, args, &filters, &held_out)?;
+            refit_tcp(cluster, &fit_set, &kept, path, args, out, beside.as_ref())?
         }
         Some(out) => {
             let fit_set = calibrate::fit_set(&measurements, &held_out);

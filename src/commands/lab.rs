@@ -339,7 +339,10 @@ fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
             repeats,
             timeout_s,
         } => {
-            let op: Op = op.parse()?;
+            let op: Op = op
+                .parse()
+                .map_err(|_| SimError::bad_value("--op", &op, "allreduce or allgather"))?;
+            measure::check_swept(op)?;
             let timeout = seconds("--timeout-s", timeout_s, 24.0 * 3600.0)?;
             let points = mpi_sweep(op, &sizes, repeats, timeout)?;
             if !points.is_empty() {

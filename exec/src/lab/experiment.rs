@@ -20,7 +20,7 @@ use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 /// The name of the labs this experiment makes (one at a time).
 const LAB: &str = "val";
-/// Seconds of each lab's goodput probe, and repeats of its allreduce sweep.
+/// Seconds of each lab's goodput probe, and repeats of its collective sweeps.
 const GOODPUT_SECONDS: f64 = 3.0;
 const SWEEP_REPEATS: usize = 3;
 /// The experiment's device profile (this machine's compression costs), and its repeats.

@@ -1,4 +1,4 @@
-//! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, MPI's host cap and per-message overhead from the allreduce sweep (`syncopate_sim::tcp_fit`), and the contention of its ranks.
+//! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, MPI's host cap and per-message overhead from the allreduce sweep (`syncopate_sim::tcp_fit`), both sweeps kept as measured times, and the contention of its ranks.
 
 use super::measure::{CollectivePoint, ContentionPoint, NetworkProbe};
 use super::state::LabState;
@@ -21,8 +21,9 @@ pub struct LabMeasurements {
     pub network: NetworkProbe,
     /// Empty when the binary was built without the `mpi` feature.
     pub allreduce: Vec<CollectivePoint>,
-    /// The MPI backend's allgather at the same sizes (empty likewise): the plans' compressed
-    /// exchanges, which the cost model prices from the allreduces' fit otherwise.
+    /// The MPI backend's allgather at the same sizes (empty likewise): the exchange of the
+    /// compressors whose payloads are gathered rather than summed (top-k, DGC, the sign family),
+    /// which the cost model prices from the allreduces' fit otherwise.
     pub allgather: Vec<CollectivePoint>,
     /// Ranks of the sweeps.
     pub ranks: u32,
@@ -31,7 +32,8 @@ pub struct LabMeasurements {
 }
 
 /// Measures everything `lab up` reports on a made lab: the network probes, and with the
-/// `mpi` feature the allreduce sweep and the contention of compute and communication.
+/// `mpi` feature the allreduce and allgather sweeps and the contention of compute and
+/// communication.
 pub fn measure(
     made: &LabState,
     exe: &super::measure::SelfExe,
@@ -476,21 +478,26 @@ mod tests {
             p.message_overhead_us = 40.0;
             p.host_gbps = Some(0.6);
         }
-        measured.allreduce = [4u64 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
-            .iter()
-            .map(|&bytes| {
-                let t = estimate(&truth, Op::Allreduce, bytes, Group::world(&truth))
-                    .unwrap()
-                    .time
-                    .as_us()
-                    / 1e6;
-                CollectivePoint {
-                    bytes,
-                    seconds: Spread::of(&[t]),
-                    busbw_gbps: 0.0,
-                }
-            })
-            .collect();
+        // The allgathers take 1.5× the model's time: measured, not fitted.
+        let sweep = |op, slower: f64| -> Vec<CollectivePoint> {
+            [4u64 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
+                .iter()
+                .map(|&bytes| {
+                    let t = estimate(&truth, op, bytes, Group::world(&truth))
+                        .unwrap()
+                        .time
+                        .as_us()
+                        / 1e6;
+                    CollectivePoint {
+                        bytes,
+                        seconds: Spread::of(&[t * slower]),
+                        busbw_gbps: 0.0,
+                    }
+                })
+                .collect()
+        };
+        measured.allreduce = sweep(Op::Allreduce, 1.0);
+        measured.allgather = sweep(Op::Allgather, 1.5);
         let fitted = lab_cluster(&measured);
         let Library::Mpi(p) = &fitted.library else {
             panic!("an MPI cluster")
@@ -498,17 +505,28 @@ mod tests {
         assert_eq!(p.provenance.status, Status::Calibrated);
         assert!((p.host_gbps.unwrap() / 0.6 - 1.0).abs() < 0.01, "{p:?}");
         assert!(p.provenance.method.contains("t.sweep.csv"));
-        // The CSV reads back as the measurements the fit used.
+        assert!(p.provenance.method.contains("allgather 2 ranks 4194304 B"));
+        // Both sweeps stand in for the model: the allgathers at their measured times.
+        let ops: Vec<Op> = p.measured.iter().map(|s| s.op).collect();
+        assert_eq!(ops, [Op::Allreduce, Op::Allgather]);
+        let world = Group::world(&fitted);
+        let gathered = estimate(&fitted, Op::Allgather, 4 << 20, world).unwrap();
+        let truth_gathered = estimate(&truth, Op::Allgather, 4 << 20, world).unwrap();
+        let ratio = gathered.time.as_us() / truth_gathered.time.as_us();
+        assert!((ratio - 1.5).abs() < 0.01, "{ratio}");
+        // The CSV reads back as the measurements: each operation at its rows.
         let dir = std::env::temp_dir().join(format!("syncopate-sweep-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         write_sweep(&dir.join("lab.json"), &measured).unwrap();
         let path = dir.join("lab.sweep.csv");
-        let read = syncopate_sim::calibrate::read_measurements(&path, Op::Allreduce, None, 1, &[]);
+        let read = |op| syncopate_sim::calibrate::read_measurements(&path, op, None, 1, &[]);
+        let (allreduces, allgathers) = (read(Op::Allreduce), read(Op::Allgather));
         std::fs::remove_dir_all(&dir).unwrap();
-        let read = read.unwrap();
-        assert_eq!(read.len(), 5);
-        assert!(read.iter().all(|m| m.gpus == 2));
-        assert_eq!(read[4].bytes, 16 << 20);
+        for read in [allreduces.unwrap(), allgathers.unwrap()] {
+            assert_eq!(read.len(), 5);
+            assert!(read.iter().all(|m| m.gpus == 2));
+            assert_eq!(read[4].bytes, 16 << 20);
+        }
     }
 
     #[test]

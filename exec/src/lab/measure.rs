@@ -1,4 +1,4 @@
-//! Measurements of a lab's network over real sockets between its namespaces: single-stream TCP goodput, small-message round trip, the time of messages around the shaper's burst, and the MPI allreduce sweep.
+//! Measurements of a lab's network over real sockets between its namespaces: single-stream TCP goodput, small-message round trip, the time of messages around the shaper's burst, and the MPI collective sweeps (allreduce, the backend's allgather).
 //!
 //! The probes run as hidden subcommands of the `syncopate` binary itself (`lab probe …`),
 //! started inside the namespaces with `ip netns exec`; every socket wait has a timeout and the
@@ -687,6 +687,19 @@ pub fn sweep_sizes() -> Vec<u64> {
         sizes.push((last * 4).min(32 << 20));
     }
     sizes
+}
+
+/// The collectives a sweep times: the two the MPI backend's exchanges run through the library.
+const SWEPT_OPS: [Op; 2] = [Op::Allreduce, Op::Allgather];
+
+/// Err naming `--op` unless a sweep times `op`.
+pub fn check_swept(op: Op) -> Result<()> {
+    match SWEPT_OPS.contains(&op) {
+        true => Ok(()),
+        false => {
+            Err(SimError::bad_value("--op", op, "a sweep times allreduce or allgather").into())
+        }
+    }
 }
 
 /// Runs a collective micro-benchmark over MPI with one rank per node of `lab` (the binary's

@@ -326,7 +326,7 @@ mod tests {
         }
     }
 
-    fn schedule(strategy: &str) -> Schedule {
+    fn schedule(strategy: &str, compressor: &str) -> Schedule {
         let model = ModelProfile::load("resnet50").unwrap();
         let overrides = ClusterOverrides {
             nodes: Some(1),
@@ -338,7 +338,13 @@ mod tests {
         let plan = strategy
             .parse::<Strategy>()
             .unwrap()
-            .plan(&scenario, &StrategyOptions::default())
+            .plan(
+                &scenario,
+                &StrategyOptions {
+                    compressor: compressor.parse().unwrap(),
+                    ..StrategyOptions::default()
+                },
+            )
             .unwrap();
         let world = World {
             nodes: 1,
@@ -349,11 +355,18 @@ mod tests {
 
     /// With compute tasks left in flight, every task still runs after its inputs (compute
     /// inputs merely enqueued earlier on the stream count), compute keeps program order, and
-    /// the run ends with every task done: the pipelined compute stream cannot deadlock.
+    /// the run ends with every task done: the pipelined compute stream cannot deadlock, nor
+    /// the compression thread, woken only when its queue gains a task.
     #[test]
     fn in_flight_compute_keeps_every_dependency() {
-        for strategy in ["horovod", "dear", "bytescheduler"] {
-            let schedule = schedule(strategy);
+        for (strategy, compressor) in [
+            ("horovod", "none"),
+            ("dear", "none"),
+            ("bytescheduler", "none"),
+            ("horovod", "topk:0.01"),
+            ("bytescheduler", "powersgd:4"),
+        ] {
+            let schedule = schedule(strategy, compressor);
             let options = ExecOptions {
                 warmup: 1,
                 iterations: 2,
@@ -401,12 +414,18 @@ mod tests {
             }];
             drive(&backend, &job, &board, &Failure::default(), local).unwrap();
             let log = log.into_inner().unwrap();
-            assert!(log.done.iter().all(|&d| d), "{strategy}: a task never ran");
+            assert!(
+                log.done.iter().all(|&d| d),
+                "{strategy} + {compressor}: a task never ran"
+            );
             let compute: Vec<u32> = (0..n as u32)
                 .filter(|&t| job.step(t).stream == Stream::Compute)
                 .collect();
-            assert_eq!(log.compute_order, compute, "{strategy}");
-            assert!(log.ahead > 0, "{strategy}: nothing was enqueued ahead");
+            assert_eq!(log.compute_order, compute, "{strategy} + {compressor}");
+            assert!(
+                log.ahead > 0,
+                "{strategy} + {compressor}: nothing was enqueued ahead"
+            );
         }
     }
 }

@@ -218,17 +218,13 @@ impl Estimate {
 }
 
 /// Predicts one collective of `bytes` over `group` on `cluster` with the cluster's library,
-/// choosing algorithm and protocol the way the library's tuner does.
+/// choosing algorithm and protocol the way the library's tuner does; where the cluster file
+/// measured the very same collective (`library.measured`), its times stand in for the model.
 pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<Estimate> {
     check_group(cluster, group)?;
-    let model = |bytes| match &cluster.library {
-        Library::Nccl(params) => nccl::estimate(cluster, params, op, bytes, group),
-        Library::Mpi(params) => mpi::estimate(cluster, params, op, bytes, group),
-        Library::Gloo(params) => gloo::estimate(cluster, params, op, bytes, group),
-    };
-    let estimate = model(bytes);
+    let estimate = modeled(cluster, op, bytes, group);
     let measured = measured::stand_in(cluster, op, bytes, group, estimate.time, &|bytes| {
-        model(bytes).time
+        modeled(cluster, op, bytes, group).time
     });
     Ok(match measured {
         // What the measured time holds beyond the model's transfer is fixed: the transfer is
@@ -240,6 +236,23 @@ pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<E
         },
         None => estimate,
     })
+}
+
+/// The cost model's estimate alone, for a collective that the cluster's measured sweeps did not
+/// time even where their operation is the same (a transport's own ring of point-to-point
+/// messages rather than the library's collective). `group` must fit the cluster
+/// ([`estimate`] checks it).
+pub fn estimate_modeled(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<Estimate> {
+    check_group(cluster, group)?;
+    Ok(modeled(cluster, op, bytes, group))
+}
+
+fn modeled(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Estimate {
+    match &cluster.library {
+        Library::Nccl(params) => nccl::estimate(cluster, params, op, bytes, group),
+        Library::Mpi(params) => mpi::estimate(cluster, params, op, bytes, group),
+        Library::Gloo(params) => gloo::estimate(cluster, params, op, bytes, group),
+    }
 }
 
 /// What one rank's connections carry per µs: its node's goodput shared by the node's ranks.

@@ -5,7 +5,7 @@ use super::world::World;
 use crate::compress::codec_for;
 use crate::error::{ExecError, Result};
 use crate::lab::measure::{
-    CollectivePoint, CommBesideCompute, ContentionPoint, Pace, QueueBehind, Spread,
+    check_swept, CollectivePoint, CommBesideCompute, ContentionPoint, Pace, QueueBehind, Spread,
 };
 use crate::runtime::host::busy::BusyWork;
 use std::sync::atomic::AtomicBool;
@@ -61,16 +61,23 @@ pub fn sweep(
     timeout: Duration,
 ) -> Result<Vec<CollectivePoint>> {
     check(sizes, repeats, timeout)?;
-    if !SWEPT.contains(&op) {
-        return Err(
-            SimError::bad_value("--op", op, "the sweep times allreduce or allgather").into(),
-        );
+    check_swept(op)?;
+    let ranks = u64::from(world.size);
+    if let Some(&small) = sizes
+        .iter()
+        .find(|&&s| op == Op::Allgather && s < 4 * ranks)
+    {
+        return Err(SimError::bad_value(
+            "--sizes",
+            small,
+            format!("an allgather over {ranks} ranks gathers at least one float from each: 4 × {ranks} bytes or more"),
+        )
+        .into());
     }
     let streams = world.streams(1, timeout)?;
     let stream = &streams[0];
     let abort = AtomicBool::new(false);
     let codec = codec_for(&Compressor::None, 0);
-    let ranks = u64::from(world.size);
     let mut points = Vec::new();
     for &size in sizes {
         let elements = match op {
@@ -110,9 +117,6 @@ pub fn sweep(
     drop(streams);
     Ok(if world.rank == 0 { points } else { Vec::new() })
 }
-
-/// The collectives `sweep` times: the two the MPI backend's exchanges run.
-pub const SWEPT: [Op; 2] = [Op::Allreduce, Op::Allgather];
 
 /// Collectives timed back to back beside compute per repeat, of which the median is kept: each
 /// waits for the scheduler in steps of its tick (4 ms here), so one call is a draw.
