@@ -263,9 +263,27 @@ fn set_collective_slowdown(
     Ok(())
 }
 
+/// `rows` of `op` from `path`, unless there are none: an error naming the size range.
+fn some_rows(
+    rows: Vec<Measurement>,
+    op: Op,
+    path: &std::path::Path,
+    args: &CollectiveArgs,
+) -> anyhow::Result<Vec<Measurement>> {
+    let (min, max) = (parse_bytes(&args.min_bytes)?, parse_bytes(&args.max_bytes)?);
+    anyhow::ensure!(
+        !rows.is_empty(),
+        "{}: no {op} measurements between {} and {} bytes",
+        path.display(),
+        format_bytes(min),
+        format_bytes(max)
+    );
+    Ok(rows)
+}
+
 /// The rows of `path` for `op` between --min-bytes and --max-bytes that the filters accept (in a
-/// file with an `op` column, only `op`'s rows).
-fn read_op(
+/// file with an `op` column, only `op`'s rows), perhaps none.
+fn rows_of(
     cluster: &Cluster,
     op: Op,
     path: &std::path::Path,
@@ -273,7 +291,7 @@ fn read_op(
     filters: &[RowFilter],
 ) -> anyhow::Result<Vec<Measurement>> {
     let (min, max) = (parse_bytes(&args.min_bytes)?, parse_bytes(&args.max_bytes)?);
-    let measurements: Vec<Measurement> = calibrate::read_measurements(
+    Ok(calibrate::read_measurements(
         path,
         op,
         args.column.as_deref(),
@@ -282,15 +300,7 @@ fn read_op(
     )?
     .into_iter()
     .filter(|m| (min..=max).contains(&m.bytes))
-    .collect();
-    anyhow::ensure!(
-        !measurements.is_empty(),
-        "{}: no {op} measurements between {} and {} bytes",
-        path.display(),
-        format_bytes(min),
-        format_bytes(max)
-    );
-    Ok(measurements)
+    .collect())
 }
 
 /// The rows a refit keeps in the cluster's `measured` beside the fitted ones, not held out and
@@ -306,17 +316,7 @@ fn kept_set(
     if !matches!(cluster.library, Library::Mpi(_)) || !calibrate::has_op_column(path)? {
         return Ok(Vec::new());
     }
-    let (min, max) = (parse_bytes(&args.min_bytes)?, parse_bytes(&args.max_bytes)?);
-    let rows: Vec<Measurement> = calibrate::read_measurements(
-        path,
-        Op::Allgather,
-        args.column.as_deref(),
-        cluster.world_size(),
-        filters,
-    )?
-    .into_iter()
-    .filter(|m| (min..=max).contains(&m.bytes))
-    .collect();
+    let rows = rows_of(cluster, Op::Allgather, path, args, filters)?;
     Ok(calibrate::fit_set(&rows, held_out)
         .into_iter()
         .map(|measured| Timed {
@@ -357,7 +357,12 @@ fn tcp_fit_set(
     }
     let mut timed = Vec::new();
     for &fitted in ops {
-        let rows = read_op(cluster, fitted, path, args, filters)?;
+        let rows = some_rows(
+            rows_of(cluster, fitted, path, args, filters)?,
+            fitted,
+            path,
+            args,
+        )?;
         timed.extend(
             calibrate::fit_set(&rows, held_out)
                 .into_iter()
@@ -382,7 +387,7 @@ fn compare(
         .iter()
         .map(|f| f.parse())
         .collect::<Result<Vec<RowFilter>, _>>()?;
-    let measurements = read_op(cluster, op, path, args, &filters)?;
+    let measurements = some_rows(rows_of(cluster, op, path, args, &filters)?, op, path, args)?;
     // A fit reports its error on data it did not use: by default the largest scale is kept out.
     let holdout: Holdout = match (&args.holdout_gpus, &args.fit_out) {
         (Some(text), _) => text.parse()?,
