@@ -1,13 +1,14 @@
 //! The cost pass: how long each step of a schedule takes on a scenario's hardware, from the compute profile, the codec curves and the collective models.
 
 use crate::collective::{self, Estimate, Group as RankGroup, Links, Op, ServerLink};
-use crate::compress::{Aggregation, Memory, Wire};
+use crate::compress::{Aggregation, CodecCurves, Memory, Wire};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
 use crate::plan::{CompressOn, Group};
 use crate::scenario::Scenario;
 use crate::schedule::{lower_group, Exchange, Op as Step, Piece, Schedule, Servers, StepKind};
 use crate::time::SimTime;
+use smallvec::SmallVec;
 
 /// GPU-to-host bandwidth of a PCIe 3.0 x16 link as NCCL's topology model counts it (PCI_BW,
 /// src/graph/topo.h): compression on the host pays it for the gradient and for the result.
@@ -29,7 +30,7 @@ struct PieceCost {
     encode: SimTime,
     /// PowerSGD's Q from the reduced P: part of its encode curve, which prices both rounds.
     next_round: SimTime,
-    rounds: Vec<(Estimate, Links)>,
+    rounds: SmallVec<[(Estimate, Links); 2]>,
     decode: SimTime,
     update_memory: SimTime,
     scale_output: SimTime,
@@ -162,16 +163,16 @@ fn piece_cost(scenario: &Scenario, servers: Servers, piece: &Piece) -> Result<Pi
     let compressor = piece.compressor;
     let memory = piece.memory;
     let compensate = pass(memory.compensate_bytes()) + host_copy;
-    let encode = compressor.encode_time(device, numel)?;
-    let one = compressor.decode_time(device, numel)?;
+    let curves = CodecCurves::on(&compressor, device);
+    let encode = curves.encode.time(numel);
+    let one = curves.decode.time(numel);
     // A decode call pays its own cost once and each payload's decode (device.rs, CodecCost).
-    let call = |payloads: u64| compressor.decode_call_time(device, numel, payloads);
     let payloads = match (piece.aggregation, piece.rounds.first().map(|r| r.exchange)) {
         // Every rank decodes every rank's payload in one call.
-        (Aggregation::Allgather, _) => call(world)?,
+        (Aggregation::Allgather, _) => curves.call_time(numel, world),
         // The ring's per-hop work and the server's are in their collectives; the result is
         // decoded once.
-        _ => call(1)?,
+        _ => curves.call_time(numel, 1),
     };
     let decode = pass(pass::ZERO) + payloads + host_copy;
     let update_memory = match memory {
@@ -236,29 +237,26 @@ fn exchange_cost(
 ) -> Result<(Estimate, Links)> {
     let cluster = &scenario.cluster;
     let world = RankGroup::world(cluster);
+    let over_world =
+        |op, bytes| collective::estimate_named(cluster, op, bytes, world, scenario.naming);
     let estimate = match exchange {
         Exchange::HierarchicalAllreduce => {
             collective::estimate_hierarchical_allreduce(cluster, bytes)?
         }
-        Exchange::Allreduce => collective::estimate(cluster, Op::Allreduce, bytes, world)?,
-        Exchange::ReduceScatter => collective::estimate(cluster, Op::ReduceScatter, bytes, world)?,
+        Exchange::Allreduce => over_world(Op::Allreduce, bytes)?,
+        Exchange::ReduceScatter => over_world(Op::ReduceScatter, bytes)?,
         // The CPU backends ring the shards over point-to-point messages (the MPI transport's
         // `allgather_chunks`), not through the library's allgather that a lab's sweep times
         // (`MPI_Iallgatherv`, 1.5–2.1× the ring there): the model's ring prices them.
         Exchange::AllgatherShards if cluster.library.tcp().is_some() => {
             collective::estimate_modeled(cluster, Op::Allgather, bytes, world)?
         }
-        Exchange::AllgatherShards => collective::estimate(cluster, Op::Allgather, bytes, world)?,
-        Exchange::Allgather => collective::estimate(
-            cluster,
-            Op::Allgather,
-            bytes * u64::from(world.ranks),
-            world,
-        )?,
+        Exchange::AllgatherShards => over_world(Op::Allgather, bytes)?,
+        Exchange::Allgather => over_world(Op::Allgather, bytes * u64::from(world.ranks))?,
         Exchange::CompressedRing => {
             // A ring allreduce moves the compressed shards; in its reduce-scatter half each of
             // the n-1 hops decodes the incoming shard, adds and re-encodes it.
-            let mut estimate = collective::estimate(cluster, Op::Allreduce, bytes, world)?;
+            let mut estimate = over_world(Op::Allreduce, bytes)?;
             let shard = piece.numel.max(1).div_ceil(u64::from(world.ranks)).max(1);
             let hop = piece.compressor.decode_call_time(device, shard, 1)?
                 + piece.compressor.encode_time(device, shard)?;

@@ -2,6 +2,7 @@
 //! and the single-GPU baseline computed once, so a search pays only for building and running
 //! each candidate's task graph. Its times equal `simulate`'s on the symmetric path.
 
+use crate::collective::Naming;
 use crate::engine::{self, Noise};
 use crate::error::Result;
 use crate::plan::Plan;
@@ -21,13 +22,14 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
-    /// Evaluates plans on `scenario`.
+    /// Evaluates plans on `scenario`. Only times are asked for, so collectives are not named
+    /// by NCCL's tuner.
     pub fn new(scenario: Scenario) -> Evaluator {
+        let scenario = Scenario {
+            naming: Naming::Priced,
+            ..scenario
+        };
         Evaluator { scenario }
-    }
-
-    pub fn scenario(&self) -> &Scenario {
-        &self.scenario
     }
 
     /// Steady-state iteration time of `plan` (lowering validates it against the model).

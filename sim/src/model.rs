@@ -339,7 +339,8 @@ impl ModelProfile {
     /// Tensor indices (into `tensors`) in forward (registration) order.
     pub fn forward_order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.tensors.len()).collect();
-        order.sort_by_key(|&i| self.tensors[i].registration_index);
+        // Registration indices are distinct, so an unstable sort gives the one order.
+        order.sort_unstable_by_key(|&i| self.tensors[i].registration_index);
         order
     }
 }

@@ -188,6 +188,17 @@ impl Protocol {
     }
 }
 
+/// Which algorithm and protocol an estimate names. Its time is the same either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Naming {
+    /// What the library runs: NCCL's tuner's choice, from its own tables (traces, tables).
+    #[default]
+    Library,
+    /// The calibrated candidate that priced it: for callers that need the time alone (a
+    /// search scoring plans), which NCCL's tuner would only slow down.
+    Priced,
+}
+
 /// A predicted collective: its duration and the algorithm/protocol that achieves it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Estimate {
@@ -221,10 +232,21 @@ impl Estimate {
 /// choosing algorithm and protocol the way the library's tuner does; where the cluster file
 /// measured the very same collective (`library.measured`), its times stand in for the model.
 pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<Estimate> {
+    estimate_named(cluster, op, bytes, group, Naming::Library)
+}
+
+/// [`estimate`], naming its algorithm and protocol as `naming` says.
+pub fn estimate_named(
+    cluster: &Cluster,
+    op: Op,
+    bytes: u64,
+    group: Group,
+    naming: Naming,
+) -> Result<Estimate> {
     check_group(cluster, group)?;
-    let estimate = modeled(cluster, op, bytes, group);
+    let estimate = modeled(cluster, op, bytes, group, naming);
     let measured = measured::stand_in(cluster, op, bytes, group, estimate.time, &|bytes| {
-        modeled(cluster, op, bytes, group).time
+        modeled(cluster, op, bytes, group, Naming::Priced).time
     });
     Ok(match measured {
         // What the measured time holds beyond the model's transfer is fixed: the transfer is
@@ -244,12 +266,12 @@ pub fn estimate(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<E
 /// ([`estimate`] checks it).
 pub fn estimate_modeled(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Result<Estimate> {
     check_group(cluster, group)?;
-    Ok(modeled(cluster, op, bytes, group))
+    Ok(modeled(cluster, op, bytes, group, Naming::Library))
 }
 
-fn modeled(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> Estimate {
+fn modeled(cluster: &Cluster, op: Op, bytes: u64, group: Group, naming: Naming) -> Estimate {
     match &cluster.library {
-        Library::Nccl(params) => nccl::estimate(cluster, params, op, bytes, group),
+        Library::Nccl(params) => nccl::estimate(cluster, params, op, bytes, group, naming),
         Library::Mpi(params) => mpi::estimate(cluster, params, op, bytes, group),
         Library::Gloo(params) => gloo::estimate(cluster, params, op, bytes, group),
     }

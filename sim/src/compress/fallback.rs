@@ -2,6 +2,7 @@
 
 use super::{Compressor, Work};
 use crate::device::{CostCurve, DeviceKind, DeviceProfile};
+use crate::time::SimTime;
 
 /// Fraction of the GPU's peak memory bandwidth an elementwise kernel reaches (the shipped GPU
 /// profiles' estimates use it).
@@ -48,6 +49,15 @@ impl CodecCurves {
                 }
             }
         }
+    }
+}
+
+impl CodecCurves {
+    /// Time of one decode call that combines `payloads` payloads of `numel` elements each: the
+    /// call's cost once and each payload's decode (an allgather's p, a pull's one).
+    pub fn call_time(&self, numel: u64, payloads: u64) -> SimTime {
+        self.aggregate.time(numel)
+            + SimTime(self.decode.time(numel).as_ns().saturating_mul(payloads))
     }
 }
 

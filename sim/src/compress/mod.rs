@@ -88,9 +88,7 @@ impl Compressor {
         numel: u64,
         payloads: u64,
     ) -> Result<SimTime> {
-        let curves = CodecCurves::on(self, device);
-        Ok(curves.aggregate.time(numel)
-            + SimTime(curves.decode.time(numel).as_ns().saturating_mul(payloads)))
+        Ok(CodecCurves::on(self, device).call_time(numel, payloads))
     }
 }
 

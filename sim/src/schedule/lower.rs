@@ -1,8 +1,8 @@
 //! Lowering: turns (model, world, plan) into a Schedule, the one place that says what a plan means.
 
 use super::{
-    Buffer, Exchange, LaunchPolicy, LaunchSlot, Op, Piece, Round, Schedule, Servers, Slot, Step,
-    StepKind, Stream, World,
+    Buffer, Exchange, LaunchPolicy, LaunchSlot, Op, OpList, Piece, Round, Schedule, Servers, Slot,
+    Step, StepKind, StepList, Stream, World,
 };
 use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor, Memory, Wire};
 use crate::data::FORMAT_VERSION;
@@ -10,6 +10,7 @@ use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
 use crate::plan::{CompressOn, Group, Plan, Scheme};
 use crate::time::SimTime;
+use smallvec::{smallvec, SmallVec};
 
 /// Lowers `plan` for `model` on `world`. `cpu_ranks` says that the ranks are CPU processes
 /// (their compression runs on the CPU stream). `label` names the plan in errors.
@@ -54,7 +55,12 @@ pub fn lower(
             group_pieces.push(first..pieces.len());
         }
     }
-    let mut steps: Vec<Step> = Vec::new();
+    // Forward and backward per tensor, per piece an encode, its rounds and a decode, per
+    // group an update, and the optimizer: reserved at once, since a search lowers every plan.
+    let rounds: usize = pieces.iter().map(|p: &Piece| p.rounds.len()).sum();
+    let mut steps: Vec<Step> = Vec::with_capacity(
+        2 * model.num_tensors() + 2 * pieces.len() + rounds + plan.groups.len() + 1,
+    );
     let mut push = |step: Step| {
         steps.push(step);
         (steps.len() - 1) as u32
@@ -118,11 +124,11 @@ pub fn lower(
         let mut tails = Vec::with_capacity(range.len());
         for p in range.clone() {
             let piece = &pieces[p];
-            let sync = |kind, stream, after: u32, ops: Vec<Op>| Step {
+            let sync = |kind, stream, after: u32, ops: OpList| Step {
                 kind,
                 stream,
-                after: vec![after],
-                after_previous: Vec::new(),
+                after: smallvec![after],
+                after_previous: StepList::new(),
                 from_iteration: 0,
                 profiled_us: None,
                 piece: Some(p as u32),
@@ -141,12 +147,12 @@ pub fn lower(
                     },
                     codec,
                     tail,
-                    vec![Op::Compensate, Op::Encode],
+                    smallvec![Op::Compensate, Op::Encode],
                 ));
             }
             let rounds = piece.rounds.len();
             for (r, round) in piece.rounds.iter().enumerate() {
-                let mut ops = Vec::new();
+                let mut ops = OpList::new();
                 if r == 0 && !has_encode {
                     ops.extend([Op::Compensate, Op::Encode]);
                 }
@@ -197,7 +203,7 @@ pub fn lower(
     }
     for (g, update) in update_step.iter().enumerate() {
         if let Some(update) = update {
-            steps[*update as usize].after_previous = group_tails[g].clone();
+            steps[*update as usize].after_previous = StepList::from_slice(&group_tails[g]);
         }
     }
     Ok(Schedule {
@@ -231,19 +237,19 @@ fn compute(kind: StepKind, profiled_us: f64) -> Step {
     Step {
         kind,
         stream: Stream::Compute,
-        after: Vec::new(),
-        after_previous: Vec::new(),
+        after: StepList::new(),
+        after_previous: StepList::new(),
         from_iteration: 0,
         profiled_us: Some(profiled_us),
         piece: None,
-        ops: Vec::new(),
+        ops: OpList::new(),
         launch: None,
     }
 }
 
 /// What follows a piece's last collective: decode, then the memory's bookkeeping.
-fn decode_ops(memory: Memory) -> Vec<Op> {
-    let mut ops = vec![Op::Decode];
+fn decode_ops(memory: Memory) -> OpList {
+    let mut ops = smallvec![Op::Decode];
     if memory != Memory::None {
         ops.push(Op::UpdateMemory);
     }
@@ -308,7 +314,7 @@ pub fn lower_group(
                 (Some(shapes), Compressor::PowerSgd { rank }) => powersgd_round_bytes(shapes, rank),
                 _ => {
                     let own = share(group_bytes, p as u64, parts);
-                    vec![own.end - own.start]
+                    smallvec![own.end - own.start]
                 }
             };
             let rounds = round_bytes
@@ -396,12 +402,12 @@ fn share(total: u64, p: u64, parts: u64) -> std::ops::Range<u64> {
 
 /// Bytes of each allreduce round of PowerSGD over these matrices: P (with the raw tensors),
 /// then Q when some tensor is low-rank.
-fn powersgd_round_bytes(shapes: &[Vec<u64>], rank: u32) -> Vec<u64> {
+fn powersgd_round_bytes(shapes: &[Vec<u64>], rank: u32) -> SmallVec<[u64; 2]> {
     let shapes: Vec<&[u64]> = shapes.iter().map(Vec::as_slice).collect();
     let layout = powersgd_layout(&shapes, rank);
     let p: u64 = layout.iter().map(|m| m.p_bytes()).sum();
     let q: u64 = layout.iter().map(|m| m.q_bytes()).sum();
-    [p, q][..powersgd_rounds(&layout) as usize].to_vec()
+    SmallVec::from_slice(&[p, q][..powersgd_rounds(&layout) as usize])
 }
 
 /// The server of the schedule's `turn`-th piece: pieces take turns over the nodes' first ranks
@@ -416,16 +422,16 @@ fn server(world: World, servers: Servers, turn: usize) -> u32 {
 
 /// The collectives that move one round's payload by the group's scheme; `server` serves a
 /// parameter server's push-pull.
-fn exchanges(scheme: Scheme, aggregation: Aggregation, server: u32) -> Vec<Exchange> {
+fn exchanges(scheme: Scheme, aggregation: Aggregation, server: u32) -> SmallVec<[Exchange; 2]> {
     match (scheme, aggregation) {
-        (Scheme::Hierarchical, _) => vec![Exchange::HierarchicalAllreduce],
+        (Scheme::Hierarchical, _) => smallvec![Exchange::HierarchicalAllreduce],
         (Scheme::ReduceScatterAllgather, _) => {
-            vec![Exchange::ReduceScatter, Exchange::AllgatherShards]
+            smallvec![Exchange::ReduceScatter, Exchange::AllgatherShards]
         }
-        (Scheme::CompressedRing, _) => vec![Exchange::CompressedRing],
-        (_, Aggregation::Allreduce) => vec![Exchange::Allreduce],
-        (_, Aggregation::Allgather) => vec![Exchange::Allgather],
-        (_, Aggregation::ParameterServer) => vec![Exchange::PushPull { server }],
+        (Scheme::CompressedRing, _) => smallvec![Exchange::CompressedRing],
+        (_, Aggregation::Allreduce) => smallvec![Exchange::Allreduce],
+        (_, Aggregation::Allgather) => smallvec![Exchange::Allgather],
+        (_, Aggregation::ParameterServer) => smallvec![Exchange::PushPull { server }],
     }
 }
 
@@ -506,14 +512,14 @@ mod tests {
             ]
         );
         // Each collective waits for its tensor's gradient; the optimizer for all of them.
-        assert_eq!(schedule.steps[6].after, vec![3]);
-        assert_eq!(schedule.steps[8].after, vec![5]);
-        assert_eq!(schedule.steps[9].after, vec![6, 7, 8]);
+        assert_eq!(schedule.steps[6].after[..], [3]);
+        assert_eq!(schedule.steps[8].after[..], [5]);
+        assert_eq!(schedule.steps[9].after[..], [6, 7, 8]);
         assert_eq!(schedule.iteration_end, 5);
         // An uncompressed collective encodes (casts) and decodes itself.
         assert_eq!(
-            schedule.steps[6].ops,
-            vec![Op::Compensate, Op::Encode, Op::Exchange, Op::Decode]
+            schedule.steps[6].ops[..],
+            [Op::Compensate, Op::Encode, Op::Exchange, Op::Decode]
         );
         assert_eq!(schedule.steps[6].launch.unwrap().position, 1);
         assert_eq!(schedule.pieces[1].rounds[0].bytes, 4000);
@@ -551,11 +557,11 @@ mod tests {
             .collect();
         assert_eq!(steps.len(), 6, "3 pieces, each encoded and decoded");
         assert_eq!(steps[0].kind, encode(0, 0));
-        assert_eq!(steps[0].ops, vec![Op::Compensate, Op::Encode]);
+        assert_eq!(steps[0].ops[..], [Op::Compensate, Op::Encode]);
         let last = steps.last().unwrap();
         assert_eq!(
-            last.ops,
-            vec![Op::Decode, Op::UpdateMemory, Op::ScaleOutput]
+            last.ops[..],
+            [Op::Decode, Op::UpdateMemory, Op::ScaleOutput]
         );
         // The two partitions split 2000 elements in two; top-k sends k (index, value) pairs.
         assert_eq!(
@@ -639,7 +645,7 @@ mod tests {
             })
             .unwrap();
         assert_eq!(gather.launch.unwrap().phase, 1);
-        assert_eq!(gather.ops, vec![Op::Exchange, Op::Decode]);
+        assert_eq!(gather.ops[..], [Op::Exchange, Op::Decode]);
         assert!(schedule.steps.iter().all(|s| s.kind != StepKind::Optimizer));
         // Iteration 0 has no update; later ones do.
         let program = Program::unroll(&schedule, 2).unwrap();
@@ -705,7 +711,7 @@ mod tests {
                     }
             })
             .unwrap();
-        assert_eq!(second.ops, vec![Op::NextRound, Op::Exchange]);
+        assert_eq!(second.ops[..], [Op::NextRound, Op::Exchange]);
     }
 
     #[test]
@@ -756,7 +762,7 @@ mod tests {
             let err = s.validate("s.json").unwrap_err().to_string();
             assert!(err.contains(field), "{err}");
         };
-        broken(&|s| s.steps[6].after = vec![7], "steps[6].after");
+        broken(&|s| s.steps[6].after = smallvec![7], "steps[6].after");
         broken(&|s| s.steps[6].piece = Some(99), "steps[6].piece");
         broken(
             &|s| s.steps[0].profiled_us = Some(f64::NAN),

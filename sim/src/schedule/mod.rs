@@ -41,6 +41,7 @@ use crate::data;
 use crate::error::{Result, SimError};
 use crate::plan::{CompressOn, Launch, Scheme};
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 /// Where a step runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -220,7 +221,7 @@ pub struct Piece {
     /// rows of a single matrix, or a flat slice (sent raw); none for other compressors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<Vec<Vec<u64>>>,
-    pub rounds: Vec<Round>,
+    pub rounds: RoundList,
 }
 
 impl Piece {
@@ -250,11 +251,11 @@ pub struct Step {
     pub kind: StepKind,
     pub stream: Stream,
     /// Steps of the same iteration that must end first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub after: Vec<u32>,
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub after: StepList,
     /// Steps of the previous iteration that must end first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub after_previous: Vec<u32>,
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub after_previous: StepList,
     /// The first iteration in which this step exists (0 or 1).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub from_iteration: u32,
@@ -265,12 +266,22 @@ pub struct Step {
     /// Synchronization steps: the index of their piece in `pieces`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub piece: Option<u32>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ops: Vec<Op>,
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub ops: OpList,
     /// Collectives: their place in the launch order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<LaunchSlot>,
 }
+
+/// Step indices: most steps wait for one or two others, held inline (a schedule has thousands
+/// of steps, and lowering runs once per plan a search scores).
+pub type StepList = SmallVec<[u32; 2]>;
+
+/// A step's ops, held inline: a synchronization step runs at most six.
+pub type OpList = SmallVec<[Op; 6]>;
+
+/// A piece's rounds, held inline: PowerSGD has two, DeAR's scheme two exchanges.
+pub type RoundList = SmallVec<[Round; 2]>;
 
 fn is_zero(value: &u32) -> bool {
     *value == 0

@@ -11,7 +11,7 @@ mod tuner;
 
 pub(crate) use cost::tree_latency;
 
-use super::{Algorithm, Estimate, Group, Op, Protocol};
+use super::{Algorithm, Estimate, Group, Naming, Op, Protocol};
 use crate::time::SimTime;
 use crate::topology::{Cluster, NcclParams, PerProtocol};
 
@@ -27,6 +27,7 @@ pub(super) fn estimate(
     op: Op,
     bytes: u64,
     group: Group,
+    naming: Naming,
 ) -> Estimate {
     if group.ranks == 1 {
         return cost::local_copy(cluster, bytes);
@@ -34,9 +35,9 @@ pub(super) fn estimate(
     let costs = cost::Costs::new(cluster, params, group);
     let (cheapest_algorithm, cheapest_protocol, time_us) =
         fastest(&costs, cluster, op, bytes, group);
-    let (algorithm, protocol) = match &params.setup {
-        Some(setup) => tuner::choose(cluster, setup, op, bytes, group),
-        None => (cheapest_algorithm, cheapest_protocol),
+    let (algorithm, protocol) = match (&params.setup, naming) {
+        (Some(setup), Naming::Library) => tuner::choose(cluster, setup, op, bytes, group),
+        _ => (cheapest_algorithm, cheapest_protocol),
     };
     Estimate {
         time: SimTime::from_us(time_us),
