@@ -740,7 +740,10 @@ impl Engine<'_> {
             } else {
                 self.cpu_busy_ranks -= 1;
             }
-            self.rerate_comm();
+            // Only CPU ranks' collectives slow beside busy cores (GPU clusters have 1).
+            if self.config.comm_slowdown_with_compute != 1.0 {
+                self.rerate_comm();
+            }
         }
     }
 
