@@ -119,6 +119,26 @@ impl WireArg {
     }
 }
 
+/// `simulate --codec-calls`: one codec call per group or per tensor.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodecCallsArg {
+    /// One call on each group's fused buffer (each partition of it).
+    Group,
+    /// One call per tensor before the fused collective: Horovod's `Compression`, GRACE, and
+    /// MergeComp's layer-wise compression.
+    Tensor,
+}
+
+impl CodecCallsArg {
+    pub fn codec_calls(self) -> syncopate_sim::plan::CodecCalls {
+        use syncopate_sim::plan::CodecCalls;
+        match self {
+            CodecCallsArg::Group => CodecCalls::Group,
+            CodecCallsArg::Tensor => CodecCalls::Tensor,
+        }
+    }
+}
+
 /// A cluster by shipped name or path, with the overrides every cluster-taking command accepts.
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
@@ -242,6 +262,10 @@ pub struct SimulateArgs {
     /// plan: `bytes` describes GRACE's TensorFlow compressors (one byte per code).
     #[arg(long, value_enum, default_value = "packed", conflicts_with = "plan")]
     pub wire: WireArg,
+    /// Compress each group in one codec call, or each tensor in a call of its own before the
+    /// group's fused collective (Horovod's `Compression`, GRACE, MergeComp's layer-wise runs).
+    #[arg(long, value_enum, default_value = "group", conflicts_with = "plan")]
+    pub codec_calls: CodecCallsArg,
     /// Run compression on the host CPU with this `cpu` device profile (name or path), as
     /// measured by `syncopate profile --backend host`, instead of on the GPU.
     #[arg(long)]

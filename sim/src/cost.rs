@@ -1,12 +1,14 @@
 //! The cost pass: how long each step of a schedule takes on a scenario's hardware, from the compute profile, the codec curves and the collective models.
 
 use crate::collective::{self, Estimate, Group as RankGroup, Links, Op, ServerLink};
-use crate::compress::{Aggregation, CodecCurves, Memory, Wire};
+use crate::compress::{Aggregation, CodecCurves, Memory};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
 use crate::plan::{CompressOn, Group};
 use crate::scenario::Scenario;
-use crate::schedule::{lower_group, Exchange, Op as Step, Piece, Schedule, Servers, StepKind};
+use crate::schedule::{
+    lower_group, Encoding, Exchange, Op as Step, Piece, Schedule, Servers, StepKind,
+};
 use crate::time::SimTime;
 use smallvec::SmallVec;
 
@@ -100,7 +102,7 @@ pub fn compute_time(scenario: &Scenario, profiled_us: f64) -> SimTime {
 /// Encode, communication (all rounds) and decode time of each piece of one group, as the
 /// engine will run them: the stages a pipelining strategy (HiPress's SeCoPa) reasons about.
 pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 3]>> {
-    // Strategies weigh the catalog's packed formats, the ones `exec` runs.
+    // Strategies weigh the catalog's packed formats, one call per piece, as `exec` runs them.
     let servers = Servers::Colocated;
     lower_group(
         &scenario.model,
@@ -109,7 +111,7 @@ pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 
         0,
         0,
         group,
-        Wire::Packed,
+        Encoding::default(),
     )
     .iter()
     .map(|piece| {
@@ -164,15 +166,17 @@ fn piece_cost(scenario: &Scenario, servers: Servers, piece: &Piece) -> Result<Pi
     let memory = piece.memory;
     let compensate = pass(memory.compensate_bytes()) + host_copy;
     let curves = CodecCurves::on(&compressor, device);
-    let encode = curves.encode.time(numel);
-    let one = curves.decode.time(numel);
+    // Every codec call pays the curves' floor: one per piece, or one per tensor.
+    let calls = piece.codec_calls();
+    let encode = per_call(calls, |n| curves.encode.time(n));
+    let one = per_call(calls, |n| curves.decode.time(n));
     // A decode call pays its own cost once and each payload's decode (device.rs, CodecCost).
     let payloads = match (piece.aggregation, piece.rounds.first().map(|r| r.exchange)) {
         // Every rank decodes every rank's payload in one call.
-        (Aggregation::Allgather, _) => curves.call_time(numel, world),
+        (Aggregation::Allgather, _) => per_call(calls, |n| curves.call_time(n, world)),
         // The ring's per-hop work and the server's are in their collectives; the result is
         // decoded once.
-        _ => curves.call_time(numel, 1),
+        _ => per_call(calls, |n| curves.call_time(n, 1)),
     };
     let decode = pass(pass::ZERO) + payloads + host_copy;
     let update_memory = match memory {
@@ -206,6 +210,12 @@ fn piece_cost(scenario: &Scenario, servers: Servers, piece: &Piece) -> Result<Pi
         update_memory,
         scale_output: pass(pass::SCALE),
     })
+}
+
+/// The time of the codec calls of `calls` elements each (at least one), `time` giving one
+/// call's.
+fn per_call(calls: &[u64], time: impl Fn(u64) -> SimTime) -> SimTime {
+    calls.iter().map(|&n| time(n.max(1))).sum()
 }
 
 /// What `exchange` takes beyond its time when it starts while its CPU ranks compute (the
@@ -289,10 +299,11 @@ fn push_pull_cost(
     // The server decodes every node's payload in one call and re-encodes the sum between push
     // and pull, inside the round: it slows as the round does (shared links, crowded hosts,
     // compute beside it), not as the codec stream does.
-    let numel = piece.numel.max(1);
     let nodes = u64::from(cluster.nodes);
-    estimate.time += piece.compressor.decode_call_time(device, numel, nodes)?
-        + piece.compressor.encode_time(device, numel)?;
+    let curves = CodecCurves::on(&piece.compressor, device);
+    estimate.time += per_call(piece.codec_calls(), |n| {
+        curves.call_time(n, nodes) + curves.encode.time(n)
+    });
     if cluster.gpus_per_node > 1 {
         let local = RankGroup::one_node(cluster);
         estimate.time += collective::estimate(cluster, Op::Reduce, bytes, local)?.time
@@ -305,9 +316,10 @@ fn push_pull_cost(
 mod tests {
     use super::*;
     use crate::compress::Compressor;
+    use crate::compress::Wire;
     use crate::device::CostCurve;
     use crate::model::ModelProfile;
-    use crate::plan::Scheme;
+    use crate::plan::{CodecCalls, Scheme};
     use crate::strategy::per_tensor_plan;
     use crate::topology::{Cluster, ClusterOverrides};
 
@@ -338,12 +350,57 @@ mod tests {
             0,
             0,
             &plan.groups[0],
-            Wire::Packed,
+            Encoding::default(),
         );
         let decode = piece_cost(&scenario, Servers::Colocated, &pieces[0])
             .unwrap()
             .decode;
         (decode, pieces[0].numel)
+    }
+
+    #[test]
+    fn a_group_compressed_tensor_by_tensor_pays_the_codec_floor_once_per_tensor() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let overrides = ClusterOverrides {
+            nodes: Some(4),
+            gpus_per_node: Some(1),
+            inter_gbps: None,
+        };
+        let cluster = Cluster::load("v100-tcp", overrides).unwrap();
+        let mut scenario = Scenario::new(model, cluster).unwrap();
+        let floor = CostCurve {
+            floor_us: 10.0,
+            ns_per_element: 1.0,
+        };
+        let cost = scenario.device.compression.get_mut("signsgd").unwrap();
+        (cost.encode, cost.decode, cost.aggregate) = (floor, floor, floor);
+        let mut plan = per_tensor_plan(&scenario.model);
+        plan.groups[0].tensors = vec![0, 1, 2];
+        plan.groups.drain(1..4);
+        plan.groups[0].compressor = Compressor::SignSgd;
+        plan.groups[0].scheme = Scheme::Allgather;
+        let piece = |calls| {
+            let encoding = Encoding {
+                wire: Wire::Packed,
+                calls,
+            };
+            let pieces = lower_group(
+                &scenario.model,
+                scenario.world(),
+                Servers::Colocated,
+                0,
+                0,
+                &plan.groups[0],
+                encoding,
+            );
+            piece_cost(&scenario, Servers::Colocated, &pieces[0]).unwrap()
+        };
+        let (fused, each) = (piece(CodecCalls::Group), piece(CodecCalls::Tensor));
+        // Two more floors for the encode; per call, one for its aggregate and one for each of
+        // the four ranks' payloads.
+        let floor = SimTime::from_us(10.0);
+        assert_eq!(each.encode - fused.encode, SimTime(2 * floor.as_ns()));
+        assert_eq!(each.decode - fused.decode, SimTime(2 * 5 * floor.as_ns()));
     }
 
     #[test]

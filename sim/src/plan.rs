@@ -57,6 +57,32 @@ pub struct Group {
     pub priority: i64,
 }
 
+/// How many codec calls compress a group's gradients.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CodecCalls {
+    /// One call on the group's fused buffer (a piece of it when partitioned): MergeComp's
+    /// merged compression, DDP's communication hooks, `exec`'s default.
+    #[default]
+    Group,
+    /// One call per tensor before the fused collective carries their payloads one after
+    /// another: Horovod's `Compression` (horovod/torch/optimizer.py compresses each gradient
+    /// before `allreduce_async_`), GRACE's communicators (sands-lab/grace
+    /// grace_dl/tensorflow/__init__.py, `Communicator.step` per tensor) and MergeComp's
+    /// layer-wise baseline (`--fusion-num 0`). Each call pays the codec's floor.
+    Tensor,
+}
+
+impl CodecCalls {
+    /// As plans and flags spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CodecCalls::Group => "group",
+            CodecCalls::Tensor => "tensor",
+        }
+    }
+}
+
 /// The order in which ready collectives take a communication stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -155,6 +181,10 @@ pub struct Plan {
     /// the simulator prices it, `exec` refuses it). `lower` turns it into every round's bytes.
     #[serde(default, skip_serializing_if = "is_packed")]
     pub wire: Wire,
+    /// Whether each group is compressed by one codec call or by one per tensor (see
+    /// [`CodecCalls`]). `lower` turns it into every piece's calls and bytes.
+    #[serde(default, skip_serializing_if = "is_group_calls")]
+    pub codec_calls: CodecCalls,
     /// The model, cluster and options the plan was made for (plans written by `simulate
     /// --save-plan` and `tune --out` record them; older plans do not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,6 +215,7 @@ impl Plan {
             policy,
             groups,
             wire: Wire::Packed,
+            codec_calls: CodecCalls::Group,
             target: None,
         }
     }
@@ -317,6 +348,9 @@ impl Plan {
                     ),
                 ));
             }
+            if self.codec_calls == CodecCalls::Tensor {
+                check_calls_per_tensor(label, g, group)?;
+            }
             let aggregation = group.aggregation();
             let allowed = group.compressor.allowed_aggregations();
             if !allowed.contains(&aggregation) {
@@ -346,6 +380,30 @@ impl Plan {
             ));
         }
         Ok(())
+    }
+}
+
+/// A group compressed tensor by tensor needs a codec that works element by element: PowerSGD
+/// already compresses each matrix of its group on its own (in two rounds), and a
+/// CaSync-Ring hop re-encodes shards that cut across tensors.
+fn check_calls_per_tensor(label: &str, g: usize, group: &Group) -> Result<()> {
+    let why = if group.compressor.allreduce_rounds() > 1 {
+        Some(format!(
+            "`{}` already compresses each matrix of its group on its own",
+            group.compressor
+        ))
+    } else if group.scheme == Scheme::CompressedRing {
+        Some("a compressed ring re-encodes shards that cut across tensors".to_string())
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(SimError::invalid(
+            label,
+            "codec_calls",
+            format!("`tensor` cannot compress groups[{g}]: {why}; use `group`"),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -402,4 +460,37 @@ impl Group {
 
 fn is_packed(wire: &Wire) -> bool {
     *wire == Wire::Packed
+}
+
+fn is_group_calls(calls: &CodecCalls) -> bool {
+    *calls == CodecCalls::Group
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategy::per_tensor_plan;
+
+    #[test]
+    fn compressing_each_tensor_refuses_codecs_that_cannot_by_field() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let mut plan = per_tensor_plan(&model);
+        plan.codec_calls = CodecCalls::Tensor;
+        plan.groups[3].compressor = Compressor::TopK { ratio: 0.01 };
+        plan.validate("p", &model).unwrap();
+        let refused = |plan: &Plan, why: &str| {
+            let err = plan.validate("p", &model).unwrap_err().to_string();
+            assert!(
+                err.contains("codec_calls") && err.contains("groups[3]"),
+                "{err}"
+            );
+            assert!(err.contains(why), "{err}");
+        };
+        let mut rounds = plan.clone();
+        rounds.groups[3].compressor = Compressor::PowerSgd { rank: 2 };
+        refused(&rounds, "each matrix");
+        let mut ring = plan.clone();
+        ring.groups[3].scheme = Scheme::CompressedRing;
+        refused(&ring, "shards");
+    }
 }

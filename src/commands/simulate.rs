@@ -51,6 +51,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
                 plan.set_scheme(args.scheme.scheme());
             }
             plan.wire = args.wire.wire();
+            plan.codec_calls = args.codec_calls.codec_calls();
             (plan, format!("strategy {strategy}"))
         }
     };
@@ -59,7 +60,10 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     }
     plan.validate(&label, &base.model)
         .map_err(|err| match (&args.plan, err) {
-            // A strategy's plan that the compressor cannot run: the user typed flags, not fields.
+            // A strategy's plan that the flags cannot run: the user typed flags, not fields.
+            (None, SimError::Invalid { field, message, .. }) if field == "codec_calls" => {
+                SimError::bad_value("--codec-calls", "tensor", message)
+            }
             (None, SimError::Invalid { message, .. }) => SimError::bad_value(
                 "--compressor",
                 &args.compressor,

@@ -9,6 +9,7 @@
 //! type (allreduce).
 
 mod bits;
+pub mod calls;
 mod cast;
 #[cfg(target_arch = "x86_64")]
 mod f16c;

@@ -1,6 +1,7 @@
 //! What every backend derives from a schedule's pieces in the same way: codecs and their seeds, memories, parameter-server ranks, and the seeded synthetic gradients.
 
-use crate::compress::{codec_for_shapes, rng::Rng, Codec, MemoryState};
+use crate::compress::calls::PerTensor;
+use crate::compress::{codec_for, codec_for_shapes, rng::Rng, Codec, MemoryState};
 use syncopate_sim::compress::{Compressor, Element};
 use syncopate_sim::schedule::{Exchange, Piece, Schedule};
 
@@ -26,14 +27,19 @@ pub fn codec_seed(schedule: &Schedule, seed: u64, index: usize, rank: Option<u32
     )
 }
 
-/// Rank `rank`'s CPU codec for piece `index` (`None`: the parameter server's).
+/// Rank `rank`'s CPU codec for piece `index` (`None`: the parameter server's): one call on the
+/// piece, or one per tensor when the plan compresses each tensor on its own (each drawing from
+/// a seed of its own, shared across ranks where the piece's is).
 pub fn codec(schedule: &Schedule, seed: u64, index: usize, rank: Option<u32>) -> Box<dyn Codec> {
     let piece = &schedule.pieces[index];
-    codec_for_shapes(
-        &piece.compressor,
-        &piece.shapes(),
-        codec_seed(schedule, seed, index, rank),
-    )
+    let seed = codec_seed(schedule, seed, index, rank);
+    if piece.calls.is_empty() {
+        return codec_for_shapes(&piece.compressor, &piece.shapes(), seed);
+    }
+    let c = piece.compressor;
+    Box::new(PerTensor::new(c, &piece.calls, |call| {
+        codec_for(&c, mix(seed, call as u64))
+    }))
 }
 
 /// A fresh error-feedback memory for a piece.

@@ -1,14 +1,14 @@
 //! Lowering: turns (model, world, plan) into a Schedule, the one place that says what a plan means.
 
 use super::{
-    Buffer, Exchange, LaunchPolicy, LaunchSlot, Op, OpList, Piece, Round, Schedule, Servers, Slot,
-    Step, StepKind, StepList, Stream, World,
+    Buffer, Encoding, Exchange, LaunchPolicy, LaunchSlot, Op, OpList, Piece, Round, Schedule,
+    Servers, Slot, Step, StepKind, StepList, Stream, World,
 };
-use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor, Memory, Wire};
+use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor, Memory};
 use crate::data::FORMAT_VERSION;
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
-use crate::plan::{CompressOn, Group, Plan, Scheme};
+use crate::plan::{CodecCalls, CompressOn, Group, Plan, Scheme};
 use crate::time::SimTime;
 use smallvec::{smallvec, SmallVec};
 
@@ -49,8 +49,12 @@ pub fn lower(
     if syncing {
         for (g, group) in plan.groups.iter().enumerate() {
             let first = pieces.len();
+            let encoding = Encoding {
+                wire: plan.wire,
+                calls: plan.codec_calls,
+            };
             pieces.extend(lower_group(
-                model, world, servers, first, g, group, plan.wire,
+                model, world, servers, first, g, group, encoding,
             ));
             group_pieces.push(first..pieces.len());
         }
@@ -292,8 +296,8 @@ fn buffer(model: &ModelProfile, group: &Group) -> Buffer {
 }
 
 /// The pieces of group `g`: equal partitions (the remainder spread over the first ones), each
-/// with the collectives that move its payload, laid out as `wire` says, by the group's scheme.
-/// `turn` is the schedule's index of the first of them (parameter servers take turns).
+/// with the collectives that move its payload, encoded as `encoding` says, by the group's
+/// scheme. `turn` is the schedule's index of the first of them (parameter servers take turns).
 pub fn lower_group(
     model: &ModelProfile,
     world: World,
@@ -301,17 +305,28 @@ pub fn lower_group(
     turn: usize,
     g: usize,
     group: &Group,
-    wire: Wire,
+    encoding: Encoding,
 ) -> Vec<Piece> {
     let aggregation = group.aggregation();
+    let wire = encoding.wire;
     let group_bytes = group.wire_bytes(model, wire);
     let parts = u64::from(group.partitions);
+    let per_tensor = encoding.calls == CodecCalls::Tensor && group.compressor != Compressor::None;
     slices(model, group)
         .into_iter()
         .enumerate()
         .map(|(p, (range, shapes))| {
+            let calls = match per_tensor {
+                true => tensor_calls(model, group, range.clone()),
+                false => Vec::new(),
+            };
             let round_bytes = match (&shapes, group.compressor) {
                 (Some(shapes), Compressor::PowerSgd { rank }) => powersgd_round_bytes(shapes, rank),
+                // Each call's payload has the codec's headers of its own.
+                _ if per_tensor => smallvec![calls
+                    .iter()
+                    .map(|&n| group.compressor.wire_bytes_as(n, wire))
+                    .sum()],
                 _ => {
                     let own = share(group_bytes, p as u64, parts);
                     smallvec![own.end - own.start]
@@ -341,7 +356,24 @@ pub fn lower_group(
                 wire,
                 shapes,
                 rounds,
+                calls,
             }
+        })
+        .collect()
+}
+
+/// The element counts of the tensors (or their parts) that lie in `range` of the group's
+/// buffer, in buffer order: one codec call each.
+fn tensor_calls(model: &ModelProfile, group: &Group, range: std::ops::Range<u64>) -> Vec<u64> {
+    let mut start = 0u64;
+    group
+        .tensors
+        .iter()
+        .filter_map(|&t| {
+            let end = start + model.tensors[t].numel;
+            let overlap = end.min(range.end).saturating_sub(start.max(range.start));
+            start = end;
+            (overlap > 0).then_some(overlap)
         })
         .collect()
 }
@@ -438,6 +470,7 @@ fn exchanges(scheme: Scheme, aggregation: Aggregation, server: u32) -> SmallVec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compress::Wire;
     use crate::plan::{Launch, Policy};
     use crate::schedule::Program;
     use crate::strategy::{per_tensor_plan, plan_order};
@@ -599,6 +632,40 @@ mod tests {
         assert!(!serde_json::to_string(&packed).unwrap().contains("\"wire\""));
         let text = serde_json::to_string(&plan).unwrap();
         assert!(text.contains("\"wire\":\"bytes\""), "{text}");
+        assert_eq!(serde_json::from_str::<Plan>(&text).unwrap(), plan);
+    }
+
+    #[test]
+    fn a_plan_compressing_each_tensor_makes_a_call_per_tensor_part_and_sums_their_payloads() {
+        let mut model = model(3);
+        model.tensors[1].numel = 500;
+        model.tensors[1].shape = vec![500];
+        let mut plan = plan(&model, vec![vec![0, 1, 2]], "onebit", Scheme::Allgather);
+        plan.groups[0].partitions = 2;
+        plan.codec_calls = CodecCalls::Tensor;
+        let schedule = lower(&model, world(1, 4), false, &plan, "t").unwrap();
+        // 2500 elements in two pieces of 1250: the middle tensor is cut between them.
+        let calls: Vec<&[u64]> = schedule.pieces.iter().map(|p| &p.calls[..]).collect();
+        assert_eq!(calls, [&[1000, 250][..], &[250, 1000][..]]);
+        // Each call carries onebit's two means and its bits: 8 + ceil(n / 8) bytes.
+        let call = |n: u64| 8 + n.div_ceil(8);
+        assert_eq!(
+            schedule.pieces[0].rounds[0].bytes,
+            call(1000) + call(250),
+            "one call's headers per tensor part"
+        );
+        // One call per piece otherwise, and an uncompressed group has no codec calls at all.
+        plan.codec_calls = CodecCalls::Group;
+        let fused = lower(&model, world(1, 4), false, &plan, "t").unwrap();
+        assert!(fused.pieces.iter().all(|p| p.calls.is_empty()));
+        assert_eq!(fused.pieces[0].codec_calls(), [1250]);
+        plan.codec_calls = CodecCalls::Tensor;
+        plan.groups[0].compressor = Compressor::None;
+        plan.groups[0].scheme = Scheme::Auto;
+        let dense = lower(&model, world(1, 4), false, &plan, "t").unwrap();
+        assert!(dense.pieces.iter().all(|p| p.calls.is_empty()));
+        let text = serde_json::to_string(&plan).unwrap();
+        assert!(text.contains("\"codec_calls\":\"tensor\""), "{text}");
         assert_eq!(serde_json::from_str::<Plan>(&text).unwrap(), plan);
     }
 

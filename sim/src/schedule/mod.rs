@@ -39,7 +39,7 @@ pub use unroll::{LaunchKey, Program, TaskRef};
 use crate::compress::{Aggregation, Compressor, Memory, Wire};
 use crate::data;
 use crate::error::{Result, SimError};
-use crate::plan::{CompressOn, Launch, Scheme};
+use crate::plan::{CodecCalls, CompressOn, Launch, Scheme};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
@@ -222,6 +222,11 @@ pub struct Piece {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<Vec<Vec<u64>>>,
     pub rounds: RoundList,
+    /// Element counts of the piece's codec calls, one per tensor (or the part of a tensor the
+    /// piece holds), when the plan compresses each tensor on its own (`codec_calls: tensor`);
+    /// the payload is their payloads one after another. Empty: one call on the whole piece.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<u64>,
 }
 
 impl Piece {
@@ -229,6 +234,23 @@ impl Piece {
     pub fn shapes(&self) -> Vec<&[u64]> {
         self.shapes.iter().flatten().map(Vec::as_slice).collect()
     }
+
+    /// Element counts of the codec calls that compress the piece: its `calls`, or the whole
+    /// piece in one.
+    pub fn codec_calls(&self) -> &[u64] {
+        match self.calls.is_empty() {
+            true => std::slice::from_ref(&self.numel),
+            false => &self.calls,
+        }
+    }
+}
+
+/// How the implementation running a plan encodes each piece: its wire layout and how many
+/// codec calls compress it (the plan's `wire` and `codec_calls`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Encoding {
+    pub wire: Wire,
+    pub calls: CodecCalls,
 }
 
 /// Where a collective step stands in the launch order of its iteration.

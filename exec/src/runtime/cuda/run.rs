@@ -124,8 +124,16 @@ fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
             message: "priority launch across processes needs a coordinator that this build lacks; run one process for all GPUs or a plan-order policy".into(),
         });
     }
-    for piece in &schedule.pieces {
+    for (index, piece) in schedule.pieces.iter().enumerate() {
         supported(&piece.compressor)?;
+        if !piece.calls.is_empty() {
+            return Err(ExecError::Cuda {
+                message: format!(
+                    "pieces[{index}] (group {}) is compressed tensor by tensor (the plan's codec_calls `tensor`); the CUDA kernels compress a piece in one call: run it with --backend host or mpi, or make the plan with codec_calls `group`",
+                    piece.group
+                ),
+            });
+        }
     }
     Ok(())
 }

@@ -1,0 +1,199 @@
+//! A fused buffer compressed tensor by tensor: one codec per tensor, their payloads one after another (a plan's `codec_calls: tensor`).
+//!
+//! Horovod's `Compression`, GRACE and MergeComp's layer-wise baseline compress each gradient
+//! before the fused collective carries it. Every call's payload keeps its own format and
+//! headers (`exec/WIRE_FORMAT.md`), so the buffer's payload is their concatenation and each
+//! call's bytes are `Compressor::wire_bytes` of its elements: no length prefix is needed.
+
+use super::{wire, Codec};
+use crate::error::Result;
+use std::ops::Range;
+use syncopate_sim::compress::Compressor;
+
+/// One call: its elements of the buffer, its bytes of the payload, its codec.
+struct Call {
+    elements: Range<usize>,
+    bytes: Range<usize>,
+    codec: Box<dyn Codec>,
+}
+
+/// Codecs over consecutive tensors of one buffer.
+pub struct PerTensor {
+    compressor: Compressor,
+    calls: Vec<Call>,
+    elements: usize,
+    bytes: usize,
+    scratch: Vec<u8>,
+}
+
+impl PerTensor {
+    /// Codecs of `compressor` over consecutive tensors of `numels` elements, the i-th made by
+    /// `codec(i)`.
+    pub fn new(
+        compressor: Compressor,
+        numels: &[u64],
+        mut codec: impl FnMut(usize) -> Box<dyn Codec>,
+    ) -> PerTensor {
+        let (mut elements, mut bytes) = (0, 0);
+        let calls = numels
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let size = compressor.wire_bytes(n) as usize;
+                let call = Call {
+                    elements: elements..elements + n as usize,
+                    bytes: bytes..bytes + size,
+                    codec: codec(i),
+                };
+                (elements, bytes) = (call.elements.end, call.bytes.end);
+                call
+            })
+            .collect();
+        PerTensor {
+            compressor,
+            calls,
+            elements,
+            bytes,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// An error unless `payload` holds every call's bytes and `values` every call's elements.
+    fn check(&self, payload: usize, values: usize) -> Result<()> {
+        if payload == self.bytes && values == self.elements {
+            return Ok(());
+        }
+        Err(wire::bad_payload(
+            &self.compressor,
+            format!(
+                "{payload} bytes for {values} elements, where its {} tensors take {} bytes for {} elements",
+                self.calls.len(),
+                self.bytes,
+                self.elements
+            ),
+        ))
+    }
+}
+
+impl Codec for PerTensor {
+    fn compressor(&self) -> Compressor {
+        self.compressor
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        out.resize(self.bytes, 0);
+        self.check(out.len(), grad.len())?;
+        for call in &mut self.calls {
+            call.codec.encode_into(
+                &grad[call.elements.clone()],
+                &mut out[call.bytes.clone()],
+                &mut self.scratch,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn encode_into(&mut self, grad: &[f32], out: &mut [u8], scratch: &mut Vec<u8>) -> Result<()> {
+        self.check(out.len(), grad.len())?;
+        for call in &mut self.calls {
+            call.codec.encode_into(
+                &grad[call.elements.clone()],
+                &mut out[call.bytes.clone()],
+                scratch,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+        self.check(payload.len(), acc.len())?;
+        for call in &mut self.calls {
+            call.codec.decode_add(
+                &payload[call.bytes.clone()],
+                &mut acc[call.elements.clone()],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A summable payload is its wire type's elements and nothing else (fp16, bf16, random-k's
+    /// values), so the calls' payloads one after another sum element by element as one: any
+    /// call's codec sums any run of them, as a ring sums its chunks.
+    fn sum_into(&self, acc: &mut [u8], other: &[u8]) -> Result<()> {
+        match self.calls.first() {
+            Some(call) => call.codec.sum_into(acc, other),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::codec_for;
+
+    fn gradient(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect()
+    }
+
+    /// Each tensor's part of the payload and of the result is what a codec of that tensor
+    /// alone makes: per-tensor headers, scales and top-k selections.
+    #[test]
+    fn each_tensor_is_compressed_as_if_alone() {
+        let numels = [1000u64, 37, 4096];
+        let grad = gradient(5133);
+        for spec in ["topk:0.01", "efsignsgd", "qsgd:256", "fp16", "onebit"] {
+            let c: Compressor = spec.parse().unwrap();
+            let mut fused = PerTensor::new(c, &numels, |i| codec_for(&c, i as u64));
+            let mut payload = Vec::new();
+            fused.encode(&grad, &mut payload).unwrap();
+            let mut result = vec![0.0; grad.len()];
+            fused.decode_add(&payload, &mut result).unwrap();
+            let (mut at, mut byte) = (0, 0);
+            for (i, &n) in numels.iter().enumerate() {
+                let n = n as usize;
+                let mut alone = codec_for(&c, i as u64);
+                let mut own = Vec::new();
+                alone.encode(&grad[at..at + n], &mut own).unwrap();
+                assert_eq!(
+                    payload[byte..byte + own.len()],
+                    own[..],
+                    "{spec} tensor {i}"
+                );
+                let mut decoded = vec![0.0; n];
+                alone.decode_add(&own, &mut decoded).unwrap();
+                assert_eq!(result[at..at + n], decoded[..], "{spec} tensor {i}");
+                at += n;
+                byte += own.len();
+            }
+            assert_eq!(byte, payload.len(), "{spec}");
+        }
+    }
+
+    #[test]
+    fn summable_payloads_sum_tensor_by_tensor() {
+        let c = Compressor::Fp16;
+        let numels = [3u64, 5];
+        let codec = PerTensor::new(c, &numels, |_| codec_for(&c, 0));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut encoder = PerTensor::new(c, &numels, |_| codec_for(&c, 0));
+        encoder.encode(&[1.0; 8], &mut a).unwrap();
+        encoder.encode(&[2.0; 8], &mut b).unwrap();
+        codec.sum_into(&mut a, &b).unwrap();
+        let mut sum = vec![0.0; 8];
+        encoder.decode_add(&a, &mut sum).unwrap();
+        assert_eq!(sum, vec![3.0; 8]);
+    }
+
+    #[test]
+    fn a_payload_of_another_size_is_an_error_naming_the_sizes() {
+        let c = Compressor::SignSgd;
+        let mut codec = PerTensor::new(c, &[10, 20], |_| codec_for(&c, 0));
+        let err = codec.decode_add(&[0u8; 3], &mut [0.0; 30]).unwrap_err();
+        assert!(err.to_string().contains("3 bytes for 30 elements"), "{err}");
+        let err = codec.encode(&[0.0; 29], &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("29 elements"), "{err}");
+    }
+}
