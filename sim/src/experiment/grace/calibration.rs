@@ -129,6 +129,7 @@ impl Calibration {
             Scheme::Allreduce
         });
         plan.wire = spec.wire;
+        plan.codec_calls = method.codec_calls.unwrap_or(spec.codec_calls);
         Ok(simulate(&scenario, &plan, &SimOptions::default())?
             .summary
             .throughput_samples_per_s)

@@ -13,6 +13,7 @@ use crate::chart::Chart;
 use crate::compress::{Compressor, Memory, Wire};
 use crate::data;
 use crate::error::{Result, SimError};
+use crate::plan::CodecCalls;
 use calibration::Calibration;
 use measured::Measurement;
 use serde::Deserialize;
@@ -44,6 +45,9 @@ pub struct GraceSpec {
     /// How GRACE's compressors lay their codes on the wire, and where that is read.
     wire: Wire,
     wire_source: String,
+    /// How many codec calls GRACE's code makes per fused group, and where that is read.
+    codec_calls: CodecCalls,
+    codec_calls_source: String,
     models: Vec<ModelSpec>,
     methods: Vec<MethodSpec>,
 }
@@ -70,6 +74,10 @@ struct MethodSpec {
     /// method has one); the fit prices it.
     #[serde(default)]
     implementation: Option<Implementation>,
+    /// The spec's `codec_calls` for this method when it differs (PowerSGD's codec already runs
+    /// each matrix on its own, and a plan runs it in one call per group).
+    #[serde(default)]
+    codec_calls: Option<CodecCalls>,
     note: String,
 }
 
@@ -104,6 +112,7 @@ impl MethodSpec {
             compressor: Some("none".to_string()),
             memory: None,
             implementation: None,
+            codec_calls: None,
             note: String::new(),
         }
     }

@@ -246,7 +246,7 @@ impl Report<'_> {
             };
             let _ = writeln!(
                 md,
-                "Fitted on the rows with at most {} workers: MPI/TCP `tcp_efficiency` {:.2}, `message_overhead_us` {:.0}, `reduce_gbytes_per_s` {:.1} (on {}'s dense rows);{warning} batch {} per GPU (not fitted: {}); wire `{}` ({}).\n",
+                "Fitted on the rows with at most {} workers: MPI/TCP `tcp_efficiency` {:.2}, `message_overhead_us` {:.0}, `reduce_gbytes_per_s` {:.1} (on {}'s dense rows);{warning} batch {} per GPU (not fitted: {}); wire `{}` ({}); codec calls per `{}` ({}).\n",
                 self.spec.fit_workers,
                 p.tcp_efficiency,
                 p.message_overhead_us,
@@ -255,7 +255,9 @@ impl Report<'_> {
                 self.spec.batch_size_per_gpu,
                 self.spec.batch_source,
                 self.spec.wire.name(),
-                self.spec.wire_source
+                self.spec.wire_source,
+                self.spec.codec_calls.name(),
+                self.spec.codec_calls_source
             );
         }
         md.push_str("Compute:");
@@ -413,6 +415,7 @@ mod tests {
             "base_cluster": "v100-tcp", "base_device": "v100-pcie-32gb", "strategy": "horovod",
             "network_model": "resnet50", "upper_bound_min_ratio": 0.5, "fit_workers": 2,
             "batch_size_per_gpu": 64, "batch_source": "b", "wire": "bytes", "wire_source": "w",
+            "codec_calls": "tensor", "codec_calls_source": "c",
             "models": [
                 { "grace": "resnet50", "profile": "resnet50", "file": "r.json" },
                 { "grace": "vgg19", "profile": "vgg19", "file": "v.json" }
