@@ -3,7 +3,7 @@
 use crate::compress::{Compressor, Memory};
 use crate::error::Result;
 use crate::model::ModelProfile;
-use crate::plan::Scheme;
+use crate::plan::{CodecCalls, Scheme};
 use crate::scenario::Scenario;
 use crate::simulate::{simulate, SimOptions, Summary};
 use crate::strategy::{Strategy, StrategyOptions};
@@ -24,6 +24,8 @@ pub struct Point {
     pub memory: Memory,
     /// Forces every group of the strategy's plan onto this scheme (GRACE's allgather, say).
     pub scheme: Option<Scheme>,
+    /// One codec call per group, or per tensor (Horovod's and MergeComp's layer-wise runs).
+    pub codec_calls: CodecCalls,
 }
 
 /// The cluster layout a point ran on, after overrides.
@@ -96,6 +98,7 @@ impl Grid<'_> {
                             compressor,
                             memory: self.memory,
                             scheme: None,
+                            codec_calls: CodecCalls::Group,
                         });
                     }
                 }
@@ -155,5 +158,6 @@ fn run_point(point: &Point, scenario: Scenario, base: &StrategyOptions) -> Resul
     if let Some(scheme) = point.scheme {
         plan.set_scheme(scheme);
     }
+    plan.codec_calls = point.codec_calls;
     Ok(simulate(&scenario, &plan, &SimOptions::default())?.summary)
 }

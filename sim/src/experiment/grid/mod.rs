@@ -7,7 +7,7 @@ use crate::chart::Chart;
 use crate::compress::{Compressor, Memory};
 use crate::data;
 use crate::error::{Result, SimError};
-use crate::plan::Scheme;
+use crate::plan::{CodecCalls, Scheme};
 use crate::strategy::StrategyOptions;
 use crate::sweep::{self, Point};
 use crate::topology::ClusterOverrides;
@@ -56,6 +56,9 @@ struct ConfigSpec {
     memory: Memory,
     #[serde(default)]
     scheme: Option<Scheme>,
+    /// One codec call per group (default) or per tensor.
+    #[serde(default)]
+    codec_calls: CodecCalls,
 }
 
 fn no_memory() -> Memory {
@@ -133,6 +136,7 @@ fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
                     compressor: config.compressor,
                     memory: config.memory,
                     scheme: config.scheme,
+                    codec_calls: config.codec_calls,
                 });
             }
         }
