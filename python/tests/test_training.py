@@ -9,11 +9,12 @@ import models
 import ranks
 import training
 
-# (strategy, compressor, memory[, the groups' scheme[, comm streams]]): every exchange the lowering produces,
+# (strategy, compressor, memory[, the groups' scheme[, comm streams[, codec calls]]]): every exchange the lowering produces,
 # partitions and priorities (bytescheduler), updates overlapping the next forward (dear,
 # bytescheduler), error feedback and multi-round codecs. A scheme set by hand covers what the
 # strategies do not pick for a model this small (HiPress keeps its tiny gradients uncompressed);
-# plan order on two streams has its collectives take the streams in turn, every rank alone.
+# plan order on two streams has its collectives take the streams in turn, every rank alone;
+# Horovod's Compression compresses each tensor before the fused collective (codec calls per tensor).
 PLANS = [
     ("horovod", "none", None),
     ("horovod", "onebit", None, "compressed-ring"),
@@ -31,21 +32,25 @@ PLANS = [
     ("byteps", "none", None),
     ("byteps", "qsgd:256", None),
     ("hipress", "onebit", None),
+    ("horovod", "efsignsgd", "efsignsgd:0.1", None, None, "tensor"),
+    ("horovod", "fp16", None, None, None, "tensor"),
 ]
 ITERATIONS = 3
 
 
-def edited(path, scheme=None, streams=None):
-    """The plan at `path` with its groups set to `scheme` and its policy to `streams`
-    communication streams (a copy next to it), or as it is."""
-    if scheme is None and streams is None:
+def edited(path, scheme=None, streams=None, calls=None):
+    """The plan at `path` with its groups set to `scheme`, its policy to `streams`
+    communication streams and its codec calls to `calls` (a copy next to it), or as it is."""
+    if scheme is None and streams is None and calls is None:
         return path
     plan = json.loads(path.read_text())
     if scheme is not None:
         plan["groups"] = [dict(group, scheme=scheme) for group in plan["groups"]]
     if streams is not None:
         plan["policy"]["comm_streams"] = streams
-    copy = path.with_name(f"{path.stem}-{scheme}-{streams}.json")
+    if calls is not None:
+        plan["codec_calls"] = calls
+    copy = path.with_name(f"{path.stem}-{scheme}-{streams}-{calls}.json")
     copy.write_text(json.dumps(plan))
     return copy
 
