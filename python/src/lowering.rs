@@ -3,7 +3,7 @@
 use crate::{exec_error, sim_error, views, PlanMismatch, SyncopateError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use syncopate_exec::compress::codec_for_shapes;
+use syncopate_exec::runtime::pieces::piece_codec;
 use syncopate_exec::runtime::refuse_unrunnable;
 use syncopate_sim::compress::{catalog, Compressor};
 use syncopate_sim::model::ModelProfile;
@@ -57,21 +57,32 @@ pub fn compressors() -> Vec<&'static str> {
     catalog().iter().map(|entry| entry.example).collect()
 }
 
-/// The payload the Rust codec for `spec` encodes from a copy of `values` (tensors of `shapes`
-/// laid out one after another) with `seed`: the reference the zero-copy path is tested against.
+/// The payload the Rust codec of a piece of `spec` encodes from a copy of `values` (tensors of
+/// `shapes` laid out one after another; a call per element count of `calls` when the piece
+/// has them) with `seed`: the reference the zero-copy path is tested against.
 #[pyfunction]
+#[pyo3(signature = (spec, values, shapes, seed, calls=Vec::new()))]
 pub fn encode_reference<'py>(
     py: Python<'py>,
     spec: &str,
     values: &Bound<'py, PyAny>,
     shapes: Vec<Vec<u64>>,
     seed: u64,
+    calls: Vec<u64>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let compressor: Compressor = spec.parse().map_err(sim_error)?;
     let copied: Vec<f32> = views::read(values, "values", <[f32]>::to_vec)?;
     let shapes: Vec<&[u64]> = shapes.iter().map(Vec::as_slice).collect();
+    let covered = calls.iter().try_fold(0u64, |sum, &n| sum.checked_add(n));
+    if !calls.is_empty() && covered != Some(copied.len() as u64) {
+        return Err(SyncopateError::new_err(format!(
+            "calls: {} element counts that do not add up to the {} values",
+            calls.len(),
+            copied.len()
+        )));
+    }
     let mut payload = Vec::new();
-    codec_for_shapes(&compressor, &shapes, seed)
+    piece_codec(compressor, &shapes, &calls, seed)
         .encode(&copied, &mut payload)
         .map_err(exec_error)?;
     Ok(PyBytes::new(py, &payload))

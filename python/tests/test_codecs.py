@@ -13,9 +13,16 @@ def base_plan(make_plan):
     return json.loads(make_plan("horovod").read_text())
 
 
-@pytest.mark.parametrize("spec", syncopate.compressors())
-def test_payload_bytes_match_the_rust_reference(spec, base_plan, tmp_path):
-    plan = dict(base_plan, groups=[dict(g, compressor=spec) for g in base_plan["groups"]])
+# Every compressor in one codec call per piece, and the element-wise ones of fixed payload
+# length in one per tensor (a plan refuses PowerSGD and threshold there).
+CASES = [(spec, "group") for spec in syncopate.compressors()] + [
+    (spec, "tensor") for spec in syncopate.compressors() if not spec.startswith(("powersgd", "threshold"))
+]
+
+
+@pytest.mark.parametrize("spec,calls", CASES)
+def test_payload_bytes_match_the_rust_reference(spec, calls, base_plan, tmp_path):
+    plan = dict(base_plan, groups=[dict(g, compressor=spec) for g in base_plan["groups"]], codec_calls=calls)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     schedule_json, _ = syncopate.lower(str(path), 2)
@@ -30,5 +37,6 @@ def test_payload_bytes_match_the_rust_reference(spec, base_plan, tmp_path):
         payload = torch.empty(length, dtype=torch.uint8)
         state.copy_payload(index, payload.numpy())
         values = group[piece["offset"]: piece["offset"] + piece["numel"]].clone()
-        expected = syncopate.encode_reference(spec, values.numpy(), piece.get("shapes") or [], state.codec_seed(index))
+        expected = syncopate.encode_reference(spec, values.numpy(), piece.get("shapes") or [], state.codec_seed(index),
+                                              piece.get("calls") or [])
         assert payload.numpy().tobytes() == expected, f"{spec}: piece {index}"

@@ -102,7 +102,8 @@ pub fn compute_time(scenario: &Scenario, profiled_us: f64) -> SimTime {
 /// Encode, communication (all rounds) and decode time of each piece of one group, as the
 /// engine will run them: the stages a pipelining strategy (HiPress's SeCoPa) reasons about.
 pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 3]>> {
-    // Strategies weigh the catalog's packed formats, one call per piece, as `exec` runs them.
+    // Strategies that price their codecs (`Strategy::prices_its_codecs`) weigh the catalog's
+    // packed formats in one call per piece: the plans they make say so.
     let servers = Servers::Colocated;
     lower_group(
         &scenario.model,
@@ -268,8 +269,8 @@ fn exchange_cost(
             // the n-1 hops decodes the incoming shard, adds and re-encodes it.
             let mut estimate = over_world(Op::Allreduce, bytes)?;
             let shard = piece.numel.max(1).div_ceil(u64::from(world.ranks)).max(1);
-            let hop = piece.compressor.decode_call_time(device, shard, 1)?
-                + piece.compressor.encode_time(device, shard)?;
+            let curves = CodecCurves::on(&piece.compressor, device);
+            let hop = curves.call_time(shard, 1) + curves.encode.time(shard);
             estimate.time += SimTime(hop.as_ns() * u64::from(world.ranks - 1));
             estimate
         }

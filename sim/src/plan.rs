@@ -383,14 +383,19 @@ impl Plan {
     }
 }
 
-/// A group compressed tensor by tensor needs a codec that works element by element: PowerSGD
-/// already compresses each matrix of its group on its own (in two rounds), and a
+/// A group compressed tensor by tensor needs a codec that works element by element into
+/// payloads of known length, laid one after another: PowerSGD already compresses each matrix
+/// of its group on its own (in two rounds), `threshold`'s length depends on the data, and a
 /// CaSync-Ring hop re-encodes shards that cut across tensors.
 fn check_calls_per_tensor(label: &str, g: usize, group: &Group) -> Result<()> {
-    let why = if group.compressor.allreduce_rounds() > 1 {
+    let c = group.compressor;
+    let why = if c.allreduce_rounds() > 1 {
         Some(format!(
-            "`{}` already compresses each matrix of its group on its own",
-            group.compressor
+            "`{c}` already compresses each matrix of its group on its own"
+        ))
+    } else if !c.fixed_size() {
+        Some(format!(
+            "`{c}`'s payloads have data-dependent lengths, which cannot be laid one after another without a length of their own"
         ))
     } else if group.scheme == Scheme::CompressedRing {
         Some("a compressed ring re-encodes shards that cut across tensors".to_string())
@@ -492,5 +497,8 @@ mod tests {
         let mut ring = plan.clone();
         ring.groups[3].scheme = Scheme::CompressedRing;
         refused(&ring, "shards");
+        let mut threshold = plan.clone();
+        threshold.groups[3].compressor = "threshold:0.01".parse().unwrap();
+        refused(&threshold, "data-dependent");
     }
 }

@@ -10,7 +10,7 @@ use crate::limits;
 use crate::noise::NoiseSpec;
 use crate::plan::{CompressOn, Plan};
 use crate::scenario::Scenario;
-use crate::schedule::{lower, LaunchPolicy, Schedule, Stream};
+use crate::schedule::{lower, LaunchPolicy, Piece, Schedule, Stream};
 use crate::time::SimTime;
 use crate::topology::Cluster;
 use crate::trace::Trace;
@@ -371,14 +371,9 @@ fn summarize(
         exposed_comm_ms: round6(per_iteration(&result.comm_exposed) / ranks / 1e6),
         compression_ms: round6(per_iteration(&result.codec_busy) / ranks / 1e6),
         comm_ms: round6(per_iteration(&result.comm_busy) / 1e6),
-        wire_bytes_per_rank: if world > 1 {
-            plan.groups
-                .iter()
-                .map(|g| g.wire_bytes(&scenario.model, plan.wire))
-                .sum()
-        } else {
-            0
-        },
+        // What the lowered pieces move (one rank has none): each piece encoded on its own, and
+        // each codec call when the plan compresses tensor by tensor.
+        wire_bytes_per_rank: schedule.pieces.iter().map(Piece::payload_bytes).sum(),
         groups: plan.groups.len(),
         collectives_per_iteration: collectives,
         compute_scale: round6(scenario.compute_scale),

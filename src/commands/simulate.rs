@@ -5,7 +5,7 @@ use anyhow::Context;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
-use syncopate_sim::plan::Target;
+use syncopate_sim::plan::{CodecCalls, Target};
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{simulate, SimOptions, Summary};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -45,13 +45,24 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         Some(loaded) => loaded,
         None => {
             let strategy: Strategy = args.strategy.parse()?;
+            let calls = args.codec_calls.codec_calls();
+            if calls == CodecCalls::Tensor && strategy.prices_its_codecs() {
+                return Err(SimError::bad_value(
+                    "--codec-calls",
+                    calls.name(),
+                    format!(
+                        "the `{strategy}` strategy chooses its compression by pricing one codec call per group; use `group`"
+                    ),
+                )
+                .into());
+            }
             let mut plan = strategy.plan(&base, &strategy_options(args)?)?;
             // `auto` leaves the strategy's own schemes (DeAR's split, HiPress's rings) alone.
             if args.scheme != SchemeArg::Auto {
                 plan.set_scheme(args.scheme.scheme());
             }
             plan.wire = args.wire.wire();
-            plan.codec_calls = args.codec_calls.codec_calls();
+            plan.codec_calls = calls;
             (plan, format!("strategy {strategy}"))
         }
     };

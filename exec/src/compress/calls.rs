@@ -3,7 +3,8 @@
 //! Horovod's `Compression`, GRACE and MergeComp's layer-wise baseline compress each gradient
 //! before the fused collective carries it. Every call's payload keeps its own format and
 //! headers (`exec/WIRE_FORMAT.md`), so the buffer's payload is their concatenation and each
-//! call's bytes are `Compressor::wire_bytes` of its elements: no length prefix is needed.
+//! call's bytes are `Compressor::wire_bytes` of its elements: no length prefix is needed (plans
+//! refuse the one compressor whose length depends on the data, `Compressor::fixed_size`).
 
 use super::{wire, Codec};
 use crate::error::Result;
@@ -82,15 +83,10 @@ impl Codec for PerTensor {
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
         out.resize(self.bytes, 0);
-        self.check(out.len(), grad.len())?;
-        for call in &mut self.calls {
-            call.codec.encode_into(
-                &grad[call.elements.clone()],
-                &mut out[call.bytes.clone()],
-                &mut self.scratch,
-            )?;
-        }
-        Ok(())
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let encoded = self.encode_into(grad, out, &mut scratch);
+        self.scratch = scratch;
+        encoded
     }
 
     fn encode_into(&mut self, grad: &[f32], out: &mut [u8], scratch: &mut Vec<u8>) -> Result<()> {

@@ -27,17 +27,25 @@ pub fn codec_seed(schedule: &Schedule, seed: u64, index: usize, rank: Option<u32
     )
 }
 
-/// Rank `rank`'s CPU codec for piece `index` (`None`: the parameter server's): one call on the
-/// piece, or one per tensor when the plan compresses each tensor on its own (each drawing from
-/// a seed of its own, shared across ranks where the piece's is).
+/// Rank `rank`'s CPU codec for piece `index` (`None`: the parameter server's).
 pub fn codec(schedule: &Schedule, seed: u64, index: usize, rank: Option<u32>) -> Box<dyn Codec> {
     let piece = &schedule.pieces[index];
-    let seed = codec_seed(schedule, seed, index, rank);
-    if piece.calls.is_empty() {
-        return codec_for_shapes(&piece.compressor, &piece.shapes(), seed);
+    piece_codec(
+        piece.compressor,
+        &piece.shapes(),
+        &piece.calls,
+        codec_seed(schedule, seed, index, rank),
+    )
+}
+
+/// A piece's codec drawing from `seed`: one call on the piece (over PowerSGD's matrices
+/// `shapes`), or one per element count of `calls` when the plan compresses each tensor on its
+/// own, each drawing from a seed of its own (shared across ranks where `seed` is).
+pub fn piece_codec(c: Compressor, shapes: &[&[u64]], calls: &[u64], seed: u64) -> Box<dyn Codec> {
+    if calls.is_empty() {
+        return codec_for_shapes(&c, shapes, seed);
     }
-    let c = piece.compressor;
-    Box::new(PerTensor::new(c, &piece.calls, |call| {
+    Box::new(PerTensor::new(c, calls, |call| {
         codec_for(&c, mix(seed, call as u64))
     }))
 }

@@ -650,6 +650,12 @@ impl Compressor {
         self.wire_bytes_as(numel, Wire::Packed)
     }
 
+    /// Whether every payload of `numel` elements is exactly [`Compressor::wire_bytes`] long;
+    /// `threshold`'s length depends on the data (its bytes are an upper bound).
+    pub fn fixed_size(&self) -> bool {
+        !matches!(self, Compressor::Threshold { .. })
+    }
+
     /// Bytes of one worker's payload of `numel` elements when the implementation lays its
     /// element codes out as `wire` says (the headers are the same either way).
     pub fn wire_bytes_as(&self, numel: u64, wire: Wire) -> u64 {

@@ -50,9 +50,7 @@ impl CodecCurves {
             }
         }
     }
-}
 
-impl CodecCurves {
     /// Time of one decode call that combines `payloads` payloads of `numel` elements each: the
     /// call's cost once and each payload's decode (an allgather's p, a pull's one).
     pub fn call_time(&self, numel: u64, payloads: u64) -> SimTime {
@@ -95,15 +93,21 @@ mod tests {
         assert!(CodecCurves::on(&topk, &v100).fallback);
         // Encode: 6 kernels × 5 µs + 24.08 B / (900 GB/s × 0.7) per element
         // = 30 000 + 38 222.2 ns for 10^6 elements.
-        assert_eq!(topk.encode_time(&v100, 1_000_000).unwrap(), SimTime(68_222));
+        assert_eq!(
+            CodecCurves::on(&topk, &v100).encode.time(1_000_000),
+            SimTime(68_222)
+        );
         // Decode: 1 kernel × 5 µs + 4.08 B / 630 GB/s = 5 000 + 6 476.2 ns.
-        assert_eq!(topk.decode_time(&v100, 1_000_000).unwrap(), SimTime(11_476));
+        assert_eq!(
+            CodecCurves::on(&topk, &v100).decode.time(1_000_000),
+            SimTime(11_476)
+        );
         // The other curves are still the profile's.
         let dgc: Compressor = "dgc:0.01".parse().unwrap();
         assert!(!CodecCurves::on(&dgc, &v100).fallback);
         let cost = &v100.compression["dgc"].encode;
         assert_eq!(
-            dgc.encode_time(&v100, 1_000_000).unwrap(),
+            CodecCurves::on(&dgc, &v100).encode.time(1_000_000),
             cost.time(1_000_000)
         );
     }
@@ -114,10 +118,10 @@ mod tests {
         let dgc: Compressor = "dgc:0.01".parse().unwrap();
         // 8.12 B / (15.5403 GB/s × 0.5) = 1.045 ns per element, no floor.
         assert_eq!(
-            dgc.encode_time(&host, 1_000_000).unwrap(),
+            CodecCurves::on(&dgc, &host).encode.time(1_000_000),
             SimTime(1_045_023)
         );
-        assert_eq!(dgc.encode_time(&host, 0).unwrap(), SimTime::ZERO);
+        assert_eq!(CodecCurves::on(&dgc, &host).encode.time(0), SimTime::ZERO);
     }
 
     fn gpu_profiles() -> Vec<DeviceProfile> {

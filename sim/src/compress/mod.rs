@@ -39,10 +39,6 @@ pub use catalog::{
 pub use fallback::{CodecCurves, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
 pub use memory::{Memory, MemoryCatalogEntry};
 
-use crate::device::DeviceProfile;
-use crate::error::Result;
-use crate::time::SimTime;
-
 /// How the payloads of p workers are combined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -64,31 +60,6 @@ impl Aggregation {
             Aggregation::Allgather => "allgather",
             Aggregation::ParameterServer => "parameter server",
         }
-    }
-}
-
-impl Compressor {
-    /// Encode time of `numel` elements on `device`: its cost curve, or the memory-bandwidth
-    /// fallback when the profile has none for this compressor ([`CodecCurves::on`]).
-    pub fn encode_time(&self, device: &DeviceProfile, numel: u64) -> Result<SimTime> {
-        Ok(CodecCurves::on(self, device).encode.time(numel))
-    }
-
-    /// Decode time of one payload of `numel` elements on `device`, as [`Compressor::encode_time`]
-    /// (without the call's own cost: see [`Compressor::decode_call_time`]).
-    pub fn decode_time(&self, device: &DeviceProfile, numel: u64) -> Result<SimTime> {
-        Ok(CodecCurves::on(self, device).decode.time(numel))
-    }
-
-    /// Time of one decode call that combines `payloads` payloads of `numel` elements each: the
-    /// call's cost once and each payload's decode (an allgather's p, a pull's one).
-    pub fn decode_call_time(
-        &self,
-        device: &DeviceProfile,
-        numel: u64,
-        payloads: u64,
-    ) -> Result<SimTime> {
-        Ok(CodecCurves::on(self, device).call_time(numel, payloads))
     }
 }
 

@@ -308,28 +308,32 @@ pub fn lower_group(
     encoding: Encoding,
 ) -> Vec<Piece> {
     let aggregation = group.aggregation();
-    let wire = encoding.wire;
-    let group_bytes = group.wire_bytes(model, wire);
-    let parts = u64::from(group.partitions);
     let per_tensor = encoding.calls == CodecCalls::Tensor && group.compressor != Compressor::None;
     slices(model, group)
         .into_iter()
         .enumerate()
         .map(|(p, (range, shapes))| {
+            let numel = range.end - range.start;
+            // A single call on the whole piece is the piece's own codec.
             let calls = match per_tensor {
                 true => tensor_calls(model, group, range.clone()),
                 false => Vec::new(),
             };
+            let calls = if calls.len() > 1 { calls } else { Vec::new() };
             let round_bytes = match (&shapes, group.compressor) {
                 (Some(shapes), Compressor::PowerSgd { rank }) => powersgd_round_bytes(shapes, rank),
-                // Each call's payload has the codec's headers of its own.
-                _ if per_tensor => smallvec![calls
-                    .iter()
-                    .map(|&n| group.compressor.wire_bytes_as(n, wire))
-                    .sum()],
+                // The executors encode each piece, and each of its calls, on its own: every
+                // call's payload carries the codec's headers and rounding of its own.
                 _ => {
-                    let own = share(group_bytes, p as u64, parts);
-                    smallvec![own.end - own.start]
+                    let sizes = if calls.is_empty() {
+                        &[numel][..]
+                    } else {
+                        &calls
+                    };
+                    smallvec![sizes
+                        .iter()
+                        .map(|&n| group.compressor.wire_bytes_as(n, encoding.wire))
+                        .sum()]
                 }
             };
             let rounds = round_bytes
@@ -347,13 +351,13 @@ pub fn lower_group(
                 group: g as u32,
                 part: p as u32,
                 offset: range.start,
-                numel: range.end - range.start,
+                numel,
                 compressor: group.compressor,
                 memory: group.memory,
                 scheme: group.scheme,
                 compress_on: group.compress_on,
                 aggregation,
-                wire,
+                wire: encoding.wire,
                 shapes,
                 rounds,
                 calls,
@@ -838,6 +842,12 @@ mod tests {
         broken(&|s| s.iteration_end = 1000, "iteration_end");
         broken(&|s| s.pieces[0].numel = 10_000, "pieces[0]");
         broken(&|s| s.policy.comm_streams = 0, "comm_streams");
+        broken(
+            &|s| s.pieces[0].calls = vec![u64::MAX, 2],
+            "pieces[0].calls",
+        );
+        broken(&|s| s.pieces[0].calls = vec![500, 400], "pieces[0].calls");
+        broken(&|s| s.pieces[0].calls = vec![500, 500], "uncompressed");
     }
 
     #[test]

@@ -235,6 +235,16 @@ impl Piece {
         self.shapes.iter().flatten().map(Vec::as_slice).collect()
     }
 
+    /// Bytes one rank contributes to the piece's exchanges per iteration: each payload round
+    /// once (an all-gather of shards moves the reduce-scatter's payload again).
+    pub fn payload_bytes(&self) -> u64 {
+        self.rounds
+            .iter()
+            .filter(|r| r.exchange != Exchange::AllgatherShards)
+            .map(|r| r.bytes)
+            .sum()
+    }
+
     /// Element counts of the codec calls that compress the piece: its `calls`, or the whole
     /// piece in one.
     pub fn codec_calls(&self) -> &[u64] {
@@ -242,6 +252,32 @@ impl Piece {
             true => std::slice::from_ref(&self.numel),
             false => &self.calls,
         }
+    }
+}
+
+/// What is wrong with a piece's codec calls, if anything: they must be two or more non-empty
+/// parts that add up to the piece, of an element-wise codec (as `lower` makes them).
+fn bad_calls(piece: &Piece) -> Option<String> {
+    if piece.calls.is_empty() {
+        return None;
+    }
+    let total = piece
+        .calls
+        .iter()
+        .try_fold(0u64, |sum, &n| sum.checked_add(n).filter(|_| n > 0));
+    if piece.calls.len() < 2 || total != Some(piece.numel) {
+        return Some(format!(
+            "{} calls must be two or more non-empty parts adding up to the piece's {} elements",
+            piece.calls.len(),
+            piece.numel
+        ));
+    }
+    match piece.compressor {
+        Compressor::None => Some("an uncompressed piece has no codec calls".into()),
+        c if c.allreduce_rounds() > 1 || !c.fixed_size() => {
+            Some(format!("`{c}` compresses its piece in one call"))
+        }
+        _ => None,
     }
 }
 
@@ -493,6 +529,9 @@ impl Schedule {
                     format!("pieces[{p}].rounds"),
                     "needs at least one round".into(),
                 );
+            }
+            if let Some(message) = bad_calls(piece) {
+                return bad(format!("pieces[{p}].calls"), message);
             }
             for round in &piece.rounds {
                 if let Exchange::PushPull { server } = round.exchange {

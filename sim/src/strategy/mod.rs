@@ -60,6 +60,18 @@ pub enum Strategy {
     Espresso,
 }
 
+impl Strategy {
+    /// Whether the strategy chooses compression by pricing candidate plans itself (MergeComp's
+    /// group count, HiPress's SeCoPa, Espresso's per-tensor choice): it prices one codec call
+    /// per piece, so its plan describes that implementation only.
+    pub fn prices_its_codecs(&self) -> bool {
+        matches!(
+            self,
+            Strategy::MergeComp | Strategy::HiPress(_) | Strategy::Espresso
+        )
+    }
+}
+
 /// Parameters strategies use, with the frameworks' defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StrategyOptions {
