@@ -102,7 +102,7 @@ pub fn compute_time(scenario: &Scenario, profiled_us: f64) -> SimTime {
 /// Encode, communication (all rounds) and decode time of each piece of one group, as the
 /// engine will run them: the stages a pipelining strategy (HiPress's SeCoPa) reasons about.
 pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 3]>> {
-    // Strategies that price their codecs (`Strategy::prices_its_codecs`) weigh the catalog's
+    // Strategies that price their codecs (`Strategy::check_codec_calls`) weigh the catalog's
     // packed formats in one call per piece: the plans they make say so.
     let servers = Servers::Colocated;
     lower_group(

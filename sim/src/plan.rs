@@ -393,7 +393,7 @@ fn check_calls_per_tensor(label: &str, g: usize, group: &Group) -> Result<()> {
         Some(format!(
             "`{c}` already compresses each matrix of its group on its own"
         ))
-    } else if !c.fixed_size() {
+    } else if !c.splits_into_calls() {
         Some(format!(
             "`{c}`'s payloads have data-dependent lengths, which cannot be laid one after another without a length of their own"
         ))

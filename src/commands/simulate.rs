@@ -5,7 +5,7 @@ use anyhow::Context;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
-use syncopate_sim::plan::{CodecCalls, Target};
+use syncopate_sim::plan::Target;
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{simulate, SimOptions, Summary};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -46,16 +46,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         None => {
             let strategy: Strategy = args.strategy.parse()?;
             let calls = args.codec_calls.codec_calls();
-            if calls == CodecCalls::Tensor && strategy.prices_its_codecs() {
-                return Err(SimError::bad_value(
-                    "--codec-calls",
-                    calls.name(),
-                    format!(
-                        "the `{strategy}` strategy chooses its compression by pricing one codec call per group; use `group`"
-                    ),
-                )
-                .into());
-            }
+            strategy.check_codec_calls(calls, "--codec-calls")?;
             let mut plan = strategy.plan(&base, &strategy_options(args)?)?;
             // `auto` leaves the strategy's own schemes (DeAR's split, HiPress's rings) alone.
             if args.scheme != SchemeArg::Auto {

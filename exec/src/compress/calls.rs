@@ -4,7 +4,7 @@
 //! before the fused collective carries it. Every call's payload keeps its own format and
 //! headers (`exec/WIRE_FORMAT.md`), so the buffer's payload is their concatenation and each
 //! call's bytes are `Compressor::wire_bytes` of its elements: no length prefix is needed (plans
-//! refuse the one compressor whose length depends on the data, `Compressor::fixed_size`).
+//! refuse the one compressor whose length depends on the data, `Compressor::splits_into_calls`).
 
 use super::{wire, Codec};
 use crate::error::Result;

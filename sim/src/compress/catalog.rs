@@ -650,10 +650,12 @@ impl Compressor {
         self.wire_bytes_as(numel, Wire::Packed)
     }
 
-    /// Whether every payload of `numel` elements is exactly [`Compressor::wire_bytes`] long;
-    /// `threshold`'s length depends on the data (its bytes are an upper bound).
-    pub fn fixed_size(&self) -> bool {
-        !matches!(self, Compressor::Threshold { .. })
+    /// Whether a buffer can be compressed in a codec call per tensor, the calls' payloads one
+    /// after another: a single-round codec whose payload of `numel` elements is exactly
+    /// [`Compressor::wire_bytes`] long. Not PowerSGD (two rounds, already matrix by matrix)
+    /// nor `threshold` (its length depends on the data; its bytes are an upper bound).
+    pub fn splits_into_calls(&self) -> bool {
+        self.allreduce_rounds() == 1 && !matches!(self, Compressor::Threshold { .. })
     }
 
     /// Bytes of one worker's payload of `numel` elements when the implementation lays its

@@ -274,9 +274,7 @@ fn bad_calls(piece: &Piece) -> Option<String> {
     }
     match piece.compressor {
         Compressor::None => Some("an uncompressed piece has no codec calls".into()),
-        c if c.allreduce_rounds() > 1 || !c.fixed_size() => {
-            Some(format!("`{c}` compresses its piece in one call"))
-        }
+        c if !c.splits_into_calls() => Some(format!("`{c}` compresses its piece in one call")),
         _ => None,
     }
 }

@@ -16,7 +16,7 @@ pub use fixed_groups::{groups as fixed_groups, GroupingRule};
 use crate::compress::{Compressor, Memory};
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
-use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
+use crate::plan::{CodecCalls, CompressOn, Group, Launch, Plan, Policy, Scheme};
 use crate::scenario::Scenario;
 use std::fmt;
 use std::str::FromStr;
@@ -61,14 +61,25 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    /// Whether the strategy chooses compression by pricing candidate plans itself (MergeComp's
-    /// group count, HiPress's SeCoPa, Espresso's per-tensor choice): it prices one codec call
-    /// per piece, so its plan describes that implementation only.
-    pub fn prices_its_codecs(&self) -> bool {
-        matches!(
+    /// An error naming `field` when the strategy's plan cannot take `calls`: a strategy that
+    /// chooses compression by pricing candidate plans itself (MergeComp's group count,
+    /// HiPress's SeCoPa, Espresso's per-tensor choice) prices one codec call per piece, so its
+    /// plan describes that implementation only.
+    pub fn check_codec_calls(&self, calls: CodecCalls, field: &str) -> Result<()> {
+        let prices_its_codecs = matches!(
             self,
             Strategy::MergeComp | Strategy::HiPress(_) | Strategy::Espresso
-        )
+        );
+        if calls == CodecCalls::Tensor && prices_its_codecs {
+            return Err(SimError::bad_value(
+                field,
+                calls.name(),
+                format!(
+                    "the `{self}` strategy chooses its compression by pricing one codec call per group; use `group`"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -1,7 +1,7 @@
 //! Grids of simulations (model × cluster layout × strategy × compressor) run in parallel, with infeasible combinations kept as skipped rows.
 
 use crate::compress::{Compressor, Memory};
-use crate::error::{Result, SimError};
+use crate::error::Result;
 use crate::model::ModelProfile;
 use crate::plan::{CodecCalls, Scheme};
 use crate::scenario::Scenario;
@@ -149,13 +149,9 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
 }
 
 fn run_point(point: &Point, scenario: Scenario, base: &StrategyOptions) -> Result<Summary> {
-    if point.codec_calls == CodecCalls::Tensor && point.strategy.prices_its_codecs() {
-        return Err(SimError::bad_value(
-            "codec_calls",
-            "tensor",
-            "the strategy chooses its compression by pricing one codec call per group",
-        ));
-    }
+    point
+        .strategy
+        .check_codec_calls(point.codec_calls, "codec_calls")?;
     let options = StrategyOptions {
         compressor: point.compressor,
         memory: point.memory,
