@@ -1,7 +1,7 @@
 //! The simulator: closed-form cases by hand, engine invariants, the symmetric fast path, noise.
 
 use std::collections::HashMap;
-use syncopate_sim::collective::{Links, ServerLink};
+use syncopate_sim::collective::{Links, Naming, ServerLink};
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::engine::{self, CoreShare, EngineConfig, Noise};
 use syncopate_sim::graph::TaskGraph;
@@ -75,7 +75,7 @@ fn run(
 /// `iterations` iterations of the plan on the scenario, priced.
 fn graph(scenario: &Scenario, plan: &Plan, iterations: u32) -> TaskGraph {
     let schedule = schedule(scenario, plan).unwrap();
-    task_graph(scenario, &schedule, iterations).unwrap()
+    task_graph(scenario, &schedule, iterations, Naming::Library).unwrap()
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The cost pass: how long each step of a schedule takes on a scenario's hardware, from the compute profile, the codec curves and the collective models.
 
-use crate::collective::{self, Estimate, Group as RankGroup, Links, Op, ServerLink};
+use crate::collective::{self, Estimate, Group as RankGroup, Links, Naming, Op, ServerLink};
 use crate::compress::{Aggregation, CodecCurves, Memory};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
@@ -56,11 +56,15 @@ impl PieceCost {
 }
 
 /// The cost of every step of `schedule` (one entry per step) on the scenario's hardware.
-pub fn step_costs(scenario: &Scenario, schedule: &Schedule) -> Result<Vec<StepCost>> {
+pub fn step_costs(
+    scenario: &Scenario,
+    schedule: &Schedule,
+    naming: Naming,
+) -> Result<Vec<StepCost>> {
     let pieces: Vec<PieceCost> = schedule
         .pieces
         .iter()
-        .map(|piece| piece_cost(scenario, schedule.servers, piece))
+        .map(|piece| piece_cost(scenario, schedule.servers, piece, naming))
         .collect::<Result<_>>()?;
     Ok(schedule
         .steps
@@ -116,7 +120,7 @@ pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 
     )
     .iter()
     .map(|piece| {
-        let cost = piece_cost(scenario, servers, piece)?;
+        let cost = piece_cost(scenario, servers, piece, Naming::Priced)?;
         Ok([
             cost.compensate + cost.encode,
             cost.rounds.iter().map(|(r, _)| r.time).sum(),
@@ -147,7 +151,12 @@ mod pass {
     pub const SCALE: f64 = 8.0;
 }
 
-fn piece_cost(scenario: &Scenario, servers: Servers, piece: &Piece) -> Result<PieceCost> {
+fn piece_cost(
+    scenario: &Scenario,
+    servers: Servers,
+    piece: &Piece,
+    naming: Naming,
+) -> Result<PieceCost> {
     let cluster = &scenario.cluster;
     let device = codec_device(scenario, piece)?;
     let world = u64::from(cluster.world_size());
@@ -197,6 +206,7 @@ fn piece_cost(scenario: &Scenario, servers: Servers, piece: &Piece) -> Result<Pi
                 device,
                 round.exchange,
                 round.bytes,
+                naming,
             )?;
             estimate.delay_with_compute = delay_with_compute(scenario, round.exchange);
             Ok((estimate, links))
@@ -245,11 +255,11 @@ fn exchange_cost(
     device: &DeviceProfile,
     exchange: Exchange,
     bytes: u64,
+    naming: Naming,
 ) -> Result<(Estimate, Links)> {
     let cluster = &scenario.cluster;
     let world = RankGroup::world(cluster);
-    let over_world =
-        |op, bytes| collective::estimate_named(cluster, op, bytes, world, scenario.naming);
+    let over_world = |op, bytes| collective::estimate_named(cluster, op, bytes, world, naming);
     let estimate = match exchange {
         Exchange::HierarchicalAllreduce => {
             collective::estimate_hierarchical_allreduce(cluster, bytes)?
@@ -353,7 +363,7 @@ mod tests {
             &plan.groups[0],
             Encoding::default(),
         );
-        let decode = piece_cost(&scenario, Servers::Colocated, &pieces[0])
+        let decode = piece_cost(&scenario, Servers::Colocated, &pieces[0], Naming::Priced)
             .unwrap()
             .decode;
         (decode, pieces[0].numel)
@@ -394,7 +404,7 @@ mod tests {
                 &plan.groups[0],
                 encoding,
             );
-            piece_cost(&scenario, Servers::Colocated, &pieces[0]).unwrap()
+            piece_cost(&scenario, Servers::Colocated, &pieces[0], Naming::Priced).unwrap()
         };
         let (fused, each) = (piece(CodecCalls::Group), piece(CodecCalls::Tensor));
         // Two more floors for the encode; per call, one for its aggregate and one for each of

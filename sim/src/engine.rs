@@ -590,7 +590,17 @@ impl Engine<'_> {
         self.rerate_local(rank, LocalStream::Compute, rate);
     }
 
+    /// Called at every compute task's start and end, where most ranks run no codec task: the
+    /// check inlines, the rerating does not.
+    #[inline(always)]
     fn rerate_codec(&mut self, rank: u32) {
+        if self.codec_active[rank as usize] {
+            self.rerate_running_codec(rank);
+        }
+    }
+
+    #[inline(never)]
+    fn rerate_running_codec(&mut self, rank: u32) {
         let rate = self.codec_rate(rank);
         self.rerate_local(rank, LocalStream::Codec, rate);
     }
@@ -730,7 +740,17 @@ impl Engine<'_> {
 
     /// Counts the rank in or out of the CPU-busy ranks after one of its streams started or
     /// stopped, and rerates the collectives when that changed.
+    #[inline(always)]
     fn refresh_cpu_busy(&mut self, rank: u32) {
+        // Only CPU ranks' collectives slow beside busy cores (GPU clusters have 1): elsewhere
+        // the count is never read, and this runs at every local task's start and end.
+        if self.config.comm_slowdown_with_compute != 1.0 {
+            self.count_cpu_busy(rank);
+        }
+    }
+
+    #[inline(never)]
+    fn count_cpu_busy(&mut self, rank: u32) {
         let r = rank as usize;
         let busy = self.ranks[r].compute.running.is_some() || self.codec_active[r];
         if busy != self.cpu_busy[r] {
@@ -740,10 +760,7 @@ impl Engine<'_> {
             } else {
                 self.cpu_busy_ranks -= 1;
             }
-            // Only CPU ranks' collectives slow beside busy cores (GPU clusters have 1).
-            if self.config.comm_slowdown_with_compute != 1.0 {
-                self.rerate_comm();
-            }
+            self.rerate_comm();
         }
     }
 

@@ -22,13 +22,8 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
-    /// Evaluates plans on `scenario`. Only times are asked for, so collectives are not named
-    /// by NCCL's tuner.
+    /// Evaluates plans on `scenario`.
     pub fn new(scenario: Scenario) -> Evaluator {
-        let scenario = Scenario {
-            naming: Naming::Priced,
-            ..scenario
-        };
         Evaluator { scenario }
     }
 
@@ -54,10 +49,10 @@ pub fn steady_iteration_time(scenario: &Scenario, plan: &Plan) -> Result<SimTime
     let schedule = schedule(scenario, plan)?;
     let config = engine_config(scenario, &schedule, 1, 0);
     if !policy.overlap_forward && policy.cycle_time_us == 0.0 {
-        let graph = task_graph(scenario, &schedule, 1)?;
+        let graph = task_graph(scenario, &schedule, 1, Naming::Priced)?;
         return Ok(engine::run(&graph, &config, &Noise::default())?.makespan);
     }
-    let graph = task_graph(scenario, &schedule, WARMUP + 1)?;
+    let graph = task_graph(scenario, &schedule, WARMUP + 1, Naming::Priced)?;
     let result = engine::run(&graph, &config, &Noise::default())?;
     let ends = &result.iteration_end;
     Ok(ends[WARMUP as usize] - ends[WARMUP as usize - 1])

@@ -1,5 +1,6 @@
 //! Property tests of the whole pipeline (lower → unroll → cost → engine) over random small models, plans and worlds.
 
+use crate::collective::Naming;
 use crate::compress::{Compressor, Memory};
 use crate::engine::{self, EngineConfig, EngineResult};
 use crate::model::ModelProfile;
@@ -179,7 +180,7 @@ fn run(
     seed: u64,
 ) -> (crate::graph::TaskGraph, EngineConfig, EngineResult) {
     let schedule = schedule(scenario, plan).unwrap();
-    let graph = task_graph(scenario, &schedule, 3).unwrap();
+    let graph = task_graph(scenario, &schedule, 3, Naming::Priced).unwrap();
     let ranks = scenario.cluster.world_size();
     let config = engine_config(scenario, &schedule, ranks, ranks);
     let noise = NoiseSpec {

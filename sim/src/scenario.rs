@@ -1,6 +1,5 @@
 //! A scenario: a model on a cluster with its device profiles resolved and checked; plans run on it.
 
-use crate::collective::Naming;
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
@@ -20,9 +19,6 @@ pub struct Scenario {
     /// Multiplier on the model profile's compute times to carry them from the device they were
     /// measured on to the cluster's (1 when they are the same device).
     pub compute_scale: f64,
-    /// What the cost pass names each collective's algorithm and protocol by (its time is the
-    /// same either way).
-    pub naming: Naming,
 }
 
 impl Scenario {
@@ -52,7 +48,6 @@ impl Scenario {
             device,
             host_codec: None,
             compute_scale,
-            naming: Naming::Library,
         })
     }
 

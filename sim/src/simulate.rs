@@ -1,6 +1,7 @@
 //! Runs a scenario: picks the symmetric or explicit path, draws noise, runs the engine over
 //! warm-up and measured iterations, and summarizes the steady state.
 
+use crate::collective::Naming;
 use crate::compress::{CodecCurves, Compressor, Memory};
 use crate::cost::step_costs;
 use crate::engine::{self, CoreShare, EngineConfig, EngineResult};
@@ -128,8 +129,15 @@ pub fn schedule(scenario: &Scenario, plan: &Plan) -> Result<Schedule> {
 }
 
 /// `iterations` iterations of the schedule, every task priced by the cost pass.
-pub fn task_graph(scenario: &Scenario, schedule: &Schedule, iterations: u32) -> Result<TaskGraph> {
-    let costs = step_costs(scenario, schedule)?;
+/// `naming` says whether the estimates carry NCCL's tuner's algorithm and protocol, which only a
+/// trace shows (the times are the same either way).
+pub fn task_graph(
+    scenario: &Scenario,
+    schedule: &Schedule,
+    iterations: u32,
+    naming: Naming,
+) -> Result<TaskGraph> {
+    let costs = step_costs(scenario, schedule, naming)?;
     TaskGraph::new(schedule, &costs, iterations)
 }
 
@@ -181,7 +189,12 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
         )
     })?;
     let schedule = schedule(scenario, plan)?;
-    let graph = task_graph(scenario, &schedule, total)?;
+    let traced = options.trace_ranks.min(ranks) > 0;
+    let naming = match traced {
+        true => Naming::Library,
+        false => Naming::Priced,
+    };
+    let graph = task_graph(scenario, &schedule, total, naming)?;
     if too_many(graph.len()) {
         return Err(SimError::bad_value(
             "--explicit/--jitter/--straggler/the model's rank_skew",
@@ -317,7 +330,7 @@ fn steady_iterations(result: &EngineResult, warmup: u32) -> Vec<SimTime> {
 fn single_gpu_time(scenario: &Scenario, plan: &Plan, warmup: u32) -> Result<SimTime> {
     let single = scenario.single_gpu();
     let schedule = schedule(&single, plan)?;
-    let graph = task_graph(&single, &schedule, warmup + 1)?;
+    let graph = task_graph(&single, &schedule, warmup + 1, Naming::Priced)?;
     let config = EngineConfig::uncontended(
         1,
         LaunchPolicy {
@@ -508,6 +521,41 @@ mod tests {
         assert_eq!(json["codec_cost_fallback"][0]["compressor"], "topk");
         // The V100's calibrated top-k costs 16× the bandwidth bound the fallback charges.
         assert!(estimated.compression_ms < profiled.compression_ms);
+    }
+
+    #[test]
+    fn only_a_trace_asks_nccls_tuner_for_names_and_the_times_agree() {
+        let overrides = ClusterOverrides {
+            nodes: Some(2),
+            ..ClusterOverrides::default()
+        };
+        let scenario = Scenario::new(
+            ModelProfile::load("resnet50").unwrap(),
+            Cluster::load("v100-10gbe", overrides).unwrap(),
+        )
+        .unwrap();
+        let plan = "horovod"
+            .parse::<Strategy>()
+            .unwrap()
+            .plan(&scenario, &StrategyOptions::default())
+            .unwrap();
+        let run = |trace_ranks| {
+            let options = SimOptions {
+                trace_ranks,
+                ..SimOptions::default()
+            };
+            simulate(&scenario, &plan, &options).unwrap()
+        };
+        let (plain, traced) = (run(0), run(1));
+        assert_eq!(plain.iteration_times, traced.iteration_times);
+        assert!(plain.trace.is_none());
+        let trace = traced.trace.unwrap();
+        let named = trace
+            .trace_events
+            .iter()
+            .filter(|e| e.args.get("algorithm").is_some())
+            .count();
+        assert!(named > 0, "no collective of the trace is named");
     }
 
     #[test]
