@@ -529,6 +529,10 @@ pub struct SweepArgs {
     /// Error-feedback memory for every compressed run.
     #[arg(long, default_value = "none")]
     pub memory: String,
+    /// Compress each group in one codec call, or each tensor in a call of its own before the
+    /// group's fused collective (strategies that price their own codecs skip `tensor`).
+    #[arg(long, value_enum, default_value = "group")]
+    pub codec_calls: CodecCallsArg,
     /// Folder for sweep.csv and sweep.svg (created if missing).
     #[arg(long, default_value = "sweep")]
     pub out: PathBuf,

@@ -189,6 +189,57 @@ fn sweep_writes_table_csv_and_svg() {
 }
 
 #[test]
+fn sweep_compresses_tensor_by_tensor_when_asked() {
+    let run = |calls: &str| {
+        let out_dir = scratch(&format!("sweep-calls-{calls}"));
+        let out = syncopate(&[
+            "sweep",
+            "--model",
+            "resnet50",
+            "--cluster",
+            "v100-10gbe",
+            "--nodes",
+            "2",
+            "--strategy",
+            "horovod,mergecomp",
+            "--compressor",
+            "topk:0.01",
+            "--memory",
+            "residual",
+            "--codec-calls",
+            calls,
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap()
+    };
+    let field = |csv: &str, strategy: &str, column: &str| -> String {
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let at = header.iter().position(|&c| c == column).unwrap();
+        let line = lines
+            .find(|l| l.split(',').nth(6) == Some(strategy))
+            .unwrap();
+        line.split(',').nth(at).unwrap().to_string()
+    };
+    let (group, tensor) = (run("group"), run("tensor"));
+    assert_eq!(field(&group, "horovod", "codec_calls"), "group");
+    assert_eq!(field(&tensor, "horovod", "codec_calls"), "tensor");
+    // 161 top-k calls instead of one per fusion group: more floors to pay.
+    let time = |csv: &str| -> f64 { field(csv, "horovod", "iteration_time_ms").parse().unwrap() };
+    assert!(
+        time(&tensor) > time(&group),
+        "{} vs {}",
+        time(&tensor),
+        time(&group)
+    );
+    // MergeComp prices one call per group: skipped with the reason, not failed.
+    assert!(field(&tensor, "mergecomp", "status").contains("codec_calls"));
+    assert_eq!(field(&group, "mergecomp", "status"), "ok");
+}
+
+#[test]
 fn sweep_rejects_unknown_strategy_and_zero_bandwidth() {
     let out_dir = scratch("sweep-bad");
     let base = [

@@ -42,6 +42,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         strategies: &strategies,
         compressors: &compressors,
         memory,
+        codec_calls: args.codec_calls.codec_calls(),
     };
     let rows = sweep::run(&grid.points(), &StrategyOptions::default())?;
     if rows

@@ -77,6 +77,7 @@ pub struct Grid<'a> {
     pub strategies: &'a [Strategy],
     pub compressors: &'a [Compressor],
     pub memory: Memory,
+    pub codec_calls: CodecCalls,
 }
 
 impl Grid<'_> {
@@ -98,7 +99,7 @@ impl Grid<'_> {
                             compressor,
                             memory: self.memory,
                             scheme: None,
-                            codec_calls: CodecCalls::Group,
+                            codec_calls: self.codec_calls,
                         });
                     }
                 }

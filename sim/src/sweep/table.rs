@@ -45,7 +45,7 @@ pub fn csv(rows: &[Row]) -> Csv {
 
 /// The columns of [`layout_fields`], [`config_fields`] and [`outcome_fields`].
 pub const LAYOUT_COLUMNS: [&str; 4] = ["inter_gbps", "nodes", "gpus_per_node", "gpus"];
-pub const CONFIG_COLUMNS: [&str; 3] = ["strategy", "compressor", "memory"];
+pub const CONFIG_COLUMNS: [&str; 4] = ["strategy", "compressor", "memory", "codec_calls"];
 pub const OUTCOME_COLUMNS: [&str; 4] = [
     "status",
     "iteration_time_ms",
@@ -64,13 +64,14 @@ pub fn layout_fields(row: &Row) -> [String; 4] {
     ]
 }
 
-/// The configuration's columns: `strategy`, `compressor`, `memory`.
-pub fn config_fields(row: &Row) -> [String; 3] {
+/// The configuration's columns: `strategy`, `compressor`, `memory`, `codec_calls`.
+pub fn config_fields(row: &Row) -> [String; 4] {
     let p = &row.point;
     [
         p.strategy.to_string(),
         p.compressor.to_string(),
         p.memory.to_string(),
+        p.codec_calls.name().to_string(),
     ]
 }
 
@@ -146,6 +147,7 @@ pub fn panels(rows: &[Row], inter_gbps: &[f64]) -> Vec<Panel> {
 mod tests {
     use super::*;
     use crate::compress::Memory;
+    use crate::plan::CodecCalls;
     use crate::strategy::{Strategy, StrategyOptions};
     use crate::sweep::{self, Grid};
 
@@ -160,6 +162,7 @@ mod tests {
             strategies: &strategies,
             compressors: &[Compressor::None],
             memory: Memory::None,
+            codec_calls: CodecCalls::Group,
         };
         sweep::run(&grid.points(), &StrategyOptions::default()).unwrap()
     }
