@@ -570,6 +570,11 @@ pub struct TuneArgs {
     /// What to search: fusion (groups, count, thresholds), compression (per-group choice), all.
     #[arg(long, default_value = "fusion")]
     pub search: String,
+    /// How every candidate's codecs run: one call per group, or one per tensor before the
+    /// group's fused collective (`auto` then leaves out PowerSGD; baselines that price their own
+    /// codecs are skipped).
+    #[arg(long, value_enum, default_value = "group")]
+    pub codec_calls: CodecCallsArg,
     /// Write the best plan here (`simulate --plan` on it reproduces the tuned time).
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -5,7 +5,7 @@ use crate::common::{stderr, stdout, syncopate};
 use syncopate_sim::compress::{Compressor, Memory};
 use syncopate_sim::evaluate::Evaluator;
 use syncopate_sim::model::ModelProfile;
-use syncopate_sim::plan::{Launch, Scheme};
+use syncopate_sim::plan::{CodecCalls, Launch, Scheme};
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::search::{contiguous_plan, lower_bound, tune, Choice, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -85,7 +85,7 @@ fn tuned_plan_is_within_one_percent_of_exhaustive_search_on_small_models() {
                     .collect();
                 best = best.min(
                     evaluator
-                        .iteration_time(&contiguous_plan(&base, assigned))
+                        .iteration_time(&contiguous_plan(&base, assigned, CodecCalls::Group))
                         .unwrap(),
                 );
             }
@@ -94,6 +94,7 @@ fn tuned_plan_is_within_one_percent_of_exhaustive_search_on_small_models() {
             space: SearchSpace::All,
             compressors: choices[1..].to_vec(),
             options: StrategyOptions::default(),
+            codec_calls: CodecCalls::Group,
         };
         let tuned = tune(&base, &request, &|_| {}).unwrap();
         assert!(
@@ -133,6 +134,7 @@ fn tuned_plan_is_never_slower_than_a_baseline_and_bounds_hold() {
             space,
             compressors,
             options: StrategyOptions::default(),
+            codec_calls: CodecCalls::Group,
         };
         let result = tune(&base, &request, &|_| {}).unwrap();
         assert!(result.baselines.len() >= 7, "{model}");
@@ -318,6 +320,73 @@ fn tune_cli_writes_a_plan_that_simulate_reproduces() {
     assert!(stderr(&bad).contains("valid: fusion, compression, all"));
 }
 
+#[test]
+fn tune_compresses_tensor_by_tensor_when_asked() {
+    let dir = crate::common::scratch("tune-tensor-calls");
+    let out = dir.join("tuned.json");
+    let args = |calls: &str, compressor: &str| {
+        syncopate(&[
+            "tune",
+            "--model",
+            "resnet50",
+            "--cluster",
+            "v100-10gbe",
+            "--nodes",
+            "2",
+            "--compressor",
+            compressor,
+            "--search",
+            "all",
+            "--codec-calls",
+            calls,
+            "--out",
+            out.to_str().unwrap(),
+            "--format",
+            "json",
+        ])
+    };
+    let tuned = args("tensor", "auto");
+    assert!(tuned.status.success(), "{}", stderr(&tuned));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&tuned)).unwrap();
+    assert_eq!(report["plan"]["codec_calls"], "tensor");
+    // Every compressed group can be split into calls: `auto`'s PowerSGD is left out.
+    for group in report["plan"]["groups"].as_array().unwrap() {
+        let compressor = group["compressor"].as_str().unwrap_or("none");
+        assert!(!compressor.starts_with("powersgd"), "{compressor}");
+    }
+    // The strategies that price one call per group say why they were skipped.
+    let mergecomp = report["baselines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["strategy"] == "mergecomp")
+        .unwrap();
+    assert!(mergecomp["skipped"]
+        .as_str()
+        .unwrap()
+        .contains("--codec-calls"));
+    let simulated = syncopate(&[
+        "simulate",
+        "--plan",
+        out.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(simulated.status.success(), "{}", stderr(&simulated));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&simulated)).unwrap();
+    assert_eq!(
+        summary["iteration_time_ms"],
+        report["best_iteration_time_ms"]
+    );
+    let refused = args("tensor", "powersgd:4");
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("--codec-calls"),
+        "{}",
+        stderr(&refused)
+    );
+}
+
 /// `--compressor auto` with every search on every GPU cluster: candidates a scheme cannot carry
 /// (PowerSGD's two rounds under DeAR's split) are skipped and counted, never fatal; baselines
 /// that cannot run say why; the bound stays below the tuned time.
@@ -335,6 +404,7 @@ fn tune_skips_infeasible_candidates_and_says_why_baselines_cannot_run() {
         space: SearchSpace::All,
         compressors,
         options: StrategyOptions::default(),
+        codec_calls: CodecCalls::Group,
     };
     let result = tune(&base, &request, &|_| {}).unwrap();
     assert!(result.infeasible > 0);

@@ -8,7 +8,7 @@ use std::hint::black_box;
 use syncopate_sim::compress::{auto_specs, Compressor, Memory};
 use syncopate_sim::evaluate::Evaluator;
 use syncopate_sim::model::ModelProfile;
-use syncopate_sim::plan::Plan;
+use syncopate_sim::plan::{CodecCalls, Plan};
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::search::{contiguous_plan, tune, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::{GroupingRule, Strategy, StrategyOptions};
@@ -36,7 +36,7 @@ fn candidates(base: &Scenario) -> Vec<Plan> {
                 .into_iter()
                 .map(|g| (g.tensors, (Compressor::None, Memory::None)))
                 .collect();
-            contiguous_plan(base, groups)
+            contiguous_plan(base, groups, CodecCalls::Group)
         })
         .collect()
 }
@@ -79,6 +79,7 @@ fn search(c: &mut Criterion) {
             })
             .collect(),
         options: StrategyOptions::default(),
+        codec_calls: CodecCalls::Group,
     };
     let mut group = c.benchmark_group("bert-large/64xV100");
     group.sample_size(10);

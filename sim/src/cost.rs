@@ -104,10 +104,13 @@ pub fn compute_time(scenario: &Scenario, profiled_us: f64) -> SimTime {
 }
 
 /// Encode, communication (all rounds) and decode time of each piece of one group, as the
-/// engine will run them: the stages a pipelining strategy (HiPress's SeCoPa) reasons about.
-pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 3]>> {
-    // Strategies that price their codecs (`Strategy::check_codec_calls`) weigh the catalog's
-    // packed formats in one call per piece: the plans they make say so.
+/// engine will run them with the plan's `encoding`: the stages a pipelining strategy (HiPress's
+/// SeCoPa) and the tuner's surrogate reason about.
+pub fn piece_stages(
+    scenario: &Scenario,
+    group: &Group,
+    encoding: Encoding,
+) -> Result<Vec<[SimTime; 3]>> {
     let servers = Servers::Colocated;
     lower_group(
         &scenario.model,
@@ -116,7 +119,7 @@ pub fn piece_stages(scenario: &Scenario, group: &Group) -> Result<Vec<[SimTime; 
         0,
         0,
         group,
-        Encoding::default(),
+        encoding,
     )
     .iter()
     .map(|piece| {

@@ -8,11 +8,12 @@ use std::io::IsTerminal;
 use std::time::Instant;
 use syncopate_sim::compress::{auto_specs, Compressor};
 use syncopate_sim::model::ModelProfile;
-use syncopate_sim::plan::Plan;
+use syncopate_sim::plan::{CodecCalls, Plan};
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::search::{tune, Choice, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::StrategyOptions;
 use syncopate_sim::topology::Cluster;
+use syncopate_sim::SimError;
 
 #[derive(Serialize)]
 struct BaselineJson {
@@ -66,6 +67,34 @@ fn choices(args: &TuneArgs) -> anyhow::Result<Vec<Choice>> {
         .collect()
 }
 
+/// The choices that can run with `codec_calls`: per-tensor calls leave out the compressors that
+/// cannot be split into them (`auto`'s PowerSGD); one named with `--compressor` is an error.
+fn splittable(
+    choices: Vec<Choice>,
+    args: &TuneArgs,
+    codec_calls: CodecCalls,
+) -> anyhow::Result<Vec<Choice>> {
+    if codec_calls == CodecCalls::Group {
+        return Ok(choices);
+    }
+    if args.compressor != "auto" {
+        if let Some((compressor, _)) = choices.iter().find(|(c, _)| !c.splits_into_calls()) {
+            return Err(SimError::bad_value(
+                "--codec-calls",
+                codec_calls.name(),
+                format!(
+                    "--compressor {compressor} cannot be compressed tensor by tensor (PowerSGD works matrix by matrix already; threshold's payload length depends on the data): use `group`"
+                ),
+            )
+            .into());
+        }
+    }
+    Ok(choices
+        .into_iter()
+        .filter(|(c, _)| c.splits_into_calls())
+        .collect())
+}
+
 /// How often `tune` prints a progress line when stderr is not a terminal.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -77,7 +106,8 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let model = ModelProfile::load(&args.model)?;
     let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
     let space: SearchSpace = args.search.parse()?;
-    let compressors = choices(args)?;
+    let codec_calls = args.codec_calls.codec_calls();
+    let compressors = splittable(choices(args)?, args, codec_calls)?;
     if space != SearchSpace::Fusion && compressors.is_empty() {
         anyhow::bail!(
             "--search {} chooses compressors: pass --compressor SPEC or --compressor auto",
@@ -89,6 +119,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         space,
         compressors,
         options: StrategyOptions::default(),
+        codec_calls,
     };
     let terminal = std::io::stderr().is_terminal();
     let bar = if terminal {

@@ -17,8 +17,9 @@ pub use surrogate::Choice;
 use crate::compress::{Compressor, Memory};
 use crate::error::{Result, SimError};
 use crate::evaluate::Evaluator;
-use crate::plan::{CompressOn, Group, Plan, Scheme};
+use crate::plan::{CodecCalls, CompressOn, Group, Plan, Scheme};
 use crate::scenario::Scenario;
+use crate::schedule::Encoding;
 use crate::strategy::{plan_order, Strategy, StrategyOptions};
 use crate::time::SimTime;
 use rayon::prelude::*;
@@ -60,6 +61,8 @@ pub struct TuneRequest {
     /// if any, is applied to every group.
     pub compressors: Vec<Choice>,
     pub options: StrategyOptions,
+    /// How every candidate's codecs run: one call per group, or one per tensor.
+    pub codec_calls: CodecCalls,
 }
 
 /// A baseline strategy's time on the same scenario, or why it cannot run there.
@@ -145,6 +148,10 @@ pub fn tune(
         SearchSpace::Fusion => request.compressors.first().copied(),
         SearchSpace::Compression | SearchSpace::All => None,
     };
+    let encoding = Encoding {
+        calls: request.codec_calls,
+        ..Encoding::default()
+    };
     let mut choices: Vec<Choice> = vec![(Compressor::None, Memory::None)];
     if request.space != SearchSpace::Fusion {
         choices.extend(request.compressors.iter().copied());
@@ -193,7 +200,7 @@ pub fn tune(
             Some(choice) => vec![choice],
             None => choices.clone(),
         };
-        let costs = surrogate::Costs::new(base, &dp_choices)?;
+        let costs = surrogate::Costs::new(base, &dp_choices, encoding)?;
         let candidates: Vec<Plan> = costs
             .best_per_group_count(dp_choices.len())
             .into_iter()
@@ -202,7 +209,7 @@ pub fn tune(
                     .into_iter()
                     .map(|(a, b, c)| ((a..=b).collect(), dp_choices[c]))
                     .collect();
-                contiguous_plan(base, groups)
+                contiguous_plan(base, groups, request.codec_calls)
             })
             .collect();
         if let Some(found) = fastest(search.evaluate_all(candidates)) {
@@ -266,10 +273,14 @@ fn baselines_of(
         let strategy: Strategy = name.parse()?;
         // A plan the strategy makes but the compressor cannot run (DeAR's all-gather with a
         // gathered payload) is as unusable as one it cannot make.
-        let plan = strategy.plan(base, options).and_then(|plan| {
-            plan.validate(&format!("strategy {name}"), &base.model)?;
-            Ok(plan)
-        });
+        let plan = strategy
+            .check_codec_calls(request.codec_calls, "--codec-calls")
+            .and_then(|()| strategy.plan(base, options))
+            .and_then(|mut plan| {
+                plan.codec_calls = request.codec_calls;
+                plan.validate(&format!("strategy {name}"), &base.model)?;
+                Ok(plan)
+            });
         Ok((name.to_string(), plan))
     };
     let mut plans = strategies
@@ -291,8 +302,13 @@ fn baselines_of(
     Ok(plans)
 }
 
-/// Plan-order plan of contiguous groups, each with its own compressor choice.
-pub fn contiguous_plan(base: &Scenario, groups: Vec<(Vec<usize>, Choice)>) -> Plan {
+/// Plan-order plan of contiguous groups, each with its own compressor choice, its codecs run
+/// as `codec_calls` says.
+pub fn contiguous_plan(
+    base: &Scenario,
+    groups: Vec<(Vec<usize>, Choice)>,
+    codec_calls: CodecCalls,
+) -> Plan {
     let groups = groups
         .into_iter()
         .enumerate()
@@ -306,7 +322,9 @@ pub fn contiguous_plan(base: &Scenario, groups: Vec<(Vec<usize>, Choice)>) -> Pl
             priority: i as i64,
         })
         .collect();
-    Plan::new("tuned", &base.model, groups, plan_order(0.0))
+    let mut plan = Plan::new("tuned", &base.model, groups, plan_order(0.0));
+    plan.codec_calls = codec_calls;
+    plan
 }
 
 /// Sets one strategy's fusion threshold in bytes.
@@ -338,6 +356,7 @@ fn thresholds(
             set(&mut options, log_bytes.exp2() as u64);
             let mut plan = strategy.plan(search.base, &options)?;
             plan.strategy = format!("{name} (threshold {:.1} MiB)", log_bytes.exp2() / 1048576.0);
+            plan.codec_calls = request.codec_calls;
             Ok(plan)
         };
         if plan_at(20.0)?

@@ -7,6 +7,7 @@ use crate::cost::piece_stages;
 use crate::error::Result;
 use crate::plan::{CompressOn, Group, Scheme};
 use crate::scenario::Scenario;
+use crate::schedule::Encoding;
 
 /// A compressor and memory a group may use (the first option is always no compression).
 pub type Choice = (Compressor, Memory);
@@ -30,7 +31,7 @@ pub struct Costs {
 }
 
 impl Costs {
-    pub fn new(scenario: &Scenario, choices: &[Choice]) -> Result<Costs> {
+    pub fn new(scenario: &Scenario, choices: &[Choice], encoding: Encoding) -> Result<Costs> {
         let model = &scenario.model;
         let units: Vec<(usize, usize)> = if model.num_tensors() <= MAX_UNITS {
             (0..model.num_tensors()).map(|t| (t, t)).collect()
@@ -61,7 +62,7 @@ impl Costs {
                         partitions: 1,
                         priority: 0,
                     };
-                    let [e, c, d] = piece_stages(scenario, &group)?[0];
+                    let [e, c, d] = piece_stages(scenario, &group, encoding)?[0];
                     by_end.push([e.as_ns() as f64, c.as_ns() as f64, d.as_ns() as f64]);
                 }
                 by_start.push(by_end);

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::limits;
 use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
 use crate::scenario::Scenario;
+use crate::schedule::Encoding;
 use crate::time::SimTime;
 
 /// Partition counts SeCoPa considers; a piece stays at least this many elements.
@@ -77,7 +78,9 @@ pub(super) fn plan(
 /// parameter server, pieces on different servers communicate at once: a piece's share of the
 /// communication stage is its round over the servers it spreads across.
 fn pipelined(scenario: &Scenario, group: &Group) -> Result<SimTime> {
-    let mut stages = piece_stages(scenario, group)?;
+    // HiPress prices the catalog's packed formats in one call per piece (its plans say so:
+    // `Strategy::check_codec_calls` refuses per-tensor calls for it).
+    let mut stages = piece_stages(scenario, group, Encoding::default())?;
     if group.scheme == Scheme::Ps {
         let servers = (stages.len() as u64).min(u64::from(scenario.cluster.nodes.max(1)));
         for stage in &mut stages {
