@@ -245,6 +245,13 @@ fn seed_strategies_make_the_plans_their_papers_describe() {
     }
 }
 
+/// `syncopate simulate ARGS --format json`'s summary.
+fn simulate_json(args: &[&str]) -> serde_json::Value {
+    let out = syncopate(&[&["simulate"], args, &["--format", "json"]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
 #[test]
 fn tune_cli_writes_a_plan_that_simulate_reproduces() {
     let dir = crate::common::scratch("tune-cli");
@@ -278,8 +285,7 @@ fn tune_cli_writes_a_plan_that_simulate_reproduces() {
     ] {
         assert!(report.get(key).is_some(), "missing {key}");
     }
-    let simulated = syncopate(&[
-        "simulate",
+    let summary = simulate_json(&[
         "--model",
         "resnet50",
         "--cluster",
@@ -288,11 +294,7 @@ fn tune_cli_writes_a_plan_that_simulate_reproduces() {
         "2",
         "--plan",
         out.to_str().unwrap(),
-        "--format",
-        "json",
     ]);
-    assert!(simulated.status.success(), "{}", stderr(&simulated));
-    let summary: serde_json::Value = serde_json::from_str(&stdout(&simulated)).unwrap();
     assert_eq!(
         summary["iteration_time_ms"],
         report["best_iteration_time_ms"]
@@ -365,15 +367,7 @@ fn tune_compresses_tensor_by_tensor_when_asked() {
         .as_str()
         .unwrap()
         .contains("--codec-calls"));
-    let simulated = syncopate(&[
-        "simulate",
-        "--plan",
-        out.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
-    assert!(simulated.status.success(), "{}", stderr(&simulated));
-    let summary: serde_json::Value = serde_json::from_str(&stdout(&simulated)).unwrap();
+    let summary = simulate_json(&["--plan", out.to_str().unwrap()]);
     assert_eq!(
         summary["iteration_time_ms"],
         report["best_iteration_time_ms"]

@@ -523,15 +523,15 @@ mod tests {
         assert!(estimated.compression_ms < profiled.compression_ms);
     }
 
-    #[test]
-    fn only_a_trace_asks_nccls_tuner_for_names_and_the_times_agree() {
+    /// ResNet-50 on 2 nodes of `cluster` under Horovod's plan.
+    fn horovod_on(cluster: &str) -> (Scenario, Plan) {
         let overrides = ClusterOverrides {
             nodes: Some(2),
             ..ClusterOverrides::default()
         };
         let scenario = Scenario::new(
             ModelProfile::load("resnet50").unwrap(),
-            Cluster::load("v100-10gbe", overrides).unwrap(),
+            Cluster::load(cluster, overrides).unwrap(),
         )
         .unwrap();
         let plan = "horovod"
@@ -539,6 +539,12 @@ mod tests {
             .unwrap()
             .plan(&scenario, &StrategyOptions::default())
             .unwrap();
+        (scenario, plan)
+    }
+
+    #[test]
+    fn only_a_trace_asks_nccls_tuner_for_names_and_the_times_agree() {
+        let (scenario, plan) = horovod_on("v100-10gbe");
         let run = |trace_ranks| {
             let options = SimOptions {
                 trace_ranks,
@@ -561,20 +567,7 @@ mod tests {
     #[test]
     fn only_a_collective_on_the_device_slows_its_compute() {
         let slowdown = |cluster: &str| {
-            let overrides = ClusterOverrides {
-                nodes: Some(2),
-                ..ClusterOverrides::default()
-            };
-            let scenario = Scenario::new(
-                ModelProfile::load("resnet50").unwrap(),
-                Cluster::load(cluster, overrides).unwrap(),
-            )
-            .unwrap();
-            let plan = "horovod"
-                .parse::<Strategy>()
-                .unwrap()
-                .plan(&scenario, &StrategyOptions::default())
-                .unwrap();
+            let (scenario, plan) = horovod_on(cluster);
             let schedule = schedule(&scenario, &plan).unwrap();
             let device = scenario.device.contention.compute_slowdown_with_collective;
             (
