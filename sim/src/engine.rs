@@ -268,6 +268,10 @@ struct Engine<'a> {
     transfer_after: Vec<Option<f64>>,
     /// Running collectives past their fixed part: those that share the links.
     transferring: u32,
+    /// Streams running a collective (its fixed part or its transfer).
+    active: u32,
+    /// Whether busy cores slow collectives (`EngineConfig::comm_slowdown_with_compute`).
+    busy_cores_slow_comm: bool,
     /// Whether any collective keeps only some links busy (a push-pull); if none does, the
     /// running collectives share every link equally, without the per-link account.
     push_pulls: bool,
@@ -319,6 +323,8 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         comm: vec![None; config.policy.comm_streams.max(1) as usize],
         transfer_after: vec![None; config.policy.comm_streams.max(1) as usize],
         transferring: 0,
+        active: 0,
+        busy_cores_slow_comm: config.comm_slowdown_with_compute != 1.0,
         push_pulls: graph
             .tasks()
             .iter()
@@ -454,6 +460,7 @@ impl Engine<'_> {
                         // Done; one that was all fixed never shared the links.
                         after => {
                             self.comm[stream as usize] = None;
+                            self.active -= 1;
                             self.transferring -= u32::from(after.is_none());
                             self.finish_collective(stream, running);
                         }
@@ -559,7 +566,7 @@ impl Engine<'_> {
     }
 
     fn active_collectives(&self) -> u32 {
-        self.comm.iter().filter(|c| c.is_some()).count() as u32
+        self.active
     }
 
     /// Compute progresses at the pace of every rank computing at once, and more slowly while
@@ -744,7 +751,7 @@ impl Engine<'_> {
     fn refresh_cpu_busy(&mut self, rank: u32) {
         // Only CPU ranks' collectives slow beside busy cores (GPU clusters have 1): elsewhere
         // the count is never read, and this runs at every local task's start and end.
-        if self.config.comm_slowdown_with_compute != 1.0 {
+        if self.busy_cores_slow_comm {
             self.count_cpu_busy(rank);
         }
     }
@@ -765,7 +772,7 @@ impl Engine<'_> {
     }
 
     fn dispatch_comm(&mut self) {
-        loop {
+        while self.launcher.may_launch(self.now.as_ns()) {
             let mut launched = false;
             for stream in 0..self.comm.len() {
                 if self.comm[stream].is_some() {
@@ -826,6 +833,7 @@ impl Engine<'_> {
         let version = self.fresh_version();
         let running = Running::new(task, self.now, first, 1.0, version);
         self.comm[stream] = Some(running);
+        self.active += 1;
         let end = running.end();
         self.push(
             end,

@@ -141,6 +141,25 @@ impl Launcher {
         Some(task)
     }
 
+    /// Whether [`Launcher::next`] may have a collective for some stream at `now`: one released
+    /// (the next in plan order, or any under priority) or one whose tick has come. Most
+    /// dispatches of an engine find none, and this check is cheaper than asking each stream.
+    #[inline]
+    pub fn may_launch(&self, now: u64) -> bool {
+        let ticked = self
+            .waiting
+            .peek()
+            .is_some_and(|Reverse((at, _))| *at <= now);
+        ticked
+            || match self.launch {
+                Launch::PlanOrder => self
+                    .order
+                    .get(self.next_in_order)
+                    .is_some_and(|&task| self.released[task as usize]),
+                Launch::Priority => !self.by_key.is_empty(),
+            }
+    }
+
     /// When the earliest collective waiting for a cycle tick is released.
     pub fn next_release(&self) -> Option<u64> {
         self.waiting.peek().map(|Reverse((at, _))| *at)
