@@ -48,10 +48,10 @@ pub fn profiled() -> Vec<&'static str> {
     catalog().iter().map(|e| e.example).collect()
 }
 
-/// The middle of `xs` (the upper one of an even count): timings' robust summary.
-pub fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
+/// The median of `xs` (the mean of the middle two for an even count): timings' robust summary.
+/// NaN only for no samples: every caller times at least one repeat.
+pub fn median(xs: Vec<f64>) -> f64 {
+    syncopate_sim::stats::median(&xs).unwrap_or(f64::NAN)
 }
 
 /// Least-squares fit of t = floor + slope·n, both clamped at zero (a negative intercept from
