@@ -66,6 +66,11 @@ pub struct LabSpec {
     /// and a user profiles the hosts of a cluster to be, as `lab probe contention` does here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport_from: Option<LabSetting>,
+    /// Directories, relative to the experiment's, each holding a `measurements.json` of the
+    /// same labs and plans measured again in another session (`super::rerun`): how far the
+    /// lab reproduces its own measurements, and the predictions against every run pooled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reruns: Vec<String>,
 }
 
 /// One configuration's runs on one lab.
@@ -208,11 +213,22 @@ pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
             });
         }
     }
+    let mut table = table(spec, &measured, &rows);
+    // Each configuration's prediction from its own lab's file, found by its first runs.
+    let predicted = |setting: LabSetting, runs: &ConfigRuns| {
+        rows.iter()
+            .find(|r| r.setting == setting && std::ptr::eq(r.runs, runs))
+            .map(|r| r.predicted_ms)
+    };
+    for rerun in &spec.reruns {
+        let again = super::rerun::load(dir, rerun, &measured)?;
+        table.push_str(&super::rerun::table(rerun, &measured, &again, &predicted));
+    }
     Ok(Results {
         inputs: Vec::<(String, Input)>::new(),
         csv: csv(&rows),
         charts: vec![chart(spec, &rows)],
-        table: table(spec, &measured, &rows),
+        table,
     })
 }
 
@@ -310,7 +326,7 @@ pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// The `q` quantile (linear between the closest ranks) of `values`.
-fn quantile(values: &[f64], q: f64) -> f64 {
+pub(super) fn quantile(values: &[f64], q: f64) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let position = q * (sorted.len().saturating_sub(1)) as f64;

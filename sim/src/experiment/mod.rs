@@ -3,6 +3,7 @@
 mod grace;
 mod grid;
 pub mod lab;
+mod rerun;
 
 use crate::chart::Chart;
 use crate::data;
