@@ -388,20 +388,10 @@ impl Plan {
 /// of its group on its own (in two rounds), `threshold`'s length depends on the data, and a
 /// CaSync-Ring hop re-encodes shards that cut across tensors.
 fn check_calls_per_tensor(label: &str, g: usize, group: &Group) -> Result<()> {
-    let c = group.compressor;
-    let why = if c.allreduce_rounds() > 1 {
-        Some(format!(
-            "`{c}` already compresses each matrix of its group on its own"
-        ))
-    } else if !c.splits_into_calls() {
-        Some(format!(
-            "`{c}`'s payloads have data-dependent lengths, which cannot be laid one after another without a length of their own"
-        ))
-    } else if group.scheme == Scheme::CompressedRing {
-        Some("a compressed ring re-encodes shards that cut across tensors".to_string())
-    } else {
-        None
-    };
+    let why = group.compressor.why_one_call().or_else(|| {
+        (group.scheme == Scheme::CompressedRing)
+            .then(|| "a compressed ring re-encodes shards that cut across tensors".to_string())
+    });
     match why {
         Some(why) => Err(SimError::invalid(
             label,

@@ -78,13 +78,11 @@ fn splittable(
         return Ok(choices);
     }
     if args.compressor != "auto" {
-        if let Some((compressor, _)) = choices.iter().find(|(c, _)| !c.splits_into_calls()) {
+        if let Some(why) = choices.iter().find_map(|(c, _)| c.why_one_call()) {
             return Err(SimError::bad_value(
                 "--codec-calls",
                 codec_calls.name(),
-                format!(
-                    "--compressor {compressor} cannot be compressed tensor by tensor (PowerSGD works matrix by matrix already; threshold's payload length depends on the data): use `group`"
-                ),
+                format!("--compressor: {why}; use `group`"),
             )
             .into());
         }

@@ -655,7 +655,23 @@ impl Compressor {
     /// [`Compressor::wire_bytes`] long. Not PowerSGD (two rounds, already matrix by matrix)
     /// nor `threshold` (its length depends on the data; its bytes are an upper bound).
     pub fn splits_into_calls(&self) -> bool {
-        self.allreduce_rounds() == 1 && !matches!(self, Compressor::Threshold { .. })
+        self.why_one_call().is_none()
+    }
+
+    /// Why this compressor cannot be split into a codec call per tensor, if it cannot: the one
+    /// reason that plans, schedules and the tuner give.
+    pub fn why_one_call(&self) -> Option<String> {
+        if self.allreduce_rounds() > 1 {
+            Some(format!(
+                "`{self}` already compresses each matrix of its group on its own"
+            ))
+        } else if matches!(self, Compressor::Threshold { .. }) {
+            Some(format!(
+                "`{self}`'s payloads have data-dependent lengths, which cannot be laid one after another without a length of their own"
+            ))
+        } else {
+            None
+        }
     }
 
     /// Bytes of one worker's payload of `numel` elements when the implementation lays its
