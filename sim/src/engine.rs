@@ -270,8 +270,6 @@ struct Engine<'a> {
     transferring: u32,
     /// Streams running a collective (its fixed part or its transfer).
     active: u32,
-    /// Whether busy cores slow collectives (`EngineConfig::comm_slowdown_with_compute`).
-    busy_cores_slow_comm: bool,
     /// Whether any collective keeps only some links busy (a push-pull); if none does, the
     /// running collectives share every link equally, without the per-link account.
     push_pulls: bool,
@@ -324,7 +322,6 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         transfer_after: vec![None; config.policy.comm_streams.max(1) as usize],
         transferring: 0,
         active: 0,
-        busy_cores_slow_comm: config.comm_slowdown_with_compute != 1.0,
         push_pulls: graph
             .tasks()
             .iter()
@@ -751,7 +748,7 @@ impl Engine<'_> {
     fn refresh_cpu_busy(&mut self, rank: u32) {
         // Only CPU ranks' collectives slow beside busy cores (GPU clusters have 1): elsewhere
         // the count is never read, and this runs at every local task's start and end.
-        if self.busy_cores_slow_comm {
+        if self.config.comm_slowdown_with_compute != 1.0 {
             self.count_cpu_busy(rank);
         }
     }

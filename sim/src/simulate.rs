@@ -189,8 +189,8 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
         )
     })?;
     let schedule = schedule(scenario, plan)?;
-    let traced = options.trace_ranks.min(ranks) > 0;
-    let naming = match traced {
+    let record_ranks = options.trace_ranks.min(ranks);
+    let naming = match record_ranks > 0 {
         true => Naming::Library,
         false => Naming::Priced,
     };
@@ -206,7 +206,7 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
         ));
     }
     let noise = options.noise.draw(&graph, ranks)?;
-    let config = engine_config(scenario, &schedule, ranks, options.trace_ranks.min(ranks));
+    let config = engine_config(scenario, &schedule, ranks, record_ranks);
     let result = engine::run(&graph, &config, &noise)?;
     let iteration_times = steady_iterations(&result, options.warmup);
     let single = single_gpu_time(scenario, plan, options.warmup)?;
