@@ -114,6 +114,19 @@ pub struct LabMeasurements {
 /// The measurements file of an experiment directory.
 pub const MEASUREMENTS: &str = "measurements.json";
 
+/// The measurements of `dir` (an experiment's, or a rerun's), and the label that names them.
+pub(super) fn read_measurements(dir: &Path) -> Result<(LabMeasurements, String)> {
+    let path = dir.join(MEASUREMENTS);
+    let label = path.display().to_string();
+    let text = std::fs::read_to_string(&path).map_err(|source| SimError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let measured: LabMeasurements = data::parse_json(&label, &text)?;
+    data::check_format_version(&label, measured.format_version)?;
+    Ok((measured, label))
+}
+
 /// One predicted configuration.
 struct Row<'a> {
     setting: LabSetting,
@@ -146,12 +159,7 @@ impl Row<'_> {
 /// Predicts every configuration of the directory's measurements.
 pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
     data::check_format_version(label, spec.format_version)?;
-    let path = dir.join(MEASUREMENTS);
-    let text = std::fs::read_to_string(&path).map_err(|source| SimError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let measured: LabMeasurements = data::parse_json(&path.display().to_string(), &text)?;
+    let (measured, _) = read_measurements(dir)?;
     let model = ModelProfile::load(&spec.model)?;
     let reference = match spec.transport_from {
         Some(setting) => Some(

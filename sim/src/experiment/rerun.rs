@@ -4,8 +4,7 @@
 //! plans, in another session, says which differences between configurations the lab itself
 //! reproduces: a prediction cannot be held to a ranking that the measurement does not repeat.
 
-use super::lab::{quantile, spearman, ConfigRuns, LabMeasurements, LabSetting, MEASUREMENTS};
-use crate::data;
+use super::lab::{quantile, read_measurements, spearman, ConfigRuns, LabMeasurements, LabSetting};
 use crate::error::{Result, SimError};
 use crate::stats::median;
 use crate::validate::relative_error;
@@ -23,14 +22,7 @@ struct Pair {
 /// Reads the rerun in `dir/rerun` (its own `measurements.json`) and checks that it ran the
 /// plans of `measured`: the same configuration must have the same plan, wherever it ran.
 pub fn load(dir: &Path, rerun: &str, measured: &LabMeasurements) -> Result<LabMeasurements> {
-    let path = dir.join(rerun).join(MEASUREMENTS);
-    let label = path.display().to_string();
-    let text = std::fs::read_to_string(&path).map_err(|source| SimError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let again: LabMeasurements = data::parse_json(&label, &text)?;
-    data::check_format_version(&label, again.format_version)?;
+    let (again, label) = read_measurements(&dir.join(rerun))?;
     check_same_plans(&label, measured, &again)?;
     Ok(again)
 }
