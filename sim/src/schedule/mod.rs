@@ -274,8 +274,7 @@ fn bad_calls(piece: &Piece) -> Option<String> {
     }
     match piece.compressor {
         Compressor::None => Some("an uncompressed piece has no codec calls".into()),
-        c if !c.splits_into_calls() => Some(format!("`{c}` compresses its piece in one call")),
-        _ => None,
+        c => c.why_one_call(),
     }
 }
 
