@@ -24,11 +24,8 @@ pub struct Calibration {
     pub device: DeviceProfile,
 }
 
-/// The price of GRACE's codec work on its testbed: a fixed cost per TensorFlow op (dispatch and
-/// launch) and a cost per byte its ops move. The op price is each compressor's own (its ops are
-/// different kernels); the byte price is one for every compressor (their ops all move bytes
-/// through the same GPU memory). Fitted at the calibration workers; the method's
-/// [`Implementation`] says how many ops and bytes each phase has.
+/// The price of TensorFlow ops on GRACE's testbed: a fixed cost per op (dispatch and launch) and
+/// a cost per byte the ops move.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpCost {
     pub us_per_op: f64,
@@ -45,6 +42,17 @@ impl OpCost {
         }
     }
 
+    /// This price and its multiples of `base`'s, for provenance and reports.
+    pub fn describe(&self, base: &OpCost) -> String {
+        format!(
+            "{:.2} us per op and {:.5} ns per byte ({:.2}x and {:.2}x the base)",
+            self.us_per_op,
+            self.ns_per_byte,
+            self.us_per_op / base.us_per_op,
+            self.ns_per_byte / base.ns_per_byte
+        )
+    }
+
     /// The curve of `work` at this price.
     fn curve(&self, work: OpWork) -> CostCurve {
         CostCurve {
@@ -52,6 +60,21 @@ impl OpCost {
             ns_per_element: work.bytes_per_element * self.ns_per_byte,
         }
     }
+}
+
+/// The price of one compressor's codec work. Its encode's op price is its own: the encode's
+/// kernels (`top_k`, random draws, masks, gathers) are the compressor's. Its decode (each
+/// payload's slice, casts, scaling or scatter into zeros, and the call's `add_n` and average) is
+/// the same few elementwise kernels whatever the compressor, so one decode op price serves every
+/// compressor: an op price of the compressor's own, fitted on rows its encode dominates, would
+/// carry whatever else those rows expose into every payload, and a rank decodes one payload per
+/// worker. The byte price is one for every op of every compressor (they all move bytes through
+/// the same GPU memory). Fitted at the calibration workers; the method's [`Implementation`] says
+/// how many ops and bytes each phase has.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CodecPrice {
+    pub encode: OpCost,
+    pub decode: OpCost,
 }
 
 impl Calibration {
@@ -161,22 +184,22 @@ impl Calibration {
         c
     }
 
-    /// This calibration with `key`'s codec priced as `implementation` at `cost`: its encode,
+    /// This calibration with `key`'s codec priced as `implementation` at `price`: its encode,
     /// each payload's decode and the decode call's own part.
     pub fn with_codec(
         &self,
         key: &str,
         implementation: &Implementation,
-        cost: OpCost,
+        price: CodecPrice,
     ) -> Result<Calibration> {
         let mut c = self.clone();
         let provenance = self.device.codec_cost(key)?.provenance.clone();
         c.device.compression.insert(
             key.to_string(),
             CodecCost {
-                encode: cost.curve(implementation.encode),
-                decode: cost.curve(implementation.payload),
-                aggregate: cost.curve(implementation.call),
+                encode: price.encode.curve(implementation.encode),
+                decode: price.decode.curve(implementation.payload),
+                aggregate: price.decode.curve(implementation.call),
                 provenance,
             },
         );
@@ -184,31 +207,32 @@ impl Calibration {
     }
 }
 
-/// Each fitted method's price, read back from a fitted device: its payload decode curve over
-/// the implementation's payload ops and bytes. Methods the fit did not price (no GRACE rows)
-/// are left out, as the fit leaves them out.
-pub fn op_costs(
+/// Each fitted method's price, read back from a fitted device: its encode curve over the
+/// implementation's encode ops and bytes, its payload decode curve over the payload's. Methods
+/// the fit did not price (no GRACE rows) are left out, as the fit leaves them out.
+pub fn codec_prices(
     fitted: &DeviceProfile,
     methods: &BTreeMap<String, MethodSpec>,
-) -> Result<BTreeMap<String, OpCost>> {
-    let mut costs = BTreeMap::new();
+) -> Result<BTreeMap<String, CodecPrice>> {
+    let mut prices = BTreeMap::new();
     for (name, method) in methods {
         if let (Some(implementation), Some(key)) = (&method.implementation, method.key()?) {
             let cost = fitted.codec_cost(key)?;
             if !cost.provenance.method.starts_with(&fitted_marker(name)) {
                 continue;
             }
-            let decode = cost.decode;
-            let payload = implementation.payload;
-            costs.insert(
+            let price = |curve: CostCurve, work: OpWork| OpCost {
+                us_per_op: curve.floor_us / f64::from(work.ops.max(1)),
+                ns_per_byte: curve.ns_per_element / work.bytes_per_element.max(f64::MIN_POSITIVE),
+            };
+            prices.insert(
                 name.clone(),
-                OpCost {
-                    us_per_op: decode.floor_us / f64::from(payload.ops.max(1)),
-                    ns_per_byte: decode.ns_per_element
-                        / payload.bytes_per_element.max(f64::MIN_POSITIVE),
+                CodecPrice {
+                    encode: price(cost.encode, implementation.encode),
+                    decode: price(cost.decode, implementation.payload),
                 },
             );
         }
     }
-    Ok(costs)
+    Ok(prices)
 }

@@ -1,6 +1,6 @@
 //! The fitted calibration as the data files the GRACE experiment ships, each with its provenance.
 
-use super::calibration::{Calibration, OpCost};
+use super::calibration::{Calibration, CodecPrice, OpCost};
 use super::compute::ComputeTarget;
 use super::{fit, GraceSpec};
 use crate::error::Result;
@@ -21,7 +21,7 @@ pub fn inputs(
     spec: &GraceSpec,
     cal: &Calibration,
     factors: &BTreeMap<String, f64>,
-    prices: &BTreeMap<String, OpCost>,
+    prices: &BTreeMap<String, CodecPrice>,
     targets: &BTreeMap<String, ComputeTarget>,
 ) -> Result<Vec<(String, Input)>> {
     let mut inputs = vec![
@@ -71,7 +71,7 @@ pub fn inputs(
 fn device(
     spec: &GraceSpec,
     cal: &Calibration,
-    prices: &BTreeMap<String, OpCost>,
+    prices: &BTreeMap<String, CodecPrice>,
 ) -> Result<crate::device::DeviceProfile> {
     let mut device = cal.device.clone();
     device.name = "grace-v100".to_string();
@@ -96,7 +96,7 @@ fn device(
             cost.provenance = Provenance {
                 status: Status::Calibrated,
                 method: format!(
-                    "{fitted} ({source}): per tensor, encode {e} ops and {eb} B per element; each payload decoded {p} ops and {pb} B per element (decode); once per decode call {c} ops and {cb} B per element (aggregate); priced at {us:.2} us per op ({us_x:.2}x a {launch} us kernel launch) and {ns:.5} ns per byte ({ns_x:.2}x {bw} GB/s x {eff}), the pair that minimizes the mean absolute percentage error of GRACE's consistent `{name}` rows at {w} workers (ResNet-50 and VGG-19), ties within {tie} points broken toward the base ({ROWS})",
+                    "{fitted} ({source}): per tensor, encode {e} ops and {eb} B per element; each payload decoded {p} ops and {pb} B per element (decode); once per decode call {c} ops and {cb} B per element (aggregate); encode priced at {encode}, the pair that minimizes the mean absolute percentage error of GRACE's consistent `{name}` rows at {w} workers (ResNet-50 and VGG-19); decode and aggregate at {decode}, every compressor's decode price, the pair that minimizes the error over all their rows; ties within {tie} points broken toward the base, {base_us} us per op (a kernel launch) and {bw} GB/s x {eff} ({ROWS})",
                     fitted = fitted_marker(&method.grace),
                     name = method.grace,
                     source = implementation.source,
@@ -106,11 +106,9 @@ fn device(
                     pb = implementation.payload.bytes_per_element,
                     c = implementation.call.ops,
                     cb = implementation.call.bytes_per_element,
-                    us = price.us_per_op,
-                    us_x = price.us_per_op / base.us_per_op,
-                    launch = base.us_per_op,
-                    ns = price.ns_per_byte,
-                    ns_x = price.ns_per_byte / base.ns_per_byte,
+                    encode = price.encode.describe(&base),
+                    decode = price.decode.describe(&base),
+                    base_us = base.us_per_op,
                     bw = cal.device.memory_bandwidth_gbytes_per_s,
                     eff = crate::compress::GPU_BANDWIDTH_EFFICIENCY,
                     w = spec.fit_workers,

@@ -1,6 +1,6 @@
-//! Fitting GRACE's calibration on its calibration rows: compute speed, MPI/TCP costs on a grid against the dense row, then one byte price for the device's codec work and one op price per compressor.
+//! Fitting GRACE's calibration on its calibration rows: compute speed, MPI/TCP costs on a grid against the dense row, then one decode price for every compressor and an encode price per compressor.
 
-use super::calibration::{Calibration, OpCost};
+use super::calibration::{Calibration, CodecPrice, OpCost};
 use super::compute::{self, ComputeTarget};
 use super::measured::Measurement;
 use super::{GraceSpec, Implementation, MethodSpec};
@@ -58,8 +58,8 @@ pub struct Fitted {
     pub calibration: Calibration,
     /// Each model's compute factor.
     pub factors: BTreeMap<String, f64>,
-    /// Each fitted method's op price and the shared byte price.
-    pub prices: BTreeMap<String, OpCost>,
+    /// Each fitted method's price: its own encode price and the shared decode price.
+    pub prices: BTreeMap<String, CodecPrice>,
 }
 
 /// Runs the whole fit on the calibration rows.
@@ -73,35 +73,43 @@ pub fn fit(
     let (cal, factors) = compute::with_compute(spec, base, targets)?;
     let mut cal = fit_mpi(spec, &cal, calibration, &methods["none"])?;
     let start = OpCost::base(&cal.device);
-    let price = |op: f64, byte: f64| OpCost {
+    // A price from log2 multiples of the start's op and byte prices.
+    let price = |(op, byte): (f64, f64)| OpCost {
         us_per_op: start.us_per_op * op.exp2(),
         ns_per_byte: start.ns_per_byte * byte.exp2(),
     };
     let priced = priced_methods(calibration, methods)?;
     let rows: usize = priced.iter().map(|p| p.rows.len()).sum();
-    // At one byte price, each method's best op price and the error over every priced row.
-    let at_byte = |byte: f64| -> Result<(f64, Vec<f64>)> {
-        let ops = priced
+    // A compressor's price from its encode op multiple and the shared (decode op, byte) pair.
+    let codec = |encode: f64, (decode, byte): (f64, f64)| CodecPrice {
+        encode: price((encode, byte)),
+        decode: price((decode, byte)),
+    };
+    // At one shared pair, each method's best encode op multiple and the error over every priced
+    // row.
+    let at_shared = |shared: (f64, f64)| -> Result<(f64, Vec<f64>)> {
+        let encodes = priced
             .par_iter()
             .map(|p| {
-                let error = |op: f64| -> Result<(f64, f64)> {
+                let error = |encode: f64| -> Result<(f64, f64)> {
                     let error = cal
-                        .with_codec(p.key, p.implementation, price(op, byte))?
+                        .with_codec(p.key, p.implementation, codec(encode, shared))?
                         .mape(spec, &p.rows)?;
                     Ok((error, error))
                 };
-                let (op, error) = search(&error, p.name)?;
-                Ok((error * p.rows.len() as f64, op))
+                let (encode, error) = search(&error, p.name)?;
+                Ok((error * p.rows.len() as f64, encode))
             })
             .collect::<Result<Vec<_>>>()?;
-        let error = ops.iter().map(|o| o.0).sum::<f64>() / rows.max(1) as f64;
-        Ok((error, ops.into_iter().map(|o| o.1).collect()))
+        let error = encodes.iter().map(|o| o.0).sum::<f64>() / rows.max(1) as f64;
+        Ok((error, encodes.into_iter().map(|o| o.1).collect()))
     };
-    let (byte, ops) = search(&at_byte, "methods")?;
+    let (shared, encodes) = search_pair(&at_shared, "methods")?;
     let mut prices = BTreeMap::new();
-    for (p, op) in priced.iter().zip(ops) {
-        cal = cal.with_codec(p.key, p.implementation, price(op, byte))?;
-        prices.insert(p.name.clone(), price(op, byte));
+    for (p, encode) in priced.iter().zip(encodes) {
+        let price = codec(encode, shared);
+        cal = cal.with_codec(p.key, p.implementation, price)?;
+        prices.insert(p.name.clone(), price);
     }
     Ok(Fitted {
         calibration: cal,
@@ -162,6 +170,34 @@ fn search<T: Clone>(error: &dyn Fn(f64) -> Result<(f64, T)>, what: &str) -> Resu
         scored.push(score(coarse + f64::from(k) / f64::from(REFINE))?);
     }
     pick(&scored, what)
+}
+
+/// Rounds of [`search_pair`] at most: each moves the op multiple, then the byte multiple.
+const PAIR_ROUNDS: usize = 4;
+
+/// The (op, byte) pair of log2 price multiples of the lowest `error` found by turns, and what
+/// came with it: the op multiple at the current byte multiple (0 at first), then the byte
+/// multiple at that op multiple, each by [`search`], until a round moves neither or after
+/// [`PAIR_ROUNDS`] rounds. A fixed procedure, so the fit is the same every time.
+fn search_pair<T: Clone>(
+    error: &dyn Fn((f64, f64)) -> Result<(f64, T)>,
+    what: &str,
+) -> Result<((f64, f64), T)> {
+    let round = |byte: f64| -> Result<(f64, f64, T)> {
+        let (op, _) = search(&|op| error((op, byte)), what)?;
+        let (byte, with) = search(&|byte| error((op, byte)), what)?;
+        Ok((op, byte, with))
+    };
+    let (mut op, mut byte, mut with) = round(0.0)?;
+    for _ in 1..PAIR_ROUNDS {
+        let (next_op, next_byte, next_with) = round(byte)?;
+        let settled = next_op == op && next_byte == byte;
+        (op, byte, with) = (next_op, next_byte, next_with);
+        if settled {
+            break;
+        }
+    }
+    Ok(((op, byte), with))
 }
 
 /// The MPI/TCP costs that best fit the network model's dense calibration rows, ties broken
@@ -264,6 +300,20 @@ mod tests {
         assert!(price_on_bound(2f64.powi(*PRICE_GRID_LOG2.end())));
         assert!(price_on_bound(2f64.powi(*PRICE_GRID_LOG2.start() - 1)));
         assert!(!price_on_bound(1.0));
+    }
+
+    #[test]
+    fn a_pair_of_prices_is_found_by_turns() {
+        // A bowl whose lowest point is off the start on both axes and between grid points on
+        // one (the coarse grid finds the op multiple, the finer one the byte multiple), steep
+        // enough that no neighbour ties with it.
+        let bowl = |(op, byte): (f64, f64)| -> Result<(f64, (f64, f64))> {
+            let error = 100.0 * ((op - 3.0).powi(2) + (byte + 1.75).powi(2));
+            Ok((error, (op, byte)))
+        };
+        let ((op, byte), with) = search_pair(&bowl, "t").unwrap();
+        assert_eq!((op, byte), (3.0, -1.75));
+        assert_eq!(with, (op, byte));
     }
 
     #[test]

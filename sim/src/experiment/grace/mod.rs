@@ -165,7 +165,7 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result
     let base = Calibration::base(spec)?;
     let (cal, prices, inputs) = if reuse_fit {
         let cal = Calibration::fitted(spec, dir)?;
-        let prices = calibration::op_costs(&cal.device, &methods)?;
+        let prices = calibration::codec_prices(&cal.device, &methods)?;
         (cal, prices, Vec::new())
     } else {
         let fit::Fitted {

@@ -1,6 +1,6 @@
 //! The GRACE comparison as results: each row's role (fit, held out, excluded), the CSV, the chart panels and the error table.
 
-use super::calibration::{Calibration, OpCost};
+use super::calibration::{Calibration, CodecPrice, OpCost};
 use super::compute::ComputeTarget;
 use super::consistency::Exclusions;
 use super::measured::Measurement;
@@ -216,7 +216,7 @@ impl Report<'_> {
         &self,
         cal: &Calibration,
         base: &Calibration,
-        prices: &BTreeMap<String, OpCost>,
+        prices: &BTreeMap<String, CodecPrice>,
         methods: &BTreeMap<String, MethodSpec>,
         data: &[Measurement],
         exclusions: &Exclusions,
@@ -284,7 +284,7 @@ impl Report<'_> {
         }
         md.push_str("\n\n");
         let start = OpCost::base(&base.device);
-        md.push_str("| GRACE method | our compressor | µs per op / ns per byte (× a bandwidth-bound kernel) | rows fit / held out / excluded | MAPE fit rows | MAPE held-out | MAPE held-out incl. excluded | MAPE all | MAPE all incl. excluded |\n|---|---|---|---|---|---|---|---|---|\n");
+        md.push_str("| GRACE method | our compressor | encode µs per op / ns per byte; decode, every compressor's (× a bandwidth-bound kernel) | rows fit / held out / excluded | MAPE fit rows | MAPE held-out | MAPE held-out incl. excluded | MAPE all | MAPE all incl. excluded |\n|---|---|---|---|---|---|---|---|---|\n");
         // (fit, held-out consistent, excluded) absolute percentage errors over all methods.
         let (mut fit_all, mut held_all, mut excl_all) = (Vec::new(), Vec::new(), Vec::new());
         for (name, method) in methods {
@@ -309,18 +309,21 @@ impl Report<'_> {
             let price = prices
                 .get(name)
                 .map(|p| {
-                    let (op, byte) = (
-                        p.us_per_op / start.us_per_op,
-                        p.ns_per_byte / start.ns_per_byte,
-                    );
-                    let bound = match fit::price_on_bound(op) || fit::price_on_bound(byte) {
-                        true => " **on the grid's end**",
-                        false => "",
+                    let show = |cost: OpCost| {
+                        let (op, byte) = (
+                            cost.us_per_op / start.us_per_op,
+                            cost.ns_per_byte / start.ns_per_byte,
+                        );
+                        let bound = match fit::price_on_bound(op) || fit::price_on_bound(byte) {
+                            true => " **on the grid's end**",
+                            false => "",
+                        };
+                        format!(
+                            "{:.1} / {:.4} ({op:.1}× / {byte:.1}×){bound}",
+                            cost.us_per_op, cost.ns_per_byte
+                        )
                     };
-                    format!(
-                        "{:.1} / {:.4} ({op:.0}× / {byte:.1}×){bound}",
-                        p.us_per_op, p.ns_per_byte
-                    )
+                    format!("{}; {}", show(p.encode), show(p.decode))
                 })
                 .unwrap_or_else(|| "–".to_string());
             let _ = writeln!(
