@@ -73,6 +73,29 @@ pub fn fit_curve(points: &[(f64, f64)]) -> CostCurve {
     CostCurve {
         floor_us: floor * 1e6,
         ns_per_element: slope * 1e9,
+        ns_per_kept_element: 0.0,
+    }
+}
+
+/// The other ratio a sparsifier is timed at: ten times `ratio`, or a tenth of it above 0.1.
+pub fn second_ratio(ratio: f64) -> f64 {
+    if ratio <= 0.1 {
+        ratio * 10.0
+    } else {
+        ratio / 10.0
+    }
+}
+
+/// One curve from a sparsifier's curves at two ratios: the per-element slope's change between
+/// them is the cost per kept element, the rest the cost per element; the floor is the first's.
+/// Both slopes are clamped at zero, as noise may make the change negative.
+pub fn split_kept(first: (f64, CostCurve), second: (f64, CostCurve)) -> CostCurve {
+    let ((r1, c1), (r2, c2)) = (first, second);
+    let kept = ((c2.ns_per_element - c1.ns_per_element) / (r2 - r1)).max(0.0);
+    CostCurve {
+        floor_us: c1.floor_us,
+        ns_per_element: (c1.ns_per_element - kept * r1).max(0.0),
+        ns_per_kept_element: kept,
     }
 }
 
@@ -177,21 +200,36 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
     let mut compression = BTreeMap::new();
     for spec in &options.compressors {
         let c: Compressor = spec.parse()?;
-        let (mut enc, mut dec) = (Vec::new(), Vec::new());
-        for &n in &options.sizes {
-            let (e, d) = measure(&c, &data[..n], repeats)?;
-            enc.push((n as f64, e));
-            dec.push((n as f64, d));
-        }
-        let method = format!(
+        let curves = |c: &Compressor| -> Result<(CostCurve, CostCurve)> {
+            let (mut enc, mut dec) = (Vec::new(), Vec::new());
+            for &n in &options.sizes {
+                let (e, d) = measure(c, &data[..n], repeats)?;
+                enc.push((n as f64, e));
+                dec.push((n as f64, d));
+            }
+            Ok((fit_curve(&enc), fit_curve(&dec)))
+        };
+        let (mut encode, mut decode) = curves(&c)?;
+        let mut method = format!(
             "measured by syncopate-exec profile_host: {spec} on one core, median of {repeats} runs at {:?} elements, least-squares floor + per-element fit",
             options.sizes
         );
+        // A sparsifier's cost grows with what it keeps: timed again at another ratio, the
+        // change is its cost per kept element, so that the curve serves every ratio.
+        if let Some(ratio) = c.kept_fraction() {
+            let other = second_ratio(ratio);
+            let (e2, d2) = curves(&format!("{}:{other}", c.key()).parse()?)?;
+            encode = split_kept((ratio, encode), (other, e2));
+            decode = split_kept((ratio, decode), (other, d2));
+            method.push_str(&format!(
+                ", then at ratio {other} too: the per-element slope's change from ratio {ratio} is the cost per kept element"
+            ));
+        }
         compression.insert(
             c.key().to_string(),
             CodecCost {
-                encode: fit_curve(&enc),
-                decode: fit_curve(&dec),
+                encode,
+                decode,
                 // Its kernels decode each payload into the result: no per-call pass.
                 aggregate: Default::default(),
                 provenance: provenance(Status::Measured, method),
@@ -245,6 +283,26 @@ mod tests {
     }
 
     #[test]
+    fn a_sparsifier_curve_splits_into_per_element_and_per_kept_costs() {
+        // 2 ns per element and 30 per kept one: 2.3 ns per element at 1 %, 5 at 10 %.
+        let at = |slope: f64| CostCurve {
+            floor_us: 4.0,
+            ns_per_element: slope,
+            ns_per_kept_element: 0.0,
+        };
+        let c = split_kept((0.01, at(2.3)), (second_ratio(0.01), at(5.0)));
+        assert!((c.ns_per_element - 2.0).abs() < 1e-9, "{c:?}");
+        assert!((c.ns_per_kept_element - 30.0).abs() < 1e-9, "{c:?}");
+        assert_eq!(c.floor_us, 4.0);
+        // At the first ratio the split curve is the measured one.
+        assert!((c.keeping(0.01).ns_per_element - 2.3).abs() < 1e-9);
+        // Noise that makes the larger ratio cheaper leaves no per-kept cost.
+        let flat = split_kept((0.5, at(3.0)), (second_ratio(0.5), at(3.1)));
+        assert_eq!(flat.ns_per_kept_element, 0.0);
+        assert_eq!(flat.ns_per_element, 3.0);
+    }
+
+    #[test]
     fn tiny_profile_is_valid() {
         let options = HostProfileOptions {
             name: "test".into(),
@@ -257,5 +315,18 @@ mod tests {
         assert_eq!(profile.compression.len(), catalog().len());
         let c: Compressor = "topk:0.01".parse().unwrap();
         assert!(!syncopate_sim::compress::CodecCurves::on(&c, &profile).fallback);
+        // Only the sparsifiers were timed at a second ratio.
+        for (key, cost) in &profile.compression {
+            let kept = [cost.encode, cost.decode]
+                .iter()
+                .any(|c| c.ns_per_kept_element > 0.0);
+            let sparsifier = syncopate_sim::compress::sparsifier_keys().contains(&key.as_str());
+            assert!(!kept || sparsifier, "{key}");
+            assert_eq!(
+                cost.provenance.method.contains("cost per kept element"),
+                sparsifier,
+                "{key}"
+            );
+        }
     }
 }

@@ -352,6 +352,7 @@ mod tests {
         cost.decode = CostCurve {
             floor_us: 10.0,
             ns_per_element: 1.0,
+            ..CostCurve::default()
         };
         cost.aggregate = aggregate;
         let mut plan = per_tensor_plan(&scenario.model);
@@ -385,6 +386,7 @@ mod tests {
         let floor = CostCurve {
             floor_us: 10.0,
             ns_per_element: 1.0,
+            ..CostCurve::default()
         };
         let cost = scenario.device.compression.get_mut("signsgd").unwrap();
         (cost.encode, cost.decode, cost.aggregate) = (floor, floor, floor);
@@ -422,6 +424,7 @@ mod tests {
         let call = CostCurve {
             floor_us: 300.0,
             ns_per_element: 2.0,
+            ..CostCurve::default()
         };
         let (two, n) = decode_at(2, CostCurve::default());
         let (eight, _) = decode_at(8, CostCurve::default());

@@ -1,5 +1,6 @@
 //! Device profiles: a GPU's (or CPU's) speed, compression kernel cost curves and contention factors.
 
+use crate::compress::sparsifier_keys;
 use crate::data::{self, DataKind};
 use crate::error::{Result, SimError};
 use crate::limits;
@@ -9,15 +10,34 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Cost of one kernel as a function of its element count: a fixed floor (launch and
-/// synchronization) plus a per-element slope.
+/// synchronization) plus a per-element slope, and for a sparsifier a slope per element it keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostCurve {
     pub floor_us: f64,
     pub ns_per_element: f64,
+    /// Cost per element a sparsifier keeps (its ratio times the elements): the work after the
+    /// selection, which gathers, writes and scatters the kept values, so that one curve serves
+    /// every ratio. Zero when absent; only sparsifiers keep a share of the elements.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ns_per_kept_element: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl CostCurve {
+    /// This curve for a compressor that keeps `kept_fraction` of the elements: its per-kept
+    /// slope folded into the per-element one.
+    pub fn keeping(&self, kept_fraction: f64) -> CostCurve {
+        CostCurve {
+            floor_us: self.floor_us,
+            ns_per_element: self.ns_per_element + self.ns_per_kept_element * kept_fraction,
+            ns_per_kept_element: 0.0,
+        }
+    }
+
     pub fn time(&self, elements: u64) -> SimTime {
         SimTime::from_ns(self.floor_us * 1e3 + self.ns_per_element * elements as f64)
     }
@@ -120,14 +140,28 @@ impl DeviceProfile {
                 let field = format!("compression.{name}.{which}");
                 limits::check_duration_us(label, &format!("{field}.floor_us"), curve.floor_us)?;
                 // Bounded so that the largest model's curve stays within the duration limit.
-                let per = curve.ns_per_element;
-                if !(per.is_finite() && (0.0..=limits::MAX_NS_PER_ELEMENT).contains(&per)) {
+                for (slope, per) in [
+                    ("ns_per_element", curve.ns_per_element),
+                    ("ns_per_kept_element", curve.ns_per_kept_element),
+                ] {
+                    if !(per.is_finite() && (0.0..=limits::MAX_NS_PER_ELEMENT).contains(&per)) {
+                        return Err(SimError::invalid(
+                            label,
+                            format!("{field}.{slope}"),
+                            format!(
+                                "a per-element cost is 0 to {} ns, got {per}",
+                                limits::MAX_NS_PER_ELEMENT
+                            ),
+                        ));
+                    }
+                }
+                if curve.ns_per_kept_element > 0.0 && !sparsifier_keys().contains(&name.as_str()) {
                     return Err(SimError::invalid(
                         label,
-                        format!("{field}.ns_per_element"),
+                        format!("{field}.ns_per_kept_element"),
                         format!(
-                            "a per-element cost is 0 to {} ns, got {per}",
-                            limits::MAX_NS_PER_ELEMENT
+                            "only a sparsifier keeps a share of the elements; `{name}` is not one (sparsifiers: {})",
+                            sparsifier_keys().join(", ")
                         ),
                     ));
                 }
@@ -171,5 +205,46 @@ impl DeviceProfile {
                     .collect::<Vec<_>>()
                     .join(", "),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_sparsifier_may_cost_per_kept_element() {
+        let mut device = DeviceProfile::load("v100-sxm2-32gb").unwrap();
+        device
+            .compression
+            .get_mut("topk")
+            .unwrap()
+            .encode
+            .ns_per_kept_element = 2.0;
+        device.validate("v100").unwrap();
+        let mut fp16 = device.clone();
+        fp16.compression
+            .get_mut("fp16")
+            .unwrap()
+            .decode
+            .ns_per_kept_element = 2.0;
+        let err = fp16.validate("v100").unwrap_err().to_string();
+        assert!(
+            err.contains("compression.fp16.decode.ns_per_kept_element") && err.contains("topk"),
+            "{err}"
+        );
+        for bad in [f64::NAN, -1.0, f64::INFINITY] {
+            let mut topk = device.clone();
+            topk.compression
+                .get_mut("topk")
+                .unwrap()
+                .encode
+                .ns_per_kept_element = bad;
+            let err = topk.validate("v100").unwrap_err().to_string();
+            assert!(
+                err.contains("compression.topk.encode.ns_per_kept_element"),
+                "{err}"
+            );
+        }
     }
 }

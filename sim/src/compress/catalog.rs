@@ -117,18 +117,31 @@ impl Wire {
     }
 }
 
-/// Memory traffic and kernel launches of one encode or decode, per fp32 element of the tensor,
-/// at the catalog example's parameters: what the simulator charges on a device profile that has
-/// no cost curve for the compressor (the rule is on the `CATALOG` table).
+/// Memory traffic and kernel launches of one encode or decode, per fp32 element of the tensor
+/// and, for a sparsifier, per element it keeps: what the simulator charges on a device profile
+/// that has no cost curve for the compressor (the rule is on the `CATALOG` table).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Work {
     pub bytes_per_element: f64,
+    pub bytes_per_kept_element: f64,
     pub kernels: u32,
 }
 
+impl Work {
+    /// Bytes per element of the tensor for a compressor keeping `kept_fraction` of them.
+    pub fn bytes_keeping(&self, kept_fraction: f64) -> f64 {
+        self.bytes_per_element + self.bytes_per_kept_element * kept_fraction
+    }
+}
+
 const fn work(bytes_per_element: f64, kernels: u32) -> Work {
+    sparse_work(bytes_per_element, 0.0, kernels)
+}
+
+const fn sparse_work(bytes_per_element: f64, bytes_per_kept_element: f64, kernels: u32) -> Work {
     Work {
         bytes_per_element,
+        bytes_per_kept_element,
         kernels,
     }
 }
@@ -279,9 +292,10 @@ const CATALOG: &[CatalogEntry] = &[
         shared_seed: false,
         family: Family::Sparse,
         gpu: true,
-        // Finiteness, three radix-histogram, count and emit passes read 4 B each; 8k B written.
-        encode: work(24.08, 6),
-        decode: work(4.08, 1),
+        // Finiteness, three radix-histogram, count and emit passes read 4 B each; 8 B written
+        // per kept element; the decode reads them.
+        encode: sparse_work(24.0, 8.0, 6),
+        decode: sparse_work(4.0, 8.0, 1),
         default_memory: RESIDUAL,
         auto: Some(4),
         parse: |p| {
@@ -300,9 +314,10 @@ const CATALOG: &[CatalogEntry] = &[
         shared_seed: true,
         family: Family::Sparse,
         gpu: true,
-        // Finiteness pass reads 4 B; the gather reads and writes k values.
-        encode: work(4.08, 2),
-        decode: work(4.04, 1),
+        // Finiteness pass reads 4 B; the gather reads and writes the kept values (8 B each),
+        // which the decode reads back.
+        encode: sparse_work(4.0, 8.0, 2),
+        decode: sparse_work(4.0, 4.0, 1),
         default_memory: NO_MEMORY,
         auto: None,
         parse: |p| {
@@ -321,9 +336,10 @@ const CATALOG: &[CatalogEntry] = &[
         shared_seed: false,
         family: Family::Sampled,
         gpu: true,
-        // 1% sample, count and compaction passes over the tensor, 8k B written.
-        encode: work(8.12, 5),
-        decode: work(4.08, 1),
+        // 1% sample, count and compaction passes over the tensor, 8 B written per kept element;
+        // the decode reads them.
+        encode: sparse_work(8.04, 8.0, 5),
+        decode: sparse_work(4.0, 8.0, 1),
         default_memory: Memory::Dgc {
             momentum: 0.9,
             warmup_epochs: 5,
@@ -518,9 +534,10 @@ const CATALOG: &[CatalogEntry] = &[
         shared_seed: false,
         family: Family::Sampled,
         gpu: true,
-        // 0.1% sample, count and compaction passes over the tensor, 8k B written.
-        encode: work(8.08, 5),
-        decode: work(4.08, 1),
+        // 0.1% sample, count and compaction passes over the tensor, 8 B written per kept
+        // element; the decode reads them.
+        encode: sparse_work(8.0, 8.0, 5),
+        decode: sparse_work(4.0, 8.0, 1),
         default_memory: RESIDUAL,
         auto: None,
         parse: |p| {
@@ -556,6 +573,20 @@ const CATALOG: &[CatalogEntry] = &[
 /// The compressors, one row each, in the order of `syncopate list compressors`.
 pub fn catalog() -> &'static [CatalogEntry] {
     CATALOG
+}
+
+/// The keys of the compressors that keep a share of the elements
+/// ([`Compressor::kept_fraction`]): the only ones whose cost curves may have a per-kept slope.
+pub fn sparsifier_keys() -> Vec<&'static str> {
+    CATALOG
+        .iter()
+        .filter(|e| {
+            e.example
+                .parse::<Compressor>()
+                .is_ok_and(|c| c.kept_fraction().is_some())
+        })
+        .map(|e| e.key)
+        .collect()
 }
 
 /// The specs `tune --compressor auto` considers, in its order.
@@ -598,6 +629,18 @@ impl Compressor {
             Compressor::Tbq { .. } => "tbq",
             Compressor::GradDrop { .. } => "graddrop",
             Compressor::PowerSgd { .. } => "powersgd",
+        }
+    }
+
+    /// The share of the elements a sparsifier keeps (its ratio); `None` for a compressor that
+    /// encodes every element, or whose selected count depends on the data (`threshold`).
+    pub fn kept_fraction(&self) -> Option<f64> {
+        match *self {
+            Compressor::TopK { ratio }
+            | Compressor::RandomK { ratio }
+            | Compressor::Dgc { ratio }
+            | Compressor::GradDrop { ratio } => Some(ratio),
+            _ => None,
         }
     }
 
@@ -939,8 +982,11 @@ mod tests {
             let summable = e.aggregations.contains(&Aggregation::Allreduce);
             assert_eq!(e.summed_as.is_some(), summable, "{}", e.key);
             assert!(!e.shared_seed || summable, "{}", e.key);
+            let kept = example(e).kept_fraction();
             for w in [e.encode, e.decode] {
                 assert!(w.bytes_per_element.is_finite() && w.bytes_per_element >= 0.0);
+                // Only a sparsifier has work per kept element.
+                assert_eq!(w.bytes_per_kept_element > 0.0, kept.is_some(), "{}", e.key);
             }
             // Precision casts are summable or carry a scale; the loss bound is theirs only.
             if example(e).rounding_error().is_some() {

@@ -28,22 +28,27 @@ pub struct CodecCurves {
 }
 
 impl CodecCurves {
-    /// The device profile's curves for `c`, or else the estimate from the catalog row's
-    /// per-element work (the rule and where its constants come from are on the `CATALOG` table
-    /// in `catalog.rs`).
+    /// The device profile's curves for `c` at the share of the elements it keeps, or else the
+    /// estimate from the catalog row's per-element work (the rule and where its constants come
+    /// from are on the `CATALOG` table in `catalog.rs`).
     pub fn on(c: &Compressor, device: &DeviceProfile) -> CodecCurves {
         match device.compression.get(c.key()) {
-            Some(cost) => CodecCurves {
-                encode: cost.encode,
-                decode: cost.decode,
-                aggregate: cost.aggregate,
-                fallback: false,
-            },
+            Some(cost) => {
+                // Validation leaves a per-kept slope only to sparsifiers.
+                let kept = c.kept_fraction().unwrap_or(0.0);
+                CodecCurves {
+                    encode: cost.encode.keeping(kept),
+                    decode: cost.decode.keeping(kept),
+                    aggregate: cost.aggregate.keeping(kept),
+                    fallback: false,
+                }
+            }
             None => {
                 let entry = c.entry();
+                let kept = c.kept_fraction().unwrap_or(0.0);
                 CodecCurves {
-                    encode: estimate(entry.encode, device),
-                    decode: estimate(entry.decode, device),
+                    encode: estimate(entry.encode, device).keeping(kept),
+                    decode: estimate(entry.decode, device).keeping(kept),
                     aggregate: CostCurve::default(),
                     fallback: true,
                 }
@@ -65,11 +70,12 @@ fn estimate(work: Work, device: &DeviceProfile) -> CostCurve {
         DeviceKind::Gpu => (GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US),
         DeviceKind::Cpu => (CPU_BANDWIDTH_EFFICIENCY, 0.0),
     };
+    // B / (GB/s) is ns.
+    let ns_per_byte = 1.0 / (device.memory_bandwidth_gbytes_per_s * efficiency);
     CostCurve {
         floor_us: launch_us * f64::from(work.kernels),
-        // B / (GB/s) is ns.
-        ns_per_element: work.bytes_per_element
-            / (device.memory_bandwidth_gbytes_per_s * efficiency),
+        ns_per_element: work.bytes_per_element * ns_per_byte,
+        ns_per_kept_element: work.bytes_per_kept_element * ns_per_byte,
     }
 }
 
@@ -131,6 +137,35 @@ mod tests {
             .map(|name| DeviceProfile::load(name).unwrap())
             .filter(|d| d.kind == DeviceKind::Gpu)
             .collect()
+    }
+
+    #[test]
+    fn a_sparsifier_costs_more_the_more_it_keeps() {
+        // topk's from the catalog's estimate, dgc's from a profile with a per-kept slope.
+        let mut curves = without("v100-sxm2-32gb", "topk");
+        let per_kept = CostCurve {
+            floor_us: 5.0,
+            ns_per_element: 0.05,
+            ns_per_kept_element: 2.0,
+        };
+        let cost = curves.compression.get_mut("dgc").unwrap();
+        (cost.encode, cost.decode) = (per_kept, per_kept);
+        let n = 1_000_000;
+        for key in ["topk", "dgc"] {
+            let at = |ratio: f64| {
+                let c: Compressor = format!("{key}:{ratio}").parse().unwrap();
+                let curves = CodecCurves::on(&c, &curves);
+                (curves.encode.time(n), curves.decode.time(n))
+            };
+            let (low, high) = (at(0.01), at(0.5));
+            assert!(high.0 > low.0 && high.1 > low.1, "{key}: {low:?} {high:?}");
+        }
+        // The profile's per-kept slope, folded at the ratio: 0.05 + 2 × 0.5 ns per element.
+        let c: Compressor = "dgc:0.5".parse().unwrap();
+        assert_eq!(
+            CodecCurves::on(&c, &curves).encode.time(n),
+            SimTime::from_ns(5e3 + 1.05 * n as f64)
+        );
     }
 
     /// The catalog's kernel counts are the ones the shipped GPU floors assume, and its bytes give
@@ -198,12 +233,17 @@ mod tests {
         let mut ratios: Vec<f64> = catalog()
             .iter()
             .filter_map(|e| Some((e, host.compression.get(e.key)?)))
-            .flat_map(|(e, cost)| [(e.encode, cost.encode), (e.decode, cost.decode)])
-            .filter(|(work, _)| work.bytes_per_element > 0.0)
-            .map(|(work, measured)| {
-                work.bytes_per_element
+            .flat_map(|(e, cost)| {
+                // The host profile was measured at the catalog example's ratio.
+                let c: Compressor = e.example.parse().unwrap();
+                let kept = c.kept_fraction().unwrap_or(0.0);
+                [(e.encode, cost.encode, kept), (e.decode, cost.decode, kept)]
+            })
+            .filter(|(work, _, _)| work.bytes_per_element > 0.0)
+            .map(|(work, measured, kept)| {
+                work.bytes_keeping(kept)
                     / host.memory_bandwidth_gbytes_per_s
-                    / measured.ns_per_element
+                    / measured.keeping(kept).ns_per_element
             })
             .collect();
         ratios.sort_by(f64::total_cmp);

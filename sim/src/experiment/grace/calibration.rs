@@ -58,6 +58,7 @@ impl OpCost {
         CostCurve {
             floor_us: f64::from(work.ops) * self.us_per_op,
             ns_per_element: work.bytes_per_element * self.ns_per_byte,
+            ns_per_kept_element: work.bytes_per_kept_element * self.ns_per_byte,
         }
     }
 }
@@ -207,9 +208,10 @@ impl Calibration {
     }
 }
 
-/// Each fitted method's price, read back from a fitted device: its encode curve over the
-/// implementation's encode ops and bytes, its payload decode curve over the payload's. Methods
-/// the fit did not price (no GRACE rows) are left out, as the fit leaves them out.
+/// Each fitted method's price, read back from a fitted device: its encode curve's floor over the
+/// implementation's encode ops, its payload decode curve's floor over the payload's ops, and the
+/// byte price (one for every phase) from the payload decode's slopes over its bytes. Methods the
+/// fit did not price (no GRACE rows) are left out, as the fit leaves them out.
 pub fn codec_prices(
     fitted: &DeviceProfile,
     methods: &BTreeMap<String, MethodSpec>,
@@ -221,15 +223,19 @@ pub fn codec_prices(
             if !cost.provenance.method.starts_with(&fitted_marker(name)) {
                 continue;
             }
+            let payload = implementation.payload;
+            let ns_per_byte = (cost.decode.ns_per_element + cost.decode.ns_per_kept_element)
+                / (payload.bytes_per_element + payload.bytes_per_kept_element)
+                    .max(f64::MIN_POSITIVE);
             let price = |curve: CostCurve, work: OpWork| OpCost {
                 us_per_op: curve.floor_us / f64::from(work.ops.max(1)),
-                ns_per_byte: curve.ns_per_element / work.bytes_per_element.max(f64::MIN_POSITIVE),
+                ns_per_byte,
             };
             prices.insert(
                 name.clone(),
                 CodecPrice {
                     encode: price(cost.encode, implementation.encode),
-                    decode: price(cost.decode, implementation.payload),
+                    decode: price(cost.decode, payload),
                 },
             );
         }

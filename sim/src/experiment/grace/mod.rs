@@ -88,6 +88,10 @@ struct MethodSpec {
 pub struct OpWork {
     ops: u32,
     bytes_per_element: f64,
+    /// A sparsifier's bytes per element it keeps (gathering, sending out and scattering the kept
+    /// values), which grow with its ratio.
+    #[serde(default)]
+    bytes_per_kept_element: f64,
 }
 
 /// A GRACE method's codec as its TensorFlow source does it (sands-lab/grace,
