@@ -77,6 +77,27 @@ pub fn fit_curve(points: &[(f64, f64)]) -> CostCurve {
     }
 }
 
+/// A compressor's (encode, decode) curves from `curves`, which times and fits them; a
+/// sparsifier's cost grows with what it keeps, so it is timed again at [`second_ratio`] and the
+/// change is its cost per kept element ([`split_kept`]), which lets the curve serve every ratio.
+/// The third value says so for the curve's provenance (empty for other compressors).
+pub fn across_ratios(
+    c: &Compressor,
+    mut curves: impl FnMut(&Compressor) -> Result<(CostCurve, CostCurve)>,
+) -> Result<(CostCurve, CostCurve, String)> {
+    let (encode, decode) = curves(c)?;
+    let Some(ratio) = c.kept_fraction() else {
+        return Ok((encode, decode, String::new()));
+    };
+    let other = second_ratio(ratio);
+    let (e2, d2) = curves(&format!("{}:{other}", c.key()).parse()?)?;
+    Ok((
+        split_kept((ratio, encode), (other, e2)),
+        split_kept((ratio, decode), (other, d2)),
+        format!(", then at ratio {other} too: the per-element slope's change from ratio {ratio} is the cost per kept element"),
+    ))
+}
+
 /// The other ratio a sparsifier is timed at: ten times `ratio`, or a tenth of it above 0.1.
 pub fn second_ratio(ratio: f64) -> f64 {
     if ratio <= 0.1 {
@@ -209,22 +230,11 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
             }
             Ok((fit_curve(&enc), fit_curve(&dec)))
         };
-        let (mut encode, mut decode) = curves(&c)?;
-        let mut method = format!(
-            "measured by syncopate-exec profile_host: {spec} on one core, median of {repeats} runs at {:?} elements, least-squares floor + per-element fit",
+        let (encode, decode, kept) = across_ratios(&c, curves)?;
+        let method = format!(
+            "measured by syncopate-exec profile_host: {spec} on one core, median of {repeats} runs at {:?} elements, least-squares floor + per-element fit{kept}",
             options.sizes
         );
-        // A sparsifier's cost grows with what it keeps: timed again at another ratio, the
-        // change is its cost per kept element, so that the curve serves every ratio.
-        if let Some(ratio) = c.kept_fraction() {
-            let other = second_ratio(ratio);
-            let (e2, d2) = curves(&format!("{}:{other}", c.key()).parse()?)?;
-            encode = split_kept((ratio, encode), (other, e2));
-            decode = split_kept((ratio, decode), (other, d2));
-            method.push_str(&format!(
-                ", then at ratio {other} too: the per-element slope's change from ratio {ratio} is the cost per kept element"
-            ));
-        }
         compression.insert(
             c.key().to_string(),
             CodecCost {
