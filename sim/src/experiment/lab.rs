@@ -434,6 +434,35 @@ fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
         );
         all.extend(these);
     }
+    // The ranking target is per bandwidth: the labs of one rate ranked together.
+    let mut rates: Vec<f64> = Vec::new();
+    for lab in &measured.labs {
+        if !rates.contains(&lab.setting.gbps) {
+            rates.push(lab.setting.gbps);
+        }
+    }
+    for gbps in rates {
+        let these: Vec<&Row> = all
+            .iter()
+            .copied()
+            .filter(|r| r.setting.gbps == gbps)
+            .collect();
+        let labs = measured
+            .labs
+            .iter()
+            .filter(|l| l.setting.gbps == gbps)
+            .count();
+        if labs < 2 {
+            continue;
+        }
+        let _ = writeln!(
+            text,
+            "| {labs} labs at {gbps} Gb/s, ranked together | {} | {} | {} |",
+            these.len(),
+            Statistics::cells(Statistics::of(&these, own), true),
+            Statistics::cells(Statistics::of(&these, moved), true),
+        );
+    }
     if !all.is_empty() {
         let _ = writeln!(
             text,
