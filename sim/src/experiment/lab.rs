@@ -417,21 +417,24 @@ fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
     let _ = writeln!(text, "|---|---|---|---|---|---|---|---|");
     let own = |r: &Row| Some(r.predicted_ms);
     let moved = |r: &Row| r.transported_ms;
+    // One row of the table: its label, its rows' count, and both predictions' statistics.
+    let row = |text: &mut String, label: &str, these: &[&Row], rank: bool| {
+        let _ = writeln!(
+            text,
+            "| {label} | {} | {} | {} |",
+            these.len(),
+            Statistics::cells(Statistics::of(these, own), rank),
+            Statistics::cells(Statistics::of(these, moved), rank),
+        );
+    };
     let mut all: Vec<&Row> = Vec::new();
     for lab in &measured.labs {
         let these: Vec<&Row> = rows.iter().filter(|r| r.setting == lab.setting).collect();
         if these.is_empty() {
             continue;
         }
-        let _ = writeln!(
-            text,
-            "| {} nodes, {} Gb/s | {} | {} | {} |",
-            lab.setting.nodes,
-            lab.setting.gbps,
-            these.len(),
-            Statistics::cells(Statistics::of(&these, own), true),
-            Statistics::cells(Statistics::of(&these, moved), true),
-        );
+        let label = format!("{} nodes, {} Gb/s", lab.setting.nodes, lab.setting.gbps);
+        row(&mut text, &label, &these, true);
         all.extend(these);
     }
     // The ranking target is per bandwidth: the labs of one rate ranked together.
@@ -442,11 +445,6 @@ fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
         }
     }
     for gbps in rates {
-        let these: Vec<&Row> = all
-            .iter()
-            .copied()
-            .filter(|r| r.setting.gbps == gbps)
-            .collect();
         let labs = measured
             .labs
             .iter()
@@ -455,22 +453,16 @@ fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
         if labs < 2 {
             continue;
         }
-        let _ = writeln!(
-            text,
-            "| {labs} labs at {gbps} Gb/s, ranked together | {} | {} | {} |",
-            these.len(),
-            Statistics::cells(Statistics::of(&these, own), true),
-            Statistics::cells(Statistics::of(&these, moved), true),
-        );
+        let these: Vec<&Row> = all
+            .iter()
+            .copied()
+            .filter(|r| r.setting.gbps == gbps)
+            .collect();
+        let label = format!("{labs} labs at {gbps} Gb/s, ranked together");
+        row(&mut text, &label, &these, true);
     }
     if !all.is_empty() {
-        let _ = writeln!(
-            text,
-            "| **all** | {} | {} | {} |",
-            all.len(),
-            Statistics::cells(Statistics::of(&all, own), false),
-            Statistics::cells(Statistics::of(&all, moved), false),
-        );
+        row(&mut text, "**all**", &all, false);
     }
     let failed: usize = measured
         .labs
