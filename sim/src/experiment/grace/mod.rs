@@ -94,6 +94,20 @@ pub struct OpWork {
     bytes_per_kept_element: f64,
 }
 
+impl OpWork {
+    /// Its ops and bytes, as provenance words them.
+    fn describe(&self) -> String {
+        let kept = match self.bytes_per_kept_element {
+            0.0 => String::new(),
+            kept => format!(" and {kept} B per kept element"),
+        };
+        format!(
+            "{} ops and {} B per element{kept}",
+            self.ops, self.bytes_per_element
+        )
+    }
+}
+
 /// A GRACE method's codec as its TensorFlow source does it (sands-lab/grace,
 /// grace_dl/tensorflow): the encode, each payload a rank decodes (the allgather communicator's
 /// slice, the compressor's `decompress`, `add_n` reading it), and once per call (`add_n`'s
