@@ -77,20 +77,34 @@ pub fn fit_curve(points: &[(f64, f64)]) -> CostCurve {
     }
 }
 
-/// A compressor's (encode, decode) curves from `curves`, which times and fits them; a
-/// sparsifier's cost grows with what it keeps, so it is timed again at [`second_ratio`] and the
-/// change is its cost per kept element ([`split_kept`]), which lets the curve serve every ratio.
-/// The third value says so for the curve's provenance (empty for other compressors).
+/// A compressor's (encode, decode) curves, fitted ([`fit_curve`]) over `sizes` to the seconds
+/// that `time` gives for (compressor, elements). A sparsifier's cost grows with what it keeps,
+/// so it is timed again at [`second_ratio`] and the change is its cost per kept element
+/// ([`split_kept`]), which lets the curve serve every ratio. The third value says so for the
+/// curve's provenance (empty for other compressors).
 pub fn across_ratios(
     c: &Compressor,
-    mut curves: impl FnMut(&Compressor) -> Result<(CostCurve, CostCurve)>,
+    sizes: &[usize],
+    mut time: impl FnMut(&Compressor, usize) -> Result<(f64, f64)>,
 ) -> Result<(CostCurve, CostCurve, String)> {
+    let mut curves = |c: &Compressor| -> Result<(CostCurve, CostCurve)> {
+        let (mut enc, mut dec) = (Vec::new(), Vec::new());
+        for &n in sizes {
+            let (e, d) = time(c, n)?;
+            enc.push((n as f64, e));
+            dec.push((n as f64, d));
+        }
+        Ok((fit_curve(&enc), fit_curve(&dec)))
+    };
     let (encode, decode) = curves(c)?;
     let Some(ratio) = c.kept_fraction() else {
         return Ok((encode, decode, String::new()));
     };
     let other = second_ratio(ratio);
-    let (e2, d2) = curves(&format!("{}:{other}", c.key()).parse()?)?;
+    let Some(again) = c.with_kept_fraction(other) else {
+        return Ok((encode, decode, String::new()));
+    };
+    let (e2, d2) = curves(&again)?;
     Ok((
         split_kept((ratio, encode), (other, e2)),
         split_kept((ratio, decode), (other, d2)),
@@ -221,16 +235,8 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
     let mut compression = BTreeMap::new();
     for spec in &options.compressors {
         let c: Compressor = spec.parse()?;
-        let curves = |c: &Compressor| -> Result<(CostCurve, CostCurve)> {
-            let (mut enc, mut dec) = (Vec::new(), Vec::new());
-            for &n in &options.sizes {
-                let (e, d) = measure(c, &data[..n], repeats)?;
-                enc.push((n as f64, e));
-                dec.push((n as f64, d));
-            }
-            Ok((fit_curve(&enc), fit_curve(&dec)))
-        };
-        let (encode, decode, kept) = across_ratios(&c, curves)?;
+        let (encode, decode, kept) =
+            across_ratios(&c, &options.sizes, |c, n| measure(c, &data[..n], repeats))?;
         let method = format!(
             "measured by syncopate-exec profile_host: {spec} on one core, median of {repeats} runs at {:?} elements, least-squares floor + per-element fit{kept}",
             options.sizes

@@ -1,6 +1,6 @@
 //! Device profiles: a GPU's (or CPU's) speed, compression kernel cost curves and contention factors.
 
-use crate::compress::sparsifier_keys;
+use crate::compress::why_no_kept_cost;
 use crate::data::{self, DataKind};
 use crate::error::{Result, SimError};
 use crate::limits;
@@ -155,14 +155,26 @@ impl DeviceProfile {
                         ));
                     }
                 }
-                if curve.ns_per_kept_element > 0.0 && !sparsifier_keys().contains(&name.as_str()) {
+                // A sparsifier keeping every element pays both slopes per element.
+                let both = curve.ns_per_element + curve.ns_per_kept_element;
+                if both > limits::MAX_NS_PER_ELEMENT {
                     return Err(SimError::invalid(
                         label,
                         format!("{field}.ns_per_kept_element"),
                         format!(
-                            "only a sparsifier keeps a share of the elements; `{name}` is not one (sparsifiers: {})",
-                            sparsifier_keys().join(", ")
+                            "with ns_per_element, a per-element cost is at most {} ns, got {both}",
+                            limits::MAX_NS_PER_ELEMENT
                         ),
+                    ));
+                }
+                let why = (curve.ns_per_kept_element > 0.0)
+                    .then(|| why_no_kept_cost(name))
+                    .flatten();
+                if let Some(why) = why {
+                    return Err(SimError::invalid(
+                        label,
+                        format!("{field}.ns_per_kept_element"),
+                        why,
                     ));
                 }
             }
@@ -233,7 +245,7 @@ mod tests {
             err.contains("compression.fp16.decode.ns_per_kept_element") && err.contains("topk"),
             "{err}"
         );
-        for bad in [f64::NAN, -1.0, f64::INFINITY] {
+        for bad in [f64::NAN, -1.0, f64::INFINITY, limits::MAX_NS_PER_ELEMENT] {
             let mut topk = device.clone();
             topk.compression
                 .get_mut("topk")

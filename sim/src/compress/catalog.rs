@@ -127,13 +127,6 @@ pub struct Work {
     pub kernels: u32,
 }
 
-impl Work {
-    /// Bytes per element of the tensor for a compressor keeping `kept_fraction` of them.
-    pub fn bytes_keeping(&self, kept_fraction: f64) -> f64 {
-        self.bytes_per_element + self.bytes_per_kept_element * kept_fraction
-    }
-}
-
 const fn work(bytes_per_element: f64, kernels: u32) -> Work {
     sparse_work(bytes_per_element, 0.0, kernels)
 }
@@ -589,6 +582,18 @@ pub fn sparsifier_keys() -> Vec<&'static str> {
         .collect()
 }
 
+/// Why a cost per kept element cannot belong to `key`'s curves, if it cannot: the one reason
+/// that device profiles and GRACE's implementations give.
+pub fn why_no_kept_cost(key: &str) -> Option<String> {
+    let sparsifiers = sparsifier_keys();
+    (!sparsifiers.contains(&key)).then(|| {
+        format!(
+            "only a sparsifier keeps a share of the elements; `{key}` is not one (sparsifiers: {})",
+            sparsifiers.join(", ")
+        )
+    })
+}
+
 /// The specs `tune --compressor auto` considers, in its order.
 pub fn auto_specs() -> Vec<&'static str> {
     let mut auto: Vec<(u8, &str)> = CATALOG
@@ -640,6 +645,18 @@ impl Compressor {
             | Compressor::RandomK { ratio }
             | Compressor::Dgc { ratio }
             | Compressor::GradDrop { ratio } => Some(ratio),
+            _ => None,
+        }
+    }
+
+    /// The same sparsifier keeping `ratio` of the elements instead; `None` for a compressor
+    /// without a kept fraction.
+    pub fn with_kept_fraction(&self, ratio: f64) -> Option<Compressor> {
+        match *self {
+            Compressor::TopK { .. } => Some(Compressor::TopK { ratio }),
+            Compressor::RandomK { .. } => Some(Compressor::RandomK { ratio }),
+            Compressor::Dgc { .. } => Some(Compressor::Dgc { ratio }),
+            Compressor::GradDrop { .. } => Some(Compressor::GradDrop { ratio }),
             _ => None,
         }
     }
@@ -983,6 +1000,9 @@ mod tests {
             assert_eq!(e.summed_as.is_some(), summable, "{}", e.key);
             assert!(!e.shared_seed || summable, "{}", e.key);
             let kept = example(e).kept_fraction();
+            // A sparsifier, and only one, can be asked for another ratio.
+            let other = example(e).with_kept_fraction(0.5);
+            assert_eq!(other.map(|c| c.kept_fraction()), kept.map(|_| Some(0.5)));
             for w in [e.encode, e.decode] {
                 assert!(w.bytes_per_element.is_finite() && w.bytes_per_element >= 0.0);
                 // Only a sparsifier has work per kept element.

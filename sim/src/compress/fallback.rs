@@ -32,20 +32,17 @@ impl CodecCurves {
     /// estimate from the catalog row's per-element work (the rule and where its constants come
     /// from are on the `CATALOG` table in `catalog.rs`).
     pub fn on(c: &Compressor, device: &DeviceProfile) -> CodecCurves {
+        // Validation leaves a per-kept slope only to sparsifiers.
+        let kept = c.kept_fraction().unwrap_or(0.0);
         match device.compression.get(c.key()) {
-            Some(cost) => {
-                // Validation leaves a per-kept slope only to sparsifiers.
-                let kept = c.kept_fraction().unwrap_or(0.0);
-                CodecCurves {
-                    encode: cost.encode.keeping(kept),
-                    decode: cost.decode.keeping(kept),
-                    aggregate: cost.aggregate.keeping(kept),
-                    fallback: false,
-                }
-            }
+            Some(cost) => CodecCurves {
+                encode: cost.encode.keeping(kept),
+                decode: cost.decode.keeping(kept),
+                aggregate: cost.aggregate.keeping(kept),
+                fallback: false,
+            },
             None => {
                 let entry = c.entry();
-                let kept = c.kept_fraction().unwrap_or(0.0);
                 CodecCurves {
                     encode: estimate(entry.encode, device).keeping(kept),
                     decode: estimate(entry.decode, device).keeping(kept),
@@ -241,7 +238,7 @@ mod tests {
             })
             .filter(|(work, _, _)| work.bytes_per_element > 0.0)
             .map(|(work, measured, kept)| {
-                work.bytes_keeping(kept)
+                (work.bytes_per_element + work.bytes_per_kept_element * kept)
                     / host.memory_bandwidth_gbytes_per_s
                     / measured.keeping(kept).ns_per_element
             })

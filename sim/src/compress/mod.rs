@@ -33,8 +33,8 @@ mod fallback;
 mod memory;
 
 pub use catalog::{
-    auto_specs, catalog, qsgd_bits, sparse_count, sparsifier_keys, CatalogEntry, Compressor,
-    Element, Family, Fp8Format, Wire, Work, QSGD_MAX_LEVELS,
+    auto_specs, catalog, qsgd_bits, sparse_count, sparsifier_keys, why_no_kept_cost, CatalogEntry,
+    Compressor, Element, Family, Fp8Format, Wire, Work, QSGD_MAX_LEVELS,
 };
 pub use fallback::{CodecCurves, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
 pub use memory::{Memory, MemoryCatalogEntry};

@@ -445,10 +445,11 @@ fn table(spec: &LabSpec, measured: &LabMeasurements, rows: &[Row]) -> String {
         }
     }
     for gbps in rates {
+        // Only the labs that have rows count.
         let labs = measured
             .labs
             .iter()
-            .filter(|l| l.setting.gbps == gbps)
+            .filter(|l| l.setting.gbps == gbps && all.iter().any(|r| r.setting == l.setting))
             .count();
         if labs < 2 {
             continue;

@@ -6,7 +6,7 @@ use super::kernels::{cuda_err, Kernels};
 use super::probe;
 use crate::compress::rng::Rng;
 use crate::error::{ExecError, Result};
-use crate::profile_host::{across_ratios, fit_curve, median, profiled, profiled_shapes};
+use crate::profile_host::{across_ratios, median, profiled, profiled_shapes};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, ReduceOp};
 use std::collections::BTreeMap;
@@ -15,7 +15,7 @@ use std::time::Instant;
 use syncopate_sim::calibrate::Measurement;
 use syncopate_sim::compress::Compressor;
 use syncopate_sim::data::FORMAT_VERSION;
-use syncopate_sim::device::{CodecCost, Contention, CostCurve, DeviceKind, DeviceProfile};
+use syncopate_sim::device::{CodecCost, Contention, DeviceKind, DeviceProfile};
 use syncopate_sim::model::{Provenance, Status};
 
 /// V100's fp32 peak, the unit of `compute_speed_vs_v100`.
@@ -303,16 +303,9 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
             without_kernel.push(c.key().to_string());
             continue;
         }
-        let curves = |c: &Compressor| -> Result<(CostCurve, CostCurve)> {
-            let (mut enc, mut dec) = (Vec::new(), Vec::new());
-            for &n in &options.sizes {
-                let (e, d) = time_codec(&kernels, &stream, c, &input, n, repeats)?;
-                enc.push((n as f64, e));
-                dec.push((n as f64, d));
-            }
-            Ok((fit_curve(&enc), fit_curve(&dec)))
-        };
-        let (encode, decode, kept) = across_ratios(&c, curves)?;
+        let (encode, decode, kept) = across_ratios(&c, &options.sizes, |c, n| {
+            time_codec(&kernels, &stream, c, &input, n, repeats)
+        })?;
         let method = format!(
             "measured by syncopate profile --backend cuda: {spec} GPU kernels on {model}, CUDA events around each encode / decode_add, median of {repeats} runs at {:?} elements (standard normal data), least-squares floor + per-element fit{kept}",
             options.sizes

@@ -10,7 +10,7 @@ mod report;
 
 use super::Results;
 use crate::chart::Chart;
-use crate::compress::{Compressor, Memory, Wire};
+use crate::compress::{why_no_kept_cost, Compressor, Memory, Wire};
 use crate::data;
 use crate::error::{Result, SimError};
 use crate::plan::CodecCalls;
@@ -95,6 +95,31 @@ pub struct OpWork {
 }
 
 impl OpWork {
+    /// Bytes are finite and not negative, and only a sparsifier (`key`) has bytes per kept
+    /// element; `field` names this phase in errors.
+    fn check(&self, label: &str, field: &str, key: &str) -> Result<()> {
+        for (name, bytes) in [
+            ("bytes_per_element", self.bytes_per_element),
+            ("bytes_per_kept_element", self.bytes_per_kept_element),
+        ] {
+            if !(bytes.is_finite() && bytes >= 0.0) {
+                return Err(SimError::invalid(
+                    label,
+                    format!("{field}.{name}"),
+                    format!("bytes are a finite number, 0 or more, got {bytes}"),
+                ));
+            }
+        }
+        match why_no_kept_cost(key) {
+            Some(why) if self.bytes_per_kept_element > 0.0 => Err(SimError::invalid(
+                label,
+                format!("{field}.bytes_per_kept_element"),
+                why,
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Its ops and bytes, as provenance words them.
     fn describe(&self) -> String {
         let kept = match self.bytes_per_kept_element {
@@ -240,14 +265,72 @@ fn check_methods(label: &str, methods: &BTreeMap<String, MethodSpec>) -> Result<
             "needs GRACE's `none` mapped to compressor `none`",
         ));
     }
-    match methods.iter().find(|(name, m)| {
+    if let Some((name, _)) = methods.iter().find(|(name, m)| {
         m.compressor.is_some() && name.as_str() != "none" && m.implementation.is_none()
     }) {
-        Some((name, _)) => Err(SimError::invalid(
+        return Err(SimError::invalid(
             label,
             format!("methods[{name}].implementation"),
             "a covered compressing method needs the ops and bytes of GRACE's implementation",
-        )),
-        None => Ok(()),
+        ));
+    }
+    for (name, method) in methods {
+        let (Some(implementation), Some(key)) = (&method.implementation, method.key()?) else {
+            continue;
+        };
+        for (phase, work) in [
+            ("encode", implementation.encode),
+            ("payload", implementation.payload),
+            ("call", implementation.call),
+        ] {
+            work.check(
+                label,
+                &format!("methods[{name}].implementation.{phase}"),
+                key,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `none` and one method whose implementation's encode is `encode` (JSON).
+    fn methods(compressor: &str, encode: &str) -> BTreeMap<String, MethodSpec> {
+        let method: MethodSpec = serde_json::from_str(&format!(
+            r#"{{"grace": "m", "compressor": "{compressor}", "note": "",
+                "implementation": {{"encode": {encode},
+                    "payload": {{"ops": 1, "bytes_per_element": 4}},
+                    "call": {{"ops": 1, "bytes_per_element": 4}}, "source": "test"}}}}"#
+        ))
+        .unwrap();
+        BTreeMap::from([
+            ("none".to_string(), MethodSpec::dense()),
+            ("m".to_string(), method),
+        ])
+    }
+
+    #[test]
+    fn implementations_have_sound_bytes_and_kept_bytes_only_on_sparsifiers() {
+        let ok = r#"{"ops": 2, "bytes_per_element": 8, "bytes_per_kept_element": 12}"#;
+        check_methods("spec.json", &methods("topk:{ratio}", ok)).unwrap();
+        let err = check_methods("spec.json", &methods("signsgd", ok))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("methods[m].implementation.encode.bytes_per_kept_element")
+                && err.contains("sparsifier"),
+            "{err}"
+        );
+        let negative = r#"{"ops": 2, "bytes_per_element": -1}"#;
+        let err = check_methods("spec.json", &methods("signsgd", negative))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("methods[m].implementation.encode.bytes_per_element"),
+            "{err}"
+        );
     }
 }
