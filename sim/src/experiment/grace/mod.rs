@@ -110,13 +110,17 @@ impl OpWork {
                 ));
             }
         }
-        match why_no_kept_cost(key) {
-            Some(why) if self.bytes_per_kept_element > 0.0 => Err(SimError::invalid(
+        // Asked only of a kept cost, as device profiles ask it.
+        let why = (self.bytes_per_kept_element > 0.0)
+            .then(|| why_no_kept_cost(key))
+            .flatten();
+        match why {
+            Some(why) => Err(SimError::invalid(
                 label,
                 format!("{field}.bytes_per_kept_element"),
                 why,
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
