@@ -10,12 +10,18 @@ use syncopate_exec::compress::rng::Rng;
 use syncopate_exec::profile_host::{make_codec, median, profile_host, HostProfileOptions};
 use syncopate_sim::compress::{CodecCurves, Compressor};
 use syncopate_sim::device::CostCurve;
+use syncopate_sim::time::SimTime;
 
 const ELEMENTS: usize = 1 << 22;
 const REPEATS: usize = 7;
 
-fn ms(curve: CostCurve) -> f64 {
-    curve.time(ELEMENTS as u64).as_ns() as f64 / 1e6
+fn ms(time: SimTime) -> f64 {
+    time.as_ns() as f64 / 1e6
+}
+
+/// A curve measured at one ratio alone, which prices every ratio as that one.
+fn one_ratio(curve: CostCurve, ratio: f64) -> SimTime {
+    curve.keeping(ratio).time(ELEMENTS as u64, 0)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -55,11 +61,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!(
                 "{c} | {:.2}, {:.2}, {:.2} | {:.2}, {:.2}, {:.2}",
                 median(encode),
-                ms(predicted.encode),
-                ms(cost.encode.keeping(catalog_ratio)),
+                ms(predicted.encode_time(ELEMENTS as u64)),
+                ms(one_ratio(cost.encode, catalog_ratio)),
                 median(decode),
-                ms(predicted.decode),
-                ms(cost.decode.keeping(catalog_ratio)),
+                ms(predicted.decode_time(ELEMENTS as u64)),
+                ms(one_ratio(cost.decode, catalog_ratio)),
             );
         }
     }

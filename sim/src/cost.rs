@@ -181,8 +181,8 @@ fn piece_cost(
     let curves = CodecCurves::on(&compressor, device);
     // Every codec call pays the curves' floor: one per piece, or one per tensor.
     let calls = piece.codec_calls();
-    let encode = per_call(calls, |n| curves.encode.time(n));
-    let one = per_call(calls, |n| curves.decode.time(n));
+    let encode = per_call(calls, |n| curves.encode_time(n));
+    let one = per_call(calls, |n| curves.decode_time(n));
     // A decode call pays its own cost once and each payload's decode (device.rs, CodecCost).
     let payloads = match (piece.aggregation, piece.rounds.first().map(|r| r.exchange)) {
         // Every rank decodes every rank's payload in one call.
@@ -283,7 +283,7 @@ fn exchange_cost(
             let mut estimate = over_world(Op::Allreduce, bytes)?;
             let shard = piece.numel.max(1).div_ceil(u64::from(world.ranks)).max(1);
             let curves = CodecCurves::on(&piece.compressor, device);
-            let hop = curves.call_time(shard, 1) + curves.encode.time(shard);
+            let hop = curves.call_time(shard, 1) + curves.encode_time(shard);
             estimate.time += SimTime(hop.as_ns() * u64::from(world.ranks - 1));
             estimate
         }
@@ -316,7 +316,7 @@ fn push_pull_cost(
     let nodes = u64::from(cluster.nodes);
     let curves = CodecCurves::on(&piece.compressor, device);
     estimate.time += per_call(piece.codec_calls(), |n| {
-        curves.call_time(n, nodes) + curves.encode.time(n)
+        curves.call_time(n, nodes) + curves.encode_time(n)
     });
     if cluster.gpus_per_node > 1 {
         let local = RankGroup::one_node(cluster);
@@ -433,7 +433,7 @@ mod tests {
         for ranks in [2, 8] {
             let without = decode_at(ranks, CostCurve::default()).0;
             let with = decode_at(ranks, call).0;
-            assert_eq!(with - without, call.time(n), "{ranks} ranks");
+            assert_eq!(with - without, call.time(n, 0), "{ranks} ranks");
         }
     }
 }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 pub struct CostCurve {
     pub floor_us: f64,
     pub ns_per_element: f64,
-    /// Cost per element a sparsifier keeps (its ratio times the elements): the work after the
+    /// Cost per element a sparsifier keeps (`sparse_count`, what its payload carries): the work after the
     /// selection, which gathers, writes and scatters the kept values, so that one curve serves
     /// every ratio. Zero when absent; only sparsifiers keep a share of the elements.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -38,8 +38,15 @@ impl CostCurve {
         }
     }
 
-    pub fn time(&self, elements: u64) -> SimTime {
-        SimTime::from_ns(self.floor_us * 1e3 + self.ns_per_element * elements as f64)
+    /// One call over `elements` that keeps `kept` of them: a sparsifier's
+    /// [`Compressor::kept_elements`](crate::compress::Compressor::kept_elements), 0 for the
+    /// others.
+    pub fn time(&self, elements: u64, kept: u64) -> SimTime {
+        SimTime::from_ns(
+            self.floor_us * 1e3
+                + self.ns_per_element * elements as f64
+                + self.ns_per_kept_element * kept as f64,
+        )
     }
 
     fn is_zero(&self) -> bool {

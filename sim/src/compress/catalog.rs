@@ -649,6 +649,13 @@ impl Compressor {
         }
     }
 
+    /// Elements a sparsifier keeps of `numel`, as its payload carries them
+    /// ([`sparse_count`]); 0 for every other compressor.
+    pub fn kept_elements(&self, numel: u64) -> u64 {
+        self.kept_fraction()
+            .map_or(0, |ratio| sparse_count(numel, ratio))
+    }
+
     /// The same sparsifier keeping `ratio` of the elements instead; `None` for a compressor
     /// without a kept fraction.
     pub fn with_kept_fraction(&self, ratio: f64) -> Option<Compressor> {

@@ -25,39 +25,53 @@ pub struct CodecCurves {
     /// True when the device profile has no curve for the compressor and these are the
     /// memory-bandwidth estimate.
     pub fallback: bool,
+    /// Whose curves these are: a sparsifier's per-kept slopes are paid on the elements it keeps.
+    compressor: Compressor,
 }
 
 impl CodecCurves {
-    /// The device profile's curves for `c` at the share of the elements it keeps, or else the
-    /// estimate from the catalog row's per-element work (the rule and where its constants come
-    /// from are on the `CATALOG` table in `catalog.rs`).
+    /// The device profile's curves for `c`, or else the estimate from the catalog row's work
+    /// (the rule and where its constants come from are on the `CATALOG` table in `catalog.rs`).
     pub fn on(c: &Compressor, device: &DeviceProfile) -> CodecCurves {
-        // Validation leaves a per-kept slope only to sparsifiers.
-        let kept = c.kept_fraction().unwrap_or(0.0);
         match device.compression.get(c.key()) {
             Some(cost) => CodecCurves {
-                encode: cost.encode.keeping(kept),
-                decode: cost.decode.keeping(kept),
-                aggregate: cost.aggregate.keeping(kept),
+                encode: cost.encode,
+                decode: cost.decode,
+                aggregate: cost.aggregate,
                 fallback: false,
+                compressor: *c,
             },
             None => {
                 let entry = c.entry();
                 CodecCurves {
-                    encode: estimate(entry.encode, device).keeping(kept),
-                    decode: estimate(entry.decode, device).keeping(kept),
+                    encode: estimate(entry.encode, device),
+                    decode: estimate(entry.decode, device),
                     aggregate: CostCurve::default(),
                     fallback: true,
+                    compressor: *c,
                 }
             }
         }
     }
 
+    /// One encode call over `numel` elements.
+    pub fn encode_time(&self, numel: u64) -> SimTime {
+        self.encode
+            .time(numel, self.compressor.kept_elements(numel))
+    }
+
+    /// One payload of `numel` elements decoded.
+    pub fn decode_time(&self, numel: u64) -> SimTime {
+        self.decode
+            .time(numel, self.compressor.kept_elements(numel))
+    }
+
     /// Time of one decode call that combines `payloads` payloads of `numel` elements each: the
     /// call's cost once and each payload's decode (an allgather's p, a pull's one).
     pub fn call_time(&self, numel: u64, payloads: u64) -> SimTime {
-        self.aggregate.time(numel)
-            + SimTime(self.decode.time(numel).as_ns().saturating_mul(payloads))
+        self.aggregate
+            .time(numel, self.compressor.kept_elements(numel))
+            + SimTime(self.decode_time(numel).as_ns().saturating_mul(payloads))
     }
 }
 
@@ -97,12 +111,12 @@ mod tests {
         // Encode: 6 kernels × 5 µs + 24.08 B / (900 GB/s × 0.7) per element
         // = 30 000 + 38 222.2 ns for 10^6 elements.
         assert_eq!(
-            CodecCurves::on(&topk, &v100).encode.time(1_000_000),
+            CodecCurves::on(&topk, &v100).encode_time(1_000_000),
             SimTime(68_222)
         );
         // Decode: 1 kernel × 5 µs + 4.08 B / 630 GB/s = 5 000 + 6 476.2 ns.
         assert_eq!(
-            CodecCurves::on(&topk, &v100).decode.time(1_000_000),
+            CodecCurves::on(&topk, &v100).decode_time(1_000_000),
             SimTime(11_476)
         );
         // The other curves are still the profile's.
@@ -110,8 +124,8 @@ mod tests {
         assert!(!CodecCurves::on(&dgc, &v100).fallback);
         let cost = &v100.compression["dgc"].encode;
         assert_eq!(
-            CodecCurves::on(&dgc, &v100).encode.time(1_000_000),
-            cost.time(1_000_000)
+            CodecCurves::on(&dgc, &v100).encode_time(1_000_000),
+            cost.time(1_000_000, 10_000)
         );
     }
 
@@ -121,10 +135,10 @@ mod tests {
         let dgc: Compressor = "dgc:0.01".parse().unwrap();
         // 8.12 B / (15.5403 GB/s × 0.5) = 1.045 ns per element, no floor.
         assert_eq!(
-            CodecCurves::on(&dgc, &host).encode.time(1_000_000),
+            CodecCurves::on(&dgc, &host).encode_time(1_000_000),
             SimTime(1_045_023)
         );
-        assert_eq!(CodecCurves::on(&dgc, &host).encode.time(0), SimTime::ZERO);
+        assert_eq!(CodecCurves::on(&dgc, &host).encode_time(0), SimTime::ZERO);
     }
 
     fn gpu_profiles() -> Vec<DeviceProfile> {
@@ -152,7 +166,7 @@ mod tests {
             let at = |ratio: f64| {
                 let c: Compressor = format!("{key}:{ratio}").parse().unwrap();
                 let curves = CodecCurves::on(&c, &curves);
-                (curves.encode.time(n), curves.decode.time(n))
+                (curves.encode_time(n), curves.decode_time(n))
             };
             let (low, high) = (at(0.01), at(0.5));
             assert!(high.0 > low.0 && high.1 > low.1, "{key}: {low:?} {high:?}");
@@ -160,8 +174,36 @@ mod tests {
         // The profile's per-kept slope, folded at the ratio: 0.05 + 2 × 0.5 ns per element.
         let c: Compressor = "dgc:0.5".parse().unwrap();
         assert_eq!(
-            CodecCurves::on(&c, &curves).encode.time(n),
+            CodecCurves::on(&c, &curves).encode_time(n),
             SimTime::from_ns(5e3 + 1.05 * n as f64)
+        );
+    }
+
+    #[test]
+    fn a_sparsifier_pays_per_kept_on_the_elements_its_payload_carries() {
+        let mut profile = DeviceProfile::load("host-2core").unwrap();
+        let per_kept = CostCurve {
+            floor_us: 0.0,
+            ns_per_element: 0.0,
+            ns_per_kept_element: 1000.0,
+        };
+        profile.compression.get_mut("topk").unwrap().encode = per_kept;
+        let topk: Compressor = "topk:0.01".parse().unwrap();
+        let curves = CodecCurves::on(&topk, &profile);
+        // 50 elements at 1 % keep one (ceil), which the payload carries; 1001 keep 11.
+        for (n, kept) in [(50, 1), (1001, 11), (0, 0)] {
+            assert_eq!(topk.kept_elements(n), kept);
+            assert_eq!(curves.encode_time(n), SimTime(1000 * kept));
+            assert_eq!(
+                topk.wire_bytes(n),
+                8 * kept,
+                "the payload holds what is priced"
+            );
+        }
+        // Compressors that keep no share pay no per-kept cost.
+        assert_eq!(
+            "signsgd".parse::<Compressor>().unwrap().kept_elements(50),
+            0
         );
     }
 
