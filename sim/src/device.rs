@@ -16,9 +16,9 @@ use std::collections::BTreeMap;
 pub struct CostCurve {
     pub floor_us: f64,
     pub ns_per_element: f64,
-    /// Cost per element a sparsifier keeps (`sparse_count`, what its payload carries): the work after the
-    /// selection, which gathers, writes and scatters the kept values, so that one curve serves
-    /// every ratio. Zero when absent; only sparsifiers keep a share of the elements.
+    /// Cost per element a sparsifier keeps (`sparse_count`, what its payload carries): the
+    /// work after the selection, which gathers, writes and scatters the kept values, so that
+    /// one curve serves every ratio. Zero when absent; only sparsifiers keep a share of the elements.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ns_per_kept_element: f64,
 }
