@@ -9,6 +9,82 @@ pub struct Exclusions {
     pub below_upper_bound: usize,
     /// Rule 2: a 1-worker `none` row slower per worker than most of its model's multi-worker rows.
     pub slow_one_worker: usize,
+    /// Rule 3: a configuration whose `upper-bound` run is far slower than those of the
+    /// configurations that send as many bytes.
+    pub disturbed_run: usize,
+}
+
+/// Configurations whose payloads are within this share of each other's bytes send "as many
+/// bytes" for rule 3 (GRACE's one-byte codes differ only by a few bytes of scales).
+const SAME_VOLUME: f64 = 0.01;
+/// Rule 3 judges a configuration only against at least this many of its kind, itself included,
+/// so that their median is not one run's.
+const MIN_PEERS: usize = 3;
+
+/// Rule 3, on the rows no earlier rule excluded: GRACE's `upper-bound` runs move a
+/// configuration's compressed volume without its codec's work, so those with the same model,
+/// workers, communication method and bytes per iteration (`volume`; `None` for a method we do
+/// not cover) take about the same time. A configuration whose `upper-bound` row's throughput is below the median of
+/// its kind divided by `max_ratio` was disturbed (the network, another job), and its
+/// `throughput` row with it. Returns how many rows it excluded.
+pub fn flag_disturbed_runs(
+    data: &mut [Measurement],
+    upper: &[Measurement],
+    max_ratio: f64,
+    volume: &dyn Fn(&Measurement) -> Option<u64>,
+) -> usize {
+    let sized: Vec<(&Measurement, u64)> =
+        upper.iter().filter_map(|u| Some((u, volume(u)?))).collect();
+    let mut count = 0;
+    for m in data.iter_mut().filter(|m| m.excluded.is_none()) {
+        let Some(&(own, bytes)) = sized.iter().find(|(u, _)| same_configuration(m, u)) else {
+            continue;
+        };
+        let mut peers: Vec<f64> = sized
+            .iter()
+            .filter(|(u, b)| {
+                (&u.model, u.workers, &u.comm_method) == (&own.model, own.workers, &own.comm_method)
+                    && (*b as f64 - bytes as f64).abs() <= SAME_VOLUME * bytes as f64
+            })
+            .map(|(u, _)| u.throughput)
+            .collect();
+        if peers.len() < MIN_PEERS {
+            continue;
+        }
+        peers.sort_by(f64::total_cmp);
+        let middle = peers.len() / 2;
+        let median = (peers[(peers.len() - 1) / 2] + peers[middle]) / 2.0;
+        if own.throughput * max_ratio < median {
+            m.excluded = Some(format!(
+                "its upper-bound row ({:.1} img/s) takes {:.2}× the time of the median of the {} upper-bound rows that send as many bytes ({median:.1} img/s)",
+                own.throughput,
+                median / own.throughput,
+                peers.len()
+            ));
+            count += 1;
+        }
+    }
+    count
+}
+
+/// Whether two rows are runs of one configuration: model, workers, method, ratio, memory and
+/// communication method.
+fn same_configuration(a: &Measurement, b: &Measurement) -> bool {
+    (
+        &a.model,
+        a.workers,
+        &a.method,
+        &a.ratio,
+        &a.memory,
+        &a.comm_method,
+    ) == (
+        &b.model,
+        b.workers,
+        &b.method,
+        &b.ratio,
+        &b.memory,
+        &b.comm_method,
+    )
 }
 
 /// Flags the rows GRACE's own data contradicts, in place; the rules, in order:
@@ -19,32 +95,17 @@ pub struct Exclusions {
 ///    rows, so that no held-out row decides what the fit uses): adding workers only adds
 ///    communication, so a 1-worker run cannot be slower per worker than a multi-worker run of
 ///    the same model and batch.
+///
+/// Rule 3, [`flag_disturbed_runs`], judges the rows these leave.
 pub fn flag_inconsistent(
     data: &mut [Measurement],
     upper: &[Measurement],
     min_ratio: f64,
     max_workers: u32,
 ) -> Exclusions {
-    let same = |a: &Measurement, b: &Measurement| {
-        (
-            &a.model,
-            a.workers,
-            &a.method,
-            &a.ratio,
-            &a.memory,
-            &a.comm_method,
-        ) == (
-            &b.model,
-            b.workers,
-            &b.method,
-            &b.ratio,
-            &b.memory,
-            &b.comm_method,
-        )
-    };
     let mut counts = Exclusions::default();
     for m in data.iter_mut() {
-        if let Some(u) = upper.iter().find(|u| same(m, u)) {
+        if let Some(u) = upper.iter().find(|u| same_configuration(m, u)) {
             if m.throughput < min_ratio * u.throughput {
                 m.excluded = Some(format!(
                     "below {:.2}× GRACE's upper-bound row ({:.1} img/s)",
@@ -188,6 +249,72 @@ mod tests {
         assert_eq!(counts.below_upper_bound, 2);
         assert_eq!(counts.slow_one_worker, 0);
         assert!(data[0].excluded.is_none());
+    }
+
+    fn allgather(mut m: Measurement) -> Measurement {
+        m.comm_method = "allgather".to_string();
+        m
+    }
+
+    /// Bytes by method: the one-byte codes alike, `topk` 8 times less, `fp16` twice more.
+    fn volume(m: &Measurement) -> Option<u64> {
+        match m.method.as_str() {
+            "signsgd" | "terngrad" => Some(1000),
+            "qsgd" => Some(1004),
+            "topk" => Some(125),
+            "fp16" => Some(2000),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_run_far_slower_than_its_equal_volume_peers_is_excluded() {
+        let mut data = vec![
+            row("resnet50", 8, "qsgd", 900.0),
+            row("resnet50", 8, "signsgd", 1500.0),
+            row("resnet50", 8, "topk", 800.0),
+            row("resnet50", 4, "qsgd", 1000.0),
+        ];
+        // At 8 workers the one-byte codes' upper bounds are 1000, 1600 and 1700: the median
+        // 1600 is 1.6 times qsgd's. topk sends other bytes and has no peers; at 4 workers qsgd
+        // has one peer that reduces as it does (terngrad's allgather moves other traffic).
+        let upper = [
+            row("resnet50", 8, "qsgd", 1000.0),
+            row("resnet50", 8, "signsgd", 1600.0),
+            row("resnet50", 8, "terngrad", 1700.0),
+            row("resnet50", 8, "topk", 300.0),
+            row("resnet50", 8, "fp16", 1200.0),
+            row("resnet50", 4, "qsgd", 500.0),
+            row("resnet50", 4, "signsgd", 1000.0),
+            allgather(row("resnet50", 4, "terngrad", 1000.0)),
+            row("vgg19", 4, "signsgd", 1000.0),
+        ];
+        assert_eq!(flag_disturbed_runs(&mut data, &upper, 1.5, &volume), 1);
+        let reason = data[0].excluded.as_deref().unwrap();
+        assert!(
+            reason.contains("1.60×") && reason.contains("3 upper-bound rows"),
+            "{reason}"
+        );
+        assert!(data[1..].iter().all(|m| m.excluded.is_none()));
+        // Under a ratio of 1.7 the same run stays.
+        let mut again = vec![row("resnet50", 8, "qsgd", 900.0)];
+        assert_eq!(flag_disturbed_runs(&mut again, &upper, 1.7, &volume), 0);
+    }
+
+    #[test]
+    fn a_row_an_earlier_rule_excluded_is_not_counted_again() {
+        let mut data = vec![row("resnet50", 8, "qsgd", 100.0)];
+        let upper = [
+            row("resnet50", 8, "qsgd", 1000.0),
+            row("resnet50", 8, "signsgd", 1600.0),
+            row("resnet50", 8, "terngrad", 1700.0),
+        ];
+        assert_eq!(
+            flag_inconsistent(&mut data, &upper, 0.5, 8).below_upper_bound,
+            1
+        );
+        assert_eq!(flag_disturbed_runs(&mut data, &upper, 1.5, &volume), 0);
+        assert!(data[0].excluded.as_deref().unwrap().contains("0.50×"));
     }
 
     #[test]

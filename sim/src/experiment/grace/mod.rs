@@ -36,6 +36,10 @@ pub struct GraceSpec {
     /// A `throughput` row below this share of GRACE's `upper-bound` row of the same
     /// configuration is excluded as inconsistent.
     upper_bound_min_ratio: f64,
+    /// A configuration whose `upper-bound` row is slower than the median of the `upper-bound`
+    /// rows that send as many bytes (same model and workers) by more than this factor was a
+    /// disturbed run, and its `throughput` row is excluded.
+    upper_bound_peer_max_ratio: f64,
     /// The calibration rows have at most this many workers (and are all the fit sees); rows
     /// with more are held out.
     fit_workers: u32,
@@ -192,23 +196,40 @@ impl MethodSpec {
 /// `fit_workers` workers, then predicts every GRACE row of a covered method.
 pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result<Results> {
     data::check_format_version(label, spec.format_version)?;
+    check_rule_ratios(label, spec)?;
     let mut rows = measured::load(&dir.join(&spec.data), "throughput")?;
     let upper = measured::load(&dir.join(&spec.data), "upper-bound")?;
-    let exclusions = consistency::flag_inconsistent(
+    let mut exclusions = consistency::flag_inconsistent(
         &mut rows,
         &upper,
         spec.upper_bound_min_ratio,
         spec.fit_workers,
     );
-    // Everything fitted sees these rows only, so no held-out row can have been fitted.
-    let calibration = calibration_rows(spec, &rows);
-    let targets = compute::targets(spec, &calibration)?;
     let methods: BTreeMap<String, MethodSpec> = spec
         .methods
         .iter()
         .map(|m| (m.grace.clone(), m.clone()))
         .collect();
     check_methods(label, &methods)?;
+    // Bytes per 2^24 elements in GRACE's wire layout: the same for every model, so a
+    // configuration's kind does not depend on how its model's tensors are split. PowerSGD's
+    // bytes depend on the shapes, so it has no kind.
+    let volume = |m: &Measurement| {
+        let method = methods.get(&m.method)?;
+        let (compressor, _) = method.resolve(&m.ratio, &m.memory).ok()?;
+        compressor
+            .splits_into_calls()
+            .then(|| compressor.wire_bytes_as(1 << 24, spec.wire))
+    };
+    exclusions.disturbed_run = consistency::flag_disturbed_runs(
+        &mut rows,
+        &upper,
+        spec.upper_bound_peer_max_ratio,
+        &volume,
+    );
+    // Everything fitted sees these rows only, so no held-out row can have been fitted.
+    let calibration = calibration_rows(spec, &rows);
+    let targets = compute::targets(spec, &calibration)?;
     let base = Calibration::base(spec)?;
     let (cal, prices, inputs) = if reuse_fit {
         let cal = Calibration::fitted(spec, dir)?;
@@ -249,6 +270,28 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result
         }],
         table: report.markdown(&cal, &base, &prices, &methods, &rows, &exclusions),
     })
+}
+
+/// The consistency rules' thresholds: a share of the upper bound in (0, 1], a factor over the
+/// peers' median of at least 1.
+fn check_rule_ratios(label: &str, spec: &GraceSpec) -> Result<()> {
+    let min = spec.upper_bound_min_ratio;
+    if !(min > 0.0 && min <= 1.0) {
+        return Err(SimError::invalid(
+            label,
+            "upper_bound_min_ratio",
+            format!("{min} is not a share of the upper bound in (0, 1]"),
+        ));
+    }
+    let peer = spec.upper_bound_peer_max_ratio;
+    if !(peer.is_finite() && peer >= 1.0) {
+        return Err(SimError::invalid(
+            label,
+            "upper_bound_peer_max_ratio",
+            format!("{peer} is not a finite factor of at least 1"),
+        ));
+    }
+    Ok(())
 }
 
 /// The rows the fit may use: those with at most `fit_workers` workers.

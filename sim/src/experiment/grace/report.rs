@@ -376,12 +376,14 @@ impl Report<'_> {
             .collect();
         let _ = writeln!(
             md,
-            "\n**Excluded as inconsistent** (kept in results.csv, column `excluded`): rule 1 (below {:.2}× the `upper-bound` row of the same configuration) {} rows of the file, {} of them of covered methods; rule 2 (1-worker `none` row slower per worker than more than half of its model's remaining rows with 2 to {} workers) {} rows. The covered ones:\n",
+            "\n**Excluded as inconsistent** (kept in results.csv, column `excluded`): rule 1 (below {:.2}× the `upper-bound` row of the same configuration) {} rows of the file; rule 2 (1-worker `none` row slower per worker than more than half of its model's remaining rows with 2 to {} workers) {} rows; rule 3 (`upper-bound` row taking more than {:.2}× the time of the median of those with the same model, workers and communication method that send as many bytes) {} rows. The {} of covered methods:\n",
             self.spec.upper_bound_min_ratio,
             exclusions.below_upper_bound,
-            excluded.iter().filter(|(m, _)| m.workers > 1).count(),
             self.spec.fit_workers,
-            exclusions.slow_one_worker
+            exclusions.slow_one_worker,
+            self.spec.upper_bound_peer_max_ratio,
+            exclusions.disturbed_run,
+            excluded.len()
         );
         for (m, p) in excluded {
             let _ = writeln!(
@@ -408,7 +410,7 @@ impl Report<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{calibration_rows, compute};
+    use super::super::{calibration_rows, check_rule_ratios, compute};
     use super::*;
     use crate::data;
 
@@ -416,7 +418,8 @@ mod tests {
         let text = r#"{
             "format_version": 1, "title": "t", "data": "grace.csv",
             "base_cluster": "v100-tcp", "base_device": "v100-pcie-32gb", "strategy": "horovod",
-            "network_model": "resnet50", "upper_bound_min_ratio": 0.5, "fit_workers": 2,
+            "network_model": "resnet50", "upper_bound_min_ratio": 0.5,
+            "upper_bound_peer_max_ratio": 1.5, "fit_workers": 2,
             "batch_size_per_gpu": 64, "batch_source": "b", "wire": "bytes", "wire_source": "w",
             "codec_calls": "tensor", "codec_calls_source": "c",
             "models": [
@@ -426,6 +429,26 @@ mod tests {
             "methods": [{ "grace": "none", "compressor": "none", "note": "dense" }]
         }"#;
         data::parse_json("spec.json", text).unwrap()
+    }
+
+    #[test]
+    fn rule_thresholds_out_of_range_name_their_field() {
+        check_rule_ratios("spec.json", &spec()).unwrap();
+        for (min, peer, field) in [
+            (0.0, 1.5, "upper_bound_min_ratio"),
+            (1.5, 1.5, "upper_bound_min_ratio"),
+            (f64::NAN, 1.5, "upper_bound_min_ratio"),
+            (0.5, 0.9, "upper_bound_peer_max_ratio"),
+            (0.5, f64::INFINITY, "upper_bound_peer_max_ratio"),
+            (0.5, f64::NAN, "upper_bound_peer_max_ratio"),
+        ] {
+            let mut spec = spec();
+            (spec.upper_bound_min_ratio, spec.upper_bound_peer_max_ratio) = (min, peer);
+            let err = check_rule_ratios("spec.json", &spec)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field) && err.contains("spec.json"), "{err}");
+        }
     }
 
     #[test]
