@@ -16,12 +16,12 @@ pub const CPU_BANDWIDTH_EFFICIENCY: f64 = 0.5;
 /// Encode and decode cost curves of one compressor on one device.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CodecCurves {
-    pub encode: CostCurve,
+    encode: CostCurve,
     /// Per payload decoded.
-    pub decode: CostCurve,
+    decode: CostCurve,
     /// Once per decode call (see [`crate::device::CodecCost`]); zero in the estimate, whose
     /// decode adds each payload into the result.
-    pub aggregate: CostCurve,
+    aggregate: CostCurve,
     /// True when the device profile has no curve for the compressor and these are the
     /// memory-bandwidth estimate.
     pub fallback: bool,
@@ -171,7 +171,7 @@ mod tests {
             let (low, high) = (at(0.01), at(0.5));
             assert!(high.0 > low.0 && high.1 > low.1, "{key}: {low:?} {high:?}");
         }
-        // The profile's per-kept slope, folded at the ratio: 0.05 + 2 × 0.5 ns per element.
+        // The profile's per-kept slope on the 500 000 elements kept: 0.05 × n + 2 × n / 2 ns.
         let c: Compressor = "dgc:0.5".parse().unwrap();
         assert_eq!(
             CodecCurves::on(&c, &curves).encode_time(n),
@@ -187,7 +187,8 @@ mod tests {
             ns_per_element: 0.0,
             ns_per_kept_element: 1000.0,
         };
-        profile.compression.get_mut("topk").unwrap().encode = per_kept;
+        let cost = profile.compression.get_mut("topk").unwrap();
+        (cost.encode, cost.decode, cost.aggregate) = (per_kept, per_kept, per_kept);
         let topk: Compressor = "topk:0.01".parse().unwrap();
         let curves = CodecCurves::on(&topk, &profile);
         // 50 elements at 1 % keep one (ceil), which the payload carries; 1001 keep 11.
@@ -200,6 +201,9 @@ mod tests {
                 "the payload holds what is priced"
             );
         }
+        // A decode call of 4 payloads pays the kept elements once for the call and once per
+        // payload.
+        assert_eq!(curves.call_time(50, 4), SimTime(5 * 1000));
         // Compressors that keep no share pay no per-kept cost.
         assert_eq!(
             "signsgd".parse::<Compressor>().unwrap().kept_elements(50),

@@ -36,9 +36,9 @@ pub struct GraceSpec {
     /// A `throughput` row below this share of GRACE's `upper-bound` row of the same
     /// configuration is excluded as inconsistent.
     upper_bound_min_ratio: f64,
-    /// A configuration whose `upper-bound` row is slower than the median of the `upper-bound`
-    /// rows that send as many bytes (same model and workers) by more than this factor was a
-    /// disturbed run, and its `throughput` row is excluded.
+    /// A configuration whose `upper-bound` run takes more than this factor times the median
+    /// time of the other methods' `upper-bound` runs that send as many bytes (same model,
+    /// workers and communication method) was disturbed, and its `throughput` row is excluded.
     upper_bound_peer_max_ratio: f64,
     /// The calibration rows have at most this many workers (and are all the fit sees); rows
     /// with more are held out.
@@ -199,12 +199,6 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result
     check_rule_ratios(label, spec)?;
     let mut rows = measured::load(&dir.join(&spec.data), "throughput")?;
     let upper = measured::load(&dir.join(&spec.data), "upper-bound")?;
-    let mut exclusions = consistency::flag_inconsistent(
-        &mut rows,
-        &upper,
-        spec.upper_bound_min_ratio,
-        spec.fit_workers,
-    );
     let methods: BTreeMap<String, MethodSpec> = spec
         .methods
         .iter()
@@ -221,12 +215,13 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result
             .splits_into_calls()
             .then(|| compressor.wire_bytes_as(1 << 24, spec.wire))
     };
-    exclusions.disturbed_run = consistency::flag_disturbed_runs(
-        &mut rows,
-        &upper,
-        spec.upper_bound_peer_max_ratio,
-        &volume,
-    );
+    let rules = consistency::Rules {
+        min_ratio: spec.upper_bound_min_ratio,
+        peer_max_ratio: spec.upper_bound_peer_max_ratio,
+        max_workers: spec.fit_workers,
+        volume: &volume,
+    };
+    let exclusions = consistency::flag_inconsistent(&mut rows, &upper, &rules);
     // Everything fitted sees these rows only, so no held-out row can have been fitted.
     let calibration = calibration_rows(spec, &rows);
     let targets = compute::targets(spec, &calibration)?;
@@ -273,7 +268,7 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result
 }
 
 /// The consistency rules' thresholds: a share of the upper bound in (0, 1], a factor over the
-/// peers' median of at least 1.
+/// peers' median above 1 (at 1 half of every kind would be excluded).
 fn check_rule_ratios(label: &str, spec: &GraceSpec) -> Result<()> {
     let min = spec.upper_bound_min_ratio;
     if !(min > 0.0 && min <= 1.0) {
@@ -284,11 +279,11 @@ fn check_rule_ratios(label: &str, spec: &GraceSpec) -> Result<()> {
         ));
     }
     let peer = spec.upper_bound_peer_max_ratio;
-    if !(peer.is_finite() && peer >= 1.0) {
+    if !(peer.is_finite() && peer > 1.0) {
         return Err(SimError::invalid(
             label,
             "upper_bound_peer_max_ratio",
-            format!("{peer} is not a finite factor of at least 1"),
+            format!("{peer} is not a finite factor above 1"),
         ));
     }
     Ok(())

@@ -376,13 +376,13 @@ impl Report<'_> {
             .collect();
         let _ = writeln!(
             md,
-            "\n**Excluded as inconsistent** (kept in results.csv, column `excluded`): rule 1 (below {:.2}× the `upper-bound` row of the same configuration) {} rows of the file; rule 2 (1-worker `none` row slower per worker than more than half of its model's remaining rows with 2 to {} workers) {} rows; rule 3 (`upper-bound` row taking more than {:.2}× the time of the median of those with the same model, workers and communication method that send as many bytes) {} rows. The {} of covered methods:\n",
+            "\n**Excluded as inconsistent** (kept in results.csv, column `excluded`): rule 1 (below {:.2}× the `upper-bound` row of the same configuration) {} rows of the file; rule 2 (`upper-bound` row taking more than {:.2}× the median time of the other methods' with the same model, workers and communication method that send as many bytes) {} rows; rule 3 (1-worker `none` row slower per worker than more than half of its model's remaining rows with 2 to {} workers) {} rows. The {} of covered methods:\n",
             self.spec.upper_bound_min_ratio,
             exclusions.below_upper_bound,
-            self.spec.fit_workers,
-            exclusions.slow_one_worker,
             self.spec.upper_bound_peer_max_ratio,
             exclusions.disturbed_run,
+            self.spec.fit_workers,
+            exclusions.slow_one_worker,
             excluded.len()
         );
         for (m, p) in excluded {
@@ -438,7 +438,7 @@ mod tests {
             (0.0, 1.5, "upper_bound_min_ratio"),
             (1.5, 1.5, "upper_bound_min_ratio"),
             (f64::NAN, 1.5, "upper_bound_min_ratio"),
-            (0.5, 0.9, "upper_bound_peer_max_ratio"),
+            (0.5, 1.0, "upper_bound_peer_max_ratio"),
             (0.5, f64::INFINITY, "upper_bound_peer_max_ratio"),
             (0.5, f64::NAN, "upper_bound_peer_max_ratio"),
         ] {
