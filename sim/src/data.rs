@@ -123,6 +123,12 @@ pub fn check_format_version(label: &str, version: u32) -> Result<()> {
     }
 }
 
+/// A zero a data file leaves out (`skip_serializing_if`): an absent optional number reads
+/// back as 0.
+pub(crate) fn is_zero(value: &f64) -> bool {
+    *value == 0.0
+}
+
 /// Checks that a measured number is finite and strictly positive.
 pub fn check_positive(label: &str, field: &str, value: f64) -> Result<()> {
     if value.is_finite() && value > 0.0 {

@@ -19,12 +19,8 @@ pub struct CostCurve {
     /// Cost per element a sparsifier keeps (`sparse_count`, what its payload carries): the
     /// work after the selection, which gathers, writes and scatters the kept values, so that
     /// one curve serves every ratio. Zero when absent; only sparsifiers keep a share of the elements.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "data::is_zero")]
     pub ns_per_kept_element: f64,
-}
-
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
 }
 
 impl CostCurve {

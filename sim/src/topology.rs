@@ -176,7 +176,7 @@ pub struct TcpParams {
     /// torch.distributed, the launch from Python, the hand-off to gloo's worker thread and the
     /// completion's return. Fitted where calls of two algorithms tell it from the per-message
     /// cost (gloo's allreduce and allgather sweep); 0 for the MPI fits, which time one.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::data::is_zero")]
     pub call_overhead_us: f64,
     /// Bytes per second the CPU reduces (sums) in an allreduce step, in GB/s.
     pub reduce_gbytes_per_s: f64,
@@ -291,10 +291,6 @@ impl Library {
     }
 }
 
-fn is_zero(value: &f64) -> bool {
-    *value == 0.0
-}
-
 /// A cluster as stored in `topologies/*.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -347,7 +343,7 @@ pub struct ClusterContention {
     /// for its progress thread to be scheduled, a cost of every collective whatever its size.
     /// Operations with no delay of their own pay this one. Files written before it was
     /// measured lack it: 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::data::is_zero")]
     pub collective_delay_with_compute_us: f64,
     /// The same for an allgather, when it was measured (its rounds are fewer than an
     /// allreduce's; a reduce-scatter, with as many, pays it too).

@@ -25,16 +25,12 @@ pub struct TraceEvent {
     /// Start and duration in microseconds, as the trace-event format wants.
     #[serde(default)]
     pub ts: f64,
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::data::is_zero")]
     pub dur: f64,
     pub pid: u32,
     pub tid: u32,
     #[serde(default)]
     pub args: Value,
-}
-
-fn is_zero(value: &f64) -> bool {
-    *value == 0.0
 }
 
 /// A run's timeline and summary; opens in Perfetto or chrome://tracing.

@@ -106,13 +106,7 @@ impl OpWork {
             ("bytes_per_element", self.bytes_per_element),
             ("bytes_per_kept_element", self.bytes_per_kept_element),
         ] {
-            if !(bytes.is_finite() && bytes >= 0.0) {
-                return Err(SimError::invalid(
-                    label,
-                    format!("{field}.{name}"),
-                    format!("bytes are a finite number, 0 or more, got {bytes}"),
-                ));
-            }
+            data::check_non_negative(label, &format!("{field}.{name}"), bytes)?;
         }
         // Asked only of a kept cost, as device profiles ask it.
         let why = (self.bytes_per_kept_element > 0.0)
