@@ -187,8 +187,7 @@ fn missing_file_and_usage_errors_have_their_exit_codes() {
 
 #[test]
 fn simulate_json_has_the_documented_keys() {
-    let out = syncopate(&[
-        "simulate",
+    let summary = crate::common::simulate_json(&[
         "--model",
         "resnet50",
         "--cluster",
@@ -197,11 +196,7 @@ fn simulate_json_has_the_documented_keys() {
         "2",
         "--strategy",
         "ddp",
-        "--format",
-        "json",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let summary: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     for key in [
         "iteration_time_ms",
         "throughput_samples_per_s",

@@ -23,6 +23,13 @@ pub fn syncopate(args: &[&str]) -> Output {
         .expect("the syncopate binary runs")
 }
 
+/// `syncopate simulate ARGS --format json`'s summary; the run must succeed.
+pub fn simulate_json(args: &[&str]) -> serde_json::Value {
+    let out = syncopate(&[&["simulate"], args, &["--format", "json"]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
 /// A JSON file the binary wrote.
 pub fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

@@ -1,7 +1,7 @@
 //! Strategies of the seed systems and `tune`: plans they make, optimality on small models,
 //! never worse than a baseline, lower bounds, and the CLI.
 
-use crate::common::{stderr, stdout, syncopate};
+use crate::common::{simulate_json, stderr, stdout, syncopate};
 use syncopate_sim::compress::{Compressor, Memory};
 use syncopate_sim::evaluate::Evaluator;
 use syncopate_sim::model::ModelProfile;
@@ -243,13 +243,6 @@ fn seed_strategies_make_the_plans_their_papers_describe() {
         let t = Evaluator::new(base.clone()).iteration_time(&p).unwrap();
         assert!(lower_bound(&base, &p).unwrap() <= t, "{s}");
     }
-}
-
-/// `syncopate simulate ARGS --format json`'s summary.
-fn simulate_json(args: &[&str]) -> serde_json::Value {
-    let out = syncopate(&[&["simulate"], args, &["--format", "json"]].concat());
-    assert!(out.status.success(), "{}", stderr(&out));
-    serde_json::from_str(&stdout(&out)).unwrap()
 }
 
 #[test]
