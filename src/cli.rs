@@ -63,6 +63,8 @@ pub enum ListWhat {
     Devices,
     /// Cluster files: nodes, GPUs per node, links.
     Clusters,
+    /// Frameworks that run a plan (`--framework`), with their per-call costs.
+    Frameworks,
     /// Compressors and error-feedback memories.
     Compressors,
     /// Named baseline strategies.
@@ -270,6 +272,11 @@ pub struct SimulateArgs {
     /// measured by `syncopate profile --backend host`, instead of on the GPU.
     #[arg(long)]
     pub cpu_compression: Option<String>,
+    /// The framework that runs the plan (see `syncopate list frameworks`; a name or a path),
+    /// whose per-call costs are added, or `none`; default: the plan's, or the strategy's own
+    /// (ddp: pytorch-ddp, horovod: horovod, others none).
+    #[arg(long)]
+    pub framework: Option<String>,
     /// Horovod's fusion buffer in MiB.
     #[arg(long, default_value_t = 64.0, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub fusion_mb: f64,
@@ -575,6 +582,10 @@ pub struct TuneArgs {
     /// codecs are skipped).
     #[arg(long, value_enum, default_value = "group")]
     pub codec_calls: CodecCallsArg,
+    /// The framework that runs every candidate plan (see `syncopate list frameworks`; a name
+    /// or a path), whose per-call costs are added; default none.
+    #[arg(long)]
+    pub framework: Option<String>,
     /// Write the best plan here (`simulate --plan` on it reproduces the tuned time).
     #[arg(long)]
     pub out: Option<PathBuf>,

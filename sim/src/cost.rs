@@ -4,6 +4,7 @@ use crate::collective::{self, Estimate, Group as RankGroup, Links, Naming, Op, S
 use crate::compress::{Aggregation, CodecCurves, Memory};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
+use crate::framework;
 use crate::plan::{CompressOn, Group};
 use crate::scenario::Scenario;
 use crate::schedule::{
@@ -66,17 +67,19 @@ pub fn step_costs(
         .iter()
         .map(|piece| piece_cost(scenario, schedule.servers, piece, naming))
         .collect::<Result<_>>()?;
+    let framework_times = framework::step_times(scenario, schedule);
     Ok(schedule
         .steps
         .iter()
-        .map(
-            |step| match (step.kind, step.piece.map(|p| &pieces[p as usize])) {
+        .zip(framework_times)
+        .map(|(step, framework)| {
+            match (step.kind, step.piece.map(|p| &pieces[p as usize])) {
                 (StepKind::Collective { round, .. }, Some(p)) => {
                     let (mut estimate, links) = p.rounds[round as usize];
                     // The collective's own ops (an uncompressed group casts and decodes itself).
                     // Only the exchange's fixed part is kept from the sharing of links: the
                     // ops are priced as before, inside the shared time.
-                    estimate.time = p.step(&step.ops, round as usize);
+                    estimate.time = p.step(&step.ops, round as usize) + framework;
                     StepCost {
                         duration: estimate.time,
                         estimate: Some(estimate),
@@ -89,12 +92,12 @@ pub fn step_costs(
                     links: Links::Every,
                 },
                 (_, None) => StepCost {
-                    duration: compute_time(scenario, step.profiled_us.unwrap_or(0.0)),
+                    duration: compute_time(scenario, step.profiled_us.unwrap_or(0.0)) + framework,
                     estimate: None,
                     links: Links::Every,
                 },
-            },
-        )
+            }
+        })
         .collect())
 }
 

@@ -18,6 +18,7 @@ pub enum DataKind {
     Model,
     Device,
     Cluster,
+    Framework,
 }
 
 impl DataKind {
@@ -26,6 +27,7 @@ impl DataKind {
             DataKind::Model => "model",
             DataKind::Device => "device",
             DataKind::Cluster => "cluster",
+            DataKind::Framework => "framework",
         }
     }
 
@@ -34,6 +36,7 @@ impl DataKind {
             DataKind::Model => shipped::SHIPPED_MODELS,
             DataKind::Device => shipped::SHIPPED_DEVICES,
             DataKind::Cluster => shipped::SHIPPED_CLUSTERS,
+            DataKind::Framework => shipped::SHIPPED_FRAMEWORKS,
         }
     }
 
@@ -48,6 +51,7 @@ impl DataKind {
             DataKind::Model => "profiles/models",
             DataKind::Device => "profiles/devices",
             DataKind::Cluster => "topologies",
+            DataKind::Framework => "profiles/frameworks",
         }
     }
 }
@@ -88,6 +92,14 @@ pub fn locate(kind: DataKind, name_or_path: &str) -> Result<Source> {
             valid: kind.shipped_names().join(", "),
         }),
     }
+}
+
+/// The text of the file at `path`, or an error naming it.
+pub fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| SimError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Parses JSON into `T`, reporting the line, column and field path of the first error.

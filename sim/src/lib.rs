@@ -15,6 +15,7 @@ pub mod error;
 pub mod evaluate;
 pub mod experiment;
 pub mod flops;
+pub mod framework;
 pub mod graph;
 pub mod launch;
 pub mod limits;

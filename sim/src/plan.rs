@@ -140,16 +140,6 @@ impl Target {
         inter_gbps: Option<f64>,
         cpu_compression: Option<&str>,
     ) -> Target {
-        let absolute = |name: &str| {
-            let path = std::path::Path::new(name);
-            if path.is_file() {
-                std::fs::canonicalize(path)
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_else(|_| name.to_string())
-            } else {
-                name.to_string()
-            }
-        };
         Target {
             model: absolute(model),
             cluster: absolute(cluster),
@@ -158,6 +148,19 @@ impl Target {
             inter_gbps,
             cpu_compression: cpu_compression.map(absolute),
         }
+    }
+}
+
+/// A data file as a plan records it: a shipped name as it is, a path made absolute so that
+/// the plan can move.
+pub fn absolute(name: &str) -> String {
+    let path = std::path::Path::new(name);
+    if path.is_file() {
+        std::fs::canonicalize(path)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| name.to_string())
+    } else {
+        name.to_string()
     }
 }
 
@@ -185,6 +188,11 @@ pub struct Plan {
     /// [`CodecCalls`]). `lower` turns it into every piece's calls and bytes.
     #[serde(default, skip_serializing_if = "is_group_calls")]
     pub codec_calls: CodecCalls,
+    /// The framework that runs the plan (`profiles/frameworks/`, a shipped name or an absolute
+    /// path), whose per-call costs the simulator adds; absent: the plan's steps alone, as
+    /// `exec`'s backends run them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework: Option<String>,
     /// The model, cluster and options the plan was made for (plans written by `simulate
     /// --save-plan` and `tune --out` record them; older plans do not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -216,6 +224,7 @@ impl Plan {
             groups,
             wire: Wire::Packed,
             codec_calls: CodecCalls::Group,
+            framework: None,
             target: None,
         }
     }

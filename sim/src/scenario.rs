@@ -2,6 +2,7 @@
 
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
+use crate::framework::Framework;
 use crate::model::ModelProfile;
 use crate::schedule::World;
 use crate::topology::Cluster;
@@ -19,6 +20,9 @@ pub struct Scenario {
     /// Multiplier on the model profile's compute times to carry them from the device they were
     /// measured on to the cluster's (1 when they are the same device).
     pub compute_scale: f64,
+    /// The framework that runs the plan, whose per-call costs the cost pass adds (none: the
+    /// plan's steps alone, as `exec`'s backends run them).
+    pub framework: Option<Framework>,
 }
 
 impl Scenario {
@@ -48,6 +52,7 @@ impl Scenario {
             device,
             host_codec: None,
             compute_scale,
+            framework: None,
         })
     }
 
@@ -78,11 +83,19 @@ impl Scenario {
         self.device.kind == DeviceKind::Cpu
     }
 
-    /// The same model on a single GPU of the same cluster: the scaling baseline.
+    /// Run plans under `framework`'s costs.
+    pub fn with_framework(mut self, framework: Option<Framework>) -> Scenario {
+        self.framework = framework;
+        self
+    }
+
+    /// The same model on a single GPU of the same cluster, trained without a data-parallel
+    /// framework: the scaling baseline.
     pub fn single_gpu(&self) -> Scenario {
         let mut single = self.clone();
         single.cluster.nodes = 1;
         single.cluster.gpus_per_node = 1;
+        single.framework = None;
         single
     }
 }

@@ -63,6 +63,9 @@ pub struct Summary {
     pub model: String,
     pub cluster: String,
     pub strategy: String,
+    /// The framework whose per-call costs were added (`crate::framework`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub framework: Option<String>,
     pub world_size: u32,
     /// `symmetric` (one rank stands for all) or `explicit` (every rank simulated).
     pub path: &'static str,
@@ -388,6 +391,7 @@ fn summarize(
         model: scenario.model.name.clone(),
         cluster: scenario.cluster.name.clone(),
         strategy: plan.strategy.clone(),
+        framework: scenario.framework.as_ref().map(|f| f.name.clone()),
         world_size: world,
         path: if explicit { "explicit" } else { "symmetric" },
         rank_skew_cv: rank_skew_cv(scenario),

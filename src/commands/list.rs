@@ -6,6 +6,7 @@ use syncopate_sim::compress::{self, Memory};
 use syncopate_sim::data::DataKind;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::flops::{self, Verdict};
+use syncopate_sim::framework::Framework;
 use syncopate_sim::model::{ModelProfile, Precision};
 use syncopate_sim::strategy;
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
@@ -40,6 +41,12 @@ pub fn run(what: ListWhat) -> anyhow::Result<()> {
                     "{name:<20} {:>3} x {} GPUs  {}",
                     cluster.nodes, cluster.gpus_per_node, cluster.description
                 );
+            }
+        }
+        ListWhat::Frameworks => {
+            for name in DataKind::Framework.shipped_names() {
+                let framework = Framework::load(name)?;
+                println!("{name:<16} {}", framework.description);
             }
         }
         ListWhat::Compressors => {

@@ -3,6 +3,7 @@
 use crate::cli::{Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
 use syncopate_sim::device::DeviceProfile;
+use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
 use syncopate_sim::plan::Target;
@@ -41,10 +42,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     if let Some(host) = &args.cpu_compression {
         base = base.with_host_codec(DeviceProfile::load(host)?)?;
     }
+    // The framework that runs the plan: the flag's, else the plan's, else the strategy's.
+    let mut plan_framework = plan_and_label
+        .as_ref()
+        .and_then(|(plan, _)| plan.framework.clone());
     let (mut plan, label) = match plan_and_label {
         Some(loaded) => loaded,
         None => {
             let strategy: Strategy = args.strategy.parse()?;
+            plan_framework = strategy.framework().map(str::to_string);
             let calls = args.codec_calls.codec_calls();
             strategy.check_codec_calls(calls, "--codec-calls")?;
             let mut plan = strategy.plan(&base, &strategy_options(args)?)?;
@@ -57,6 +63,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             (plan, format!("strategy {strategy}"))
         }
     };
+    let framework = match args.framework.as_deref().or(plan_framework.as_deref()) {
+        Some(name) => Framework::named(name).map_err(|err| match &args.framework {
+            Some(flag) => anyhow::Error::from(err).context(format!("--framework {flag}")),
+            None => anyhow::Error::from(err).context(format!("{label}: `framework`")),
+        })?,
+        None => None,
+    };
+    plan.framework = framework.as_ref().map(|(name, _)| name.clone());
+    let base = base.with_framework(framework.map(|(_, framework)| framework));
     if let Some(streams) = args.comm_streams {
         plan.policy.comm_streams = comm_streams("--comm-streams", streams)?;
     }
@@ -214,8 +229,12 @@ fn noise(args: &SimulateArgs) -> anyhow::Result<NoiseSpec> {
 }
 
 fn print_summary(s: &Summary, scenario: &Scenario) {
+    let framework = match &s.framework {
+        Some(name) => format!(", run by {name}"),
+        None => String::new(),
+    };
     println!(
-        "{} on {} ({} GPUs, {} path), strategy {}",
+        "{} on {} ({} GPUs, {} path), strategy {}{framework}",
         s.model, s.cluster, s.world_size, s.path, s.strategy
     );
     println!("  iteration time      {:>12.3} ms", s.iteration_time_ms);

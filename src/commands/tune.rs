@@ -7,6 +7,7 @@ use serde::Serialize;
 use std::io::IsTerminal;
 use std::time::Instant;
 use syncopate_sim::compress::{auto_specs, Compressor};
+use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::{CodecCalls, Plan};
 use syncopate_sim::scenario::Scenario;
@@ -112,7 +113,12 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             args.search
         );
     }
-    let base = Scenario::new(model, cluster)?;
+    let framework = match args.framework.as_deref() {
+        Some(name) => Framework::named(name).with_context(|| format!("--framework {name}"))?,
+        None => None,
+    };
+    let framework_name = framework.as_ref().map(|(name, _)| name.clone());
+    let base = Scenario::new(model, cluster)?.with_framework(framework.map(|(_, f)| f));
     let request = TuneRequest {
         space,
         compressors,
@@ -143,7 +149,8 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             );
         }
     };
-    let result = tune(&base, &request, &progress)?;
+    let mut result = tune(&base, &request, &progress)?;
+    result.plan.framework = framework_name;
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
     bar.finish_and_clear();
     if let Some(path) = &args.out {

@@ -249,6 +249,16 @@ impl fmt::Display for Strategy {
 }
 
 impl Strategy {
+    /// The framework whose runtime the strategy describes (`profiles/frameworks/`), which
+    /// runs its plans unless told otherwise.
+    pub fn framework(&self) -> Option<&'static str> {
+        match self {
+            Strategy::Ddp => Some("pytorch-ddp"),
+            Strategy::Horovod => Some("horovod"),
+            _ => None,
+        }
+    }
+
     /// The plan this strategy runs for the scenario's model on its cluster (the scenario's own
     /// plan is ignored; searching strategies evaluate candidates on it).
     pub fn plan(&self, scenario: &Scenario, options: &StrategyOptions) -> Result<Plan> {

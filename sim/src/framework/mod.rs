@@ -1,0 +1,216 @@
+//! The framework that runs a plan (PyTorch DDP, Horovod, BytePS, syncopate.torch): its per-call costs as a data file.
+//!
+//! What a plan costs depends on who executes it. A framework adds work the Schedule's steps do
+//! not name: the gradient hook of every parameter (DDP copies the gradient into its bucket),
+//! the host bookkeeping and launch of every collective call, copies into and out of a fusion
+//! buffer, the copy back into `.grad` before the optimizer, and one dispatch per framework op
+//! of a compressor written in the framework. These costs are what fusion trades against
+//! bandwidth: fewer, larger buckets pay them fewer times. Each framework is a file in
+//! `profiles/frameworks/` with the provenance of every number.
+
+use crate::data::{self, DataKind};
+use crate::error::{Result, SimError};
+use crate::limits;
+use crate::model::Provenance;
+use crate::time::SimTime;
+use serde::{Deserialize, Serialize};
+
+mod price;
+
+pub use price::step_times;
+
+/// Work a framework does for each tensor at one point of the iteration: kernels it launches
+/// and bytes it moves through device memory per byte of the tensor's gradient.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorWork {
+    /// Kernels launched per tensor (a copy, a scale).
+    #[serde(default, skip_serializing_if = "data::is_zero")]
+    pub kernels: f64,
+    /// Bytes read and written per gradient byte (a copy reads and writes it: 2).
+    #[serde(default, skip_serializing_if = "data::is_zero")]
+    pub bytes_per_gradient_byte: f64,
+}
+
+/// The thread that issues a framework's collective calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallThread {
+    /// The thread running backward, inside the hook of the gradient that completes a bucket
+    /// (DDP's `Reducer::mark_bucket_ready`): the backward pass waits for each call.
+    Backward,
+    /// A thread of the framework's own (Horovod's background loop, BytePS's scheduler,
+    /// syncopate.torch's stream threads): the collective waits for its call, backward does not.
+    Background,
+}
+
+/// A framework profile as stored in `profiles/frameworks/*.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Framework {
+    pub format_version: u32,
+    pub name: String,
+    pub description: String,
+    /// Device time of one small kernel the framework launches, launch included, in µs.
+    pub kernel_us: f64,
+    /// In each parameter's gradient hook, on the compute stream (DDP's copy into the bucket).
+    #[serde(default)]
+    pub hook: TensorWork,
+    /// Host time of one collective call before its kernels start: the framework's bookkeeping,
+    /// stream synchronization and the library call, in µs.
+    pub collective_call_us: f64,
+    /// Kernels launched with each call on the calling thread's stream (DDP's `div_` of the
+    /// bucket by the world size).
+    #[serde(default, skip_serializing_if = "data::is_zero")]
+    pub call_kernels: f64,
+    /// Which thread makes the calls, and so which stream waits for them.
+    pub call_thread: CallThread,
+    /// Host time of one coordination round before each fused collective (Horovod's
+    /// negotiation of which tensors are ready on every rank), in µs.
+    #[serde(default, skip_serializing_if = "data::is_zero")]
+    pub coordination_us: f64,
+    /// For each tensor of a collective's piece, with the call on the calling thread's stream:
+    /// copies into and out of a fusion buffer (Horovod's `MemcpyInFusionBuffer` /
+    /// `MemcpyOutFusionBuffer`), DDP's pass dividing the bucket.
+    #[serde(default)]
+    pub fusion: TensorWork,
+    /// For each parameter after its synchronization, on the compute stream before the
+    /// optimizer reads it (DDP's copy of the bucket back into `.grad`).
+    #[serde(default)]
+    pub finish: TensorWork,
+    /// Host time of one framework op (a compressor written as framework ops pays one per op).
+    pub op_us: f64,
+    pub provenance: Provenance,
+}
+
+impl Framework {
+    /// Loads a shipped framework by name or a framework file by path.
+    pub fn load(name_or_path: &str) -> Result<Framework> {
+        let source = data::locate(DataKind::Framework, name_or_path)?;
+        let framework: Framework = data::parse_json(&source.label, &source.text)?;
+        framework.validate(&source.label)?;
+        Ok(framework)
+    }
+
+    /// The framework a flag or plan names: `none` is no framework; a name or path loads.
+    /// The plan records the returned name (a path made absolute).
+    pub fn named(name_or_path: &str) -> Result<Option<(String, Framework)>> {
+        if name_or_path == NONE {
+            return Ok(None);
+        }
+        let framework = Framework::load(name_or_path)?;
+        Ok(Some((crate::plan::absolute(name_or_path), framework)))
+    }
+
+    /// Every time finite and within the duration limit, every count and byte ratio finite,
+    /// not negative and bounded.
+    pub fn validate(&self, label: &str) -> Result<()> {
+        data::check_format_version(label, self.format_version)?;
+        for (field, value) in [
+            ("kernel_us", self.kernel_us),
+            ("collective_call_us", self.collective_call_us),
+            ("coordination_us", self.coordination_us),
+            ("op_us", self.op_us),
+        ] {
+            limits::check_duration_us(label, field, value)?;
+        }
+        if !(self.call_kernels.is_finite() && (0.0..=MAX_PER_TENSOR).contains(&self.call_kernels)) {
+            return Err(SimError::invalid(
+                label,
+                "call_kernels",
+                format!(
+                    "is 0 to {MAX_PER_TENSOR} per call, got {}",
+                    self.call_kernels
+                ),
+            ));
+        }
+        for (name, work) in [
+            ("hook", self.hook),
+            ("fusion", self.fusion),
+            ("finish", self.finish),
+        ] {
+            for (field, value) in [
+                ("kernels", work.kernels),
+                ("bytes_per_gradient_byte", work.bytes_per_gradient_byte),
+            ] {
+                if !(value.is_finite() && (0.0..=MAX_PER_TENSOR).contains(&value)) {
+                    return Err(SimError::invalid(
+                        label,
+                        format!("{name}.{field}"),
+                        format!("is 0 to {MAX_PER_TENSOR} per tensor, got {value}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Time of `work` on one tensor of `bytes` gradient bytes on a device whose memory moves
+    /// `memory_gbytes_per_s`.
+    pub fn tensor_time(&self, work: TensorWork, bytes: u64, memory_gbytes_per_s: f64) -> SimTime {
+        if work == TensorWork::default() {
+            return SimTime::ZERO;
+        }
+        SimTime::from_us(work.kernels * self.kernel_us)
+            + SimTime::from_ns(work.bytes_per_gradient_byte * bytes as f64 / memory_gbytes_per_s)
+    }
+
+    /// One collective call's own time on its thread, without the copies of its tensors: the
+    /// host's bookkeeping and coordination, and the kernels it launches.
+    pub fn call_time(&self) -> SimTime {
+        SimTime::from_us(
+            self.collective_call_us + self.coordination_us + self.call_kernels * self.kernel_us,
+        )
+    }
+}
+
+/// The name that asks for no framework: the plan's steps alone.
+pub const NONE: &str = "none";
+
+/// Most kernels, or bytes per gradient byte, a framework spends on one tensor at one point.
+const MAX_PER_TENSOR: f64 = 1e3;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shipped_framework_loads_and_names_itself() {
+        for name in DataKind::Framework.shipped_names() {
+            let framework = Framework::load(name).unwrap();
+            assert_eq!(framework.name, name);
+        }
+    }
+
+    #[test]
+    fn a_bad_number_names_its_field() {
+        let framework = Framework::load("pytorch-ddp").unwrap();
+        for bad in [f64::NAN, -1.0, f64::INFINITY, 1e9] {
+            let mut broken = framework.clone();
+            broken.hook.kernels = bad;
+            let err = broken.validate("f").unwrap_err().to_string();
+            assert!(err.contains("hook.kernels"), "{err}");
+            let mut broken = framework.clone();
+            broken.collective_call_us = bad * 1e6;
+            let err = broken.validate("f").unwrap_err().to_string();
+            assert!(err.contains("collective_call_us"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_copy_costs_its_kernel_and_its_bytes_at_memory_bandwidth() {
+        let mut framework = Framework::load("pytorch-ddp").unwrap();
+        framework.kernel_us = 3.0;
+        let copy = TensorWork {
+            kernels: 1.0,
+            bytes_per_gradient_byte: 2.0,
+        };
+        // 1 MB read and written at 1000 GB/s: 2 µs, after a 3 µs kernel.
+        let time = framework.tensor_time(copy, 1_000_000, 1000.0);
+        assert_eq!(time, SimTime::from_us(5.0));
+        assert_eq!(
+            framework.tensor_time(TensorWork::default(), 1_000_000, 1000.0),
+            SimTime::ZERO
+        );
+    }
+}
