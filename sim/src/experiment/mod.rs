@@ -1,5 +1,6 @@
 //! Reproducible studies: an experiment directory's spec.json run into its results table, CSV, chart data and calibrated inputs.
 
+mod framework;
 mod grace;
 mod grid;
 pub mod lab;
@@ -24,6 +25,8 @@ enum Spec {
     Grace(grace::GraceSpec),
     /// Predictions of plans measured on emulated clusters (`syncopate lab`).
     Lab(lab::LabSpec),
+    /// A framework's costs against published runs of it.
+    Framework(framework::FrameworkSpec),
 }
 
 /// Everything an experiment run produces, for the caller to write into the experiment directory
@@ -79,6 +82,7 @@ pub fn run(dir: &Path, reuse_fit: bool) -> Result<Results> {
         Spec::Grid(spec) => grid::run(&spec, &label, dir),
         Spec::Grace(spec) => grace::run(&spec, &label, dir, reuse_fit),
         Spec::Lab(spec) => lab::run(&spec, &label, dir),
+        Spec::Framework(spec) => framework::run(&spec, &label, dir),
     }
 }
 

@@ -48,10 +48,7 @@ type Key = (String, u32, String, String, String, String);
 /// some configurations and the runs differ by up to 1.5×, which no parameter we fit explains.
 pub fn load(path: &Path, wanted_mode: &str) -> Result<Vec<Measurement>> {
     let label = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::data::read_text(path)?;
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
     let column = |name: &str| {
