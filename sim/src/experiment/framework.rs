@@ -89,6 +89,7 @@ fn read_rows(path: &Path) -> Result<Vec<Row>> {
 /// Predicted iteration time (ms) of DDP with `bucket_mb` buckets, and the model alone on one GPU.
 fn predict(
     spec: &FrameworkSpec,
+    framework: &Framework,
     model: &ModelProfile,
     row: &Row,
     bucket_mb: f64,
@@ -98,9 +99,8 @@ fn predict(
         gpus_per_node: Some(row.gpus / row.nodes),
         inter_gbps: None,
     };
-    let framework = Framework::load(&spec.framework)?;
     let scenario = Scenario::new(model.clone(), Cluster::load(&spec.cluster, overrides)?)?
-        .with_framework(Some(framework));
+        .with_framework(Some(framework.clone()));
     let options = StrategyOptions {
         bucket_bytes: (bucket_mb * 1048576.0) as u64,
         ..StrategyOptions::default()
@@ -116,6 +116,7 @@ fn predict(
 
 pub fn run(spec: &FrameworkSpec, label: &str, dir: &Path) -> Result<Results> {
     let rows = read_rows(&dir.join(&spec.measurements))?;
+    let framework = Framework::load(&spec.framework)?;
     let mut csv = Csv::new(&[
         "model",
         "gpus",
@@ -140,12 +141,12 @@ pub fn run(spec: &FrameworkSpec, label: &str, dir: &Path) -> Result<Results> {
         } else {
             "held out"
         };
-        let (time, single) = predict(spec, &model, row, bucket_mb)?;
+        let (time, single) = predict(spec, &framework, &model, row, bucket_mb)?;
         // Each effect as a fraction of a time the same source measured, so that a model
         // profile slower or faster than the source's GPU does not count as an error.
         let (effect, measured, predicted, measured_time, predicted_time) = match row.diff_percent {
             Some(diff) => {
-                let (base, _) = predict(spec, &model, row, 25.0)?;
+                let (base, _) = predict(spec, &framework, &model, row, 25.0)?;
                 (
                     "1 MB vs 25 MB buckets",
                     -diff,

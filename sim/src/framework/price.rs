@@ -32,23 +32,22 @@ pub fn step_times(scenario: &Scenario, schedule: &Schedule) -> Vec<SimTime> {
     let from_backward = framework.call_thread == CallThread::Backward;
     let mut calls_at_tensor = vec![SimTime::ZERO; price.tensors.len()];
     if from_backward {
-        for (g, buffer) in schedule.buffers.iter().enumerate() {
+        // Each group's calls in one pass over the pieces: a round after the first is a call
+        // of its own, without the copies.
+        let mut group_calls: Vec<Option<SimTime>> = vec![None; schedule.buffers.len()];
+        for piece in &schedule.pieces {
+            let g = piece.group as usize;
+            let later_rounds = piece.rounds.len().saturating_sub(1) as u64;
+            let call = price.call(&schedule.buffers[g].slots, piece.offset, piece.numel)
+                + SimTime(framework.call_time().as_ns() * later_rounds);
+            group_calls[g] = Some(group_calls[g].unwrap_or(SimTime::ZERO) + call);
+        }
+        for (buffer, calls) in schedule.buffers.iter().zip(group_calls) {
             let Some(last) = buffer.slots.iter().map(|s| s.tensor as usize).max() else {
                 continue;
             };
-            let mut pieces = schedule.pieces.iter().filter(|p| p.group as usize == g);
-            let calls = match pieces.next() {
-                None => price.call(&buffer.slots, 0, buffer.numel),
-                Some(first) => std::iter::once(first)
-                    .chain(pieces)
-                    .map(|p| {
-                        let rounds = p.rounds.len() as u64;
-                        price.call(&buffer.slots, p.offset, p.numel)
-                            + SimTime(framework.call_time().as_ns() * rounds.saturating_sub(1))
-                    })
-                    .sum(),
-            };
-            calls_at_tensor[last] += calls;
+            calls_at_tensor[last] +=
+                calls.unwrap_or_else(|| price.call(&buffer.slots, 0, buffer.numel));
         }
     }
     for (time, step) in times.iter_mut().zip(&schedule.steps) {
