@@ -94,6 +94,19 @@ pub fn locate(kind: DataKind, name_or_path: &str) -> Result<Source> {
     }
 }
 
+/// A data file of `kind` by shipped name or path, parsed and checked by `validate` (which
+/// gets the file's label for its errors).
+pub fn load<T: DeserializeOwned>(
+    kind: DataKind,
+    name_or_path: &str,
+    validate: impl FnOnce(&T, &str) -> Result<()>,
+) -> Result<T> {
+    let source = locate(kind, name_or_path)?;
+    let value: T = parse_json(&source.label, &source.text)?;
+    validate(&value, &source.label)?;
+    Ok(value)
+}
+
 /// The text of the file at `path`, or an error naming it.
 pub fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|source| SimError::Io {

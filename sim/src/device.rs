@@ -112,10 +112,7 @@ pub struct DeviceProfile {
 
 impl DeviceProfile {
     pub fn load(name_or_path: &str) -> Result<DeviceProfile> {
-        let source = data::locate(DataKind::Device, name_or_path)?;
-        let device: DeviceProfile = data::parse_json(&source.label, &source.text)?;
-        device.validate(&source.label)?;
-        Ok(device)
+        data::load(DataKind::Device, name_or_path, DeviceProfile::validate)
     }
 
     pub fn validate(&self, label: &str) -> Result<()> {

@@ -182,10 +182,7 @@ pub struct ModelProfile {
 impl ModelProfile {
     /// Loads a shipped model by name or a model profile from a path, and validates it.
     pub fn load(name_or_path: &str) -> Result<ModelProfile> {
-        let source = data::locate(DataKind::Model, name_or_path)?;
-        let model: ModelProfile = data::parse_json(&source.label, &source.text)?;
-        model.validate(&source.label)?;
-        Ok(model)
+        data::load(DataKind::Model, name_or_path, ModelProfile::validate)
     }
 
     /// Checks internal consistency: sizes match shapes, timings are finite and non-negative,

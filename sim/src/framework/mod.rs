@@ -86,10 +86,7 @@ pub struct Framework {
 impl Framework {
     /// Loads a shipped framework by name or a framework file by path.
     pub fn load(name_or_path: &str) -> Result<Framework> {
-        let source = data::locate(DataKind::Framework, name_or_path)?;
-        let framework: Framework = data::parse_json(&source.label, &source.text)?;
-        framework.validate(&source.label)?;
-        Ok(framework)
+        data::load(DataKind::Framework, name_or_path, Framework::validate)
     }
 
     /// The framework a flag or plan names: `none` is no framework; a name or path loads.
@@ -114,32 +111,27 @@ impl Framework {
         ] {
             limits::check_duration_us(label, field, value)?;
         }
-        if !(self.call_kernels.is_finite() && (0.0..=MAX_PER_TENSOR).contains(&self.call_kernels)) {
-            return Err(SimError::invalid(
-                label,
-                "call_kernels",
-                format!(
-                    "is 0 to {MAX_PER_TENSOR} per call, got {}",
-                    self.call_kernels
+        let per_tensor = |name: &str, work: TensorWork| {
+            [
+                (format!("{name}.kernels"), work.kernels, "per tensor"),
+                (
+                    format!("{name}.bytes_per_gradient_byte"),
+                    work.bytes_per_gradient_byte,
+                    "per tensor",
                 ),
-            ));
-        }
-        for (name, work) in [
-            ("hook", self.hook),
-            ("fusion", self.fusion),
-            ("finish", self.finish),
-        ] {
-            for (field, value) in [
-                ("kernels", work.kernels),
-                ("bytes_per_gradient_byte", work.bytes_per_gradient_byte),
-            ] {
-                if !(value.is_finite() && (0.0..=MAX_PER_TENSOR).contains(&value)) {
-                    return Err(SimError::invalid(
-                        label,
-                        format!("{name}.{field}"),
-                        format!("is 0 to {MAX_PER_TENSOR} per tensor, got {value}"),
-                    ));
-                }
+            ]
+        };
+        let counts = std::iter::once(("call_kernels".to_string(), self.call_kernels, "per call"))
+            .chain(per_tensor("hook", self.hook))
+            .chain(per_tensor("fusion", self.fusion))
+            .chain(per_tensor("finish", self.finish));
+        for (field, value, per) in counts {
+            if !(value.is_finite() && (0.0..=MAX_PER_TENSOR).contains(&value)) {
+                return Err(SimError::invalid(
+                    label,
+                    field,
+                    format!("is 0 to {MAX_PER_TENSOR} {per}, got {value}"),
+                ));
             }
         }
         Ok(())
