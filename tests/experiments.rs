@@ -3,7 +3,7 @@
 use crate::common::{root, scratch, stderr, stdout, syncopate, validation_data};
 use std::path::Path;
 
-const EXPERIMENTS: [&str; 7] = [
+const EXPERIMENTS: [&str; 8] = [
     "mergecomp",
     "dear",
     "hipress",
@@ -11,10 +11,12 @@ const EXPERIMENTS: [&str; 7] = [
     "lab4-fp16-fp8",
     "grace",
     "lab-validation",
+    "ddp-dgx1",
 ];
 
 /// Copies an experiment into a scratch directory so the run does not rewrite the shipped files;
-/// GRACE's data path is made absolute since the copy no longer sits in the repository.
+/// GRACE's data and a framework check's measurements are made absolute since the copy no
+/// longer sits in the repository.
 fn copy_experiment(name: &str) -> std::path::PathBuf {
     let from = root().join("experiments").join(name);
     let to = scratch(&format!("experiment-{name}"));
@@ -25,6 +27,11 @@ fn copy_experiment(name: &str) -> std::path::PathBuf {
     if spec.get("data").is_some() {
         let data = validation_data("grace_imagenet_throughput.csv");
         spec["data"] = serde_json::Value::String(data.to_string_lossy().into_owned());
+        std::fs::write(&spec_path, serde_json::to_string_pretty(&spec).unwrap()).unwrap();
+    }
+    if let Some(measurements) = spec.get("measurements").and_then(|m| m.as_str()) {
+        let path = from.join(measurements).to_string_lossy().into_owned();
+        spec["measurements"] = serde_json::Value::String(path);
         std::fs::write(&spec_path, serde_json::to_string_pretty(&spec).unwrap()).unwrap();
     }
     to
@@ -73,7 +80,22 @@ fn every_shipped_experiment_regenerates_its_results() {
             csv == shipped,
             "{name}: results.csv differs from what the code gives (first: {differing:?}): rerun `syncopate experiment run experiments/{name} --reuse-fit`"
         );
-        assert!(has_svg(&dir), "{name}: no SVG with text");
+        // So is the comparison with the paper's published numbers, where there is one.
+        let shipped = root()
+            .join("experiments")
+            .join(name)
+            .join("against-paper.csv");
+        if shipped.exists() {
+            assert_eq!(
+                std::fs::read_to_string(dir.join("against-paper.csv")).unwrap(),
+                std::fs::read_to_string(shipped).unwrap(),
+                "{name}: against-paper.csv differs from what the code gives"
+            );
+        }
+        // An experiment that plots (ddp-dgx1 only tabulates) writes its plots again.
+        if has_svg(&root().join("experiments").join(name)) {
+            assert!(has_svg(&dir), "{name}: no SVG with text");
+        }
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
         let table = readme
             .split("<!-- results:begin -->")

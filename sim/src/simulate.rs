@@ -12,6 +12,7 @@ use crate::noise::NoiseSpec;
 use crate::plan::{CompressOn, Plan};
 use crate::scenario::Scenario;
 use crate::schedule::{lower, LaunchPolicy, Piece, Schedule, Stream};
+use crate::stats::percentile;
 use crate::time::SimTime;
 use crate::topology::Cluster;
 use crate::trace::Trace;
@@ -467,13 +468,6 @@ fn statistics(times: &[SimTime]) -> Statistics {
         ci95_low_ms: round6(mean - half_width),
         ci95_high_ms: round6(mean + half_width),
     }
-}
-
-/// Linear interpolation between the closest ranks of sorted data.
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    let position = q * (sorted.len() - 1) as f64;
-    let (low, high) = (position.floor() as usize, position.ceil() as usize);
-    sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
 }
 
 #[cfg(test)]

@@ -12,6 +12,13 @@ pub fn median(values: &[f64]) -> Option<f64> {
     }
 }
 
+/// The `q` quantile of sorted, non-empty data, interpolated linearly between the closest ranks.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let position = q * (sorted.len() - 1) as f64;
+    let (low, high) = (position.floor() as usize, position.ceil() as usize);
+    sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

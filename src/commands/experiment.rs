@@ -1,4 +1,4 @@
-//! `syncopate experiment run DIR`: runs DIR/spec.json, then writes results.csv, the calibrated inputs, the SVG plots and the README's results table.
+//! `syncopate experiment run DIR`: runs DIR/spec.json, then writes results.csv, against-paper.csv when it has published numbers, the calibrated inputs, the SVG plots and the README's results table.
 
 use crate::cli::ExperimentRunArgs;
 use crate::plot;
@@ -20,6 +20,9 @@ pub fn run(args: &ExperimentRunArgs) -> anyhow::Result<()> {
         super::write_json(&dir.join(file), input)?;
     }
     super::write_file(&dir.join("results.csv"), &results.csv)?;
+    if let Some(comparison) = &results.comparison {
+        super::write_file(&dir.join("against-paper.csv"), comparison)?;
+    }
     for chart in &results.charts {
         plot::write_svg(
             &dir.join(&chart.file),

@@ -203,6 +203,7 @@ pub fn run(spec: &FrameworkSpec, label: &str, dir: &Path) -> Result<Results> {
     Ok(Results {
         inputs: Vec::new(),
         csv: csv.into_text(),
+        comparison: None,
         charts: Vec::new(),
         table,
     })

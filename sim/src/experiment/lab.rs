@@ -235,6 +235,7 @@ pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
     Ok(Results {
         inputs: Vec::<(String, Input)>::new(),
         csv: csv(&rows),
+        comparison: None,
         charts: vec![chart(spec, &rows)],
         table,
     })

@@ -30,12 +30,16 @@ enum Spec {
 }
 
 /// Everything an experiment run produces, for the caller to write into the experiment directory
-/// in this order: the calibrated inputs, `results.csv`, the charts, then the README's table.
+/// in this order: the calibrated inputs, `results.csv`, `against-paper.csv`, the charts, then the
+/// README's table.
 pub struct Results {
     /// Inputs a fit calibrated (file name in the directory, content); empty when nothing was fitted.
     pub inputs: Vec<(String, Input)>,
     /// The text of `results.csv`.
     pub csv: String,
+    /// The text of `against-paper.csv`: published values beside their predictions, when the
+    /// experiment has them.
+    pub comparison: Option<String>,
     pub charts: Vec<Chart>,
     /// The Markdown that goes between the README's result markers.
     pub table: String,

@@ -251,6 +251,7 @@ pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result
     Ok(Results {
         inputs,
         csv: report.csv().into_text(),
+        comparison: None,
         charts: vec![Chart {
             file: "grace.svg".to_string(),
             title: spec.title.clone(),

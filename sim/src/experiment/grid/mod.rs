@@ -1,5 +1,6 @@
 //! Grid experiments: panels (model on cluster) × GPU layouts × configurations, with throughput and speedup charts.
 
+mod published;
 mod results;
 
 use super::{resolve, Results};
@@ -11,6 +12,7 @@ use crate::plan::{CodecCalls, Scheme};
 use crate::strategy::StrategyOptions;
 use crate::sweep::{self, Point};
 use crate::topology::ClusterOverrides;
+use published::Published;
 use results::Table;
 use serde::Deserialize;
 use std::path::Path;
@@ -26,6 +28,10 @@ pub struct GridSpec {
     /// A config label: every other config's speedup over it is reported and plotted.
     #[serde(default)]
     baseline: Option<String>,
+    /// The paper's numbers for these setups (`published.json`, relative to the experiment),
+    /// reported beside the predictions.
+    #[serde(default)]
+    published: Option<String>,
 }
 
 /// A model on a cluster; model and cluster are shipped names or paths relative to the experiment.
@@ -44,6 +50,13 @@ struct PanelSpec {
 struct LayoutSpec {
     nodes: u32,
     gpus_per_node: u32,
+}
+
+impl LayoutSpec {
+    /// The layout's GPU count; `None` when it overflows.
+    fn gpus(&self) -> Option<u32> {
+        self.nodes.checked_mul(self.gpus_per_node)
+    }
 }
 
 #[derive(Deserialize)]
@@ -67,6 +80,10 @@ fn no_memory() -> Memory {
 
 pub fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
     check(spec, label)?;
+    let published = match &spec.published {
+        Some(file) => Some(Published::load(&dir.join(file), spec)?),
+        None => None,
+    };
     let rows = sweep::run(&points(spec, label, dir)?, &StrategyOptions::default())?;
     let table = Table { spec, rows: &rows };
     let mut charts = vec![Chart {
@@ -83,11 +100,18 @@ pub fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
             columns: 2,
         });
     }
+    let mut markdown = table.markdown();
+    let comparison = published.map(|p| {
+        let (csv, md) = p.report(spec, &table.cells());
+        markdown.push_str(&md);
+        csv
+    });
     Ok(Results {
         inputs: Vec::new(),
         csv: table.csv().into_text(),
+        comparison,
         charts,
-        table: table.markdown(),
+        table: markdown,
     })
 }
 

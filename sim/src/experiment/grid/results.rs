@@ -11,9 +11,9 @@ use std::fmt::Write as _;
 
 /// One cell of the results: a row with its speedup over the baseline at the same panel and layout.
 pub struct Cell<'a> {
-    panel: &'a PanelSpec,
-    config: &'a ConfigSpec,
-    row: &'a Row,
+    pub panel: &'a PanelSpec,
+    pub config: &'a ConfigSpec,
+    pub row: &'a Row,
     pub speedup: Option<f64>,
 }
 
@@ -31,7 +31,7 @@ pub struct Table<'a> {
 
 impl Table<'_> {
     /// Rows were generated panel-major, then layout, then config.
-    fn cells(&self) -> Vec<Cell<'_>> {
+    pub fn cells(&self) -> Vec<Cell<'_>> {
         let per_layout = self.spec.configs.len();
         let per_panel = per_layout * self.spec.layouts.len();
         self.rows
