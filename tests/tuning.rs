@@ -197,6 +197,23 @@ fn seed_strategies_make_the_plans_their_papers_describe() {
     assert_eq!(ps.policy.ps_servers, 4);
     assert!(ps.groups.iter().all(|g| g.scheme == Scheme::Ps));
     assert_eq!(plan("byteps", none).policy.ps_servers, 0);
+    // Across machines BytePS pushes its compressed partitions to the servers; a job of one
+    // machine is not distributed: NCCL inside it, gradients whole.
+    let pushed = plan("byteps", Compressor::OneBit);
+    assert!(pushed
+        .groups
+        .iter()
+        .all(|g| g.scheme == Scheme::Ps && g.compressor == Compressor::OneBit));
+    let one_machine = scenario(ModelProfile::load("resnet50").unwrap(), "dgx1-v100", 1);
+    let options = StrategyOptions {
+        compressor: Compressor::OneBit,
+        ..Default::default()
+    };
+    let local = Strategy::BytePs.plan(&one_machine, &options).unwrap();
+    assert!(local
+        .groups
+        .iter()
+        .all(|g| g.scheme == Scheme::Allreduce && g.compressor == Compressor::None));
     let onebit = Compressor::OneBit;
     let hipress = plan("hipress:ring", onebit);
     assert!(hipress

@@ -165,7 +165,7 @@ const CATALOG: &[StrategyEntry] = &[
     },
     StrategyEntry {
         form: "byteps",
-        description: "BytePS: servers colocated with the workers, intra-node aggregation, --partition-mb partitions each served whole by one server in turn, priority, a partition in flight per server (at least --credit)",
+        description: "BytePS: servers colocated with the workers, intra-node aggregation, --partition-mb partitions each served whole by one server in turn, priority, a partition in flight per server (at least --credit); on one machine NCCL inside it, uncompressed, as BytePS runs a job of one worker machine",
     },
     StrategyEntry {
         form: "ps",

@@ -3,6 +3,7 @@
 //! partitions by layer priority with a partition in flight per server, as BytePS does.
 
 use super::{partitioned_by_layer, StrategyOptions};
+use crate::compress::{Compressor, Memory};
 use crate::error::Result;
 use crate::limits;
 use crate::model::ModelProfile;
@@ -24,6 +25,19 @@ pub(super) fn plan(
         0 => nodes,
         dedicated => dedicated,
     };
+    // BytePS with one worker machine is not a distributed job (`_num_worker > 1` in
+    // byteps/common/global.cc): it reduces and broadcasts over NCCL inside the machine, with no
+    // push, pull or server, and sets up a compressor only for distributed jobs
+    // (byteps/common/operations.cc), so its gradients travel whole.
+    let whole = StrategyOptions {
+        compressor: Compressor::None,
+        memory: Memory::None,
+        ..options.clone()
+    };
+    let (options, scheme) = match (servers, nodes) {
+        (0, 1) => (&whole, Scheme::Allreduce),
+        _ => (options, Scheme::Ps),
+    };
     let policy = Policy {
         launch: Launch::Priority,
         comm_streams: options
@@ -37,7 +51,7 @@ pub(super) fn plan(
     Ok(Plan::new(
         name,
         model,
-        partitioned_by_layer(model, options, Scheme::Ps)?,
+        partitioned_by_layer(model, options, scheme)?,
         policy,
     ))
 }
