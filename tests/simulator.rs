@@ -412,10 +412,12 @@ fn noise_gives_statistics_and_is_seeded() {
 /// A model runs at its profiled times on a re-profiled copy of its own device (same name,
 /// another speed estimate) and is scaled by the speed ratio on any other device.
 #[test]
-fn compute_scales_only_across_different_devices() {
+fn compute_is_carried_only_across_different_devices() {
     let dir = crate::common::scratch("same-device");
     let mut h100 = DeviceProfile::load("h100-sxm5-80gb").unwrap();
     h100.compute_speed_vs_v100 *= 0.5;
+    h100.peak_fp32_tflops *= 0.5;
+    h100.memory_bandwidth_gbytes_per_s *= 0.5;
     let remeasured = dir.join("h100-remeasured.json");
     std::fs::write(&remeasured, serde_json::to_string(&h100).unwrap()).unwrap();
     let mut model = ModelProfile::load("resnet50").unwrap();
@@ -423,14 +425,28 @@ fn compute_scales_only_across_different_devices() {
     let mut cluster = Cluster::load("dgx-h100", ClusterOverrides::default()).unwrap();
     cluster.device = remeasured.to_string_lossy().into_owned();
     let same = Scenario::new(model.clone(), cluster.clone()).unwrap();
-    assert_eq!(same.compute_scale, 1.0);
+    assert_eq!((same.compute_scale, same.compute_ratio), (1.0, 1.0));
+    assert_eq!(same.model.tensors, model.tensors);
+    // Another GPU with half the peak and half the memory bandwidth takes every step twice as long.
     h100.name = "another-gpu".into();
     std::fs::write(&remeasured, serde_json::to_string(&h100).unwrap()).unwrap();
-    let other = Scenario::new(model, cluster).unwrap();
+    let other = Scenario::new(model.clone(), cluster.clone()).unwrap();
     assert!(
-        (other.compute_scale - 2.0).abs() < 1e-12,
+        (other.compute_ratio - 2.0).abs() < 1e-12,
         "{}",
-        other.compute_scale
+        other.compute_ratio
+    );
+    assert_eq!(other.compute_scale, 1.0);
+    for (carried, measured) in other.model.tensors.iter().zip(&model.tensors) {
+        assert!((carried.backward_us - 2.0 * measured.backward_us).abs() < 1e-9);
+    }
+    // A profile without FLOP counts cannot be split: the devices' speeds carry it whole.
+    model.arithmetic = None;
+    let bare = Scenario::new(model, cluster).unwrap();
+    assert!(
+        (bare.compute_scale - 2.0).abs() < 1e-12,
+        "{}",
+        bare.compute_scale
     );
 }
 

@@ -264,6 +264,7 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
         peak_fp32_tflops: fp32,
         // CPUs have no faster half-precision arithmetic path in this code: same as fp32.
         peak_fp16_tflops: fp32,
+        peak_tf32_tflops: None,
         // V100 fp32 peak is 15.7 TFLOP/s; training speed is assumed proportional to it.
         compute_speed_vs_v100: fp32 / 15.7,
         compute_speed_provenance: provenance(

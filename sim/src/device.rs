@@ -101,8 +101,12 @@ pub struct DeviceProfile {
     pub memory_bandwidth_gbytes_per_s: f64,
     pub peak_fp32_tflops: f64,
     pub peak_fp16_tflops: f64,
+    /// Dense TF32 tensor-core peak; absent on devices without TF32 (before Ampere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_tf32_tflops: Option<f64>,
     /// Training compute speed relative to a V100, used to carry a model profile measured on one
-    /// device to another; 1.0 for the V100 itself.
+    /// device to another where `crate::carry` cannot split its steps (a profile without FLOP
+    /// counts, a CPU); 1.0 for the V100 itself.
     pub compute_speed_vs_v100: f64,
     pub compute_speed_provenance: Provenance,
     /// Compression encode/decode curves, keyed by compressor name (`fp16`, `topk`, ...).
@@ -128,6 +132,10 @@ impl DeviceProfile {
             ("peak_fp32_tflops", self.peak_fp32_tflops),
             ("peak_fp16_tflops", self.peak_fp16_tflops),
             ("compute_speed_vs_v100", self.compute_speed_vs_v100),
+            (
+                "peak_tf32_tflops",
+                self.peak_tf32_tflops.unwrap_or(self.peak_fp32_tflops),
+            ),
         ] {
             limits::check_positive_at_most(label, field, value, limits::MAX_RATE)?;
         }

@@ -41,11 +41,13 @@ pub fn training_flops_per_iteration(model: &ModelProfile) -> Option<f64> {
     Some(6.0 * macs as f64 * f64::from(model.batch_size_per_gpu))
 }
 
-/// The device peak, in TFLOP/s, for the precision a profile was measured in.
-pub fn peak_tflops(device: &DeviceProfile, precision: Precision) -> f64 {
+/// The device peak, in TFLOP/s, for the precision a profile was measured in; `None` for TF32 on
+/// a device without it.
+pub fn peak_tflops(device: &DeviceProfile, precision: Precision) -> Option<f64> {
     match precision {
-        Precision::Fp32 => device.peak_fp32_tflops,
-        Precision::Fp16 => device.peak_fp16_tflops,
+        Precision::Fp32 => Some(device.peak_fp32_tflops),
+        Precision::Tf32 => device.peak_tf32_tflops,
+        Precision::Fp16 => Some(device.peak_fp16_tflops),
     }
 }
 
@@ -77,12 +79,13 @@ pub struct RateCheck {
 }
 
 /// Checks a profile's forward and backward timings against the peak of `device`, which should be
-/// the device they were measured on (`model.device`). `None` when the profile has no FLOP count.
+/// the device they were measured on (`model.device`). `None` when the profile has no FLOP count
+/// or its precision has no peak on the device.
 pub fn check(model: &ModelProfile, device: &DeviceProfile) -> Option<RateCheck> {
     let arithmetic = model.arithmetic.as_ref()?;
     let flops = training_flops_per_iteration(model)?;
     let seconds = (model.forward_time() + model.backward_time()).as_secs();
-    let peak = peak_tflops(device, arithmetic.precision);
+    let peak = peak_tflops(device, arithmetic.precision)?;
     let achieved = match (flops > 0.0, seconds > 0.0) {
         (false, _) => 0.0,
         (true, false) => f64::INFINITY,

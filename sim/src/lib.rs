@@ -2,6 +2,7 @@
 
 pub mod beside_compute;
 pub mod calibrate;
+pub mod carry;
 pub mod chart;
 pub mod collective;
 pub mod compare;

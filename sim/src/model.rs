@@ -101,6 +101,8 @@ pub struct RankSkew {
 pub enum Precision {
     /// FP32 on CUDA cores (`peak_fp32_tflops`).
     Fp32,
+    /// FP32 tensors through TF32 tensor cores (`peak_tf32_tflops`; Ampere and later).
+    Tf32,
     /// Mixed precision on FP16 tensor cores (`peak_fp16_tflops`).
     Fp16,
 }

@@ -1,5 +1,6 @@
 //! A scenario: a model on a cluster with its device profiles resolved and checked; plans run on it.
 
+use crate::carry::carry;
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::framework::Framework;
@@ -17,16 +18,20 @@ pub struct Scenario {
     /// Run compression kernels on the host CPU with this profile's cost curves (kind `cpu`)
     /// instead of on the GPU.
     pub host_codec: Option<DeviceProfile>,
-    /// Multiplier on the model profile's compute times to carry them from the device they were
-    /// measured on to the cluster's (1 when they are the same device).
+    /// Multiplier on the model's compute times: 1, unless the profile could not be carried
+    /// step by step (`crate::carry`) and the devices' `compute_speed_vs_v100` carry it whole.
     pub compute_scale: f64,
+    /// The model's compute time on the cluster's device over its time on the device it was
+    /// measured on (1 when they are the same device).
+    pub compute_ratio: f64,
     /// The framework that runs the plan, whose per-call costs the cost pass adds (none: the
     /// plan's steps alone, as `exec`'s backends run them).
     pub framework: Option<Framework>,
 }
 
 impl Scenario {
-    /// Resolves the cluster's device and the model's measurement device.
+    /// Resolves the cluster's device and the model's measurement device, and carries the model's
+    /// compute from the one to the other.
     pub fn new(model: ModelProfile, cluster: Cluster) -> Result<Scenario> {
         let device = DeviceProfile::load(&cluster.device).map_err(|e| {
             SimError::invalid(
@@ -35,19 +40,10 @@ impl Scenario {
                 format!("`{}`: {e}", cluster.device),
             )
         })?;
-        let measured_on = DeviceProfile::load(&model.device).map_err(|e| {
-            SimError::invalid(&model.name, "device", format!("`{}`: {e}", model.device))
-        })?;
-        // A profile's name identifies the hardware: a device re-profiled on this machine (e.g.
-        // by `profile --backend cuda --name h100-sxm5-80gb`) runs a model captured on that GPU
-        // at its captured times, whatever the two files' speed estimates say.
-        let compute_scale = if measured_on.name == device.name {
-            1.0
-        } else {
-            measured_on.compute_speed_vs_v100 / device.compute_speed_vs_v100
-        };
+        let (model, compute_scale, compute_ratio) = carried(model, &device)?;
         Ok(Scenario {
             model,
+            compute_ratio,
             cluster,
             device,
             host_codec: None,
@@ -98,4 +94,28 @@ impl Scenario {
         single.framework = None;
         single
     }
+}
+
+/// The model as it computes on `device`, with the factor left on its times and the ratio of its
+/// compute time there to its measured one. A profile's device names the hardware: a model whose
+/// `device` is the cluster's (by name, or a file of that name, e.g. one re-profiled by `profile
+/// --backend cuda --name h100-sxm5-80gb`) keeps its measured times, whatever the two files'
+/// peaks say.
+fn carried(model: ModelProfile, device: &DeviceProfile) -> Result<(ModelProfile, f64, f64)> {
+    if model.device == device.name {
+        return Ok((model, 1.0, 1.0));
+    }
+    let measured_on = DeviceProfile::load(&model.device).map_err(|e| {
+        SimError::invalid(&model.name, "device", format!("`{}`: {e}", model.device))
+    })?;
+    if measured_on.name == device.name {
+        return Ok((model, 1.0, 1.0));
+    }
+    Ok(match carry(&model, &measured_on, device)? {
+        Some((carried, ratio)) => (carried, 1.0, ratio),
+        None => {
+            let scale = measured_on.compute_speed_vs_v100 / device.compute_speed_vs_v100;
+            (model, scale, scale)
+        }
+    })
 }

@@ -92,7 +92,7 @@ pub struct Summary {
     pub wire_bytes_per_rank: u64,
     pub groups: usize,
     pub collectives_per_iteration: usize,
-    /// Factor applied to the model's measured compute times for this cluster's GPU.
+    /// The model's compute time on this cluster's GPU over its measured time (`crate::carry`).
     pub compute_scale: f64,
     pub seed: u64,
     pub warmup_iterations: u32,
@@ -409,7 +409,7 @@ fn summarize(
         wire_bytes_per_rank: schedule.pieces.iter().map(Piece::payload_bytes).sum(),
         groups: plan.groups.len(),
         collectives_per_iteration: collectives,
-        compute_scale: round6(scenario.compute_scale),
+        compute_scale: round6(scenario.compute_ratio),
         seed: options.noise.seed,
         warmup_iterations: options.warmup,
         measured_iterations: times.len() as u32,

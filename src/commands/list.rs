@@ -99,6 +99,7 @@ fn check_models(models: &[String]) -> anyhow::Result<()> {
             Some(check) => {
                 let precision = match check.precision {
                     Precision::Fp32 => "fp32",
+                    Precision::Tf32 => "tf32",
                     Precision::Fp16 => "fp16",
                 };
                 let numbers = format!(

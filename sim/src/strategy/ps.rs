@@ -32,7 +32,7 @@ pub(super) fn plan(
     let whole = StrategyOptions {
         compressor: Compressor::None,
         memory: Memory::None,
-        ..options.clone()
+        ..*options
     };
     let (options, scheme) = match (servers, nodes) {
         (0, 1) => (&whole, Scheme::Allreduce),

@@ -355,6 +355,7 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
         memory_bandwidth_gbytes_per_s: bandwidth,
         peak_fp32_tflops: fp32,
         peak_fp16_tflops: fp32,
+        peak_tf32_tflops: None,
         compute_speed_vs_v100: fp32 / V100_FP32_TFLOPS,
         compute_speed_provenance: provenance(
             Status::Estimated,

@@ -84,10 +84,16 @@ impl Calibration {
         let mut device = DeviceProfile::load(&spec.base_device)?;
         // The compute calibration defines this device's speed; profiles stay on the V100 scale.
         device.compute_speed_vs_v100 = 1.0;
+        // The fit scales each profile's compute to GRACE's measured speed on this device: the
+        // times it evaluates and writes are this device's.
         let models = spec
             .models
             .iter()
-            .map(|m| Ok((m.grace.clone(), ModelProfile::load(&m.profile)?)))
+            .map(|m| {
+                let mut profile = ModelProfile::load(&m.profile)?;
+                profile.device = device.name.clone();
+                Ok((m.grace.clone(), profile))
+            })
             .collect::<Result<_>>()?;
         let cluster = Cluster::load(&spec.base_cluster, ClusterOverrides::default())?;
         if !matches!(cluster.library, Library::Mpi(_)) {

@@ -17,6 +17,9 @@ pub const DEVICE_FILE: &str = "device.json";
 const ROWS: &str = "fitted by `syncopate experiment run experiments/grace` on profiles/validation/grace_imagenet_throughput.csv (GRACE, ICDCS'21, sands-lab/grace-data), mode=throughput backend=mpi rows";
 
 /// The device, the cluster and each model profile, with file names, in the order they are written.
+/// The calibrated device's name, which the calibrated models' compute belongs to.
+const DEVICE_NAME: &str = "grace-v100";
+
 pub fn inputs(
     spec: &GraceSpec,
     cal: &Calibration,
@@ -54,6 +57,7 @@ pub fn inputs(
             m.profile, factors[&m.grace], spec.batch_size_per_gpu, spec.batch_source, spec.fit_workers
         );
         profile.name = format!("grace-{}", m.grace);
+        profile.device = DEVICE_NAME.to_string();
         profile.source = format!("{}; {provenance}", profile.source);
         for p in [
             &mut profile.timing.backward,
@@ -74,7 +78,7 @@ fn device(
     prices: &BTreeMap<String, CodecPrice>,
 ) -> Result<crate::device::DeviceProfile> {
     let mut device = cal.device.clone();
-    device.name = "grace-v100".to_string();
+    device.name = DEVICE_NAME.to_string();
     device.source = format!(
         "{} with codec curves of GRACE's TensorFlow compressors: {}",
         spec.base_device, device.source

@@ -1,0 +1,150 @@
+//! Carries a model profile's compute to another GPU step by step: each step's arithmetic at the ratio of the two devices' peaks at the profile's precision, the rest at the ratio of their memory bandwidths.
+
+use crate::device::{DeviceKind, DeviceProfile};
+use crate::error::{Result, SimError};
+use crate::flops::{forward_macs_per_sample, peak_tflops};
+use crate::model::ModelProfile;
+
+/// The fraction of the datasheet peak a large cuBLAS matmul reaches, which a step's arithmetic
+/// is assumed to run at: 86.9 % on A100 and 80.3 % on H100 SXM (BF16, torch.matmul;
+/// stas00/ml-engineering compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS").
+/// What a step takes beyond its FLOPs at this rate is taken to be bound by memory.
+pub const MATMUL_FRACTION_OF_PEAK: f64 = 0.8;
+
+/// FLOPs per multiply-add.
+const FLOPS_PER_MAC: f64 = 2.0;
+
+/// The profile's steps as they would run on `to`, with the fraction of the measured compute time
+/// they take there; `None` where the split cannot be made (a profile without FLOP counts, or a
+/// CPU on either side), and the caller falls back on the devices' `compute_speed_vs_v100`.
+pub fn carry(
+    model: &ModelProfile,
+    from: &DeviceProfile,
+    to: &DeviceProfile,
+) -> Result<Option<(ModelProfile, f64)>> {
+    let (Some(arithmetic), Some(total_macs)) = (&model.arithmetic, forward_macs_per_sample(model))
+    else {
+        return Ok(None);
+    };
+    if from.kind != DeviceKind::Gpu || to.kind != DeviceKind::Gpu {
+        return Ok(None);
+    }
+    let precision = arithmetic.precision;
+    let peak = |device: &DeviceProfile| {
+        peak_tflops(device, precision).ok_or_else(|| {
+            SimError::invalid(
+                &device.name,
+                "peak_tf32_tflops",
+                format!(
+                    "model `{}` was measured in TF32, which this device does not have",
+                    model.name
+                ),
+            )
+        })
+    };
+    let (peak_from, peak_to) = (peak(from)?, peak(to)?);
+    let arithmetic_ratio = peak_from / peak_to;
+    let memory_ratio = from.memory_bandwidth_gbytes_per_s / to.memory_bandwidth_gbytes_per_s;
+    // Attention's parameter-free products run beside the tensors' own: shared out in proportion.
+    let tensor_macs: u128 = model
+        .tensors
+        .iter()
+        .map(|t| u128::from(t.numel) * u128::from(t.uses_per_sample))
+        .sum();
+    let share = if tensor_macs == 0 {
+        0.0
+    } else {
+        total_macs as f64 / tensor_macs as f64
+    };
+    let achievable_flops_per_us = peak_from * 1e6 * MATMUL_FRACTION_OF_PEAK;
+    let batch = f64::from(model.batch_size_per_gpu);
+    let carried_us = |measured_us: f64, macs: f64, passes: f64| {
+        if measured_us <= 0.0 {
+            return measured_us;
+        }
+        let arithmetic_us = FLOPS_PER_MAC * passes * macs * batch / achievable_flops_per_us;
+        let bound = (arithmetic_us / measured_us).min(1.0);
+        measured_us * (bound * arithmetic_ratio + (1.0 - bound) * memory_ratio)
+    };
+    let mut carried = model.clone();
+    for tensor in &mut carried.tensors {
+        let macs = (tensor.numel as f64) * (tensor.uses_per_sample as f64) * share;
+        // Backward computes the input's and the weight's gradients: twice the forward.
+        tensor.backward_us = carried_us(tensor.backward_us, macs, 2.0);
+        tensor.forward_us = carried_us(tensor.forward_us, macs, 1.0);
+    }
+    // The optimizer streams parameters, gradients and state: bound by memory.
+    carried.optimizer_us = model.optimizer_us * memory_ratio;
+    carried.device = to.name.clone();
+    let measured = step_total(model);
+    let ratio = if measured > 0.0 {
+        step_total(&carried) / measured
+    } else {
+        1.0
+    };
+    Ok(Some((carried, ratio)))
+}
+
+/// Forward, backward and optimizer time of one iteration, in µs.
+fn step_total(model: &ModelProfile) -> f64 {
+    let tensors: f64 = model
+        .tensors
+        .iter()
+        .map(|t| t.forward_us + t.backward_us)
+        .sum();
+    tensors + model.optimizer_us
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(name: &str) -> DeviceProfile {
+        DeviceProfile::load(name).unwrap()
+    }
+
+    #[test]
+    fn arithmetic_follows_the_peak_and_the_rest_the_memory_bandwidth() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let (v100, h100) = (device("v100-sxm2-32gb"), device("h100-sxm5-80gb"));
+        let (carried, ratio) = carry(&model, &v100, &h100).unwrap().unwrap();
+        let arithmetic = v100.peak_fp32_tflops / h100.peak_fp32_tflops;
+        let memory = v100.memory_bandwidth_gbytes_per_s / h100.memory_bandwidth_gbytes_per_s;
+        // Every step lands between its all-arithmetic and all-memory times.
+        let (low, high) = (arithmetic.min(memory), arithmetic.max(memory));
+        for (before, after) in model.tensors.iter().zip(&carried.tensors) {
+            let r = after.backward_us / before.backward_us;
+            assert!(
+                r >= low - 1e-12 && r <= high + 1e-12,
+                "{}: {r}",
+                before.name
+            );
+        }
+        assert!(ratio > low && ratio < high, "{ratio}");
+        assert_eq!(carried.optimizer_us, model.optimizer_us * memory);
+        assert_eq!(carried.device, "h100-sxm5-80gb");
+        // A norm's parameters do no multiply-adds: bound by memory alone.
+        let bn = model
+            .tensors
+            .iter()
+            .position(|t| t.uses_per_sample == 0 && t.backward_us > 0.0)
+            .unwrap();
+        let r = carried.tensors[bn].backward_us / model.tensors[bn].backward_us;
+        assert!((r - memory).abs() < 1e-12, "{r}");
+    }
+
+    #[test]
+    fn the_same_device_keeps_every_time_and_a_cpu_is_not_split() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let v100 = device("v100-sxm2-32gb");
+        let (carried, ratio) = carry(&model, &v100, &v100).unwrap().unwrap();
+        assert_eq!(carried.tensors, model.tensors);
+        assert_eq!(ratio, 1.0);
+        assert!(carry(&model, &v100, &device("host-2core"))
+            .unwrap()
+            .is_none());
+        let mut bare = model.clone();
+        bare.arithmetic = None;
+        assert!(carry(&bare, &v100, &v100).unwrap().is_none());
+    }
+}
