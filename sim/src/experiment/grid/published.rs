@@ -35,9 +35,10 @@ struct Block {
     gpus: Vec<u32>,
     /// Config label → one value per GPU count, `null` where the paper has none.
     values: BTreeMap<String, Vec<Option<f64>>>,
-    /// The block calibrated a parameter (the README names it): shown, but not held out.
+    /// Configs whose values here calibrated a parameter (the README names it): shown, but not
+    /// held out.
     #[serde(default)]
-    fitted: bool,
+    fitted: Vec<String>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq)]
@@ -147,6 +148,9 @@ impl Published {
                     );
                 }
             }
+            if let Some(c) = block.fitted.iter().find(|c| !block.values.contains_key(*c)) {
+                return bad("fitted", format!("`{c}` has no values in this block"));
+            }
             for (config, values) in &block.values {
                 let name = format!("values.{config}");
                 if !spec.configs.iter().any(|c| &c.label == config) {
@@ -225,7 +229,7 @@ impl Published {
         );
         for pair in &pairs {
             let setup = pair.block.panels.join(" / ");
-            let role = role(pair.block);
+            let role = pair.role();
             let predicted = pair
                 .predicted
                 .map(|p| format!("{p:.3}"))
@@ -264,18 +268,24 @@ impl Published {
     }
 }
 
-fn role(block: &Block) -> &'static str {
-    if block.fitted {
-        "fitted"
-    } else {
-        "held out"
+impl Pair<'_> {
+    fn fitted(&self) -> bool {
+        self.block.fitted.iter().any(|c| c == self.config)
+    }
+
+    fn role(&self) -> &'static str {
+        if self.fitted() {
+            "fitted"
+        } else {
+            "held out"
+        }
     }
 }
 
 /// The held-out error's median and 90th percentile, and at how many setups (block and GPU
 /// count with two or more predicted configs) the paper's best config is the predicted best.
 fn summary(pairs: &[Pair]) -> String {
-    let held_out: Vec<&Pair> = pairs.iter().filter(|p| !p.block.fitted).collect();
+    let held_out: Vec<&Pair> = pairs.iter().filter(|p| !p.fitted()).collect();
     let mut errors: Vec<f64> = held_out
         .iter()
         .filter_map(|p| p.error_percent().map(f64::abs))
@@ -307,6 +317,18 @@ fn summary(pairs: &[Pair]) -> String {
         "; the paper's best config is the predicted best at {agree} of {} setups.",
         ranked.len()
     );
+    let fitted: Vec<f64> = pairs
+        .iter()
+        .filter(|p| p.fitted())
+        .filter_map(|p| p.error_percent().map(f64::abs))
+        .collect();
+    if let Some(m) = median(&fitted) {
+        let _ = writeln!(
+            text,
+            "Fitted: {} values, median |error| {m:.1} %.",
+            fitted.len()
+        );
+    }
     text
 }
 
@@ -405,6 +427,35 @@ mod tests {
         assert!(best_agrees(&[&a, &b, &c]), "a tie in the paper counts");
         assert!(!best_agrees(&[&a, &c]));
         assert_eq!(b.error_percent(), Some(50.0));
+    }
+
+    #[test]
+    fn fitted_values_are_shown_but_not_held_out() {
+        let text = published(
+            r#""metric": "speedup", "source": "fig", "gpus": [2], "fitted": ["dense"],
+               "values": { "dense": [2.0], "half": [1.0] }"#,
+        );
+        let results = run_with("fitted", &text).unwrap();
+        let csv = results.comparison.unwrap();
+        assert!(
+            csv.contains(",dense,speedup,2,1.000,-50.0,fitted,"),
+            "{csv}"
+        );
+        assert!(csv.contains(",half,speedup,1,"), "{csv}");
+        assert!(
+            results.table.contains("Held out: 1 values")
+                && results
+                    .table
+                    .contains("Fitted: 1 values, median |error| 50.0 %"),
+            "{}",
+            results.table
+        );
+        let unknown = text.replace(r#"["dense"]"#, r#"["sparse"]"#);
+        let err = run_with("fitted-unknown", &unknown)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("fitted") && err.contains("`sparse`"), "{err}");
     }
 
     #[test]
