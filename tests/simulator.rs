@@ -15,7 +15,7 @@ use syncopate_sim::strategy::{Strategy, StrategyOptions};
 use syncopate_sim::time::SimTime;
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
-/// A device without contention, so that closed forms hold exactly.
+/// A device without contention (measured: none), so that closed forms hold exactly.
 fn quiet_device(dir: &std::path::Path) -> String {
     let mut device = serde_json::to_value(DeviceProfile::load("v100-sxm2-32gb").unwrap()).unwrap();
     device["name"] = "quiet".into();
@@ -356,7 +356,7 @@ fn contention_slows_compute_only_while_comm_runs() {
     let (base, plan) = scenario("bert-base", "v100-10gbe", 2, "wfbp", "none");
     let quiet = {
         let mut s = base.clone();
-        s.device.contention.compute_slowdown_with_collective = 1.0;
+        s.collective_slowdown = 1.0;
         s
     };
     let slowed = simulate(&base, &plan, &SimOptions::default())
@@ -366,10 +366,7 @@ fn contention_slows_compute_only_while_comm_runs() {
         .unwrap()
         .summary;
     assert!(slowed.compute_ms > unslowed.compute_ms);
-    assert!(
-        slowed.compute_ms
-            < unslowed.compute_ms * base.device.contention.compute_slowdown_with_collective
-    );
+    assert!(slowed.compute_ms < unslowed.compute_ms * base.collective_slowdown);
 }
 
 #[test]

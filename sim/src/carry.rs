@@ -14,6 +14,61 @@ pub const MATMUL_FRACTION_OF_PEAK: f64 = 0.8;
 /// FLOPs per multiply-add.
 const FLOPS_PER_MAC: f64 = 2.0;
 
+/// How a profile's steps split into arithmetic and the rest on the device it computes on.
+struct Split {
+    /// FLOPs the device does per µs at `MATMUL_FRACTION_OF_PEAK` of its peak.
+    achievable_flops_per_us: f64,
+    /// Multiply-adds per tensor multiply-add: attention's parameter-free products run beside
+    /// the tensors' own and are shared out in proportion.
+    share: f64,
+    batch: f64,
+}
+
+impl Split {
+    /// `None` for a profile without FLOP counts or a device without a peak at its precision.
+    fn of(model: &ModelProfile, device: &DeviceProfile) -> Option<Split> {
+        let arithmetic = model.arithmetic.as_ref()?;
+        let total_macs = forward_macs_per_sample(model)?;
+        let tensor_macs: u128 = model
+            .tensors
+            .iter()
+            .map(|t| u128::from(t.numel) * u128::from(t.uses_per_sample))
+            .sum();
+        let share = if tensor_macs == 0 {
+            0.0
+        } else {
+            total_macs as f64 / tensor_macs as f64
+        };
+        Some(Split {
+            achievable_flops_per_us: peak_tflops(device, arithmetic.precision)?
+                * 1e6
+                * MATMUL_FRACTION_OF_PEAK,
+            share,
+            batch: f64::from(model.batch_size_per_gpu),
+        })
+    }
+
+    /// The fraction of a step of `measured_us` that its FLOPs take: `passes` times its tensor's
+    /// forward multiply-adds (`macs`), at the achievable rate.
+    fn arithmetic(&self, measured_us: f64, macs: f64, passes: f64) -> f64 {
+        if measured_us <= 0.0 {
+            return 0.0;
+        }
+        let us =
+            FLOPS_PER_MAC * passes * macs * self.share * self.batch / self.achievable_flops_per_us;
+        (us / measured_us).min(1.0)
+    }
+
+    /// Every forward and backward step: (measured µs, its tensor's multiply-adds, passes), the
+    /// backward computing the input's and the weight's gradients, twice the forward.
+    fn steps(model: &ModelProfile) -> impl Iterator<Item = (f64, f64, f64)> + '_ {
+        model.tensors.iter().flat_map(|t| {
+            let macs = (t.numel as f64) * (t.uses_per_sample as f64);
+            [(t.forward_us, macs, 1.0), (t.backward_us, macs, 2.0)]
+        })
+    }
+}
+
 /// The profile's steps as they would run on `to`, with the fraction of the measured compute time
 /// they take there; `None` where the split cannot be made (a profile without FLOP counts, or a
 /// CPU on either side), and the caller falls back on the devices' `compute_speed_vs_v100`.
@@ -22,16 +77,14 @@ pub fn carry(
     from: &DeviceProfile,
     to: &DeviceProfile,
 ) -> Result<Option<(ModelProfile, f64)>> {
-    let (Some(arithmetic), Some(total_macs)) = (&model.arithmetic, forward_macs_per_sample(model))
-    else {
-        return Ok(None);
-    };
     if from.kind != DeviceKind::Gpu || to.kind != DeviceKind::Gpu {
         return Ok(None);
     }
-    let precision = arithmetic.precision;
+    let Some(arithmetic) = &model.arithmetic else {
+        return Ok(None);
+    };
     let peak = |device: &DeviceProfile| {
-        peak_tflops(device, precision).ok_or_else(|| {
+        peak_tflops(device, arithmetic.precision).ok_or_else(|| {
             SimError::invalid(
                 &device.name,
                 "peak_tf32_tflops",
@@ -42,34 +95,18 @@ pub fn carry(
             )
         })
     };
-    let (peak_from, peak_to) = (peak(from)?, peak(to)?);
-    let arithmetic_ratio = peak_from / peak_to;
-    let memory_ratio = from.memory_bandwidth_gbytes_per_s / to.memory_bandwidth_gbytes_per_s;
-    // Attention's parameter-free products run beside the tensors' own: shared out in proportion.
-    let tensor_macs: u128 = model
-        .tensors
-        .iter()
-        .map(|t| u128::from(t.numel) * u128::from(t.uses_per_sample))
-        .sum();
-    let share = if tensor_macs == 0 {
-        0.0
-    } else {
-        total_macs as f64 / tensor_macs as f64
+    let arithmetic_ratio = peak(from)? / peak(to)?;
+    let Some(split) = Split::of(model, from) else {
+        return Ok(None);
     };
-    let achievable_flops_per_us = peak_from * 1e6 * MATMUL_FRACTION_OF_PEAK;
-    let batch = f64::from(model.batch_size_per_gpu);
+    let memory_ratio = from.memory_bandwidth_gbytes_per_s / to.memory_bandwidth_gbytes_per_s;
     let carried_us = |measured_us: f64, macs: f64, passes: f64| {
-        if measured_us <= 0.0 {
-            return measured_us;
-        }
-        let arithmetic_us = FLOPS_PER_MAC * passes * macs * batch / achievable_flops_per_us;
-        let bound = (arithmetic_us / measured_us).min(1.0);
+        let bound = split.arithmetic(measured_us, macs, passes);
         measured_us * (bound * arithmetic_ratio + (1.0 - bound) * memory_ratio)
     };
     let mut carried = model.clone();
     for tensor in &mut carried.tensors {
-        let macs = (tensor.numel as f64) * (tensor.uses_per_sample as f64) * share;
-        // Backward computes the input's and the weight's gradients: twice the forward.
+        let macs = (tensor.numel as f64) * (tensor.uses_per_sample as f64);
         tensor.backward_us = carried_us(tensor.backward_us, macs, 2.0);
         tensor.forward_us = carried_us(tensor.forward_us, macs, 1.0);
     }
@@ -83,6 +120,16 @@ pub fn carry(
         1.0
     };
     Ok(Some((carried, ratio)))
+}
+
+/// The share of a profile's forward and backward time on `device` that is arithmetic, weighted
+/// by time; `None` where the split cannot be made.
+pub fn arithmetic_fraction(model: &ModelProfile, device: &DeviceProfile) -> Option<f64> {
+    let split = Split::of(model, device)?;
+    let (arithmetic, total) = Split::steps(model).fold((0.0, 0.0), |(a, t), (us, macs, passes)| {
+        (a + us * split.arithmetic(us, macs, passes), t + us)
+    });
+    (total > 0.0).then(|| arithmetic / total)
 }
 
 /// Forward, backward and optimizer time of one iteration, in µs.

@@ -74,8 +74,11 @@ pub struct CodecCost {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Contention {
-    /// Compute time multiplier while a collective kernel runs beside it.
-    pub compute_slowdown_with_collective: f64,
+    /// Compute time multiplier while a collective kernel runs beside it, where it was measured
+    /// on the device (`syncopate profile --backend cuda`); absent, NCCL's contention is priced
+    /// from the device's SMs and memory bandwidth (`crate::contention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_slowdown_with_collective: Option<f64>,
     /// Compute time multiplier while a compression kernel runs beside it.
     pub compute_slowdown_with_compression: f64,
     pub provenance: Provenance,
@@ -101,6 +104,10 @@ pub struct DeviceProfile {
     pub memory_bandwidth_gbytes_per_s: f64,
     pub peak_fp32_tflops: f64,
     pub peak_fp16_tflops: f64,
+    /// Streaming multiprocessors of a GPU (datasheet), which NCCL's channels take one each of;
+    /// absent for a CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_count: Option<u32>,
     /// Dense TF32 tensor-core peak; absent on devices without TF32 (before Ampere).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_tf32_tflops: Option<f64>,
@@ -138,6 +145,13 @@ impl DeviceProfile {
             ),
         ] {
             limits::check_positive_at_most(label, field, value, limits::MAX_RATE)?;
+        }
+        if self.sm_count == Some(0) {
+            return Err(SimError::invalid(
+                label,
+                "sm_count",
+                "a GPU has at least one SM",
+            ));
         }
         for (name, cost) in &self.compression {
             for (which, curve) in [
@@ -190,7 +204,9 @@ impl DeviceProfile {
         for (field, value) in [
             (
                 "contention.compute_slowdown_with_collective",
-                self.contention.compute_slowdown_with_collective,
+                self.contention
+                    .compute_slowdown_with_collective
+                    .unwrap_or(1.0),
             ),
             (
                 "contention.compute_slowdown_with_compression",

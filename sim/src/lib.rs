@@ -7,6 +7,7 @@ pub mod chart;
 pub mod collective;
 pub mod compare;
 pub mod compress;
+pub mod contention;
 pub mod cost;
 pub mod csv;
 pub mod data;

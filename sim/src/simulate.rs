@@ -243,21 +243,6 @@ fn ranks_pace(scenario: &Scenario, with_ranks: f64) -> f64 {
     }
 }
 
-/// How much a collective slows the device's compute: only a library whose collectives run
-/// kernels on the device shares it (NCCL's kernels take SMs and memory bandwidth). MPI and gloo
-/// on an accelerator cluster move and sum gradients on the host, beside the device (Horovod
-/// built without GPU operations registers its TensorFlow ops for the CPU only:
-/// `REGISTER_KERNEL_BUILDER(... DEVICE_GPU ...)` only under `HOROVOD_GPU_ALLREDUCE` in
-/// horovod/tensorflow/mpi_ops.cc), so their transfers leave its compute alone.
-fn collective_slowdown_on_device(scenario: &Scenario) -> f64 {
-    match scenario.cluster.library {
-        crate::topology::Library::Nccl(_) => {
-            scenario.device.contention.compute_slowdown_with_collective
-        }
-        crate::topology::Library::Mpi(_) | crate::topology::Library::Gloo(_) => 1.0,
-    }
-}
-
 /// How long a rank's connections take to drain `TcpParams::queue_behind_bytes` at the goodput
 /// its collectives get, in ns; 0 without a queue.
 fn queue_behind_ns(cluster: &Cluster) -> f64 {
@@ -288,7 +273,7 @@ pub fn engine_config(
         ),
         None => (
             1.0,
-            collective_slowdown_on_device(scenario),
+            scenario.collective_slowdown,
             device.compute_slowdown_with_compression,
             1.0,
             1.0,
@@ -567,19 +552,12 @@ mod tests {
         let slowdown = |cluster: &str| {
             let (scenario, plan) = horovod_on(cluster);
             let schedule = schedule(&scenario, &plan).unwrap();
-            let device = scenario.device.contention.compute_slowdown_with_collective;
-            (
-                engine_config(&scenario, &schedule, 2, 0).slowdown_with_collective,
-                device,
-            )
+            engine_config(&scenario, &schedule, 2, 0).slowdown_with_collective
         };
         // The same V100: NCCL's kernels share it, MPI over TCP runs on the host.
-        let (nccl, device) = slowdown("v100-10gbe");
-        assert!(device > 1.0, "{device}");
-        assert_eq!(nccl, device);
-        let (mpi, device) = slowdown("v100-tcp");
-        assert!(device > 1.0, "{device}");
-        assert_eq!(mpi, 1.0);
+        let nccl = slowdown("v100-10gbe");
+        assert!(nccl > 1.0, "{nccl}");
+        assert_eq!(slowdown("v100-tcp"), 1.0);
     }
 
     #[test]

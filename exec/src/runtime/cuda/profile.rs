@@ -286,6 +286,11 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
         .map_err(cuda_err("cannot create a stream"))?;
     let kernels = Kernels::load(&ctx)?;
     let model = ctx.name().map_err(cuda_err("cannot read the GPU's name"))?;
+    let sms = ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+        .map_err(cuda_err("cannot read the GPU's SM count"))?;
     let repeats = options.repeats.max(1);
 
     let largest = options.sizes.iter().copied().max().unwrap_or(0);
@@ -356,6 +361,7 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
         peak_fp32_tflops: fp32,
         peak_fp16_tflops: fp32,
         peak_tf32_tflops: None,
+        sm_count: u32::try_from(sms).ok().filter(|&n| n > 0),
         compute_speed_vs_v100: fp32 / V100_FP32_TFLOPS,
         compute_speed_provenance: provenance(
             Status::Estimated,
@@ -363,7 +369,7 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
         ),
         compression,
         contention: Contention {
-            compute_slowdown_with_collective: collective,
+            compute_slowdown_with_collective: Some(collective),
             compute_slowdown_with_compression: codec,
             provenance: provenance(
                 Status::Measured,
