@@ -540,6 +540,11 @@ pub struct SweepArgs {
     /// group's fused collective (strategies that price their own codecs skip `tensor`).
     #[arg(long, value_enum, default_value = "group")]
     pub codec_calls: CodecCallsArg,
+    /// The framework that runs every plan (see `syncopate list frameworks`; a name or a path),
+    /// `strategy` for each strategy's own (ddp: pytorch-ddp, horovod: horovod, others none), or
+    /// `none`.
+    #[arg(long, default_value = "none")]
+    pub framework: String,
     /// Folder for sweep.csv and sweep.svg (created if missing).
     #[arg(long, default_value = "sweep")]
     pub out: PathBuf,

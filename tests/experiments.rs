@@ -211,6 +211,58 @@ fn sweep_writes_table_csv_and_svg() {
 }
 
 #[test]
+fn sweep_prices_the_framework_asked_for() {
+    let run = |framework: &str| {
+        let out_dir = scratch(&format!("sweep-framework-{framework}"));
+        let out = syncopate(&[
+            "sweep",
+            "--model",
+            "resnet50",
+            "--cluster",
+            "dgx1-v100",
+            "--nodes",
+            "1",
+            "--strategy",
+            "ddp,wfbp",
+            "--framework",
+            framework,
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        (out.status.code(), stderr(&out), out_dir)
+    };
+    let time = |dir: &std::path::Path, strategy: &str| -> (String, f64) {
+        let csv = std::fs::read_to_string(dir.join("sweep.csv")).unwrap();
+        let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+        let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let line = csv
+            .lines()
+            .find(|l| l.split(',').nth(column("strategy")) == Some(strategy))
+            .unwrap();
+        let fields: Vec<&str> = line.split(',').collect();
+        (
+            fields[column("framework")].to_string(),
+            fields[column("iteration_time_ms")].parse().unwrap(),
+        )
+    };
+    let (code, err, none) = run("none");
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err, own) = run("strategy");
+    assert_eq!(code, Some(0), "{err}");
+    // DDP pays its reducer's costs; wfbp has no framework of its own.
+    let (bare, with_ddp) = (time(&none, "ddp"), time(&own, "ddp"));
+    assert_eq!(
+        (bare.0.as_str(), with_ddp.0.as_str()),
+        ("none", "pytorch-ddp")
+    );
+    assert!(with_ddp.1 > bare.1, "{bare:?} {with_ddp:?}");
+    assert_eq!(time(&none, "wfbp"), time(&own, "wfbp"));
+    let (code, err, _) = run("no-such-framework");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--framework no-such-framework"), "{err}");
+}
+
+#[test]
 fn sweep_compresses_tensor_by_tensor_when_asked() {
     let run = |calls: &str| {
         let out_dir = scratch(&format!("sweep-calls-{calls}"));

@@ -4,9 +4,10 @@ use crate::cli::SweepArgs;
 use crate::plot;
 use anyhow::Context;
 use syncopate_sim::compress::{Compressor, Memory};
+use syncopate_sim::framework::Framework;
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
 use syncopate_sim::sweep::table::{self, config_label};
-use syncopate_sim::sweep::{self, Grid, Outcome, Row};
+use syncopate_sim::sweep::{self, FrameworkChoice, Grid, Outcome, Row};
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::SimError;
 
@@ -33,6 +34,10 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     } else {
         args.inter_gbps.clone()
     };
+    let framework = FrameworkChoice::parse(&args.framework);
+    if let FrameworkChoice::Named(name) = &framework {
+        Framework::named(name).with_context(|| format!("--framework {name}"))?;
+    }
     let grid = Grid {
         model: &args.model,
         cluster: &args.cluster,
@@ -43,6 +48,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         compressors: &compressors,
         memory,
         codec_calls: args.codec_calls.codec_calls(),
+        framework: &framework,
     };
     let rows = sweep::run(&grid.points(), &StrategyOptions::default())?;
     if rows

@@ -2,6 +2,7 @@
 
 use crate::compress::{Compressor, Memory};
 use crate::error::Result;
+use crate::framework::Framework;
 use crate::model::ModelProfile;
 use crate::plan::{CodecCalls, Scheme};
 use crate::scenario::Scenario;
@@ -26,6 +27,41 @@ pub struct Point {
     pub scheme: Option<Scheme>,
     /// One codec call per group, or per tensor (Horovod's and MergeComp's layer-wise runs).
     pub codec_calls: CodecCalls,
+    /// The framework that runs the point's plan.
+    pub framework: FrameworkChoice,
+}
+
+/// Which framework runs a point's plan (`crate::framework`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum FrameworkChoice {
+    /// None: the plan's steps alone.
+    #[default]
+    None,
+    /// Each strategy's own (`Strategy::framework`: ddp runs on pytorch-ddp, horovod on horovod,
+    /// the others on none).
+    Strategy,
+    /// A framework file: a shipped name or a path.
+    Named(String),
+}
+
+impl FrameworkChoice {
+    /// `none`, `strategy`, or a framework's name or path.
+    pub fn parse(text: &str) -> FrameworkChoice {
+        match text {
+            "none" => FrameworkChoice::None,
+            "strategy" => FrameworkChoice::Strategy,
+            name => FrameworkChoice::Named(name.to_string()),
+        }
+    }
+
+    /// The framework's name for `strategy`, if any.
+    fn name(&self, strategy: Strategy) -> Option<String> {
+        match self {
+            FrameworkChoice::None => None,
+            FrameworkChoice::Strategy => strategy.framework().map(str::to_string),
+            FrameworkChoice::Named(name) => Some(name.clone()),
+        }
+    }
 }
 
 /// The cluster layout a point ran on, after overrides.
@@ -78,6 +114,7 @@ pub struct Grid<'a> {
     pub compressors: &'a [Compressor],
     pub memory: Memory,
     pub codec_calls: CodecCalls,
+    pub framework: &'a FrameworkChoice,
 }
 
 impl Grid<'_> {
@@ -100,6 +137,7 @@ impl Grid<'_> {
                             memory: self.memory,
                             scheme: None,
                             codec_calls: self.codec_calls,
+                            framework: self.framework.clone(),
                         });
                     }
                 }
@@ -109,21 +147,33 @@ impl Grid<'_> {
     }
 }
 
-/// Simulates every point on all cores, rows in the order of `points`. A model or cluster that
-/// does not load, or a layout the cluster rejects, is an error; a combination the strategy or
-/// plan rejects is a skipped row.
+/// Simulates every point on all cores, rows in the order of `points`. A model, cluster or
+/// framework that does not load, or a layout the cluster rejects, is an error; a combination the
+/// strategy or plan rejects is a skipped row.
 pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
     let mut models = BTreeMap::new();
+    let mut frameworks = BTreeMap::new();
     for point in points {
         if !models.contains_key(&point.model) {
             models.insert(point.model.clone(), ModelProfile::load(&point.model)?);
+        }
+        if let Some(name) = point.framework.name(point.strategy) {
+            if let std::collections::btree_map::Entry::Vacant(entry) = frameworks.entry(name) {
+                let framework = Framework::named(entry.key())?;
+                entry.insert(framework);
+            }
         }
     }
     let scenarios = points
         .iter()
         .map(|point| {
             let cluster = Cluster::load(&point.cluster, point.overrides)?;
-            Scenario::new(models[&point.model].clone(), cluster)
+            let framework = point
+                .framework
+                .name(point.strategy)
+                .and_then(|name| frameworks[&name].clone());
+            Ok(Scenario::new(models[&point.model].clone(), cluster)?
+                .with_framework(framework.map(|(_, framework)| framework)))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(points
@@ -163,5 +213,6 @@ fn run_point(point: &Point, scenario: Scenario, base: &StrategyOptions) -> Resul
         plan.set_scheme(scheme);
     }
     plan.codec_calls = point.codec_calls;
+    plan.framework = scenario.framework.as_ref().map(|f| f.name.clone());
     Ok(simulate(&scenario, &plan, &SimOptions::default())?.summary)
 }

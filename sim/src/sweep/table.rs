@@ -45,7 +45,13 @@ pub fn csv(rows: &[Row]) -> Csv {
 
 /// The columns of [`layout_fields`], [`config_fields`] and [`outcome_fields`].
 pub const LAYOUT_COLUMNS: [&str; 4] = ["inter_gbps", "nodes", "gpus_per_node", "gpus"];
-pub const CONFIG_COLUMNS: [&str; 4] = ["strategy", "compressor", "memory", "codec_calls"];
+pub const CONFIG_COLUMNS: [&str; 5] = [
+    "strategy",
+    "compressor",
+    "memory",
+    "codec_calls",
+    "framework",
+];
 pub const OUTCOME_COLUMNS: [&str; 4] = [
     "status",
     "iteration_time_ms",
@@ -64,14 +70,18 @@ pub fn layout_fields(row: &Row) -> [String; 4] {
     ]
 }
 
-/// The configuration's columns: `strategy`, `compressor`, `memory`, `codec_calls`.
-pub fn config_fields(row: &Row) -> [String; 4] {
+/// The configuration's columns: `strategy`, `compressor`, `memory`, `codec_calls`, and the
+/// `framework` that ran the plan (`none` without one).
+pub fn config_fields(row: &Row) -> [String; 5] {
     let p = &row.point;
     [
         p.strategy.to_string(),
         p.compressor.to_string(),
         p.memory.to_string(),
         p.codec_calls.name().to_string(),
+        p.framework
+            .name(p.strategy)
+            .unwrap_or_else(|| "none".to_string()),
     ]
 }
 
@@ -163,6 +173,7 @@ mod tests {
             compressors: &[Compressor::None],
             memory: Memory::None,
             codec_calls: CodecCalls::Group,
+            framework: &sweep::FrameworkChoice::None,
         };
         sweep::run(&grid.points(), &StrategyOptions::default()).unwrap()
     }

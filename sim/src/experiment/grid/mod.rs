@@ -10,7 +10,7 @@ use crate::data;
 use crate::error::{Result, SimError};
 use crate::plan::{CodecCalls, Scheme};
 use crate::strategy::StrategyOptions;
-use crate::sweep::{self, Point};
+use crate::sweep::{self, FrameworkChoice, Point};
 use crate::topology::ClusterOverrides;
 use published::Published;
 use results::Table;
@@ -72,6 +72,10 @@ struct ConfigSpec {
     /// One codec call per group (default) or per tensor.
     #[serde(default)]
     codec_calls: CodecCalls,
+    /// The framework that runs the plan: a name or path, `strategy` for the strategy's own;
+    /// absent: none.
+    #[serde(default)]
+    framework: Option<String>,
 }
 
 fn no_memory() -> Memory {
@@ -161,6 +165,10 @@ fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
                     memory: config.memory,
                     scheme: config.scheme,
                     codec_calls: config.codec_calls,
+                    framework: config
+                        .framework
+                        .as_deref()
+                        .map_or(FrameworkChoice::None, FrameworkChoice::parse),
                 });
             }
         }
