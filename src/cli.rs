@@ -274,7 +274,7 @@ pub struct SimulateArgs {
     pub cpu_compression: Option<String>,
     /// The framework that runs the plan (see `syncopate list frameworks`; a name or a path),
     /// whose per-call costs are added, or `none`; default: the plan's, or the strategy's own
-    /// (ddp: pytorch-ddp, horovod: horovod, others none).
+    /// (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, others none).
     #[arg(long)]
     pub framework: Option<String>,
     /// Horovod's fusion buffer in MiB.
@@ -541,7 +541,7 @@ pub struct SweepArgs {
     #[arg(long, value_enum, default_value = "group")]
     pub codec_calls: CodecCallsArg,
     /// The framework that runs every plan (see `syncopate list frameworks`; a name or a path),
-    /// `strategy` for each strategy's own (ddp: pytorch-ddp, horovod: horovod, others none), or
+    /// `strategy` for each strategy's own (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, others none), or
     /// `none`.
     #[arg(long, default_value = "none")]
     pub framework: String,

@@ -65,8 +65,8 @@ pub struct Framework {
     pub call_kernels: f64,
     /// Which thread makes the calls, and so which stream waits for them.
     pub call_thread: CallThread,
-    /// Host time of one coordination round before each fused collective (Horovod's
-    /// negotiation of which tensors are ready on every rank), in µs.
+    /// Host time of one coordination round before each call (Horovod's negotiation of which
+    /// tensors are ready on every rank; BytePS's root device signalling its local ranks), in µs.
     #[serde(default, skip_serializing_if = "data::is_zero")]
     pub coordination_us: f64,
     /// For each tensor of a collective's piece, with the call on the calling thread's stream:
@@ -172,6 +172,23 @@ mod tests {
             let framework = Framework::load(name).unwrap();
             assert_eq!(framework.name, name);
         }
+    }
+
+    #[test]
+    fn the_strategies_that_model_a_framework_run_on_a_shipped_one() {
+        use crate::strategy::Strategy;
+        let own = |s: Strategy| {
+            s.framework()
+                .map(|name| Framework::load(name).unwrap().name)
+        };
+        assert_eq!(own(Strategy::Ddp).as_deref(), Some("pytorch-ddp"));
+        assert_eq!(own(Strategy::Horovod).as_deref(), Some("horovod"));
+        let byteps = Framework::load("byteps").unwrap();
+        assert_eq!(own(Strategy::BytePs).as_deref(), Some("byteps"));
+        // BytePS's threads call, its completion divides each tensor before the optimizer.
+        assert_eq!(byteps.call_thread, CallThread::Background);
+        assert!(byteps.finish.kernels > 0.0 && byteps.fusion.kernels == 0.0);
+        assert_eq!(own(Strategy::Wfbp), None);
     }
 
     #[test]

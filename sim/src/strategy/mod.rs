@@ -255,6 +255,7 @@ impl Strategy {
         match self {
             Strategy::Ddp => Some("pytorch-ddp"),
             Strategy::Horovod => Some("horovod"),
+            Strategy::BytePs => Some("byteps"),
             _ => None,
         }
     }

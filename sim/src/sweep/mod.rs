@@ -38,7 +38,7 @@ pub enum FrameworkChoice {
     #[default]
     None,
     /// Each strategy's own (`Strategy::framework`: ddp runs on pytorch-ddp, horovod on horovod,
-    /// the others on none).
+    /// byteps on byteps, the others on none).
     Strategy,
     /// A framework file: a shipped name or a path.
     Named(String),
