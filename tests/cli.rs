@@ -208,9 +208,13 @@ fn simulate_json_has_the_documented_keys() {
         "wire_bytes_per_rank",
         "seed",
         "strategy",
+        "compute_scale",
+        "collective_slowdown",
     ] {
         assert!(summary.get(key).is_some(), "missing {key}");
     }
+    // NCCL's kernels share the V100 with backward.
+    assert!(summary["collective_slowdown"].as_f64().unwrap() > 1.0);
     assert_eq!(summary["world_size"], 8);
     assert!(summary["scaling_efficiency"].as_f64().unwrap() <= 1.0);
 }

@@ -94,6 +94,8 @@ pub struct Summary {
     pub collectives_per_iteration: usize,
     /// The model's compute time on this cluster's GPU over its measured time (`crate::carry`).
     pub compute_scale: f64,
+    /// How much compute slows while a collective shares the GPU (`crate::contention`).
+    pub collective_slowdown: f64,
     pub seed: u64,
     pub warmup_iterations: u32,
     pub measured_iterations: u32,
@@ -395,6 +397,7 @@ fn summarize(
         groups: plan.groups.len(),
         collectives_per_iteration: collectives,
         compute_scale: round6(scenario.compute_ratio),
+        collective_slowdown: round6(scenario.collective_slowdown),
         seed: options.noise.seed,
         warmup_iterations: options.warmup,
         measured_iterations: times.len() as u32,

@@ -259,8 +259,14 @@ fn print_summary(s: &Summary, scenario: &Scenario) {
     );
     if (s.compute_scale - 1.0).abs() > 1e-9 {
         println!(
-            "  compute times scaled by {:.3} from {} to {}",
-            s.compute_scale, scenario.model.device, scenario.device.name
+            "  compute carried to {}: {:.3}x the profile's measured time",
+            scenario.device.name, s.compute_scale
+        );
+    }
+    if scenario.collective_slowdown > 1.0 {
+        println!(
+            "  compute slowed {:.3}x while a collective shares the GPU",
+            scenario.collective_slowdown
         );
     }
     for f in &s.codec_cost_fallback {
