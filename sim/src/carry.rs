@@ -181,6 +181,23 @@ mod tests {
     }
 
     #[test]
+    fn a_tf32_profile_cannot_be_carried_to_a_gpu_without_tf32() {
+        let mut model = ModelProfile::load("resnet50").unwrap();
+        model.arithmetic.as_mut().unwrap().precision = crate::model::Precision::Tf32;
+        let (a100, v100) = (device("a100-sxm4-40gb"), device("v100-sxm2-32gb"));
+        let err = carry(&model, &a100, &v100).unwrap_err().to_string();
+        assert!(
+            err.contains("peak_tf32_tflops") && err.contains("v100-sxm2-32gb"),
+            "{err}"
+        );
+        // Between two GPUs with TF32 it carries by their TF32 peaks.
+        let (_, ratio) = carry(&model, &a100, &device("h100-sxm5-80gb"))
+            .unwrap()
+            .unwrap();
+        assert!(ratio < 1.0, "{ratio}");
+    }
+
+    #[test]
     fn the_same_device_keeps_every_time_and_a_cpu_is_not_split() {
         let model = ModelProfile::load("resnet50").unwrap();
         let v100 = device("v100-sxm2-32gb");

@@ -249,6 +249,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_gpu_without_sms_or_with_a_bad_tf32_peak_is_an_error_naming_the_field() {
+        let good = DeviceProfile::load("a100-sxm4-40gb").unwrap();
+        for (field, mutate) in [
+            (
+                "sm_count",
+                (|d: &mut DeviceProfile| d.sm_count = Some(0)) as fn(&mut _),
+            ),
+            ("peak_tf32_tflops", |d| d.peak_tf32_tflops = Some(-1.0)),
+            ("peak_tf32_tflops", |d| d.peak_tf32_tflops = Some(f64::NAN)),
+        ] {
+            let mut device = good.clone();
+            mutate(&mut device);
+            let err = device.validate("a100").unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
+
+    #[test]
     fn only_a_sparsifier_may_cost_per_kept_element() {
         let mut device = DeviceProfile::load("v100-sxm2-32gb").unwrap();
         device
