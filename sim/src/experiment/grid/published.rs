@@ -61,7 +61,8 @@ impl Metric {
         }
     }
 
-    /// The metric of `config` at `gpus` in the cells of one panel; `None` if it was skipped.
+    /// The metric of `config` among `cells`, those of one panel at one GPU count; `None` if it
+    /// was skipped.
     fn of(self, cells: &[&Cell], config: &str) -> Option<f64> {
         let cell = cells.iter().find(|c| c.config.label == config)?;
         match self {
