@@ -2,8 +2,8 @@
 
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
-use crate::flops::{forward_macs_per_sample, peak_tflops};
-use crate::model::ModelProfile;
+use crate::flops::{forward_macs_per_sample, peak_tflops, tensor_macs_per_sample};
+use crate::model::{ModelProfile, Tensor};
 
 /// The fraction of the datasheet peak a large cuBLAS matmul reaches, which a step's arithmetic
 /// is assumed to run at: 86.9 % on A100 and 80.3 % on H100 SXM (BF16, torch.matmul;
@@ -29,11 +29,7 @@ impl Split {
     fn of(model: &ModelProfile, device: &DeviceProfile) -> Option<Split> {
         let arithmetic = model.arithmetic.as_ref()?;
         let total_macs = forward_macs_per_sample(model)?;
-        let tensor_macs: u128 = model
-            .tensors
-            .iter()
-            .map(|t| u128::from(t.numel) * u128::from(t.uses_per_sample))
-            .sum();
+        let tensor_macs = tensor_macs_per_sample(model);
         let share = if tensor_macs == 0 {
             0.0
         } else {
@@ -59,14 +55,26 @@ impl Split {
         (us / measured_us).min(1.0)
     }
 
-    /// Every forward and backward step: (measured µs, its tensor's multiply-adds, passes), the
-    /// backward computing the input's and the weight's gradients, twice the forward.
+    /// Every forward and backward step: (measured µs, its tensor's multiply-adds, passes).
     fn steps(model: &ModelProfile) -> impl Iterator<Item = (f64, f64, f64)> + '_ {
         model.tensors.iter().flat_map(|t| {
-            let macs = (t.numel as f64) * (t.uses_per_sample as f64);
-            [(t.forward_us, macs, 1.0), (t.backward_us, macs, 2.0)]
+            let macs = tensor_macs(t);
+            [
+                (t.forward_us, macs, FORWARD_PASSES),
+                (t.backward_us, macs, BACKWARD_PASSES),
+            ]
         })
     }
+}
+
+/// Passes over a tensor's multiply-adds in its forward step, and in its backward step, which
+/// computes the input's and the weight's gradients: twice the forward.
+const FORWARD_PASSES: f64 = 1.0;
+const BACKWARD_PASSES: f64 = 2.0;
+
+/// A tensor's forward multiply-adds per sample.
+fn tensor_macs(t: &Tensor) -> f64 {
+    (t.numel as f64) * (t.uses_per_sample as f64)
 }
 
 /// The profile's steps as they would run on `to`, with the fraction of the measured compute time
@@ -106,9 +114,9 @@ pub fn carry(
     };
     let mut carried = model.clone();
     for tensor in &mut carried.tensors {
-        let macs = (tensor.numel as f64) * (tensor.uses_per_sample as f64);
-        tensor.backward_us = carried_us(tensor.backward_us, macs, 2.0);
-        tensor.forward_us = carried_us(tensor.forward_us, macs, 1.0);
+        let macs = tensor_macs(tensor);
+        tensor.backward_us = carried_us(tensor.backward_us, macs, BACKWARD_PASSES);
+        tensor.forward_us = carried_us(tensor.forward_us, macs, FORWARD_PASSES);
     }
     // The optimizer streams parameters, gradients and state: bound by memory.
     carried.optimizer_us = model.optimizer_us * memory_ratio;

@@ -40,6 +40,19 @@ impl Contention {
     }
 }
 
+/// How much compute slows while a collective shares the device: what the device profile
+/// measured for NCCL, what the device and NCCL's channels and traffic price, or 1 for a library
+/// that moves and sums on the host (MPI and gloo on an accelerator cluster; Horovod built without
+/// GPU operations registers its TensorFlow ops for the CPU only, `REGISTER_KERNEL_BUILDER(...
+/// DEVICE_GPU ...)` only under `HOROVOD_GPU_ALLREDUCE` in horovod/tensorflow/mpi_ops.cc).
+pub fn collective_slowdown(scenario: &Scenario) -> Result<f64> {
+    let measured = scenario.device.contention.compute_slowdown_with_collective;
+    Ok(match (&scenario.cluster.library, measured) {
+        (Library::Nccl(_), Some(measured)) => measured,
+        _ => nccl_contention(scenario)?.map_or(1.0, |c| c.slowdown()),
+    })
+}
+
 /// The contention of an NCCL cluster's collectives with the model's compute, from the device's
 /// SMs and memory bandwidth, NCCL's channels and the rate of an allreduce of every gradient;
 /// `None` for a library that works on the host, a world of one rank, or a device whose profile

@@ -135,15 +135,15 @@ impl DeviceProfile {
             "GB/s",
         )?;
         // Speeds may be tiny (a measured CPU) but not zero; bounded so times stay in range.
+        let tf32 = self.peak_tf32_tflops.map(|v| ("peak_tf32_tflops", v));
         for (field, value) in [
             ("peak_fp32_tflops", self.peak_fp32_tflops),
             ("peak_fp16_tflops", self.peak_fp16_tflops),
             ("compute_speed_vs_v100", self.compute_speed_vs_v100),
-            (
-                "peak_tf32_tflops",
-                self.peak_tf32_tflops.unwrap_or(self.peak_fp32_tflops),
-            ),
-        ] {
+        ]
+        .into_iter()
+        .chain(tf32)
+        {
             limits::check_positive_at_most(label, field, value, limits::MAX_RATE)?;
         }
         if self.sm_count == Some(0) {

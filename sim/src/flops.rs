@@ -12,12 +12,17 @@ pub const SUSPICIOUS_FRACTION: f64 = 0.70;
 /// profile's parameter-free ones. `None` for a profile without an `arithmetic` section.
 pub fn forward_macs_per_sample(model: &ModelProfile) -> Option<u128> {
     let arithmetic = model.arithmetic.as_ref()?;
-    let tensors: u128 = model
+    Some(tensor_macs_per_sample(model) + u128::from(arithmetic.parameter_free_macs_per_sample))
+}
+
+/// Forward multiply-adds per sample that involve a parameter tensor: its elements ×
+/// `uses_per_sample`, summed over the tensors.
+pub fn tensor_macs_per_sample(model: &ModelProfile) -> u128 {
+    model
         .tensors
         .iter()
         .map(|t| u128::from(t.numel) * u128::from(t.uses_per_sample))
-        .sum();
-    Some(tensors + u128::from(arithmetic.parameter_free_macs_per_sample))
+        .sum()
 }
 
 /// Forward multiply-adds per sample of the head: the layers whose backward runs before the first

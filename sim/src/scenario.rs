@@ -1,13 +1,13 @@
 //! A scenario: a model on a cluster with its device profiles resolved and checked; plans run on it.
 
 use crate::carry::carry;
-use crate::contention::nccl_contention;
+use crate::contention::collective_slowdown;
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::framework::Framework;
 use crate::model::ModelProfile;
 use crate::schedule::World;
-use crate::topology::{Cluster, Library};
+use crate::topology::Cluster;
 
 /// Everything a simulation needs besides the plan, validated against each other.
 #[derive(Clone, Debug)]
@@ -28,12 +28,8 @@ pub struct Scenario {
     /// The framework that runs the plan, whose per-call costs the cost pass adds (none: the
     /// plan's steps alone, as `exec`'s backends run them).
     pub framework: Option<Framework>,
-    /// How much compute slows while a collective's kernels share the device: measured in the
-    /// device profile, priced from the device and NCCL (`crate::contention`), or 1 for a
-    /// library that moves and sums on the host (MPI and gloo on an accelerator cluster;
-    /// Horovod built without GPU operations registers its TensorFlow ops for the CPU only,
-    /// `REGISTER_KERNEL_BUILDER(... DEVICE_GPU ...)` only under `HOROVOD_GPU_ALLREDUCE` in
-    /// horovod/tensorflow/mpi_ops.cc).
+    /// How much compute slows while a collective's kernels share the device
+    /// (`crate::contention::collective_slowdown`).
     pub collective_slowdown: f64,
 }
 
@@ -59,13 +55,7 @@ impl Scenario {
             framework: None,
             collective_slowdown: 1.0,
         };
-        scenario.collective_slowdown = match (
-            &scenario.cluster.library,
-            scenario.device.contention.compute_slowdown_with_collective,
-        ) {
-            (Library::Nccl(_), Some(measured)) => measured,
-            _ => nccl_contention(&scenario)?.map_or(1.0, |c| c.slowdown()),
-        };
+        scenario.collective_slowdown = collective_slowdown(&scenario)?;
         Ok(scenario)
     }
 

@@ -96,6 +96,19 @@ impl Pair<'_> {
     fn error_percent(&self) -> Option<f64> {
         self.predicted.map(|p| (p / self.published - 1.0) * 100.0)
     }
+
+    /// Whether a fit used the value (its config is among the block's `fitted`).
+    fn fitted(&self) -> bool {
+        self.block.fitted.iter().any(|c| c == self.config)
+    }
+
+    fn role(&self) -> &'static str {
+        if self.fitted() {
+            "fitted"
+        } else {
+            "held out"
+        }
+    }
 }
 
 impl Published {
@@ -266,20 +279,6 @@ impl Published {
             let _ = writeln!(md, "- `{id}`: {text}");
         }
         (csv.into_text(), md)
-    }
-}
-
-impl Pair<'_> {
-    fn fitted(&self) -> bool {
-        self.block.fitted.iter().any(|c| c == self.config)
-    }
-
-    fn role(&self) -> &'static str {
-        if self.fitted() {
-            "fitted"
-        } else {
-            "held out"
-        }
     }
 }
 
