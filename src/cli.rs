@@ -286,6 +286,11 @@ pub struct SimulateArgs {
     /// DDP's bucket cap and DeAR's fusion threshold in MiB.
     #[arg(long, default_value_t = 25.0, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub bucket_mb: f64,
+    /// DDP's first bucket in MiB (first_bucket_bytes_cap). 1 as in PyTorch 1.x, whatever
+    /// bucket_cap_mb; recent PyTorch (2.15 checked) keeps 1 MiB only when bucket_cap_mb is left
+    /// at its default and otherwise caps the first bucket like the others: pass --bucket-mb's value.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = crate::args::number)]
+    pub first_bucket_mb: f64,
     /// Partition size of bytescheduler and byteps/ps in MiB (BytePS: 4,096,000 bytes).
     #[arg(long, default_value_t = 3.90625, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub partition_mb: f64,

@@ -253,6 +253,7 @@ fn extreme_numeric_flags_are_answered_or_refused() {
         "--fusion-mb",
         "--cycle-ms",
         "--bucket-mb",
+        "--first-bucket-mb",
         "--partition-mb",
         "--credit",
         "--ps-servers",

@@ -189,12 +189,12 @@ fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
         fusion_bytes: mib("--fusion-mb", args.fusion_mb)?,
         cycle_us: limits::flag_duration_us("--cycle-ms", args.cycle_ms, args.cycle_ms * 1e3)?,
         bucket_bytes: mib("--bucket-mb", args.bucket_mb)?,
+        first_bucket_bytes: mib("--first-bucket-mb", args.first_bucket_mb)?,
         partition_bytes: mib("--partition-mb", args.partition_mb)?,
         credit: comm_streams("--credit", args.credit)?,
         ps_servers: args.ps_servers,
         compressor: args.compressor.parse()?,
         memory: args.memory.parse()?,
-        ..StrategyOptions::default()
     })
 }
 
