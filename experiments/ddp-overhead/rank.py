@@ -1,7 +1,8 @@
-"""One rank of the DDP-overhead experiment: the same model and batches trained by PyTorch DDP (with its fp16 or PowerSGD comm hook) or by syncopate.torch.DistributedOptimizer under the equivalent plan; prints the measured iteration times as one JSON line."""
+"""One rank of the DDP experiments (ddp-overhead, ddp-lab): the same model and batches trained by PyTorch DDP (its bucket size, with its fp16 or PowerSGD comm hook) or by syncopate.torch.DistributedOptimizer under the equivalent plan; prints the measured iteration times as one JSON line."""
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -12,27 +13,34 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 WIDTH = 1024
-BATCH = 64
 
 
-def model():
-    """A 5-layer perceptron, 4.2 M parameters (16.8 MB of fp32 gradients)."""
+def model(layers, norm):
+    """A perceptron of `layers` hidden layers of width 1024 (4.2 M parameters each), each followed
+    by a LayerNorm when `norm` (two small tensors per layer, as the normalization layers of real
+    networks give DDP's buckets), and a 10-way head."""
     torch.manual_seed(0)
-    layers = []
-    for _ in range(4):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10))
+    modules = []
+    for _ in range(layers):
+        modules += [torch.nn.Linear(WIDTH, WIDTH), *([torch.nn.LayerNorm(WIDTH)] if norm else []), torch.nn.ReLU()]
+    return torch.nn.Sequential(*modules, torch.nn.Linear(WIDTH, 10))
 
 
-def batch(rank, step):
+def model_name(layers, norm):
+    """The profile's model name: mlp-1024 is ddp-overhead's 4 layers without normalization."""
+    return "mlp-1024" if (layers, norm) == (4, False) else f"mlp{'-ln' if norm else ''}-{layers}x{WIDTH}"
+
+
+def batch(rank, step, size):
     generator = torch.Generator().manual_seed(rank * 100_003 + step)
-    x = torch.randn(BATCH, WIDTH, generator=generator)
-    return x, torch.randint(0, 10, (BATCH,), generator=generator)
+    x = torch.randn(size, WIDTH, generator=generator)
+    return x, torch.randint(0, 10, (size,), generator=generator)
 
 
-def ddp(net, compressor):
-    """DDP with the comm hook that does what `compressor` does (default buckets: 1 MiB, then 25 MiB)."""
-    wrapped = torch.nn.parallel.DistributedDataParallel(net)
+def ddp(net, compressor, bucket_mb):
+    """DDP with the comm hook that does what `compressor` does; buckets of `bucket_mb` MiB after
+    DDP's first bucket of 1 MiB (DDP's default 25)."""
+    wrapped = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=bucket_mb)
     if compressor == "fp16":
         wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif compressor == "powersgd:4":
@@ -52,13 +60,13 @@ def wrapper(net, plan):
     return net, DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01), net, plan)
 
 
-def iteration_times(net, optimizer, rank, warmup, iterations):
+def iteration_times(net, optimizer, rank, warmup, iterations, size):
     """Wall-clock time of each measured step on this rank, after a barrier (ms)."""
     times = []
     dist.barrier()
     start = time.perf_counter()
     for step in range(warmup + iterations):
-        x, y = batch(rank, step)
+        x, y = batch(rank, step, size)
         optimizer.zero_grad()
         F.cross_entropy(net(x), y).backward()
         optimizer.step()
@@ -69,40 +77,84 @@ def iteration_times(net, optimizer, rank, warmup, iterations):
     return times
 
 
-def main(argv):
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--engine", choices=["ddp", "syncopate"], help="who synchronizes the gradients")
-    p.add_argument("--compressor", default="none")
-    p.add_argument("--plan", help="the plan (syncopate engine)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iterations", type=int, default=20)
-    p.add_argument("--profile", metavar="OUT", help="record the model's profile to OUT on one process and exit")
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    if args.profile:
-        from syncopate.torch import model_profile
+def record_profile(args):
+    """The model's profile (syncopate.torch.model_profile) written to args.profile by rank 0; with
+    WORLD_SIZE > 1 every rank records at once and the profile keeps their skew."""
+    from syncopate.torch import model_profile
 
-        net = model()
-        x, y = batch(0, 0)
-        profile = model_profile(net, lambda: F.cross_entropy(net(x), y), name="mlp-1024", batch_size=BATCH,
-                                iterations=20, warmup=5)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    net = model(args.layers, args.norm)
+    x, y = batch(0, 0, args.batch)
+    profile = model_profile(net, lambda: F.cross_entropy(net(x), y), name=model_name(args.layers, args.norm),
+                            batch_size=args.batch, device=args.profile_device, iterations=args.iterations,
+                            warmup=args.warmup, rank_skew=world > 1)
+    if world > 1:
+        profile["description"] += f"; {world} ranks computing at once on this machine, one torch thread each"
+    if int(os.environ.get("RANK", "0")) == 0:
         with open(args.profile, "w") as f:
             json.dump(profile, f, indent=1)
-        return
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    net, optimizer = ddp(model(), args.compressor) if args.engine == "ddp" else wrapper(model(), args.plan)
-    times = iteration_times(net, optimizer, rank, args.warmup, args.iterations)
-    if args.engine == "syncopate":
-        optimizer.flush()
-    if rank == 0:
-        print("RESULT " + json.dumps({"engine": args.engine, "compressor": args.compressor,
-                                      "iteration_ms": statistics.median(times), "times_ms": times}), flush=True)
+    if world > 1:
+        leave()
+
+
+def leave():
+    """Every rank done, then the process group torn down."""
     dist.barrier()
     # Gloo's worker threads release the last collectives a moment after they complete and need the
     # interpreter to do so (syncopate.torch's Link.settle does this for its own; DDP's are not its).
     time.sleep(0.1)
     dist.destroy_process_group()
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--engine", choices=["ddp", "syncopate"], help="who synchronizes the gradients")
+    p.add_argument("--compressor", default="none")
+    p.add_argument("--plan", help="the plan (syncopate engine)")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (ddp engine)")
+    p.add_argument("--layers", type=int, default=4, help="hidden layers of width 1024")
+    p.add_argument("--norm", action="store_true", help="a LayerNorm after each hidden layer")
+    p.add_argument("--batch", type=int, default=64, help="samples per rank and iteration")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--compute-iterations", type=int, default=0,
+                   help="ddp engine: then time this many steps without communication (DDP's no_sync)")
+    p.add_argument("--profile", metavar="OUT",
+                   help="record the model's profile to OUT and exit: on one process, or on every rank of a "
+                        "torchrun world at once (the compute each rank gets when they share the cores)")
+    p.add_argument("--profile-device", default="host-2core", help="the device profile the recorded timings belong to")
+    args = p.parse_args(argv)
+    if args.compute_iterations < 0:
+        p.error(f"--compute-iterations: {args.compute_iterations} is negative")
+    for name in ("layers", "batch", "iterations"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name}: {getattr(args, name)} is not a positive integer")
+    if not args.bucket_mb > 0:
+        p.error(f"--bucket-mb: {args.bucket_mb} is not a positive number")
+    torch.set_num_threads(1)
+    if args.profile:
+        record_profile(args)
+        return
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    net = model(args.layers, args.norm)
+    net, optimizer = ddp(net, args.compressor, args.bucket_mb) if args.engine == "ddp" else wrapper(net, args.plan)
+    times = iteration_times(net, optimizer, rank, args.warmup, args.iterations, args.batch)
+    result = {"engine": args.engine, "compressor": args.compressor, "iteration_ms": statistics.median(times),
+              "times_ms": times}
+    if args.engine == "syncopate":
+        optimizer.flush()
+    elif args.compute_iterations:
+        # The same steps without DDP's communication (no_sync), right after the measured ones and
+        # on every rank at once: the compute each rank got during this run on this shared machine.
+        with net.no_sync():
+            compute = iteration_times(net, optimizer, rank, 1, args.compute_iterations, args.batch)
+        result["compute_ms"] = statistics.median(compute)
+    if rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    leave()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ results.csv, README.md's results and overhead.svg here. One command:
 
 import argparse
 import csv
-import json
 import pathlib
 import random
 import statistics
@@ -20,7 +19,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import end_on_sigterm, fit_gloo, require_release_package, sh, splice_readme, write_csv  # noqa: E402
+from runner import end_on_sigterm, fit_gloo, lab_result, require_release_package, sh, splice_readme, write_csv  # noqa: E402
 RANK = HERE / "rank.py"
 COMPRESSORS = [("none", "none"), ("fp16", "none"), ("powersgd:4", "residual")]
 ENGINES = ["ddp", "syncopate"]
@@ -55,19 +54,11 @@ RUN_TIMEOUT_S = 60
 def run_one(opts, engine, compressor):
     """One run of `iterations` steps on the lab; the median of rank 0's step times, or None when
     the run did not finish within RUN_TIMEOUT_S."""
-    args = [opts.syncopate, "lab", "run", "--name", opts.lab, "--timeout-s", RUN_TIMEOUT_S, "--", *rank_command(opts), "--engine", engine, "--compressor", compressor, "--iterations", opts.iterations]
+    command = [*rank_command(opts), "--engine", engine, "--compressor", compressor, "--iterations", opts.iterations]
     if engine == "syncopate":
-        args += ["--plan", HERE / "plans" / f"{slug(compressor)}.json"]
-    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
-    if done.returncode != 0 and "timed out" in done.stderr:
-        return None
-    if done.returncode != 0:
-        raise RuntimeError(f"{engine} {compressor} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
-    out = done.stdout
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
-    if len(results) != 1:
-        raise RuntimeError(f"{engine} {compressor}: expected one RESULT line from rank 0, got:\n{out}")
-    return results[0]["iteration_ms"]
+        command += ["--plan", HERE / "plans" / f"{slug(compressor)}.json"]
+    result = lab_result(opts.syncopate, opts.lab, RUN_TIMEOUT_S, command, f"{engine} {compressor}")
+    return result["iteration_ms"] if result else None
 
 
 def measure(opts):

@@ -1,14 +1,26 @@
-"""What the digits experiments' run.py scripts share: running a command with its output in the error, refusing a debug build of the package, bringing labs up and down, fitting them to gloo and training on them, the measured iterations of a trace, writing a CSV, and splicing a generated block into a README."""
+"""What the lab experiments' run.py scripts share: running a command with its output in the error, refusing a debug build of the package, bringing labs up and down, fitting them to gloo and training on them, keeping the median of several profile recordings, the measured iterations of a trace, writing a CSV, and splicing a generated block into a README."""
 
 import csv
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
 
 TRAINER = pathlib.Path(__file__).resolve().parent / "train.py"
+
+
+def lab_experiment_arguments(parser, repo, report_only_help):
+    """The arguments every predicted-against-measured lab experiment takes: the CLI, the ranks'
+    interpreter, --report-only and --repredict."""
+    parser.add_argument("--syncopate", default=str(pathlib.Path(repo) / "target" / "release" / "syncopate"))
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--report-only", action="store_true", help=report_only_help)
+    parser.add_argument("--repredict", action="store_true",
+                        help="refit the gloo cluster files to the committed sweeps and predict the committed runs "
+                             "again (no lab, no root), then rewrite the tables")
 
 
 def sh(args, what, timeout, cwd=None):
@@ -72,6 +84,37 @@ def lab_train(syncopate, name, python, args, what, timeout_s):
     return lab_python(syncopate, name, python, [TRAINER, *args], what, timeout_s)
 
 
+def cpu_times():
+    """This machine's CPU time since boot from /proc/stat: (stolen, total) in clock ticks. A
+    virtual machine's hypervisor steals time for other tenants; the share stolen during a run
+    says how much of its spread is theirs."""
+    fields = [int(x) for x in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is already in user)
+    return fields[7], sum(fields[:8])
+
+
+def stolen_pct(before, after):
+    """The share of CPU time the hypervisor stole between two cpu_times() readings, in %."""
+    total = after[1] - before[1]
+    return round((after[0] - before[0]) / total * 100, 1) if total > 0 else 0.0
+
+
+def lab_result(syncopate, name, timeout_s, command, what):
+    """Runs `command` once per node of lab `name` and returns the JSON that rank 0 prints after
+    `RESULT `, or None when the lab stopped the ranks after `timeout_s` (a run that hung).
+    Raises with the output on any other failure."""
+    args = [syncopate, "lab", "run", "--name", name, "--timeout-s", timeout_s, "--", *command]
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout_s + 60)
+    if done.returncode != 0 and "timed out" in done.stderr:
+        return None
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    if len(results) != 1:
+        raise RuntimeError(f"{what}: expected one RESULT line from rank 0, got:\n{done.stdout}")
+    return results[0]
+
+
 # The sizes timed again beside compute: those that move bytes (`beside_compute::FROM_BYTES` up).
 BESIDE_COMPUTE_SIZES = "64K,256K,1M,4M"
 
@@ -100,6 +143,21 @@ def refit_gloo(syncopate, cluster, clusters):
     sweep, busy = f"{cluster}.gloo-sweep.csv", f"{cluster}.gloo-sweep-beside-compute.csv"
     sh([syncopate, "collective", "--cluster", f"{cluster}.json", "--library", "gloo", "--compare", sweep,
         "--beside-compute", busy, "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {cluster}", 300, cwd=clusters)
+
+
+def profile_total(path):
+    """A profile's compute per iteration (forward, backward, optimizer), in µs."""
+    profile = json.loads(pathlib.Path(path).read_text())
+    return sum(t["forward_us"] + t["backward_us"] for t in profile["tensors"]) + profile["optimizer_us"]
+
+
+def keep_median_recording(paths, dest, what):
+    """Copies the recording of median compute among the profiles `paths` to `dest`: the machine
+    is shared, and one recording can catch another job's burst."""
+    ranked = sorted(paths, key=profile_total)
+    totals = ", ".join(f"{profile_total(p) / 1e3:.2f}" for p in ranked)
+    print(f"{what}: compute {totals} ms per iteration; keeping the median", flush=True)
+    shutil.copyfile(ranked[len(ranked) // 2], dest)
 
 
 def measured_iterations(trace, log, checked):

@@ -25,8 +25,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import (TRAINER, end_on_sigterm, fit_gloo, lab_train, lab_up, labs_down, measured_iterations,  # noqa: E402
-                    refit_gloo, require_release_package, sh, splice_readme, write_csv)
+from runner import (TRAINER, end_on_sigterm, fit_gloo, keep_median_recording, lab_experiment_arguments,  # noqa: E402
+                    lab_train, lab_up, labs_down, measured_iterations, refit_gloo, require_release_package, sh,
+                    splice_readme, write_csv)
 
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
 DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
@@ -50,12 +51,6 @@ def config_key(nodes, gbps, compressor):
 # before each seed's runs: the machine is shared, and its speed drifts over the experiment.
 PROFILE_RECORDINGS = 3
 RANK_COUNTS = (1, 2, 4)
-
-
-def profile_total(path):
-    """A profile's compute per iteration (forward, backward, optimizer), in µs."""
-    profile = json.loads(path.read_text())
-    return sum(t["forward_us"] + t["backward_us"] for t in profile["tensors"]) + profile["optimizer_us"]
 
 
 def record_profiles(opts, tags):
@@ -91,11 +86,7 @@ def keep_median_profiles(recordings, purpose):
     """Keeps, per rank count, the recording of median compute as the profile for `purpose`."""
     (HERE / "profiles").mkdir(exist_ok=True)
     for world, paths in recordings.items():
-        ranked = sorted(paths, key=profile_total)
-        kept = ranked[len(ranked) // 2]
-        totals = ", ".join(f"{profile_total(p) / 1e3:.2f}" for p in ranked)
-        print(f"profile at {world} rank(s): compute {totals} ms per iteration; keeping the median", flush=True)
-        shutil.copyfile(kept, profile_path(world, purpose))
+        keep_median_recording(paths, profile_path(world, purpose), f"profile at {world} rank(s)")
 
 
 def labs_up(opts):
@@ -331,11 +322,7 @@ def main():
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--target", type=float, default=0.95, help="target test accuracy (fraction)")
-    p.add_argument("--syncopate", default=str(REPO / "target" / "release" / "syncopate"))
-    p.add_argument("--python", default=sys.executable)
-    p.add_argument("--report-only", action="store_true", help="only rewrite results.csv, README.md and the plots from runs/")
-    p.add_argument("--repredict", action="store_true",
-                   help="refit the gloo cluster files to the committed sweeps and predict the committed runs again (no lab, no root), then rewrite the tables")
+    lab_experiment_arguments(p, REPO, "only rewrite results.csv, README.md and the plots from runs/")
     opts = p.parse_args()
     if opts.seeds < 1 or opts.epochs < 2 or not 0 < opts.target <= 1:
         p.error("--seeds ≥ 1, --epochs ≥ 2 and --target in (0, 1]")
