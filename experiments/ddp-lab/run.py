@@ -37,7 +37,7 @@ BUCKETS_MB = [1, 5, 25, 100]
 HOOKS = [("none", "none", "none"), ("fp16", "fp16", "none"), ("powersgd", "powersgd:4", "residual")]
 # 10 hidden layers of 1024 with LayerNorm: 10.5 M parameters, 42 MB of fp32 gradients in 42
 # tensors (weights of 4.2 MB, biases and norms of 4 KB), so that each bucket size gives DDP a
-# different bucketing (10, 6, 3 and 2 buckets), and a batch whose compute (about 0.3 s on one core) is of the
+# different bucketing (10, 5, 2 and 1 buckets, the first capped like the others), and a batch whose compute (about 0.3 s on one core) is of the
 # order of one allreduce of the gradients at 1 Gb/s, so that overlap decides.
 MODEL = ["--layers", 10, "--norm", "--batch", 256]
 WARMUP, ITERATIONS = 3, 12
