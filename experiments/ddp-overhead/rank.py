@@ -38,8 +38,9 @@ def batch(rank, step, size):
 
 
 def ddp(net, compressor, bucket_mb):
-    """DDP with the comm hook that does what `compressor` does; buckets of `bucket_mb` MiB after
-    DDP's first bucket of 1 MiB (DDP's default 25)."""
+    """DDP with the comm hook that does what `compressor` does; `bucket_mb` is bucket_cap_mb, None
+    for DDP's default (a first bucket of 1 MiB, then 25 MiB; PyTorch 2.15 caps the first bucket
+    like the others when a cap is given)."""
     wrapped = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=bucket_mb)
     if compressor == "fp16":
         wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -113,7 +114,7 @@ def main(argv):
     p.add_argument("--engine", choices=["ddp", "syncopate"], help="who synchronizes the gradients")
     p.add_argument("--compressor", default="none")
     p.add_argument("--plan", help="the plan (syncopate engine)")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (ddp engine)")
+    p.add_argument("--bucket-mb", type=float, help="DDP's bucket_cap_mb (ddp engine; default: DDP's own)")
     p.add_argument("--layers", type=int, default=4, help="hidden layers of width 1024")
     p.add_argument("--norm", action="store_true", help="a LayerNorm after each hidden layer")
     p.add_argument("--batch", type=int, default=64, help="samples per rank and iteration")
@@ -131,7 +132,7 @@ def main(argv):
     for name in ("layers", "batch", "iterations"):
         if getattr(args, name) < 1:
             p.error(f"--{name}: {getattr(args, name)} is not a positive integer")
-    if not args.bucket_mb > 0:
+    if args.bucket_mb is not None and not args.bucket_mb > 0:
         p.error(f"--bucket-mb: {args.bucket_mb} is not a positive number")
     torch.set_num_threads(1)
     if args.profile:
