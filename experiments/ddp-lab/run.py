@@ -85,6 +85,11 @@ def record_profiles(opts):
         keep_median_recording(paths, profile_path(nodes), f"profile at {nodes} ranks")
 
 
+def row_key(row):
+    """A results.csv row's configuration: (nodes, Gb/s, hook, bucket MB), as configs() names it."""
+    return int(row["nodes"]), float(row["gbps"]), row["hook"], int(row["bucket_mb"])
+
+
 def configs():
     return [(name, nodes, gbps, hook, bucket) for name, nodes, gbps in LABS for hook, _, _ in HOOKS
             for bucket in BUCKETS_MB]
@@ -94,8 +99,7 @@ def measure(opts, rows):
     """Every configuration once per repeat after `rows` (runs already measured), in a fresh order
     seeded by the repeat; a configuration that hung is not run again (DDP's PowerSGD hook on
     gloo)."""
-    key_of = lambda r: (int(r["nodes"]), float(r["gbps"]), r["hook"], int(r["bucket_mb"]))  # noqa: E731
-    hung = {key_of(r) for r in rows if r["iteration_ms"] == "hung"}
+    hung = {row_key(r) for r in rows if r["iteration_ms"] == "hung"}
     first = max((int(r["repeat"]) for r in rows), default=-1) + 1
     compressor = {hook: c for hook, c, _ in HOOKS}
     for repeat in range(first, first + opts.repeats):
@@ -123,13 +127,11 @@ def measure(opts, rows):
 
 
 def run_compute_ms(runs):
-    """Per configuration (lab key, hook, bucket), the median compute of its runs (ms), where
-    they measured it."""
+    """Per configuration (row_key), the median compute of its runs (ms), where they measured it."""
     found = {}
     for r in runs:
         if r.get("compute_ms"):
-            key = (lab_key(int(r["nodes"]), float(r["gbps"])), r["hook"], int(r["bucket_mb"]))
-            found.setdefault(key, []).append(float(r["compute_ms"]))
+            found.setdefault(row_key(r), []).append(float(r["compute_ms"]))
     return {k: statistics.median(v) for k, v in found.items()}
 
 
@@ -162,7 +164,7 @@ def predict(opts):
             for bucket in BUCKETS_MB:
                 key = f"{lab_key(nodes, gbps)}-{hook}-{bucket}mb"
                 profiles = {"pytorch-ddp": profile_path(nodes), "none": profile_path(nodes)}
-                compute = measured_compute.get((lab_key(nodes, gbps), hook, bucket))
+                compute = measured_compute.get((nodes, gbps, hook, bucket))
                 if compute:
                     profiles["run-compute"] = scaled_profile(nodes, compute, key)
                 entry = {}
@@ -224,8 +226,7 @@ def report():
     predictions = json.loads((HERE / "predictions.json").read_text())
     rows = []
     for _, nodes, gbps, hook, bucket in configs():
-        mine = [r for r in runs if (int(r["nodes"]), float(r["gbps"]), r["hook"], int(r["bucket_mb"]))
-                == (nodes, gbps, hook, bucket)]
+        mine = [r for r in runs if row_key(r) == (nodes, gbps, hook, bucket)]
         times = [float(r["iteration_ms"]) for r in mine if r["iteration_ms"] not in ("hung", "not run")]
         stolen = [float(r["stolen_pct"]) for r in mine if r.get("stolen_pct")]
         entry = predictions[f"{lab_key(nodes, gbps)}-{hook}-{bucket}mb"]
