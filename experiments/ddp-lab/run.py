@@ -24,8 +24,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import (cpu_times, end_on_sigterm, fit_gloo, keep_median_recording, lab_experiment_arguments,  # noqa: E402
-                    lab_result, lab_up, labs_down, profile_total, refit_gloo, sh, splice_readme, stolen_pct, write_csv)
+from runner import (compute_us, cpu_times, end_on_sigterm, fit_gloo, keep_median_recording,  # noqa: E402
+                    lab_experiment_arguments, lab_result, lab_up, labs_down, refit_gloo, sh, splice_readme, stolen_pct,
+                    write_csv)
 
 RANK = REPO / "experiments" / "ddp-overhead" / "rank.py"
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
@@ -139,7 +140,7 @@ def scaled_profile(nodes, compute_ms, name):
     """The profile at `nodes` ranks with every time scaled so that its compute per iteration is
     `compute_ms`: the per-tensor shape of the recording, the level the run measured."""
     profile = json.loads(profile_path(nodes).read_text())
-    factor = compute_ms * 1e3 / profile_total(profile_path(nodes))
+    factor = compute_ms * 1e3 / compute_us(profile)
     for tensor in profile["tensors"]:
         tensor["forward_us"] *= factor
         tensor["backward_us"] *= factor

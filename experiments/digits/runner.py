@@ -145,10 +145,14 @@ def refit_gloo(syncopate, cluster, clusters):
         "--beside-compute", busy, "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {cluster}", 300, cwd=clusters)
 
 
-def profile_total(path):
-    """A profile's compute per iteration (forward, backward, optimizer), in µs."""
-    profile = json.loads(pathlib.Path(path).read_text())
+def compute_us(profile):
+    """A loaded profile's compute per iteration (forward, backward, optimizer), in µs."""
     return sum(t["forward_us"] + t["backward_us"] for t in profile["tensors"]) + profile["optimizer_us"]
+
+
+def profile_total(path):
+    """The compute per iteration of the profile in file `path`, in µs."""
+    return compute_us(json.loads(pathlib.Path(path).read_text()))
 
 
 def keep_median_recording(paths, dest, what):
