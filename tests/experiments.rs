@@ -210,6 +210,17 @@ fn sweep_writes_table_csv_and_svg() {
     assert!(has_svg(&out_dir));
 }
 
+/// The cell of sweep.csv in `column` on the row of `strategy`, both found by the header's names.
+fn sweep_cell(csv: &str, strategy: &str, column: &str) -> String {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let line = lines
+        .find(|l| l.split(',').nth(at("strategy")) == Some(strategy))
+        .unwrap();
+    line.split(',').nth(at(column)).unwrap().to_string()
+}
+
 #[test]
 fn sweep_prices_the_framework_asked_for() {
     let run = |framework: &str| {
@@ -233,16 +244,11 @@ fn sweep_prices_the_framework_asked_for() {
     };
     let time = |dir: &std::path::Path, strategy: &str| -> (String, f64) {
         let csv = std::fs::read_to_string(dir.join("sweep.csv")).unwrap();
-        let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
-        let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
-        let line = csv
-            .lines()
-            .find(|l| l.split(',').nth(column("strategy")) == Some(strategy))
-            .unwrap();
-        let fields: Vec<&str> = line.split(',').collect();
         (
-            fields[column("framework")].to_string(),
-            fields[column("iteration_time_ms")].parse().unwrap(),
+            sweep_cell(&csv, strategy, "framework"),
+            sweep_cell(&csv, strategy, "iteration_time_ms")
+                .parse()
+                .unwrap(),
         )
     };
     let (code, err, none) = run("none");
@@ -288,20 +294,15 @@ fn sweep_compresses_tensor_by_tensor_when_asked() {
         assert!(out.status.success(), "{}", stderr(&out));
         std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap()
     };
-    let field = |csv: &str, strategy: &str, column: &str| -> String {
-        let mut lines = csv.lines();
-        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-        let at = header.iter().position(|&c| c == column).unwrap();
-        let line = lines
-            .find(|l| l.split(',').nth(6) == Some(strategy))
-            .unwrap();
-        line.split(',').nth(at).unwrap().to_string()
-    };
     let (group, tensor) = (run("group"), run("tensor"));
-    assert_eq!(field(&group, "horovod", "codec_calls"), "group");
-    assert_eq!(field(&tensor, "horovod", "codec_calls"), "tensor");
+    assert_eq!(sweep_cell(&group, "horovod", "codec_calls"), "group");
+    assert_eq!(sweep_cell(&tensor, "horovod", "codec_calls"), "tensor");
     // 161 top-k calls instead of one per fusion group: more floors to pay.
-    let time = |csv: &str| -> f64 { field(csv, "horovod", "iteration_time_ms").parse().unwrap() };
+    let time = |csv: &str| -> f64 {
+        sweep_cell(csv, "horovod", "iteration_time_ms")
+            .parse()
+            .unwrap()
+    };
     assert!(
         time(&tensor) > time(&group),
         "{} vs {}",
@@ -309,8 +310,8 @@ fn sweep_compresses_tensor_by_tensor_when_asked() {
         time(&group)
     );
     // MergeComp prices one call per group: skipped with the reason, not failed.
-    assert!(field(&tensor, "mergecomp", "status").contains("codec_calls"));
-    assert_eq!(field(&group, "mergecomp", "status"), "ok");
+    assert!(sweep_cell(&tensor, "mergecomp", "status").contains("codec_calls"));
+    assert_eq!(sweep_cell(&group, "mergecomp", "status"), "ok");
 }
 
 #[test]
