@@ -1,5 +1,5 @@
 //! Embeds the shipped data files (profiles/models, profiles/devices, profiles/frameworks,
-//! topologies) into the library, so that a shipped name resolves wherever the binary runs.
+//! profiles/codecs, topologies) into the library, so that a shipped name resolves wherever the binary runs.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -12,6 +12,7 @@ fn main() {
         ("SHIPPED_DEVICES", "profiles/devices"),
         ("SHIPPED_CLUSTERS", "topologies"),
         ("SHIPPED_FRAMEWORKS", "profiles/frameworks"),
+        ("SHIPPED_CODECS", "profiles/codecs"),
     ] {
         let dir = root.join(dir);
         println!("cargo:rerun-if-changed={}", dir.display());

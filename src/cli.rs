@@ -65,6 +65,8 @@ pub enum ListWhat {
     Clusters,
     /// Frameworks that run a plan (`--framework`), with their per-call costs.
     Frameworks,
+    /// Codec sets: compressors as a system writes them (`--codecs`), with their ops and bytes.
+    Codecs,
     /// Compressors and error-feedback memories.
     Compressors,
     /// Named baseline strategies.
@@ -277,6 +279,11 @@ pub struct SimulateArgs {
     /// (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, others none).
     #[arg(long)]
     pub framework: Option<String>,
+    /// The codec set whose implementations compress the plan (see `syncopate list codecs`; a
+    /// name or a path), each op priced by the framework, or `native` for the device profile's
+    /// codec curves; default: the plan's, else native.
+    #[arg(long)]
+    pub codecs: Option<String>,
     /// Horovod's fusion buffer in MiB.
     #[arg(long, default_value_t = 64.0, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub fusion_mb: f64,
@@ -550,6 +557,10 @@ pub struct SweepArgs {
     /// `none`.
     #[arg(long, default_value = "none")]
     pub framework: String,
+    /// The codec set whose implementations compress every plan (see `syncopate list codecs`),
+    /// each op priced by `--framework`; default: the device profile's codec curves.
+    #[arg(long)]
+    pub codecs: Option<String>,
     /// Folder for sweep.csv and sweep.svg (created if missing).
     #[arg(long, default_value = "sweep")]
     pub out: PathBuf,
@@ -596,6 +607,10 @@ pub struct TuneArgs {
     /// or a path), whose per-call costs are added; default none.
     #[arg(long)]
     pub framework: Option<String>,
+    /// The codec set whose implementations compress every candidate (see `syncopate list
+    /// codecs`), each op priced by `--framework`; default: the device profile's codec curves.
+    #[arg(long)]
+    pub codecs: Option<String>,
     /// Write the best plan here (`simulate --plan` on it reproduces the tuned time).
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -1,6 +1,6 @@
 //! The command line end to end: outputs, exit codes and error messages.
 
-use crate::common::{stderr, stdout, syncopate};
+use crate::common::{simulate_json, stderr, stdout, syncopate};
 
 #[test]
 fn collective_text_table_looks_like_nccl_tests() {
@@ -603,4 +603,40 @@ fn an_mpi_cluster_is_refitted_to_an_allreduce_sweep() {
         method.starts_with("refitted by `syncopate collective"),
         "{method}"
     );
+}
+
+#[test]
+fn codecs_written_as_framework_ops_cost_their_ops_once_per_codec_call() {
+    // MergeComp's DGC is 21 PyTorch ops per encode: compressing ResNet-50 tensor by tensor pays
+    // them 161 times, compressing its merged groups a few times; the device's fused kernels
+    // (the native curves) pay a launch or two per call.
+    let time = |codecs: &str, calls: &str| {
+        let summary = simulate_json(&[
+            "--model",
+            "resnet50",
+            "--cluster",
+            "v100-pcie",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "4",
+            "--strategy",
+            "horovod",
+            "--compressor",
+            "dgc:0.01",
+            "--codec-calls",
+            calls,
+            "--codecs",
+            codecs,
+        ]);
+        if codecs != "native" {
+            assert_eq!(summary["codecs"], codecs);
+        }
+        summary["iteration_time_ms"].as_f64().unwrap()
+    };
+    let written = time("mergecomp", "tensor");
+    let merged = time("mergecomp", "group");
+    let native = time("native", "tensor");
+    assert!(written > merged, "{written} vs {merged}");
+    assert!(written > native, "{written} vs {native}");
 }

@@ -19,6 +19,7 @@ pub enum DataKind {
     Device,
     Cluster,
     Framework,
+    Codecs,
 }
 
 impl DataKind {
@@ -28,6 +29,7 @@ impl DataKind {
             DataKind::Device => "device",
             DataKind::Cluster => "cluster",
             DataKind::Framework => "framework",
+            DataKind::Codecs => "codec set",
         }
     }
 
@@ -37,6 +39,7 @@ impl DataKind {
             DataKind::Device => shipped::SHIPPED_DEVICES,
             DataKind::Cluster => shipped::SHIPPED_CLUSTERS,
             DataKind::Framework => shipped::SHIPPED_FRAMEWORKS,
+            DataKind::Codecs => shipped::SHIPPED_CODECS,
         }
     }
 
@@ -52,6 +55,7 @@ impl DataKind {
             DataKind::Device => "profiles/devices",
             DataKind::Cluster => "topologies",
             DataKind::Framework => "profiles/frameworks",
+            DataKind::Codecs => "profiles/codecs",
         }
     }
 }

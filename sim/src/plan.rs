@@ -193,6 +193,11 @@ pub struct Plan {
     /// `exec`'s backends run them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub framework: Option<String>,
+    /// The codec set whose implementations compress the plan (`profiles/codecs/`, a shipped
+    /// name or an absolute path), each op priced by the framework; absent: the device profile's
+    /// codec curves, as `exec`'s kernels run them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codecs: Option<String>,
     /// The model, cluster and options the plan was made for (plans written by `simulate
     /// --save-plan` and `tune --out` record them; older plans do not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -225,6 +230,7 @@ impl Plan {
             wire: Wire::Packed,
             codec_calls: CodecCalls::Group,
             framework: None,
+            codecs: None,
             target: None,
         }
     }

@@ -1,6 +1,7 @@
 //! A scenario: a model on a cluster with its device profiles resolved and checked; plans run on it.
 
 use crate::carry::carry;
+use crate::compress::CodecSet;
 use crate::contention::collective_slowdown;
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
@@ -28,6 +29,9 @@ pub struct Scenario {
     /// The framework that runs the plan, whose per-call costs the cost pass adds (none: the
     /// plan's steps alone, as `exec`'s backends run them).
     pub framework: Option<Framework>,
+    /// The codec set whose implementations compress the plans (their costs are already in
+    /// `device`); none: the device profile's own curves.
+    pub codecs: Option<CodecSet>,
     /// How much compute slows while a collective's kernels share the device
     /// (`crate::contention::collective_slowdown`).
     pub collective_slowdown: f64,
@@ -53,6 +57,7 @@ impl Scenario {
             host_codec: None,
             compute_scale,
             framework: None,
+            codecs: None,
             collective_slowdown: 1.0,
         };
         scenario.collective_slowdown = collective_slowdown(&scenario)?;
@@ -90,6 +95,25 @@ impl Scenario {
     pub fn with_framework(mut self, framework: Option<Framework>) -> Scenario {
         self.framework = framework;
         self
+    }
+
+    /// Price the compressors `codecs` implements as that set writes them, each op at the
+    /// framework's op cost (set the framework first): a plan compressed by them pays what they
+    /// launch.
+    pub fn with_codecs(mut self, codecs: Option<CodecSet>) -> Result<Scenario> {
+        let Some(codecs) = codecs else {
+            return Ok(self);
+        };
+        let Some(framework) = &self.framework else {
+            return Err(SimError::invalid(
+                &codecs.name,
+                "codecs",
+                "are framework ops, priced by the framework that runs the plan: name one (--framework)",
+            ));
+        };
+        self.device = codecs.priced_on(&self.device, framework);
+        self.codecs = Some(codecs);
+        Ok(self)
     }
 
     /// The same model on a single GPU of the same cluster, trained without a data-parallel

@@ -67,6 +67,10 @@ pub struct Summary {
     /// The framework whose per-call costs were added (`crate::framework`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub framework: Option<String>,
+    /// The codec set whose implementations priced the codecs (`crate::compress::CodecSet`), if
+    /// any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub codecs: Option<String>,
     pub world_size: u32,
     /// `symmetric` (one rank stands for all) or `explicit` (every rank simulated).
     pub path: &'static str,
@@ -380,6 +384,7 @@ fn summarize(
         cluster: scenario.cluster.name.clone(),
         strategy: plan.strategy.clone(),
         framework: scenario.framework.as_ref().map(|f| f.name.clone()),
+        codecs: scenario.codecs.as_ref().map(|c| c.name.clone()),
         world_size: world,
         path: if explicit { "explicit" } else { "symmetric" },
         rank_skew_cv: rank_skew_cv(scenario),

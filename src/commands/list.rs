@@ -49,6 +49,13 @@ pub fn run(what: ListWhat) -> anyhow::Result<()> {
                 println!("{name:<16} {}", framework.description);
             }
         }
+        ListWhat::Codecs => {
+            for name in DataKind::Codecs.shipped_names() {
+                let set = compress::CodecSet::load(name)?;
+                let keys: Vec<&str> = set.codecs.keys().map(String::as_str).collect();
+                println!("{name:<16} {} ({})", set.description, keys.join(", "));
+            }
+        }
         ListWhat::Compressors => {
             for entry in compress::catalog() {
                 println!("{:<16} {}", entry.form, entry.description);

@@ -2,6 +2,7 @@
 
 use crate::cli::{Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
+use syncopate_sim::compress::CodecSet;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;
@@ -72,6 +73,24 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     };
     plan.framework = framework.as_ref().map(|(name, _)| name.clone());
     let base = base.with_framework(framework.map(|(_, framework)| framework));
+    // The codecs that compress it: the flag's, else the plan's.
+    let (codecs, codecs_field) = match (&args.codecs, &plan.codecs) {
+        (Some(flag), _) => (Some(flag.clone()), "--codecs".to_string()),
+        (None, Some(name)) => (Some(name.clone()), format!("{label}: `codecs`")),
+        (None, None) => (None, String::new()),
+    };
+    let codecs = match &codecs {
+        Some(name) => CodecSet::named(name).with_context(|| codecs_field.clone())?,
+        None => None,
+    };
+    if let Some((_, set)) = &codecs {
+        set.check_plan(&plan)
+            .with_context(|| codecs_field.clone())?;
+    }
+    plan.codecs = codecs.as_ref().map(|(name, _)| name.clone());
+    let base = base
+        .with_codecs(codecs.map(|(_, set)| set))
+        .with_context(|| codecs_field.clone())?;
     if let Some(streams) = args.comm_streams {
         plan.policy.comm_streams = comm_streams("--comm-streams", streams)?;
     }
@@ -229,9 +248,10 @@ fn noise(args: &SimulateArgs) -> anyhow::Result<NoiseSpec> {
 }
 
 fn print_summary(s: &Summary, scenario: &Scenario) {
-    let framework = match &s.framework {
-        Some(name) => format!(", run by {name}"),
-        None => String::new(),
+    let framework = match (&s.framework, &s.codecs) {
+        (Some(name), Some(codecs)) => format!(", run by {name} with {codecs}'s codecs"),
+        (Some(name), None) => format!(", run by {name}"),
+        (None, _) => String::new(),
     };
     println!(
         "{} on {} ({} GPUs, {} path), strategy {}{framework}",

@@ -3,6 +3,7 @@
 use crate::cli::SweepArgs;
 use crate::plot;
 use anyhow::Context;
+use syncopate_sim::compress::CodecSet;
 use syncopate_sim::compress::{Compressor, Memory};
 use syncopate_sim::framework::Framework;
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -38,6 +39,9 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     if let FrameworkChoice::Named(name) = &framework {
         Framework::named(name).with_context(|| format!("--framework {name}"))?;
     }
+    if let Some(name) = &args.codecs {
+        CodecSet::named(name).with_context(|| format!("--codecs {name}"))?;
+    }
     let grid = Grid {
         model: &args.model,
         cluster: &args.cluster,
@@ -49,6 +53,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         memory,
         codec_calls: args.codec_calls.codec_calls(),
         framework: &framework,
+        codecs: args.codecs.as_deref(),
     };
     let rows = sweep::run(&grid.points(), &StrategyOptions::default())?;
     if rows

@@ -6,6 +6,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::time::Instant;
+use syncopate_sim::compress::CodecSet;
 use syncopate_sim::compress::{auto_specs, Compressor};
 use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;
@@ -118,7 +119,19 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         None => None,
     };
     let framework_name = framework.as_ref().map(|(name, _)| name.clone());
-    let base = Scenario::new(model, cluster)?.with_framework(framework.map(|(_, f)| f));
+    let codecs = match args.codecs.as_deref() {
+        Some(name) => CodecSet::named(name).with_context(|| format!("--codecs {name}"))?,
+        None => None,
+    };
+    if let Some((name, set)) = &codecs {
+        set.check_compressors(compressors.iter().map(|(c, _)| c))
+            .with_context(|| format!("--codecs {name}"))?;
+    }
+    let codecs_name = codecs.as_ref().map(|(name, _)| name.clone());
+    let base = Scenario::new(model, cluster)?
+        .with_framework(framework.map(|(_, f)| f))
+        .with_codecs(codecs.map(|(_, set)| set))
+        .with_context(|| format!("--codecs {}", args.codecs.as_deref().unwrap_or_default()))?;
     let request = TuneRequest {
         space,
         compressors,
@@ -151,6 +164,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     };
     let mut result = tune(&base, &request, &progress)?;
     result.plan.framework = framework_name;
+    result.plan.codecs = codecs_name;
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
     bar.finish_and_clear();
     if let Some(path) = &args.out {

@@ -30,6 +30,7 @@ macro_rules! spec_string_serde {
 
 mod catalog;
 mod fallback;
+mod implementation;
 mod memory;
 
 pub use catalog::{
@@ -37,6 +38,7 @@ pub use catalog::{
     Compressor, Element, Family, Fp8Format, Wire, Work, QSGD_MAX_LEVELS,
 };
 pub use fallback::{CodecCurves, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
+pub use implementation::{CodecSet, Implementation, OpWork, NATIVE};
 pub use memory::{Memory, MemoryCatalogEntry};
 
 /// How the payloads of p workers are combined.

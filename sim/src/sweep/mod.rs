@@ -1,6 +1,6 @@
 //! Grids of simulations (model × cluster layout × strategy × compressor) run in parallel, with infeasible combinations kept as skipped rows.
 
-use crate::compress::{Compressor, Memory};
+use crate::compress::{CodecSet, Compressor, Memory};
 use crate::error::Result;
 use crate::framework::Framework;
 use crate::model::ModelProfile;
@@ -29,6 +29,9 @@ pub struct Point {
     pub codec_calls: CodecCalls,
     /// The framework that runs the point's plan.
     pub framework: FrameworkChoice,
+    /// The codec set that compresses it (`crate::compress::CodecSet`); none: the device's
+    /// curves.
+    pub codecs: Option<String>,
 }
 
 /// Which framework runs a point's plan (`crate::framework`).
@@ -115,6 +118,8 @@ pub struct Grid<'a> {
     pub memory: Memory,
     pub codec_calls: CodecCalls,
     pub framework: &'a FrameworkChoice,
+    /// The codec set of every point (`Point::codecs`).
+    pub codecs: Option<&'a str>,
 }
 
 impl Grid<'_> {
@@ -138,6 +143,7 @@ impl Grid<'_> {
                             scheme: None,
                             codec_calls: self.codec_calls,
                             framework: self.framework.clone(),
+                            codecs: self.codecs.map(str::to_string),
                         });
                     }
                 }
@@ -153,7 +159,13 @@ impl Grid<'_> {
 pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
     let mut models = BTreeMap::new();
     let mut frameworks = BTreeMap::new();
+    let mut codec_sets = BTreeMap::new();
     for point in points {
+        if let Some(name) = &point.codecs {
+            if !codec_sets.contains_key(name) {
+                codec_sets.insert(name.clone(), CodecSet::load(name)?);
+            }
+        }
         if !models.contains_key(&point.model) {
             models.insert(point.model.clone(), ModelProfile::load(&point.model)?);
         }
@@ -172,8 +184,9 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
                 .framework
                 .name(point.strategy)
                 .and_then(|name| frameworks[&name].clone());
-            Ok(Scenario::new(models[&point.model].clone(), cluster)?
-                .with_framework(framework.map(|(_, framework)| framework)))
+            Scenario::new(models[&point.model].clone(), cluster)?
+                .with_framework(framework.map(|(_, framework)| framework))
+                .with_codecs(point.codecs.as_ref().map(|name| codec_sets[name].clone()))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(points
@@ -214,5 +227,9 @@ fn run_point(point: &Point, scenario: Scenario, base: &StrategyOptions) -> Resul
     }
     plan.codec_calls = point.codec_calls;
     plan.framework = scenario.framework.as_ref().map(|f| f.name.clone());
+    if let Some(codecs) = &scenario.codecs {
+        codecs.check_plan(&plan)?;
+        plan.codecs = point.codecs.clone();
+    }
     Ok(simulate(&scenario, &plan, &SimOptions::default())?.summary)
 }

@@ -174,6 +174,7 @@ mod tests {
             memory: Memory::None,
             codec_calls: CodecCalls::Group,
             framework: &sweep::FrameworkChoice::None,
+            codecs: None,
         };
         sweep::run(&grid.points(), &StrategyOptions::default()).unwrap()
     }

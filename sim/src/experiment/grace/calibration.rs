@@ -2,8 +2,8 @@
 
 use super::files::{fitted_marker, CLUSTER_FILE};
 use super::measured::Measurement;
-use super::{GraceSpec, Implementation, MethodSpec, OpWork};
-use crate::compress::{GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
+use super::{GraceSpec, MethodSpec};
+use crate::compress::{Implementation, OpWork, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
 use crate::device::{CodecCost, CostCurve, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::experiment::resolve;
@@ -55,11 +55,7 @@ impl OpCost {
 
     /// The curve of `work` at this price.
     fn curve(&self, work: OpWork) -> CostCurve {
-        CostCurve {
-            floor_us: f64::from(work.ops) * self.us_per_op,
-            ns_per_element: work.bytes_per_element * self.ns_per_byte,
-            ns_per_kept_element: work.bytes_per_kept_element * self.ns_per_byte,
-        }
+        work.curve(self.us_per_op, self.ns_per_byte)
     }
 }
 

@@ -10,7 +10,7 @@ mod report;
 
 use super::Results;
 use crate::chart::Chart;
-use crate::compress::{why_no_kept_cost, Compressor, Memory, Wire};
+use crate::compress::{Compressor, Implementation, Memory, Wire};
 use crate::data;
 use crate::error::{Result, SimError};
 use crate::plan::CodecCalls;
@@ -83,70 +83,6 @@ struct MethodSpec {
     #[serde(default)]
     codec_calls: Option<CodecCalls>,
     note: String,
-}
-
-/// Element-wise work of one phase of a GRACE codec, per tensor: the TensorFlow ops that touch
-/// every element and the bytes they read and write per element of the fp32 tensor.
-#[derive(Clone, Copy, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OpWork {
-    ops: u32,
-    bytes_per_element: f64,
-    /// A sparsifier's bytes per element it keeps (gathering, sending out and scattering the kept
-    /// values), which grow with its ratio.
-    #[serde(default)]
-    bytes_per_kept_element: f64,
-}
-
-impl OpWork {
-    /// Bytes are finite and not negative, and only a sparsifier (`key`) has bytes per kept
-    /// element; `field` names this phase in errors.
-    fn check(&self, label: &str, field: &str, key: &str) -> Result<()> {
-        for (name, bytes) in [
-            ("bytes_per_element", self.bytes_per_element),
-            ("bytes_per_kept_element", self.bytes_per_kept_element),
-        ] {
-            data::check_non_negative(label, &format!("{field}.{name}"), bytes)?;
-        }
-        // Asked only of a kept cost, as device profiles ask it.
-        let why = (self.bytes_per_kept_element > 0.0)
-            .then(|| why_no_kept_cost(key))
-            .flatten();
-        match why {
-            Some(why) => Err(SimError::invalid(
-                label,
-                format!("{field}.bytes_per_kept_element"),
-                why,
-            )),
-            None => Ok(()),
-        }
-    }
-
-    /// Its ops and bytes, as provenance words them.
-    fn describe(&self) -> String {
-        let kept = match self.bytes_per_kept_element {
-            0.0 => String::new(),
-            kept => format!(" and {kept} B per kept element"),
-        };
-        format!(
-            "{} ops and {} B per element{kept}",
-            self.ops, self.bytes_per_element
-        )
-    }
-}
-
-/// A GRACE method's codec as its TensorFlow source does it (sands-lab/grace,
-/// grace_dl/tensorflow): the encode, each payload a rank decodes (the allgather communicator's
-/// slice, the compressor's `decompress`, `add_n` reading it), and once per call (`add_n`'s
-/// output, the compressor's `aggregate`, the average over workers).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Implementation {
-    encode: OpWork,
-    payload: OpWork,
-    call: OpWork,
-    /// The source files and ops counted.
-    source: String,
 }
 
 impl MethodSpec {
@@ -315,17 +251,7 @@ fn check_methods(label: &str, methods: &BTreeMap<String, MethodSpec>) -> Result<
         let (Some(implementation), Some(key)) = (&method.implementation, method.key()?) else {
             continue;
         };
-        for (phase, work) in [
-            ("encode", implementation.encode),
-            ("payload", implementation.payload),
-            ("call", implementation.call),
-        ] {
-            work.check(
-                label,
-                &format!("methods[{name}].implementation.{phase}"),
-                key,
-            )?;
-        }
+        implementation.check(label, &format!("methods[{name}].implementation"), key)?;
     }
     Ok(())
 }

@@ -76,6 +76,10 @@ struct ConfigSpec {
     /// absent: none.
     #[serde(default)]
     framework: Option<String>,
+    /// The codec set that compresses the plan (`profiles/codecs/`: a name, or a path relative
+    /// to the experiment), its ops priced by the framework; absent: the device's curves.
+    #[serde(default)]
+    codecs: Option<String>,
 }
 
 fn no_memory() -> Memory {
@@ -169,6 +173,7 @@ fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
                         .framework
                         .as_deref()
                         .map_or(FrameworkChoice::None, FrameworkChoice::parse),
+                    codecs: config.codecs.as_deref().map(|c| resolve(dir, c)),
                 });
             }
         }

@@ -1,0 +1,329 @@
+//! Codec implementations written as framework ops (MergeComp's PyTorch compressors, Horovod's fp16, GRACE's TensorFlow ones): their ops and bytes per call, priced by the framework and the device.
+//!
+//! A compressor's cost on a device depends on how it is written. A fused CUDA kernel pays one
+//! launch; the same compressor written as a dozen PyTorch ops pays a dozen host dispatches, and
+//! compressing tensor by tensor pays them once per tensor. That is what tensor merging trades
+//! against (MergeComp's layer-wise compression is slower than its merged groups for exactly this
+//! reason). A codec set (`profiles/codecs/*.json`) declares, for each compressor a system ships,
+//! the ops each phase launches and the bytes they move, read from the system's public source and
+//! cited; the framework running the plan prices an op (`op_us`), the device a byte.
+
+use super::{fallback, why_no_kept_cost, Compressor};
+use crate::data::{self, DataKind};
+use crate::device::{CodecCost, CostCurve, DeviceProfile};
+use crate::error::{Result, SimError};
+use crate::framework::Framework;
+use crate::model::{Provenance, Status};
+use crate::plan::Plan;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// Most ops one phase of a codec may declare, and most bytes per element: far above any real
+/// codec, low enough that a time computed from them stays finite and within the duration limit.
+const MAX_OPS: u32 = 10_000;
+const MAX_BYTES_PER_ELEMENT: f64 = 10_000.0;
+
+/// Work of one phase of a codec: the framework ops it launches and the bytes they read and
+/// write per element of the fp32 tensor.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpWork {
+    pub ops: u32,
+    pub bytes_per_element: f64,
+    /// A sparsifier's bytes per element it keeps (gathering, sending out and scattering the kept
+    /// values), which grow with its ratio.
+    #[serde(default)]
+    pub bytes_per_kept_element: f64,
+}
+
+impl OpWork {
+    /// Ops and bytes are bounded and not negative, and only a sparsifier (`key`) has bytes per
+    /// kept element; `field` names this phase in errors.
+    pub fn check(&self, label: &str, field: &str, key: &str) -> Result<()> {
+        if self.ops > MAX_OPS {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.ops"),
+                format!("is 0 to {MAX_OPS}, got {}", self.ops),
+            ));
+        }
+        for (name, bytes) in [
+            ("bytes_per_element", self.bytes_per_element),
+            ("bytes_per_kept_element", self.bytes_per_kept_element),
+        ] {
+            data::check_non_negative(label, &format!("{field}.{name}"), bytes)?;
+            if bytes > MAX_BYTES_PER_ELEMENT {
+                return Err(SimError::invalid(
+                    label,
+                    format!("{field}.{name}"),
+                    format!("is at most {MAX_BYTES_PER_ELEMENT}, got {bytes}"),
+                ));
+            }
+        }
+        // Asked only of a kept cost, as device profiles ask it.
+        let why = (self.bytes_per_kept_element > 0.0)
+            .then(|| why_no_kept_cost(key))
+            .flatten();
+        match why {
+            Some(why) => Err(SimError::invalid(
+                label,
+                format!("{field}.bytes_per_kept_element"),
+                why,
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Its ops and bytes, as provenance words them.
+    pub fn describe(&self) -> String {
+        let kept = match self.bytes_per_kept_element {
+            0.0 => String::new(),
+            kept => format!(" and {kept} B per kept element"),
+        };
+        format!(
+            "{} ops and {} B per element{kept}",
+            self.ops, self.bytes_per_element
+        )
+    }
+
+    /// The cost curve of this work at `us_per_op` and `ns_per_byte`.
+    pub fn curve(&self, us_per_op: f64, ns_per_byte: f64) -> CostCurve {
+        CostCurve {
+            floor_us: f64::from(self.ops) * us_per_op,
+            ns_per_element: self.bytes_per_element * ns_per_byte,
+            ns_per_kept_element: self.bytes_per_kept_element * ns_per_byte,
+        }
+    }
+}
+
+/// One compressor as an implementation writes it: the encode (with its error-feedback memory),
+/// each payload a rank decodes (an allgather's p, an allreduce's one), and once per decode call
+/// (summing the decoded payloads, averaging).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Implementation {
+    pub encode: OpWork,
+    pub payload: OpWork,
+    pub call: OpWork,
+    /// The source files and ops counted.
+    pub source: String,
+}
+
+impl Implementation {
+    /// Every phase checked for compressor `key`; `field` names the implementation in errors.
+    pub fn check(&self, label: &str, field: &str, key: &str) -> Result<()> {
+        for (phase, work) in [
+            ("encode", self.encode),
+            ("payload", self.payload),
+            ("call", self.call),
+        ] {
+            work.check(label, &format!("{field}.{phase}"), key)?;
+        }
+        Ok(())
+    }
+
+    /// Its cost at `us_per_op` and `ns_per_byte`, with `provenance`.
+    fn cost(&self, us_per_op: f64, ns_per_byte: f64, provenance: Provenance) -> CodecCost {
+        CodecCost {
+            encode: self.encode.curve(us_per_op, ns_per_byte),
+            decode: self.payload.curve(us_per_op, ns_per_byte),
+            aggregate: self.call.curve(us_per_op, ns_per_byte),
+            provenance,
+        }
+    }
+}
+
+/// The compressors one system ships, as `profiles/codecs/*.json` stores them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodecSet {
+    pub format_version: u32,
+    pub name: String,
+    pub description: String,
+    /// Each compressor by its catalog key (`fp16`, `dgc`, `topk`, ...).
+    pub codecs: BTreeMap<String, Implementation>,
+    pub provenance: Provenance,
+}
+
+impl CodecSet {
+    /// Loads a shipped codec set by name or a codec-set file by path.
+    pub fn load(name_or_path: &str) -> Result<CodecSet> {
+        data::load(DataKind::Codecs, name_or_path, CodecSet::validate)
+    }
+
+    /// Known compressor keys, each implementation's work sound for its compressor.
+    pub fn validate(&self, label: &str) -> Result<()> {
+        data::check_format_version(label, self.format_version)?;
+        if self.codecs.is_empty() {
+            return Err(SimError::invalid(
+                label,
+                "codecs",
+                "needs at least one codec",
+            ));
+        }
+        for (key, implementation) in &self.codecs {
+            let known = super::catalog()
+                .iter()
+                .any(|entry| entry.key == key.as_str());
+            if !known {
+                return Err(SimError::invalid(
+                    label,
+                    format!("codecs.{key}"),
+                    "is not a compressor of the catalog (see `syncopate list compressors`)",
+                ));
+            }
+            implementation.check(label, &format!("codecs.{key}"), key)?;
+        }
+        Ok(())
+    }
+
+    /// `plan`'s compressors all implemented here, or an error naming the first that is not.
+    pub fn check_plan(&self, plan: &Plan) -> Result<()> {
+        self.check_compressors(plan.groups.iter().map(|g| &g.compressor))
+    }
+
+    /// Every compressor but `none` implemented here, or an error naming the first that is not.
+    pub fn check_compressors<'a>(
+        &self,
+        compressors: impl IntoIterator<Item = &'a Compressor>,
+    ) -> Result<()> {
+        let missing = compressors
+            .into_iter()
+            .find(|c| **c != Compressor::None && !self.codecs.contains_key(c.key()));
+        match missing {
+            Some(c) => Err(SimError::invalid(
+                &self.name,
+                "codecs",
+                format!(
+                    "has no `{}` (it has {})",
+                    c.key(),
+                    self.codecs.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// `device` with every compressor of this set priced as written: each op at the
+    /// framework's `op_us`, each byte at the device's memory bandwidth with the efficiency the
+    /// catalog's estimates use.
+    pub fn priced_on(&self, device: &DeviceProfile, framework: &Framework) -> DeviceProfile {
+        let mut priced = device.clone();
+        let ns_per_byte = fallback::ns_per_byte(device);
+        for (key, implementation) in &self.codecs {
+            let provenance = Provenance {
+                status: Status::Estimated,
+                method: format!(
+                    "{} codec `{key}` as written ({}): encode {}, each payload {}, each call {}; \
+                     an op at framework `{}`'s op_us {} us, a byte at {ns_per_byte:.5} ns ({})",
+                    self.name,
+                    implementation.source,
+                    implementation.encode.describe(),
+                    implementation.payload.describe(),
+                    implementation.call.describe(),
+                    framework.name,
+                    framework.op_us,
+                    fallback::BYTE_PRICE_SOURCE,
+                ),
+            };
+            priced.compression.insert(
+                key.clone(),
+                implementation.cost(framework.op_us, ns_per_byte, provenance),
+            );
+        }
+        priced
+    }
+}
+
+/// The name that asks for the device profile's codec curves: the plan's codecs as `exec` runs
+/// them.
+pub const NATIVE: &str = "native";
+
+impl CodecSet {
+    /// The codec set a flag or plan names: `native` is none; a name or path loads. The plan
+    /// records the returned name (a path made absolute).
+    pub fn named(name_or_path: &str) -> Result<Option<(String, CodecSet)>> {
+        if name_or_path == NATIVE {
+            return Ok(None);
+        }
+        let set = CodecSet::load(name_or_path)?;
+        Ok(Some((crate::plan::absolute(name_or_path), set)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(codecs: &str) -> Result<CodecSet> {
+        let text = format!(
+            r#"{{"format_version": 1, "name": "s", "description": "d",
+                "codecs": {codecs},
+                "provenance": {{"status": "estimated", "method": "test"}}}}"#
+        );
+        let set: CodecSet = data::parse_json("s.json", &text)?;
+        set.validate("s.json")?;
+        Ok(set)
+    }
+
+    const FP16: &str = r#"{"fp16": {"encode": {"ops": 1, "bytes_per_element": 6},
+        "payload": {"ops": 1, "bytes_per_element": 6},
+        "call": {"ops": 0, "bytes_per_element": 0}, "source": "t"}}"#;
+
+    #[test]
+    fn every_shipped_codec_set_loads() {
+        for name in DataKind::Codecs.shipped_names() {
+            let set = CodecSet::load(name).unwrap();
+            assert_eq!(set.name, name);
+        }
+    }
+
+    #[test]
+    fn unknown_compressors_and_bad_work_name_their_field() {
+        let err = set(&FP16.replace("\"fp16\"", "\"fp17\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("codecs.fp17"), "{err}");
+        for (bad, field) in [
+            (
+                "\"bytes_per_element\": -6",
+                "codecs.fp16.encode.bytes_per_element",
+            ),
+            (
+                "\"bytes_per_element\": 1e9",
+                "codecs.fp16.encode.bytes_per_element",
+            ),
+            (
+                "\"bytes_per_element\": 6, \"bytes_per_kept_element\": 4",
+                "codecs.fp16.encode.bytes_per_kept_element",
+            ),
+        ] {
+            let text = FP16.replacen("\"bytes_per_element\": 6", bad, 1);
+            let err = set(&text).unwrap_err().to_string();
+            assert!(err.contains(field), "{bad}: {err}");
+        }
+        let err = set(&FP16.replacen("\"ops\": 1", "\"ops\": 20000", 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("codecs.fp16.encode.ops"), "{err}");
+    }
+
+    #[test]
+    fn each_op_costs_the_frameworks_op_and_each_byte_the_devices_bandwidth() {
+        let set = set(FP16).unwrap();
+        let device = DeviceProfile::load("v100-sxm2-32gb").unwrap();
+        let mut framework = Framework::load("horovod").unwrap();
+        framework.op_us = 10.0;
+        let priced = set.priced_on(&device, &framework);
+        let cost = priced.codec_cost("fp16").unwrap();
+        assert_eq!(cost.encode.floor_us, 10.0);
+        // 6 B at 900 GB/s × 0.7.
+        assert!((cost.encode.ns_per_element - 6.0 / 630.0).abs() < 1e-12);
+        assert_eq!(cost.aggregate, CostCurve::default());
+        // Compressors the set does not write keep the device's curves.
+        assert_eq!(
+            priced.codec_cost("dgc").unwrap(),
+            device.codec_cost("dgc").unwrap()
+        );
+    }
+}
