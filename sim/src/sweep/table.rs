@@ -45,12 +45,13 @@ pub fn csv(rows: &[Row]) -> Csv {
 
 /// The columns of [`layout_fields`], [`config_fields`] and [`outcome_fields`].
 pub const LAYOUT_COLUMNS: [&str; 4] = ["inter_gbps", "nodes", "gpus_per_node", "gpus"];
-pub const CONFIG_COLUMNS: [&str; 5] = [
+pub const CONFIG_COLUMNS: [&str; 6] = [
     "strategy",
     "compressor",
     "memory",
     "codec_calls",
     "framework",
+    "codecs",
 ];
 pub const OUTCOME_COLUMNS: [&str; 4] = [
     "status",
@@ -70,9 +71,11 @@ pub fn layout_fields(row: &Row) -> [String; 4] {
     ]
 }
 
-/// The configuration's columns: `strategy`, `compressor`, `memory`, `codec_calls`, and the
-/// `framework` that ran the plan (`none` without one).
-pub fn config_fields(row: &Row) -> [String; 5] {
+/// The configuration's columns: `strategy`, `compressor`, `memory`, `codec_calls`, the
+/// `framework` that ran the plan (`none` without one) and the `codecs` that compressed it
+/// (`native`: the device's curves; a file by its name, so that a table does not depend on where
+/// the checkout lies).
+pub fn config_fields(row: &Row) -> [String; 6] {
     let p = &row.point;
     [
         p.strategy.to_string(),
@@ -82,6 +85,14 @@ pub fn config_fields(row: &Row) -> [String; 5] {
         p.framework
             .name(p.strategy)
             .unwrap_or_else(|| "none".to_string()),
+        p.codecs.as_deref().map_or_else(
+            || crate::compress::NATIVE.to_string(),
+            |c| {
+                std::path::Path::new(c)
+                    .file_stem()
+                    .map_or_else(|| c.to_string(), |s| s.to_string_lossy().into_owned())
+            },
+        ),
     ]
 }
 
