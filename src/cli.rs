@@ -608,7 +608,8 @@ pub struct TuneArgs {
     #[arg(long)]
     pub framework: Option<String>,
     /// The codec set whose implementations compress every candidate (see `syncopate list
-    /// codecs`), each op priced by `--framework`; default: the device profile's codec curves.
+    /// codecs`), each op priced by `--framework`; `--compressor auto` then picks among its
+    /// compressors; default: the device profile's codec curves.
     #[arg(long)]
     pub codecs: Option<String>,
     /// Write the best plan here (`simulate --plan` on it reproduces the tuned time).

@@ -123,6 +123,14 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         Some(name) => CodecSet::named(name).with_context(|| format!("--codecs {name}"))?,
         None => None,
     };
+    // `auto` picks among the compressors the codec set writes; a named one must be among them.
+    let compressors = match &codecs {
+        Some((_, set)) if args.compressor == "auto" => compressors
+            .into_iter()
+            .filter(|(c, _)| set.codecs.contains_key(c.key()))
+            .collect(),
+        _ => compressors,
+    };
     if let Some((name, set)) = &codecs {
         set.check_compressors(compressors.iter().map(|(c, _)| c))
             .with_context(|| format!("--codecs {name}"))?;
