@@ -335,3 +335,35 @@ fn sweep_rejects_unknown_strategy_and_zero_bandwidth() {
     assert_eq!(zero.status.code(), Some(1));
     assert!(stderr(&zero).contains("--inter-gbps"), "{}", stderr(&zero));
 }
+
+#[test]
+fn sweep_names_the_codecs_that_priced_each_row() {
+    let run = |codecs: &str| {
+        let out_dir = scratch(&format!("sweep-codecs-{codecs}"));
+        let out = syncopate(&[
+            "sweep",
+            "--model",
+            "resnet50",
+            "--cluster",
+            "v100-10gbe",
+            "--nodes",
+            "2",
+            "--strategy",
+            "horovod",
+            "--compressor",
+            "fp16",
+            "--framework",
+            "horovod",
+            "--codecs",
+            codecs,
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{codecs}: {}", stderr(&out));
+        let csv = std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap();
+        sweep_cell(&csv, "horovod", "codecs")
+    };
+    // `native` is the device's curves, as without the flag; a set is named by its name.
+    assert_eq!(run("native"), "native");
+    assert_eq!(run("horovod"), "horovod");
+}

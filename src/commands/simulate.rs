@@ -64,33 +64,32 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             (plan, format!("strategy {strategy}"))
         }
     };
-    let framework = match args.framework.as_deref().or(plan_framework.as_deref()) {
-        Some(name) => Framework::named(name).map_err(|err| match &args.framework {
-            Some(flag) => anyhow::Error::from(err).context(format!("--framework {flag}")),
-            None => anyhow::Error::from(err).context(format!("{label}: `framework`")),
-        })?,
+    let framework = match chosen(
+        ("--framework", args.framework.as_deref()),
+        ("framework", plan_framework.as_deref()),
+        &label,
+    ) {
+        Some((name, context)) => Framework::named(name).context(context)?,
         None => None,
     };
     plan.framework = framework.as_ref().map(|(name, _)| name.clone());
     let base = base.with_framework(framework.map(|(_, framework)| framework));
     // The codecs that compress it: the flag's, else the plan's.
-    let (codecs, codecs_field) = match (&args.codecs, &plan.codecs) {
-        (Some(flag), _) => (Some(flag.clone()), "--codecs".to_string()),
-        (None, Some(name)) => (Some(name.clone()), format!("{label}: `codecs`")),
-        (None, None) => (None, String::new()),
-    };
-    let codecs = match &codecs {
-        Some(name) => CodecSet::named(name).with_context(|| codecs_field.clone())?,
-        None => None,
+    let (codecs, context) = match chosen(
+        ("--codecs", args.codecs.as_deref()),
+        ("codecs", plan.codecs.as_deref()),
+        &label,
+    ) {
+        Some((name, context)) => (CodecSet::named(name).context(context.clone())?, context),
+        None => (None, String::new()),
     };
     if let Some((_, set)) = &codecs {
-        set.check_plan(&plan)
-            .with_context(|| codecs_field.clone())?;
+        set.check_plan(&plan).context(context.clone())?;
     }
     plan.codecs = codecs.as_ref().map(|(name, _)| name.clone());
     let base = base
         .with_codecs(codecs.map(|(_, set)| set))
-        .with_context(|| codecs_field.clone())?;
+        .context(context)?;
     if let Some(streams) = args.comm_streams {
         plan.policy.comm_streams = comm_streams("--comm-streams", streams)?;
     }
@@ -142,6 +141,20 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             print_summary(&outcome.summary, &base);
             Ok(())
         }
+    }
+}
+
+/// The data file a flag names, else the one the plan (or strategy, `label`) names, with how an
+/// error about it names its source: the flag and its value, or the plan's field.
+fn chosen<'a>(
+    (flag, flagged): (&str, Option<&'a str>),
+    (field, planned): (&str, Option<&'a str>),
+    label: &str,
+) -> Option<(&'a str, String)> {
+    match (flagged, planned) {
+        (Some(name), _) => Some((name, format!("{flag} {name}"))),
+        (None, Some(name)) => Some((name, format!("{label}: `{field}`"))),
+        (None, None) => None,
     }
 }
 

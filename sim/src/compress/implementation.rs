@@ -133,6 +133,10 @@ impl Implementation {
     }
 }
 
+/// The name that asks for the device profile's codec curves: the plan's codecs as `exec` runs
+/// them.
+pub const NATIVE: &str = "native";
+
 /// The compressors one system ships, as `profiles/codecs/*.json` stores them.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -149,6 +153,16 @@ impl CodecSet {
     /// Loads a shipped codec set by name or a codec-set file by path.
     pub fn load(name_or_path: &str) -> Result<CodecSet> {
         data::load(DataKind::Codecs, name_or_path, CodecSet::validate)
+    }
+
+    /// The codec set a flag or plan names: `native` is none; a name or path loads. The plan
+    /// records the returned name (a path made absolute).
+    pub fn named(name_or_path: &str) -> Result<Option<(String, CodecSet)>> {
+        if name_or_path == NATIVE {
+            return Ok(None);
+        }
+        let set = CodecSet::load(name_or_path)?;
+        Ok(Some((crate::plan::absolute(name_or_path), set)))
     }
 
     /// Known compressor keys, each implementation's work sound for its compressor.
@@ -232,22 +246,6 @@ impl CodecSet {
             );
         }
         priced
-    }
-}
-
-/// The name that asks for the device profile's codec curves: the plan's codecs as `exec` runs
-/// them.
-pub const NATIVE: &str = "native";
-
-impl CodecSet {
-    /// The codec set a flag or plan names: `native` is none; a name or path loads. The plan
-    /// records the returned name (a path made absolute).
-    pub fn named(name_or_path: &str) -> Result<Option<(String, CodecSet)>> {
-        if name_or_path == NATIVE {
-            return Ok(None);
-        }
-        let set = CodecSet::load(name_or_path)?;
-        Ok(Some((crate::plan::absolute(name_or_path), set)))
     }
 }
 

@@ -29,8 +29,8 @@ pub struct Point {
     pub codec_calls: CodecCalls,
     /// The framework that runs the point's plan.
     pub framework: FrameworkChoice,
-    /// The codec set that compresses it (`crate::compress::CodecSet`); none: the device's
-    /// curves.
+    /// The codec set that compresses it (`crate::compress::CodecSet`: a name, a path, or
+    /// `native`); none or `native`: the device's curves.
     pub codecs: Option<String>,
 }
 
@@ -163,7 +163,8 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
     for point in points {
         if let Some(name) = &point.codecs {
             if !codec_sets.contains_key(name) {
-                codec_sets.insert(name.clone(), CodecSet::load(name)?);
+                let set = CodecSet::named(name)?.map(|(_, set)| set);
+                codec_sets.insert(name.clone(), set);
             }
         }
         if !models.contains_key(&point.model) {
@@ -186,7 +187,12 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
                 .and_then(|name| frameworks[&name].clone());
             Scenario::new(models[&point.model].clone(), cluster)?
                 .with_framework(framework.map(|(_, framework)| framework))
-                .with_codecs(point.codecs.as_ref().map(|name| codec_sets[name].clone()))
+                .with_codecs(
+                    point
+                        .codecs
+                        .as_ref()
+                        .and_then(|name| codec_sets[name].clone()),
+                )
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(points
