@@ -5,10 +5,10 @@ use crate::compress::CodecSet;
 use crate::contention::collective_slowdown;
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
-use crate::framework::Framework;
+use crate::framework::{Framework, HostStaging};
 use crate::model::ModelProfile;
 use crate::schedule::World;
-use crate::topology::Cluster;
+use crate::topology::{Cluster, TcpParams};
 
 /// Everything a simulation needs besides the plan, validated against each other.
 #[derive(Clone, Debug)]
@@ -35,6 +35,10 @@ pub struct Scenario {
     /// How much compute slows while a collective's kernels share the device
     /// (`crate::contention::collective_slowdown`).
     pub collective_slowdown: f64,
+    /// The library's host staging, where the framework copies on the compute stream
+    /// (`HostStaging::ComputeStream`): taken out of the cluster's collectives, which then price
+    /// only their transfers, and charged to the compute steps by the cost pass.
+    pub staged_on_compute: Option<TcpParams>,
 }
 
 impl Scenario {
@@ -59,6 +63,7 @@ impl Scenario {
             framework: None,
             codecs: None,
             collective_slowdown: 1.0,
+            staged_on_compute: None,
         };
         scenario.collective_slowdown = collective_slowdown(&scenario)?;
         Ok(scenario)
@@ -91,8 +96,24 @@ impl Scenario {
         self.device.kind == DeviceKind::Cpu
     }
 
-    /// Run plans under `framework`'s costs.
+    /// Run plans under `framework`'s costs. A framework that makes a host library's copies on
+    /// the compute stream moves them out of the collectives (`staged_on_compute`).
     pub fn with_framework(mut self, framework: Option<Framework>) -> Scenario {
+        if let (Some(staged), Some(params)) = (
+            self.staged_on_compute.take(),
+            self.cluster.library.tcp_mut(),
+        ) {
+            params.host_staging_gbytes_per_s = staged.host_staging_gbytes_per_s;
+        }
+        let on_compute = framework
+            .as_ref()
+            .is_some_and(|f| f.host_staging == HostStaging::ComputeStream);
+        if let (true, Some(params)) = (on_compute, self.cluster.library.tcp_mut()) {
+            if params.host_staging_gbytes_per_s.is_some() {
+                self.staged_on_compute = Some(params.clone());
+                params.host_staging_gbytes_per_s = None;
+            }
+        }
         self.framework = framework;
         self
     }
@@ -122,8 +143,7 @@ impl Scenario {
         let mut single = self.clone();
         single.cluster.nodes = 1;
         single.cluster.gpus_per_node = 1;
-        single.framework = None;
-        single
+        single.with_framework(None)
     }
 }
 

@@ -199,6 +199,11 @@ pub struct TcpParams {
     /// are (CPU hosts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_staging_gbytes_per_s: Option<f64>,
+    /// MPI only: the ranks of one node exchange through shared memory (Open MPI's `vader`
+    /// transport), not through the node's NICs. None: every message crosses the NICs (one
+    /// rank per node, as on a lab or GRACE's testbed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_memory: Option<SharedMemory>,
     /// gloo only: the most one rank's allgather moves per second and direction, in Gb/s, when
     /// it is less than `host_gbps` allows. gloo's allgather ring moves large messages slower
     /// than its allreduce (0.6 against 0.93 of a 1 Gb/s lab link, docs/LAB.md); fitted to an
@@ -237,6 +242,19 @@ pub struct TcpParams {
 /// LL128 carries 120 data bytes in every 128-byte line, so it can reach at most this share of
 /// the link (NCCL src/include/devcomm.h).
 pub const LL128_PAYLOAD_FRACTION: f64 = 120.0 / 128.0;
+
+/// How the MPI ranks of one node move bytes through host memory: each at one core's pace,
+/// all of them together at most at the node's memory bandwidth.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedMemory {
+    /// GB/s at which one rank copies a message into another's buffer (one core's memcpy; Open
+    /// MPI's single-copy path for large messages reads the sender's buffer once).
+    pub copy_gbytes_per_s: f64,
+    /// GB/s of memory traffic the node's host memory carries for all its ranks at once: their
+    /// copies, their reductions and their staging copies to and from the GPUs.
+    pub host_memory_gbytes_per_s: f64,
+}
 
 impl NcclParams {
     /// The largest `ll128_efficiency` (a share of Simple's bandwidth) that keeps LL128 within
@@ -647,6 +665,27 @@ impl Cluster {
                         label,
                         "library.host_staging_gbytes_per_s",
                         staging,
+                        "GB/s",
+                    )?;
+                }
+                if let Some(shared) = p.shared_memory {
+                    if matches!(self.library, Library::Gloo(_)) {
+                        return Err(SimError::invalid(
+                            label,
+                            "library.shared_memory",
+                            "gloo sends through sockets inside a node too: only an MPI cluster has it",
+                        ));
+                    }
+                    limits::check_rate(
+                        label,
+                        "library.shared_memory.copy_gbytes_per_s",
+                        shared.copy_gbytes_per_s,
+                        "GB/s",
+                    )?;
+                    limits::check_rate(
+                        label,
+                        "library.shared_memory.host_memory_gbytes_per_s",
+                        shared.host_memory_gbytes_per_s,
                         "GB/s",
                     )?;
                 }

@@ -172,6 +172,7 @@ pub fn cluster(
             reduce_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s / 3.0,
             host_gbps: None,
             host_staging_gbytes_per_s: None,
+            shared_memory: None,
             allgather_host_gbps: None,
             p2p_message_overhead_us: None,
             p2p_rounds_at_once: None,

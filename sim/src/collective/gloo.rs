@@ -33,7 +33,7 @@ pub(super) fn estimate(
     // The time, and its fixed part: the same terms with no byte on the links.
     let (time, algorithm) = priced(cluster, params, op, bytes, group, 1.0);
     let (fixed, _) = priced(cluster, params, op, bytes, group, 0.0);
-    let staging = staging_us(params, op, bytes, group.ranks);
+    let staging = staging_us(params, op, bytes, group);
     pick(vec![(time + staging, fixed + staging, algorithm)])
 }
 

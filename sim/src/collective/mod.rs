@@ -9,7 +9,7 @@ mod ps;
 
 pub use links::{shared_slowdowns, Links, ServerLink};
 pub use measured::{least_ns_per_byte, MeasuredSweep, SweepPoint};
-pub use mpi::ALLREDUCE_ALGORITHMS as MPI_ALLREDUCE_ALGORITHMS;
+pub use mpi::{staging_split_us, ALLREDUCE_ALGORITHMS as MPI_ALLREDUCE_ALGORITHMS};
 pub(crate) use nccl::tree_latency as nccl_tree_latency;
 pub use ps::push_pull;
 

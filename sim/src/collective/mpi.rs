@@ -28,8 +28,35 @@ pub(super) struct Hockney {
     pub gamma: f64,
 }
 
+/// Bytes of host-memory traffic per byte: a copy between ranks reads the sender's buffer and
+/// writes the receiver's; a reduction reads two operands and writes one; a staging copy is
+/// the DMA's read or write plus the host fusion buffer's memcpy (a read and a write).
+const COPY_TRAFFIC: f64 = 2.0;
+const REDUCE_TRAFFIC: f64 = 3.0;
+const STAGING_TRAFFIC: f64 = 3.0;
+
+/// µs per byte when each of `ranks` moves bytes at `own` GB/s and all of them together
+/// `traffic` bytes of host memory per byte through `host` GB/s.
+fn shared_us_per_byte(own: f64, ranks: u32, traffic: f64, host: f64) -> f64 {
+    (1.0 / own).max(f64::from(ranks) * traffic / host) / 1e3
+}
+
 impl Hockney {
     pub fn of(cluster: &Cluster, params: &TcpParams, group: Group) -> Hockney {
+        // Ranks of one node exchange through shared memory where the library does.
+        if let (1, Some(shared)) = (group.nodes, params.shared_memory) {
+            let host = shared.host_memory_gbytes_per_s;
+            return Hockney {
+                alpha: params.message_overhead_us,
+                beta: shared_us_per_byte(shared.copy_gbytes_per_s, group.ranks, COPY_TRAFFIC, host),
+                gamma: shared_us_per_byte(
+                    params.reduce_gbytes_per_s,
+                    group.ranks,
+                    REDUCE_TRAFFIC,
+                    host,
+                ),
+            };
+        }
         // Every rank of a node shares the node's NICs; a rank's TCP path may move less.
         let ranks_per_node = group.ranks_per_node().max(1);
         Hockney {
@@ -44,21 +71,39 @@ impl Hockney {
 /// What a GPU host's copies between device and host memory add to `op` on `bytes` over `ranks`
 /// (µs): the busiest rank's input copied off the device before the call and its output copied
 /// back after it (`host_staging_gbytes_per_s`); 0 where the library reads the buffers in place.
-/// Neither copy uses the network, so it is part of the collective's fixed time.
-pub(super) fn staging_us(params: &TcpParams, op: Op, bytes: u64, ranks: u32) -> f64 {
+/// Neither copy uses the network, so it is part of the collective's fixed time. Where the
+/// node's ranks share its host memory (`shared_memory`), they stage at once and share it.
+pub(super) fn staging_us(params: &TcpParams, op: Op, bytes: u64, group: Group) -> f64 {
+    let (off, back) = staging_split_us(params, op, bytes, group);
+    off + back
+}
+
+/// The host staging of `op` on `bytes` over `group` (µs): the copy off the device before the
+/// call and the copy back after it, apart.
+pub fn staging_split_us(params: &TcpParams, op: Op, bytes: u64, group: Group) -> (f64, f64) {
     let Some(rate) = params.host_staging_gbytes_per_s else {
-        return 0.0;
+        return (0.0, 0.0);
+    };
+    let us_per_byte = match params.shared_memory {
+        Some(shared) => shared_us_per_byte(
+            rate,
+            group.ranks_per_node(),
+            STAGING_TRAFFIC,
+            shared.host_memory_gbytes_per_s,
+        ),
+        None => 1.0 / (rate * 1e3),
     };
     let s = bytes as f64;
-    let block = s / f64::from(ranks.max(1));
+    let block = s / f64::from(group.ranks.max(1));
     // Sizes as `Op` reads them: the per-rank buffer, or the gathered one for allgather and
     // reduce-scatter.
-    let copied = match op {
-        Op::Allreduce | Op::Reduce | Op::Alltoall => 2.0 * s,
-        Op::Allgather | Op::ReduceScatter => s + block,
-        Op::Broadcast => s,
+    let (off, back) = match op {
+        Op::Allreduce | Op::Reduce | Op::Alltoall => (s, s),
+        Op::Allgather => (block, s),
+        Op::ReduceScatter => (s, block),
+        Op::Broadcast => (0.0, s),
     };
-    copied / (rate * 1e3)
+    (off * us_per_byte, back * us_per_byte)
 }
 
 pub(super) fn estimate(
@@ -77,7 +122,7 @@ pub(super) fn estimate(
         let Hockney { alpha, beta, gamma } = hockney;
         candidates(op, group, bytes, alpha, beta * network, gamma)
     };
-    let call = params.call_overhead_us + staging_us(params, op, bytes, group.ranks);
+    let call = params.call_overhead_us + staging_us(params, op, bytes, group);
     // The allreduce a cluster pins runs at every size; otherwise the cheapest runs.
     let pinned = match op {
         // (A pin that is not one of them, which validation refuses, is ignored, not a panic.)
@@ -277,6 +322,68 @@ mod tests {
                 let err = cluster.validate("c.json").unwrap_err().to_string();
                 assert!(err.contains("library.host_staging_gbytes_per_s"), "{err}");
             }
+        }
+    }
+
+    #[test]
+    fn ranks_of_one_node_share_its_host_memory_not_its_nics() {
+        let cluster = Cluster::load("v100-pcie-mpi", ClusterOverrides::default()).unwrap();
+        let params = cluster.library.tcp().unwrap().clone();
+        let shared = params.shared_memory.unwrap();
+        let host = shared.host_memory_gbytes_per_s;
+        // Each rank copies at most at one core's pace, and all of them together at most at
+        // what the host moves (2 bytes of traffic per byte copied, 3 per byte reduced).
+        for ranks in [2, 4, 8] {
+            let n = f64::from(ranks);
+            let terms = super::Hockney::of(&cluster, &params, Group { ranks, nodes: 1 });
+            let copy = (1.0 / shared.copy_gbytes_per_s).max(n * 2.0 / host) / 1e3;
+            let reduce = (1.0 / params.reduce_gbytes_per_s).max(n * 3.0 / host) / 1e3;
+            assert!((terms.beta - copy).abs() < 1e-12, "{ranks}");
+            assert!((terms.gamma - reduce).abs() < 1e-12, "{ranks}");
+        }
+        let eight = super::Hockney::of(&cluster, &params, Group { ranks: 8, nodes: 1 });
+        assert!(eight.beta > 1.0 / (shared.copy_gbytes_per_s * 1e3));
+        // No network hop inside the node, and a faster NIC changes nothing there.
+        assert_eq!(eight.alpha, params.message_overhead_us);
+        let mut faster = cluster.clone();
+        faster.inter_node.nic_bandwidth_gbps *= 100.0;
+        let world = Group::world(&cluster);
+        for op in [Op::Allreduce, Op::Allgather] {
+            let slow = estimate(&cluster, op, 64 << 20, world).unwrap();
+            assert_eq!(
+                slow,
+                estimate(&faster, op, 64 << 20, world).unwrap(),
+                "{op}"
+            );
+        }
+        // The node's ranks stage together, so each moves its copies slower than one alone.
+        let staged =
+            |ranks| super::staging_us(&params, Op::Allreduce, 1 << 20, Group { ranks, nodes: 1 });
+        assert!(staged(8) > staged(2));
+    }
+
+    #[test]
+    fn shared_memory_is_an_mpi_transport_with_positive_rates() {
+        let cluster = Cluster::load("v100-pcie-mpi", ClusterOverrides::default()).unwrap();
+        let mut gloo = cluster.clone();
+        gloo.library = crate::topology::Library::Gloo(cluster.library.tcp().unwrap().clone());
+        let err = gloo.validate("c.json").unwrap_err().to_string();
+        assert!(err.contains("library.shared_memory"), "{err}");
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let mut broken = cluster.clone();
+            let shared = broken
+                .library
+                .tcp_mut()
+                .unwrap()
+                .shared_memory
+                .as_mut()
+                .unwrap();
+            shared.host_memory_gbytes_per_s = bad;
+            let err = broken.validate("c.json").unwrap_err().to_string();
+            assert!(
+                err.contains("library.shared_memory.host_memory_gbytes_per_s"),
+                "{err}"
+            );
         }
     }
 }

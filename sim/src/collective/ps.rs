@@ -2,7 +2,7 @@
 //! push their payload to the server's link and pull the result back from it, at the transport's
 //! goodput (as the cluster's collectives see it), with incast and the server's per-peer costs.
 
-use super::{Algorithm, Estimate, Links, Op, Protocol, ServerLink};
+use super::{Algorithm, Estimate, Group, Links, Op, Protocol, ServerLink};
 use crate::error::{Result, SimError};
 use crate::time::SimTime;
 use crate::topology::{Cluster, Transport};
@@ -71,10 +71,9 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
     });
     // A GPU worker's payload leaves its device before the push and the result returns after
     // the pull, as an allreduce's buffer does; no link carries the copies.
-    let staging_us = cluster
-        .library
-        .tcp()
-        .map_or(0.0, |p| super::mpi::staging_us(p, Op::Allreduce, bytes, 1));
+    let staging_us = cluster.library.tcp().map_or(0.0, |p| {
+        super::mpi::staging_us(p, Op::Allreduce, bytes, Group { ranks: 1, nodes: 1 })
+    });
     let latency_us = cluster.inter_node.latency_us;
     let estimate = Estimate {
         time: SimTime::from_us(2.0 * (latency_us + fixed_us + per_phase_us) + staging_us),

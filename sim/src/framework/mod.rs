@@ -44,6 +44,22 @@ pub enum CallThread {
     Background,
 }
 
+/// Where a framework's copies between the GPU and a library that works on host memory run
+/// (a cluster's `library.host_staging_gbytes_per_s`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostStaging {
+    /// On copy streams of their own, beside compute: part of each collective's time
+    /// (TensorFlow's device-to-host and host-to-device streams).
+    #[default]
+    Beside,
+    /// On the compute stream: the copy off the device waits for the kernels queued before it
+    /// and the copy back is ordered among them, so both take compute time (PyTorch's Horovod
+    /// binding without GPU operations: a pageable `tensor.to(cpu)` in the gradient's hook,
+    /// `copy_` back from the background thread on the default stream).
+    ComputeStream,
+}
+
 /// A framework profile as stored in `profiles/frameworks/*.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,6 +96,9 @@ pub struct Framework {
     pub finish: TensorWork,
     /// Host time of one framework op (a compressor written as framework ops pays one per op).
     pub op_us: f64,
+    /// Where the copies to and from a host-memory library run.
+    #[serde(default, skip_serializing_if = "is_beside")]
+    pub host_staging: HostStaging,
     pub provenance: Provenance,
 }
 
@@ -154,6 +173,10 @@ impl Framework {
             self.collective_call_us + self.coordination_us + self.call_kernels * self.kernel_us,
         )
     }
+}
+
+fn is_beside(staging: &HostStaging) -> bool {
+    *staging == HostStaging::Beside
 }
 
 /// The name that asks for no framework: the plan's steps alone.

@@ -1,10 +1,12 @@
 //! What the framework running a plan adds to each step of its schedule: hooks, calls, fusion copies, the copy back.
 
 use super::{CallThread, Framework, TensorWork};
+use crate::collective::{staging_split_us, Group, Op};
 use crate::model::Tensor;
 use crate::scenario::Scenario;
-use crate::schedule::{Schedule, Slot, StepKind};
+use crate::schedule::{Exchange, Schedule, Slot, StepKind, Stream};
 use crate::time::SimTime;
+use crate::topology::TcpParams;
 
 /// The framework's time on each step of `schedule`, in step order; all zero without one.
 ///
@@ -77,7 +79,88 @@ pub fn step_times(scenario: &Scenario, schedule: &Schedule) -> Vec<SimTime> {
             _ => SimTime::ZERO,
         };
     }
+    if let Some(params) = &scenario.staged_on_compute {
+        stage_on_compute(params, scenario, schedule, &mut times);
+    }
     times
+}
+
+/// A host library's staging on the compute stream: each piece's copies off the device on the
+/// compute step its first collective waits for (the hook of its group's last gradient, before
+/// any encode), its copies back on the first compute step that reads its last collective's
+/// result (after any decode: its group's update or the optimizer).
+fn stage_on_compute(
+    params: &TcpParams,
+    scenario: &Scenario,
+    schedule: &Schedule,
+    times: &mut [SimTime],
+) {
+    let world = scenario.world();
+    let group = Group {
+        ranks: world.nodes * world.ranks_per_node,
+        nodes: world.nodes,
+    };
+    // The first step that waits for each step.
+    let mut reader: Vec<Option<usize>> = vec![None; schedule.steps.len()];
+    for (i, step) in schedule.steps.iter().enumerate() {
+        for &dep in step.after.iter().chain(&step.after_previous) {
+            reader[dep as usize].get_or_insert(i);
+        }
+    }
+    let mut first_wait: Vec<Option<usize>> = vec![None; schedule.pieces.len()];
+    let mut last_read: Vec<Option<usize>> = vec![None; schedule.pieces.len()];
+    let mut copies = vec![(0.0, 0.0); schedule.pieces.len()];
+    for (i, step) in schedule.steps.iter().enumerate() {
+        let (StepKind::Collective { round, .. }, Some(p)) = (step.kind, step.piece) else {
+            continue;
+        };
+        let p = p as usize;
+        let round = &schedule.pieces[p].rounds[round as usize];
+        let (op, bytes, over) = staged(round.exchange, round.bytes, group);
+        let (off, back) = staging_split_us(params, op, bytes, over);
+        copies[p].0 += off;
+        copies[p].1 += back;
+        if first_wait[p].is_none() {
+            // Back past an encode on the codec stream to the compute step it waits for.
+            let mut at = step.after.first().map(|&s| s as usize);
+            while let Some(s) = at.filter(|&s| schedule.steps[s].stream != Stream::Compute) {
+                at = schedule.steps[s].after.first().map(|&d| d as usize);
+            }
+            first_wait[p] = at;
+        }
+        // On past a decode to the compute step that reads the result.
+        let mut at = reader[i];
+        while let Some(s) = at.filter(|&s| schedule.steps[s].stream != Stream::Compute) {
+            at = reader[s];
+        }
+        last_read[p] = at;
+    }
+    for (p, (off, back)) in copies.into_iter().enumerate() {
+        if let Some(s) = first_wait[p] {
+            times[s] += SimTime::from_us(off);
+        }
+        if let Some(s) = last_read[p] {
+            times[s] += SimTime::from_us(back);
+        }
+    }
+}
+
+/// The library operation whose buffers an exchange of `bytes` per rank stages, its size as
+/// `Op` reads it, and the ranks it spans (a push-pull stages one worker's payload).
+fn staged(exchange: Exchange, bytes: u64, group: Group) -> (Op, u64, Group) {
+    match exchange {
+        Exchange::ReduceScatter => (Op::ReduceScatter, bytes, group),
+        Exchange::AllgatherShards => (Op::Allgather, bytes, group),
+        Exchange::Allgather => (
+            Op::Allgather,
+            bytes.saturating_mul(u64::from(group.ranks)),
+            group,
+        ),
+        Exchange::PushPull { .. } => (Op::Allreduce, bytes, Group { ranks: 1, nodes: 1 }),
+        Exchange::Allreduce | Exchange::HierarchicalAllreduce | Exchange::CompressedRing => {
+            (Op::Allreduce, bytes, group)
+        }
+    }
 }
 
 /// The framework's costs on one scenario's device and model.
@@ -202,5 +285,84 @@ mod tests {
             let expected = hooks_and_copies + if on_compute { calls } else { SimTime::ZERO };
             assert_eq!(compute, expected, "{thread:?}");
         }
+    }
+
+    #[test]
+    fn a_host_library_staged_on_the_compute_stream_leaves_the_collectives() {
+        use crate::collective::Naming;
+        use crate::cost::step_costs;
+        let overrides = ClusterOverrides {
+            nodes: Some(1),
+            gpus_per_node: Some(4),
+            inter_gbps: None,
+        };
+        let cluster = Cluster::load("v100-pcie-mpi", overrides).unwrap();
+        let model = ModelProfile::load("resnet50").unwrap();
+        let horovod = Framework::load("horovod").unwrap();
+        assert_eq!(
+            horovod.host_staging,
+            super::super::HostStaging::ComputeStream
+        );
+        let beside = Framework {
+            host_staging: super::super::HostStaging::Beside,
+            ..horovod.clone()
+        };
+        let run = |framework: Framework| {
+            let scenario = Scenario::new(model.clone(), cluster.clone())
+                .unwrap()
+                .with_framework(Some(framework));
+            let plan = Strategy::Horovod
+                .plan(&scenario, &StrategyOptions::default())
+                .unwrap();
+            let schedule = schedule(&scenario, &plan).unwrap();
+            let costs = step_costs(&scenario, &schedule, Naming::Priced).unwrap();
+            (scenario, schedule, costs)
+        };
+        let (on_compute, schedule, staged) = run(horovod);
+        let (_, _, apart) = run(beside);
+        let params = on_compute.staged_on_compute.as_ref().unwrap();
+        let group = Group { ranks: 4, nodes: 1 };
+        let (mut compute_added, mut collectives_lost) = (0i64, 0i64);
+        let mut expected_us = 0.0;
+        for ((step, with), without) in schedule.steps.iter().zip(&staged).zip(&apart) {
+            let delta = with.duration.as_ns() as i64 - without.duration.as_ns() as i64;
+            match step.kind {
+                StepKind::Collective { round, .. } => {
+                    collectives_lost -= delta;
+                    let piece = &schedule.pieces[step.piece.unwrap() as usize];
+                    let bytes = piece.rounds[round as usize].bytes;
+                    let (off, back) = staging_split_us(params, Op::Allreduce, bytes, group);
+                    expected_us += off + back;
+                }
+                _ => {
+                    assert_eq!(
+                        step.stream,
+                        crate::schedule::Stream::Compute,
+                        "{:?}",
+                        step.kind
+                    );
+                    compute_added += delta;
+                }
+            }
+        }
+        // What the collectives no longer pay, the compute steps do: every copy off and back.
+        let expected_ns = expected_us * 1e3;
+        assert!(expected_ns > 1e6, "{expected_ns}");
+        for moved in [compute_added, collectives_lost] {
+            assert!(
+                (moved as f64 / expected_ns - 1.0).abs() < 1e-3,
+                "{moved} vs {expected_ns}"
+            );
+        }
+        // Without the framework the library stages in its collectives again.
+        let bare = on_compute.with_framework(None);
+        assert!(bare.staged_on_compute.is_none());
+        assert!(bare
+            .cluster
+            .library
+            .tcp()
+            .unwrap()
+            .host_staging_gbytes_per_s
+            .is_some());
     }
 }
