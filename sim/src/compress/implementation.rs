@@ -22,6 +22,8 @@ use std::collections::BTreeMap;
 /// codec, low enough that a time computed from them stays finite and within the duration limit.
 const MAX_OPS: u32 = 10_000;
 const MAX_BYTES_PER_ELEMENT: f64 = 10_000.0;
+/// Most ns per element of one block's serial work (a thousand times the slowest measured).
+const MAX_SERIAL_NS_PER_ELEMENT: f64 = 10_000.0;
 
 /// Work of one phase of a codec: the framework ops it launches and the bytes they read and
 /// write per element of the fp32 tensor.
@@ -34,6 +36,11 @@ pub struct OpWork {
     /// values), which grow with its ratio.
     #[serde(default)]
     pub bytes_per_kept_element: f64,
+    /// Time per element of work that one thread block does alone, whatever the device's size,
+    /// in ns: measured, not priced by bytes (PyTorch 1.x's `torch.topk` of a flat tensor runs
+    /// its radix select in one block per slice).
+    #[serde(default)]
+    pub serial_ns_per_element: f64,
 }
 
 impl OpWork {
@@ -60,6 +67,15 @@ impl OpWork {
                 ));
             }
         }
+        let serial = self.serial_ns_per_element;
+        data::check_non_negative(label, &format!("{field}.serial_ns_per_element"), serial)?;
+        if serial > MAX_SERIAL_NS_PER_ELEMENT {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.serial_ns_per_element"),
+                format!("is at most {MAX_SERIAL_NS_PER_ELEMENT}, got {serial}"),
+            ));
+        }
         // Asked only of a kept cost, as device profiles ask it.
         let why = (self.bytes_per_kept_element > 0.0)
             .then(|| why_no_kept_cost(key))
@@ -80,8 +96,12 @@ impl OpWork {
             0.0 => String::new(),
             kept => format!(" and {kept} B per kept element"),
         };
+        let serial = match self.serial_ns_per_element {
+            0.0 => String::new(),
+            ns => format!(", {ns} ns per element in one block"),
+        };
         format!(
-            "{} ops and {} B per element{kept}",
+            "{} ops and {} B per element{kept}{serial}",
             self.ops, self.bytes_per_element
         )
     }
@@ -90,7 +110,7 @@ impl OpWork {
     pub fn curve(&self, us_per_op: f64, ns_per_byte: f64) -> CostCurve {
         CostCurve {
             floor_us: f64::from(self.ops) * us_per_op,
-            ns_per_element: self.bytes_per_element * ns_per_byte,
+            ns_per_element: self.bytes_per_element * ns_per_byte + self.serial_ns_per_element,
             ns_per_kept_element: self.bytes_per_kept_element * ns_per_byte,
         }
     }
@@ -295,6 +315,14 @@ mod tests {
                 "\"bytes_per_element\": 6, \"bytes_per_kept_element\": 4",
                 "codecs.fp16.encode.bytes_per_kept_element",
             ),
+            (
+                "\"bytes_per_element\": 6, \"serial_ns_per_element\": -1",
+                "codecs.fp16.encode.serial_ns_per_element",
+            ),
+            (
+                "\"bytes_per_element\": 6, \"serial_ns_per_element\": 1e9",
+                "codecs.fp16.encode.serial_ns_per_element",
+            ),
         ] {
             let text = FP16.replacen("\"bytes_per_element\": 6", bad, 1);
             let err = set(&text).unwrap_err().to_string();
@@ -318,6 +346,17 @@ mod tests {
         // 6 B at 900 GB/s × 0.7.
         assert!((cost.encode.ns_per_element - 6.0 / 630.0).abs() < 1e-12);
         assert_eq!(cost.aggregate, CostCurve::default());
+        // One block's serial work adds its measured time per element, whatever the device.
+        let serial = FP16.replacen(
+            "\"bytes_per_element\": 6",
+            "\"bytes_per_element\": 6, \"serial_ns_per_element\": 12.8",
+            1,
+        );
+        let serial = super::tests::set(&serial)
+            .unwrap()
+            .priced_on(&device, &framework);
+        let encode = serial.codec_cost("fp16").unwrap().encode;
+        assert!((encode.ns_per_element - (6.0 / 630.0 + 12.8)).abs() < 1e-12);
         // Compressors the set does not write keep the device's curves.
         assert_eq!(
             priced.codec_cost("dgc").unwrap(),
