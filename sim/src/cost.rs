@@ -127,10 +127,18 @@ pub fn piece_stages(
     .iter()
     .map(|piece| {
         let cost = piece_cost(scenario, servers, piece, Naming::Priced)?;
+        // A host library's copies that the framework makes on the compute stream come before
+        // and after the piece's exchanges there (`framework::step_times`).
+        let (off, back) = scenario
+            .staged_on_compute
+            .as_ref()
+            .map_or((0.0, 0.0), |params| {
+                framework::piece_staging_us(params, piece, RankGroup::world(&scenario.cluster))
+            });
         Ok([
-            cost.compensate + cost.encode,
+            cost.compensate + cost.encode + SimTime::from_us(off),
             cost.rounds.iter().map(|(r, _)| r.time).sum(),
-            cost.decode + cost.update_memory + cost.scale_output,
+            cost.decode + cost.update_memory + cost.scale_output + SimTime::from_us(back),
         ])
     })
     .collect()
@@ -322,9 +330,11 @@ fn push_pull_cost(
         curves.call_time(n, nodes) + curves.encode_time(n)
     });
     if cluster.gpus_per_node > 1 {
+        // On the devices, around the push-pull's own copies to and from the host.
         let local = RankGroup::one_node(cluster);
-        estimate.time += collective::estimate(cluster, Op::Reduce, bytes, local)?.time
-            + collective::estimate(cluster, Op::Broadcast, bytes, local)?.time;
+        let bare = collective::without_staging(cluster);
+        estimate.time += collective::estimate(&bare, Op::Reduce, bytes, local)?.time
+            + collective::estimate(&bare, Op::Broadcast, bytes, local)?.time;
     }
     Ok((estimate, links))
 }

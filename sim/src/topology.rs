@@ -199,9 +199,10 @@ pub struct TcpParams {
     /// are (CPU hosts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_staging_gbytes_per_s: Option<f64>,
-    /// MPI only: the ranks of one node exchange through shared memory (Open MPI's `vader`
-    /// transport), not through the node's NICs. None: every message crosses the NICs (one
-    /// rank per node, as on a lab or GRACE's testbed).
+    /// MPI only: a collective among the ranks of one node runs through shared memory (Open
+    /// MPI's `vader` transport), not through the node's NICs; one across nodes is priced by
+    /// the NICs as before. None: every collective is (one rank per node, as on a lab or
+    /// GRACE's testbed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_memory: Option<SharedMemory>,
     /// gloo only: the most one rank's allgather moves per second and direction, in Gb/s, when

@@ -7,7 +7,7 @@ use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
-use syncopate_sim::plan::Target;
+use syncopate_sim::plan::{Plan, Target};
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{simulate, SimOptions, Summary};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -43,26 +43,20 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     if let Some(host) = &args.cpu_compression {
         base = base.with_host_codec(DeviceProfile::load(host)?)?;
     }
-    // The framework that runs the plan: the flag's, else the plan's, else the strategy's.
-    let mut plan_framework = plan_and_label
-        .as_ref()
-        .and_then(|(plan, _)| plan.framework.clone());
-    let (mut plan, label) = match plan_and_label {
-        Some(loaded) => loaded,
+    // A loaded plan, or the strategy that plans.
+    let (source, label) = match plan_and_label {
+        Some((plan, label)) => (Source::Loaded(Box::new(plan)), label),
         None => {
             let strategy: Strategy = args.strategy.parse()?;
-            plan_framework = strategy.framework().map(str::to_string);
-            let calls = args.codec_calls.codec_calls();
-            strategy.check_codec_calls(calls, "--codec-calls")?;
-            let mut plan = strategy.plan(&base, &strategy_options(args)?)?;
-            // `auto` leaves the strategy's own schemes (DeAR's split, HiPress's rings) alone.
-            if args.scheme != SchemeArg::Auto {
-                plan.set_scheme(args.scheme.scheme());
-            }
-            plan.wire = args.wire.wire();
-            plan.codec_calls = calls;
-            (plan, format!("strategy {strategy}"))
+            (Source::Strategy(strategy), format!("strategy {strategy}"))
         }
+    };
+    // The framework that runs the plan (the flag's, else the plan's, else the strategy's) and
+    // the codecs that compress it (the flag's, else the plan's) are set before the strategy
+    // plans, so that it plans under the costs the plan is then priced with.
+    let (plan_framework, plan_codecs) = match &source {
+        Source::Loaded(plan) => (plan.framework.clone(), plan.codecs.clone()),
+        Source::Strategy(strategy) => (strategy.framework().map(str::to_string), None),
     };
     let framework = match chosen(
         ("--framework", args.framework.as_deref()),
@@ -72,24 +66,40 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         Some((name, context)) => Framework::named(name).context(context)?,
         None => None,
     };
-    plan.framework = framework.as_ref().map(|(name, _)| name.clone());
+    let framework_name = framework.as_ref().map(|(name, _)| name.clone());
     let base = base.with_framework(framework.map(|(_, framework)| framework));
-    // The codecs that compress it: the flag's, else the plan's.
     let (codecs, context) = match chosen(
         ("--codecs", args.codecs.as_deref()),
-        ("codecs", plan.codecs.as_deref()),
+        ("codecs", plan_codecs.as_deref()),
         &label,
     ) {
         Some((name, context)) => (CodecSet::named(name).context(context.clone())?, context),
         None => (None, String::new()),
     };
-    if let Some((_, set)) = &codecs {
-        set.check_plan(&plan).context(context.clone())?;
-    }
-    plan.codecs = codecs.as_ref().map(|(name, _)| name.clone());
+    let codecs_name = codecs.as_ref().map(|(name, _)| name.clone());
     let base = base
         .with_codecs(codecs.map(|(_, set)| set))
-        .context(context)?;
+        .context(context.clone())?;
+    let mut plan = match source {
+        Source::Loaded(plan) => *plan,
+        Source::Strategy(strategy) => {
+            let calls = args.codec_calls.codec_calls();
+            strategy.check_codec_calls(calls, "--codec-calls")?;
+            let mut plan = strategy.plan(&base, &strategy_options(args)?)?;
+            // `auto` leaves the strategy's own schemes (DeAR's split, HiPress's rings) alone.
+            if args.scheme != SchemeArg::Auto {
+                plan.set_scheme(args.scheme.scheme());
+            }
+            plan.wire = args.wire.wire();
+            plan.codec_calls = calls;
+            plan
+        }
+    };
+    if let Some(set) = &base.codecs {
+        set.check_plan(&plan).context(context)?;
+    }
+    plan.framework = framework_name;
+    plan.codecs = codecs_name;
     if let Some(streams) = args.comm_streams {
         plan.policy.comm_streams = comm_streams("--comm-streams", streams)?;
     }
@@ -319,4 +329,12 @@ fn print_summary(s: &Summary, scenario: &Scenario) {
             st.ci95_high_ms
         );
     }
+}
+
+/// Where `simulate`'s plan comes from.
+enum Source {
+    /// A plan file (`--plan`).
+    Loaded(Box<Plan>),
+    /// A strategy that plans on the scenario.
+    Strategy(Strategy),
 }

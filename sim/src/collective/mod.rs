@@ -17,6 +17,7 @@ use crate::error::{Result, SimError};
 use crate::time::SimTime;
 use crate::topology::{Cluster, Library};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 
 /// A collective operation. Sizes follow nccl-tests: allreduce, broadcast and reduce take the
@@ -326,9 +327,15 @@ pub fn estimate_allgatherv(
 pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<Estimate> {
     let local = Group::one_node(cluster);
     let across = Group::one_per_node(cluster);
+    let world = Group::world(cluster);
     if cluster.nodes == 1 || cluster.gpus_per_node == 1 {
-        return estimate(cluster, Op::Allreduce, bytes, Group::world(cluster));
+        return estimate(cluster, Op::Allreduce, bytes, world);
     }
+    // A host library copies the buffer off the device and back once, whatever phases run on
+    // the host in between.
+    let staging = SimTime::from_us(staging_us(cluster, Op::Allreduce, bytes, world));
+    let bare = without_staging(cluster);
+    let cluster = bare.as_ref();
     let shard = bytes.div_ceil(cluster.gpus_per_node as u64);
     let reduce_scatter = estimate(cluster, Op::ReduceScatter, bytes, local)?;
     // The per-node phases run concurrently on every GPU of the node, so each inter-node ring
@@ -341,12 +348,36 @@ pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<
     let inter = estimate(&shared, Op::Allreduce, shard, across)?;
     let allgather = estimate(cluster, Op::Allgather, bytes, local)?;
     Ok(Estimate {
-        time: reduce_scatter.time + inter.time + allgather.time,
+        time: reduce_scatter.time + inter.time + allgather.time + staging,
         algorithm: Algorithm::Hierarchical,
         protocol: inter.protocol,
-        fixed: reduce_scatter.fixed + inter.fixed + allgather.fixed,
+        fixed: reduce_scatter.fixed + inter.fixed + allgather.fixed + staging,
         delay_with_compute: SimTime::ZERO,
     })
+}
+
+/// What a host library's copies of `op` on `bytes` over `group` cost (µs); 0 on a library
+/// that reads the buffers where they are.
+fn staging_us(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> f64 {
+    cluster
+        .library
+        .tcp()
+        .map_or(0.0, |params| mpi::staging_us(params, op, bytes, group))
+}
+
+/// `cluster` with its library's host staging taken out: the phases of one exchange that a
+/// host library runs between the copy off the device and the copy back.
+pub fn without_staging(cluster: &Cluster) -> Cow<'_, Cluster> {
+    match cluster.library.tcp() {
+        Some(params) if params.host_staging_gbytes_per_s.is_some() => {
+            let mut bare = cluster.clone();
+            if let Some(params) = bare.library.tcp_mut() {
+                params.host_staging_gbytes_per_s = None;
+            }
+            Cow::Owned(bare)
+        }
+        _ => Cow::Borrowed(cluster),
+    }
 }
 
 fn check_group(cluster: &Cluster, group: Group) -> Result<()> {

@@ -68,7 +68,7 @@ impl Hockney {
     }
 }
 
-/// What a GPU host's copies between device and host memory add to `op` on `bytes` over `ranks`
+/// What a GPU host's copies between device and host memory add to `op` on `bytes` over `group`
 /// (µs): the busiest rank's input copied off the device before the call and its output copied
 /// back after it (`host_staging_gbytes_per_s`); 0 where the library reads the buffers in place.
 /// Neither copy uses the network, so it is part of the collective's fixed time. Where the
@@ -384,6 +384,26 @@ mod tests {
                 err.contains("library.shared_memory.host_memory_gbytes_per_s"),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn a_hierarchical_allreduce_stages_its_buffer_once() {
+        let overrides = ClusterOverrides {
+            nodes: Some(2),
+            gpus_per_node: Some(4),
+            inter_gbps: None,
+        };
+        let cluster = Cluster::load("v100-pcie-mpi", overrides).unwrap();
+        let bare = crate::collective::without_staging(&cluster);
+        let bytes: u64 = 64 << 20;
+        let with = crate::collective::estimate_hierarchical_allreduce(&cluster, bytes).unwrap();
+        let without = crate::collective::estimate_hierarchical_allreduce(&bare, bytes).unwrap();
+        let params = cluster.library.tcp().unwrap();
+        let once = super::staging_us(params, Op::Allreduce, bytes, Group::world(&cluster));
+        for (after, before) in [(with.time, without.time), (with.fixed, without.fixed)] {
+            let added_us = (after.as_ns() - before.as_ns()) as f64 / 1e3;
+            assert!((added_us / once - 1.0).abs() < 1e-6, "{added_us} vs {once}");
         }
     }
 }

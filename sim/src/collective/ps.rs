@@ -70,7 +70,8 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
         per_message * MESSAGES_PER_TRANSFER * peers
     });
     // A GPU worker's payload leaves its device before the push and the result returns after
-    // the pull, as an allreduce's buffer does; no link carries the copies.
+    // the pull, as an allreduce's buffer does; no link carries the copies. The node's payload
+    // is reduced inside the node first, so one rank of the node copies it.
     let staging_us = cluster.library.tcp().map_or(0.0, |p| {
         super::mpi::staging_us(p, Op::Allreduce, bytes, Group { ranks: 1, nodes: 1 })
     });

@@ -10,7 +10,7 @@
 
 use super::{fallback, why_no_kept_cost, Compressor};
 use crate::data::{self, DataKind};
-use crate::device::{CodecCost, CostCurve, DeviceProfile};
+use crate::device::{CodecCost, CostCurve, DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::framework::Framework;
 use crate::model::{Provenance, Status};
@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 /// codec, low enough that a time computed from them stays finite and within the duration limit.
 const MAX_OPS: u32 = 10_000;
 const MAX_BYTES_PER_ELEMENT: f64 = 10_000.0;
-/// Most ns per element of one block's serial work (a thousand times the slowest measured).
+/// Most ns per element of one block's serial work (about a thousand times the slowest measured).
 const MAX_SERIAL_NS_PER_ELEMENT: f64 = 10_000.0;
 
 /// Work of one phase of a codec: the framework ops it launches and the bytes they read and
@@ -142,6 +142,18 @@ impl Implementation {
         Ok(())
     }
 
+    /// This implementation as it runs on `device`: one thread block's serial work is a GPU's;
+    /// a CPU rank runs the framework's CPU kernel of the same op, priced by its bytes.
+    fn on(&self, device: &DeviceProfile) -> Implementation {
+        let mut on = self.clone();
+        if device.kind != DeviceKind::Gpu {
+            for work in [&mut on.encode, &mut on.payload, &mut on.call] {
+                work.serial_ns_per_element = 0.0;
+            }
+        }
+        on
+    }
+
     /// Its cost at `us_per_op` and `ns_per_byte`, with `provenance`.
     fn cost(&self, us_per_op: f64, ns_per_byte: f64, provenance: Provenance) -> CodecCost {
         CodecCost {
@@ -245,6 +257,7 @@ impl CodecSet {
         let mut priced = device.clone();
         let ns_per_byte = fallback::ns_per_byte(device);
         for (key, implementation) in &self.codecs {
+            let implementation = implementation.on(device);
             let provenance = Provenance {
                 status: Status::Estimated,
                 method: format!(

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 mod price;
 
+pub(crate) use price::piece_staging_us;
 pub use price::step_times;
 
 /// Work a framework does for each tensor at one point of the iteration: kernels it launches

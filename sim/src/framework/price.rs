@@ -4,7 +4,7 @@ use super::{CallThread, Framework, TensorWork};
 use crate::collective::{staging_split_us, Group, Op};
 use crate::model::Tensor;
 use crate::scenario::Scenario;
-use crate::schedule::{Exchange, Schedule, Slot, StepKind, Stream};
+use crate::schedule::{Exchange, Piece, Schedule, Slot, StepKind, Stream};
 use crate::time::SimTime;
 use crate::topology::TcpParams;
 
@@ -16,6 +16,9 @@ use crate::topology::TcpParams;
 /// - A collective step, with calls from a background thread: its call, and on its first round
 ///   the fusion copies of the piece's tensors.
 /// - The optimizer (or a group's update): the copy back of its tensors.
+/// - With a host library whose copies the framework makes on the compute stream
+///   (`Scenario::staged_on_compute`): each piece's copies off the device and back, on the
+///   compute steps before and after its exchanges.
 ///
 /// A world of one rank has no collective steps, yet a framework still calls its collective
 /// once per group (DDP's reducer allreduces each bucket on one rank): from the backward thread
@@ -88,7 +91,10 @@ pub fn step_times(scenario: &Scenario, schedule: &Schedule) -> Vec<SimTime> {
 /// A host library's staging on the compute stream: each piece's copies off the device on the
 /// compute step its first collective waits for (the hook of its group's last gradient, before
 /// any encode), its copies back on the first compute step that reads its last collective's
-/// result (after any decode: its group's update or the optimizer).
+/// result (after any decode: its group's update or the optimizer). The copies' time is exact;
+/// where they fall is not quite: a later round's copy off is charged before the first round,
+/// and copies back that the runtime makes as each collective ends, between backward kernels,
+/// are charged where the result is read.
 fn stage_on_compute(
     params: &TcpParams,
     scenario: &Scenario,
@@ -107,35 +113,38 @@ fn stage_on_compute(
             reader[dep as usize].get_or_insert(i);
         }
     }
+    let on_compute = |s: &usize| schedule.steps[*s].stream == Stream::Compute;
     let mut first_wait: Vec<Option<usize>> = vec![None; schedule.pieces.len()];
     let mut last_read: Vec<Option<usize>> = vec![None; schedule.pieces.len()];
-    let mut copies = vec![(0.0, 0.0); schedule.pieces.len()];
     for (i, step) in schedule.steps.iter().enumerate() {
-        let (StepKind::Collective { round, .. }, Some(p)) = (step.kind, step.piece) else {
+        let (StepKind::Collective { .. }, Some(p)) = (step.kind, step.piece) else {
             continue;
         };
         let p = p as usize;
-        let round = &schedule.pieces[p].rounds[round as usize];
-        let (op, bytes, over) = staged(round.exchange, round.bytes, group);
-        let (off, back) = staging_split_us(params, op, bytes, over);
-        copies[p].0 += off;
-        copies[p].1 += back;
         if first_wait[p].is_none() {
-            // Back past an encode on the codec stream to the compute step it waits for.
+            // Back past an encode on the codec stream to the compute step it waits for (a
+            // step waits only for earlier ones, so the walk ends).
             let mut at = step.after.first().map(|&s| s as usize);
-            while let Some(s) = at.filter(|&s| schedule.steps[s].stream != Stream::Compute) {
+            while let Some(s) = at.filter(|s| !on_compute(s)) {
                 at = schedule.steps[s].after.first().map(|&d| d as usize);
             }
             first_wait[p] = at;
         }
-        // On past a decode to the compute step that reads the result.
+        // On past a decode to the compute step that reads the result (an update of the next
+        // iteration reads through `after_previous`, from an earlier place in the list; the
+        // walk is bounded whatever the links).
         let mut at = reader[i];
-        while let Some(s) = at.filter(|&s| schedule.steps[s].stream != Stream::Compute) {
-            at = reader[s];
+        for _ in 0..schedule.steps.len() {
+            match at.filter(|s| !on_compute(s)) {
+                Some(s) => at = reader[s],
+                None => break,
+            }
         }
-        last_read[p] = at;
+        last_read[p] = at.filter(on_compute);
     }
-    for (p, (off, back)) in copies.into_iter().enumerate() {
+    for (p, piece) in schedule.pieces.iter().enumerate() {
+        let (off, back) = piece_staging_us(params, piece, group);
+        debug_assert!(first_wait[p].is_some() && last_read[p].is_some());
         if let Some(s) = first_wait[p] {
             times[s] += SimTime::from_us(off);
         }
@@ -145,8 +154,19 @@ fn stage_on_compute(
     }
 }
 
+/// What a host library's copies of `piece`'s exchanges over `group` cost (µs): off the device
+/// before its first round, back after its last.
+pub(crate) fn piece_staging_us(params: &TcpParams, piece: &Piece, group: Group) -> (f64, f64) {
+    piece.rounds.iter().fold((0.0, 0.0), |(off, back), round| {
+        let (op, bytes, over) = staged(round.exchange, round.bytes, group);
+        let (o, b) = staging_split_us(params, op, bytes, over);
+        (off + o, back + b)
+    })
+}
+
 /// The library operation whose buffers an exchange of `bytes` per rank stages, its size as
-/// `Op` reads it, and the ranks it spans (a push-pull stages one worker's payload).
+/// `Op` reads it, and the ranks it spans: a hierarchical allreduce stages its buffer once, a
+/// push-pull the node's reduced payload from one rank (`collective::ps`).
 fn staged(exchange: Exchange, bytes: u64, group: Group) -> (Op, u64, Group) {
     match exchange {
         Exchange::ReduceScatter => (Op::ReduceScatter, bytes, group),
@@ -307,6 +327,11 @@ mod tests {
             host_staging: super::super::HostStaging::Beside,
             ..horovod.clone()
         };
+        let plan_of = |scenario: &Scenario| {
+            Strategy::Horovod
+                .plan(scenario, &StrategyOptions::default())
+                .unwrap()
+        };
         let run = |framework: Framework| {
             let scenario = Scenario::new(model.clone(), cluster.clone())
                 .unwrap()
@@ -354,6 +379,21 @@ mod tests {
                 "{moved} vs {expected_ns}"
             );
         }
+        // The search's stage estimate of a group carries the same copies, before and after.
+        let group_zero = &plan_of(&on_compute).groups[0];
+        let stages = |scenario: &Scenario| {
+            crate::cost::piece_stages(scenario, group_zero, Default::default()).unwrap()[0]
+        };
+        let beside_scenario = on_compute.clone().with_framework(Some(Framework {
+            host_staging: super::super::HostStaging::Beside,
+            ..on_compute.framework.clone().unwrap()
+        }));
+        let [off, exchange, back] = stages(&on_compute);
+        let [off_beside, exchange_beside, back_beside] = stages(&beside_scenario);
+        let total = |a: SimTime, b: SimTime, c: SimTime| (a + b + c).as_ns() as f64;
+        assert!(off > off_beside && back > back_beside && exchange < exchange_beside);
+        let ratio = total(off, exchange, back) / total(off_beside, exchange_beside, back_beside);
+        assert!((ratio - 1.0).abs() < 1e-3, "{ratio}");
         // Without the framework the library stages in its collectives again.
         let bare = on_compute.with_framework(None);
         assert!(bare.staged_on_compute.is_none());
