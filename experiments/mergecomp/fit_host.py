@@ -39,6 +39,15 @@ def scaling(syncopate, cluster_path, model, gpus):
     return 100.0 * json.loads(out)["scaling_efficiency"]
 
 
+def write(base, staging, host, path):
+    """`base` with the two host rates set, written to `path`."""
+    cluster = json.loads(json.dumps(base))
+    cluster["library"]["host_staging_gbytes_per_s"] = staging
+    cluster["library"]["shared_memory"]["host_memory_gbytes_per_s"] = host
+    with open(path, "w") as f:
+        json.dump(cluster, f)
+
+
 def main():
     syncopate = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/syncopate")
     with open(os.path.join(ROOT, "topologies/v100-pcie-mpi.json")) as f:
@@ -49,11 +58,7 @@ def main():
         path = os.path.join(tmp, "cluster.json")
         for staging in STAGING:
             for host in HOST:
-                cluster = json.loads(json.dumps(base))
-                cluster["library"]["host_staging_gbytes_per_s"] = staging
-                cluster["library"]["shared_memory"]["host_memory_gbytes_per_s"] = host
-                with open(path, "w") as f:
-                    json.dump(cluster, f)
+                write(base, staging, host, path)
                 predicted = [scaling(syncopate, path, "resnet50", g) for g in GPUS]
                 error = sum(abs(p / fitted[g] - 1) for p, g in zip(predicted, GPUS)) / len(GPUS)
                 points.append((error, staging, host, predicted))
@@ -63,11 +68,7 @@ def main():
             print(f"staging {staging} GB/s, host {host} GB/s: mean |error| {100 * error:.1f} % "
                   f"(predicted {shown} % against {'/'.join(str(fitted[g]) for g in GPUS)} %)")
         _, staging, host, _ = points[0]
-        cluster = json.loads(json.dumps(base))
-        cluster["library"]["host_staging_gbytes_per_s"] = staging
-        cluster["library"]["shared_memory"]["host_memory_gbytes_per_s"] = host
-        with open(path, "w") as f:
-            json.dump(cluster, f)
+        write(base, staging, host, path)
         rn101 = [scaling(syncopate, path, "resnet101", g) for g in GPUS]
         print("held out, ResNet-101 FP32: predicted "
               + "/".join(f"{p:.1f}" for p in rn101) + " % against "
