@@ -316,7 +316,7 @@ fn symmetric_and_explicit_paths_agree() {
 }
 
 #[test]
-fn horovod_launches_on_cycle_ticks() {
+fn horovod_launches_half_a_cycle_after_a_collective_is_ready() {
     for (cluster, nodes) in [("dgx1-v100", 1), ("v100-10gbe", 2)] {
         let (scenario, plan) = scenario("resnet50", cluster, nodes, "horovod", "none");
         let outcome = simulate(
@@ -328,26 +328,33 @@ fn horovod_launches_on_cycle_ticks() {
             },
         )
         .unwrap();
-        let cycle_us = plan.policy.cycle_time_us;
+        let half_cycle_us = plan.policy.cycle_time_us / 2.0;
         let trace = outcome.trace.unwrap();
-        let mut spans: Vec<(u64, f64, f64)> = trace
-            .trace_events
-            .iter()
-            .filter(|e| e.cat == "comm")
-            .map(|e| (e.args["iteration"].as_u64().unwrap(), e.ts, e.ts + e.dur))
-            .collect();
-        spans.sort_by(|a, b| a.1.total_cmp(&b.1));
-        assert!(!spans.is_empty());
-        // Each iteration's ticks follow its first launch every cycle (the expected phase of a
-        // free-running loop); a collective starts on one of them, or, when the link is still
-        // busy, as the previous one ends.
-        let mut first = std::collections::BTreeMap::new();
-        for (i, &(iteration, start, _)) in spans.iter().enumerate() {
-            let grid = (start - *first.entry(iteration).or_insert(start)) / cycle_us;
-            let on_tick = (grid - grid.round()).abs() < 1e-6;
-            let queued = i > 0 && (start - spans[i - 1].2).abs() < 1e-3;
+        let spans = |cat: &str| -> Vec<(f64, f64)> {
+            let mut spans: Vec<(f64, f64)> = trace
+                .trace_events
+                .iter()
+                .filter(|e| e.ph == "X" && e.cat == cat)
+                .map(|e| (e.ts, e.ts + e.dur))
+                .collect();
+            spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+            spans
+        };
+        let (comm, compute) = (spans("comm"), spans("compute"));
+        assert!(!comm.is_empty());
+        // A collective is ready when the backward step of its group's last gradient ends (the
+        // expected phase of a free-running loop puts the next tick half a cycle later on
+        // average); it starts then, or, when the link is still busy, as the previous one ends.
+        let mut waited = 0;
+        for (i, &(start, _)) in comm.iter().enumerate() {
+            let on_tick = compute
+                .iter()
+                .any(|&(_, end)| (start - half_cycle_us - end).abs() < 1e-3);
+            let queued = i > 0 && (start - comm[i - 1].1).abs() < 1e-3;
             assert!(on_tick || queued, "{cluster}: collective at {start} µs");
+            waited += usize::from(on_tick);
         }
+        assert!(waited > 0, "{cluster}: no collective waited for its tick");
     }
 }
 
