@@ -87,7 +87,7 @@ pub fn step_costs(
                     }
                 }
                 (_, Some(p)) => StepCost {
-                    duration: p.step(&step.ops, 0) + framework,
+                    duration: p.step(&step.ops, 0),
                     estimate: None,
                     links: Links::Every,
                 },
