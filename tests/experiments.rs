@@ -221,6 +221,27 @@ fn sweep_cell(csv: &str, strategy: &str, column: &str) -> String {
     line.split(',').nth(at(column)).unwrap().to_string()
 }
 
+/// sweep.csv of a successful sweep of ResNet-50 on two `v100-10gbe` nodes with `args`, in a
+/// scratch folder named `tag`.
+fn resnet50_sweep(tag: &str, args: &[&str]) -> String {
+    let out_dir = scratch(tag);
+    let out_arg = out_dir.to_str().unwrap();
+    let base = [
+        "sweep",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-10gbe",
+        "--nodes",
+        "2",
+        "--out",
+        out_arg,
+    ];
+    let out = syncopate(&[&base[..], args].concat());
+    assert!(out.status.success(), "{tag}: {}", stderr(&out));
+    std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap()
+}
+
 #[test]
 fn sweep_prices_the_framework_asked_for() {
     let run = |framework: &str| {
@@ -271,28 +292,19 @@ fn sweep_prices_the_framework_asked_for() {
 #[test]
 fn sweep_compresses_tensor_by_tensor_when_asked() {
     let run = |calls: &str| {
-        let out_dir = scratch(&format!("sweep-calls-{calls}"));
-        let out = syncopate(&[
-            "sweep",
-            "--model",
-            "resnet50",
-            "--cluster",
-            "v100-10gbe",
-            "--nodes",
-            "2",
-            "--strategy",
-            "horovod,mergecomp",
-            "--compressor",
-            "topk:0.01",
-            "--memory",
-            "residual",
-            "--codec-calls",
-            calls,
-            "--out",
-            out_dir.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap()
+        resnet50_sweep(
+            &format!("sweep-calls-{calls}"),
+            &[
+                "--strategy",
+                "horovod,mergecomp",
+                "--compressor",
+                "topk:0.01",
+                "--memory",
+                "residual",
+                "--codec-calls",
+                calls,
+            ],
+        )
     };
     let (group, tensor) = (run("group"), run("tensor"));
     assert_eq!(sweep_cell(&group, "horovod", "codec_calls"), "group");
@@ -339,28 +351,19 @@ fn sweep_rejects_unknown_strategy_and_zero_bandwidth() {
 #[test]
 fn sweep_names_the_codecs_that_priced_each_row() {
     let run = |codecs: &str| {
-        let out_dir = scratch(&format!("sweep-codecs-{codecs}"));
-        let out = syncopate(&[
-            "sweep",
-            "--model",
-            "resnet50",
-            "--cluster",
-            "v100-10gbe",
-            "--nodes",
-            "2",
-            "--strategy",
-            "horovod",
-            "--compressor",
-            "fp16",
-            "--framework",
-            "horovod",
-            "--codecs",
-            codecs,
-            "--out",
-            out_dir.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{codecs}: {}", stderr(&out));
-        let csv = std::fs::read_to_string(out_dir.join("sweep.csv")).unwrap();
+        let csv = resnet50_sweep(
+            &format!("sweep-codecs-{codecs}"),
+            &[
+                "--strategy",
+                "horovod",
+                "--compressor",
+                "fp16",
+                "--framework",
+                "horovod",
+                "--codecs",
+                codecs,
+            ],
+        );
         sweep_cell(&csv, "horovod", "codecs")
     };
     // `native` is the device's curves, as without the flag; a set is named by its name.

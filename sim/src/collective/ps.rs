@@ -72,9 +72,7 @@ pub fn push_pull(cluster: &Cluster, bytes: u64, server: ServerLink) -> Result<(E
     // A GPU worker's payload leaves its device before the push and the result returns after
     // the pull, as an allreduce's buffer does; no link carries the copies. The node's payload
     // is reduced inside the node first, so one rank of the node copies it.
-    let staging_us = cluster.library.tcp().map_or(0.0, |p| {
-        super::mpi::staging_us(p, Op::Allreduce, bytes, Group { ranks: 1, nodes: 1 })
-    });
+    let staging_us = super::staging_us(cluster, Op::Allreduce, bytes, Group { ranks: 1, nodes: 1 });
     let latency_us = cluster.inter_node.latency_us;
     let estimate = Estimate {
         time: SimTime::from_us(2.0 * (latency_us + fixed_us + per_phase_us) + staging_us),

@@ -44,7 +44,7 @@ pub struct OpWork {
 }
 
 impl OpWork {
-    /// Ops and bytes are bounded and not negative, and only a sparsifier (`key`) has bytes per
+    /// Ops, bytes and one block's time are bounded and not negative, and only a sparsifier (`key`) has bytes per
     /// kept element; `field` names this phase in errors.
     pub fn check(&self, label: &str, field: &str, key: &str) -> Result<()> {
         if self.ops > MAX_OPS {
@@ -54,27 +54,31 @@ impl OpWork {
                 format!("is 0 to {MAX_OPS}, got {}", self.ops),
             ));
         }
-        for (name, bytes) in [
-            ("bytes_per_element", self.bytes_per_element),
-            ("bytes_per_kept_element", self.bytes_per_kept_element),
+        for (name, value, most) in [
+            (
+                "bytes_per_element",
+                self.bytes_per_element,
+                MAX_BYTES_PER_ELEMENT,
+            ),
+            (
+                "bytes_per_kept_element",
+                self.bytes_per_kept_element,
+                MAX_BYTES_PER_ELEMENT,
+            ),
+            (
+                "serial_ns_per_element",
+                self.serial_ns_per_element,
+                MAX_SERIAL_NS_PER_ELEMENT,
+            ),
         ] {
-            data::check_non_negative(label, &format!("{field}.{name}"), bytes)?;
-            if bytes > MAX_BYTES_PER_ELEMENT {
+            data::check_non_negative(label, &format!("{field}.{name}"), value)?;
+            if value > most {
                 return Err(SimError::invalid(
                     label,
                     format!("{field}.{name}"),
-                    format!("is at most {MAX_BYTES_PER_ELEMENT}, got {bytes}"),
+                    format!("is at most {most}, got {value}"),
                 ));
             }
-        }
-        let serial = self.serial_ns_per_element;
-        data::check_non_negative(label, &format!("{field}.serial_ns_per_element"), serial)?;
-        if serial > MAX_SERIAL_NS_PER_ELEMENT {
-            return Err(SimError::invalid(
-                label,
-                format!("{field}.serial_ns_per_element"),
-                format!("is at most {MAX_SERIAL_NS_PER_ELEMENT}, got {serial}"),
-            ));
         }
         // Asked only of a kept cost, as device profiles ask it.
         let why = (self.bytes_per_kept_element > 0.0)
