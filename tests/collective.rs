@@ -338,6 +338,10 @@ const POLARIS_256_NODES_MEDIAN_PCT: f64 = 12.5;
 const POLARIS_540_NODES_MEDIAN_PCT: f64 = 18.5;
 const POLARIS_TCP_128_NODES_MEDIAN_PCT: f64 = 31.0;
 const H100_8_NODES_MEDIAN_PCT: f64 = 24.5;
+/// DGX-1 (V100) at 2, 3, 4, 6 and 7 GPUs, held out of the 8-GPU fit: medians 1.7–5.4 %.
+const DGX1_HELD_OUT_MEDIAN_PCT: f64 = 6.5;
+/// DGX-1 at 5 GPUs, whose relayed rings are priced as direct ones: median 17.8 %.
+const DGX1_FIVE_GPUS_MEDIAN_PCT: f64 = 19.0;
 
 /// Median of the absolute percentage errors of the predictions of `measurements` at `gpus`.
 fn median_error_at(cluster: &Cluster, measurements: &[Measurement], gpus: u32) -> f64 {
@@ -557,11 +561,21 @@ fn row_filters_select_one_run_of_a_multi_run_file() {
 /// Out-of-place allreduce rows of a vendored multi-run file from 4 KiB to `max_bytes`;
 /// `filters` pick the runs.
 fn allreduce_rows(file: &str, filters: &[&str], max_bytes: u64) -> Vec<Measurement> {
+    allreduce_column(file, "time_us_out_of_place", filters, max_bytes)
+}
+
+/// `allreduce_rows` of another time column.
+fn allreduce_column(
+    file: &str,
+    column: &str,
+    filters: &[&str],
+    max_bytes: u64,
+) -> Vec<Measurement> {
     let filters: Vec<RowFilter> = filters.iter().map(|f| f.parse().unwrap()).collect();
     calibrate::read_measurements(
         &validation_data(file),
         Op::Allreduce,
-        Some("time_us_out_of_place"),
+        Some(column),
         8,
         &filters,
     )
@@ -635,6 +649,37 @@ fn h100_issue_309_fitted_on_two_and_four_nodes_predicts_eight() {
         median <= H100_8_NODES_MEDIAN_PCT,
         "held-out 64 GPUs: median {median:.1}%"
     );
+}
+
+#[test]
+fn dgx1_fitted_on_eight_gpus_predicts_the_rings_of_two_to_seven() {
+    // vTrain's V100 node: the 8-GPU rows fitted the efficiencies, the others are held out.
+    let data = allreduce_column(
+        "vtrain_v100_allreduce_dgx1.csv",
+        "time_us_col1",
+        &[],
+        1 << 30,
+    );
+    let c = cluster("dgx1-v100");
+    for gpus in [2, 3, 4, 6, 7] {
+        let median = median_error_at(&c, &data, gpus);
+        assert!(
+            median <= DGX1_HELD_OUT_MEDIAN_PCT,
+            "held-out {gpus} GPUs: median {median:.1}%"
+        );
+    }
+    // Five GPUs relay through GPU 0 (NCCL's PATH_NVB), which the rings price as two direct
+    // links: faster than measured.
+    let median = median_error_at(&c, &data, 5);
+    assert!(
+        median <= DGX1_FIVE_GPUS_MEDIAN_PCT,
+        "5 GPUs: median {median:.1}%"
+    );
+    // Two GPUs share one link of 25 GB/s: a 1 GiB allreduce takes over 40 ms, not the 8.5 ms
+    // that all six links of a GPU would give.
+    let pair = Group { ranks: 2, nodes: 1 };
+    let gib = collective::estimate(&c, Op::Allreduce, 1 << 30, pair).unwrap();
+    assert!(gib.time.as_us() > 40_000.0, "{:?}", gib.time);
 }
 
 /// A gloo sweep file (`python -m syncopate.torch.sweep`'s columns) that `truth` prices.

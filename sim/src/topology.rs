@@ -31,6 +31,117 @@ pub struct IntraNode {
     /// Whether the NVSwitch can reduce in the switch (NVLink SHARP, "NVLS"): Hopper NVSwitch and later.
     #[serde(default)]
     pub nvls: bool,
+    /// The links between the GPUs of a switchless NVLink mesh. Absent: every GPU reaches every
+    /// other at `bandwidth_gbytes_per_s` (a switch or one shared bus).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<Mesh>,
+}
+
+impl IntraNode {
+    /// Bandwidth (GB/s) a ring over the node's first `gpus` GPUs reaches out of each of them:
+    /// on a mesh, one link's for every ring NCCL lays over their links; otherwise the fabric's.
+    pub fn ring_gbytes_per_s(&self, gpus: u32) -> f64 {
+        match &self.mesh {
+            Some(mesh) => mesh.link_gbytes_per_s * f64::from(mesh.rings(gpus)),
+            None => self.bandwidth_gbytes_per_s,
+        }
+    }
+}
+
+/// A switchless NVLink mesh (DGX-1's hybrid cube mesh): how many links join each pair of GPUs.
+/// A job of g GPUs per node runs on GPUs 0..g (CUDA's default device order).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "MeshFile", into = "MeshFile")]
+pub struct Mesh {
+    /// One link's bandwidth in each direction.
+    pub link_gbytes_per_s: f64,
+    /// `links[i][j]`: links between GPU i and GPU j (symmetric, 0 on the diagonal).
+    pub links: Vec<Vec<u32>>,
+    /// Rings over GPUs 0..g, for g = 0..=GPUs (computed once when the file is read).
+    rings: Vec<u32>,
+}
+
+impl Mesh {
+    /// GPUs the mesh joins.
+    pub fn gpus(&self) -> u32 {
+        self.links.len() as u32
+    }
+
+    /// Rings NCCL lays over GPUs 0..gpus (0 past the mesh's GPUs).
+    pub fn rings(&self, gpus: u32) -> u32 {
+        self.rings.get(gpus as usize).copied().unwrap_or(0)
+    }
+}
+
+/// A mesh as its file writes it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MeshFile {
+    link_gbytes_per_s: f64,
+    links: Vec<Vec<u32>>,
+}
+
+/// Most links one pair of GPUs can have (NVLink 4 gives an H100 18).
+const MAX_LINKS_PER_PAIR: u32 = 18;
+
+impl TryFrom<MeshFile> for Mesh {
+    type Error = String;
+
+    fn try_from(file: MeshFile) -> std::result::Result<Mesh, String> {
+        let links = file.links;
+        let n = links.len();
+        if !(2..=crate::collective::MAX_MESH_GPUS).contains(&n) {
+            return Err(format!(
+                "intra_node.mesh.links: a mesh joins 2 to {} GPUs, got {n}",
+                crate::collective::MAX_MESH_GPUS
+            ));
+        }
+        for (i, row) in links.iter().enumerate() {
+            if row.len() != n {
+                return Err(format!(
+                    "intra_node.mesh.links[{i}]: has {} entries, the mesh {n} GPUs",
+                    row.len()
+                ));
+            }
+            for (j, &count) in row.iter().enumerate() {
+                let problem = if i == j && count != 0 {
+                    "a GPU has no links to itself"
+                } else if count != links[j][i] {
+                    "links run both ways: links[i][j] equals links[j][i]"
+                } else if count > MAX_LINKS_PER_PAIR {
+                    "is more links than one pair of GPUs has"
+                } else {
+                    continue;
+                };
+                return Err(format!(
+                    "intra_node.mesh.links[{i}][{j}] = {count}: {problem}"
+                ));
+            }
+        }
+        let rings: Vec<u32> = (0..=n)
+            .map(|g| crate::collective::nccl_rings(&links, g))
+            .collect();
+        if let Some(g) = (2..=n).find(|&g| rings[g] == 0) {
+            return Err(format!(
+                "intra_node.mesh.links: GPUs 0 to {} have no ring over their links, even through one another",
+                g - 1
+            ));
+        }
+        Ok(Mesh {
+            link_gbytes_per_s: file.link_gbytes_per_s,
+            links,
+            rings,
+        })
+    }
+}
+
+impl From<Mesh> for MeshFile {
+    fn from(mesh: Mesh) -> MeshFile {
+        MeshFile {
+            link_gbytes_per_s: mesh.link_gbytes_per_s,
+            links: mesh.links,
+        }
+    }
 }
 
 /// How nodes reach each other.
@@ -439,6 +550,37 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// A mesh's link rate, that no GPU has more links than the fabric's bandwidth carries, and
+    /// that the node's GPUs are the mesh's.
+    fn check_mesh(&self, label: &str, mesh: &Mesh) -> Result<()> {
+        let field = "intra_node.mesh.link_gbytes_per_s";
+        limits::check_rate(label, field, mesh.link_gbytes_per_s, "GB/s")?;
+        let most_links = mesh.links.iter().map(|row| row.iter().sum::<u32>()).max();
+        let most = f64::from(most_links.unwrap_or(0)) * mesh.link_gbytes_per_s;
+        if most > self.intra_node.bandwidth_gbytes_per_s * (1.0 + 1e-9) {
+            return Err(SimError::invalid(
+                label,
+                field,
+                format!(
+                    "a GPU's links carry {most} GB/s, more than intra_node.bandwidth_gbytes_per_s ({})",
+                    self.intra_node.bandwidth_gbytes_per_s
+                ),
+            ));
+        }
+        if self.gpus_per_node > mesh.gpus() {
+            return Err(SimError::invalid(
+                label,
+                "gpus_per_node",
+                format!(
+                    "{} GPUs per node, but intra_node.mesh joins {}",
+                    self.gpus_per_node,
+                    mesh.gpus()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Applies command-line overrides, rejecting values that make no cluster.
     pub fn apply(&mut self, overrides: ClusterOverrides) -> Result<()> {
         if let Some(nodes) = overrides.nodes {
@@ -457,6 +599,13 @@ impl Cluster {
                     "--gpus-per-node",
                     gpus,
                     "a node needs at least one GPU",
+                ));
+            }
+            if let Some(mesh) = self.intra_node.mesh.as_ref().filter(|m| gpus > m.gpus()) {
+                return Err(SimError::bad_value(
+                    "--gpus-per-node",
+                    gpus,
+                    format!("the cluster's NVLink mesh joins {} GPUs", mesh.gpus()),
                 ));
             }
             self.gpus_per_node = gpus;
@@ -500,6 +649,9 @@ impl Cluster {
             "GB/s",
         )?;
         limits::check_duration_us(label, "intra_node.latency_us", self.intra_node.latency_us)?;
+        if let Some(mesh) = &self.intra_node.mesh {
+            self.check_mesh(label, mesh)?;
+        }
         limits::check_rate(
             label,
             "inter_node.nic_bandwidth_gbps",

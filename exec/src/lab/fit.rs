@@ -158,6 +158,7 @@ pub fn cluster(
             bandwidth_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s,
             latency_us: 0.0,
             nvls: false,
+            mesh: None,
         },
         inter_node: InterNode {
             transport: Transport::Tcp,

@@ -11,6 +11,7 @@ pub use links::{shared_slowdowns, Links, ServerLink};
 pub use measured::{least_ns_per_byte, MeasuredSweep, SweepPoint};
 pub use mpi::{staging_split_us, ALLREDUCE_ALGORITHMS as MPI_ALLREDUCE_ALGORITHMS};
 pub(crate) use nccl::tree_latency as nccl_tree_latency;
+pub(crate) use nccl::{rings as nccl_rings, MAX_MESH_GPUS};
 pub use ps::push_pull;
 
 use crate::error::{Result, SimError};

@@ -183,6 +183,7 @@ pub fn cluster(
             bandwidth_gbytes_per_s: memory_gbytes_per_s,
             latency_us: alpha * 1e6,
             nvls: false,
+            mesh: None,
         },
         // The channels play the network: one "NIC" per rank at β's bandwidth, latency in α.
         inter_node: InterNode {

@@ -137,7 +137,8 @@ pub(super) struct Costs<'a> {
     params: &'a NcclParams,
     group: Group,
     fabric: Fabric,
-    /// Bandwidth (GB/s) the Simple protocol reaches out of one GPU inside a node.
+    /// Bandwidth (GB/s) the Simple protocol reaches out of one GPU inside a node, over the
+    /// rings its group's links carry.
     intra_gbytes_per_s: f64,
     /// Bandwidth (GB/s) the group's ranks on one node reach through its NICs together, at this
     /// node count.
@@ -159,7 +160,8 @@ impl<'a> Costs<'a> {
             params,
             group,
             fabric: cluster.intra_node.fabric,
-            intra_gbytes_per_s: cluster.intra_node.bandwidth_gbytes_per_s * params.intra_efficiency,
+            intra_gbytes_per_s: cluster.intra_node.ring_gbytes_per_s(group.ranks_per_node())
+                * params.intra_efficiency,
             // A group with fewer GPUs per node than NICs cannot drive every NIC.
             inter_gbytes_per_s: cluster.inter_node.nic_bandwidth_gbps / 8.0
                 * nics.min(group.ranks_per_node() as f64)

@@ -7,9 +7,11 @@
 //! candidate is also the one reported.
 
 mod cost;
+mod rings;
 mod tuner;
 
 pub(crate) use cost::tree_latency;
+pub(crate) use rings::{rings, MAX_MESH_GPUS};
 
 use super::{Algorithm, Estimate, Group, Naming, Op, Protocol};
 use crate::time::SimTime;

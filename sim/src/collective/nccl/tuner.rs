@@ -323,7 +323,7 @@ pub(super) fn choose(
         group,
         op,
         fabric: cluster.intra_node.fabric,
-        intra_gbytes_per_s: cluster.intra_node.bandwidth_gbytes_per_s,
+        intra_gbytes_per_s: cluster.intra_node.ring_gbytes_per_s(group.ranks_per_node()),
         inter_gbytes_per_s: cluster.inter_node.nic_bandwidth_gbps / 8.0
             * nics.min(group.ranks_per_node() as f64),
         ll128: cluster.intra_node.fabric != Fabric::Pcie
