@@ -32,6 +32,8 @@ pub struct Point {
     /// The codec set that compresses it (`crate::compress::CodecSet`: a name, a path, or
     /// `native`); none or `native`: the device's curves.
     pub codecs: Option<String>,
+    /// Horovod's cycle time for this point, in µs; none: the sweep's.
+    pub cycle_us: Option<f64>,
 }
 
 /// Which framework runs a point's plan (`crate::framework`).
@@ -144,6 +146,7 @@ impl Grid<'_> {
                             codec_calls: self.codec_calls,
                             framework: self.framework.clone(),
                             codecs: self.codecs.map(str::to_string),
+                            cycle_us: None,
                         });
                     }
                 }
@@ -225,6 +228,7 @@ fn run_point(point: &Point, scenario: Scenario, base: &StrategyOptions) -> Resul
     let options = StrategyOptions {
         compressor: point.compressor,
         memory: point.memory,
+        cycle_us: point.cycle_us.unwrap_or(base.cycle_us),
         ..*base
     };
     let mut plan = point.strategy.plan(&scenario, &options)?;

@@ -8,6 +8,7 @@ use crate::chart::Chart;
 use crate::compress::{Compressor, Memory};
 use crate::data;
 use crate::error::{Result, SimError};
+use crate::limits;
 use crate::plan::{CodecCalls, Scheme};
 use crate::strategy::StrategyOptions;
 use crate::sweep::{self, FrameworkChoice, Point};
@@ -80,6 +81,10 @@ struct ConfigSpec {
     /// to the experiment), its ops priced by the framework; absent: the device's curves.
     #[serde(default)]
     codecs: Option<String>,
+    /// Horovod's cycle time (`HOROVOD_CYCLE_TIME`) in ms, where a run set its own; absent:
+    /// Horovod's default.
+    #[serde(default)]
+    cycle_ms: Option<f64>,
 }
 
 fn no_memory() -> Memory {
@@ -174,6 +179,13 @@ fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
                         .as_deref()
                         .map_or(FrameworkChoice::None, FrameworkChoice::parse),
                     codecs: config.codecs.as_deref().map(|c| resolve(dir, c)),
+                    cycle_us: config
+                        .cycle_ms
+                        .map(|ms| {
+                            let field = format!("configs[{i}].cycle_ms");
+                            limits::check_duration_us(label, &field, ms * 1e3).map(|()| ms * 1e3)
+                        })
+                        .transpose()?,
                 });
             }
         }
@@ -232,6 +244,43 @@ mod tests {
         let results = run(&spec("null"), "spec.json", Path::new(".")).unwrap();
         assert_eq!(results.charts.len(), 1);
         assert!(!results.table.contains('×'));
+    }
+
+    fn cycle_spec(cycle_ms: &str) -> GridSpec {
+        let text = format!(
+            r#"{{
+                "format_version": 1,
+                "title": "t",
+                "panels": [{{ "title": "ResNet-50", "model": "resnet50", "cluster": "v100-10gbe" }}],
+                "layouts": [{{ "nodes": 4, "gpus_per_node": 1 }}],
+                "configs": [
+                    {{ "label": "default", "strategy": "horovod", "compressor": "none" }},
+                    {{ "label": "own", "strategy": "horovod", "compressor": "none", "cycle_ms": {cycle_ms} }}
+                ]
+            }}"#
+        );
+        data::parse_json("spec.json", &text).unwrap()
+    }
+
+    #[test]
+    fn a_config_runs_at_its_own_cycle_time_and_a_bad_one_is_named() {
+        let results = run(&cycle_spec("0.1"), "spec.json", Path::new(".")).unwrap();
+        let scaling = |label: &str| -> f64 {
+            let line = results
+                .csv
+                .lines()
+                .find(|l| l.contains(&format!(",{label},")));
+            let fields: Vec<&str> = line.unwrap().split(',').collect();
+            fields.iter().rev().find_map(|f| f.parse().ok()).unwrap()
+        };
+        assert_ne!(scaling("default"), scaling("own"), "{}", results.csv);
+        for bad in ["-1", "1e300"] {
+            let err = run(&cycle_spec(bad), "spec.json", Path::new("."))
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains("configs[1].cycle_ms"), "{err}");
+        }
     }
 
     #[test]
