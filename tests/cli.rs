@@ -1,6 +1,6 @@
 //! The command line end to end: outputs, exit codes and error messages.
 
-use crate::common::{simulate_json, stderr, stdout, syncopate};
+use crate::common::{read_json, simulate_json, stderr, stdout, syncopate};
 
 #[test]
 fn collective_text_table_looks_like_nccl_tests() {
@@ -639,4 +639,55 @@ fn codecs_written_as_framework_ops_cost_their_ops_once_per_codec_call() {
     let native = time("native", "tensor");
     assert!(written > merged, "{written} vs {merged}");
     assert!(written > native, "{written} vs {native}");
+}
+
+#[test]
+fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
+    // MergeComp's compressors are PyTorch ops called from Horovod's hook and synchronize():
+    // their kernels queue on the default stream, so a GPU rank computes, then compresses.
+    let dir = crate::common::scratch("codec-stream");
+    let plan = dir.join("plan.json");
+    let args = [
+        "simulate",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-pcie-mpi",
+        "--gpus-per-node",
+        "4",
+        "--strategy",
+        "mergecomp",
+        "--framework",
+        "horovod",
+        "--codecs",
+        "mergecomp",
+        "--compressor",
+        "randomk:0.01",
+        "--memory",
+        "dgc:0",
+        "--format",
+        "json",
+    ];
+    let out = syncopate(&[&args[..], &["--save-plan", plan.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let ms = |key: &str| summary[key].as_f64().unwrap();
+    assert!(ms("compression_ms") > 1.0, "{summary}");
+    // Nothing of the codecs' time hides behind the backward pass.
+    assert!(
+        ms("iteration_time_ms") >= ms("compute_ms") + ms("compression_ms") - 1e-3,
+        "{summary}"
+    );
+    let mut saved = read_json(&plan);
+    assert_eq!(saved["codec_stream"], "compute");
+    // The same plan with its codecs beside the backward pass is not what the set runs.
+    saved["codec_stream"] = "side".into();
+    std::fs::write(&plan, saved.to_string()).unwrap();
+    let out = syncopate(&["simulate", "--plan", plan.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("codec_stream") && stderr(&out).contains("mergecomp"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -86,8 +86,10 @@ pub fn step_costs(
                         links,
                     }
                 }
+                // An encode or decode in line on the compute stream carries the copies the
+                // framework stages there (nothing otherwise).
                 (_, Some(p)) => StepCost {
-                    duration: p.step(&step.ops, 0),
+                    duration: p.step(&step.ops, 0) + framework,
                     estimate: None,
                     links: Links::Every,
                 },

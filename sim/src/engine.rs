@@ -12,7 +12,7 @@ use crate::collective::{shared_slowdowns, Links};
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
 use crate::launch::{Launcher, Ticks};
-use crate::schedule::{LaunchPolicy, Stream};
+use crate::schedule::{LaunchPolicy, StepKind, Stream};
 use crate::time::SimTime;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -127,7 +127,8 @@ pub struct EngineResult {
     /// Per iteration: when its last rank finished its closing step (`Schedule::iteration_end`,
     /// the last backward step).
     pub iteration_end: Vec<SimTime>,
-    /// Per iteration: busy time of each rank's compute stream and codec stream, summed over ranks.
+    /// Per iteration: busy time of each rank's compute work and codec work (on its codec or CPU
+    /// stream, or in line on its compute stream), summed over ranks.
     pub compute_busy: Vec<SimTime>,
     pub codec_busy: Vec<SimTime>,
     /// Per iteration: time some collective was running.
@@ -475,10 +476,15 @@ impl Engine<'_> {
         let iteration = task.iteration as usize;
         let busy = self.now - running.start;
         self.finished[running.task as usize] += 1;
+        // Codecs in line on the compute stream count as compression, not compute.
+        let codec = matches!(task.kind, StepKind::Encode { .. } | StepKind::Decode { .. });
         match resource {
             LocalStream::Compute => {
                 self.computing -= 1;
-                self.result.compute_busy[iteration] += busy;
+                match codec {
+                    true => self.result.codec_busy[iteration] += busy,
+                    false => self.result.compute_busy[iteration] += busy,
+                }
                 self.rerate_codec(rank);
             }
             LocalStream::Codec | LocalStream::Cpu => self.result.codec_busy[iteration] += busy,

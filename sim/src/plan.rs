@@ -57,6 +57,31 @@ pub struct Group {
     pub priority: i64,
 }
 
+/// Which stream of a GPU rank runs its codec kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CodecStream {
+    /// A stream of their own beside the backward pass, sharing the device with it: fused
+    /// codec kernels (`exec`'s, HiPress's).
+    #[default]
+    Side,
+    /// The compute stream, in program order: PyTorch ops called from a gradient hook queue on
+    /// the current (default) stream behind the kernels that made the gradient and ahead of
+    /// the backward kernels launched after the hook returns, and those called after backward
+    /// (decoding in `synchronize`) behind all of it (MergeComp's and DGC's compressors,
+    /// Horovod's `Compression`).
+    Compute,
+}
+
+impl CodecStream {
+    pub fn name(self) -> &'static str {
+        match self {
+            CodecStream::Side => "side",
+            CodecStream::Compute => "compute",
+        }
+    }
+}
+
 /// How many codec calls compress a group's gradients.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -188,6 +213,10 @@ pub struct Plan {
     /// [`CodecCalls`]). `lower` turns it into every piece's calls and bytes.
     #[serde(default, skip_serializing_if = "is_group_calls")]
     pub codec_calls: CodecCalls,
+    /// Which stream a GPU rank's codec kernels run on (see [`CodecStream`]); CPU ranks run
+    /// theirs on their compression thread either way. `lower` places encode and decode on it.
+    #[serde(default, skip_serializing_if = "is_side_stream")]
+    pub codec_stream: CodecStream,
     /// The framework that runs the plan (`profiles/frameworks/`, a shipped name or an absolute
     /// path), whose per-call costs the simulator adds; absent: the plan's steps alone, as
     /// `exec`'s backends run them.
@@ -229,6 +258,7 @@ impl Plan {
             groups,
             wire: Wire::Packed,
             codec_calls: CodecCalls::Group,
+            codec_stream: CodecStream::Side,
             framework: None,
             codecs: None,
             target: None,
@@ -474,6 +504,10 @@ fn is_packed(wire: &Wire) -> bool {
 
 fn is_group_calls(calls: &CodecCalls) -> bool {
     *calls == CodecCalls::Group
+}
+
+fn is_side_stream(stream: &CodecStream) -> bool {
+    *stream == CodecStream::Side
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::framework::{Framework, HostStaging};
 use crate::model::ModelProfile;
+use crate::plan::CodecStream;
 use crate::schedule::World;
 use crate::topology::{Cluster, TcpParams};
 
@@ -116,6 +117,13 @@ impl Scenario {
         }
         self.framework = framework;
         self
+    }
+
+    /// The stream a plan's codecs run on here: the codec set's, or a stream of their own.
+    pub fn codec_stream(&self) -> CodecStream {
+        self.codecs
+            .as_ref()
+            .map_or(CodecStream::Side, |set| set.stream)
     }
 
     /// Price the compressors `codecs` implements as that set writes them, each op at the

@@ -129,6 +129,10 @@ pub struct Outcome {
 
 /// The plan lowered for the scenario's world (errors name it by its strategy).
 pub fn schedule(scenario: &Scenario, plan: &Plan) -> Result<Schedule> {
+    // The codec set prices its ops where they run: a plan on another stream means something else.
+    if let Some(set) = &scenario.codecs {
+        set.check_plan(plan)?;
+    }
     lower(
         &scenario.model,
         scenario.world(),

@@ -115,6 +115,19 @@ impl<B: Backend> Driver<'_, B> {
     fn compute_thread(&self, rank: &Rank<B::Rank>) -> Result<()> {
         let mut in_flight: VecDeque<(u32, B::Running)> = VecDeque::new();
         for task in self.tasks_on(&[Stream::Compute]) {
+            if self.job.step(task).piece.is_some() {
+                // A codec in line: the stream's work before it done, then its own inputs.
+                for (done, running) in in_flight.drain(..) {
+                    self.backend.finish(rank.state, done, running)?;
+                    self.complete(rank, done);
+                }
+                self.wait_for(rank, Waiter::Compute, "an in-line codec's input", |s| {
+                    (s.pending[task as usize] == 0).then_some(())
+                })?;
+                run_sync_task(self.backend, self.job, rank.state, &Lane::Codec, task)?;
+                self.complete(rank, task);
+                continue;
+            }
             loop {
                 self.complete_done(rank, &mut in_flight)?;
                 if in_flight.is_empty() {
@@ -205,6 +218,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Instant;
     use syncopate_sim::model::ModelProfile;
+    use syncopate_sim::plan::CodecStream;
     use syncopate_sim::scenario::Scenario;
     use syncopate_sim::schedule::{lower, Program, Schedule, World};
     use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -326,7 +340,7 @@ mod tests {
         }
     }
 
-    fn schedule(strategy: &str, compressor: &str) -> Schedule {
+    fn schedule(strategy: &str, compressor: &str, codecs: CodecStream) -> Schedule {
         let model = ModelProfile::load("resnet50").unwrap();
         let overrides = ClusterOverrides {
             nodes: Some(1),
@@ -335,7 +349,7 @@ mod tests {
         };
         let cluster = Cluster::load("v100-10gbe", overrides).unwrap();
         let scenario = Scenario::new(model, cluster).unwrap();
-        let plan = strategy
+        let mut plan = strategy
             .parse::<Strategy>()
             .unwrap()
             .plan(
@@ -346,6 +360,7 @@ mod tests {
                 },
             )
             .unwrap();
+        plan.codec_stream = codecs;
         let world = World {
             nodes: 1,
             ranks_per_node: 2,
@@ -356,17 +371,19 @@ mod tests {
     /// With compute tasks left in flight, every task still runs after its inputs (compute
     /// inputs merely enqueued earlier on the stream count), compute keeps program order, and
     /// the run ends with every task done: the pipelined compute stream cannot deadlock, nor
-    /// the compression thread, woken only when its queue gains a task.
+    /// the compression thread, woken only when its queue gains a task. Codecs in line on the
+    /// compute stream run there, after the compute work queued before them.
     #[test]
     fn in_flight_compute_keeps_every_dependency() {
-        for (strategy, compressor) in [
-            ("horovod", "none"),
-            ("dear", "none"),
-            ("bytescheduler", "none"),
-            ("horovod", "topk:0.01"),
-            ("bytescheduler", "powersgd:4"),
+        for (strategy, compressor, codecs) in [
+            ("horovod", "none", CodecStream::Side),
+            ("dear", "none", CodecStream::Side),
+            ("bytescheduler", "none", CodecStream::Side),
+            ("horovod", "topk:0.01", CodecStream::Side),
+            ("bytescheduler", "powersgd:4", CodecStream::Side),
+            ("horovod", "topk:0.01", CodecStream::Compute),
         ] {
-            let schedule = schedule(strategy, compressor);
+            let schedule = schedule(strategy, compressor, codecs);
             let options = ExecOptions {
                 warmup: 1,
                 iterations: 2,
@@ -419,7 +436,7 @@ mod tests {
                 "{strategy} + {compressor}: a task never ran"
             );
             let compute: Vec<u32> = (0..n as u32)
-                .filter(|&t| job.step(t).stream == Stream::Compute)
+                .filter(|&t| job.step(t).stream == Stream::Compute && job.step(t).piece.is_none())
                 .collect();
             assert_eq!(log.compute_order, compute, "{strategy} + {compressor}");
             assert!(

@@ -30,7 +30,7 @@ use std::time::Duration;
 use syncopate_sim::compress::Wire;
 use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::real_run;
-use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, Stream};
+use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, StepKind, Stream};
 use syncopate_sim::time::SimTime;
 
 /// Where a plan runs.
@@ -145,6 +145,7 @@ impl Measured {
 
     /// Rank 0's busy time on `streams` per measured iteration (`measured` of them), in ms: the
     /// time some task of those streams ran (concurrent collectives on several streams count once).
+    /// Busy time per measured iteration of rank 0's steps counted on `streams` ([`counted_on`]).
     fn busy_ms(&self, run: &RunInfo, measured: usize, streams: &[Stream]) -> f64 {
         let (program, warmup) = (run.program, run.warmup);
         let spans = self
@@ -155,7 +156,7 @@ impl Measured {
                 r.rank == 0
                     && real_run::is_measured(task.iteration, warmup)
                     && (task.iteration as usize) < self.iteration_end.len()
-                    && streams.contains(&run.schedule.step(task.step).stream)
+                    && streams.contains(&counted_on(run.schedule.step(task.step)))
             })
             .map(|r| (r.start, r.end))
             .collect();
@@ -188,6 +189,15 @@ impl Measured {
             seed: run.seed,
             checks: self.checks.clone(),
         }
+    }
+}
+
+/// The stream a step's busy time counts on: its own, but a codec in line on the compute stream
+/// counts as compression, as the simulator's summary counts it.
+fn counted_on(step: &Step) -> Stream {
+    match (step.stream, step.kind) {
+        (Stream::Compute, StepKind::Encode { .. } | StepKind::Decode { .. }) => Stream::Codec,
+        (stream, _) => stream,
     }
 }
 

@@ -14,7 +14,7 @@ use crate::device::{CodecCost, CostCurve, DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::framework::Framework;
 use crate::model::{Provenance, Status};
-use crate::plan::Plan;
+use crate::plan::{CodecStream, Plan};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -180,6 +180,10 @@ pub struct CodecSet {
     pub format_version: u32,
     pub name: String,
     pub description: String,
+    /// Which stream of a GPU rank its ops run on; absent: a stream of their own (fused
+    /// kernels). PyTorch ops called from a hook run on the compute stream.
+    #[serde(default)]
+    pub stream: CodecStream,
     /// Each compressor by its catalog key (`fp16`, `dgc`, `topk`, ...).
     pub codecs: BTreeMap<String, Implementation>,
     pub provenance: Provenance,
@@ -228,8 +232,22 @@ impl CodecSet {
     }
 
     /// `plan`'s compressors all implemented here, or an error naming the first that is not.
+    /// Every compressor of `plan` implemented here, and the plan's codecs on this set's stream.
     pub fn check_plan(&self, plan: &Plan) -> Result<()> {
-        self.check_compressors(plan.groups.iter().map(|g| &g.compressor))
+        self.check_compressors(plan.groups.iter().map(|g| &g.compressor))?;
+        if plan.codec_stream != self.stream {
+            return Err(SimError::invalid(
+                "plan",
+                "codec_stream",
+                format!(
+                    "is `{}`, but codec set `{}` runs its ops on the `{}` stream",
+                    plan.codec_stream.name(),
+                    self.name,
+                    self.stream.name()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Every compressor but `none` implemented here, or an error naming the first that is not.

@@ -90,7 +90,7 @@ pub fn step_times(scenario: &Scenario, schedule: &Schedule) -> Vec<SimTime> {
 
 /// A host library's staging on the compute stream: each piece's copies off the device on the
 /// compute step its first collective waits for (the hook of its group's last gradient, before
-/// any encode), its copies back on the first compute step that reads its last collective's
+/// any encode on a codec stream, or the encode in line after it), its copies back on the first compute step that reads its last collective's
 /// result (after any decode: its group's update or the optimizer). The copies' time is exact;
 /// where they fall is not quite: a later round's copy off is charged before the first round,
 /// and copies back that the runtime makes as each collective ends, between backward kernels,

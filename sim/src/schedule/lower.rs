@@ -8,7 +8,7 @@ use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor,
 use crate::data::FORMAT_VERSION;
 use crate::error::{Result, SimError};
 use crate::model::ModelProfile;
-use crate::plan::{CodecCalls, CompressOn, Group, Plan, Scheme};
+use crate::plan::{CodecCalls, CodecStream, CompressOn, Group, Plan, Scheme};
 use crate::time::SimTime;
 use smallvec::{smallvec, SmallVec};
 
@@ -97,17 +97,42 @@ pub fn lower(
             model.tensors[t].forward_us,
         ));
     }
-    let backward: Vec<u32> = model
-        .tensors
-        .iter()
-        .enumerate()
-        .map(|(t, tensor)| {
-            push(compute(
-                StepKind::Backward { tensor: t as u32 },
-                tensor.backward_us,
-            ))
-        })
-        .collect();
+    // Codecs in line on a GPU rank's compute stream encode right behind the backward step
+    // that completes their group, ahead of the backward steps after it.
+    let inline = |g: usize| {
+        !cpu_ranks
+            && plan.codec_stream == CodecStream::Compute
+            && plan.groups[g].compress_on == CompressOn::Gpu
+    };
+    let mut encodes_after: Vec<Vec<usize>> = vec![Vec::new(); model.num_tensors()];
+    for (g, range) in group_pieces.iter().enumerate() {
+        if inline(g) {
+            let last = *plan.groups[g]
+                .tensors
+                .iter()
+                .max()
+                .expect("validated groups are non-empty");
+            encodes_after[last].extend(range.clone().filter(|&p| has_encode(&pieces[p])));
+        }
+    }
+    let mut inline_encode: Vec<Option<u32>> = vec![None; pieces.len()];
+    let mut backward = Vec::with_capacity(model.num_tensors());
+    for (t, tensor) in model.tensors.iter().enumerate() {
+        let step = push(compute(
+            StepKind::Backward { tensor: t as u32 },
+            tensor.backward_us,
+        ));
+        backward.push(step);
+        for &p in &encodes_after[t] {
+            let piece = &pieces[p];
+            let kind = StepKind::Encode {
+                group: piece.group,
+                part: piece.part,
+            };
+            let ops = smallvec![Op::Compensate, Op::Encode];
+            inline_encode[p] = Some(push(sync_step(kind, Stream::Compute, step, p, ops)));
+        }
+    }
     let last_backward = *backward.last().expect("a validated model has tensors");
     let mut position = 0u32;
     let mut group_tails: Vec<Vec<u32>> = Vec::with_capacity(group_pieces.len());
@@ -120,6 +145,7 @@ pub fn lower(
             .max()
             .expect("validated groups are non-empty");
         let codec = match (group.compress_on, cpu_ranks) {
+            _ if inline(g) => Stream::Compute,
             // A GPU rank may hand compression to its host CPU (Espresso); a CPU rank's own
             // compression stream is on the cores its compute runs on.
             (CompressOn::Cpu, false) => Stream::Cpu,
@@ -128,22 +154,15 @@ pub fn lower(
         let mut tails = Vec::with_capacity(range.len());
         for p in range.clone() {
             let piece = &pieces[p];
-            let sync = |kind, stream, after: u32, ops: OpList| Step {
-                kind,
-                stream,
-                after: smallvec![after],
-                after_previous: StepList::new(),
-                from_iteration: 0,
-                profiled_us: None,
-                piece: Some(p as u32),
-                ops,
-                launch: None,
-            };
+            let sync =
+                |kind, stream, after: u32, ops: OpList| sync_step(kind, stream, after, p, ops);
             let (group_id, part) = (piece.group, piece.part);
             let compressing = piece.compressor != Compressor::None;
-            let has_encode = compressing || piece.memory != Memory::None;
+            let has_encode = has_encode(piece);
             let mut tail = ready;
-            if has_encode {
+            if let Some(encode) = inline_encode[p] {
+                tail = encode;
+            } else if has_encode {
                 tail = push(sync(
                     StepKind::Encode {
                         group: group_id,
@@ -235,6 +254,26 @@ fn too_many_collectives() -> SimError {
         "collectives per iteration",
         "more than 2^32 collectives in one iteration",
     )
+}
+
+/// Whether a piece is encoded before its first round: compressed, or with a memory to add.
+fn has_encode(piece: &Piece) -> bool {
+    piece.compressor != Compressor::None || piece.memory != Memory::None
+}
+
+/// A step of piece `p`'s synchronization on `stream`, after step `after`.
+fn sync_step(kind: StepKind, stream: Stream, after: u32, p: usize, ops: OpList) -> Step {
+    Step {
+        kind,
+        stream,
+        after: smallvec![after],
+        after_previous: StepList::new(),
+        from_iteration: 0,
+        profiled_us: None,
+        piece: Some(p as u32),
+        ops,
+        launch: None,
+    }
 }
 
 fn compute(kind: StepKind, profiled_us: f64) -> Step {
@@ -572,6 +611,51 @@ mod tests {
         assert_eq!(schedule.buffers.len(), 3);
         assert_eq!(schedule.steps.last().unwrap().kind, StepKind::Optimizer);
         assert_eq!(schedule.steps.len(), 7);
+    }
+
+    #[test]
+    fn codecs_in_line_encode_behind_their_gradient_and_decode_after_backward() {
+        let model = model(4);
+        let mut plan = plan(
+            &model,
+            vec![vec![0, 1], vec![2, 3]],
+            "topk:0.1",
+            Scheme::Auto,
+        );
+        plan.codec_stream = CodecStream::Compute;
+        let schedule = lower(&model, world(1, 4), false, &plan, "t").unwrap();
+        schedule.validate("t").unwrap();
+        let kinds: Vec<StepKind> = schedule
+            .steps
+            .iter()
+            .filter(|s| s.stream == Stream::Compute)
+            .map(|s| s.kind)
+            .collect();
+        let backward = |t| StepKind::Backward { tensor: t };
+        let encode = |g| StepKind::Encode { group: g, part: 0 };
+        let decode = |g| StepKind::Decode { group: g, part: 0 };
+        // After the forward pass: each group's encode right behind its last gradient, ahead of
+        // the backward steps after it; the decodes behind the whole backward pass, in plan
+        // order, and the optimizer last.
+        assert_eq!(
+            kinds[4..],
+            [
+                backward(0),
+                backward(1),
+                encode(0),
+                backward(2),
+                backward(3),
+                encode(1),
+                decode(0),
+                decode(1),
+                StepKind::Optimizer
+            ]
+        );
+        assert!(schedule.steps.iter().all(|s| s.stream != Stream::Codec));
+        // CPU ranks run their codecs on their compression thread whatever the plan says.
+        let cpu = lower(&model, world(1, 4), true, &plan, "t").unwrap();
+        let on_codec = cpu.steps.iter().filter(|s| s.stream == Stream::Codec);
+        assert_eq!(on_codec.count(), 4);
     }
 
     #[test]

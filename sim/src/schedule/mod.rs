@@ -14,7 +14,8 @@
 //! The rules every engine follows:
 //! - **Streams.** A step runs on one stream of its rank ([`Stream`]). The compute stream runs
 //!   its steps in program order: each compute step also waits for the compute step before it
-//!   (across iterations too). The codec and CPU streams take ready steps first come, first
+//!   (across iterations too); a piece's encode and decode may run there too, in line (a
+//!   plan's `codec_stream`). The codec and CPU streams take ready steps first come, first
 //!   served. A collective step starts once every rank has met its dependencies, then waits for
 //!   the launch policy ([`crate::launch`]) to give it a communication stream.
 //! - **Dependencies.** `after` names steps of the same iteration, `after_previous` steps of
@@ -47,7 +48,8 @@ use smallvec::SmallVec;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
-    /// The rank's compute stream: forward, backward, optimizer and updates, in program order.
+    /// The rank's compute stream: forward, backward, optimizer and updates, in program order,
+    /// and the codecs of a plan whose codecs run in line.
     Compute,
     /// The rank's compression stream on the device its compute runs on (a GPU's kernels, or
     /// a CPU rank's compression thread): it slows compute down while it runs.
@@ -564,7 +566,15 @@ impl Schedule {
                 None => None,
             };
             match (step.stream, piece, step.kind) {
-                (Stream::Compute, _, _) => {
+                // Encode and decode in line with the compute stream (`CodecStream::Compute`).
+                (Stream::Compute, Some(_), StepKind::Encode { .. } | StepKind::Decode { .. }) => {}
+                (Stream::Compute, Some(_), _) => {
+                    return bad(
+                        at("kind"),
+                        "only encode and decode of a piece run on the compute stream".into(),
+                    )
+                }
+                (Stream::Compute, None, _) => {
                     if !step
                         .profiled_us
                         .is_some_and(|us| us.is_finite() && us >= 0.0)

@@ -324,6 +324,7 @@ pub fn contiguous_plan(
         .collect();
     let mut plan = Plan::new("tuned", &base.model, groups, plan_order(0.0));
     plan.codec_calls = codec_calls;
+    plan.codec_stream = base.codec_stream();
     plan
 }
 

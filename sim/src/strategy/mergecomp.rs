@@ -16,12 +16,14 @@ pub(super) fn plan(name: &str, scenario: &Scenario, options: &StrategyOptions) -
     let evaluator = Evaluator::new(scenario.clone());
     let candidate = |y: usize| -> Result<Plan> {
         let groups = fixed_groups::groups(model, y, GroupingRule::Bytes)?;
-        Ok(Plan::new(
+        let mut plan = Plan::new(
             name,
             model,
             uniform_groups(groups, options, Scheme::Auto),
             super::plan_order(0.0),
-        ))
+        );
+        plan.codec_stream = scenario.codec_stream();
+        Ok(plan)
     };
     let mut best = (candidate(1)?, None);
     let mut since_best = 0;

@@ -273,7 +273,7 @@ impl Strategy {
                 policy,
             )
         };
-        Ok(match *self {
+        let mut plan = match *self {
             Strategy::Wfbp => uniform(per_tensor(model), Scheme::Auto, plan_order(0.0)),
             Strategy::Horovod => uniform(
                 horovod::groups(model, options),
@@ -314,7 +314,9 @@ impl Strategy {
             Strategy::MergeComp => mergecomp::plan(&name, scenario, options)?,
             Strategy::HiPress(topology) => hipress::plan(&name, scenario, options, topology)?,
             Strategy::Espresso => espresso::plan(&name, scenario, options)?,
-        })
+        };
+        plan.codec_stream = scenario.codec_stream();
+        Ok(plan)
     }
 }
 
