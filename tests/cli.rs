@@ -680,6 +680,31 @@ fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
     );
     let mut saved = read_json(&plan);
     assert_eq!(saved["codec_stream"], "compute");
+    // Every strategy that tune compares plans its codecs on the set's stream, and the tuned
+    // plan reproduces its time.
+    let tuned = dir.join("tuned.json");
+    let out = syncopate(&[
+        "tune",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-pcie-mpi",
+        "--gpus-per-node",
+        "4",
+        "--framework",
+        "horovod",
+        "--codecs",
+        "mergecomp",
+        "--search",
+        "compression",
+        "--compressor",
+        "dgc:0.01",
+        "--out",
+        tuned.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("codec_stream"), "{}", stdout(&out));
+    assert_eq!(read_json(&tuned)["codec_stream"], "compute");
     // The same plan with its codecs beside the backward pass is not what the set runs.
     saved["codec_stream"] = "side".into();
     std::fs::write(&plan, saved.to_string()).unwrap();

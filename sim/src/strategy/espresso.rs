@@ -17,6 +17,7 @@ pub(super) fn plan(name: &str, scenario: &Scenario, options: &StrategyOptions) -
     let model = &scenario.model;
     let mut plan = super::per_tensor_plan(model);
     plan.strategy = name.to_string();
+    plan.codec_stream = scenario.codec_stream();
     let evaluator = Evaluator::new(scenario.clone());
     let mut best_time = evaluator.iteration_time(&plan)?;
     let mut order: Vec<usize> = (0..model.num_tensors())
