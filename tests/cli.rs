@@ -705,6 +705,24 @@ fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stdout(&out).contains("codec_stream"), "{}", stdout(&out));
     assert_eq!(read_json(&tuned)["codec_stream"], "compute");
+    // exec runs such a plan with its own kernels and says so.
+    let tuned_arg = tuned.to_str().unwrap();
+    let args = [
+        "exec",
+        "--plan",
+        tuned_arg,
+        "--backend",
+        "host",
+        "--ranks",
+        "2",
+    ];
+    let out = syncopate(&[&args[..], &["--warmup", "1", "--iterations", "1"]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("framework `horovod` and codecs `mergecomp`"),
+        "{}",
+        stderr(&out)
+    );
     // The same plan with its codecs beside the backward pass is not what the set runs.
     saved["codec_stream"] = "side".into();
     std::fs::write(&plan, saved.to_string()).unwrap();

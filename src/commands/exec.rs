@@ -19,6 +19,9 @@ const HOST_COMPUTE_BUDGET_US: f64 = 100_000.0;
 
 pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     let (plan, model) = load_plan(&args.run.plan, args.run.model.as_deref())?;
+    if let Some(note) = runtime::other_runtime_note(&plan) {
+        eprintln!("{note}");
+    }
     let backend = choose_backend(args.run.backend)?;
     let cluster = run_cluster(&args.run, &args.cluster, &plan, backend)?;
     let scenario = Scenario::new(model, cluster)?;

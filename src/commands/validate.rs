@@ -27,6 +27,9 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
 fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
     let run = &args.run;
     let (plan, model) = super::exec::load_plan(&run.plan, run.model.as_deref())?;
+    if let Some(note) = syncopate_exec::runtime::other_runtime_note(&plan) {
+        eprintln!("{note}");
+    }
     let backend = super::exec::choose_backend(run.backend)?;
     let cluster = machine_cluster(args, &plan, &model, backend)?;
     let scenario = Scenario::new(model, cluster)?;
@@ -62,6 +65,9 @@ fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
 fn validate_trace(args: &ValidateArgs, path: &std::path::Path) -> anyhow::Result<()> {
     let run = &args.run;
     let (plan, model) = super::exec::load_plan(&run.plan, run.model.as_deref())?;
+    if let Some(note) = syncopate_exec::runtime::other_runtime_note(&plan) {
+        eprintln!("{note}");
+    }
     let Some(name) = &args.cluster else {
         anyhow::bail!(
             "--measured needs --cluster: the cluster file of the machine the trace was measured on (`lab up --cluster-out`, `profile --backend host --cluster-out`)"

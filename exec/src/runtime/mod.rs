@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use syncopate_sim::compress::Wire;
 use syncopate_sim::engine::TaskRecord;
+use syncopate_sim::plan::Plan;
 use syncopate_sim::real_run;
 use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, StepKind, Stream};
 use syncopate_sim::time::SimTime;
@@ -314,6 +315,25 @@ pub fn refuse_unrunnable(schedule: &Schedule) -> Result<()> {
         ))),
         None => Ok(()),
     }
+}
+
+/// What a plan priced as another runtime runs it (its `framework` or `codecs`) means here: the
+/// executors run the Schedule's steps with their own threads and kernels, without that
+/// runtime's costs, and `validate` predicts the run so.
+pub fn other_runtime_note(plan: &Plan) -> Option<String> {
+    let other: Vec<String> = [
+        ("framework", plan.framework.as_deref()),
+        ("codecs", plan.codecs.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(field, name)| Some(format!("{field} `{}`", name?)))
+    .collect();
+    (!other.is_empty()).then(|| {
+        format!(
+            "note: the plan names {}; the executors run its steps with their own threads and kernels, without that runtime's costs (`validate` predicts the run so, `simulate` the plan as that runtime runs it)",
+            other.join(" and ")
+        )
+    })
 }
 
 /// Runs the job on `backend` (the host's thread-ranks or this process's GPUs).
