@@ -647,19 +647,20 @@ fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
     // their kernels queue on the default stream, so a GPU rank computes, then compresses.
     let dir = crate::common::scratch("codec-stream");
     let plan = dir.join("plan.json");
-    let args = [
-        "simulate",
+    let scenario = [
         "--model",
         "resnet50",
         "--cluster",
         "v100-pcie-mpi",
         "--gpus-per-node",
         "4",
-        "--strategy",
-        "mergecomp",
         "--framework",
         "horovod",
         "--codecs",
+        "mergecomp",
+    ];
+    let args = [
+        "--strategy",
         "mergecomp",
         "--compressor",
         "randomk:0.01",
@@ -667,8 +668,10 @@ fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
         "dgc:0",
         "--format",
         "json",
+        "--save-plan",
+        plan.to_str().unwrap(),
     ];
-    let out = syncopate(&[&args[..], &["--save-plan", plan.to_str().unwrap()]].concat());
+    let out = syncopate(&[&["simulate"][..], &scenario, &args].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     let summary: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     let ms = |key: &str| summary[key].as_f64().unwrap();
@@ -680,43 +683,35 @@ fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
     );
     let mut saved = read_json(&plan);
     assert_eq!(saved["codec_stream"], "compute");
-    // Every strategy that tune compares plans its codecs on the set's stream, and the tuned
-    // plan reproduces its time.
+    // Every strategy that tune compares plans its codecs on the set's stream, and so does the
+    // tuned plan.
     let tuned = dir.join("tuned.json");
-    let out = syncopate(&[
-        "tune",
-        "--model",
-        "resnet50",
-        "--cluster",
-        "v100-pcie-mpi",
-        "--gpus-per-node",
-        "4",
-        "--framework",
-        "horovod",
-        "--codecs",
-        "mergecomp",
+    let search = [
         "--search",
         "compression",
         "--compressor",
         "dgc:0.01",
         "--out",
         tuned.to_str().unwrap(),
-    ]);
+    ];
+    let out = syncopate(&[&["tune"][..], &scenario, &search].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stdout(&out).contains("codec_stream"), "{}", stdout(&out));
     assert_eq!(read_json(&tuned)["codec_stream"], "compute");
     // exec runs such a plan with its own kernels and says so.
-    let tuned_arg = tuned.to_str().unwrap();
-    let args = [
+    let out = syncopate(&[
         "exec",
         "--plan",
-        tuned_arg,
+        tuned.to_str().unwrap(),
         "--backend",
         "host",
         "--ranks",
         "2",
-    ];
-    let out = syncopate(&[&args[..], &["--warmup", "1", "--iterations", "1"]].concat());
+        "--warmup",
+        "1",
+        "--iterations",
+        "1",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("framework `horovod` and codecs `mergecomp`"),

@@ -99,12 +99,11 @@ pub fn lower(
     }
     // Codecs in line on a GPU rank's compute stream encode right behind the backward step
     // that completes their group, ahead of the backward steps after it.
-    let inline = |g: usize| {
-        !cpu_ranks
-            && plan.codec_stream == CodecStream::Compute
-            && plan.groups[g].compress_on == CompressOn::Gpu
-    };
-    let mut encodes_after: Vec<Vec<usize>> = vec![Vec::new(); model.num_tensors()];
+    let in_line = !cpu_ranks && plan.codec_stream == CodecStream::Compute;
+    let inline = |g: usize| in_line && plan.groups[g].compress_on == CompressOn::Gpu;
+    // Sized only when codecs run in line: a search lowers thousands of plans without.
+    let sized = |n: usize| if in_line { n } else { 0 };
+    let mut encodes_after: Vec<Vec<usize>> = vec![Vec::new(); sized(model.num_tensors())];
     for (g, range) in group_pieces.iter().enumerate() {
         if inline(g) {
             let last = *plan.groups[g]
@@ -115,7 +114,7 @@ pub fn lower(
             encodes_after[last].extend(range.clone().filter(|&p| has_encode(&pieces[p])));
         }
     }
-    let mut inline_encode: Vec<Option<u32>> = vec![None; pieces.len()];
+    let mut inline_encode: Vec<Option<u32>> = vec![None; sized(pieces.len())];
     let mut backward = Vec::with_capacity(model.num_tensors());
     for (t, tensor) in model.tensors.iter().enumerate() {
         let step = push(compute(
@@ -123,7 +122,7 @@ pub fn lower(
             tensor.backward_us,
         ));
         backward.push(step);
-        for &p in &encodes_after[t] {
+        for &p in encodes_after.get(t).map_or(&[][..], Vec::as_slice) {
             let piece = &pieces[p];
             let kind = StepKind::Encode {
                 group: piece.group,
@@ -160,7 +159,7 @@ pub fn lower(
             let compressing = piece.compressor != Compressor::None;
             let has_encode = has_encode(piece);
             let mut tail = ready;
-            if let Some(encode) = inline_encode[p] {
+            if let Some(encode) = inline_encode.get(p).copied().flatten() {
                 tail = encode;
             } else if has_encode {
                 tail = push(sync(
@@ -613,15 +612,20 @@ mod tests {
         assert_eq!(schedule.steps.len(), 7);
     }
 
-    #[test]
-    fn codecs_in_line_encode_behind_their_gradient_and_decode_after_backward() {
-        let model = model(4);
-        let mut plan = plan(
-            &model,
+    /// Two groups of two tensors, each top-k compressed.
+    fn two_topk_groups(model: &ModelProfile) -> Plan {
+        plan(
+            model,
             vec![vec![0, 1], vec![2, 3]],
             "topk:0.1",
             Scheme::Auto,
-        );
+        )
+    }
+
+    #[test]
+    fn codecs_in_line_encode_behind_their_gradient_and_decode_after_backward() {
+        let model = model(4);
+        let mut plan = two_topk_groups(&model);
         plan.codec_stream = CodecStream::Compute;
         let schedule = lower(&model, world(1, 4), false, &plan, "t").unwrap();
         schedule.validate("t").unwrap();
@@ -661,12 +665,7 @@ mod tests {
     #[test]
     fn compressed_groups_encode_and_decode_on_the_codec_stream() {
         let model = model(4);
-        let mut plan = plan(
-            &model,
-            vec![vec![0, 1], vec![2, 3]],
-            "topk:0.1",
-            Scheme::Auto,
-        );
+        let mut plan = two_topk_groups(&model);
         plan.groups[1].memory = Memory::EfSignSgd { lr: 0.5 };
         plan.groups[1].partitions = 2;
         let schedule = lower(&model, world(1, 4), false, &plan, "t").unwrap();
