@@ -680,6 +680,15 @@ fn dgx1_fitted_on_eight_gpus_predicts_the_rings_of_two_to_seven() {
     let pair = Group { ranks: 2, nodes: 1 };
     let gib = collective::estimate(&c, Op::Allreduce, 1 << 30, pair).unwrap();
     assert!(gib.time.as_us() > 40_000.0, "{:?}", gib.time);
+    // One GPU per node crosses no link of the mesh: its collectives are the mesh-less file's.
+    let mut bare = with_nodes(&c, 4);
+    bare.intra_node.mesh = None;
+    let spread = Group { ranks: 4, nodes: 4 };
+    for bytes in [64 << 10, 64 << 20] {
+        let with = collective::estimate(&with_nodes(&c, 4), Op::Allreduce, bytes, spread).unwrap();
+        let without = collective::estimate(&bare, Op::Allreduce, bytes, spread).unwrap();
+        assert_eq!(with, without, "{bytes} B");
+    }
 }
 
 /// A gloo sweep file (`python -m syncopate.torch.sweep`'s columns) that `truth` prices.

@@ -73,9 +73,13 @@ pub fn gpu_cluster(
     points: &[Measurement],
     memory_gbytes_per_s: f64,
 ) -> Result<Cluster> {
-    let mut start = Cluster::load(base, ClusterOverrides::default())?;
-    start.nodes = 1;
-    start.gpus_per_node = gpus;
+    let one_node = ClusterOverrides {
+        nodes: Some(1),
+        gpus_per_node: Some(gpus),
+        ..ClusterOverrides::default()
+    };
+    // The overrides check the GPUs against the base's (a mesh joins a fixed number).
+    let start = Cluster::load(base, one_node)?;
     let mut only: Vec<String> = [
         "library.intra_efficiency",
         "library.ll_gbytes_per_s_per_rank",

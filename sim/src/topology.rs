@@ -40,10 +40,11 @@ pub struct IntraNode {
 impl IntraNode {
     /// Bandwidth (GB/s) a ring over the node's first `gpus` GPUs reaches out of each of them:
     /// on a mesh, one link's for every ring NCCL lays over their links; otherwise the fabric's.
+    /// One GPU per node crosses no link inside the node: the fabric's rate stands.
     pub fn ring_gbytes_per_s(&self, gpus: u32) -> f64 {
         match &self.mesh {
-            Some(mesh) => mesh.link_gbytes_per_s * f64::from(mesh.rings(gpus)),
-            None => self.bandwidth_gbytes_per_s,
+            Some(mesh) if gpus > 1 => mesh.link_gbytes_per_s * f64::from(mesh.rings(gpus)),
+            _ => self.bandwidth_gbytes_per_s,
         }
     }
 }

@@ -103,6 +103,19 @@ pub fn lower(
     let inline = |g: usize| in_line && plan.groups[g].compress_on == CompressOn::Gpu;
     // Sized only when codecs run in line: a search lowers thousands of plans without.
     let sized = |n: usize| if in_line { n } else { 0 };
+    if overlap && in_line {
+        let coded =
+            |g: &Group| g.compress_on == CompressOn::Gpu && g.compressor != Compressor::None;
+        if plan.groups.iter().any(coded) {
+            // Decodes in line belong before each group's update in the next forward pass,
+            // which the lowering does not place yet; behind backward they would hold it all.
+            return Err(SimError::bad_value(
+                "codec_stream",
+                "compute",
+                "codecs in line with the compute stream are not modeled for a plan that overlaps synchronization with the next forward pass (policy.overlap_forward: DeAR, ByteScheduler)",
+            ));
+        }
+    }
     let mut encodes_after: Vec<Vec<usize>> = vec![Vec::new(); sized(model.num_tensors())];
     for (g, range) in group_pieces.iter().enumerate() {
         if inline(g) {
@@ -660,6 +673,10 @@ mod tests {
         let cpu = lower(&model, world(1, 4), true, &plan, "t").unwrap();
         let on_codec = cpu.steps.iter().filter(|s| s.stream == Stream::Codec);
         assert_eq!(on_codec.count(), 4);
+        // Overlapping the next forward pass with codecs in line is refused, by field.
+        plan.policy.overlap_forward = true;
+        let err = lower(&model, world(1, 4), false, &plan, "t").unwrap_err();
+        assert!(err.to_string().contains("codec_stream"), "{err}");
     }
 
     #[test]

@@ -12,9 +12,14 @@ type Link = (usize, usize);
 /// One way round the group: the directed links its hops use, sorted (a relayed hop uses two).
 type Ring = Vec<Link>;
 
-/// Most GPUs in a mesh: switchless NVLink nodes have at most 8, and the search below is
-/// exhaustive.
+/// Most GPUs in a mesh: switchless NVLink nodes have at most 8.
 pub(crate) const MAX_MESH_GPUS: usize = 8;
+
+/// Budgets of the search, which NCCL's own search has too (it stops at a time limit): the
+/// rings listed and the packings tried. Within them the count is the most found, a lower
+/// bound; DGX-1's mesh needs a few hundred of each.
+const MAX_WAYS: usize = 100_000;
+const MAX_PACKINGS: u64 = 1_000_000;
 
 /// The most rings that fit on the links among GPUs `0..gpus` of `links` (`links[i][j]`:
 /// NVLinks between GPU i and GPU j): direct hops where any ring of them exists, else hops
@@ -54,13 +59,13 @@ fn ways_round(links: &[Vec<u32>], gpus: usize, relays: bool) -> Vec<Ring> {
     found
 }
 
-/// The ways `from` can pass data to `to`: directly, or (with `relays`) through a third GPU.
+/// The ways `from` can pass data to `to`: directly, or (with `relays`, between GPUs without a
+/// link of their own, as NCCL takes `PATH_NVB` only there) through a third GPU.
 fn hops(links: &[Vec<u32>], gpus: usize, relays: bool, from: usize, to: usize) -> Vec<Vec<Link>> {
     let mut ways = Vec::new();
     if links[from][to] > 0 {
         ways.push(vec![(from, to)]);
-    }
-    if relays {
+    } else if relays {
         for via in (0..gpus).filter(|&v| v != from && v != to) {
             if links[from][via] > 0 && links[via][to] > 0 {
                 ways.push(vec![(from, via), (via, to)]);
@@ -79,6 +84,9 @@ fn extend(
     used: &mut Vec<Link>,
     found: &mut Vec<Ring>,
 ) {
+    if found.len() >= MAX_WAYS {
+        return;
+    }
     let all_visited = visited.iter().all(|&v| v);
     let targets: Vec<usize> = match all_visited {
         true => vec![0],
@@ -104,14 +112,20 @@ fn extend(
 fn pack(links: &[Vec<u32>], ways: &[Ring], gpus: usize) -> u32 {
     let mut spare: Vec<Vec<u32>> = links.iter().map(|row| row.to_vec()).collect();
     let mut best = 0;
-    search(ways, 0, 0, gpus, &mut spare, &mut best);
+    let mut tried = 0;
+    search(ways, 0, 0, gpus, &mut spare, &mut best, &mut tried);
     best
 }
 
-/// Every ring leaves each GPU once: no more rings fit than the fewest spare outgoing links.
+/// Every ring leaves and enters each GPU once: no more rings fit than the fewest spare
+/// outgoing or incoming links of a GPU.
 fn bound(spare: &[Vec<u32>], gpus: usize) -> u32 {
     (0..gpus)
-        .map(|g| spare[g][..gpus].iter().sum::<u32>())
+        .map(|g| {
+            let out: u32 = spare[g][..gpus].iter().sum();
+            let into: u32 = spare[..gpus].iter().map(|row| row[g]).sum();
+            out.min(into)
+        })
         .min()
         .unwrap_or(0)
 }
@@ -123,9 +137,11 @@ fn search(
     gpus: usize,
     spare: &mut [Vec<u32>],
     best: &mut u32,
+    tried: &mut u64,
 ) {
     *best = (*best).max(count);
-    if count + bound(spare, gpus) <= *best {
+    *tried += 1;
+    if *tried > MAX_PACKINGS || count + bound(spare, gpus) <= *best {
         return;
     }
     for (i, ring) in ways.iter().enumerate().skip(first) {
@@ -135,7 +151,7 @@ fn search(
         for &(a, b) in ring {
             spare[a][b] -= 1;
         }
-        search(ways, i, count + 1, gpus, spare, best);
+        search(ways, i, count + 1, gpus, spare, best, tried);
         for &(a, b) in ring {
             spare[a][b] += 1;
         }
@@ -181,6 +197,27 @@ mod tests {
         // the two links between 0 and 4.
         assert_eq!(counts[5], 2);
         assert!(counts[7] >= 4, "{counts:?}");
+    }
+
+    /// `gpus` GPUs, every pair joined by one link.
+    fn complete(gpus: usize) -> Vec<Vec<u32>> {
+        (0..gpus)
+            .map(|i| (0..gpus).map(|j| u32::from(i != j)).collect())
+            .collect()
+    }
+
+    #[test]
+    fn every_link_of_a_complete_mesh_carries_a_ring_and_a_relay_uses_its_two() {
+        // Seven GPUs joined pairwise: three undirected Hamiltonian cycles, each run both ways.
+        assert_eq!(rings(&complete(7), 7), 6);
+        // An eighth GPU tied to GPU 0 only: every ring enters and leaves it over that one link.
+        let mut links = complete(7);
+        for row in &mut links {
+            row.push(0);
+        }
+        links[0][7] = 1;
+        links.push((0..8).map(|j| u32::from(j == 0)).collect());
+        assert_eq!(rings(&links, 8), 1);
     }
 
     #[test]
