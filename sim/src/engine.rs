@@ -12,7 +12,7 @@ use crate::collective::{shared_slowdowns, Links};
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
 use crate::launch::{Launcher, Ticks};
-use crate::schedule::{LaunchPolicy, StepKind, Stream};
+use crate::schedule::{LaunchPolicy, Stream};
 use crate::time::SimTime;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -476,12 +476,11 @@ impl Engine<'_> {
         let iteration = task.iteration as usize;
         let busy = self.now - running.start;
         self.finished[running.task as usize] += 1;
-        // Codecs in line on the compute stream count as compression, not compute.
-        let codec = matches!(task.kind, StepKind::Encode { .. } | StepKind::Decode { .. });
         match resource {
             LocalStream::Compute => {
                 self.computing -= 1;
-                match codec {
+                // Codecs in line on the compute stream count as compression, not compute.
+                match task.kind.is_codec() {
                     true => self.result.codec_busy[iteration] += busy,
                     false => self.result.compute_busy[iteration] += busy,
                 }

@@ -18,10 +18,7 @@ use syncopate_sim::{limits, SimError};
 const HOST_COMPUTE_BUDGET_US: f64 = 100_000.0;
 
 pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
-    let (plan, model) = load_plan(&args.run.plan, args.run.model.as_deref())?;
-    if let Some(note) = runtime::other_runtime_note(&plan) {
-        eprintln!("{note}");
-    }
+    let (plan, model) = load_plan_to_run(&args.run)?;
     let backend = choose_backend(args.run.backend)?;
     let cluster = run_cluster(&args.run, &args.cluster, &plan, backend)?;
     let scenario = Scenario::new(model, cluster)?;
@@ -77,6 +74,16 @@ pub fn load_plan(
     let model = ModelProfile::load(&plan_model(&plan, model))?;
     plan.validate(&label, &model)?;
     Ok((plan, model))
+}
+
+/// The plan of `--plan` and its model, for a run by the executors: a plan that names another
+/// runtime's framework or codecs is said to run without them.
+pub fn load_plan_to_run(run: &RunArgs) -> anyhow::Result<(Plan, ModelProfile)> {
+    let loaded = load_plan(&run.plan, run.model.as_deref())?;
+    if let Some(note) = runtime::other_runtime_note(&loaded.0) {
+        eprintln!("{note}");
+    }
+    Ok(loaded)
 }
 
 /// The model a plan runs with: `--model`, else the one the plan records, else its name.

@@ -26,10 +26,7 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
 /// Runs the plan on a backend, then predicts the same run.
 fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
     let run = &args.run;
-    let (plan, model) = super::exec::load_plan(&run.plan, run.model.as_deref())?;
-    if let Some(note) = syncopate_exec::runtime::other_runtime_note(&plan) {
-        eprintln!("{note}");
-    }
+    let (plan, model) = super::exec::load_plan_to_run(run)?;
     let backend = super::exec::choose_backend(run.backend)?;
     let cluster = machine_cluster(args, &plan, &model, backend)?;
     let scenario = Scenario::new(model, cluster)?;
@@ -64,10 +61,7 @@ fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
 /// with the prediction of the same plan on `--cluster`.
 fn validate_trace(args: &ValidateArgs, path: &std::path::Path) -> anyhow::Result<()> {
     let run = &args.run;
-    let (plan, model) = super::exec::load_plan(&run.plan, run.model.as_deref())?;
-    if let Some(note) = syncopate_exec::runtime::other_runtime_note(&plan) {
-        eprintln!("{note}");
-    }
+    let (plan, model) = super::exec::load_plan_to_run(run)?;
     let Some(name) = &args.cluster else {
         anyhow::bail!(
             "--measured needs --cluster: the cluster file of the machine the trace was measured on (`lab up --cluster-out`, `profile --backend host --cluster-out`)"

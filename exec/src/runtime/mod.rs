@@ -31,7 +31,7 @@ use syncopate_sim::compress::Wire;
 use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::real_run;
-use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, StepKind, Stream};
+use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, Stream};
 use syncopate_sim::time::SimTime;
 
 /// Where a plan runs.
@@ -145,8 +145,8 @@ impl Measured {
     }
 
     /// Rank 0's busy time on `streams` per measured iteration (`measured` of them), in ms: the
-    /// time some task of those streams ran (concurrent collectives on several streams count once).
-    /// Busy time per measured iteration of rank 0's steps counted on `streams` ([`counted_on`]).
+    /// time some task counted on those streams ([`counted_on`]) ran (concurrent collectives on
+    /// several streams count once).
     fn busy_ms(&self, run: &RunInfo, measured: usize, streams: &[Stream]) -> f64 {
         let (program, warmup) = (run.program, run.warmup);
         let spans = self
@@ -196,9 +196,9 @@ impl Measured {
 /// The stream a step's busy time counts on: its own, but a codec in line on the compute stream
 /// counts as compression, as the simulator's summary counts it.
 fn counted_on(step: &Step) -> Stream {
-    match (step.stream, step.kind) {
-        (Stream::Compute, StepKind::Encode { .. } | StepKind::Decode { .. }) => Stream::Codec,
-        (stream, _) => stream,
+    match step.stream {
+        Stream::Compute if step.kind.is_codec() => Stream::Codec,
+        stream => stream,
     }
 }
 

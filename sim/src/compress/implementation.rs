@@ -235,6 +235,11 @@ impl CodecSet {
     /// Every compressor of `plan` implemented here, and the plan's codecs on this set's stream.
     pub fn check_plan(&self, plan: &Plan) -> Result<()> {
         self.check_compressors(plan.groups.iter().map(|g| &g.compressor))?;
+        self.check_stream(plan)
+    }
+
+    /// The plan's codecs on this set's stream: its ops are priced where they run.
+    pub fn check_stream(&self, plan: &Plan) -> Result<()> {
         if plan.codec_stream != self.stream {
             return Err(SimError::invalid(
                 "plan",

@@ -103,10 +103,9 @@ pub fn lower(
     let inline = |g: usize| in_line && plan.groups[g].compress_on == CompressOn::Gpu;
     // Sized only when codecs run in line: a search lowers thousands of plans without.
     let sized = |n: usize| if in_line { n } else { 0 };
-    if overlap && in_line {
-        let coded =
-            |g: &Group| g.compress_on == CompressOn::Gpu && g.compressor != Compressor::None;
-        if plan.groups.iter().any(coded) {
+    if overlap {
+        let coded = |g: usize| inline(g) && plan.groups[g].compressor != Compressor::None;
+        if (0..plan.groups.len()).any(coded) {
             // Decodes in line belong before each group's update in the next forward pass,
             // which the lowering does not place yet; behind backward they would hold it all.
             return Err(SimError::bad_value(

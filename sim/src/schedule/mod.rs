@@ -119,6 +119,12 @@ impl StepKind {
             StepKind::Update { group } => format!("update g{group}"),
         }
     }
+
+    /// Codec work (an encode or a decode), on whichever stream it runs: busy time counts it as
+    /// compression.
+    pub fn is_codec(&self) -> bool {
+        matches!(self, StepKind::Encode { .. } | StepKind::Decode { .. })
+    }
 }
 
 /// One operation of the synchronization sequence (see the module documentation).
