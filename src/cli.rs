@@ -25,6 +25,9 @@ pub enum Command {
     Simulate(Box<SimulateArgs>),
     /// Search the fastest fusion and compression plan; compare it with every baseline strategy.
     Tune(Box<TuneArgs>),
+    /// Write a plan's nearest PyTorch DDP or Horovod settings, in the file that framework reads,
+    /// with the time they take as that framework runs them.
+    Export(Box<ExportArgs>),
     /// Simulate a grid of GPU counts, bandwidths, strategies and compressors: table, CSV, SVG.
     Sweep(Box<SweepArgs>),
     /// Reproducible studies: `experiment run experiments/NAME` regenerates its results.
@@ -468,6 +471,27 @@ pub struct ExecArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub run: LowerPlanArgs,
+    /// The framework: ddp (PyTorch DistributedDataParallel) or horovod.
+    #[arg(long)]
+    pub to: String,
+    #[command(flatten)]
+    pub cluster: RunClusterArgs,
+    /// Where to write the settings (Python for DDP and Horovod); default: stdout, the report
+    /// then on stderr.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Also write the plan the framework runs with these settings (`simulate --plan` on it
+    /// gives the predicted time).
+    #[arg(long)]
+    pub save_plan: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+}
+
+#[derive(Args, Debug)]
 pub struct LowerArgs {
     #[command(flatten)]
     pub run: LowerPlanArgs,
@@ -603,8 +627,11 @@ pub struct TuneArgs {
     /// codecs are skipped).
     #[arg(long, value_enum, default_value = "group")]
     pub codec_calls: CodecCallsArg,
-    /// The framework that runs every candidate plan (see `syncopate list frameworks`; a name
-    /// or a path), whose per-call costs are added; default none.
+    /// The framework that runs every candidate plan: `ddp` (or `pytorch-ddp`) and `horovod`
+    /// search only the settings that framework has (bucket caps, bucket views and comm hook;
+    /// fusion threshold, cycle time and fp16), each priced as it runs them; with `--codecs`,
+    /// or another framework file (see `syncopate list frameworks`; a name or a path), every
+    /// plan is searched, priced with the framework's per-call costs; default none.
     #[arg(long)]
     pub framework: Option<String>,
     /// The codec set whose implementations compress every candidate (see `syncopate list
@@ -615,6 +642,9 @@ pub struct TuneArgs {
     /// Write the best plan here (`simulate --plan` on it reproduces the tuned time).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// With `--framework ddp` or `horovod`: write the tuned settings here, as `export` does.
+    #[arg(long)]
+    pub export: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
 }

@@ -440,3 +440,89 @@ fn tune_skips_infeasible_candidates_and_says_why_baselines_cannot_run() {
         "{text}"
     );
 }
+
+#[test]
+fn tune_for_a_framework_writes_settings_whose_simulation_gives_the_tuned_time() {
+    let dir = crate::common::scratch("tune-framework");
+    for (model, cluster) in [("resnet50", "v100-10gbe"), ("bert-large", "dgx-h100")] {
+        for (framework, compressor) in [("ddp", "powersgd:4"), ("horovod", "fp16")] {
+            let export = dir.join(format!("{model}-{framework}.py"));
+            let out = syncopate(&[
+                "tune",
+                "--model",
+                model,
+                "--cluster",
+                cluster,
+                "--nodes",
+                "4",
+                "--framework",
+                framework,
+                "--compressor",
+                compressor,
+                "--search",
+                "all",
+                "--export",
+                export.to_str().unwrap(),
+                "--format",
+                "json",
+            ]);
+            assert!(out.status.success(), "{}", stderr(&out));
+            let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+            let tuned = report["iteration_ms"].as_f64().unwrap();
+            assert!(tuned <= report["compared_with"]["iteration_ms"].as_f64().unwrap());
+            let text = std::fs::read_to_string(&export).unwrap();
+            assert!(text.contains(&format!("{tuned:.3} ms")), "{text}");
+            // The command the export names reproduces the tuned time.
+            let command = report["simulate"].as_str().unwrap();
+            let words: Vec<&str> = command.split(' ').collect();
+            assert_eq!(words[..2], ["syncopate", "simulate"]);
+            let simulated = simulate_json(&words[2..]);
+            assert_eq!(
+                simulated["iteration_time_ms"].as_f64().unwrap(),
+                tuned,
+                "{command}"
+            );
+        }
+    }
+}
+
+#[test]
+fn export_refuses_frameworks_it_does_not_write_and_tune_refuses_export_without_one() {
+    let plan = crate::common::scratch("export-refusals").join("plan.json");
+    let out = syncopate(&[
+        "simulate",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-10gbe",
+        "--strategy",
+        "ddp",
+        "--save-plan",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for (to, says) in [
+        ("deepspeed", "ZeRO"),
+        ("byteps", "BytePS"),
+        ("mxnet", "valid: ddp, horovod"),
+    ] {
+        let out = syncopate(&["export", "--plan", plan.to_str().unwrap(), "--to", to]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            stderr(&out).contains("--to") && stderr(&out).contains(says),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = syncopate(&[
+        "tune",
+        "--model",
+        "resnet50",
+        "--cluster",
+        "v100-10gbe",
+        "--export",
+        "x.py",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--export"), "{}", stderr(&out));
+}

@@ -16,6 +16,7 @@ pub mod engine;
 pub mod error;
 pub mod evaluate;
 pub mod experiment;
+pub mod export;
 pub mod flops;
 pub mod framework;
 pub mod graph;

@@ -3,6 +3,7 @@
 mod collective;
 mod exec;
 mod experiment;
+mod export;
 mod lab;
 mod list;
 mod lower;
@@ -29,6 +30,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Collective(args) => collective::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Tune(args) => tune::run(&args),
+        Command::Export(args) => export::run(&args),
         Command::Sweep(args) => sweep::run(&args),
         Command::Experiment(ExperimentCommand::Run(args)) => experiment::run(&args),
         Command::Profile(args) => profile::run(&args),

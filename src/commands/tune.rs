@@ -7,6 +7,7 @@ use serde::Serialize;
 use std::io::IsTerminal;
 use std::time::Instant;
 use syncopate_sim::compress::{auto_specs, CodecSet, Compressor};
+use syncopate_sim::export::{tune_settings, Target};
 use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::{CodecCalls, Plan};
@@ -101,7 +102,68 @@ fn ms(time: syncopate_sim::time::SimTime) -> f64 {
     (time.as_ms() * 1e6).round() / 1e6
 }
 
+/// The search's progress: a bar on a terminal, else a line every few seconds (CI, a log
+/// file), so that a long search shows it is alive.
+struct Progress {
+    bar: ProgressBar,
+    terminal: bool,
+    started: Instant,
+    last_line: std::sync::Mutex<Instant>,
+}
+
+impl Progress {
+    fn new() -> anyhow::Result<Progress> {
+        let terminal = std::io::stderr().is_terminal();
+        let bar = if terminal {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            bar.set_style(ProgressStyle::with_template(
+                "{spinner} {pos} plans evaluated ({per_sec}) {elapsed}",
+            )?);
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        let started = Instant::now();
+        Ok(Progress {
+            bar,
+            terminal,
+            started,
+            last_line: std::sync::Mutex::new(started),
+        })
+    }
+
+    fn update(&self, done: u64) {
+        self.bar.set_position(done);
+        let mut last = self.last_line.lock().expect("the progress lock");
+        if !self.terminal && last.elapsed() >= PROGRESS_EVERY {
+            *last = Instant::now();
+            eprintln!(
+                "tune: {done} plans evaluated so far, {:.0} s",
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    /// Clears the bar; the search's time in ms.
+    fn finish(&self) -> f64 {
+        self.bar.finish_and_clear();
+        self.started.elapsed().as_secs_f64() * 1e3
+    }
+}
+
 pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
+    // A codec set is code of its own running on the framework (MergeComp's compressors on
+    // Horovod): then every plan is searched, priced under the framework's costs.
+    let native = args.framework.as_deref().and_then(Target::of_framework);
+    if let (Some(target), None) = (native, &args.codecs) {
+        return run_native(args, target);
+    }
+    if let Some(path) = &args.export {
+        anyhow::bail!(
+            "--export {}: needs --framework ddp or horovod, without --codecs (the framework whose settings it writes)",
+            path.display()
+        );
+    }
     let model = ModelProfile::load(&args.model)?;
     let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
     let space: SearchSpace = args.search.parse()?;
@@ -145,35 +207,11 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         options: StrategyOptions::default(),
         codec_calls,
     };
-    let terminal = std::io::stderr().is_terminal();
-    let bar = if terminal {
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        bar.set_style(ProgressStyle::with_template(
-            "{spinner} {pos} plans evaluated ({per_sec}) {elapsed}",
-        )?);
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
-    let started = Instant::now();
-    // Without a terminal (CI, a log file), a line every few seconds shows the search is alive.
-    let last_line = std::sync::Mutex::new(Instant::now());
-    let progress = |done: u64| {
-        bar.set_position(done);
-        let mut last = last_line.lock().expect("the progress lock");
-        if !terminal && last.elapsed() >= PROGRESS_EVERY {
-            *last = Instant::now();
-            eprintln!(
-                "tune: {done} plans evaluated in {:.0} s",
-                started.elapsed().as_secs_f64()
-            );
-        }
-    };
-    let mut result = tune(&base, &request, &progress)?;
+    let progress = Progress::new()?;
+    let mut result = tune(&base, &request, &|done| progress.update(done))?;
     result.plan.framework = framework_name;
     result.plan.codecs = codecs_name;
-    let search_ms = started.elapsed().as_secs_f64() * 1e3;
-    bar.finish_and_clear();
+    let search_ms = progress.finish();
     if let Some(path) = &args.out {
         let mut plan = result.plan.clone();
         plan.target = Some(super::simulate::target(
@@ -251,4 +289,70 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `tune --framework ddp|horovod`: only that framework's settings, each priced as it runs
+/// them, the fastest exported as `export` would.
+fn run_native(args: &TuneArgs, target: Target) -> anyhow::Result<()> {
+    let name = target.name();
+    if args.codec_calls.codec_calls() != CodecCalls::Group {
+        anyhow::bail!(
+            "--codec-calls: with --framework {name}, the framework's own codec calls are used"
+        );
+    }
+    let model = ModelProfile::load(&args.model)?;
+    let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
+    let space: SearchSpace = args.search.parse()?;
+    let compressors = choices(args)?;
+    let base = Scenario::new(model, cluster)?;
+    let progress = Progress::new()?;
+    let tuned = tune_settings(&base, target, space, &compressors, &|done| {
+        progress.update(done)
+    })?;
+    let search_ms = progress.finish();
+    if args.format == Format::Text {
+        println!(
+            "{} on {} ({} GPUs), {name} settings, search {}",
+            base.model.name,
+            base.cluster.name,
+            base.cluster.world_size(),
+            args.search
+        );
+        println!(
+            "defaults  {:>12.3} ms   {}",
+            ms(tuned.default_time),
+            tuned.default.describe()
+        );
+        println!(
+            "tuned     {:>12.3} ms   {}",
+            ms(tuned.best_time),
+            tuned.best.describe()
+        );
+        println!(
+            "{} settings evaluated in {:.0} ms",
+            tuned.evaluated, search_ms
+        );
+    }
+    let names = super::export::Names {
+        model: args.model.clone(),
+        cluster: args.cluster.cluster.clone(),
+        inter_gbps: args.cluster.inter_gbps,
+    };
+    let reference = super::export::Reference {
+        label: format!("{name}'s defaults"),
+        iteration_ms: ms(tuned.default_time),
+    };
+    super::export::deliver(
+        &base,
+        &names,
+        &tuned.best,
+        Vec::new(),
+        reference,
+        &super::export::Outputs {
+            out: args.export.as_deref(),
+            print_settings: false,
+            save_plan: args.out.as_deref(),
+            format: args.format,
+        },
+    )
 }

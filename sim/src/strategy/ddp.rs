@@ -1,7 +1,7 @@
-//! PyTorch DDP's buckets: parameters in reverse registration order, a bucket closes once it
-//! reaches its cap (the first bucket's, 1 MiB by default, then `bucket_cap_mb`).
+//! PyTorch DDP's buckets: parameters in the order their gradients arrive, a bucket closes once it
+//! reaches its cap (the first bucket's, 1 MiB by default, then `bucket_cap_mb`; or one cap per
+//! bucket with `bucket_cap_mb_list`).
 
-use super::StrategyOptions;
 use crate::model::ModelProfile;
 use crate::topology::{Cluster, Library};
 
@@ -18,20 +18,27 @@ pub(super) fn comm_streams(cluster: &Cluster) -> u32 {
     }
 }
 
-pub(super) fn buckets(model: &ModelProfile, options: &StrategyOptions) -> Vec<Vec<usize>> {
-    let mut order = model.forward_order();
-    order.reverse();
+/// Buckets in the order gradients become ready (the profile's backward order), bucket i
+/// closing once it reaches `caps[i]` (the last cap for every later bucket): `[first, cap]` by
+/// default, `[cap]` with `bucket_cap_mb`, the list itself with `bucket_cap_mb_list`. These are
+/// the buckets of every iteration after the first: DDP starts from one bucket per dtype
+/// (`compute_bucket_size_limits` in torch/nn/parallel/distributed.py, PyTorch 2.15, with
+/// `find_unused_parameters` off) and, after the first backward, the reducer rebuilds them from
+/// the parameters in the order their gradients arrived (`Reducer::rebuild_buckets`,
+/// torch/csrc/distributed/c10d/reducer.cpp) with these limits
+/// (`compute_bucket_assignment_by_size`).
+pub(super) fn buckets_by_caps(model: &ModelProfile, caps: &[u64]) -> Vec<Vec<usize>> {
     let mut buckets = Vec::new();
     let mut current = Vec::new();
     let mut bytes = 0;
-    for t in order {
+    for t in 0..model.num_tensors() {
         current.push(t);
         bytes += model.tensors[t].numel * model.tensors[t].dtype.bytes();
-        let cap = if buckets.is_empty() {
-            options.first_bucket_bytes
-        } else {
-            options.bucket_bytes
-        };
+        let cap = caps
+            .get(buckets.len())
+            .or(caps.last())
+            .copied()
+            .unwrap_or(u64::MAX);
         if bytes >= cap {
             buckets.push(std::mem::take(&mut current));
             bytes = 0;
@@ -69,18 +76,28 @@ mod tests {
             let last = size(*bucket.last().unwrap());
             bytes(bucket) >= cap && bytes(bucket) - last < cap
         };
-        let small_first = StrategyOptions::default();
-        let uniform = StrategyOptions {
-            first_bucket_bytes: small_first.bucket_bytes,
-            ..small_first
-        };
-        let (a, b) = (buckets(&model, &small_first), buckets(&model, &uniform));
+        let (first, cap) = (1 << 20, 25 << 20);
+        let (a, b) = (
+            buckets_by_caps(&model, &[first, cap]),
+            buckets_by_caps(&model, &[cap]),
+        );
         // PyTorch 1.x: a 1 MiB first bucket; recent PyTorch with bucket_cap_mb given: the cap.
-        assert!(closes_at(&a[0], small_first.first_bucket_bytes));
-        assert!(closes_at(&b[0], uniform.bucket_bytes));
+        assert!(closes_at(&a[0], first));
+        assert!(closes_at(&b[0], cap));
+        assert!(a[1..]
+            .iter()
+            .rev()
+            .skip(1)
+            .all(|bucket| closes_at(bucket, cap)));
         assert!(b.len() < a.len());
+        // bucket_cap_mb_list: each bucket at its own cap, the last cap for the rest.
+        let caps = [2 << 20, 8 << 20, 4 << 20];
+        let c = buckets_by_caps(&model, &caps);
+        for (i, bucket) in c.iter().enumerate().take(c.len() - 1) {
+            assert!(closes_at(bucket, caps[i.min(2)]), "bucket {i}");
+        }
         // Every tensor lands in exactly one bucket either way.
-        for plan in [&a, &b] {
+        for plan in [&a, &b, &c] {
             let mut all: Vec<usize> = plan.iter().flatten().copied().collect();
             all.sort_unstable();
             assert_eq!(all, (0..model.tensors.len()).collect::<Vec<_>>());

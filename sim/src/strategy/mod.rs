@@ -36,7 +36,7 @@ pub enum Strategy {
     /// Horovod: tensors ready at each background cycle are fused into buffers of at most the
     /// fusion threshold.
     Horovod,
-    /// PyTorch DDP: buckets in reverse registration order, a small first bucket.
+    /// PyTorch DDP: buckets in the order gradients arrive (as DDP rebuilds them after the first iteration), a small first bucket.
     Ddp,
     /// N contiguous groups in backward order (MergeComp's `--fusion-num`).
     FixedGroups { count: usize, rule: GroupingRule },
@@ -137,7 +137,7 @@ const CATALOG: &[StrategyEntry] = &[
     },
     StrategyEntry {
         form: "ddp",
-        description: "PyTorch DDP: --bucket-mb (25) buckets in reverse registration order, 1 MB first bucket, launched in order",
+        description: "PyTorch DDP: --bucket-mb (25) buckets in the order gradients arrive, 1 MB first bucket, launched in order",
     },
     StrategyEntry {
         form: "fixed-groups:N[:bytes|:count]",
@@ -280,13 +280,10 @@ impl Strategy {
                 Scheme::Auto,
                 plan_order(options.cycle_us),
             ),
-            Strategy::Ddp => uniform(
-                ddp::buckets(model, options),
-                Scheme::Auto,
-                Policy {
-                    comm_streams: ddp::comm_streams(&scenario.cluster),
-                    ..plan_order(0.0)
-                },
+            Strategy::Ddp => ddp_plan(
+                scenario,
+                &[options.first_bucket_bytes, options.bucket_bytes],
+                options,
             ),
             Strategy::FixedGroups { count, rule } => uniform(
                 fixed_groups::groups(model, count, rule)?,
@@ -318,6 +315,45 @@ impl Strategy {
         plan.codec_stream = scenario.codec_stream();
         Ok(plan)
     }
+}
+
+/// PyTorch DDP's plan: buckets closed at `caps` in backward order (bucket i at
+/// `caps[i]`, the last cap for the rest: `[first, cap]` by default, one cap with
+/// `bucket_cap_mb`, one per bucket with `bucket_cap_mb_list`), each with the options'
+/// compressor (the comm hook), launched in order on the process group's streams.
+pub fn ddp_plan(scenario: &Scenario, caps: &[u64], options: &StrategyOptions) -> Plan {
+    let policy = Policy {
+        comm_streams: ddp::comm_streams(&scenario.cluster),
+        ..plan_order(0.0)
+    };
+    let buckets = ddp::buckets_by_caps(&scenario.model, caps);
+    let groups = uniform_groups(buckets, options, Scheme::Auto);
+    let mut plan = Plan::new("ddp", &scenario.model, groups, policy);
+    plan.codec_stream = scenario.codec_stream();
+    plan
+}
+
+/// Horovod's plan with its groups given (`groups=` of `hvd.DistributedOptimizer`), each
+/// launched whole at the first cycle after all its tensors are ready.
+pub fn explicit_groups_plan(
+    scenario: &Scenario,
+    groups: Vec<Vec<usize>>,
+    options: &StrategyOptions,
+) -> Plan {
+    let groups = uniform_groups(groups, options, Scheme::Auto);
+    let mut plan = Plan::new(
+        "horovod",
+        &scenario.model,
+        groups,
+        plan_order(options.cycle_us),
+    );
+    plan.codec_stream = scenario.codec_stream();
+    plan
+}
+
+/// The groups Horovod's fusion forms with these options' threshold and cycle.
+pub fn horovod_groups(model: &ModelProfile, options: &StrategyOptions) -> Vec<Vec<usize>> {
+    horovod::groups(model, options)
 }
 
 /// One uncompressed group per tensor in backward order: the plan of a scenario before a

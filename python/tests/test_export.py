@@ -1,0 +1,119 @@
+"""`syncopate export` and `tune --framework` write settings the frameworks accept: real PyTorch DDP
+builds the buckets the export predicts and trains with them; Horovod's settings use only the option
+names and types its source defines (profiles/native/horovod.json)."""
+
+import ast
+import importlib.util
+import inspect
+import json
+
+import pytest
+import torch
+
+import conftest
+import models
+import ranks
+
+
+def load_settings(path):
+    spec = importlib.util.spec_from_file_location("exported_settings", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train_with_export(rank, world, settings_path, steps):
+    """Wraps the tiny model with the exported `wrap`, trains `steps` steps; DDP's rebuilt buckets
+    (parameter names, in the order they were reduced), the last loss and the parameters."""
+    torch.manual_seed(0)
+    model = models.tiny()
+    ddp = load_settings(settings_path).wrap(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(steps):
+        x, y = models.batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    names = [name for name, _ in model.named_parameters()]
+    rebuilt = ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices", "")
+    buckets = [[names[int(i)] for i in bucket.split()] for bucket in rebuilt.split(", ") if bucket]
+    # Plain lists: tensors would cross the queue as shared memory the exiting rank takes along.
+    return buckets, loss.item(), [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+def predicted_buckets(plan_path, profile_path):
+    plan = json.loads(plan_path.read_text())
+    tensors = json.loads(profile_path.read_text())["tensors"]
+    return [sorted(tensors[t]["name"] for t in group["tensors"]) for group in plan["groups"]]
+
+
+@pytest.mark.parametrize("groups,argument", [(3, "bucket_cap_mb="), (4, "bucket_cap_mb_list=")])
+def test_ddp_builds_the_exported_buckets_and_trains(profile_path, tmp_path, groups, argument):
+    plan, settings, ddp_plan = tmp_path / "plan.json", tmp_path / "ddp_settings.py", tmp_path / "ddp-plan.json"
+    # Groups of the backward order: DDP rebuilds them with one cap (3 groups of the tiny model)
+    # or with one cap per bucket (4).
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                 "--strategy", f"fixed-groups:{groups}", "--save-plan", plan)
+    report = json.loads(conftest.cli("export", "--plan", plan, "--to", "ddp", "--out", settings, "--save-plan", ddp_plan,
+                                     "--format", "json").stdout)
+    assert report["not_expressed"] == []
+    assert argument in settings.read_text()
+    # The file names only arguments DDP has.
+    arguments = {k.arg for node in ast.walk(ast.parse(settings.read_text())) if isinstance(node, ast.Call) for k in node.keywords}
+    signature = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    assert arguments <= set(signature), arguments - set(signature)
+    outcomes = ranks.values(ranks.run(train_with_export, str(settings), 3))
+    (buckets, loss, params), (other_buckets, _, other_params) = outcomes
+    assert [sorted(b) for b in buckets] == predicted_buckets(ddp_plan, profile_path)
+    assert predicted_buckets(ddp_plan, profile_path) == predicted_buckets(plan, profile_path)
+    assert buckets == other_buckets
+    assert loss == loss and params == other_params
+    # `simulate --plan` on the saved plan gives the time the export printed.
+    simulated = json.loads(conftest.cli("simulate", "--plan", ddp_plan, "--format", "json").stdout)
+    assert simulated["iteration_time_ms"] == report["iteration_ms"]
+
+
+def test_tuned_ddp_settings_with_powersgd_train_under_ddp(profile_path, tmp_path):
+    settings = tmp_path / "ddp_settings.py"
+    done = conftest.cli("tune", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                        "--framework", "ddp", "--compressor", "powersgd:2", "--memory", "residual", "--search", "fusion",
+                        "--export", settings)
+    assert "tuned" in done.stdout
+    # `--search fusion` keeps the named compressor on every bucket: the PowerSGD hook.
+    text = settings.read_text()
+    assert "powerSGD_hook" in text and "matrix_approximation_rank=2" in text and "use_error_feedback=True" in text
+    # PowerSGD compresses from its start iteration (1000, PyTorch's default, in the file): start
+    # it at the third step here, so that the steps after it run the compressed hook.
+    settings.write_text(text.replace("start_powerSGD_iter=1000", "start_powerSGD_iter=3"))
+    (_, loss, params), (_, other_loss, other_params) = ranks.values(ranks.run(train_with_export, str(settings), 5))
+    assert loss == loss and other_loss == other_loss and params == other_params
+
+
+def test_horovod_settings_use_only_its_options(profile_path, tmp_path):
+    options = json.loads((conftest.REPO / "profiles/native/horovod.json").read_text())["options"]
+    env = {o["name"]: o for o in options if o["kind"] == "env"}
+    kwargs = {o["name"] for o in options if o["kind"] == "kwarg"}
+    plan, settings = tmp_path / "plan.json", tmp_path / "hvd_settings.py"
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                 "--strategy", "fixed-groups:2", "--compressor", "fp16", "--save-plan", plan)
+    conftest.cli("export", "--plan", plan, "--to", "horovod", "--out", settings)
+    tree = ast.parse(settings.read_text())
+    assigned = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript):
+            assigned[node.targets[0].slice.value] = node.value.value
+    assert set(assigned) == {"HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_DISABLE_GROUP_FUSION"}
+    for name, value in assigned.items():
+        kind = env[name]["type"]
+        parse = {"int": int, "float": float, "bool": int}[kind]
+        parse(value)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "DistributedOptimizer"]
+    assert len(calls) == 1
+    named = {k.arg for k in calls[0].keywords}
+    assert named <= kwargs and {"groups", "compression"} <= named
+    # The groups name every parameter of the model once.
+    groups = ast.literal_eval(next(n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                   and getattr(n.targets[0], "id", "") == "GROUPS"))
+    names = [name for name, _ in models.tiny().named_parameters()]
+    assert sorted(sum(groups, [])) == sorted(names)

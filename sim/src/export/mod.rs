@@ -1,0 +1,310 @@
+//! Native settings of the frameworks users train with: the nearest to a plan, the plan that framework runs with them, and the file it reads.
+//!
+//! A plan says more than any framework can: per-group compressors, priorities, partitions. An
+//! export keeps what the framework can express, names what it cannot, and prices the settings
+//! as that framework runs them (its strategy's plan under its framework file), so the time it
+//! prints is the time the user gets, not the plan's.
+
+mod ddp;
+mod horovod;
+mod tune;
+
+pub use ddp::{DdpCaps, DdpSettings};
+pub use horovod::HorovodSettings;
+pub use tune::{tune_settings, NativeTune};
+
+use crate::compress::{CodecSet, Compressor, Memory};
+use crate::error::{Result, SimError};
+use crate::framework::Framework;
+use crate::model::ModelProfile;
+use crate::plan::{CodecCalls, Launch, Plan, Scheme};
+use crate::scenario::Scenario;
+use crate::search::Choice;
+use std::str::FromStr;
+
+/// A framework an export writes settings for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// PyTorch DistributedDataParallel: bucket caps, bucket views, a comm hook.
+    Ddp,
+    /// Horovod: fusion threshold, cycle time, fp16 compression, explicit groups.
+    Horovod,
+}
+
+impl Target {
+    /// As `--to` and `--framework` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Ddp => "ddp",
+            Target::Horovod => "horovod",
+        }
+    }
+
+    /// The target a `tune --framework` value names, if it names one: the export names, and
+    /// the framework files whose runtime they are (`pytorch-ddp`, `horovod`).
+    pub fn of_framework(name: &str) -> Option<Target> {
+        match name {
+            "ddp" | "pytorch-ddp" => Some(Target::Ddp),
+            "horovod" => Some(Target::Horovod),
+            _ => None,
+        }
+    }
+}
+
+impl FromStr for Target {
+    type Err = SimError;
+    fn from_str(text: &str) -> Result<Target> {
+        match Target::of_framework(text) {
+            Some(target) => Ok(target),
+            None if text == "byteps" => Err(SimError::bad_value(
+                "--to",
+                text,
+                "not exported yet: BytePS's PyTorch release (0.2.5) compresses only to fp16 and its credit orders only the intra-machine reduce, which the byteps strategy does not model; valid: ddp, horovod",
+            )),
+            None if text == "deepspeed" => Err(SimError::bad_value(
+                "--to",
+                text,
+                "not exported yet: DeepSpeed reduces gradients after backward (ZeRO stage 0) or through ZeRO's partitions (stages 1-3), which Syncopate does not model yet; valid: ddp, horovod",
+            )),
+            None => Err(SimError::bad_value("--to", text, "valid: ddp, horovod")),
+        }
+    }
+}
+
+/// One framework's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Settings {
+    Ddp(DdpSettings),
+    Horovod(HorovodSettings),
+}
+
+impl Settings {
+    pub fn target(&self) -> Target {
+        match self {
+            Settings::Ddp(_) => Target::Ddp,
+            Settings::Horovod(_) => Target::Horovod,
+        }
+    }
+
+    /// The framework file that prices the settings (`profiles/frameworks/`).
+    pub fn framework(&self) -> &'static str {
+        match self {
+            Settings::Ddp(s) => s.framework(),
+            Settings::Horovod(_) => "horovod",
+        }
+    }
+
+    /// The codec set that implements the settings' compression, if the framework has its own.
+    pub fn codecs(&self) -> Option<&'static str> {
+        match self {
+            Settings::Ddp(_) => None,
+            Settings::Horovod(s) => s.codecs(),
+        }
+    }
+
+    /// `base` under the settings' framework and codecs.
+    pub fn scenario(&self, base: &Scenario) -> Result<Scenario> {
+        let framework = Framework::load(self.framework())?;
+        let codecs = self.codecs().map(CodecSet::load).transpose()?;
+        base.clone()
+            .with_framework(Some(framework))
+            .with_codecs(codecs)
+    }
+
+    /// The plan the framework runs with these settings, on a scenario from [`Settings::scenario`].
+    pub fn plan(&self, scenario: &Scenario) -> Result<Plan> {
+        let mut plan = match self {
+            Settings::Ddp(s) => s.plan(scenario),
+            Settings::Horovod(s) => s.plan(scenario)?,
+        };
+        plan.framework = Some(self.framework().to_string());
+        plan.codecs = self.codecs().map(str::to_string);
+        Ok(plan)
+    }
+
+    /// The framework's own defaults, uncompressed.
+    pub fn is_default(&self) -> bool {
+        match self {
+            Settings::Ddp(s) => s.has_default_fusion() && s.hook.0 == Compressor::None,
+            Settings::Horovod(s) => s.has_default_fusion() && !s.fp16,
+        }
+    }
+
+    /// Fusion (caps, thresholds, cycle, bucket views) left at the framework's defaults.
+    pub fn has_default_fusion(&self) -> bool {
+        match self {
+            Settings::Ddp(s) => s.has_default_fusion(),
+            Settings::Horovod(s) => s.has_default_fusion(),
+        }
+    }
+
+    /// The compressor (with its memory) the settings apply to every bucket.
+    pub fn compression(&self) -> Choice {
+        match self {
+            Settings::Ddp(s) => s.hook,
+            Settings::Horovod(s) if s.fp16 => (Compressor::Fp16, Memory::None),
+            Settings::Horovod(_) => (Compressor::None, Memory::None),
+        }
+    }
+
+    /// The settings in a few words, for tables.
+    pub fn describe(&self) -> String {
+        match self {
+            Settings::Ddp(s) => s.describe(),
+            Settings::Horovod(s) => s.describe(),
+        }
+    }
+
+    /// The flags of `syncopate simulate` that run these settings, when its strategy flags can
+    /// express them (per-bucket caps and explicit groups need the plan: `--plan`).
+    pub fn simulate_flags(&self) -> Option<Vec<String>> {
+        match self {
+            Settings::Ddp(s) => s.simulate_flags(),
+            Settings::Horovod(s) => s.simulate_flags(),
+        }
+    }
+
+    /// The file the framework reads, after `header` as comment lines.
+    pub fn render(&self, model: &ModelProfile, header: &[String]) -> String {
+        let mut text: String = header.iter().map(|line| format!("# {line}\n")).collect();
+        text += &match self {
+            Settings::Ddp(s) => s.render(),
+            Settings::Horovod(s) => s.render(model),
+        };
+        text
+    }
+}
+
+/// The settings nearest to a plan, and what of the plan they do not express.
+#[derive(Clone, Debug)]
+pub struct Nearest {
+    pub settings: Settings,
+    pub unexpressed: Vec<String>,
+}
+
+/// The `target` settings nearest to `plan`.
+pub fn nearest(target: Target, plan: &Plan, model: &ModelProfile) -> Nearest {
+    let mut unexpressed = common_unexpressed(target, plan);
+    let settings = match target {
+        Target::Ddp => Settings::Ddp(ddp::nearest(plan, model, &mut unexpressed)),
+        Target::Horovod => Settings::Horovod(horovod::nearest(plan, model, &mut unexpressed)),
+    };
+    Nearest {
+        settings,
+        unexpressed,
+    }
+}
+
+/// The settings `tune --framework` searches: every combination of the target's knobs on a
+/// grid, with the compressors among `choices` the framework can run.
+pub fn candidates(target: Target, choices: &[Choice]) -> Vec<Settings> {
+    match target {
+        Target::Ddp => ddp::candidates(choices)
+            .into_iter()
+            .map(Settings::Ddp)
+            .collect(),
+        Target::Horovod => horovod::candidates(choices)
+            .into_iter()
+            .map(Settings::Horovod)
+            .collect(),
+    }
+}
+
+/// What neither framework expresses: per-group choices of partitions, schemes, CPU
+/// compression, launch order, streams and overlap with the next forward.
+fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
+    let mut notes = Vec::new();
+    let name = target.name();
+    let count =
+        |pred: &dyn Fn(&crate::plan::Group) -> bool| plan.groups.iter().filter(|g| pred(g)).count();
+    let partitioned = count(&|g| g.partitions > 1);
+    if partitioned > 0 {
+        notes.push(format!(
+            "{partitioned} groups split into partitions: {name} sends each bucket whole"
+        ));
+    }
+    let other_schemes = count(&|g| !matches!(g.scheme, Scheme::Auto | Scheme::Allreduce));
+    if other_schemes > 0 {
+        notes.push(format!(
+            "{other_schemes} groups with another scheme than allreduce (hierarchical, parameter servers, reduce-scatter/all-gather, compressed ring): {name} allreduces"
+        ));
+    }
+    let on_cpu = count(&|g| g.compress_on == crate::plan::CompressOn::Cpu);
+    if on_cpu > 0 {
+        notes.push(format!(
+            "{on_cpu} groups compressed on the CPU: {name} compresses on the device"
+        ));
+    }
+    if plan.policy.launch == Launch::Priority {
+        notes.push(format!(
+            "launch by priority: {name} launches buckets in the order they fill"
+        ));
+    }
+    if plan.policy.overlap_forward {
+        notes.push(format!(
+            "each group's update before its next forward: {name} updates after every bucket is synchronized"
+        ));
+    }
+    if plan.codec_calls == CodecCalls::Tensor && target == Target::Ddp {
+        notes.push(
+            "one codec call per tensor: DDP's hook compresses each bucket in one call".to_string(),
+        );
+    }
+    notes
+}
+
+/// The one compressor (with its memory) a framework applies to every bucket: the plan's
+/// choice that covers the most gradient bytes, as `expressible` maps it; what differs goes to
+/// `notes`, naming `what` the framework offers.
+fn uniform_choice(
+    plan: &Plan,
+    model: &ModelProfile,
+    what: &str,
+    notes: &mut Vec<String>,
+    expressible: impl Fn(Choice) -> Option<Choice>,
+) -> Choice {
+    // Per choice: its gradient bytes and groups, in the plan's order.
+    let mut uses: Vec<(Choice, u64, usize)> = Vec::new();
+    for group in &plan.groups {
+        let size: u64 = group
+            .tensors
+            .iter()
+            .map(|&t| model.tensors[t].numel * model.tensors[t].dtype.bytes())
+            .sum();
+        let choice = (group.compressor, group.memory);
+        match uses.iter_mut().find(|(c, _, _)| *c == choice) {
+            Some((_, bytes, groups)) => {
+                *bytes += size;
+                *groups += 1;
+            }
+            None => uses.push((choice, size, 1)),
+        }
+    }
+    // The most bytes first; the sort is stable, so ties keep the plan's order.
+    uses.sort_by_key(|&(_, bytes, _)| std::cmp::Reverse(bytes));
+    let Some(&(main, _, _)) = uses.first() else {
+        return (Compressor::None, Memory::None);
+    };
+    let chosen = expressible(main).unwrap_or((Compressor::None, Memory::None));
+    if chosen != main {
+        notes.push(format!(
+            "{} with {} memory: {what} has no such option; exported as {}",
+            main.0, main.1, chosen.0
+        ));
+    }
+    if uses.len() > 1 {
+        let all: Vec<String> = uses
+            .iter()
+            .map(|((c, m), _, groups)| format!("{c} ({m} memory) on {groups} groups"))
+            .collect();
+        notes.push(format!(
+            "per-group compressors, {}: {what} applies {} to every bucket",
+            all.join(", "),
+            chosen.0
+        ));
+    }
+    chosen
+}
+
+#[cfg(test)]
+mod tests;

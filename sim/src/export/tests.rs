@@ -1,0 +1,120 @@
+//! Exports reproduce the groups they can express and say what they cannot.
+
+use super::*;
+use crate::model::ModelProfile;
+use crate::strategy::{Strategy, StrategyOptions};
+use crate::topology::{Cluster, ClusterOverrides};
+
+fn scenario(model: &str) -> Scenario {
+    let cluster = Cluster::load(
+        "v100-10gbe",
+        ClusterOverrides {
+            nodes: Some(2),
+            ..ClusterOverrides::default()
+        },
+    )
+    .unwrap();
+    Scenario::new(ModelProfile::load(model).unwrap(), cluster).unwrap()
+}
+
+fn groups(plan: &Plan) -> Vec<Vec<usize>> {
+    plan.groups.iter().map(|g| g.tensors.clone()).collect()
+}
+
+#[test]
+fn a_ddp_plan_exports_as_ddp_s_defaults_and_a_fixed_grouping_as_caps_that_rebuild_it() {
+    let base = scenario("resnet50");
+    let ddp = Strategy::Ddp
+        .plan(&base, &StrategyOptions::default())
+        .unwrap();
+    let near = nearest(Target::Ddp, &ddp, &base.model);
+    let Settings::Ddp(settings) = &near.settings else {
+        panic!()
+    };
+    assert_eq!(settings.caps, DdpCaps::Default);
+    assert!(near.unexpressed.is_empty(), "{:?}", near.unexpressed);
+    // Any contiguous grouping in DDP's order is rebuilt exactly by its caps.
+    for count in [3, 7, 20] {
+        let plan = Strategy::FixedGroups {
+            count,
+            rule: crate::strategy::GroupingRule::Bytes,
+        }
+        .plan(&base, &StrategyOptions::default())
+        .unwrap();
+        let near = nearest(Target::Ddp, &plan, &base.model);
+        let scenario = near.settings.scenario(&base).unwrap();
+        let exported = near.settings.plan(&scenario).unwrap();
+        assert_eq!(groups(&exported), groups(&plan), "{count} groups");
+    }
+}
+
+#[test]
+fn what_a_framework_cannot_express_is_named() {
+    let base = scenario("resnet50");
+    let options = StrategyOptions {
+        compressor: "topk:0.01".parse().unwrap(),
+        memory: "residual".parse().unwrap(),
+        ..StrategyOptions::default()
+    };
+    let plan = Strategy::ByteScheduler.plan(&base, &options).unwrap();
+    let near = nearest(Target::Ddp, &plan, &base.model);
+    let notes = near.unexpressed.join("\n");
+    assert!(notes.contains("partitions"), "{notes}");
+    assert!(notes.contains("priority"), "{notes}");
+    assert!(notes.contains("topk"), "{notes}");
+    let Settings::Ddp(settings) = &near.settings else {
+        panic!()
+    };
+    assert_eq!(settings.hook.0, Compressor::None);
+}
+
+#[test]
+fn horovod_exports_its_own_fusion_as_settings_and_other_groups_explicitly() {
+    let base = scenario("resnet50");
+    let horovod = StrategyOptions {
+        fusion_bytes: 128 << 20,
+        cycle_us: 1000.0,
+        ..StrategyOptions::default()
+    };
+    let own = Strategy::Horovod.plan(&base, &horovod).unwrap();
+    let near = nearest(Target::Horovod, &own, &base.model);
+    let Settings::Horovod(settings) = &near.settings else {
+        panic!()
+    };
+    assert_eq!(settings.groups, None);
+    assert!(near.settings.is_default());
+    let fixed = Strategy::FixedGroups {
+        count: 4,
+        rule: crate::strategy::GroupingRule::Bytes,
+    }
+    .plan(&base, &StrategyOptions::default())
+    .unwrap();
+    let near = nearest(Target::Horovod, &fixed, &base.model);
+    let scenario = near.settings.scenario(&base).unwrap();
+    let exported = near.settings.plan(&scenario).unwrap();
+    assert_eq!(groups(&exported), groups(&fixed));
+    let text = near.settings.render(&base.model, &[]);
+    assert!(text.contains("\"fc.weight\""), "{text}");
+    assert!(text.contains("HOROVOD_DISABLE_GROUP_FUSION"), "{text}");
+}
+
+#[test]
+fn simulate_flags_name_the_settings_a_strategy_runs() {
+    let settings = Settings::Ddp(DdpSettings {
+        caps: DdpCaps::Uniform(5 << 20),
+        gradient_as_bucket_view: true,
+        hook: ("powersgd:4".parse().unwrap(), "residual".parse().unwrap()),
+    });
+    let flags = settings.simulate_flags().unwrap().join(" ");
+    assert_eq!(
+        flags,
+        "--strategy ddp --bucket-mb 5 --first-bucket-mb 5 --framework pytorch-ddp-bucket-view --compressor powersgd:4 --memory residual"
+    );
+    let text = settings.render(
+        &ModelProfile::load("resnet50").unwrap(),
+        &["a header".into()],
+    );
+    assert!(text.starts_with("# a header\n"), "{text}");
+    assert!(text.contains("bucket_cap_mb=5,"), "{text}");
+    assert!(text.contains("matrix_approximation_rank=4"), "{text}");
+}

@@ -1,0 +1,86 @@
+//! `tune --framework F`: the fastest of F's settings, each priced as F runs it, next to F's defaults.
+
+use super::{candidates, Settings, Target};
+use crate::compress::{Compressor, Memory};
+use crate::error::{Result, SimError};
+use crate::evaluate::steady_iteration_time;
+use crate::scenario::Scenario;
+use crate::search::{Choice, SearchSpace};
+use crate::time::SimTime;
+use rayon::prelude::*;
+
+/// The outcome of a search over one framework's settings.
+#[derive(Clone, Debug)]
+pub struct NativeTune {
+    pub best: Settings,
+    pub best_time: SimTime,
+    /// The framework's settings left at their defaults (no compression), priced the same way.
+    pub default: Settings,
+    pub default_time: SimTime,
+    pub evaluated: u64,
+}
+
+/// Searches `target`'s settings on `base`: `fusion` its caps or thresholds with the first of
+/// `choices` (or none) everywhere, `compression` its compression at default fusion, `all`
+/// both. Ties go to the earliest candidate, so the result is deterministic.
+pub fn tune_settings(
+    base: &Scenario,
+    target: Target,
+    space: SearchSpace,
+    choices: &[Choice],
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<NativeTune> {
+    let default = candidates(target, &[])
+        .into_iter()
+        .find(Settings::is_default)
+        .expect("every target's grid holds its defaults");
+    let all = candidates(target, choices);
+    let none = (Compressor::None, Memory::None);
+    let fixed_choice = choices.first().copied();
+    let chosen: Vec<Settings> = all
+        .into_iter()
+        .filter(|s| match space {
+            SearchSpace::All => true,
+            SearchSpace::Fusion => s.compression() == fixed_choice.unwrap_or(none),
+            SearchSpace::Compression => s.has_default_fusion(),
+        })
+        .collect();
+    if chosen.is_empty() {
+        return Err(SimError::bad_value(
+            "--compressor",
+            fixed_choice.map(|c| c.0.to_string()).unwrap_or_default(),
+            format!("the {} framework cannot run it", target.name()),
+        ));
+    }
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let price = |settings: &Settings| -> Result<SimTime> {
+        let scenario = settings.scenario(base)?;
+        let time = steady_iteration_time(&scenario, &settings.plan(&scenario)?)?;
+        progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+        Ok(time)
+    };
+    let times: Vec<Result<SimTime>> = chosen.par_iter().map(price).collect();
+    // A candidate that cannot run here is skipped; if none can, the first reason is the error.
+    let mut best: Option<(usize, SimTime)> = None;
+    let mut first_error = None;
+    for (i, time) in times.into_iter().enumerate() {
+        match time {
+            Ok(time) if best.is_none_or(|(_, t)| time < t) => best = Some((i, time)),
+            Ok(_) => {}
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    let Some((index, best_time)) = best else {
+        return Err(first_error.expect("a failed candidate"));
+    };
+    let default_time = price(&default)?;
+    Ok(NativeTune {
+        best: chosen[index].clone(),
+        best_time,
+        default,
+        default_time,
+        evaluated: chosen.len() as u64 + 1,
+    })
+}
