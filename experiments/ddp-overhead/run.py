@@ -1,7 +1,7 @@
 """The wrapper's overhead against PyTorch DDP on the lab: for the plans DDP can express (its buckets, without a hook, with fp16_compress_hook and with powerSGD_hook), the same model and batches trained by DDP and by syncopate.torch under the equivalent plan, interleaved and repeated.
 
 Needs root (network namespaces), the release CLI (`cargo build --release`) and the package built
-in release mode into target/pyenv (README.md, "Training with a plan in PyTorch"). Writes
+in release mode into target/pyenv (docs/guide/training.md). Writes
 results.csv, README.md's results and overhead.svg here. One command:
 
     sudo target/pyenv/bin/python experiments/ddp-overhead/run.py

@@ -6,7 +6,7 @@
 
 Needs root (network namespaces), the release CLI built with `--features mpi` (`lab up` fits each
 lab's cluster file to an Open MPI allreduce sweep; a gloo sweep then refits it to gloo, the
-library the ranks train over) and the package installed into target/pyenv (see README.md). The labs (`mx2`, `mx4`) are brought up at the start and removed at the end, also
+library the ranks train over) and the package installed into target/pyenv (see docs/guide/accuracy.md, "Real training on the lab"). The labs (`mx2`, `mx4`) are brought up at the start and removed at the end, also
 after an error or Ctrl-C/SIGTERM. A run that fails is recorded with its error, not skipped.
 """
 

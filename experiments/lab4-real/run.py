@@ -7,7 +7,7 @@
 Needs root (network namespaces), the release CLI built with `--features mpi` (`lab up` fits each
 lab's cluster file to an Open MPI allreduce sweep; a gloo sweep then refits it to gloo, the
 library the ranks train over) and the package installed into target/pyenv (python/setup-env,
-then a release build of the extension: see README.md). The labs are brought up at the start and
+then a release build of the extension: see docs/guide/accuracy.md, "Real training on the lab"). The labs are brought up at the start and
 removed at the end, also after an error or Ctrl-C.
 """
 
