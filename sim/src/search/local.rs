@@ -12,18 +12,22 @@ const FULL_BUDGET_TENSORS: usize = super::surrogate::MAX_UNITS;
 /// The fewest plans local search may score.
 const MIN_BUDGET: usize = 100;
 
+/// The plans local search may score on a model of `tensors` tensors.
+pub(super) fn budget(tensors: usize) -> usize {
+    if tensors <= FULL_BUDGET_TENSORS {
+        BUDGET
+    } else {
+        (BUDGET * FULL_BUDGET_TENSORS / tensors).max(MIN_BUDGET)
+    }
+}
+
 pub(super) fn improve(
     search: &Search,
     start: (Plan, SimTime),
     choices: &[Choice],
     space: SearchSpace,
+    budget: usize,
 ) -> (Plan, SimTime) {
-    let tensors = search.base.model.num_tensors();
-    let budget = if tensors <= FULL_BUDGET_TENSORS {
-        BUDGET
-    } else {
-        (BUDGET * FULL_BUDGET_TENSORS / tensors).max(MIN_BUDGET)
-    };
     let mut best = start;
     let mut spent = 0;
     while spent < budget {

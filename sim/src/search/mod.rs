@@ -167,7 +167,7 @@ pub fn tune(
             scored.push((plan, time));
             Ok(time)
         });
-        search.evaluated.fetch_add(1, Ordering::Relaxed);
+        (search.progress)(search.evaluated.fetch_add(1, Ordering::Relaxed) + 1);
         baselines.push(Baseline {
             strategy,
             iteration_time: time.map_err(|e| e.to_string()),
@@ -222,7 +222,8 @@ pub fn tune(
     }
 
     // (4) Local search from the best so far.
-    let best = local::improve(&search, best, &choices, request.space);
+    let budget = local::budget(base.model.num_tensors());
+    let best = local::improve(&search, best, &choices, request.space, budget);
     let lower_bound = lower_bound(base, &best.0)?;
     Ok(TuneResult {
         plan: best.0,
@@ -233,6 +234,27 @@ pub fn tune(
         infeasible_example: search.first_infeasible.into_inner().expect("a search lock"),
         baselines,
     })
+}
+
+/// Steepest descent over the groups of `start` on `base` (move a boundary, merge, split; every
+/// group keeps its compressor), within `budget` plans: the best found, and the plans scored.
+/// A contiguous plan stays contiguous, so a framework that closes buckets at per-bucket caps
+/// (DDP) or takes explicit groups (Horovod) can run the result.
+pub fn refine_groups(
+    base: &Scenario,
+    start: (Plan, SimTime),
+    budget: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> ((Plan, SimTime), u64) {
+    let search = Search {
+        base,
+        evaluated: AtomicU64::new(0),
+        infeasible: AtomicU64::new(0),
+        first_infeasible: Mutex::new(None),
+        progress,
+    };
+    let best = local::improve(&search, start, &[], SearchSpace::Fusion, budget);
+    (best, search.evaluated.load(Ordering::Relaxed))
 }
 
 fn keep_faster(best: (Plan, SimTime), other: (Plan, SimTime)) -> (Plan, SimTime) {
