@@ -447,6 +447,7 @@ fn tune_for_a_framework_writes_settings_whose_simulation_gives_the_tuned_time() 
     for (model, cluster) in [("resnet50", "v100-10gbe"), ("bert-large", "dgx-h100")] {
         for (framework, compressor) in [("ddp", "powersgd:4"), ("horovod", "fp16")] {
             let export = dir.join(format!("{model}-{framework}.py"));
+            let plan = dir.join(format!("{model}-{framework}.json"));
             let out = syncopate(&[
                 "tune",
                 "--model",
@@ -463,6 +464,8 @@ fn tune_for_a_framework_writes_settings_whose_simulation_gives_the_tuned_time() 
                 "all",
                 "--export",
                 export.to_str().unwrap(),
+                "--out",
+                plan.to_str().unwrap(),
                 "--format",
                 "json",
             ]);
@@ -472,7 +475,8 @@ fn tune_for_a_framework_writes_settings_whose_simulation_gives_the_tuned_time() 
             assert!(tuned <= report["compared_with"]["iteration_ms"].as_f64().unwrap());
             let text = std::fs::read_to_string(&export).unwrap();
             assert!(text.contains(&format!("{tuned:.3} ms")), "{text}");
-            // The command the export names reproduces the tuned time.
+            // The command the export names (the strategy's flags, or the saved plan when the
+            // settings need per-bucket caps or explicit groups) reproduces the tuned time.
             let command = report["simulate"].as_str().unwrap();
             let words: Vec<&str> = command.split(' ').collect();
             assert_eq!(words[..2], ["syncopate", "simulate"]);
