@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::io::IsTerminal;
 use std::time::Instant;
 use syncopate_sim::compress::{auto_specs, CodecSet, Compressor};
-use syncopate_sim::export::{tune_settings, Target};
+use syncopate_sim::export::{self, tune_settings, Target};
 use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::{CodecCalls, Plan};
@@ -304,6 +304,22 @@ fn run_native(args: &TuneArgs, target: Target) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster.cluster, args.cluster.overrides())?;
     let space: SearchSpace = args.search.parse()?;
     let compressors = choices(args)?;
+    // A compressor named on its own must be one the framework has (`auto` keeps those it has).
+    if !matches!(args.compressor.as_str(), "auto" | "none") {
+        let has = |choice: &Choice| {
+            export::candidates(target, &compressors)
+                .iter()
+                .any(|s| s.compression() == *choice)
+        };
+        if let Some((compressor, memory)) = compressors.iter().find(|c| !has(c)) {
+            return Err(SimError::bad_value(
+                "--compressor",
+                compressor.to_string(),
+                format!("{name} has no such compression with {memory} memory (ddp: fp16, bf16, powersgd:R with none or residual memory; horovod: fp16)"),
+            )
+            .into());
+        }
+    }
     let base = Scenario::new(model, cluster)?;
     let progress = Progress::new()?;
     let tuned = tune_settings(&base, target, space, &compressors, &|done| {

@@ -21,6 +21,13 @@ fn groups(plan: &Plan) -> Vec<Vec<usize>> {
     plan.groups.iter().map(|g| g.tensors.clone()).collect()
 }
 
+/// The groups of the plan `target` runs with the settings nearest to `plan`.
+fn exported_groups(target: Target, plan: &Plan, base: &Scenario) -> Vec<Vec<usize>> {
+    let near = nearest(target, plan, &base.model);
+    let scenario = near.settings.scenario(base).unwrap();
+    groups(&near.settings.plan(&scenario).unwrap())
+}
+
 #[test]
 fn a_ddp_plan_exports_as_ddp_s_defaults_and_a_fixed_grouping_as_caps_that_rebuild_it() {
     let base = scenario("resnet50");
@@ -41,10 +48,11 @@ fn a_ddp_plan_exports_as_ddp_s_defaults_and_a_fixed_grouping_as_caps_that_rebuil
         }
         .plan(&base, &StrategyOptions::default())
         .unwrap();
-        let near = nearest(Target::Ddp, &plan, &base.model);
-        let scenario = near.settings.scenario(&base).unwrap();
-        let exported = near.settings.plan(&scenario).unwrap();
-        assert_eq!(groups(&exported), groups(&plan), "{count} groups");
+        assert_eq!(
+            exported_groups(Target::Ddp, &plan, &base),
+            groups(&plan),
+            "{count} groups"
+        );
     }
 }
 
@@ -89,10 +97,11 @@ fn horovod_exports_its_own_fusion_as_settings_and_other_groups_explicitly() {
     }
     .plan(&base, &StrategyOptions::default())
     .unwrap();
+    assert_eq!(
+        exported_groups(Target::Horovod, &fixed, &base),
+        groups(&fixed)
+    );
     let near = nearest(Target::Horovod, &fixed, &base.model);
-    let scenario = near.settings.scenario(&base).unwrap();
-    let exported = near.settings.plan(&scenario).unwrap();
-    assert_eq!(groups(&exported), groups(&fixed));
     let text = near.settings.render(&base.model, &[]);
     assert!(text.contains("\"fc.weight\""), "{text}");
     assert!(text.contains("HOROVOD_DISABLE_GROUP_FUSION"), "{text}");

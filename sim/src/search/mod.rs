@@ -95,7 +95,17 @@ struct Search<'a> {
     progress: &'a (dyn Fn(u64) + Sync),
 }
 
-impl Search<'_> {
+impl<'a> Search<'a> {
+    fn new(base: &'a Scenario, progress: &'a (dyn Fn(u64) + Sync)) -> Search<'a> {
+        Search {
+            base,
+            evaluated: AtomicU64::new(0),
+            infeasible: AtomicU64::new(0),
+            first_infeasible: Mutex::new(None),
+            progress,
+        }
+    }
+
     /// Scores plans on both cores, in input order; a plan that cannot run is skipped and
     /// counted, never fatal.
     fn evaluate_all(&self, plans: Vec<Plan>) -> Vec<(Plan, SimTime)> {
@@ -137,13 +147,7 @@ pub fn tune(
     request: &TuneRequest,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<TuneResult> {
-    let search = Search {
-        base,
-        evaluated: AtomicU64::new(0),
-        infeasible: AtomicU64::new(0),
-        first_infeasible: Mutex::new(None),
-        progress,
-    };
+    let search = Search::new(base, progress);
     let uniform = match request.space {
         SearchSpace::Fusion => request.compressors.first().copied(),
         SearchSpace::Compression | SearchSpace::All => None,
@@ -246,13 +250,7 @@ pub fn refine_groups(
     budget: usize,
     progress: &(dyn Fn(u64) + Sync),
 ) -> ((Plan, SimTime), u64) {
-    let search = Search {
-        base,
-        evaluated: AtomicU64::new(0),
-        infeasible: AtomicU64::new(0),
-        first_infeasible: Mutex::new(None),
-        progress,
-    };
+    let search = Search::new(base, progress);
     let best = local::improve(&search, start, &[], SearchSpace::Fusion, budget);
     (best, search.evaluated.load(Ordering::Relaxed))
 }
