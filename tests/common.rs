@@ -25,7 +25,12 @@ pub fn syncopate(args: &[&str]) -> Output {
 
 /// `syncopate simulate ARGS --format json`'s summary; the run must succeed.
 pub fn simulate_json(args: &[&str]) -> serde_json::Value {
-    let out = syncopate(&[&["simulate"], args, &["--format", "json"]].concat());
+    syncopate_json(&[&["simulate"], args].concat())
+}
+
+/// `syncopate ARGS --format json`'s report; the run must succeed.
+pub fn syncopate_json(args: &[&str]) -> serde_json::Value {
+    let out = syncopate(&[args, &["--format", "json"]].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_str(&stdout(&out)).unwrap()
 }

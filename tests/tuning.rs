@@ -1,7 +1,7 @@
 //! Strategies of the seed systems and `tune`: plans they make, optimality on small models,
 //! never worse than a baseline, lower bounds, and the CLI.
 
-use crate::common::{simulate_json, stderr, stdout, syncopate};
+use crate::common::{simulate_json, stderr, stdout, syncopate, syncopate_json};
 use syncopate_sim::compress::{Compressor, Memory};
 use syncopate_sim::evaluate::Evaluator;
 use syncopate_sim::model::ModelProfile;
@@ -448,7 +448,7 @@ fn tune_for_a_framework_writes_settings_whose_simulation_gives_the_tuned_time() 
         for (framework, compressor) in [("ddp", "powersgd:4"), ("horovod", "fp16")] {
             let export = dir.join(format!("{model}-{framework}.py"));
             let plan = dir.join(format!("{model}-{framework}.json"));
-            let out = syncopate(&[
+            let report = syncopate_json(&[
                 "tune",
                 "--model",
                 model,
@@ -466,11 +466,7 @@ fn tune_for_a_framework_writes_settings_whose_simulation_gives_the_tuned_time() 
                 export.to_str().unwrap(),
                 "--out",
                 plan.to_str().unwrap(),
-                "--format",
-                "json",
             ]);
-            assert!(out.status.success(), "{}", stderr(&out));
-            let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
             let tuned = report["iteration_ms"].as_f64().unwrap();
             assert!(tuned <= report["compared_with"]["iteration_ms"].as_f64().unwrap());
             let text = std::fs::read_to_string(&export).unwrap();
