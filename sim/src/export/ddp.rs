@@ -241,14 +241,17 @@ fn caps_for(groups: &[Vec<u64>]) -> DdpCaps {
     DdpCaps::PerBucket(ranges.iter().map(|&(low, high)| pick(low, high)).collect())
 }
 
-/// A cap in (low, high]: the smallest whole MiB there, else the middle (PyTorch truncates
-/// `cap_mb * 2**20` to bytes, so the middle survives the decimal round trip).
+/// A cap in (low, high], the roundest there: the smallest multiple of a MiB, else of half a
+/// MiB, a quarter, ... down to a byte, above `low`. Halvings of a MiB print exactly in decimal,
+/// and PyTorch truncates `cap_mb * 2**20` back to the same bytes.
 fn pick(low: u64, high: u64) -> u64 {
-    let whole = (low / MIB + 1).saturating_mul(MIB);
-    if whole <= high {
-        whole
-    } else {
-        low + (high - low).div_ceil(2)
+    let mut step = MIB;
+    loop {
+        let cap = (low / step + 1).saturating_mul(step);
+        if cap <= high || step == 1 {
+            return cap.min(high);
+        }
+        step /= 2;
     }
 }
 
