@@ -1,5 +1,5 @@
 //! Loading versioned JSON data files by shipped name or by path, with errors that name the
-//! file, line and field.
+//! file, line and field; writing files whole or not at all.
 
 use crate::error::{Result, SimError};
 use serde::de::DeserializeOwned;
@@ -182,4 +182,19 @@ pub fn check_non_negative(label: &str, field: &str, value: f64) -> Result<()> {
             format!("must be zero or positive, got {value}"),
         ))
     }
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory and a rename, so
+/// that a failure never leaves a partial file behind.
+pub fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = dir
+        .unwrap_or(std::path::Path::new("."))
+        .join(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&temp, text)
+        .and_then(|()| std::fs::rename(&temp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&temp);
+        })
 }

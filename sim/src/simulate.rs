@@ -13,6 +13,7 @@ use crate::plan::{CompressOn, Plan};
 use crate::scenario::Scenario;
 use crate::schedule::{lower, LaunchPolicy, Piece, Schedule, Stream};
 use crate::stats::percentile;
+use crate::stats::round6;
 use crate::time::SimTime;
 use crate::topology::Cluster;
 use crate::trace::Trace;
@@ -352,10 +353,6 @@ pub fn mean_ns(times: &[SimTime]) -> f64 {
 
 fn ms(time: SimTime) -> f64 {
     round6(time.as_ms())
-}
-
-fn round6(value: f64) -> f64 {
-    (value * 1e6).round() / 1e6
 }
 
 #[allow(clippy::too_many_arguments)]

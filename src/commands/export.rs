@@ -1,5 +1,6 @@
 //! `syncopate export`: a plan's nearest DDP or Horovod settings, in the file that framework reads, priced as it runs them.
 
+use super::ms;
 use crate::cli::{ExportArgs, Format};
 use anyhow::Context;
 use serde::Serialize;
@@ -263,8 +264,4 @@ fn title(target: Target) -> &'static str {
         Target::Ddp => "PyTorch DistributedDataParallel",
         Target::Horovod => "Horovod (PyTorch)",
     }
-}
-
-fn ms(time: syncopate_sim::time::SimTime) -> f64 {
-    (time.as_ms() * 1e6).round() / 1e6
 }

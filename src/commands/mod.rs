@@ -42,20 +42,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Writes `text` to `path` through a temporary file in the same directory and a rename, so
-/// that a failure never leaves a partial file behind.
-pub fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let temp = dir
-        .unwrap_or(std::path::Path::new("."))
-        .join(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&temp, text)
-        .and_then(|()| std::fs::rename(&temp, path))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&temp);
-        })
+/// A time in ms as reports print it (rounded to the nanosecond).
+pub fn ms(time: syncopate_sim::time::SimTime) -> f64 {
+    syncopate_sim::stats::round6(time.as_ms())
 }
+
+pub use syncopate_sim::data::write_atomically;
 
 /// Runs `work` as one rank of an MPI job. A failure is printed and ends the whole job
 /// (MPI_Abort) instead of returning: returning would finalize MPI, which waits for ranks that

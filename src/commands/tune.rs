@@ -1,5 +1,6 @@
 //! `syncopate tune`: the fastest plan found, every baseline next to it, and a lower bound.
 
+use super::ms;
 use crate::cli::{Format, TuneArgs};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -97,10 +98,6 @@ fn splittable(
 
 /// How often `tune` prints a progress line when stderr is not a terminal.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-fn ms(time: syncopate_sim::time::SimTime) -> f64 {
-    (time.as_ms() * 1e6).round() / 1e6
-}
 
 /// The search's progress: a bar on a terminal, else a line every few seconds (CI, a log
 /// file), so that a long search shows it is alive.

@@ -157,13 +157,12 @@ impl LabState {
     /// Rewrites the state file atomically (a crash leaves the old or the new record, whole).
     pub fn save(&self) -> Result<()> {
         let path = path(&self.name);
-        let temporary = path.with_extension("json.tmp");
-        std::fs::write(&temporary, self.to_json())
-            .and_then(|()| std::fs::rename(&temporary, &path))
-            .map_err(|source| ExecError::Io {
+        syncopate_sim::data::write_atomically(&path, &self.to_json()).map_err(|source| {
+            ExecError::Io {
                 what: format!("writing {}", path.display()),
                 source,
-            })
+            }
+        })
     }
 
     fn to_json(&self) -> String {

@@ -32,6 +32,7 @@ use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::real_run;
 use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, Stream};
+use syncopate_sim::stats::round6;
 use syncopate_sim::time::SimTime;
 
 /// Where a plan runs.
@@ -224,10 +225,6 @@ impl Job<'_> {
             backend,
         }
     }
-}
-
-fn round6(value: f64) -> f64 {
-    (value * 1e6).round() / 1e6
 }
 
 /// The most bytes of buffers (gradients, fusion buffers, codec state: about 24 bytes per

@@ -13,7 +13,7 @@ use crate::model::ModelProfile;
 use crate::plan::Plan;
 use crate::scenario::Scenario;
 use crate::simulate::{simulate, SimOptions};
-use crate::stats::median;
+use crate::stats::{median, quantile};
 use crate::topology::{Cluster, ClusterOverrides};
 use crate::validate::relative_error;
 use serde::{Deserialize, Serialize};
@@ -334,15 +334,6 @@ pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
     }
 }
 
-/// The `q` quantile (linear between the closest ranks) of `values`.
-pub(super) fn quantile(values: &[f64], q: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let position = q * (sorted.len().saturating_sub(1)) as f64;
-    let (low, high) = (position.floor() as usize, position.ceil() as usize);
-    sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
-}
-
 /// Error statistics of rows under one way of predicting them: median |error|, 90th
 /// percentile |error| and Spearman's rank correlation of predicted with measured.
 struct Statistics {
@@ -570,11 +561,5 @@ mod tests {
         assert!((spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]) + 1.0).abs() < 1e-12);
         let rho = spearman(&[1.0, 2.0, 3.0, 4.0], &[1.0, 1.0, 2.0, 3.0]);
         assert!(rho > 0.9 && rho < 1.0, "{rho}");
-    }
-
-    #[test]
-    fn quantiles_interpolate() {
-        assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), 2.0);
-        assert!((quantile(&[0.0, 10.0], 0.9) - 9.0).abs() < 1e-12);
     }
 }

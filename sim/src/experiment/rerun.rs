@@ -4,9 +4,9 @@
 //! plans, in another session, says which differences between configurations the lab itself
 //! reproduces: a prediction cannot be held to a ranking that the measurement does not repeat.
 
-use super::lab::{quantile, read_measurements, spearman, ConfigRuns, LabMeasurements, LabSetting};
+use super::lab::{read_measurements, spearman, ConfigRuns, LabMeasurements, LabSetting};
 use crate::error::{Result, SimError};
-use crate::stats::median;
+use crate::stats::{median, quantile};
 use crate::validate::relative_error;
 use std::fmt::Write as _;
 use std::path::Path;
