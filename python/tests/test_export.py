@@ -74,15 +74,19 @@ def test_ddp_builds_the_exported_buckets_and_trains(profile_path, tmp_path, grou
     assert simulated["iteration_time_ms"] == report["iteration_ms"]
 
 
-def test_tuned_ddp_settings_with_powersgd_train_under_ddp(profile_path, tmp_path):
+@pytest.mark.parametrize("compressor,memory,written", [
+    ("powersgd:2", "residual", ["powerSGD_hook", "matrix_approximation_rank=2", "use_error_feedback=True"]),
+    ("fp16", "none", ["default_hooks.fp16_compress_hook"]),
+])
+def test_tuned_ddp_settings_with_a_hook_train_under_ddp(profile_path, tmp_path, compressor, memory, written):
     settings = tmp_path / "ddp_settings.py"
     done = conftest.cli("tune", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
-                        "--framework", "ddp", "--compressor", "powersgd:2", "--memory", "residual", "--search", "fusion",
+                        "--framework", "ddp", "--compressor", compressor, "--memory", memory, "--search", "fusion",
                         "--export", settings)
     assert "tuned" in done.stdout
-    # `--search fusion` keeps the named compressor on every bucket: the PowerSGD hook.
+    # `--search fusion` keeps the named compressor on every bucket: its hook.
     text = settings.read_text()
-    assert "powerSGD_hook" in text and "matrix_approximation_rank=2" in text and "use_error_feedback=True" in text
+    assert all(part in text for part in written), text
     # PowerSGD compresses from its start iteration (1000, PyTorch's default, in the file): start
     # it at the third step here, so that the steps after it run the compressed hook.
     settings.write_text(text.replace("start_powerSGD_iter=1000", "start_powerSGD_iter=3"))
