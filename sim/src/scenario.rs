@@ -7,7 +7,7 @@ use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::framework::{Framework, HostStaging};
 use crate::model::ModelProfile;
-use crate::plan::CodecStream;
+use crate::plan::{CodecStream, Group, Plan, Policy};
 use crate::schedule::World;
 use crate::topology::{Cluster, TcpParams};
 
@@ -117,6 +117,14 @@ impl Scenario {
         }
         self.framework = framework;
         self
+    }
+
+    /// A plan of the scenario's model with `groups` and `policy`, its codecs on the scenario's
+    /// stream: the plans strategies and searches make here start from it.
+    pub fn plan(&self, strategy: &str, groups: Vec<Group>, policy: Policy) -> Plan {
+        let mut plan = Plan::new(strategy, &self.model, groups, policy);
+        plan.codec_stream = self.codec_stream();
+        plan
     }
 
     /// The stream a plan's codecs run on here: the codec set's, or a stream of their own.

@@ -342,9 +342,8 @@ pub fn contiguous_plan(
             priority: i as i64,
         })
         .collect();
-    let mut plan = Plan::new("tuned", &base.model, groups, plan_order(0.0));
+    let mut plan = base.plan("tuned", groups, plan_order(0.0));
     plan.codec_calls = codec_calls;
-    plan.codec_stream = base.codec_stream();
     plan
 }
 

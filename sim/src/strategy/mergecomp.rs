@@ -16,14 +16,11 @@ pub(super) fn plan(name: &str, scenario: &Scenario, options: &StrategyOptions) -
     let evaluator = Evaluator::new(scenario.clone());
     let candidate = |y: usize| -> Result<Plan> {
         let groups = fixed_groups::groups(model, y, GroupingRule::Bytes)?;
-        let mut plan = Plan::new(
+        Ok(scenario.plan(
             name,
-            model,
             uniform_groups(groups, options, Scheme::Auto),
             super::plan_order(0.0),
-        );
-        plan.codec_stream = scenario.codec_stream();
-        Ok(plan)
+        ))
     };
     let mut best = (candidate(1)?, None);
     let mut since_best = 0;

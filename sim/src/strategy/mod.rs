@@ -327,10 +327,11 @@ pub fn ddp_plan(scenario: &Scenario, caps: &[u64], options: &StrategyOptions) ->
         ..plan_order(0.0)
     };
     let buckets = ddp::buckets_by_caps(&scenario.model, caps);
-    let groups = uniform_groups(buckets, options, Scheme::Auto);
-    let mut plan = Plan::new("ddp", &scenario.model, groups, policy);
-    plan.codec_stream = scenario.codec_stream();
-    plan
+    scenario.plan(
+        "ddp",
+        uniform_groups(buckets, options, Scheme::Auto),
+        policy,
+    )
 }
 
 /// Horovod's plan with its groups given (`groups=` of `hvd.DistributedOptimizer`), each
@@ -341,14 +342,7 @@ pub fn explicit_groups_plan(
     options: &StrategyOptions,
 ) -> Plan {
     let groups = uniform_groups(groups, options, Scheme::Auto);
-    let mut plan = Plan::new(
-        "horovod",
-        &scenario.model,
-        groups,
-        plan_order(options.cycle_us),
-    );
-    plan.codec_stream = scenario.codec_stream();
-    plan
+    scenario.plan("horovod", groups, plan_order(options.cycle_us))
 }
 
 /// The groups Horovod's fusion forms with these options' threshold and cycle.
