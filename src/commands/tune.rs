@@ -359,7 +359,7 @@ fn run_native(args: &TuneArgs, target: Target) -> anyhow::Result<()> {
         &base,
         &names,
         &tuned.best,
-        Vec::new(),
+        export::caveats(target, &base.model),
         reference,
         &super::export::Outputs {
             out: args.export.as_deref(),

@@ -182,9 +182,26 @@ pub struct Nearest {
     pub unexpressed: Vec<String>,
 }
 
+/// What `target`'s settings leave out of their prediction for `model`, whatever the plan.
+pub fn caveats(target: Target, model: &ModelProfile) -> Vec<String> {
+    // The reducer buckets each dtype apart (compute_bucket_assignment_by_size keys its buckets
+    // by dtype); DDP's plans here follow one order across dtypes.
+    let dtypes = model
+        .tensors
+        .iter()
+        .any(|t| t.dtype != model.tensors[0].dtype);
+    match target {
+        Target::Ddp if dtypes => vec![
+            "parameters of several dtypes: DDP fills a bucket per dtype, which these buckets and their predicted time do not follow".to_string(),
+        ],
+        _ => Vec::new(),
+    }
+}
+
 /// The `target` settings nearest to `plan`.
 pub fn nearest(target: Target, plan: &Plan, model: &ModelProfile) -> Nearest {
     let mut unexpressed = common_unexpressed(target, plan);
+    unexpressed.extend(caveats(target, model));
     let settings = match target {
         Target::Ddp => Settings::Ddp(ddp::nearest(plan, model, &mut unexpressed)),
         Target::Horovod => Settings::Horovod(horovod::nearest(plan, model, &mut unexpressed)),

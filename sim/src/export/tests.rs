@@ -127,3 +127,20 @@ fn simulate_flags_name_the_settings_a_strategy_runs() {
     assert!(text.contains("bucket_cap_mb=5,"), "{text}");
     assert!(text.contains("matrix_approximation_rank=4"), "{text}");
 }
+
+#[test]
+fn a_model_of_several_dtypes_is_named_as_what_ddp_buckets_apart() {
+    let mut base = scenario("resnet50");
+    let plan = Strategy::Ddp
+        .plan(&base, &StrategyOptions::default())
+        .unwrap();
+    assert!(caveats(Target::Ddp, &base.model).is_empty());
+    base.model.tensors[0].dtype = crate::model::DType::F16;
+    let near = nearest(Target::Ddp, &plan, &base.model);
+    assert!(
+        near.unexpressed.iter().any(|n| n.contains("dtypes")),
+        "{:?}",
+        near.unexpressed
+    );
+    assert!(caveats(Target::Horovod, &base.model).is_empty());
+}
