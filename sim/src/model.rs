@@ -139,14 +139,20 @@ pub struct Tensor {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub uses_per_sample: u64,
     pub dtype: DType,
-    /// Index in the framework's `named_parameters()`; forward runs in this order and DDP builds
-    /// its buckets from its reverse.
+    /// Index in the framework's `named_parameters()`; forward runs in this order.
     pub registration_index: usize,
     /// Backward compute between the previous tensor's gradient becoming ready (or the start of
     /// backward, for the first tensor) and this one's.
     pub backward_us: f64,
     /// Forward compute of the layer that owns this tensor, split among the layer's tensors.
     pub forward_us: f64,
+}
+
+impl Tensor {
+    /// The gradient's size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.numel * self.dtype.bytes()
+    }
 }
 
 /// A model's per-tensor profile on one device.
@@ -311,7 +317,12 @@ impl ModelProfile {
     }
 
     pub fn total_gradient_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.numel * t.dtype.bytes()).sum()
+        self.tensors.iter().map(Tensor::bytes).sum()
+    }
+
+    /// The gradient bytes of the tensors at these indices.
+    pub fn bytes_of(&self, tensors: &[usize]) -> u64 {
+        tensors.iter().map(|&t| self.tensors[t].bytes()).sum()
     }
 
     pub fn backward_time(&self) -> SimTime {

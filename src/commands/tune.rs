@@ -303,12 +303,9 @@ fn run_native(args: &TuneArgs, target: Target) -> anyhow::Result<()> {
     let compressors = choices(args)?;
     // A compressor named on its own must be one the framework has (`auto` keeps those it has).
     if !matches!(args.compressor.as_str(), "auto" | "none") {
-        let has = |choice: &Choice| {
-            export::candidates(target, &compressors)
-                .iter()
-                .any(|s| s.compression() == *choice)
-        };
-        if let Some((compressor, memory)) = compressors.iter().find(|c| !has(c)) {
+        if let Some((compressor, memory)) =
+            compressors.iter().find(|&&c| !export::expresses(target, c))
+        {
             return Err(SimError::bad_value(
                 "--compressor",
                 compressor.to_string(),

@@ -168,17 +168,21 @@ impl DdpSettings {
 
 /// The DDP settings nearest to `plan`; what they cannot express goes to `notes`.
 pub(super) fn nearest(plan: &Plan, model: &ModelProfile, notes: &mut Vec<String>) -> DdpSettings {
-    let bytes = |t: usize| model.tensors[t].numel * model.tensors[t].dtype.bytes();
     let order: Vec<usize> = plan.groups.iter().flat_map(|g| g.tensors.clone()).collect();
     let caps = if order.iter().copied().eq(0..model.num_tensors()) {
         let groups: Vec<Vec<u64>> = plan
             .groups
             .iter()
-            .map(|g| g.tensors.iter().map(|&t| bytes(t)).collect())
+            .map(|g| {
+                g.tensors
+                    .iter()
+                    .map(|&t| model.tensors[t].bytes())
+                    .collect()
+            })
             .collect();
         caps_for(&groups)
     } else {
-        let total: u64 = (0..model.num_tensors()).map(bytes).sum();
+        let total = model.total_gradient_bytes();
         let mean = (total / plan.groups.len().max(1) as u64).max(1);
         notes.push(format!(
             "groups that are not runs of the backward order, DDP's bucket order: exported as one cap of {} MiB, the plan's mean group",
@@ -186,20 +190,7 @@ pub(super) fn nearest(plan: &Plan, model: &ModelProfile, notes: &mut Vec<String>
         ));
         DdpCaps::Uniform(mean)
     };
-    let hook = super::uniform_choice(
-        plan,
-        model,
-        "DDP's comm hook",
-        notes,
-        |choice| match choice {
-            (Compressor::None, _) => Some((Compressor::None, Memory::None)),
-            (c @ (Compressor::Fp16 | Compressor::Bf16), Memory::None) => Some((c, Memory::None)),
-            (c @ Compressor::PowerSgd { .. }, m @ (Memory::None | Memory::Residual)) => {
-                Some((c, m))
-            }
-            _ => None,
-        },
-    );
+    let hook = super::uniform_choice(plan, model, "DDP's comm hook", notes, expressible);
     DdpSettings {
         caps,
         gradient_as_bucket_view: true,
@@ -259,13 +250,12 @@ fn pick(low: u64, high: u64) -> u64 {
 /// and without bucket views, under each hook among `choices` (and none).
 pub(super) fn candidates(choices: &[Choice]) -> Vec<DdpSettings> {
     let mut hooks = vec![(Compressor::None, Memory::None)];
-    hooks.extend(choices.iter().copied().filter(|&(c, m)| {
-        matches!(
-            (c, m),
-            (Compressor::Fp16 | Compressor::Bf16, Memory::None)
-                | (Compressor::PowerSgd { .. }, Memory::None | Memory::Residual)
-        )
-    }));
+    hooks.extend(
+        choices
+            .iter()
+            .copied()
+            .filter(|&c| c.0 != Compressor::None && expressible(c) == Some(c)),
+    );
     let caps = std::iter::once(DdpCaps::Default)
         .chain(CAP_GRID_MIB.iter().map(|&m| DdpCaps::Uniform(m * MIB)));
     let mut out = Vec::new();
@@ -281,6 +271,17 @@ pub(super) fn candidates(choices: &[Choice]) -> Vec<DdpSettings> {
         }
     }
     out
+}
+
+/// The hook that runs `choice`: DDP's built-in fp16, bf16 and PowerSGD hooks (error feedback
+/// as residual memory), or none; `None` when DDP has no hook for it.
+pub(super) fn expressible(choice: Choice) -> Option<Choice> {
+    match choice {
+        (Compressor::None, _) => Some((Compressor::None, Memory::None)),
+        (c @ (Compressor::Fp16 | Compressor::Bf16), Memory::None) => Some((c, Memory::None)),
+        (c @ Compressor::PowerSgd { .. }, m @ (Memory::None | Memory::Residual)) => Some((c, m)),
+        _ => None,
+    }
 }
 
 fn hook_name(compressor: Compressor) -> &'static str {

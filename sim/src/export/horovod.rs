@@ -42,12 +42,17 @@ impl HorovodSettings {
         self.fp16.then_some("horovod")
     }
 
-    fn options(&self) -> StrategyOptions {
-        let (compressor, memory) = if self.fp16 {
-            (Compressor::Fp16, Memory::None)
+    /// The compressor (with its memory) on every tensor: fp16 or none.
+    pub(super) fn compression(&self) -> Choice {
+        if self.fp16 {
+            FP16
         } else {
             (Compressor::None, Memory::None)
-        };
+        }
+    }
+
+    fn options(&self) -> StrategyOptions {
+        let (compressor, memory) = self.compression();
         StrategyOptions {
             fusion_bytes: self.fusion_threshold_bytes,
             cycle_us: self.cycle_time_ms * 1e3,
@@ -178,19 +183,7 @@ pub(super) fn nearest(
     model: &ModelProfile,
     notes: &mut Vec<String>,
 ) -> HorovodSettings {
-    let (compressor, _) =
-        super::uniform_choice(
-            plan,
-            model,
-            "hvd.Compression",
-            notes,
-            |choice| match choice {
-                (c @ (Compressor::None | Compressor::Fp16), Memory::None) => {
-                    Some((c, Memory::None))
-                }
-                _ => None,
-            },
-        );
+    let (compressor, _) = super::uniform_choice(plan, model, "hvd.Compression", notes, expressible);
     let cycle_time_ms = if plan.policy.cycle_time_us > 0.0 {
         plan.policy.cycle_time_us / 1e3
     } else {
@@ -210,17 +203,11 @@ pub(super) fn nearest(
             ..StrategyOptions::default()
         },
     );
-    let bytes = |group: &[usize]| -> u64 {
-        group
-            .iter()
-            .map(|&t| model.tensors[t].numel * model.tensors[t].dtype.bytes())
-            .sum()
-    };
     let (fusion_threshold_bytes, groups) = if own == groups {
         (DEFAULT_THRESHOLD, None)
     } else {
         // Every group whole in one response: the threshold at least the largest group.
-        let largest = groups.iter().map(|g| bytes(g)).max().unwrap_or(0);
+        let largest = groups.iter().map(|g| model.bytes_of(g)).max().unwrap_or(0);
         (DEFAULT_THRESHOLD.max(largest), Some(groups))
     };
     HorovodSettings {
@@ -231,10 +218,22 @@ pub(super) fn nearest(
     }
 }
 
+/// `hvd.Compression.fp16`.
+const FP16: Choice = (Compressor::Fp16, Memory::None);
+
+/// The compression of `hvd.Compression` that runs `choice` (none or fp16, without error
+/// feedback); `None` when Horovod has none for it.
+pub(super) fn expressible(choice: Choice) -> Option<Choice> {
+    match choice {
+        (c @ (Compressor::None | Compressor::Fp16), Memory::None) => Some((c, Memory::None)),
+        _ => None,
+    }
+}
+
 /// The settings `tune --framework horovod` tries: every threshold and cycle of the grids,
 /// with fp16 compression when `choices` name it.
 pub(super) fn candidates(choices: &[Choice]) -> Vec<HorovodSettings> {
-    let fp16 = choices.contains(&(Compressor::Fp16, Memory::None));
+    let fp16 = choices.contains(&FP16);
     let mut out = Vec::new();
     for threshold in THRESHOLD_GRID_MIB {
         for cycle_time_ms in CYCLE_GRID_MS {

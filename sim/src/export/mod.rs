@@ -15,11 +15,13 @@ pub use tune::{tune_settings, NativeTune};
 
 use crate::compress::{CodecSet, Compressor, Memory};
 use crate::error::{Result, SimError};
+use crate::evaluate::steady_iteration_time;
 use crate::framework::Framework;
 use crate::model::ModelProfile;
 use crate::plan::{CodecCalls, Launch, Plan, Scheme};
 use crate::scenario::Scenario;
 use crate::search::Choice;
+use crate::time::SimTime;
 use std::str::FromStr;
 
 /// A framework an export writes settings for.
@@ -122,12 +124,15 @@ impl Settings {
         Ok(plan)
     }
 
+    /// The steady iteration on `base` as the framework runs these settings.
+    pub fn iteration_time(&self, base: &Scenario) -> Result<SimTime> {
+        let scenario = self.scenario(base)?;
+        steady_iteration_time(&scenario, &self.plan(&scenario)?)
+    }
+
     /// The framework's own defaults, uncompressed.
     pub fn is_default(&self) -> bool {
-        match self {
-            Settings::Ddp(s) => s.has_default_fusion() && s.hook.0 == Compressor::None,
-            Settings::Horovod(s) => s.has_default_fusion() && !s.fp16,
-        }
+        self.has_default_fusion() && self.compression().0 == Compressor::None
     }
 
     /// Fusion (caps, thresholds, cycle, bucket views) left at the framework's defaults.
@@ -142,8 +147,7 @@ impl Settings {
     pub fn compression(&self) -> Choice {
         match self {
             Settings::Ddp(s) => s.hook,
-            Settings::Horovod(s) if s.fp16 => (Compressor::Fp16, Memory::None),
-            Settings::Horovod(_) => (Compressor::None, Memory::None),
+            Settings::Horovod(s) => s.compression(),
         }
     }
 
@@ -173,6 +177,15 @@ impl Settings {
         };
         text
     }
+}
+
+/// Whether `target` can run `choice` as it is, on every bucket.
+pub fn expresses(target: Target, choice: Choice) -> bool {
+    let expressible = match target {
+        Target::Ddp => ddp::expressible,
+        Target::Horovod => horovod::expressible,
+    };
+    expressible(choice) == Some(choice)
 }
 
 /// The settings nearest to a plan, and what of the plan they do not express.
@@ -283,11 +296,7 @@ fn uniform_choice(
     // Per choice: its gradient bytes and groups, in the plan's order.
     let mut uses: Vec<(Choice, u64, usize)> = Vec::new();
     for group in &plan.groups {
-        let size: u64 = group
-            .tensors
-            .iter()
-            .map(|&t| model.tensors[t].numel * model.tensors[t].dtype.bytes())
-            .sum();
+        let size = model.bytes_of(&group.tensors);
         let choice = (group.compressor, group.memory);
         match uses.iter_mut().find(|(c, _, _)| *c == choice) {
             Some((_, bytes, groups)) => {

@@ -3,7 +3,6 @@
 use super::{candidates, nearest, Settings, Target};
 use crate::compress::{Compressor, Memory};
 use crate::error::{Result, SimError};
-use crate::evaluate::steady_iteration_time;
 use crate::scenario::Scenario;
 use crate::search::{refine_groups, Choice, SearchSpace};
 use crate::time::SimTime;
@@ -54,8 +53,7 @@ pub fn tune_settings(
     }
     let done = std::sync::atomic::AtomicU64::new(0);
     let price = |settings: &Settings| -> Result<SimTime> {
-        let scenario = settings.scenario(base)?;
-        let time = steady_iteration_time(&scenario, &settings.plan(&scenario)?)?;
+        let time = settings.iteration_time(base)?;
         progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
         Ok(time)
     };
@@ -75,15 +73,19 @@ pub fn tune_settings(
     let Some((index, best_time)) = best else {
         return Err(first_error.expect("a failed candidate"));
     };
+    // The refinement's plans count on from the grid's.
+    let grid = chosen.len() as u64;
     let (best, best_time, refined) =
-        refine(base, target, chosen[index].clone(), best_time, progress)?;
+        refine(base, target, chosen[index].clone(), best_time, &|n| {
+            progress(grid + n)
+        })?;
     let default_time = price(&default)?;
     Ok(NativeTune {
         best,
         best_time,
         default,
         default_time,
-        evaluated: chosen.len() as u64 + 1 + refined,
+        evaluated: grid + 1 + refined,
     })
 }
 
@@ -107,8 +109,7 @@ fn refine(
         refine_groups(&scenario, (plan, start_time), REFINE_BUDGET, progress);
     // Priced again as the settings that express it, so the time is the settings' own.
     let settings = nearest(target, &refined, &base.model).settings;
-    let scenario = settings.scenario(base)?;
-    let time = steady_iteration_time(&scenario, &settings.plan(&scenario)?)?;
+    let time = settings.iteration_time(base)?;
     Ok(if time < start_time {
         (settings, time, scored + 1)
     } else {

@@ -33,7 +33,7 @@ pub(super) fn buckets_by_caps(model: &ModelProfile, caps: &[u64]) -> Vec<Vec<usi
     let mut bytes = 0;
     for t in 0..model.num_tensors() {
         current.push(t);
-        bytes += model.tensors[t].numel * model.tensors[t].dtype.bytes();
+        bytes += model.tensors[t].bytes();
         let cap = caps
             .get(buckets.len())
             .or(caps.last())
@@ -68,13 +68,14 @@ mod tests {
     #[test]
     fn the_first_bucket_closes_at_its_own_cap() {
         let model = ModelProfile::load("resnet50").unwrap();
-        let size = |t: usize| model.tensors[t].numel * model.tensors[t].dtype.bytes();
-        let bytes = |bucket: &[usize]| -> u64 { bucket.iter().map(|&t| size(t)).sum() };
         // A bucket closes with the tensor that takes it to its cap: without that tensor it was
         // below the cap, with it at or above.
         let closes_at = |bucket: &[usize], cap: u64| {
-            let last = size(*bucket.last().unwrap());
-            bytes(bucket) >= cap && bytes(bucket) - last < cap
+            let (bytes, last) = (
+                model.bytes_of(bucket),
+                model.tensors[*bucket.last().unwrap()].bytes(),
+            );
+            bytes >= cap && bytes - last < cap
         };
         let (first, cap) = (1 << 20, 25 << 20);
         let (a, b) = (

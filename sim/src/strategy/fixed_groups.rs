@@ -59,7 +59,7 @@ fn byte_balanced_ends(model: &ModelProfile, count: usize) -> Vec<usize> {
         // Leave one tensor for each group still to come.
         let last_allowed = n - (count - g);
         loop {
-            running += model.tensors[t].numel * model.tensors[t].dtype.bytes();
+            running += model.tensors[t].bytes();
             t += 1;
             if t > last_allowed || running as u128 >= target {
                 break;

@@ -43,6 +43,6 @@ fn enqueued_bytes(model: &ModelProfile, t: usize, options: &StrategyOptions) -> 
     let tensor = &model.tensors[t];
     match options.compressor.family() {
         Family::Cast => options.compressor.wire_bytes(tensor.numel),
-        _ => tensor.numel * tensor.dtype.bytes(),
+        _ => tensor.bytes(),
     }
 }

@@ -31,7 +31,7 @@ pub(super) fn groups(scenario: &Scenario) -> Result<Vec<Vec<usize>>> {
     // When the previously sent group's collective ends.
     let mut link_free = 0.0_f64;
     for (t, tensor) in model.tensors.iter().enumerate() {
-        let bytes = tensor.numel * tensor.dtype.bytes();
+        let bytes = tensor.bytes();
         if let Some(&last) = current.last() {
             // The pending group would start once its last gradient is ready and the link is free.
             let start = ready[last].max(link_free);

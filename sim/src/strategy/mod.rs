@@ -2,7 +2,6 @@
 
 mod bytescheduler;
 mod ddp;
-mod dear;
 mod espresso;
 mod fixed_groups;
 mod hipress;
@@ -292,7 +291,9 @@ impl Strategy {
             ),
             Strategy::MgWfbp => uniform(mgwfbp::groups(scenario)?, Scheme::Auto, plan_order(0.0)),
             Strategy::Dear => uniform(
-                dear::buckets(model, options),
+                // DeAR fuses contiguous layers in backward order until a bucket reaches its
+                // threshold (THRESHOLD, 25 MB by default in its scripts): DDP's rule, one cap.
+                ddp::buckets_by_caps(model, &[options.bucket_bytes]),
                 Scheme::ReduceScatterAllgather,
                 Policy {
                     overlap_forward: true,
@@ -409,7 +410,7 @@ fn partitioned_by_layer(
     let mut pieces = 0u64;
     for group in &mut groups {
         let tensor = &model.tensors[group.tensors[0]];
-        let bytes = tensor.numel * tensor.dtype.bytes();
+        let bytes = tensor.bytes();
         let parts = bytes.div_ceil(options.partition_bytes.max(1)).max(1);
         pieces += parts;
         if pieces > crate::limits::MAX_PIECES {
