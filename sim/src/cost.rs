@@ -192,14 +192,21 @@ fn piece_cost(
     let memory = piece.memory;
     let compensate = pass(memory.compensate_bytes()) + host_copy;
     let curves = CodecCurves::on(&compressor, device);
-    // Every codec call pays the curves' floor: one per piece, or one per tensor.
-    let calls = piece.codec_calls();
-    let encode = per_call(calls, |n| curves.encode_time(n));
+    // Every codec call pays the curves' floor: one per piece, or one per tensor. A CaSync-Ring
+    // rank encodes its own shard here (the others at its hops, in the exchange) and decodes
+    // the summed shards, and its own encodings for the memory, one shard at a time.
+    let ring_shards = piece
+        .compressed_ring()
+        .then(|| vec![numel.div_ceil(world); world as usize]);
+    let calls = ring_shards.as_deref().unwrap_or(piece.codec_calls());
+    let encode = per_call(ring_shards.as_ref().map_or(calls, |s| &s[..1]), |n| {
+        curves.encode_time(n)
+    });
     let one = per_call(calls, |n| curves.decode_time(n));
     // A decode call pays its own cost once and each payload's decode (device.rs, CodecCost).
-    let payloads = match (piece.aggregation, piece.rounds.first().map(|r| r.exchange)) {
+    let payloads = match piece.aggregation {
         // Every rank decodes every rank's payload in one call.
-        (Aggregation::Allgather, _) => per_call(calls, |n| curves.call_time(n, world)),
+        Aggregation::Allgather => per_call(calls, |n| curves.call_time(n, world)),
         // The ring's per-hop work and the server's are in their collectives; the result is
         // decoded once.
         _ => per_call(calls, |n| curves.call_time(n, 1)),

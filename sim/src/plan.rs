@@ -393,6 +393,15 @@ impl Plan {
                     ),
                 ));
             }
+            if group.scheme == Scheme::CompressedRing {
+                if let Some(why) = group.compressor.why_no_ring_hops() {
+                    return Err(SimError::invalid(
+                        label,
+                        at("scheme"),
+                        format!("a compressed ring cannot run `{}`: {why}", group.compressor),
+                    ));
+                }
+            }
             if self.codec_calls == CodecCalls::Tensor {
                 check_calls_per_tensor(label, g, group)?;
             }
@@ -539,5 +548,29 @@ mod tests {
         let mut threshold = plan.clone();
         threshold.groups[3].compressor = "threshold:0.01".parse().unwrap();
         refused(&threshold, "data-dependent");
+    }
+
+    #[test]
+    fn a_compressed_ring_refuses_codecs_its_hops_cannot_reencode() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let mut plan = per_tensor_plan(&model);
+        plan.groups[3].scheme = Scheme::CompressedRing;
+        for (compressor, ok) in [
+            ("onebit", true),
+            ("dgc:0.01", true),
+            ("randomk:0.01", false),
+            ("signum:0.9", false),
+        ] {
+            plan.groups[3].compressor = compressor.parse().unwrap();
+            let result = plan.validate("p", &model);
+            assert_eq!(result.is_ok(), ok, "{compressor}: {result:?}");
+            if let Err(err) = result {
+                let err = err.to_string();
+                assert!(
+                    err.contains("groups[3].scheme") && err.contains("compressed ring"),
+                    "{err}"
+                );
+            }
+        }
     }
 }

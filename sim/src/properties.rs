@@ -127,7 +127,7 @@ fn plan(
                 }
                 2 if summable => Scheme::Hierarchical,
                 3 if allowed.contains(&crate::compress::Aggregation::ParameterServer) => {
-                    if residual {
+                    if residual || compressor.why_no_ring_hops().is_some() {
                         Scheme::Ps
                     } else {
                         Scheme::CompressedRing

@@ -3,6 +3,7 @@
 use super::backend::{Backend, Lane};
 use super::piece_state::PieceState;
 use super::pieces::{self, wire_element_bytes, Gradients};
+use super::ring::{self, Ring, RingLink};
 use super::sched::Failure;
 use super::Job;
 use crate::compress::Codec;
@@ -15,29 +16,15 @@ use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::schedule::{Exchange, Op, StepKind};
 use syncopate_sim::time::SimTime;
 
-/// One rank's end of a communication stream: the collectives a schedule's exchanges need.
-pub trait Collectives: Send {
-    /// Ring allreduce in the wire type (elements of `element` bytes, summed by the codec).
+/// One rank's end of a communication stream: the collectives a schedule's exchanges need,
+/// the rings of `runtime::ring` among them.
+pub trait Collectives: RingLink + Send {
+    /// Allreduce in the wire type (elements of `element` bytes, summed by the codec).
     fn allreduce(
         &self,
         payload: &mut Vec<u8>,
         element: usize,
         codec: &dyn Codec,
-        abort: &AtomicBool,
-    ) -> Result<()>;
-    /// The reduce-scatter half: this rank ends with the sum of its shard.
-    fn reduce_scatter(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        codec: &dyn Codec,
-        abort: &AtomicBool,
-    ) -> Result<()>;
-    /// The all-gather half: the summed shards go to every rank.
-    fn allgather_chunks(
-        &self,
-        payload: &mut [u8],
-        element: usize,
         abort: &AtomicBool,
     ) -> Result<()>;
     /// Every rank's payload, of any length, in rank order.
@@ -270,26 +257,45 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         index: usize,
         round: u32,
     ) -> Result<()> {
-        let Lane::Comm { link, .. } = lane else {
+        let Lane::Comm { link, .. } = *lane else {
             unreachable!("the schedule puts exchanges on communication streams")
         };
         let spec = self.piece(index);
         let element = wire_element_bytes(&spec.compressor);
         let abort = self.failure.flag();
+        let world = self.world as usize;
+        let ring = Ring::world(link.rank(), world);
         match spec.rounds[round as usize].exchange {
-            Exchange::Allreduce | Exchange::HierarchicalAllreduce => {
+            Exchange::Allreduce => {
                 link.allreduce(&mut piece.payload, element, &*piece.codec, abort)
             }
+            Exchange::HierarchicalAllreduce => ring::hierarchical_allreduce(
+                link,
+                world,
+                self.job.schedule.world.ranks_per_node as usize,
+                &mut piece.payload,
+                element,
+                &*piece.codec,
+                abort,
+            ),
             // DeAR: the reduce-scatter half in backward, the all-gather half later.
-            Exchange::ReduceScatter => {
-                link.reduce_scatter(&mut piece.payload, element, &*piece.codec, abort)
+            Exchange::ReduceScatter => ring::reduce_scatter(
+                link,
+                &ring,
+                &mut piece.payload,
+                element,
+                &*piece.codec,
+                abort,
+            ),
+            Exchange::AllgatherShards => {
+                ring::allgather_chunks(link, &ring, &mut piece.payload, element, abort)
             }
-            Exchange::AllgatherShards => link.allgather_chunks(&mut piece.payload, element, abort),
             Exchange::Allgather => {
                 piece.gathered = link.allgather(piece.payload.clone(), abort)?;
                 Ok(())
             }
-            Exchange::PushPull { .. } | Exchange::CompressedRing => {
+            Exchange::CompressedRing => piece.compressed_ring(spec, link, &ring, abort),
+            Exchange::PushPull { .. } => {
                 piece.payload = link.push_pull(
                     std::mem::take(&mut piece.payload),
                     pieces::server_rank(spec, self.world) as usize,

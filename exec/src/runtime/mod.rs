@@ -9,6 +9,7 @@
 mod backend;
 mod board;
 pub mod check;
+mod compressed_ring;
 mod control;
 mod cpu;
 pub mod cuda;
@@ -20,6 +21,7 @@ pub mod mpi;
 pub mod piece_state;
 pub mod pieces;
 pub mod rendezvous;
+pub mod ring;
 mod sched;
 mod sequence;
 

@@ -1,6 +1,8 @@
 //! One rank's CPU codec state of one piece and the synchronization primitives on it, shared by the CPU backends and the Python extension.
 
+use super::compressed_ring::Shards;
 use super::pieces;
+use super::ring::{Ring, RingLink};
 use crate::compress::{Codec, MemoryState};
 use crate::error::{ExecError, Result};
 use syncopate_sim::compress::{Aggregation, Memory};
@@ -20,12 +22,16 @@ pub struct PieceState {
     pub gathered: Vec<Vec<u8>>,
     result: Vec<f32>,
     transmitted: Vec<f32>,
+    /// A CaSync-Ring piece's shards: the piece is encoded, exchanged and decoded shard by shard.
+    shards: Option<Shards>,
 }
 
 impl PieceState {
     /// Rank `rank`'s state of piece `index`, its codecs drawing from `seed`.
     pub fn new(schedule: &Schedule, seed: u64, index: usize, rank: u32) -> PieceState {
-        let n = schedule.pieces[index].numel as usize;
+        let spec = &schedule.pieces[index];
+        let n = spec.numel as usize;
+        let ranks = schedule.world.ranks() as usize;
         PieceState {
             codec: pieces::codec(schedule, seed, index, Some(rank)),
             server_codec: pieces::codec(schedule, seed, index, None),
@@ -36,6 +42,9 @@ impl PieceState {
             gathered: Vec::new(),
             result: vec![0.0; n],
             transmitted: vec![0.0; n],
+            shards: spec
+                .compressed_ring()
+                .then(|| Shards::new(rank as usize, ranks, n)),
         }
     }
 
@@ -55,8 +64,12 @@ impl PieceState {
             .compensate(&group_buffer[pieces::range(spec)], &mut self.compensated)
     }
 
-    /// Encodes the compression input into the payload (round 0's, for multi-round codecs).
+    /// Encodes the compression input into the payload (round 0's, for multi-round codecs; this
+    /// rank's own shard, for a CaSync-Ring piece).
     pub fn encode(&mut self, spec: &Piece) -> Result<()> {
+        if let Some(shards) = &mut self.shards {
+            return shards.encode_own(&mut *self.codec, &self.compensated);
+        }
         self.codec.encode(&self.compensated, &mut self.payload)?;
         if spec.memory != Memory::None {
             self.own.clone_from(&self.payload);
@@ -74,6 +87,7 @@ impl PieceState {
         group_buffer: Option<&[f32]>,
         out: &mut [u8],
     ) -> Result<()> {
+        self.whole("encode into an exchange's buffer", spec)?;
         let input = match group_buffer {
             Some(buffer) => {
                 if spec.memory != Memory::None {
@@ -97,6 +111,37 @@ impl PieceState {
         Ok(())
     }
 
+    /// HiPress's CaSync-Ring of this piece over `link`: hops of decode, add and re-encode, then
+    /// the summed shards passed round (`compressed_ring`).
+    pub fn compressed_ring(
+        &mut self,
+        spec: &Piece,
+        link: &dyn RingLink,
+        ring: &Ring,
+        abort: &std::sync::atomic::AtomicBool,
+    ) -> Result<()> {
+        let Some(shards) = &mut self.shards else {
+            return Err(ExecError::Protocol {
+                compressor: spec.compressor.to_string(),
+                message: format!("piece of group {} is not a compressed ring's", spec.group),
+            });
+        };
+        shards.exchange(link, ring, &mut *self.codec, &self.compensated, abort)
+    }
+
+    /// Refuses `what` on a CaSync-Ring piece, which has no whole payload.
+    fn whole(&self, what: &str, spec: &Piece) -> Result<()> {
+        match self.shards {
+            Some(_) => Err(ExecError::Protocol {
+                compressor: spec.compressor.to_string(),
+                message: format!(
+                    "cannot {what}: a compressed ring's piece is encoded shard by shard"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The next round's payload from the reduced one (PowerSGD's Q from P).
     pub fn next_round(&mut self) -> Result<()> {
         let reduced = std::mem::take(&mut self.payload);
@@ -107,6 +152,9 @@ impl PieceState {
     /// exchange's buffer of a summed or pulled payload, read where it arrived), else the payload.
     pub fn decode(&mut self, spec: &Piece, delivered: Option<&[u8]>) -> Result<()> {
         self.result.fill(0.0);
+        if let Some(shards) = &self.shards {
+            return shards.decode(&mut *self.codec, &mut self.result);
+        }
         decode_delivered(
             &mut *self.codec,
             spec,
@@ -120,6 +168,7 @@ impl PieceState {
     /// result buffer, leaving the result alone: for pieces without memory, where nothing else
     /// reads the result.
     pub fn decode_into(&mut self, spec: &Piece, delivered: &[u8], out: &mut [f32]) -> Result<()> {
+        self.whole("decode an exchange's buffer", spec)?;
         if spec.memory != Memory::None {
             return Err(ExecError::Protocol {
                 compressor: spec.compressor.to_string(),
@@ -134,7 +183,9 @@ impl PieceState {
     pub fn update_memory(&mut self, spec: &Piece, world: u32) -> Result<()> {
         // A multi-round codec (PowerSGD) has no payload of its own to decode: its transmitted
         // part is the averaged low-rank result, as in PyTorch's hook.
-        if spec.compressor.allreduce_rounds() > 1 {
+        if let Some(shards) = &self.shards {
+            shards.transmitted(&mut *self.codec, &mut self.transmitted)?;
+        } else if spec.compressor.allreduce_rounds() > 1 {
             let world = world as f32;
             for (t, &r) in self.transmitted.iter_mut().zip(&self.result) {
                 *t = r / world;
@@ -155,6 +206,7 @@ impl PieceState {
     /// The parameter server's part: decodes every pushed payload (in rank order) with this
     /// rank's codec, sums them and re-encodes the sum with the server codec into `payload`.
     pub fn serve(&mut self, spec: &Piece, pushed: &[&[u8]]) -> Result<()> {
+        self.whole("serve a push-pull", spec)?;
         let mut sum = vec![0.0f32; spec.numel as usize];
         for payload in pushed {
             self.codec.decode_add(payload, &mut sum)?;

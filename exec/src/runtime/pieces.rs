@@ -56,8 +56,7 @@ pub fn memory(piece: &Piece) -> MemoryState {
 }
 
 /// The rank that decodes, sums and re-encodes a piece's payloads: the server of its push-pull
-/// round. A CaSync-Ring piece is aggregated by the same decode-sum-re-encode on the group's
-/// turn-taking server, which gives the ring's result without its traffic pattern.
+/// round (the group's turn-taking server when it has none).
 pub fn server_rank(piece: &Piece, world: u32) -> u32 {
     piece
         .rounds

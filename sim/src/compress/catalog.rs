@@ -732,9 +732,32 @@ impl Compressor {
             Some(format!(
                 "`{self}` already compresses each matrix of its group on its own"
             ))
-        } else if matches!(self, Compressor::Threshold { .. }) {
+        } else if !self.fixed_length() {
             Some(format!(
                 "`{self}`'s payloads have data-dependent lengths, which cannot be laid one after another without a length of their own"
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Whether a payload's length follows from its element count alone (exactly
+    /// [`Compressor::wire_bytes`]): all but `threshold`'s.
+    pub fn fixed_length(&self) -> bool {
+        !matches!(self, Compressor::Threshold { .. })
+    }
+
+    /// Why HiPress's CaSync-Ring cannot re-encode this compressor's running sums hop by hop, if
+    /// it cannot: a hop decodes what another rank's codec encoded and encodes a sum of other
+    /// ranks' gradients, so a payload must describe itself and an encode keep no state.
+    pub fn why_no_ring_hops(&self) -> Option<String> {
+        if self.shared_seed() {
+            Some(format!(
+                "`{self}`'s payloads are read with a seed the ranks draw in step, which hops that re-encode other ranks' sums break"
+            ))
+        } else if matches!(self, Compressor::Signum { .. }) {
+            Some(format!(
+                "`{self}` keeps a momentum of what it encodes, which at a hop is other ranks' sum"
             ))
         } else {
             None

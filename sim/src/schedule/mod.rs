@@ -261,6 +261,13 @@ impl Piece {
             false => &self.calls,
         }
     }
+
+    /// Whether the piece goes round HiPress's CaSync-Ring, encoded and decoded shard by shard.
+    pub fn compressed_ring(&self) -> bool {
+        self.rounds
+            .iter()
+            .any(|r| r.exchange == Exchange::CompressedRing)
+    }
 }
 
 /// What is wrong with a piece's codec calls, if anything: they must be two or more non-empty

@@ -134,6 +134,22 @@ fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
                 ),
             });
         }
+        // NCCL's allreduce picks its own rings and trees, and push-pull is not a ring: the
+        // CUDA backend would run these exchanges otherwise than they are priced.
+        if let Some(round) = piece.rounds.iter().find(|r| {
+            matches!(
+                r.exchange,
+                Exchange::HierarchicalAllreduce | Exchange::CompressedRing
+            )
+        }) {
+            return Err(ExecError::Cuda {
+                message: format!(
+                    "pieces[{index}] (group {}) is exchanged by a {}, which the CUDA backend does not run as it is priced yet: run it with --backend host or mpi, or give the group the allreduce scheme",
+                    piece.group,
+                    round.exchange.name()
+                ),
+            });
+        }
     }
     Ok(())
 }
@@ -623,10 +639,7 @@ impl<'a> Backend for Run<'a> {
         let spec = self.spec(index);
         let exchange = spec.rounds[round as usize].exchange;
         match exchange {
-            Exchange::Allreduce
-            | Exchange::HierarchicalAllreduce
-            | Exchange::ReduceScatter
-            | Exchange::AllgatherShards => {
+            Exchange::Allreduce | Exchange::ReduceScatter | Exchange::AllgatherShards => {
                 let elem = pieces::wire_element_bytes(&spec.compressor);
                 // Reduce-scatter splits the padded buffer; an allreduce sends only this
                 // round's payload (PowerSGD's P and Q differ in size).
@@ -670,7 +683,12 @@ impl<'a> Backend for Run<'a> {
                 let send = piece.payload.slice(..bytes);
                 comm.all_gather(&send, &mut piece.gathered)?;
             }
-            Exchange::PushPull { .. } | Exchange::CompressedRing => push_pull(
+            Exchange::HierarchicalAllreduce | Exchange::CompressedRing => {
+                return Err(ExecError::Cuda {
+                    message: format!("{} has no CUDA implementation", exchange.name()),
+                })
+            }
+            Exchange::PushPull { .. } => push_pull(
                 comm,
                 &state.kernels,
                 pieces::server_rank(spec, self.world),
@@ -810,13 +828,33 @@ mod tests {
         for (spec, memory, scheme) in [
             ("dgc:0.01", dgc, Scheme::Auto),
             ("topk:0.1", Memory::Residual, Scheme::Ps),
-            ("onebit", Memory::Residual, Scheme::CompressedRing),
             ("fp16", dgc, Scheme::Ps),
         ] {
             let schedule = schedule(spec, memory, scheme);
             assert!(
                 check_plan(&schedule, &placement).is_ok(),
                 "{spec} {memory} {scheme:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn exchanges_nccl_would_run_otherwise_than_priced_are_refused() {
+        let placement = Placement {
+            world: 4,
+            local: (0..4).map(|r| (r, r as usize)).collect(),
+            ids: Vec::new(),
+        };
+        for (spec, scheme, name) in [
+            ("onebit", Scheme::CompressedRing, "compressed-ring"),
+            ("fp16", Scheme::Hierarchical, "hierarchical-allreduce"),
+        ] {
+            let err = check_plan(&schedule(spec, Memory::Residual, scheme), &placement)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(name) && err.contains("--backend host or mpi"),
+                "{err}"
             );
         }
     }

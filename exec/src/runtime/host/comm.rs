@@ -1,7 +1,8 @@
-//! In-process collectives: a full mesh of channels per communication stream carrying the real wire bytes, with ring allreduce (reduce-scatter + allgather), ring allgather and parameter-server push/pull on top.
+//! In-process collectives: a full mesh of channels per communication stream carrying the real wire bytes, on which the rings of `runtime::ring` run, with a ring allgather of payloads of any length and parameter-server push/pull.
 
 use crate::compress::Codec;
 use crate::error::{ExecError, Result};
+use crate::runtime::ring::RingLink;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -46,14 +47,6 @@ pub fn meshes(streams: u32, world: u32, timeout: Duration) -> Vec<Vec<Mesh>> {
 }
 
 impl Mesh {
-    fn next(&self) -> usize {
-        (self.rank as usize + 1) % self.world as usize
-    }
-
-    fn prev(&self) -> usize {
-        (self.rank as usize + self.world as usize - 1) % self.world as usize
-    }
-
     fn send(&self, to: usize, bytes: Vec<u8>) -> Result<()> {
         let tx = self.tx[to].as_ref().expect("no channel to oneself");
         tx.send(bytes).map_err(|_| ExecError::Rank {
@@ -95,64 +88,6 @@ impl Mesh {
         }
     }
 
-    /// Chunk `c` of `world` over `elements` elements of `element` bytes, as a byte range.
-    fn chunk(&self, c: usize, elements: usize, element: usize) -> std::ops::Range<usize> {
-        let w = self.world as usize;
-        (elements * c / w) * element..(elements * (c + 1) / w) * element
-    }
-
-    /// Ring allreduce in the wire type: reduce-scatter then allgather, 2(p−1) steps of 1/p of
-    /// the payload each, summing with the codec's `sum_into`.
-    pub fn allreduce(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        codec: &dyn Codec,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        self.reduce_scatter(payload, element, codec, abort)?;
-        self.allgather_chunks(payload, element, abort)
-    }
-
-    /// After it, rank r holds the full sum of chunk (r + 1) mod p.
-    pub fn reduce_scatter(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        codec: &dyn Codec,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        let (w, r) = (self.world as usize, self.rank as usize);
-        let elements = payload.len() / element;
-        for step in 0..w - 1 {
-            let send = self.chunk((r + w - step) % w, elements, element);
-            let recv = self.chunk((r + 2 * w - step - 1) % w, elements, element);
-            self.send(self.next(), payload[send].to_vec())?;
-            let other = self.recv(self.prev(), abort, "a reduce-scatter chunk")?;
-            codec.sum_into(&mut payload[recv], &other)?;
-        }
-        Ok(())
-    }
-
-    /// The allgather half of the ring allreduce: circulates the reduced chunks.
-    pub fn allgather_chunks(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        let (w, r) = (self.world as usize, self.rank as usize);
-        let elements = payload.len() / element;
-        for step in 0..w - 1 {
-            let send = self.chunk((r + 1 + w - step) % w, elements, element);
-            let recv = self.chunk((r + w - step) % w, elements, element);
-            self.send(self.next(), payload[send].to_vec())?;
-            let other = self.recv(self.prev(), abort, "an allgather chunk")?;
-            payload[recv].copy_from_slice(&other);
-        }
-        Ok(())
-    }
-
     /// Ring allgather of payloads of any length (threshold's is data-dependent): returns every
     /// rank's payload in rank order.
     pub fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>> {
@@ -162,8 +97,8 @@ impl Mesh {
         for step in 0..w - 1 {
             let send = (r + w - step) % w;
             let recv = (r + 2 * w - step - 1) % w;
-            self.send(self.next(), blocks[send].clone())?;
-            blocks[recv] = self.recv(self.prev(), abort, "an allgather block")?;
+            self.send((r + 1) % w, blocks[send].clone())?;
+            blocks[recv] = self.recv((r + w - 1) % w, abort, "an allgather block")?;
         }
         Ok(blocks)
     }
@@ -215,42 +150,40 @@ impl Mesh {
     }
 }
 
+impl RingLink for Mesh {
+    fn rank(&self) -> usize {
+        self.rank as usize
+    }
+
+    fn shift(
+        &self,
+        out: &[u8],
+        to: usize,
+        from: usize,
+        len: usize,
+        what: &str,
+        abort: &AtomicBool,
+        take: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.send(to, out.to_vec())?;
+        let received = self.recv(from, abort, what)?;
+        if received.len() != len {
+            return Err(ExecError::Rank {
+                rank: from as u32,
+                message: format!(
+                    "sent {} bytes as {what} where rank {} expected {len}",
+                    received.len(),
+                    self.rank
+                ),
+            });
+        }
+        take(&received)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compress::codec_for;
-    use syncopate_sim::compress::Compressor;
-
-    #[test]
-    fn ring_allreduce_sums_uneven_chunks() {
-        let world = 3;
-        let abort = AtomicBool::new(false);
-        let ends = meshes(1, world, Duration::from_secs(5)).pop().unwrap();
-        let results: Vec<Vec<f32>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = ends
-                .into_iter()
-                .map(|mesh| {
-                    let abort = &abort;
-                    scope.spawn(move || {
-                        let codec = codec_for(&Compressor::None, 0);
-                        let values: Vec<f32> =
-                            (0..7).map(|i| (i * (mesh.rank + 1)) as f32).collect();
-                        let mut bytes: Vec<u8> =
-                            values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                        mesh.allreduce(&mut bytes, 4, &*codec, abort).unwrap();
-                        bytes
-                            .chunks(4)
-                            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                            .collect()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for r in results {
-            assert_eq!(r, (0..7).map(|i| (6 * i) as f32).collect::<Vec<_>>());
-        }
-    }
 
     #[test]
     fn a_silent_peer_times_out_naming_it() {

@@ -9,6 +9,7 @@ use super::check::Checker;
 use super::cpu::{CheckSink, Collectives, CpuRun};
 use super::driver::{drive, Local};
 use super::pieces::Gradients;
+use super::ring::{self, Ring};
 use super::sched::Failure;
 use super::{Job, Measured};
 use crate::compress::Codec;
@@ -88,24 +89,8 @@ impl Collectives for Mesh {
         codec: &dyn Codec,
         abort: &AtomicBool,
     ) -> Result<()> {
-        Mesh::allreduce(self, payload, element, codec, abort)
-    }
-    fn reduce_scatter(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        codec: &dyn Codec,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        Mesh::reduce_scatter(self, payload, element, codec, abort)
-    }
-    fn allgather_chunks(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        Mesh::allgather_chunks(self, payload, element, abort)
+        let ring = Ring::world(self.rank as usize, self.world as usize);
+        ring::allreduce(self, &ring, payload, element, codec, abort)
     }
     fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>> {
         Mesh::allgather(self, mine, abort)

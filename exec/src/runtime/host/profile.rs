@@ -9,6 +9,7 @@ use super::comm::meshes;
 use crate::compress::codec_for;
 use crate::error::{ExecError, Result};
 use crate::profile_host::median;
+use crate::runtime::ring::{self, Ring};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::Compressor;
@@ -67,7 +68,8 @@ fn time_once(ranks: u32, bytes: u64, allreduce: bool) -> Result<f64> {
                     barrier.wait();
                     let start = Instant::now();
                     if allreduce {
-                        mesh.allreduce(&mut payload, 4, &*codec, abort)?;
+                        let ring = Ring::world(mesh.rank as usize, ranks as usize);
+                        ring::allreduce(&mesh, &ring, &mut payload, 4, &*codec, abort)?;
                     } else {
                         mesh.allgather(block, abort)?;
                     }

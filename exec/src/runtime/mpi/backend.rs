@@ -31,23 +31,6 @@ impl Collectives for Stream<'_> {
     ) -> Result<()> {
         Stream::allreduce(self, payload, element, codec, abort)
     }
-    fn reduce_scatter(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        codec: &dyn Codec,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        Stream::reduce_scatter(self, payload, element, codec, abort)
-    }
-    fn allgather_chunks(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        Stream::allgather_chunks(self, payload, element, abort)
-    }
     fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>> {
         Stream::allgather(self, mine, abort)
     }

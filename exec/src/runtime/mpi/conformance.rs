@@ -6,6 +6,7 @@ use crate::compress::rng::Rng;
 use crate::compress::{codec_for, Codec};
 use crate::error::{ExecError, Result};
 use crate::runtime::host::comm::{meshes, Mesh};
+use crate::runtime::ring::{allgather_chunks, allreduce, reduce_scatter, Ring};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use syncopate_sim::compress::Compressor;
@@ -135,7 +136,8 @@ fn allreduce_matches(
     stream.allreduce(&mut mine, element(c), &*codec, abort)?;
     let host = on_host(p, |mesh, abort| {
         let mut payload = encoded(c, &gradient(mesh.rank, inputs))?;
-        mesh.allreduce(&mut payload, element(c), &*codec_for(&c, 0), abort)?;
+        let ring = Ring::world(mesh.rank as usize, p as usize);
+        allreduce(mesh, &ring, &mut payload, element(c), &*codec_for(&c, 0), abort)?;
         Ok(payload)
     })?;
     let expected = &host[r as usize];
@@ -177,22 +179,24 @@ fn allreduce_matches(
     ))
 }
 
-/// reduce-scatter then allgather_chunks: the same owned chunk and the same final sum as the
-/// host ring's two halves.
+/// The ring's reduce-scatter then all-gather over MPI: the same owned chunk and the same final
+/// sum as over the in-process mesh.
 fn halves_match(stream: &Stream, c: Compressor, abort: &AtomicBool) -> Result<String> {
     let (p, r) = (stream.world, stream.rank);
     let check = format!("reduce-scatter + allgather {c}");
     let codec = codec_for(&c, 0);
     let e = element(c);
     let mut mine = encoded(c, &gradient(r, Inputs::Integers))?;
-    stream.reduce_scatter(&mut mine, e, &*codec, abort)?;
+    let ring = Ring::world(r as usize, p as usize);
+    reduce_scatter(stream, &ring, &mut mine, e, &*codec, abort)?;
     let after_half = mine.clone();
-    stream.allgather_chunks(&mut mine, e, abort)?;
+    allgather_chunks(stream, &ring, &mut mine, e, abort)?;
     let host = on_host(p, |mesh, abort| {
         let mut payload = encoded(c, &gradient(mesh.rank, Inputs::Integers))?;
-        mesh.reduce_scatter(&mut payload, e, &*codec_for(&c, 0), abort)?;
+        let ring = Ring::world(mesh.rank as usize, p as usize);
+        reduce_scatter(mesh, &ring, &mut payload, e, &*codec_for(&c, 0), abort)?;
         let half = payload.clone();
-        mesh.allgather_chunks(&mut payload, e, abort)?;
+        allgather_chunks(mesh, &ring, &mut payload, e, abort)?;
         Ok((half, payload))
     })?;
     let (host_half, host_full) = &host[r as usize];

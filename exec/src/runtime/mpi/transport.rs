@@ -1,4 +1,4 @@
-//! One communication stream over MPI, with the in-process mesh's API (`host::comm::Mesh`): allreduce in the wire type, reduce-scatter and allgather halves, variable-size allgather, parameter-server push/pull and broadcast — each a non-blocking MPI operation completed under the stream's timeout and the run's abort flag.
+//! One communication stream over MPI, with the in-process mesh's API (`host::comm::Mesh`): allreduce in the wire type, the steps of `runtime::ring`'s rings, variable-size allgather, parameter-server push/pull and broadcast — each a non-blocking MPI operation completed under the stream's timeout and the run's abort flag.
 //!
 //! Summation order. For two ranks every element is one addition of two values, which is
 //! commutative, so results are bit-identical to the host backend's ring. For p ≥ 3, Open MPI
@@ -14,13 +14,13 @@ use super::wire::{HalfSums, WireType};
 use super::world::World;
 use crate::compress::Codec;
 use crate::error::{ExecError, Result};
+use crate::runtime::ring::RingLink;
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::ops::Range;
 use std::os::raw::c_int;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ const TAG_PUSH_SIZE: c_int = 1;
 const TAG_PUSH: c_int = 2;
 const TAG_PULL_SIZE: c_int = 3;
 const TAG_PULL: c_int = 4;
-/// Tag of the reduce-scatter ring's chunks.
+/// Tag of the ring steps' chunks.
 const TAG_RING: c_int = 8;
 /// Tags of the control messages (launch decisions, and the records gathered after a run).
 const TAG_WORD: c_int = 5;
@@ -139,13 +139,6 @@ impl<'w> Stream<'w> {
         }
     }
 
-    /// Chunk `c` of `world` over `elements` elements of `element` bytes, as a byte range:
-    /// the host ring's chunks, so that the two backends split a payload alike.
-    fn chunk(&self, c: usize, elements: usize, element: usize) -> Range<usize> {
-        let w = self.world as usize;
-        (elements * c / w) * element..(elements * (c + 1) / w) * element
-    }
-
     /// The MPI reduction that sums payloads of `wire` type: MPI_SUM for f32, the codec's own
     /// sum for the half types.
     fn sum_op(&self, wire: WireType) -> mpi::ffi::MPI_Op {
@@ -208,96 +201,6 @@ impl<'w> Stream<'w> {
         *payload = sent;
         payload.copy_from_slice(&summed[..len]);
         self.received.replace(summed);
-        Ok(())
-    }
-
-    /// After it, rank r holds the full sum of chunk (r + 1) mod p, as after the host ring's
-    /// reduce-scatter; the other chunks hold partial sums. A ring over MPI's point-to-point
-    /// messages, p − 1 steps of one chunk each, summed with the codec's `sum_into` (the host
-    /// ring's order): Open MPI's non-blocking MPI_Ireduce_scatter (libnbc) reduces to one
-    /// rank and scatters, which moved twice the bytes and took 2.1× an allreduce of the same
-    /// buffer on a 2-node, 1 Gb/s lab.
-    pub fn reduce_scatter(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        codec: &dyn Codec,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        let (w, r) = (self.world as usize, self.rank as usize);
-        let elements = payload.len() / element;
-        for step in 0..w - 1 {
-            let send = self.chunk((r + w - step) % w, elements, element);
-            let recv = self.chunk((r + 2 * w - step - 1) % w, elements, element);
-            self.ring_step(
-                payload,
-                send,
-                recv,
-                "reduce-scatter step",
-                abort,
-                |mine, other| codec.sum_into(mine, other),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// One step of a ring: bytes `send` of `payload` to the next rank while receiving as
-    /// many bytes as `recv` holds from the previous one, which `take` then merges into
-    /// `payload[recv]`. Both go through the stream's kept buffers.
-    fn ring_step(
-        &self,
-        payload: &mut [u8],
-        send: Range<usize>,
-        recv: Range<usize>,
-        what: &str,
-        abort: &AtomicBool,
-        take: impl FnOnce(&mut [u8], &[u8]) -> Result<()>,
-    ) -> Result<()> {
-        let (w, r) = (self.world as usize, self.rank as usize);
-        let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
-        let mut outgoing = self.sending.take();
-        outgoing.clear();
-        outgoing.extend_from_slice(&payload[send]);
-        let mut incoming = self.received.take();
-        incoming.resize(recv.len(), 0);
-        let out = nonblocking::send(self.raw(), outgoing, next, TAG_RING);
-        let incoming = nonblocking::receive(self.raw(), incoming, prev, TAG_RING);
-        let flight = out.and_then(|o| incoming.map(|i| o.and(i)));
-        let (sent, received) = self.finish(flight, what, Some(prev), abort)?;
-        let taken = take(&mut payload[recv], &received);
-        self.sending.replace(sent);
-        self.received.replace(received);
-        taken
-    }
-
-    /// The allgather half: every rank contributes the chunk its reduce-scatter summed. A ring
-    /// over point-to-point messages, p − 1 steps of one chunk each, as the model prices it:
-    /// Open MPI's MPI_Iallgatherv (libnbc) took 1.5–2.1× the ring reduce-scatter of the same
-    /// chunks on a 2-node, 0.2 Gb/s lab (DeAR's all-gathers of 17–30 MB).
-    pub fn allgather_chunks(
-        &self,
-        payload: &mut [u8],
-        element: usize,
-        abort: &AtomicBool,
-    ) -> Result<()> {
-        let (w, r) = (self.world as usize, self.rank as usize);
-        let elements = payload.len() / element;
-        // Rank r starts with chunk r + 1 summed; each step passes on what it received last.
-        for step in 0..w - 1 {
-            let send = self.chunk((r + 1 + w - step) % w, elements, element);
-            let recv = self.chunk((r + w - step) % w, elements, element);
-            self.ring_step(
-                payload,
-                send,
-                recv,
-                "allgather step",
-                abort,
-                |mine, other| {
-                    mine.copy_from_slice(other);
-                    Ok(())
-                },
-            )?;
-        }
         Ok(())
     }
 
@@ -482,5 +385,42 @@ impl<'w> Stream<'w> {
             SystemOperation::max().as_raw(),
         );
         self.finish(flight, "barrier", None, abort).map(|_| ())
+    }
+}
+
+/// The rings of `runtime::ring` over MPI's point-to-point messages. Open MPI's non-blocking
+/// MPI_Ireduce_scatter (libnbc) reduces to one rank and scatters, which moved twice the bytes
+/// and took 2.1× an allreduce of the same buffer on a 2-node, 1 Gb/s lab; its MPI_Iallgatherv
+/// took 1.5–2.1× the ring reduce-scatter of the same chunks on a 2-node, 0.2 Gb/s lab (DeAR's
+/// all-gathers of 17–30 MB). The ring steps are what the model prices.
+impl RingLink for Stream<'_> {
+    fn rank(&self) -> usize {
+        self.rank as usize
+    }
+
+    /// Both go through the stream's kept buffers.
+    fn shift(
+        &self,
+        out: &[u8],
+        to: usize,
+        from: usize,
+        len: usize,
+        what: &str,
+        abort: &AtomicBool,
+        take: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut outgoing = self.sending.take();
+        outgoing.clear();
+        outgoing.extend_from_slice(out);
+        let mut incoming = self.received.take();
+        incoming.resize(len, 0);
+        let sent = nonblocking::send(self.raw(), outgoing, to, TAG_RING);
+        let incoming = nonblocking::receive(self.raw(), incoming, from, TAG_RING);
+        let flight = sent.and_then(|o| incoming.map(|i| o.and(i)));
+        let (sent, received) = self.finish(flight, what, Some(from), abort)?;
+        let taken = take(&received);
+        self.sending.replace(sent);
+        self.received.replace(received);
+        taken
     }
 }

@@ -1,0 +1,318 @@
+//! HiPress's CaSync-Ring on one rank: each hop of the reduce-scatter decodes the incoming compressed shard, adds this rank's own shard and re-encodes the sum; the summed shards then go round compressed and every rank decodes them. Error feedback keeps what each of this rank's encodings lost.
+//!
+//! A rank encodes each shard exactly once per step: its own shard at the piece's encode step
+//! and every other shard at its hop, as `cost.rs` prices it (an encode of one shard, then
+//! n − 1 hops of a decode and an encode of one shard each inside the exchange). The summed
+//! shard c ends on the rank before c on the ring, as after a ring reduce-scatter.
+
+use super::ring::{chunk, Ring, RingLink};
+use crate::compress::Codec;
+use crate::error::{ExecError, Result};
+use std::sync::atomic::AtomicBool;
+use syncopate_sim::compress::Compressor;
+
+/// One rank's shards of one piece on a ring of `ranks`.
+pub struct Shards {
+    position: usize,
+    ranks: usize,
+    /// This rank's encoding of each shard: its own input's, or the sum it re-encoded at its hop.
+    pub sent: Vec<Vec<u8>>,
+    /// Minus the running sum each hop added this rank's shard to (zero on its own shard): with
+    /// the decoded `sent`, what this rank's encodings carried of its own input.
+    added_to: Vec<f32>,
+    /// The summed shards, in shard order, once the exchange ran.
+    pub summed: Vec<Vec<u8>>,
+}
+
+impl Shards {
+    /// The state of the rank at `position` on a ring of `ranks`, for a piece of `numel` elements.
+    pub fn new(position: usize, ranks: usize, numel: usize) -> Shards {
+        Shards {
+            position,
+            ranks,
+            sent: vec![Vec::new(); ranks],
+            added_to: vec![0.0; numel],
+            summed: vec![Vec::new(); ranks],
+        }
+    }
+
+    /// The encode step: this rank's own shard of `input`.
+    pub fn encode_own(&mut self, codec: &mut dyn Codec, input: &[f32]) -> Result<()> {
+        let own = chunk(self.position, self.ranks, input.len());
+        self.added_to[own.clone()].fill(0.0);
+        codec.encode(&input[own], &mut self.sent[self.position])
+    }
+
+    /// The exchange: n − 1 hops of decode, add and re-encode, then n − 1 steps passing the summed
+    /// shards on.
+    pub fn exchange(
+        &mut self,
+        link: &dyn RingLink,
+        ring: &Ring,
+        codec: &mut dyn Codec,
+        input: &[f32],
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        let (w, p) = (self.ranks, self.position);
+        if ring.ranks() != w || ring.position() != p {
+            return Err(ExecError::Protocol {
+                compressor: codec.compressor().to_string(),
+                message: format!(
+                    "a compressed ring of {w} ranks at position {p} run on a ring of {} at {}",
+                    ring.ranks(),
+                    ring.position()
+                ),
+            });
+        }
+        for step in 0..w - 1 {
+            let send = (p + w - step) % w;
+            let recv = (p + 2 * w - step - 1) % w;
+            let out = std::mem::take(&mut self.sent[send]);
+            let shard = chunk(recv, w, input.len());
+            let (added_to, sent) = (&mut self.added_to[shard.clone()], &mut self.sent[recv]);
+            let c = codec.compressor();
+            shift(
+                link,
+                ring,
+                c,
+                shard.len(),
+                &out,
+                "a CaSync-Ring hop",
+                abort,
+                &mut |incoming| hop(codec, incoming, &input[shard.clone()], added_to, sent),
+            )?;
+            self.sent[send] = out;
+        }
+        let held = (p + 1) % w;
+        self.summed[held].clone_from(&self.sent[held]);
+        for step in 0..w - 1 {
+            let send = (p + 1 + w - step) % w;
+            let recv = (p + w - step) % w;
+            let out = std::mem::take(&mut self.summed[send]);
+            let summed = &mut self.summed[recv];
+            let (c, len) = (codec.compressor(), chunk(recv, w, input.len()).len());
+            shift(
+                link,
+                ring,
+                c,
+                len,
+                &out,
+                "a CaSync-Ring summed shard",
+                abort,
+                &mut |s| {
+                    summed.clear();
+                    summed.extend_from_slice(s);
+                    Ok(())
+                },
+            )?;
+            self.summed[send] = out;
+        }
+        Ok(())
+    }
+
+    /// The decode step: adds every summed shard into its elements of `acc`.
+    pub fn decode(&self, codec: &mut dyn Codec, acc: &mut [f32]) -> Result<()> {
+        decode_shards(codec, &self.summed, acc)
+    }
+
+    /// What this rank's encodings carried of its own input, into `transmitted`: each decoded
+    /// encoding less the running sum it was added to.
+    pub fn transmitted(&self, codec: &mut dyn Codec, transmitted: &mut [f32]) -> Result<()> {
+        transmitted.copy_from_slice(&self.added_to);
+        decode_shards(codec, &self.sent, transmitted)
+    }
+}
+
+/// Adds shard c of `shards` into its elements of `acc`.
+fn decode_shards(codec: &mut dyn Codec, shards: &[Vec<u8>], acc: &mut [f32]) -> Result<()> {
+    let n = acc.len();
+    for (c, shard) in shards.iter().enumerate() {
+        codec.decode_add(shard, &mut acc[chunk(c, shards.len(), n)])?;
+    }
+    Ok(())
+}
+
+/// One hop: decodes the incoming running sum, keeps it (negated) in `added_to`, adds `own` and
+/// re-encodes the sum into `out`.
+fn hop(
+    codec: &mut dyn Codec,
+    incoming: &[u8],
+    own: &[f32],
+    added_to: &mut [f32],
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let mut sum = vec![0.0f32; own.len()];
+    codec.decode_add(incoming, &mut sum)?;
+    for ((a, s), &x) in added_to.iter_mut().zip(&mut sum).zip(own) {
+        *a = -*s;
+        *s += x;
+    }
+    codec.encode(&sum, out)
+}
+
+/// Sends `out` to the next rank on the ring and hands what the previous one sent, a payload of
+/// `c` on `numel` elements, to `take`. A payload of data-dependent length goes as its length
+/// first, then its bytes.
+#[allow(clippy::too_many_arguments)]
+fn shift(
+    link: &dyn RingLink,
+    ring: &Ring,
+    c: Compressor,
+    numel: usize,
+    out: &[u8],
+    what: &str,
+    abort: &AtomicBool,
+    take: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let (next, prev) = (ring.next(), ring.prev());
+    let len = if c.fixed_length() {
+        c.wire_bytes(numel as u64)
+    } else {
+        let mut len = 0u64;
+        let length = (out.len() as u64).to_le_bytes();
+        link.shift(&length, next, prev, 8, what, abort, &mut |bytes| {
+            len = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+            Ok(())
+        })?;
+        len
+    };
+    let len = usize::try_from(len).map_err(|_| ExecError::Rank {
+        rank: prev as u32,
+        message: format!("{what} of {len} bytes"),
+    })?;
+    link.shift(out, next, prev, len, what, abort, take)
+}
+
+/// The ring's result replayed centrally for `--check`: every rank's codec (in rank order) makes
+/// the same calls in the same order as on its rank, so the result is the ring's bit for bit.
+pub fn reference(codecs: &mut [Box<dyn Codec>], inputs: &[Vec<f32>]) -> Result<Vec<f32>> {
+    let w = inputs.len();
+    let n = inputs.first().map_or(0, Vec::len);
+    let mut ranks: Vec<Shards> = (0..w).map(|r| Shards::new(r, w, n)).collect();
+    for ((shards, codec), input) in ranks.iter_mut().zip(codecs.iter_mut()).zip(inputs) {
+        shards.encode_own(&mut **codec, input)?;
+    }
+    for step in 0..w.saturating_sub(1) {
+        for r in 0..w {
+            let (prev, recv) = ((r + w - 1) % w, (r + 2 * w - step - 1) % w);
+            let incoming = ranks[prev].sent[recv].clone();
+            let shard = chunk(recv, w, n);
+            let shards = &mut ranks[r];
+            hop(
+                &mut *codecs[r],
+                &incoming,
+                &inputs[r][shard.clone()],
+                &mut shards.added_to[shard],
+                &mut shards.sent[recv],
+            )?;
+        }
+    }
+    let summed: Vec<Vec<u8>> = (0..w)
+        .map(|c| ranks[(c + w - 1) % w].sent[c].clone())
+        .collect();
+    let mut result = vec![0.0; n];
+    if let Some(codec) = codecs.first_mut() {
+        decode_shards(&mut **codec, &summed, &mut result)?;
+    }
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::codec_for;
+    use crate::runtime::host::comm::meshes;
+    use std::time::Duration;
+
+    fn input(rank: usize, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7 + rank * 13) % 17) as f32 - 8.0)
+            .collect()
+    }
+
+    /// Every rank's decoded result and transmitted part after one CaSync-Ring over a mesh.
+    fn run(c: Compressor, world: usize, n: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
+        let abort = AtomicBool::new(false);
+        let ends = meshes(1, world as u32, Duration::from_secs(5))
+            .pop()
+            .unwrap();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = ends
+                .into_iter()
+                .map(|mesh| {
+                    let abort = &abort;
+                    scope.spawn(move || {
+                        let rank = mesh.rank as usize;
+                        let mut codec = codec_for(&c, rank as u64);
+                        let x = input(rank, n);
+                        let mut shards = Shards::new(rank, world, n);
+                        shards.encode_own(&mut *codec, &x).unwrap();
+                        let ring = Ring::world(rank, world);
+                        shards
+                            .exchange(&mesh, &ring, &mut *codec, &x, abort)
+                            .unwrap();
+                        let (mut result, mut transmitted) = (vec![0.0; n], vec![0.0; n]);
+                        shards.decode(&mut *codec, &mut result).unwrap();
+                        shards.transmitted(&mut *codec, &mut transmitted).unwrap();
+                        (result, transmitted)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn uncompressed_the_ring_sums_exactly() {
+        let (world, n) = (3, 10);
+        let sum: Vec<f32> = (0..n)
+            .map(|i| (0..world).map(|r| input(r, n)[i]).sum())
+            .collect();
+        for (rank, (result, transmitted)) in run(Compressor::None, world, n).iter().enumerate() {
+            assert_eq!(result, &sum);
+            // Without loss each rank's encodings carried exactly its own input.
+            assert_eq!(transmitted, &input(rank, n));
+        }
+    }
+
+    #[test]
+    fn what_the_ranks_carried_sums_to_the_result() {
+        // Each hop re-encodes a running sum: the parts of it each rank's encodings carried
+        // telescope to the decoded result, whatever each encoding lost.
+        let (world, n) = (4, 37);
+        let ranks = run(Compressor::OneBit, world, n);
+        let carried: Vec<f32> = (0..n)
+            .map(|i| ranks.iter().map(|(_, t)| t[i]).sum())
+            .collect();
+        for (result, _) in &ranks {
+            assert_eq!(result, &ranks[0].0, "every rank decodes the same shards");
+            for (c, r) in carried.iter().zip(result) {
+                assert!((c - r).abs() <= 1e-4 * r.abs().max(1.0), "{c} vs {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_reference_replays_the_ring_bit_for_bit() {
+        // Fixed-length payloads and `threshold`'s, sent with their length.
+        let (world, n) = (3, 25);
+        for name in [
+            "onebit",
+            "dgc:0.2",
+            "threshold:3",
+            "tbq:2",
+            "terngrad",
+            "fp16",
+        ] {
+            let c: Compressor = name.parse().unwrap();
+            let ranks = run(c, world, n);
+            let mut codecs: Vec<Box<dyn Codec>> =
+                (0..world).map(|r| codec_for(&c, r as u64)).collect();
+            let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, n)).collect();
+            let reference = reference(&mut codecs, &inputs).unwrap();
+            for (result, _) in &ranks {
+                assert_eq!(result, &reference, "{name}");
+            }
+        }
+    }
+}
