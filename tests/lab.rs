@@ -435,6 +435,35 @@ fn the_mpi_transport_matches_the_host_mesh_on_three_ranks() {
     assert!(stdout(&out).contains("within 2(p−1)·u·Σ|x| of the host ring on 3 ranks"));
 }
 
+/// The hierarchical allreduce and CaSync-Ring over MPI between processes, as on the host.
+#[test]
+fn mpi_exec_runs_hierarchical_and_compressed_rings_across_nodes() {
+    if let Some(reason) = mpi_unavailable() {
+        println!("skipped: {reason}");
+        return;
+    }
+    crate::runtime::rings_across_nodes("mpi", 2, |args| {
+        let launch = [
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "4",
+            "--mca",
+            "pml",
+            "ob1",
+            "--mca",
+            "btl",
+            "tcp,self",
+            exe(),
+        ];
+        Command::new("mpirun")
+            .args(launch)
+            .args(args)
+            .output()
+            .unwrap()
+    });
+}
+
 #[test]
 fn mpi_programs_outside_a_launch_say_how_to_start_them() {
     if !cfg!(feature = "mpi") {

@@ -287,8 +287,19 @@ fn host_exec_checks_memories_schemes_and_policies() {
 /// re-encodings replayed for the second (a payload of data-dependent length with it).
 #[test]
 fn host_exec_runs_hierarchical_and_compressed_rings_across_nodes() {
-    let dir = scratch("runtime-rings");
+    rings_across_nodes("host", 3, |args| syncopate(args));
+}
+
+/// [`host_exec_runs_hierarchical_and_compressed_rings_across_nodes`] on `backend`, 2 nodes of
+/// `per_node` ranks, each `exec` run by `run`.
+pub(crate) fn rings_across_nodes(
+    backend: &str,
+    per_node: u32,
+    run: impl Fn(&[&str]) -> std::process::Output,
+) {
+    let dir = scratch(&format!("rings-{backend}"));
     let (model_path, model) = tiny_model(&dir);
+    let per_node = per_node.to_string();
     for (spec, memory, scheme) in [
         ("fp16", Memory::None, Scheme::Hierarchical),
         ("none", Memory::None, Scheme::Hierarchical),
@@ -296,16 +307,16 @@ fn host_exec_runs_hierarchical_and_compressed_rings_across_nodes() {
         ("threshold:0.01", Memory::Residual, Scheme::CompressedRing),
     ] {
         let plan = plan(&dir, &model, spec, memory, scheme, fifo());
-        let out = syncopate(&[
+        let out = run(&[
             "exec",
             "--backend",
-            "host",
+            backend,
             "--cluster",
             "dgx-a100",
             "--nodes",
             "2",
             "--gpus-per-node",
-            "3",
+            &per_node,
             "--iterations",
             "2",
             "--compute-scale",
@@ -318,7 +329,7 @@ fn host_exec_runs_hierarchical_and_compressed_rings_across_nodes() {
             "--plan",
             plan.to_str().unwrap(),
         ]);
-        assert_checked(&out, &format!("{spec} {scheme:?}"));
+        assert_checked(&out, &format!("{backend} {spec} {scheme:?}"));
     }
 }
 

@@ -137,7 +137,14 @@ fn allreduce_matches(
     let host = on_host(p, |mesh, abort| {
         let mut payload = encoded(c, &gradient(mesh.rank, inputs))?;
         let ring = Ring::world(mesh.rank as usize, p as usize);
-        allreduce(mesh, &ring, &mut payload, element(c), &*codec_for(&c, 0), abort)?;
+        allreduce(
+            mesh,
+            &ring,
+            &mut payload,
+            element(c),
+            &*codec_for(&c, 0),
+            abort,
+        )?;
         Ok(payload)
     })?;
     let expected = &host[r as usize];
