@@ -2,7 +2,9 @@
 
 use crate::{exec_error, sim_error, views, SyncopateError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use std::sync::{Mutex, MutexGuard};
+use syncopate_exec::runtime::compressed_ring::Phase;
 use syncopate_exec::runtime::piece_state::PieceState;
 use syncopate_exec::runtime::pieces;
 use syncopate_sim::compress::{Compressor, Element, Memory};
@@ -222,6 +224,37 @@ impl Rank {
         })
     }
 
+    /// What step `step` of the piece's CaSync-Ring half `phase` ("hop": decode, add and
+    /// re-encode; "pass": the summed shards) sends to the next rank on the ring.
+    fn ring_outgoing<'py>(
+        &self,
+        py: Python<'py>,
+        piece: usize,
+        phase: &str,
+        step: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let phase = ring_phase(phase)?;
+        let (spec, state) = self.piece(piece)?;
+        let out = state.ring_outgoing(spec, phase, step).map_err(exec_error)?;
+        Ok(PyBytes::new(py, out))
+    }
+
+    /// Takes what step `step` of the ring's half `phase` received from the previous rank
+    /// (bytes).
+    fn ring_take(
+        &self,
+        piece: usize,
+        phase: &str,
+        step: usize,
+        incoming: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let phase = ring_phase(phase)?;
+        let (spec, mut state) = self.piece(piece)?;
+        views::read(incoming, "ring message", |d: &[u8]| {
+            state.ring_take(spec, phase, step, d).map_err(exec_error)
+        })?
+    }
+
     /// Every rank's payload of an allgather, in rank order.
     fn set_gathered(&self, piece: usize, payloads: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
         let gathered = payloads
@@ -361,4 +394,15 @@ fn copy_floats(values: &[f32], out: &Bound<'_, PyAny>, piece: usize) -> PyResult
             )))
         }
     })?
+}
+
+/// A CaSync-Ring half by its Python name.
+fn ring_phase(name: &str) -> PyResult<Phase> {
+    match name {
+        "hop" => Ok(Phase::Hop),
+        "pass" => Ok(Phase::Pass),
+        other => Err(SyncopateError::new_err(format!(
+            "a ring phase is `hop` or `pass`, not `{other}`"
+        ))),
+    }
 }

@@ -18,6 +18,7 @@ import training
 PLANS = [
     ("horovod", "none", None),
     ("horovod", "onebit", None, "compressed-ring"),
+    ("horovod", "fp16", None, "hierarchical"),
     ("horovod", "terngrad", None, "ps"),
     ("horovod", "fp16", None),
     ("ddp", "bf16", None),

@@ -11,6 +11,24 @@ use crate::error::{ExecError, Result};
 use std::sync::atomic::AtomicBool;
 use syncopate_sim::compress::Compressor;
 
+/// The two halves of the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The reduce-scatter half: decode, add and re-encode at every hop.
+    Hop,
+    /// The all-gather half: the summed shards passed on as they are.
+    Pass,
+}
+
+impl Phase {
+    fn what(self) -> &'static str {
+        match self {
+            Phase::Hop => "a CaSync-Ring hop",
+            Phase::Pass => "a CaSync-Ring summed shard",
+        }
+    }
+}
+
 /// One rank's shards of one piece on a ring of `ranks`.
 pub struct Shards {
     position: usize,
@@ -40,7 +58,11 @@ impl Shards {
     pub fn encode_own(&mut self, codec: &mut dyn Codec, input: &[f32]) -> Result<()> {
         let own = chunk(self.position, self.ranks, input.len());
         self.added_to[own.clone()].fill(0.0);
-        codec.encode(&input[own], &mut self.sent[self.position])
+        codec.encode(&input[own], &mut self.sent[self.position])?;
+        if self.ranks == 1 {
+            self.summed[0].clone_from(&self.sent[0]);
+        }
+        Ok(())
     }
 
     /// The exchange: n − 1 hops of decode, add and re-encode, then n − 1 steps passing the summed
@@ -64,48 +86,79 @@ impl Shards {
                 ),
             });
         }
-        for step in 0..w - 1 {
-            let send = (p + w - step) % w;
-            let recv = (p + 2 * w - step - 1) % w;
-            let out = std::mem::take(&mut self.sent[send]);
-            let shard = chunk(recv, w, input.len());
-            let (added_to, sent) = (&mut self.added_to[shard.clone()], &mut self.sent[recv]);
-            let c = codec.compressor();
-            shift(
-                link,
-                ring,
-                c,
-                shard.len(),
-                &out,
-                "a CaSync-Ring hop",
-                abort,
-                &mut |incoming| hop(codec, incoming, &input[shard.clone()], added_to, sent),
-            )?;
-            self.sent[send] = out;
+        let c = codec.compressor();
+        for phase in [Phase::Hop, Phase::Pass] {
+            for step in 0..w - 1 {
+                let (send, recv) = self.shards(phase, step);
+                // Taken out for the step: the received shard is another one.
+                let out = std::mem::take(self.slot(phase, send));
+                let len = chunk(recv, w, input.len()).len();
+                let what = phase.what();
+                let taken = shift(link, ring, c, len, &out, what, abort, &mut |incoming| {
+                    self.take(codec, input, phase, step, incoming)
+                });
+                *self.slot(phase, send) = out;
+                taken?;
+            }
         }
-        let held = (p + 1) % w;
-        self.summed[held].clone_from(&self.sent[held]);
-        for step in 0..w - 1 {
-            let send = (p + 1 + w - step) % w;
-            let recv = (p + w - step) % w;
-            let out = std::mem::take(&mut self.summed[send]);
-            let summed = &mut self.summed[recv];
-            let (c, len) = (codec.compressor(), chunk(recv, w, input.len()).len());
-            shift(
-                link,
-                ring,
-                c,
-                len,
-                &out,
-                "a CaSync-Ring summed shard",
-                abort,
-                &mut |s| {
-                    summed.clear();
-                    summed.extend_from_slice(s);
-                    Ok(())
-                },
-            )?;
-            self.summed[send] = out;
+        Ok(())
+    }
+
+    /// The shard that step `step` of `phase` sends, and the one it receives.
+    fn shards(&self, phase: Phase, step: usize) -> (usize, usize) {
+        let (w, p) = (self.ranks, self.position);
+        match phase {
+            Phase::Hop => ((p + w - step) % w, (p + 2 * w - step - 1) % w),
+            Phase::Pass => ((p + 1 + w - step) % w, (p + w - step) % w),
+        }
+    }
+
+    fn slot(&mut self, phase: Phase, shard: usize) -> &mut Vec<u8> {
+        match phase {
+            Phase::Hop => &mut self.sent[shard],
+            Phase::Pass => &mut self.summed[shard],
+        }
+    }
+
+    /// What step `step` of `phase` sends to the next rank.
+    pub fn outgoing(&self, phase: Phase, step: usize) -> &[u8] {
+        let (send, _) = self.shards(phase, step);
+        match phase {
+            Phase::Hop => &self.sent[send],
+            Phase::Pass => &self.summed[send],
+        }
+    }
+
+    /// Takes what step `step` of `phase` received from the previous rank: a hop decodes it, adds
+    /// this rank's shard of `input` and re-encodes the sum; a pass keeps the summed shard. The
+    /// last hop leaves this rank's summed shard to pass on.
+    pub fn take(
+        &mut self,
+        codec: &mut dyn Codec,
+        input: &[f32],
+        phase: Phase,
+        step: usize,
+        incoming: &[u8],
+    ) -> Result<()> {
+        let (_, recv) = self.shards(phase, step);
+        match phase {
+            Phase::Hop => {
+                let shard = chunk(recv, self.ranks, input.len());
+                hop(
+                    codec,
+                    incoming,
+                    &input[shard.clone()],
+                    &mut self.added_to[shard],
+                    &mut self.sent[recv],
+                )?;
+                if step + 2 == self.ranks {
+                    self.summed[recv].clone_from(&self.sent[recv]);
+                }
+            }
+            Phase::Pass => {
+                self.summed[recv].clear();
+                self.summed[recv].extend_from_slice(incoming);
+            }
         }
         Ok(())
     }
@@ -194,21 +247,13 @@ pub fn reference(codecs: &mut [Box<dyn Codec>], inputs: &[Vec<f32>]) -> Result<V
     }
     for step in 0..w.saturating_sub(1) {
         for r in 0..w {
-            let (prev, recv) = ((r + w - 1) % w, (r + 2 * w - step - 1) % w);
-            let incoming = ranks[prev].sent[recv].clone();
-            let shard = chunk(recv, w, n);
-            let shards = &mut ranks[r];
-            hop(
-                &mut *codecs[r],
-                &incoming,
-                &inputs[r][shard.clone()],
-                &mut shards.added_to[shard],
-                &mut shards.sent[recv],
-            )?;
+            let incoming = ranks[(r + w - 1) % w].outgoing(Phase::Hop, step).to_vec();
+            ranks[r].take(&mut *codecs[r], &inputs[r], Phase::Hop, step, &incoming)?;
         }
     }
+    // After the hops the rank before shard c on the ring holds it summed.
     let summed: Vec<Vec<u8>> = (0..w)
-        .map(|c| ranks[(c + w - 1) % w].sent[c].clone())
+        .map(|c| ranks[(c + w - 1) % w].summed[c].clone())
         .collect();
     let mut result = vec![0.0; n];
     if let Some(codec) = codecs.first_mut() {

@@ -9,7 +9,7 @@
 mod backend;
 mod board;
 pub mod check;
-mod compressed_ring;
+pub mod compressed_ring;
 mod control;
 mod cpu;
 pub mod cuda;

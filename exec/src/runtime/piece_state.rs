@@ -1,6 +1,6 @@
 //! One rank's CPU codec state of one piece and the synchronization primitives on it, shared by the CPU backends and the Python extension.
 
-use super::compressed_ring::Shards;
+use super::compressed_ring::{Phase, Shards};
 use super::pieces;
 use super::ring::{Ring, RingLink};
 use crate::compress::{Codec, MemoryState};
@@ -121,12 +121,32 @@ impl PieceState {
         abort: &std::sync::atomic::AtomicBool,
     ) -> Result<()> {
         let Some(shards) = &mut self.shards else {
-            return Err(ExecError::Protocol {
-                compressor: spec.compressor.to_string(),
-                message: format!("piece of group {} is not a compressed ring's", spec.group),
-            });
+            return Err(not_a_ring(spec));
         };
         shards.exchange(link, ring, &mut *self.codec, &self.compensated, abort)
+    }
+
+    /// What step `step` of a CaSync-Ring's `phase` sends to the next rank (for a transport that
+    /// drives the ring itself, as `syncopate.torch` does).
+    pub fn ring_outgoing(&self, spec: &Piece, phase: Phase, step: usize) -> Result<&[u8]> {
+        match &self.shards {
+            Some(shards) => Ok(shards.outgoing(phase, step)),
+            None => Err(not_a_ring(spec)),
+        }
+    }
+
+    /// Takes what step `step` of a CaSync-Ring's `phase` received from the previous rank.
+    pub fn ring_take(
+        &mut self,
+        spec: &Piece,
+        phase: Phase,
+        step: usize,
+        incoming: &[u8],
+    ) -> Result<()> {
+        let Some(shards) = &mut self.shards else {
+            return Err(not_a_ring(spec));
+        };
+        shards.take(&mut *self.codec, &self.compensated, phase, step, incoming)
     }
 
     /// Refuses `what` on a CaSync-Ring piece, which has no whole payload.
@@ -212,6 +232,16 @@ impl PieceState {
             self.codec.decode_add(payload, &mut sum)?;
         }
         self.server_codec.encode(&sum, &mut self.payload)
+    }
+}
+
+fn not_a_ring(spec: &Piece) -> ExecError {
+    ExecError::Protocol {
+        compressor: spec.compressor.to_string(),
+        message: format!(
+            "piece {}.{} does not go round a compressed ring",
+            spec.group, spec.part
+        ),
     }
 }
 

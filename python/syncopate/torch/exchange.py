@@ -35,6 +35,72 @@ class Allreduce:
         return self.buffer
 
 
+class HierarchicalAllreduce:
+    """The summed payload as the plan prices it: a reduce-scatter inside each node, an allreduce
+    of the node's shard across nodes (one rank per node), an all-gather inside the node, each on
+    a process group of its own (`Link.with_nodes`). Only the shard crosses nodes."""
+
+    def __init__(self, link, state, piece, length, dtype, what, staged=None):
+        element = DTYPES[dtype].itemsize
+        if length % element:
+            raise PeerFailure(f"{what}: a payload of {length} bytes is not whole {dtype} elements")
+        self.link, self.what, self.length = link, what, length
+        self.dtype = DTYPES[dtype]
+        node = link.node
+        chunk = -(-(length // element) // node.world)
+        self.padded = link.buffers.get("hierarchical input", piece, chunk * node.world * element)
+        if staged is None:
+            state.copy_payload(piece, self.padded[:length].numpy())
+        else:
+            self.padded[:length].copy_(staged)
+        self.padded[length:].zero_()
+        self.shard = link.buffers.get("hierarchical shard", piece, chunk, self.dtype)
+        self.work = node.start(dist.reduce_scatter_tensor, self.shard, self.padded.view(self.dtype), async_op=True)
+
+    def finish(self):
+        """The summed payload's buffer."""
+        link = self.link
+        link.node.wait(self.work, f"{self.what}: reduce-scatter inside the node")
+        across = link.across
+        across.wait(across.start(dist.all_reduce, self.shard, async_op=True), f"{self.what}: allreduce across nodes")
+        gather = link.node.start(dist.all_gather_into_tensor, self.padded.view(self.dtype), self.shard, async_op=True)
+        link.node.wait(gather, f"{self.what}: all-gather inside the node")
+        return self.padded[: self.length]
+
+
+class CompressedRing:
+    """HiPress's CaSync-Ring over point-to-point messages: at each of the n − 1 hops a rank
+    sends its encoding of one shard to the next rank, and the Rust state decodes the shard the
+    previous rank sent, adds its own and re-encodes the sum; then the summed shards go round
+    as they are. Each message is its length, then its bytes (a payload's length may depend on
+    the data)."""
+
+    def __init__(self, link, state, piece, what):
+        self.link, self.state, self.piece, self.what = link, state, piece, what
+
+    def _receive(self, peer, tag, what):
+        size = torch.zeros(1, dtype=torch.int64)
+        self.link.wait(self.link.start(dist.irecv, size, peer, tag=tag), what)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.link.wait(self.link.start(dist.irecv, payload, peer, tag=tag + 1), what)
+        return payload
+
+    def finish(self):
+        link, state, piece = self.link, self.state, self.piece
+        after, before = (link.rank + 1) % link.world, (link.rank - 1) % link.world
+        for phase in ("hop", "pass"):
+            for step in range(link.world - 1):
+                what = f"{self.what}: ring {phase} {step}"
+                tag = link.next_tag()
+                out = torch.frombuffer(bytearray(state.ring_outgoing(piece, phase, step)), dtype=torch.uint8)
+                size = torch.tensor([out.numel()], dtype=torch.int64)
+                sends = [link.start(dist.isend, size, after, tag=tag), link.start(dist.isend, out, after, tag=tag + 1)]
+                incoming = self._receive(before, tag, f"{what} from rank {before}")
+                for send in sends:
+                    link.wait(send, f"{what} to rank {after}")
+                state.ring_take(piece, phase, step, incoming.numpy())
+
+
 class ReduceScatter:
     """DeAR's first half: each rank ends with the sum of its shard of the payload (padded to
     whole shards); the shard waits for the all-gather half."""

@@ -1,11 +1,12 @@
 """Runs one rank's part of a lowered Schedule during PyTorch training: steps released by their dependencies, codec ops on the Rust state, and one thread per communication stream that takes the launch policy's next collective, launches it and finishes it (Horovod's background thread), so the backward pass never waits for the network."""
 
 import atexit
+import json
 import threading
 
 from syncopate import Launcher, SyncopateError
 from syncopate.torch import exchange
-from syncopate.torch.codecs import SUMMED, Codecs
+from syncopate.torch.codecs import Codecs
 from syncopate.torch.schedule import SYNC_STREAMS, exchange_of, kind_of
 
 # What rank 0 broadcasts when a stream has nothing more to run in the iteration.
@@ -56,7 +57,10 @@ class Executor:
         self.state = state
         self.launcher = Launcher(schedule_json)
         streams = range(self.launcher.comm_streams)
-        self.links = [link.new_group() for _ in streams]
+        # The hierarchical allreduce runs on groups of each node's ranks and of one rank per node.
+        hierarchical = any(exchange_of(r)[0] == "hierarchical-allreduce" for p in layout.pieces for r in p["rounds"])
+        per_node = json.loads(schedule_json)["world"]["ranks_per_node"]
+        self.links = [link.with_nodes(per_node) if hierarchical else link.new_group() for _ in streams]
         self.controls = None if self.launcher.order_is_fixed else [link.new_group() for _ in streams]
         self.codecs = Codecs(layout, state, link, buffers, results, scales, check, names)
         self.recorder = recorder
@@ -256,10 +260,12 @@ class Executor:
         state = self.state
         length = self.codecs.length.get(piece, 0)
         dtype = state.wire_dtype(piece) or "f32"
-        if name in SUMMED:
-            # Gloo on CPU has no node hierarchy: the hierarchical allreduce's sum is the same.
+        if name == "allreduce":
             staged = self.codecs.staged.pop(piece, None)
             return exchange.Allreduce(link, state, piece, length, dtype, what, staged)
+        if name == "hierarchical-allreduce":
+            staged = self.codecs.staged.pop(piece, None)
+            return exchange.HierarchicalAllreduce(link, state, piece, length, dtype, what, staged)
         if name == "reduce-scatter":
             pending = exchange.ReduceScatter(link, state, piece, length, dtype, what)
             self.scattered[piece] = pending
@@ -268,7 +274,8 @@ class Executor:
             return exchange.AllgatherShards(link, state, piece, self.scattered.pop(piece), what)
         if name == "allgather":
             return exchange.Allgather(link, state, piece, length, what)
-        # push-pull, and CaSync-Ring aggregated by the same decode-sum-re-encode on its server.
+        if name == "compressed-ring":
+            return exchange.CompressedRing(link, state, piece, what)
         return exchange.PushPull(link, state, piece, length, state.server_rank(piece), what)
 
 

@@ -59,6 +59,23 @@ class Link:
         group = dist.new_group(timeout=self.timeout)
         return Link(self.rank, self.world, self.timeout.total_seconds(), group, self.buffers)
 
+    def with_nodes(self, per_node):
+        """A link over a process group of its own (as `new_group`) with `node`, a link over
+        this rank's node's ranks (`per_node` consecutive ranks), and `across`, a link over the
+        ranks with this rank's place in their node: the groups of a hierarchical allreduce.
+        Every rank must call it, in the same order."""
+        link = self.new_group()
+        nodes = self.world // per_node
+        for first in range(0, self.world, per_node):
+            group = dist.new_group(list(range(first, first + per_node)), timeout=self.timeout)
+            if first <= self.rank < first + per_node:
+                link.node = Link(self.rank, per_node, self.timeout.total_seconds(), group, self.buffers)
+        for place in range(per_node):
+            group = dist.new_group(list(range(place, self.world, per_node)), timeout=self.timeout)
+            if self.rank % per_node == place:
+                link.across = Link(self.rank, nodes, self.timeout.total_seconds(), group, self.buffers)
+        return link
+
     def start(self, collective, *args, **options):
         """Calls `collective(*args, **options)` (an asynchronous torch.distributed call) on
         this link's group."""
