@@ -287,7 +287,7 @@ fn host_exec_checks_memories_schemes_and_policies() {
 /// re-encodings replayed for the second (a payload of data-dependent length with it).
 #[test]
 fn host_exec_runs_hierarchical_and_compressed_rings_across_nodes() {
-    rings_across_nodes("host", 3, |args| syncopate(args));
+    rings_across_nodes("host", 3, syncopate);
 }
 
 /// [`host_exec_runs_hierarchical_and_compressed_rings_across_nodes`] on `backend`, 2 nodes of
