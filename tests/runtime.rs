@@ -307,8 +307,13 @@ pub(crate) fn rings_across_nodes(
         ("threshold:0.01", Memory::Residual, Scheme::CompressedRing),
     ] {
         let plan = plan(&dir, &model, spec, memory, scheme, fifo());
+        let tag = spec.replace(':', "_");
+        let measured = dir.join(format!("measured-{tag}.json"));
+        let predicted = dir.join(format!("predicted-{tag}.json"));
         let out = run(&[
             "exec",
+            "--trace",
+            measured.to_str().unwrap(),
             "--backend",
             backend,
             "--cluster",
@@ -329,7 +334,31 @@ pub(crate) fn rings_across_nodes(
             "--plan",
             plan.to_str().unwrap(),
         ]);
-        assert_checked(&out, &format!("{backend} {spec} {scheme:?}"));
+        let what = format!("{backend} {spec} {scheme:?}");
+        assert_checked(&out, &what);
+        let ranks = (2 * per_node.parse::<u32>().unwrap()).to_string();
+        let out = syncopate(&[
+            "simulate",
+            "--model",
+            model_path.to_str().unwrap(),
+            "--cluster",
+            "dgx-a100",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            &per_node,
+            "--plan",
+            plan.to_str().unwrap(),
+            "--iterations",
+            "2",
+            "--trace",
+            predicted.to_str().unwrap(),
+            "--trace-ranks",
+            &ranks,
+        ]);
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        let (predicted, measured) = (read_json(&predicted), read_json(&measured));
+        assert_eq!(span_names(&predicted), span_names(&measured), "{what}");
     }
 }
 

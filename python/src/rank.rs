@@ -128,7 +128,7 @@ impl Rank {
         ))
     }
 
-    /// The rank that aggregates a push-pull (or CaSync-Ring) piece.
+    /// The rank that aggregates a push-pull piece.
     fn server_rank(&self, piece: usize) -> PyResult<u32> {
         Ok(pieces::server_rank(self.spec(piece)?, self.world))
     }

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import conftest
 import models
 import ranks
 import training
@@ -143,3 +144,19 @@ def test_a_trace_after_flush_measures_finished_iterations_only(make_plan, tmp_pa
     summary = json.loads(trace.read_text())["otherData"]
     assert summary["measured_iterations"] == 2
     assert all(t > 0 for t in summary["iteration_times_ms"])
+
+
+def span_names(path):
+    return {e["name"] for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"}
+
+
+@pytest.mark.parametrize("scheme,compressor", [("hierarchical", "fp16"), ("compressed-ring", "onebit")])
+def test_rings_run_the_steps_the_simulator_predicts(make_plan, profile_path, tmp_path, scheme, compressor):
+    # The hierarchical allreduce on its node and cross-node groups, CaSync-Ring hop by hop: the
+    # same tasks as the simulator's trace of the same plan.
+    plan = edited(make_plan("horovod", compressor, None), scheme)
+    measured, predicted = tmp_path / "measured.json", tmp_path / "predicted.json"
+    ranks.values(ranks.run(training.train, plan, iterations=ITERATIONS, trace=str(measured)))
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 1, "--gpus-per-node", 2,
+                 "--plan", plan, "--iterations", ITERATIONS, "--trace", predicted, "--trace-ranks", 2)
+    assert span_names(measured) == span_names(predicted)

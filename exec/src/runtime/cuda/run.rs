@@ -10,8 +10,8 @@
 //! recorded when the host clock was read.
 //!
 //! Aggregation: NCCL allreduce (DeAR: its reduce-scatter and all-gather halves), allgather, or
-//! a parameter server's push/pull (`server.rs`, also HiPress CaSync-Ring plans, as on the host
-//! backend); error feedback (residual, EF-SignSGD, DGC) is `memory.rs`.
+//! a parameter server's push/pull (`server.rs`); the hierarchical allreduce and HiPress's
+//! CaSync-Ring are refused (`check_plan`): NCCL would run them otherwise than they are priced. Error feedback (residual, EF-SignSGD, DGC) is `memory.rs`.
 //!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
 //! created on each rank's own thread with one shared unique id), or one process per GPU (rank
