@@ -533,7 +533,7 @@ fn a_rank_skew_scales_each_ranks_compute_in_an_iteration_alike_and_leaves_other_
         for iteration in 0..3 {
             let factors: Vec<f32> = (0..tasks)
                 .filter(|&t| graph.task(t as u32).iteration == iteration)
-                .map(|t| (t, only_skew.per_rank_task[rank * tasks + t]))
+                .map(|t| (t, only_skew.rank_task(t as u32, rank as u32)))
                 .filter(|&(t, _)| graph.task(t as u32).stream == Stream::Compute)
                 .map(|(_, f)| f)
                 .collect();
@@ -545,12 +545,12 @@ fn a_rank_skew_scales_each_ranks_compute_in_an_iteration_alike_and_leaves_other_
     assert!(speeds.len() > 1, "ranks and iterations differ");
     for t in 0..tasks {
         let compute = graph.task(t as u32).stream == Stream::Compute;
-        for rank in 0..ranks as usize {
-            let i = rank * tasks + t;
+        for rank in 0..ranks {
+            let t = t as u32;
             if !compute {
                 // Not compute: no skew, and the jitter drawn as without it.
-                assert_eq!(only_skew.per_rank_task[i], 1.0);
-                assert_eq!(both.per_rank_task[i], plain.per_rank_task[i]);
+                assert_eq!(only_skew.rank_task(t, rank), 1.0);
+                assert_eq!(both.rank_task(t, rank), plain.rank_task(t, rank));
             }
         }
     }

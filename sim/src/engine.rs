@@ -102,12 +102,23 @@ impl CoreShare {
     }
 }
 
-/// Multiplicative duration factors: one per (rank, task) for rank-local tasks, one per task for
-/// collectives. Empty means no noise.
+/// Multiplicative duration factors: one per (task, rank) for rank-local tasks, task-major (the
+/// ranks run the same task at about the same time), one per task for collectives. Empty means
+/// no noise.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Noise {
     pub per_rank_task: Vec<f32>,
     pub per_collective: Vec<f32>,
+    /// The ranks `per_rank_task` was drawn for.
+    pub ranks: u32,
+}
+
+impl Noise {
+    /// Rank `rank`'s factor on rank-local task `task` (1 without noise).
+    pub fn rank_task(&self, task: u32, rank: u32) -> f32 {
+        let at = task as usize * self.ranks as usize + rank as usize;
+        self.per_rank_task.get(at).copied().unwrap_or(1.0)
+    }
 }
 
 /// One executed task of a recorded rank (collectives are recorded once, with `rank` 0).
@@ -253,7 +264,8 @@ struct Engine<'a> {
     seq: u64,
     events: BinaryHeap<Reverse<(SimTime, u64, Event)>>,
     processed: u64,
-    /// Unmet dependencies per (rank, task), rank-major.
+    /// Unmet dependencies per (task, rank), task-major: the ranks release the same task at about
+    /// the same time, so their counters share cache lines.
     pending: Vec<u32>,
     ranks: Vec<RankState>,
     dirty: Vec<bool>,
@@ -300,8 +312,8 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
     let iterations = graph.iterations() as usize;
     let ranks = config.ranks.max(1) as usize;
     let mut pending = Vec::with_capacity(ranks * graph.len());
-    for _ in 0..ranks {
-        pending.extend_from_slice(graph.indegree());
+    for &count in graph.indegree() {
+        pending.extend(std::iter::repeat_n(count, ranks));
     }
     let mut engine = Engine {
         graph,
@@ -511,9 +523,9 @@ impl Engine<'_> {
     }
 
     fn release_successors(&mut self, rank: u32, task: u32) {
-        let base = rank as usize * self.graph.len();
+        let ranks = self.ranks_n as usize;
         for &next in self.graph.successors(task) {
-            let slot = &mut self.pending[base + next as usize];
+            let slot = &mut self.pending[next as usize * ranks + rank as usize];
             *slot -= 1;
             if *slot == 0 {
                 self.make_ready(rank, next);
@@ -706,11 +718,7 @@ impl Engine<'_> {
             return;
         };
         let version = self.fresh_version();
-        let factor = self
-            .noise
-            .per_rank_task
-            .get(rank as usize * self.graph.len() + task as usize)
-            .map_or(1.0, |&f| f as f64);
+        let factor = f64::from(self.noise.rank_task(task, rank));
         let work = self.graph.task(task).duration.as_ns() as f64 * factor;
         if which == LocalStream::Codec {
             self.codec_active[rank as usize] = true;
@@ -878,8 +886,8 @@ impl Engine<'_> {
             return Ok(());
         };
         let task = self.graph.task(stuck as u32);
-        let unmet =
-            (0..self.ranks_n as usize).find(|&r| self.pending[r * self.graph.len() + stuck] > 0);
+        let unmet = (0..self.ranks_n as usize)
+            .find(|&r| self.pending[stuck * self.ranks_n as usize + r] > 0);
         let waiting = if let Some(rank) = unmet {
             let inputs: Vec<String> = (0..self.graph.len() as u32)
                 .filter(|&p| {

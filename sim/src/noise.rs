@@ -75,7 +75,7 @@ impl NoiseSpec {
     }
 
     /// Draws the factors for `ranks` ranks: rank r's tasks from a generator seeded by (seed, r),
-    /// collectives from their own generator, each in task order.
+    /// collectives from their own generator, each in task order (stored task-major).
     pub fn draw(&self, graph: &TaskGraph, ranks: u32) -> Result<Noise> {
         if self.is_quiet() {
             return Ok(Noise::default());
@@ -83,7 +83,7 @@ impl NoiseSpec {
         let jitter = mean_one_lognormal("--jitter", self.jitter_cv)?;
         let skew = mean_one_lognormal("rank_skew.cv", self.rank_skew_cv)?;
         let tasks = graph.len();
-        let mut per_rank_task = Vec::with_capacity(ranks as usize * tasks);
+        let mut per_rank_task = vec![1.0f32; ranks as usize * tasks];
         for rank in 0..ranks {
             let mut rng = StdRng::seed_from_u64(
                 self.seed ^ (u64::from(rank) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
@@ -118,7 +118,7 @@ impl NoiseSpec {
                         factor *= self.straggler_slowdown;
                     }
                 }
-                per_rank_task.push(factor as f32);
+                per_rank_task[t as usize * ranks as usize + rank as usize] = factor as f32;
             }
         }
         let mut rng = StdRng::seed_from_u64(self.seed);
@@ -134,6 +134,7 @@ impl NoiseSpec {
         Ok(Noise {
             per_rank_task,
             per_collective,
+            ranks,
         })
     }
 }

@@ -5,14 +5,13 @@
 //! is appended to the log of the stream that asked, and the other ranks' threads of that stream
 //! replay the log.
 
+use super::wait::{Bounded, Stop, POLL};
 use crate::error::{ExecError, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 use syncopate_sim::launch::{Launcher, Ticks};
 use syncopate_sim::schedule::{LaunchPolicy, Program};
-
-const POLL: Duration = Duration::from_millis(20);
 
 struct State {
     launcher: Launcher,
@@ -90,53 +89,45 @@ impl Board for LocalBoard {
         rank: u32,
         abort: &AtomicBool,
     ) -> Result<Option<u32>> {
-        let deadline = Instant::now() + self.timeout;
-        let mut state = self.state.lock().expect("the board lock");
-        loop {
+        let bound = Bounded::new(self.timeout, abort);
+        let state = self.state.lock().expect("the board lock");
+        // A collective released at a future cycle tick needs no notification: wake for it.
+        let slice = |state: &State| match state.launcher.next_release() {
+            Some(at) => Duration::from_nanos(at.saturating_sub(self.now_ns())).min(POLL),
+            None => POLL,
+        };
+        let pick = |state: &mut State| {
             if let Some(&task) = state.log[stream as usize].get(index) {
-                return Ok(Some(task));
+                return Some(Some(task));
             }
             if state.launcher.all_launched() {
-                return Ok(None);
+                return Some(None);
             }
-            let now_ns = self.now_ns();
-            if let Some(task) = state.launcher.next(stream, now_ns) {
-                state.log[stream as usize].push(task);
-                self.changed.notify_all();
-                return Ok(Some(task));
-            }
-            if abort.load(Ordering::Relaxed) {
-                return Err(ExecError::Rank {
-                    rank,
-                    message: "aborted while waiting for a collective: another rank failed".into(),
-                });
-            }
-            let now = Instant::now();
-            if now >= deadline {
+            let task = state.launcher.next(stream, self.now_ns())?;
+            state.log[stream as usize].push(task);
+            self.changed.notify_all();
+            Some(Some(task))
+        };
+        bound.on_condvar(&self.changed, state, slice, pick, |state, stop| match stop {
+            Stop::Aborted => ExecError::Rank {
+                rank,
+                message: "aborted while waiting for a collective: another rank failed".into(),
+            },
+            Stop::TimedOut => {
                 let missing = state
                     .launcher
                     .first_pending()
                     .map_or(self.world, |t| state.arrivals[t as usize]);
-                return Err(ExecError::Rank {
+                ExecError::Rank {
                     rank,
                     message: format!(
                         "no collective became ready within {:.1} s ({missing} of {} ranks had reached the next one)",
-                        self.timeout.as_secs_f64(),
+                        bound.seconds(),
                         self.world
                     ),
-                });
+                }
             }
-            // A collective released at a future cycle tick needs no notification: wake for it.
-            let wait = match state.launcher.next_release() {
-                Some(at) => Duration::from_nanos(at.saturating_sub(now_ns)).min(POLL),
-                None => POLL,
-            };
-            state = self
-                .changed
-                .wait_timeout(state, (deadline - now).min(wait))
-                .expect("the board lock")
-                .0;
-        }
+        })
     }
 
     fn wake_all(&self) {

@@ -24,6 +24,7 @@ pub mod rendezvous;
 pub mod ring;
 mod sched;
 mod sequence;
+pub mod wait;
 
 use crate::error::{ExecError, Result};
 use check::GroupCheck;

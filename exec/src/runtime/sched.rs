@@ -2,16 +2,14 @@
 //! waiting for work within a timeout while watching for another rank's failure.
 
 use super::board::Board;
+use super::wait::{Bounded, Stop, POLL};
 use super::Job;
 use crate::error::{ExecError, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use syncopate_sim::schedule::Stream;
-
-/// How often a waiting thread looks at the abort flag.
-const POLL: Duration = Duration::from_millis(20);
 
 /// What a rank's threads pick work from.
 pub struct Sched {
@@ -74,13 +72,16 @@ impl Failure {
 
 /// Err when another rank or thread has failed, so that this one stops instead of waiting.
 pub fn check_abort(abort: &AtomicBool, rank: u32) -> Result<()> {
-    if abort.load(Ordering::Relaxed) {
-        Err(ExecError::Rank {
-            rank,
-            message: "aborted: another rank failed".into(),
-        })
-    } else {
-        Ok(())
+    match abort.load(Ordering::Relaxed) {
+        true => Err(aborted(rank)),
+        false => Ok(()),
+    }
+}
+
+fn aborted(rank: u32) -> ExecError {
+    ExecError::Rank {
+        rank,
+        message: "aborted: another rank failed".into(),
     }
 }
 
@@ -141,30 +142,26 @@ impl Readiness {
         what: &str,
         timeout: Duration,
         abort: &AtomicBool,
-        mut pick: impl FnMut(&mut Sched) -> Option<T>,
+        pick: impl FnMut(&mut Sched) -> Option<T>,
     ) -> Result<T> {
-        let deadline = Instant::now() + timeout;
-        let mut sched = self.sched.lock().expect("the scheduler lock");
-        loop {
-            if let Some(found) = pick(&mut sched) {
-                return Ok(found);
-            }
-            check_abort(abort, self.rank)?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(ExecError::Rank {
+        let ready = match waiter {
+            Waiter::Compute => &self.compute_ready,
+            Waiter::Codec => &self.codec_ready,
+        };
+        let bound = Bounded::new(timeout, abort);
+        let sched = self.sched.lock().expect("the scheduler lock");
+        bound.on_condvar(
+            ready,
+            sched,
+            |_| POLL,
+            pick,
+            |_, stop| match stop {
+                Stop::Aborted => aborted(self.rank),
+                Stop::TimedOut => ExecError::Rank {
                     rank: self.rank,
-                    message: format!("{what} was not ready within {:.1} s", timeout.as_secs_f64()),
-                });
-            }
-            let ready = match waiter {
-                Waiter::Compute => &self.compute_ready,
-                Waiter::Codec => &self.codec_ready,
-            };
-            sched = ready
-                .wait_timeout(sched, (deadline - now).min(POLL))
-                .expect("the scheduler lock")
-                .0;
-        }
+                    message: format!("{what} was not ready within {:.1} s", bound.seconds()),
+                },
+            },
+        )
     }
 }

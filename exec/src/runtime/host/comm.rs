@@ -3,12 +3,10 @@
 use crate::compress::Codec;
 use crate::error::{ExecError, Result};
 use crate::runtime::ring::RingLink;
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::runtime::wait::{Bounded, Stop, POLL};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::time::{Duration, Instant};
-
-/// How often a blocked receive looks at the abort flag.
-const POLL: Duration = Duration::from_millis(20);
+use std::time::Duration;
 
 /// One rank's end of one stream's mesh.
 pub struct Mesh {
@@ -58,24 +56,21 @@ impl Mesh {
     /// Receives from `from`, giving up after the timeout or when another rank aborted.
     fn recv(&self, from: usize, abort: &AtomicBool, what: &str) -> Result<Vec<u8>> {
         let rx = self.rx[from].as_ref().expect("no channel from oneself");
-        let deadline = Instant::now() + self.timeout;
+        let bound = Bounded::new(self.timeout, abort);
         loop {
-            if abort.load(Ordering::Relaxed) {
-                return Err(ExecError::Rank {
+            let wait = bound.next(POLL).map_err(|stop| match stop {
+                Stop::Aborted => ExecError::Rank {
                     rank: self.rank,
                     message: format!("aborted during {what}: another rank failed"),
-                });
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ExecError::Timeout {
+                },
+                Stop::TimedOut => ExecError::Timeout {
                     rank: from as u32,
                     waiting: self.rank,
                     what: what.to_string(),
-                    seconds: self.timeout.as_secs_f64(),
-                });
-            }
-            match rx.recv_timeout(left.min(POLL)) {
+                    seconds: bound.seconds(),
+                },
+            })?;
+            match rx.recv_timeout(wait) {
                 Ok(bytes) => return Ok(bytes),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {

@@ -11,15 +11,14 @@
 use super::transport::Stream;
 use crate::error::{ExecError, Result};
 use crate::runtime::board::{Board, LocalBoard};
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::runtime::wait::{Bounded, Stop, POLL};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 use syncopate_sim::schedule::{LaunchPolicy, Program};
 
 /// The word that ends a stream's decisions.
 const END: u64 = u64::MAX;
-/// How often a follower waiting for its own readiness looks at the abort flag.
-const POLL: Duration = Duration::from_millis(20);
 
 /// This process's part in the job-wide launch policy.
 pub enum MpiBoard<'w> {
@@ -120,31 +119,22 @@ impl Board for MpiBoard<'_> {
                         message: format!("rank 0 named collective {word}, which this plan does not have: do all ranks run the same plan?"),
                     })?;
                 // Run it once this rank's own inputs of it are ready.
-                let deadline = Instant::now() + *timeout;
-                let mut ready = arrived.lock().expect("the arrival lock");
-                while !ready[task as usize] {
-                    if abort.load(Ordering::Relaxed) {
-                        return Err(ExecError::Rank {
-                            rank,
-                            message: "aborted while waiting for a collective's inputs: another rank failed".into(),
-                        });
-                    }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(ExecError::Rank {
-                            rank,
-                            message: format!(
-                                "the inputs of collective {task}, which rank 0 launched, were not ready within {:.1} s",
-                                timeout.as_secs_f64()
-                            ),
-                        });
-                    }
-                    ready = changed
-                        .wait_timeout(ready, (deadline - now).min(POLL))
-                        .expect("the arrival lock")
-                        .0;
-                }
-                Ok(Some(task))
+                let bound = Bounded::new(*timeout, abort);
+                let ready = arrived.lock().expect("the arrival lock");
+                let run = |ready: &mut Vec<bool>| ready[task as usize].then_some(Some(task));
+                bound.on_condvar(changed, ready, |_| POLL, run, |_, stop| match stop {
+                    Stop::Aborted => ExecError::Rank {
+                        rank,
+                        message: "aborted while waiting for a collective's inputs: another rank failed".into(),
+                    },
+                    Stop::TimedOut => ExecError::Rank {
+                        rank,
+                        message: format!(
+                            "the inputs of collective {task}, which rank 0 launched, were not ready within {:.1} s",
+                            bound.seconds()
+                        ),
+                    },
+                })
             }
         }
     }
