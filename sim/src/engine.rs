@@ -255,6 +255,9 @@ impl RankState {
     }
 }
 
+/// `Engine::counter_row` of a task with at most one dependency.
+const NO_COUNTER: u32 = u32::MAX;
+
 struct Engine<'a> {
     graph: &'a TaskGraph,
     config: &'a EngineConfig,
@@ -264,9 +267,12 @@ struct Engine<'a> {
     seq: u64,
     events: BinaryHeap<Reverse<(SimTime, u64, Event)>>,
     processed: u64,
-    /// Unmet dependencies per (task, rank), task-major: the ranks release the same task at about
-    /// the same time, so their counters share cache lines.
+    /// Unmet dependencies per (task, rank) of the tasks with more than one, task-major (the ranks
+    /// release the same task at about the same time); a task with one runs when it is released,
+    /// with no counter to read at every step.
     pending: Vec<u32>,
+    /// Each task's row in `pending`, `NO_COUNTER` for a task with at most one dependency.
+    counter_row: Vec<u32>,
     ranks: Vec<RankState>,
     dirty: Vec<bool>,
     dirty_list: Vec<u32>,
@@ -311,9 +317,13 @@ struct Engine<'a> {
 pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<EngineResult> {
     let iterations = graph.iterations() as usize;
     let ranks = config.ranks.max(1) as usize;
-    let mut pending = Vec::with_capacity(ranks * graph.len());
-    for &count in graph.indegree() {
-        pending.extend(std::iter::repeat_n(count, ranks));
+    let mut pending = Vec::new();
+    let mut counter_row = vec![NO_COUNTER; graph.len()];
+    for (row, &count) in counter_row.iter_mut().zip(graph.indegree()) {
+        if count > 1 {
+            *row = (pending.len() / ranks) as u32;
+            pending.extend(std::iter::repeat_n(count, ranks));
+        }
     }
     let mut engine = Engine {
         graph,
@@ -325,6 +335,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         events: BinaryHeap::new(),
         processed: 0,
         pending,
+        counter_row,
         ranks: (0..ranks).map(|_| RankState::default()).collect(),
         dirty: vec![false; ranks],
         dirty_list: Vec::new(),
@@ -525,9 +536,13 @@ impl Engine<'_> {
     fn release_successors(&mut self, rank: u32, task: u32) {
         let ranks = self.ranks_n as usize;
         for &next in self.graph.successors(task) {
-            let slot = &mut self.pending[next as usize * ranks + rank as usize];
-            *slot -= 1;
-            if *slot == 0 {
+            let row = self.counter_row[next as usize];
+            let released = row == NO_COUNTER || {
+                let slot = &mut self.pending[row as usize * ranks + rank as usize];
+                *slot -= 1;
+                *slot == 0
+            };
+            if released {
                 self.make_ready(rank, next);
             }
         }
@@ -886,24 +901,29 @@ impl Engine<'_> {
             return Ok(());
         };
         let task = self.graph.task(stuck as u32);
-        let unmet = (0..self.ranks_n as usize)
-            .find(|&r| self.pending[stuck * self.ranks_n as usize + r] > 0);
-        let waiting = if let Some(rank) = unmet {
-            let inputs: Vec<String> = (0..self.graph.len() as u32)
-                .filter(|&p| {
-                    self.graph.successors(p).contains(&(stuck as u32))
-                        && self.finished[p as usize] < self.ranks_n
-                })
-                .map(|p| {
-                    format!(
-                        "{} (finished on {} of {} ranks)",
-                        self.graph.task(p).label(),
-                        self.finished[p as usize],
-                        self.ranks_n
-                    )
-                })
-                .collect();
-            format!("on rank {rank} it waits for {}", inputs.join(", "))
+        let inputs: Vec<String> = (0..self.graph.len() as u32)
+            .filter(|&p| {
+                self.graph.successors(p).contains(&(stuck as u32))
+                    && self.finished[p as usize] < self.ranks_n
+            })
+            .map(|p| {
+                format!(
+                    "{} (finished on {} of {} ranks)",
+                    self.graph.task(p).label(),
+                    self.finished[p as usize],
+                    self.ranks_n
+                )
+            })
+            .collect();
+        let waiting = if !inputs.is_empty() {
+            // A task with one input has no counter to name the rank by.
+            let ranks = self.ranks_n as usize;
+            let unmet = match self.counter_row[stuck] {
+                NO_COUNTER => None,
+                row => (0..ranks).find(|&r| self.pending[row as usize * ranks + r] > 0),
+            };
+            let on = unmet.map_or_else(String::new, |rank| format!("on rank {rank} "));
+            format!("{on}it waits for {}", inputs.join(", "))
         } else {
             let next = self
                 .launcher
