@@ -83,42 +83,50 @@ impl NoiseSpec {
         let jitter = mean_one_lognormal("--jitter", self.jitter_cv)?;
         let skew = mean_one_lognormal("rank_skew.cv", self.rank_skew_cv)?;
         let tasks = graph.len();
-        let mut per_rank_task = vec![1.0f32; ranks as usize * tasks];
-        for rank in 0..ranks {
-            let mut rng = StdRng::seed_from_u64(
-                self.seed ^ (u64::from(rank) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            );
-            let stragglers: Vec<bool> = (0..graph.iterations())
-                .map(|_| rng.random::<f64>() < self.straggler_probability)
-                .collect();
-            // Drawn from a generator of its own, so that adding the skew leaves the other
-            // draws of a seed as they were.
-            let mut skew_rng = StdRng::seed_from_u64(
-                self.seed ^ (u64::from(rank) + 1).wrapping_mul(0xd1b5_4a32_d192_ed03),
-            );
-            let speed: Vec<f64> = (0..graph.iterations())
-                .map(|_| {
-                    if self.rank_skew_cv > 0.0 {
-                        skew.sample(&mut skew_rng)
-                    } else {
-                        1.0
-                    }
-                })
-                .collect();
-            for t in 0..tasks as u32 {
-                let task = graph.task(t);
+        // Each rank's generator draws its stragglers, then its tasks in task order; the ranks
+        // take turns task by task, so that the factors are written task-major in one pass.
+        let mut drawers: Vec<(StdRng, Vec<bool>, Vec<f64>)> = (0..ranks)
+            .map(|rank| {
+                let mut rng = StdRng::seed_from_u64(
+                    self.seed ^ (u64::from(rank) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                );
+                let stragglers: Vec<bool> = (0..graph.iterations())
+                    .map(|_| rng.random::<f64>() < self.straggler_probability)
+                    .collect();
+                // Drawn from a generator of its own, so that adding the skew leaves the other
+                // draws of a seed as they were.
+                let mut skew_rng = StdRng::seed_from_u64(
+                    self.seed ^ (u64::from(rank) + 1).wrapping_mul(0xd1b5_4a32_d192_ed03),
+                );
+                let speed: Vec<f64> = (0..graph.iterations())
+                    .map(|_| {
+                        if self.rank_skew_cv > 0.0 {
+                            skew.sample(&mut skew_rng)
+                        } else {
+                            1.0
+                        }
+                    })
+                    .collect();
+                (rng, stragglers, speed)
+            })
+            .collect();
+        let mut per_rank_task = Vec::with_capacity(ranks as usize * tasks);
+        for t in 0..tasks as u32 {
+            let task = graph.task(t);
+            let iteration = task.iteration as usize;
+            for (rng, stragglers, speed) in &mut drawers {
                 let mut factor = if self.jitter_cv > 0.0 {
-                    jitter.sample(&mut rng)
+                    jitter.sample(rng)
                 } else {
                     1.0
                 };
                 if task.stream == Stream::Compute {
-                    factor *= speed[task.iteration as usize];
-                    if stragglers[task.iteration as usize] {
+                    factor *= speed[iteration];
+                    if stragglers[iteration] {
                         factor *= self.straggler_slowdown;
                     }
                 }
-                per_rank_task[t as usize * ranks as usize + rank as usize] = factor as f32;
+                per_rank_task.push(factor as f32);
             }
         }
         let mut rng = StdRng::seed_from_u64(self.seed);
