@@ -1,5 +1,7 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
+#![forbid(unsafe_code)]
+
 pub mod beside_compute;
 pub mod calibrate;
 pub mod carry;

@@ -53,6 +53,7 @@ struct Half(u16);
 struct Brain(u16);
 // SAFETY: plain 16-bit values, valid for any bit pattern, laid out as u16.
 unsafe impl DeviceRepr for Half {}
+// SAFETY: as for Half.
 unsafe impl DeviceRepr for Brain {}
 impl NcclType for Half {
     fn as_nccl_type() -> cudarc::nccl::sys::ncclDataType_t {
@@ -650,20 +651,23 @@ impl<'a> Backend for Run<'a> {
                     _ => piece.codec.round_bytes(round) / elem,
                 };
                 let chunk = piece.chunk.len() / elem;
-                // SAFETY (transmutes): the byte buffers are device allocations (256-byte
-                // aligned) holding count·elem and chunk·elem bytes, read as elements of
-                // elem bytes that are valid for any bit pattern.
+                // The transmutes below are sound: the byte buffers are device allocations
+                // (256-byte aligned) holding count·elem and chunk·elem bytes, read as elements
+                // of elem bytes that are valid for any bit pattern.
                 macro_rules! reduce {
                     ($t:ty) => {{
+                        // SAFETY: the payload's count·elem bytes as elements (above).
                         let mut payload = unsafe { piece.payload.transmute_mut::<$t>(count) }
                             .expect("payload size");
                         match exchange {
                             Exchange::ReduceScatter => {
+                                // SAFETY: the chunk's chunk·elem bytes as elements (above).
                                 let mut out = unsafe { piece.chunk.transmute_mut::<$t>(chunk) }
                                     .expect("chunk size");
                                 comm.reduce_scatter_sum(&payload, &mut out)?;
                             }
                             Exchange::AllgatherShards => {
+                                // SAFETY: the chunk's chunk·elem bytes as elements (above).
                                 let part = unsafe { piece.chunk.transmute::<$t>(chunk) }
                                     .expect("chunk size");
                                 comm.all_gather(&part, &mut payload)?;
