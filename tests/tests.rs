@@ -6,6 +6,7 @@ mod common;
 mod compression;
 mod data_files;
 mod experiments;
+mod golden;
 mod lab;
 mod robustness;
 mod runtime;
