@@ -8,6 +8,21 @@ from syncopate.errors import PeerFailure
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
+def send_sized(link, payload, peer, tag):
+    """Starts sending `payload` (uint8) to `peer` as `receive_sized` takes it; returns the launches."""
+    size = torch.tensor([payload.numel()], dtype=torch.int64)
+    return [link.start(dist.isend, size, peer, tag=tag), link.start(dist.isend, payload, peer, tag=tag + 1)]
+
+
+def receive_sized(link, peer, tag, what):
+    """A message of any length from `peer`: its length (tag `tag`), then its bytes (`tag + 1`)."""
+    size = torch.zeros(1, dtype=torch.int64)
+    link.wait(link.start(dist.irecv, size, peer, tag=tag), what)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    link.wait(link.start(dist.irecv, payload, peer, tag=tag + 1), what)
+    return payload
+
+
 def payload_tensor(state, piece, length):
     """The rank's current payload of `piece` copied into a fresh uint8 tensor."""
     buffer = torch.empty(length, dtype=torch.uint8)
@@ -78,13 +93,6 @@ class CompressedRing:
     def __init__(self, link, state, piece, what):
         self.link, self.state, self.piece, self.what = link, state, piece, what
 
-    def _receive(self, peer, tag, what):
-        size = torch.zeros(1, dtype=torch.int64)
-        self.link.wait(self.link.start(dist.irecv, size, peer, tag=tag), what)
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.link.wait(self.link.start(dist.irecv, payload, peer, tag=tag + 1), what)
-        return payload
-
     def finish(self):
         link, state, piece = self.link, self.state, self.piece
         after, before = (link.rank + 1) % link.world, (link.rank - 1) % link.world
@@ -93,9 +101,8 @@ class CompressedRing:
                 what = f"{self.what}: ring {phase} {step}"
                 tag = link.next_tag()
                 out = torch.frombuffer(bytearray(state.ring_outgoing(piece, phase, step)), dtype=torch.uint8)
-                size = torch.tensor([out.numel()], dtype=torch.int64)
-                sends = [link.start(dist.isend, size, after, tag=tag), link.start(dist.isend, out, after, tag=tag + 1)]
-                incoming = self._receive(before, tag, f"{what} from rank {before}")
+                sends = send_sized(link, out, after, tag)
+                incoming = receive_sized(self.link, before, tag, f"{what} from rank {before}")
                 for send in sends:
                     link.wait(send, f"{what} to rank {after}")
                 state.ring_take(piece, phase, step, incoming.numpy())
@@ -169,18 +176,7 @@ class PushPullMessages:
         self.tag = link.next_tag()
         self.sends = []
         if link.rank != server:
-            size = torch.tensor([payload.numel()], dtype=torch.int64)
-            self.sends = [
-                link.start(dist.isend, size, server, tag=self.tag),
-                link.start(dist.isend, payload, server, tag=self.tag + 1),
-            ]
-
-    def _receive(self, peer, tag, what):
-        size = torch.zeros(1, dtype=torch.int64)
-        self.link.wait(self.link.start(dist.irecv, size, peer, tag=tag), what)
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.link.wait(self.link.start(dist.irecv, payload, peer, tag=tag + 1), what)
-        return payload
+            self.sends = send_sized(link, payload, server, self.tag)
 
     def finish(self, serve):
         """A worker's pulled payload; on the server, `serve(every rank's pushed payload, in
@@ -189,17 +185,13 @@ class PushPullMessages:
         if link.rank != self.server:
             for send in self.sends:
                 link.wait(send, f"{self.what}: push to server rank {self.server}")
-            return self._receive(self.server, self.tag + 2, f"{self.what}: pull from server rank {self.server}")
+            return receive_sized(self.link, self.server, self.tag + 2, f"{self.what}: pull from server rank {self.server}")
         pushed = [
-            self.payload if peer == link.rank else self._receive(peer, self.tag, f"{self.what}: push from rank {peer}")
+            self.payload if peer == link.rank else receive_sized(self.link, peer, self.tag, f"{self.what}: push from rank {peer}")
             for peer in range(link.world)
         ]
         pulled = serve(pushed)
-        size = torch.tensor([pulled.numel()], dtype=torch.int64)
-        sends = []
-        for peer in range(link.world):
-            if peer != link.rank:
-                sends += [link.start(dist.isend, size, peer, tag=self.tag + 2), link.start(dist.isend, pulled, peer, tag=self.tag + 3)]
+        sends = [send for peer in range(link.world) if peer != link.rank for send in send_sized(link, pulled, peer, self.tag + 2)]
         for send in sends:
             link.wait(send, f"{self.what}: pull by a worker")
         return pulled
