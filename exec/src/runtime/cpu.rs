@@ -3,6 +3,7 @@
 use super::backend::{Backend, Lane};
 use super::piece_state::PieceState;
 use super::pieces::{self, wire_element_bytes, Gradients};
+use super::push_pull::{self, Messages};
 use super::ring::{self, Ring, RingLink};
 use super::sched::Failure;
 use super::Job;
@@ -17,8 +18,8 @@ use syncopate_sim::schedule::{Exchange, Op, StepKind};
 use syncopate_sim::time::SimTime;
 
 /// One rank's end of a communication stream: the collectives a schedule's exchanges need,
-/// the rings of `runtime::ring` among them.
-pub trait Collectives: RingLink + Send {
+/// the rings of `runtime::ring` and the push/pull of `runtime::push_pull` among them.
+pub trait Collectives: RingLink + Messages + Send {
     /// Allreduce in the wire type (elements of `element` bytes, summed by the codec).
     fn allreduce(
         &self,
@@ -29,17 +30,6 @@ pub trait Collectives: RingLink + Send {
     ) -> Result<()>;
     /// Every rank's payload, of any length, in rank order.
     fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>>;
-    /// Parameter-server push/pull through rank `server`: returns the pulled payload.
-    #[allow(clippy::too_many_arguments)]
-    fn push_pull(
-        &self,
-        mine: Vec<u8>,
-        server: usize,
-        codec: &mut dyn Codec,
-        server_codec: &mut dyn Codec,
-        numel: usize,
-        abort: &AtomicBool,
-    ) -> Result<Vec<u8>>;
 }
 
 /// Where a rank reports its compression inputs and aggregated results for `--check`.
@@ -296,7 +286,8 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             }
             Exchange::CompressedRing => piece.compressed_ring(spec, link, &ring, abort),
             Exchange::PushPull { .. } => {
-                piece.payload = link.push_pull(
+                piece.payload = push_pull::push_pull(
+                    link,
                     std::mem::take(&mut piece.payload),
                     pieces::server_rank(spec, self.world) as usize,
                     &mut *piece.codec,

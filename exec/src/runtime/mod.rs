@@ -20,6 +20,7 @@ pub mod launch;
 pub mod mpi;
 pub mod piece_state;
 pub mod pieces;
+pub mod push_pull;
 pub mod rendezvous;
 pub mod ring;
 mod sched;

@@ -1,7 +1,7 @@
-//! In-process collectives: a full mesh of channels per communication stream carrying the real wire bytes, on which the rings of `runtime::ring` run, with a ring allgather of payloads of any length and parameter-server push/pull.
+//! In-process collectives: a full mesh of channels per communication stream carrying the real wire bytes, on which the rings of `runtime::ring` and the push/pull of `runtime::push_pull` run, with a ring allgather of payloads of any length.
 
-use crate::compress::Codec;
 use crate::error::{ExecError, Result};
+use crate::runtime::push_pull::{Leg, Messages};
 use crate::runtime::ring::RingLink;
 use crate::runtime::wait::{Bounded, Stop, POLL};
 use std::sync::atomic::AtomicBool;
@@ -98,40 +98,6 @@ impl Mesh {
         Ok(blocks)
     }
 
-    /// Parameter-server push/pull with the server on rank `server`: workers push their payload,
-    /// the server decodes them in rank order with its worker codec, re-encodes the sum with
-    /// `server_codec` and every rank pulls that payload. Returns the pulled payload.
-    pub fn push_pull(
-        &self,
-        mine: Vec<u8>,
-        server: usize,
-        codec: &mut dyn Codec,
-        server_codec: &mut dyn Codec,
-        numel: usize,
-        abort: &AtomicBool,
-    ) -> Result<Vec<u8>> {
-        let r = self.rank as usize;
-        if r != server {
-            self.send(server, mine)?;
-            return self.recv(server, abort, "the parameter server's pull");
-        }
-        let mut sum = vec![0.0f32; numel];
-        for from in 0..self.world as usize {
-            if from == r {
-                codec.decode_add(&mine, &mut sum)?;
-            } else {
-                let pushed = self.recv(from, abort, "a parameter-server push")?;
-                codec.decode_add(&pushed, &mut sum)?;
-            }
-        }
-        let mut pulled = Vec::new();
-        server_codec.encode(&sum, &mut pulled)?;
-        for to in (0..self.world as usize).filter(|&to| to != r) {
-            self.send(to, pulled.clone())?;
-        }
-        Ok(pulled)
-    }
-
     /// Broadcast from `root` (used to time the channels in the host profile).
     pub fn broadcast(&self, payload: &mut Vec<u8>, root: usize, abort: &AtomicBool) -> Result<()> {
         if self.rank as usize == root {
@@ -173,6 +139,20 @@ impl RingLink for Mesh {
             });
         }
         take(&received)
+    }
+}
+
+impl Messages for Mesh {
+    fn place(&self) -> (usize, usize) {
+        (self.rank as usize, self.world as usize)
+    }
+
+    fn send(&self, to: usize, bytes: Vec<u8>, _: Leg, _: &AtomicBool) -> Result<()> {
+        Mesh::send(self, to, bytes)
+    }
+
+    fn receive(&self, from: usize, leg: Leg, abort: &AtomicBool) -> Result<Vec<u8>> {
+        self.recv(from, abort, leg.what())
     }
 }
 

@@ -95,15 +95,4 @@ impl Collectives for Mesh {
     fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>> {
         Mesh::allgather(self, mine, abort)
     }
-    fn push_pull(
-        &self,
-        mine: Vec<u8>,
-        server: usize,
-        codec: &mut dyn Codec,
-        server_codec: &mut dyn Codec,
-        numel: usize,
-        abort: &AtomicBool,
-    ) -> Result<Vec<u8>> {
-        Mesh::push_pull(self, mine, server, codec, server_codec, numel, abort)
-    }
 }

@@ -34,17 +34,6 @@ impl Collectives for Stream<'_> {
     fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>> {
         Stream::allgather(self, mine, abort)
     }
-    fn push_pull(
-        &self,
-        mine: Vec<u8>,
-        server: usize,
-        codec: &mut dyn Codec,
-        server_codec: &mut dyn Codec,
-        numel: usize,
-        abort: &AtomicBool,
-    ) -> Result<Vec<u8>> {
-        Stream::push_pull(self, mine, server, codec, server_codec, numel, abort)
-    }
 }
 
 /// One `--check` report of this rank, kept for rank 0.

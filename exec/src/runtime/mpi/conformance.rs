@@ -6,6 +6,7 @@ use crate::compress::rng::Rng;
 use crate::compress::{codec_for, Codec};
 use crate::error::{ExecError, Result};
 use crate::runtime::host::comm::{meshes, Mesh};
+use crate::runtime::push_pull::push_pull;
 use crate::runtime::ring::{allgather_chunks, allreduce, reduce_scatter, Ring};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -252,7 +253,8 @@ fn push_pull_matches(stream: &Stream, abort: &AtomicBool) -> Result<String> {
     let push = |rank: u32| -> Result<Vec<u8>> { encoded(c, &gradient(rank, Inputs::Random)) };
     let mut codec: Box<dyn Codec> = codec_for(&c, 0);
     let mut server_codec: Box<dyn Codec> = codec_for(&c, 0);
-    let got = stream.push_pull(
+    let got = push_pull(
+        stream,
         push(r)?,
         server,
         &mut *codec,
@@ -262,7 +264,8 @@ fn push_pull_matches(stream: &Stream, abort: &AtomicBool) -> Result<String> {
     )?;
     let host = on_host(p, |mesh, abort| {
         let (mut codec, mut server_codec) = (codec_for(&c, 0), codec_for(&c, 0));
-        mesh.push_pull(
+        push_pull(
+            mesh,
             push(mesh.rank)?,
             server,
             &mut *codec,

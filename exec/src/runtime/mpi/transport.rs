@@ -1,4 +1,4 @@
-//! One communication stream over MPI, with the in-process mesh's API (`host::comm::Mesh`): allreduce in the wire type, the steps of `runtime::ring`'s rings, variable-size allgather, parameter-server push/pull and broadcast — each a non-blocking MPI operation completed under the stream's timeout and the run's abort flag.
+//! One communication stream over MPI, with the in-process mesh's API (`host::comm::Mesh`): allreduce in the wire type, the steps of `runtime::ring`'s rings, variable-size allgather, the messages of `runtime::push_pull` and broadcast — each a non-blocking MPI operation completed under the stream's timeout and the run's abort flag.
 //!
 //! Summation order. For two ranks every element is one addition of two values, which is
 //! commutative, so results are bit-identical to the host backend's ring. For p ≥ 3, Open MPI
@@ -14,6 +14,7 @@ use super::wire::{HalfSums, WireType};
 use super::world::World;
 use crate::compress::Codec;
 use crate::error::{ExecError, Result};
+use crate::runtime::push_pull::{Leg, Messages};
 use crate::runtime::ring::RingLink;
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
@@ -264,68 +265,6 @@ impl<'w> Stream<'w> {
         self.finish(flight, what, Some(from), abort)
     }
 
-    /// Parameter-server push/pull with the server on rank `server`, as the host mesh's: workers
-    /// push, the server decodes every payload in rank order with `codec`, re-encodes the sum
-    /// with `server_codec` and every rank pulls that payload. Returns the pulled payload.
-    pub fn push_pull(
-        &self,
-        mine: Vec<u8>,
-        server: usize,
-        codec: &mut dyn Codec,
-        server_codec: &mut dyn Codec,
-        numel: usize,
-        abort: &AtomicBool,
-    ) -> Result<Vec<u8>> {
-        let r = self.rank as usize;
-        if server >= self.world as usize {
-            return Err(self.error(
-                "push/pull",
-                format!("server rank {server} is outside the {} ranks", self.world),
-            ));
-        }
-        if r != server {
-            self.send_sized(
-                server,
-                mine,
-                (TAG_PUSH_SIZE, TAG_PUSH),
-                "a parameter-server push",
-                abort,
-            )?;
-            return self.receive_sized(
-                server,
-                (TAG_PULL_SIZE, TAG_PULL),
-                "the parameter server's pull",
-                abort,
-            );
-        }
-        let mut sum = vec![0.0f32; numel];
-        for from in 0..self.world as usize {
-            if from == r {
-                codec.decode_add(&mine, &mut sum)?;
-            } else {
-                let pushed = self.receive_sized(
-                    from,
-                    (TAG_PUSH_SIZE, TAG_PUSH),
-                    "a parameter-server push",
-                    abort,
-                )?;
-                codec.decode_add(&pushed, &mut sum)?;
-            }
-        }
-        let mut pulled = Vec::new();
-        server_codec.encode(&sum, &mut pulled)?;
-        for to in (0..self.world as usize).filter(|&to| to != r) {
-            self.send_sized(
-                to,
-                pulled.clone(),
-                (TAG_PULL_SIZE, TAG_PULL),
-                "the parameter server's pull",
-                abort,
-            )?;
-        }
-        Ok(pulled)
-    }
-
     /// Broadcast from `root`: its length, then its bytes.
     pub fn broadcast(&self, payload: &mut Vec<u8>, root: usize, abort: &AtomicBool) -> Result<()> {
         if root >= self.world as usize {
@@ -422,5 +361,28 @@ impl RingLink for Stream<'_> {
         self.sending.replace(sent);
         self.received.replace(received);
         taken
+    }
+}
+
+/// Push/pull messages of any length (`send_sized`), each leg with tags of its own.
+impl Messages for Stream<'_> {
+    fn place(&self) -> (usize, usize) {
+        (self.rank as usize, self.world as usize)
+    }
+
+    fn send(&self, to: usize, bytes: Vec<u8>, leg: Leg, abort: &AtomicBool) -> Result<()> {
+        self.send_sized(to, bytes, tags(leg), leg.what(), abort)
+    }
+
+    fn receive(&self, from: usize, leg: Leg, abort: &AtomicBool) -> Result<Vec<u8>> {
+        self.receive_sized(from, tags(leg), leg.what(), abort)
+    }
+}
+
+/// The (size, payload) tags of a push/pull leg.
+fn tags(leg: Leg) -> (c_int, c_int) {
+    match leg {
+        Leg::Push => (TAG_PUSH_SIZE, TAG_PUSH),
+        Leg::Pull => (TAG_PULL_SIZE, TAG_PULL),
     }
 }
