@@ -266,8 +266,7 @@ pub fn reference(codecs: &mut [Box<dyn Codec>], inputs: &[Vec<f32>]) -> Result<V
 mod tests {
     use super::*;
     use crate::compress::codec_for;
-    use crate::runtime::host::comm::meshes;
-    use std::time::Duration;
+    use crate::runtime::host::comm::on_host;
 
     fn input(rank: usize, n: usize) -> Vec<f32> {
         (0..n)
@@ -277,34 +276,19 @@ mod tests {
 
     /// Every rank's decoded result and transmitted part after one CaSync-Ring over a mesh.
     fn run(c: Compressor, world: usize, n: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
-        let abort = AtomicBool::new(false);
-        let ends = meshes(1, world as u32, Duration::from_secs(5))
-            .pop()
-            .unwrap();
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = ends
-                .into_iter()
-                .map(|mesh| {
-                    let abort = &abort;
-                    scope.spawn(move || {
-                        let rank = mesh.rank as usize;
-                        let mut codec = codec_for(&c, rank as u64);
-                        let x = input(rank, n);
-                        let mut shards = Shards::new(rank, world, n);
-                        shards.encode_own(&mut *codec, &x).unwrap();
-                        let ring = Ring::world(rank, world);
-                        shards
-                            .exchange(&mesh, &ring, &mut *codec, &x, abort)
-                            .unwrap();
-                        let (mut result, mut transmitted) = (vec![0.0; n], vec![0.0; n]);
-                        shards.decode(&mut *codec, &mut result).unwrap();
-                        shards.transmitted(&mut *codec, &mut transmitted).unwrap();
-                        (result, transmitted)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        })
+        let ranks = on_host(world as u32, |mesh, abort| {
+            let rank = mesh.rank as usize;
+            let mut codec = codec_for(&c, rank as u64);
+            let x = input(rank, n);
+            let mut shards = Shards::new(rank, world, n);
+            shards.encode_own(&mut *codec, &x)?;
+            shards.exchange(mesh, &Ring::world(rank, world), &mut *codec, &x, abort)?;
+            let (mut result, mut transmitted) = (vec![0.0; n], vec![0.0; n]);
+            shards.decode(&mut *codec, &mut result)?;
+            shards.transmitted(&mut *codec, &mut transmitted)?;
+            Ok((result, transmitted))
+        });
+        ranks.unwrap()
     }
 
     #[test]

@@ -208,9 +208,8 @@ fn split(payload: &mut [u8], send: Range<usize>, recv: Range<usize>) -> (&[u8], 
 mod tests {
     use super::*;
     use crate::compress::codec_for;
-    use crate::runtime::host::comm::{meshes, Mesh};
+    use crate::runtime::host::comm::{on_host, Mesh};
     use std::cell::RefCell;
-    use std::time::Duration;
     use syncopate_sim::compress::Compressor;
 
     /// Counts the bytes one rank's end sends to each rank.
@@ -248,37 +247,24 @@ mod tests {
         numel: usize,
         body: impl Fn(&dyn RingLink, &mut [u8], &dyn Codec, &AtomicBool) -> Result<()> + Sync,
     ) -> (Vec<Vec<f32>>, Vec<Vec<usize>>) {
-        let abort = AtomicBool::new(false);
-        let ends = meshes(1, world as u32, Duration::from_secs(5))
-            .pop()
-            .unwrap();
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = ends
-                .into_iter()
-                .map(|mesh| {
-                    let (abort, body) = (&abort, &body);
-                    scope.spawn(move || {
-                        let link = Counting {
-                            mesh: &mesh,
-                            sent: RefCell::new(vec![0; world]),
-                        };
-                        let codec = codec_for(&Compressor::None, 0);
-                        let values: Vec<f32> = (0..numel)
-                            .map(|i| (i * (mesh.rank as usize + 1)) as f32)
-                            .collect();
-                        let mut bytes: Vec<u8> =
-                            values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                        body(&link, &mut bytes, &*codec, abort).unwrap();
-                        let result = bytes
-                            .chunks(4)
-                            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                            .collect();
-                        (result, link.sent.into_inner())
-                    })
-                })
+        let ranks = on_host(world as u32, |mesh, abort| {
+            let link = Counting {
+                mesh,
+                sent: RefCell::new(vec![0; world]),
+            };
+            let codec = codec_for(&Compressor::None, 0);
+            let values: Vec<f32> = (0..numel)
+                .map(|i| (i * (mesh.rank as usize + 1)) as f32)
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).unzip()
-        })
+            let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            body(&link, &mut bytes, &*codec, abort)?;
+            let result = bytes
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            Ok((result, link.sent.into_inner()))
+        });
+        ranks.unwrap().into_iter().unzip()
     }
 
     fn expected_sum(world: usize, numel: usize) -> Vec<f32> {

@@ -44,6 +44,31 @@ pub fn meshes(streams: u32, world: u32, timeout: Duration) -> Vec<Vec<Mesh>> {
         .collect()
 }
 
+/// Runs `work` on every rank of a fresh mesh of `world` ranks, each on a thread of its own,
+/// and returns what each returned, in rank order (the reference runs of the transports' tests).
+pub fn on_host<T: Send>(
+    world: u32,
+    work: impl Fn(&Mesh, &AtomicBool) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let abort = AtomicBool::new(false);
+    let ends = meshes(1, world, Duration::from_secs(30))
+        .pop()
+        .expect("one stream");
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = ends
+            .into_iter()
+            .map(|mesh| {
+                let (work, abort) = (&work, &abort);
+                scope.spawn(move || work(&mesh, abort))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a host mesh thread"))
+            .collect()
+    })
+}
+
 impl Mesh {
     fn send(&self, to: usize, bytes: Vec<u8>) -> Result<()> {
         let tx = self.tx[to].as_ref().expect("no channel to oneself");

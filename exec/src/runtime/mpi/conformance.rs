@@ -5,7 +5,7 @@ use super::world::World;
 use crate::compress::rng::Rng;
 use crate::compress::{codec_for, Codec};
 use crate::error::{ExecError, Result};
-use crate::runtime::host::comm::{meshes, Mesh};
+use crate::runtime::host::comm::on_host;
 use crate::runtime::push_pull::push_pull;
 use crate::runtime::ring::{allgather_chunks, allreduce, reduce_scatter, Ring};
 use std::sync::atomic::AtomicBool;
@@ -70,30 +70,6 @@ fn gradient(rank: u32, inputs: Inputs) -> Vec<f32> {
             Inputs::Random => rng.normal() as f32,
         })
         .collect()
-}
-
-/// Every rank's result of `work` on the host mesh, ranks as threads.
-fn on_host<T: Send>(
-    world: u32,
-    work: impl Fn(&Mesh, &AtomicBool) -> Result<T> + Sync,
-) -> Result<Vec<T>> {
-    let abort = AtomicBool::new(false);
-    let ends = meshes(1, world, Duration::from_secs(30))
-        .pop()
-        .expect("one stream");
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = ends
-            .into_iter()
-            .map(|mesh| {
-                let (work, abort) = (&work, &abort);
-                scope.spawn(move || work(&mesh, abort))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a host mesh thread"))
-            .collect()
-    })
 }
 
 fn encoded(c: Compressor, grad: &[f32]) -> Result<Vec<u8>> {
