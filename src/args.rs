@@ -1,4 +1,6 @@
-//! Parsers of numeric flags: each accepts what clap would mistake for a flag (`-5`) and rejects it with the rule.
+//! Parsers of numeric flags: each accepts what clap would mistake for a flag (`-5`).
+//!
+//! Each then rejects such a value with the rule.
 
 /// A whole number of at least 1 (counts: nodes, iterations, streams, ranks).
 pub fn count(text: &str) -> Result<u32, String> {

@@ -1,4 +1,6 @@
-//! Compression: the sim's wire bytes against the real encoders, error bounds, unbiasedness, error feedback, aggregation and convergence.
+//! Compression: the sim's wire bytes against the real encoders, error bounds, unbiasedness.
+//!
+//! Also error feedback, aggregation and convergence.
 
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use syncopate_exec::compress::rng::Rng;

@@ -1,4 +1,6 @@
-//! `syncopate sweep` and `syncopate experiment run` end to end: every shipped experiment regenerates its results.
+//! `syncopate sweep` and `syncopate experiment run` end to end.
+//!
+//! Every shipped experiment regenerates its results.
 
 use crate::common::{root, scratch, stderr, stdout, syncopate, validation_data};
 use std::path::Path;

@@ -1,4 +1,7 @@
-//! Golden files of whole runs: `simulate` summaries (symmetric and explicit), a trace, a `tune` and a `sweep`, compared byte for byte; `SYNCOPATE_BLESS=1` rewrites them after a change that is meant.
+//! Golden files of whole runs, compared byte for byte; `SYNCOPATE_BLESS=1` rewrites them.
+//!
+//! The runs are `simulate` summaries (symmetric and explicit), a trace, a `tune` and a `sweep`;
+//! blessing is for a change that is meant.
 
 use crate::common::{scratch, stderr, syncopate};
 use std::path::{Path, PathBuf};

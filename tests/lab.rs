@@ -1,4 +1,7 @@
-//! `syncopate lab` end to end on a real 2-node lab (namespaces, shaped veths, Open MPI across them), its bad-input errors, and the MPI transport under mpirun; each says `skipped: …` where the machine cannot run it.
+//! `syncopate lab` end to end on a real 2-node lab, its bad-input errors, and MPI under mpirun.
+//!
+//! The lab has namespaces, shaped veths and Open MPI across them; the MPI transport runs under
+//! mpirun. Each test says `skipped: …` where the machine cannot run it.
 
 use crate::common::{scratch, stderr, stdout, syncopate};
 use std::process::{Command, Output};

@@ -1,4 +1,7 @@
-//! Bad input never panics, aborts or hangs: the committed corpus of bad invocations and files, and property tests that mutate shipped JSON and numeric flags.
+//! Bad input never panics, aborts or hangs.
+//!
+//! The tests are the committed corpus of bad invocations and files, and property tests that mutate
+//! shipped JSON and numeric flags.
 
 use crate::common::{root, scratch, syncopate};
 use proptest::prelude::*;

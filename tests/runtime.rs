@@ -1,4 +1,6 @@
-//! The runtime end to end: `exec --backend host --check` for every compressor, host validation, the GPU path where a GPU exists, and rendezvous failures.
+//! The runtime end to end: `exec --backend host --check` for every compressor, host validation.
+//!
+//! Also the GPU path where a GPU exists, and rendezvous failures.
 
 use crate::common::{read_json, scratch, stderr, stdout, syncopate};
 use std::path::{Path, PathBuf};

@@ -1,4 +1,6 @@
-//! Syncopate's integration tests: shipped data, closed-form cases, properties and the CLI end to end.
+//! Syncopate's integration tests: shipped data, closed-form cases, properties and the CLI.
+//!
+//! The CLI is tested end to end.
 
 mod cli;
 mod collective;

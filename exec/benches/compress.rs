@@ -1,4 +1,6 @@
-//! Criterion benchmarks of every compression kernel on one core, throughput in bytes of fp32 input, against memcpy.
+//! Criterion benchmarks of every compression kernel on one core, against memcpy.
+//!
+//! Throughput is in bytes of fp32 input.
 //!
 //! `cargo bench -p syncopate-exec --bench compress`; filter with e.g. `-- encode/fp16`.
 

@@ -1,4 +1,6 @@
-//! Measured against predicted codec times of the sparsifiers across ratios: the two-ratio curves of `profile_host` against one ratio's.
+//! Measured against predicted codec times of the sparsifiers across ratios.
+//!
+//! It sets the two-ratio curves of `profile_host` against one ratio's.
 //!
 //! `cargo run --release -p syncopate-exec --example kept_costs`: profiles topk, dgc and randomk on
 //! one core (at the catalog ratio and ten times it), then times each at ratios 0.001 to 0.5 on

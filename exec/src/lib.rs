@@ -1,4 +1,6 @@
-//! Syncopate's execution crate: CPU gradient-compression kernels with real wire formats, the host profiler, and the runtime that executes plans.
+//! Syncopate's execution crate: CPU compression kernels, the host profiler and the plan runtime.
+//!
+//! The CPU gradient-compression kernels write real wire formats, and the runtime executes plans.
 
 pub mod compress;
 pub mod error;

@@ -1,4 +1,6 @@
-//! Cluster files for this machine, fitted to its measured collectives: the host backend's thread-ranks, or one node of GPUs running NCCL.
+//! Cluster files for this machine, fitted to its measured collectives.
+//!
+//! Either of the host backend's thread-ranks, or of one node of GPUs running NCCL.
 
 use crate::error::Result;
 use crate::runtime::host::profile as host_collectives;

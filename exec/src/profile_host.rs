@@ -1,4 +1,6 @@
-//! Measures this machine's compression cost curves, memory bandwidth and FMA rate into a `cpu` DeviceProfile.
+//! Measures this machine into a `cpu` DeviceProfile.
+//!
+//! It measures the compression cost curves, memory bandwidth and FMA rate.
 
 use crate::compress::{codec_for_shapes, rng::Rng, Codec};
 use crate::error::Result;

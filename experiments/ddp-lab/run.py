@@ -1,4 +1,8 @@
-"""ddp-lab: real PyTorch DDP (gloo) on emulated clusters (syncopate lab) of 2 and 4 nodes at 1 Gb/s, its bucket sizes 1, 5, 25 and 100 MB without a comm hook and with its fp16 and PowerSGD hooks, measured beside Syncopate's prediction of the same configuration under the `pytorch-ddp` framework file.
+"""ddp-lab: real PyTorch DDP (gloo) on emulated clusters, measured beside Syncopate's prediction.
+
+The emulated clusters (syncopate lab) have 2 and 4 nodes at 1 Gb/s; DDP runs with its bucket sizes
+1, 5, 25 and 100 MB without a comm hook and with its fp16 and PowerSGD hooks, each measured beside
+Syncopate's prediction of the same configuration under the `pytorch-ddp` framework file.
 
     sudo target/pyenv/bin/python experiments/ddp-lab/run.py            # everything (about 50 min)
     target/pyenv/bin/python experiments/ddp-lab/run.py --report-only   # tables and plot from results.csv

@@ -1,4 +1,9 @@
-"""One rank of the DDP experiments (ddp-overhead, ddp-lab): the same model and batches trained by PyTorch DDP (its bucket size, with its fp16 or PowerSGD comm hook) or by syncopate.torch.DistributedOptimizer under the equivalent plan; prints the measured iteration times as one JSON line."""
+"""One rank of the DDP experiments (ddp-overhead, ddp-lab); prints measured iteration times.
+
+The same model and batches are trained by PyTorch DDP (its bucket size, with its fp16 or PowerSGD
+comm hook) or by syncopate.torch.DistributedOptimizer under the equivalent plan; the measured
+iteration times are printed as one JSON line.
+"""
 
 import argparse
 import json

@@ -1,4 +1,8 @@
-"""The wrapper's overhead against PyTorch DDP on the lab: for the plans DDP can express (its buckets, without a hook, with fp16_compress_hook and with powerSGD_hook), the same model and batches trained by DDP and by syncopate.torch under the equivalent plan, interleaved and repeated.
+"""The wrapper's overhead against PyTorch DDP on the lab.
+
+For the plans DDP can express (its buckets, without a hook, with fp16_compress_hook and with
+powerSGD_hook), the same model and batches are trained by DDP and by syncopate.torch under the
+equivalent plan, interleaved and repeated.
 
 Needs root (network namespaces), the release CLI (`cargo build --release`) and the package built
 in release mode into target/pyenv (docs/guide/training.md). Writes

@@ -1,4 +1,8 @@
-"""dgc-accuracy: accuracy of the digits CNN at 4 ranks under fp32, DGC at 0.1 % (momentum correction, warm-up), top-k 1 % with and without error feedback, signSGD, EF-signSGD and PowerSGD rank 4; accuracy against epochs and wall-clock time, final accuracy over seeds.
+"""dgc-accuracy: accuracy of the digits CNN at 4 ranks, uncompressed and under DGC and others.
+
+The runs are fp32, DGC at 0.1 % (momentum correction, warm-up), top-k 1 % with and without error
+feedback, signSGD, EF-signSGD and PowerSGD rank 4; the results are accuracy against epochs and
+wall-clock time, and final accuracy over seeds.
 
     target/pyenv/bin/python experiments/dgc-accuracy/run.py               # everything (about 15 min)
     target/pyenv/bin/python experiments/dgc-accuracy/run.py --report-only # tables and plots from runs/

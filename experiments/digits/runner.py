@@ -1,4 +1,10 @@
-"""What the lab experiments' run.py scripts share: running a command with its output in the error, refusing a debug build of the package, bringing labs up and down, fitting them to gloo and training on them, keeping the median of several profile recordings, the measured iterations of a trace, writing a CSV, and splicing a generated block into a README."""
+"""What the lab experiments' run.py scripts share.
+
+That is running a command with its output in the error, refusing a debug build of the package,
+bringing labs up and down, fitting them to gloo and training on them, keeping the median of several
+profile recordings, the measured iterations of a trace, writing a CSV, and splicing a generated
+block into a README.
+"""
 
 import csv
 import json

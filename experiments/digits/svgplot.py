@@ -1,4 +1,8 @@
-"""A minimal SVG chart writer for the digits experiments (no plotting library is installed): lines or markers per series on linear axes, with ticks, a legend and an optional y = x diagonal."""
+"""A minimal SVG chart writer for the digits experiments (no plotting library is installed).
+
+It draws lines or markers per series on linear axes, with ticks, a legend and an optional y = x
+diagonal.
+"""
 
 import html
 import math

@@ -1,4 +1,7 @@
-"""Trains a small CNN on the vendored handwritten digits (data/digits.csv.gz) with syncopate.torch.DistributedOptimizer under a plan, or serially with plain SGD; logs per-epoch wall time, train loss and test accuracy, and writes the wrapper's trace.
+"""Trains a small CNN on the vendored handwritten digits (data/digits.csv.gz).
+
+It trains with syncopate.torch.DistributedOptimizer under a plan, or serially with plain SGD; logs
+per-epoch wall time, train loss and test accuracy; and writes the wrapper's trace.
 
 Run one process per rank with torchrun's variables (torchrun, or `syncopate lab run`):
 

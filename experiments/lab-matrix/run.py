@@ -1,4 +1,8 @@
-"""lab-matrix: issue 15's lab matrix — the digits CNN trained on 2- and 4-node labs at 1 Gb/s under every strategy uncompressed and under six compressors with Horovod fusion and with a tuned plan, each run checking its first iterations' aggregation; completed or the error, check, accuracy, measured and predicted time per iteration.
+"""lab-matrix: issue 15's lab matrix, the digits CNN trained on 2- and 4-node labs at 1 Gb/s.
+
+It trains under every strategy uncompressed and under six compressors with Horovod fusion and with a
+tuned plan, each run checking its first iterations' aggregation. Per run it reports completed or the
+error, check, accuracy, and measured and predicted time per iteration.
 
     sudo target/pyenv/bin/python experiments/lab-matrix/run.py            # everything (20–26 min)
     target/pyenv/bin/python experiments/lab-matrix/run.py --report-only   # results.csv and README.md from runs/

@@ -1,4 +1,9 @@
-"""lab4-real: the Horovod lab's table for real — the digits CNN trained serially and at 2 and 4 ranks on emulated clusters (syncopate lab) at 1 and 0.2 Gb/s, uncompressed and with fp16, fp8 e4m3 and e5m2 under Horovod-style fusion; time per epoch, time to a target accuracy, final accuracy, and Syncopate's predicted time per iteration beside the measured one.
+"""lab4-real: the Horovod lab's table for real, with the digits CNN on emulated clusters.
+
+The digits CNN is trained serially and at 2 and 4 ranks on emulated clusters (syncopate lab) at 1
+and 0.2 Gb/s, uncompressed and with fp16, fp8 e4m3 and e5m2 under Horovod-style fusion. It reports
+time per epoch, time to a target accuracy, final accuracy, and Syncopate's predicted time per
+iteration beside the measured one.
 
     sudo target/pyenv/bin/python experiments/lab4-real/run.py            # everything (about 25 min)
     target/pyenv/bin/python experiments/lab4-real/run.py --report-only   # tables and plots from runs/

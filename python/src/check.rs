@@ -1,4 +1,6 @@
-//! `check`: every rank's aggregated gradients against exec's reference aggregation of all ranks' compression inputs.
+//! `check`: every rank's aggregated gradients against exec's reference aggregation.
+//!
+//! The reference aggregates all ranks' compression inputs.
 
 use crate::rank::parse_schedule;
 use crate::{exec_error, views, SyncopateError};

@@ -1,4 +1,6 @@
-//! The simulator's launch policy as Python drives it: collectives reported ready, the policy's next launch returned, identically on every rank.
+//! The simulator's launch policy as Python drives it, identically on every rank.
+//!
+//! Collectives are reported ready, and the policy's next launch is returned.
 
 use crate::rank::parse_schedule;
 use crate::{sim_error, SyncopateError};

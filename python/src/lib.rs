@@ -1,4 +1,6 @@
-//! The `syncopate._syncopate` extension: what `syncopate.torch` takes from the Rust crates (lowering, codecs, launch policy, check, trace).
+//! The `syncopate._syncopate` extension: what `syncopate.torch` takes from the Rust crates.
+//!
+//! That is lowering, codecs, launch policy, check and trace.
 
 mod check;
 mod launch;

@@ -1,4 +1,6 @@
-//! One rank's codec state of every piece of a schedule, driven op by op from Python; the transports are torch.distributed's.
+//! One rank's codec state of every piece of a schedule, driven op by op from Python.
+//!
+//! The transports are torch.distributed's.
 
 use crate::{exec_error, sim_error, views, SyncopateError};
 use pyo3::prelude::*;

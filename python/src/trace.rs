@@ -1,4 +1,6 @@
-//! Writes a PyTorch run's step timings as a measured trace, the schema `simulate --trace` and `exec --trace` write.
+//! Writes a PyTorch run's step timings as a measured trace.
+//!
+//! The schema is the one `simulate --trace` and `exec --trace` write.
 
 use crate::rank::parse_schedule;
 use crate::{sim_error, SyncopateError};

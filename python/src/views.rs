@@ -1,4 +1,6 @@
-//! Zero-copy access to the memory behind Python buffers (numpy arrays, and CPU tensors through `Tensor.numpy()`).
+//! Zero-copy access to the memory behind Python buffers.
+//!
+//! That is numpy arrays, and CPU tensors through `Tensor.numpy()`.
 
 use crate::SyncopateError;
 use pyo3::buffer::{Element, PyBuffer};

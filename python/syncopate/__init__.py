@@ -1,4 +1,9 @@
-"""Syncopate from Python: lower a plan for a run's ranks, the Rust codecs, (in `syncopate.torch`) the executor that runs a plan's Schedule inside PyTorch training, and (`python -m syncopate.capture`) the tool that records a model profile."""
+"""Syncopate from Python: plan lowering, the Rust codecs, the executor and the profile capture.
+
+Lower a plan for a run's ranks and use the Rust codecs; `syncopate.torch` has the executor that runs
+a plan's Schedule inside PyTorch training, and `python -m syncopate.capture` is the tool that
+records a model profile.
+"""
 
 from syncopate._syncopate import (
     Checker,

@@ -1,4 +1,7 @@
-"""The exceptions syncopate.torch raises, each naming the plan, tensor, rank or step involved; all derive from SyncopateError."""
+"""The exceptions syncopate.torch raises; all derive from SyncopateError.
+
+Each names the plan, tensor, rank or step involved.
+"""
 
 from syncopate._syncopate import PlanMismatch, SyncopateError
 

@@ -1,4 +1,8 @@
-"""Shared pieces of the Python tests: a small torch model, its profile, plans made by the syncopate CLI, and a launcher of gloo ranks in separate processes."""
+"""Shared pieces of the Python tests: a model, its profile, CLI-made plans and a rank launcher.
+
+The model is a small torch one, the plans are made by the syncopate CLI, and the launcher starts
+gloo ranks in separate processes.
+"""
 
 import json
 import os

@@ -1,4 +1,7 @@
-"""Runs a function on 2 gloo ranks, each a separate process on localhost, and returns what each returned or raises what one raised."""
+"""Runs a function on 2 gloo ranks, each a separate process on localhost.
+
+It returns what each returned or raises what one raised.
+"""
 
 import datetime
 import multiprocessing

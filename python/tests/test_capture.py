@@ -1,4 +1,8 @@
-"""`python -m syncopate.capture` records a user's module (--module) as a profile the CLI accepts, with its batch and thread counts, and rejects bad input with one line and exit 1, 2 or 3."""
+"""`python -m syncopate.capture` records a user's module (--module) as a profile the CLI accepts.
+
+It records the module with its batch and thread counts, and rejects bad input with one line and exit
+1, 2 or 3.
+"""
 
 import json
 import os

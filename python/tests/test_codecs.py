@@ -1,4 +1,8 @@
-"""The zero-copy path (a torch tensor's memory read in place by the Rust codecs) gives the same payload bytes as the Rust codec on a copy, for every compressor of the catalog."""
+"""The zero-copy path gives the payload bytes of the Rust codec on a copy, for every compressor.
+
+The zero-copy path is a torch tensor's memory read in place by the Rust codecs; every compressor of
+the catalog is covered.
+"""
 
 import json
 

@@ -1,4 +1,7 @@
-"""The digits trainer of the experiments (experiments/digits/train.py) trains an epoch at 2 ranks under a plan, and set_epoch runs DGC's per-epoch warm-up."""
+"""The digits trainer of the experiments trains an epoch at 2 ranks under a plan.
+
+The trainer is experiments/digits/train.py, and set_epoch runs DGC's per-epoch warm-up.
+"""
 
 import importlib.util
 import json

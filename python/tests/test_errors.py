@@ -1,4 +1,8 @@
-"""Bad input ends in a Python exception that names it, never a hang: a plan for another model, a world size the plan was not made for, dedicated parameter servers, a non-finite gradient, a peer that dies."""
+"""Bad input ends in a Python exception that names it, never a hang.
+
+The cases are a plan for another model, a world size the plan was not made for, dedicated parameter
+servers, a non-finite gradient, a peer that dies.
+"""
 
 import datetime
 import json

@@ -1,4 +1,8 @@
-"""The lab experiments' reports: ddp-lab's committed tables come back byte for byte from its committed runs and predictions (`run.py --report-only`), and its rank correlation handles ties."""
+"""The lab experiments' reports: ddp-lab's committed tables and its rank correlation.
+
+ddp-lab's committed tables come back byte for byte from its committed runs and predictions
+(`run.py --report-only`), and its rank correlation handles ties.
+"""
 
 import importlib.util
 import shutil

@@ -1,4 +1,9 @@
-"""DGC's momentum correction is the momentum of the parameters it corrects: param_groups gives them momentum 0 and the rest the optimizer's, and an optimizer that adds momentum to a corrected parameter is refused (2 gloo ranks: one rank alone exchanges nothing and corrects nothing)."""
+"""DGC's momentum correction is the momentum of the parameters it corrects.
+
+param_groups gives them momentum 0 and the rest the optimizer's, and an optimizer that adds momentum
+to a corrected parameter is refused (2 gloo ranks: one rank alone exchanges nothing and corrects
+nothing).
+"""
 
 import json
 

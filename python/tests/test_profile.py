@@ -1,4 +1,7 @@
-"""model_profile records a torch module's parameters in gradient-ready order with their timings, as a profile the CLI accepts."""
+"""model_profile records a torch module's parameters in gradient-ready order with their timings.
+
+The result is a profile the CLI accepts.
+"""
 
 import json
 

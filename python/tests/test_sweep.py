@@ -1,4 +1,8 @@
-"""`python -m syncopate.torch.sweep`: every op and size timed on 2 gloo ranks and written as the CSV `collective --compare` reads; bad flags and a missing launcher end in one-line errors."""
+"""`python -m syncopate.torch.sweep`: every op and size timed on 2 gloo ranks.
+
+The result is written as the CSV `collective --compare` reads; bad flags and a missing launcher end
+in one-line errors.
+"""
 
 import csv
 import os

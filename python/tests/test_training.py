@@ -1,4 +1,8 @@
-"""Training under plans of every scheme on 2 gloo ranks: the check passes, every rank ends with the same parameters, and uncompressed plans match single-process training on the averaged gradients."""
+"""Training under plans of every scheme on 2 gloo ranks.
+
+The check passes, every rank ends with the same parameters, and uncompressed plans match
+single-process training on the averaged gradients.
+"""
 
 import json
 

@@ -1,4 +1,7 @@
-"""What each rank of the training tests runs: the tiny model trained under a plan, and the single-process reference it must match."""
+"""What each rank of the training tests runs.
+
+That is the tiny model trained under a plan, and the single-process reference it must match.
+"""
 
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,7 @@
-//! A TCP library's collectives slowed by compute on the same cores: lines through the times of a sweep run alone and of the same sweep run while every rank computes.
+//! A TCP library's collectives slowed by compute on the same cores.
+//!
+//! They are described by lines through the times of a sweep run alone and of the same sweep run
+//! while every rank computes.
 //!
 //! CPU ranks run their collectives on the cores their compute uses (gloo's and MPI's progress
 //! threads, the TCP stack), so a collective beside a backward pass takes longer than the same

@@ -1,4 +1,7 @@
-//! Carries a model profile's compute to another GPU step by step: each step's arithmetic at the ratio of the two devices' peaks at the profile's precision, the rest at the ratio of their memory bandwidths.
+//! Carries a model profile's compute to another GPU step by step.
+//!
+//! Each step's arithmetic scales at the ratio of the two devices' peaks at the profile's precision,
+//! the rest at the ratio of their memory bandwidths.
 
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};

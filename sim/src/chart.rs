@@ -1,4 +1,6 @@
-//! Line-chart data (panels of labelled series) that sweeps and experiments produce and the CLI draws.
+//! Line-chart data that sweeps and experiments produce and the CLI draws.
+//!
+//! The data is panels of labelled series.
 
 /// One line of a panel: (x, y) points in drawing order.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,4 +1,7 @@
-//! nccl-tests-style tables of the collective model: time, algorithm and bus bandwidth per size, alone or next to measurements with the error per GPU count, fitted and held out apart.
+//! nccl-tests-style tables of the collective model: time, algorithm and bus bandwidth per size.
+//!
+//! A table stands alone or next to measurements, with the error per GPU count, fitted and held out
+//! apart.
 
 use crate::calibrate::{self, ErrorRow, ErrorSummary, Measurement};
 use crate::collective::{self, Estimate, Group, Op};

@@ -1,4 +1,7 @@
-//! How much NCCL's kernels slow the compute beside them on one GPU: the SMs their channels hold and the memory bandwidth their traffic takes.
+//! How much NCCL's kernels slow the compute beside them on one GPU.
+//!
+//! The slowdown comes from the SMs their channels hold and the memory bandwidth their traffic
+//! takes.
 
 use crate::carry::arithmetic_fraction;
 use crate::collective::{self, Group, Op};

@@ -1,4 +1,6 @@
-//! The cost pass: how long each step of a schedule takes on a scenario's hardware, from the compute profile, the codec curves and the collective models.
+//! The cost pass: how long each step of a schedule takes on a scenario's hardware.
+//!
+//! It derives this from the compute profile, the codec curves and the collective models.
 
 use crate::collective::{self, Estimate, Group as RankGroup, Links, Naming, Op, ServerLink};
 use crate::compress::{Aggregation, CodecCurves, Memory};

@@ -1,4 +1,6 @@
-//! Device profiles: a GPU's (or CPU's) speed, compression kernel cost curves and contention factors.
+//! Device profiles: a GPU's speed, compression kernel cost curves and contention factors.
+//!
+//! A profile may describe a CPU instead of a GPU.
 
 use crate::compress::why_no_kept_cost;
 use crate::data::{self, DataKind};

@@ -1,4 +1,6 @@
-//! The engine's input: a schedule's K iterations (the Program) with every task's predicted duration from the cost pass.
+//! The engine's input: a schedule's K iterations (the Program) with predicted task durations.
+//!
+//! Every task's predicted duration comes from the cost pass.
 
 use crate::collective::{Estimate, Links};
 use crate::cost::StepCost;

@@ -1,4 +1,6 @@
-//! The launch policy: one state machine that decides which ready collective takes a free communication stream, for the simulator's engine and every executor.
+//! The launch policy: which ready collective takes a free communication stream.
+//!
+//! One state machine decides it, for the simulator's engine and every executor.
 //!
 //! A collective is *ready* once every rank has met its dependencies; under a Horovod cycle it
 //! is *released* at the cycle's next tick, otherwise at once. A runtime's ticks run free on its

@@ -1,4 +1,6 @@
-//! What this build accepts: every time, rate, size and count that enters the simulator is bounded here, so that no arithmetic can overflow, and an input out of range is an error that names its limit.
+//! What this build accepts: every input time, rate, size and count is bounded here.
+//!
+//! Thus no arithmetic can overflow, and an input out of range is an error that names its limit.
 //!
 //! The bounds are far beyond any real training job and small enough that sums over every task
 //! of a run stay within integer nanoseconds (2^64 ns is 584 years).

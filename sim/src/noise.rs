@@ -1,4 +1,6 @@
-//! Seeded noise: per-task lognormal jitter, per-iteration stragglers and a measured skew between ranks, drawn in a fixed order so that the same seed gives the same run.
+//! Seeded noise: per-task lognormal jitter, per-iteration stragglers, measured skew between ranks.
+//!
+//! They are drawn in a fixed order so that the same seed gives the same run.
 
 use crate::engine::Noise;
 use crate::error::{Result, SimError};

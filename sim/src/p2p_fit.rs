@@ -1,4 +1,7 @@
-//! A TCP library's parameter-server costs fitted to a sweep's push-pull rows: what a server pays per message beside the bytes, and how many rounds to different servers the hosts run at once.
+//! A TCP library's parameter-server costs fitted to a sweep's push-pull rows.
+//!
+//! They are what a server pays per message beside the bytes, and how many rounds to different
+//! servers the hosts run at once.
 //!
 //! A parameter server takes its peers' pushes one message at a time and sends its result the
 //! same way. The collective fit's per-call and per-message costs describe a collective's

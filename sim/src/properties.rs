@@ -1,4 +1,6 @@
-//! Property tests of the whole pipeline (lower → unroll → cost → engine) over random small models, plans and worlds.
+//! Property tests of the whole pipeline over random small models, plans and worlds.
+//!
+//! The pipeline is lower → unroll → cost → engine.
 
 use crate::collective::Naming;
 use crate::compress::{Compressor, Memory};

@@ -1,4 +1,7 @@
-//! Fits a TCP library's (MPI's or gloo's) per-rank host cap and fixed costs to measured collective times, scored by the simulator's own cost model of that library.
+//! Fits a TCP library's (MPI's or gloo's) per-rank host cap and fixed costs to measured times.
+//!
+//! The times are of collectives, and the fit is scored by the simulator's own cost model of that
+//! library.
 //!
 //! Each parameter comes from the sizes that determine it: the cap from the messages of at
 //! least [`RATE_REGIME_BYTES`] (each weighed by its time), then the fixed costs over every size

@@ -1,4 +1,6 @@
-//! Prediction-vs-measurement statistics: a simulated and a measured run of one schedule compared, in total and per task.
+//! Prediction-vs-measurement statistics of one schedule, in total and per task.
+//!
+//! A simulated and a measured run of the schedule are compared.
 
 use crate::real_run;
 use crate::scenario::Scenario;

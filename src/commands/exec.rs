@@ -1,4 +1,6 @@
-//! `syncopate exec`: runs a plan for real on a backend, optionally checks the aggregated gradients, and writes the measured trace.
+//! `syncopate exec`: runs a plan for real on a backend and writes the measured trace.
+//!
+//! It optionally checks the aggregated gradients.
 
 use crate::cli::{ExecArgs, ExecBackend, Format, RunArgs, RunClusterArgs};
 use anyhow::Context;

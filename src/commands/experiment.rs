@@ -1,4 +1,7 @@
-//! `syncopate experiment run DIR`: runs DIR/spec.json, then writes results.csv, against-paper.csv when it has published numbers, the calibrated inputs, the SVG plots and the README's results table.
+//! `syncopate experiment run DIR`: runs DIR/spec.json, then writes its results.
+//!
+//! It writes results.csv, against-paper.csv when it has published numbers, the calibrated inputs,
+//! the SVG plots and the README's results table.
 
 use crate::cli::ExperimentRunArgs;
 use crate::plot;

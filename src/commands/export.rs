@@ -1,4 +1,6 @@
-//! `syncopate export`: a plan's nearest DDP or Horovod settings, in the file that framework reads, priced as it runs them.
+//! `syncopate export`: a plan's nearest DDP or Horovod settings, priced as the framework runs them.
+//!
+//! The settings are written in the file that framework reads.
 
 use super::ms;
 use crate::cli::{ExportArgs, Format};

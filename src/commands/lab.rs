@@ -1,4 +1,7 @@
-//! `syncopate lab`: make, run on, describe and remove an emulated cluster (namespaces, shaped veths), measure it into a cluster file, and the hidden probes that run inside it.
+//! `syncopate lab`: make, run on, describe, measure and remove an emulated cluster.
+//!
+//! The cluster is namespaces with shaped veths, measured into a cluster file; the hidden probes run
+//! inside it.
 
 use super::print_json;
 use crate::cli::{Format, LabCommand, LabProbeCommand, LabRunArgs, LabStatusArgs, LabUpArgs};

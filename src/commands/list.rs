@@ -1,4 +1,6 @@
-//! `syncopate list`: what a user can name on the command line, and the model profiles' FLOP/s check.
+//! `syncopate list`: what a user can name on the command line, and the model FLOP/s check.
+//!
+//! The FLOP/s check is of the model profiles.
 
 use crate::cli::ListWhat;
 use anyhow::bail;

@@ -1,4 +1,6 @@
-//! `syncopate profile`: measures this machine into a device profile (and, for the host's thread-ranks or the GPUs' NCCL allreduce, a cluster) the simulator can use.
+//! `syncopate profile`: measures this machine into a device profile the simulator can use.
+//!
+//! For the host's thread-ranks or the GPUs' NCCL allreduce, it also measures a cluster.
 
 use super::write_json;
 use crate::cli::{ProfileArgs, ProfileBackend};

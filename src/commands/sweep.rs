@@ -1,4 +1,6 @@
-//! `syncopate sweep`: a grid of GPU counts × bandwidths × strategies × compressors, as a table, CSV and SVG.
+//! `syncopate sweep`: a grid of GPU counts × bandwidths × strategies × compressors.
+//!
+//! The output is a table, CSV and SVG.
 
 use crate::cli::SweepArgs;
 use crate::plot;

@@ -1,4 +1,6 @@
-//! `syncopate validate`: runs a plan for real and simulates the same scenario with this machine's profiles, then reports predicted vs measured.
+//! `syncopate validate`: runs a plan for real and simulates it, then reports predicted vs measured.
+//!
+//! The simulation is of the same scenario with this machine's profiles.
 
 use super::exec::Chosen;
 use crate::cli::{Format, RunClusterArgs, ValidateArgs};

@@ -1,4 +1,6 @@
-//! Bit packing: 1-bit and 2-bit codes (LSB first within each byte) and a b-bit little-endian stream.
+//! Bit packing: 1-bit and 2-bit codes and a b-bit little-endian stream.
+//!
+//! The 1-bit and 2-bit codes are packed LSB first within each byte.
 
 /// Packs one bit per element, element i at bit i % 8 of byte i / 8. `bit` must return 0 or 1.
 /// `dst` holds exactly ceil(src.len() / 8) bytes.

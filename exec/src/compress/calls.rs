@@ -1,4 +1,6 @@
-//! A fused buffer compressed tensor by tensor: one codec per tensor, their payloads one after another (a plan's `codec_calls: tensor`).
+//! A fused buffer compressed tensor by tensor: one codec per tensor, their payloads in sequence.
+//!
+//! The payloads follow one after another; this is a plan's `codec_calls: tensor`.
 //!
 //! Horovod's `Compression`, GRACE and MergeComp's layer-wise baseline compress each gradient
 //! before the fused collective carries it. Every call's payload keeps its own format and

@@ -1,4 +1,6 @@
-//! fp16 conversions with x86's F16C instructions, giving the bytes and sums of `minifloat`'s integer arithmetic at a third of its time.
+//! fp16 conversions with x86's F16C instructions.
+//!
+//! They give the bytes and sums of `minifloat`'s integer arithmetic at a third of its time.
 //!
 //! `vcvtps2ph` rounds to nearest even as `minifloat::f32_to_f16` does, but overflows to
 //! infinity where the codec saturates, so inputs are clamped to ±65504 first (a value between

@@ -1,4 +1,7 @@
-//! Error-feedback memories: residual, DGC momentum correction with masking, EF-SignSGD's learning-rate-scaled residual.
+//! Error-feedback memories: residual, DGC momentum correction, EF-SignSGD's scaled residual.
+//!
+//! DGC's momentum correction comes with masking; EF-SignSGD's residual is scaled by the learning
+//! rate.
 //!
 //! A step is `compensate(g) → p`, compress p, `update(p, transmitted)` where `transmitted` is
 //! this worker's own decoded payload; what was not transmitted is kept for the next step.

@@ -1,4 +1,6 @@
-//! CPU gradient-compression kernels behind one `Codec` trait, built by the family the simulator's compressor catalog names.
+//! CPU gradient-compression kernels behind one `Codec` trait.
+//!
+//! Each is built by the family the simulator's compressor catalog names.
 //!
 //! One file per family (`cast`, `sparse`, `sampled`, `quantize`, `sign`, `powersgd`), whose
 //! `codec` handles its members: a new compressor of an existing family touches only that file.

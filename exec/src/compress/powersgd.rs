@@ -1,4 +1,6 @@
-//! PowerSGD: rank-r approximation P = MQ, Gram–Schmidt on the reduced P, Q = MᵀP, warm-started Q, 1-D tensors raw.
+//! PowerSGD: rank-r approximation P = MQ, Gram–Schmidt on the reduced P, Q = MᵀP.
+//!
+//! Q is warm-started; 1-D tensors are sent raw.
 //!
 //! Wire format, two allreduce rounds of f32 arrays over the group's tensors in order: round 1
 //! holds each low-rank matrix's P (rows × r, row-major) or a raw tensor's values; round 2 holds

@@ -1,4 +1,7 @@
-//! Quantizers: QSGD (stochastic levels), TernGrad (stochastic ternary), natural compression (stochastic powers of two), TBQ (fixed two-bit).
+//! Quantizers: QSGD, TernGrad, natural compression, TBQ.
+//!
+//! QSGD uses stochastic levels, TernGrad stochastic ternary codes, natural compression stochastic
+//! powers of two, and TBQ fixed two-bit codes.
 //!
 //! Wire formats: `qsgd` f32 L2 norm, then n codes of b = bits(2s) bits holding level + s;
 //! `terngrad` f32 max|x| then 2-bit codes (0 → 0, 1 → +max, 2 → −max); `tbq` 2-bit codes only

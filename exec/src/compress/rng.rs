@@ -1,4 +1,6 @@
-//! A small portable RNG (SplitMix64 seeding, xoshiro256++ stream): the same seed gives the same payload bytes everywhere.
+//! A small portable RNG: the same seed gives the same payload bytes everywhere.
+//!
+//! SplitMix64 seeds a xoshiro256++ stream.
 
 /// xoshiro256++ (Blackman & Vigna): fast, statistically strong, and trivially portable, so a
 /// payload does not depend on the version of an external crate.

@@ -1,4 +1,6 @@
-//! Sampled-threshold sparsifiers: DGC (strided 1% sample, adapted to ±20% of k) and GradDrop (random 0.1% sample).
+//! Sampled-threshold sparsifiers: DGC and GradDrop.
+//!
+//! DGC takes a strided 1% sample, adapted to ±20% of k; GradDrop a random 0.1% sample.
 //!
 //! Wire format (both): u32 count c ≤ k, then k u32 index slots, then k f32 value slots; slots
 //! from c on are zero. A fixed size keeps the allgather uniform across workers, as DGC's

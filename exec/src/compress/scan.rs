@@ -1,4 +1,6 @@
-//! Chunked scans shared by the kernels: finiteness checks (naming the bad index) and the reductions scales need.
+//! Chunked scans shared by the kernels: finiteness checks and the reductions scales need.
+//!
+//! A finiteness check names the bad index.
 
 use crate::error::{ExecError, Result};
 

@@ -1,4 +1,7 @@
-//! The sign family: signSGD, EF-SignSGD (mean-|x| scale), Signum (sign of momentum), 1-bit SGD (two per-sign means).
+//! The sign family: signSGD, EF-SignSGD, Signum, 1-bit SGD.
+//!
+//! EF-SignSGD has a mean-|x| scale, Signum takes the sign of momentum, and 1-bit SGD has two
+//! per-sign means.
 //!
 //! Wire formats: one bit per element (1 = negative, element i at bit i % 8 of byte i / 8),
 //! preceded by `efsignsgd`'s f32 mean |x| or `onebit`'s f32 mean of the non-negative elements

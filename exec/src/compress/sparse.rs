@@ -1,4 +1,6 @@
-//! Sparsifiers with exact counts or exact thresholds: top-k (radix selection), shared-seed random-k, fixed threshold.
+//! Sparsifiers with exact counts or exact thresholds: top-k, shared-seed random-k, threshold.
+//!
+//! Top-k uses radix selection; the threshold is fixed.
 //!
 //! Wire formats: `topk` k × u32 indices then k × f32 values (ascending indices); `randomk`
 //! k × f32 values scaled by n/k, indices regenerated from the shared seed and step; `threshold`

@@ -1,4 +1,8 @@
-//! Measuring the lab-validation experiment: for each lab of the spec, bring it up and measure it into a cluster file, then run every strategy × compressor over the MPI backend, repeats interleaved, and record the measured iterations in `measurements.json`.
+//! Measuring the lab-validation experiment into `measurements.json`.
+//!
+//! For each lab of the spec: bring it up and measure it into a cluster file, then run every
+//! strategy × compressor over the MPI backend, repeats interleaved, and record the measured
+//! iterations in `measurements.json`.
 
 use super::fit;
 use super::measure::{ContentionPoint, Pace, SelfExe};

@@ -1,4 +1,8 @@
-//! A cluster file for a lab, fitted to what was measured on it: the shaped rate and TCP efficiency from the goodput probe, the hop latency from the round trip, MPI's host cap and per-message overhead from the allreduce sweep (`syncopate_sim::tcp_fit`), both sweeps kept as measured times, and the contention of its ranks.
+//! A cluster file for a lab, fitted to what was measured on it.
+//!
+//! It holds the shaped rate and TCP efficiency from the goodput probe, the hop latency from the
+//! round trip, MPI's host cap and per-message overhead from the allreduce sweep
+//! (`syncopate_sim::tcp_fit`), both sweeps kept as measured times, and the contention of its ranks.
 
 use super::measure::{CollectivePoint, ContentionPoint, NetworkProbe};
 use super::state::LabState;

@@ -1,4 +1,7 @@
-//! Measurements of a lab's network over real sockets between its namespaces: single-stream TCP goodput, small-message round trip, the time of messages around the shaper's burst, and the MPI collective sweeps (allreduce, the backend's allgather).
+//! Measurements of a lab's network over real sockets between its namespaces.
+//!
+//! They cover single-stream TCP goodput, small-message round trip, the time of messages around the
+//! shaper's burst, and the MPI collective sweeps (allreduce, the backend's allgather).
 //!
 //! The probes run as hidden subcommands of the `syncopate` binary itself (`lab probe …`),
 //! started inside the namespaces with `ip netns exec`; every socket wait has a timeout and the

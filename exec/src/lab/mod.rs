@@ -1,4 +1,6 @@
-//! `syncopate lab`: an emulated cluster on one machine — network namespaces on a bridge with shaped veth links — made, described, run on, measured and removed.
+//! `syncopate lab`: an emulated cluster on one machine, made, described, run on, measured, removed.
+//!
+//! The cluster is network namespaces on a bridge with shaped veth links.
 //!
 //! ```text
 //!   root namespace: bridge NAME-br (198.18.X.254/24, where mpirun's PMIx server listens)

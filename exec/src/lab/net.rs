@@ -1,4 +1,7 @@
-//! A lab's network made with `ip`: a bridge in the root namespace, one namespace per node joined to it by a veth pair, addresses on the lab's /24; and the removal of each of these.
+//! A lab's network made with `ip`, and the removal of each of its parts.
+//!
+//! It consists of a bridge in the root namespace, one namespace per node joined to it by a veth
+//! pair, and addresses on the lab's /24.
 
 use super::state::{Created, LabState};
 use super::tool;

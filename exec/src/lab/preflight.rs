@@ -1,4 +1,7 @@
-//! Checks a lab needs before it touches the kernel: root, network-namespace support, the `ip`, `tc`, `taskset` and `mpirun` tools, and which CPUs this process may use.
+//! Checks a lab needs before it touches the kernel: root, namespaces, tools and usable CPUs.
+//!
+//! Namely root, network-namespace support, the `ip`, `tc`, `taskset` and `mpirun` tools, and which
+//! CPUs this process may use.
 
 use super::tool;
 use crate::error::{ExecError, Result};

@@ -1,4 +1,7 @@
-//! `lab run`: launches a command once per rank inside the lab's namespaces — directly with torchrun's variables, or through `mpirun` in MPMD form — forwards or captures their output, and returns the first failure, every wait bounded.
+//! `lab run`: launches a command once per rank inside the lab's namespaces.
+//!
+//! A rank is launched directly with torchrun's variables, or through `mpirun` in MPMD form; the
+//! ranks' output is forwarded or captured, and the first failure is returned, every wait bounded.
 
 use super::net;
 use super::state::LabState;

@@ -1,4 +1,7 @@
-//! Link shaping with `tc`: an HTB class with rate = ceil and an explicit burst over a pfifo leaf (or a netem delay where the kernel has netem), the probe for netem, and the qdisc counters.
+//! Link shaping with `tc`: an HTB class, the probe for netem, and the qdisc counters.
+//!
+//! The HTB class has rate = ceil and an explicit burst, over a pfifo leaf (or a netem delay where
+//! the kernel has netem).
 
 use super::state::{Created, LabState};
 use super::tool;

@@ -1,4 +1,6 @@
-//! Ctrl-C and SIGTERM during a lab command: a flag the command's bounded loops poll, so that it stops its ranks and leaves the lab as it was instead of dying halfway.
+//! Ctrl-C and SIGTERM during a lab command: a flag the command's bounded loops poll.
+//!
+//! On it, the command stops its ranks and leaves the lab as it was instead of dying halfway.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,4 +1,7 @@
-//! The on-disk record of a lab (`/run/syncopate/lab-NAME.json`): what it is meant to be and every object created so far, written as each is created so that `lab down` can remove a half-made lab.
+//! The on-disk record of a lab: what it is meant to be and every object created so far.
+//!
+//! It lives at `/run/syncopate/lab-NAME.json` and is written as each object is created, so that
+//! `lab down` can remove a half-made lab.
 
 use crate::error::{ExecError, Result};
 use serde::{Deserialize, Serialize};

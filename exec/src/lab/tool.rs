@@ -1,4 +1,6 @@
-//! Runs the external tools a lab is made with (`ip`, `tc`, `taskset`): every wait bounded in time, the exit status checked, stderr reported.
+//! Runs the external tools a lab is made with (`ip`, `tc`, `taskset`).
+//!
+//! Every wait is bounded in time, the exit status checked and stderr reported.
 
 use crate::error::{ExecError, Result};
 use std::io::Read;

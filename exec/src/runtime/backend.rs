@@ -1,4 +1,7 @@
-//! The backend trait: the few primitives in which the host, MPI and CUDA backends really differ (compute, timing, the codec ops on a piece's buffers, a round's exchange); everything else is shared.
+//! The backend trait: the few primitives in which the host, MPI and CUDA backends really differ.
+//!
+//! These are compute, timing, the codec ops on a piece's buffers and a round's exchange; everything
+//! else is shared.
 
 use crate::error::Result;
 

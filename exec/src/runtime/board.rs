@@ -1,4 +1,6 @@
-//! The launch board: the launch policy's decisions shared by the ranks of a process, so every rank issues the same collectives in the same order, as Horovod's coordinator does.
+//! The launch board: the launch policy's decisions shared by the ranks of a process.
+//!
+//! Every rank thus issues the same collectives in the same order, as Horovod's coordinator does.
 //!
 //! A collective is ready once every rank driven here has met its dependencies; the policy
 //! (`syncopate_sim::launch`, the simulator's own) then decides on wall-clock time. Each decision

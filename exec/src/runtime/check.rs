@@ -1,4 +1,7 @@
-//! `--check`: compares every rank's aggregated gradient with the compressor's CPU reference aggregation of all ranks' inputs, and with their exact sum.
+//! `--check`: compares every rank's aggregated gradient with the CPU reference and the exact sum.
+//!
+//! The reference is the compressor's CPU reference aggregation of all ranks' inputs; the exact sum
+//! is of the same inputs.
 //!
 //! The reference replays the same codecs (same seeds, so the same stochastic choices and state)
 //! on every rank's compression input, centrally and in rank order. A transport bug (a lost or

@@ -1,4 +1,8 @@
-//! HiPress's CaSync-Ring on one rank: each hop of the reduce-scatter decodes the incoming compressed shard, adds this rank's own shard and re-encodes the sum; the summed shards then go round compressed and every rank decodes them. Error feedback keeps what each of this rank's encodings lost.
+//! HiPress's CaSync-Ring on one rank: a ring allreduce over compressed shards.
+//!
+//! Each hop of the reduce-scatter decodes the incoming compressed shard, adds this rank's own shard
+//! and re-encodes the sum; the summed shards then go round compressed and every rank decodes them.
+//! Error feedback keeps what each of this rank's encodings lost.
 //!
 //! A rank encodes each shard exactly once per step: its own shard at the piece's encode step
 //! and every other shard at its hop, as `cost.rs` prices it (an encode of one shard, then

@@ -1,4 +1,7 @@
-//! The control plane of a multi-process launch: the rendezvous connections stay open as a star through rank 0, so that a rank that dies, goes silent or fails is named on every other rank within a bounded time.
+//! The control plane of a multi-process launch: the rendezvous connections kept open as a star.
+//!
+//! The star runs through rank 0, so that a rank that dies, goes silent or fails is named on every
+//! other rank within a bounded time.
 //!
 //! Frames: a tag byte, the rank the frame is about (u32 LE), a body length (u32 LE) and a UTF-8
 //! body. Both ends of every connection send heartbeats; a connection that closes, or stays

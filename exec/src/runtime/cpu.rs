@@ -1,4 +1,7 @@
-//! The CPU backends' shared core: a rank's buffers and codecs, compute as a calibrated busy loop, and the synchronization primitives on the real CPU kernels, over any transport with the collectives of [`Collectives`] (in-process channels or MPI).
+//! The CPU backends' shared core, over any transport with the collectives of [`Collectives`].
+//!
+//! It holds a rank's buffers and codecs, compute as a calibrated busy loop, and the synchronization
+//! primitives on the real CPU kernels; the transport is in-process channels or MPI.
 
 use super::backend::{Backend, Lane};
 use super::piece_state::PieceState;

@@ -1,4 +1,7 @@
-//! The per-rank threads of every real backend: compute tasks in program order, compression tasks from the rank's FIFO queue, each comm stream's collectives in the launch board's order; the first failure stops them all.
+//! The per-rank threads of every real backend; the first failure stops them all.
+//!
+//! Compute tasks run in program order, compression tasks from the rank's FIFO queue, and each comm
+//! stream's collectives in the launch board's order.
 
 use super::backend::{Backend, Lane};
 use super::board::Board;

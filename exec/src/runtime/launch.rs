@@ -1,4 +1,6 @@
-//! Who this process is in a multi-process launch: rank, world size, local rank and the rendezvous address, from torchrun, Open MPI or Slurm variables.
+//! Who this process is in a multi-process launch, from torchrun, Open MPI or Slurm variables.
+//!
+//! That is its rank, world size, local rank and the rendezvous address.
 
 use crate::error::{ExecError, Result};
 

@@ -1,4 +1,6 @@
-//! Real execution of a plan: the backends (host threads, MPI processes, CUDA/NCCL), what they share, and the measured run they return.
+//! Real execution of a plan: the backends, what they share, and the measured run they return.
+//!
+//! The backends are host threads, MPI processes and CUDA/NCCL.
 //!
 //! Every backend runs the plan's lowered `Schedule` (`syncopate_sim::schedule`), unrolled
 //! into the same `Program` the simulator prices, task by task, and times every task, so a

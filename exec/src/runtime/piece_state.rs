@@ -1,4 +1,6 @@
-//! One rank's CPU codec state of one piece and the synchronization primitives on it, shared by the CPU backends and the Python extension.
+//! One rank's CPU codec state of one piece and the synchronization primitives on it.
+//!
+//! It is shared by the CPU backends and the Python extension.
 
 use super::compressed_ring::{Phase, Shards};
 use super::pieces;

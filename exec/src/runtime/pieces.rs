@@ -1,4 +1,7 @@
-//! What every backend derives from a schedule's pieces in the same way: codecs and their seeds, memories, parameter-server ranks, and the seeded synthetic gradients.
+//! What every backend derives from a schedule's pieces in the same way.
+//!
+//! That is codecs and their seeds, memories, parameter-server ranks, and the seeded synthetic
+//! gradients.
 
 use crate::compress::calls::PerTensor;
 use crate::compress::{codec_for, codec_for_shapes, rng::Rng, Codec, MemoryState};

@@ -1,4 +1,7 @@
-//! Parameter-server push/pull over any transport of whole messages, as BytePS runs a key: every worker pushes its payload to the server rank, which decodes them in rank order, re-encodes the sum and sends it back to every worker.
+//! Parameter-server push/pull over any transport of whole messages, as BytePS runs a key.
+//!
+//! Every worker pushes its payload to the server rank, which decodes them in rank order, re-encodes
+//! the sum and sends it back to every worker.
 
 use crate::compress::Codec;
 use crate::error::{ExecError, Result};

@@ -1,4 +1,6 @@
-//! TCP rendezvous of a multi-process launch: rank 0 collects every other rank and hands them a payload (the NCCL unique id), within a bounded time.
+//! TCP rendezvous of a multi-process launch, within a bounded time.
+//!
+//! Rank 0 collects every other rank and hands them a payload (the NCCL unique id).
 //!
 //! Protocol: a rank connects to rank 0 and sends `MAGIC`, its rank and the world size (u32 LE
 //! each). Once all ranks arrived, rank 0 answers each with status 0, a u32 length and the

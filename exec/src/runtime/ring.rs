@@ -1,4 +1,8 @@
-//! Ring collectives over any point-to-point transport and any ordered subset of the ranks: the reduce-scatter and all-gather halves of a ring allreduce, and the hierarchical allreduce built from them (reduce-scatter inside each node, allreduce across nodes, all-gather inside), as `cost.rs` prices them.
+//! Ring collectives over any point-to-point transport and any ordered subset of the ranks.
+//!
+//! They are the reduce-scatter and all-gather halves of a ring allreduce, and the hierarchical
+//! allreduce built from them (reduce-scatter inside each node, allreduce across nodes, all-gather
+//! inside), as `cost.rs` prices them.
 
 use crate::compress::Codec;
 use crate::error::Result;

@@ -1,4 +1,6 @@
-//! The synchronization sequence: a step's ops, in the schedule's order, on its piece, through the backend's primitives; written once for every backend.
+//! The synchronization sequence, written once for every backend.
+//!
+//! A step's ops run in the schedule's order, on its piece, through the backend's primitives.
 
 use super::backend::{Backend, Lane};
 use super::Job;

@@ -1,4 +1,7 @@
-//! The one bounded wait of the executors: until something is found, the deadline passes or another rank aborts the run, waking at least every poll interval to look at the abort flag.
+//! The one bounded wait of the executors.
+//!
+//! It waits until something is found, the deadline passes or another rank aborts the run, waking at
+//! least every poll interval to look at the abort flag.
 
 use crate::error::{ExecError, Result};
 use std::sync::atomic::{AtomicBool, Ordering};

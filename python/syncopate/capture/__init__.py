@@ -1,4 +1,8 @@
-"""`python -m syncopate.capture`: records a model profile of a torchvision, Hugging Face or user-supplied model with syncopate.torch.model_profile's hooks, on one GPU or the CPU."""
+"""`python -m syncopate.capture`: records a model profile, on one GPU or the CPU.
+
+The model is a torchvision, Hugging Face or user-supplied one, recorded with
+syncopate.torch.model_profile's hooks.
+"""
 
 import json
 import os

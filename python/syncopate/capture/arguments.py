@@ -1,4 +1,8 @@
-"""The command line of `python -m syncopate.capture`: which model, its input, the measurement and the output; out-of-range numbers are usage errors (exit 2) naming the flag."""
+"""The command line of `python -m syncopate.capture`: model, input, measurement and output.
+
+It says which model, its input, the measurement and the output; out-of-range numbers are usage
+errors (exit 2) naming the flag.
+"""
 
 import argparse
 import re

@@ -1,4 +1,7 @@
-"""The one exception `python -m syncopate.capture` reports: a message naming the flag or value at fault, and the exit code (1 error, 3 needs a GPU)."""
+"""The one exception `python -m syncopate.capture` reports.
+
+It carries a message naming the flag or value at fault, and the exit code (1 error, 3 needs a GPU).
+"""
 
 
 class CaptureError(Exception):

@@ -1,4 +1,8 @@
-"""What `python -m syncopate.capture` trains: a torchvision model on random images, a Hugging Face model on random tokens, or the user's own module from a factory, each with one fixed batch."""
+"""What `python -m syncopate.capture` trains, each with one fixed batch.
+
+That is a torchvision model on random images, a Hugging Face model on random tokens, or the user's
+own module from a factory.
+"""
 
 import dataclasses
 import difflib

@@ -1,4 +1,8 @@
-"""`check`: on the first iterations every rank's compression inputs and aggregated results are all-gathered and compared with exec's reference aggregation (the same codecs and seeds); a mismatch raises CheckFailed."""
+"""`check`: on the first iterations, every rank's results against exec's reference aggregation.
+
+Every rank's compression inputs and aggregated results are all-gathered and compared with exec's
+reference aggregation (the same codecs and seeds); a mismatch raises CheckFailed.
+"""
 
 import json
 

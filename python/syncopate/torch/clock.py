@@ -1,4 +1,7 @@
-"""The clocks a model profile is timed with: perf_counter on the CPU, CUDA events on a GPU, behind one mark / sync / elapsed interface."""
+"""The clocks a model profile is timed with, behind one mark / sync / elapsed interface.
+
+They are perf_counter on the CPU and CUDA events on a GPU.
+"""
 
 import time
 

@@ -1,4 +1,7 @@
-"""A rank's codec ops on the Rust state, with each payload written where its allreduce sends it and decoded where it arrives, so a step passes over the gradients as few times as DDP does."""
+"""A rank's codec ops on the Rust state, passing over the gradients as few times as DDP does.
+
+Each payload is written where its allreduce sends it and decoded where it arrives.
+"""
 
 import torch
 

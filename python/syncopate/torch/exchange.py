@@ -1,4 +1,8 @@
-"""One round's exchange of a piece's payload over torch.distributed: started asynchronously, finished later into the rank's codec state (or, for an allreduce, left in its buffer for the decode to read)."""
+"""One round's exchange of a piece's payload over torch.distributed.
+
+It is started asynchronously and finished later into the rank's codec state (or, for an allreduce,
+left in its buffer for the decode to read).
+"""
 
 import torch
 import torch.distributed as dist

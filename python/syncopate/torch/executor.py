@@ -1,4 +1,9 @@
-"""Runs one rank's part of a lowered Schedule during PyTorch training: steps released by their dependencies, codec ops on the Rust state, and one thread per communication stream that takes the launch policy's next collective, launches it and finishes it (Horovod's background thread), so the backward pass never waits for the network."""
+"""Runs one rank's part of a lowered Schedule during PyTorch training.
+
+Steps are released by their dependencies, codec ops run on the Rust state, and one thread per
+communication stream takes the launch policy's next collective, launches it and finishes it
+(Horovod's background thread), so the backward pass never waits for the network.
+"""
 
 import atexit
 import json

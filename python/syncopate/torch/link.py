@@ -1,4 +1,8 @@
-"""This rank's end of torch.distributed: launches that remember their tensors, bounded waits, the exchanges' kept buffers, and an exit that lets gloo's workers let go first."""
+"""This rank's end of torch.distributed.
+
+It has launches that remember their tensors, bounded waits, the exchanges' kept buffers, and an exit
+that lets gloo's workers let go first.
+"""
 
 import atexit
 import datetime

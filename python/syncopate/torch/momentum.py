@@ -1,4 +1,7 @@
-"""DGC's momentum correction is the momentum of the tensors it corrects: which parameters a plan corrects, optimizer groups that keep the others' momentum, and a check that no parameter gets momentum twice.
+"""DGC's momentum correction is the momentum of the tensors it corrects.
+
+This module says which parameters a plan corrects, builds optimizer groups that keep the others'
+momentum, and checks that no parameter gets momentum twice.
 
 DGC's memory accumulates u ← m·u + g and sends from v ← v + u, so the optimizer must not add
 momentum to those parameters again (DGC's own DGCSGD skips them). A plan may leave groups

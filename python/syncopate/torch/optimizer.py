@@ -1,4 +1,7 @@
-"""DistributedOptimizer: wraps a torch optimizer so that a plan's lowered Schedule synchronizes the gradients (Horovod/DeAR style: hooks, async collectives, updates)."""
+"""DistributedOptimizer: wraps a torch optimizer so that a plan's Schedule synchronizes gradients.
+
+The Schedule is the plan's lowered one, run Horovod/DeAR style: hooks, async collectives, updates.
+"""
 
 import functools
 import json

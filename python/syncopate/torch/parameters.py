@@ -1,4 +1,8 @@
-"""Matches a torch module's parameters with the tensors of the model profile a plan was made for, by name and size; a mismatch raises PlanMismatch naming the tensor."""
+"""Matches a torch module's parameters with the tensors of a plan's model profile.
+
+The match is by name and size, against the profile the plan was made for; a mismatch raises
+PlanMismatch naming the tensor.
+"""
 
 import torch
 

@@ -1,4 +1,8 @@
-"""model_profile: a Syncopate model profile (profiles/models/*.json schema) recorded from a real torch module with post-accumulate-grad and forward hooks, timed on its parameters' device."""
+"""model_profile: a Syncopate model profile recorded from a real torch module.
+
+The profile follows the profiles/models/*.json schema; it is recorded with post-accumulate-grad and
+forward hooks and timed on its parameters' device.
+"""
 
 import math
 import statistics

@@ -1,4 +1,7 @@
-"""A lowered Schedule (JSON from Rust) read into the indices the executor walks: steps, successors, pieces, groups; nothing here decides what a plan means."""
+"""A lowered Schedule (JSON from Rust) read into the indices the executor walks.
+
+The indices are steps, successors, pieces and groups; nothing here decides what a plan means.
+"""
 
 SYNC_STREAMS = ("codec", "cpu")
 

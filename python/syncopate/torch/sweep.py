@@ -1,4 +1,7 @@
-"""A collective sweep over torch.distributed (gloo on CPU), launched and waited as the wrapper does (and the wrapper's parameter-server push-pull), written as the CSV that `syncopate collective --compare/--fit-out` reads.
+"""A collective sweep over torch.distributed (gloo on CPU), launched and waited as the wrapper does.
+
+It includes the wrapper's parameter-server push-pull, and is written as the CSV that
+`syncopate collective --compare/--fit-out` reads.
 
 Run one process per rank with torchrun's variables set (`syncopate lab run -- python -m
 syncopate.torch.sweep --out sweep.csv`, or torchrun). Each size is timed `--iterations` times

@@ -1,4 +1,8 @@
-"""Per-step timings of a PyTorch run, written as the measured trace `exec --trace` writes (same schema and task names), with exec's summary (computed by the same Rust code) as its otherData."""
+"""Per-step timings of a PyTorch run, written as the measured trace `exec --trace` writes.
+
+It has the same schema and task names, with exec's summary (computed by the same Rust code) as its
+otherData.
+"""
 
 import json
 import time

@@ -1,4 +1,6 @@
-//! Fitting an NCCL cluster's physical parameters to measurements, and reporting what the data could not determine or pushed against a bound.
+//! Fitting an NCCL cluster's physical parameters to measurements, and reporting the fit's limits.
+//!
+//! The report names what the data could not determine or pushed against a bound.
 
 use super::{error_table, group_for, predict, Measurement};
 use crate::collective::nccl_tree_latency;

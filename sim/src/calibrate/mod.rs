@@ -1,4 +1,4 @@
-//! nccl-tests measurements: reading them, predicting them, their errors, and which of them a fit may use.
+//! nccl-tests measurements: reading and predicting them, their errors, and which a fit may use.
 
 mod fit;
 

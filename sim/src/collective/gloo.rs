@@ -1,4 +1,7 @@
-//! Gloo over TCP (torch.distributed on CPUs, as `syncopate.torch` calls it): the algorithms gloo runs, priced with the TCP library's Hockney terms and a fixed cost per call.
+//! Gloo over TCP: the algorithms gloo runs, priced with the TCP library's Hockney terms.
+//!
+//! Gloo is reached through torch.distributed on CPUs, as `syncopate.torch` calls it; the pricing
+//! adds a fixed cost per call.
 //!
 //! torch's ProcessGroupGloo runs `gloo::allreduce` with its default ring: the buffer is cut
 //! into segments of at most 1 MiB, at least two per rank and a whole number per rank, one

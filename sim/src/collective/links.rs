@@ -1,4 +1,6 @@
-//! Which network links a collective keeps busy, and how much slower concurrent collectives run when they share those links.
+//! Which network links a collective keeps busy.
+//!
+//! It also says how much slower concurrent collectives run when they share those links.
 
 /// A parameter server's link: a worker node's own, or a dedicated server machine's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

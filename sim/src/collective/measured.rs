@@ -1,4 +1,7 @@
-//! Collective times measured on a cluster (a lab's sweep), standing in for the cost model where the conditions match the measurement's: same operation, ranks, nodes and link rate.
+//! Collective times measured on a cluster (a lab's sweep), standing in for the cost model.
+//!
+//! They stand in where the conditions match the measurement's: same operation, ranks, nodes and
+//! link rate.
 //!
 //! A TCP library's cost model follows Hockney's α–β terms, and a lab's sweep has regimes those
 //! terms cannot follow (on 4 nodes sharing 2 cores, allreduces of 256 KiB took 2.3× the fitted

@@ -1,4 +1,6 @@
-//! The compressor catalog: every compressor's variant, spec string, table row (aggregation, exec family, cost-fallback work, tune defaults) and wire bytes.
+//! The compressor catalog: every compressor's variant, spec string, table row and wire bytes.
+//!
+//! The table row holds aggregation, exec family, cost-fallback work and tune defaults.
 //!
 //! Adding a compressor means: a variant of [`Compressor`], one row of `CATALOG`, and the arms
 //! of the per-variant `match`es below (`key`, `Display`, `wire_bytes`, `rounding_error` when it

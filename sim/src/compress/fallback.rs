@@ -1,4 +1,7 @@
-//! The cost curves a compressor follows on a device: the device profile's, or the catalog's memory-bandwidth estimate when the profile has none.
+//! The cost curves a compressor follows on a device.
+//!
+//! They are the device profile's, or the catalog's memory-bandwidth estimate when the profile has
+//! none.
 
 use super::{Compressor, Work};
 use crate::device::{CostCurve, DeviceKind, DeviceProfile};

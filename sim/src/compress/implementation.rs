@@ -1,4 +1,7 @@
-//! Codec implementations written as framework ops (MergeComp's PyTorch compressors, Horovod's fp16, GRACE's TensorFlow ones): their ops and bytes per call, priced by the framework and the device.
+//! Codec implementations written as framework ops: their ops and bytes per call.
+//!
+//! The implementations are MergeComp's PyTorch compressors, Horovod's fp16 and GRACE's TensorFlow
+//! ones; their ops and bytes are priced by the framework and the device.
 //!
 //! A compressor's cost on a device depends on how it is written. A fused CUDA kernel pays one
 //! launch; the same compressor written as a dozen PyTorch ops pays a dozen host dispatches, and

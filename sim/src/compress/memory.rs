@@ -1,4 +1,6 @@
-//! Error-feedback memories (`none`, `residual`, `dgc`, `efsignsgd`): spec strings, DGC's warm-up and update cost.
+//! Error-feedback memories: spec strings, DGC's warm-up and update cost.
+//!
+//! The memories are `none`, `residual`, `dgc` and `efsignsgd`.
 
 use crate::error::SimError;
 use std::fmt;

@@ -1,4 +1,7 @@
-//! Gradient compression in the simulator: the compressor catalog, error-feedback memories, aggregation rules, codec cost and PowerSGD's layout.
+//! Gradient compression in the simulator.
+//!
+//! It covers the compressor catalog, error-feedback memories, aggregation rules, codec cost and
+//! PowerSGD's layout.
 //!
 //! [`catalog`] is the one list of compressors; `exec` builds its codecs from it, and its tests
 //! check that every real encoder writes exactly `wire_bytes` bytes, so the simulator and the

@@ -1,4 +1,6 @@
-//! A framework's costs checked against published runs of it: DDP's overhead over the bare model and its bucket-size effect.
+//! A framework's costs checked against published runs of it.
+//!
+//! The checks are DDP's overhead over the bare model and its bucket-size effect.
 
 use super::Results;
 use crate::csv::Csv;

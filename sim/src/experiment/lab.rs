@@ -1,4 +1,7 @@
-//! The lab-validation experiment's predictions: every measured configuration of `measurements.json` predicted from its lab's own measured cluster file, and the errors summarized per lab.
+//! The lab-validation experiment's predictions, with the errors summarized per lab.
+//!
+//! Every measured configuration of `measurements.json` is predicted from its lab's own measured
+//! cluster file.
 //!
 //! Measuring (bringing labs up, running each plan over MPI) is `syncopate_exec::lab::experiment`,
 //! which writes `measurements.json` and `clusters/*.json` into the experiment directory; this

@@ -1,4 +1,6 @@
-//! Reproducible studies: an experiment directory's spec.json run into its results table, CSV, chart data and calibrated inputs.
+//! Reproducible studies: an experiment directory's spec.json run into its results.
+//!
+//! The results are its table, CSV, chart data and calibrated inputs.
 
 mod framework;
 mod grace;

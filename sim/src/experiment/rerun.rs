@@ -1,4 +1,7 @@
-//! A lab experiment measured again: how far two measurements of the same plans agree, and the predictions against the second and against both pooled.
+//! A lab experiment measured again.
+//!
+//! It reports how far two measurements of the same plans agree, and the predictions against the
+//! second and against both pooled.
 //!
 //! A lab run on a shared two-core machine is a draw. A second measurement of the same labs and
 //! plans, in another session, says which differences between configurations the lab itself

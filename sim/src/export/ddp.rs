@@ -1,4 +1,6 @@
-//! PyTorch DDP's settings: bucket caps (its default pair, one cap, or one per bucket), bucket views and a comm hook.
+//! PyTorch DDP's settings: bucket caps, bucket views and a comm hook.
+//!
+//! Bucket caps are its default pair, one cap, or one per bucket.
 
 use crate::compress::{Compressor, Memory};
 use crate::model::ModelProfile;

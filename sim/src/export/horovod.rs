@@ -1,4 +1,6 @@
-//! Horovod's settings: fusion threshold, cycle time, fp16 compression and explicit groups of `hvd.DistributedOptimizer`.
+//! Horovod's settings: fusion threshold, cycle time, fp16 compression and explicit groups.
+//!
+//! The explicit groups are those of `hvd.DistributedOptimizer`.
 
 use crate::compress::{Compressor, Memory};
 use crate::error::Result;

@@ -1,4 +1,6 @@
-//! Native settings of the frameworks users train with: the nearest to a plan, the plan that framework runs with them, and the file it reads.
+//! Native settings of the frameworks users train with.
+//!
+//! For a plan: the nearest settings, the plan that framework runs with them, and the file it reads.
 //!
 //! A plan says more than any framework can: per-group compressors, priorities, partitions. An
 //! export keeps what the framework can express, names what it cannot, and prices the settings

@@ -1,4 +1,6 @@
-//! `tune --framework F`: the fastest of F's settings, each priced as F runs it, next to F's defaults.
+//! `tune --framework F`: the fastest of F's settings, next to F's defaults.
+//!
+//! Each setting is priced as F runs it.
 
 use super::{candidates, nearest, Settings, Target};
 use crate::compress::{Compressor, Memory};

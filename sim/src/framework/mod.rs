@@ -1,4 +1,6 @@
-//! The framework that runs a plan (PyTorch DDP, Horovod, BytePS, syncopate.torch): its per-call costs as a data file.
+//! The framework that runs a plan: its per-call costs as a data file.
+//!
+//! The frameworks are PyTorch DDP, Horovod, BytePS and syncopate.torch.
 //!
 //! What a plan costs depends on who executes it. A framework adds work the Schedule's steps do
 //! not name: the gradient hook of every parameter (DDP copies the gradient into its bucket),

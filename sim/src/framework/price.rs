@@ -1,4 +1,6 @@
-//! What the framework running a plan adds to each step of its schedule: hooks, calls, fusion copies, the copy back.
+//! What the framework running a plan adds to each step of its schedule.
+//!
+//! That is hooks, calls, fusion copies and the copy back.
 
 use super::{CallThread, Framework, TensorWork};
 use crate::collective::{staging_split_us, Group, Op};

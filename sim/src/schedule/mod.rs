@@ -1,4 +1,4 @@
-//! Schedules: a plan lowered once into the cost-free steps that the simulator and every executor run.
+//! Schedules: a plan lowered once into cost-free steps, run by the simulator and every executor.
 //!
 //! A [`Schedule`] says what one rank does in one steady-state training iteration and in which
 //! order; it holds no durations (the simulator's cost pass adds them, an executor measures

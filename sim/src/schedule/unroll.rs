@@ -1,4 +1,6 @@
-//! Unrolling: K iterations of a schedule as one DAG of tasks with compact successor lists, the form every engine walks.
+//! Unrolling: K iterations of a schedule as one DAG of tasks, the form every engine walks.
+//!
+//! The DAG has compact successor lists.
 
 use super::{Schedule, Stream};
 use crate::error::{Result, SimError};

@@ -1,4 +1,6 @@
-//! Grids of simulations (model × cluster layout × strategy × compressor) run in parallel, with infeasible combinations kept as skipped rows.
+//! Grids of simulations run in parallel, with infeasible combinations kept as skipped rows.
+//!
+//! A grid spans model × cluster layout × strategy × compressor.
 
 use crate::compress::{CodecSet, Compressor, Memory};
 use crate::error::Result;

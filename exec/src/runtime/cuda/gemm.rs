@@ -1,4 +1,6 @@
-//! Reproduces compute tasks of a given duration on the GPU: a tiled FMA GEMM calibrated with CUDA events at start-up, then sized per task.
+//! Reproduces compute tasks of a given duration on the GPU with a tiled FMA GEMM.
+//!
+//! The GEMM is calibrated with CUDA events at start-up, then sized per task.
 //!
 //! Method: at start-up every size of [`SIZES`] is launched on the compute stream and timed
 //! with CUDA events (median of a few runs after a warm-up). A task of duration d is then

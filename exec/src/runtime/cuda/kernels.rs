@@ -1,4 +1,6 @@
-//! The CUDA kernels under `exec/kernels/`: one list of their C signatures, from which come the typed launch functions, the NVRTC compilation and the loading.
+//! The CUDA kernels under `exec/kernels/`: one list of their C signatures.
+//!
+//! From it come the typed launch functions, the NVRTC compilation and the loading.
 //!
 //! `kernels!` at the end of this file declares every kernel once, with its parameters in the C
 //! order and under the C names, written as Rust: `x: &[f32; n]` is a `const float *x` of which

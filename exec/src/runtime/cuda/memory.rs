@@ -1,4 +1,6 @@
-//! Error-feedback memory on the device: the CPU `MemoryState`'s residual, EF-SignSGD and DGC (momentum correction, accumulation, masking) arithmetic, in its operation order.
+//! Error-feedback memory on the device: the CPU `MemoryState`'s arithmetic, in its operation order.
+//!
+//! It covers the residual, EF-SignSGD and DGC (momentum correction, accumulation, masking).
 
 use super::kernels::{cuda_err, Kernels};
 use crate::error::{ExecError, Result};

@@ -1,4 +1,6 @@
-//! The CUDA backend: NVRTC kernels, NCCL collectives, one stream per simulated resource, CUDA-event timing.
+//! The CUDA backend: NVRTC kernels, NCCL collectives, CUDA-event timing.
+//!
+//! It uses one stream per simulated resource.
 
 pub mod codec;
 pub mod gemm;

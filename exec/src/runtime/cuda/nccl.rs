@@ -1,4 +1,8 @@
-//! NCCL communicators that cannot hang a run: non-blocking creation and collectives, each waited for within the run's timeout while watching its abort flag, and `ncclCommAbort` (never a blocking destroy) when dropped.
+//! NCCL communicators that cannot hang a run.
+//!
+//! Creation and collectives are non-blocking, each waited for within the run's timeout while
+//! watching its abort flag, and a dropped communicator is aborted with `ncclCommAbort` (never a
+//! blocking destroy).
 //!
 //! cudarc's `Comm` cannot do this: it is created only by the blocking `ncclCommInitRank`, which
 //! waits forever for a rank that died after the rendezvous, and it cannot be built from a raw

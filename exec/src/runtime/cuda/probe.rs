@@ -1,4 +1,7 @@
-//! Finds libcuda, libnvrtc and libnccl before any cudarc call (cudarc panics when a library is missing), and makes a pip-style `libnccl.so.2` loadable.
+//! Finds the CUDA libraries before any cudarc call, and makes a pip-style `libnccl.so.2` loadable.
+//!
+//! The libraries are libcuda, libnvrtc and libnccl, found first because cudarc panics when a
+//! library is missing.
 //!
 //! cudarc opens NCCL by bare names (`libnccl.so`, `libnccl.so.12`, …; see
 //! `cudarc::get_lib_name_candidates`) through the dynamic loader, whose search path is read

@@ -1,4 +1,7 @@
-//! Measures GPU 0 into a `gpu` DeviceProfile (CUDA-event codec curves, copy bandwidth, GEMM rate, contention ratios) and, with ≥ 2 GPUs, sweeps NCCL allreduce sizes like nccl-tests.
+//! Measures GPU 0 into a `gpu` DeviceProfile and, with ≥ 2 GPUs, sweeps NCCL allreduce sizes.
+//!
+//! The profile holds CUDA-event codec curves, copy bandwidth, GEMM rate and contention ratios; the
+//! sweep is like nccl-tests'.
 
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;

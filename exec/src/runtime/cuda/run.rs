@@ -1,4 +1,6 @@
-//! Runs a schedule on GPUs: per rank one CUDA stream per schedule stream (compute, codec, each comm stream), NCCL collectives, CUDA-event timing of every task.
+//! Runs a schedule on GPUs: CUDA streams, NCCL collectives, CUDA-event timing of every task.
+//!
+//! Each rank has one CUDA stream per schedule stream (compute, codec, each comm stream).
 //!
 //! The threads are the host backend's (`driver.rs`): per rank one thread per stream, the same
 //! launch board deciding the collective order, the same FIFO codec queue. A thread enqueues

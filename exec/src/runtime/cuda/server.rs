@@ -1,4 +1,7 @@
-//! Parameter-server aggregation on NCCL: a grouped send/recv push to the group's server rank, the server's decode–sum–re-encode on its GPU, a broadcast pull.
+//! Parameter-server aggregation on NCCL: a send/recv push, decode–sum–re-encode, a broadcast pull.
+//!
+//! The push is a grouped send/recv to the group's server rank, and the server decodes, sums and
+//! re-encodes on its GPU.
 //!
 //! The whole exchange is one collective task, as on the host backend (`Mesh::push_pull`): the
 //! task graph has no server task, and the pull cannot begin before the server re-encoded.

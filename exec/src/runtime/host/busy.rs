@@ -1,4 +1,6 @@
-//! CPU busy work that reproduces a compute task's duration: a multiply-add loop whose length comes from a calibration, not a sleep.
+//! CPU busy work that reproduces a compute task's duration: a multiply-add loop, not a sleep.
+//!
+//! The loop's length comes from a calibration.
 //!
 //! The loop's rate is measured with as many threads running it at once as there are ranks,
 //! since in backward every rank computes at the same time; contention with the compression and

@@ -1,4 +1,7 @@
-//! In-process collectives: a full mesh of channels per communication stream carrying the real wire bytes, on which the rings of `runtime::ring` and the push/pull of `runtime::push_pull` run, with a ring allgather of payloads of any length.
+//! In-process collectives: a full mesh of channels per communication stream.
+//!
+//! The channels carry the real wire bytes. The rings of `runtime::ring` and the push/pull of
+//! `runtime::push_pull` run on the mesh, and it has a ring allgather of payloads of any length.
 
 use crate::error::{ExecError, Result};
 use crate::runtime::push_pull::{Leg, Messages};

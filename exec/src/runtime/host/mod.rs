@@ -1,4 +1,8 @@
-//! The host backend: ranks as CPU threads of this process (one per stream), the CPU backend core (`cpu.rs`) over in-process channels, wall-clock timing. It runs the whole exec path on a laptop or in CI; it is not a cluster backend.
+//! The host backend: ranks as CPU threads of this process, over in-process channels.
+//!
+//! One thread per stream; the CPU backend core (`cpu.rs`) runs over the in-process channels, with
+//! wall-clock timing. It runs the whole exec path on a laptop or in CI; it is not a cluster
+//! backend.
 
 pub mod busy;
 pub mod comm;

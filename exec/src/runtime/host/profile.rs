@@ -1,4 +1,6 @@
-//! Times the host backend's channel collectives and fits them into an MPI-style α/β/γ cluster, so that the simulator can predict host runs.
+//! Times the host backend's channel collectives and fits them into an MPI-style α/β/γ cluster.
+//!
+//! The simulator can then predict host runs.
 //!
 //! A ring allgather of S bytes over p ranks costs (p−1)·α + (p−1)/p·S·β and a ring allreduce
 //! 2(p−1)·α + 2(p−1)/p·S·β + (p−1)/p·S·γ (Thakur, Rabenseifner & Gropp 2005), which is linear

@@ -1,4 +1,7 @@
-//! The MPI backend: one rank per process (started by mpirun, srun or `syncopate lab run --mpi`), the CPU backend core over MPI streams, the job-wide launch policy, and rank 0 gathering every rank's records and `--check` data.
+//! The MPI backend: one rank per process, the CPU backend core over MPI streams.
+//!
+//! Ranks are started by mpirun, srun or `syncopate lab run --mpi`. It runs the job-wide launch
+//! policy, and rank 0 gathers every rank's records and `--check` data.
 
 use super::coordinate::MpiBoard;
 use super::transport::Stream;

@@ -1,4 +1,7 @@
-//! The collective micro-benchmarks over the MPI transport that `lab up` sweeps (fp32 allreduce, the backend's allgather): per size, a warm-up and then timed repeats, each started together after a barrier; the median and spread as rank 0 saw them.
+//! The collective micro-benchmarks over the MPI transport that `lab up` sweeps.
+//!
+//! They are fp32 allreduce and the backend's allgather: per size, a warm-up and then timed repeats,
+//! each started together after a barrier; the median and spread as rank 0 saw them.
 
 use super::transport::Stream;
 use super::world::World;

@@ -1,4 +1,7 @@
-//! The MPI transport checked against the host backend's in-process mesh, run under `mpirun -np 2` or `3` (`syncopate lab probe mpi-check`): every rank computes the host ring's answer for all ranks' inputs in threads and compares its own MPI result with it.
+//! The MPI transport checked against the host backend's in-process mesh.
+//!
+//! It runs under `mpirun -np 2` or `3` (`syncopate lab probe mpi-check`): every rank computes the
+//! host ring's answer for all ranks' inputs in threads and compares its own MPI result with it.
 
 use super::transport::Stream;
 use super::world::World;

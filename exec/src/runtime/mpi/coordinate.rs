@@ -1,4 +1,7 @@
-//! The launch policy across the processes of an MPI job: rank 0's board decides and tells every other rank which collective each stream runs next; when every rank can decide alone (plan order on one stream), no message is sent.
+//! The launch policy across the processes of an MPI job, decided by rank 0's board.
+//!
+//! Rank 0's board tells every other rank which collective each stream runs next; when every rank
+//! can decide alone (plan order on one stream), no message is sent.
 //!
 //! Every rank must issue the same collectives in the same order on each stream (a mismatch
 //! hangs MPI). Under plan order on one stream the order is fixed, so each rank follows it by

@@ -1,4 +1,7 @@
-//! The MPI transport (feature `mpi`): Open MPI through the `mpi` crate, one duplicated communicator per communication stream, the in-process mesh's collectives as non-blocking MPI operations bounded by a deadline and an abort flag.
+//! The MPI transport (feature `mpi`): Open MPI through the `mpi` crate.
+//!
+//! It has one duplicated communicator per communication stream, and runs the in-process mesh's
+//! collectives as non-blocking MPI operations bounded by a deadline and an abort flag.
 //!
 //! ```text
 //! World::init (MPI_THREAD_MULTIPLE) ─► World::streams(n) ─► Stream: allreduce │ ring steps (runtime::ring)

@@ -1,4 +1,7 @@
-//! MPI's non-blocking operations started on buffers this module holds until they complete, and completed by a test loop bounded by a deadline and an abort flag: the MPI transport's only `unsafe` code.
+//! MPI's non-blocking operations: the MPI transport's only `unsafe` code.
+//!
+//! They are started on buffers this module holds until they complete, and completed by a test loop
+//! bounded by a deadline and an abort flag.
 //!
 //! MPI keeps raw pointers into the buffers of an operation until it completes. An
 //! [`InFlight`] owns those buffers (heap allocations: moving the `InFlight` does not move

@@ -1,4 +1,8 @@
-//! One communication stream over MPI, with the in-process mesh's API (`host::comm::Mesh`): allreduce in the wire type, the steps of `runtime::ring`'s rings, variable-size allgather, the messages of `runtime::push_pull` and broadcast — each a non-blocking MPI operation completed under the stream's timeout and the run's abort flag.
+//! One communication stream over MPI, with the in-process mesh's API (`host::comm::Mesh`).
+//!
+//! It offers allreduce in the wire type, the steps of `runtime::ring`'s rings, variable-size
+//! allgather, the messages of `runtime::push_pull` and broadcast — each a non-blocking MPI
+//! operation completed under the stream's timeout and the run's abort flag.
 //!
 //! Summation order. For two ranks every element is one addition of two values, which is
 //! commutative, so results are bit-identical to the host backend's ring. For p ≥ 3, Open MPI

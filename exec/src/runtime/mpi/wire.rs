@@ -1,4 +1,7 @@
-//! The wire types an MPI allreduce sums in — f32 with MPI's own sum, fp16 and bf16 with user-defined reductions that add through the codec's `sum_into` — whose payload bytes MPI takes as they are.
+//! The wire types an MPI allreduce sums in, whose payload bytes MPI takes as they are.
+//!
+//! f32 uses MPI's own sum; fp16 and bf16 use user-defined reductions that add through the codec's
+//! `sum_into`.
 
 use crate::compress::{codec_for, Codec};
 use crate::error::{ExecError, Result};

@@ -1,4 +1,7 @@
-//! This process's place in an MPI job: initialization with MPI_THREAD_MULTIPLE (streams run on their own threads), the launcher check, and one duplicated communicator per communication stream.
+//! This process's place in an MPI job: initialization, launcher check, per-stream communicators.
+//!
+//! MPI is initialized with MPI_THREAD_MULTIPLE, since streams run on their own threads; each
+//! communication stream gets one duplicated communicator.
 
 use super::transport::Stream;
 use crate::error::{ExecError, Result};

@@ -1,4 +1,6 @@
-//! The calibrated cost of one NCCL algorithm × protocol on a cluster: latency plus bytes over bandwidth, with trees as chunk pipelines.
+//! The calibrated cost of one NCCL algorithm × protocol on a cluster.
+//!
+//! It is latency plus bytes over bandwidth, with trees as chunk pipelines.
 
 use super::{per_protocol, tree_levels, Algorithm, Estimate, Group, Op, Protocol};
 use crate::time::SimTime;

@@ -1,4 +1,6 @@
-//! NCCL's rings over an NVLink mesh without a switch: how many fit on the links among a node's first GPUs.
+//! NCCL's rings over an NVLink mesh without a switch.
+//!
+//! This says how many fit on the links among a node's first GPUs.
 //!
 //! On a switchless mesh (DGX-1's hybrid cube mesh) a GPU's links do not all lead to every other
 //! GPU, so a ring's bandwidth is one link's, and a collective's is that times the number of

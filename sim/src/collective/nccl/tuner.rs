@@ -1,4 +1,6 @@
-//! NCCL's own choice of algorithm and protocol: its tuner's latency and bandwidth tables (src/graph/tuning.cc, NCCL 2.18–2.21) applied to the cluster's nominal links.
+//! NCCL's own choice of algorithm and protocol, from its tuner's latency and bandwidth tables.
+//!
+//! The tables are src/graph/tuning.cc's (NCCL 2.18–2.21), applied to the cluster's nominal links.
 //!
 //! NCCL picks the smallest `latency + bytes / bandwidth` from tables of its own, not from what
 //! the hardware measures; its size correction of tree bandwidth (`treeCorrectionFactor`) and

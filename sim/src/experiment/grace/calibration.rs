@@ -1,4 +1,6 @@
-//! The calibrated inputs of the GRACE experiment (model profiles, cluster, device), the predictions they make, and loading them.
+//! The calibrated inputs of the GRACE experiment, the predictions they make, and loading them.
+//!
+//! The inputs are model profiles, a cluster and a device.
 
 use super::files::{fitted_marker, CLUSTER_FILE};
 use super::measured::Measurement;

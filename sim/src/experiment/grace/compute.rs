@@ -1,4 +1,6 @@
-//! Each GRACE model's compute speed, from the calibration rows, and the model profiles scaled to run at it.
+//! Each GRACE model's compute speed, from the calibration rows.
+//!
+//! The model profiles are scaled to run at it.
 
 use super::calibration::Calibration;
 use super::measured::Measurement;

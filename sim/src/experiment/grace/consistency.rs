@@ -1,4 +1,6 @@
-//! GRACE's data checked against itself: the rows its own `upper-bound` runs or its 1-worker runs contradict are flagged.
+//! GRACE's data checked against itself: the rows its own runs contradict are flagged.
+//!
+//! The runs are its `upper-bound` runs or its 1-worker runs.
 
 use super::measured::Measurement;
 use crate::stats::median;

@@ -1,4 +1,7 @@
-//! Fitting GRACE's calibration on its calibration rows: compute speed, MPI/TCP costs on a grid against the dense row, then one decode price for every compressor and an encode price per compressor.
+//! Fitting GRACE's calibration on its calibration rows.
+//!
+//! In order: compute speed, MPI/TCP costs on a grid against the dense row, then one decode price
+//! for every compressor and an encode price per compressor.
 
 use super::calibration::{Calibration, CodecPrice, OpCost};
 use super::compute::{self, ComputeTarget};

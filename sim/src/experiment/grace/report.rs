@@ -1,4 +1,6 @@
-//! The GRACE comparison as results: each row's role (fit, held out, excluded), the CSV, the chart panels and the error table.
+//! The GRACE comparison as results: row roles, the CSV, the chart panels and the error table.
+//!
+//! Each row's role is fit, held out or excluded.
 
 use super::calibration::{Calibration, CodecPrice, OpCost};
 use super::compute::ComputeTarget;

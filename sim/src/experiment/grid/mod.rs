@@ -1,4 +1,6 @@
-//! Grid experiments: panels (model on cluster) × GPU layouts × configurations, with throughput and speedup charts.
+//! Grid experiments: panels × GPU layouts × configurations, with throughput and speedup charts.
+//!
+//! A panel is a model on a cluster.
 
 mod published;
 mod results;

@@ -1,4 +1,6 @@
-//! A paper's published numbers beside a grid's predictions: each value's error, and whether the paper's best method at each setup is ours.
+//! A paper's published numbers beside a grid's predictions.
+//!
+//! It gives each value's error, and whether the paper's best method at each setup is ours.
 
 use super::results::Cell;
 use super::GridSpec;

@@ -1,4 +1,6 @@
-//! A grid experiment's rows as CSV, chart panels and a Markdown table, with each config's speedup over the baseline.
+//! A grid experiment's rows as CSV, chart panels and a Markdown table.
+//!
+//! They include each config's speedup over the baseline.
 
 use super::{ConfigSpec, GridSpec, PanelSpec};
 use crate::chart::{Panel, Series};

@@ -1,4 +1,7 @@
-//! Cast codecs on the device: fp32 as is, fp16 and bf16 (element-wise, the CPU's rounding), fp8 e4m3/e5m2 with the per-tensor scale max |x| / max-representable (`compress/cast.rs`).
+//! Cast codecs on the device: fp32 as is, fp16, bf16 and fp8 e4m3/e5m2 (`compress/cast.rs`).
+//!
+//! fp8 takes the per-tensor scale max |x| / max-representable; fp16 and bf16 are element-wise, with
+//! the CPU's rounding.
 
 use super::scan::MaxAbs;
 use super::{no_kernel, Build, Family};

@@ -1,4 +1,7 @@
-//! GPU encoders/decoders whose payload bytes equal the CPU reference codecs' (same layout, same rounding, same summation order), one compressor family per file as in `compress/`.
+//! GPU encoders/decoders whose payload bytes equal the CPU reference codecs'.
+//!
+//! They have the same layout, the same rounding and the same summation order, with one compressor
+//! family per file as in `compress/`.
 //!
 //! Each family implements [`Family`], the device side of `compress::Codec`, and [`GpuCodec`]
 //! holds one with the finite flag every encoder writes. The compressor catalog's family picks

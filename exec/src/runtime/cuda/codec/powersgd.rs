@@ -1,4 +1,7 @@
-//! PowerSGD's GPU state and rounds: P = M·Q, the reduced P's Gram–Schmidt and Q = MᵀP̂, then M̂ = P̂·Qᵀ, each in the CPU reference's operation order (`compress/powersgd.rs`), so both payloads and the decoded result are its bytes.
+//! PowerSGD's GPU state and rounds: payloads and decoded result are the CPU reference's bytes.
+//!
+//! The rounds compute P = M·Q, the reduced P's Gram–Schmidt and Q = MᵀP̂, then M̂ = P̂·Qᵀ, each in
+//! the CPU reference's operation order (`compress/powersgd.rs`).
 //!
 //! Every buffer holds wire-format f32s: Q as round 2's payload (every low-rank matrix's
 //! cols × r in group order), the kept P̂ as round 1's. The kernels read them as floats at

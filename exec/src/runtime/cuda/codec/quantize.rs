@@ -1,4 +1,7 @@
-//! Quantizers on the device: QSGD, TernGrad and natural compression (their uniforms the CPU generator's, drawn on the host and uploaded) and TBQ (`compress/quantize.rs`).
+//! Quantizers on the device: QSGD, TernGrad, natural compression and TBQ (`compress/quantize.rs`).
+//!
+//! QSGD, TernGrad and natural compression are the stochastic quantizers: their uniforms are the CPU
+//! generator's, drawn on the host and uploaded.
 //!
 //! The stochastic quantizers reproduce the CPU's bytes by drawing the same xoshiro256++ stream
 //! on the host with the CPU codec's own `Rng` (seeded identically, advanced by the same

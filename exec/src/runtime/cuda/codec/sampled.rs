@@ -1,4 +1,7 @@
-//! Sampled-threshold sparsifiers on the device: DGC and GradDrop, their sample positions, threshold and DGC's adaptation decided on the host with the CPU's code, the counts, k-th largest and compaction on the device (`compress/sampled.rs`).
+//! Sampled-threshold sparsifiers on the device: DGC and GradDrop (`compress/sampled.rs`).
+//!
+//! Their sample positions, threshold and DGC's adaptation are decided on the host with the CPU's
+//! code; the counts, k-th largest and compaction run on the device.
 //!
 //! The host decides from device counts, so each step synchronizes the stream a few times.
 

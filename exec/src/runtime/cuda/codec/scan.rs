@@ -1,4 +1,6 @@
-//! The device reductions several families share: the finite flag's read-back, max |x|, and the CPU's chunked sums for the scales (`compress/scan.rs`).
+//! The device reductions several families share (`compress/scan.rs`).
+//!
+//! They are the finite flag's read-back, max |x|, and the CPU's chunked sums for the scales.
 
 use crate::error::Result;
 use crate::runtime::cuda::kernels::{cuda_err, Kernels, CHUNK};

@@ -1,4 +1,7 @@
-//! Device-side exact selection for the sparsifiers: radix selection of the k-th largest |x| and a stable compaction that emits the CPU's indices in the CPU's order.
+//! Device-side exact selection for the sparsifiers: radix selection and a stable compaction.
+//!
+//! Radix selection finds the k-th largest |x|, and the compaction emits the CPU's indices in the
+//! CPU's order.
 //!
 //! The CPU keeps every |x| > t and the first `ties` elements with |x| == t, in index order
 //! (`compress::sparse::emit`). Here t and the ties come from three radix passes (12, 12 and 7

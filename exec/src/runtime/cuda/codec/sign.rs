@@ -1,4 +1,7 @@
-//! The sign family on the device: signSGD, EF-SignSGD and 1-bit SGD (their scales summed in the CPU's order), Signum (its momentum kept on the device, updated in the CPU's operation order) (`compress/sign.rs`).
+//! The sign family on the device: signSGD, EF-SignSGD, 1-bit SGD and Signum (`compress/sign.rs`).
+//!
+//! signSGD, EF-SignSGD and 1-bit SGD have their scales summed in the CPU's order; Signum's momentum
+//! is kept on the device, updated in the CPU's operation order.
 
 use super::scan::{ChunkSums, Sums};
 use super::{no_kernel, Build, Family};

@@ -1,4 +1,7 @@
-//! Exact sparsifiers on the device: top-k and threshold (radix selection and a stable compaction, `select.rs`) and shared-seed random-k (its indices drawn on the host by the CPU's sampler) (`compress/sparse.rs`).
+//! Exact sparsifiers on the device: top-k, threshold, shared-seed random-k (`compress/sparse.rs`).
+//!
+//! Top-k and threshold use radix selection and a stable compaction (`select.rs`); random-k's
+//! indices are drawn on the host by the CPU's sampler.
 
 use super::scan::first_non_finite;
 use super::select::Selector;

@@ -1,4 +1,6 @@
-//! GPU codec tests: payload bytes and decoded sums against the CPU reference codecs (on a GPU), and the GPU-less coverage check.
+//! GPU codec tests: bytes and sums against the CPU reference codecs, and the coverage check.
+//!
+//! Payload bytes and decoded sums are compared on a GPU; the coverage check needs no GPU.
 
 use super::super::kernels::gpu_or_skip;
 use super::*;
