@@ -279,7 +279,7 @@ pub struct SimulateArgs {
     pub cpu_compression: Option<String>,
     /// The framework that runs the plan (see `syncopate list frameworks`; a name or a path),
     /// whose per-call costs are added, or `none`; default: the plan's, or the strategy's own
-    /// (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, others none).
+    /// (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, deepspeed: deepspeed, others none).
     #[arg(long)]
     pub framework: Option<String>,
     /// The codec set whose implementations compress the plan (see `syncopate list codecs`; a
@@ -474,12 +474,12 @@ pub struct ExecArgs {
 pub struct ExportArgs {
     #[command(flatten)]
     pub run: LowerPlanArgs,
-    /// The framework: ddp (PyTorch DistributedDataParallel) or horovod.
+    /// The framework: ddp (PyTorch DistributedDataParallel), horovod or deepspeed (stage 0).
     #[arg(long)]
     pub to: String,
     #[command(flatten)]
     pub cluster: RunClusterArgs,
-    /// Where to write the settings (Python for DDP and Horovod); default: stdout, the report
+    /// Where to write the settings (Python for every framework); default: stdout, the report
     /// then on stderr.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -577,7 +577,7 @@ pub struct SweepArgs {
     #[arg(long, value_enum, default_value = "group")]
     pub codec_calls: CodecCallsArg,
     /// The framework that runs every plan (see `syncopate list frameworks`; a name or a path),
-    /// `strategy` for each strategy's own (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, others none), or
+    /// `strategy` for each strategy's own (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, deepspeed: deepspeed, others none), or
     /// `none`.
     #[arg(long, default_value = "none")]
     pub framework: String,
@@ -627,9 +627,10 @@ pub struct TuneArgs {
     /// codecs are skipped).
     #[arg(long, value_enum, default_value = "group")]
     pub codec_calls: CodecCallsArg,
-    /// The framework that runs every candidate plan: `ddp` (or `pytorch-ddp`) and `horovod`
-    /// search only the settings that framework has (bucket caps, bucket views and comm hook;
-    /// fusion threshold, cycle time and fp16), each priced as it runs them; with `--codecs`,
+    /// The framework that runs every candidate plan: `ddp` (or `pytorch-ddp`), `horovod` and
+    /// `deepspeed` search only the settings that framework has (bucket caps, bucket views and
+    /// comm hook; fusion threshold, cycle time and fp16; the communication data type), each
+    /// priced as it runs them; with `--codecs`,
     /// or another framework file (see `syncopate list frameworks`; a name or a path), every
     /// plan is searched, priced with the framework's per-call costs; default none.
     #[arg(long)]
@@ -642,7 +643,8 @@ pub struct TuneArgs {
     /// Write the best plan here (`simulate --plan` on it reproduces the tuned time).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// With `--framework ddp` or `horovod`: write the tuned settings here, as `export` does.
+    /// With `--framework ddp`, `horovod` or `deepspeed`: write the tuned settings here, as
+    /// `export` does.
     #[arg(long)]
     pub export: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t)]

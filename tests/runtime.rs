@@ -661,7 +661,7 @@ fn every_strategy_runs_the_same_schedule_in_the_simulator_and_on_the_host() {
         cases.extend(compressors.iter().map(|&c| (strategy.clone(), c)));
     }
     cases.push(("hipress:ps".into(), "onebit"));
-    assert_eq!(cases.len(), 22, "{cases:?}");
+    assert_eq!(cases.len(), 24, "{cases:?}");
     for (strategy, compressor) in &cases {
         let what = format!("{strategy} {compressor}");
         let tag = what.replace([':', ' '], "_");

@@ -445,7 +445,11 @@ fn tune_skips_infeasible_candidates_and_says_why_baselines_cannot_run() {
 fn tune_for_a_framework_writes_settings_whose_simulation_gives_the_tuned_time() {
     let dir = crate::common::scratch("tune-framework");
     for (model, cluster) in [("resnet50", "v100-10gbe"), ("bert-large", "dgx-h100")] {
-        for (framework, compressor) in [("ddp", "powersgd:4"), ("horovod", "fp16")] {
+        for (framework, compressor) in [
+            ("ddp", "powersgd:4"),
+            ("horovod", "fp16"),
+            ("deepspeed", "bf16"),
+        ] {
             let export = dir.join(format!("{model}-{framework}.py"));
             let plan = dir.join(format!("{model}-{framework}.json"));
             let report = syncopate_json(&[
@@ -502,9 +506,8 @@ fn export_refuses_frameworks_it_does_not_write_and_tune_refuses_export_without_o
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     for (to, says) in [
-        ("deepspeed", "ZeRO"),
         ("byteps", "BytePS"),
-        ("mxnet", "valid: ddp, horovod"),
+        ("mxnet", "valid: ddp, horovod, deepspeed"),
     ] {
         let out = syncopate(&["export", "--plan", plan.to_str().unwrap(), "--to", to]);
         assert_eq!(out.status.code(), Some(1));

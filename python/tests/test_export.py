@@ -128,3 +128,33 @@ def test_horovod_settings_use_only_its_options(profile_path, tmp_path):
                                    and getattr(n.targets[0], "id", "") == "GROUPS"))
     names = [name for name, _ in models.tiny().named_parameters()]
     assert sorted(sum(groups, [])) == sorted(names)
+
+
+def flatten_keys(config, prefix=""):
+    """Every leaf of a nested config dict as (dotted path, value)."""
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from flatten_keys(value, path + ".")
+        else:
+            yield path, value
+
+
+@pytest.mark.parametrize("compressor", ["none", "fp16", "bf16"])
+def test_deepspeed_settings_use_only_its_keys_and_values(profile_path, tmp_path, compressor):
+    options = json.loads((conftest.REPO / "profiles/native/deepspeed.json").read_text())["options"]
+    known = {o["path"]: o for o in options if o["kind"] == "config-key"}
+    plan, settings = tmp_path / "plan.json", tmp_path / "ds_settings.py"
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                 "--strategy", "deepspeed", "--compressor", compressor, "--save-plan", plan)
+    conftest.cli("export", "--plan", plan, "--to", "deepspeed", "--out", settings)
+    spec = importlib.util.spec_from_file_location("ds_settings", settings)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    leaves = dict(flatten_keys(module.DS_CONFIG))
+    assert leaves["zero_optimization.stage"] == 0
+    assert leaves["communication_data_type"] == {"none": "fp32"}.get(compressor, compressor)
+    for path, value in leaves.items():
+        option = known[path]
+        assert type(value).__name__ == {"string": "str"}.get(option["type"], option["type"]), path
+        assert value in option["allowed"], (path, value)

@@ -265,5 +265,6 @@ fn title(target: Target) -> &'static str {
     match target {
         Target::Ddp => "PyTorch DistributedDataParallel",
         Target::Horovod => "Horovod (PyTorch)",
+        Target::DeepSpeed => "DeepSpeed (stage 0)",
     }
 }

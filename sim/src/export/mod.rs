@@ -8,10 +8,12 @@
 //! prints is the time the user gets, not the plan's.
 
 mod ddp;
+mod deepspeed;
 mod horovod;
 mod tune;
 
 pub use ddp::{DdpCaps, DdpSettings};
+pub use deepspeed::DeepSpeedSettings;
 pub use horovod::HorovodSettings;
 pub use tune::{tune_settings, NativeTune};
 
@@ -33,6 +35,8 @@ pub enum Target {
     Ddp,
     /// Horovod: fusion threshold, cycle time, fp16 compression, explicit groups.
     Horovod,
+    /// DeepSpeed without ZeRO (stage 0): the data type its allreduce sends.
+    DeepSpeed,
 }
 
 impl Target {
@@ -41,7 +45,14 @@ impl Target {
         match self {
             Target::Ddp => "ddp",
             Target::Horovod => "horovod",
+            Target::DeepSpeed => "deepspeed",
         }
+    }
+
+    /// Whether the framework has knobs that change its buckets or fusion (DeepSpeed's stage 0
+    /// has none).
+    pub fn has_fusion_knobs(self) -> bool {
+        self != Target::DeepSpeed
     }
 
     /// The target a `tune --framework` value names, if it names one: the export names, and
@@ -50,6 +61,7 @@ impl Target {
         match name {
             "ddp" | "pytorch-ddp" => Some(Target::Ddp),
             "horovod" => Some(Target::Horovod),
+            "deepspeed" => Some(Target::DeepSpeed),
             _ => None,
         }
     }
@@ -63,14 +75,13 @@ impl FromStr for Target {
             None if text == "byteps" => Err(SimError::bad_value(
                 "--to",
                 text,
-                "not exported yet: BytePS's PyTorch release (0.2.5) compresses only to fp16 and its credit orders only the intra-machine reduce, which the byteps strategy does not model; valid: ddp, horovod",
+                "not exported yet: BytePS's PyTorch release (0.2.5) compresses only to fp16 and its credit orders only the intra-machine reduce, which the byteps strategy does not model; valid: ddp, horovod, deepspeed",
             )),
-            None if text == "deepspeed" => Err(SimError::bad_value(
+            None => Err(SimError::bad_value(
                 "--to",
                 text,
-                "not exported yet: DeepSpeed reduces gradients after backward (ZeRO stage 0) or through ZeRO's partitions (stages 1-3), which Syncopate does not model yet; valid: ddp, horovod",
+                "valid: ddp, horovod, deepspeed",
             )),
-            None => Err(SimError::bad_value("--to", text, "valid: ddp, horovod")),
         }
     }
 }
@@ -80,6 +91,7 @@ impl FromStr for Target {
 pub enum Settings {
     Ddp(DdpSettings),
     Horovod(HorovodSettings),
+    DeepSpeed(DeepSpeedSettings),
 }
 
 impl Settings {
@@ -87,6 +99,7 @@ impl Settings {
         match self {
             Settings::Ddp(_) => Target::Ddp,
             Settings::Horovod(_) => Target::Horovod,
+            Settings::DeepSpeed(_) => Target::DeepSpeed,
         }
     }
 
@@ -95,13 +108,14 @@ impl Settings {
         match self {
             Settings::Ddp(s) => s.framework(),
             Settings::Horovod(_) => "horovod",
+            Settings::DeepSpeed(_) => "deepspeed",
         }
     }
 
     /// The codec set that implements the settings' compression, if the framework has its own.
     pub fn codecs(&self) -> Option<&'static str> {
         match self {
-            Settings::Ddp(_) => None,
+            Settings::Ddp(_) | Settings::DeepSpeed(_) => None,
             Settings::Horovod(s) => s.codecs(),
         }
     }
@@ -120,6 +134,7 @@ impl Settings {
         let mut plan = match self {
             Settings::Ddp(s) => s.plan(scenario),
             Settings::Horovod(s) => s.plan(scenario)?,
+            Settings::DeepSpeed(s) => s.plan(scenario)?,
         };
         plan.framework = Some(self.framework().to_string());
         plan.codecs = self.codecs().map(str::to_string);
@@ -142,6 +157,7 @@ impl Settings {
         match self {
             Settings::Ddp(s) => s.has_default_fusion(),
             Settings::Horovod(s) => s.has_default_fusion(),
+            Settings::DeepSpeed(_) => true,
         }
     }
 
@@ -150,6 +166,7 @@ impl Settings {
         match self {
             Settings::Ddp(s) => s.hook,
             Settings::Horovod(s) => s.compression(),
+            Settings::DeepSpeed(s) => s.compression(),
         }
     }
 
@@ -158,6 +175,7 @@ impl Settings {
         match self {
             Settings::Ddp(s) => s.describe(),
             Settings::Horovod(s) => s.describe(),
+            Settings::DeepSpeed(s) => s.describe(),
         }
     }
 
@@ -167,6 +185,7 @@ impl Settings {
         match self {
             Settings::Ddp(s) => s.simulate_flags(),
             Settings::Horovod(s) => s.simulate_flags(),
+            Settings::DeepSpeed(s) => Some(s.simulate_flags()),
         }
     }
 
@@ -176,6 +195,7 @@ impl Settings {
         text += &match self {
             Settings::Ddp(s) => s.render(),
             Settings::Horovod(s) => s.render(model),
+            Settings::DeepSpeed(s) => s.render(),
         };
         text
     }
@@ -186,6 +206,7 @@ pub fn expresses(target: Target, choice: Choice) -> bool {
     let expressible = match target {
         Target::Ddp => ddp::expressible,
         Target::Horovod => horovod::expressible,
+        Target::DeepSpeed => deepspeed::expressible,
     };
     expressible(choice) == Some(choice)
 }
@@ -220,6 +241,7 @@ pub fn nearest(target: Target, plan: &Plan, model: &ModelProfile) -> Nearest {
     let settings = match target {
         Target::Ddp => Settings::Ddp(ddp::nearest(plan, model, &mut unexpressed)),
         Target::Horovod => Settings::Horovod(horovod::nearest(plan, model, &mut unexpressed)),
+        Target::DeepSpeed => Settings::DeepSpeed(deepspeed::nearest(plan, model, &mut unexpressed)),
     };
     Nearest {
         settings,
@@ -239,10 +261,14 @@ pub fn candidates(target: Target, choices: &[Choice]) -> Vec<Settings> {
             .into_iter()
             .map(Settings::Horovod)
             .collect(),
+        Target::DeepSpeed => deepspeed::candidates(choices)
+            .into_iter()
+            .map(Settings::DeepSpeed)
+            .collect(),
     }
 }
 
-/// What neither framework expresses: per-group choices of partitions, schemes, CPU
+/// What no framework expresses: per-group choices of partitions, schemes, CPU
 /// compression, launch order, streams and overlap with the next forward.
 fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
     let mut notes = Vec::new();
@@ -277,10 +303,10 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
             "each group's update before its next forward: {name} updates after every bucket is synchronized"
         ));
     }
-    if plan.codec_calls == CodecCalls::Tensor && target == Target::Ddp {
-        notes.push(
-            "one codec call per tensor: DDP's hook compresses each bucket in one call".to_string(),
-        );
+    if plan.codec_calls == CodecCalls::Tensor && target != Target::Horovod {
+        notes.push(format!(
+            "one codec call per tensor: {name} compresses each bucket in one call"
+        ));
     }
     notes
 }

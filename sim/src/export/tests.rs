@@ -144,3 +144,45 @@ fn a_model_of_several_dtypes_is_named_as_what_ddp_buckets_apart() {
     );
     assert!(caveats(Target::Horovod, &base.model).is_empty());
 }
+
+#[test]
+fn deepspeed_exports_its_communication_type_and_names_the_buckets_it_cannot_change() {
+    let base = scenario("bert-large");
+    let options = StrategyOptions {
+        compressor: Compressor::Bf16,
+        ..StrategyOptions::default()
+    };
+    // Its own plan: nothing left out.
+    let own = Strategy::DeepSpeed.plan(&base, &options).unwrap();
+    let near = nearest(Target::DeepSpeed, &own, &base.model);
+    assert!(near.unexpressed.is_empty(), "{:?}", near.unexpressed);
+    let text = near.settings.render(&base.model, &[]);
+    assert!(
+        text.contains("\"communication_data_type\": \"bf16\"") && text.contains("\"stage\": 0"),
+        "{text}"
+    );
+    // DDP's buckets, fp16 with error feedback: the buckets and the memory are named.
+    let ddp = Strategy::Ddp
+        .plan(
+            &base,
+            &StrategyOptions {
+                compressor: Compressor::Fp16,
+                memory: Memory::Residual,
+                ..StrategyOptions::default()
+            },
+        )
+        .unwrap();
+    let near = nearest(Target::DeepSpeed, &ddp, &base.model);
+    let notes = near.unexpressed.join("\n");
+    assert!(
+        notes.contains("after backward") && notes.contains("communication_data_type"),
+        "{notes}"
+    );
+    assert_eq!(
+        near.settings.compression(),
+        (Compressor::None, Memory::None)
+    );
+    // The grid: fp32, and the casts asked for.
+    let grid = candidates(Target::DeepSpeed, &[(Compressor::Fp16, Memory::None)]);
+    assert_eq!(grid.len(), 2);
+}

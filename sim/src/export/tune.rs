@@ -105,6 +105,9 @@ fn refine(
     start_time: SimTime,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Settings, SimTime, u64)> {
+    if !target.has_fusion_knobs() {
+        return Ok((start, start_time, 0));
+    }
     let scenario = start.scenario(base)?;
     let plan = start.plan(&scenario)?;
     let ((refined, _), scored) =

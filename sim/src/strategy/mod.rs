@@ -2,6 +2,7 @@
 
 mod bytescheduler;
 mod ddp;
+mod deepspeed;
 mod espresso;
 mod fixed_groups;
 mod hipress;
@@ -37,6 +38,9 @@ pub enum Strategy {
     Horovod,
     /// PyTorch DDP: buckets in the order gradients arrive (as DDP rebuilds them after the first iteration), a small first bucket.
     Ddp,
+    /// DeepSpeed without ZeRO (stage 0): after backward, buckets of 5e8 elements in
+    /// registration order.
+    DeepSpeed,
     /// N contiguous groups in backward order (MergeComp's `--fusion-num`).
     FixedGroups { count: usize, rule: GroupingRule },
     /// ByteScheduler: partitions, front layers first, credit-limited sending, overlap with the
@@ -139,6 +143,10 @@ const CATALOG: &[StrategyEntry] = &[
         description: "PyTorch DDP: --bucket-mb (25) buckets in the order gradients arrive, 1 MB first bucket, launched in order",
     },
     StrategyEntry {
+        form: "deepspeed",
+        description: "DeepSpeed without ZeRO (stage 0): after backward, one allreduce per bucket of 5e8 elements in registration order",
+    },
+    StrategyEntry {
         form: "fixed-groups:N[:bytes|:count]",
         description: "N contiguous groups in backward order, balanced by bytes (default) or tensor count (MergeComp --fusion-num)",
     },
@@ -196,6 +204,7 @@ impl FromStr for Strategy {
             ("wfbp", None, _) => Strategy::Wfbp,
             ("horovod", None, _) => Strategy::Horovod,
             ("ddp", None, _) => Strategy::Ddp,
+            ("deepspeed", None, _) => Strategy::DeepSpeed,
             ("bytescheduler", None, _) => Strategy::ByteScheduler,
             ("mgwfbp", None, _) => Strategy::MgWfbp,
             ("dear", None, _) => Strategy::Dear,
@@ -233,6 +242,7 @@ impl fmt::Display for Strategy {
             Strategy::Wfbp => f.write_str("wfbp"),
             Strategy::Horovod => f.write_str("horovod"),
             Strategy::Ddp => f.write_str("ddp"),
+            Strategy::DeepSpeed => f.write_str("deepspeed"),
             Strategy::FixedGroups { count, rule } => write!(f, "fixed-groups:{count}:{rule}"),
             Strategy::ByteScheduler => f.write_str("bytescheduler"),
             Strategy::MgWfbp => f.write_str("mgwfbp"),
@@ -253,6 +263,7 @@ impl Strategy {
     pub fn framework(&self) -> Option<&'static str> {
         match self {
             Strategy::Ddp => Some("pytorch-ddp"),
+            Strategy::DeepSpeed => Some("deepspeed"),
             Strategy::Horovod => Some("horovod"),
             Strategy::BytePs => Some("byteps"),
             _ => None,
@@ -284,6 +295,7 @@ impl Strategy {
                 &[options.first_bucket_bytes, options.bucket_bytes],
                 options,
             ),
+            Strategy::DeepSpeed => uniform(deepspeed_buckets(model), Scheme::Auto, plan_order(0.0)),
             Strategy::FixedGroups { count, rule } => uniform(
                 fixed_groups::groups(model, count, rule)?,
                 Scheme::Auto,
@@ -344,6 +356,11 @@ pub fn explicit_groups_plan(
 ) -> Plan {
     let groups = uniform_groups(groups, options, Scheme::Auto);
     scenario.plan("horovod", groups, plan_order(options.cycle_us))
+}
+
+/// DeepSpeed's buckets at stage 0, in the order it reduces them.
+pub fn deepspeed_buckets(model: &ModelProfile) -> Vec<Vec<usize>> {
+    deepspeed::buckets(model, deepspeed::BUCKET_ELEMENTS)
 }
 
 /// The groups Horovod's fusion forms with these options' threshold and cycle.
