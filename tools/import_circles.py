@@ -1,0 +1,94 @@
+"""Import circles between the top-level modules of a Rust crate's source folder.
+
+Issue 38's check that arrows only point down. It reads `crate::X` paths, and `super::X` in
+top-level files, outside `#[cfg(test)]`, and prints each group of modules that import one
+another (a strongly connected component of more than one module). Run:
+`python3 tools/import_circles.py sim/src exec/src src`.
+"""
+
+import os
+import re
+import sys
+from collections import defaultdict
+
+
+def top_modules(src):
+    """The crate's top-level modules: its files and folders besides lib.rs and main.rs."""
+    modules = set()
+    for name in os.listdir(src):
+        if name.endswith(".rs") and name not in ("lib.rs", "main.rs"):
+            modules.add(name[:-3])
+        elif os.path.isdir(os.path.join(src, name)):
+            modules.add(name)
+    return modules
+
+
+def imports(src, modules):
+    """Module -> the other top-level modules its non-test code names."""
+    edges = defaultdict(set)
+    for root, _, files in os.walk(src):
+        for name in files:
+            if not name.endswith(".rs"):
+                continue
+            path = os.path.join(root, name)
+            relative = os.path.relpath(path, src)
+            first = relative.split(os.sep)[0]
+            module = first[:-3] if first.endswith(".rs") else first
+            if module not in modules:
+                continue
+            with open(path) as file:
+                text = file.read().split("#[cfg(test)]")[0]
+            patterns = [r"\bcrate::(\w+)"]
+            if os.sep not in relative:
+                patterns.append(r"\bsuper::(\w+)")
+            for pattern in patterns:
+                for match in re.finditer(pattern, text):
+                    target = match.group(1)
+                    if target in modules and target != module:
+                        edges[module].add(target)
+    return edges
+
+
+def circles(nodes, edges):
+    """Tarjan's strongly connected components of more than one node, each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def main(folders):
+    for src in folders:
+        modules = top_modules(src)
+        found = circles(modules, imports(src, modules))
+        print(f"{src}: {len(modules)} modules, {len(found)} circles")
+        for component in found:
+            print("  " + " <-> ".join(component))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
