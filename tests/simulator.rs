@@ -57,11 +57,7 @@ fn one_link_cluster(device: &str) -> Cluster {
     cluster
 }
 
-fn run(
-    model: &ModelProfile,
-    cluster: &Cluster,
-    strategy: &str,
-) -> syncopate_sim::simulate::Summary {
+fn run(model: &ModelProfile, cluster: &Cluster, strategy: &str) -> syncopate_sim::summary::Summary {
     let strategy: Strategy = strategy.parse().unwrap();
     let scenario = Scenario::new(model.clone(), cluster.clone()).unwrap();
     let plan = strategy

@@ -37,6 +37,7 @@ pub mod search;
 pub mod simulate;
 pub mod stats;
 pub mod strategy;
+pub mod summary;
 pub mod sweep;
 pub mod tcp_fit;
 pub mod time;

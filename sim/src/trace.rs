@@ -6,7 +6,7 @@ use crate::engine::{EngineResult, TaskRecord};
 use crate::graph::TaskGraph;
 use crate::model::ModelProfile;
 use crate::schedule::{Program, Schedule, StepKind, Stream};
-use crate::simulate::Summary;
+use crate::summary::Summary;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 

@@ -4,7 +4,7 @@
 
 use crate::real_run;
 use crate::scenario::Scenario;
-use crate::simulate::Summary;
+use crate::summary::Summary;
 use crate::trace::Trace;
 use serde::Serialize;
 use std::collections::BTreeMap;

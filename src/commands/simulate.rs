@@ -9,8 +9,9 @@ use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
 use syncopate_sim::plan::{Plan, Target};
 use syncopate_sim::scenario::Scenario;
-use syncopate_sim::simulate::{simulate, SimOptions, Summary};
+use syncopate_sim::simulate::{simulate, SimOptions};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
+use syncopate_sim::summary::Summary;
 use syncopate_sim::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::{limits, SimError};
 

@@ -4,7 +4,7 @@ use super::{Outcome, Row};
 use crate::chart::{Panel, Series};
 use crate::compress::Compressor;
 use crate::csv::Csv;
-use crate::simulate::Summary;
+use crate::summary::Summary;
 
 /// The label of a line: strategy, and the compressor when it is not `none`.
 pub fn config_label(row: &Row) -> String {
