@@ -28,20 +28,35 @@ pub(super) fn comm_streams(cluster: &Cluster) -> u32 {
 /// torch/csrc/distributed/c10d/reducer.cpp) with these limits
 /// (`compute_bucket_assignment_by_size`).
 pub(super) fn buckets_by_caps(model: &ModelProfile, caps: &[u64]) -> Vec<Vec<usize>> {
-    let mut buckets = Vec::new();
-    let mut current = Vec::new();
-    let mut bytes = 0;
-    for t in 0..model.num_tensors() {
-        current.push(t);
-        bytes += model.tensors[t].bytes();
-        let cap = caps
-            .get(buckets.len())
+    let cap = |bucket: usize| {
+        caps.get(bucket)
             .or(caps.last())
             .copied()
-            .unwrap_or(u64::MAX);
-        if bytes >= cap {
+            .unwrap_or(u64::MAX)
+    };
+    fill_buckets(
+        0..model.num_tensors(),
+        |t| model.tensors[t].bytes(),
+        |bucket, bytes| bytes >= cap(bucket),
+    )
+}
+
+/// Tensors of `order` into buckets: each takes the next tensor, adds its `size`, and closes
+/// once `full(its index, its total)` says so; the rest makes the last bucket.
+pub(super) fn fill_buckets(
+    order: impl IntoIterator<Item = usize>,
+    size: impl Fn(usize) -> u64,
+    full: impl Fn(usize, u64) -> bool,
+) -> Vec<Vec<usize>> {
+    let mut buckets = Vec::new();
+    let mut current = Vec::new();
+    let mut total = 0;
+    for t in order {
+        current.push(t);
+        total += size(t);
+        if full(buckets.len(), total) {
             buckets.push(std::mem::take(&mut current));
-            bytes = 0;
+            total = 0;
         }
     }
     if !current.is_empty() {

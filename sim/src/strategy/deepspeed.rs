@@ -7,6 +7,7 @@
 //! (so it overshoots by up to one tensor), then the rest. Stage 0 never reads
 //! `reduce_bucket_size`.
 
+use super::ddp::fill_buckets;
 use crate::model::ModelProfile;
 
 /// DeepSpeed's `MEMORY_OPT_ALLREDUCE_SIZE`: elements per bucket at stage 0.
@@ -25,26 +26,16 @@ pub(super) fn buckets(model: &ModelProfile, limit: u64) -> Vec<Vec<usize>> {
             dtypes.push(model.tensors[t].dtype);
         }
     }
-    let mut buckets = Vec::new();
-    for dtype in dtypes {
-        let mut current = Vec::new();
-        let mut elements = 0u64;
-        for &t in registration
-            .iter()
-            .filter(|&&t| model.tensors[t].dtype == dtype)
-        {
-            current.push(t);
-            elements += model.tensors[t].numel;
-            if elements > limit {
-                buckets.push(std::mem::take(&mut current));
-                elements = 0;
-            }
-        }
-        if !current.is_empty() {
-            buckets.push(current);
-        }
-    }
-    buckets
+    dtypes
+        .into_iter()
+        .flat_map(|dtype| {
+            let of_dtype = registration
+                .iter()
+                .copied()
+                .filter(move |&t| model.tensors[t].dtype == dtype);
+            fill_buckets(of_dtype, |t| model.tensors[t].numel, |_, n| n > limit)
+        })
+        .collect()
 }
 
 #[cfg(test)]
