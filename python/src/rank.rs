@@ -6,9 +6,9 @@ use crate::{exec_error, sim_error, views, SyncopateError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::{Mutex, MutexGuard};
-use syncopate_exec::runtime::compressed_ring::Phase;
 use syncopate_exec::runtime::piece_state::PieceState;
 use syncopate_exec::runtime::pieces;
+use syncopate_exec::runtime::ring::Half;
 use syncopate_sim::compress::{Compressor, Element, Memory};
 use syncopate_sim::schedule::{Piece, Schedule};
 
@@ -398,11 +398,12 @@ fn copy_floats(values: &[f32], out: &Bound<'_, PyAny>, piece: usize) -> PyResult
     })?
 }
 
-/// A CaSync-Ring half by its Python name.
-fn ring_phase(name: &str) -> PyResult<Phase> {
+/// A CaSync-Ring half by its Python name: `hop` the reduce-scatter (decode, add, re-encode),
+/// `pass` the all-gather of the summed shards.
+fn ring_phase(name: &str) -> PyResult<Half> {
     match name {
-        "hop" => Ok(Phase::Hop),
-        "pass" => Ok(Phase::Pass),
+        "hop" => Ok(Half::ReduceScatter),
+        "pass" => Ok(Half::AllGather),
         other => Err(SyncopateError::new_err(format!(
             "a ring phase is `hop` or `pass`, not `{other}`"
         ))),

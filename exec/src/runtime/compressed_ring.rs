@@ -9,27 +9,17 @@
 //! n − 1 hops of a decode and an encode of one shard each inside the exchange). The summed
 //! shard c ends on the rank before c on the ring, as after a ring reduce-scatter.
 
-use super::ring::{chunk, Ring, RingLink};
+use super::ring::{chunk, step_chunks, Half, Ring, RingLink};
 use crate::compress::Codec;
 use crate::error::{ExecError, Result};
 use std::sync::atomic::AtomicBool;
 use syncopate_sim::compress::Compressor;
 
-/// The two halves of the ring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// The reduce-scatter half: decode, add and re-encode at every hop.
-    Hop,
-    /// The all-gather half: the summed shards passed on as they are.
-    Pass,
-}
-
-impl Phase {
-    fn what(self) -> &'static str {
-        match self {
-            Phase::Hop => "a CaSync-Ring hop",
-            Phase::Pass => "a CaSync-Ring summed shard",
-        }
+/// What a step of `half` moves, for errors.
+fn what(half: Half) -> &'static str {
+    match half {
+        Half::ReduceScatter => "a CaSync-Ring hop",
+        Half::AllGather => "a CaSync-Ring summed shard",
     }
 }
 
@@ -38,12 +28,12 @@ pub struct Shards {
     position: usize,
     ranks: usize,
     /// This rank's encoding of each shard: its own input's, or the sum it re-encoded at its hop.
-    pub sent: Vec<Vec<u8>>,
+    sent: Vec<Vec<u8>>,
     /// Minus the running sum each hop added this rank's shard to (zero on its own shard): with
     /// the decoded `sent`, what this rank's encodings carried of its own input.
     added_to: Vec<f32>,
     /// The summed shards, in shard order, once the exchange ran.
-    pub summed: Vec<Vec<u8>>,
+    summed: Vec<Vec<u8>>,
 }
 
 impl Shards {
@@ -91,62 +81,67 @@ impl Shards {
             });
         }
         let c = codec.compressor();
-        for phase in [Phase::Hop, Phase::Pass] {
+        for half in [Half::ReduceScatter, Half::AllGather] {
             for step in 0..w - 1 {
-                let (send, recv) = self.shards(phase, step);
+                let (send, recv) = self.shards(half, step);
                 // Taken out for the step: the received shard is another one.
-                let out = std::mem::take(self.slot(phase, send));
+                let out = std::mem::take(&mut self.slots(half)[send]);
                 let len = chunk(recv, w, input.len()).len();
-                let what = phase.what();
-                let taken = shift(link, ring, c, len, &out, what, abort, &mut |incoming| {
-                    self.take(codec, input, phase, step, incoming)
-                });
-                *self.slot(phase, send) = out;
+                let taken = shift(
+                    link,
+                    ring,
+                    c,
+                    len,
+                    &out,
+                    what(half),
+                    abort,
+                    &mut |incoming| self.take(codec, input, half, step, incoming),
+                );
+                self.slots(half)[send] = out;
                 taken?;
             }
         }
         Ok(())
     }
 
-    /// The shard that step `step` of `phase` sends, and the one it receives.
-    fn shards(&self, phase: Phase, step: usize) -> (usize, usize) {
-        let (w, p) = (self.ranks, self.position);
-        match phase {
-            Phase::Hop => ((p + w - step) % w, (p + 2 * w - step - 1) % w),
-            Phase::Pass => ((p + 1 + w - step) % w, (p + w - step) % w),
+    /// The shard that step `step` of `half` sends, and the one it receives: the chunks of a
+    /// ring allreduce's step.
+    fn shards(&self, half: Half, step: usize) -> (usize, usize) {
+        step_chunks(half, self.position, self.ranks, step)
+    }
+
+    /// Where `half` keeps its shards: this rank's encodings while hopping, the summed ones
+    /// while passing them on.
+    fn slots(&mut self, half: Half) -> &mut [Vec<u8>] {
+        match half {
+            Half::ReduceScatter => &mut self.sent,
+            Half::AllGather => &mut self.summed,
         }
     }
 
-    fn slot(&mut self, phase: Phase, shard: usize) -> &mut Vec<u8> {
-        match phase {
-            Phase::Hop => &mut self.sent[shard],
-            Phase::Pass => &mut self.summed[shard],
+    /// What step `step` of `half` sends to the next rank.
+    pub fn outgoing(&self, half: Half, step: usize) -> &[u8] {
+        let (send, _) = self.shards(half, step);
+        match half {
+            Half::ReduceScatter => &self.sent[send],
+            Half::AllGather => &self.summed[send],
         }
     }
 
-    /// What step `step` of `phase` sends to the next rank.
-    pub fn outgoing(&self, phase: Phase, step: usize) -> &[u8] {
-        let (send, _) = self.shards(phase, step);
-        match phase {
-            Phase::Hop => &self.sent[send],
-            Phase::Pass => &self.summed[send],
-        }
-    }
-
-    /// Takes what step `step` of `phase` received from the previous rank: a hop decodes it, adds
+    /// Takes what step `step` of `half` received from the previous rank: a hop decodes it, adds
     /// this rank's shard of `input` and re-encodes the sum; a pass keeps the summed shard. The
     /// last hop leaves this rank's summed shard to pass on.
     pub fn take(
         &mut self,
         codec: &mut dyn Codec,
         input: &[f32],
-        phase: Phase,
+        half: Half,
         step: usize,
         incoming: &[u8],
     ) -> Result<()> {
-        let (_, recv) = self.shards(phase, step);
-        match phase {
-            Phase::Hop => {
+        let (_, recv) = self.shards(half, step);
+        match half {
+            Half::ReduceScatter => {
                 let shard = chunk(recv, self.ranks, input.len());
                 hop(
                     codec,
@@ -159,7 +154,7 @@ impl Shards {
                     self.summed[recv].clone_from(&self.sent[recv]);
                 }
             }
-            Phase::Pass => {
+            Half::AllGather => {
                 self.summed[recv].clear();
                 self.summed[recv].extend_from_slice(incoming);
             }
@@ -251,8 +246,16 @@ pub fn reference(codecs: &mut [Box<dyn Codec>], inputs: &[Vec<f32>]) -> Result<V
     }
     for step in 0..w.saturating_sub(1) {
         for r in 0..w {
-            let incoming = ranks[(r + w - 1) % w].outgoing(Phase::Hop, step).to_vec();
-            ranks[r].take(&mut *codecs[r], &inputs[r], Phase::Hop, step, &incoming)?;
+            let incoming = ranks[(r + w - 1) % w]
+                .outgoing(Half::ReduceScatter, step)
+                .to_vec();
+            ranks[r].take(
+                &mut *codecs[r],
+                &inputs[r],
+                Half::ReduceScatter,
+                step,
+                &incoming,
+            )?;
         }
     }
     // After the hops the rank before shard c on the ring holds it summed.

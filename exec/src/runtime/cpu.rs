@@ -5,7 +5,7 @@
 
 use super::backend::{Backend, Lane};
 use super::piece_state::PieceState;
-use super::pieces::{self, wire_element_bytes, Gradients};
+use super::pieces::{wire_element_bytes, Gradients};
 use super::push_pull::{self, Messages};
 use super::ring::{self, Ring, RingLink};
 use super::sched::Failure;
@@ -288,11 +288,11 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
                 Ok(())
             }
             Exchange::CompressedRing => piece.compressed_ring(spec, link, &ring, abort),
-            Exchange::PushPull { .. } => {
+            Exchange::PushPull { server } => {
                 piece.payload = push_pull::push_pull(
                     link,
                     std::mem::take(&mut piece.payload),
-                    pieces::server_rank(spec, self.world) as usize,
+                    server as usize,
                     &mut *piece.codec,
                     &mut *piece.server_codec,
                     spec.numel as usize,

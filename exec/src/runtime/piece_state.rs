@@ -2,9 +2,9 @@
 //!
 //! It is shared by the CPU backends and the Python extension.
 
-use super::compressed_ring::{Phase, Shards};
+use super::compressed_ring::Shards;
 use super::pieces;
-use super::ring::{Ring, RingLink};
+use super::ring::{Half, Ring, RingLink};
 use crate::compress::{Codec, MemoryState};
 use crate::error::{ExecError, Result};
 use syncopate_sim::compress::{Aggregation, Memory};
@@ -128,27 +128,27 @@ impl PieceState {
         shards.exchange(link, ring, &mut *self.codec, &self.compensated, abort)
     }
 
-    /// What step `step` of a CaSync-Ring's `phase` sends to the next rank (for a transport that
+    /// What step `step` of a CaSync-Ring's `half` sends to the next rank (for a transport that
     /// drives the ring itself, as `syncopate.torch` does).
-    pub fn ring_outgoing(&self, spec: &Piece, phase: Phase, step: usize) -> Result<&[u8]> {
+    pub fn ring_outgoing(&self, spec: &Piece, half: Half, step: usize) -> Result<&[u8]> {
         match &self.shards {
-            Some(shards) => Ok(shards.outgoing(phase, step)),
+            Some(shards) => Ok(shards.outgoing(half, step)),
             None => Err(not_a_ring(spec)),
         }
     }
 
-    /// Takes what step `step` of a CaSync-Ring's `phase` received from the previous rank.
+    /// Takes what step `step` of a CaSync-Ring's `half` received from the previous rank.
     pub fn ring_take(
         &mut self,
         spec: &Piece,
-        phase: Phase,
+        half: Half,
         step: usize,
         incoming: &[u8],
     ) -> Result<()> {
         let Some(shards) = &mut self.shards else {
             return Err(not_a_ring(spec));
         };
-        shards.take(&mut *self.codec, &self.compensated, phase, step, incoming)
+        shards.take(&mut *self.codec, &self.compensated, half, step, incoming)
     }
 
     /// Refuses `what` on a CaSync-Ring piece, which has no whole payload.

@@ -30,9 +30,13 @@ pub trait RingLink {
     ) -> Result<()>;
 }
 
-/// The ranks of one ring in ring order, and this rank's position on it.
+/// The ranks of one ring in ring order, and this rank's position on it. Every ring here is
+/// evenly spaced ranks (all of them, a node's, one per node), so it is its first rank, the
+/// stride between ranks and their count.
 pub struct Ring {
-    members: Vec<usize>,
+    first: usize,
+    stride: usize,
+    ranks: usize,
     position: usize,
 }
 
@@ -40,16 +44,19 @@ impl Ring {
     /// Every rank of a transport of `world` ranks, in rank order.
     pub fn world(rank: usize, world: usize) -> Ring {
         Ring {
-            members: (0..world).collect(),
+            first: 0,
+            stride: 1,
+            ranks: world,
             position: rank,
         }
     }
 
     /// Rank `rank`'s node's ranks (`per_node` consecutive ranks make a node).
     pub fn node(rank: usize, per_node: usize) -> Ring {
-        let first = rank - rank % per_node;
         Ring {
-            members: (first..first + per_node).collect(),
+            first: rank - rank % per_node,
+            stride: 1,
+            ranks: per_node,
             position: rank % per_node,
         }
     }
@@ -57,14 +64,16 @@ impl Ring {
     /// The ranks with rank `rank`'s place in their node, one per node.
     pub fn across_nodes(rank: usize, per_node: usize, world: usize) -> Ring {
         Ring {
-            members: (rank % per_node..world).step_by(per_node).collect(),
+            first: rank % per_node,
+            stride: per_node,
+            ranks: world / per_node,
             position: rank / per_node,
         }
     }
 
     /// How many ranks the ring has (at least one: this rank).
     pub fn ranks(&self) -> usize {
-        self.members.len()
+        self.ranks
     }
 
     /// This rank's position on the ring.
@@ -73,11 +82,16 @@ impl Ring {
     }
 
     pub fn next(&self) -> usize {
-        self.members[(self.position + 1) % self.ranks()]
+        self.member(self.position + 1)
     }
 
     pub fn prev(&self) -> usize {
-        self.members[(self.position + self.ranks() - 1) % self.ranks()]
+        self.member(self.position + self.ranks - 1)
+    }
+
+    /// The rank at `position` (mod the ring's size).
+    fn member(&self, position: usize) -> usize {
+        self.first + self.stride * (position % self.ranks)
     }
 }
 
@@ -93,6 +107,26 @@ fn chunk_bytes(c: usize, chunks: usize, elements: usize, element: usize) -> Rang
     elements.start * element..elements.end * element
 }
 
+/// The two halves of a ring allreduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    /// Each step merges the received chunk into this rank's: after p − 1 steps the rank at
+    /// position r holds the sum of chunk (r + 1) mod p.
+    ReduceScatter,
+    /// Each step passes on the chunk received last, starting from the summed one.
+    AllGather,
+}
+
+/// The chunk that step `step` of `half` sends at `position` on a ring of `ranks`, and the one
+/// it receives.
+pub fn step_chunks(half: Half, position: usize, ranks: usize, step: usize) -> (usize, usize) {
+    let (w, p) = (ranks, position);
+    match half {
+        Half::ReduceScatter => ((p + w - step) % w, (p + 2 * w - step - 1) % w),
+        Half::AllGather => ((p + 1 + w - step) % w, (p + w - step) % w),
+    }
+}
+
 /// After it, the rank at position r holds the full sum over the ring of chunk (r + 1) mod p;
 /// the other chunks hold partial sums. p − 1 steps of one chunk each, summed in the wire type
 /// with the codec's `sum_into`.
@@ -104,23 +138,9 @@ pub fn reduce_scatter(
     codec: &dyn Codec,
     abort: &AtomicBool,
 ) -> Result<()> {
-    let (w, r) = (ring.ranks(), ring.position());
-    let elements = payload.len() / element;
-    for step in 0..w.saturating_sub(1) {
-        let send = chunk_bytes((r + w - step) % w, w, elements, element);
-        let recv = chunk_bytes((r + 2 * w - step - 1) % w, w, elements, element);
-        let (out, mine) = split(payload, send, recv.clone());
-        link.shift(
-            out,
-            ring.next(),
-            ring.prev(),
-            recv.len(),
-            "a reduce-scatter chunk",
-            abort,
-            &mut |other| codec.sum_into(mine, other),
-        )?;
-    }
-    Ok(())
+    let sum = |mine: &mut [u8], other: &[u8]| codec.sum_into(mine, other);
+    let (half, what) = (Half::ReduceScatter, "a reduce-scatter chunk");
+    run_half(link, ring, half, payload, element, what, abort, sum)
 }
 
 /// The all-gather half: the rank at position r starts with chunk (r + 1) summed and passes on
@@ -132,24 +152,38 @@ pub fn allgather_chunks(
     element: usize,
     abort: &AtomicBool,
 ) -> Result<()> {
+    let keep = |mine: &mut [u8], other: &[u8]| {
+        mine.copy_from_slice(other);
+        Ok(())
+    };
+    let (half, what) = (Half::AllGather, "an all-gather chunk");
+    run_half(link, ring, half, payload, element, what, abort, keep)
+}
+
+/// The p − 1 steps of `half` over `payload`'s chunks of elements of `element` bytes, each
+/// received chunk handed to `merge` with this rank's.
+#[allow(clippy::too_many_arguments)]
+fn run_half(
+    link: &dyn RingLink,
+    ring: &Ring,
+    half: Half,
+    payload: &mut [u8],
+    element: usize,
+    what: &str,
+    abort: &AtomicBool,
+    merge: impl Fn(&mut [u8], &[u8]) -> Result<()>,
+) -> Result<()> {
     let (w, r) = (ring.ranks(), ring.position());
     let elements = payload.len() / element;
     for step in 0..w.saturating_sub(1) {
-        let send = chunk_bytes((r + 1 + w - step) % w, w, elements, element);
-        let recv = chunk_bytes((r + w - step) % w, w, elements, element);
+        let (send, recv) = step_chunks(half, r, w, step);
+        let send = chunk_bytes(send, w, elements, element);
+        let recv = chunk_bytes(recv, w, elements, element);
         let (out, mine) = split(payload, send, recv.clone());
-        link.shift(
-            out,
-            ring.next(),
-            ring.prev(),
-            recv.len(),
-            "an all-gather chunk",
-            abort,
-            &mut |other| {
-                mine.copy_from_slice(other);
-                Ok(())
-            },
-        )?;
+        let (next, prev) = (ring.next(), ring.prev());
+        link.shift(out, next, prev, recv.len(), what, abort, &mut |other| {
+            merge(mine, other)
+        })?;
     }
     Ok(())
 }

@@ -60,31 +60,18 @@ class HierarchicalAllreduce:
     a process group of its own (`Link.with_nodes`). Only the shard crosses nodes."""
 
     def __init__(self, link, state, piece, length, dtype, what, staged=None):
-        element = DTYPES[dtype].itemsize
-        if length % element:
-            raise PeerFailure(f"{what}: a payload of {length} bytes is not whole {dtype} elements")
         self.link, self.what, self.length = link, what, length
-        self.dtype = DTYPES[dtype]
-        node = link.node
-        chunk = -(-(length // element) // node.world)
-        self.padded = link.buffers.get("hierarchical input", piece, chunk * node.world * element)
-        if staged is None:
-            state.copy_payload(piece, self.padded[:length].numpy())
-        else:
-            self.padded[:length].copy_(staged)
-        self.padded[length:].zero_()
-        self.shard = link.buffers.get("hierarchical shard", piece, chunk, self.dtype)
-        self.work = node.start(dist.reduce_scatter_tensor, self.shard, self.padded.view(self.dtype), async_op=True)
+        self.scattered = ReduceScatter(link.node, state, piece, length, dtype, f"{what}: reduce-scatter inside the node", staged)
 
     def finish(self):
         """The summed payload's buffer."""
-        link = self.link
-        link.node.wait(self.work, f"{self.what}: reduce-scatter inside the node")
-        across = link.across
-        across.wait(across.start(dist.all_reduce, self.shard, async_op=True), f"{self.what}: allreduce across nodes")
-        gather = link.node.start(dist.all_gather_into_tensor, self.padded.view(self.dtype), self.shard, async_op=True)
-        link.node.wait(gather, f"{self.what}: all-gather inside the node")
-        return self.padded[: self.length]
+        scattered, across, node = self.scattered, self.link.across, self.link.node
+        scattered.finish()
+        across.wait(across.start(dist.all_reduce, scattered.shard, async_op=True), f"{self.what}: allreduce across nodes")
+        whole = scattered.padded.view(scattered.dtype)
+        node.wait(node.start(dist.all_gather_into_tensor, whole, scattered.shard, async_op=True),
+                  f"{self.what}: all-gather inside the node")
+        return scattered.padded[: self.length]
 
 
 class CompressedRing:
@@ -106,29 +93,34 @@ class CompressedRing:
                 tag = link.next_tag()
                 out = torch.frombuffer(bytearray(state.ring_outgoing(piece, phase, step)), dtype=torch.uint8)
                 sends = send_sized(link, out, after, tag)
-                incoming = receive_sized(self.link, before, tag, f"{what} from rank {before}")
+                incoming = receive_sized(link, before, tag, f"{what} from rank {before}")
                 for send in sends:
                     link.wait(send, f"{what} to rank {after}")
                 state.ring_take(piece, phase, step, incoming.numpy())
 
 
 class ReduceScatter:
-    """DeAR's first half: each rank ends with the sum of its shard of the payload (padded to
-    whole shards); the shard waits for the all-gather half."""
+    """DeAR's first half, and the hierarchical allreduce's: each rank ends with the sum of its
+    shard of the payload (padded to whole shards, in `padded`); the shard waits for the
+    all-gather half. The payload is copied from the state, or from `staged` (bytes) when it was
+    encoded there."""
 
-    def __init__(self, link, state, piece, length, dtype, what):
+    def __init__(self, link, state, piece, length, dtype, what, staged=None):
         element = DTYPES[dtype].itemsize
         if length % element:
             raise PeerFailure(f"{what}: a payload of {length} bytes is not whole {dtype} elements")
         self.link, self.what = link, what
         self.count = length // element
         chunk = -(-self.count // link.world)
-        padded = link.buffers.get("reduce-scatter input", piece, chunk * link.world * element)
-        state.copy_payload(piece, padded[:length].numpy())
-        padded[length:].zero_()
+        self.padded = link.buffers.get("reduce-scatter input", piece, chunk * link.world * element)
+        if staged is None:
+            state.copy_payload(piece, self.padded[:length].numpy())
+        else:
+            self.padded[:length].copy_(staged)
+        self.padded[length:].zero_()
         self.dtype = DTYPES[dtype]
         self.shard = link.buffers.get("reduce-scatter shard", piece, chunk, self.dtype)
-        self.work = link.start(dist.reduce_scatter_tensor, self.shard, padded.view(self.dtype), async_op=True)
+        self.work = link.start(dist.reduce_scatter_tensor, self.shard, self.padded.view(self.dtype), async_op=True)
 
     def finish(self):
         self.link.wait(self.work, self.what)

@@ -6,7 +6,6 @@ communication stream takes the launch policy's next collective, launches it and 
 """
 
 import atexit
-import json
 import threading
 
 from syncopate import Launcher, SyncopateError
@@ -64,7 +63,7 @@ class Executor:
         streams = range(self.launcher.comm_streams)
         # The hierarchical allreduce runs on groups of each node's ranks and of one rank per node.
         hierarchical = any(exchange_of(r)[0] == "hierarchical-allreduce" for p in layout.pieces for r in p["rounds"])
-        per_node = json.loads(schedule_json)["world"]["ranks_per_node"]
+        per_node = layout.world["ranks_per_node"]
         self.links = [link.with_nodes(per_node) if hierarchical else link.new_group() for _ in streams]
         self.controls = None if self.launcher.order_is_fixed else [link.new_group() for _ in streams]
         self.codecs = Codecs(layout, state, link, buffers, results, scales, check, names)

@@ -30,6 +30,7 @@ class Layout:
     synchronization tails (what its update or the optimizer waits for)."""
 
     def __init__(self, schedule):
+        self.world = schedule["world"]
         self.steps = schedule["steps"]
         self.pieces = schedule["pieces"]
         self.buffers = schedule["buffers"]

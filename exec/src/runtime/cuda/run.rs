@@ -694,10 +694,10 @@ impl<'a> Backend for Run<'a> {
                     message: format!("{} has no CUDA implementation", exchange.name()),
                 })
             }
-            Exchange::PushPull { .. } => push_pull(
+            Exchange::PushPull { server } => push_pull(
                 comm,
                 &state.kernels,
-                pieces::server_rank(spec, self.world),
+                server,
                 &mut piece.codec,
                 piece.server.as_mut(),
                 &mut piece.payload,
