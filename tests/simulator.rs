@@ -552,3 +552,25 @@ fn a_rank_skew_scales_each_ranks_compute_in_an_iteration_alike_and_leaves_other_
     }
     assert_eq!(both.per_collective, plain.per_collective);
 }
+
+#[test]
+fn the_tuners_evaluator_prices_plans_with_shared_links_as_simulate_does() {
+    // Plans whose collectives share links change each other's rates, which leaves superseded
+    // events in the engine's queue past the last task; the steady time is the last task's end.
+    for (strategy, compressor) in [
+        ("byteps", "none"),
+        ("bytescheduler", "none"),
+        ("ps", "fp16"),
+        ("ddp", "none"),
+        ("dear", "none"),
+    ] {
+        let (scenario, mut plan) = scenario("resnet50", "v100-10gbe", 4, strategy, compressor);
+        plan.policy.comm_streams = 16;
+        let evaluated = syncopate_sim::evaluate::steady_iteration_time(&scenario, &plan).unwrap();
+        let simulated = simulate(&scenario, &plan, &SimOptions::default()).unwrap();
+        assert_eq!(
+            evaluated, simulated.iteration_times[0],
+            "{strategy} with {compressor}"
+        );
+    }
+}

@@ -398,7 +398,6 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         ));
     }
     engine.result.events = engine.processed;
-    engine.result.makespan = engine.now;
     Ok(engine.result)
 }
 
@@ -495,6 +494,7 @@ impl Engine<'_> {
     }
 
     fn finish_local(&mut self, rank: u32, resource: LocalStream, running: Running) {
+        self.finished_at_now();
         let task = self.graph.task(running.task);
         let iteration = task.iteration as usize;
         let busy = self.now - running.start;
@@ -548,7 +548,14 @@ impl Engine<'_> {
         }
     }
 
+    /// A task finished now. The makespan is set here, not from the clock after the loop: an
+    /// event superseded by a rate change still pops at its old, later time.
+    fn finished_at_now(&mut self) {
+        self.result.makespan = self.now;
+    }
+
     fn finish_collective(&mut self, stream: u32, running: Running) {
+        self.finished_at_now();
         let iteration = self.graph.task(running.task).iteration as usize;
         self.finished[running.task as usize] = self.ranks_n;
         if self.config.record_ranks > 0 {
