@@ -25,7 +25,8 @@ pub enum Command {
     Simulate(Box<SimulateArgs>),
     /// Search the fastest fusion and compression plan; compare it with every baseline strategy.
     Tune(Box<TuneArgs>),
-    /// Write a plan's nearest PyTorch DDP or Horovod settings, in the file that framework reads,
+    /// Write a plan's nearest PyTorch DDP, Horovod, BytePS or DeepSpeed settings, in the file
+    /// that framework reads,
     /// with the time they take as that framework runs them.
     Export(Box<ExportArgs>),
     /// Simulate a grid of GPU counts, bandwidths, strategies and compressors: table, CSV, SVG.
@@ -474,7 +475,8 @@ pub struct ExecArgs {
 pub struct ExportArgs {
     #[command(flatten)]
     pub run: LowerPlanArgs,
-    /// The framework: ddp (PyTorch DistributedDataParallel), horovod or deepspeed (stage 0).
+    /// The framework: ddp (PyTorch DistributedDataParallel), horovod, byteps (its PyTorch
+    /// plugin) or deepspeed (stage 0).
     #[arg(long)]
     pub to: String,
     #[command(flatten)]
@@ -627,10 +629,10 @@ pub struct TuneArgs {
     /// codecs are skipped).
     #[arg(long, value_enum, default_value = "group")]
     pub codec_calls: CodecCallsArg,
-    /// The framework that runs every candidate plan: `ddp` (or `pytorch-ddp`), `horovod` and
-    /// `deepspeed` search only the settings that framework has (bucket caps, bucket views and
-    /// comm hook; fusion threshold, cycle time and fp16; the communication data type), each
-    /// priced as it runs them; with `--codecs`,
+    /// The framework that runs every candidate plan: `ddp` (or `pytorch-ddp`), `horovod`,
+    /// `byteps` and `deepspeed` search only the settings that framework has (bucket caps, bucket
+    /// views and comm hook; fusion threshold, cycle time and fp16; partition size and fp16; the
+    /// communication data type), each priced as it runs them; with `--codecs`,
     /// or another framework file (see `syncopate list frameworks`; a name or a path), every
     /// plan is searched, priced with the framework's per-call costs; default none.
     #[arg(long)]
@@ -643,7 +645,7 @@ pub struct TuneArgs {
     /// Write the best plan here (`simulate --plan` on it reproduces the tuned time).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// With `--framework ddp`, `horovod` or `deepspeed`: write the tuned settings here, as
+    /// With `--framework ddp`, `horovod`, `byteps` or `deepspeed`: write the tuned settings here, as
     /// `export` does.
     #[arg(long)]
     pub export: Option<PathBuf>,

@@ -1,6 +1,6 @@
 """`syncopate export` and `tune --framework` write settings the frameworks accept: real PyTorch DDP
-builds the buckets the export predicts and trains with them; Horovod's settings use only the option
-names and types its source defines (profiles/native/horovod.json)."""
+builds the buckets the export predicts and trains with them; Horovod's, BytePS's and DeepSpeed's
+settings use only the option names, types and values their sources define (profiles/native/)."""
 
 import ast
 import importlib.util
@@ -128,6 +128,46 @@ def test_horovod_settings_use_only_its_options(profile_path, tmp_path):
                                    and getattr(n.targets[0], "id", "") == "GROUPS"))
     names = [name for name, _ in models.tiny().named_parameters()]
     assert sorted(sum(groups, [])) == sorted(names)
+
+
+@pytest.mark.parametrize("compressor", ["none", "fp16"])
+def test_byteps_settings_use_only_its_options(profile_path, tmp_path, compressor):
+    # BytePS 0.2.5.post15 does not build here (its build fetches ZeroMQ from the network), so its
+    # settings are checked against the option names, types and values read from its source.
+    options = json.loads((conftest.REPO / "profiles/native/byteps.json").read_text())["options"]
+    env = {o["name"]: o for o in options if o["kind"] == "env"}
+    kwargs = {o["name"]: o for o in options if o["kind"] == "kwarg"}
+    plan, settings, bps_plan = tmp_path / "plan.json", tmp_path / "bps_settings.py", tmp_path / "bps-plan.json"
+    # Partitions of one page (4,096 B): the tiny model's largest gradients (6,144 B) are cut in two.
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                 "--strategy", "byteps", "--partition-mb", 4096 / 2**20, "--compressor", compressor,
+                 "--save-plan", plan)
+    report = json.loads(conftest.cli("export", "--plan", plan, "--to", "byteps", "--out", settings,
+                                     "--save-plan", bps_plan, "--format", "json").stdout)
+    tree = ast.parse(settings.read_text())
+    assigned = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript):
+            assigned[node.targets[0].slice.value] = node.value.value
+    assert set(assigned) == {"BYTEPS_PARTITION_BYTES", "BYTEPS_SCHEDULING_CREDIT"}
+    for name, value in assigned.items():
+        parse = {"int": int, "bool": int}[env[name]["type"]]
+        assert parse(value) >= env[name]["min"], (name, value)
+    # BytePS cuts the gradients as the plan does: uncompressed, into the same partitions; with
+    # fp16 the core cuts the half tensor, at least a page (4,096 B) a partition, so whole here.
+    parts = [[g["partitions"] for g in json.loads(p.read_text())["groups"]] for p in (plan, bps_plan)]
+    assert max(parts[0]) == 2
+    assert parts[1] == (parts[0] if compressor == "none" else [1] * len(parts[0]))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "DistributedOptimizer"]
+    assert len(calls) == 1
+    named = {k.arg: ast.unparse(k.value) for k in calls[0].keywords}
+    assert set(named) <= set(kwargs)
+    if compressor == "fp16":
+        assert named["compression"] in kwargs["compression"]["allowed"]
+    else:
+        assert "compression" not in named
+    # Only the strategy's priorities are beyond BytePS's PyTorch plugin.
+    assert len(report["not_expressed"]) == 1 and "priority" in report["not_expressed"][0]
 
 
 def flatten_keys(config, prefix=""):

@@ -1,4 +1,4 @@
-//! `syncopate export`: a plan's nearest DDP or Horovod settings, priced as the framework runs them.
+//! `syncopate export`: a plan's nearest framework settings, priced as the framework runs them.
 //!
 //! The settings are written in the file that framework reads.
 
@@ -266,5 +266,6 @@ fn title(target: Target) -> &'static str {
         Target::Ddp => "PyTorch DistributedDataParallel",
         Target::Horovod => "Horovod (PyTorch)",
         Target::DeepSpeed => "DeepSpeed (stage 0)",
+        Target::BytePs => "BytePS (PyTorch)",
     }
 }

@@ -288,7 +288,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `tune --framework ddp|horovod`: only that framework's settings, each priced as it runs
+/// `tune --framework ddp|horovod|byteps|deepspeed`: only that framework's settings, each priced as it runs
 /// them, the fastest exported as `export` would.
 fn run_native(args: &TuneArgs, target: Target) -> anyhow::Result<()> {
     let name = target.name();

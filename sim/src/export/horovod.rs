@@ -2,7 +2,7 @@
 //!
 //! The explicit groups are those of `hvd.DistributedOptimizer`.
 
-use crate::compress::{Compressor, Memory};
+use crate::compress::Compressor;
 use crate::error::Result;
 use crate::model::ModelProfile;
 use crate::plan::{CodecCalls, Plan};
@@ -46,11 +46,7 @@ impl HorovodSettings {
 
     /// The compressor (with its memory) on every tensor: fp16 or none.
     pub(super) fn compression(&self) -> Choice {
-        if self.fp16 {
-            FP16
-        } else {
-            (Compressor::None, Memory::None)
-        }
+        super::fp16_choice(self.fp16)
     }
 
     fn options(&self) -> StrategyOptions {
@@ -128,52 +124,44 @@ impl HorovodSettings {
 
     /// Python that sets Horovod's environment (before `hvd.init()`) and builds its optimizer.
     pub(super) fn render(&self, model: &ModelProfile) -> String {
-        let mut text = String::from(
-            "# Import this module before hvd.init(): Horovod reads its environment there.\nimport os\n\n",
-        );
         let mut env = vec![
             (
                 "HOROVOD_FUSION_THRESHOLD",
                 self.fusion_threshold_bytes.to_string(),
+                "",
             ),
-            ("HOROVOD_CYCLE_TIME", self.cycle_time_ms.to_string()),
+            ("HOROVOD_CYCLE_TIME", self.cycle_time_ms.to_string(), ""),
         ];
-        if self.groups.is_some() {
-            env.push(("HOROVOD_DISABLE_GROUP_FUSION", "1".to_string()));
-        }
-        for (name, value) in env {
-            text += &format!("os.environ[\"{name}\"] = \"{value}\"\n");
-        }
-        text += "\nimport horovod.torch as hvd\n";
-        let mut args = vec![
-            "optimizer".to_string(),
-            "named_parameters=model.named_parameters()".to_string(),
-        ];
+        let mut plugin = super::Plugin {
+            name: "Horovod",
+            alias: "hvd",
+            module: "horovod.torch",
+            definitions: String::new(),
+            setup: "",
+            arguments: Vec::new(),
+        };
         if self.fp16 {
-            args.push("compression=hvd.Compression.fp16".to_string());
+            plugin
+                .arguments
+                .push("compression=hvd.Compression.fp16".to_string());
         }
         if let Some(groups) = &self.groups {
-            text += "\n# Parameters allreduced together, one list per group, in backward order.\nGROUPS = [\n";
+            env.push(("HOROVOD_DISABLE_GROUP_FUSION", "1".to_string(), ""));
+            plugin.definitions = "\n# Parameters allreduced together, one list per group, in backward order.\nGROUPS = [\n".to_string();
             for group in groups {
                 let names: Vec<String> = group
                     .iter()
                     .map(|&t| format!("{:?}", model.tensors[t].name))
                     .collect();
-                text += &format!("    [{}],\n", names.join(", "));
+                plugin.definitions += &format!("    [{}],\n", names.join(", "));
             }
-            text += "]\n";
-            args.push("groups=[[params[name] for name in group] for group in GROUPS]".to_string());
+            plugin.definitions += "]\n";
+            plugin.setup = "    params = dict(model.named_parameters())\n";
+            plugin
+                .arguments
+                .push("groups=[[params[name] for name in group] for group in GROUPS]".to_string());
         }
-        let params = if self.groups.is_some() {
-            "    params = dict(model.named_parameters())\n"
-        } else {
-            ""
-        };
-        text += &format!(
-            "\n\ndef distributed_optimizer(optimizer, model):\n    \"\"\"`optimizer` wrapped by Horovod with the exported settings (after hvd.init()).\"\"\"\n{params}    return hvd.DistributedOptimizer(\n        {},\n    )\n",
-            args.join(",\n        ")
-        );
-        text
+        plugin.render(&env)
     }
 }
 
@@ -185,7 +173,8 @@ pub(super) fn nearest(
     model: &ModelProfile,
     notes: &mut Vec<String>,
 ) -> HorovodSettings {
-    let (compressor, _) = super::uniform_choice(plan, model, "hvd.Compression", notes, expressible);
+    let (compressor, _) =
+        super::uniform_choice(plan, model, "hvd.Compression", notes, super::none_or_fp16);
     let cycle_time_ms = if plan.policy.cycle_time_us > 0.0 {
         plan.policy.cycle_time_us / 1e3
     } else {
@@ -220,26 +209,13 @@ pub(super) fn nearest(
     }
 }
 
-/// `hvd.Compression.fp16`.
-const FP16: Choice = (Compressor::Fp16, Memory::None);
-
-/// The compression of `hvd.Compression` that runs `choice` (none or fp16, without error
-/// feedback); `None` when Horovod has none for it.
-pub(super) fn expressible(choice: Choice) -> Option<Choice> {
-    match choice {
-        (c @ (Compressor::None | Compressor::Fp16), Memory::None) => Some((c, Memory::None)),
-        _ => None,
-    }
-}
-
 /// The settings `tune --framework horovod` tries: every threshold and cycle of the grids,
 /// with fp16 compression when `choices` name it.
 pub(super) fn candidates(choices: &[Choice]) -> Vec<HorovodSettings> {
-    let fp16 = choices.contains(&FP16);
     let mut out = Vec::new();
     for threshold in THRESHOLD_GRID_MIB {
         for cycle_time_ms in CYCLE_GRID_MS {
-            for fp16 in [false, true].into_iter().filter(|&f| !f || fp16) {
+            for fp16 in super::fp16_or_not(choices) {
                 out.push(HorovodSettings {
                     fusion_threshold_bytes: threshold * MIB,
                     cycle_time_ms,

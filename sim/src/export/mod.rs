@@ -7,11 +7,13 @@
 //! as that framework runs them (its strategy's plan under its framework file), so the time it
 //! prints is the time the user gets, not the plan's.
 
+mod byteps;
 mod ddp;
 mod deepspeed;
 mod horovod;
 mod tune;
 
+pub use byteps::BytePsSettings;
 pub use ddp::{DdpCaps, DdpSettings};
 pub use deepspeed::DeepSpeedSettings;
 pub use horovod::HorovodSettings;
@@ -37,6 +39,8 @@ pub enum Target {
     Horovod,
     /// DeepSpeed without ZeRO (stage 0): the data type its allreduce sends.
     DeepSpeed,
+    /// BytePS's PyTorch plugin: partition size, fp16 compression.
+    BytePs,
 }
 
 impl Target {
@@ -46,13 +50,21 @@ impl Target {
             Target::Ddp => "ddp",
             Target::Horovod => "horovod",
             Target::DeepSpeed => "deepspeed",
+            Target::BytePs => "byteps",
         }
     }
 
-    /// Whether the framework has knobs that change its buckets or fusion (DeepSpeed's stage 0
-    /// has none).
-    pub fn has_fusion_knobs(self) -> bool {
-        self != Target::DeepSpeed
+    /// Whether the framework can run any contiguous grouping of the gradients, which `tune`'s
+    /// refinement moves the boundaries of: DDP by its caps, Horovod by explicit groups;
+    /// DeepSpeed's stage 0 has fixed buckets and BytePS pushes each gradient by itself.
+    pub fn expresses_groups(self) -> bool {
+        matches!(self, Target::Ddp | Target::Horovod)
+    }
+
+    /// Whether the framework pushes and pulls through parameter servers rather than
+    /// allreducing.
+    fn uses_servers(self) -> bool {
+        self == Target::BytePs
     }
 
     /// The target a `tune --framework` value names, if it names one: the export names, and
@@ -62,6 +74,7 @@ impl Target {
             "ddp" | "pytorch-ddp" => Some(Target::Ddp),
             "horovod" => Some(Target::Horovod),
             "deepspeed" => Some(Target::DeepSpeed),
+            "byteps" => Some(Target::BytePs),
             _ => None,
         }
     }
@@ -72,15 +85,10 @@ impl FromStr for Target {
     fn from_str(text: &str) -> Result<Target> {
         match Target::of_framework(text) {
             Some(target) => Ok(target),
-            None if text == "byteps" => Err(SimError::bad_value(
-                "--to",
-                text,
-                "not exported yet: BytePS's PyTorch release (0.2.5) compresses only to fp16 and its credit orders only the intra-machine reduce, which the byteps strategy does not model; valid: ddp, horovod, deepspeed",
-            )),
             None => Err(SimError::bad_value(
                 "--to",
                 text,
-                "valid: ddp, horovod, deepspeed",
+                "valid: ddp, horovod, deepspeed, byteps",
             )),
         }
     }
@@ -92,6 +100,7 @@ pub enum Settings {
     Ddp(DdpSettings),
     Horovod(HorovodSettings),
     DeepSpeed(DeepSpeedSettings),
+    BytePs(BytePsSettings),
 }
 
 impl Settings {
@@ -100,6 +109,7 @@ impl Settings {
             Settings::Ddp(_) => Target::Ddp,
             Settings::Horovod(_) => Target::Horovod,
             Settings::DeepSpeed(_) => Target::DeepSpeed,
+            Settings::BytePs(_) => Target::BytePs,
         }
     }
 
@@ -109,6 +119,7 @@ impl Settings {
             Settings::Ddp(s) => s.framework(),
             Settings::Horovod(_) => "horovod",
             Settings::DeepSpeed(_) => "deepspeed",
+            Settings::BytePs(_) => "byteps",
         }
     }
 
@@ -117,6 +128,7 @@ impl Settings {
         match self {
             Settings::Ddp(_) | Settings::DeepSpeed(_) => None,
             Settings::Horovod(s) => s.codecs(),
+            Settings::BytePs(s) => s.codecs(),
         }
     }
 
@@ -135,6 +147,7 @@ impl Settings {
             Settings::Ddp(s) => s.plan(scenario),
             Settings::Horovod(s) => s.plan(scenario)?,
             Settings::DeepSpeed(s) => s.plan(scenario)?,
+            Settings::BytePs(s) => s.plan(scenario)?,
         };
         plan.framework = Some(self.framework().to_string());
         plan.codecs = self.codecs().map(str::to_string);
@@ -158,6 +171,7 @@ impl Settings {
             Settings::Ddp(s) => s.has_default_fusion(),
             Settings::Horovod(s) => s.has_default_fusion(),
             Settings::DeepSpeed(_) => true,
+            Settings::BytePs(s) => s.has_default_fusion(),
         }
     }
 
@@ -167,6 +181,7 @@ impl Settings {
             Settings::Ddp(s) => s.hook,
             Settings::Horovod(s) => s.compression(),
             Settings::DeepSpeed(s) => s.compression(),
+            Settings::BytePs(s) => s.compression(),
         }
     }
 
@@ -176,16 +191,19 @@ impl Settings {
             Settings::Ddp(s) => s.describe(),
             Settings::Horovod(s) => s.describe(),
             Settings::DeepSpeed(s) => s.describe(),
+            Settings::BytePs(s) => s.describe(),
         }
     }
 
     /// The flags of `syncopate simulate` that run these settings, when its strategy flags can
-    /// express them (per-bucket caps and explicit groups need the plan: `--plan`).
+    /// express them (per-bucket caps, explicit groups and BytePS's first-in-first-out queues
+    /// need the plan: `--plan`).
     pub fn simulate_flags(&self) -> Option<Vec<String>> {
         match self {
             Settings::Ddp(s) => s.simulate_flags(),
             Settings::Horovod(s) => s.simulate_flags(),
             Settings::DeepSpeed(s) => Some(s.simulate_flags()),
+            Settings::BytePs(_) => None,
         }
     }
 
@@ -196,6 +214,7 @@ impl Settings {
             Settings::Ddp(s) => s.render(),
             Settings::Horovod(s) => s.render(model),
             Settings::DeepSpeed(s) => s.render(),
+            Settings::BytePs(s) => s.render(),
         };
         text
     }
@@ -205,10 +224,85 @@ impl Settings {
 pub fn expresses(target: Target, choice: Choice) -> bool {
     let expressible = match target {
         Target::Ddp => ddp::expressible,
-        Target::Horovod => horovod::expressible,
+        Target::Horovod | Target::BytePs => none_or_fp16,
         Target::DeepSpeed => deepspeed::expressible,
     };
     expressible(choice) == Some(choice)
+}
+
+/// The plugins' own fp16 cast (Horovod's and BytePS's `Compression.fp16`), without error
+/// feedback.
+const FP16: Choice = (Compressor::Fp16, Memory::None);
+
+/// The compression a plugin whose only option is a cast to fp16 runs for `choice`: none or
+/// fp16, without error feedback; `None` when it has none for it.
+fn none_or_fp16(choice: Choice) -> Option<Choice> {
+    match choice {
+        (c @ (Compressor::None | Compressor::Fp16), Memory::None) => Some((c, Memory::None)),
+        _ => None,
+    }
+}
+
+/// The plugin's compressions `tune` tries with those `choices`: none, and fp16 when named.
+fn fp16_or_not(choices: &[Choice]) -> impl Iterator<Item = bool> {
+    let named = choices.contains(&FP16);
+    [false, true]
+        .into_iter()
+        .filter(move |&fp16| !fp16 || named)
+}
+
+/// The compressor (with its memory) of a plugin's fp16 switch.
+fn fp16_choice(fp16: bool) -> Choice {
+    if fp16 {
+        FP16
+    } else {
+        (Compressor::None, Memory::None)
+    }
+}
+
+/// A framework's PyTorch plugin configured by its environment, read at `init()`, and by the
+/// arguments of its `DistributedOptimizer` (Horovod, BytePS).
+struct Plugin {
+    /// The framework's name and the alias and module it is imported as.
+    name: &'static str,
+    alias: &'static str,
+    module: &'static str,
+    /// Python the optimizer's arguments refer to, after the import.
+    definitions: String,
+    /// Lines at the start of `distributed_optimizer`.
+    setup: &'static str,
+    /// Arguments after `optimizer` and `named_parameters`.
+    arguments: Vec<String>,
+}
+
+impl Plugin {
+    /// The module: `env` as (variable, value, comment above it) set before the import, then a
+    /// `distributed_optimizer(optimizer, model)` function.
+    fn render(&self, env: &[(&str, String, &str)]) -> String {
+        let Plugin { name, alias, .. } = self;
+        let mut text = format!(
+            "# Import this module before {alias}.init(): {name} reads its environment there.\nimport os\n\n"
+        );
+        for (variable, value, comment) in env {
+            for line in comment.lines() {
+                text += &format!("# {line}\n");
+            }
+            text += &format!("os.environ[\"{variable}\"] = \"{value}\"\n");
+        }
+        text += &format!("\nimport {} as {alias}\n", self.module);
+        text += &self.definitions;
+        let mut arguments = vec![
+            "optimizer".to_string(),
+            "named_parameters=model.named_parameters()".to_string(),
+        ];
+        arguments.extend(self.arguments.iter().cloned());
+        text += &format!(
+            "\n\ndef distributed_optimizer(optimizer, model):\n    \"\"\"`optimizer` wrapped by {name} with the exported settings (after {alias}.init()).\"\"\"\n{}    return {alias}.DistributedOptimizer(\n        {},\n    )\n",
+            self.setup,
+            arguments.join(",\n        ")
+        );
+        text
+    }
 }
 
 /// The settings nearest to a plan, and what of the plan they do not express.
@@ -242,6 +336,7 @@ pub fn nearest(target: Target, plan: &Plan, model: &ModelProfile) -> Nearest {
         Target::Ddp => Settings::Ddp(ddp::nearest(plan, model, &mut unexpressed)),
         Target::Horovod => Settings::Horovod(horovod::nearest(plan, model, &mut unexpressed)),
         Target::DeepSpeed => Settings::DeepSpeed(deepspeed::nearest(plan, model, &mut unexpressed)),
+        Target::BytePs => Settings::BytePs(byteps::nearest(plan, model, &mut unexpressed)),
     };
     Nearest {
         settings,
@@ -265,6 +360,10 @@ pub fn candidates(target: Target, choices: &[Choice]) -> Vec<Settings> {
             .into_iter()
             .map(Settings::DeepSpeed)
             .collect(),
+        Target::BytePs => byteps::candidates(choices)
+            .into_iter()
+            .map(Settings::BytePs)
+            .collect(),
     }
 }
 
@@ -276,16 +375,25 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
     let count =
         |pred: &dyn Fn(&crate::plan::Group) -> bool| plan.groups.iter().filter(|g| pred(g)).count();
     let partitioned = count(&|g| g.partitions > 1);
-    if partitioned > 0 {
+    if partitioned > 0 && !target.uses_servers() {
         notes.push(format!(
             "{partitioned} groups split into partitions: {name} sends each bucket whole"
         ));
     }
-    let other_schemes = count(&|g| !matches!(g.scheme, Scheme::Auto | Scheme::Allreduce));
-    if other_schemes > 0 {
-        notes.push(format!(
-            "{other_schemes} groups with another scheme than allreduce (hierarchical, parameter servers, reduce-scatter/all-gather, compressed ring): {name} allreduces"
-        ));
+    if target.uses_servers() {
+        let allreduced = count(&|g| g.scheme != Scheme::Ps);
+        if allreduced > 0 && plan.target.as_ref().is_none_or(|t| t.nodes > 1) {
+            notes.push(format!(
+                "{allreduced} groups with another scheme than parameter servers (allreduce, hierarchical, reduce-scatter/all-gather, compressed ring): {name} pushes and pulls through a server on each machine"
+            ));
+        }
+    } else {
+        let other_schemes = count(&|g| !matches!(g.scheme, Scheme::Auto | Scheme::Allreduce));
+        if other_schemes > 0 {
+            notes.push(format!(
+                "{other_schemes} groups with another scheme than allreduce (hierarchical, parameter servers, reduce-scatter/all-gather, compressed ring): {name} allreduces"
+            ));
+        }
     }
     let on_cpu = count(&|g| g.compress_on == crate::plan::CompressOn::Cpu);
     if on_cpu > 0 {
@@ -303,7 +411,9 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
             "each group's update before its next forward: {name} updates after every bucket is synchronized"
         ));
     }
-    if plan.codec_calls == CodecCalls::Tensor && target != Target::Horovod {
+    // Horovod and BytePS compress each gradient in its hook.
+    if plan.codec_calls == CodecCalls::Tensor && !matches!(target, Target::Horovod | Target::BytePs)
+    {
         notes.push(format!(
             "one codec call per tensor: {name} compresses each bucket in one call"
         ));

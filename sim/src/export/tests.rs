@@ -186,3 +186,94 @@ fn deepspeed_exports_its_communication_type_and_names_the_buckets_it_cannot_chan
     let grid = candidates(Target::DeepSpeed, &[(Compressor::Fp16, Memory::None)]);
     assert_eq!(grid.len(), 2);
 }
+
+#[test]
+fn byteps_runs_each_gradient_in_partitions_first_in_first_out() {
+    let base = scenario("resnet50");
+    let byteps = Strategy::BytePs
+        .plan(&base, &StrategyOptions::default())
+        .unwrap();
+    let near = nearest(Target::BytePs, &byteps, &base.model);
+    assert_eq!(
+        near.settings,
+        Settings::BytePs(BytePsSettings {
+            partition_bytes: 4_096_000,
+            fp16: false
+        })
+    );
+    // The strategy's priorities are the one thing BytePS's PyTorch plugin does not run.
+    assert_eq!(near.unexpressed.len(), 1, "{:?}", near.unexpressed);
+    assert!(near.unexpressed[0].contains("priority"));
+    let scenario = near.settings.scenario(&base).unwrap();
+    let runs = near.settings.plan(&scenario).unwrap();
+    assert_eq!(runs.policy.launch, Launch::PlanOrder);
+    assert_eq!(runs.policy.comm_streams, crate::limits::MAX_COMM_STREAMS);
+    assert_eq!(groups(&runs), groups(&byteps));
+    for group in &runs.groups {
+        let bytes = base.model.bytes_of(&group.tensors);
+        assert_eq!(
+            u64::from(group.partitions),
+            bytes.div_ceil(4_096_000).max(1)
+        );
+        assert_eq!(group.scheme, Scheme::Ps);
+    }
+}
+
+#[test]
+fn byteps_cuts_the_half_tensor_and_rounds_partitions_to_its_pages() {
+    let base = scenario("resnet50");
+    let largest = (0..base.model.num_tensors())
+        .map(|t| base.model.bytes_of(&[t]))
+        .max()
+        .unwrap();
+    let settings = |fp16| BytePsSettings {
+        partition_bytes: 1_000_000,
+        fp16,
+    };
+    let partitions = |settings: BytePsSettings, base: &Scenario| {
+        let settings = Settings::BytePs(settings);
+        let plan = settings.plan(&settings.scenario(base).unwrap()).unwrap();
+        plan.groups.iter().map(|g| g.partitions).max().unwrap()
+    };
+    // 1,000,000 rounded up to 4 GPUs' pages (16,384 B): 1,015,808; fp16 halves the bytes.
+    let core = 1_015_808u64;
+    assert_eq!(
+        u64::from(partitions(settings(false), &base)),
+        largest.div_ceil(core)
+    );
+    assert_eq!(
+        u64::from(partitions(settings(true), &base)),
+        (largest / 2).div_ceil(core)
+    );
+    // On one machine BytePS sends whole tensors over NCCL, but the plugin's cast still runs.
+    let mut one = base.clone();
+    one.cluster.nodes = 1;
+    let settings = Settings::BytePs(settings(true));
+    let plan = settings.plan(&settings.scenario(&one).unwrap()).unwrap();
+    assert!(plan
+        .groups
+        .iter()
+        .all(|g| g.compressor == Compressor::Fp16 && g.scheme == Scheme::Allreduce));
+}
+
+#[test]
+fn byteps_names_the_fusion_and_allreduce_it_cannot_run() {
+    let base = scenario("resnet50");
+    let ddp = Strategy::Ddp
+        .plan(&base, &StrategyOptions::default())
+        .unwrap();
+    let near = nearest(Target::BytePs, &ddp, &base.model);
+    let notes = near.unexpressed.join("\n");
+    assert!(notes.contains("pushes each gradient by itself"), "{notes}");
+    assert!(
+        notes.contains("another scheme than parameter servers"),
+        "{notes}"
+    );
+    assert!(!notes.contains("partitions"), "{notes}");
+    let text = near.settings.render(&base.model, &[]);
+    assert!(
+        text.contains("BYTEPS_PARTITION_BYTES\"] = \"4096000\""),
+        "{text}"
+    );
+    assert!(!text.contains("Compression.fp16"), "{text}");
+}

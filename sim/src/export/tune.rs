@@ -105,7 +105,7 @@ fn refine(
     start_time: SimTime,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Settings, SimTime, u64)> {
-    if !target.has_fusion_knobs() {
+    if !target.expresses_groups() {
         return Ok((start, start_time, 0));
     }
     let scenario = start.scenario(base)?;
