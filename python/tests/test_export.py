@@ -74,6 +74,23 @@ def test_ddp_builds_the_exported_buckets_and_trains(profile_path, tmp_path, grou
     assert simulated["iteration_time_ms"] == report["iteration_ms"]
 
 
+def test_per_bucket_caps_say_what_an_older_pytorch_lacks(profile_path, tmp_path):
+    plan, settings = tmp_path / "plan.json", tmp_path / "ddp_settings.py"
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                 "--strategy", "fixed-groups:4", "--save-plan", plan)
+    conftest.cli("export", "--plan", plan, "--to", "ddp", "--out", settings)
+    module = load_settings(settings)
+    assert "bucket_cap_mb_list=" in settings.read_text()
+
+    # A DistributedDataParallel without the argument, as in PyTorch releases before it.
+    def older(module, device_ids=None, process_group=None, bucket_cap_mb=25, gradient_as_bucket_view=False):
+        raise AssertionError("not reached")
+
+    module.DistributedDataParallel = older
+    with pytest.raises(TypeError, match="bucket_cap_mb_list.*--bucket-mb"):
+        module.wrap(models.tiny())
+
+
 @pytest.mark.parametrize("compressor,memory,written", [
     ("powersgd:2", "residual", ["powerSGD_hook", "matrix_approximation_rank=2", "use_error_feedback=True"]),
     ("fp16", "none", ["default_hooks.fp16_compress_hook"]),

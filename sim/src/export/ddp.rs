@@ -157,11 +157,16 @@ impl DdpSettings {
             }
             _ => String::new(),
         };
+        // An older PyTorch would fail on the unknown argument with a TypeError that does not say
+        // what to do; the wrap says it before building DDP.
+        let mut check = "";
         if let DdpCaps::PerBucket(_) = self.caps {
+            text = format!("import inspect\n\n{text}");
             text += "\n# bucket_cap_mb_list: one cap per bucket in MiB, in the order gradients become ready\n# (PyTorch releases that have DistributedDataParallel(bucket_cap_mb_list=...)).\n";
+            check = "    if \"bucket_cap_mb_list\" not in inspect.signature(DistributedDataParallel).parameters:\n        raise TypeError(\n            \"these settings give DDP one cap per bucket (bucket_cap_mb_list), which this PyTorch's \"\n            \"DistributedDataParallel does not take (2.15 does): use a PyTorch that has it, or export \"\n            \"a plan whose buckets one bucket_cap_mb forms (simulate --strategy ddp --bucket-mb N --save-plan)\"\n        )\n";
         }
         text += &format!(
-            "\n\ndef wrap(module, device_ids=None, process_group=None):\n    \"\"\"`module` in DistributedDataParallel with the exported settings (after init_process_group).\"\"\"\n    ddp = DistributedDataParallel(\n        {},\n    )\n{hook}    return ddp\n",
+            "\n\ndef wrap(module, device_ids=None, process_group=None):\n    \"\"\"`module` in DistributedDataParallel with the exported settings (after init_process_group).\"\"\"\n{check}    ddp = DistributedDataParallel(\n        {},\n    )\n{hook}    return ddp\n",
             args.join(",\n        ")
         );
         text
