@@ -6,6 +6,8 @@ import ast
 import importlib.util
 import inspect
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -215,3 +217,44 @@ def test_deepspeed_settings_use_only_its_keys_and_values(profile_path, tmp_path,
         option = known[path]
         assert type(value).__name__ == {"string": "str"}.get(option["type"], option["type"]), path
         assert value in option["allowed"], (path, value)
+
+
+def train_with_deepspeed(rank, world, settings_path, steps):
+    """The tiny model trained `steps` steps by DeepSpeed with the exported DS_CONFIG merged into
+    a minimal config; the data type DeepSpeed says it reduces in, the last loss and the parameters."""
+    # What DeepSpeed's launcher sets for each rank; the gloo group is already up.
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = models.tiny()
+    x, _ = models.batch(rank, 0)
+    config = {"train_micro_batch_size_per_gpu": len(x), "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+              **load_settings(settings_path).DS_CONFIG}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for step in range(steps):
+        x, y = models.batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+    return str(engine.communication_data_type), loss.item(), [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+def test_deepspeed_trains_with_the_exported_config(profile_path, tmp_path, monkeypatch):
+    # DeepSpeed on a CPU builds its shared-memory op with ninja, from the environment's bin/.
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
+    trained = {}
+    for compressor in ["none", "fp16"]:
+        plan, settings = tmp_path / f"{compressor}.json", tmp_path / f"ds_{compressor}.py"
+        conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                     "--strategy", "deepspeed", "--compressor", compressor, "--save-plan", plan)
+        conftest.cli("export", "--plan", plan, "--to", "deepspeed", "--out", settings)
+        (dtype, loss, params), (other_dtype, _, other_params) = ranks.values(
+            ranks.run(train_with_deepspeed, str(settings), 3, timeout=600))
+        assert dtype == other_dtype == {"none": "torch.float32", "fp16": "torch.float16"}[compressor]
+        assert loss == loss and params == other_params
+        trained[compressor] = torch.tensor(sum(params, []))
+    # The fp16 allreduce rounds the averaged gradients: close to fp32's, not equal.
+    assert not torch.equal(trained["none"], trained["fp16"])
+    assert torch.allclose(trained["none"], trained["fp16"], rtol=1e-2, atol=1e-3)
