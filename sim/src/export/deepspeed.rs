@@ -70,6 +70,19 @@ pub(super) fn nearest(
     model: &ModelProfile,
     notes: &mut Vec<String>,
 ) -> DeepSpeedSettings {
+    let signs = plan.groups.iter().any(|g| {
+        matches!(
+            g.compressor,
+            Compressor::OneBit | Compressor::EfSignSgd | Compressor::Signum { .. }
+        )
+    });
+    if signs {
+        // The 1-bit optimizers (OneBitAdam, OneBitLamb, ZeroOneAdam) compressed momentum to
+        // signs; see profiles/native/deepspeed.json for their removal.
+        notes.push(
+            "compression to signs: DeepSpeed's 1-bit optimizers (OneBitAdam, OneBitLamb, ZeroOneAdam) were removed in 0.19.7 (PR #8490); the current release has none".to_string(),
+        );
+    }
     let (communication, _) =
         super::uniform_choice(plan, model, "communication_data_type", notes, expressible);
     let buckets = deepspeed_buckets(model);

@@ -277,3 +277,19 @@ fn byteps_names_the_fusion_and_allreduce_it_cannot_run() {
     );
     assert!(!text.contains("Compression.fp16"), "{text}");
 }
+
+#[test]
+fn deepspeed_says_its_sign_optimizers_are_gone() {
+    let base = scenario("resnet50");
+    let options = StrategyOptions {
+        compressor: Compressor::OneBit,
+        memory: "residual".parse().unwrap(),
+        ..StrategyOptions::default()
+    };
+    let plan = Strategy::Ddp.plan(&base, &options).unwrap();
+    let notes = nearest(Target::DeepSpeed, &plan, &base.model).unexpressed;
+    assert!(
+        notes.iter().any(|n| n.contains("removed in 0.19.7")),
+        "{notes:?}"
+    );
+}
