@@ -1,8 +1,9 @@
 //! The `syncopate._syncopate` extension: what `syncopate.torch` takes from the Rust crates.
 //!
-//! That is lowering, codecs, launch policy, check and trace.
+//! That is lowering, codecs, dependency rules, launch policy, check and trace.
 
 mod check;
+mod dependencies;
 mod launch;
 mod lowering;
 mod rank;
@@ -66,6 +67,7 @@ fn _syncopate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_build, m)?)?;
     m.add_class::<rank::Rank>()?;
     m.add_class::<launch::Launcher>()?;
+    m.add_class::<dependencies::Dependencies>()?;
     m.add_class::<check::Checker>()?;
     Ok(())
 }

@@ -7,6 +7,7 @@ records a model profile.
 
 from syncopate._syncopate import (
     Checker,
+    Dependencies,
     Launcher,
     NonFiniteError,
     Rank,
@@ -21,6 +22,7 @@ from syncopate.errors import CheckFailed, NonFiniteGradient, PeerFailure, PlanMi
 __all__ = [
     "Checker",
     "CheckFailed",
+    "Dependencies",
     "Launcher",
     "NonFiniteError",
     "NonFiniteGradient",

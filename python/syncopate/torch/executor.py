@@ -26,10 +26,8 @@ class Sync:
 
     def __init__(self, layout, launcher, iteration):
         self.iteration = iteration
-        self.waiting = [
-            len(step.get("after", [])) if layout.exists_in(i, iteration) else None
-            for i, step in enumerate(layout.steps)
-        ]
+        self.waiting = layout.waiting(iteration)
+        self.successors = layout.successors(iteration)
         self.done = [False] * len(layout.steps)
         self.collectives = sum(
             1 for i, step in enumerate(layout.steps) if step["stream"] == "comm" and self.waiting[i] is not None
@@ -153,7 +151,7 @@ class Executor:
     def _done(self, index):
         sync = self.sync
         sync.done[index] = True
-        for successor in self.layout.successors[index]:
+        for successor in sync.successors[index]:
             if sync.waiting[successor] is None:
                 continue
             sync.waiting[successor] -= 1

@@ -47,7 +47,7 @@ class DistributedOptimizer:
         model = json.loads(self.model_json)
         self.params, names = match_parameters(module, model, schedule, str(plan))
         check_momentum(optimizer, self.params, names, schedule)
-        self.layout = Layout(schedule)
+        self.layout = Layout(schedule, self.schedule_json)
         self.link = Link(self.rank, self.world, timeout_s)
         self.state = Rank(self.schedule_json, self.rank, seed)
         self.recorder = timing.Recorder(self.rank)
@@ -196,7 +196,7 @@ class DistributedOptimizer:
             # The all-gathers go out as the reduce-scatters finish, overlapping the next forward.
             self.pending_updates = set(self.layout.update_step)
             return None
-        self._missing(self.layout.steps[self.layout.optimizer].get("after", []))
+        self._missing(self.layout.waits_for(self.layout.optimizer, self.iteration))
         self.executor.finish_all()
         self._attach(range(len(self.buffers)))
         return self._timed(self.layout.optimizer, self.iteration, self.optimizer.step)

@@ -1,7 +1,10 @@
 """A lowered Schedule (JSON from Rust) read into the indices the executor walks.
 
-The indices are steps, successors, pieces and groups; nothing here decides what a plan means.
+The indices are steps, pieces and groups; which step waits for which comes from the Rust
+extension (`Dependencies`), as the simulator unrolls it. Nothing here decides what a plan means.
 """
+
+from syncopate import Dependencies
 
 SYNC_STREAMS = ("codec", "cpu")
 
@@ -25,19 +28,20 @@ def exchange_of(round_):
 
 
 class Layout:
-    """The schedule's steps with their successors, where each tensor's backward and forward
-    steps are, which groups' updates run before which tensor's forward, and each group's
-    synchronization tails (what its update or the optimizer waits for)."""
+    """The schedule's steps with the dependency rules of each iteration, where each tensor's
+    backward and forward steps are, which groups' updates run before which tensor's forward, and
+    each group's synchronization tails (what its update waits for from the iteration before)."""
 
-    def __init__(self, schedule):
+    def __init__(self, schedule, schedule_json):
         self.world = schedule["world"]
         self.steps = schedule["steps"]
         self.pieces = schedule["pieces"]
         self.buffers = schedule["buffers"]
-        self.successors = [[] for _ in self.steps]
-        for index, step in enumerate(self.steps):
-            for before in step.get("after", []):
-                self.successors[before].append(index)
+        self.dependencies = Dependencies(schedule_json)
+        # Steps with `from_iteration` 1 run from the second iteration on, so the first and the
+        # second iteration's rules hold for all.
+        self._waiting = [self.dependencies.waiting(i) for i in (0, 1)]
+        self._successors = [self.dependencies.successors(i) for i in (0, 1)]
         self.backward = {}
         self.forward = {}
         self.updates_before = {}
@@ -57,10 +61,19 @@ class Layout:
                 self.update_step[fields["group"]] = index
             elif kind == "optimizer":
                 self.optimizer = index
-        self.tails = {g: self.steps[s].get("after_previous", []) for g, s in self.update_step.items()}
+        self.tails = {g: self.dependencies.waits_for_previous(s, 1) for g, s in self.update_step.items()}
 
-    def exists_in(self, index, iteration):
-        return self.steps[index].get("from_iteration", 0) <= iteration
+    def waiting(self, iteration):
+        """Per step, how many steps of its iteration it waits for, None if it does not run."""
+        return list(self._waiting[min(iteration, 1)])
+
+    def successors(self, iteration):
+        """Per step, the steps of its iteration that wait for it."""
+        return self._successors[min(iteration, 1)]
+
+    def waits_for(self, index, iteration):
+        """The steps of its iteration that step `index` waits for."""
+        return self.dependencies.waits_for(index, iteration)
 
     @property
     def overlap(self):

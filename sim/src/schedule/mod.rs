@@ -444,6 +444,32 @@ impl Schedule {
         &self.steps[index as usize]
     }
 
+    /// Whether step `index` runs in iteration `iteration` (a step with `from_iteration` 1 does
+    /// not run in the first).
+    pub fn runs_in(&self, index: u32, iteration: u32) -> bool {
+        iteration >= self.step(index).from_iteration
+    }
+
+    /// The steps of the same iteration that step `index` waits for in `iteration`: its `after`
+    /// steps that run then. The unrolled program and `syncopate.torch` both take them here.
+    pub fn waits_for(&self, index: u32, iteration: u32) -> impl Iterator<Item = u32> + '_ {
+        self.step(index)
+            .after
+            .iter()
+            .copied()
+            .filter(move |&dep| self.runs_in(dep, iteration))
+    }
+
+    /// The steps of iteration `iteration - 1` that step `index` waits for in `iteration`: its
+    /// `after_previous` steps that ran then (none in the first iteration).
+    pub fn waits_for_previous(&self, index: u32, iteration: u32) -> impl Iterator<Item = u32> + '_ {
+        self.step(index)
+            .after_previous
+            .iter()
+            .copied()
+            .filter(move |&dep| iteration > 0 && self.runs_in(dep, iteration - 1))
+    }
+
     /// The piece a synchronization step works on.
     pub fn piece_of(&self, step: &Step) -> Option<&Piece> {
         step.piece.map(|p| &self.pieces[p as usize])

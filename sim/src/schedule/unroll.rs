@@ -90,7 +90,7 @@ impl Program {
         for k in 0..iterations {
             let mut current: Vec<Option<u32>> = vec![None; steps.len()];
             for (s, step) in steps.iter().enumerate() {
-                if k < step.from_iteration {
+                if !schedule.runs_in(s as u32, k) {
                     continue;
                 }
                 let node = tasks.len() as u32;
@@ -108,15 +108,12 @@ impl Program {
                     }
                     chain_tail = Some(node);
                 }
-                for &dep in &step.after {
-                    if let Some(from) = current[dep as usize] {
-                        edges.push((from, node));
-                    }
+                // `validate` puts every `after` step earlier, so each has its task by now.
+                for dep in schedule.waits_for(s as u32, k) {
+                    edges.extend(current[dep as usize].map(|from| (from, node)));
                 }
-                for &dep in &step.after_previous {
-                    if let Some(from) = previous[dep as usize] {
-                        edges.push((from, node));
-                    }
+                for dep in schedule.waits_for_previous(s as u32, k) {
+                    edges.extend(previous[dep as usize].map(|from| (from, node)));
                 }
                 launch_keys.push(match step.launch {
                     Some(slot) => {
