@@ -2,6 +2,8 @@
 //!
 //! The CPU gradient-compression kernels write real wire formats, and the runtime executes plans.
 
+#![deny(missing_docs)]
+
 pub mod compress;
 pub mod error;
 pub mod lab;

@@ -15,6 +15,7 @@ use syncopate_sim::model::{Provenance, Status};
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct HostProfileOptions {
+    /// Name of the device profile written.
     pub name: String,
     /// Tensor sizes (elements) to time each kernel at; the curve is fitted over them.
     pub sizes: Vec<usize>,
@@ -27,6 +28,7 @@ pub struct HostProfileOptions {
 /// The smallest tensor a host profile times, and the largest by default: 4096 to 16 Mi
 /// elements reaches past the caches, to the size of a large fused buffer.
 pub const SMALLEST_PROFILED: usize = 1 << 12;
+/// The largest tensor a host profile times by default, in elements (16 Mi).
 pub const DEFAULT_LARGEST_PROFILED: usize = 1 << 24;
 
 /// The sizes a profile times: powers of four from [`SMALLEST_PROFILED`] up to `largest`.

@@ -27,17 +27,24 @@ pub const FROM_BYTES: u64 = 64 << 10;
 /// One size timed both ways.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pair {
+    /// The collective timed.
     pub op: Op,
+    /// Ranks the collective ran over.
     pub gpus: u32,
+    /// Bytes of the collective, as the sweep counts them.
     pub bytes: u64,
+    /// Time alone, µs.
     pub alone_us: f64,
+    /// Time while every rank computes, µs.
     pub beside_us: f64,
 }
 
 /// The fit and the pairs it comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepFit {
+    /// The fit through `pairs`.
     pub fit: BesideCompute,
+    /// The sizes timed both alone and beside compute.
     pub pairs: Vec<Pair>,
 }
 
@@ -97,7 +104,9 @@ impl BesideCompute {
 /// a collective is not faster beside compute, and a line that says so fits the machine's noise.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Line {
+    /// Factor on the time alone, at least 1.
     pub factor: f64,
+    /// Delay added whatever the size, µs, at least 0.
     pub delay_us: f64,
 }
 

@@ -15,16 +15,22 @@ pub struct Row {
     /// The ranks it ran on.
     #[serde(skip)]
     pub gpus: u32,
+    /// Size of the collective, bytes.
     pub bytes: u64,
+    /// Predicted time, µs (rounded to three decimals).
     pub time_us: f64,
     /// nccl-tests' algorithm bandwidth in GB/s.
     pub algbw_gbytes_per_s: f64,
     /// nccl-tests' bus bandwidth in GB/s.
     pub busbw_gbytes_per_s: f64,
+    /// Name of the predicted algorithm.
     pub algorithm: &'static str,
+    /// Name of the predicted protocol.
     pub protocol: &'static str,
+    /// Measured time, µs, when the row compares against a measurement.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub measured_time_us: Option<f64>,
+    /// Predicted minus measured time, in percent of the measured time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_pct: Option<f64>,
 }
@@ -66,7 +72,9 @@ pub fn predict(cluster: &Cluster, op: Op, sizes: &[u64]) -> Result<Vec<Row>> {
 /// Predicted against measured times: a row per measurement, the error per GPU count, and the
 /// error over the GPU counts the cluster was fitted on apart from the ones held out of the fit.
 pub struct Comparison {
+    /// Name of the cluster predicted.
     pub cluster: String,
+    /// One row per measurement, in the measurements' order.
     pub rows: Vec<Row>,
     /// Unrounded; the JSON form rounds to three decimals.
     pub errors: Vec<ErrorRow>,
@@ -74,6 +82,7 @@ pub struct Comparison {
     pub held_out_gpus: Vec<u32>,
     /// Over the other GPU counts (every count when none is held out).
     pub fit_error: Option<ErrorSummary>,
+    /// Over the held-out GPU counts (`None` when there are none).
     pub held_out_error: Option<ErrorSummary>,
 }
 

@@ -23,8 +23,11 @@ const HOST_LINK_GBYTES_PER_S: f64 = 12.0;
 /// links they keep busy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepCost {
+    /// How long the step takes.
     pub duration: SimTime,
+    /// For a collective step, its estimate (algorithm, protocol, time); None otherwise.
     pub estimate: Option<Estimate>,
+    /// The links the step keeps busy (`Links::Every` for non-collective steps).
     pub links: Links,
 }
 

@@ -8,6 +8,7 @@ pub struct Csv {
 }
 
 impl Csv {
+    /// Starts a document whose first row is `header`.
     pub fn new(header: &[&str]) -> Csv {
         let mut csv = Csv {
             text: String::new(),
@@ -16,6 +17,7 @@ impl Csv {
         csv
     }
 
+    /// Appends one row, quoting fields that hold a comma, quote or line break.
     pub fn row(&mut self, fields: impl IntoIterator<Item = String>) {
         let line: Vec<String> = fields.into_iter().map(quote).collect();
         let _ = writeln!(self.text, "{}", line.join(","));

@@ -15,14 +15,20 @@ pub const FORMAT_VERSION: u32 = 1;
 /// The kinds of data file a user can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataKind {
+    /// A model profile (`profiles/models`).
     Model,
+    /// A device profile (`profiles/devices`).
     Device,
+    /// A cluster topology (`topologies`).
     Cluster,
+    /// A framework profile (`profiles/frameworks`).
     Framework,
+    /// A codec set (`profiles/codecs`).
     Codecs,
 }
 
 impl DataKind {
+    /// The kind's name in messages, e.g. `codec set`.
     pub fn label(self) -> &'static str {
         match self {
             DataKind::Model => "model",
@@ -62,7 +68,9 @@ impl DataKind {
 
 /// The text of a data file and the label to use for it in error messages.
 pub struct Source {
+    /// The path given, or the shipped file's path in the source tree.
     pub label: String,
+    /// The file's contents.
     pub text: String,
 }
 

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostCurve {
+    /// Fixed cost per call (launch and synchronization), in µs.
     pub floor_us: f64,
+    /// Cost per element of the tensor, in ns.
     pub ns_per_element: f64,
     /// Cost per element a sparsifier keeps (`sparse_count`, what its payload carries): the
     /// work after the selection, which gathers, writes and scatters the kept values, so that
@@ -60,6 +62,7 @@ impl CostCurve {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CodecCost {
+    /// Cost of encoding one tensor: its floor and its per-element cost.
     pub encode: CostCurve,
     /// Per payload decoded: its floor and its per-element cost (elements of the payload's tensor).
     pub decode: CostCurve,
@@ -69,6 +72,7 @@ pub struct CodecCost {
     /// `exec` decode each payload into the result and have no pass of their own.
     #[serde(default, skip_serializing_if = "CostCurve::is_zero")]
     pub aggregate: CostCurve,
+    /// Where these curves come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
 }
 
@@ -83,13 +87,17 @@ pub struct Contention {
     pub compute_slowdown_with_collective: Option<f64>,
     /// Compute time multiplier while a compression kernel runs beside it.
     pub compute_slowdown_with_compression: f64,
+    /// Where these factors come from and how they were obtained.
     pub provenance: Provenance,
 }
 
+/// Whether a profile describes a GPU or a CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
+    /// A GPU, with kernel launches and SMs.
     Gpu,
+    /// A CPU (host) device.
     Cpu,
 }
 
@@ -97,14 +105,21 @@ pub enum DeviceKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceProfile {
+    /// Version of the data file format; this build reads only its own.
     pub format_version: u32,
+    /// Short name of the profile, as given on the command line (`a100-sxm4-40gb`).
     pub name: String,
+    /// Whether the device is a GPU or a CPU.
     pub kind: DeviceKind,
     /// Marketing name of the part, e.g. "Tesla V100-SXM2-32GB".
     pub model: String,
+    /// Where the figures come from: datasheets, measurements, estimates.
     pub source: String,
+    /// Memory bandwidth, in GB/s.
     pub memory_bandwidth_gbytes_per_s: f64,
+    /// Peak FP32 throughput, in TFLOPS.
     pub peak_fp32_tflops: f64,
+    /// Peak FP16 throughput (dense tensor cores on a GPU), in TFLOPS.
     pub peak_fp16_tflops: f64,
     /// Streaming multiprocessors of a GPU (datasheet), which NCCL's channels take one each of;
     /// absent for a CPU.
@@ -117,17 +132,21 @@ pub struct DeviceProfile {
     /// device to another where `crate::carry` cannot split its steps (a profile without FLOP
     /// counts, a CPU); 1.0 for the V100 itself.
     pub compute_speed_vs_v100: f64,
+    /// Where `compute_speed_vs_v100` comes from and how it was obtained.
     pub compute_speed_provenance: Provenance,
     /// Compression encode/decode curves, keyed by compressor name (`fp16`, `topk`, ...).
     pub compression: BTreeMap<String, CodecCost>,
+    /// How much compute slows down beside collective and compression kernels.
     pub contention: Contention,
 }
 
 impl DeviceProfile {
+    /// Loads a shipped profile by name, or a JSON file by path, and validates it.
     pub fn load(name_or_path: &str) -> Result<DeviceProfile> {
         data::load(DataKind::Device, name_or_path, DeviceProfile::validate)
     }
 
+    /// Checks the format version and that every rate, curve and slowdown is in range.
     pub fn validate(&self, label: &str) -> Result<()> {
         data::check_format_version(label, self.format_version)?;
         limits::check_rate(

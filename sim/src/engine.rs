@@ -28,7 +28,10 @@ pub struct EngineConfig {
     /// rank's pace), and the multipliers on top of it while a collective / a GPU compression
     /// kernel runs beside it.
     pub compute_slowdown: f64,
+    /// Compute time multiplier, on top of `compute_slowdown`, while a collective runs beside it.
     pub slowdown_with_collective: f64,
+    /// Compute time multiplier, on top of `compute_slowdown`, while a GPU compression kernel
+    /// runs beside it.
     pub slowdown_with_codec: f64,
     /// Collective time multiplier while every rank keeps its cores busy, computing or
     /// compressing (CPU ranks: the TCP stack and MPI's progress share those cores).
@@ -89,7 +92,9 @@ pub fn queue_cap_for_mean_wait(mean: f64, span: f64) -> f64 {
 /// How many ranks share how many cores.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CoreShare {
+    /// Ranks on one host.
     pub ranks: u32,
+    /// Cores of that host, which its ranks share.
     pub cores: u32,
 }
 
@@ -107,7 +112,9 @@ impl CoreShare {
 /// no noise.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Noise {
+    /// Factors for rank-local tasks, indexed task × ranks + rank.
     pub per_rank_task: Vec<f32>,
+    /// Factors for collectives, one per task index.
     pub per_collective: Vec<f32>,
     /// The ranks `per_rank_task` was drawn for.
     pub ranks: u32,
@@ -124,11 +131,15 @@ impl Noise {
 /// One executed task of a recorded rank (collectives are recorded once, with `rank` 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskRecord {
+    /// The rank that ran the task (0 for collectives).
     pub rank: u32,
+    /// Index of the task in the graph.
     pub task: u32,
     /// Communication stream index for collectives, 0 otherwise.
     pub stream: u32,
+    /// When the task started.
     pub start: SimTime,
+    /// When the task finished.
     pub end: SimTime,
 }
 
@@ -141,13 +152,16 @@ pub struct EngineResult {
     /// Per iteration: busy time of each rank's compute work and codec work (on its codec or CPU
     /// stream, or in line on its compute stream), summed over ranks.
     pub compute_busy: Vec<SimTime>,
+    /// Per iteration: busy time of each rank's codec work, summed over ranks.
     pub codec_busy: Vec<SimTime>,
     /// Per iteration: time some collective was running.
     pub comm_busy: Vec<SimTime>,
     /// Per iteration: time some collective was running while a rank's compute stream was
     /// idle, summed over ranks (communication that compute does not hide).
     pub comm_exposed: Vec<SimTime>,
+    /// Executed tasks of the recorded ranks (`EngineConfig::record_ranks`).
     pub records: Vec<TaskRecord>,
+    /// Number of events the engine processed.
     pub events: u64,
     /// When the last task finished.
     pub makespan: SimTime,

@@ -72,14 +72,20 @@ pub enum Verdict {
 /// A profile's implied compute rate next to its device's peak.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateCheck {
+    /// The precision the profile was measured in, which picks the peak.
     pub precision: Precision,
+    /// Training FLOPs of one iteration on one device.
     pub flops_per_iteration: f64,
     /// Forward plus backward time of one iteration (the optimizer step is memory-bound and left
     /// out), in seconds.
     pub compute_seconds: f64,
+    /// FLOPs per iteration over the compute time, in TFLOP/s.
     pub achieved_tflops: f64,
+    /// The device's peak at the profile's precision, in TFLOP/s.
     pub peak_tflops: f64,
+    /// `achieved_tflops` / `peak_tflops`.
     pub fraction_of_peak: f64,
+    /// What the fraction says about the timings.
     pub verdict: Verdict,
 }
 

@@ -11,9 +11,13 @@ use crate::time::SimTime;
 /// One task of one iteration, before noise and contention.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Task {
+    /// What the task does.
     pub kind: StepKind,
+    /// Iteration the task belongs to.
     pub iteration: u32,
+    /// Stream the task runs on.
     pub stream: Stream,
+    /// Predicted duration, from the cost pass.
     pub duration: SimTime,
     /// Payload bytes per rank (collectives), for traces.
     pub bytes: u64,
@@ -34,6 +38,7 @@ impl Task {
 
 /// The program and each of its tasks with its cost.
 pub struct TaskGraph {
+    /// The unrolled iterations: tasks, dependencies and launch keys.
     pub program: Program,
     tasks: Vec<Task>,
 }
@@ -71,30 +76,37 @@ impl TaskGraph {
         Ok(TaskGraph { program, tasks })
     }
 
+    /// Iterations unrolled.
     pub fn iterations(&self) -> u32 {
         self.program.iterations
     }
 
+    /// Number of tasks over all iterations.
     pub fn len(&self) -> usize {
         self.tasks.len()
     }
 
+    /// Whether the graph has no tasks.
     pub fn is_empty(&self) -> bool {
         self.tasks.is_empty()
     }
 
+    /// The task at `index`, with its cost.
     pub fn task(&self, index: u32) -> &Task {
         &self.tasks[index as usize]
     }
 
+    /// Every task, in program order.
     pub fn tasks(&self) -> &[Task] {
         &self.tasks
     }
 
+    /// Tasks that wait for task `index`.
     pub fn successors(&self, index: u32) -> &[u32] {
         self.program.successors(index)
     }
 
+    /// Number of predecessors of each task.
     pub fn indegree(&self) -> &[u32] {
         &self.program.indegree
     }

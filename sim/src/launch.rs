@@ -58,6 +58,7 @@ pub struct Launcher {
 }
 
 impl Launcher {
+    /// A launcher for `program`'s collectives under `policy`, with nothing ready or launched yet.
     pub fn new(policy: &LaunchPolicy, program: &Program, ticks: Ticks) -> Launcher {
         let n = program.len();
         Launcher {

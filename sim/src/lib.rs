@@ -1,6 +1,7 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod beside_compute;
 pub mod calibrate;

@@ -20,6 +20,7 @@ pub const MAX_NS_PER_ELEMENT: f64 = 1e4;
 pub const MAX_TENSORS: usize = 1 << 20;
 /// Slowest and fastest link or processing rate, in Gb/s or GB/s: 1 Mb/s to 10^7 Gb/s.
 pub const MIN_RATE: f64 = 1e-3;
+/// Fastest link or processing rate, in Gb/s or GB/s.
 pub const MAX_RATE: f64 = 1e7;
 /// Most ranks of a cluster (nodes × GPUs per node).
 pub const MAX_RANKS: u64 = 1 << 20;
@@ -33,6 +34,7 @@ pub const MAX_TASKS: u64 = 20_000_000;
 pub const MAX_RANK_TASKS: u64 = 1 << 31;
 /// Largest slowdown factor of a straggler, and largest jitter coefficient of variation.
 pub const MAX_SLOWDOWN: f64 = 1e3;
+/// Largest jitter coefficient of variation.
 pub const MAX_JITTER_CV: f64 = 10.0;
 /// Most bytes queued ahead on one connection (socket buffers hold megabytes).
 pub const MAX_QUEUE_BYTES: u64 = 1 << 30;

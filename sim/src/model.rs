@@ -19,12 +19,16 @@ fn is_zero(n: &u64) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
+    /// 32-bit IEEE float.
     F32,
+    /// 16-bit IEEE half float.
     F16,
+    /// bfloat16: 8 exponent bits, 7 mantissa bits.
     Bf16,
 }
 
 impl DType {
+    /// Size of one element, in bytes.
     pub fn bytes(self) -> u64 {
         match self {
             DType::F32 => 4,
@@ -37,15 +41,21 @@ impl DType {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Provenance {
+    /// Whether it was measured, estimated or calibrated.
     pub status: Status,
+    /// How it was obtained: the source, tool or formula, in prose.
     pub method: String,
 }
 
+/// How a number in a data file was obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
+    /// Measured on real hardware.
     Measured,
+    /// Estimated rather than measured (datasheets, scaling, published figures).
     Estimated,
+    /// Fitted so that predictions match measured results.
     Calibrated,
 }
 
@@ -53,8 +63,11 @@ pub enum Status {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TimingProvenance {
+    /// How the tensors' `backward_us` were obtained.
     pub backward: Provenance,
+    /// How the tensors' `forward_us` were obtained.
     pub forward: Provenance,
+    /// How `optimizer_us` was obtained.
     pub optimizer: Provenance,
     /// How the first tensor's `backward_us`, the time from the start of backward to the first
     /// ready gradient, was obtained: a gradient-ready trace cannot see it, so it may be estimated
@@ -91,6 +104,7 @@ pub struct RankSkew {
     pub cv: f64,
     /// Ranks that computed at once while it was measured.
     pub ranks: u32,
+    /// How the skew was obtained.
     pub provenance: Provenance,
 }
 
@@ -112,6 +126,7 @@ pub enum Precision {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Arithmetic {
+    /// The number format the timed kernels computed in.
     pub precision: Precision,
     /// Forward multiply-adds per sample that involve no parameter tensor (attention's Q Kᵀ and
     /// P V); the tensors' `uses_per_sample` give the rest.
@@ -131,13 +146,17 @@ pub struct Arithmetic {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tensor {
+    /// The parameter's name in the framework (`layer1.0.conv1.weight`).
     pub name: String,
+    /// Dimensions of the tensor.
     pub shape: Vec<u64>,
+    /// Number of elements: the product of `shape`.
     pub numel: u64,
     /// Forward multiply-adds each element takes part in per sample: a conv weight's output height
     /// × width, a linear weight's tokens per sample; 0 (the default) for lookups, norms and biases.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub uses_per_sample: u64,
+    /// Element type of the gradient.
     pub dtype: DType,
     /// Index in the framework's `named_parameters()`; forward runs in this order.
     pub registration_index: usize,
@@ -159,14 +178,19 @@ impl Tensor {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelProfile {
+    /// Version of the data file format; this build reads only its own.
     pub format_version: u32,
+    /// Short name of the profile, as given on the command line (`resnet50`).
     pub name: String,
+    /// The model and its input, in prose (`AlexNet (torchvision), ImageNet 224x224`).
     pub description: String,
     /// Where the sizes and timings come from.
     pub source: String,
     /// Device profile name the timings belong to (e.g. `v100-sxm2-32gb`).
     pub device: String,
+    /// The framework and version the timings were taken with (`PyTorch 1.8`).
     pub framework: String,
+    /// Samples per GPU per iteration the timings were measured at.
     pub batch_size_per_gpu: u32,
     /// What one sample is (images, sequences, ...), for throughput output.
     pub sample_unit: String,
@@ -178,12 +202,14 @@ pub struct ModelProfile {
     /// simulator then treats ranks as identical).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_skew: Option<RankSkew>,
+    /// How the forward, backward and optimizer timings were obtained.
     pub timing: TimingProvenance,
     /// FLOP description for the FLOP/s check; profiles without it are not checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arithmetic: Option<Arithmetic>,
     /// Optimizer step after all gradients are reduced.
     pub optimizer_us: f64,
+    /// The parameter tensors, in the order their gradients become ready during backward.
     pub tensors: Vec<Tensor>,
 }
 
@@ -308,14 +334,17 @@ impl ModelProfile {
         Ok(())
     }
 
+    /// Number of parameter tensors.
     pub fn num_tensors(&self) -> usize {
         self.tensors.len()
     }
 
+    /// Elements over all parameter tensors.
     pub fn total_numel(&self) -> u64 {
         self.tensors.iter().map(|t| t.numel).sum()
     }
 
+    /// Gradient bytes of one iteration, over all tensors.
     pub fn total_gradient_bytes(&self) -> u64 {
         self.tensors.iter().map(Tensor::bytes).sum()
     }
@@ -325,6 +354,7 @@ impl ModelProfile {
         tensors.iter().map(|&t| self.tensors[t].bytes()).sum()
     }
 
+    /// Backward compute of one iteration: the sum of the tensors' `backward_us`.
     pub fn backward_time(&self) -> SimTime {
         self.tensors
             .iter()
@@ -339,6 +369,7 @@ impl ModelProfile {
             .map_or(SimTime::ZERO, |t| SimTime::from_us(t.backward_us))
     }
 
+    /// Forward compute of one iteration: the sum of the tensors' `forward_us`.
     pub fn forward_time(&self) -> SimTime {
         self.tensors
             .iter()

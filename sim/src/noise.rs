@@ -19,11 +19,13 @@ pub struct NoiseSpec {
     /// Each rank is a straggler in an iteration with this probability; its compute then takes
     /// `straggler_slowdown` times longer.
     pub straggler_probability: f64,
+    /// Factor a straggler's compute time is multiplied by (1: no slowdown).
     pub straggler_slowdown: f64,
     /// Coefficient of variation of each rank's compute per iteration (lognormal with mean 1,
     /// one factor for all of a rank's compute in an iteration): the model profile's measured
     /// `rank_skew`; 0 for none.
     pub rank_skew_cv: f64,
+    /// Seed of every draw: the same seed gives the same run.
     pub seed: u64,
 }
 
@@ -40,10 +42,13 @@ impl Default for NoiseSpec {
 }
 
 impl NoiseSpec {
+    /// Whether the spec adds no randomness: no jitter, stragglers or rank skew.
     pub fn is_quiet(&self) -> bool {
         self.jitter_cv == 0.0 && self.straggler_probability == 0.0 && self.rank_skew_cv == 0.0
     }
 
+    /// Checks that the coefficients of variation, straggler probability and slowdown are in
+    /// range.
     pub fn validate(&self) -> Result<()> {
         for (field, cv) in [
             ("--jitter", self.jitter_cv),

@@ -27,17 +27,22 @@ pub const OP_ALL: &str = "push-pull-all";
 /// One row and what it says the per-message cost is.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Row {
+    /// The sweep's row.
     pub measured: Measurement,
     /// The round's time with no cost per message.
     pub bare_us: f64,
+    /// Cost per message the row implies, µs.
     pub per_message_us: f64,
 }
 
 /// One size timed one round at a time and every server's round at once.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AtOnce {
+    /// Bytes of the size timed.
     pub bytes: u64,
+    /// One round's time (the median over its rows), µs.
     pub one_us: f64,
+    /// Time of every server's round at once, µs.
     pub all_us: f64,
     /// Rounds that ran at full speed together: ranks × one / all, within 1..=ranks.
     pub rounds: f64,
@@ -47,9 +52,13 @@ pub struct AtOnce {
 /// `push-pull-all` rows), and the rows they come from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct P2pFit {
+    /// Fitted cost per message, µs, at least 0.
     pub per_message_us: f64,
+    /// The push-pull rows, each with the cost it implies.
     pub rows: Vec<Row>,
+    /// Rounds to different servers that run at once; `None` without `push-pull-all` rows.
     pub rounds_at_once: Option<f64>,
+    /// The `push-pull-all` sizes that `rounds_at_once` comes from.
     pub at_once: Vec<AtOnce>,
 }
 

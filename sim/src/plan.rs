@@ -35,6 +35,7 @@ pub enum Scheme {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CompressOn {
+    /// The GPU the rank computes on.
     #[default]
     Gpu,
     /// The host CPU, with the scenario's host profile (Espresso's CPU compression option).
@@ -47,9 +48,13 @@ pub enum CompressOn {
 pub struct Group {
     /// Indices into the model's tensors (backward order); the buffer holds them in this order.
     pub tensors: Vec<usize>,
+    /// How the group's gradients are compressed.
     pub compressor: Compressor,
+    /// What each worker keeps between steps to feed the compression error back.
     pub memory: Memory,
+    /// Where the group's compression kernels run.
     pub compress_on: CompressOn,
+    /// How the group's gradients are synchronized.
     pub scheme: Scheme,
     /// The buffer is split into this many equal pieces, each its own collective (ByteScheduler).
     pub partitions: u32,
@@ -74,6 +79,7 @@ pub enum CodecStream {
 }
 
 impl CodecStream {
+    /// As plans spell it.
     pub fn name(self) -> &'static str {
         match self {
             CodecStream::Side => "side",
@@ -123,7 +129,9 @@ pub enum Launch {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
+    /// The order in which ready collectives take a communication stream.
     pub launch: Launch,
+    /// Communication streams collectives can run on at once.
     pub comm_streams: u32,
     /// Horovod's background cycle: a ready group launches at the next multiple of this time
     /// (0: immediately).
@@ -144,7 +152,9 @@ pub struct Target {
     pub model: String,
     /// The cluster as it was named: a shipped name or an absolute path.
     pub cluster: String,
+    /// Nodes of the cluster the plan was made for.
     pub nodes: u32,
+    /// GPUs per node of that cluster.
     pub gpus_per_node: u32,
     /// The per-NIC line rate override (`--inter-gbps`), if one was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -193,15 +203,20 @@ pub fn absolute(name: &str) -> String {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
+    /// Version of the data format the plan is written in.
     pub format_version: u32,
     /// The strategy that produced the plan (informational).
     pub strategy: String,
     /// The model the plan was made for, with its tensor count and a fingerprint of its tensor
     /// names and sizes, so that a plan cannot silently be applied to another model.
     pub model: String,
+    /// Tensors in that model.
     pub model_tensors: usize,
+    /// [`fingerprint`] of that model's tensor names and sizes.
     pub model_fingerprint: String,
+    /// How the runtime launches the plan's collectives.
     pub policy: Policy,
+    /// The fusion groups, each synchronized as one buffer.
     pub groups: Vec<Group>,
     /// How the implementation running the plan lays element codes narrower than a byte on the
     /// wire: `packed` (the catalog's formats, what `exec` runs) or `bytes` (one byte per code,
@@ -273,6 +288,7 @@ impl Plan {
         }
     }
 
+    /// Reads the plan file at `path` and parses its JSON.
     pub fn load(path: &str) -> Result<Plan> {
         let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
             path: path.into(),
@@ -485,6 +501,7 @@ impl Group {
         }
     }
 
+    /// Elements of the group's tensors together.
     pub fn numel(&self, model: &ModelProfile) -> u64 {
         self.tensors.iter().map(|&t| model.tensors[t].numel).sum()
     }

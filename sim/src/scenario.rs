@@ -14,7 +14,9 @@ use crate::topology::{Cluster, TcpParams};
 /// Everything a simulation needs besides the plan, validated against each other.
 #[derive(Clone, Debug)]
 pub struct Scenario {
+    /// The model being trained.
     pub model: ModelProfile,
+    /// The cluster it trains on.
     pub cluster: Cluster,
     /// The cluster's GPU (or host) profile: compression costs and contention.
     pub device: DeviceProfile,

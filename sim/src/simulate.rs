@@ -29,6 +29,7 @@ pub struct SimOptions {
     pub warmup: u32,
     /// Measured iterations; `Some` adds Monte Carlo statistics to the summary.
     pub iterations: Option<u32>,
+    /// Randomness to add; its rank skew is always taken from the model profile.
     pub noise: NoiseSpec,
     /// Simulate every rank even without noise (the symmetric path gives the same answer).
     pub force_explicit: bool,
@@ -50,9 +51,11 @@ impl Default for SimOptions {
 
 /// A finished simulation.
 pub struct Outcome {
+    /// The steady state, summarized.
     pub summary: Summary,
     /// Per measured iteration, its duration.
     pub iteration_times: Vec<SimTime>,
+    /// The timeline of the recorded ranks, when `trace_ranks` asked for one.
     pub trace: Option<Trace>,
 }
 
@@ -96,6 +99,8 @@ pub fn rank_skew_cv(scenario: &Scenario) -> Option<f64> {
     (scenario.cluster.world_size() > 1 && skew.cv > 0.0).then_some(skew.cv)
 }
 
+/// Simulates `plan` on `scenario`: warm-up then measured iterations, with noise and the
+/// model's rank skew, summarized.
 pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Result<Outcome> {
     let skew = rank_skew_cv(scenario);
     let noise = NoiseSpec {

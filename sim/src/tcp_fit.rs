@@ -27,7 +27,9 @@ pub const RATE_REGIME_BYTES: u64 = 4 << 20;
 /// One measured collective time.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Timed {
+    /// The collective measured.
     pub op: Op,
+    /// Its GPU count, size in bytes and time in µs.
     pub measured: Measurement,
 }
 
@@ -36,6 +38,7 @@ pub struct Timed {
 pub struct TcpFit {
     /// Fitted for gloo; MPI's stays 0.
     pub call_overhead_us: f64,
+    /// Fitted software overhead of one message, µs.
     pub message_overhead_us: f64,
     /// `None` when no cap below the link's rate describes the measurements better: the TCP
     /// path keeps up with the link.

@@ -12,6 +12,7 @@ use std::ops::{Add, AddAssign, Sub};
 pub struct SimTime(pub u64);
 
 impl SimTime {
+    /// Zero nanoseconds.
     pub const ZERO: SimTime = SimTime(0);
     /// Where saturating arithmetic stops: a run that reaches it is an error.
     pub const MAX: SimTime = SimTime(u64::MAX);
@@ -37,22 +38,27 @@ impl SimTime {
         }
     }
 
+    /// The time in nanoseconds.
     pub fn as_ns(self) -> u64 {
         self.0
     }
 
+    /// The time in microseconds.
     pub fn as_us(self) -> f64 {
         self.0 as f64 / 1e3
     }
 
+    /// The time in milliseconds.
     pub fn as_ms(self) -> f64 {
         self.0 as f64 / 1e6
     }
 
+    /// The time in seconds.
     pub fn as_secs(self) -> f64 {
         self.0 as f64 / 1e9
     }
 
+    /// `self - other`, or zero when `other` is later.
     pub fn saturating_sub(self, other: SimTime) -> SimTime {
         SimTime(self.0.saturating_sub(other.0))
     }

@@ -20,9 +20,11 @@ pub enum Fabric {
     Pcie,
 }
 
+/// How the GPUs of one node are connected.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IntraNode {
+    /// The fabric that joins them.
     pub fabric: Fabric,
     /// Unidirectional bandwidth one GPU can drive into the fabric, all its links together.
     pub bandwidth_gbytes_per_s: f64,
@@ -157,10 +159,13 @@ pub enum Transport {
     Tcp,
 }
 
+/// How the nodes are connected: their NICs and the network between them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InterNode {
+    /// How NICs move bytes: InfiniBand, RoCE or kernel TCP.
     pub transport: Transport,
+    /// NICs on each node.
     pub nics_per_node: u32,
     /// Line rate of one NIC in gigabits per second.
     pub nic_bandwidth_gbps: f64,
@@ -210,6 +215,7 @@ pub struct NcclParams {
     /// calibrated algorithms runs, on all channels at every size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup: Option<NcclSetup>,
+    /// Where these parameters come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
 }
 
@@ -257,18 +263,25 @@ pub enum NcclVersion {
     V2_21,
 }
 
+/// GPU generation, whose rows of NCCL's tuner tables apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GpuArch {
+    /// Volta (V100).
     Volta,
+    /// Ampere (A100).
     Ampere,
+    /// Hopper (H100, H200).
     Hopper,
 }
 
+/// Host CPU vendor, on which NCCL's tuner prices multi-node collectives (LL cap, proxy cost).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CpuVendor {
+    /// Intel CPUs.
     Intel,
+    /// AMD CPUs.
     Amd,
 }
 
@@ -349,6 +362,7 @@ pub struct TcpParams {
     /// model's (`collective::measured`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<MeasuredSweep>,
+    /// Where these parameters come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
 }
 
@@ -381,8 +395,11 @@ impl NcclParams {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PerProtocol {
+    /// The value for NCCL's LL protocol.
     pub ll: f64,
+    /// The value for NCCL's LL128 protocol.
     pub ll128: f64,
+    /// The value for NCCL's Simple protocol.
     pub simple: f64,
 }
 
@@ -390,7 +407,9 @@ pub struct PerProtocol {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Library {
+    /// NCCL, with its cost-model parameters.
     Nccl(NcclParams),
+    /// MPI over TCP sockets.
     Mpi(TcpParams),
     /// torch.distributed's gloo backend: ring allreduce in segments, ring allgather.
     Gloo(TcpParams),
@@ -405,6 +424,7 @@ impl Library {
         }
     }
 
+    /// The TCP parameters of an MPI or gloo library, to change them.
     pub fn tcp_mut(&mut self) -> Option<&mut TcpParams> {
         match self {
             Library::Nccl(_) => None,
@@ -426,16 +446,25 @@ impl Library {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
+    /// Version of the data file format; this build reads only its own.
     pub format_version: u32,
+    /// Short name of the cluster, as given on the command line (`dgx-a100`).
     pub name: String,
+    /// What the cluster is, in prose (GPUs, fabric, NICs).
     pub description: String,
+    /// Where the figures come from: datasheets, measurements, calibrations.
     pub source: String,
     /// Device profile name of the GPUs.
     pub device: String,
+    /// Number of nodes.
     pub nodes: u32,
+    /// GPUs (ranks) on each node.
     pub gpus_per_node: u32,
+    /// How the GPUs of a node are connected.
     pub intra_node: IntraNode,
+    /// How the nodes are connected.
     pub inter_node: InterNode,
+    /// The collective library and its cost-model parameters.
     pub library: Library,
     /// How compute and communication slow each other on this cluster's ranks, measured on it
     /// (`syncopate lab up`): for CPU ranks it depends on how ranks share cores, which the
@@ -483,6 +512,7 @@ pub struct ClusterContention {
     /// The cores CPU ranks share, when they are fewer than the ranks' busy threads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_cores: Option<SharedCores>,
+    /// Where these factors come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
 }
 
@@ -518,8 +548,11 @@ impl SharedCores {
 /// Command-line changes to a cluster (`--nodes`, `--gpus-per-node`, `--inter-gbps`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ClusterOverrides {
+    /// Number of nodes instead of the file's (`--nodes`).
     pub nodes: Option<u32>,
+    /// GPUs per node instead of the file's (`--gpus-per-node`).
     pub gpus_per_node: Option<u32>,
+    /// Line rate of one NIC instead of the file's, in Gb/s (`--inter-gbps`).
     pub inter_gbps: Option<f64>,
 }
 
@@ -618,6 +651,7 @@ impl Cluster {
         Ok(())
     }
 
+    /// Checks the format version and that every count, rate and parameter is in range.
     pub fn validate(&self, label: &str) -> Result<()> {
         data::check_format_version(label, self.format_version)?;
         if self.nodes == 0 {
@@ -908,6 +942,7 @@ impl Cluster {
         Ok(())
     }
 
+    /// Total ranks: nodes × GPUs per node.
     pub fn world_size(&self) -> u32 {
         self.nodes * self.gpus_per_node
     }

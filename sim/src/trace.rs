@@ -19,16 +19,23 @@ const FIRST_COMM_TRACK: u32 = 10;
 /// One trace event: a complete span ("X") or a naming record ("M").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TraceEvent {
+    /// The span's task, or the metadata record's kind (`process_name`, `thread_name`).
     pub name: String,
+    /// Category: the task's stream, or `__metadata`.
     pub cat: String,
+    /// Phase: `X` for a complete span, `M` for metadata.
     pub ph: String,
     /// Start and duration in microseconds, as the trace-event format wants.
     #[serde(default)]
     pub ts: f64,
+    /// Duration in µs (0 for metadata).
     #[serde(default, skip_serializing_if = "crate::data::is_zero")]
     pub dur: f64,
+    /// Process id: the rank.
     pub pid: u32,
+    /// Track within the rank: compute, codec, CPU or a communication stream.
     pub tid: u32,
+    /// The task's details, or the metadata record's value.
     #[serde(default)]
     pub args: Value,
 }
@@ -36,8 +43,10 @@ pub struct TraceEvent {
 /// A run's timeline and summary; opens in Perfetto or chrome://tracing.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Trace {
+    /// Every span and metadata record.
     #[serde(rename = "traceEvents")]
     pub trace_events: Vec<TraceEvent>,
+    /// The unit viewers display times in (`ms`).
     #[serde(rename = "displayTimeUnit")]
     pub display_time_unit: String,
     /// The run's summary (`simulate --format json` for predictions).

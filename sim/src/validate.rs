@@ -12,8 +12,11 @@ use std::collections::BTreeMap;
 /// A run's time per iteration, in ms: the whole iteration, compute, communication.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Times {
+    /// The whole iteration, ms.
     pub iteration_ms: f64,
+    /// Compute per iteration, ms.
     pub compute_ms: f64,
+    /// Communication per iteration, ms.
     pub comm_ms: f64,
 }
 
@@ -30,15 +33,20 @@ impl From<&Summary> for Times {
 /// One side of the comparison: its times and its trace.
 #[derive(Clone, Copy, Debug)]
 pub struct Run<'a> {
+    /// The run's times per iteration.
     pub times: Times,
+    /// The run's trace.
     pub trace: &'a Trace,
 }
 
 /// One task kind's mean duration per measured iteration, predicted and measured.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TaskRow {
+    /// The task's name in the traces.
     pub task: String,
+    /// Mean predicted duration, µs.
     pub predicted_us: f64,
+    /// Mean measured duration, µs.
     pub measured_us: f64,
     /// (predicted − measured) / measured.
     pub error: f64,
@@ -47,19 +55,31 @@ pub struct TaskRow {
 /// What `syncopate validate` reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
+    /// The model's name.
     pub model: String,
+    /// The backend of the measured run.
     pub backend: String,
+    /// Ranks in the cluster.
     pub world_size: u32,
+    /// The cluster's name.
     pub cluster: String,
+    /// The device profile's name.
     pub device: String,
+    /// Predicted iteration time, ms.
     pub predicted_iteration_ms: f64,
+    /// Measured iteration time, ms.
     pub measured_iteration_ms: f64,
     /// (predicted − measured) / measured.
     pub error: f64,
+    /// Predicted compute per iteration, ms.
     pub predicted_compute_ms: f64,
+    /// Measured compute per iteration, ms.
     pub measured_compute_ms: f64,
+    /// Predicted communication per iteration, ms.
     pub predicted_comm_ms: f64,
+    /// Measured communication per iteration, ms.
     pub measured_comm_ms: f64,
+    /// The tasks that took longest in the measured run, longest first.
     pub largest_tasks: Vec<TaskRow>,
 }
 

@@ -21,6 +21,8 @@ pub struct MemoryState {
 }
 
 impl MemoryState {
+    /// A zeroed memory of kind `spec` for a tensor of `numel` elements; buffers only where
+    /// `spec` needs them.
     pub fn new(spec: Memory, numel: usize) -> MemoryState {
         let dgc = matches!(spec, Memory::Dgc { .. });
         MemoryState {
@@ -34,6 +36,7 @@ impl MemoryState {
         }
     }
 
+    /// The memory kind this state implements.
     pub fn spec(&self) -> Memory {
         self.spec
     }

@@ -62,11 +62,13 @@ pub fn decode<const E: u32, const M: u32, const IEEE_SPECIALS: bool>(code: u32) 
     f32::from_bits(value | sign)
 }
 
+/// Encodes an f32 as IEEE fp16 bits, ties to even, saturating at ±65504.
 #[inline(always)]
 pub fn f32_to_f16(x: f32) -> u16 {
     encode::<5, 10, 0x7BFF>(x) as u16
 }
 
+/// Decodes IEEE fp16 bits to an f32 (infinities and NaNs included).
 #[inline(always)]
 pub fn f16_to_f32(h: u16) -> f32 {
     decode::<5, 10, true>(u32::from(h))
@@ -81,28 +83,35 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     ((bits >> 16) & 0x8000) as u16 | rounded as u16
 }
 
+/// Decodes bf16 bits to an f32 exactly: they are its top 16 bits.
 #[inline(always)]
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
 }
 
+/// Encodes an f32 as fp8 e4m3, ties to even, saturating at ±[`E4M3_MAX`].
 pub fn f32_to_e4m3(x: f32) -> u8 {
     encode::<4, 3, 0x7E>(x) as u8
 }
 
+/// Decodes an fp8 e4m3 code to an f32 (e4m3 has no infinity; its all-ones code is NaN).
 pub fn e4m3_to_f32(c: u8) -> f32 {
     decode::<4, 3, false>(u32::from(c))
 }
 
+/// Encodes an f32 as fp8 e5m2, ties to even, saturating at ±[`E5M2_MAX`].
 pub fn f32_to_e5m2(x: f32) -> u8 {
     encode::<5, 2, 0x7B>(x) as u8
 }
 
+/// Decodes an fp8 e5m2 code to an f32 (infinities and NaNs included).
 pub fn e5m2_to_f32(c: u8) -> f32 {
     decode::<5, 2, true>(u32::from(c))
 }
 
+/// Largest finite magnitude of fp8 e4m3.
 pub const E4M3_MAX: f32 = 448.0;
+/// Largest finite magnitude of fp8 e5m2.
 pub const E5M2_MAX: f32 = 57344.0;
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ pub use scan::check_all as check_finite;
 /// One worker's encoder/decoder for one tensor (or fused group). Stateful compressors (signum
 /// momentum, PowerSGD's Q, random-k's step counter, DGC's sampling RNG) keep their state here.
 pub trait Codec: Send {
+    /// The compressor this codec implements.
     fn compressor(&self) -> Compressor;
 
     /// Encodes this worker's gradient into `out` (replacing its contents). Non-finite input is an

@@ -18,6 +18,7 @@ fn splitmix64(state: &mut u64) -> u64 {
 }
 
 impl Rng {
+    /// A generator seeded from `seed` through SplitMix64.
     pub fn new(seed: u64) -> Rng {
         let mut sm = seed;
         Rng {
@@ -37,6 +38,7 @@ impl Rng {
         Rng::new(seed ^ splitmix64(&mut sm))
     }
 
+    /// The next 64 bits of the xoshiro256++ stream.
     pub fn next_u64(&mut self) -> u64 {
         let s = &mut self.s;
         let result = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
@@ -78,6 +80,7 @@ impl Rng {
         )
     }
 
+    /// A uniform float in [0, 1) from the top 53 bits of one draw.
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }

@@ -28,7 +28,9 @@ const MAX_ADAPTATIONS: usize = 10;
 /// How the threshold is estimated.
 #[derive(Clone, Copy, Debug)]
 pub enum Sampling {
+    /// DGC: a strided 1% sample, its threshold adapted until the count is within ±20% of k.
     Dgc,
+    /// GradDrop: a random 0.1% sample, its threshold used without adaptation.
     GradDrop,
 }
 
@@ -65,7 +67,9 @@ const NOTHING: Estimate = Estimate {
 /// A threshold (as |x| bits) and how many elements are at or above it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Estimate {
+    /// The threshold, as the bits of |x| (which order as the values do).
     pub threshold: u32,
+    /// How many elements have |x| at or above the threshold.
     pub selected: usize,
 }
 

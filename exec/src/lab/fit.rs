@@ -22,6 +22,7 @@ use syncopate_sim::topology::{
 /// Everything `lab up` measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct LabMeasurements {
+    /// The network probes: one stream's goodput, round trips and bursts.
     pub network: NetworkProbe,
     /// Empty when the binary was built without the `mpi` feature.
     pub allreduce: Vec<CollectivePoint>,

@@ -65,6 +65,7 @@ impl SelfExe {
         self.0.to_string_lossy().into_owned()
     }
 
+    /// The executable's path.
     pub fn path(&self) -> &Path {
         &self.0
     }
@@ -73,9 +74,13 @@ impl SelfExe {
 /// A median with the spread of the repeats it came from.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
+    /// Median of the repeats.
     pub median: f64,
+    /// Smallest of the repeats.
     pub min: f64,
+    /// Largest of the repeats.
     pub max: f64,
+    /// Number of repeats summarized.
     pub repeats: usize,
 }
 
@@ -97,6 +102,7 @@ impl Spread {
         }
     }
 
+    /// The median, minimum and maximum of `values`, each value one repeat.
     pub fn of(values: &[f64]) -> Spread {
         let min = values.iter().copied().fold(f64::INFINITY, f64::min);
         let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -113,6 +119,7 @@ impl Spread {
 /// The one-way time of a message of `bytes` (with a 64-byte answer), against the shaped rate.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BurstPoint {
+    /// Bytes of the message.
     pub bytes: u32,
     /// Median round trip of the message and its small answer, µs.
     pub round_trip_us: f64,
@@ -125,10 +132,13 @@ pub struct BurstPoint {
 pub struct NetworkProbe {
     /// Bytes acknowledged by the receiver per second of one stream, Gb/s.
     pub goodput_gbps: f64,
+    /// Seconds from the first write to the receiver's count of the bytes it got.
     pub goodput_seconds: f64,
+    /// Bytes the receiver got during the goodput probe.
     pub goodput_bytes: u64,
     /// Round trips of a 64-byte ping and pong, µs.
     pub rtt_us: Spread,
+    /// One point per message size of [`BURST_PROBE_BYTES`].
     pub burst: Vec<BurstPoint>,
 }
 
@@ -245,8 +255,11 @@ fn read_message(stream: &mut TcpStream, message: &mut [u8]) -> std::io::Result<b
 /// How long and how often the client probes.
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeOptions {
+    /// Seconds the goodput probe streams for.
     pub goodput_seconds: f64,
+    /// Timed round trips of the 64-byte ping.
     pub round_trips: usize,
+    /// Timed round trips of each burst-probe message size.
     pub burst_repeats: usize,
 }
 
@@ -480,6 +493,7 @@ fn wait_ready(server: &mut std::process::Child, limit: Duration) -> Result<()> {
 pub struct CollectivePoint {
     /// nccl-tests' size: an allreduce's buffer, an allgather's gathered total.
     pub bytes: u64,
+    /// Seconds of one call, over the repeats.
     pub seconds: Spread,
     /// nccl-tests' bus bandwidth of the median (allreduce 2(n−1)/n · S / t, allgather
     /// (n−1)/n · S / t), Gb/s.
@@ -496,6 +510,7 @@ pub struct ContentionPoint {
     /// Seconds of `compute_ns` of calibrated work: alone (every rank computing at once), and
     /// while allreduces run.
     pub compute_alone: Spread,
+    /// Seconds of the same compute while allreduces run (see `compute_alone`).
     pub compute_beside_comm: Spread,
     /// Seconds of the same compute while a second thread computes too (as compression does).
     pub compute_beside_compute: Spread,
@@ -525,7 +540,9 @@ fn one_probe() -> usize {
 /// of calibration and compute together; a launch of one draw is what a run's start is.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Pace {
+    /// Nanoseconds of calibrated work each draw asks for.
     pub compute_ns: u64,
+    /// Seconds the slowest rank took for that work, over the draws.
     pub seconds: Spread,
 }
 
@@ -534,9 +551,13 @@ pub struct Pace {
 /// bytes they queued on the connections.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QueueBehind {
+    /// Bytes of the small allreduce timed.
     pub small_bytes: u64,
+    /// Bytes of each large allreduce on the second stream.
     pub large_bytes: u64,
+    /// Seconds of the small allreduce alone.
     pub alone: Spread,
+    /// Seconds of the small allreduce while the large ones run.
     pub beside_large: Spread,
 }
 
@@ -551,9 +572,13 @@ impl QueueBehind {
 /// computes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CommBesideCompute {
+    /// The collective timed.
     pub op: Op,
+    /// Bytes of the collective (an allgather's gathered total).
     pub bytes: u64,
+    /// Seconds of the collective alone.
     pub alone: Spread,
+    /// Seconds of the collective while every rank computes.
     pub beside_compute: Spread,
 }
 
@@ -650,10 +675,12 @@ impl ContentionPoint {
         (alone.median / (self.compute_ns as f64 / 1e9)).max(1.0)
     }
 
+    /// Compute's slowdown while allreduces run: beside-comm over alone, at least 1.
     pub fn compute_slowdown(&self) -> f64 {
         (self.compute_beside_comm.median / self.compute_alone.median).max(1.0)
     }
 
+    /// Compute's slowdown while a second thread computes (as compression does), at least 1.
     pub fn compression_slowdown(&self) -> f64 {
         (self.compute_beside_compute.median / self.compute_alone.median).max(1.0)
     }

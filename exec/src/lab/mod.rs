@@ -59,10 +59,15 @@ pub const MAX_LATENCY_US: f64 = 1e6;
 /// What `lab up` is asked to make.
 #[derive(Clone, Debug)]
 pub struct LabSpec {
+    /// The lab's name (`--name`): it prefixes its namespaces and interfaces.
     pub name: String,
+    /// Number of emulated nodes (`--nodes`).
     pub nodes: u32,
+    /// Shaped rate of each node's link in each direction, in Gb/s (`--gbps`).
     pub gbps: f64,
+    /// One-way delay added to each node's egress, in µs (`--latency-us`; 0: none).
     pub latency_us: f64,
+    /// CPUs pinned per node, dealt round-robin (`--cores-per-node`; none: not pinned).
     pub cores_per_node: Option<u32>,
     /// HTB burst in bytes (default: [`shape::default_burst`]).
     pub burst_bytes: Option<u64>,
@@ -336,10 +341,15 @@ pub fn down(name: &str) -> Result<LabState> {
 /// One node as `lab status` shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct NodeStatus {
+    /// The node's network namespace.
     pub namespace: String,
+    /// The node's IPv4 address on the lab's /24.
     pub address: String,
+    /// The node's NIC: the veth end inside its namespace.
     pub interface: String,
+    /// CPUs the node's processes are pinned to (empty: not pinned).
     pub cpus: Vec<u32>,
+    /// Whether the namespace exists now.
     pub namespace_exists: bool,
     /// Counters of the node's egress shaper (None when it is missing).
     pub egress: Option<shape::Counters>,
@@ -350,19 +360,32 @@ pub struct NodeStatus {
 /// `lab status`: what the state file says and what of it exists.
 #[derive(Clone, Debug, Serialize)]
 pub struct LabStatus {
+    /// The lab's name.
     pub name: String,
+    /// Whether `lab up` finished making it.
     pub complete: bool,
+    /// Shaped rate of each node's egress and ingress, in Gb/s.
     pub gbps: f64,
+    /// HTB burst of every shaped direction, in bytes.
     pub burst_bytes: u64,
+    /// Delay added to each node's egress, in µs (0: none).
     pub latency_us: f64,
+    /// The lab's /24, e.g. `198.18.0.0/24`.
     pub subnet: String,
+    /// The bridge's name in the root namespace.
     pub bridge: String,
+    /// Whether the bridge exists now.
     pub bridge_exists: bool,
+    /// The root namespace's address on the bridge.
     pub root_address: String,
+    /// Each node's status, in node order.
     pub nodes: Vec<NodeStatus>,
+    /// The `syncopate lab up` command line that made the lab.
     pub command: String,
 }
 
+/// `lab status`: the lab called `name` as recorded, which of its objects exist, and
+/// its shapers' counters.
 pub fn status(name: &str) -> Result<LabStatus> {
     check_name(name)?;
     preflight::check(name, preflight::Needs::default())?;

@@ -47,10 +47,12 @@ pub fn free_subnet(lab: &str, others: &[LabState]) -> Result<u32> {
         })
 }
 
+/// Whether the network namespace `name` exists (has an entry in `/run/netns`).
 pub fn namespace_exists(name: &str) -> bool {
     Path::new("/run/netns").join(name).exists()
 }
 
+/// Whether a link called `name` exists in the root namespace (`ip link show`).
 pub fn link_exists(name: &str) -> Result<bool> {
     tool::succeeds("ip", &["link", "show", "dev", name])
 }

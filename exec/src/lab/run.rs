@@ -35,27 +35,35 @@ pub enum Output {
 /// What to run and how.
 #[derive(Clone, Debug)]
 pub struct RunSpec {
+    /// Ranks launched on each node (`--ranks-per-node`).
     pub ranks_per_node: u32,
     /// Launch through `mpirun` (one MPMD application context per rank).
     pub mpi: bool,
+    /// How long the whole run may take before its ranks are stopped.
     pub timeout: Duration,
     /// The program and its arguments.
     pub command: Vec<String>,
+    /// Rendezvous port given to the ranks as `MASTER_PORT`.
     pub master_port: u16,
+    /// Where the ranks' standard output goes.
     pub output: Output,
 }
 
 /// What a successful run leaves: the captured standard output (empty with [`Output::Print`]).
 #[derive(Clone, Debug, Default)]
 pub struct RunOutcome {
+    /// Every rank's captured standard output (empty with [`Output::Print`]).
     pub stdout: String,
 }
 
 /// One rank's place in the lab.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Placement {
+    /// The rank's global index.
     pub rank: u32,
+    /// Index of the node it runs on.
     pub node: usize,
+    /// Its index among its node's ranks.
     pub local_rank: u32,
 }
 
@@ -210,6 +218,8 @@ fn mpirun_command(lab: &LabState, spec: &RunSpec, ranks: &[Placement]) -> Comman
     command
 }
 
+/// mpirun's arguments: TCP transports on the lab's subnet and bridge, then one MPMD
+/// application context (`-np 1` on its node) per rank.
 pub fn mpirun_args(lab: &LabState, spec: &RunSpec, ranks: &[Placement]) -> Vec<String> {
     let mut args: Vec<String> = [
         "--allow-run-as-root",

@@ -103,9 +103,13 @@ pub fn rate_bits(gbps: f64) -> u64 {
 /// What a link's shaper has passed and refused since it was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
+    /// Bytes the root qdisc has sent.
     pub bytes: u64,
+    /// Packets the root qdisc has sent.
     pub packets: u64,
+    /// Packets the qdisc dropped.
     pub drops: u64,
+    /// Times the shaper found its rate exceeded (tc's `overlimits`).
     pub overlimits: u64,
 }
 

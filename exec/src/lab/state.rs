@@ -20,13 +20,21 @@ pub const STATE_DIR: &str = "/run/syncopate";
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Created {
     /// A named network namespace (`ip netns add`).
-    Namespace { name: String },
+    Namespace {
+        /// The namespace's name.
+        name: String,
+    },
     /// A link in the root namespace (the bridge, or the root end of a veth pair; deleting it
     /// deletes its peer).
-    Link { name: String },
+    Link {
+        /// The link's name.
+        name: String,
+    },
     /// A root qdisc on `dev`, inside `namespace` when given.
     Qdisc {
+        /// The namespace the device is in (none: the root namespace).
         namespace: Option<String>,
+        /// The device the qdisc is on.
         dev: String,
     },
 }
@@ -35,11 +43,13 @@ pub enum Created {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Node {
+    /// The node's network namespace, `NAME-nI`.
     pub namespace: String,
     /// The veth end inside the namespace: the node's NIC.
     pub interface: String,
     /// The veth end in the root namespace, a port of the bridge.
     pub bridge_port: String,
+    /// The node's IPv4 address on the lab's /24.
     pub address: String,
     /// CPUs the node's processes are pinned to (empty: not pinned).
     pub cpus: Vec<u32>,
@@ -49,7 +59,9 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabState {
+    /// The state file's format version ([`STATE_FORMAT_VERSION`]).
     pub format_version: u32,
+    /// The lab's name.
     pub name: String,
     /// The `syncopate lab up` command line that made it.
     pub command: String,
@@ -61,9 +73,11 @@ pub struct LabState {
     pub latency_us: f64,
     /// The lab's /24, e.g. `198.18.0.0/24`.
     pub subnet: String,
+    /// The bridge's name in the root namespace, `NAME-br`.
     pub bridge: String,
     /// The root namespace's address on the bridge (mpirun's PMIx server listens there).
     pub root_address: String,
+    /// The emulated nodes, in node order.
     pub nodes: Vec<Node>,
     /// Objects created so far, in order.
     pub created: Vec<Created>,
@@ -81,6 +95,7 @@ pub struct Lock {
 /// How long `lock` waits for another `lab up` to finish claiming.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
+/// Takes the lock over all labs' state files, waiting at most 20 s for another holder.
 pub fn lock() -> Result<Lock> {
     use std::os::fd::AsRawFd;
     let path = Path::new(STATE_DIR).join(".lock");
@@ -229,6 +244,7 @@ impl LabState {
         }
     }
 
+    /// The lab's node count.
     pub fn world_nodes(&self) -> u32 {
         self.nodes.len() as u32
     }

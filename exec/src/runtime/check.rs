@@ -21,11 +21,15 @@ use syncopate_sim::schedule::Schedule;
 /// What `--check` found for one group over every checked iteration and piece.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GroupCheck {
+    /// Index of the schedule's group checked.
     pub group: usize,
+    /// The group's compressor spec.
     pub compressor: String,
+    /// Pieces checked, counting each iteration of a piece once.
     pub checked: u32,
     /// Largest |result − reference| / max |reference| over ranks, pieces and iterations.
     pub max_error_vs_reference: f64,
+    /// Bound on `max_error_vs_reference`: the slack of a different summation order.
     pub tolerance_vs_reference: f64,
     /// Largest ‖result − Σ inputs‖₂ / ‖Σ inputs‖₂: the compressor's own loss.
     pub max_error_vs_sum: f64,
@@ -33,6 +37,7 @@ pub struct GroupCheck {
     /// design and are judged against the reference only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tolerance_vs_sum: Option<f64>,
+    /// Whether every error so far is within its tolerance.
     pub ok: bool,
 }
 
@@ -196,6 +201,7 @@ impl Checker {
         Ok(())
     }
 
+    /// Every group's check so far, by group index.
     pub fn report(&self) -> Vec<GroupCheck> {
         self.groups.lock().expect("a checker lock").clone()
     }

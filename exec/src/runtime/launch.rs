@@ -10,7 +10,9 @@ pub const DEFAULT_PORT: u16 = 29500;
 /// This process's place in a launch of one process per GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchInfo {
+    /// Global rank of this process, in 0..world.
     pub rank: u32,
+    /// Total number of processes in the launch.
     pub world: u32,
     /// Index of this process's GPU on its node.
     pub local_rank: u32,

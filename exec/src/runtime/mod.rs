@@ -45,7 +45,10 @@ use syncopate_sim::time::SimTime;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// CPU threads on this machine with the CPU kernels and in-process channels.
-    Host { ranks: u32 },
+    Host {
+        /// Ranks to run, as threads of this process.
+        ranks: u32,
+    },
     /// The visible GPUs (or this process's one rank of a multi-process launch), NCCL.
     Cuda,
 }
@@ -53,7 +56,9 @@ pub enum Backend {
 /// How to run.
 #[derive(Clone, Debug)]
 pub struct ExecOptions {
+    /// Warm-up iterations, run before the measured ones and not measured.
     pub warmup: u32,
+    /// Measured iterations.
     pub iterations: u32,
     /// Verify every rank's aggregated gradients (see [`check`]).
     pub check: bool,
@@ -65,12 +70,15 @@ pub struct ExecOptions {
 
 /// What a backend runs: the schedule, K iterations of it, and the run's options.
 pub struct Job<'a> {
+    /// The lowered plan every rank runs.
     pub schedule: &'a Schedule,
+    /// The schedule unrolled over every iteration the run executes.
     pub program: Program,
     /// Each tensor's group and its slot in the group's buffer.
     pub slots: Vec<(u32, Slot)>,
     /// Multiplier on every compute step's profiled time.
     pub compute_scale: f64,
+    /// How to run: iterations, checking, seed and timeout.
     pub options: &'a ExecOptions,
 }
 
@@ -95,20 +103,30 @@ pub struct Measured {
     /// Per finished iteration: when the last rank finished its closing step
     /// (`Schedule::iteration_end`).
     pub iteration_end: Vec<SimTime>,
+    /// Ranks that ran.
     pub ranks: u32,
+    /// What `--check` found, group by group (empty when not checking).
     pub checks: Vec<GroupCheck>,
 }
 
 /// What `exec --format json` prints and a measured trace carries as `otherData`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MeasuredSummary {
+    /// The model's name, as the schedule records it.
     pub model: String,
+    /// The strategy that produced the plan.
     pub strategy: String,
+    /// The backend that ran it (`host`, `mpi` or `cuda`).
     pub backend: String,
+    /// Ranks that ran.
     pub world_size: u32,
+    /// Warm-up iterations, left out of the measured times.
     pub warmup_iterations: u32,
+    /// Iterations whose time was measured.
     pub measured_iterations: u32,
+    /// Mean time of the measured iterations, ms.
     pub iteration_time_ms: f64,
+    /// Each measured iteration's time, ms.
     pub iteration_times_ms: Vec<f64>,
     /// Busy time of rank 0's compute stream per measured iteration.
     pub compute_ms: f64,
@@ -118,7 +136,9 @@ pub struct MeasuredSummary {
     pub comm_ms: f64,
     /// Factor applied to the model profile's compute times.
     pub compute_scale: f64,
+    /// Seed of the synthetic gradients and of the stochastic codecs.
     pub seed: u64,
+    /// What `--check` found, group by group (absent when not checking).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checks: Vec<GroupCheck>,
 }
@@ -211,11 +231,17 @@ fn counted_on(step: &Step) -> Stream {
 
 /// What a measured run's summary says about how it ran.
 pub struct RunInfo<'a> {
+    /// The schedule that ran.
     pub schedule: &'a Schedule,
+    /// The schedule unrolled as the run executed it.
     pub program: &'a Program,
+    /// Warm-up iterations, left out of the measured times.
     pub warmup: u32,
+    /// Seed of the synthetic gradients and of the stochastic codecs.
     pub seed: u64,
+    /// Multiplier on every compute step's profiled time.
     pub compute_scale: f64,
+    /// Name of the backend that ran it, as the summary reports it.
     pub backend: &'a str,
 }
 

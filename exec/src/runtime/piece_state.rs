@@ -13,14 +13,17 @@ use syncopate_sim::schedule::{Piece, Schedule};
 /// One rank's buffers and codec state for one piece. The transports move `payload` (and fill
 /// `gathered` for allgathers); the primitives below do everything else.
 pub struct PieceState {
+    /// This rank's codec for the piece.
     pub codec: Box<dyn Codec>,
     /// The parameter server's re-encoding codec.
     pub server_codec: Box<dyn Codec>,
     memory: MemoryState,
     compensated: Vec<f32>,
+    /// The encoded payload the transports move.
     pub payload: Vec<u8>,
     /// This rank's own payload, kept for error feedback when the collective overwrites it.
     own: Vec<u8>,
+    /// Every rank's payload, filled by the transports for allgathers.
     pub gathered: Vec<Vec<u8>>,
     result: Vec<f32>,
     transmitted: Vec<f32>,

@@ -10,7 +10,9 @@ use std::sync::atomic::AtomicBool;
 /// Which half of a push/pull a message belongs to (transports may tell them apart by tag).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Leg {
+    /// A worker's payload on its way to the server.
     Push,
+    /// The server's re-encoded sum on its way back to every worker.
     Pull,
 }
 

@@ -81,10 +81,12 @@ impl Ring {
         self.position
     }
 
+    /// The rank after this one on the ring (wrapping around).
     pub fn next(&self) -> usize {
         self.member(self.position + 1)
     }
 
+    /// The rank before this one on the ring (wrapping around).
     pub fn prev(&self) -> usize {
         self.member(self.position + self.ranks - 1)
     }

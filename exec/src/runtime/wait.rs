@@ -28,6 +28,7 @@ pub struct Bounded<'a> {
 }
 
 impl<'a> Bounded<'a> {
+    /// A wait that ends `timeout` from now, or earlier when `abort` is raised.
     pub fn new(timeout: Duration, abort: &'a AtomicBool) -> Bounded<'a> {
         Bounded {
             deadline: Instant::now() + timeout,

@@ -238,7 +238,9 @@ fn objective(cluster: &Cluster, op: Op, measurements: &[Measurement]) -> f64 {
 /// A parameter the fit left at its starting value, and why.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kept {
+    /// The parameter's field path, such as `inter_node.latency_us`.
     pub name: &'static str,
+    /// Why the data cannot determine it.
     pub reason: &'static str,
 }
 
@@ -246,20 +248,27 @@ pub struct Kept {
 /// so its structure, not noise, limits the fit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BoundHit {
+    /// The parameter's field path, such as `library.intra_efficiency`.
     pub name: &'static str,
+    /// The fitted value.
     pub value: f64,
+    /// The bound it sits on (its minimum or its maximum).
     pub bound: f64,
 }
 
 /// A fitted cluster and what the fit could and could not say.
 #[derive(Clone, Debug)]
 pub struct FitReport {
+    /// The cluster with the fitted parameters written in.
     pub cluster: Cluster,
     /// The objective at the optimum (mean over GPU counts of the mean |error| %, plus a tenth of
     /// the worst count's).
     pub objective: f64,
+    /// Field paths of the parameters the fit moved.
     pub fitted: Vec<&'static str>,
+    /// Requested parameters the fit left at their starting values, with the reason.
     pub kept: Vec<Kept>,
+    /// Fitted parameters that ended on a physical bound.
     pub at_bounds: Vec<BoundHit>,
 }
 

@@ -15,8 +15,11 @@ use std::path::Path;
 /// One measured point: `gpus` ranks, a buffer of `bytes`, and the time nccl-tests reported.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Measurement {
+    /// Ranks the collective ran over.
     pub gpus: u32,
+    /// Buffer size, bytes.
     pub bytes: u64,
+    /// Time nccl-tests reported, µs.
     pub time_us: f64,
 }
 
@@ -34,7 +37,9 @@ pub enum Column {
 /// are alternatives; filters on different columns must all hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowFilter {
+    /// Name of the column to match.
     pub column: String,
+    /// The value that column must hold.
     pub value: String,
 }
 
@@ -294,9 +299,13 @@ fn abs_pct(measured: &Measurement, predicted: &Estimate) -> f64 {
 /// Mean and worst absolute percentage error for one GPU count.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ErrorRow {
+    /// The GPU count.
     pub gpus: u32,
+    /// Measurements at this GPU count.
     pub points: usize,
+    /// Mean absolute percentage error.
     pub mean_abs_pct: f64,
+    /// Worst absolute percentage error.
     pub max_abs_pct: f64,
 }
 
@@ -320,9 +329,13 @@ pub fn error_table(measurements: &[Measurement], predictions: &[Estimate]) -> Ve
 /// The error over a set of GPU counts together: every point weighs the same.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ErrorSummary {
+    /// The GPU counts summarized.
     pub gpus: Vec<u32>,
+    /// Measurements over all of those GPU counts.
     pub points: usize,
+    /// Mean absolute percentage error, every point weighing the same.
     pub mean_abs_pct: f64,
+    /// Worst absolute percentage error.
     pub max_abs_pct: f64,
 }
 

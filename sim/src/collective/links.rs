@@ -5,7 +5,9 @@
 /// A parameter server's link: a worker node's own, or a dedicated server machine's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ServerLink {
+    /// The link of worker node N, which also serves.
     Node(u32),
+    /// The link of dedicated server machine N.
     Dedicated(u32),
 }
 
@@ -20,7 +22,12 @@ pub enum Links {
     /// of the round; a sender's link carries one payload each way, 1/senders of that. Rounds
     /// to different servers mix their phases on a link (one's push beside another's pull);
     /// rounds to the same server push together and pull together, so they queue.
-    Server { server: ServerLink, senders: u32 },
+    Server {
+        /// The server whose link the round goes through.
+        server: ServerLink,
+        /// Nodes whose payload crosses the network to the server.
+        senders: u32,
+    },
 }
 
 impl Links {

@@ -25,12 +25,15 @@ use std::borrow::Cow;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MeasuredSweep {
+    /// The collective measured.
     pub op: Op,
     /// Ranks and nodes the operation spanned.
     pub ranks: u32,
+    /// Nodes the operation spanned.
     pub nodes: u32,
     /// Each node's NICs and their rate when it was measured, in Gb/s.
     pub nics_per_node: u32,
+    /// Each NIC's rate when it was measured, Gb/s.
     pub nic_bandwidth_gbps: f64,
     /// Sizes in increasing order (nccl-tests' convention: the per-rank buffer of an
     /// allreduce, the gathered buffer of an allgather).
@@ -41,7 +44,9 @@ pub struct MeasuredSweep {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SweepPoint {
+    /// Size in bytes, by nccl-tests' convention (see [`MeasuredSweep::points`]).
     pub bytes: u64,
+    /// Measured time of the collective at that size, µs.
     pub time_us: f64,
 }
 

@@ -26,15 +26,22 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Op {
+    /// Every rank ends with the elementwise sum of all ranks' buffers.
     Allreduce,
+    /// Every rank ends with the concatenation of all ranks' buffers.
     Allgather,
+    /// Every rank ends with its own shard of the elementwise sum.
     ReduceScatter,
+    /// One root's buffer is copied to every rank.
     Broadcast,
+    /// The elementwise sum of all ranks' buffers lands on one root.
     Reduce,
+    /// Every rank sends a distinct shard to every other rank.
     Alltoall,
 }
 
 impl Op {
+    /// Every operation, in the order names are listed and parsed.
     pub const ALL: [Op; 6] = [
         Op::Allreduce,
         Op::Allgather,
@@ -44,6 +51,7 @@ impl Op {
         Op::Alltoall,
     ];
 
+    /// The operation's kebab-case name, as parsed and serialized ("reduce-scatter").
     pub fn name(self) -> &'static str {
         match self {
             Op::Allreduce => "allreduce",
@@ -95,7 +103,9 @@ impl fmt::Display for Op {
 /// The ranks taking part in a collective: `ranks` GPUs spread evenly over `nodes` nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Group {
+    /// Number of GPUs (ranks) in the group.
     pub ranks: u32,
+    /// Number of nodes the ranks are spread over.
     pub nodes: u32,
 }
 
@@ -124,6 +134,7 @@ impl Group {
         }
     }
 
+    /// GPUs of the group on each node (at least one node is assumed).
     pub fn ranks_per_node(self) -> u32 {
         self.ranks / self.nodes.max(1)
     }
@@ -135,7 +146,9 @@ impl Group {
 pub enum Algorithm {
     /// A single rank: a device-local copy.
     Local,
+    /// A ring through every rank.
     Ring,
+    /// A tree of ranks (for NCCL, a chain in each node and a double binary tree across nodes).
     Tree,
     /// NVLink SHARP: reduction inside the NVSwitch.
     Nvls,
@@ -152,6 +165,7 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// The algorithm's short name ("rec-doubling", "ps").
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Local => "local",
@@ -171,14 +185,20 @@ impl Algorithm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Protocol {
+    /// NCCL's LL (low-latency) protocol: each line carries its own flag, 8 data bytes a thread.
     Ll,
+    /// NCCL's LL128 protocol: 120 data bytes per flagged 128-byte line.
     Ll128,
+    /// NCCL's Simple protocol: whole steps of its buffer forwarded at a time.
     Simple,
+    /// TCP sockets (the MPI and Gloo libraries, parameter servers over TCP).
     Tcp,
+    /// A device-to-device copy (a single-rank collective).
     Memcpy,
 }
 
 impl Protocol {
+    /// The protocol's display name ("LL", "LL128", "Simple", "TCP", "memcpy").
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Ll => "LL",
@@ -204,8 +224,11 @@ pub enum Naming {
 /// A predicted collective: its duration and the algorithm/protocol that achieves it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Estimate {
+    /// Predicted duration of the collective.
     pub time: SimTime,
+    /// The algorithm the estimate names.
     pub algorithm: Algorithm,
+    /// The protocol the estimate names.
     pub protocol: Protocol,
     /// The part of `time` that collectives sharing links do not stretch: per-call and
     /// per-message costs and reductions, which run beside another collective's transfer rather

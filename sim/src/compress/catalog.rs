@@ -27,24 +27,69 @@ pub enum Fp8Format {
 /// One gradient compressor with its parameters, written as a spec string such as `topk:0.01`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Compressor {
+    /// fp32 as is.
     None,
+    /// IEEE half precision, round to nearest even, saturating.
     Fp16,
+    /// bfloat16, round to nearest even, saturating.
     Bf16,
+    /// 8-bit float in the given layout, with a per-tensor scale.
     Fp8(Fp8Format),
-    TopK { ratio: f64 },
-    RandomK { ratio: f64 },
-    Dgc { ratio: f64 },
-    Threshold { value: f64 },
-    Qsgd { levels: u32 },
+    /// The k = max(1, ceil(ratio·n)) largest magnitudes, as indices and values.
+    TopK {
+        /// Fraction of the elements kept, in (0, 1].
+        ratio: f64,
+    },
+    /// k random coordinates from a seed shared by all workers, scaled n/k (unbiased).
+    RandomK {
+        /// Fraction of the elements kept, in (0, 1].
+        ratio: f64,
+    },
+    /// Deep Gradient Compression: a threshold from a 1% sample, adapted to ±20% of k.
+    Dgc {
+        /// Target fraction of the elements kept, in (0, 1].
+        ratio: f64,
+    },
+    /// Every element with |x| ≥ `value` (data-dependent size).
+    Threshold {
+        /// The magnitude threshold, finite and > 0.
+        value: f64,
+    },
+    /// QSGD: stochastic, norm-scaled levels in [-levels, levels], unbiased.
+    Qsgd {
+        /// Levels on each side of zero, 1..=32767.
+        levels: u32,
+    },
+    /// TernGrad: stochastic ternary scaled by max |x|, unbiased.
     TernGrad,
+    /// Natural compression: stochastic rounding to powers of two, unbiased.
     Natural,
+    /// One bit per element: the sign.
     SignSgd,
+    /// The sign scaled by mean |x| (used with the `efsignsgd` memory).
     EfSignSgd,
-    Signum { momentum: f64 },
+    /// The sign of the momentum.
+    Signum {
+        /// Momentum coefficient, in [0, 1).
+        momentum: f64,
+    },
+    /// 1-bit SGD: the sign with the means of the positive and of the negative elements.
     OneBit,
-    Tbq { threshold: f64 },
-    GradDrop { ratio: f64 },
-    PowerSgd { rank: u32 },
+    /// HiPress/Strom two-bit quantization: +τ, −τ or 0 per element.
+    Tbq {
+        /// The threshold τ, finite and > 0.
+        threshold: f64,
+    },
+    /// Aji & Heafield gradient dropping: the top `ratio` by a sampled threshold.
+    GradDrop {
+        /// Fraction of the elements kept, in (0, 1].
+        ratio: f64,
+    },
+    /// PowerSGD: rank-`rank` P then Q allreduces, with a warm-started Q.
+    PowerSgd {
+        /// Rank of the approximation, at least 1.
+        rank: u32,
+    },
 }
 
 /// The `exec` codec family implementing a compressor: one file of `exec/src/compress/` (and of
@@ -68,12 +113,16 @@ pub enum Family {
 /// The element type in which summable payloads are added by an allreduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Element {
+    /// IEEE single precision.
     F32,
+    /// IEEE half precision.
     F16,
+    /// bfloat16.
     Bf16,
 }
 
 impl Element {
+    /// Bytes of one element of this type.
     pub fn bytes(self) -> usize {
         match self {
             Element::F32 => 4,
@@ -124,8 +173,11 @@ impl Wire {
 /// that has no cost curve for the compressor (the rule is on the `CATALOG` table).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Work {
+    /// Bytes read and written per fp32 element of the tensor.
     pub bytes_per_element: f64,
+    /// Bytes read and written per element a sparsifier keeps.
     pub bytes_per_kept_element: f64,
+    /// Kernel launches.
     pub kernels: u32,
 }
 
@@ -148,6 +200,7 @@ pub struct CatalogEntry {
     pub key: &'static str,
     /// The spec form of `syncopate list compressors` and of parse errors.
     pub form: &'static str,
+    /// A one-line summary, as `syncopate list compressors` shows it.
     pub description: &'static str,
     /// The representative spec: what `syncopate profile` measures for `key` and what the
     /// catalog-wide tests run.
@@ -165,6 +218,7 @@ pub struct CatalogEntry {
     pub gpu: bool,
     /// Encode and decode work for the cost fallback (see [`Work`]).
     pub encode: Work,
+    /// Decode work for the cost fallback.
     pub decode: Work,
     /// The error-feedback memory `tune` uses with it unless `--memory` says otherwise: error
     /// feedback for the biased ones (their authors' setups), none for unbiased or near-lossless ones.

@@ -33,7 +33,9 @@ const MAX_SERIAL_NS_PER_ELEMENT: f64 = 10_000.0;
 #[derive(Clone, Copy, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpWork {
+    /// Framework ops the phase launches.
     pub ops: u32,
+    /// Bytes the ops read and write per element of the fp32 tensor.
     pub bytes_per_element: f64,
     /// A sparsifier's bytes per element it keeps (gathering, sending out and scattering the kept
     /// values), which grow with its ratio.
@@ -129,8 +131,11 @@ impl OpWork {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Implementation {
+    /// The encode, with its error-feedback memory.
     pub encode: OpWork,
+    /// The work of decoding each payload a rank receives.
     pub payload: OpWork,
+    /// The work once per decode call (summing the decoded payloads, averaging).
     pub call: OpWork,
     /// The source files and ops counted.
     pub source: String,
@@ -180,8 +185,11 @@ pub const NATIVE: &str = "native";
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CodecSet {
+    /// The file's format version (`crate::data::FORMAT_VERSION`).
     pub format_version: u32,
+    /// The set's name, quoted in the priced curves' provenance.
     pub name: String,
+    /// The system whose compressors the set holds, in words.
     pub description: String,
     /// Which stream of a GPU rank its ops run on; absent: a stream of their own (fused
     /// kernels). PyTorch ops called from a hook run on the compute stream.
@@ -189,6 +197,7 @@ pub struct CodecSet {
     pub stream: CodecStream,
     /// Each compressor by its catalog key (`fp16`, `dgc`, `topk`, ...).
     pub codecs: BTreeMap<String, Implementation>,
+    /// Whether the ops and bytes were measured or estimated, and how.
     pub provenance: Provenance,
 }
 

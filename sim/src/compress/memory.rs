@@ -9,16 +9,20 @@ use std::str::FromStr;
 /// What a worker keeps between steps to feed the compression error back.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Memory {
+    /// No error feedback.
     None,
     /// e ← (g + e) − decode(encode(g + e)).
     Residual,
     /// DGC momentum correction and local accumulation, with transmitted coordinates masked.
     Dgc {
+        /// DGC's momentum coefficient (default 0.9).
         momentum: f64,
+        /// Epochs over which the compression ratio warms up (default 5).
         warmup_epochs: u32,
     },
     /// EF-SignSGD: p = e + lr·g is compressed, e ← p − decode(encode(p)).
     EfSignSgd {
+        /// Learning rate scaling the gradient; the aggregate is divided by it again (default 0.1).
         lr: f64,
     },
 }
@@ -26,7 +30,9 @@ pub enum Memory {
 /// One line of `syncopate list memories`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryCatalogEntry {
+    /// The spec form, e.g. `dgc[:MOMENTUM[:WARMUP_EPOCHS]]`.
     pub form: &'static str,
+    /// What the memory does, with its defaults.
     pub description: &'static str,
 }
 
@@ -53,6 +59,7 @@ const MEMORY_CATALOG: &[MemoryCatalogEntry] = &[
 pub const DGC_WARMUP_RATIOS: [f64; 5] = [0.25, 0.063, 0.015, 0.004, 0.001];
 
 impl Memory {
+    /// Every memory, one row each, in the order of `syncopate list memories`.
     pub fn memory_catalog() -> &'static [MemoryCatalogEntry] {
         MEMORY_CATALOG
     }

@@ -72,9 +72,19 @@ impl Aggregation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PowerSgdTensor {
     /// Sent uncompressed in the first round (1-D, or too small to gain 2×).
-    Raw { numel: u64 },
+    Raw {
+        /// Elements of the tensor.
+        numel: u64,
+    },
     /// A rows × cols matrix approximated with the given rank.
-    LowRank { rows: u64, cols: u64, rank: u64 },
+    LowRank {
+        /// Rows of the matrix.
+        rows: u64,
+        /// Columns of the matrix.
+        cols: u64,
+        /// Rank of the approximation.
+        rank: u64,
+    },
 }
 
 impl PowerSgdTensor {

@@ -27,7 +27,9 @@ use std::path::Path;
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabSetting {
+    /// Number of nodes.
     pub nodes: u32,
+    /// Rate of every node's link, in Gb/s.
     pub gbps: f64,
 }
 
@@ -35,7 +37,9 @@ pub struct LabSetting {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompressorSetting {
+    /// The compressor, parsed as `crate::compress::Compressor`.
     pub compressor: String,
+    /// Its error-feedback memory, parsed as `crate::compress::Memory` (default `none`).
     #[serde(default = "no_memory")]
     pub memory: String,
 }
@@ -48,19 +52,26 @@ fn no_memory() -> String {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabSpec {
+    /// The file's format version.
     pub format_version: u32,
+    /// The experiment's title.
     pub title: String,
     /// The model whose gradients and (scaled) compute every run reproduces.
     pub model: String,
     /// One iteration's forward + backward + optimizer on one core, in ms: the model's
     /// profiled compute is scaled to it.
     pub compute_ms: f64,
+    /// The labs to measure on.
     pub labs: Vec<LabSetting>,
+    /// Strategies that plan the configurations, by name.
     pub strategies: Vec<String>,
+    /// Compressors each strategy is run with (those it cannot run are left out).
     pub compressors: Vec<CompressorSetting>,
     /// Runs of every configuration, interleaved (every configuration once, then again).
     pub repeats: u32,
+    /// Warm-up iterations of each run (`exec --warmup`).
     pub warmup: u32,
+    /// Measured iterations of each run (`exec --iterations`).
     pub iterations: u32,
     /// The lab whose measured cluster file also predicts every other lab, given only their
     /// node count and line rate: its transport parameters (MPI/TCP overheads, the host limit)
@@ -80,8 +91,11 @@ pub struct LabSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigRuns {
+    /// The strategy that made the plan.
     pub strategy: String,
+    /// The compressor, as in [`CompressorSetting`].
     pub compressor: String,
+    /// Its error-feedback memory, as in [`CompressorSetting`].
     pub memory: String,
     /// The plan that ran (made by the strategy for this lab's cluster).
     pub plan: Plan,
@@ -98,9 +112,11 @@ pub struct ConfigRuns {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabRuns {
+    /// The lab's node count and line rate.
     pub setting: LabSetting,
     /// The lab's measured cluster file, relative to the experiment directory.
     pub cluster: String,
+    /// Every configuration run on the lab.
     pub configs: Vec<ConfigRuns>,
 }
 
@@ -108,9 +124,11 @@ pub struct LabRuns {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabMeasurements {
+    /// The file's format version.
     pub format_version: u32,
     /// Where and when: the machine's CPU count and the command that measured.
     pub source: String,
+    /// Every lab's runs.
     pub labs: Vec<LabRuns>,
 }
 

@@ -42,6 +42,7 @@ pub struct Results {
     /// The text of `against-paper.csv`: published values beside their predictions, when the
     /// experiment has them.
     pub comparison: Option<String>,
+    /// The charts to draw.
     pub charts: Vec<Chart>,
     /// The Markdown that goes between the README's result markers.
     pub table: String,
@@ -51,13 +52,17 @@ pub struct Results {
 #[derive(Serialize)]
 #[serde(untagged)]
 pub enum Input {
+    /// A calibrated device profile.
     Device(DeviceProfile),
+    /// A calibrated cluster.
     Cluster(Cluster),
+    /// A calibrated model profile.
     Model(ModelProfile),
 }
 
 /// The README lines between which the results table stands.
 pub const BEGIN: &str = "<!-- results:begin -->";
+/// The README line after the results table.
 pub const END: &str = "<!-- results:end -->";
 
 /// The spec of a lab experiment in `dir`, if that is what it holds (it is measured first).

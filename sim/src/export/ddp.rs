@@ -49,6 +49,7 @@ impl DdpCaps {
 /// The settings of `DistributedDataParallel` an export writes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DdpSettings {
+    /// How the reducer caps its buckets.
     pub caps: DdpCaps,
     /// `gradient_as_bucket_view`: gradients live in their buckets, nothing is copied in or out.
     pub gradient_as_bucket_view: bool,

@@ -97,13 +97,18 @@ impl FromStr for Target {
 /// One framework's settings.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Settings {
+    /// PyTorch `DistributedDataParallel`'s settings.
     Ddp(DdpSettings),
+    /// Horovod's PyTorch binding's settings.
     Horovod(HorovodSettings),
+    /// A DeepSpeed config's keys.
     DeepSpeed(DeepSpeedSettings),
+    /// BytePS's PyTorch plugin's settings.
     BytePs(BytePsSettings),
 }
 
 impl Settings {
+    /// The framework these settings are for.
     pub fn target(&self) -> Target {
         match self {
             Settings::Ddp(_) => Target::Ddp,
@@ -308,7 +313,9 @@ impl Plugin {
 /// The settings nearest to a plan, and what of the plan they do not express.
 #[derive(Clone, Debug)]
 pub struct Nearest {
+    /// The framework settings nearest to the plan.
     pub settings: Settings,
+    /// What the settings leave out of the plan or its prediction, one note each.
     pub unexpressed: Vec<String>,
 }
 

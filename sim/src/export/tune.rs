@@ -13,11 +13,15 @@ use rayon::prelude::*;
 /// The outcome of a search over one framework's settings.
 #[derive(Clone, Debug)]
 pub struct NativeTune {
+    /// The fastest settings found.
     pub best: Settings,
+    /// Their iteration time.
     pub best_time: SimTime,
     /// The framework's settings left at their defaults (no compression), priced the same way.
     pub default: Settings,
+    /// The defaults' iteration time.
     pub default_time: SimTime,
+    /// How many settings were priced (the grid, the refinement and the defaults).
     pub evaluated: u64,
 }
 

@@ -67,8 +67,11 @@ pub enum HostStaging {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Framework {
+    /// Version of the data file format; this build reads only its own.
     pub format_version: u32,
+    /// Short name of the framework, as given on the command line (`horovod`).
     pub name: String,
+    /// What the framework does when it synchronizes gradients, in prose.
     pub description: String,
     /// Device time of one small kernel the framework launches, launch included, in µs.
     pub kernel_us: f64,
@@ -102,6 +105,7 @@ pub struct Framework {
     /// Where the copies to and from a host-memory library run.
     #[serde(default, skip_serializing_if = "is_beside")]
     pub host_staging: HostStaging,
+    /// Where these costs come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
 }
 

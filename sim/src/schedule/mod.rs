@@ -61,6 +61,7 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// As schedules and traces spell it.
     pub fn name(self) -> &'static str {
         match self {
             Stream::Compute => "compute",
@@ -75,24 +76,37 @@ impl Stream {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StepKind {
+    /// Forward of one tensor.
     Forward {
+        /// Index into the model's tensors.
         tensor: u32,
     },
     /// Backward of one tensor; its gradient lands in its slot of the group buffer.
     Backward {
+        /// Index into the model's tensors.
         tensor: u32,
     },
+    /// Encoding of one piece before its collectives.
     Encode {
+        /// Index of the plan group.
         group: u32,
+        /// Index of the piece within its group.
         part: u32,
     },
+    /// One round of one piece's synchronization.
     Collective {
+        /// Index of the plan group.
         group: u32,
+        /// Index of the piece within its group.
         part: u32,
+        /// Index of the round among the piece's rounds.
         round: u32,
     },
+    /// Decoding of one piece after its collectives.
     Decode {
+        /// Index of the plan group.
         group: u32,
+        /// Index of the piece within its group.
         part: u32,
     },
     /// The optimizer step of the whole model after every group is synchronized.
@@ -100,6 +114,7 @@ pub enum StepKind {
     /// The optimizer step of one group's parameters, just before their next forward
     /// (strategies that overlap synchronization with the next forward pass).
     Update {
+        /// Index of the plan group.
         group: u32,
     },
 }
@@ -131,12 +146,19 @@ impl StepKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Op {
+    /// Reads the piece from its group buffer and adds error feedback.
     Compensate,
+    /// Encodes the piece's payload.
     Encode,
+    /// Computes the next round's input: PowerSGD's Q from the reduced P.
     NextRound,
+    /// Runs the round's collective.
     Exchange,
+    /// Decodes into the piece's result.
     Decode,
+    /// Keeps what was not transmitted (error-feedback memory).
     UpdateMemory,
+    /// Rescales the output: EF-SignSGD divides by its learning rate again.
     ScaleOutput,
 }
 
@@ -159,12 +181,16 @@ pub enum Exchange {
     /// BytePS's round, summed inside each node and pushed from each node; the executors push
     /// every rank's payload to the server rank (the same sum, and the same traffic with one rank
     /// per node).
-    PushPull { server: u32 },
+    PushPull {
+        /// The piece's server: a rank, or a dedicated server's index ([`Schedule::servers`]).
+        server: u32,
+    },
     /// HiPress CaSync-Ring: a ring whose every hop decodes, adds and re-encodes the shard.
     CompressedRing,
 }
 
 impl Exchange {
+    /// As schedules spell it.
     pub fn name(self) -> &'static str {
         match self {
             Exchange::Allreduce => "allreduce",
@@ -182,6 +208,7 @@ impl Exchange {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Round {
+    /// How the round moves its payload.
     pub exchange: Exchange,
     /// Bytes of this rank's payload in this round.
     pub bytes: u64,
@@ -191,8 +218,11 @@ pub struct Round {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Slot {
+    /// Index into the model's tensors.
     pub tensor: u32,
+    /// First element of the tensor in the buffer.
     pub offset: u64,
+    /// Elements of the tensor.
     pub numel: u64,
 }
 
@@ -200,7 +230,9 @@ pub struct Slot {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Buffer {
+    /// Elements of the whole buffer.
     pub numel: u64,
+    /// Each tensor's place, in plan order.
     pub slots: Vec<Slot>,
 }
 
@@ -208,18 +240,24 @@ pub struct Buffer {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Piece {
+    /// Index of the plan group.
     pub group: u32,
+    /// Index of the piece within its group.
     pub part: u32,
     /// Elements `offset..offset + numel` of the group's buffer.
     pub offset: u64,
+    /// Elements in the piece.
     pub numel: u64,
+    /// The group's compressor.
     pub compressor: Compressor,
+    /// The group's error-feedback memory.
     pub memory: Memory,
     /// The group's scheme as the plan states it.
     pub scheme: Scheme,
     /// Where the plan runs the piece's compression kernels.
     #[serde(default, skip_serializing_if = "is_default")]
     pub compress_on: CompressOn,
+    /// How the payloads are combined, as the group's scheme implies.
     pub aggregation: Aggregation,
     /// How the plan's implementation lays sub-byte codes on the wire (the plan's `wire`): the
     /// rounds' bytes follow it; executors run only the packed formats and refuse `bytes`.
@@ -229,6 +267,7 @@ pub struct Piece {
     /// rows of a single matrix, or a flat slice (sent raw); none for other compressors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<Vec<Vec<u64>>>,
+    /// The piece's collectives, in order.
     pub rounds: RoundList,
     /// Element counts of the piece's codec calls, one per tensor (or the part of a tensor the
     /// piece holds), when the plan compresses each tensor on its own (`codec_calls: tensor`);
@@ -297,7 +336,9 @@ fn bad_calls(piece: &Piece) -> Option<String> {
 /// codec calls compress it (the plan's `wire` and `codec_calls`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Encoding {
+    /// How sub-byte codes are laid on the wire.
     pub wire: Wire,
+    /// Whether the codec is called once per piece or once per tensor.
     pub calls: CodecCalls,
 }
 
@@ -318,7 +359,9 @@ pub struct LaunchSlot {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Step {
+    /// What the step does.
     pub kind: StepKind,
+    /// The stream it runs on.
     pub stream: Stream,
     /// Steps of the same iteration that must end first.
     #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
@@ -336,6 +379,7 @@ pub struct Step {
     /// Synchronization steps: the index of their piece in `pieces`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub piece: Option<u32>,
+    /// Synchronization steps: the operations they run, in order.
     #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
     pub ops: OpList,
     /// Collectives: their place in the launch order.
@@ -365,11 +409,14 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct World {
+    /// Nodes in the world.
     pub nodes: u32,
+    /// Ranks on each node.
     pub ranks_per_node: u32,
 }
 
 impl World {
+    /// Ranks in all: nodes × ranks per node.
     pub fn ranks(&self) -> u32 {
         self.nodes * self.ranks_per_node
     }
@@ -379,7 +426,9 @@ impl World {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LaunchPolicy {
+    /// The order in which ready collectives take a stream.
     pub launch: Launch,
+    /// Communication streams collectives can run on at once.
     pub comm_streams: u32,
     /// Horovod's cycle: a ready collective launches at the next multiple of this (0: at once).
     pub cycle_ns: u64,
@@ -422,24 +471,33 @@ impl Servers {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Schedule {
+    /// Version of the data format the schedule is written in.
     pub format_version: u32,
+    /// The strategy that produced the plan.
     pub strategy: String,
+    /// The model's name.
     pub model: String,
+    /// The plan's fingerprint of the model's tensor names and sizes.
     pub model_fingerprint: String,
+    /// The ranks the schedule is for.
     pub world: World,
+    /// How collectives take the communication streams.
     pub policy: LaunchPolicy,
+    /// Where the parameter servers run.
     #[serde(default, skip_serializing_if = "is_default")]
     pub servers: Servers,
     /// One fusion buffer per plan group.
     pub buffers: Vec<Buffer>,
     /// Every group's partitions, group by group (none on a single rank: nothing to synchronize).
     pub pieces: Vec<Piece>,
+    /// One rank's steps of one iteration.
     pub steps: Vec<Step>,
     /// The step whose end closes an iteration.
     pub iteration_end: u32,
 }
 
 impl Schedule {
+    /// The step at `index`.
     pub fn step(&self, index: u32) -> &Step {
         &self.steps[index as usize]
     }

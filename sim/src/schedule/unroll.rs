@@ -9,7 +9,9 @@ use crate::limits;
 /// One task: a step of the schedule in one iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TaskRef {
+    /// Index of the step in the schedule.
     pub step: u32,
+    /// The iteration, from 0.
     pub iteration: u32,
 }
 
@@ -17,7 +19,9 @@ pub struct TaskRef {
 /// priority policy puts `priority` first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LaunchKey {
+    /// The step's priority, which the priority policy orders by first.
     pub priority: i64,
+    /// The task's iteration.
     pub iteration: u32,
     /// 0: synchronization during backward; 1: DeAR's all-gathers before the next forward.
     pub phase: u8,
@@ -27,6 +31,7 @@ pub struct LaunchKey {
 }
 
 impl LaunchKey {
+    /// The key plan order sorts by: (iteration, phase, position).
     pub fn plan_order(&self) -> (u32, u8, u32) {
         (self.iteration, self.phase, self.position)
     }
@@ -35,7 +40,9 @@ impl LaunchKey {
 /// K iterations of a schedule: tasks, dependencies and launch keys.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Program {
+    /// Iterations unrolled.
     pub iterations: u32,
+    /// Every task, iteration by iteration in step order.
     pub tasks: Vec<TaskRef>,
     /// Successors of each task (CSR layout: `succ_start[i]..succ_start[i+1]` in `succ`).
     succ_start: Vec<u32>,
@@ -173,18 +180,22 @@ impl Program {
         })
     }
 
+    /// Number of tasks.
     pub fn len(&self) -> usize {
         self.tasks.len()
     }
 
+    /// Whether there are no tasks.
     pub fn is_empty(&self) -> bool {
         self.tasks.is_empty()
     }
 
+    /// The task numbered `index`.
     pub fn task(&self, index: u32) -> TaskRef {
         self.tasks[index as usize]
     }
 
+    /// The tasks that depend on task `index`.
     pub fn successors(&self, index: u32) -> &[u32] {
         &self.succ
             [self.succ_start[index as usize] as usize..self.succ_start[index as usize + 1] as usize]

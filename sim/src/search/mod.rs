@@ -56,10 +56,12 @@ impl std::str::FromStr for SearchSpace {
 /// A tuning request.
 #[derive(Clone, Debug)]
 pub struct TuneRequest {
+    /// What the search may change.
     pub space: SearchSpace,
     /// Compressors a group may use besides none (with their memory); for `fusion` the first one,
     /// if any, is applied to every group.
     pub compressors: Vec<Choice>,
+    /// Strategy options the baselines are planned with (the compressor aside).
     pub options: StrategyOptions,
     /// How every candidate's codecs run: one call per group, or one per tensor.
     pub codec_calls: CodecCalls,
@@ -68,21 +70,28 @@ pub struct TuneRequest {
 /// A baseline strategy's time on the same scenario, or why it cannot run there.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Baseline {
+    /// The strategy's name (`horovod`, `ddp`, ...).
     pub strategy: String,
+    /// Its predicted iteration time, or why it cannot run.
     pub iteration_time: std::result::Result<SimTime, String>,
 }
 
 /// The outcome of a search.
 #[derive(Clone, Debug)]
 pub struct TuneResult {
+    /// The fastest plan found.
     pub plan: Plan,
+    /// Predicted iteration time of `plan`.
     pub iteration_time: SimTime,
+    /// A lower bound on the iteration time of `plan` (see [`lower_bound`]).
     pub lower_bound: SimTime,
+    /// Candidate plans scored, baselines included.
     pub plans_evaluated: u64,
     /// Candidates that could not run (a compressor its scheme cannot carry, …): skipped.
     pub infeasible: u64,
     /// Why the first skipped candidate could not run.
     pub infeasible_example: Option<String>,
+    /// Every baseline strategy's time on the scenario.
     pub baselines: Vec<Baseline>,
 }
 
@@ -142,6 +151,8 @@ fn fastest(scored: Vec<(Plan, SimTime)>) -> Option<(Plan, SimTime)> {
         .reduce(|best, next| if next.1 < best.1 { next } else { best })
 }
 
+/// Searches for the fastest plan on `base`: baselines, a DP over contiguous groups,
+/// fusion thresholds, then local search; `progress` gets the count of plans scored.
 pub fn tune(
     base: &Scenario,
     request: &TuneRequest,

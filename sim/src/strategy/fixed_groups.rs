@@ -22,6 +22,8 @@ impl fmt::Display for GroupingRule {
     }
 }
 
+/// Splits the model's tensors, in backward order, into `count` contiguous groups balanced
+/// by `rule`; errs unless 1 ≤ `count` ≤ the number of tensors.
 pub fn groups(model: &ModelProfile, count: usize, rule: GroupingRule) -> Result<Vec<Vec<usize>>> {
     let n = model.num_tensors();
     if count == 0 || count > n {

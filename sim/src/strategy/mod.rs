@@ -24,7 +24,9 @@ use std::str::FromStr;
 /// Which synchronization topology HiPress's CaSync runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaSyncTopology {
+    /// CaSync-PS: every gradient pushed to and pulled from parameter servers.
     Ps,
+    /// CaSync-Ring: compressed gradients passed around a ring, the others allreduced.
     Ring,
 }
 
@@ -42,7 +44,12 @@ pub enum Strategy {
     /// registration order.
     DeepSpeed,
     /// N contiguous groups in backward order (MergeComp's `--fusion-num`).
-    FixedGroups { count: usize, rule: GroupingRule },
+    FixedGroups {
+        /// Number of groups, N.
+        count: usize,
+        /// What the groups balance: bytes or tensor count.
+        rule: GroupingRule,
+    },
     /// ByteScheduler: partitions, front layers first, credit-limited sending, overlap with the
     /// next forward.
     ByteScheduler,
@@ -96,6 +103,7 @@ pub struct StrategyOptions {
     /// DDP's bucket cap (bucket_cap_mb, 25 MiB) and its first bucket (1 MiB); DeAR's fusion
     /// threshold (25 MB by default in DeAR's scripts).
     pub bucket_bytes: u64,
+    /// DDP's first bucket cap (1 MiB).
     pub first_bucket_bytes: u64,
     /// Partition size of ByteScheduler and BytePS (BytePS: BYTEPS_PARTITION_BYTES = 4,096,000).
     pub partition_bytes: u64,
@@ -103,7 +111,9 @@ pub struct StrategyOptions {
     pub credit: u32,
     /// Dedicated parameter servers for `ps` (0: one per node).
     pub ps_servers: u32,
+    /// The compressor the strategy applies (`Compressor::None`: no compression).
     pub compressor: Compressor,
+    /// Error feedback kept with the compressor.
     pub memory: Memory,
 }
 
@@ -125,7 +135,9 @@ impl Default for StrategyOptions {
 
 /// One line of `syncopate list strategies`.
 pub struct StrategyEntry {
+    /// The strategy as written on the command line (`fixed-groups:N[:bytes|:count]`).
     pub form: &'static str,
+    /// What the strategy does, with its options and their defaults.
     pub description: &'static str,
 }
 
@@ -184,6 +196,7 @@ const CATALOG: &[StrategyEntry] = &[
     },
 ];
 
+/// Every strategy with its form and description, in listing order.
 pub fn catalog() -> &'static [StrategyEntry] {
     CATALOG
 }

@@ -20,11 +20,17 @@ pub mod table;
 /// One simulation of a grid.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Point {
+    /// Model profile: a shipped name or a path.
     pub model: String,
+    /// Cluster: a shipped name or a path.
     pub cluster: String,
+    /// Changes to the cluster's layout (nodes, GPUs per node, inter-node rate).
     pub overrides: ClusterOverrides,
+    /// The strategy that plans the point.
     pub strategy: Strategy,
+    /// The compressor the strategy is given.
     pub compressor: Compressor,
+    /// Its error-feedback memory.
     pub memory: Memory,
     /// Forces every group of the strategy's plan onto this scheme (GRACE's allgather, say).
     pub scheme: Option<Scheme>,
@@ -75,12 +81,16 @@ impl FrameworkChoice {
 /// The cluster layout a point ran on, after overrides.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Layout {
+    /// Number of nodes.
     pub nodes: u32,
+    /// GPUs per node.
     pub gpus_per_node: u32,
+    /// Inter-node NIC bandwidth, in Gb/s.
     pub inter_gbps: f64,
 }
 
 impl Layout {
+    /// Total GPUs: nodes × GPUs per node.
     pub fn gpus(&self) -> u32 {
         self.nodes * self.gpus_per_node
     }
@@ -90,14 +100,20 @@ impl Layout {
 /// strategy without a compressor, a scheme the compressor cannot aggregate with).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
+    /// The simulation's summary.
     Done(Box<Summary>),
+    /// Why the combination cannot run.
     Skipped(String),
 }
 
+/// One point's result: the point, the layout it ran on and its outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
+    /// The point simulated.
     pub point: Point,
+    /// The cluster layout it ran on.
     pub layout: Layout,
+    /// Its prediction, or why it was skipped.
     pub outcome: Outcome,
 }
 
@@ -113,21 +129,32 @@ impl Row {
 
 /// Every combination of the lists, layouts outermost and compressors innermost.
 pub struct Grid<'a> {
+    /// Model profile of every point.
     pub model: &'a str,
+    /// Cluster of every point.
     pub cluster: &'a str,
+    /// Node counts to sweep.
     pub nodes: &'a [u32],
+    /// GPUs per node of every point (none: the cluster's).
     pub gpus_per_node: Option<u32>,
+    /// Inter-node rates to sweep, in Gb/s.
     pub inter_gbps: &'a [f64],
+    /// Strategies to sweep.
     pub strategies: &'a [Strategy],
+    /// Compressors to sweep.
     pub compressors: &'a [Compressor],
+    /// Error-feedback memory of every point.
     pub memory: Memory,
+    /// One codec call per group or per tensor, for every point.
     pub codec_calls: CodecCalls,
+    /// Which framework runs every point's plan.
     pub framework: &'a FrameworkChoice,
     /// The codec set of every point (`Point::codecs`).
     pub codecs: Option<&'a str>,
 }
 
 impl Grid<'_> {
+    /// The grid's points: rates outermost, then node counts, strategies and compressors.
     pub fn points(&self) -> Vec<Point> {
         let mut points = Vec::new();
         for &gbps in self.inter_gbps {

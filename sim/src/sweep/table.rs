@@ -45,6 +45,7 @@ pub fn csv(rows: &[Row]) -> Csv {
 
 /// The columns of [`layout_fields`], [`config_fields`] and [`outcome_fields`].
 pub const LAYOUT_COLUMNS: [&str; 4] = ["inter_gbps", "nodes", "gpus_per_node", "gpus"];
+/// The columns of [`config_fields`].
 pub const CONFIG_COLUMNS: [&str; 6] = [
     "strategy",
     "compressor",
@@ -53,6 +54,7 @@ pub const CONFIG_COLUMNS: [&str; 6] = [
     "framework",
     "codecs",
 ];
+/// The columns of [`outcome_fields`].
 pub const OUTCOME_COLUMNS: [&str; 4] = [
     "status",
     "iteration_time_ms",

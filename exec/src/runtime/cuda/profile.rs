@@ -33,6 +33,7 @@ const CONTENTION_ALLREDUCE_BYTES: usize = 64 << 20;
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct CudaProfileOptions {
+    /// Name of the device profile written.
     pub name: String,
     /// Tensor sizes (elements) each codec is timed at; the curve is fitted over them.
     pub sizes: Vec<usize>,
@@ -56,7 +57,9 @@ impl Default for CudaProfileOptions {
 
 /// The measured device and, with ≥ 2 GPUs, the allreduce sweep over all of them.
 pub struct CudaProfile {
+    /// The profile measured on GPU 0.
     pub device: DeviceProfile,
+    /// GPUs found; the allreduce sweep runs over all of them.
     pub gpus: usize,
     /// nccl-tests-style points (all GPUs, one node); empty with one GPU.
     pub allreduce: Vec<Measurement>,

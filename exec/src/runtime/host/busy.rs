@@ -23,6 +23,7 @@ const PROCESS_CALIBRATION: Duration = Duration::from_millis(350);
 /// A calibrated busy loop.
 #[derive(Clone, Copy, Debug)]
 pub struct BusyWork {
+    /// Nanoseconds one unit of work takes on one thread, with the calibration's threads running.
     pub ns_per_unit: f64,
 }
 

@@ -13,10 +13,13 @@ use std::time::Duration;
 
 /// One rank's end of one stream's mesh.
 pub struct Mesh {
+    /// This end's rank, in 0..world.
     pub rank: u32,
+    /// Number of ranks in the mesh.
     pub world: u32,
     tx: Vec<Option<Sender<Vec<u8>>>>,
     rx: Vec<Option<Receiver<Vec<u8>>>>,
+    /// How long a receive waits before giving up.
     pub timeout: Duration,
 }
 

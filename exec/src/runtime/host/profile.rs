@@ -24,8 +24,11 @@ use syncopate_sim::topology::{
 /// One timed collective: ranks, total bytes (S above), median seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CollectivePoint {
+    /// Whether the collective was an allreduce (else an allgather).
     pub allreduce: bool,
+    /// Total bytes of the collective (S in the cost formulas).
     pub bytes: u64,
+    /// Median time over the repeats, in seconds.
     pub secs: f64,
 }
 

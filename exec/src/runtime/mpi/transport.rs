@@ -49,9 +49,13 @@ type Summing<'w> = fn(&Stream<'w>, &mut Vec<u8>, mpi::ffi::MPI_Op, &AtomicBool) 
 /// One rank's end of one stream.
 pub struct Stream<'w> {
     comm: SimpleCommunicator,
+    /// The communication stream's index in the schedule.
     pub index: u32,
+    /// This process's rank.
     pub rank: u32,
+    /// Ranks in the run.
     pub world: u32,
+    /// How long a collective may take before the run fails instead of hanging.
     pub timeout: Duration,
     halves: HalfSums,
     /// The receive buffer of this stream's allreduces and ring steps, kept from one to the

@@ -16,7 +16,9 @@ pub enum WireType {
     /// fp32 (none, shared-seed random-k, PowerSGD): MPI's MPI_SUM on MPI_FLOAT, which is the
     /// same IEEE addition as the codecs' `sum_into`.
     F32,
+    /// IEEE half precision, summed by this transport's own MPI operation.
     F16,
+    /// bfloat16, summed by this transport's own MPI operation.
     Bf16,
 }
 
@@ -47,6 +49,7 @@ impl WireType {
         Ok(wire)
     }
 
+    /// Bytes per element on the wire.
     pub fn bytes(self) -> usize {
         match self {
             WireType::F32 => 4,
@@ -57,11 +60,14 @@ impl WireType {
 
 /// The user-defined reductions of one communication stream.
 pub struct HalfSums {
+    /// Sums fp16 elements sent as MPI_UINT16_T.
     pub fp16: UnsafeUserOperation,
+    /// Sums bf16 elements sent as MPI_UINT16_T.
     pub bf16: UnsafeUserOperation,
 }
 
 impl HalfSums {
+    /// Registers both reductions with MPI.
     pub fn new() -> HalfSums {
         // SAFETY: both functions read `*len` u16 elements from `invec` and write as many to
         // `inoutvec`, which is what MPI passes for the MPI_UINT16_T buffers this transport

@@ -26,7 +26,9 @@ const RING: &str = "1";
 /// The initialized MPI library; finalized when dropped (after every stream).
 pub struct World {
     universe: Universe,
+    /// This process's rank in MPI_COMM_WORLD.
     pub rank: u32,
+    /// Processes in MPI_COMM_WORLD.
     pub size: u32,
 }
 

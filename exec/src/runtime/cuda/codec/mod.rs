@@ -173,6 +173,7 @@ impl GpuCodec {
         })
     }
 
+    /// The compressor this codec implements.
     pub fn compressor(&self) -> Compressor {
         self.family.compressor()
     }
