@@ -1,4 +1,59 @@
 //! Syncopate's simulator: data formats, cost models, the discrete-event engine and the search.
+//!
+//! # From a model to a trace
+//!
+//! A model profile ([`model::ModelProfile`]: each gradient tensor's size and compute time) on a
+//! cluster ([`topology::Cluster`]: devices, links, collective curves) makes a
+//! [`scenario::Scenario`]. A strategy ([`strategy::Strategy`]) or the search ([`search`]) turns
+//! it into a [`plan::Plan`]: which tensors are fused into groups, how each group is compressed
+//! and exchanged, and how collectives are launched. A plan is lowered once into a
+//! [`schedule::Schedule`], the steps every rank runs, which the simulator, every executor and
+//! `syncopate.torch` all run. [`cost`] prices each step for the scenario, the [`engine`] runs
+//! the steps of every rank in simulated time, and [`simulate::simulate`] summarizes the
+//! iterations it ran ([`summary::Summary`]) and can keep a timeline ([`trace::Trace`], Chrome's
+//! trace format).
+//!
+//! ```
+//! use syncopate_sim::model::ModelProfile;
+//! use syncopate_sim::scenario::Scenario;
+//! use syncopate_sim::simulate::{schedule, simulate, SimOptions};
+//! use syncopate_sim::strategy::{Strategy, StrategyOptions};
+//! use syncopate_sim::topology::{Cluster, ClusterOverrides};
+//!
+//! // ResNet-50 as profiled on a V100, on two 4-GPU machines joined by 10 Gb Ethernet.
+//! let model = ModelProfile::load("resnet50")?;
+//! let nodes = ClusterOverrides { nodes: Some(2), ..ClusterOverrides::default() };
+//! let scenario = Scenario::new(model, Cluster::load("v100-10gbe", nodes)?)?;
+//! // PyTorch DDP's buckets with every gradient cast to fp16 on the wire.
+//! let options = StrategyOptions { compressor: "fp16".parse()?, ..StrategyOptions::default() };
+//! let plan = Strategy::Ddp.plan(&scenario, &options)?;
+//! // The steps each rank runs: a backward step per tensor, then per bucket an encode, the
+//! // allreduce and a decode.
+//! let steps = schedule(&scenario, &plan)?.steps.len();
+//! assert!(steps > plan.groups.len() * 3);
+//! // One warm-up and one measured iteration, with the timeline of rank 0.
+//! let run = SimOptions { trace_ranks: 1, ..SimOptions::default() };
+//! let outcome = simulate(&scenario, &plan, &run)?;
+//! let iteration = outcome.summary.iteration_time_ms;
+//! assert!(iteration > outcome.summary.compute_ms * 0.9);
+//! let trace = outcome.trace.expect("rank 0's timeline");
+//! assert!(trace.trace_events.iter().any(|event| event.name.starts_with("allreduce")));
+//! # Ok::<(), syncopate_sim::SimError>(())
+//! ```
+//!
+//! # Where things are
+//!
+//! - Inputs, each a data file with its provenance: [`model`], [`device`], [`topology`],
+//!   [`framework`], and the compressors with their codec sets ([`compress`]).
+//! - What a plan is and means: [`plan`], [`strategy`], [`schedule`] (with the launch policy,
+//!   [`launch`]).
+//! - Pricing and running: [`collective`] and [`cost`] price steps, [`contention`] what shares a
+//!   device; [`graph`], [`engine`], [`simulate`], [`evaluate`] (the tuner's steady time),
+//!   [`summary`], [`trace`].
+//! - Choosing plans: [`search`], [`sweep`], [`export`] (the settings of DDP, Horovod, BytePS and
+//!   DeepSpeed).
+//! - Fits and checks against measurements: [`calibrate`], [`tcp_fit`], [`p2p_fit`],
+//!   [`beside_compute`], [`compare`], [`experiment`].
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
