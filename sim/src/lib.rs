@@ -52,18 +52,16 @@
 //!   [`summary`], [`trace`].
 //! - Choosing plans: [`search`], [`sweep`], [`export`] (the settings of DDP, Horovod, BytePS and
 //!   DeepSpeed).
-//! - Fits and checks against measurements: [`calibrate`], [`tcp_fit`], [`p2p_fit`],
-//!   [`beside_compute`], [`compare`], [`experiment`].
+//! - Fits and checks against measurements: [`calibrate`] (nccl-tests curves, the TCP, p2p and
+//!   beside-compute fits of the labs, predicted-against-measured tables), [`experiment`].
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod beside_compute;
 pub mod calibrate;
 pub mod carry;
 pub mod chart;
 pub mod collective;
-pub mod compare;
 pub mod compress;
 pub mod contention;
 pub mod cost;
@@ -82,7 +80,6 @@ pub mod launch;
 pub mod limits;
 pub mod model;
 pub mod noise;
-pub mod p2p_fit;
 pub mod plan;
 #[cfg(test)]
 mod properties;
@@ -95,7 +92,6 @@ pub mod stats;
 pub mod strategy;
 pub mod summary;
 pub mod sweep;
-pub mod tcp_fit;
 pub mod time;
 pub mod topology;
 pub mod trace;

@@ -338,7 +338,7 @@ pub struct TcpParams {
     pub allgather_host_gbps: Option<f64>,
     /// What a parameter server pays per point-to-point message it takes or sends (a payload's
     /// length or the payload) beside its bytes, in µs; fitted to a sweep's push-pull rows
-    /// (`syncopate_sim::p2p_fit`). None: a collective call's and message's costs.
+    /// (`syncopate_sim::calibrate::p2p_fit`). None: a collective call's and message's costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_message_overhead_us: Option<f64>,
     /// How many push-pull rounds to different servers run at full speed together: measured

@@ -1,14 +1,14 @@
 //! `syncopate collective`: nccl-tests-style predictions, comparison with measurements, fitting.
 
 use crate::cli::{CollectiveArgs, Format, TcpLibrary};
-use syncopate_sim::beside_compute;
+use syncopate_sim::calibrate::beside_compute;
+use syncopate_sim::calibrate::compare::{self, Row};
+use syncopate_sim::calibrate::p2p_fit;
+use syncopate_sim::calibrate::tcp_fit::{self, Timed};
 use syncopate_sim::calibrate::{self, FitReport, Holdout, Measurement, RowFilter};
 use syncopate_sim::collective::{Group, Op};
-use syncopate_sim::compare::{self, Row};
 use syncopate_sim::data::{self, DataKind};
 use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::p2p_fit;
-use syncopate_sim::tcp_fit::{self, Timed};
 use syncopate_sim::topology::{Cluster, ClusterContention, Library};
 use syncopate_sim::units::{format_bytes, parse_byte_list, parse_bytes};
 use syncopate_sim::SimError;
@@ -113,7 +113,7 @@ fn fitted_ops(library: &Library) -> &'static [Op] {
 }
 
 /// A TCP cluster's host cap and overheads fitted to the times not held out
-/// (`syncopate_sim::tcp_fit`, the fit `lab up` makes for MPI), written to `out` as the input
+/// (`syncopate_sim::calibrate::tcp_fit`, the fit `lab up` makes for MPI), written to `out` as the input
 /// file with only its library replaced: its device stays named as the file names it.
 fn refit_tcp(
     cluster: &Cluster,

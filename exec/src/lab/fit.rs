@@ -2,18 +2,18 @@
 //!
 //! It holds the shaped rate and TCP efficiency from the goodput probe, the hop latency from the
 //! round trip, MPI's host cap and per-message overhead from the allreduce sweep
-//! (`syncopate_sim::tcp_fit`), both sweeps kept as measured times, and the contention of its ranks.
+//! (`syncopate_sim::calibrate::tcp_fit`), both sweeps kept as measured times, and the contention of its ranks.
 
 use super::measure::{CollectivePoint, ContentionPoint, NetworkProbe};
 use super::state::LabState;
 use crate::error::{ExecError, Result};
 use serde::Serialize;
+use syncopate_sim::calibrate::tcp_fit::{self, Timed};
 use syncopate_sim::calibrate::Measurement;
 use syncopate_sim::collective::{estimate, Algorithm, Group, Op};
 use syncopate_sim::data::FORMAT_VERSION;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::tcp_fit::{self, Timed};
 use syncopate_sim::topology::{
     Cluster, ClusterContention, ClusterOverrides, Fabric, InterNode, IntraNode, Library,
     SharedCores, TcpParams, Transport,

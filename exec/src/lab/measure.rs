@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use syncopate_sim::beside_compute::{BesideCompute, Pair};
+use syncopate_sim::calibrate::beside_compute::{BesideCompute, Pair};
 use syncopate_sim::collective::Op;
 use syncopate_sim::SimError;
 

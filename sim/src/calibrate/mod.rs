@@ -1,6 +1,14 @@
-//! nccl-tests measurements: reading and predicting them, their errors, and which a fit may use.
+//! Every fit of a model parameter to measurements, and the tables that set predictions beside them.
+//!
+//! Here: nccl-tests measurements (reading and predicting them, their errors, and which a fit
+//! may use). Beside it: the TCP libraries' fits of the labs ([`tcp_fit`], [`p2p_fit`],
+//! [`beside_compute`]) and the predicted collective tables ([`compare`]).
 
+pub mod beside_compute;
+pub mod compare;
 mod fit;
+pub mod p2p_fit;
+pub mod tcp_fit;
 
 pub use fit::{
     bound_hits, determinable_fields, fit, fit_report, fitted_fields, BoundHit, FitReport, Kept,

@@ -223,8 +223,8 @@ pub(super) fn pick(candidates: Vec<(f64, f64, Algorithm)>) -> Estimate {
 
 #[cfg(test)]
 mod tests {
+    use crate::calibrate::tcp_fit::parametric;
     use crate::collective::{estimate, Algorithm, Estimate, Group, Op};
-    use crate::tcp_fit::parametric;
     use crate::topology::{Cluster, ClusterOverrides};
 
     #[test]

@@ -15,10 +15,10 @@
 //! syncopate.torch.sweep --beside-compute` times gloo's; `syncopate lab probe contention` times
 //! MPI's.
 
+use crate::calibrate::tcp_fit::Timed;
 use crate::collective::Op;
 use crate::error::{Result, SimError};
 use crate::limits::{MAX_DURATION_US, MAX_SLOWDOWN};
-use crate::tcp_fit::Timed;
 use crate::topology::ClusterContention;
 
 /// Smaller messages are latency, which the machine's scheduling makes noisy beyond use.
