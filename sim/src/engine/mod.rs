@@ -660,14 +660,17 @@ impl Engine<'_> {
             self.rerate_codec(rank);
         }
         self.refresh_cpu_busy(rank);
-        self.push(
-            end,
-            Event::Local {
-                rank,
-                resource: which,
-                version,
-            },
-        );
+        self.push_local_end(end, rank, which, version);
+    }
+
+    /// Schedules the end of the task running on `rank`'s stream `which`, as of `version`.
+    fn push_local_end(&mut self, end: SimTime, rank: u32, which: LocalStream, version: u64) {
+        let event = Event::Local {
+            rank,
+            resource: which,
+            version,
+        };
+        self.push(end, event);
     }
 
     fn dispatch_comm(&mut self) {

@@ -64,14 +64,7 @@ impl Engine<'_> {
             if running.rate != rate {
                 self.versions = version;
                 let end = running.rerate(now, rate, version);
-                self.push(
-                    end,
-                    Event::Local {
-                        rank,
-                        resource: which,
-                        version,
-                    },
-                );
+                self.push_local_end(end, rank, which, version);
             }
         }
     }
