@@ -51,7 +51,8 @@ pub fn thread_ranks(text: &str) -> Result<u32, String> {
 
 /// The largest tensor a host profile times: [`MIN_PROFILE_ELEMENTS`] to
 /// [`MAX_PROFILE_ELEMENTS`] elements (1 GiB of fp32, a few buffers of which the kernels hold).
-pub const MIN_PROFILE_ELEMENTS: u32 = syncopate_exec::profile_host::SMALLEST_PROFILED as u32;
+pub const MIN_PROFILE_ELEMENTS: u32 =
+    syncopate_exec::measure::profile_host::SMALLEST_PROFILED as u32;
 pub const MAX_PROFILE_ELEMENTS: u32 = 1 << 28;
 
 pub fn profile_elements(text: &str) -> Result<u32, String> {

@@ -366,7 +366,7 @@ pub struct ProfileArgs {
     /// Host: the largest tensor timed, in elements; sizes are powers of four up to it. Cost
     /// curves are straight lines fitted over these sizes, so reach the largest fused buffer
     /// your plans compress (past the caches, a kernel's cost per element changes).
-    #[arg(long, default_value_t = syncopate_exec::profile_host::DEFAULT_LARGEST_PROFILED as u32, allow_negative_numbers = true, value_parser = crate::args::profile_elements)]
+    #[arg(long, default_value_t = syncopate_exec::measure::profile_host::DEFAULT_LARGEST_PROFILED as u32, allow_negative_numbers = true, value_parser = crate::args::profile_elements)]
     pub largest: u32,
     /// Host: also time the in-process collectives of this many thread-ranks (at least 2) and
     /// fit them into an MPI-style cluster written to --cluster-out.

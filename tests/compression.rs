@@ -8,7 +8,7 @@ use syncopate_exec::compress::sampled::dgc_estimate;
 use syncopate_exec::compress::{
     aggregate, codec_for, codec_for_shapes, roundtrip, Codec, MemoryState,
 };
-use syncopate_exec::profile_host::profiled;
+use syncopate_exec::measure::profile_host::profiled;
 use syncopate_sim::compress::{
     auto_specs, catalog, powersgd_layout, powersgd_rounds, sparse_count, Compressor, Element,
     Memory,

@@ -5,7 +5,7 @@
 use crate::common::{read_json, scratch, stderr, stdout, syncopate};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use syncopate_exec::profile_host::profiled;
+use syncopate_exec::measure::profile_host::profiled;
 use syncopate_sim::compress::{Compressor, Memory, Wire};
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::plan::{CodecCalls, CompressOn, Group, Launch, Plan, Policy, Scheme};

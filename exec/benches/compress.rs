@@ -8,7 +8,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use syncopate_exec::compress::rng::Rng;
-use syncopate_exec::profile_host::{make_codec, profiled};
+use syncopate_exec::measure::profile_host::{make_codec, profiled};
 use syncopate_sim::compress::Compressor;
 
 const ENCODE_SIZES: [u32; 6] = [10, 14, 18, 22, 24, 26];

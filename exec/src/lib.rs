@@ -48,15 +48,15 @@
 //! - [`runtime`]: the driver every backend shares (readiness, launch order, checking) and the
 //!   host, MPI and CUDA backends.
 //! - [`lab`]: emulated clusters of network namespaces on this machine, and their fits.
-//! - [`profile_host`] and [`profile_cluster`]: measurements that become device and cluster files.
+//! - [`measure`]: the measurements of this machine that become device and cluster files (codec
+//!   costs, the host backend's collectives, the cluster files fitted to them).
 
 #![deny(missing_docs)]
 
 pub mod compress;
 pub mod error;
 pub mod lab;
-pub mod profile_cluster;
-pub mod profile_host;
+pub mod measure;
 pub mod runtime;
 
 #[cfg(feature = "mpi")]

@@ -5,9 +5,11 @@
 use super::write_json;
 use crate::cli::{ProfileArgs, ProfileBackend};
 use anyhow::Context;
-use syncopate_exec::profile_cluster::{default_base, gpu_cluster, host_cluster, powers_of_four};
-use syncopate_exec::profile_host::{profile_host, profiled_sizes, HostProfileOptions};
-use syncopate_exec::runtime::cuda::{self, CudaProfileOptions};
+use syncopate_exec::measure::cuda::{self, CudaProfileOptions};
+use syncopate_exec::measure::profile_cluster::{
+    default_base, gpu_cluster, host_cluster, powers_of_four,
+};
+use syncopate_exec::measure::profile_host::{profile_host, profiled_sizes, HostProfileOptions};
 use syncopate_sim::SimError;
 
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {

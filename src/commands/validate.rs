@@ -5,8 +5,8 @@
 use super::exec::Chosen;
 use crate::cli::{Format, RunClusterArgs, ValidateArgs};
 use anyhow::Context;
-use syncopate_exec::profile_cluster::{host_cluster, powers_of_four};
-use syncopate_exec::profile_host::{profile_host, HostProfileOptions};
+use syncopate_exec::measure::profile_cluster::{host_cluster, powers_of_four};
+use syncopate_exec::measure::profile_host::{profile_host, HostProfileOptions};
 use syncopate_exec::runtime::MeasuredSummary;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::model::ModelProfile;

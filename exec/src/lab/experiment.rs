@@ -9,7 +9,7 @@ use super::measure::{ContentionPoint, Pace, SelfExe};
 use super::run::{self, Output, RunSpec};
 use super::{signals, LabSpec as MakeLab};
 use crate::error::{ExecError, Result};
-use crate::profile_host::{profile_host, HostProfileOptions};
+use crate::measure::profile_host::{profile_host, HostProfileOptions};
 use crate::runtime::MeasuredSummary;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;

@@ -11,7 +11,7 @@ use super::run::{self, Output, RunSpec};
 use super::state::LabState;
 use super::tool;
 use crate::error::{ExecError, Result};
-use crate::profile_host::median;
+use crate::measure::profile_host::median;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -4,15 +4,12 @@
 
 pub mod codec;
 pub mod gemm;
-mod kernels;
+pub(crate) mod kernels;
 mod memory;
 mod nccl;
 pub mod probe;
-mod profile;
 mod run;
 mod server;
-
-pub use profile::{profile, CudaProfile, CudaProfileOptions};
 
 use super::control::{Control, Liveness};
 use super::sched::Failure;

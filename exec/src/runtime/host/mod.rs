@@ -6,7 +6,6 @@
 
 pub mod busy;
 pub mod comm;
-pub mod profile;
 
 use super::board::LocalBoard;
 use super::check::Checker;

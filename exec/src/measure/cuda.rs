@@ -3,13 +3,13 @@
 //! The profile holds CUDA-event codec curves, copy bandwidth, GEMM rate and contention ratios; the
 //! sweep is like nccl-tests'.
 
-use super::codec::{supported, GpuCodec};
-use super::gemm::Gemm;
-use super::kernels::{cuda_err, Kernels};
-use super::probe;
 use crate::compress::rng::Rng;
 use crate::error::{ExecError, Result};
-use crate::profile_host::{across_ratios, median, profiled, profiled_shapes};
+use crate::measure::profile_host::{across_ratios, median, profiled, profiled_shapes};
+use crate::runtime::cuda::codec::{supported, GpuCodec};
+use crate::runtime::cuda::gemm::Gemm;
+use crate::runtime::cuda::kernels::{cuda_err, Kernels};
+use crate::runtime::cuda::probe;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, ReduceOp};
 use std::collections::BTreeMap;

@@ -7,10 +7,10 @@
 //! in (α, β, γ): both are measured at several sizes and fitted by least squares on relative
 //! errors. The cluster then has p one-rank "nodes" joined by a "NIC" with β's bandwidth.
 
-use super::comm::meshes;
 use crate::compress::codec_for;
 use crate::error::{ExecError, Result};
-use crate::profile_host::median;
+use crate::measure::profile_host::median;
+use crate::runtime::host::comm::meshes;
 use crate::runtime::ring::{self, Ring};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! Either of the host backend's thread-ranks, or of one node of GPUs running NCCL.
 
 use crate::error::Result;
-use crate::runtime::host::profile as host_collectives;
+use crate::measure::host_collectives;
 use syncopate_sim::calibrate::{self, Measurement};
 use syncopate_sim::collective::Op;
 use syncopate_sim::model::{Provenance, Status};
