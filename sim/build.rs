@@ -21,7 +21,7 @@ fn main() {
             .unwrap_or_default();
         entries.retain(|p| p.extension().is_some_and(|e| e == "json"));
         entries.sort();
-        writeln!(out, "pub static {constant}: &[(&str, &str)] = &[").unwrap();
+        writeln!(out, "pub(crate) static {constant}: &[(&str, &str)] = &[").unwrap();
         for path in entries {
             println!("cargo:rerun-if-changed={}", path.display());
             let name = path.file_stem().unwrap().to_string_lossy().into_owned();

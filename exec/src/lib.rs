@@ -51,7 +51,7 @@
 //! - [`measure`]: the measurements of this machine that become device and cluster files (codec
 //!   costs, the host backend's collectives, the cluster files fitted to them).
 
-#![deny(missing_docs)]
+#![deny(missing_docs, unreachable_pub)]
 
 pub mod compress;
 pub mod error;

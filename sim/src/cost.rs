@@ -167,9 +167,9 @@ fn codec_device<'s>(scenario: &'s Scenario, piece: &Piece) -> Result<&'s DeviceP
 /// Bytes per element of the memory passes around a codec, as the executors make them.
 mod pass {
     /// Zero the result before decoding adds into it.
-    pub const ZERO: f64 = 4.0;
+    pub(super) const ZERO: f64 = 4.0;
     /// Scale the result in place (EF-SignSGD's 1/lr).
-    pub const SCALE: f64 = 8.0;
+    pub(super) const SCALE: f64 = 8.0;
 }
 
 fn piece_cost(

@@ -56,7 +56,7 @@
 //!   beside-compute fits of the labs, predicted-against-measured tables), [`experiment`].
 
 #![forbid(unsafe_code)]
-#![deny(missing_docs)]
+#![deny(missing_docs, unreachable_pub)]
 
 pub mod calibrate;
 pub mod carry;

@@ -5,7 +5,7 @@
 /// Packs one bit per element, element i at bit i % 8 of byte i / 8. `bit` must return 0 or 1.
 /// `dst` holds exactly ceil(src.len() / 8) bytes.
 #[inline(always)]
-pub fn pack1(src: &[f32], dst: &mut [u8], bit: impl Fn(f32) -> u8) {
+pub(super) fn pack1(src: &[f32], dst: &mut [u8], bit: impl Fn(f32) -> u8) {
     let mut blocks = src.chunks_exact(8);
     for (byte, block) in dst.iter_mut().zip(&mut blocks) {
         let mut b = 0u8;
@@ -26,7 +26,7 @@ pub fn pack1(src: &[f32], dst: &mut [u8], bit: impl Fn(f32) -> u8) {
 
 /// Adds `one` where the bit is set and `zero` where it is clear, for `acc.len()` elements.
 #[inline(always)]
-pub fn unpack1_add(src: &[u8], acc: &mut [f32], zero: f32, one: f32) {
+pub(super) fn unpack1_add(src: &[u8], acc: &mut [f32], zero: f32, one: f32) {
     for (block, &byte) in acc.chunks_mut(8).zip(src) {
         for (j, a) in block.iter_mut().enumerate() {
             *a += if (byte >> j) & 1 == 1 { one } else { zero };
@@ -38,7 +38,7 @@ pub fn unpack1_add(src: &[u8], acc: &mut [f32], zero: f32, one: f32) {
 /// Codes are computed a block at a time into a byte buffer (a loop that vectorizes when `code`
 /// is branch-free), then folded four to a byte.
 #[inline(always)]
-pub fn pack2(src: &[f32], dst: &mut [u8], mut code: impl FnMut(usize, f32) -> u8) {
+pub(super) fn pack2(src: &[f32], dst: &mut [u8], mut code: impl FnMut(usize, f32) -> u8) {
     const BLOCK: usize = 1024;
     let mut codes = [0u8; BLOCK];
     for (b, (block, out)) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK / 4)).enumerate() {
@@ -52,7 +52,7 @@ pub fn pack2(src: &[f32], dst: &mut [u8], mut code: impl FnMut(usize, f32) -> u8
 /// Packs 2-bit codes (one per byte, values 0..=3) four to a byte, element i at bits 2·(i % 4).
 /// Four codes are read as one little-endian word and folded, which vectorizes on SSE2.
 #[inline(always)]
-pub fn pack2_codes(codes: &[u8], dst: &mut [u8]) {
+pub(super) fn pack2_codes(codes: &[u8], dst: &mut [u8]) {
     let whole = codes.len() / 4;
     for (d, q) in dst[..whole].iter_mut().zip(codes.chunks_exact(4)) {
         let w = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
@@ -70,7 +70,7 @@ pub fn pack2_codes(codes: &[u8], dst: &mut [u8]) {
 
 /// Adds `values[code]` for each 2-bit code; returns false if a code is 3 (never written).
 #[inline(always)]
-pub fn unpack2_add(src: &[u8], acc: &mut [f32], values: [f32; 3]) -> bool {
+pub(super) fn unpack2_add(src: &[u8], acc: &mut [f32], values: [f32; 3]) -> bool {
     let table = [values[0], values[1], values[2], 0.0];
     let mut invalid = 0u8;
     for (block, &byte) in acc.chunks_mut(4).zip(src) {
@@ -84,7 +84,7 @@ pub fn unpack2_add(src: &[u8], acc: &mut [f32], values: [f32; 3]) -> bool {
 }
 
 /// Writes `bits`-wide codes (≤ 16) back to back, LSB first, into exactly ceil(n·bits/8) bytes.
-pub struct BitWriter<'a> {
+pub(super) struct BitWriter<'a> {
     dst: &'a mut [u8],
     pos: usize,
     acc: u64,
@@ -92,7 +92,7 @@ pub struct BitWriter<'a> {
 }
 
 impl<'a> BitWriter<'a> {
-    pub fn new(dst: &'a mut [u8]) -> Self {
+    pub(super) fn new(dst: &'a mut [u8]) -> Self {
         BitWriter {
             dst,
             pos: 0,
@@ -102,7 +102,7 @@ impl<'a> BitWriter<'a> {
     }
 
     #[inline(always)]
-    pub fn put(&mut self, code: u32, bits: u32) {
+    pub(super) fn put(&mut self, code: u32, bits: u32) {
         self.acc |= u64::from(code) << self.filled;
         self.filled += bits;
         // Flush whole 32-bit words: a word is flushed only once 32 bits are written, so it
@@ -115,7 +115,7 @@ impl<'a> BitWriter<'a> {
         }
     }
 
-    pub fn finish(mut self) {
+    pub(super) fn finish(mut self) {
         while self.filled > 0 {
             self.dst[self.pos] = self.acc as u8;
             self.pos += 1;
@@ -126,7 +126,7 @@ impl<'a> BitWriter<'a> {
 }
 
 /// Reads codes written by [`BitWriter`]; reading past the end yields zero bits.
-pub struct BitReader<'a> {
+pub(super) struct BitReader<'a> {
     src: &'a [u8],
     pos: usize,
     acc: u64,
@@ -134,7 +134,7 @@ pub struct BitReader<'a> {
 }
 
 impl<'a> BitReader<'a> {
-    pub fn new(src: &'a [u8]) -> Self {
+    pub(super) fn new(src: &'a [u8]) -> Self {
         BitReader {
             src,
             pos: 0,
@@ -144,7 +144,7 @@ impl<'a> BitReader<'a> {
     }
 
     #[inline(always)]
-    pub fn get(&mut self, bits: u32) -> u32 {
+    pub(super) fn get(&mut self, bits: u32) -> u32 {
         if self.filled < bits {
             let mut word = [0u8; 4];
             let end = (self.pos + 4).min(self.src.len());

@@ -18,7 +18,7 @@ use super::minifloat::{f16_to_f32, f32_to_f16};
 const HALF_MAX: f32 = 65504.0;
 
 /// Whether this CPU runs the F16C loops.
-pub fn available() -> bool {
+pub(super) fn available() -> bool {
     std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
 }
 
@@ -27,7 +27,7 @@ pub fn available() -> bool {
 /// # Safety
 /// The CPU supports F16C and AVX ([`available`]).
 #[target_feature(enable = "avx,f16c")]
-pub unsafe fn encode(src: &[f32], dst: &mut [u8]) {
+pub(super) unsafe fn encode(src: &[f32], dst: &mut [u8]) {
     let blocks = (src.len() / 8).min(dst.len() / 16);
     let (low, high) = (_mm256_set1_ps(-HALF_MAX), _mm256_set1_ps(HALF_MAX));
     for b in 0..blocks {
@@ -53,7 +53,7 @@ pub unsafe fn encode(src: &[f32], dst: &mut [u8]) {
 /// # Safety
 /// The CPU supports F16C and AVX ([`available`]).
 #[target_feature(enable = "avx,f16c")]
-pub unsafe fn decode_add(src: &[u8], acc: &mut [f32]) {
+pub(super) unsafe fn decode_add(src: &[u8], acc: &mut [f32]) {
     let blocks = (acc.len() / 8).min(src.len() / 16);
     for b in 0..blocks {
         // SAFETY: block `b` has 16 bytes in `src` and 8 elements in `acc` (`blocks` fits

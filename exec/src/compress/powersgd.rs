@@ -21,7 +21,7 @@ pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
     }
 }
 
-pub struct PowerSgd {
+pub(crate) struct PowerSgd {
     c: Compressor,
     /// Explicit group layout; empty means "one flat 1-D buffer", sized at encode.
     layout: Vec<PowerSgdTensor>,
@@ -77,7 +77,7 @@ pub(crate) fn initial_q(layout: &[PowerSgdTensor], seed: u64) -> Vec<Vec<f32>> {
 impl PowerSgd {
     /// Q starts as a seeded standard normal matrix; workers must share the seed so that their
     /// P = MQ are summable.
-    pub fn new(rank: u32, shapes: &[&[u64]], seed: u64) -> PowerSgd {
+    pub(crate) fn new(rank: u32, shapes: &[&[u64]], seed: u64) -> PowerSgd {
         let layout = powersgd_layout(shapes, rank);
         PowerSgd {
             c: Compressor::PowerSgd { rank },

@@ -18,7 +18,7 @@ use syncopate_sim::compress::{qsgd_bits, Compressor, QSGD_MAX_LEVELS};
 
 /// Which quantizer, with its parameter.
 #[derive(Clone, Copy, Debug)]
-pub enum Kind {
+pub(crate) enum Kind {
     Qsgd(u32),
     TernGrad,
     Natural,

@@ -6,7 +6,7 @@ use crate::error::{ExecError, Result};
 
 /// Elements per chunk: small enough to stay in L1 between the check and the kernel's pass,
 /// and a multiple of 8 so that bit-packed outputs start on byte boundaries.
-pub const CHUNK: usize = 4096;
+pub(crate) const CHUNK: usize = 4096;
 
 const ABS_MASK: u32 = 0x7FFF_FFFF;
 const MAX_FINITE: u32 = 0x7F7F_FFFF;
@@ -14,7 +14,7 @@ const MAX_FINITE: u32 = 0x7F7F_FFFF;
 /// Errs with the first non-finite element; `base` is the chunk's offset in the whole tensor.
 /// The flag is OR-ed branch-free over the chunk so the common all-finite case vectorizes.
 #[inline(always)]
-pub fn check_finite(chunk: &[f32], base: usize) -> Result<()> {
+pub(crate) fn check_finite(chunk: &[f32], base: usize) -> Result<()> {
     let bad = chunk.iter().fold(0u32, |acc, x| {
         acc | u32::from((x.to_bits() & ABS_MASK) > MAX_FINITE)
     });
@@ -39,7 +39,7 @@ pub fn check_all(grad: &[f32]) -> Result<()> {
 }
 
 /// max |x| over a finite tensor, checking it on the way.
-pub fn max_abs(grad: &[f32]) -> Result<f32> {
+pub(crate) fn max_abs(grad: &[f32]) -> Result<f32> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2.
@@ -78,7 +78,7 @@ fn max_abs_impl(grad: &[f32]) -> Result<f32> {
 
 /// Σ f(x) over a finite tensor, in f32 lanes per chunk and f64 across chunks so that large
 /// tensors do not lose precision.
-pub fn sum_map(grad: &[f32], f: impl Fn(f32) -> f32) -> Result<f64> {
+pub(crate) fn sum_map(grad: &[f32], f: impl Fn(f32) -> f32) -> Result<f64> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2.

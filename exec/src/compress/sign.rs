@@ -16,7 +16,7 @@ use syncopate_sim::compress::Compressor;
 
 /// Which member of the family.
 #[derive(Clone, Copy, Debug)]
-pub enum Kind {
+pub(super) enum Kind {
     SignSgd,
     EfSignSgd,
     Signum(f32),

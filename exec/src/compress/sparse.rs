@@ -19,7 +19,7 @@ const BUCKET_SHIFT: u32 = 19;
 
 /// What an [`Exact`] codec keeps.
 #[derive(Clone, Copy, Debug)]
-pub enum Rule {
+pub(crate) enum Rule {
     /// The k = max(1, ceil(ratio·n)) largest magnitudes.
     TopK(f64),
     /// Every |x| ≥ the value.
@@ -100,7 +100,7 @@ fn kth_bucket(hist: &[usize], k: usize) -> (u32, usize) {
 /// are strictly larger. Radix selection: a histogram of the top bits finds the bucket holding
 /// the k-th element, then only that bucket is selected, so no sort and about two passes.
 /// Requires 1 ≤ k ≤ len; checks finiteness on the way.
-pub fn kth_largest(grad: &[f32], k: usize) -> Result<(u32, usize)> {
+pub(crate) fn kth_largest(grad: &[f32], k: usize) -> Result<(u32, usize)> {
     let hist = histogram(grad)?;
     let (bucket, above) = kth_bucket(&hist, k);
     let mut candidates: Vec<u32> = grad
@@ -116,7 +116,7 @@ pub fn kth_largest(grad: &[f32], k: usize) -> Result<(u32, usize)> {
 
 /// (index, value) pairs of the elements with |x| ≥ a threshold, in index order.
 #[derive(Default)]
-pub struct Candidates {
+pub(crate) struct Candidates {
     pub idx: Vec<u32>,
     pub val: Vec<f32>,
     /// How many are stored (the first `len` slots of `idx` and `val`).
@@ -127,7 +127,12 @@ pub struct Candidates {
 /// of them, in index order; returns how many elements are ≥ t in all (possibly more than
 /// stored). Blocks of 16 with nothing ≥ t are skipped with one vectorized test; hit blocks are
 /// compacted branch-free (every lane is written, the cursor advances only past the kept ones).
-pub fn collect_at_least(grad: &[f32], t: u32, cap: usize, out: &mut Candidates) -> Result<usize> {
+pub(crate) fn collect_at_least(
+    grad: &[f32],
+    t: u32,
+    cap: usize,
+    out: &mut Candidates,
+) -> Result<usize> {
     const W: usize = 16;
     // Grow only: every slot read later is written first.
     if out.idx.len() < cap + W {
@@ -181,7 +186,7 @@ pub fn collect_at_least(grad: &[f32], t: u32, cap: usize, out: &mut Candidates) 
 /// Writes the k largest stored candidates (ties by index) into `idx`/`val` as
 /// [`emit`] would from the whole tensor, given that every element not stored is smaller than
 /// every stored one and at least k are stored. Returns k.
-pub fn emit_k_largest(cand: &Candidates, k: usize, idx: &mut [u8], val: &mut [u8]) -> usize {
+pub(crate) fn emit_k_largest(cand: &Candidates, k: usize, idx: &mut [u8], val: &mut [u8]) -> usize {
     let vals = &cand.val[..cand.len];
     let mut abs: Vec<u32> = vals.iter().map(|x| x.to_bits() & ABS).collect();
     let (_, &mut t, _) = abs.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
@@ -202,7 +207,7 @@ pub fn emit_k_largest(cand: &Candidates, k: usize, idx: &mut [u8], val: &mut [u8
 }
 
 /// Writes all stored candidates (at most the capacity of `idx`); returns how many.
-pub fn emit_all(cand: &Candidates, idx: &mut [u8], val: &mut [u8]) -> usize {
+pub(crate) fn emit_all(cand: &Candidates, idx: &mut [u8], val: &mut [u8]) -> usize {
     let n = cand.len.min(idx.len() / 4);
     for (d, &i) in idx.chunks_exact_mut(4).zip(&cand.idx[..n]) {
         d.copy_from_slice(&i.to_le_bytes());
@@ -276,7 +281,7 @@ fn topk_encode(
 /// Writes (index, value) for every element with |x| > t and the first `ties` with |x| == t, in
 /// index order, up to the capacity of `idx` (4 bytes each); returns how many were written.
 /// Blocks of 16 with nothing ≥ t are skipped with one vectorized test.
-pub fn emit(grad: &[f32], t: u32, mut ties: usize, idx: &mut [u8], val: &mut [u8]) -> usize {
+pub(crate) fn emit(grad: &[f32], t: u32, mut ties: usize, idx: &mut [u8], val: &mut [u8]) -> usize {
     let cap = idx.len() / 4;
     let mut n = 0;
     for (b, block) in grad.chunks(16).enumerate() {
@@ -301,7 +306,7 @@ pub fn emit(grad: &[f32], t: u32, mut ties: usize, idx: &mut [u8], val: &mut [u8
 }
 
 /// Adds `count` (index, value) pairs read from the two blocks, checking every index.
-pub fn scatter_add(
+pub(crate) fn scatter_add(
     c: &Compressor,
     idx: &[u8],
     val: &[u8],

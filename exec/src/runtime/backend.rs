@@ -7,14 +7,14 @@ use crate::error::Result;
 
 /// Where a synchronization step runs: the rank's compression stream, or one of its
 /// communication streams with that stream's end of the collective link.
-pub enum Lane<'l, L> {
+pub(super) enum Lane<'l, L> {
     Codec,
     Comm { link: &'l L, stream: u32 },
 }
 
 impl<L> Lane<'_, L> {
     /// The trace lane of a task on it: 0 for the compression stream, else the comm stream.
-    pub fn trace_stream(&self) -> u32 {
+    pub(super) fn trace_stream(&self) -> u32 {
         match self {
             Lane::Codec => 0,
             Lane::Comm { stream, .. } => *stream,
@@ -25,7 +25,7 @@ impl<L> Lane<'_, L> {
 /// One backend. The driver ([`super::driver::drive`]) decides when each task runs and
 /// releases its successors once the call returns; [`super::sequence`] decides which of the
 /// piece primitives a synchronization step runs, in which order.
-pub trait Backend: Sync {
+pub(super) trait Backend: Sync {
     /// One rank's buffers and streams.
     type Rank: Sync;
     /// One rank's state of one piece (its buffers, codec and memory).

@@ -25,7 +25,7 @@ struct State {
 
 /// What the threads of a run ask about collectives: a rank met one's dependencies, and which
 /// one a communication stream runs next. Every rank must get the same answers.
-pub trait Board: Sync {
+pub(super) trait Board: Sync {
     /// A rank driven here met the dependencies of collective `task`.
     fn arrive(&self, task: u32);
     /// The `index`-th collective of `stream` for rank `rank`, or `None` once every collective
@@ -37,7 +37,7 @@ pub trait Board: Sync {
 }
 
 /// The launch policy over the ranks of this process.
-pub struct LocalBoard {
+pub(super) struct LocalBoard {
     state: Mutex<State>,
     changed: Condvar,
     world: u32,
@@ -47,7 +47,7 @@ pub struct LocalBoard {
 
 impl LocalBoard {
     /// A board for the `world` ranks of this process.
-    pub fn new(
+    pub(super) fn new(
         policy: &LaunchPolicy,
         program: &Program,
         world: u32,

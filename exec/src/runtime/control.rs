@@ -36,7 +36,7 @@ const MAX_BODY: usize = 64 * 1024;
 
 /// The control plane's clocks.
 #[derive(Clone, Copy, Debug)]
-pub struct Liveness {
+pub(super) struct Liveness {
     /// How often every rank says it is alive.
     pub heartbeat: Duration,
     /// A peer silent this long is unreachable.
@@ -48,7 +48,7 @@ pub struct Liveness {
 impl Liveness {
     /// For a run whose ranks wait at most `timeout` for each other: 200 ms heartbeats, 5 s of
     /// silence (less under a shorter timeout), and rank 0 lingering up to the timeout.
-    pub fn for_run(timeout: Duration) -> Liveness {
+    pub(super) fn for_run(timeout: Duration) -> Liveness {
         let heartbeat = Duration::from_millis(200);
         Liveness {
             heartbeat,
@@ -224,7 +224,7 @@ impl Shared {
 
 /// A rank's part of the control plane: a reader thread per connection (one on ranks other than
 /// 0) and a heartbeat thread, raising the run's [`Failure`] when another rank is lost or failed.
-pub struct Control {
+pub(super) struct Control {
     shared: Arc<Shared>,
     readers: Vec<JoinHandle<()>>,
     /// Dropping the sender stops the heartbeats.
@@ -235,7 +235,7 @@ pub struct Control {
 
 impl Control {
     /// Starts rank `rank`'s control plane on the connections the rendezvous left open.
-    pub fn start(
+    pub(super) fn start(
         rank: u32,
         link: Link,
         liveness: Liveness,
@@ -299,7 +299,7 @@ impl Control {
     /// Ends this rank's part: its final frame (`DONE`, or `FAILED` with `outcome`); then rank 0
     /// waits up to `Liveness::linger` for every other rank's final frame, relaying meanwhile,
     /// and any other rank up to `Liveness::silence` for rank 0 to close. Every thread is joined.
-    pub fn finish(mut self, outcome: Option<&ExecError>) {
+    pub(super) fn finish(mut self, outcome: Option<&ExecError>) {
         let shared = self.shared.clone();
         let (tag, body) = match outcome {
             None => (DONE, String::new()),

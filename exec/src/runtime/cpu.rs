@@ -22,7 +22,7 @@ use syncopate_sim::time::SimTime;
 
 /// One rank's end of a communication stream: the collectives a schedule's exchanges need,
 /// the rings of `runtime::ring` and the push/pull of `runtime::push_pull` among them.
-pub trait Collectives: RingLink + Messages + Send {
+pub(super) trait Collectives: RingLink + Messages + Send {
     /// Allreduce in the wire type (elements of `element` bytes, summed by the codec).
     fn allreduce(
         &self,
@@ -36,19 +36,19 @@ pub trait Collectives: RingLink + Messages + Send {
 }
 
 /// Where a rank reports its compression inputs and aggregated results for `--check`.
-pub trait CheckSink: Sync {
+pub(super) trait CheckSink: Sync {
     fn input(&self, piece: usize, rank: u32, iteration: u32, input: &[f32]);
     fn result(&self, piece: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()>;
 }
 
-pub struct RankState {
+pub(super) struct RankState {
     rank: u32,
     groups: Vec<Mutex<Vec<f32>>>,
     pieces: Vec<Mutex<PieceState>>,
 }
 
 /// Everything the threads of a CPU run share; `L` is the transport's link type.
-pub struct CpuRun<'a, L> {
+pub(super) struct CpuRun<'a, L> {
     pub job: &'a Job<'a>,
     pub gradients: &'a Gradients,
     pub checker: Option<&'a dyn CheckSink>,
@@ -62,7 +62,7 @@ pub struct CpuRun<'a, L> {
 }
 
 impl<'a, L> CpuRun<'a, L> {
-    pub fn new(
+    pub(super) fn new(
         job: &'a Job<'a>,
         gradients: &'a Gradients,
         checker: Option<&'a dyn CheckSink>,
@@ -84,12 +84,12 @@ impl<'a, L> CpuRun<'a, L> {
     }
 
     /// Rank `rank`'s buffers, codecs and memories.
-    pub fn rank_state(&self, rank: u32) -> RankState {
+    pub(super) fn rank_state(&self, rank: u32) -> RankState {
         rank_state(self.job, rank)
     }
 
     /// The records of every task this process ran.
-    pub fn into_records(self) -> Vec<TaskRecord> {
+    pub(super) fn into_records(self) -> Vec<TaskRecord> {
         self.records.into_inner().expect("the record lock")
     }
 }

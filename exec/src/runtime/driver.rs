@@ -14,7 +14,7 @@ use std::time::Duration;
 use syncopate_sim::schedule::Stream;
 
 /// A rank driven here: its number, its state and one opener per comm stream.
-pub struct Local<'r, B: Backend> {
+pub(super) struct Local<'r, B: Backend> {
     pub rank: u32,
     pub state: &'r B::Rank,
     pub openers: Vec<B::Opener>,
@@ -38,7 +38,7 @@ struct Rank<'r, R> {
 
 /// Runs every task of the job's program on the `local` ranks, one thread per stream, and
 /// returns the run's first failure: its own threads' or one raised into `failure` from outside.
-pub fn drive<B: Backend>(
+pub(super) fn drive<B: Backend>(
     backend: &B,
     job: &Job,
     board: &dyn Board,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use syncopate_sim::schedule::Stream;
 
 /// What a rank's threads pick work from.
-pub struct Sched {
+pub(super) struct Sched {
     /// Unmet dependencies per task.
     pub pending: Vec<u32>,
     /// Ready compression tasks, first come first served (as the simulator's codec stream).
@@ -21,7 +21,7 @@ pub struct Sched {
 
 /// The thread that waits in `Readiness::wait_for`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Waiter {
+pub(super) enum Waiter {
     /// Waits for its next compute task's inputs.
     Compute,
     /// Waits for the compression queue.
@@ -29,7 +29,7 @@ pub enum Waiter {
 }
 
 /// One rank's scheduling state, shared by its compute, compression and communication threads.
-pub struct Readiness {
+pub(super) struct Readiness {
     rank: u32,
     sched: Mutex<Sched>,
     /// One per waiter, woken only when a task of its own became ready: a CPU rank's threads
@@ -44,14 +44,14 @@ pub struct Readiness {
 /// rank's own threads and the control plane (failures of other processes) raise the same one,
 /// so the run reports the root cause, not the "aborted" errors that follow it.
 #[derive(Default)]
-pub struct Failure {
+pub(super) struct Failure {
     raised: AtomicBool,
     first: Mutex<Option<ExecError>>,
 }
 
 impl Failure {
     /// Records `err` unless an earlier failure is recorded, and raises the flag.
-    pub fn raise(&self, err: ExecError) {
+    pub(super) fn raise(&self, err: ExecError) {
         let mut first = self.first.lock().expect("the failure lock");
         if first.is_none() {
             *first = Some(err);
@@ -60,18 +60,18 @@ impl Failure {
     }
 
     /// The flag the waiting loops poll.
-    pub fn flag(&self) -> &AtomicBool {
+    pub(super) fn flag(&self) -> &AtomicBool {
         &self.raised
     }
 
     /// The first failure, once: the run reports it.
-    pub fn take(&self) -> Option<ExecError> {
+    pub(super) fn take(&self) -> Option<ExecError> {
         self.first.lock().expect("the failure lock").take()
     }
 }
 
 /// Err when another rank or thread has failed, so that this one stops instead of waiting.
-pub fn check_abort(abort: &AtomicBool, rank: u32) -> Result<()> {
+pub(super) fn check_abort(abort: &AtomicBool, rank: u32) -> Result<()> {
     match abort.load(Ordering::Relaxed) {
         true => Err(aborted(rank)),
         false => Ok(()),
@@ -86,7 +86,7 @@ fn aborted(rank: u32) -> ExecError {
 }
 
 impl Readiness {
-    pub fn new(rank: u32, job: &Job) -> Readiness {
+    pub(super) fn new(rank: u32, job: &Job) -> Readiness {
         Readiness {
             rank,
             sched: Mutex::new(Sched {
@@ -99,13 +99,13 @@ impl Readiness {
     }
 
     /// Unmet dependencies of `task` now.
-    pub fn pending(&self, task: u32) -> u32 {
+    pub(super) fn pending(&self, task: u32) -> u32 {
         self.sched.lock().expect("the scheduler lock").pending[task as usize]
     }
 
     /// Marks `task` done on this rank: compression tasks it unblocks join the queue, and
     /// collectives it unblocks are announced to the launch board.
-    pub fn complete(&self, job: &Job, board: &dyn Board, task: u32) {
+    pub(super) fn complete(&self, job: &Job, board: &dyn Board, task: u32) {
         let mut arrivals = Vec::new();
         let (mut compute, mut codec) = (false, false);
         {
@@ -136,7 +136,7 @@ impl Readiness {
     }
 
     /// Waits until `pick` finds something in the scheduler state, within `timeout`.
-    pub fn wait_for<T>(
+    pub(super) fn wait_for<T>(
         &self,
         waiter: Waiter,
         what: &str,

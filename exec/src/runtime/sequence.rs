@@ -8,7 +8,7 @@ use crate::error::Result;
 use syncopate_sim::schedule::{Op, StepKind};
 
 /// Runs task `task` (an encode, collective or decode step) on `lane`, timed by the backend.
-pub fn run_sync_task<B: Backend>(
+pub(super) fn run_sync_task<B: Backend>(
     backend: &B,
     job: &Job,
     rank: &B::Rank,

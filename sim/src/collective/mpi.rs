@@ -42,7 +42,7 @@ fn shared_us_per_byte(own: f64, ranks: u32, traffic: f64, host: f64) -> f64 {
 }
 
 impl Hockney {
-    pub fn of(cluster: &Cluster, params: &TcpParams, group: Group) -> Hockney {
+    pub(super) fn of(cluster: &Cluster, params: &TcpParams, group: Group) -> Hockney {
         // Ranks of one node exchange through shared memory where the library does.
         if let (1, Some(shared)) = (group.nodes, params.shared_memory) {
             let host = shared.host_memory_gbytes_per_s;

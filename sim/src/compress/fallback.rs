@@ -14,7 +14,7 @@ pub const GPU_BANDWIDTH_EFFICIENCY: f64 = 0.7;
 pub const GPU_LAUNCH_US: f64 = 5.0;
 /// Median ratio of the bandwidth bound to the measured cost over `host-2core.json`'s curves
 /// (0.49, rounded); CPU codecs are function calls, so they have no floor.
-pub const CPU_BANDWIDTH_EFFICIENCY: f64 = 0.5;
+pub(super) const CPU_BANDWIDTH_EFFICIENCY: f64 = 0.5;
 
 /// Encode and decode cost curves of one compressor on one device.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -79,12 +79,12 @@ impl CodecCurves {
 }
 
 /// How [`ns_per_byte`] prices a byte, as provenance words it.
-pub const BYTE_PRICE_SOURCE: &str =
+pub(super) const BYTE_PRICE_SOURCE: &str =
     "the device's memory bandwidth at the catalog estimates' efficiency, 0.7 on a GPU and 0.5 on a CPU";
 
 /// Time to move one byte through `device`'s memory in an elementwise kernel: bandwidth ×
 /// efficiency, in ns.
-pub fn ns_per_byte(device: &DeviceProfile) -> f64 {
+pub(super) fn ns_per_byte(device: &DeviceProfile) -> f64 {
     let efficiency = match device.kind {
         DeviceKind::Gpu => GPU_BANDWIDTH_EFFICIENCY,
         DeviceKind::Cpu => CPU_BANDWIDTH_EFFICIENCY,

@@ -56,7 +56,7 @@ const MEMORY_CATALOG: &[MemoryCatalogEntry] = &[
 ];
 
 /// DGC's warm-up compression ratios, one per fifth of the warm-up (the `wm5` configuration).
-pub const DGC_WARMUP_RATIOS: [f64; 5] = [0.25, 0.063, 0.015, 0.004, 0.001];
+pub(super) const DGC_WARMUP_RATIOS: [f64; 5] = [0.25, 0.063, 0.015, 0.004, 0.001];
 
 impl Memory {
     /// Every memory, one row each, in the order of `syncopate list memories`.

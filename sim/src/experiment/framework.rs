@@ -18,7 +18,7 @@ use std::path::Path;
 /// spec.json of a framework check.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FrameworkSpec {
+pub(super) struct FrameworkSpec {
     /// The published runs: `model,batch_per_gpu,gpus,nodes,config,bucket_mb,percentile,
     /// sec_per_iter,diff_vs_25mb_percent` (relative to the experiment directory).
     pub measurements: String,
@@ -116,7 +116,7 @@ fn predict(
     ))
 }
 
-pub fn run(spec: &FrameworkSpec, label: &str, dir: &Path) -> Result<Results> {
+pub(super) fn run(spec: &FrameworkSpec, label: &str, dir: &Path) -> Result<Results> {
     let rows = read_rows(&dir.join(&spec.measurements))?;
     let framework = Framework::load(&spec.framework)?;
     let mut csv = Csv::new(&[

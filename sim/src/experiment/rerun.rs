@@ -24,7 +24,7 @@ struct Pair {
 
 /// Reads the rerun in `dir/rerun` (its own `measurements.json`) and checks that it ran the
 /// plans of `measured`: the same configuration must have the same plan, wherever it ran.
-pub fn load(dir: &Path, rerun: &str, measured: &LabMeasurements) -> Result<LabMeasurements> {
+pub(super) fn load(dir: &Path, rerun: &str, measured: &LabMeasurements) -> Result<LabMeasurements> {
     let (again, label) = read_measurements(&dir.join(rerun))?;
     check_same_plans(&label, measured, &again)?;
     Ok(again)
@@ -79,7 +79,7 @@ fn first_of<'a>(
 
 /// The table of `rerun` against `measured`, with `predicted` giving each configuration's
 /// prediction from its lab's own cluster file.
-pub fn table(
+pub(super) fn table(
     rerun: &str,
     measured: &LabMeasurements,
     again: &LabMeasurements,

@@ -16,12 +16,12 @@ pub type Choice = (Compressor, Memory);
 /// consecutive tensors: the DP is cubic in its units and its cost table quadratic, so a
 /// 10,000-tensor model would take hours and gigabytes at tensor granularity. Local search
 /// then moves boundaries tensor by tensor.
-pub const MAX_UNITS: usize = 600;
+pub(super) const MAX_UNITS: usize = 600;
 const BLOCKS: usize = 256;
 
 /// Costs of every contiguous group under every choice, in nanoseconds: `cost[c][a][b]` for the
 /// group of units a..=b (backward order). Built once, queried by the DP.
-pub struct Costs {
+pub(super) struct Costs {
     /// The tensors (first, last) each unit of the DP covers: one tensor each, or a block.
     units: Vec<(usize, usize)>,
     /// Gradient-ready time of each unit (its last tensor) from the start of backward.
@@ -31,7 +31,11 @@ pub struct Costs {
 }
 
 impl Costs {
-    pub fn new(scenario: &Scenario, choices: &[Choice], encoding: Encoding) -> Result<Costs> {
+    pub(super) fn new(
+        scenario: &Scenario,
+        choices: &[Choice],
+        encoding: Encoding,
+    ) -> Result<Costs> {
         let model = &scenario.model;
         let units: Vec<(usize, usize)> = if model.num_tensors() <= MAX_UNITS {
             (0..model.num_tensors()).map(|t| (t, t)).collect()
@@ -83,7 +87,7 @@ impl Costs {
     /// For every group count y (index y-1), the partition into y contiguous groups and the
     /// per-group choice that finish synchronization earliest under the surrogate: groups as
     /// (first tensor, last tensor, choice).
-    pub fn best_per_group_count(&self, choices: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    pub(super) fn best_per_group_count(&self, choices: usize) -> Vec<Vec<(usize, usize, usize)>> {
         let n = self.units.len();
         // end[y][b]: earliest time the link is free after y groups covering tensors 0..=b;
         // from[y][b]: (start of the last group, its choice). Later link-free times never help

@@ -11,7 +11,7 @@ use super::ddp::fill_buckets;
 use crate::model::ModelProfile;
 
 /// DeepSpeed's `MEMORY_OPT_ALLREDUCE_SIZE`: elements per bucket at stage 0.
-pub const BUCKET_ELEMENTS: u64 = 500_000_000;
+pub(super) const BUCKET_ELEMENTS: u64 = 500_000_000;
 
 /// The buckets in the order DeepSpeed reduces them: the tensors in registration order, taken
 /// as the reverse of the order their gradients arrive (the profile's; it records no other),

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 /// Threads per block of the element-wise kernels; a multiple of the warp (`powersgd_p` works
 /// in warps).
-pub const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 /// Grid-stride kernels need no more blocks than this to fill any current GPU.
 const MAX_BLOCKS: u32 = 4096;
 
@@ -38,8 +38,8 @@ const LANES: u32 = 16;
 /// thread (`SEL_PER`) and so per tile, and radix buckets (`RADIX_BUCKETS`).
 const SEL_THREADS: u32 = 256;
 const SEL_PER: usize = 16;
-pub const SEL_TILE: usize = SEL_THREADS as usize * SEL_PER;
-pub const RADIX_BUCKETS: usize = 4096;
+pub(crate) const SEL_TILE: usize = SEL_THREADS as usize * SEL_PER;
+pub(crate) const RADIX_BUCKETS: usize = 4096;
 /// Lanes of `powersgd_p` per output element (`P_LANES`).
 const P_LANES: usize = 8;
 /// Side of `gemm`'s square thread blocks and shared tiles (`TILE`).
@@ -52,14 +52,14 @@ const _: () = assert!(
     "the kernel lengths assume a 64-bit usize"
 );
 
-pub fn cuda_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> ExecError + '_ {
+pub(crate) fn cuda_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> ExecError + '_ {
     move |e| ExecError::Cuda {
         message: format!("{what}: {e}"),
     }
 }
 
 /// A launch covering `n` elements (or bytes) with grid-stride loops.
-pub fn grid(n: usize) -> LaunchConfig {
+pub(crate) fn grid(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS as usize) as u32;
     blocks_of(blocks, BLOCK)
 }
@@ -131,14 +131,14 @@ impl<T> Output<T> for CudaViewMut<'_, T> {
 /// The f32s of a wire-format byte buffer (PowerSGD's payloads are f32 arrays), the last
 /// `len % 4` bytes left out. The view must start 4-aligned (an offset that is a multiple of 4
 /// into an allocation); a kernel's misaligned access would be a reported launch error.
-pub fn f32s<'a>(bytes: &CudaView<'a, u8>) -> Result<CudaView<'a, f32>> {
+pub(crate) fn f32s<'a>(bytes: &CudaView<'a, u8>) -> Result<CudaView<'a, f32>> {
     // SAFETY: every bit pattern is a valid f32, and the new view covers no more bytes than
     // the old one (cudarc checks that and returns None otherwise).
     unsafe { bytes.transmute(bytes.len() / 4) }.ok_or_else(|| not_f32s(bytes.len()))
 }
 
 /// [`f32s`] of a buffer to write.
-pub fn f32s_mut<'a>(bytes: &'a mut CudaViewMut<'_, u8>) -> Result<CudaViewMut<'a, f32>> {
+pub(crate) fn f32s_mut<'a>(bytes: &'a mut CudaViewMut<'_, u8>) -> Result<CudaViewMut<'a, f32>> {
     let len = bytes.len();
     // SAFETY: as in `f32s`; the new view borrows the old one exclusively.
     unsafe { bytes.transmute_mut(len / 4) }.ok_or_else(|| not_f32s(len))
@@ -305,7 +305,7 @@ macro_rules! kernels {
         }
 
         /// Each kernel source under `exec/kernels/` and the entry points loaded from it.
-        pub const SOURCES: &[(&str, &str, &[&str])] = &[$((
+        pub(crate) const SOURCES: &[(&str, &str, &[&str])] = &[$((
             $file,
             include_str!(concat!("../../../kernels/", $file)),
             &[$(stringify!($kernel)),+],
@@ -597,7 +597,7 @@ kernels! {
 }
 
 /// Compiles one kernel source to PTX for `arch` (`sm_90`, …); needs NVRTC but no GPU.
-pub fn compile(file: &str, src: &str, arch: &str) -> Result<Ptx> {
+pub(crate) fn compile(file: &str, src: &str, arch: &str) -> Result<Ptx> {
     let options = CompileOptions {
         // Byte-exact payloads: no FMA contraction, IEEE division, subnormals kept.
         fmad: Some(false),
@@ -616,7 +616,7 @@ pub fn compile(file: &str, src: &str, arch: &str) -> Result<Ptx> {
 /// For GPU tests: the first GPU's context, its default stream and the compiled kernels, or
 /// `None` after printing why the test skips.
 #[cfg(test)]
-pub fn gpu_or_skip() -> Option<(Arc<CudaContext>, Arc<CudaStream>, Kernels)> {
+pub(crate) fn gpu_or_skip() -> Option<(Arc<CudaContext>, Arc<CudaStream>, Kernels)> {
     if let Err(e) = super::probe::probe() {
         println!("skipped: no CUDA device ({e})");
         return None;

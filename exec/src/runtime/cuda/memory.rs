@@ -9,7 +9,7 @@ use std::sync::Arc;
 use syncopate_sim::compress::Memory;
 
 /// One rank's memory for one piece of `n` elements.
-pub struct GpuMemory {
+pub(super) struct GpuMemory {
     spec: Memory,
     n: u32,
     /// Residual e (residual, efsignsgd) or DGC's velocity v; one element when unused.
@@ -19,7 +19,7 @@ pub struct GpuMemory {
 }
 
 impl GpuMemory {
-    pub fn new(spec: Memory, n: usize, stream: &Arc<CudaStream>) -> Result<GpuMemory> {
+    pub(super) fn new(spec: Memory, n: usize, stream: &Arc<CudaStream>) -> Result<GpuMemory> {
         let count = u32::try_from(n).map_err(|_| ExecError::Cuda {
             message: format!("a piece of {n} elements exceeds the kernels' 32-bit indexing"),
         })?;
@@ -38,7 +38,7 @@ impl GpuMemory {
     }
 
     /// Enqueues the vector to compress this step, from the gradient `grad`, into `out`.
-    pub fn compensate(
+    pub(super) fn compensate(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
@@ -69,7 +69,7 @@ impl GpuMemory {
 
     /// Enqueues keeping what was not transmitted: `transmitted` is this rank's own payload
     /// decoded. DGC clears velocity and momentum where it is non-zero.
-    pub fn update(
+    pub(super) fn update(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,

@@ -55,7 +55,7 @@ fn non_blocking() -> sys::ncclConfig_t {
 }
 
 /// One rank's communicator on one CUDA stream; collectives sum where they reduce.
-pub struct Communicator<'a> {
+pub(super) struct Communicator<'a> {
     comm: sys::ncclComm_t,
     stream: Arc<CudaStream>,
     rank: u32,
@@ -70,7 +70,7 @@ impl<'a> Communicator<'a> {
     /// Joins the communicator `id` as `rank` of `world`, waiting at most `timeout` for the
     /// other ranks and giving up as soon as `abort` is raised. The calling thread must have
     /// the stream's context bound.
-    pub fn init(
+    pub(super) fn init(
         stream: Arc<CudaStream>,
         rank: u32,
         world: u32,
@@ -115,7 +115,10 @@ impl<'a> Communicator<'a> {
     }
 
     /// Sums `buffer` over all ranks, in place.
-    pub fn all_reduce_sum<T: NcclType>(&self, buffer: &mut impl DevicePtrMut<T>) -> Result<()> {
+    pub(super) fn all_reduce_sum<T: NcclType>(
+        &self,
+        buffer: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
         let count = buffer.len();
         let (ptr, _record) = buffer.device_ptr_mut(&self.stream);
         // SAFETY: `ptr` holds `count` elements of T on this communicator's device; the record
@@ -135,7 +138,7 @@ impl<'a> Communicator<'a> {
     }
 
     /// Sums `send` over all ranks and leaves this rank's block of the sum in `recv`.
-    pub fn reduce_scatter_sum<T: NcclType>(
+    pub(super) fn reduce_scatter_sum<T: NcclType>(
         &self,
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
@@ -159,7 +162,7 @@ impl<'a> Communicator<'a> {
     }
 
     /// Concatenates every rank's `send`, in rank order, into `recv`.
-    pub fn all_gather<T: NcclType>(
+    pub(super) fn all_gather<T: NcclType>(
         &self,
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
@@ -184,7 +187,7 @@ impl<'a> Communicator<'a> {
     /// Gathers every rank's `send` (`len` bytes each) on rank `root` with grouped point-to-point
     /// calls, NCCL having no gather: on `root`, whose `recv` must be `Some`, block r of `recv`
     /// receives rank r's bytes (its own block is left to the caller); the others send.
-    pub fn gather_bytes(
+    pub(super) fn gather_bytes(
         &self,
         send: &impl DevicePtr<u8>,
         recv: Option<&mut CudaSlice<u8>>,
@@ -236,7 +239,7 @@ impl<'a> Communicator<'a> {
     }
 
     /// Copies rank `root`'s `buffer` into every other rank's, in place.
-    pub fn broadcast<T: NcclType>(
+    pub(super) fn broadcast<T: NcclType>(
         &self,
         buffer: &mut impl DevicePtrMut<T>,
         root: u32,
@@ -258,15 +261,15 @@ impl<'a> Communicator<'a> {
         self.settle(status, "broadcast")
     }
 
-    pub fn rank(&self) -> u32 {
+    pub(super) fn rank(&self) -> u32 {
         self.rank
     }
 
-    pub fn world(&self) -> u32 {
+    pub(super) fn world(&self) -> u32 {
         self.world
     }
 
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub(super) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
 
@@ -364,7 +367,7 @@ impl Communicator<'_> {
     /// the timeout, watching for failures) until the peers no longer need this rank's buffers,
     /// which a peer still finishing its last collective may, then `ncclCommDestroy` frees them.
     /// On any failure the communicator is aborted instead, by `Drop`.
-    pub fn finish(mut self) -> Result<()> {
+    pub(super) fn finish(mut self) -> Result<()> {
         // SAFETY: a live communicator with no call in progress (every call here settles).
         let status = unsafe { sys::ncclCommFinalize(self.comm) };
         self.settle(status, "finalization")?;

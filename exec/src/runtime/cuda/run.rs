@@ -69,7 +69,7 @@ impl NcclType for Brain {
 }
 
 /// Which ranks this process drives.
-pub struct Placement {
+pub(super) struct Placement {
     pub world: u32,
     /// (global rank, device ordinal) of each rank driven here.
     pub local: Vec<(u32, usize)>,
@@ -77,7 +77,7 @@ pub struct Placement {
     pub ids: Vec<Id>,
 }
 
-pub struct GpuPiece {
+pub(super) struct GpuPiece {
     codec: GpuCodec,
     memory: GpuMemory,
     compensated: CudaSlice<f32>,
@@ -92,7 +92,7 @@ pub struct GpuPiece {
     server: Option<Server>,
 }
 
-pub struct GpuRank {
+pub(super) struct GpuRank {
     rank: u32,
     ctx: Arc<CudaContext>,
     compute: Arc<CudaStream>,
@@ -159,7 +159,7 @@ fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
 
 /// Runs the job on the ranks of `placement` and times every task. `failure` may be raised from
 /// outside (another process's failure): the run then stops and reports it.
-pub fn execute(job: &Job, placement: Placement, failure: &Failure) -> Result<Measured> {
+pub(super) fn execute(job: &Job, placement: Placement, failure: &Failure) -> Result<Measured> {
     let schedule = job.schedule;
     let options = job.options;
     if schedule.world.ranks() != placement.world {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use syncopate_sim::compress::Compressor;
 
 /// What the server rank of one piece keeps.
-pub struct Server {
+pub(super) struct Server {
     /// The server's codec (the layout's server seed), which re-encodes the sum.
     codec: GpuCodec,
     /// Every rank's pushed payload, in rank order (the server's own copied in).
@@ -24,7 +24,7 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn new(
+    pub(super) fn new(
         compressor: &Compressor,
         n: usize,
         shapes: &[&[u64]],
@@ -51,7 +51,7 @@ impl Server {
 /// bounded and abortable, for the stream's work so far: the server calls it once the pushes
 /// arrived, since its codecs read results back to the host, and a blocking read-back behind a
 /// receive from a dead worker would hang beyond any timeout.
-pub fn push_pull(
+pub(super) fn push_pull(
     comm: &Communicator,
     k: &Kernels,
     server: u32,

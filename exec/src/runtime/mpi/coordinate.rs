@@ -24,7 +24,7 @@ use syncopate_sim::schedule::{LaunchPolicy, Program};
 const END: u64 = u64::MAX;
 
 /// This process's part in the job-wide launch policy.
-pub enum MpiBoard<'w> {
+pub(super) enum MpiBoard<'w> {
     /// Every rank decides by itself.
     Alone(LocalBoard),
     /// Rank 0: decides, then tells every other rank on the stream's control communicator.
@@ -43,7 +43,7 @@ pub enum MpiBoard<'w> {
 
 impl<'w> MpiBoard<'w> {
     /// The board for rank `rank`; `control` holds one control stream per communication stream.
-    pub fn new(
+    pub(super) fn new(
         rank: u32,
         policy: &LaunchPolicy,
         program: &Program,

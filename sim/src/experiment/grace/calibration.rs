@@ -20,7 +20,7 @@ use std::path::Path;
 
 /// The calibrated inputs: one model profile per GRACE model, the cluster and its device.
 #[derive(Clone)]
-pub struct Calibration {
+pub(super) struct Calibration {
     pub models: BTreeMap<String, ModelProfile>,
     pub cluster: Cluster,
     pub device: DeviceProfile,
@@ -29,7 +29,7 @@ pub struct Calibration {
 /// The price of TensorFlow ops on GRACE's testbed: a fixed cost per op (dispatch and launch) and
 /// a cost per byte the ops move.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct OpCost {
+pub(super) struct OpCost {
     pub us_per_op: f64,
     pub ns_per_byte: f64,
 }
@@ -37,7 +37,7 @@ pub struct OpCost {
 impl OpCost {
     /// A bandwidth-bound GPU kernel on `device`: the catalog fallback's launch floor and
     /// memory-bandwidth efficiency, from which the fit starts and toward which it breaks ties.
-    pub fn base(device: &DeviceProfile) -> OpCost {
+    pub(super) fn base(device: &DeviceProfile) -> OpCost {
         OpCost {
             us_per_op: GPU_LAUNCH_US,
             ns_per_byte: 1.0 / (device.memory_bandwidth_gbytes_per_s * GPU_BANDWIDTH_EFFICIENCY),
@@ -45,7 +45,7 @@ impl OpCost {
     }
 
     /// This price and its multiples of `base`'s, for provenance and reports.
-    pub fn describe(&self, base: &OpCost) -> String {
+    pub(super) fn describe(&self, base: &OpCost) -> String {
         format!(
             "{:.2} us per op and {:.5} ns per byte ({:.2}x and {:.2}x the base)",
             self.us_per_op,
@@ -71,14 +71,14 @@ impl OpCost {
 /// the same GPU memory). Fitted at the calibration workers; the method's [`Implementation`] says
 /// how many ops and bytes each phase has.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CodecPrice {
+pub(super) struct CodecPrice {
     pub encode: OpCost,
     pub decode: OpCost,
 }
 
 impl Calibration {
     /// The shipped inputs the fit starts from.
-    pub fn base(spec: &GraceSpec) -> Result<Calibration> {
+    pub(super) fn base(spec: &GraceSpec) -> Result<Calibration> {
         let mut device = DeviceProfile::load(&spec.base_device)?;
         // The compute calibration defines this device's speed; profiles stay on the V100 scale.
         device.compute_speed_vs_v100 = 1.0;
@@ -109,7 +109,7 @@ impl Calibration {
     }
 
     /// The inputs an earlier fit wrote into the experiment directory.
-    pub fn fitted(spec: &GraceSpec, dir: &Path) -> Result<Calibration> {
+    pub(super) fn fitted(spec: &GraceSpec, dir: &Path) -> Result<Calibration> {
         let cluster_path = dir.join(CLUSTER_FILE).to_string_lossy().into_owned();
         let cluster = Cluster::load(&cluster_path, ClusterOverrides::default())?;
         let device = DeviceProfile::load(&cluster.device)?;
@@ -126,7 +126,12 @@ impl Calibration {
     }
 
     /// Predicted throughput (images/s over all workers) of one GRACE configuration.
-    pub fn predict(&self, spec: &GraceSpec, m: &Measurement, method: &MethodSpec) -> Result<f64> {
+    pub(super) fn predict(
+        &self,
+        spec: &GraceSpec,
+        m: &Measurement,
+        method: &MethodSpec,
+    ) -> Result<f64> {
         let model = self.models.get(&m.model).ok_or_else(|| {
             SimError::invalid(
                 "spec.json",
@@ -164,7 +169,11 @@ impl Calibration {
     }
 
     /// Mean absolute percentage error over `rows`.
-    pub fn mape(&self, spec: &GraceSpec, rows: &[(&Measurement, &MethodSpec)]) -> Result<f64> {
+    pub(super) fn mape(
+        &self,
+        spec: &GraceSpec,
+        rows: &[(&Measurement, &MethodSpec)],
+    ) -> Result<f64> {
         let mut sum = 0.0;
         for (m, method) in rows {
             sum += (self.predict(spec, m, method)? / m.throughput - 1.0).abs();
@@ -173,7 +182,7 @@ impl Calibration {
     }
 
     /// This calibration with the cluster's MPI/TCP costs replaced.
-    pub fn with_mpi(&self, tcp: f64, overhead: f64, reduce: f64) -> Calibration {
+    pub(super) fn with_mpi(&self, tcp: f64, overhead: f64, reduce: f64) -> Calibration {
         let mut c = self.clone();
         if let Library::Mpi(p) = &mut c.cluster.library {
             *p = TcpParams {
@@ -191,7 +200,7 @@ impl Calibration {
 
     /// This calibration with `key`'s codec priced as `implementation` at `price`: its encode,
     /// each payload's decode and the decode call's own part.
-    pub fn with_codec(
+    pub(super) fn with_codec(
         &self,
         key: &str,
         implementation: &Implementation,
@@ -216,7 +225,7 @@ impl Calibration {
 /// implementation's encode ops, its payload decode curve's floor over the payload's ops, and the
 /// byte price (one for every phase) from the payload decode's slopes over its bytes. Methods the
 /// fit did not price (no GRACE rows) are left out, as the fit leaves them out.
-pub fn codec_prices(
+pub(super) fn codec_prices(
     fitted: &DeviceProfile,
     methods: &BTreeMap<String, MethodSpec>,
 ) -> Result<BTreeMap<String, CodecPrice>> {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 /// Where one model's compute speed comes from.
 #[derive(Clone, Debug, PartialEq)]
-pub enum ComputeTarget {
+pub(super) enum ComputeTarget {
     /// Its own consistent 1-worker `none` row: one worker runs at that row's images/s.
     Row(Measurement),
     /// Its 1-worker row is excluded as inconsistent: one worker runs at the per-worker speed of
@@ -25,7 +25,7 @@ pub enum ComputeTarget {
 
 impl ComputeTarget {
     /// Images/s of one worker computing alone.
-    pub fn images_per_s(&self) -> f64 {
+    pub(super) fn images_per_s(&self) -> f64 {
         match self {
             ComputeTarget::Row(row) => row.throughput,
             ComputeTarget::Fastest { row, .. } => row.throughput / f64::from(row.workers),
@@ -47,7 +47,7 @@ impl ComputeTarget {
 
 /// Each model's compute target, from the rows of `calibration`: its 1-worker `none` row, or
 /// where that row is excluded, its fastest consistent multi-worker row per worker.
-pub fn targets(
+pub(super) fn targets(
     spec: &GraceSpec,
     calibration: &[Measurement],
 ) -> Result<BTreeMap<String, ComputeTarget>> {
@@ -97,7 +97,7 @@ pub fn targets(
 /// Scales each model's profile, with its own factor, so that one worker runs at its target
 /// (GRACE's TensorFlow on its V100 against our profiles' timings). Returns the calibration and
 /// each factor.
-pub fn with_compute(
+pub(super) fn with_compute(
     spec: &GraceSpec,
     base: &Calibration,
     targets: &BTreeMap<String, ComputeTarget>,

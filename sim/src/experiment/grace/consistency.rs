@@ -7,7 +7,7 @@ use crate::stats::median;
 
 /// How many rows each consistency rule excluded.
 #[derive(Debug, Default)]
-pub struct Exclusions {
+pub(super) struct Exclusions {
     /// Rule 1: below `min_ratio` of GRACE's `upper-bound` row of the same configuration.
     pub below_upper_bound: usize,
     /// Rule 2: a configuration whose `upper-bound` run takes far longer than those of the other
@@ -18,7 +18,7 @@ pub struct Exclusions {
 }
 
 /// The thresholds of the consistency rules, and what rule 2 needs to know of a configuration.
-pub struct Rules<'a> {
+pub(super) struct Rules<'a> {
     /// Rule 1: the least share of its `upper-bound` row a `throughput` row may reach.
     pub min_ratio: f64,
     /// Rule 2: the most an `upper-bound` run's time may exceed its kind's median by.
@@ -117,7 +117,7 @@ fn same_configuration(a: &Measurement, b: &Measurement) -> bool {
 ///    rows, so that no held-out row decides what the fit uses): adding workers only adds
 ///    communication, so a 1-worker run cannot be slower per worker than a multi-worker run of
 ///    the same model and batch.
-pub fn flag_inconsistent(
+pub(super) fn flag_inconsistent(
     data: &mut [Measurement],
     upper: &[Measurement],
     rules: &Rules,

@@ -10,8 +10,8 @@ use crate::topology::Library;
 use std::collections::BTreeMap;
 
 /// The calibrated cluster and device, in the experiment directory; the cluster names the device.
-pub const CLUSTER_FILE: &str = "cluster.json";
-pub const DEVICE_FILE: &str = "device.json";
+pub(super) const CLUSTER_FILE: &str = "cluster.json";
+pub(super) const DEVICE_FILE: &str = "device.json";
 
 /// Where the fitted rows come from, for every provenance.
 const ROWS: &str = "fitted by `syncopate experiment run experiments/grace` on profiles/validation/grace_imagenet_throughput.csv (GRACE, ICDCS'21, sands-lab/grace-data), mode=throughput backend=mpi rows";
@@ -20,7 +20,7 @@ const ROWS: &str = "fitted by `syncopate experiment run experiments/grace` on pr
 /// The calibrated device's name, which the calibrated models' compute belongs to.
 const DEVICE_NAME: &str = "grace-v100";
 
-pub fn inputs(
+pub(super) fn inputs(
     spec: &GraceSpec,
     cal: &Calibration,
     factors: &BTreeMap<String, f64>,
@@ -123,7 +123,7 @@ fn device(
 
 /// How a fitted codec curve's provenance begins, so that `--reuse-fit` reads back exactly the
 /// methods the fit priced (a method without GRACE rows keeps the base curve).
-pub fn fitted_marker(method: &str) -> String {
+pub(super) fn fitted_marker(method: &str) -> String {
     format!("GRACE's `{method}` as its TensorFlow code runs it")
 }
 

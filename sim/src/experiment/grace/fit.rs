@@ -20,18 +20,18 @@ const TCP_EFFICIENCY: [f64; 15] = [
 const MESSAGE_OVERHEAD_US: [f64; 9] = [0.0, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0];
 const REDUCE_GBYTES_PER_S: [f64; 7] = [1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0];
 /// Sizes of the three grids, for the provenance written into the cluster file.
-pub const GRID_SIZES: (usize, usize, usize) = (
+pub(super) const GRID_SIZES: (usize, usize, usize) = (
     TCP_EFFICIENCY.len(),
     MESSAGE_OVERHEAD_US.len(),
     REDUCE_GBYTES_PER_S.len(),
 );
 /// Op and byte prices are searched on a log2 grid of multiples of the base price, then on a
 /// grid four times finer around the best point.
-pub const PRICE_GRID_LOG2: std::ops::RangeInclusive<i32> = -4..=14;
+pub(super) const PRICE_GRID_LOG2: std::ops::RangeInclusive<i32> = -4..=14;
 const REFINE: i32 = 4;
 /// The fitted MPI costs that sit on an end of their grid, named: a fit that wants to go further
 /// than the grid allows says that the model's structure, not the data, limits it.
-pub fn mpi_on_bounds(tcp: f64, overhead: f64, reduce: f64) -> Vec<&'static str> {
+pub(super) fn mpi_on_bounds(tcp: f64, overhead: f64, reduce: f64) -> Vec<&'static str> {
     let ends = |grid: &[f64], value: f64| {
         grid.first().is_some_and(|&x| value <= x) || grid.last().is_some_and(|&x| value >= x)
     };
@@ -46,7 +46,7 @@ pub fn mpi_on_bounds(tcp: f64, overhead: f64, reduce: f64) -> Vec<&'static str> 
 }
 
 /// Whether a price, as a multiple of the base price, sits on an end of the price grid.
-pub fn price_on_bound(multiple: f64) -> bool {
+pub(super) fn price_on_bound(multiple: f64) -> bool {
     let log2 = multiple.log2();
     log2 <= f64::from(*PRICE_GRID_LOG2.start()) + 1e-9
         || log2 >= f64::from(*PRICE_GRID_LOG2.end()) - 1e-9
@@ -55,10 +55,10 @@ pub fn price_on_bound(multiple: f64) -> bool {
 /// Errors within this many percentage points of the best count as ties; among ties the fit keeps
 /// the point nearest its starting values, so parameters the calibration rows cannot tell apart
 /// (three MPI costs from one dense row; an op price from one or two rows) move as little as fits.
-pub const TIE_PCT: f64 = 0.5;
+pub(super) const TIE_PCT: f64 = 0.5;
 
 /// What the fit produces.
-pub struct Fitted {
+pub(super) struct Fitted {
     pub calibration: Calibration,
     /// Each model's compute factor.
     pub factors: BTreeMap<String, f64>,
@@ -67,7 +67,7 @@ pub struct Fitted {
 }
 
 /// Runs the whole fit on the calibration rows.
-pub fn fit(
+pub(super) fn fit(
     spec: &GraceSpec,
     base: &Calibration,
     calibration: &[Measurement],

@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// One configuration GRACE measured (repeated runs merged).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Measurement {
+pub(super) struct Measurement {
     pub model: String,
     pub workers: u32,
     pub method: String,
@@ -25,7 +25,12 @@ pub struct Measurement {
 #[cfg(test)]
 impl Measurement {
     /// One run of a configuration without ratio or memory, for tests.
-    pub fn test_row(model: &str, workers: u32, method: &str, throughput: f64) -> Measurement {
+    pub(crate) fn test_row(
+        model: &str,
+        workers: u32,
+        method: &str,
+        throughput: f64,
+    ) -> Measurement {
         Measurement {
             model: model.to_string(),
             workers,
@@ -46,7 +51,7 @@ type Key = (String, u32, String, String, String, String);
 /// Reads the `backend=mpi` rows of one `mode` (`throughput` is compared; `upper-bound` only
 /// checks it) and merges repeated runs of one configuration into their median: GRACE repeated
 /// some configurations and the runs differ by up to 1.5×, which no parameter we fit explains.
-pub fn load(path: &Path, wanted_mode: &str) -> Result<Vec<Measurement>> {
+pub(super) fn load(path: &Path, wanted_mode: &str) -> Result<Vec<Measurement>> {
     let label = path.display().to_string();
     let text = crate::data::read_text(path)?;
     let mut lines = text.lines();

@@ -22,7 +22,7 @@ use std::path::Path;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GraceSpec {
+pub(super) struct GraceSpec {
     format_version: u32,
     title: String,
     /// GRACE's CSV, relative to the experiment directory.
@@ -124,7 +124,7 @@ impl MethodSpec {
 
 /// Fits (or, with `reuse_fit`, reads back) the calibration on the rows with at most
 /// `fit_workers` workers, then predicts every GRACE row of a covered method.
-pub fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result<Results> {
+pub(super) fn run(spec: &GraceSpec, label: &str, dir: &Path, reuse_fit: bool) -> Result<Results> {
     data::check_format_version(label, spec.format_version)?;
     check_rule_ratios(label, spec)?;
     let mut rows = measured::load(&dir.join(&spec.data), "throughput")?;

@@ -30,14 +30,14 @@ fn spearman(pairs: &[(f64, f64)]) -> Option<f64> {
     (pairs.len() >= 2 && varies(&x) && varies(&y)).then(|| lab::spearman(&x, &y))
 }
 
-pub struct Report<'a> {
+pub(super) struct Report<'a> {
     pub spec: &'a GraceSpec,
     pub rows: &'a [(&'a Measurement, f64)],
     pub targets: &'a BTreeMap<String, ComputeTarget>,
 }
 
 impl Report<'_> {
-    pub fn csv(&self) -> Csv {
+    pub(super) fn csv(&self) -> Csv {
         let mut csv = Csv::new(&[
             "model",
             "workers",
@@ -78,7 +78,7 @@ impl Report<'_> {
 
     /// One panel per method: measured and predicted throughput against workers, per model and
     /// memory setting, at GRACE's default ratio (0.01) where the method has one.
-    pub fn panels(&self) -> Vec<Panel> {
+    pub(super) fn panels(&self) -> Vec<Panel> {
         let mut methods: Vec<&str> = self.rows.iter().map(|(m, _)| m.method.as_str()).collect();
         methods.dedup();
         methods.sort();
@@ -214,7 +214,7 @@ impl Report<'_> {
         md.push('\n');
     }
 
-    pub fn markdown(
+    pub(super) fn markdown(
         &self,
         cal: &Calibration,
         base: &Calibration,

@@ -22,7 +22,7 @@ use std::path::Path;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GridSpec {
+pub(super) struct GridSpec {
     format_version: u32,
     title: String,
     panels: Vec<PanelSpec>,
@@ -93,7 +93,7 @@ fn no_memory() -> Memory {
     Memory::None
 }
 
-pub fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
+pub(super) fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
     check(spec, label)?;
     let published = match &spec.published {
         Some(file) => Some(Published::load(&dir.join(file), spec)?),

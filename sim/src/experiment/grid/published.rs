@@ -17,7 +17,7 @@ use std::path::Path;
 /// scripts, each block citing where.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Published {
+pub(super) struct Published {
     format_version: u32,
     /// The paper, as cited.
     paper: String,
@@ -115,7 +115,7 @@ impl Pair<'_> {
 
 impl Published {
     /// Reads and checks `path` against the grid it describes.
-    pub fn load(path: &Path, spec: &GridSpec) -> Result<Published> {
+    pub(super) fn load(path: &Path, spec: &GridSpec) -> Result<Published> {
         let label = path.display().to_string();
         let published: Published = data::parse_json(&label, &data::read_text(path)?)?;
         published.check(&label, spec)?;
@@ -226,7 +226,7 @@ impl Published {
     }
 
     /// The comparison as CSV and as the Markdown that follows the grid's table.
-    pub fn report(&self, spec: &GridSpec, cells: &[Cell]) -> (String, String) {
+    pub(super) fn report(&self, spec: &GridSpec, cells: &[Cell]) -> (String, String) {
         let pairs = self.pairs(spec, cells);
         let mut csv = Csv::new(&[
             "panels",

@@ -12,7 +12,7 @@ use crate::sweep::Row;
 use std::fmt::Write as _;
 
 /// One cell of the results: a row with its speedup over the baseline at the same panel and layout.
-pub struct Cell<'a> {
+pub(super) struct Cell<'a> {
     pub panel: &'a PanelSpec,
     pub config: &'a ConfigSpec,
     pub row: &'a Row,
@@ -20,20 +20,20 @@ pub struct Cell<'a> {
 }
 
 impl Cell<'_> {
-    pub fn throughput(&self) -> Option<f64> {
+    pub(super) fn throughput(&self) -> Option<f64> {
         self.row.summary().map(|s| s.throughput_samples_per_s)
     }
 }
 
 /// The rows of a grid, in the order its points were generated.
-pub struct Table<'a> {
+pub(super) struct Table<'a> {
     pub spec: &'a GridSpec,
     pub rows: &'a [Row],
 }
 
 impl Table<'_> {
     /// Rows were generated panel-major, then layout, then config.
-    pub fn cells(&self) -> Vec<Cell<'_>> {
+    pub(super) fn cells(&self) -> Vec<Cell<'_>> {
         let per_layout = self.spec.configs.len();
         let per_panel = per_layout * self.spec.layouts.len();
         self.rows
@@ -62,7 +62,7 @@ impl Table<'_> {
             .collect()
     }
 
-    pub fn csv(&self) -> Csv {
+    pub(super) fn csv(&self) -> Csv {
         let mut csv = Csv::new(
             &[
                 &["panel", "model", "cluster"][..],
@@ -91,7 +91,11 @@ impl Table<'_> {
     }
 
     /// One panel per spec panel, one line per config: `metric` against the GPU count.
-    pub fn panels(&self, metric: impl Fn(&Cell) -> Option<f64>, y_label: &str) -> Vec<Panel> {
+    pub(super) fn panels(
+        &self,
+        metric: impl Fn(&Cell) -> Option<f64>,
+        y_label: &str,
+    ) -> Vec<Panel> {
         let cells = self.cells();
         self.spec
             .panels
@@ -122,7 +126,7 @@ impl Table<'_> {
 
     /// Throughput per configuration (columns) for each panel and layout (rows), with the
     /// speedup over the baseline when there is one.
-    pub fn markdown(&self) -> String {
+    pub(super) fn markdown(&self) -> String {
         let mut md = String::from("| setup | GPUs |");
         for config in &self.spec.configs {
             let _ = write!(md, " {} |", config.label);

@@ -30,14 +30,14 @@ pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
 }
 
 /// none, fp16 or bf16: the cast kernels' `kind` 0, 1 or 2.
-pub struct Cast {
+pub(super) struct Cast {
     c: Compressor,
     n: u32,
     kind: i32,
 }
 
 impl Cast {
-    pub fn new(c: Compressor, n: u32) -> Cast {
+    pub(super) fn new(c: Compressor, n: u32) -> Cast {
         let kind = match c {
             Compressor::Fp16 => 1,
             Compressor::Bf16 => 2,
@@ -75,7 +75,7 @@ impl Family for Cast {
 }
 
 /// fp8: the f32 scale, then one code per element.
-pub struct Fp8 {
+pub(super) struct Fp8 {
     c: Compressor,
     n: u32,
     /// The kernels' `e5m2`: 1 for e5m2, 0 for e4m3.
@@ -84,7 +84,12 @@ pub struct Fp8 {
 }
 
 impl Fp8 {
-    pub fn new(c: Compressor, n: u32, format: Fp8Format, stream: &Arc<CudaStream>) -> Result<Fp8> {
+    pub(super) fn new(
+        c: Compressor,
+        n: u32,
+        format: Fp8Format,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Fp8> {
         Ok(Fp8 {
             c,
             n,

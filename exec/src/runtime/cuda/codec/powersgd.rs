@@ -29,7 +29,7 @@ pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
     }
 }
 
-pub struct GpuPowerSgd {
+pub(super) struct GpuPowerSgd {
     c: Compressor,
     /// Elements of the group.
     n: usize,
@@ -44,7 +44,7 @@ pub struct GpuPowerSgd {
 impl GpuPowerSgd {
     /// The codec for a group of `shapes` (none: one flat buffer, sent raw) of `n` elements in
     /// all; Q starts as the CPU codec's for the same seed.
-    pub fn new(
+    pub(super) fn new(
         rank: u32,
         n: usize,
         shapes: &[&[u64]],

@@ -78,7 +78,7 @@ impl Draws {
 }
 
 /// QSGD with at most `QSGD_MAX_LEVELS` levels: the f32 norm, then codes of `bits` bits.
-pub struct Qsgd {
+pub(super) struct Qsgd {
     c: Compressor,
     n: u32,
     levels: u32,
@@ -88,7 +88,7 @@ pub struct Qsgd {
 }
 
 impl Qsgd {
-    pub fn new(
+    pub(super) fn new(
         c: Compressor,
         n: u32,
         levels: u32,
@@ -147,7 +147,7 @@ impl Family for Qsgd {
 }
 
 /// TernGrad and natural compression: both scaled by max |x|, one uniform per element.
-pub struct MaxScaled {
+pub(super) struct MaxScaled {
     c: Compressor,
     n: u32,
     draws: Draws,
@@ -155,7 +155,12 @@ pub struct MaxScaled {
 }
 
 impl MaxScaled {
-    pub fn new(c: Compressor, n: u32, seed: u64, stream: &Arc<CudaStream>) -> Result<MaxScaled> {
+    pub(super) fn new(
+        c: Compressor,
+        n: u32,
+        seed: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<MaxScaled> {
         Ok(MaxScaled {
             c,
             n,
@@ -202,14 +207,14 @@ impl Family for MaxScaled {
 }
 
 /// TBQ: 2-bit codes against ±τ, no header.
-pub struct Tbq {
+pub(super) struct Tbq {
     c: Compressor,
     n: u32,
     tau: f32,
 }
 
 impl Tbq {
-    pub fn new(c: Compressor, n: u32, tau: f32) -> Tbq {
+    pub(super) fn new(c: Compressor, n: u32, tau: f32) -> Tbq {
         Tbq { c, n, tau }
     }
 }

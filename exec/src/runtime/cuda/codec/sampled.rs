@@ -53,7 +53,7 @@ enum Choice {
 }
 
 /// DGC or GradDrop: a u32 count c ≤ k, then k index slots and k value slots.
-pub struct Sampled {
+pub(super) struct Sampled {
     c: Compressor,
     n: u32,
     ratio: f64,
@@ -66,7 +66,7 @@ pub struct Sampled {
 }
 
 impl Sampled {
-    pub fn new(
+    pub(super) fn new(
         c: Compressor,
         n: u32,
         ratio: f64,

@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 /// The lowest index of a non-finite element the encode kernels flagged in `bad` (u32::MAX:
 /// none). Synchronizes `stream`.
-pub fn first_non_finite(stream: &Arc<CudaStream>, bad: &CudaSlice<u32>) -> Result<Option<usize>> {
+pub(super) fn first_non_finite(
+    stream: &Arc<CudaStream>,
+    bad: &CudaSlice<u32>,
+) -> Result<Option<usize>> {
     let flag = stream
         .clone_dtoh(bad)
         .map_err(cuda_err("cannot read the finite flag"))?[0];
@@ -19,12 +22,12 @@ pub fn first_non_finite(stream: &Arc<CudaStream>, bad: &CudaSlice<u32>) -> Resul
 /// max |x| as f32 bits (non-negative floats order like their bits): the scale of fp8,
 /// TernGrad and natural compression. The order of a maximum does not matter, so the device's
 /// is the CPU's.
-pub struct MaxAbs {
+pub(super) struct MaxAbs {
     bits: CudaSlice<u32>,
 }
 
 impl MaxAbs {
-    pub fn new(stream: &Arc<CudaStream>) -> Result<MaxAbs> {
+    pub(super) fn new(stream: &Arc<CudaStream>) -> Result<MaxAbs> {
         Ok(MaxAbs {
             bits: stream
                 .alloc_zeros(1)
@@ -34,7 +37,7 @@ impl MaxAbs {
 
     /// Enqueues max |x| over `input`'s first n elements, noting the first non-finite one in
     /// `bad`; returns the device word that holds it for the scale kernels.
-    pub fn of(
+    pub(super) fn of(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
@@ -52,7 +55,7 @@ impl MaxAbs {
 
 /// What [`ChunkSums::write`] puts in the header: the kernels' `kind`.
 #[derive(Clone, Copy, Debug)]
-pub enum Sums {
+pub(super) enum Sums {
     /// f32 mean |x| (EF-SignSGD).
     MeanAbs = 0,
     /// f32 mean of the non-negative elements, f32 mean of the negative ones (1-bit SGD).
@@ -65,14 +68,14 @@ pub enum Sums {
 /// (`scan::sum_map`, `sign.rs`'s fused chunk): 16 f32 lanes and an in-order tail per
 /// 4096-element chunk, chunks in order in f64, a correctly rounded f64 square root, then
 /// round-to-nearest to f32.
-pub struct ChunkSums {
+pub(super) struct ChunkSums {
     a: CudaSlice<f32>,
     b: CudaSlice<f32>,
     negatives: CudaSlice<u32>,
 }
 
 impl ChunkSums {
-    pub fn new(n: u32, stream: &Arc<CudaStream>) -> Result<ChunkSums> {
+    pub(super) fn new(n: u32, stream: &Arc<CudaStream>) -> Result<ChunkSums> {
         let chunks = (n as usize).div_ceil(CHUNK).max(1);
         let alloc = cuda_err("cannot allocate the chunk sums");
         Ok(ChunkSums {
@@ -84,7 +87,7 @@ impl ChunkSums {
 
     /// Enqueues `sums` of `input`'s first n elements into the header at the start of `out`;
     /// for n = 0 the CPU writes zero scales, and so does this.
-    pub fn write(
+    pub(super) fn write(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
 
 /// Scratch for selecting among n elements.
-pub struct Selector {
+pub(super) struct Selector {
     n: u32,
     /// [t, larger, k, ties], as the kernels document.
     state: CudaSlice<u32>,
@@ -28,7 +28,7 @@ pub struct Selector {
 }
 
 impl Selector {
-    pub fn new(n: u32, stream: &Arc<CudaStream>) -> Result<Selector> {
+    pub(super) fn new(n: u32, stream: &Arc<CudaStream>) -> Result<Selector> {
         let alloc = cuda_err("cannot allocate selection scratch");
         let tiles = (n as usize).div_ceil(SEL_TILE).max(1);
         Ok(Selector {
@@ -44,7 +44,7 @@ impl Selector {
     /// Enqueues the selection of the `count` largest |x| (1 ≤ count ≤ n), ties by index: three
     /// radix passes, each a histogram of the candidates' next digit and the choice of the
     /// bucket holding the k-th largest.
-    pub fn kth_largest(
+    pub(super) fn kth_largest(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
@@ -60,12 +60,12 @@ impl Selector {
     }
 
     /// Enqueues the selection of every |x| ≥ t (as f32 bits).
-    pub fn at_least(&mut self, k: &Kernels, stream: &Arc<CudaStream>, t: u32) -> Result<()> {
+    pub(super) fn at_least(&mut self, k: &Kernels, stream: &Arc<CudaStream>, t: u32) -> Result<()> {
         k.select_init(stream, &mut self.state, t, 0, 0, u32::MAX)
     }
 
     /// The selected threshold (|x| bits); waits for the stream.
-    pub fn threshold(&self, stream: &Arc<CudaStream>) -> Result<u32> {
+    pub(super) fn threshold(&self, stream: &Arc<CudaStream>) -> Result<u32> {
         let state = stream
             .clone_dtoh(&self.state)
             .map_err(cuda_err("cannot read the selection"))?;
@@ -75,7 +75,7 @@ impl Selector {
     /// Enqueues the compaction of the selected elements into `out`: indices as u32 from byte
     /// `idx_at`, values as f32 from byte `val_at` (both multiples of 4), at most `cap`.
     #[allow(clippy::too_many_arguments)]
-    pub fn emit(
+    pub(super) fn emit(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
@@ -113,7 +113,7 @@ impl Selector {
     }
 
     /// How many |x| ≥ t; notes the first non-finite element in `bad`. Waits for the stream.
-    pub fn count_at_least(
+    pub(super) fn count_at_least(
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,

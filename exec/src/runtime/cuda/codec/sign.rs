@@ -34,7 +34,7 @@ pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
 }
 
 /// signsgd, efsignsgd or onebit: sign bits after 0, 1 or 2 f32 scales.
-pub struct Sign {
+pub(super) struct Sign {
     c: Compressor,
     n: u32,
     /// Scales in the header: the kernels' `header_kind`.
@@ -44,7 +44,7 @@ pub struct Sign {
 }
 
 impl Sign {
-    pub fn new(c: Compressor, n: u32, stream: &Arc<CudaStream>) -> Result<Sign> {
+    pub(super) fn new(c: Compressor, n: u32, stream: &Arc<CudaStream>) -> Result<Sign> {
         let (scales, sums) = match c {
             Compressor::EfSignSgd => (1, Some(Sums::MeanAbs)),
             Compressor::OneBit => (2, Some(Sums::SignMeans)),
@@ -103,7 +103,7 @@ impl Family for Sign {
 }
 
 /// Signum: sign bits of the momentum m ← β·m + (1 − β)·g, m kept on the device.
-pub struct Signum {
+pub(super) struct Signum {
     c: Compressor,
     n: u32,
     beta: f32,
@@ -111,7 +111,12 @@ pub struct Signum {
 }
 
 impl Signum {
-    pub fn new(c: Compressor, n: u32, beta: f32, stream: &Arc<CudaStream>) -> Result<Signum> {
+    pub(super) fn new(
+        c: Compressor,
+        n: u32,
+        beta: f32,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Signum> {
         Ok(Signum {
             c,
             n,

@@ -37,7 +37,7 @@ fn k_of(n: u32, ratio: f64) -> u32 {
 }
 
 /// Top-k: the k largest |x|, ties by index: k indices, then k values.
-pub struct TopK {
+pub(super) struct TopK {
     c: Compressor,
     n: u32,
     k: u32,
@@ -45,7 +45,7 @@ pub struct TopK {
 }
 
 impl TopK {
-    pub fn new(c: Compressor, n: u32, ratio: f64, stream: &Arc<CudaStream>) -> Result<TopK> {
+    pub(super) fn new(c: Compressor, n: u32, ratio: f64, stream: &Arc<CudaStream>) -> Result<TopK> {
         Ok(TopK {
             c,
             n,
@@ -90,7 +90,7 @@ impl Family for TopK {
 
 /// Threshold: every |x| ≥ the value, a variable count. The CPU's payload is 4 + 8·count
 /// bytes; here it is the prefix of a `wire_bytes` block whose rest is zero.
-pub struct Threshold {
+pub(super) struct Threshold {
     c: Compressor,
     n: u32,
     /// The threshold's f32 bits.
@@ -99,7 +99,12 @@ pub struct Threshold {
 }
 
 impl Threshold {
-    pub fn new(c: Compressor, n: u32, value: f32, stream: &Arc<CudaStream>) -> Result<Threshold> {
+    pub(super) fn new(
+        c: Compressor,
+        n: u32,
+        value: f32,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Threshold> {
         Ok(Threshold {
             c,
             n,
@@ -158,7 +163,11 @@ impl Family for Threshold {
 }
 
 /// Writes the u32 count header of a count-prefixed payload (threshold, DGC, GradDrop).
-pub fn write_count(stream: &Arc<CudaStream>, count: u32, out: &mut CudaSlice<u8>) -> Result<()> {
+pub(super) fn write_count(
+    stream: &Arc<CudaStream>,
+    count: u32,
+    out: &mut CudaSlice<u8>,
+) -> Result<()> {
     stream
         .memcpy_htod(&count.to_le_bytes(), &mut out.slice_mut(..4))
         .map_err(cuda_err("cannot write the count"))
@@ -166,7 +175,7 @@ pub fn write_count(stream: &Arc<CudaStream>, count: u32, out: &mut CudaSlice<u8>
 
 /// Random-k: k values x·n/k at indices every rank draws alike from the shared seed and the
 /// step, with the CPU codec's own sampler on the host; no indices are sent.
-pub struct RandomK {
+pub(super) struct RandomK {
     c: Compressor,
     n: u32,
     k: u32,
@@ -178,7 +187,7 @@ pub struct RandomK {
 }
 
 impl RandomK {
-    pub fn new(
+    pub(super) fn new(
         c: Compressor,
         n: u32,
         ratio: f64,
