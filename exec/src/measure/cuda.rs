@@ -5,7 +5,9 @@
 
 use crate::compress::rng::Rng;
 use crate::error::{ExecError, Result};
-use crate::measure::profile_host::{across_ratios, median, profiled, profiled_shapes};
+use crate::measure::profile_host::{
+    across_ratios, measured_codec, median, profiled, profiled_shapes, provenance,
+};
 use crate::runtime::cuda::codec::{supported, GpuCodec};
 use crate::runtime::cuda::gemm::Gemm;
 use crate::runtime::cuda::kernels::{cuda_err, Kernels};
@@ -18,8 +20,8 @@ use std::time::Instant;
 use syncopate_sim::calibrate::Measurement;
 use syncopate_sim::compress::Compressor;
 use syncopate_sim::data::FORMAT_VERSION;
-use syncopate_sim::device::{CodecCost, Contention, DeviceKind, DeviceProfile};
-use syncopate_sim::model::{Provenance, Status};
+use syncopate_sim::device::{Contention, DeviceKind, DeviceProfile};
+use syncopate_sim::model::Status;
 
 /// V100's fp32 peak, the unit of `compute_speed_vs_v100`.
 const V100_FP32_TFLOPS: f64 = 15.7;
@@ -74,13 +76,6 @@ fn timed(stream: &Arc<CudaStream>, f: impl FnOnce() -> Result<()>) -> Result<f64
     let end = stream.record_event(flags).map_err(&event)?;
     // elapsed_ms waits for both events.
     Ok(f64::from(start.elapsed_ms(&end).map_err(&event)?) / 1e3)
-}
-
-fn provenance(status: Status, method: impl Into<String>) -> Provenance {
-    Provenance {
-        status,
-        method: method.into(),
-    }
 }
 
 /// Median encode and decode seconds of `c` over the first `n` elements of `input`, on the
@@ -321,16 +316,7 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
             "measured by syncopate profile --backend cuda: {spec} GPU kernels on {model}, CUDA events around each encode / decode_add, median of {repeats} runs at {:?} elements (standard normal data), least-squares floor + per-element fit{kept}",
             options.sizes
         );
-        compression.insert(
-            c.key().to_string(),
-            CodecCost {
-                encode,
-                decode,
-                // Its kernels decode each payload into the result: no per-call pass.
-                aggregate: Default::default(),
-                provenance: provenance(Status::Measured, method),
-            },
-        );
+        compression.insert(c.key().to_string(), measured_codec(encode, decode, method));
     }
 
     let bandwidth = copy_gbytes_per_s(&stream)?;

@@ -222,10 +222,22 @@ pub fn fma_tflops_one_core() -> f64 {
     (2 * 64 * iterations) as f64 / start.elapsed().as_secs_f64() / 1e12
 }
 
-fn provenance(status: Status, method: impl Into<String>) -> Provenance {
+/// A profile's provenance: how sure and how it was measured.
+pub(crate) fn provenance(status: Status, method: impl Into<String>) -> Provenance {
     Provenance {
         status,
         method: method.into(),
+    }
+}
+
+/// A codec's measured encode and decode curves, as `method` measured them.
+pub(crate) fn measured_codec(encode: CostCurve, decode: CostCurve, method: String) -> CodecCost {
+    CodecCost {
+        encode,
+        decode,
+        // Its kernels decode each payload into the result: no per-call pass.
+        aggregate: Default::default(),
+        provenance: provenance(Status::Measured, method),
     }
 }
 
@@ -245,16 +257,7 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
             "measured by syncopate-exec profile_host: {spec} on one core, median of {repeats} runs at {:?} elements, least-squares floor + per-element fit{kept}",
             options.sizes
         );
-        compression.insert(
-            c.key().to_string(),
-            CodecCost {
-                encode,
-                decode,
-                // Its kernels decode each payload into the result: no per-call pass.
-                aggregate: Default::default(),
-                provenance: provenance(Status::Measured, method),
-            },
-        );
+        compression.insert(c.key().to_string(), measured_codec(encode, decode, method));
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let fp32 = fma_tflops_one_core() * cores as f64;
