@@ -12,6 +12,7 @@ use syncopate_exec::lab::measure::{self, ProbeOptions, SelfExe};
 use syncopate_exec::lab::run::{Output, RunSpec};
 use syncopate_exec::lab::state::LabState;
 use syncopate_exec::lab::{self, signals, LabSpec};
+use syncopate_exec::measure::records;
 use syncopate_sim::collective::Op;
 use syncopate_sim::topology::Cluster;
 use syncopate_sim::SimError;
@@ -345,7 +346,7 @@ fn probe(probe: LabProbeCommand) -> anyhow::Result<()> {
             let op: Op = op
                 .parse()
                 .map_err(|_| SimError::bad_value("--op", &op, "allreduce or allgather"))?;
-            measure::check_swept(op)?;
+            records::check_swept(op)?;
             let timeout = seconds("--timeout-s", timeout_s, 24.0 * 3600.0)?;
             let points = mpi_sweep(op, &sizes, repeats, timeout)?;
             if !points.is_empty() {
@@ -387,9 +388,9 @@ fn mpi_sweep(
     sizes: &[u64],
     repeats: usize,
     timeout: Duration,
-) -> anyhow::Result<Vec<measure::CollectivePoint>> {
+) -> anyhow::Result<Vec<records::CollectivePoint>> {
     super::as_mpi_rank(|world| {
-        syncopate_exec::mpi::bench::sweep(world, op, sizes, repeats, timeout)
+        syncopate_exec::measure::mpi_bench::sweep(world, op, sizes, repeats, timeout)
     })
 }
 
@@ -398,9 +399,9 @@ fn mpi_contention(
     sizes: &[u64],
     repeats: usize,
     timeout: Duration,
-) -> anyhow::Result<Option<measure::ContentionPoint>> {
+) -> anyhow::Result<Option<records::ContentionPoint>> {
     super::as_mpi_rank(|world| {
-        syncopate_exec::mpi::bench::contention(world, sizes, repeats, timeout)
+        syncopate_exec::measure::mpi_bench::contention(world, sizes, repeats, timeout)
     })
 }
 
@@ -409,17 +410,17 @@ fn mpi_contention(
     _: &[u64],
     _: usize,
     _: Duration,
-) -> anyhow::Result<Option<measure::ContentionPoint>> {
+) -> anyhow::Result<Option<records::ContentionPoint>> {
     Err(super::without_mpi())
 }
 
 #[cfg(feature = "mpi")]
-fn mpi_pace(repeats: usize, timeout: Duration) -> anyhow::Result<Option<measure::Pace>> {
-    super::as_mpi_rank(|world| syncopate_exec::mpi::bench::pace(world, repeats, timeout))
+fn mpi_pace(repeats: usize, timeout: Duration) -> anyhow::Result<Option<records::Pace>> {
+    super::as_mpi_rank(|world| syncopate_exec::measure::mpi_bench::pace(world, repeats, timeout))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_pace(_: usize, _: Duration) -> anyhow::Result<Option<measure::Pace>> {
+fn mpi_pace(_: usize, _: Duration) -> anyhow::Result<Option<records::Pace>> {
     Err(super::without_mpi())
 }
 
@@ -434,7 +435,7 @@ fn mpi_sweep(
     _: &[u64],
     _: usize,
     _: Duration,
-) -> anyhow::Result<Vec<measure::CollectivePoint>> {
+) -> anyhow::Result<Vec<records::CollectivePoint>> {
     Err(super::without_mpi())
 }
 

@@ -5,11 +5,12 @@
 //! iterations in `measurements.json`.
 
 use super::fit;
-use super::measure::{ContentionPoint, Pace, SelfExe};
+use super::measure::SelfExe;
 use super::run::{self, Output, RunSpec};
 use super::{signals, LabSpec as MakeLab};
 use crate::error::{ExecError, Result};
 use crate::measure::profile_host::{profile_host, HostProfileOptions};
+use crate::measure::records::{ContentionPoint, Pace};
 use crate::runtime::MeasuredSummary;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;

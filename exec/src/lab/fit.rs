@@ -4,9 +4,10 @@
 //! round trip, MPI's host cap and per-message overhead from the allreduce sweep
 //! (`syncopate_sim::calibrate::tcp_fit`), both sweeps kept as measured times, and the contention of its ranks.
 
-use super::measure::{CollectivePoint, ContentionPoint, NetworkProbe};
+use super::measure::NetworkProbe;
 use super::state::LabState;
 use crate::error::{ExecError, Result};
+use crate::measure::records::{CollectivePoint, ContentionPoint, Pace, Spread};
 use serde::Serialize;
 use syncopate_sim::calibrate::tcp_fit::{self, Timed};
 use syncopate_sim::calibrate::Measurement;
@@ -109,7 +110,7 @@ pub fn probe_pace(
     made: &LabState,
     exe: &super::measure::SelfExe,
     interrupted: &std::sync::atomic::AtomicBool,
-) -> Result<super::measure::Pace> {
+) -> Result<Pace> {
     // Generous: a draw takes about half a second, a few on 4 ranks sharing 2 cores.
     let timeout = std::time::Duration::from_secs(60);
     super::measure::pace(made, exe, timeout, interrupted)
@@ -278,7 +279,7 @@ pub fn cluster(
 
 /// The measured contention as the simulator takes it, with what was measured.
 fn contention(c: &ContentionPoint, lab: &LabState) -> Result<ClusterContention> {
-    let ms = |s: &super::measure::Spread| {
+    let ms = |s: &Spread| {
         format!(
             "{:.1} ms (range {:.1}–{:.1})",
             s.median * 1e3,
@@ -438,7 +439,6 @@ fn sweep_points(sweep: &[CollectivePoint], op: Op, ranks: u32) -> Vec<Timed> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::measure::Spread;
     use super::*;
 
     fn lab() -> LabState {
@@ -543,7 +543,7 @@ mod tests {
             allreduce: Vec::new(),
             allgather: Vec::new(),
             ranks: 2,
-            contention: Some(crate::lab::measure::probed(0.2, 0.016)),
+            contention: Some(crate::measure::records::probed(0.2, 0.016)),
         };
         let cluster = lab_cluster(&measured);
         let Library::Mpi(p) = &cluster.library else {

@@ -9,7 +9,6 @@
 //! ```
 
 pub mod backend;
-pub mod bench;
 pub mod conformance;
 mod coordinate;
 mod nonblocking;

@@ -3,14 +3,14 @@
 //! They are fp32 allreduce and the backend's allgather: per size, a warm-up and then timed repeats,
 //! each started together after a barrier; the median and spread as rank 0 saw them.
 
-use super::transport::Stream;
-use super::world::World;
-use crate::compress::codec_for;
-use crate::error::{ExecError, Result};
-use crate::lab::measure::{
+use super::records::{
     check_swept, CollectivePoint, CommBesideCompute, ContentionPoint, Pace, QueueBehind, Spread,
 };
+use crate::compress::codec_for;
+use crate::error::{ExecError, Result};
 use crate::runtime::host::busy::BusyWork;
+use crate::runtime::mpi::transport::Stream;
+use crate::runtime::mpi::world::World;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use syncopate_sim::collective::Op;
