@@ -1,5 +1,6 @@
 //! `syncopate lower`: writes the Schedule a plan means (the steps every engine runs) as JSON.
 
+use super::shared::plan_file::{load_plan, plan_cluster};
 use crate::cli::LowerArgs;
 use anyhow::Context;
 use syncopate_sim::scenario::Scenario;
@@ -7,8 +8,8 @@ use syncopate_sim::simulate::schedule;
 use syncopate_sim::topology::Cluster;
 
 pub fn run(args: &LowerArgs) -> anyhow::Result<()> {
-    let (plan, model) = super::exec::load_plan(&args.run.plan, args.run.model.as_deref())?;
-    let (name, overrides) = super::exec::plan_cluster(&args.cluster, &plan)?;
+    let (plan, model) = load_plan(&args.run.plan, args.run.model.as_deref())?;
+    let (name, overrides) = plan_cluster(&args.cluster, &plan)?;
     let scenario = Scenario::new(model, Cluster::load(&name, overrides)?)?;
     let schedule = schedule(&scenario, &plan)?;
     let text = serde_json::to_string_pretty(&schedule)? + "\n";

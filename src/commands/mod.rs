@@ -8,6 +8,7 @@ mod lab;
 mod list;
 mod lower;
 mod profile;
+mod shared;
 mod simulate;
 mod sweep;
 mod tune;

@@ -1,5 +1,7 @@
 //! `syncopate simulate`: a model on a cluster under a strategy or plan, summarized.
 
+use super::shared::plan_file::{load_plan, plan_cluster, plan_model};
+use super::shared::plan_target;
 use crate::cli::{Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
 use syncopate_sim::compress::CodecSet;
@@ -7,7 +9,7 @@ use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;
 use syncopate_sim::noise::NoiseSpec;
-use syncopate_sim::plan::{Plan, Target};
+use syncopate_sim::plan::Plan;
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::simulate::{simulate, SimOptions};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
@@ -19,9 +21,9 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     // A plan brings its model and cluster; a strategy run names them.
     let (loaded, model_name, cluster_name, overrides) = match &args.plan {
         Some(path) => {
-            let (plan, model) = super::exec::load_plan(path, args.model.as_deref())?;
-            let (cluster, overrides) = super::exec::plan_cluster(&args.cluster, &plan)?;
-            let name = super::exec::plan_model(&plan, args.model.as_deref());
+            let (plan, model) = load_plan(path, args.model.as_deref())?;
+            let (cluster, overrides) = plan_cluster(&args.cluster, &plan)?;
+            let name = plan_model(&plan, args.model.as_deref());
             let label = path.to_string_lossy().into_owned();
             (Some((plan, model, label)), name, cluster, overrides)
         }
@@ -118,7 +120,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             (_, err) => err,
         })?;
     if let Some(path) = &args.save_plan {
-        plan.target = Some(target(
+        plan.target = Some(plan_target::target(
             &model_name,
             &cluster_name,
             overrides.inter_gbps,
@@ -167,24 +169,6 @@ fn chosen<'a>(
         (None, Some(name)) => Some((name, format!("{label}: `{field}`"))),
         (None, None) => None,
     }
-}
-
-/// What a saved plan records about the scenario it was made for.
-pub fn target(
-    model: &str,
-    cluster_name: &str,
-    inter_gbps: Option<f64>,
-    cluster: &Cluster,
-    cpu_compression: Option<&str>,
-) -> Target {
-    Target::new(
-        model,
-        cluster_name,
-        cluster.nodes,
-        cluster.gpus_per_node,
-        inter_gbps,
-        cpu_compression,
-    )
 }
 
 /// A flag a strategy run needs (a plan brings its own model and cluster).

@@ -1,6 +1,8 @@
 //! `syncopate tune`: the fastest plan found, every baseline next to it, and a lower bound.
 
 use super::ms;
+use super::shared::deliver::{deliver, Names, Outputs, Reference};
+use super::shared::plan_target;
 use crate::cli::{Format, TuneArgs};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -211,7 +213,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let search_ms = progress.finish();
     if let Some(path) = &args.out {
         let mut plan = result.plan.clone();
-        plan.target = Some(super::simulate::target(
+        plan.target = Some(plan_target::target(
             &args.model,
             &args.cluster.cluster,
             args.cluster.inter_gbps,
@@ -343,22 +345,22 @@ fn run_native(args: &TuneArgs, target: Target) -> anyhow::Result<()> {
             tuned.evaluated, search_ms
         );
     }
-    let names = super::export::Names {
+    let names = Names {
         model: args.model.clone(),
         cluster: args.cluster.cluster.clone(),
         inter_gbps: args.cluster.inter_gbps,
     };
-    let reference = super::export::Reference {
+    let reference = Reference {
         label: format!("{name}'s defaults"),
         iteration_ms: ms(tuned.default_time),
     };
-    super::export::deliver(
+    deliver(
         &base,
         &names,
         &tuned.best,
         export::caveats(target, &base.model),
         reference,
-        &super::export::Outputs {
+        &Outputs {
             out: args.export.as_deref(),
             print_settings: false,
             save_plan: args.out.as_deref(),

@@ -2,7 +2,10 @@
 //!
 //! The simulation is of the same scenario with this machine's profiles.
 
-use super::exec::Chosen;
+use super::shared::execute::{
+    choose_backend, execute, host_ranks, measured_trace, options, Chosen,
+};
+use super::shared::plan_file::{load_plan_to_run, plan_cluster};
 use crate::cli::{Format, RunClusterArgs, ValidateArgs};
 use anyhow::Context;
 use syncopate_exec::measure::profile_cluster::{host_cluster, powers_of_four};
@@ -28,8 +31,8 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {
 /// Runs the plan on a backend, then predicts the same run.
 fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
     let run = &args.run;
-    let (plan, model) = super::exec::load_plan_to_run(run)?;
-    let backend = super::exec::choose_backend(run.backend)?;
+    let (plan, model) = load_plan_to_run(run)?;
+    let backend = choose_backend(run.backend)?;
     let cluster = machine_cluster(args, &plan, &model, backend)?;
     let scenario = Scenario::new(model, cluster)?;
     if backend != Chosen::Cuda {
@@ -37,14 +40,13 @@ fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
     }
     // One schedule: the real run and the prediction interpret the same steps.
     let schedule = schedule(&scenario, &plan)?;
-    let options = super::exec::options(run, false)?;
-    let Some((job, measured)) = super::exec::execute(backend, run, &scenario, &schedule, &options)?
-    else {
+    let options = options(run, false)?;
+    let Some((job, measured)) = execute(backend, run, &scenario, &schedule, &options)? else {
         // An MPI rank other than 0: rank 0 reports.
         return Ok(());
     };
     let summary = measured.summary(&job.run_info(backend.name()));
-    let measured_trace = super::exec::measured_trace(&scenario.model, &job, &measured, &summary)?;
+    let measured_trace = measured_trace(&scenario.model, &job, &measured, &summary)?;
     // Predict the run as it ran: the host backend's compute scale replaces the device's.
     let mut predicted_scenario = scenario;
     predicted_scenario.compute_scale = job.compute_scale;
@@ -63,7 +65,7 @@ fn validate_run(args: &ValidateArgs) -> anyhow::Result<()> {
 /// with the prediction of the same plan on `--cluster`.
 fn validate_trace(args: &ValidateArgs, path: &std::path::Path) -> anyhow::Result<()> {
     let run = &args.run;
-    let (plan, model) = super::exec::load_plan_to_run(run)?;
+    let (plan, model) = load_plan_to_run(run)?;
     let Some(name) = &args.cluster else {
         anyhow::bail!(
             "--measured needs --cluster: the cluster file of the machine the trace was measured on (`lab up --cluster-out`, `profile --backend host --cluster-out`)"
@@ -233,12 +235,12 @@ fn machine_cluster(
                 gpus_per_node: args.gpus_per_node,
                 inter_gbps: None,
             };
-            let (name, overrides) = super::exec::plan_cluster(&recorded, plan)?;
+            let (name, overrides) = plan_cluster(&recorded, plan)?;
             Cluster::load(&name, overrides)?
         }
         (None, Chosen::Host) => {
             let ranks = match args.run.ranks {
-                Some(ranks) => super::exec::host_ranks(ranks)?,
+                Some(ranks) => host_ranks(ranks)?,
                 None => DEFAULT_HOST_RANKS,
             };
             let largest = largest_group(plan, model);
