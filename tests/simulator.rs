@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 use syncopate_sim::collective::{Links, Naming, ServerLink};
 use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::engine::{self, CoreShare, EngineConfig, Noise};
+use syncopate_sim::engine::{self, CoreShare, EngineConfig};
 use syncopate_sim::graph::TaskGraph;
 use syncopate_sim::model::ModelProfile;
-use syncopate_sim::noise::NoiseSpec;
+use syncopate_sim::noise::{Noise, NoiseSpec};
 use syncopate_sim::plan::{Launch, Plan};
 use syncopate_sim::scenario::Scenario;
 use syncopate_sim::schedule::{LaunchPolicy, Stream};
@@ -406,7 +406,7 @@ fn noise_gives_statistics_and_is_seeded() {
     )
     .unwrap();
     assert_ne!(a.summary.iteration_time_ms, other.summary.iteration_time_ms);
-    assert!(Noise::default().per_rank_task.is_empty());
+    assert!(Noise::default().is_none());
 }
 
 /// A model runs at its profiled times on a re-profiled copy of its own device (same name,
@@ -551,6 +551,56 @@ fn a_rank_skew_scales_each_ranks_compute_in_an_iteration_alike_and_leaves_other_
         }
     }
     assert_eq!(both.per_collective, plain.per_collective);
+}
+
+/// A (task, rank) factor is drawn from its key alone: the same in any order, and over many
+/// keys lognormal with mean 1 and the coefficient of variation asked for.
+#[test]
+fn jitter_factors_are_keyed_draws_with_the_mean_and_spread_asked_for() {
+    let (scenario, plan) = scenario("resnet50", "v100-100gib", 2, "ddp", "none");
+    let graph = graph(&scenario, &plan, 2);
+    let ranks = 64;
+    let cv = 0.1;
+    let noise = NoiseSpec {
+        jitter_cv: cv,
+        seed: 11,
+        ..Default::default()
+    }
+    .draw(&graph, ranks)
+    .unwrap();
+    let local: Vec<u32> = (0..graph.len() as u32)
+        .filter(|&t| graph.task(t).stream != Stream::Comm)
+        .collect();
+    let forward: Vec<f64> = local
+        .iter()
+        .flat_map(|&t| (0..ranks).map(move |r| (t, r)))
+        .map(|(t, r)| f64::from(noise.rank_task(t, r)))
+        .collect();
+    let backward: Vec<f64> = local
+        .iter()
+        .rev()
+        .flat_map(|&t| (0..ranks).rev().map(move |r| (t, r)))
+        .map(|(t, r)| f64::from(noise.rank_task(t, r)))
+        .collect();
+    assert!(forward.iter().eq(backward.iter().rev()));
+    let n = forward.len() as f64;
+    assert!(n > 10_000.0, "{n}");
+    let mean = forward.iter().sum::<f64>() / n;
+    let sd = (forward.iter().map(|f| (f - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    assert!((mean - 1.0).abs() < 0.005, "mean {mean}");
+    assert!((sd / mean / cv - 1.0).abs() < 0.05, "cv {}", sd / mean);
+    let distinct: std::collections::BTreeSet<u32> =
+        forward.iter().map(|f| (*f as f32).to_bits()).collect();
+    assert!(
+        distinct.len() as f64 > 0.99 * n,
+        "{} of {n}",
+        distinct.len()
+    );
+    assert_eq!(
+        noise.rank_task(local[0], ranks),
+        1.0,
+        "a rank the noise was not drawn for"
+    );
 }
 
 #[test]

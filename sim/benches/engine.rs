@@ -1,6 +1,7 @@
-//! Simulator speed: gpt2-xl (580 tensors) on 1024 H100s (dgx-h100, 128 nodes) with wfbp and
-//! horovod, on the symmetric path and with all ranks explicit under jitter. Throughput is in
-//! simulated iterations per second (each run simulates one warm-up and four measured iterations).
+//! Simulator speed: gpt2-xl (580 tensors) on 1024 A100s (a100-ib200, 128 nodes of 8) with wfbp
+//! and horovod, on the symmetric path and with all ranks explicit under jitter, and horovod on
+//! 8192 (1024 nodes) explicit: issue 38's command. Throughput is in simulated iterations per
+//! second (each run simulates one warm-up and four measured iterations).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
@@ -14,12 +15,13 @@ use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 const ITERATIONS: u32 = 4;
 
-fn scenario(strategy: &str) -> (Scenario, Plan) {
+fn scenario(strategy: &str, nodes: u32) -> (Scenario, Plan) {
     let model = ModelProfile::load("gpt2-xl").unwrap();
     let cluster = Cluster::load(
-        "dgx-h100",
+        "a100-ib200",
         ClusterOverrides {
-            nodes: Some(128),
+            nodes: Some(nodes),
+            gpus_per_node: Some(8),
             ..Default::default()
         },
     )
@@ -34,9 +36,9 @@ fn scenario(strategy: &str) -> (Scenario, Plan) {
 }
 
 fn engine(c: &mut Criterion) {
-    for strategy in ["wfbp", "horovod"] {
-        let (scenario, plan) = scenario(strategy);
-        let mut group = c.benchmark_group(format!("gpt2-xl/1024xH100/{strategy}"));
+    for (strategy, nodes) in [("wfbp", 128), ("horovod", 128), ("horovod", 1024)] {
+        let (scenario, plan) = scenario(strategy, nodes);
+        let mut group = c.benchmark_group(format!("gpt2-xl/{}xA100/{strategy}", nodes * 8));
         group.throughput(Throughput::Elements(u64::from(ITERATIONS + 1)));
         let symmetric = SimOptions {
             iterations: Some(ITERATIONS),

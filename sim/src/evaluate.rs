@@ -3,8 +3,9 @@
 //! each candidate's task graph. Its times equal `simulate`'s on the symmetric path.
 
 use crate::collective::Naming;
-use crate::engine::{self, Noise};
+use crate::engine;
 use crate::error::Result;
+use crate::noise::Noise;
 use crate::plan::Plan;
 use crate::scenario::Scenario;
 use crate::simulate::{

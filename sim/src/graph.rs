@@ -111,6 +111,11 @@ impl TaskGraph {
         &self.program.indegree
     }
 
+    /// The tasks of `iteration`, a range: tasks are numbered iteration by iteration.
+    pub fn iteration_tasks(&self, iteration: u32) -> std::ops::Range<u32> {
+        self.program.iteration_tasks(iteration)
+    }
+
     /// Per iteration, the task whose end closes it.
     pub fn iteration_end(&self) -> &[u32] {
         &self.program.iteration_end

@@ -30,8 +30,9 @@ pub const MAX_PIECES: u64 = 1 << 20;
 pub const MAX_COMM_STREAMS: u32 = 64;
 /// Most tasks one run unrolls (iterations × steps per iteration).
 pub const MAX_TASKS: u64 = 20_000_000;
-/// Most (rank, task) pairs the explicit path tracks.
-pub const MAX_RANK_TASKS: u64 = 1 << 31;
+/// Most (rank, task) pairs of one iteration the explicit path tracks (it holds those of the
+/// few iterations in flight: 4 bytes each for the tasks waiting for more than one other).
+pub const MAX_RANK_TASKS: u64 = 1 << 28;
 /// Largest slowdown factor of a straggler, and largest jitter coefficient of variation.
 pub const MAX_SLOWDOWN: f64 = 1e3;
 /// Largest jitter coefficient of variation.

@@ -2,7 +2,6 @@
 //!
 //! They are drawn in a fixed order so that the same seed gives the same run.
 
-use crate::engine::Noise;
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
 use crate::limits::{is_cv, MAX_JITTER_CV, MAX_SLOWDOWN};
@@ -81,63 +80,40 @@ impl NoiseSpec {
         Ok(())
     }
 
-    /// Draws the factors for `ranks` ranks: rank r's tasks from a generator seeded by (seed, r),
-    /// collectives from their own generator, each in task order (stored task-major).
+    /// Prepares the factors for `ranks` ranks: each rank's generator, seeded by (seed, r),
+    /// draws its stragglers, its skew from one of its own; each (task, rank)'s jitter comes from
+    /// a generator keyed by (seed, rank, task) when the run asks for it
+    /// ([`Noise::rank_task`]); the collectives' factors come from one generator in task order.
     pub fn draw(&self, graph: &TaskGraph, ranks: u32) -> Result<Noise> {
         if self.is_quiet() {
             return Ok(Noise::default());
         }
         let jitter = mean_one_lognormal("--jitter", self.jitter_cv)?;
         let skew = mean_one_lognormal("rank_skew.cv", self.rank_skew_cv)?;
-        let tasks = graph.len();
-        // Each rank's generator draws its stragglers, then its tasks in task order; the ranks
-        // take turns task by task, so that the factors are written task-major in one pass.
-        let mut drawers: Vec<(StdRng, Vec<bool>, Vec<f64>)> = (0..ranks)
-            .map(|rank| {
-                let mut rng = StdRng::seed_from_u64(
-                    self.seed ^ (u64::from(rank) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                );
-                let stragglers: Vec<bool> = (0..graph.iterations())
-                    .map(|_| rng.random::<f64>() < self.straggler_probability)
-                    .collect();
-                // Drawn from a generator of its own, so that adding the skew leaves the other
-                // draws of a seed as they were.
-                let mut skew_rng = StdRng::seed_from_u64(
-                    self.seed ^ (u64::from(rank) + 1).wrapping_mul(0xd1b5_4a32_d192_ed03),
-                );
-                let speed: Vec<f64> = (0..graph.iterations())
-                    .map(|_| {
-                        if self.rank_skew_cv > 0.0 {
-                            skew.sample(&mut skew_rng)
-                        } else {
-                            1.0
-                        }
-                    })
-                    .collect();
-                (rng, stragglers, speed)
-            })
-            .collect();
-        let mut per_rank_task = Vec::with_capacity(ranks as usize * tasks);
-        for t in 0..tasks as u32 {
-            let task = graph.task(t);
-            let iteration = task.iteration as usize;
-            for (rng, stragglers, speed) in &mut drawers {
-                let mut factor = if self.jitter_cv > 0.0 {
-                    jitter.sample(rng)
-                } else {
-                    1.0
+        let iterations = graph.iterations() as usize;
+        let mut slowness = Vec::with_capacity(ranks as usize * iterations);
+        for rank in 0..ranks {
+            let mut rng = StdRng::seed_from_u64(
+                self.seed ^ (u64::from(rank) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            );
+            let stragglers: Vec<bool> = (0..iterations)
+                .map(|_| rng.random::<f64>() < self.straggler_probability)
+                .collect();
+            // Drawn from a generator of its own, so that adding the skew leaves the other
+            // draws of a seed as they were.
+            let mut skew_rng = StdRng::seed_from_u64(
+                self.seed ^ (u64::from(rank) + 1).wrapping_mul(0xd1b5_4a32_d192_ed03),
+            );
+            for straggles in stragglers {
+                let speed = match self.rank_skew_cv > 0.0 {
+                    true => skew.sample(&mut skew_rng),
+                    false => 1.0,
                 };
-                if task.stream == Stream::Compute {
-                    factor *= speed[iteration];
-                    if stragglers[iteration] {
-                        factor *= self.straggler_slowdown;
-                    }
-                }
-                per_rank_task.push(factor as f32);
+                slowness.push(Slowness { speed, straggles });
             }
         }
         let mut rng = StdRng::seed_from_u64(self.seed);
-        let per_collective = (0..tasks)
+        let per_collective = (0..graph.len())
             .map(|_| {
                 if self.jitter_cv > 0.0 {
                     jitter.sample(&mut rng) as f32
@@ -146,11 +122,124 @@ impl NoiseSpec {
                 }
             })
             .collect();
+        let compute_iteration = graph
+            .tasks()
+            .iter()
+            .map(|task| match task.stream {
+                Stream::Compute => task.iteration,
+                _ => NOT_COMPUTE,
+            })
+            .collect();
         Ok(Noise {
-            per_rank_task,
-            per_collective,
+            jitter: (self.jitter_cv > 0.0).then_some(jitter),
+            seed: self.seed,
+            straggler_slowdown: self.straggler_slowdown,
             ranks,
+            iterations,
+            slowness,
+            compute_iteration,
+            per_collective,
         })
+    }
+}
+
+/// A rank's compute in one iteration: its skew and whether it straggles.
+#[derive(Clone, Copy, Debug)]
+struct Slowness {
+    speed: f64,
+    straggles: bool,
+}
+
+/// `Noise::compute_iteration` of a task that is not compute.
+const NOT_COMPUTE: u32 = u32::MAX;
+
+/// Seeded factors on task durations (none by default): one per collective, and one per
+/// (task, rank) for rank-local tasks, computed when asked for from a generator keyed by
+/// (seed, rank, task), so that a run holds no factor and each is drawn in any order.
+#[derive(Clone, Debug, Default)]
+pub struct Noise {
+    jitter: Option<LogNormal<f64>>,
+    seed: u64,
+    straggler_slowdown: f64,
+    ranks: u32,
+    iterations: usize,
+    /// Per rank and iteration, rank-major.
+    slowness: Vec<Slowness>,
+    /// Per task, its iteration if it is compute (skew and stragglers apply).
+    compute_iteration: Vec<u32>,
+    /// Factors for collectives, one per task index.
+    pub per_collective: Vec<f32>,
+}
+
+impl Noise {
+    /// Whether every factor is 1.
+    pub fn is_none(&self) -> bool {
+        self.ranks == 0
+    }
+
+    /// The factor on collective `task` (1 without noise).
+    pub fn collective(&self, task: u32) -> f32 {
+        self.per_collective
+            .get(task as usize)
+            .copied()
+            .unwrap_or(1.0)
+    }
+
+    /// Rank `rank`'s factor on rank-local `task` (1 without noise or outside the ranks and
+    /// tasks it was drawn for).
+    pub fn rank_task(&self, task: u32, rank: u32) -> f32 {
+        let Some(&iteration) = self.compute_iteration.get(task as usize) else {
+            return 1.0;
+        };
+        if rank >= self.ranks {
+            return 1.0;
+        }
+        let mut factor = match &self.jitter {
+            Some(jitter) => jitter.sample(&mut KeyedDraw::new(self.seed, rank, task)),
+            None => 1.0,
+        };
+        if iteration != NOT_COMPUTE {
+            let slowness = self.slowness[rank as usize * self.iterations + iteration as usize];
+            factor *= slowness.speed;
+            if slowness.straggles {
+                factor *= self.straggler_slowdown;
+            }
+        }
+        factor as f32
+    }
+}
+
+/// A generator for one (seed, rank, task): SplitMix64 (Steele, Lea and Flood, "Fast
+/// splittable pseudorandom number generators", OOPSLA 2014) started from the key mixed by
+/// its finalizer, so that every draw needs no state but its key, in any order.
+struct KeyedDraw(u64);
+
+impl KeyedDraw {
+    fn new(seed: u64, rank: u32, task: u32) -> KeyedDraw {
+        let key = (u64::from(rank) << 32) | u64::from(task);
+        KeyedDraw(mix(seed ^ mix(key)))
+    }
+}
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl rand::RngCore for KeyedDraw {
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix(self.0)
+    }
+
+    fn fill_bytes(&mut self, dst: &mut [u8]) {
+        rand::rand_core::impls::fill_bytes_via_next(self, dst)
     }
 }
 

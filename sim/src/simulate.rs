@@ -129,7 +129,6 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
     let world = scenario.cluster.world_size();
     let explicit = options.force_explicit || !options.noise.is_quiet();
     let ranks = if explicit { world } else { 1 };
-    let too_many = |tasks: usize| u64::from(ranks) * tasks as u64 > limits::MAX_RANK_TASKS;
     let total = options.warmup.checked_add(measured).ok_or_else(|| {
         SimError::bad_value(
             "--warmup/--iterations",
@@ -143,17 +142,19 @@ pub fn simulate(scenario: &Scenario, plan: &Plan, options: &SimOptions) -> Resul
         true => Naming::Library,
         false => Naming::Priced,
     };
-    let graph = task_graph(scenario, &schedule, total, naming)?;
-    if too_many(graph.len()) {
+    // The engine holds the (task, rank) pairs of the iterations in flight, a few at a time.
+    let steps = schedule.steps.len();
+    if u64::from(ranks) * steps as u64 > limits::MAX_RANK_TASKS {
         return Err(SimError::bad_value(
             "--explicit/--jitter/--straggler/the model's rank_skew",
-            format!("{ranks} ranks × {} tasks", graph.len()),
+            format!("{ranks} ranks × {steps} steps per iteration"),
             format!(
-                "simulating every rank tracks more than {} (rank, task) pairs: use fewer ranks, iterations or tensors, or the symmetric path (no noise)",
+                "simulating every rank tracks more than {} (rank, task) pairs per iteration: use fewer ranks or tensors, or the symmetric path (no noise)",
                 limits::MAX_RANK_TASKS
             ),
         ));
     }
+    let graph = task_graph(scenario, &schedule, total, naming)?;
     let noise = options.noise.draw(&graph, ranks)?;
     let config = engine_config(scenario, &schedule, ranks, record_ranks);
     let result = engine::run(&graph, &config, &noise)?;

@@ -8,16 +8,21 @@
 //! fixed part runs beside them, after waiting behind what the others have queued on its
 //! connections), and a rate change reschedules the task's end. The rates are in `rates.rs`.
 
+mod compute;
 mod rates;
+mod window;
 
 use crate::collective::Links;
 use crate::error::{Result, SimError};
 use crate::graph::TaskGraph;
 use crate::launch::{Launcher, Ticks};
+use crate::noise::Noise;
 use crate::schedule::{LaunchPolicy, Stream};
 use crate::time::SimTime;
+use compute::{Chain, ComputeEvents, ComputeStream, SharedClock};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use window::Window;
 
 /// How the engine runs one graph.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,27 +114,6 @@ impl CoreShare {
     }
 }
 
-/// Multiplicative duration factors: one per (task, rank) for rank-local tasks, task-major (the
-/// ranks run the same task at about the same time), one per task for collectives. Empty means
-/// no noise.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Noise {
-    /// Factors for rank-local tasks, indexed task × ranks + rank.
-    pub per_rank_task: Vec<f32>,
-    /// Factors for collectives, one per task index.
-    pub per_collective: Vec<f32>,
-    /// The ranks `per_rank_task` was drawn for.
-    pub ranks: u32,
-}
-
-impl Noise {
-    /// Rank `rank`'s factor on rank-local task `task` (1 without noise).
-    pub fn rank_task(&self, task: u32, rank: u32) -> f32 {
-        let at = task as usize * self.ranks as usize + rank as usize;
-        self.per_rank_task.get(at).copied().unwrap_or(1.0)
-    }
-}
-
 /// One executed task of a recorded rank (collectives are recorded once, with `rank` 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskRecord {
@@ -165,6 +149,9 @@ pub struct EngineResult {
     pub records: Vec<TaskRecord>,
     /// Number of events the engine processed.
     pub events: u64,
+    /// The most iterations whose per-rank dependency counts were held at once: what the
+    /// explicit path's memory grows with, instead of the iterations run.
+    pub iterations_held: u32,
     /// When the last task finished.
     pub makespan: SimTime,
 }
@@ -221,9 +208,9 @@ struct Queue {
     running: Option<Running>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct RankState {
-    compute: Queue,
+    compute: ComputeStream,
     codec: Queue,
     cpu: Queue,
 }
@@ -231,7 +218,7 @@ struct RankState {
 /// Event payloads, ordered for deterministic tie-breaking after (time, sequence).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    /// A rank-local task may be done (stale if its version moved on).
+    /// A rank's codec or CPU task may be done (stale if its version moved on).
     Local {
         rank: u32,
         resource: LocalStream,
@@ -243,36 +230,29 @@ enum Event {
     Tick,
 }
 
+/// A rank's streams besides compute (`compute.rs`), whose tasks end as events of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum LocalStream {
-    Compute,
     Codec,
     Cpu,
 }
 
-impl LocalStream {
-    fn of(stream: Stream) -> LocalStream {
-        match stream {
-            Stream::Compute => LocalStream::Compute,
-            Stream::Codec => LocalStream::Codec,
-            Stream::Cpu => LocalStream::Cpu,
-            Stream::Comm => unreachable!("collectives are global, not a rank's stream"),
+impl RankState {
+    fn new() -> RankState {
+        RankState {
+            compute: ComputeStream::new(),
+            codec: Queue::default(),
+            cpu: Queue::default(),
         }
     }
-}
 
-impl RankState {
     fn stream(&mut self, which: LocalStream) -> &mut Queue {
         match which {
-            LocalStream::Compute => &mut self.compute,
             LocalStream::Codec => &mut self.codec,
             LocalStream::Cpu => &mut self.cpu,
         }
     }
 }
-
-/// `Engine::counter_row` of a task with at most one dependency.
-const NO_COUNTER: u32 = u32::MAX;
 
 struct Engine<'a> {
     graph: &'a TaskGraph,
@@ -282,13 +262,13 @@ struct Engine<'a> {
     now: SimTime,
     seq: u64,
     events: BinaryHeap<Reverse<(SimTime, u64, Event)>>,
+    /// Compute runs' ends, kept apart: they move with the shared compute rate.
+    compute_events: ComputeEvents,
+    clock: SharedClock,
+    chain: Chain,
     processed: u64,
-    /// Unmet dependencies per (task, rank) of the tasks with more than one, task-major (the ranks
-    /// release the same task at about the same time); a task with one runs when it is released,
-    /// with no counter to read at every step.
-    pending: Vec<u32>,
-    /// Each task's row in `pending`, `NO_COUNTER` for a task with at most one dependency.
-    counter_row: Vec<u32>,
+    /// Unmet dependencies of the iterations in flight.
+    window: Window,
     ranks: Vec<RankState>,
     dirty: Vec<bool>,
     dirty_list: Vec<u32>,
@@ -333,14 +313,6 @@ struct Engine<'a> {
 pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<EngineResult> {
     let iterations = graph.iterations() as usize;
     let ranks = config.ranks.max(1) as usize;
-    let mut pending = Vec::new();
-    let mut counter_row = vec![NO_COUNTER; graph.len()];
-    for (row, &count) in counter_row.iter_mut().zip(graph.indegree()) {
-        if count > 1 {
-            *row = (pending.len() / ranks) as u32;
-            pending.extend(std::iter::repeat_n(count, ranks));
-        }
-    }
     let mut engine = Engine {
         graph,
         config,
@@ -349,10 +321,12 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         now: SimTime::ZERO,
         seq: 0,
         events: BinaryHeap::new(),
+        compute_events: ComputeEvents::new(),
+        clock: SharedClock::new(1.0 / config.compute_slowdown),
+        chain: Chain::new(graph),
         processed: 0,
-        pending,
-        counter_row,
-        ranks: (0..ranks).map(|_| RankState::default()).collect(),
+        window: Window::new(graph, ranks as u32),
+        ranks: (0..ranks).map(|_| RankState::new()).collect(),
         dirty: vec![false; ranks],
         dirty_list: Vec::new(),
         arrivals: vec![0; graph.len()],
@@ -383,6 +357,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
             comm_exposed: vec![SimTime::ZERO; iterations],
             records: Vec::new(),
             events: 0,
+            iterations_held: 0,
             makespan: SimTime::ZERO,
         },
     };
@@ -394,14 +369,21 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         }
     }
     engine.dispatch();
-    while let Some(&Reverse((time, _, _))) = engine.events.peek() {
+    while let Some(time) = engine.next_time() {
         engine.advance(time);
-        while let Some(&Reverse((t, _, event))) = engine.events.peek() {
-            if t != time {
-                break;
+        loop {
+            let due = engine
+                .events
+                .peek()
+                .map(|&Reverse((t, _, event))| (t, event));
+            match due {
+                Some((t, event)) if t == time => {
+                    engine.events.pop();
+                    engine.handle(event);
+                }
+                _ if engine.end_compute_run_at(time) => {}
+                _ => break,
             }
-            engine.events.pop();
-            engine.handle(event);
         }
         engine.dispatch();
     }
@@ -414,10 +396,20 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         ));
     }
     engine.result.events = engine.processed;
+    engine.result.iterations_held = engine.window.most_held();
     Ok(engine.result)
 }
 
 impl Engine<'_> {
+    /// When the next event is due.
+    fn next_time(&mut self) -> Option<SimTime> {
+        let other = self.events.peek().map(|&Reverse((time, _, _))| time);
+        match (self.next_compute_end(), other) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Moves time to `to`, counting the ranks whose compute stays idle while a collective runs.
     fn advance(&mut self, to: SimTime) {
         if self.active_collectives() > 0 {
@@ -446,19 +438,20 @@ impl Engine<'_> {
 
     /// A task's dependencies are met on `rank`: queue it, or count the rank in for a collective.
     fn make_ready(&mut self, rank: u32, task: u32) {
-        let stream = self.graph.task(task).stream;
-        if stream == Stream::Comm {
-            self.arrivals[task as usize] += 1;
-            if self.arrivals[task as usize] == self.ranks_n {
-                self.collective_ready(task);
-            }
-            return;
-        }
         let now = self.now;
-        self.ranks[rank as usize]
-            .stream(LocalStream::of(stream))
-            .queue
-            .push(Reverse((now, task)));
+        let state = &mut self.ranks[rank as usize];
+        match self.graph.task(task).stream {
+            Stream::Comm => {
+                self.arrivals[task as usize] += 1;
+                if self.arrivals[task as usize] == self.ranks_n {
+                    self.collective_ready(task);
+                }
+                return;
+            }
+            Stream::Compute => state.compute.enqueue(now, task),
+            Stream::Codec => state.codec.queue.push(Reverse((now, task))),
+            Stream::Cpu => state.cpu.queue.push(Reverse((now, task))),
+        }
         self.mark_dirty(rank);
     }
 
@@ -514,49 +507,50 @@ impl Engine<'_> {
         let task = self.graph.task(running.task);
         let iteration = task.iteration as usize;
         let busy = self.now - running.start;
-        self.finished[running.task as usize] += 1;
-        match resource {
-            LocalStream::Compute => {
-                self.computing -= 1;
-                // Codecs in line on the compute stream count as compression, not compute.
-                match task.kind.is_codec() {
-                    true => self.result.codec_busy[iteration] += busy,
-                    false => self.result.compute_busy[iteration] += busy,
-                }
-                self.rerate_codec(rank);
-            }
-            LocalStream::Codec | LocalStream::Cpu => self.result.codec_busy[iteration] += busy,
-        }
+        self.finish_on_ranks(running.task, 1);
+        self.result.codec_busy[iteration] += busy;
         if resource == LocalStream::Codec {
             self.codec_active[rank as usize] = false;
-            self.rerate_compute(rank);
+            self.refresh_rank_factor(rank);
         }
         self.refresh_cpu_busy(rank);
         if self.graph.iteration_end()[iteration] == running.task {
             let end = &mut self.result.iteration_end[iteration];
             *end = (*end).max(self.now);
         }
-        if rank < self.config.record_ranks {
-            self.result.records.push(TaskRecord {
-                rank,
-                task: running.task,
-                stream: 0,
-                start: running.start,
-                end: self.now,
-            });
-        }
+        self.record(rank, running.task, running.start);
         self.mark_dirty(rank);
         self.release_successors(rank, running.task);
     }
 
+    /// Keeps a rank-local task's times for the trace if the rank is recorded.
+    fn record(&mut self, rank: u32, task: u32, start: SimTime) {
+        if rank < self.config.record_ranks {
+            self.result.records.push(TaskRecord {
+                rank,
+                task,
+                stream: 0,
+                start,
+                end: self.now,
+            });
+        }
+    }
+
+    /// `ranks` more ranks finished `task`.
+    fn finish_on_ranks(&mut self, task: u32, ranks: u32) {
+        self.finished[task as usize] += ranks;
+        let iteration = self.window.iteration(task);
+        self.window.finished(iteration, u64::from(ranks));
+    }
+
     fn release_successors(&mut self, rank: u32, task: u32) {
-        let ranks = self.ranks_n as usize;
         for &next in self.graph.successors(task) {
-            let row = self.counter_row[next as usize];
-            let released = row == NO_COUNTER || {
-                let slot = &mut self.pending[row as usize * ranks + rank as usize];
-                *slot -= 1;
-                *slot == 0
+            let released = match self.window.counter(next, rank) {
+                None => true,
+                Some(unmet) => {
+                    *unmet -= 1;
+                    *unmet == 0
+                }
             };
             if released {
                 self.make_ready(rank, next);
@@ -573,7 +567,7 @@ impl Engine<'_> {
     fn finish_collective(&mut self, stream: u32, running: Running) {
         self.finished_at_now();
         let iteration = self.graph.task(running.task).iteration as usize;
-        self.finished[running.task as usize] = self.ranks_n;
+        self.finish_on_ranks(running.task, self.ranks_n);
         if self.config.record_ranks > 0 {
             self.result.records.push(TaskRecord {
                 rank: 0,
@@ -589,11 +583,7 @@ impl Engine<'_> {
             self.result.comm_exposed[iteration] += SimTime(exposed.unwrap_or(u64::MAX));
         }
         self.rerate_comm();
-        if self.active_collectives() == 0 {
-            for rank in 0..self.ranks_n {
-                self.rerate_compute(rank);
-            }
-        }
+        self.reset_shared_rate();
         for rank in 0..self.ranks_n {
             self.release_successors(rank, running.task);
         }
@@ -622,9 +612,10 @@ impl Engine<'_> {
     fn dispatch(&mut self) {
         while let Some(rank) = self.dirty_list.pop() {
             self.dirty[rank as usize] = false;
-            for which in [LocalStream::Codec, LocalStream::Cpu, LocalStream::Compute] {
+            for which in [LocalStream::Codec, LocalStream::Cpu] {
                 self.start_local(rank, which);
             }
+            self.start_compute(rank);
         }
         self.dispatch_comm();
     }
@@ -643,22 +634,15 @@ impl Engine<'_> {
         let work = self.graph.task(task).duration.as_ns() as f64 * factor;
         if which == LocalStream::Codec {
             self.codec_active[rank as usize] = true;
-            self.rerate_compute(rank);
+            self.refresh_rank_factor(rank);
         }
         let rate = match which {
-            LocalStream::Compute => {
-                self.computing += 1;
-                self.compute_rate(rank)
-            }
             LocalStream::Codec => self.codec_rate(rank),
             LocalStream::Cpu => 1.0,
         };
         let running = Running::new(task, now, work, rate, version);
         let end = running.end();
         self.ranks[rank as usize].stream(which).running = Some(running);
-        if which == LocalStream::Compute {
-            self.rerate_codec(rank);
-        }
         self.refresh_cpu_busy(rank);
         self.push_local_end(end, rank, which, version);
     }
@@ -695,11 +679,7 @@ impl Engine<'_> {
         if self.active_collectives() == 0 {
             self.comm_busy_since = self.now;
         }
-        let factor = self
-            .noise
-            .per_collective
-            .get(task as usize)
-            .map_or(1.0, |&f| f as f64);
+        let factor = f64::from(self.noise.collective(task));
         let task_info = self.graph.task(task);
         // Computing ranks delay the collective's rounds (`Estimate::delay_with_compute`): work
         // before its transfer that shares no link, as much as takes the measured delay at the
@@ -745,15 +725,11 @@ impl Engine<'_> {
             },
         );
         self.rerate_comm();
-        if self.active_collectives() == 1 {
-            for rank in 0..self.ranks_n {
-                self.rerate_compute(rank);
-            }
-        }
+        self.reset_shared_rate();
     }
 
     /// Err naming the first task some rank never finished, and what it was waiting for.
-    fn check_finished(&self) -> Result<()> {
+    fn check_finished(&mut self) -> Result<()> {
         let Some(stuck) = (0..self.graph.len()).find(|&t| self.finished[t] < self.ranks_n) else {
             return Ok(());
         };
@@ -774,11 +750,11 @@ impl Engine<'_> {
             .collect();
         let waiting = if !inputs.is_empty() {
             // A task with one input has no counter to name the rank by.
-            let ranks = self.ranks_n as usize;
-            let unmet = match self.counter_row[stuck] {
-                NO_COUNTER => None,
-                row => (0..ranks).find(|&r| self.pending[row as usize * ranks + r] > 0),
-            };
+            let unmet = (0..self.ranks_n).find(|&r| {
+                self.window
+                    .counter(stuck as u32, r)
+                    .is_some_and(|&mut c| c > 0)
+            });
             let on = unmet.map_or_else(String::new, |rank| format!("on rank {rank} "));
             format!("{on}it waits for {}", inputs.join(", "))
         } else {
@@ -986,6 +962,60 @@ mod tests {
             )
         });
         recorded_durations(&schedule, &costs, &plan_order(4), Stream::Comm)
+    }
+
+    /// One run of a top-k plan on 4 CPU ranks sharing cores, under jitter, with `record_ranks`
+    /// ranks recorded.
+    fn jittered_run(record_ranks: u32, iterations: u32) -> EngineResult {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let mut plan = per_tensor_plan(&model);
+        for group in &mut plan.groups {
+            group.compressor = "topk:0.01".parse::<Compressor>().unwrap();
+        }
+        let schedule = lower_on(&model, &plan, 4, true);
+        let costs = stream_costs(&schedule, 5000, 3000);
+        let graph = TaskGraph::new(&schedule, &costs, iterations).unwrap();
+        let config = EngineConfig {
+            compute_slowdown: 1.1,
+            slowdown_with_collective: 1.3,
+            slowdown_with_codec: 1.2,
+            comm_slowdown_with_compute: 1.5,
+            shared_cores: Some(CoreShare { ranks: 4, cores: 2 }),
+            record_ranks,
+            ..EngineConfig::uncontended(4, plan_order(2).policy)
+        };
+        let noise = crate::noise::NoiseSpec {
+            jitter_cv: 0.2,
+            seed: 3,
+            ..Default::default()
+        }
+        .draw(&graph, 4)
+        .unwrap();
+        run(&graph, &config, &noise).unwrap()
+    }
+
+    #[test]
+    fn compute_runs_folded_into_one_event_end_when_their_tasks_one_by_one_would() {
+        // Recorded ranks run every compute task as an event of its own; the others fold the
+        // tasks whose ends no one sees into runs.
+        let folded = jittered_run(0, 3);
+        let one_by_one = jittered_run(4, 3);
+        assert!(folded.events < one_by_one.events);
+        assert_eq!(folded.iteration_end, one_by_one.iteration_end);
+        assert_eq!(folded.compute_busy, one_by_one.compute_busy);
+        assert_eq!(folded.codec_busy, one_by_one.codec_busy);
+        assert_eq!(folded.comm_busy, one_by_one.comm_busy);
+        assert_eq!(folded.comm_exposed, one_by_one.comm_exposed);
+        assert_eq!(folded.makespan, one_by_one.makespan);
+    }
+
+    #[test]
+    fn the_dependency_counts_held_do_not_grow_with_the_iterations() {
+        let short = jittered_run(0, 3);
+        let long = jittered_run(0, 12);
+        assert!(short.iterations_held >= 1);
+        assert!(long.iterations_held <= 3, "{}", long.iterations_held);
+        assert_eq!(long.iteration_end.len(), 12);
     }
 
     #[test]

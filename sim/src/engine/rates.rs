@@ -13,32 +13,14 @@ impl Engine<'_> {
         self.active
     }
 
-    /// Compute progresses at the pace of every rank computing at once, and more slowly while
-    /// collectives or compression kernels share the device.
-    pub(super) fn compute_rate(&self, rank: u32) -> f64 {
-        let mut slowdown = self.config.compute_slowdown;
-        if self.active_collectives() > 0 {
-            slowdown *= self.config.slowdown_with_collective;
-        }
-        if self.codec_active[rank as usize] {
-            slowdown *= self.config.slowdown_with_codec;
-        }
-        1.0 / slowdown
-    }
-
     /// Compression slows while the rank's compute, or other ranks, share its cores.
     pub(super) fn codec_rate(&self, rank: u32) -> f64 {
-        let computing = self.ranks[rank as usize].compute.running.is_some();
+        let computing = self.ranks[rank as usize].compute.is_running();
         match self.config.shared_cores {
             Some(share) => 1.0 / share.slowdown(1 + u32::from(computing)),
             None if computing => 1.0 / self.config.codec_slowdown_with_compute,
             None => 1.0,
         }
-    }
-
-    pub(super) fn rerate_compute(&mut self, rank: u32) {
-        let rate = self.compute_rate(rank);
-        self.rerate_local(rank, LocalStream::Compute, rate);
     }
 
     /// Called at every compute task's start and end, where most ranks run no codec task: the
@@ -139,7 +121,7 @@ impl Engine<'_> {
     #[inline(never)]
     fn count_cpu_busy(&mut self, rank: u32) {
         let r = rank as usize;
-        let busy = self.ranks[r].compute.running.is_some() || self.codec_active[r];
+        let busy = self.ranks[r].compute.is_running() || self.codec_active[r];
         if busy != self.cpu_busy[r] {
             self.cpu_busy[r] = busy;
             if busy {

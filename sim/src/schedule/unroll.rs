@@ -51,6 +51,8 @@ pub struct Program {
     pub indegree: Vec<u32>,
     /// Per iteration, the task whose end closes it.
     pub iteration_end: Vec<u32>,
+    /// Per iteration, its first task; then the number of tasks.
+    iteration_start: Vec<u32>,
     /// Launch key of each task (the default for tasks that are not collectives).
     pub launch_keys: Vec<LaunchKey>,
     /// The collective tasks in plan order: (iteration, phase, position).
@@ -91,11 +93,13 @@ impl Program {
         let mut launch_keys = Vec::with_capacity(total as usize);
         let mut edges: Vec<(u32, u32)> = Vec::new();
         let mut iteration_end = Vec::with_capacity(iterations as usize);
+        let mut iteration_start = Vec::with_capacity(iterations as usize + 1);
         let mut collective_tasks = Vec::new();
         let mut previous: Vec<Option<u32>> = vec![None; steps.len()];
         let mut chain_tail: Option<u32> = None;
         for k in 0..iterations {
             let mut current: Vec<Option<u32>> = vec![None; steps.len()];
+            iteration_start.push(tasks.len() as u32);
             for (s, step) in steps.iter().enumerate() {
                 if !schedule.runs_in(s as u32, k) {
                     continue;
@@ -149,6 +153,7 @@ impl Program {
             })?);
             previous = current;
         }
+        iteration_start.push(tasks.len() as u32);
         // Successor lists in CSR layout by counting sort over the edges, in insertion order.
         let n = tasks.len();
         let mut indegree = vec![0u32; n];
@@ -176,6 +181,7 @@ impl Program {
             succ,
             indegree,
             iteration_end,
+            iteration_start,
             launch_keys,
         })
     }
@@ -193,6 +199,12 @@ impl Program {
     /// The task numbered `index`.
     pub fn task(&self, index: u32) -> TaskRef {
         self.tasks[index as usize]
+    }
+
+    /// The tasks of `iteration`: tasks are numbered iteration by iteration.
+    pub fn iteration_tasks(&self, iteration: u32) -> std::ops::Range<u32> {
+        let k = iteration as usize;
+        self.iteration_start[k]..self.iteration_start[k + 1]
     }
 
     /// The tasks that depend on task `index`.
