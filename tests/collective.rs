@@ -2,7 +2,8 @@
 
 use crate::common::{read_json, root, scratch, stderr, stdout, syncopate, validation_data};
 use syncopate_sim::calibrate::{self, Measurement, RowFilter};
-use syncopate_sim::collective::{self, Algorithm, Group, Links, Op, Protocol, ServerLink};
+use syncopate_sim::collective::{self, Group, Links, Protocol, ServerLink};
+use syncopate_sim::collective_op::{Algorithm, Op};
 use syncopate_sim::data::DataKind;
 use syncopate_sim::topology::{Cluster, ClusterOverrides, Library};
 

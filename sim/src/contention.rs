@@ -4,10 +4,12 @@
 //! takes.
 
 use crate::carry::arithmetic_fraction;
-use crate::collective::{self, Group, Op};
+use crate::collective::{self, Group};
+use crate::collective_op::Op;
+use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
-use crate::scenario::Scenario;
-use crate::topology::Library;
+use crate::model::ModelProfile;
+use crate::topology::{Cluster, Library};
 
 /// Bytes of device-memory traffic per byte a collective moves over its links: NCCL stores what
 /// it receives and reads it back, and reads and writes the user's buffers ("300GB/s needs to be
@@ -43,16 +45,22 @@ impl Contention {
     }
 }
 
-/// How much compute slows while a collective shares the device: what the device profile
-/// measured for NCCL, what the device and NCCL's channels and traffic price, or 1 for a library
-/// that moves and sums on the host (MPI and gloo on an accelerator cluster; Horovod built without
-/// GPU operations registers its TensorFlow ops for the CPU only, `REGISTER_KERNEL_BUILDER(...
-/// DEVICE_GPU ...)` only under `HOROVOD_GPU_ALLREDUCE` in horovod/tensorflow/mpi_ops.cc).
-pub fn collective_slowdown(scenario: &Scenario) -> Result<f64> {
-    let measured = scenario.device.contention.compute_slowdown_with_collective;
-    Ok(match (&scenario.cluster.library, measured) {
+/// How much `model`'s compute on `cluster`'s `device` slows while a collective shares the
+/// device: what the device profile measured for NCCL, what the device and NCCL's channels and
+/// traffic price, or 1 for a library that moves and sums on the host (MPI and gloo on an
+/// accelerator cluster; Horovod built without GPU operations registers its TensorFlow ops for
+/// the CPU only, `REGISTER_KERNEL_BUILDER(... DEVICE_GPU ...)` only under
+/// `HOROVOD_GPU_ALLREDUCE` in horovod/tensorflow/mpi_ops.cc). It takes the parts of a scenario
+/// rather than the scenario, which is built from its result.
+pub fn collective_slowdown(
+    model: &ModelProfile,
+    cluster: &Cluster,
+    device: &DeviceProfile,
+) -> Result<f64> {
+    let measured = device.contention.compute_slowdown_with_collective;
+    Ok(match (&cluster.library, measured) {
         (Library::Nccl(_), Some(measured)) => measured,
-        _ => nccl_contention(scenario)?.map_or(1.0, |c| c.slowdown()),
+        _ => nccl_contention(model, cluster, device)?.map_or(1.0, |c| c.slowdown()),
     })
 }
 
@@ -60,12 +68,15 @@ pub fn collective_slowdown(scenario: &Scenario) -> Result<f64> {
 /// SMs and memory bandwidth, NCCL's channels and the rate of an allreduce of every gradient;
 /// `None` for a library that works on the host, a world of one rank, or a device whose profile
 /// measured the slowdown itself (`contention.compute_slowdown_with_collective`).
-pub fn nccl_contention(scenario: &Scenario) -> Result<Option<Contention>> {
-    let Library::Nccl(params) = &scenario.cluster.library else {
+pub fn nccl_contention(
+    model: &ModelProfile,
+    cluster: &Cluster,
+    device: &DeviceProfile,
+) -> Result<Option<Contention>> {
+    let Library::Nccl(params) = &cluster.library else {
         return Ok(None);
     };
-    let device = &scenario.device;
-    let world = Group::world(&scenario.cluster);
+    let world = Group::world(cluster);
     if world.ranks < 2 || device.contention.compute_slowdown_with_collective.is_some() {
         return Ok(None);
     }
@@ -78,14 +89,14 @@ pub fn nccl_contention(scenario: &Scenario) -> Result<Option<Contention>> {
     })?;
     let channels = params.setup.map(|s| s.channels).ok_or_else(|| {
         SimError::invalid(
-            &scenario.cluster.name,
+            &cluster.name,
             "library.setup.channels",
             "NCCL's contention with compute needs the channels its collectives run on",
         )
     })?;
     let sm_factor = f64::from(sms) / f64::from(sms.saturating_sub(channels).max(1));
-    let bytes = scenario.model.total_gradient_bytes().max(1);
-    let time_us = collective::estimate(&scenario.cluster, Op::Allreduce, bytes, world)?
+    let bytes = model.total_gradient_bytes().max(1);
+    let time_us = collective::estimate(cluster, Op::Allreduce, bytes, world)?
         .time
         .as_us();
     let n = f64::from(world.ranks);
@@ -97,15 +108,20 @@ pub fn nccl_contention(scenario: &Scenario) -> Result<Option<Contention>> {
     Ok(Some(Contention {
         sm_factor,
         memory_factor: bandwidth / free,
-        arithmetic_fraction: arithmetic_fraction(&scenario.model, device),
+        arithmetic_fraction: arithmetic_fraction(model, device),
     }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ModelProfile;
-    use crate::topology::{Cluster, ClusterOverrides};
+    use crate::scenario::Scenario;
+    use crate::topology::ClusterOverrides;
+
+    /// The NCCL contention of a scenario's model, cluster and device.
+    fn priced(scenario: &Scenario) -> Result<Option<Contention>> {
+        nccl_contention(&scenario.model, &scenario.cluster, &scenario.device)
+    }
 
     fn contention(model: &str, cluster: &str, nodes: u32) -> Contention {
         let overrides = ClusterOverrides {
@@ -117,7 +133,7 @@ mod tests {
             Cluster::load(cluster, overrides).unwrap(),
         )
         .unwrap();
-        nccl_contention(&scenario).unwrap().unwrap()
+        priced(&scenario).unwrap().unwrap()
     }
 
     #[test]
@@ -149,18 +165,16 @@ mod tests {
             )
             .unwrap()
         };
-        assert!(nccl_contention(&scenario("v100-10gbe", 1))
-            .unwrap()
-            .is_none());
-        assert!(nccl_contention(&scenario("v100-tcp", 2)).unwrap().is_none());
+        assert!(priced(&scenario("v100-10gbe", 1)).unwrap().is_none());
+        assert!(priced(&scenario("v100-tcp", 2)).unwrap().is_none());
         assert_eq!(scenario("v100-tcp", 2).collective_slowdown, 1.0);
         let mut measured = scenario("v100-10gbe", 2);
         assert!(measured.collective_slowdown > 1.0);
         measured.device.contention.compute_slowdown_with_collective = Some(1.3);
-        assert!(nccl_contention(&measured).unwrap().is_none());
+        assert!(priced(&measured).unwrap().is_none());
         let mut bare = scenario("v100-10gbe", 2);
         bare.device.sm_count = None;
-        let err = nccl_contention(&bare).unwrap_err().to_string();
+        let err = priced(&bare).unwrap_err().to_string();
         assert!(err.contains("sm_count"), "{err}");
     }
 }

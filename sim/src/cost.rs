@@ -2,11 +2,13 @@
 //!
 //! It derives this from the compute profile, the codec curves and the collective models.
 
-use crate::collective::{self, Estimate, Group as RankGroup, Links, Naming, Op, ServerLink};
-use crate::compress::{Aggregation, CodecCurves, Memory};
+use crate::codec::CodecCurves;
+use crate::collective::{self, Estimate, Group as RankGroup, Links, Naming, ServerLink};
+use crate::collective_op::Op;
+use crate::compress::{Aggregation, Memory};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
-use crate::framework;
+use crate::framework_cost;
 use crate::plan::{CompressOn, Group};
 use crate::scenario::Scenario;
 use crate::schedule::{
@@ -72,7 +74,7 @@ pub fn step_costs(
         .iter()
         .map(|piece| piece_cost(scenario, schedule.servers, piece, naming))
         .collect::<Result<_>>()?;
-    let framework_times = framework::step_times(scenario, schedule);
+    let framework_times = framework_cost::step_times(scenario, schedule);
     Ok(schedule
         .steps
         .iter()
@@ -135,12 +137,12 @@ pub fn piece_stages(
     .map(|piece| {
         let cost = piece_cost(scenario, servers, piece, Naming::Priced)?;
         // A host library's copies that the framework makes on the compute stream come before
-        // and after the piece's exchanges there (`framework::step_times`).
+        // and after the piece's exchanges there (`framework_cost::step_times`).
         let (off, back) = scenario
             .staged_on_compute
             .as_ref()
             .map_or((0.0, 0.0), |params| {
-                framework::piece_staging_us(params, piece, RankGroup::world(&scenario.cluster))
+                framework_cost::piece_staging_us(params, piece, RankGroup::world(&scenario.cluster))
             });
         Ok([
             cost.compensate + cost.encode + SimTime::from_us(off),

@@ -119,6 +119,19 @@ pub fn load<T: DeserializeOwned>(
     Ok(value)
 }
 
+/// A data file as a plan records it: a shipped name as it is, a path made absolute so that
+/// the plan can move.
+pub fn absolute(name: &str) -> String {
+    let path = std::path::Path::new(name);
+    if path.is_file() {
+        std::fs::canonicalize(path)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| name.to_string())
+    } else {
+        name.to_string()
+    }
+}
+
 /// The text of the file at `path`, or an error naming it.
 pub fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|source| SimError::Io {

@@ -82,7 +82,7 @@ pub struct CodecCost {
 pub struct Contention {
     /// Compute time multiplier while a collective kernel runs beside it, where it was measured
     /// on the device (`syncopate profile --backend cuda`); absent, NCCL's contention is priced
-    /// from the device's SMs and memory bandwidth (`crate::contention`).
+    /// from the device's SMs and memory bandwidth (the `contention` module).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_slowdown_with_collective: Option<f64>,
     /// Compute time multiplier while a compression kernel runs beside it.
@@ -129,7 +129,7 @@ pub struct DeviceProfile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_tf32_tflops: Option<f64>,
     /// Training compute speed relative to a V100, used to carry a model profile measured on one
-    /// device to another where `crate::carry` cannot split its steps (a profile without FLOP
+    /// device to another where the `carry` module cannot split its steps (a profile without FLOP
     /// counts, a CPU); 1.0 for the V100 itself.
     pub compute_speed_vs_v100: f64,
     /// Where `compute_speed_vs_v100` comes from and how it was obtained.

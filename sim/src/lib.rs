@@ -44,10 +44,12 @@
 //! # Where things are
 //!
 //! - Inputs, each a data file with its provenance: [`model`], [`device`], [`topology`],
-//!   [`framework`], and the compressors with their codec sets ([`compress`]).
+//!   [`framework`], the compressors ([`compress`]) and the codec sets that write them as
+//!   framework ops ([`codec`], which also prices a compressor on a device).
 //! - What a plan is and means: [`plan`], [`strategy`], [`schedule`] (with the launch policy,
 //!   [`launch`]).
-//! - Pricing and running: [`collective`] and [`cost`] price steps, [`contention`] what shares a
+//! - Pricing and running: [`collective`] (of the operations in [`collective_op`]) and [`cost`]
+//!   price steps, [`framework_cost`] what the framework adds to them, [`contention`] what shares a
 //!   device; [`graph`], [`engine`], [`simulate`], [`evaluate`] (the tuner's steady time),
 //!   [`summary`], [`trace`].
 //! - Choosing plans: [`search`], [`sweep`], [`export`] (the settings of DDP, Horovod, BytePS and
@@ -61,7 +63,9 @@
 pub mod calibrate;
 pub mod carry;
 pub mod chart;
+pub mod codec;
 pub mod collective;
+pub mod collective_op;
 pub mod compress;
 pub mod contention;
 pub mod cost;
@@ -75,6 +79,7 @@ pub mod experiment;
 pub mod export;
 pub mod flops;
 pub mod framework;
+pub mod framework_cost;
 pub mod graph;
 pub mod launch;
 pub mod limits;
@@ -84,6 +89,8 @@ pub mod plan;
 #[cfg(test)]
 mod properties;
 pub mod real_run;
+// Below `topology`, which counts the rings of a cluster's NVLink mesh when it reads the file.
+mod rings;
 pub mod scenario;
 pub mod schedule;
 pub mod search;

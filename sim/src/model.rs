@@ -121,8 +121,8 @@ pub enum Precision {
     Fp16,
 }
 
-/// What a profile's compute amounts to, beyond its tensors' `uses_per_sample`: enough for
-/// `crate::flops` to count its training FLOPs and check its timings against the device's peak.
+/// What a profile's compute amounts to, beyond its tensors' `uses_per_sample`: enough for the
+/// `flops` module to count its training FLOPs and check its timings against the device's peak.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Arithmetic {

@@ -176,26 +176,13 @@ impl Target {
         cpu_compression: Option<&str>,
     ) -> Target {
         Target {
-            model: absolute(model),
-            cluster: absolute(cluster),
+            model: data::absolute(model),
+            cluster: data::absolute(cluster),
             nodes,
             gpus_per_node,
             inter_gbps,
-            cpu_compression: cpu_compression.map(absolute),
+            cpu_compression: cpu_compression.map(data::absolute),
         }
-    }
-}
-
-/// A data file as a plan records it: a shipped name as it is, a path made absolute so that
-/// the plan can move.
-pub fn absolute(name: &str) -> String {
-    let path = std::path::Path::new(name);
-    if path.is_file() {
-        std::fs::canonicalize(path)
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| name.to_string())
-    } else {
-        name.to_string()
     }
 }
 

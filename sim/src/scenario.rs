@@ -1,7 +1,7 @@
 //! A scenario: a model on a cluster with its device profiles resolved and checked; plans run on it.
 
 use crate::carry::carry;
-use crate::compress::CodecSet;
+use crate::codec::CodecSet;
 use crate::contention::collective_slowdown;
 use crate::device::{DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
@@ -68,7 +68,8 @@ impl Scenario {
             collective_slowdown: 1.0,
             staged_on_compute: None,
         };
-        scenario.collective_slowdown = collective_slowdown(&scenario)?;
+        scenario.collective_slowdown =
+            collective_slowdown(&scenario.model, &scenario.cluster, &scenario.device)?;
         Ok(scenario)
     }
 

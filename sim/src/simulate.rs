@@ -1,8 +1,9 @@
 //! Runs a scenario: picks the symmetric or explicit path, draws noise, runs the engine over
 //! warm-up and measured iterations, and summarizes the steady state.
 
+use crate::codec::CodecCurves;
 use crate::collective::Naming;
-use crate::compress::{CodecCurves, Compressor, Memory};
+use crate::compress::{Compressor, Memory};
 use crate::cost::step_costs;
 use crate::engine::{self, CoreShare, EngineConfig, EngineResult};
 use crate::error::{Result, SimError};

@@ -34,7 +34,7 @@ pub struct Summary {
     /// The framework whose per-call costs were added (`crate::framework`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub framework: Option<String>,
-    /// The codec set whose implementations priced the codecs (`crate::compress::CodecSet`), if
+    /// The codec set whose implementations priced the codecs (`crate::codec::CodecSet`), if
     /// any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub codecs: Option<String>,

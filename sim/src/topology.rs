@@ -1,6 +1,6 @@
 //! Clusters: nodes, GPUs per node, the intra-node fabric, the NICs, and the collective library.
 
-use crate::collective::{Algorithm, MeasuredSweep, MPI_ALLREDUCE_ALGORITHMS};
+use crate::collective_op::{Algorithm, Op, MPI_ALLREDUCE_ALGORITHMS};
 use crate::data::{self, DataKind};
 use crate::device::DeviceProfile;
 use crate::error::{Result, SimError};
@@ -93,10 +93,10 @@ impl TryFrom<MeshFile> for Mesh {
     fn try_from(file: MeshFile) -> std::result::Result<Mesh, String> {
         let links = file.links;
         let n = links.len();
-        if !(2..=crate::collective::MAX_MESH_GPUS).contains(&n) {
+        if !(2..=crate::rings::MAX_MESH_GPUS).contains(&n) {
             return Err(format!(
                 "intra_node.mesh.links: a mesh joins 2 to {} GPUs, got {n}",
-                crate::collective::MAX_MESH_GPUS
+                crate::rings::MAX_MESH_GPUS
             ));
         }
         for (i, row) in links.iter().enumerate() {
@@ -121,9 +121,7 @@ impl TryFrom<MeshFile> for Mesh {
                 ));
             }
         }
-        let rings: Vec<u32> = (0..=n)
-            .map(|g| crate::collective::nccl_rings(&links, g))
-            .collect();
+        let rings: Vec<u32> = (0..=n).map(|g| crate::rings::rings(&links, g)).collect();
         if let Some(g) = (2..=n).find(|&g| rings[g] == 0) {
             return Err(format!(
                 "intra_node.mesh.links: GPUs 0 to {} have no ring over their links, even through one another",
@@ -364,6 +362,120 @@ pub struct TcpParams {
     pub measured: Vec<MeasuredSweep>,
     /// Where these parameters come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
+}
+
+/// One operation's measured times on one cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredSweep {
+    /// The collective measured.
+    pub op: Op,
+    /// Ranks and nodes the operation spanned.
+    pub ranks: u32,
+    /// Nodes the operation spanned.
+    pub nodes: u32,
+    /// Each node's NICs and their rate when it was measured, in Gb/s.
+    pub nics_per_node: u32,
+    /// Each NIC's rate when it was measured, Gb/s.
+    pub nic_bandwidth_gbps: f64,
+    /// Sizes in increasing order (nccl-tests' convention: the per-rank buffer of an
+    /// allreduce, the gathered buffer of an allgather).
+    pub points: Vec<SweepPoint>,
+}
+
+/// One measured size.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepPoint {
+    /// Size in bytes, by nccl-tests' convention (see [`MeasuredSweep::points`]).
+    pub bytes: u64,
+    /// Measured time of the collective at that size, µs.
+    pub time_us: f64,
+}
+
+impl MeasuredSweep {
+    /// Checks the sweep of `field` in the file `label`.
+    pub fn validate(&self, label: &str, field: &str) -> Result<()> {
+        if self.ranks < 2 || self.nodes == 0 || !self.ranks.is_multiple_of(self.nodes) {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.ranks"),
+                format!(
+                    "a measured collective spans at least 2 ranks spread evenly over its nodes, got {} ranks on {} nodes",
+                    self.ranks, self.nodes
+                ),
+            ));
+        }
+        if self.nics_per_node == 0 {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.nics_per_node"),
+                "a node needs at least one NIC",
+            ));
+        }
+        limits::check_rate(
+            label,
+            &format!("{field}.nic_bandwidth_gbps"),
+            self.nic_bandwidth_gbps,
+            "Gb/s",
+        )?;
+        if self.points.len() < 2 {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.points"),
+                format!(
+                    "interpolating needs at least 2 sizes, got {}",
+                    self.points.len()
+                ),
+            ));
+        }
+        for (i, point) in self.points.iter().enumerate() {
+            let at = format!("{field}.points[{i}]");
+            if point.bytes == 0 {
+                return Err(SimError::invalid(
+                    label,
+                    format!("{at}.bytes"),
+                    "a measured size is at least 1 byte",
+                ));
+            }
+            if i > 0 && point.bytes <= self.points[i - 1].bytes {
+                return Err(SimError::invalid(
+                    label,
+                    format!("{at}.bytes"),
+                    format!(
+                        "sizes increase from one point to the next, got {} after {}",
+                        point.bytes,
+                        self.points[i - 1].bytes
+                    ),
+                ));
+            }
+            limits::check_duration_us(label, &format!("{at}.time_us"), point.time_us)?;
+            if point.time_us <= 0.0 {
+                return Err(SimError::invalid(
+                    label,
+                    format!("{at}.time_us"),
+                    "a measured collective takes some time",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What it measured: the operation, its ranks and nodes, and the nodes' links.
+    pub(crate) fn conditions(&self) -> (Op, u32, u32, u32, f64) {
+        (
+            self.op,
+            self.ranks,
+            self.nodes,
+            self.nics_per_node,
+            self.nic_bandwidth_gbps,
+        )
+    }
+
+    /// Whether `other` measured what this sweep did (a file holds one sweep of each).
+    pub fn same_conditions(&self, other: &MeasuredSweep) -> bool {
+        self.conditions() == other.conditions()
+    }
 }
 
 /// LL128 carries 120 data bytes in every 128-byte line, so it can reach at most this share of

@@ -7,7 +7,7 @@ use super::shared::deliver::{deliver, Names, Outputs, Reference};
 use super::shared::plan_file::{load_plan, plan_cluster, plan_model};
 use crate::cli::ExportArgs;
 use anyhow::Context;
-use syncopate_sim::compress::CodecSet;
+use syncopate_sim::codec::CodecSet;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::evaluate::steady_iteration_time;
 use syncopate_sim::export::{self, Target};

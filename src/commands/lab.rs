@@ -13,7 +13,7 @@ use syncopate_exec::lab::run::{Output, RunSpec};
 use syncopate_exec::lab::state::LabState;
 use syncopate_exec::lab::{self, signals, LabSpec};
 use syncopate_exec::measure::records;
-use syncopate_sim::collective::Op;
+use syncopate_sim::collective_op::Op;
 use syncopate_sim::topology::Cluster;
 use syncopate_sim::SimError;
 

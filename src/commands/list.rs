@@ -4,6 +4,7 @@
 
 use crate::cli::ListWhat;
 use anyhow::bail;
+use syncopate_sim::codec::CodecSet;
 use syncopate_sim::compress::{self, Memory};
 use syncopate_sim::data::DataKind;
 use syncopate_sim::device::DeviceProfile;
@@ -53,7 +54,7 @@ pub fn run(what: ListWhat) -> anyhow::Result<()> {
         }
         ListWhat::Codecs => {
             for name in DataKind::Codecs.shipped_names() {
-                let set = compress::CodecSet::load(name)?;
+                let set = CodecSet::load(name)?;
                 let keys: Vec<&str> = set.codecs.keys().map(String::as_str).collect();
                 println!("{name:<16} {} ({})", set.description, keys.join(", "));
             }

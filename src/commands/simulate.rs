@@ -4,7 +4,7 @@ use super::shared::plan_file::{load_plan, plan_cluster, plan_model};
 use super::shared::plan_target;
 use crate::cli::{Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
-use syncopate_sim::compress::CodecSet;
+use syncopate_sim::codec::CodecSet;
 use syncopate_sim::device::DeviceProfile;
 use syncopate_sim::framework::Framework;
 use syncopate_sim::model::ModelProfile;

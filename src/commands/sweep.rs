@@ -5,7 +5,8 @@
 use crate::cli::SweepArgs;
 use crate::plot;
 use anyhow::Context;
-use syncopate_sim::compress::{CodecSet, Compressor, Memory};
+use syncopate_sim::codec::CodecSet;
+use syncopate_sim::compress::{Compressor, Memory};
 use syncopate_sim::framework::Framework;
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
 use syncopate_sim::sweep::table::{self, config_label};

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use syncopate_sim::collective::Op;
+use syncopate_sim::collective_op::Op;
 
 /// The port the probe server listens on inside node 1's (fresh) namespace.
 pub const PROBE_PORT: u16 = 47_000;

@@ -13,7 +13,7 @@ use crate::runtime::mpi::transport::Stream;
 use crate::runtime::mpi::world::World;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use syncopate_sim::collective::Op;
+use syncopate_sim::collective_op::Op;
 use syncopate_sim::compress::Compressor;
 use syncopate_sim::SimError;
 

@@ -5,7 +5,7 @@
 use crate::error::Result;
 use crate::measure::host_collectives;
 use syncopate_sim::calibrate::{self, Measurement};
-use syncopate_sim::collective::Op;
+use syncopate_sim::collective_op::Op;
 use syncopate_sim::model::{Provenance, Status};
 use syncopate_sim::topology::{Cluster, ClusterOverrides, Library};
 use syncopate_sim::SimError;

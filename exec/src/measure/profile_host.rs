@@ -342,7 +342,7 @@ mod tests {
         profile.validate("test").unwrap();
         assert_eq!(profile.compression.len(), catalog().len());
         let c: Compressor = "topk:0.01".parse().unwrap();
-        assert!(!syncopate_sim::compress::CodecCurves::on(&c, &profile).fallback);
+        assert!(!syncopate_sim::codec::CodecCurves::on(&c, &profile).fallback);
         // Only the sparsifiers were timed at a second ratio.
         for (key, cost) in &profile.compression {
             let kept = [cost.encode, cost.decode]

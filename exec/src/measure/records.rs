@@ -6,7 +6,7 @@
 use crate::error::{ExecError, Result};
 use serde::{Deserialize, Serialize};
 use syncopate_sim::calibrate::beside_compute::{BesideCompute, Pair};
-use syncopate_sim::collective::Op;
+use syncopate_sim::collective_op::Op;
 use syncopate_sim::SimError;
 
 /// A median with the spread of the repeats it came from.

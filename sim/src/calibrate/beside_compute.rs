@@ -16,7 +16,7 @@
 //! MPI's.
 
 use crate::calibrate::tcp_fit::Timed;
-use crate::collective::Op;
+use crate::collective_op::Op;
 use crate::error::{Result, SimError};
 use crate::limits::{MAX_DURATION_US, MAX_SLOWDOWN};
 use crate::topology::ClusterContention;

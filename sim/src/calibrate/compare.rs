@@ -4,7 +4,8 @@
 //! apart.
 
 use crate::calibrate::{self, ErrorRow, ErrorSummary, Measurement};
-use crate::collective::{self, Estimate, Group, Op};
+use crate::collective::{self, Estimate, Group};
+use crate::collective_op::Op;
 use crate::error::Result;
 use crate::topology::Cluster;
 use serde::{Serialize, Serializer};

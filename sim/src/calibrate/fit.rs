@@ -4,7 +4,7 @@
 
 use super::{error_table, group_for, predict, Measurement};
 use crate::collective::nccl_tree_latency;
-use crate::collective::Op;
+use crate::collective_op::Op;
 use crate::error::{Result, SimError};
 use crate::topology::{Cluster, Library, NcclParams, TreeLatency};
 use std::collections::BTreeSet;

@@ -14,7 +14,8 @@ pub use fit::{
     bound_hits, determinable_fields, fit, fit_report, fitted_fields, BoundHit, FitReport, Kept,
 };
 
-use crate::collective::{self, Estimate, Group, Op};
+use crate::collective::{self, Estimate, Group};
+use crate::collective_op::Op;
 use crate::error::{Result, SimError};
 use crate::topology::Cluster;
 use std::collections::BTreeMap;

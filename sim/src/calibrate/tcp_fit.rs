@@ -16,9 +16,9 @@
 //! plateau where the cap is above what the link allows and no longer changes a prediction.
 
 use crate::calibrate::{self, Measurement};
-use crate::collective::{MeasuredSweep, Op, SweepPoint};
+use crate::collective_op::Op;
 use crate::error::{Result, SimError};
-use crate::topology::{Cluster, Library};
+use crate::topology::{Cluster, Library, MeasuredSweep, SweepPoint};
 
 /// Messages at least this large cross at the rate the transport sustains: 64 GSO packets, so
 /// that what a shaper lets through at once is a small part of them.

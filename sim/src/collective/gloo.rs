@@ -17,7 +17,8 @@
 //! (`allgather_host_gbps`), fitted to the allgather rows of a sweep.
 
 use super::mpi::{pick, staging_us, Hockney};
-use super::{Algorithm, Estimate, Group, Op};
+use super::{Estimate, Group};
+use crate::collective_op::{Algorithm, Op};
 use crate::topology::{Cluster, TcpParams};
 
 /// gloo's `AllreduceOptions::kMaxSegmentSize`.

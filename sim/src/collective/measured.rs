@@ -13,127 +13,15 @@
 //! Anywhere else (other ranks, other links, a `--inter-gbps` or `--nodes` override to another
 //! value) the model alone prices the collective.
 
-use super::{Group, Op};
-use crate::error::{Result, SimError};
+use super::Group;
+use crate::collective_op::Op;
 use crate::limits;
 use crate::time::SimTime;
-use crate::topology::Cluster;
-use serde::{Deserialize, Serialize};
+use crate::topology::{Cluster, MeasuredSweep, SweepPoint};
 use std::borrow::Cow;
 
-/// One operation's measured times on one cluster.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MeasuredSweep {
-    /// The collective measured.
-    pub op: Op,
-    /// Ranks and nodes the operation spanned.
-    pub ranks: u32,
-    /// Nodes the operation spanned.
-    pub nodes: u32,
-    /// Each node's NICs and their rate when it was measured, in Gb/s.
-    pub nics_per_node: u32,
-    /// Each NIC's rate when it was measured, Gb/s.
-    pub nic_bandwidth_gbps: f64,
-    /// Sizes in increasing order (nccl-tests' convention: the per-rank buffer of an
-    /// allreduce, the gathered buffer of an allgather).
-    pub points: Vec<SweepPoint>,
-}
-
-/// One measured size.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SweepPoint {
-    /// Size in bytes, by nccl-tests' convention (see [`MeasuredSweep::points`]).
-    pub bytes: u64,
-    /// Measured time of the collective at that size, µs.
-    pub time_us: f64,
-}
-
+// A cluster file holds the sweep; how its times stand in for the model's is the cost model's.
 impl MeasuredSweep {
-    /// Checks the sweep of `field` in the file `label`.
-    pub fn validate(&self, label: &str, field: &str) -> Result<()> {
-        if self.ranks < 2 || self.nodes == 0 || !self.ranks.is_multiple_of(self.nodes) {
-            return Err(SimError::invalid(
-                label,
-                format!("{field}.ranks"),
-                format!(
-                    "a measured collective spans at least 2 ranks spread evenly over its nodes, got {} ranks on {} nodes",
-                    self.ranks, self.nodes
-                ),
-            ));
-        }
-        if self.nics_per_node == 0 {
-            return Err(SimError::invalid(
-                label,
-                format!("{field}.nics_per_node"),
-                "a node needs at least one NIC",
-            ));
-        }
-        limits::check_rate(
-            label,
-            &format!("{field}.nic_bandwidth_gbps"),
-            self.nic_bandwidth_gbps,
-            "Gb/s",
-        )?;
-        if self.points.len() < 2 {
-            return Err(SimError::invalid(
-                label,
-                format!("{field}.points"),
-                format!(
-                    "interpolating needs at least 2 sizes, got {}",
-                    self.points.len()
-                ),
-            ));
-        }
-        for (i, point) in self.points.iter().enumerate() {
-            let at = format!("{field}.points[{i}]");
-            if point.bytes == 0 {
-                return Err(SimError::invalid(
-                    label,
-                    format!("{at}.bytes"),
-                    "a measured size is at least 1 byte",
-                ));
-            }
-            if i > 0 && point.bytes <= self.points[i - 1].bytes {
-                return Err(SimError::invalid(
-                    label,
-                    format!("{at}.bytes"),
-                    format!(
-                        "sizes increase from one point to the next, got {} after {}",
-                        point.bytes,
-                        self.points[i - 1].bytes
-                    ),
-                ));
-            }
-            limits::check_duration_us(label, &format!("{at}.time_us"), point.time_us)?;
-            if point.time_us <= 0.0 {
-                return Err(SimError::invalid(
-                    label,
-                    format!("{at}.time_us"),
-                    "a measured collective takes some time",
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// What it measured: the operation, its ranks and nodes, and the nodes' links.
-    fn conditions(&self) -> (Op, u32, u32, u32, f64) {
-        (
-            self.op,
-            self.ranks,
-            self.nodes,
-            self.nics_per_node,
-            self.nic_bandwidth_gbps,
-        )
-    }
-
-    /// Whether `other` measured what this sweep did (a file holds one sweep of each).
-    pub fn same_conditions(&self, other: &MeasuredSweep) -> bool {
-        self.conditions() == other.conditions()
-    }
-
     /// The time of `bytes`, which the model prices at `modeled`: interpolated between measured
     /// sizes, or the model's time scaled by its ratio at the nearest measured size outside them.
     fn time(&self, bytes: u64, modeled: SimTime, model: &dyn Fn(u64) -> SimTime) -> SimTime {

@@ -5,17 +5,10 @@
 //! count with fixed rules; taking the cheapest predicted one follows the same switch points
 //! wherever its rules are close to optimal (Thakur, Rabenseifner & Gropp, IJHPCA 2005).
 
-use super::{Algorithm, Estimate, Group, Op, Protocol};
+use super::{Estimate, Group, Protocol};
+use crate::collective_op::{Algorithm, Op, MPI_ALLREDUCE_ALGORITHMS};
 use crate::time::SimTime;
 use crate::topology::{Cluster, TcpParams};
-
-/// The allreduce algorithms priced here, which a cluster may pin one of
-/// (`library.allreduce_algorithm`).
-pub const ALLREDUCE_ALGORITHMS: [Algorithm; 3] = [
-    Algorithm::Ring,
-    Algorithm::RecursiveDoubling,
-    Algorithm::Rabenseifner,
-];
 
 /// The Hockney terms of a TCP library's collective over `group`, in µs.
 #[derive(Clone, Copy)]
@@ -128,7 +121,7 @@ pub(super) fn estimate(
         // (A pin that is not one of them, which validation refuses, is ignored, not a panic.)
         Op::Allreduce => params
             .allreduce_algorithm
-            .filter(|a| ALLREDUCE_ALGORITHMS.contains(a)),
+            .filter(|a| MPI_ALLREDUCE_ALGORITHMS.contains(a)),
         _ => None,
     };
     pick(
@@ -224,7 +217,8 @@ pub(super) fn pick(candidates: Vec<(f64, f64, Algorithm)>) -> Estimate {
 #[cfg(test)]
 mod tests {
     use crate::calibrate::tcp_fit::parametric;
-    use crate::collective::{estimate, Algorithm, Estimate, Group, Op};
+    use crate::collective::{estimate, Estimate, Group};
+    use crate::collective_op::{Algorithm, Op};
     use crate::topology::{Cluster, ClusterOverrides};
 
     #[test]

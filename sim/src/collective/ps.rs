@@ -2,7 +2,8 @@
 //! push their payload to the server's link and pull the result back from it, at the transport's
 //! goodput (as the cluster's collectives see it), with incast and the server's per-peer costs.
 
-use super::{Algorithm, Estimate, Group, Links, Op, Protocol, ServerLink};
+use super::{Estimate, Group, Links, Protocol, ServerLink};
+use crate::collective_op::{Algorithm, Op};
 use crate::error::{Result, SimError};
 use crate::time::SimTime;
 use crate::topology::{Cluster, Transport};

@@ -1,7 +1,7 @@
 //! Gradient compression in the simulator.
 //!
-//! It covers the compressor catalog, error-feedback memories, aggregation rules, codec cost and
-//! PowerSGD's layout.
+//! It covers the compressor catalog, error-feedback memories, aggregation rules and PowerSGD's
+//! layout; what a codec costs on a device is `codec`'s.
 //!
 //! [`catalog`] is the one list of compressors; `exec` builds its codecs from it, and its tests
 //! check that every real encoder writes exactly `wire_bytes` bytes, so the simulator and the
@@ -32,16 +32,12 @@ macro_rules! spec_string_serde {
 }
 
 mod catalog;
-mod fallback;
-mod implementation;
 mod memory;
 
 pub use catalog::{
     auto_specs, catalog, qsgd_bits, sparse_count, sparsifier_keys, why_no_kept_cost, CatalogEntry,
     Compressor, Element, Family, Fp8Format, Wire, Work, QSGD_MAX_LEVELS,
 };
-pub use fallback::{CodecCurves, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
-pub use implementation::{CodecSet, Implementation, OpWork, NATIVE};
 pub use memory::{Memory, MemoryCatalogEntry};
 
 /// How the payloads of p workers are combined.

@@ -774,7 +774,8 @@ impl Engine<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::{Algorithm, Estimate, Protocol, ServerLink};
+    use crate::collective::{Estimate, Protocol, ServerLink};
+    use crate::collective_op::Algorithm;
     use crate::compress::Compressor;
     use crate::cost::StepCost;
     use crate::model::ModelProfile;

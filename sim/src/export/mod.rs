@@ -19,7 +19,8 @@ pub use deepspeed::DeepSpeedSettings;
 pub use horovod::HorovodSettings;
 pub use tune::{tune_settings, NativeTune};
 
-use crate::compress::{CodecSet, Compressor, Memory};
+use crate::codec::CodecSet;
+use crate::compress::{Compressor, Memory};
 use crate::error::{Result, SimError};
 use crate::evaluate::steady_iteration_time;
 use crate::framework::Framework;

@@ -17,7 +17,7 @@
 //!   (across iterations too); a piece's encode and decode may run there too, in line (a
 //!   plan's `codec_stream`). The codec and CPU streams take ready steps first come, first
 //!   served. A collective step starts once every rank has met its dependencies, then waits for
-//!   the launch policy ([`crate::launch`]) to give it a communication stream.
+//!   the launch policy (the `launch` module) to give it a communication stream.
 //! - **Dependencies.** `after` names steps of the same iteration, `after_previous` steps of
 //!   the previous iteration. A step with `from_iteration` 1 does not exist in iteration 0 (the
 //!   per-group updates of strategies that overlap synchronization with the next forward pass).

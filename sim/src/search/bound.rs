@@ -2,7 +2,8 @@
 //! synchronization cannot overlap backward, and the link must carry every byte at its best
 //! bandwidth.
 
-use crate::collective::{self, Group as RankGroup, Op, ServerLink};
+use crate::collective::{self, Group as RankGroup, ServerLink};
+use crate::collective_op::Op;
 use crate::compress::Aggregation;
 use crate::error::Result;
 use crate::plan::Plan;

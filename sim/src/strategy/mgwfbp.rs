@@ -2,7 +2,8 @@
 //! sent when the wait for it is shorter than the startup time a separate collective would pay;
 //! the startup α and per-byte β come from the cluster's collective model.
 
-use crate::collective::{self, Group, Op};
+use crate::collective::{self, Group};
+use crate::collective_op::Op;
 use crate::error::Result;
 use crate::scenario::Scenario;
 

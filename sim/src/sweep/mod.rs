@@ -2,7 +2,8 @@
 //!
 //! A grid spans model × cluster layout × strategy × compressor.
 
-use crate::compress::{CodecSet, Compressor, Memory};
+use crate::codec::CodecSet;
+use crate::compress::{Compressor, Memory};
 use crate::error::Result;
 use crate::framework::Framework;
 use crate::model::ModelProfile;
@@ -38,7 +39,7 @@ pub struct Point {
     pub codec_calls: CodecCalls,
     /// The framework that runs the point's plan.
     pub framework: FrameworkChoice,
-    /// The codec set that compresses it (`crate::compress::CodecSet`: a name, a path, or
+    /// The codec set that compresses it (`crate::codec::CodecSet`: a name, a path, or
     /// `native`); none or `native`: the device's curves.
     pub codecs: Option<String>,
     /// Horovod's cycle time for this point, in µs; none: the sweep's.

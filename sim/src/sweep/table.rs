@@ -88,7 +88,7 @@ pub fn config_fields(row: &Row) -> [String; 6] {
             .name(p.strategy)
             .unwrap_or_else(|| "none".to_string()),
         p.codecs.as_deref().map_or_else(
-            || crate::compress::NATIVE.to_string(),
+            || crate::codec::NATIVE.to_string(),
             |c| {
                 std::path::Path::new(c)
                     .file_stem()

@@ -2,7 +2,8 @@
 //!
 //! It is latency plus bytes over bandwidth, with trees as chunk pipelines.
 
-use super::{per_protocol, tree_levels, Algorithm, Estimate, Group, Op, Protocol};
+use super::{per_protocol, tree_levels, Estimate, Group, Protocol};
+use crate::collective_op::{Algorithm, Op};
 use crate::time::SimTime;
 use crate::topology::{Cluster, Fabric, NcclParams, PerProtocol};
 

@@ -7,13 +7,12 @@
 //! candidate is also the one reported.
 
 mod cost;
-mod rings;
 mod tuner;
 
 pub(crate) use cost::tree_latency;
-pub(crate) use rings::{rings, MAX_MESH_GPUS};
 
-use super::{Algorithm, Estimate, Group, Naming, Op, Protocol};
+use super::{Estimate, Group, Naming, Protocol};
+use crate::collective_op::{Algorithm, Op};
 use crate::time::SimTime;
 use crate::topology::{Cluster, NcclParams, PerProtocol};
 

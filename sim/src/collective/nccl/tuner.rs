@@ -7,7 +7,8 @@
 //! the ring's "plateau" factor are part of that choice. The numbers below are NCCL's; the
 //! calibrated model then prices whatever NCCL chose.
 
-use super::{candidates, tree_levels, Algorithm, Group, Op, Protocol};
+use super::{candidates, tree_levels, Group, Protocol};
+use crate::collective_op::{Algorithm, Op};
 use crate::topology::{Cluster, CpuVendor, Fabric, GpuArch, NcclSetup, NcclVersion, Transport};
 
 /// NCCL's base latency (µs) per protocol [LL, LL128, Simple].

@@ -5,7 +5,7 @@
 use super::files::{fitted_marker, CLUSTER_FILE};
 use super::measured::Measurement;
 use super::{GraceSpec, MethodSpec};
-use crate::compress::{Implementation, OpWork, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
+use crate::codec::{Implementation, OpWork, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
 use crate::device::{CodecCost, CostCurve, DeviceProfile};
 use crate::error::{Result, SimError};
 use crate::experiment::resolve;

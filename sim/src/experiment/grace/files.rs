@@ -111,7 +111,7 @@ fn device(
                     decode = price.decode.describe(&base),
                     base_us = base.us_per_op,
                     bw = cal.device.memory_bandwidth_gbytes_per_s,
-                    eff = crate::compress::GPU_BANDWIDTH_EFFICIENCY,
+                    eff = crate::codec::GPU_BANDWIDTH_EFFICIENCY,
                     w = spec.fit_workers,
                     tie = fit::TIE_PCT,
                 ),

@@ -7,7 +7,7 @@ use super::calibration::{Calibration, CodecPrice, OpCost};
 use super::compute::{self, ComputeTarget};
 use super::measured::Measurement;
 use super::{GraceSpec, MethodSpec};
-use crate::compress::Implementation;
+use crate::codec::Implementation;
 use crate::error::{Result, SimError};
 use crate::topology::Library;
 use rayon::prelude::*;

@@ -10,7 +10,8 @@ mod report;
 
 use super::Results;
 use crate::chart::Chart;
-use crate::compress::{Compressor, Implementation, Memory, Wire};
+use crate::codec::Implementation;
+use crate::compress::{Compressor, Memory, Wire};
 use crate::data;
 use crate::error::{Result, SimError};
 use crate::plan::CodecCalls;

@@ -1,9 +1,11 @@
 //! What the framework running a plan adds to each step of its schedule.
 //!
-//! That is hooks, calls, fusion copies and the copy back.
+//! That is hooks, calls, fusion copies and the copy back. The cost pass adds it; it reads the
+//! scenario and the schedule, so it sits above them and apart from the framework's data file.
 
-use super::{CallThread, Framework, TensorWork};
-use crate::collective::{staging_split_us, Group, Op};
+use crate::collective::{staging_split_us, Group};
+use crate::collective_op::Op;
+use crate::framework::{CallThread, Framework, TensorWork};
 use crate::model::Tensor;
 use crate::scenario::Scenario;
 use crate::schedule::{Exchange, Piece, Schedule, Slot, StepKind, Stream};
@@ -223,6 +225,7 @@ impl Price<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::framework::HostStaging;
     use crate::model::ModelProfile;
     use crate::simulate::schedule;
     use crate::strategy::{Strategy, StrategyOptions};
@@ -321,12 +324,9 @@ mod tests {
         let cluster = Cluster::load("v100-pcie-mpi", overrides).unwrap();
         let model = ModelProfile::load("resnet50").unwrap();
         let horovod = Framework::load("horovod").unwrap();
-        assert_eq!(
-            horovod.host_staging,
-            super::super::HostStaging::ComputeStream
-        );
+        assert_eq!(horovod.host_staging, HostStaging::ComputeStream);
         let beside = Framework {
-            host_staging: super::super::HostStaging::Beside,
+            host_staging: HostStaging::Beside,
             ..horovod.clone()
         };
         let plan_of = |scenario: &Scenario| {
@@ -387,7 +387,7 @@ mod tests {
             crate::cost::piece_stages(scenario, group_zero, Default::default()).unwrap()[0]
         };
         let beside_scenario = on_compute.clone().with_framework(Some(Framework {
-            host_staging: super::super::HostStaging::Beside,
+            host_staging: HostStaging::Beside,
             ..on_compute.framework.clone().unwrap()
         }));
         let [off, exchange, back] = stages(&on_compute);

@@ -17,11 +17,6 @@ use crate::model::Provenance;
 use crate::time::SimTime;
 use serde::{Deserialize, Serialize};
 
-mod price;
-
-pub(crate) use price::piece_staging_us;
-pub use price::step_times;
-
 /// Work a framework does for each tensor at one point of the iteration: kernels it launches
 /// and bytes it moves through device memory per byte of the tensor's gradient.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -122,7 +117,7 @@ impl Framework {
             return Ok(None);
         }
         let framework = Framework::load(name_or_path)?;
-        Ok(Some((crate::plan::absolute(name_or_path), framework)))
+        Ok(Some((data::absolute(name_or_path), framework)))
     }
 
     /// Every time finite and within the duration limit, every count and byte ratio finite,

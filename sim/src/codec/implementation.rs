@@ -11,7 +11,8 @@
 //! the ops each phase launches and the bytes they move, read from the system's public source and
 //! cited; the framework running the plan prices an op (`op_us`), the device a byte.
 
-use super::{fallback, why_no_kept_cost, Compressor};
+use super::fallback;
+use crate::compress::{why_no_kept_cost, Compressor};
 use crate::data::{self, DataKind};
 use crate::device::{CodecCost, CostCurve, DeviceKind, DeviceProfile};
 use crate::error::{Result, SimError};
@@ -214,7 +215,7 @@ impl CodecSet {
             return Ok(None);
         }
         let set = CodecSet::load(name_or_path)?;
-        Ok(Some((crate::plan::absolute(name_or_path), set)))
+        Ok(Some((data::absolute(name_or_path), set)))
     }
 
     /// Known compressor keys, each implementation's work sound for its compressor.
@@ -228,7 +229,7 @@ impl CodecSet {
             ));
         }
         for (key, implementation) in &self.codecs {
-            let known = super::catalog()
+            let known = crate::compress::catalog()
                 .iter()
                 .any(|entry| entry.key == key.as_str());
             if !known {

@@ -3,7 +3,7 @@
 //! They are the device profile's, or the catalog's memory-bandwidth estimate when the profile has
 //! none.
 
-use super::{Compressor, Work};
+use crate::compress::{Compressor, Work};
 use crate::device::{CostCurve, DeviceKind, DeviceProfile};
 use crate::time::SimTime;
 
@@ -34,7 +34,8 @@ pub struct CodecCurves {
 
 impl CodecCurves {
     /// The device profile's curves for `c`, or else the estimate from the catalog row's work
-    /// (the rule and where its constants come from are on the `CATALOG` table in `catalog.rs`).
+    /// (the rule and where its constants come from are on the `CATALOG` table in
+    /// `compress/catalog.rs`).
     pub fn on(c: &Compressor, device: &DeviceProfile) -> CodecCurves {
         match device.compression.get(c.key()) {
             Some(cost) => CodecCurves {
