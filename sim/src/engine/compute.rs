@@ -9,12 +9,11 @@
 //! is not rounded task by task. A run of chain tasks whose ends nothing outside the rank's
 //! compute stream sees (no collective, codec or closing step waits for them) is one event.
 
+use super::quad_heap::QuadHeap;
 use super::Engine;
 use crate::graph::TaskGraph;
 use crate::schedule::Stream;
 use crate::time::SimTime;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
 /// The clock every rank's compute shares: full-rate work done since time zero by a rank
 /// running at the shared rate.
@@ -113,7 +112,7 @@ impl ComputeStream {
 }
 
 /// End events of compute runs, ordered by the shared clock's reading at their end.
-pub(super) type ComputeEvents = BinaryHeap<Reverse<(u64, u64, u32)>>;
+pub(super) type ComputeEvents = QuadHeap<(u64, u64, u32)>;
 
 /// What the graph says about each task's end, the same on every rank.
 pub(super) struct Chain {
@@ -247,7 +246,7 @@ impl Engine<'_> {
 
     /// The time the next compute run ends (not before now), dropping stale events on the way.
     pub(super) fn next_compute_end(&mut self) -> Option<SimTime> {
-        while let Some(&Reverse((reading, event, rank))) = self.compute_events.peek() {
+        while let Some(&(reading, event, rank)) = self.compute_events.peek() {
             let current = self.ranks[rank as usize].compute.run;
             if current.is_some_and(|run| run.event == event) {
                 return Some(self.clock.time_of(f64::from_bits(reading)).max(self.now));
@@ -262,7 +261,7 @@ impl Engine<'_> {
         if self.next_compute_end() != Some(time) {
             return false;
         }
-        let Some(Reverse((_, _, rank))) = self.compute_events.pop() else {
+        let Some((_, _, rank)) = self.compute_events.pop() else {
             return false;
         };
         self.processed += 1;
@@ -349,7 +348,7 @@ impl Engine<'_> {
         let reading = stream.shared_reading(run.end_work);
         stream.run = Some(run);
         self.compute_events
-            .push(Reverse((reading.max(0.0).to_bits(), run.event, rank)));
+            .push((reading.max(0.0).to_bits(), run.event, rank));
     }
 
     /// The rank's run ended now: its tasks are done; the stream goes on with what is ready.

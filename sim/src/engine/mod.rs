@@ -9,6 +9,7 @@
 //! connections), and a rate change reschedules the task's end. The rates are in `rates.rs`.
 
 mod compute;
+mod quad_heap;
 mod rates;
 mod window;
 
@@ -20,8 +21,7 @@ use crate::noise::Noise;
 use crate::schedule::{LaunchPolicy, Stream};
 use crate::time::SimTime;
 use compute::{Chain, ComputeEvents, ComputeStream, SharedClock};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use quad_heap::QuadHeap;
 use window::Window;
 
 /// How the engine runs one graph.
@@ -204,7 +204,7 @@ impl Running {
 /// (ties by task index).
 #[derive(Debug, Default)]
 struct Queue {
-    queue: BinaryHeap<Reverse<(SimTime, u32)>>,
+    queue: QuadHeap<(SimTime, u32)>,
     running: Option<Running>,
 }
 
@@ -261,7 +261,7 @@ struct Engine<'a> {
     ranks_n: u32,
     now: SimTime,
     seq: u64,
-    events: BinaryHeap<Reverse<(SimTime, u64, Event)>>,
+    events: QuadHeap<(SimTime, u64, Event)>,
     /// Compute runs' ends, kept apart: they move with the shared compute rate.
     compute_events: ComputeEvents,
     clock: SharedClock,
@@ -320,7 +320,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         ranks_n: ranks as u32,
         now: SimTime::ZERO,
         seq: 0,
-        events: BinaryHeap::new(),
+        events: QuadHeap::new(),
         compute_events: ComputeEvents::new(),
         clock: SharedClock::new(1.0 / config.compute_slowdown),
         chain: Chain::new(graph),
@@ -372,10 +372,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
     while let Some(time) = engine.next_time() {
         engine.advance(time);
         loop {
-            let due = engine
-                .events
-                .peek()
-                .map(|&Reverse((t, _, event))| (t, event));
+            let due = engine.events.peek().map(|&(t, _, event)| (t, event));
             match due {
                 Some((t, event)) if t == time => {
                     engine.events.pop();
@@ -403,7 +400,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
 impl Engine<'_> {
     /// When the next event is due.
     fn next_time(&mut self) -> Option<SimTime> {
-        let other = self.events.peek().map(|&Reverse((time, _, _))| time);
+        let other = self.events.peek().map(|&(time, _, _)| time);
         match (self.next_compute_end(), other) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -421,7 +418,7 @@ impl Engine<'_> {
 
     fn push(&mut self, time: SimTime, event: Event) {
         self.seq += 1;
-        self.events.push(Reverse((time, self.seq, event)));
+        self.events.push((time, self.seq, event));
     }
 
     fn fresh_version(&mut self) -> u64 {
@@ -449,8 +446,8 @@ impl Engine<'_> {
                 return;
             }
             Stream::Compute => state.compute.enqueue(now, task),
-            Stream::Codec => state.codec.queue.push(Reverse((now, task))),
-            Stream::Cpu => state.cpu.queue.push(Reverse((now, task))),
+            Stream::Codec => state.codec.queue.push((now, task)),
+            Stream::Cpu => state.cpu.queue.push((now, task)),
         }
         self.mark_dirty(rank);
     }
@@ -626,7 +623,7 @@ impl Engine<'_> {
         if stream.running.is_some() {
             return;
         }
-        let Some(Reverse((_, task))) = stream.queue.pop() else {
+        let Some((_, task)) = stream.queue.pop() else {
             return;
         };
         let version = self.fresh_version();
