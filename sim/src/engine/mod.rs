@@ -237,6 +237,30 @@ enum LocalStream {
     Cpu,
 }
 
+/// `Engine::dirty` bits.
+const DIRTY_COMPUTE: u8 = 1;
+const DIRTY_CODEC: u8 = 2;
+const DIRTY_CPU: u8 = 4;
+
+/// The `Engine::dirty` bit of a rank-local stream.
+fn dirty_bit(stream: Stream) -> u8 {
+    match stream {
+        Stream::Compute => DIRTY_COMPUTE,
+        Stream::Codec => DIRTY_CODEC,
+        Stream::Cpu => DIRTY_CPU,
+        Stream::Comm => 0,
+    }
+}
+
+impl LocalStream {
+    fn dirty_bit(self) -> u8 {
+        match self {
+            LocalStream::Codec => DIRTY_CODEC,
+            LocalStream::Cpu => DIRTY_CPU,
+        }
+    }
+}
+
 impl RankState {
     fn new() -> RankState {
         RankState {
@@ -270,7 +294,9 @@ struct Engine<'a> {
     /// Unmet dependencies of the iterations in flight.
     window: Window,
     ranks: Vec<RankState>,
-    dirty: Vec<bool>,
+    /// Per rank, the streams that may start a task (`DIRTY_*` bits), and the ranks with any:
+    /// dispatch visits only those, not every stream of every rank touched.
+    dirty: Vec<u8>,
     dirty_list: Vec<u32>,
     /// Ranks that have met each collective's dependencies.
     arrivals: Vec<u32>,
@@ -327,7 +353,7 @@ pub fn run(graph: &TaskGraph, config: &EngineConfig, noise: &Noise) -> Result<En
         processed: 0,
         window: Window::new(graph, ranks as u32),
         ranks: (0..ranks).map(|_| RankState::new()).collect(),
-        dirty: vec![false; ranks],
+        dirty: vec![0; ranks],
         dirty_list: Vec::new(),
         arrivals: vec![0; graph.len()],
         finished: vec![0; graph.len()],
@@ -426,11 +452,12 @@ impl Engine<'_> {
         self.versions
     }
 
-    fn mark_dirty(&mut self, rank: u32) {
-        if !self.dirty[rank as usize] {
-            self.dirty[rank as usize] = true;
+    fn mark_dirty(&mut self, rank: u32, streams: u8) {
+        let dirty = &mut self.dirty[rank as usize];
+        if *dirty == 0 {
             self.dirty_list.push(rank);
         }
+        *dirty |= streams;
     }
 
     /// A task's dependencies are met on `rank`: queue it, or count the rank in for a collective.
@@ -449,7 +476,7 @@ impl Engine<'_> {
             Stream::Codec => state.codec.queue.push((now, task)),
             Stream::Cpu => state.cpu.queue.push((now, task)),
         }
-        self.mark_dirty(rank);
+        self.mark_dirty(rank, dirty_bit(self.graph.task(task).stream));
     }
 
     /// A collective is ready on every rank; under a cycle it waits for the next tick.
@@ -516,7 +543,7 @@ impl Engine<'_> {
             *end = (*end).max(self.now);
         }
         self.record(rank, running.task, running.start);
-        self.mark_dirty(rank);
+        self.mark_dirty(rank, resource.dirty_bit());
         self.release_successors(rank, running.task);
     }
 
@@ -608,11 +635,15 @@ impl Engine<'_> {
     /// instant sees the cores its ranks keep busy.
     fn dispatch(&mut self) {
         while let Some(rank) = self.dirty_list.pop() {
-            self.dirty[rank as usize] = false;
+            let dirty = std::mem::take(&mut self.dirty[rank as usize]);
             for which in [LocalStream::Codec, LocalStream::Cpu] {
-                self.start_local(rank, which);
+                if dirty & which.dirty_bit() != 0 {
+                    self.start_local(rank, which);
+                }
             }
-            self.start_compute(rank);
+            if dirty & DIRTY_COMPUTE != 0 {
+                self.start_compute(rank);
+            }
         }
         self.dispatch_comm();
     }

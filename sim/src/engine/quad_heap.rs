@@ -52,9 +52,12 @@ impl<T: Ord + Copy> QuadHeap<T> {
             if first >= n {
                 break;
             }
-            let least = (first..(first + 4).min(n))
-                .min_by(|&a, &b| self.items[a].cmp(&self.items[b]))
-                .unwrap_or(first);
+            let mut least = first;
+            for child in first + 1..(first + 4).min(n) {
+                if self.items[child] < self.items[least] {
+                    least = child;
+                }
+            }
             if self.items[least] >= last {
                 break;
             }
