@@ -1,10 +1,14 @@
-"""Import circles between the top-level modules of a Rust crate's source folder.
+"""Import circles among the top-level modules of a Rust crate, or the modules of a Python package.
 
-Issue 38's check that arrows only point down. It reads `crate::X` paths, and `super::X` in
-top-level files, outside `#[cfg(test)]`, and prints each group of modules that import one
-another (a strongly connected component of more than one module). Run:
-`python3 tools/import_circles.py sim/src exec/src src`.
+Issue 38's check that arrows only point down. In Rust it reads `crate::X` paths, and
+`super::X` in top-level files, outside `#[cfg(test)]`; in a Python package (a folder with
+`__init__.py`) every module's `import` and `from ... import` of the package's own modules (a
+name imported from a package that is one of its modules counts as that module). It prints each
+group of modules that import one another (a strongly connected component of more than one).
+Run: `python3 tools/import_circles.py sim/src exec/src src python/syncopate`.
 """
+
+import ast
 
 import os
 import re
@@ -49,6 +53,38 @@ def imports(src, modules):
     return edges
 
 
+def python_imports(package):
+    """The package's modules (dotted names) and module -> the package's modules it imports."""
+    top = os.path.dirname(os.path.abspath(package))
+    modules = {}
+    for root, _, files in os.walk(package):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                dotted = os.path.relpath(path, top)[:-3].replace(os.sep, ".")
+                modules[dotted.removesuffix(".__init__")] = path
+    edges = defaultdict(set)
+    for module, path in modules.items():
+        with open(path) as file:
+            tree = ast.parse(file.read())
+        here = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = here.split(".")[: len(here.split(".")) - max(node.level - 1, 0)]
+                named = ".".join(base + [node.module]) if node.level and node.module else None
+                source = named or (".".join(base) if node.level else node.module or "")
+                targets = [
+                    f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
+                    for alias in node.names
+                ]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            edges[module].update(t for t in targets if t in modules and t != module)
+    return set(modules), edges
+
+
 def circles(nodes, edges):
     """Tarjan's strongly connected components of more than one node, each sorted."""
     index, low, stack, on_stack, found = {}, {}, [], set(), []
@@ -83,8 +119,12 @@ def circles(nodes, edges):
 
 def main(folders):
     for src in folders:
-        modules = top_modules(src)
-        found = circles(modules, imports(src, modules))
+        if os.path.exists(os.path.join(src, "__init__.py")):
+            modules, edges = python_imports(src)
+        else:
+            modules = top_modules(src)
+            edges = imports(src, modules)
+        found = circles(modules, edges)
         print(f"{src}: {len(modules)} modules, {len(found)} circles")
         for component in found:
             print("  " + " <-> ".join(component))
