@@ -1,11 +1,12 @@
 """Import circles among the top-level modules of a Rust crate, or the modules of a Python package.
 
-Issue 38's check that arrows only point down. In Rust it reads `crate::X` paths, and
-`super::X` in top-level files, outside `#[cfg(test)]`; in a Python package (a folder with
+Issue 38's check that arrows only point down. In Rust it reads `crate::X` paths (for a folder
+module a/b of a crate, `crate::a::b::X`), and `super::X` in the folder's own files, outside
+comments and `#[cfg(test)]`; in a Python package (a folder with
 `__init__.py`) every module's `import` and `from ... import` of the package's own modules (a
 name imported from a package that is one of its modules counts as that module). It prints each
 group of modules that import one another (a strongly connected component of more than one).
-Run: `python3 tools/import_circles.py sim/src exec/src src python/syncopate`.
+Run: `python3 tools/import_circles.py sim/src sim/src/predict exec/src src python/syncopate`.
 """
 
 import ast
@@ -16,11 +17,23 @@ import sys
 from collections import defaultdict
 
 
+def crate_path(src):
+    """`crate::` for a crate's source folder, `crate::a::b::` for its folder module a/b."""
+    parts, here = [], os.path.abspath(src)
+    while not any(os.path.exists(os.path.join(here, f)) for f in ("lib.rs", "main.rs")):
+        parts.insert(0, os.path.basename(here))
+        parent = os.path.dirname(here)
+        if parent == here:
+            return "crate::"
+        here = parent
+    return "crate::" + "".join(part + "::" for part in parts)
+
+
 def top_modules(src):
-    """The crate's top-level modules: its files and folders besides lib.rs and main.rs."""
+    """The folder's modules: its files and folders besides lib.rs, main.rs and mod.rs."""
     modules = set()
     for name in os.listdir(src):
-        if name.endswith(".rs") and name not in ("lib.rs", "main.rs"):
+        if name.endswith(".rs") and name not in ("lib.rs", "main.rs", "mod.rs"):
             modules.add(name[:-3])
         elif os.path.isdir(os.path.join(src, name)):
             modules.add(name)
@@ -42,7 +55,9 @@ def imports(src, modules):
                 continue
             with open(path) as file:
                 text = file.read().split("#[cfg(test)]")[0]
-            patterns = [r"\bcrate::(\w+)"]
+            # Comments (doc links included) name modules without importing them.
+            text = re.sub(r"//.*", "", text)
+            patterns = [r"\b" + re.escape(crate_path(src)) + r"(\w+)"]
             if os.sep not in relative:
                 patterns.append(r"\bsuper::(\w+)")
             for pattern in patterns:
