@@ -2,7 +2,7 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
-use syncopate_sim::topology::ClusterOverrides;
+use syncopate_sim::inputs::topology::ClusterOverrides;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -4,7 +4,7 @@ use anyhow::{anyhow, Context};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use std::path::Path;
-use syncopate_sim::chart::Panel;
+use syncopate_sim::base::chart::Panel;
 
 const PANEL_WIDTH: u32 = 620;
 const PANEL_HEIGHT: u32 = 440;

@@ -501,8 +501,9 @@ fn host_profile_drives_cpu_compression() {
         "1",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let loaded = syncopate_sim::device::DeviceProfile::load(profile.to_str().unwrap()).unwrap();
-    assert_eq!(loaded.kind, syncopate_sim::device::DeviceKind::Cpu);
+    let loaded =
+        syncopate_sim::inputs::device::DeviceProfile::load(profile.to_str().unwrap()).unwrap();
+    assert_eq!(loaded.kind, syncopate_sim::inputs::device::DeviceKind::Cpu);
     assert_eq!(
         loaded.compression.len(),
         syncopate_sim::compress::catalog().len()

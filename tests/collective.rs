@@ -1,11 +1,11 @@
 //! The collective model: closed-form cases by hand, monotonicity, and calibration accuracy.
 
 use crate::common::{read_json, root, scratch, stderr, stdout, syncopate, validation_data};
+use syncopate_sim::base::data::DataKind;
 use syncopate_sim::calibrate::{self, Measurement, RowFilter};
 use syncopate_sim::collective::{self, Group, Links, Protocol, ServerLink};
 use syncopate_sim::collective_op::{Algorithm, Op};
-use syncopate_sim::data::DataKind;
-use syncopate_sim::topology::{Cluster, ClusterOverrides, Library};
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides, Library};
 
 fn cluster(name: &str) -> Cluster {
     Cluster::load(name, ClusterOverrides::default()).unwrap()

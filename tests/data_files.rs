@@ -1,11 +1,11 @@
 //! Every shipped data file loads, and model profiles match the exact tensor inventories.
 
 use crate::common::{stderr, stdout, syncopate, validation_data};
-use syncopate_sim::data::DataKind;
-use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::flops::{self, Verdict};
-use syncopate_sim::model::{ModelProfile, Status};
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
+use syncopate_sim::base::data::DataKind;
+use syncopate_sim::inputs::device::DeviceProfile;
+use syncopate_sim::inputs::flops::{self, Verdict};
+use syncopate_sim::inputs::model::{ModelProfile, Status};
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 
 #[test]
 fn every_shipped_file_loads_and_validates() {

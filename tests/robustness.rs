@@ -8,13 +8,13 @@ use proptest::prelude::*;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::device::DeviceProfile;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::Plan;
-use syncopate_sim::scenario::Scenario;
-use syncopate_sim::simulate::{simulate, SimOptions};
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::simulate::{simulate, SimOptions};
 use syncopate_sim::strategy::{Strategy as Named, StrategyOptions};
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 /// Longest any one bad invocation may take: a hang is a failure.
 const CASE_TIMEOUT: Duration = Duration::from_secs(60);

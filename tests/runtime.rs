@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use syncopate_exec::measure::profile_host::profiled;
 use syncopate_sim::compress::{Compressor, Memory, Wire};
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::model::ModelProfile;
 use syncopate_sim::plan::{CodecCalls, CompressOn, Group, Launch, Plan, Policy, Scheme};
 use syncopate_sim::schedule::{lower, World};
 
@@ -732,7 +732,7 @@ fn every_strategy_runs_the_same_schedule_in_the_simulator_and_on_the_host() {
             .enumerate()
         {
             // After exec's one warm-up iteration, a real run measures from iteration 2 on
-            // (syncopate_sim::real_run).
+            // (syncopate_sim::inputs::real_run).
             let (k, time_us) = (i as u64 + 2, time.as_f64().unwrap() * 1e3);
             let window = spans[&k].1 - spans[&(k - 1)].0;
             assert!(time_us > 0.0, "{what}: iteration {k} took {time_us} µs");

@@ -1,19 +1,19 @@
 //! The simulator: closed-form cases by hand, engine invariants, the symmetric fast path, noise.
 
 use std::collections::HashMap;
+use syncopate_sim::base::time::SimTime;
 use syncopate_sim::collective::{Links, Naming, ServerLink};
-use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::engine::{self, CoreShare, EngineConfig};
-use syncopate_sim::graph::TaskGraph;
-use syncopate_sim::model::ModelProfile;
-use syncopate_sim::noise::{Noise, NoiseSpec};
+use syncopate_sim::inputs::device::DeviceProfile;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::{Launch, Plan};
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::predict::engine::{self, CoreShare, EngineConfig};
+use syncopate_sim::predict::graph::TaskGraph;
+use syncopate_sim::predict::noise::{Noise, NoiseSpec};
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::simulate::{schedule, simulate, task_graph, SimOptions};
 use syncopate_sim::schedule::{LaunchPolicy, Stream};
-use syncopate_sim::simulate::{schedule, simulate, task_graph, SimOptions};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
-use syncopate_sim::time::SimTime;
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 /// A device without contention (measured: none), so that closed forms hold exactly.
 fn quiet_device(dir: &std::path::Path) -> String {
@@ -51,13 +51,17 @@ fn one_link_cluster(device: &str) -> Cluster {
     let mut cluster = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
     cluster.device = device.to_string();
     cluster.nodes = 2;
-    if let syncopate_sim::topology::Library::Mpi(p) = &mut cluster.library {
+    if let syncopate_sim::inputs::topology::Library::Mpi(p) = &mut cluster.library {
         p.reduce_gbytes_per_s = 1e12;
     }
     cluster
 }
 
-fn run(model: &ModelProfile, cluster: &Cluster, strategy: &str) -> syncopate_sim::summary::Summary {
+fn run(
+    model: &ModelProfile,
+    cluster: &Cluster,
+    strategy: &str,
+) -> syncopate_sim::predict::summary::Summary {
     let strategy: Strategy = strategy.parse().unwrap();
     let scenario = Scenario::new(model.clone(), cluster.clone()).unwrap();
     let plan = strategy
@@ -453,11 +457,11 @@ fn compute_is_carried_only_across_different_devices() {
 /// The two-tensor model with a measured skew of `cv` between ranks.
 fn skewed(model: &ModelProfile, cv: f64) -> ModelProfile {
     let mut model = model.clone();
-    model.rank_skew = Some(syncopate_sim::model::RankSkew {
+    model.rank_skew = Some(syncopate_sim::inputs::model::RankSkew {
         cv,
         ranks: 2,
-        provenance: syncopate_sim::model::Provenance {
-            status: syncopate_sim::model::Status::Measured,
+        provenance: syncopate_sim::inputs::model::Provenance {
+            status: syncopate_sim::inputs::model::Status::Measured,
             method: "a test's".into(),
         },
     });
@@ -493,7 +497,8 @@ fn a_skew_between_ranks_makes_the_slowest_rank_set_the_pace_deterministically() 
         .unwrap()
         .plan(&scenario, &StrategyOptions::default())
         .unwrap();
-    let evaluated = syncopate_sim::evaluate::steady_iteration_time(&scenario, &plan).unwrap();
+    let evaluated =
+        syncopate_sim::predict::evaluate::steady_iteration_time(&scenario, &plan).unwrap();
     assert!((evaluated.as_ms() - skewed.iteration_time_ms).abs() < 1e-5);
     // One rank has no one to wait for.
     let mut single = cluster.clone();
@@ -616,7 +621,8 @@ fn the_tuners_evaluator_prices_plans_with_shared_links_as_simulate_does() {
     ] {
         let (scenario, mut plan) = scenario("resnet50", "v100-10gbe", 4, strategy, compressor);
         plan.policy.comm_streams = 16;
-        let evaluated = syncopate_sim::evaluate::steady_iteration_time(&scenario, &plan).unwrap();
+        let evaluated =
+            syncopate_sim::predict::evaluate::steady_iteration_time(&scenario, &plan).unwrap();
         let simulated = simulate(&scenario, &plan, &SimOptions::default()).unwrap();
         assert_eq!(
             evaluated, simulated.iteration_times[0],

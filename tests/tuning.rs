@@ -2,15 +2,15 @@
 //! never worse than a baseline, lower bounds, and the CLI.
 
 use crate::common::{simulate_json, stderr, stdout, syncopate, syncopate_json};
+use syncopate_sim::base::time::SimTime;
 use syncopate_sim::compress::{Compressor, Memory};
-use syncopate_sim::evaluate::Evaluator;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::{CodecCalls, Launch, Scheme};
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::predict::evaluate::Evaluator;
+use syncopate_sim::predict::scenario::Scenario;
 use syncopate_sim::search::{contiguous_plan, lower_bound, tune, Choice, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
-use syncopate_sim::time::SimTime;
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 fn scenario(model: ModelProfile, cluster: &str, nodes: u32) -> Scenario {
     let cluster = Cluster::load(
@@ -153,9 +153,10 @@ fn tuned_plan_is_never_slower_than_a_baseline_and_bounds_hold() {
         );
         assert!(result.plans_evaluated > 50);
         // The evaluator's time is what `simulate` reports for the plan.
-        let simulated = syncopate_sim::simulate::simulate(&base, &result.plan, &Default::default())
-            .unwrap()
-            .summary;
+        let simulated =
+            syncopate_sim::predict::simulate::simulate(&base, &result.plan, &Default::default())
+                .unwrap()
+                .summary;
         assert_eq!(
             simulated.iteration_time_ms,
             (result.iteration_time.as_ns() as f64 / 1e6 * 1e6).round() / 1e6

@@ -10,10 +10,10 @@
 use std::time::Instant;
 use syncopate_exec::compress::rng::Rng;
 use syncopate_exec::measure::profile_host::{make_codec, median, profile_host, HostProfileOptions};
+use syncopate_sim::base::time::SimTime;
 use syncopate_sim::codec::CodecCurves;
 use syncopate_sim::compress::Compressor;
-use syncopate_sim::device::CostCurve;
-use syncopate_sim::time::SimTime;
+use syncopate_sim::inputs::device::CostCurve;
 
 const ELEMENTS: usize = 1 << 22;
 const REPEATS: usize = 7;

@@ -13,11 +13,11 @@
 //! ```
 //! use std::time::Duration;
 //! use syncopate_exec::runtime::{self, Backend, ExecOptions, Job};
-//! use syncopate_sim::model::ModelProfile;
-//! use syncopate_sim::scenario::Scenario;
-//! use syncopate_sim::simulate::schedule;
+//! use syncopate_sim::inputs::model::ModelProfile;
+//! use syncopate_sim::predict::scenario::Scenario;
+//! use syncopate_sim::predict::simulate::schedule;
 //! use syncopate_sim::strategy::{Strategy, StrategyOptions};
-//! use syncopate_sim::topology::{Cluster, ClusterOverrides};
+//! use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 //!
 //! // A small CNN (226,570 parameters) on one machine's 2 ranks, Horovod's plan cast to fp16.
 //! let model = ModelProfile::load("../experiments/dgc-accuracy/digits.json")?;
@@ -36,7 +36,8 @@
 //! // Two threads of this process, each busy for the profiled compute, sending real payloads.
 //! let job = Job::new(&schedule, 1.0, &run, 2)?;
 //! let measured = runtime::execute(Backend::Host { ranks: 2 }, &job)?;
-//! // The warm-up, one between it and the measured ones (syncopate_sim::real_run), and those two.
+//! // The warm-up, one between it and the measured ones (syncopate_sim::inputs::real_run), and
+//! // those two.
 //! assert_eq!(measured.iteration_end.len(), 4);
 //! assert!(!measured.checks.is_empty() && measured.checks.iter().all(|group| group.ok));
 //! # Ok::<(), Box<dyn std::error::Error>>(())

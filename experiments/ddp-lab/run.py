@@ -218,7 +218,7 @@ def spearman(xs, ys):
 
 
 def p90(values):
-    """The 90th percentile, linearly interpolated between the sorted values (syncopate_sim::stats)."""
+    """The 90th percentile, linearly interpolated between the sorted values (syncopate_sim::base::stats)."""
     ordered = sorted(values)
     position = 0.9 * (len(ordered) - 1)
     low = int(position)

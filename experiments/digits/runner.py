@@ -174,7 +174,7 @@ def measured_iterations(trace, log, checked):
     """The trace's iteration times without the first iteration of each epoch (it follows the
     previous epoch's evaluation), the `checked` iterations and the one after them (their
     all-gathers of every rank's gradients are not part of the plan, and an iteration's time
-    carries the tail of the one before: syncopate_sim::real_run). The trace itself measures from
+    carries the tail of the one before: syncopate_sim::inputs::real_run). The trace itself measures from
     the iteration after the one that follows its warm-up."""
     summary = json.loads(pathlib.Path(trace).read_text())["otherData"]
     per_epoch = log["epochs"][0]["iterations"]

@@ -5,7 +5,7 @@
 use crate::rank::parse_schedule;
 use crate::{sim_error, SyncopateError};
 use pyo3::prelude::*;
-use syncopate_sim::launch;
+use syncopate_sim::schedule::launch;
 use syncopate_sim::schedule::{LaunchPolicy, Program};
 
 /// One iteration's launch decisions on the caller's clock (a Horovod cycle releases a ready

@@ -6,7 +6,7 @@ use pyo3::types::PyBytes;
 use syncopate_exec::runtime::pieces::piece_codec;
 use syncopate_exec::runtime::refuse_unrunnable;
 use syncopate_sim::compress::{catalog, Compressor};
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::model::ModelProfile;
 use syncopate_sim::plan::Plan;
 use syncopate_sim::schedule::{self, World};
 

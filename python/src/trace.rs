@@ -8,19 +8,19 @@ use pyo3::prelude::*;
 use std::collections::HashMap;
 use syncopate_exec::runtime::check::GroupCheck;
 use syncopate_exec::runtime::{Measured, RunInfo};
-use syncopate_sim::engine::TaskRecord;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::base::time::SimTime;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::predict::engine::TaskRecord;
+use syncopate_sim::predict::trace::Trace;
 use syncopate_sim::schedule::Program;
-use syncopate_sim::time::SimTime;
-use syncopate_sim::trace::Trace;
 
 /// One timed step: (rank, step, iteration, stream, start ns, end ns).
 type Record = (u32, u32, u32, u32, u64, u64);
 
 /// Writes the trace of `records` of a run of `world` ranks to `path` (through a temporary file
 /// renamed into place), with its summary as `exec` makes it (`otherData`: the iterations after
-/// `warmup` that `syncopate_sim::real_run` measures, `seed`, and `checks`, the JSON list of the
-/// check's reports).
+/// `warmup` that `syncopate_sim::inputs::real_run` measures, `seed`, and `checks`, the JSON list of
+/// the check's reports).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn write_trace(

@@ -107,7 +107,7 @@ def test_trace_has_the_schedule_tasks_and_a_summary(trained):
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     summary = trace["otherData"]
     assert summary["backend"] == "torch" and summary["world_size"] == 2
-    # One warm-up iteration, and the one after it carries its tail (syncopate_sim::real_run).
+    # One warm-up iteration, and the one after it carries its tail (syncopate_sim::inputs::real_run).
     assert summary["measured_iterations"] == ITERATIONS - 2
     assert all(t > 0 for t in summary["iteration_times_ms"])
     parameters = {name for name, _ in models.tiny().named_parameters()}

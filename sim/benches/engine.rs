@@ -5,13 +5,13 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
-use syncopate_sim::model::ModelProfile;
-use syncopate_sim::noise::NoiseSpec;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::Plan;
-use syncopate_sim::scenario::Scenario;
-use syncopate_sim::simulate::{simulate, SimOptions};
+use syncopate_sim::predict::noise::NoiseSpec;
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::simulate::{simulate, SimOptions};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 const ITERATIONS: u32 = 4;
 

@@ -6,13 +6,13 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rayon::prelude::*;
 use std::hint::black_box;
 use syncopate_sim::compress::{auto_specs, Compressor, Memory};
-use syncopate_sim::evaluate::Evaluator;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::{CodecCalls, Plan};
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::predict::evaluate::Evaluator;
+use syncopate_sim::predict::scenario::Scenario;
 use syncopate_sim::search::{contiguous_plan, tune, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::{GroupingRule, Strategy, StrategyOptions};
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 fn base(model: &str) -> Scenario {
     let model = ModelProfile::load(model).unwrap();

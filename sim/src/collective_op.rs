@@ -3,7 +3,7 @@
 //! Cluster files name them (an MPI cluster's pinned allreduce, the operation a lab's sweep
 //! measured), so they sit below `topology`; `collective` prices them.
 
-use crate::error::{Result, SimError};
+use crate::base::error::{Result, SimError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

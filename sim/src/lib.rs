@@ -2,23 +2,24 @@
 //!
 //! # From a model to a trace
 //!
-//! A model profile ([`model::ModelProfile`]: each gradient tensor's size and compute time) on a
-//! cluster ([`topology::Cluster`]: devices, links, collective curves) makes a
-//! [`scenario::Scenario`]. A strategy ([`strategy::Strategy`]) or the search ([`search`]) turns
-//! it into a [`plan::Plan`]: which tensors are fused into groups, how each group is compressed
-//! and exchanged, and how collectives are launched. A plan is lowered once into a
-//! [`schedule::Schedule`], the steps every rank runs, which the simulator, every executor and
-//! `syncopate.torch` all run. [`cost`] prices each step for the scenario, the [`engine`] runs
-//! the steps of every rank in simulated time, and [`simulate::simulate`] summarizes the
-//! iterations it ran ([`summary::Summary`]) and can keep a timeline ([`trace::Trace`], Chrome's
+//! A model profile ([`inputs::model::ModelProfile`]: each gradient tensor's size and compute
+//! time) on a cluster ([`inputs::topology::Cluster`]: devices, links, collective curves) makes a
+//! [`predict::scenario::Scenario`]. A strategy ([`strategy::Strategy`]) or the search
+//! ([`search`]) turns it into a [`plan::Plan`]: which tensors are fused into groups, how each
+//! group is compressed and exchanged, and how collectives are launched. A plan is lowered once
+//! into a [`schedule::Schedule`], the steps every rank runs, which the simulator, every executor
+//! and `syncopate.torch` all run. [`predict::cost`] prices each step for the scenario, the
+//! [`predict::engine`] runs the steps of every rank in simulated time, and
+//! [`predict::simulate::simulate`] summarizes the iterations it ran
+//! ([`predict::summary::Summary`]) and can keep a timeline ([`predict::trace::Trace`], Chrome's
 //! trace format).
 //!
 //! ```
-//! use syncopate_sim::model::ModelProfile;
-//! use syncopate_sim::scenario::Scenario;
-//! use syncopate_sim::simulate::{schedule, simulate, SimOptions};
+//! use syncopate_sim::inputs::model::ModelProfile;
+//! use syncopate_sim::predict::scenario::Scenario;
+//! use syncopate_sim::predict::simulate::{schedule, simulate, SimOptions};
 //! use syncopate_sim::strategy::{Strategy, StrategyOptions};
-//! use syncopate_sim::topology::{Cluster, ClusterOverrides};
+//! use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 //!
 //! // ResNet-50 as profiled on a V100, on two 4-GPU machines joined by 10 Gb Ethernet.
 //! let model = ModelProfile::load("resnet50")?;
@@ -43,15 +44,25 @@
 //!
 //! # Where things are
 //!
-//! - Inputs, each a data file with its provenance: [`model`], [`device`], [`topology`],
-//!   [`framework`], the compressors ([`compress`]) and the codec sets that write them as
-//!   framework ops ([`codec`], which also prices a compressor on a device).
+//! The folders are layers: [`base`] under everything, [`inputs`] under plans, [`predict`] over
+//! schedules.
+//!
+//! - [`base`]: what every layer uses: [`base::time`], [`base::units`], [`base::limits`],
+//!   [`base::error`], the shipped data files ([`base::data`]), [`base::stats`], [`base::csv`],
+//!   [`base::chart`].
+//! - [`inputs`]: what a run is given, each a data file with its provenance:
+//!   [`inputs::model`], [`inputs::device`], [`inputs::topology`], [`inputs::framework`]
+//!   ([`inputs::flops`] and [`inputs::carry`] carry a profile to another device,
+//!   [`inputs::real_run`] says how a real run is timed); the compressors ([`compress`]) and the
+//!   codec sets that write them as framework ops ([`codec`], which also prices a compressor on a
+//!   device).
 //! - What a plan is and means: [`plan`], [`strategy`], [`schedule`] (with the launch policy,
-//!   [`launch`]).
-//! - Pricing and running: [`collective`] (of the operations in [`collective_op`]) and [`cost`]
-//!   price steps, [`framework_cost`] what the framework adds to them, [`contention`] what shares a
-//!   device; [`graph`], [`engine`], [`simulate`], [`evaluate`] (the tuner's steady time),
-//!   [`summary`], [`trace`].
+//!   [`schedule::launch`]).
+//! - [`predict`]: pricing and running. [`collective`] (of the operations in [`collective_op`])
+//!   and [`predict::cost`] price steps, [`predict::framework_cost`] what the framework adds to
+//!   them, [`predict::contention`] what shares a device; [`predict::graph`],
+//!   [`predict::engine`], [`predict::noise`], [`predict::simulate`], [`predict::evaluate`] (the
+//!   tuner's steady time), [`predict::summary`], [`predict::trace`], [`predict::validate`].
 //! - Choosing plans: [`search`], [`sweep`], [`export`] (the settings of DDP, Horovod, BytePS and
 //!   DeepSpeed).
 //! - Fits and checks against measurements: [`calibrate`] (nccl-tests curves, the TCP, p2p and
@@ -60,49 +71,20 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs, unreachable_pub)]
 
+pub mod base;
 pub mod calibrate;
-pub mod carry;
-pub mod chart;
 pub mod codec;
 pub mod collective;
 pub mod collective_op;
 pub mod compress;
-pub mod contention;
-pub mod cost;
-pub mod csv;
-pub mod data;
-pub mod device;
-pub mod engine;
-pub mod error;
-pub mod evaluate;
 pub mod experiment;
 pub mod export;
-pub mod flops;
-pub mod framework;
-pub mod framework_cost;
-pub mod graph;
-pub mod launch;
-pub mod limits;
-pub mod model;
-pub mod noise;
+pub mod inputs;
 pub mod plan;
-#[cfg(test)]
-mod properties;
-pub mod real_run;
-// Below `topology`, which counts the rings of a cluster's NVLink mesh when it reads the file.
-mod rings;
-pub mod scenario;
+pub mod predict;
 pub mod schedule;
 pub mod search;
-pub mod simulate;
-pub mod stats;
 pub mod strategy;
-pub mod summary;
 pub mod sweep;
-pub mod time;
-pub mod topology;
-pub mod trace;
-pub mod units;
-pub mod validate;
 
-pub use error::{Result, SimError};
+pub use base::error::{Result, SimError};

@@ -1,11 +1,11 @@
 //! Plans: fusion groups with their compressor, collective scheme, partitions and priority, plus
 //! the launch policy; the one input both the simulator and the runner execute.
 
+use crate::base::data::{self, FORMAT_VERSION};
+use crate::base::error::{Result, SimError};
+use crate::base::limits;
 use crate::compress::{Aggregation, Compressor, Memory, Wire};
-use crate::data::{self, FORMAT_VERSION};
-use crate::error::{Result, SimError};
-use crate::limits;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 use serde::{Deserialize, Serialize};
 
 /// How a group's gradients are synchronized.

@@ -1,6 +1,8 @@
 //! `syncopate collective`: nccl-tests-style predictions, comparison with measurements, fitting.
 
 use crate::cli::{CollectiveArgs, Format, TcpLibrary};
+use syncopate_sim::base::data::{self, DataKind};
+use syncopate_sim::base::units::{format_bytes, parse_byte_list, parse_bytes};
 use syncopate_sim::calibrate::beside_compute;
 use syncopate_sim::calibrate::compare::{self, Row};
 use syncopate_sim::calibrate::p2p_fit;
@@ -8,10 +10,8 @@ use syncopate_sim::calibrate::tcp_fit::{self, Timed};
 use syncopate_sim::calibrate::{self, FitReport, Holdout, Measurement, RowFilter};
 use syncopate_sim::collective::Group;
 use syncopate_sim::collective_op::Op;
-use syncopate_sim::data::{self, DataKind};
-use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::topology::{Cluster, ClusterContention, Library};
-use syncopate_sim::units::{format_bytes, parse_byte_list, parse_bytes};
+use syncopate_sim::inputs::model::{Provenance, Status};
+use syncopate_sim::inputs::topology::{Cluster, ClusterContention, Library};
 use syncopate_sim::SimError;
 
 pub fn run(args: &CollectiveArgs) -> anyhow::Result<()> {

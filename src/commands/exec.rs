@@ -10,11 +10,11 @@ use crate::cli::{ExecArgs, Format, RunArgs, RunClusterArgs};
 use anyhow::Context;
 use syncopate_exec::runtime::{Job, Measured, MeasuredSummary};
 use syncopate_exec::ExecError;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::Cluster;
 use syncopate_sim::plan::Plan;
-use syncopate_sim::scenario::Scenario;
-use syncopate_sim::simulate::schedule;
-use syncopate_sim::topology::Cluster;
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::simulate::schedule;
 use syncopate_sim::SimError;
 
 pub fn run(args: &ExecArgs) -> anyhow::Result<()> {

@@ -8,13 +8,13 @@ use super::shared::plan_file::{load_plan, plan_cluster, plan_model};
 use crate::cli::ExportArgs;
 use anyhow::Context;
 use syncopate_sim::codec::CodecSet;
-use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::evaluate::steady_iteration_time;
 use syncopate_sim::export::{self, Target};
-use syncopate_sim::framework::Framework;
+use syncopate_sim::inputs::device::DeviceProfile;
+use syncopate_sim::inputs::framework::Framework;
+use syncopate_sim::inputs::topology::Cluster;
 use syncopate_sim::plan::Plan;
-use syncopate_sim::scenario::Scenario;
-use syncopate_sim::topology::Cluster;
+use syncopate_sim::predict::evaluate::steady_iteration_time;
+use syncopate_sim::predict::scenario::Scenario;
 
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let target: Target = args.to.parse()?;

@@ -14,7 +14,7 @@ use syncopate_exec::lab::state::LabState;
 use syncopate_exec::lab::{self, signals, LabSpec};
 use syncopate_exec::measure::records;
 use syncopate_sim::collective_op::Op;
-use syncopate_sim::topology::Cluster;
+use syncopate_sim::inputs::topology::Cluster;
 use syncopate_sim::SimError;
 
 /// The longest goodput measurement a user may ask for.
@@ -207,7 +207,7 @@ fn report_up(
         }
     }
     if let (Some(cluster), Some(path)) = (cluster, &args.cluster_out) {
-        if let syncopate_sim::topology::Library::Mpi(p) = &cluster.library {
+        if let syncopate_sim::inputs::topology::Library::Mpi(p) = &cluster.library {
             println!(
                 "cluster    {}: tcp_efficiency {:.3}, latency {:.1} µs, message_overhead {:.1} µs, reduce {:.2} GB/s",
                 path.display(),

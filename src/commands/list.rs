@@ -4,15 +4,15 @@
 
 use crate::cli::ListWhat;
 use anyhow::bail;
+use syncopate_sim::base::data::DataKind;
 use syncopate_sim::codec::CodecSet;
 use syncopate_sim::compress::{self, Memory};
-use syncopate_sim::data::DataKind;
-use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::flops::{self, Verdict};
-use syncopate_sim::framework::Framework;
-use syncopate_sim::model::{ModelProfile, Precision};
+use syncopate_sim::inputs::device::DeviceProfile;
+use syncopate_sim::inputs::flops::{self, Verdict};
+use syncopate_sim::inputs::framework::Framework;
+use syncopate_sim::inputs::model::{ModelProfile, Precision};
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::strategy;
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 pub fn run(what: ListWhat) -> anyhow::Result<()> {
     match what {

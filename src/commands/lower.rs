@@ -3,9 +3,9 @@
 use super::shared::plan_file::{load_plan, plan_cluster};
 use crate::cli::LowerArgs;
 use anyhow::Context;
-use syncopate_sim::scenario::Scenario;
-use syncopate_sim::simulate::schedule;
-use syncopate_sim::topology::Cluster;
+use syncopate_sim::inputs::topology::Cluster;
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::simulate::schedule;
 
 pub fn run(args: &LowerArgs) -> anyhow::Result<()> {
     let (plan, model) = load_plan(&args.run.plan, args.run.model.as_deref())?;

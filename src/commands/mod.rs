@@ -44,11 +44,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// A time in ms as reports print it (rounded to the nanosecond).
-pub fn ms(time: syncopate_sim::time::SimTime) -> f64 {
-    syncopate_sim::stats::round6(time.as_ms())
+pub fn ms(time: syncopate_sim::base::time::SimTime) -> f64 {
+    syncopate_sim::base::stats::round6(time.as_ms())
 }
 
-pub use syncopate_sim::data::write_atomically;
+pub use syncopate_sim::base::data::write_atomically;
 
 /// Runs `work` as one rank of an MPI job. A failure is printed and ends the whole job
 /// (MPI_Abort) instead of returning: returning would finalize MPI, which waits for ranks that

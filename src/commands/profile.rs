@@ -125,7 +125,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
 
 fn write_profile(
     out: &std::path::Path,
-    profile: &syncopate_sim::device::DeviceProfile,
+    profile: &syncopate_sim::inputs::device::DeviceProfile,
 ) -> anyhow::Result<()> {
     write_json(out, profile)?;
     eprintln!(

@@ -5,17 +5,17 @@ use super::shared::plan_target;
 use crate::cli::{Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
 use syncopate_sim::codec::CodecSet;
-use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::framework::Framework;
-use syncopate_sim::model::ModelProfile;
-use syncopate_sim::noise::NoiseSpec;
+use syncopate_sim::inputs::device::DeviceProfile;
+use syncopate_sim::inputs::framework::Framework;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::Plan;
-use syncopate_sim::scenario::Scenario;
-use syncopate_sim::simulate::{simulate, SimOptions};
+use syncopate_sim::predict::noise::NoiseSpec;
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::simulate::{simulate, SimOptions};
+use syncopate_sim::predict::summary::Summary;
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
-use syncopate_sim::summary::Summary;
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
-use syncopate_sim::{limits, SimError};
+use syncopate_sim::{base::limits, SimError};
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     // A plan brings its model and cluster; a strategy run names them.

@@ -7,11 +7,11 @@ use crate::plot;
 use anyhow::Context;
 use syncopate_sim::codec::CodecSet;
 use syncopate_sim::compress::{Compressor, Memory};
-use syncopate_sim::framework::Framework;
+use syncopate_sim::inputs::framework::Framework;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
 use syncopate_sim::sweep::table::{self, config_label};
 use syncopate_sim::sweep::{self, FrameworkChoice, Grid, Outcome, Row};
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::SimError;
 
 pub fn run(args: &SweepArgs) -> anyhow::Result<()> {

@@ -12,13 +12,13 @@ use std::time::Instant;
 use syncopate_sim::codec::CodecSet;
 use syncopate_sim::compress::{auto_specs, Compressor};
 use syncopate_sim::export::{self, tune_settings, Target};
-use syncopate_sim::framework::Framework;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::framework::Framework;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::Cluster;
 use syncopate_sim::plan::{CodecCalls, Plan};
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::predict::scenario::Scenario;
 use syncopate_sim::search::{tune, Choice, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::StrategyOptions;
-use syncopate_sim::topology::Cluster;
 use syncopate_sim::SimError;
 
 #[derive(Serialize)]

@@ -11,14 +11,14 @@ use anyhow::Context;
 use syncopate_exec::measure::profile_cluster::{host_cluster, powers_of_four};
 use syncopate_exec::measure::profile_host::{profile_host, HostProfileOptions};
 use syncopate_exec::runtime::MeasuredSummary;
-use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::device::DeviceProfile;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::Plan;
-use syncopate_sim::scenario::Scenario;
-use syncopate_sim::simulate::{schedule, simulate, SimOptions};
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
-use syncopate_sim::trace::Trace;
-use syncopate_sim::validate::{Report, Run, Times};
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::simulate::{schedule, simulate, SimOptions};
+use syncopate_sim::predict::trace::Trace;
+use syncopate_sim::predict::validate::{Report, Run, Times};
 use syncopate_sim::SimError;
 
 pub fn run(args: &ValidateArgs) -> anyhow::Result<()> {

@@ -17,11 +17,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use syncopate_sim::compress::{Compressor, Memory};
 use syncopate_sim::experiment::lab::{ConfigRuns, LabMeasurements, LabRuns, LabSpec, MEASUREMENTS};
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::{Plan, Target};
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::predict::scenario::Scenario;
 use syncopate_sim::strategy::{Strategy, StrategyOptions};
-use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
 /// The name of the labs this experiment makes (one at a time).
 const LAB: &str = "val";
@@ -78,7 +78,7 @@ pub fn measure(dir: &Path, spec: &LabSpec, progress: &dyn Fn(&str)) -> Result<La
         super::remove(&made)?;
         labs.push(runs?);
         let measured = LabMeasurements {
-            format_version: syncopate_sim::data::FORMAT_VERSION,
+            format_version: syncopate_sim::base::data::FORMAT_VERSION,
             source: format!(
                 "`syncopate experiment run {}` on a machine with {} CPUs, one rank per lab node, MPI over TCP",
                 dir.display(),
@@ -90,7 +90,7 @@ pub fn measure(dir: &Path, spec: &LabSpec, progress: &dyn Fn(&str)) -> Result<La
         write_json(&dir.join(MEASUREMENTS), &measured)?;
     }
     Ok(LabMeasurements {
-        format_version: syncopate_sim::data::FORMAT_VERSION,
+        format_version: syncopate_sim::base::data::FORMAT_VERSION,
         source: String::new(),
         labs,
     })

@@ -9,14 +9,14 @@ use super::state::LabState;
 use crate::error::{ExecError, Result};
 use crate::measure::records::{CollectivePoint, ContentionPoint, Pace, Spread};
 use serde::Serialize;
+use syncopate_sim::base::data::FORMAT_VERSION;
 use syncopate_sim::calibrate::tcp_fit::{self, Timed};
 use syncopate_sim::calibrate::Measurement;
 use syncopate_sim::collective::{estimate, Group};
 use syncopate_sim::collective_op::{Algorithm, Op};
-use syncopate_sim::data::FORMAT_VERSION;
-use syncopate_sim::device::DeviceProfile;
-use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::topology::{
+use syncopate_sim::inputs::device::DeviceProfile;
+use syncopate_sim::inputs::model::{Provenance, Status};
+use syncopate_sim::inputs::topology::{
     Cluster, ClusterContention, ClusterOverrides, Fabric, InterNode, IntraNode, Library,
     SharedCores, TcpParams, Transport,
 };
@@ -552,7 +552,7 @@ mod tests {
         };
         // 15.9 ms more than alone on average over a 36 ms allreduce, as a cap at the goodput.
         let goodput = syncopate_sim::collective::rank_goodput_bytes_per_us(&cluster);
-        let cap_us = syncopate_sim::engine::queue_cap_for_mean_wait(15_900.0, 36_000.0);
+        let cap_us = syncopate_sim::predict::engine::queue_cap_for_mean_wait(15_900.0, 36_000.0);
         let expected = (cap_us * goodput).round() as u64;
         assert_eq!(p.queue_behind_bytes, Some(expected));
         assert!(p

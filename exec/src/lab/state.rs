@@ -175,7 +175,7 @@ impl LabState {
     /// Rewrites the state file atomically (a crash leaves the old or the new record, whole).
     pub fn save(&self) -> Result<()> {
         let path = path(&self.name);
-        syncopate_sim::data::write_atomically(&path, &self.to_json()).map_err(|source| {
+        syncopate_sim::base::data::write_atomically(&path, &self.to_json()).map_err(|source| {
             ExecError::Io {
                 what: format!("writing {}", path.display()),
                 source,

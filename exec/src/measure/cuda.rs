@@ -17,11 +17,11 @@ use cudarc::nccl::{Comm, ReduceOp};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
+use syncopate_sim::base::data::FORMAT_VERSION;
 use syncopate_sim::calibrate::Measurement;
 use syncopate_sim::compress::Compressor;
-use syncopate_sim::data::FORMAT_VERSION;
-use syncopate_sim::device::{Contention, DeviceKind, DeviceProfile};
-use syncopate_sim::model::Status;
+use syncopate_sim::inputs::device::{Contention, DeviceKind, DeviceProfile};
+use syncopate_sim::inputs::model::Status;
 
 /// V100's fp32 peak, the unit of `compute_speed_vs_v100`.
 const V100_FP32_TFLOPS: f64 = 15.7;

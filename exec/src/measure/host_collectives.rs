@@ -14,10 +14,10 @@ use crate::runtime::host::comm::meshes;
 use crate::runtime::ring::{self, Ring};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
+use syncopate_sim::base::data::FORMAT_VERSION;
 use syncopate_sim::compress::Compressor;
-use syncopate_sim::data::FORMAT_VERSION;
-use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::topology::{
+use syncopate_sim::inputs::model::{Provenance, Status};
+use syncopate_sim::inputs::topology::{
     Cluster, Fabric, InterNode, IntraNode, Library, TcpParams, Transport,
 };
 

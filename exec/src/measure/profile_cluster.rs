@@ -6,8 +6,8 @@ use crate::error::Result;
 use crate::measure::host_collectives;
 use syncopate_sim::calibrate::{self, Measurement};
 use syncopate_sim::collective_op::Op;
-use syncopate_sim::model::{Provenance, Status};
-use syncopate_sim::topology::{Cluster, ClusterOverrides, Library};
+use syncopate_sim::inputs::model::{Provenance, Status};
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides, Library};
 use syncopate_sim::SimError;
 
 /// Times the host backend's collectives on `ranks` thread-ranks at each of `sizes` (bytes) and

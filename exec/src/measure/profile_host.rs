@@ -7,10 +7,10 @@ use crate::error::Result;
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
+use syncopate_sim::base::data::FORMAT_VERSION;
 use syncopate_sim::compress::{catalog, Compressor, Family};
-use syncopate_sim::data::FORMAT_VERSION;
-use syncopate_sim::device::{CodecCost, Contention, CostCurve, DeviceKind, DeviceProfile};
-use syncopate_sim::model::{Provenance, Status};
+use syncopate_sim::inputs::device::{CodecCost, Contention, CostCurve, DeviceKind, DeviceProfile};
+use syncopate_sim::inputs::model::{Provenance, Status};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -55,7 +55,7 @@ pub fn profiled() -> Vec<&'static str> {
 /// The median of `xs` (the mean of the middle two for an even count): timings' robust summary.
 /// NaN only for no samples: every caller times at least one repeat.
 pub fn median(xs: Vec<f64>) -> f64 {
-    syncopate_sim::stats::median(&xs).unwrap_or(f64::NAN)
+    syncopate_sim::base::stats::median(&xs).unwrap_or(f64::NAN)
 }
 
 /// Least-squares fit of t = floor + slope·n, both clamped at zero (a negative intercept from

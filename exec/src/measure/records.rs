@@ -30,7 +30,7 @@ impl Spread {
         let medians: Vec<f64> = spreads.iter().map(|s| s.median).collect();
         Spread {
             // NaN only for no spreads, which no caller pools.
-            median: syncopate_sim::stats::median(&medians).unwrap_or(f64::NAN),
+            median: syncopate_sim::base::stats::median(&medians).unwrap_or(f64::NAN),
             min: spreads.iter().map(|s| s.min).fold(f64::INFINITY, f64::min),
             max: spreads
                 .iter()
@@ -46,7 +46,7 @@ impl Spread {
         let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         Spread {
             // NaN only for no values: every timing has at least one repeat (`--repeats` ≥ 1).
-            median: syncopate_sim::stats::median(values).unwrap_or(f64::NAN),
+            median: syncopate_sim::base::stats::median(values).unwrap_or(f64::NAN),
             min,
             max,
             repeats: values.len(),
@@ -203,7 +203,7 @@ impl ContentionPoint {
 
     /// The probe's queue, the time of its large allreduce alone (the span a small one starts
     /// within, µs) and the simulator's cap that gives the queue's mean wait over such starts
-    /// (`syncopate_sim::engine::queue_cap_for_mean_wait`, µs).
+    /// (`syncopate_sim::predict::engine::queue_cap_for_mean_wait`, µs).
     pub fn queue_cap_us(&self) -> Option<(QueueBehind, f64, f64)> {
         let queue = self.queue?;
         let large = self
@@ -211,7 +211,8 @@ impl ContentionPoint {
             .iter()
             .find(|c| c.op == Op::Allreduce && c.bytes == queue.large_bytes)?;
         let span_us = large.alone.median * 1e6;
-        let cap_us = syncopate_sim::engine::queue_cap_for_mean_wait(queue.wait_us(), span_us);
+        let cap_us =
+            syncopate_sim::predict::engine::queue_cap_for_mean_wait(queue.wait_us(), span_us);
         Some((queue, span_us, cap_us))
     }
 

@@ -3,16 +3,16 @@
 //! Every rank thus issues the same collectives in the same order, as Horovod's coordinator does.
 //!
 //! A collective is ready once every rank driven here has met its dependencies; the policy
-//! (`syncopate_sim::launch`, the simulator's own) then decides on wall-clock time. Each decision
-//! is appended to the log of the stream that asked, and the other ranks' threads of that stream
-//! replay the log.
+//! (`syncopate_sim::schedule::launch`, the simulator's own) then decides on wall-clock time. Each
+//! decision is appended to the log of the stream that asked, and the other ranks' threads of that
+//! stream replay the log.
 
 use super::wait::{Bounded, Stop, POLL};
 use crate::error::{ExecError, Result};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
-use syncopate_sim::launch::{Launcher, Ticks};
+use syncopate_sim::schedule::launch::{Launcher, Ticks};
 use syncopate_sim::schedule::{LaunchPolicy, Program};
 
 struct State {

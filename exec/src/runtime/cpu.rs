@@ -16,9 +16,9 @@ use crate::runtime::host::busy::BusyWork;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Instant;
-use syncopate_sim::engine::TaskRecord;
+use syncopate_sim::base::time::SimTime;
+use syncopate_sim::predict::engine::TaskRecord;
 use syncopate_sim::schedule::{Exchange, Op, StepKind};
-use syncopate_sim::time::SimTime;
 
 /// One rank's end of a communication stream: the collectives a schedule's exchanges need,
 /// the rings of `runtime::ring` and the push/pull of `runtime::push_pull` among them.

@@ -220,12 +220,12 @@ mod tests {
     use crate::runtime::ExecOptions;
     use std::sync::Mutex;
     use std::time::Instant;
-    use syncopate_sim::model::ModelProfile;
+    use syncopate_sim::inputs::model::ModelProfile;
+    use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
     use syncopate_sim::plan::CodecStream;
-    use syncopate_sim::scenario::Scenario;
+    use syncopate_sim::predict::scenario::Scenario;
     use syncopate_sim::schedule::{lower, Program, Schedule, World};
     use syncopate_sim::strategy::{Strategy, StrategyOptions};
-    use syncopate_sim::topology::{Cluster, ClusterOverrides};
 
     /// A backend whose compute tasks stay in flight until the driver asks for them a second
     /// time, and which checks every task's inputs when it runs.

@@ -33,13 +33,13 @@ use crate::error::{ExecError, Result};
 use check::GroupCheck;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use syncopate_sim::base::stats::round6;
+use syncopate_sim::base::time::SimTime;
 use syncopate_sim::compress::Wire;
-use syncopate_sim::engine::TaskRecord;
+use syncopate_sim::inputs::real_run;
 use syncopate_sim::plan::Plan;
-use syncopate_sim::real_run;
+use syncopate_sim::predict::engine::TaskRecord;
 use syncopate_sim::schedule::{Program, Schedule, Servers, Slot, Step, Stream};
-use syncopate_sim::stats::round6;
-use syncopate_sim::time::SimTime;
 
 /// Where a plan runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,8 +191,8 @@ impl Measured {
         real_run::covered_ns(spans) as f64 / measured.max(1) as f64 / 1e6
     }
 
-    /// The run's summary: its measured iterations (`syncopate_sim::real_run`) and rank 0's busy
-    /// streams.
+    /// The run's summary: its measured iterations (`syncopate_sim::inputs::real_run`) and rank 0's
+    /// busy streams.
     pub fn summary(&self, run: &RunInfo) -> MeasuredSummary {
         let times: Vec<f64> = real_run::measured_times(&self.iteration_end, run.warmup)
             .iter()
@@ -265,7 +265,7 @@ pub const MAX_HOST_BYTES: u64 = 8 << 30;
 
 impl<'a> Job<'a> {
     /// The schedule unrolled for warm-up, measured iterations and the one between them
-    /// (`syncopate_sim::real_run`), checked for what a run of
+    /// (`syncopate_sim::inputs::real_run`), checked for what a run of
     /// `local_ranks` ranks in this process can hold.
     pub fn new(
         schedule: &'a Schedule,

@@ -15,11 +15,11 @@
 //! syncopate.torch.sweep --beside-compute` times gloo's; `syncopate lab probe contention` times
 //! MPI's.
 
+use crate::base::error::{Result, SimError};
+use crate::base::limits::{MAX_DURATION_US, MAX_SLOWDOWN};
 use crate::calibrate::tcp_fit::Timed;
 use crate::collective_op::Op;
-use crate::error::{Result, SimError};
-use crate::limits::{MAX_DURATION_US, MAX_SLOWDOWN};
-use crate::topology::ClusterContention;
+use crate::inputs::topology::ClusterContention;
 
 /// Smaller messages are latency, which the machine's scheduling makes noisy beyond use.
 pub const FROM_BYTES: u64 = 64 << 10;
@@ -152,7 +152,7 @@ impl Line {
         if !(factor.is_finite() && factor <= MAX_SLOWDOWN) {
             return Err(SimError::bad_value(
                 what,
-                crate::limits::num(factor),
+                crate::base::limits::num(factor),
                 format!("the slowdown of collectives beside compute must be a factor up to {MAX_SLOWDOWN}"),
             ));
         }
@@ -190,7 +190,7 @@ fn checked_delay(delay: f64, what: &str) -> Result<f64> {
     }
     Err(SimError::bad_value(
         what,
-        crate::limits::num(delay),
+        crate::base::limits::num(delay),
         format!("the delay of a collective beside compute must be 0 to {MAX_DURATION_US:e} µs"),
     ))
 }

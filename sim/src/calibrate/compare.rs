@@ -3,11 +3,11 @@
 //! A table stands alone or next to measurements, with the error per GPU count, fitted and held out
 //! apart.
 
+use crate::base::error::Result;
 use crate::calibrate::{self, ErrorRow, ErrorSummary, Measurement};
 use crate::collective::{self, Estimate, Group};
 use crate::collective_op::Op;
-use crate::error::Result;
-use crate::topology::Cluster;
+use crate::inputs::topology::Cluster;
 use serde::{Serialize, Serializer};
 
 /// One row of a table: a predicted collective, and the measured time when there is one.
@@ -169,7 +169,7 @@ impl Serialize for Comparison {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::ClusterOverrides;
+    use crate::inputs::topology::ClusterOverrides;
 
     fn cluster() -> Cluster {
         Cluster::load("dgx-h100", ClusterOverrides::default()).unwrap()

@@ -3,10 +3,10 @@
 //! The report names what the data could not determine or pushed against a bound.
 
 use super::{error_table, group_for, predict, Measurement};
+use crate::base::error::{Result, SimError};
 use crate::collective::nccl_tree_latency;
 use crate::collective_op::Op;
-use crate::error::{Result, SimError};
-use crate::topology::{Cluster, Library, NcclParams, TreeLatency};
+use crate::inputs::topology::{Cluster, Library, NcclParams, TreeLatency};
 use std::collections::BTreeSet;
 
 /// The lowest hop latencies the hardware alone allows: an NVLink/PCIe transfer, and a NIC plus

@@ -14,10 +14,10 @@ pub use fit::{
     bound_hits, determinable_fields, fit, fit_report, fitted_fields, BoundHit, FitReport, Kept,
 };
 
+use crate::base::error::{Result, SimError};
 use crate::collective::{self, Estimate, Group};
 use crate::collective_op::Op;
-use crate::error::{Result, SimError};
-use crate::topology::Cluster;
+use crate::inputs::topology::Cluster;
 use std::collections::BTreeMap;
 use std::path::Path;
 

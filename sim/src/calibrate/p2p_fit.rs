@@ -13,11 +13,11 @@
 //! speed but the hosts do not (a lab's nodes share one machine's kernel and cores), the median
 //! of ranks × (one round's time) / (their time) is the rounds that run at once.
 
+use crate::base::error::{Result, SimError};
+use crate::base::limits::MAX_DURATION_US;
 use crate::calibrate::Measurement;
 use crate::collective::{self, ServerLink};
-use crate::error::{Result, SimError};
-use crate::limits::MAX_DURATION_US;
-use crate::topology::Cluster;
+use crate::inputs::topology::Cluster;
 
 /// The sweep's name for the push-pull rows.
 pub const OP: &str = "push-pull";
@@ -129,7 +129,7 @@ pub fn fit(
         })
         .collect::<Result<_>>()?;
     let costs: Vec<f64> = fitted.iter().map(|r| r.per_message_us).collect();
-    let Some(median) = crate::stats::median(&costs) else {
+    let Some(median) = crate::base::stats::median(&costs) else {
         return Err(SimError::bad_value(
             label,
             OP,
@@ -139,7 +139,7 @@ pub fn fit(
     if !(median.is_finite() && median <= MAX_DURATION_US) {
         return Err(SimError::bad_value(
             label,
-            crate::limits::num(median),
+            crate::base::limits::num(median),
             "the fitted cost per point-to-point message is out of range",
         ));
     }
@@ -153,7 +153,7 @@ pub fn fit(
                 .filter(|r| r.bytes == a.bytes)
                 .map(|r| r.time_us)
                 .collect();
-            let one_us = crate::stats::median(&same)?;
+            let one_us = crate::base::stats::median(&same)?;
             Some(AtOnce {
                 bytes: a.bytes,
                 one_us,
@@ -166,7 +166,7 @@ pub fn fit(
     Ok(P2pFit {
         per_message_us: median.max(0.0),
         rows: fitted,
-        rounds_at_once: crate::stats::median(&rounds),
+        rounds_at_once: crate::base::stats::median(&rounds),
         at_once,
     })
 }
@@ -222,7 +222,7 @@ pub fn describe(fitted: &P2pFit) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::ClusterOverrides;
+    use crate::inputs::topology::ClusterOverrides;
 
     fn lab() -> Cluster {
         let path = concat!(

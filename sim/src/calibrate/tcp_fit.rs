@@ -15,10 +15,10 @@
 //! searches a log-spaced grid and refines the best point: a pattern search alone stalls on the
 //! plateau where the cap is above what the link allows and no longer changes a prediction.
 
+use crate::base::error::{Result, SimError};
 use crate::calibrate::{self, Measurement};
 use crate::collective_op::Op;
-use crate::error::{Result, SimError};
-use crate::topology::{Cluster, Library, MeasuredSweep, SweepPoint};
+use crate::inputs::topology::{Cluster, Library, MeasuredSweep, SweepPoint};
 
 /// Messages at least this large cross at the rate the transport sustains: 64 GSO packets, so
 /// that what a shaper lets through at once is a small part of them.
@@ -384,7 +384,7 @@ fn search(
 mod tests {
     use super::*;
     use crate::collective::{estimate, Group};
-    use crate::topology::ClusterOverrides;
+    use crate::inputs::topology::ClusterOverrides;
 
     #[test]
     fn a_single_candidate_is_held_while_the_other_is_refined() {

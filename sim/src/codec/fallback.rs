@@ -3,9 +3,9 @@
 //! They are the device profile's, or the catalog's memory-bandwidth estimate when the profile has
 //! none.
 
+use crate::base::time::SimTime;
 use crate::compress::{Compressor, Work};
-use crate::device::{CostCurve, DeviceKind, DeviceProfile};
-use crate::time::SimTime;
+use crate::inputs::device::{CostCurve, DeviceKind, DeviceProfile};
 
 /// Fraction of the GPU's peak memory bandwidth an elementwise kernel reaches (the shipped GPU
 /// profiles' estimates use it).
@@ -22,7 +22,7 @@ pub struct CodecCurves {
     encode: CostCurve,
     /// Per payload decoded.
     decode: CostCurve,
-    /// Once per decode call (see [`crate::device::CodecCost`]); zero in the estimate, whose
+    /// Once per decode call (see [`crate::inputs::device::CodecCost`]); zero in the estimate, whose
     /// decode adds each payload into the result.
     aggregate: CostCurve,
     /// True when the device profile has no curve for the compressor and these are the
@@ -111,9 +111,9 @@ fn estimate(work: Work, device: &DeviceProfile) -> CostCurve {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::data::DataKind;
+    use crate::base::time::SimTime;
     use crate::compress::catalog;
-    use crate::data::DataKind;
-    use crate::time::SimTime;
 
     fn without(device: &str, key: &str) -> DeviceProfile {
         let mut profile = DeviceProfile::load(device).unwrap();

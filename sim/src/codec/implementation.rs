@@ -12,12 +12,12 @@
 //! cited; the framework running the plan prices an op (`op_us`), the device a byte.
 
 use super::fallback;
+use crate::base::data::{self, DataKind};
+use crate::base::error::{Result, SimError};
 use crate::compress::{why_no_kept_cost, Compressor};
-use crate::data::{self, DataKind};
-use crate::device::{CodecCost, CostCurve, DeviceKind, DeviceProfile};
-use crate::error::{Result, SimError};
-use crate::framework::Framework;
-use crate::model::{Provenance, Status};
+use crate::inputs::device::{CodecCost, CostCurve, DeviceKind, DeviceProfile};
+use crate::inputs::framework::Framework;
+use crate::inputs::model::{Provenance, Status};
 use crate::plan::{CodecStream, Plan};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -186,7 +186,7 @@ pub const NATIVE: &str = "native";
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CodecSet {
-    /// The file's format version (`crate::data::FORMAT_VERSION`).
+    /// The file's format version (`crate::base::data::FORMAT_VERSION`).
     pub format_version: u32,
     /// The set's name, quoted in the priced curves' provenance.
     pub name: String,

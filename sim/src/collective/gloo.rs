@@ -19,7 +19,7 @@
 use super::mpi::{pick, staging_us, Hockney};
 use super::{Estimate, Group};
 use crate::collective_op::{Algorithm, Op};
-use crate::topology::{Cluster, TcpParams};
+use crate::inputs::topology::{Cluster, TcpParams};
 
 /// gloo's `AllreduceOptions::kMaxSegmentSize`.
 const MAX_SEGMENT_BYTES: u64 = 1 << 20;

@@ -14,10 +14,10 @@
 //! value) the model alone prices the collective.
 
 use super::Group;
+use crate::base::limits;
+use crate::base::time::SimTime;
 use crate::collective_op::Op;
-use crate::limits;
-use crate::time::SimTime;
-use crate::topology::{Cluster, MeasuredSweep, SweepPoint};
+use crate::inputs::topology::{Cluster, MeasuredSweep, SweepPoint};
 use std::borrow::Cow;
 
 // A cluster file holds the sweep; how its times stand in for the model's is the cost model's.
@@ -130,7 +130,7 @@ pub fn least_ns_per_byte(cluster: &Cluster, op: Op, group: Group) -> Option<f64>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::ClusterOverrides;
+    use crate::inputs::topology::ClusterOverrides;
 
     fn sweep() -> MeasuredSweep {
         MeasuredSweep {

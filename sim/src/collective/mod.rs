@@ -13,10 +13,10 @@ pub use mpi::staging_split_us;
 pub(crate) use nccl::tree_latency as nccl_tree_latency;
 pub use ps::push_pull;
 
+use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::collective_op::{Algorithm, Op};
-use crate::error::{Result, SimError};
-use crate::time::SimTime;
-use crate::topology::{Cluster, Library};
+use crate::inputs::topology::{Cluster, Library};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 

@@ -6,9 +6,9 @@
 //! wherever its rules are close to optimal (Thakur, Rabenseifner & Gropp, IJHPCA 2005).
 
 use super::{Estimate, Group, Protocol};
+use crate::base::time::SimTime;
 use crate::collective_op::{Algorithm, Op, MPI_ALLREDUCE_ALGORITHMS};
-use crate::time::SimTime;
-use crate::topology::{Cluster, TcpParams};
+use crate::inputs::topology::{Cluster, TcpParams};
 
 /// The Hockney terms of a TCP library's collective over `group`, in µs.
 #[derive(Clone, Copy)]
@@ -219,7 +219,7 @@ mod tests {
     use crate::calibrate::tcp_fit::parametric;
     use crate::collective::{estimate, Estimate, Group};
     use crate::collective_op::{Algorithm, Op};
-    use crate::topology::{Cluster, ClusterOverrides};
+    use crate::inputs::topology::{Cluster, ClusterOverrides};
 
     #[test]
     fn a_pinned_allreduce_runs_at_every_size_and_only_on_mpi() {
@@ -245,7 +245,7 @@ mod tests {
         let err = tree.validate("c.json").unwrap_err().to_string();
         assert!(err.contains("library.allreduce_algorithm"), "{err}");
         let params = cluster.library.tcp().unwrap().clone();
-        cluster.library = crate::topology::Library::Gloo(params);
+        cluster.library = crate::inputs::topology::Library::Gloo(params);
         let err = cluster.validate("c.json").unwrap_err().to_string();
         assert!(err.contains("library.allreduce_algorithm"), "{err}");
     }
@@ -265,7 +265,10 @@ mod tests {
             let slow = estimate(&lab, op, 4 << 20, world).unwrap();
             let fast = estimate(&faster, op, 4 << 20, world).unwrap();
             assert_eq!(slow.algorithm, fast.algorithm, "{op}");
-            assert!(slow.fixed > crate::time::SimTime::ZERO, "{op}: {slow:?}");
+            assert!(
+                slow.fixed > crate::base::time::SimTime::ZERO,
+                "{op}: {slow:?}"
+            );
             assert!(slow.fixed < slow.time && fast.time < slow.time, "{op}");
             assert_eq!(slow.fixed, fast.fixed, "{op}");
         }
@@ -276,7 +279,7 @@ mod tests {
         let mut mpi = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
         let world = Group::world(&mpi);
         let mut gloo = mpi.clone();
-        gloo.library = crate::topology::Library::Gloo(mpi.library.tcp().unwrap().clone());
+        gloo.library = crate::inputs::topology::Library::Gloo(mpi.library.tcp().unwrap().clone());
         let bytes: u64 = 64 << 20;
         let n = f64::from(world.ranks);
         // Per byte of the buffer: the input off the device and the output back at 4 GB/s.
@@ -360,7 +363,8 @@ mod tests {
     fn shared_memory_is_an_mpi_transport_with_positive_rates() {
         let cluster = Cluster::load("v100-pcie-mpi", ClusterOverrides::default()).unwrap();
         let mut gloo = cluster.clone();
-        gloo.library = crate::topology::Library::Gloo(cluster.library.tcp().unwrap().clone());
+        gloo.library =
+            crate::inputs::topology::Library::Gloo(cluster.library.tcp().unwrap().clone());
         let err = gloo.validate("c.json").unwrap_err().to_string();
         assert!(err.contains("library.shared_memory"), "{err}");
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {

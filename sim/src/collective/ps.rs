@@ -3,10 +3,10 @@
 //! goodput (as the cluster's collectives see it), with incast and the server's per-peer costs.
 
 use super::{Estimate, Group, Links, Protocol, ServerLink};
+use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::collective_op::{Algorithm, Op};
-use crate::error::{Result, SimError};
-use crate::time::SimTime;
-use crate::topology::{Cluster, Transport};
+use crate::inputs::topology::{Cluster, Transport};
 
 /// Goodput lost per concurrent sender into one receiver over TCP. Synchronized senders overflow
 /// the switch port's buffer and time out ("TCP incast", Vasudevan et al., SIGCOMM 2009); this

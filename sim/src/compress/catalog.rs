@@ -11,7 +11,7 @@
 
 use super::memory::Memory;
 use super::{powersgd_layout, Aggregation};
-use crate::error::SimError;
+use crate::base::error::SimError;
 use std::fmt;
 use std::str::FromStr;
 

@@ -2,7 +2,7 @@
 //!
 //! The memories are `none`, `residual`, `dgc` and `efsignsgd`.
 
-use crate::error::SimError;
+use crate::base::error::SimError;
 use std::fmt;
 use std::str::FromStr;
 

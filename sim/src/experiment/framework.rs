@@ -3,15 +3,15 @@
 //! The checks are DDP's overhead over the bare model and its bucket-size effect.
 
 use super::Results;
-use crate::csv::Csv;
-use crate::error::{Result, SimError};
-use crate::framework::Framework;
-use crate::model::ModelProfile;
-use crate::scenario::Scenario;
-use crate::simulate::{simulate, SimOptions};
-use crate::stats::median;
+use crate::base::csv::Csv;
+use crate::base::error::{Result, SimError};
+use crate::base::stats::median;
+use crate::inputs::framework::Framework;
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, ClusterOverrides};
+use crate::predict::scenario::Scenario;
+use crate::predict::simulate::{simulate, SimOptions};
 use crate::strategy::{Strategy, StrategyOptions};
-use crate::topology::{Cluster, ClusterOverrides};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -41,7 +41,7 @@ struct Row {
 
 fn read_rows(path: &Path) -> Result<Vec<Row>> {
     let label = path.display().to_string();
-    let text = crate::data::read_text(path)?;
+    let text = crate::base::data::read_text(path)?;
     let mut lines = text.lines();
     let header = lines.next().unwrap_or_default();
     let expected = "model,batch_per_gpu,gpus,nodes,config,bucket_mb,percentile,sec_per_iter,diff_vs_25mb_percent";

@@ -6,14 +6,13 @@ mod framework;
 mod grace;
 mod grid;
 pub mod lab;
-mod rerun;
 
-use crate::chart::Chart;
-use crate::data;
-use crate::device::DeviceProfile;
-use crate::error::{Result, SimError};
-use crate::model::ModelProfile;
-use crate::topology::Cluster;
+use crate::base::chart::Chart;
+use crate::base::data;
+use crate::base::error::{Result, SimError};
+use crate::inputs::device::DeviceProfile;
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::Cluster;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

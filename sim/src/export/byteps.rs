@@ -10,12 +10,12 @@
 //! in the PyTorch plugin is `bps.Compression.fp16` or none: `compression_params` (onebit, topk,
 //! ...) is read only by the MXNet trainer in that release.
 
+use crate::base::error::{Result, SimError};
+use crate::base::limits;
 use crate::compress::Compressor;
-use crate::error::{Result, SimError};
-use crate::limits;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecCalls, Launch, Plan};
-use crate::scenario::Scenario;
+use crate::predict::scenario::Scenario;
 use crate::search::Choice;
 use crate::strategy::{Strategy, StrategyOptions};
 

@@ -3,9 +3,9 @@
 //! Bucket caps are its default pair, one cap, or one per bucket.
 
 use crate::compress::{Compressor, Memory};
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 use crate::plan::Plan;
-use crate::scenario::Scenario;
+use crate::predict::scenario::Scenario;
 use crate::search::Choice;
 use crate::strategy::{ddp_plan, StrategyOptions};
 

@@ -5,11 +5,11 @@
 //! and back after. Stages 1-3 partition the optimizer, gradients and parameters (ZeRO), which
 //! Syncopate does not model yet.
 
+use crate::base::error::Result;
 use crate::compress::{Compressor, Memory};
-use crate::error::Result;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 use crate::plan::Plan;
-use crate::scenario::Scenario;
+use crate::predict::scenario::Scenario;
 use crate::search::Choice;
 use crate::strategy::{deepspeed_buckets, Strategy, StrategyOptions};
 

@@ -2,11 +2,11 @@
 //!
 //! The explicit groups are those of `hvd.DistributedOptimizer`.
 
+use crate::base::error::Result;
 use crate::compress::Compressor;
-use crate::error::Result;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecCalls, Plan};
-use crate::scenario::Scenario;
+use crate::predict::scenario::Scenario;
 use crate::search::Choice;
 use crate::strategy::{explicit_groups_plan, horovod_groups, Strategy, StrategyOptions};
 

@@ -19,16 +19,16 @@ pub use deepspeed::DeepSpeedSettings;
 pub use horovod::HorovodSettings;
 pub use tune::{tune_settings, NativeTune};
 
+use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::codec::CodecSet;
 use crate::compress::{Compressor, Memory};
-use crate::error::{Result, SimError};
-use crate::evaluate::steady_iteration_time;
-use crate::framework::Framework;
-use crate::model::ModelProfile;
+use crate::inputs::framework::Framework;
+use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecCalls, Launch, Plan, Scheme};
-use crate::scenario::Scenario;
+use crate::predict::evaluate::steady_iteration_time;
+use crate::predict::scenario::Scenario;
 use crate::search::Choice;
-use crate::time::SimTime;
 use std::str::FromStr;
 
 /// A framework an export writes settings for.

@@ -1,9 +1,9 @@
 //! Exports reproduce the groups they can express and say what they cannot.
 
 use super::*;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, ClusterOverrides};
 use crate::strategy::{Strategy, StrategyOptions};
-use crate::topology::{Cluster, ClusterOverrides};
 
 fn scenario(model: &str) -> Scenario {
     let cluster = Cluster::load(
@@ -135,7 +135,7 @@ fn a_model_of_several_dtypes_is_named_as_what_ddp_buckets_apart() {
         .plan(&base, &StrategyOptions::default())
         .unwrap();
     assert!(caveats(Target::Ddp, &base.model).is_empty());
-    base.model.tensors[0].dtype = crate::model::DType::F16;
+    base.model.tensors[0].dtype = crate::inputs::model::DType::F16;
     let near = nearest(Target::Ddp, &plan, &base.model);
     assert!(
         near.unexpressed.iter().any(|n| n.contains("dtypes")),
@@ -207,7 +207,10 @@ fn byteps_runs_each_gradient_in_partitions_first_in_first_out() {
     let scenario = near.settings.scenario(&base).unwrap();
     let runs = near.settings.plan(&scenario).unwrap();
     assert_eq!(runs.policy.launch, Launch::PlanOrder);
-    assert_eq!(runs.policy.comm_streams, crate::limits::MAX_COMM_STREAMS);
+    assert_eq!(
+        runs.policy.comm_streams,
+        crate::base::limits::MAX_COMM_STREAMS
+    );
     assert_eq!(groups(&runs), groups(&byteps));
     for group in &runs.groups {
         let bytes = base.model.bytes_of(&group.tensors);

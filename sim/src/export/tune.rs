@@ -3,11 +3,11 @@
 //! Each setting is priced as F runs it.
 
 use super::{candidates, nearest, Settings, Target};
+use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::compress::{Compressor, Memory};
-use crate::error::{Result, SimError};
-use crate::scenario::Scenario;
+use crate::predict::scenario::Scenario;
 use crate::search::{refine_groups, Choice, SearchSpace};
-use crate::time::SimTime;
 use rayon::prelude::*;
 
 /// The outcome of a search over one framework's settings.

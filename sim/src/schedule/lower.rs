@@ -4,12 +4,12 @@ use super::{
     Buffer, Encoding, Exchange, LaunchPolicy, LaunchSlot, Op, OpList, Piece, Round, Schedule,
     Servers, Slot, Step, StepKind, StepList, Stream, World,
 };
+use crate::base::data::FORMAT_VERSION;
+use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::compress::{powersgd_layout, powersgd_rounds, Aggregation, Compressor, Memory};
-use crate::data::FORMAT_VERSION;
-use crate::error::{Result, SimError};
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecCalls, CodecStream, CompressOn, Group, Plan, Scheme};
-use crate::time::SimTime;
 use smallvec::{smallvec, SmallVec};
 
 /// Lowers `plan` for `model` on `world`. `cpu_ranks` says that the ranks are CPU processes

@@ -31,15 +31,16 @@
 //! - **Buffers.** A backward step writes its tensor's gradient into its slot of the group's
 //!   fusion buffer; pieces are contiguous slices of a buffer.
 
+pub mod launch;
 mod lower;
 mod unroll;
 
 pub use lower::{lower, lower_group};
 pub use unroll::{LaunchKey, Program, TaskRef};
 
+use crate::base::data;
+use crate::base::error::{Result, SimError};
 use crate::compress::{Aggregation, Compressor, Memory, Wire};
-use crate::data;
-use crate::error::{Result, SimError};
 use crate::plan::{CodecCalls, CompressOn, Launch, Scheme};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;

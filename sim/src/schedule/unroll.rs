@@ -3,8 +3,8 @@
 //! The DAG has compact successor lists.
 
 use super::{Schedule, Stream};
-use crate::error::{Result, SimError};
-use crate::limits;
+use crate::base::error::{Result, SimError};
+use crate::base::limits;
 
 /// One task: a step of the schedule in one iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

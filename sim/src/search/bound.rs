@@ -2,13 +2,13 @@
 //! synchronization cannot overlap backward, and the link must carry every byte at its best
 //! bandwidth.
 
+use crate::base::error::Result;
+use crate::base::time::SimTime;
 use crate::collective::{self, Group as RankGroup, ServerLink};
 use crate::collective_op::Op;
 use crate::compress::Aggregation;
-use crate::error::Result;
 use crate::plan::Plan;
-use crate::scenario::Scenario;
-use crate::time::SimTime;
+use crate::predict::scenario::Scenario;
 
 /// Sizes between which the asymptotic per-byte cost of a collective is measured.
 const LARGE: u64 = 4 << 30;
@@ -20,7 +20,7 @@ pub fn lower_bound(scenario: &Scenario, plan: &Plan) -> Result<SimTime> {
     let model = &scenario.model;
     // The plan's own compute per steady-state iteration: DeAR's updates touch only their shard.
     let compute = SimTime::from_us(
-        crate::simulate::schedule(scenario, plan)?
+        crate::predict::simulate::schedule(scenario, plan)?
             .steps
             .iter()
             .filter_map(|s| s.profiled_us)

@@ -2,8 +2,8 @@
 //! group in two, or give a group another compressor; steepest descent under an evaluation budget.
 
 use super::{Choice, Search, SearchSpace};
+use crate::base::time::SimTime;
 use crate::plan::Plan;
-use crate::time::SimTime;
 
 /// Most plans local search scores in total, for models of up to [`FULL_BUDGET_TENSORS`]
 /// tensors; larger models get proportionally fewer (each plan costs more to simulate).

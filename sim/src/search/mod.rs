@@ -14,14 +14,14 @@ mod surrogate;
 pub use bound::lower_bound;
 pub use surrogate::Choice;
 
+use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::compress::{Compressor, Memory};
-use crate::error::{Result, SimError};
-use crate::evaluate::Evaluator;
 use crate::plan::{CodecCalls, CompressOn, Group, Plan, Scheme};
-use crate::scenario::Scenario;
+use crate::predict::evaluate::Evaluator;
+use crate::predict::scenario::Scenario;
 use crate::schedule::Encoding;
 use crate::strategy::{plan_order, Strategy, StrategyOptions};
-use crate::time::SimTime;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

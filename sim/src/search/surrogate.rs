@@ -2,11 +2,11 @@
 //! dynamic programming: each group's collectives start when its last gradient is ready (plus
 //! its encode) and the link is free, and the iteration ends with the last group's decode.
 
+use crate::base::error::Result;
 use crate::compress::{Compressor, Memory};
-use crate::cost::piece_stages;
-use crate::error::Result;
 use crate::plan::{CompressOn, Group, Scheme};
-use crate::scenario::Scenario;
+use crate::predict::cost::piece_stages;
+use crate::predict::scenario::Scenario;
 use crate::schedule::Encoding;
 
 /// A compressor and memory a group may use (the first option is always no compression).

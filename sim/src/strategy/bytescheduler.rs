@@ -3,8 +3,8 @@
 //! before its next forward.
 
 use super::{partitioned_by_layer, StrategyOptions};
-use crate::error::Result;
-use crate::model::ModelProfile;
+use crate::base::error::Result;
+use crate::inputs::model::ModelProfile;
 use crate::plan::{Launch, Plan, Policy, Scheme};
 
 pub(super) fn plan(name: &str, model: &ModelProfile, options: &StrategyOptions) -> Result<Plan> {

@@ -2,8 +2,8 @@
 //! reaches its cap (the first bucket's, 1 MiB by default, then `bucket_cap_mb`; or one cap per
 //! bucket with `bucket_cap_mb_list`).
 
-use crate::model::ModelProfile;
-use crate::topology::{Cluster, Library};
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, Library};
 
 /// ProcessGroupGloo's worker threads (`ProcessGroupGloo::Options::threads`, 2 by default):
 /// DDP's allreduces run on them, two buckets at once.
@@ -68,7 +68,7 @@ pub(super) fn fill_buckets(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::ClusterOverrides;
+    use crate::inputs::topology::ClusterOverrides;
 
     #[test]
     fn ddp_runs_two_buckets_at_once_on_gloo_and_one_elsewhere() {

@@ -8,7 +8,7 @@
 //! `reduce_bucket_size`.
 
 use super::ddp::fill_buckets;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 
 /// DeepSpeed's `MEMORY_OPT_ALLREDUCE_SIZE`: elements per bucket at stage 0.
 pub(super) const BUCKET_ELEMENTS: u64 = 500_000_000;

@@ -3,10 +3,10 @@
 //! CPU makes the simulated iteration fastest given the choices made so far.
 
 use super::{require_compressor, StrategyOptions};
-use crate::error::Result;
-use crate::evaluate::Evaluator;
+use crate::base::error::Result;
 use crate::plan::{CompressOn, Plan};
-use crate::scenario::Scenario;
+use crate::predict::evaluate::Evaluator;
+use crate::predict::scenario::Scenario;
 
 /// Tensors below this size are never compressed: encode and decode floors exceed any saving
 /// (Espresso likewise leaves small tensors alone).

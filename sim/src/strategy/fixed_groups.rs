@@ -1,7 +1,7 @@
 //! N contiguous groups in backward order, balanced by bytes or by tensor count.
 
-use crate::error::{Result, SimError};
-use crate::model::ModelProfile;
+use crate::base::error::{Result, SimError};
+use crate::inputs::model::ModelProfile;
 use std::fmt;
 
 /// What `fixed-groups:N` balances across its groups.

@@ -4,14 +4,14 @@
 //! pipelined cost of encode, communication and decode with plain synchronization.
 
 use super::{require_compressor, CaSyncTopology, StrategyOptions};
+use crate::base::error::Result;
+use crate::base::limits;
+use crate::base::time::SimTime;
 use crate::compress::{Compressor, Memory};
-use crate::cost::piece_stages;
-use crate::error::Result;
-use crate::limits;
 use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
-use crate::scenario::Scenario;
+use crate::predict::cost::piece_stages;
+use crate::predict::scenario::Scenario;
 use crate::schedule::Encoding;
-use crate::time::SimTime;
 
 /// Partition counts SeCoPa considers; a piece stays at least this many elements.
 const MAX_PARTITIONS: u32 = 16;

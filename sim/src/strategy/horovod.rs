@@ -3,7 +3,7 @@
 
 use super::{ready_times_us, StrategyOptions};
 use crate::compress::Family;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 
 /// Groups as Horovod's background thread forms them, using the profile's ready times and cycle
 /// ticks measured from the start of backward.

@@ -2,10 +2,10 @@
 //! scheduler searches y, increasing it while the iteration gets faster, as MergeComp's does.
 
 use super::{fixed_groups, require_compressor, uniform_groups, GroupingRule, StrategyOptions};
-use crate::error::Result;
-use crate::evaluate::Evaluator;
+use crate::base::error::Result;
 use crate::plan::{Plan, Scheme};
-use crate::scenario::Scenario;
+use crate::predict::evaluate::Evaluator;
+use crate::predict::scenario::Scenario;
 
 /// Extra group counts tried after the best one before the search stops.
 const PATIENCE: usize = 2;

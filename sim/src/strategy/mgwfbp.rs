@@ -2,10 +2,10 @@
 //! sent when the wait for it is shorter than the startup time a separate collective would pay;
 //! the startup α and per-byte β come from the cluster's collective model.
 
+use crate::base::error::Result;
 use crate::collective::{self, Group};
 use crate::collective_op::Op;
-use crate::error::Result;
-use crate::scenario::Scenario;
+use crate::predict::scenario::Scenario;
 
 /// Bytes at which the per-byte slope of the α–β fit is measured.
 const SLOPE_BYTES: u64 = 64 << 20;

@@ -13,11 +13,11 @@ mod ps;
 
 pub use fixed_groups::{groups as fixed_groups, GroupingRule};
 
+use crate::base::error::{Result, SimError};
 use crate::compress::{Compressor, Memory};
-use crate::error::{Result, SimError};
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecCalls, CompressOn, Group, Launch, Plan, Policy, Scheme};
-use crate::scenario::Scenario;
+use crate::predict::scenario::Scenario;
 use std::fmt;
 use std::str::FromStr;
 
@@ -443,13 +443,13 @@ fn partitioned_by_layer(
         let bytes = tensor.bytes();
         let parts = bytes.div_ceil(options.partition_bytes.max(1)).max(1);
         pieces += parts;
-        if pieces > crate::limits::MAX_PIECES {
+        if pieces > crate::base::limits::MAX_PIECES {
             return Err(SimError::bad_value(
                 "--partition-mb",
                 format!("{} bytes", options.partition_bytes),
                 format!(
                     "splits the model into more than {} partitions (each a collective per iteration): use larger partitions",
-                    crate::limits::MAX_PIECES
+                    crate::base::limits::MAX_PIECES
                 ),
             ));
         }

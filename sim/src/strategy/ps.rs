@@ -3,10 +3,10 @@
 //! partitions by layer priority with a partition in flight per server, as BytePS does.
 
 use super::{partitioned_by_layer, StrategyOptions};
+use crate::base::error::Result;
+use crate::base::limits;
 use crate::compress::{Compressor, Memory};
-use crate::error::Result;
-use crate::limits;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
 use crate::plan::{Launch, Plan, Policy, Scheme};
 
 /// `servers`: 0 for colocated servers (one on each of the `nodes`), otherwise the number of

@@ -2,17 +2,17 @@
 //!
 //! A grid spans model × cluster layout × strategy × compressor.
 
+use crate::base::error::Result;
 use crate::codec::CodecSet;
 use crate::compress::{Compressor, Memory};
-use crate::error::Result;
-use crate::framework::Framework;
-use crate::model::ModelProfile;
+use crate::inputs::framework::Framework;
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, ClusterOverrides};
 use crate::plan::{CodecCalls, Scheme};
-use crate::scenario::Scenario;
-use crate::simulate::{simulate, SimOptions};
+use crate::predict::scenario::Scenario;
+use crate::predict::simulate::{simulate, SimOptions};
+use crate::predict::summary::Summary;
 use crate::strategy::{Strategy, StrategyOptions};
-use crate::summary::Summary;
-use crate::topology::{Cluster, ClusterOverrides};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 
@@ -46,7 +46,7 @@ pub struct Point {
     pub cycle_us: Option<f64>,
 }
 
-/// Which framework runs a point's plan (`crate::framework`).
+/// Which framework runs a point's plan (`crate::inputs::framework`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum FrameworkChoice {
     /// None: the plan's steps alone.

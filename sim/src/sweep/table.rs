@@ -1,10 +1,10 @@
 //! A sweep's rows as CSV and as chart panels (throughput and scaling efficiency per bandwidth).
 
 use super::{Outcome, Row};
-use crate::chart::{Panel, Series};
+use crate::base::chart::{Panel, Series};
+use crate::base::csv::Csv;
 use crate::compress::Compressor;
-use crate::csv::Csv;
-use crate::summary::Summary;
+use crate::predict::summary::Summary;
 
 /// The label of a line: strategy, and the compressor when it is not `none`.
 pub fn config_label(row: &Row) -> String {

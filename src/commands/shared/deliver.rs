@@ -6,9 +6,9 @@ use crate::commands::{ms, print_json, write_atomically};
 use anyhow::Context;
 use serde::Serialize;
 use std::path::Path;
-use syncopate_sim::evaluate::steady_iteration_time;
 use syncopate_sim::export::{Settings, Target};
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::predict::evaluate::steady_iteration_time;
+use syncopate_sim::predict::scenario::Scenario;
 
 /// The model and cluster as the user named them, for the command that reproduces a time.
 pub struct Names {

@@ -3,11 +3,11 @@
 use crate::cli::{ExecBackend, RunArgs};
 use std::time::Duration;
 use syncopate_exec::runtime::{self, cuda, Backend, ExecOptions, Job, Measured, MeasuredSummary};
-use syncopate_sim::model::ModelProfile;
-use syncopate_sim::scenario::Scenario;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::trace::Trace;
 use syncopate_sim::schedule::Schedule;
-use syncopate_sim::trace::Trace;
-use syncopate_sim::{limits, SimError};
+use syncopate_sim::{base::limits, SimError};
 
 /// The host backend keeps an iteration's compute under this by default.
 const HOST_COMPUTE_BUDGET_US: f64 = 100_000.0;

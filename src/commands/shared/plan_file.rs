@@ -2,9 +2,9 @@
 
 use crate::cli::{RunArgs, RunClusterArgs};
 use syncopate_exec::runtime;
-use syncopate_sim::model::ModelProfile;
+use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::ClusterOverrides;
 use syncopate_sim::plan::Plan;
-use syncopate_sim::topology::ClusterOverrides;
 use syncopate_sim::SimError;
 
 /// The plan and the model it was made for: `--model`, else the model the plan records.

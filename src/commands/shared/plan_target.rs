@@ -1,7 +1,7 @@
 //! The scenario a saved plan records, so that `--plan` alone brings back its model and cluster.
 
+use syncopate_sim::inputs::topology::Cluster;
 use syncopate_sim::plan::Target;
-use syncopate_sim::topology::Cluster;
 
 /// What a saved plan records about the scenario it was made for.
 pub fn target(

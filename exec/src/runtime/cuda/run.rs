@@ -40,11 +40,11 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr};
 use cudarc::nccl::{Id, NcclType};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use syncopate_sim::base::time::SimTime;
 use syncopate_sim::compress::{Aggregation, Element, Memory};
-use syncopate_sim::engine::TaskRecord;
 use syncopate_sim::plan::Launch;
+use syncopate_sim::predict::engine::TaskRecord;
 use syncopate_sim::schedule::{Exchange, Op, Schedule, StepKind, Stream};
-use syncopate_sim::time::SimTime;
 
 /// fp16 and bf16 elements as NCCL sees them (the payload buffers are bytes).
 #[derive(Clone, Copy, Default)]
@@ -788,7 +788,7 @@ impl<'a> Backend for Run<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use syncopate_sim::model::ModelProfile;
+    use syncopate_sim::inputs::model::ModelProfile;
     use syncopate_sim::plan::{CompressOn, Group, Plan, Policy, Scheme};
     use syncopate_sim::schedule::{lower, World};
 

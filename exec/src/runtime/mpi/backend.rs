@@ -18,8 +18,8 @@ use crate::runtime::{Job, Measured};
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Instant;
-use syncopate_sim::engine::TaskRecord;
-use syncopate_sim::time::SimTime;
+use syncopate_sim::base::time::SimTime;
+use syncopate_sim::predict::engine::TaskRecord;
 
 /// The most `--check` data one rank keeps for rank 0 (inputs and results, 4 bytes a value).
 const MAX_CHECK_VALUES: usize = 1 << 28;

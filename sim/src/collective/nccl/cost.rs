@@ -3,9 +3,9 @@
 //! It is latency plus bytes over bandwidth, with trees as chunk pipelines.
 
 use super::{per_protocol, tree_levels, Estimate, Group, Protocol};
+use crate::base::time::SimTime;
 use crate::collective_op::{Algorithm, Op};
-use crate::time::SimTime;
-use crate::topology::{Cluster, Fabric, NcclParams, PerProtocol};
+use crate::inputs::topology::{Cluster, Fabric, NcclParams, PerProtocol};
 
 /// Extra per-hop cost of LL128 and Simple over LL, in µs, on NVLink, PCIe and the network: the
 /// differences between the protocol columns of NCCL 2.18's `hwLat` table (src/graph/tuning.cc);
@@ -388,7 +388,7 @@ impl<'a> Costs<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::{ClusterOverrides, Library};
+    use crate::inputs::topology::{ClusterOverrides, Library};
 
     fn a100() -> (Cluster, NcclParams) {
         let cluster = Cluster::load("a100-ib200", ClusterOverrides::default()).unwrap();

@@ -12,9 +12,9 @@ mod tuner;
 pub(crate) use cost::tree_latency;
 
 use super::{Estimate, Group, Naming, Protocol};
+use crate::base::time::SimTime;
 use crate::collective_op::{Algorithm, Op};
-use crate::time::SimTime;
-use crate::topology::{Cluster, NcclParams, PerProtocol};
+use crate::inputs::topology::{Cluster, NcclParams, PerProtocol};
 
 /// The time is the minimum over the candidates of their calibrated costs at `bytes`, not the
 /// calibrated cost of the tuner's choice: the tuner switches where its own tables cross, and

@@ -9,7 +9,9 @@
 
 use super::{candidates, tree_levels, Group, Protocol};
 use crate::collective_op::{Algorithm, Op};
-use crate::topology::{Cluster, CpuVendor, Fabric, GpuArch, NcclSetup, NcclVersion, Transport};
+use crate::inputs::topology::{
+    Cluster, CpuVendor, Fabric, GpuArch, NcclSetup, NcclVersion, Transport,
+};
 
 /// NCCL's base latency (µs) per protocol [LL, LL128, Simple].
 const TREE_BASE_US: [f64; 3] = [6.8, 14.0, 0.0];
@@ -346,7 +348,7 @@ pub(super) fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::{ClusterOverrides, Library};
+    use crate::inputs::topology::{ClusterOverrides, Library};
 
     fn choose_on(name: &str, bytes: u64, ranks: u32, nodes: u32) -> (Algorithm, Protocol) {
         let cluster = Cluster::load(name, ClusterOverrides::default()).unwrap();

@@ -5,16 +5,16 @@
 use super::files::{fitted_marker, CLUSTER_FILE};
 use super::measured::Measurement;
 use super::{GraceSpec, MethodSpec};
+use crate::base::error::{Result, SimError};
 use crate::codec::{Implementation, OpWork, GPU_BANDWIDTH_EFFICIENCY, GPU_LAUNCH_US};
-use crate::device::{CodecCost, CostCurve, DeviceProfile};
-use crate::error::{Result, SimError};
 use crate::experiment::resolve;
-use crate::model::ModelProfile;
+use crate::inputs::device::{CodecCost, CostCurve, DeviceProfile};
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, ClusterOverrides, Library, TcpParams};
 use crate::plan::Scheme;
-use crate::scenario::Scenario;
-use crate::simulate::{simulate, SimOptions};
+use crate::predict::scenario::Scenario;
+use crate::predict::simulate::{simulate, SimOptions};
 use crate::strategy::{Strategy, StrategyOptions};
-use crate::topology::{Cluster, ClusterOverrides, Library, TcpParams};
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -5,8 +5,8 @@
 use super::calibration::Calibration;
 use super::measured::Measurement;
 use super::{GraceSpec, MethodSpec};
-use crate::error::{Result, SimError};
-use crate::model::ModelProfile;
+use crate::base::error::{Result, SimError};
+use crate::inputs::model::ModelProfile;
 use std::collections::BTreeMap;
 
 /// Where one model's compute speed comes from.

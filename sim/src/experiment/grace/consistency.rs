@@ -3,7 +3,7 @@
 //! The runs are its `upper-bound` runs or its 1-worker runs.
 
 use super::measured::Measurement;
-use crate::stats::median;
+use crate::base::stats::median;
 
 /// How many rows each consistency rule excluded.
 #[derive(Debug, Default)]

@@ -3,10 +3,10 @@
 use super::calibration::{Calibration, CodecPrice, OpCost};
 use super::compute::ComputeTarget;
 use super::{fit, GraceSpec};
-use crate::error::Result;
+use crate::base::error::Result;
 use crate::experiment::Input;
-use crate::model::{Provenance, Status};
-use crate::topology::Library;
+use crate::inputs::model::{Provenance, Status};
+use crate::inputs::topology::Library;
 use std::collections::BTreeMap;
 
 /// The calibrated cluster and device, in the experiment directory; the cluster names the device.
@@ -76,7 +76,7 @@ fn device(
     spec: &GraceSpec,
     cal: &Calibration,
     prices: &BTreeMap<String, CodecPrice>,
-) -> Result<crate::device::DeviceProfile> {
+) -> Result<crate::inputs::device::DeviceProfile> {
     let mut device = cal.device.clone();
     device.name = DEVICE_NAME.to_string();
     device.source = format!(
@@ -127,7 +127,7 @@ pub(super) fn fitted_marker(method: &str) -> String {
     format!("GRACE's `{method}` as its TensorFlow code runs it")
 }
 
-fn cluster(spec: &GraceSpec, cal: &Calibration) -> crate::topology::Cluster {
+fn cluster(spec: &GraceSpec, cal: &Calibration) -> crate::inputs::topology::Cluster {
     let mut cluster = cal.cluster.clone();
     cluster.name = "grace-v100-tcp".to_string();
     cluster.description = "GRACE's testbed: one V100 per node, TensorFlow + Horovod over MPI/TCP at 10 Gb/s, calibrated".to_string();

@@ -7,9 +7,9 @@ use super::calibration::{Calibration, CodecPrice, OpCost};
 use super::compute::{self, ComputeTarget};
 use super::measured::Measurement;
 use super::{GraceSpec, MethodSpec};
+use crate::base::error::{Result, SimError};
 use crate::codec::Implementation;
-use crate::error::{Result, SimError};
-use crate::topology::Library;
+use crate::inputs::topology::Library;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 

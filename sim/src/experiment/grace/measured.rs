@@ -1,6 +1,6 @@
 //! GRACE's measured throughput CSV: reading the rows we compare with and merging repeated runs.
 
-use crate::error::{Result, SimError};
+use crate::base::error::{Result, SimError};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -53,7 +53,7 @@ type Key = (String, u32, String, String, String, String);
 /// some configurations and the runs differ by up to 1.5×, which no parameter we fit explains.
 pub(super) fn load(path: &Path, wanted_mode: &str) -> Result<Vec<Measurement>> {
     let label = path.display().to_string();
-    let text = crate::data::read_text(path)?;
+    let text = crate::base::data::read_text(path)?;
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
     let column = |name: &str| {

@@ -9,11 +9,11 @@ mod measured;
 mod report;
 
 use super::Results;
-use crate::chart::Chart;
+use crate::base::chart::Chart;
+use crate::base::data;
+use crate::base::error::{Result, SimError};
 use crate::codec::Implementation;
 use crate::compress::{Compressor, Memory, Wire};
-use crate::data;
-use crate::error::{Result, SimError};
 use crate::plan::CodecCalls;
 use calibration::Calibration;
 use measured::Measurement;

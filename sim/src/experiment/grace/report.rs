@@ -7,11 +7,11 @@ use super::compute::ComputeTarget;
 use super::consistency::Exclusions;
 use super::measured::Measurement;
 use super::{fit, GraceSpec, MethodSpec};
-use crate::chart::{Panel, Series};
-use crate::csv::Csv;
+use crate::base::chart::{Panel, Series};
+use crate::base::csv::Csv;
+use crate::base::stats::median;
 use crate::experiment::lab;
-use crate::stats::median;
-use crate::topology::Library;
+use crate::inputs::topology::Library;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -414,7 +414,7 @@ impl Report<'_> {
 mod tests {
     use super::super::{calibration_rows, check_rule_ratios, compute};
     use super::*;
-    use crate::data;
+    use crate::base::data;
 
     fn spec() -> GraceSpec {
         let text = r#"{

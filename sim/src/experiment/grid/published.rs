@@ -4,10 +4,10 @@
 
 use super::results::Cell;
 use super::GridSpec;
-use crate::csv::Csv;
-use crate::data;
-use crate::error::{Result, SimError};
-use crate::stats::{median, percentile};
+use crate::base::csv::Csv;
+use crate::base::data;
+use crate::base::error::{Result, SimError};
+use crate::base::stats::{median, percentile};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -3,8 +3,8 @@
 //! They include each config's speedup over the baseline.
 
 use super::{ConfigSpec, GridSpec, PanelSpec};
-use crate::chart::{Panel, Series};
-use crate::csv::Csv;
+use crate::base::chart::{Panel, Series};
+use crate::base::csv::Csv;
 use crate::sweep::table::{
     config_fields, layout_fields, outcome_fields, CONFIG_COLUMNS, LAYOUT_COLUMNS, OUTCOME_COLUMNS,
 };

@@ -7,18 +7,20 @@
 //! which writes `measurements.json` and `clusters/*.json` into the experiment directory; this
 //! module only reads them, so that a model change is re-evaluated without the lab.
 
+mod rerun;
+
 use super::{Input, Results};
-use crate::chart::{Chart, Panel, Series};
-use crate::csv::Csv;
-use crate::data;
-use crate::error::{Result, SimError};
-use crate::model::ModelProfile;
+use crate::base::chart::{Chart, Panel, Series};
+use crate::base::csv::Csv;
+use crate::base::data;
+use crate::base::error::{Result, SimError};
+use crate::base::stats::{median, quantile};
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, ClusterOverrides};
 use crate::plan::Plan;
-use crate::scenario::Scenario;
-use crate::simulate::{simulate, SimOptions};
-use crate::stats::{median, quantile};
-use crate::topology::{Cluster, ClusterOverrides};
-use crate::validate::relative_error;
+use crate::predict::scenario::Scenario;
+use crate::predict::simulate::{simulate, SimOptions};
+use crate::predict::validate::relative_error;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -81,7 +83,7 @@ pub struct LabSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport_from: Option<LabSetting>,
     /// Directories, relative to the experiment's, each holding a `measurements.json` of the
-    /// same labs and plans measured again in another session (`super::rerun`): how far the
+    /// same labs and plans measured again in another session (`rerun`): how far the
     /// lab reproduces its own measurements, and the predictions against every run pooled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reruns: Vec<String>,
@@ -250,8 +252,8 @@ pub fn run(spec: &LabSpec, label: &str, dir: &Path) -> Result<Results> {
             .map(|r| r.predicted_ms)
     };
     for rerun in &spec.reruns {
-        let again = super::rerun::load(dir, rerun, &measured)?;
-        table.push_str(&super::rerun::table(rerun, &measured, &again, &predicted));
+        let again = rerun::load(dir, rerun, &measured)?;
+        table.push_str(&rerun::table(rerun, &measured, &again, &predicted));
     }
     Ok(Results {
         inputs: Vec::<(String, Input)>::new(),

@@ -7,10 +7,10 @@
 //! plans, in another session, says which differences between configurations the lab itself
 //! reproduces: a prediction cannot be held to a ranking that the measurement does not repeat.
 
-use super::lab::{read_measurements, spearman, ConfigRuns, LabMeasurements, LabSetting};
-use crate::error::{Result, SimError};
-use crate::stats::{median, quantile};
-use crate::validate::relative_error;
+use super::{read_measurements, spearman, ConfigRuns, LabMeasurements, LabSetting};
+use crate::base::error::{Result, SimError};
+use crate::base::stats::{median, quantile};
+use crate::predict::validate::relative_error;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -154,7 +154,7 @@ pub(super) fn table(
 mod tests {
     use super::*;
     use crate::experiment::lab::LabRuns;
-    use crate::model::ModelProfile;
+    use crate::inputs::model::ModelProfile;
     use crate::strategy::per_tensor_plan;
 
     const LAB: LabSetting = LabSetting {

@@ -13,13 +13,13 @@ mod quad_heap;
 mod rates;
 mod window;
 
+use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::collective::Links;
-use crate::error::{Result, SimError};
-use crate::graph::TaskGraph;
-use crate::launch::{Launcher, Ticks};
-use crate::noise::Noise;
+use crate::predict::graph::TaskGraph;
+use crate::predict::noise::Noise;
+use crate::schedule::launch::{Launcher, Ticks};
 use crate::schedule::{LaunchPolicy, Stream};
-use crate::time::SimTime;
 use compute::{Chain, ComputeEvents, ComputeStream, SharedClock};
 use quad_heap::QuadHeap;
 use window::Window;
@@ -805,9 +805,9 @@ mod tests {
     use crate::collective::{Estimate, Protocol, ServerLink};
     use crate::collective_op::Algorithm;
     use crate::compress::Compressor;
-    use crate::cost::StepCost;
-    use crate::model::ModelProfile;
+    use crate::inputs::model::ModelProfile;
     use crate::plan::{Launch, Plan, Scheme};
+    use crate::predict::cost::StepCost;
     use crate::schedule::{lower, Schedule, StepKind, World};
     use crate::strategy::per_tensor_plan;
 
@@ -1013,7 +1013,7 @@ mod tests {
             record_ranks,
             ..EngineConfig::uncontended(4, plan_order(2).policy)
         };
-        let noise = crate::noise::NoiseSpec {
+        let noise = crate::predict::noise::NoiseSpec {
             jitter_cv: 0.2,
             seed: 3,
             ..Default::default()

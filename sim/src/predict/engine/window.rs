@@ -4,7 +4,7 @@
 //! every task of the iteration has finished on every rank, so the memory of a run that
 //! simulates every rank does not grow with its iterations.
 
-use crate::graph::TaskGraph;
+use crate::predict::graph::TaskGraph;
 use std::collections::VecDeque;
 
 /// `Window::row` of a task with at most one dependency.

@@ -187,7 +187,7 @@ fn turns(program: &Program, streams: u32) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ModelProfile;
+    use crate::inputs::model::ModelProfile;
     use crate::plan::Plan;
     use crate::schedule::{lower, World};
     use crate::strategy::{per_tensor_plan, plan_order};

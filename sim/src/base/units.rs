@@ -1,6 +1,6 @@
 //! Parsing of human-written quantities: byte sizes ("4K", "1M", "1G", "512") and lists of them.
 
-use crate::error::{Result, SimError};
+use crate::base::error::{Result, SimError};
 
 /// Parses a byte size with an optional binary suffix (K, M, G, T; optional trailing B or iB),
 /// as nccl-tests writes them: `4K` is 4096 bytes.

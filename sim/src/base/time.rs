@@ -29,7 +29,7 @@ impl SimTime {
 
     /// Rounds to the nearest nanosecond; negative and NaN inputs clamp to zero because a
     /// duration cannot be negative, and huge ones saturate at `SimTime::MAX` (inputs are
-    /// validated against `crate::limits` before they reach here).
+    /// validated against `crate::base::limits` before they reach here).
     pub fn from_ns(ns: f64) -> SimTime {
         if ns.is_finite() && ns > 0.0 {
             SimTime(ns.round() as u64)
@@ -69,7 +69,7 @@ impl SimTime {
     }
 }
 
-// Arithmetic saturates instead of wrapping: inputs are bounded (`crate::limits`) so that no
+// Arithmetic saturates instead of wrapping: inputs are bounded (`crate::base::limits`) so that no
 // real run comes near 2^64 ns, and a run that still reaches `SimTime::MAX` is reported as an
 // error by the engine instead of wrapping into a small, wrong number.
 impl Add for SimTime {

@@ -2,16 +2,16 @@
 //! and the single-GPU baseline computed once, so a search pays only for building and running
 //! each candidate's task graph. Its times equal `simulate`'s on the symmetric path.
 
+use crate::base::error::Result;
+use crate::base::time::SimTime;
 use crate::collective::Naming;
-use crate::engine;
-use crate::error::Result;
-use crate::noise::Noise;
 use crate::plan::Plan;
-use crate::scenario::Scenario;
-use crate::simulate::{
+use crate::predict::engine;
+use crate::predict::noise::Noise;
+use crate::predict::scenario::Scenario;
+use crate::predict::simulate::{
     engine_config, mean_ns, rank_skew_cv, schedule, simulate, task_graph, SimOptions,
 };
-use crate::time::SimTime;
 
 /// Warm-up iterations before the measured one, as `simulate`'s default.
 const WARMUP: u32 = 1;

@@ -10,11 +10,11 @@
 //! bandwidth: fewer, larger buckets pay them fewer times. Each framework is a file in
 //! `profiles/frameworks/` with the provenance of every number.
 
-use crate::data::{self, DataKind};
-use crate::error::{Result, SimError};
-use crate::limits;
-use crate::model::Provenance;
-use crate::time::SimTime;
+use crate::base::data::{self, DataKind};
+use crate::base::error::{Result, SimError};
+use crate::base::limits;
+use crate::base::time::SimTime;
+use crate::inputs::model::Provenance;
 use serde::{Deserialize, Serialize};
 
 /// Work a framework does for each tensor at one point of the iteration: kernels it launches

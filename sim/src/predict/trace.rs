@@ -2,11 +2,11 @@
 //! predicted and measured runs share this schema so that they can be compared.
 
 use crate::collective::Estimate;
-use crate::engine::{EngineResult, TaskRecord};
-use crate::graph::TaskGraph;
-use crate::model::ModelProfile;
+use crate::inputs::model::ModelProfile;
+use crate::predict::engine::{EngineResult, TaskRecord};
+use crate::predict::graph::TaskGraph;
+use crate::predict::summary::Summary;
 use crate::schedule::{Program, Schedule, StepKind, Stream};
-use crate::summary::Summary;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -29,7 +29,7 @@ pub struct TraceEvent {
     #[serde(default)]
     pub ts: f64,
     /// Duration in µs (0 for metadata).
-    #[serde(default, skip_serializing_if = "crate::data::is_zero")]
+    #[serde(default, skip_serializing_if = "crate::base::data::is_zero")]
     pub dur: f64,
     /// Process id: the rank.
     pub pid: u32,
@@ -244,9 +244,9 @@ fn describe(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::time::SimTime;
     use crate::schedule::{lower, World};
     use crate::strategy::per_tensor_plan;
-    use crate::time::SimTime;
 
     #[test]
     fn a_shared_collective_is_drawn_on_every_rank_and_per_rank_records_on_their_own() {

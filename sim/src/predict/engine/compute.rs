@@ -11,9 +11,9 @@
 
 use super::quad_heap::QuadHeap;
 use super::Engine;
-use crate::graph::TaskGraph;
+use crate::base::time::SimTime;
+use crate::predict::graph::TaskGraph;
 use crate::schedule::Stream;
-use crate::time::SimTime;
 
 /// The clock every rank's compute shares: full-rate work done since time zero by a rank
 /// running at the shared rate.
@@ -165,8 +165,9 @@ impl Chain {
                 let Some(after) = tasks.get(next[i] as usize) else {
                     return false;
                 };
-                let plain =
-                    |t: &crate::graph::Task| t.stream == Stream::Compute && !t.kind.is_codec();
+                let plain = |t: &crate::predict::graph::Task| {
+                    t.stream == Stream::Compute && !t.kind.is_codec()
+                };
                 plain(task)
                     && plain(after)
                     && after.iteration == task.iteration

@@ -1,15 +1,15 @@
 //! A scenario: a model on a cluster with its device profiles resolved and checked; plans run on it.
 
-use crate::carry::carry;
+use crate::base::error::{Result, SimError};
 use crate::codec::CodecSet;
-use crate::contention::collective_slowdown;
-use crate::device::{DeviceKind, DeviceProfile};
-use crate::error::{Result, SimError};
-use crate::framework::{Framework, HostStaging};
-use crate::model::ModelProfile;
+use crate::inputs::carry::carry;
+use crate::inputs::device::{DeviceKind, DeviceProfile};
+use crate::inputs::framework::{Framework, HostStaging};
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, TcpParams};
 use crate::plan::{CodecStream, Group, Plan, Policy};
+use crate::predict::contention::collective_slowdown;
 use crate::schedule::World;
-use crate::topology::{Cluster, TcpParams};
 
 /// Everything a simulation needs besides the plan, validated against each other.
 #[derive(Clone, Debug)]
@@ -24,7 +24,8 @@ pub struct Scenario {
     /// instead of on the GPU.
     pub host_codec: Option<DeviceProfile>,
     /// Multiplier on the model's compute times: 1, unless the profile could not be carried
-    /// step by step (`crate::carry`) and the devices' `compute_speed_vs_v100` carry it whole.
+    /// step by step (`crate::inputs::carry`) and the devices' `compute_speed_vs_v100` carry it
+    /// whole.
     pub compute_scale: f64,
     /// The model's compute time on the cluster's device over its time on the device it was
     /// measured on (1 when they are the same device).
@@ -36,7 +37,7 @@ pub struct Scenario {
     /// `device`); none: the device profile's own curves.
     pub codecs: Option<CodecSet>,
     /// How much compute slows while a collective's kernels share the device
-    /// (`crate::contention::collective_slowdown`).
+    /// (`crate::predict::contention::collective_slowdown`).
     pub collective_slowdown: f64,
     /// The library's host staging, where the framework copies on the compute stream
     /// (`HostStaging::ComputeStream`): taken out of the cluster's collectives, which then price

@@ -3,14 +3,14 @@
 //! That is hooks, calls, fusion copies and the copy back. The cost pass adds it; it reads the
 //! scenario and the schedule, so it sits above them and apart from the framework's data file.
 
+use crate::base::time::SimTime;
 use crate::collective::{staging_split_us, Group};
 use crate::collective_op::Op;
-use crate::framework::{CallThread, Framework, TensorWork};
-use crate::model::Tensor;
-use crate::scenario::Scenario;
+use crate::inputs::framework::{CallThread, Framework, TensorWork};
+use crate::inputs::model::Tensor;
+use crate::inputs::topology::TcpParams;
+use crate::predict::scenario::Scenario;
 use crate::schedule::{Exchange, Piece, Schedule, Slot, StepKind, Stream};
-use crate::time::SimTime;
-use crate::topology::TcpParams;
 
 /// The framework's time on each step of `schedule`, in step order; all zero without one.
 ///
@@ -225,11 +225,11 @@ impl Price<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::framework::HostStaging;
-    use crate::model::ModelProfile;
-    use crate::simulate::schedule;
+    use crate::inputs::framework::HostStaging;
+    use crate::inputs::model::ModelProfile;
+    use crate::inputs::topology::{Cluster, ClusterOverrides};
+    use crate::predict::simulate::schedule;
     use crate::strategy::{Strategy, StrategyOptions};
-    use crate::topology::{Cluster, ClusterOverrides};
 
     /// ResNet-50 under DDP's buckets on `gpus` GPUs of one DGX-1, run by `framework`.
     fn priced(gpus: u32, framework: Framework) -> (Scenario, Schedule, Vec<SimTime>) {
@@ -315,7 +315,7 @@ mod tests {
     #[test]
     fn a_host_library_staged_on_the_compute_stream_leaves_the_collectives() {
         use crate::collective::Naming;
-        use crate::cost::step_costs;
+        use crate::predict::cost::step_costs;
         let overrides = ClusterOverrides {
             nodes: Some(1),
             gpus_per_node: Some(4),
@@ -384,7 +384,7 @@ mod tests {
         // The search's stage estimate of a group carries the same copies, before and after.
         let group_zero = &plan_of(&on_compute).groups[0];
         let stages = |scenario: &Scenario| {
-            crate::cost::piece_stages(scenario, group_zero, Default::default()).unwrap()[0]
+            crate::predict::cost::piece_stages(scenario, group_zero, Default::default()).unwrap()[0]
         };
         let beside_scenario = on_compute.clone().with_framework(Some(Framework {
             host_staging: HostStaging::Beside,

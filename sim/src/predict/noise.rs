@@ -2,9 +2,9 @@
 //!
 //! They are drawn in a fixed order so that the same seed gives the same run.
 
-use crate::error::{Result, SimError};
-use crate::graph::TaskGraph;
-use crate::limits::{is_cv, MAX_JITTER_CV, MAX_SLOWDOWN};
+use crate::base::error::{Result, SimError};
+use crate::base::limits::{is_cv, MAX_JITTER_CV, MAX_SLOWDOWN};
+use crate::predict::graph::TaskGraph;
 use crate::schedule::Stream;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -56,7 +56,7 @@ impl NoiseSpec {
             if !is_cv(cv) {
                 return Err(SimError::bad_value(
                     field,
-                    crate::limits::num(cv),
+                    crate::base::limits::num(cv),
                     format!("the coefficient of variation is 0 to {MAX_JITTER_CV}"),
                 ));
             }
@@ -73,7 +73,7 @@ impl NoiseSpec {
         {
             return Err(SimError::bad_value(
                 "--straggler slowdown",
-                crate::limits::num(self.straggler_slowdown),
+                crate::base::limits::num(self.straggler_slowdown),
                 format!("must be a factor from 1 to {MAX_SLOWDOWN}"),
             ));
         }

@@ -1,7 +1,7 @@
 //! Training FLOPs of a model profile, and the FLOP/s its timings imply against its device's peak.
 
-use crate::device::DeviceProfile;
-use crate::model::{ModelProfile, Precision};
+use crate::inputs::device::DeviceProfile;
+use crate::inputs::model::{ModelProfile, Precision};
 
 /// Above this fraction of the device's peak a whole training iteration is suspicious: possible,
 /// but more than measured V100 FP32 training runs reach (about 50–55 % for the Espresso traces of

@@ -1,7 +1,7 @@
 //! Loading versioned JSON data files by shipped name or by path, with errors that name the
 //! file, line and field; writing files whole or not at all.
 
-use crate::error::{Result, SimError};
+use crate::base::error::{Result, SimError};
 use serde::de::DeserializeOwned;
 use std::path::Path;
 

@@ -31,7 +31,7 @@ pub struct Summary {
     pub cluster: String,
     /// The strategy that produced the plan.
     pub strategy: String,
-    /// The framework whose per-call costs were added (`crate::framework`), if any.
+    /// The framework whose per-call costs were added (`crate::inputs::framework`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub framework: Option<String>,
     /// The codec set whose implementations priced the codecs (`crate::codec::CodecSet`), if
@@ -69,9 +69,10 @@ pub struct Summary {
     pub groups: usize,
     /// Collective steps in one iteration.
     pub collectives_per_iteration: usize,
-    /// The model's compute time on this cluster's GPU over its measured time (`crate::carry`).
+    /// The model's compute time on this cluster's GPU over its measured time
+    /// (`crate::inputs::carry`).
     pub compute_scale: f64,
-    /// How much compute slows while a collective shares the GPU (`crate::contention`).
+    /// How much compute slows while a collective shares the GPU (`crate::predict::contention`).
     pub collective_slowdown: f64,
     /// Seed of the noise.
     pub seed: u64,

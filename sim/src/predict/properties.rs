@@ -2,17 +2,17 @@
 //!
 //! The pipeline is lower → unroll → cost → engine.
 
+use crate::base::time::SimTime;
 use crate::collective::Naming;
 use crate::compress::{Compressor, Memory};
-use crate::engine::{self, EngineConfig, EngineResult};
-use crate::model::ModelProfile;
-use crate::noise::NoiseSpec;
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, ClusterOverrides};
 use crate::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
-use crate::scenario::Scenario;
+use crate::predict::engine::{self, EngineConfig, EngineResult};
+use crate::predict::noise::NoiseSpec;
+use crate::predict::scenario::Scenario;
+use crate::predict::simulate::{engine_config, schedule, task_graph};
 use crate::schedule::Stream;
-use crate::simulate::{engine_config, schedule, task_graph};
-use crate::time::SimTime;
-use crate::topology::{Cluster, ClusterOverrides};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -180,7 +180,7 @@ fn run(
     scenario: &Scenario,
     plan: &Plan,
     seed: u64,
-) -> (crate::graph::TaskGraph, EngineConfig, EngineResult) {
+) -> (crate::predict::graph::TaskGraph, EngineConfig, EngineResult) {
     let schedule = schedule(scenario, plan).unwrap();
     let graph = task_graph(scenario, &schedule, 3, Naming::Priced).unwrap();
     let ranks = scenario.cluster.world_size();

@@ -2,19 +2,19 @@
 //!
 //! It derives this from the compute profile, the codec curves and the collective models.
 
+use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::codec::CodecCurves;
 use crate::collective::{self, Estimate, Group as RankGroup, Links, Naming, ServerLink};
 use crate::collective_op::Op;
 use crate::compress::{Aggregation, Memory};
-use crate::device::DeviceProfile;
-use crate::error::{Result, SimError};
-use crate::framework_cost;
+use crate::inputs::device::DeviceProfile;
 use crate::plan::{CompressOn, Group};
-use crate::scenario::Scenario;
+use crate::predict::framework_cost;
+use crate::predict::scenario::Scenario;
 use crate::schedule::{
     lower_group, Encoding, Exchange, Op as Step, Piece, Schedule, Servers, StepKind,
 };
-use crate::time::SimTime;
 use smallvec::SmallVec;
 
 /// GPU-to-host bandwidth of a PCIe 3.0 x16 link as NCCL's topology model counts it (PCI_BW,
@@ -360,11 +360,11 @@ mod tests {
     use super::*;
     use crate::compress::Compressor;
     use crate::compress::Wire;
-    use crate::device::CostCurve;
-    use crate::model::ModelProfile;
+    use crate::inputs::device::CostCurve;
+    use crate::inputs::model::ModelProfile;
+    use crate::inputs::topology::{Cluster, ClusterOverrides};
     use crate::plan::{CodecCalls, Scheme};
     use crate::strategy::per_tensor_plan;
-    use crate::topology::{Cluster, ClusterOverrides};
 
     /// The decode op of the first tensor's signsgd allgather on `ranks` ranks, with its
     /// per-payload curve set by hand and `aggregate` as the per-call part; and its element count.

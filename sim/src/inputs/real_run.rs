@@ -9,7 +9,7 @@
 //! than its warm-up and measured ones. The simulator has no first-time costs, so its steady
 //! state starts an iteration earlier (`simulate`).
 
-use crate::time::SimTime;
+use crate::base::time::SimTime;
 
 /// Iterations a real run of `warmup` warm-up and `measured` measured iterations executes
 /// (`None` past `u32::MAX`).

@@ -5,7 +5,7 @@
 //! The bounds are far beyond any real training job and small enough that sums over every task
 //! of a run stay within integer nanoseconds (2^64 ns is 584 years).
 
-use crate::error::{Result, SimError};
+use crate::base::error::{Result, SimError};
 
 /// Longest duration any single input may state (a task's time, a latency, a cycle): 10^12 µs,
 /// about 11.6 days.

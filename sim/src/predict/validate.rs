@@ -2,10 +2,10 @@
 //!
 //! A simulated and a measured run of the schedule are compared.
 
-use crate::real_run;
-use crate::scenario::Scenario;
-use crate::summary::Summary;
-use crate::trace::Trace;
+use crate::inputs::real_run;
+use crate::predict::scenario::Scenario;
+use crate::predict::summary::Summary;
+use crate::predict::trace::Trace;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -142,7 +142,7 @@ pub fn task_means(trace: &Trace, first: u32) -> BTreeMap<String, f64> {
 
 /// The tasks both traces ran, longest measured first, at most `top` of them; times rounded
 /// to ns, the error from the unrounded means. Each trace counts the iterations its run
-/// measures after `warmup`: a real run's start one later (`crate::real_run`).
+/// measures after `warmup`: a real run's start one later (`crate::inputs::real_run`).
 pub fn task_rows(predicted: &Trace, measured: &Trace, warmup: u32, top: usize) -> Vec<TaskRow> {
     let predicted = task_means(predicted, warmup);
     let mut rows: Vec<TaskRow> = task_means(measured, real_run::first_measured(warmup))
@@ -165,9 +165,9 @@ pub fn task_rows(predicted: &Trace, measured: &Trace, warmup: u32, top: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ModelProfile;
-    use crate::topology::{Cluster, ClusterOverrides};
-    use crate::trace::TraceEvent;
+    use crate::inputs::model::ModelProfile;
+    use crate::inputs::topology::{Cluster, ClusterOverrides};
+    use crate::predict::trace::TraceEvent;
     use serde_json::{json, Value};
 
     fn event(name: &str, ph: &str, pid: u32, dur: f64, args: Value) -> TraceEvent {

@@ -2,11 +2,11 @@
 //!
 //! Every task's predicted duration comes from the cost pass.
 
+use crate::base::error::Result;
+use crate::base::time::SimTime;
 use crate::collective::{Estimate, Links};
-use crate::cost::StepCost;
-use crate::error::Result;
+use crate::predict::cost::StepCost;
 use crate::schedule::{LaunchKey, Program, Schedule, StepKind, Stream};
-use crate::time::SimTime;
 
 /// One task of one iteration, before noise and contention.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,7 +45,7 @@ pub struct TaskGraph {
 
 impl TaskGraph {
     /// Unrolls `iterations` iterations of `schedule` and prices every task with `costs` (one
-    /// per step, from [`crate::cost::step_costs`]).
+    /// per step, from [`crate::predict::cost::step_costs`]).
     pub fn new(schedule: &Schedule, costs: &[StepCost], iterations: u32) -> Result<TaskGraph> {
         let program = Program::unroll(schedule, iterations)?;
         let tasks = program

@@ -1,9 +1,9 @@
 //! Model profiles: parameter tensors in gradient-ready order with measured (or estimated) timings.
 
-use crate::data::{self, DataKind};
-use crate::error::{Result, SimError};
-use crate::limits;
-use crate::time::SimTime;
+use crate::base::data::{self, DataKind};
+use crate::base::error::{Result, SimError};
+use crate::base::limits;
+use crate::base::time::SimTime;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 

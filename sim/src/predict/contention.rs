@@ -3,13 +3,13 @@
 //! The slowdown comes from the SMs their channels hold and the memory bandwidth their traffic
 //! takes.
 
-use crate::carry::arithmetic_fraction;
+use crate::base::error::{Result, SimError};
 use crate::collective::{self, Group};
 use crate::collective_op::Op;
-use crate::device::DeviceProfile;
-use crate::error::{Result, SimError};
-use crate::model::ModelProfile;
-use crate::topology::{Cluster, Library};
+use crate::inputs::carry::arithmetic_fraction;
+use crate::inputs::device::DeviceProfile;
+use crate::inputs::model::ModelProfile;
+use crate::inputs::topology::{Cluster, Library};
 
 /// Bytes of device-memory traffic per byte a collective moves over its links: NCCL stores what
 /// it receives and reads it back, and reads and writes the user's buffers ("300GB/s needs to be
@@ -30,8 +30,8 @@ pub struct Contention {
     /// Slowdown of memory-bound kernels: the memory bandwidth left beside the collective's
     /// traffic at the rate the iteration's allreduce reaches.
     pub memory_factor: f64,
-    /// The share of the model's compute time that is arithmetic (`crate::carry`); `None` without
-    /// FLOP counts, and then the larger factor applies.
+    /// The share of the model's compute time that is arithmetic (`crate::inputs::carry`); `None`
+    /// without FLOP counts, and then the larger factor applies.
     pub arithmetic_fraction: Option<f64>,
 }
 
@@ -115,8 +115,8 @@ pub fn nccl_contention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::Scenario;
-    use crate::topology::ClusterOverrides;
+    use crate::inputs::topology::ClusterOverrides;
+    use crate::predict::scenario::Scenario;
 
     /// The NCCL contention of a scenario's model, cluster and device.
     fn priced(scenario: &Scenario) -> Result<Option<Contention>> {

@@ -2,12 +2,12 @@
 //!
 //! A profile may describe a CPU instead of a GPU.
 
+use crate::base::data::{self, DataKind};
+use crate::base::error::{Result, SimError};
+use crate::base::limits;
+use crate::base::time::SimTime;
 use crate::compress::why_no_kept_cost;
-use crate::data::{self, DataKind};
-use crate::error::{Result, SimError};
-use crate::limits;
-use crate::model::Provenance;
-use crate::time::SimTime;
+use crate::inputs::model::Provenance;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

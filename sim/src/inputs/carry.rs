@@ -3,10 +3,10 @@
 //! Each step's arithmetic scales at the ratio of the two devices' peaks at the profile's precision,
 //! the rest at the ratio of their memory bandwidths.
 
-use crate::device::{DeviceKind, DeviceProfile};
-use crate::error::{Result, SimError};
-use crate::flops::{forward_macs_per_sample, peak_tflops, tensor_macs_per_sample};
-use crate::model::{ModelProfile, Tensor};
+use crate::base::error::{Result, SimError};
+use crate::inputs::device::{DeviceKind, DeviceProfile};
+use crate::inputs::flops::{forward_macs_per_sample, peak_tflops, tensor_macs_per_sample};
+use crate::inputs::model::{ModelProfile, Tensor};
 
 /// The fraction of the datasheet peak a large cuBLAS matmul reaches, which a step's arithmetic
 /// is assumed to run at: 86.9 % on A100 and 80.3 % on H100 SXM (BF16, torch.matmul;
@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn a_tf32_profile_cannot_be_carried_to_a_gpu_without_tf32() {
         let mut model = ModelProfile::load("resnet50").unwrap();
-        model.arithmetic.as_mut().unwrap().precision = crate::model::Precision::Tf32;
+        model.arithmetic.as_mut().unwrap().precision = crate::inputs::model::Precision::Tf32;
         let (a100, v100) = (device("a100-sxm4-40gb"), device("v100-sxm2-32gb"));
         let err = carry(&model, &a100, &v100).unwrap_err().to_string();
         assert!(

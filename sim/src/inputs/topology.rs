@@ -1,11 +1,11 @@
 //! Clusters: nodes, GPUs per node, the intra-node fabric, the NICs, and the collective library.
 
+use crate::base::data::{self, DataKind};
+use crate::base::error::{Result, SimError};
+use crate::base::limits;
 use crate::collective_op::{Algorithm, Op, MPI_ALLREDUCE_ALGORITHMS};
-use crate::data::{self, DataKind};
-use crate::device::DeviceProfile;
-use crate::error::{Result, SimError};
-use crate::limits;
-use crate::model::Provenance;
+use crate::inputs::device::DeviceProfile;
+use crate::inputs::model::Provenance;
 use serde::{Deserialize, Serialize};
 
 /// The fabric that connects the GPUs of one node.
@@ -93,10 +93,10 @@ impl TryFrom<MeshFile> for Mesh {
     fn try_from(file: MeshFile) -> std::result::Result<Mesh, String> {
         let links = file.links;
         let n = links.len();
-        if !(2..=crate::rings::MAX_MESH_GPUS).contains(&n) {
+        if !(2..=crate::inputs::rings::MAX_MESH_GPUS).contains(&n) {
             return Err(format!(
                 "intra_node.mesh.links: a mesh joins 2 to {} GPUs, got {n}",
-                crate::rings::MAX_MESH_GPUS
+                crate::inputs::rings::MAX_MESH_GPUS
             ));
         }
         for (i, row) in links.iter().enumerate() {
@@ -121,7 +121,9 @@ impl TryFrom<MeshFile> for Mesh {
                 ));
             }
         }
-        let rings: Vec<u32> = (0..=n).map(|g| crate::rings::rings(&links, g)).collect();
+        let rings: Vec<u32> = (0..=n)
+            .map(|g| crate::inputs::rings::rings(&links, g))
+            .collect();
         if let Some(g) = (2..=n).find(|&g| rings[g] == 0) {
             return Err(format!(
                 "intra_node.mesh.links: GPUs 0 to {} have no ring over their links, even through one another",
@@ -299,7 +301,7 @@ pub struct TcpParams {
     /// torch.distributed, the launch from Python, the hand-off to gloo's worker thread and the
     /// completion's return. Fitted where calls of two algorithms tell it from the per-message
     /// cost (gloo's allreduce and allgather sweep); 0 for the MPI fits, which time one.
-    #[serde(default, skip_serializing_if = "crate::data::is_zero")]
+    #[serde(default, skip_serializing_if = "crate::base::data::is_zero")]
     pub call_overhead_us: f64,
     /// Bytes per second the CPU reduces (sums) in an allreduce step, in GB/s.
     pub reduce_gbytes_per_s: f64,
@@ -615,7 +617,7 @@ pub struct ClusterContention {
     /// for its progress thread to be scheduled, a cost of every collective whatever its size.
     /// Operations with no delay of their own pay this one. Files written before it was
     /// measured lack it: 0.
-    #[serde(default, skip_serializing_if = "crate::data::is_zero")]
+    #[serde(default, skip_serializing_if = "crate::base::data::is_zero")]
     pub collective_delay_with_compute_us: f64,
     /// The same for an allgather, when it was measured (its rounds are fewer than an
     /// allreduce's; a reduce-scatter, with as many, pays it too).
@@ -1095,7 +1097,7 @@ mod tests {
                 one_host: true,
             }),
             provenance: Provenance {
-                status: crate::model::Status::Measured,
+                status: crate::inputs::model::Status::Measured,
                 method: "t".into(),
             },
         });

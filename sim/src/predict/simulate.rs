@@ -1,24 +1,24 @@
 //! Runs a scenario: picks the symmetric or explicit path, draws noise, runs the engine over
 //! warm-up and measured iterations, and summarizes the steady state.
 
+use crate::base::error::{Result, SimError};
+use crate::base::limits;
+use crate::base::stats::percentile;
+use crate::base::stats::round6;
+use crate::base::time::SimTime;
 use crate::codec::CodecCurves;
 use crate::collective::Naming;
 use crate::compress::{Compressor, Memory};
-use crate::cost::step_costs;
-use crate::engine::{self, CoreShare, EngineConfig, EngineResult};
-use crate::error::{Result, SimError};
-use crate::graph::TaskGraph;
-use crate::limits;
-use crate::noise::NoiseSpec;
+use crate::inputs::topology::Cluster;
 use crate::plan::{CompressOn, Plan};
-use crate::scenario::Scenario;
+use crate::predict::cost::step_costs;
+use crate::predict::engine::{self, CoreShare, EngineConfig, EngineResult};
+use crate::predict::graph::TaskGraph;
+use crate::predict::noise::NoiseSpec;
+use crate::predict::scenario::Scenario;
+use crate::predict::summary::{CostFallback, Statistics, Summary};
+use crate::predict::trace::Trace;
 use crate::schedule::{lower, LaunchPolicy, Piece, Schedule, Stream};
-use crate::stats::percentile;
-use crate::stats::round6;
-use crate::summary::{CostFallback, Statistics, Summary};
-use crate::time::SimTime;
-use crate::topology::Cluster;
-use crate::trace::Trace;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use std::collections::BTreeSet;
 
@@ -255,7 +255,7 @@ pub fn engine_config(
 
 /// Durations of the iterations after warm-up: from one iteration's closing step (its last
 /// backward step) to the next. The simulator has no first-time costs, so unlike a real run
-/// (`crate::real_run`) its first iteration after warm-up is already steady.
+/// (`crate::inputs::real_run`) its first iteration after warm-up is already steady.
 fn steady_iterations(result: &EngineResult, warmup: u32) -> Vec<SimTime> {
     let ends = &result.iteration_end;
     (warmup as usize..ends.len())
@@ -403,9 +403,9 @@ fn statistics(times: &[SimTime]) -> Statistics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ModelProfile;
+    use crate::inputs::model::ModelProfile;
+    use crate::inputs::topology::{Cluster, ClusterOverrides};
     use crate::strategy::{Strategy, StrategyOptions};
-    use crate::topology::{Cluster, ClusterOverrides};
 
     fn summary(scenario: &Scenario) -> Summary {
         let options = StrategyOptions {
