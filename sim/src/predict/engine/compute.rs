@@ -159,14 +159,13 @@ impl Chain {
             }
             closing
         };
+        let plain =
+            |t: &crate::predict::graph::Task| t.stream == Stream::Compute && !t.kind.is_codec();
         let foldable = (0..n)
             .map(|i| {
                 let task = &tasks[i];
                 let Some(after) = tasks.get(next[i] as usize) else {
                     return false;
-                };
-                let plain = |t: &crate::predict::graph::Task| {
-                    t.stream == Stream::Compute && !t.kind.is_codec()
                 };
                 plain(task)
                     && plain(after)
@@ -357,31 +356,16 @@ impl Engine<'_> {
         let Some(run) = self.ranks[rank as usize].compute.run.take() else {
             return;
         };
-        self.finished_at_now();
         let mut task = run.first;
-        let mut tasks = 1;
-        self.finished[task as usize] += 1;
+        self.finish_on_ranks(task, 1);
         while task != run.last {
             task = self.chain.next[task as usize];
-            self.finished[task as usize] += 1;
-            tasks += 1;
+            self.finish_on_ranks(task, 1);
         }
-        // A run's tasks are of one iteration (`Chain::foldable`).
-        self.window
-            .finished(self.window.iteration(run.first), tasks);
-        let info = self.graph.task(run.first);
-        let iteration = info.iteration as usize;
-        let busy = self.now - run.start;
-        // Codecs in line on the compute stream count as compression, not compute.
-        match info.kind.is_codec() {
-            true => self.result.codec_busy[iteration] += busy,
-            false => self.result.compute_busy[iteration] += busy,
-        }
-        if self.graph.iteration_end()[iteration] == run.last {
-            let end = &mut self.result.iteration_end[iteration];
-            *end = (*end).max(self.now);
-        }
-        self.record(rank, run.last, run.start);
+        // Codecs in line on the compute stream count as compression, not compute; a run of
+        // more than one task has none (`Chain::foldable`), nor two iterations.
+        let compression = self.graph.task(run.last).kind.is_codec();
+        self.local_ended(rank, run.last, run.start, compression);
         let stream = &mut self.ranks[rank as usize].compute;
         stream.last_end = self.now;
         stream.last_end_work = run.end_work;

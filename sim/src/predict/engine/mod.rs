@@ -3,10 +3,11 @@
 //!
 //! Events are processed in batches of equal time; only after a whole batch do streams pick
 //! their next task, so the outcome does not depend on the order ranks are visited in. Running
-//! tasks progress at a rate (compute slows while collectives or compression kernels run beside
-//! it; concurrent collectives share the network with their transfers, while a collective's
-//! fixed part runs beside them, after waiting behind what the others have queued on its
-//! connections), and a rate change reschedules the task's end. The rates are in `rates.rs`.
+//! tasks progress at a rate (concurrent collectives share the network with their transfers,
+//! while a collective's fixed part runs beside them, after waiting behind what the others
+//! have queued on its connections; codecs slow beside compute), and a rate change reschedules
+//! the task's end; those rates are in `rates.rs`. Compute runs on a clock every rank shares,
+//! slowed while collectives or compression kernels run beside it (`compute.rs`).
 
 mod compute;
 mod quad_heap;
@@ -527,32 +528,36 @@ impl Engine<'_> {
     }
 
     fn finish_local(&mut self, rank: u32, resource: LocalStream, running: Running) {
-        self.finished_at_now();
-        let task = self.graph.task(running.task);
-        let iteration = task.iteration as usize;
-        let busy = self.now - running.start;
         self.finish_on_ranks(running.task, 1);
-        self.result.codec_busy[iteration] += busy;
+        self.local_ended(rank, running.task, running.start, true);
         if resource == LocalStream::Codec {
             self.codec_active[rank as usize] = false;
             self.refresh_rank_factor(rank);
         }
         self.refresh_cpu_busy(rank);
-        if self.graph.iteration_end()[iteration] == running.task {
-            let end = &mut self.result.iteration_end[iteration];
-            *end = (*end).max(self.now);
-        }
-        self.record(rank, running.task, running.start);
         self.mark_dirty(rank, resource.dirty_bit());
         self.release_successors(rank, running.task);
     }
 
-    /// Keeps a rank-local task's times for the trace if the rank is recorded.
-    fn record(&mut self, rank: u32, task: u32, start: SimTime) {
+    /// Rank-local work that began at `start` ended now with `last` (a task, or the last task
+    /// of a compute run): its busy time, as compression or compute, the iteration it may
+    /// close, and its times for the trace if the rank is recorded.
+    fn local_ended(&mut self, rank: u32, last: u32, start: SimTime, compression: bool) {
+        self.finished_at_now();
+        let iteration = self.window.iteration(last) as usize;
+        let busy = self.now - start;
+        match compression {
+            true => self.result.codec_busy[iteration] += busy,
+            false => self.result.compute_busy[iteration] += busy,
+        }
+        if self.graph.iteration_end()[iteration] == last {
+            let end = &mut self.result.iteration_end[iteration];
+            *end = (*end).max(self.now);
+        }
         if rank < self.config.record_ranks {
             self.result.records.push(TaskRecord {
                 rank,
-                task,
+                task: last,
                 stream: 0,
                 start,
                 end: self.now,
