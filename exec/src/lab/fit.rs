@@ -174,24 +174,17 @@ pub fn cluster(
             latency_us: hop_us,
         },
         library: Library::Mpi(TcpParams {
-            tcp_efficiency,
-            message_overhead_us: 0.0,
-            call_overhead_us: 0.0,
-            reduce_gbytes_per_s: profile.memory_bandwidth_gbytes_per_s / 3.0,
-            host_gbps: None,
-            host_staging_gbytes_per_s: None,
-            shared_memory: None,
-            allgather_host_gbps: None,
-            p2p_message_overhead_us: None,
-            p2p_rounds_at_once: None,
-            queue_behind_bytes: None,
             // What the MPI backend runs (exec/src/runtime/mpi/world.rs asks libnbc for it).
             allreduce_algorithm: Some(Algorithm::Ring),
-            measured: Vec::new(),
-            provenance: Provenance {
-                status: Status::Estimated,
-                method: String::new(),
-            },
+            ..TcpParams::base_costs(
+                tcp_efficiency,
+                0.0,
+                profile.memory_bandwidth_gbytes_per_s / 3.0,
+                Provenance {
+                    status: Status::Estimated,
+                    method: String::new(),
+                },
+            )
         }),
         contention: measured
             .contention

@@ -199,25 +199,15 @@ pub fn cluster(
             nic_bandwidth_gbps: 8.0 / beta / 1e9,
             latency_us: 0.0,
         },
-        library: Library::Mpi(TcpParams {
-            tcp_efficiency: 1.0,
-            message_overhead_us: alpha * 1e6,
-            call_overhead_us: 0.0,
-            reduce_gbytes_per_s: 1.0 / gamma / 1e9,
-            host_gbps: None,
-            host_staging_gbytes_per_s: None,
-            shared_memory: None,
-            allgather_host_gbps: None,
-            p2p_message_overhead_us: None,
-            p2p_rounds_at_once: None,
-            queue_behind_bytes: None,
-            allreduce_algorithm: None,
-            measured: Vec::new(),
-            provenance: Provenance {
+        library: Library::Mpi(TcpParams::base_costs(
+            1.0,
+            alpha * 1e6,
+            1.0 / gamma / 1e9,
+            Provenance {
                 status: Status::Measured,
                 method,
             },
-        }),
+        )),
         device_memory_gbytes_per_s: memory_gbytes_per_s,
     }
 }

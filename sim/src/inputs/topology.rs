@@ -366,6 +366,36 @@ pub struct TcpParams {
     pub provenance: Provenance,
 }
 
+impl TcpParams {
+    /// A library priced by its line-rate fraction, message overhead and reduction rate alone:
+    /// no call overhead, no refinement measured (host path, staging, shared memory,
+    /// point-to-point, queues, an algorithm pinned) and no measured sweep. What a fit of those
+    /// three costs builds.
+    pub fn base_costs(
+        tcp_efficiency: f64,
+        message_overhead_us: f64,
+        reduce_gbytes_per_s: f64,
+        provenance: Provenance,
+    ) -> TcpParams {
+        TcpParams {
+            tcp_efficiency,
+            message_overhead_us,
+            call_overhead_us: 0.0,
+            reduce_gbytes_per_s,
+            allreduce_algorithm: None,
+            host_gbps: None,
+            host_staging_gbytes_per_s: None,
+            shared_memory: None,
+            allgather_host_gbps: None,
+            p2p_message_overhead_us: None,
+            p2p_rounds_at_once: None,
+            queue_behind_bytes: None,
+            measured: Vec::new(),
+            provenance,
+        }
+    }
+}
+
 /// One operation's measured times on one cluster.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
