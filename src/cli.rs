@@ -380,6 +380,12 @@ pub struct ProfileArgs {
     /// (default: the DGX of the GPU's generation, e.g. dgx-h100 for an H100).
     #[arg(long, requires = "cluster_out")]
     pub cluster_base: Option<String>,
+    /// Cuda: model profiles captured on this GPU in fp32 with TF32 off (`python -m
+    /// syncopate.capture --tf32 off`) of shipped models at their shipped batch; the profile's
+    /// compute_speed_vs_v100 is then the median of the shipped compute times over the captured
+    /// ones instead of an estimate from the profiler's own GEMM. Repeat for several models.
+    #[arg(long)]
+    pub compute_from: Vec<PathBuf>,
 }
 
 /// Where `exec` and `validate` run the plan.

@@ -54,6 +54,12 @@
 
 #![deny(missing_docs, unreachable_pub)]
 
+// The CUDA API of the bindings is one feature or the other (see Cargo.toml).
+#[cfg(all(feature = "cuda-12", feature = "cuda-13"))]
+compile_error!(
+    "the features cuda-12 and cuda-13 exclude each other: build cuda-13 with --no-default-features"
+);
+
 pub mod compress;
 pub mod error;
 pub mod lab;

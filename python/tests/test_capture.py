@@ -67,6 +67,7 @@ def test_the_optimizer_and_autocast_are_the_ones_asked_for(tmp_path):
     (["--module", "models:factory", "--batch-size", "nan"], (), 2, "argument --batch-size: not an integer"),
     (["--module", "models:factory", "--batch-size", 8, "--iterations", 0], (), 2, "argument --iterations"),
     (["--module", "models", "--batch-size", 8], (), 2, "is not PACKAGE.MODULE:FACTORY"),
+    (["--module", "models:factory", "--batch-size", 8, "--tf32", "maybe"], (), 2, "argument --tf32: invalid choice"),
     (["--module", "models:factory", "--batch-size", 8, "--device", "cpu"], (), 2, "--device-name is required"),
     (["--module", "models:factory", "--batch-size", 8, "--device", "tpu"], (), 2, "argument --device: 'tpu'"),
     (["--module", "no_such_package.models:factory", "--batch-size", 8], (), 1,

@@ -5,11 +5,13 @@
 use super::write_json;
 use crate::cli::{ProfileArgs, ProfileBackend};
 use anyhow::Context;
+use syncopate_exec::measure::captured_speed;
 use syncopate_exec::measure::cuda::{self, CudaProfileOptions};
 use syncopate_exec::measure::profile_cluster::{
     default_base, gpu_cluster, host_cluster, powers_of_four,
 };
 use syncopate_exec::measure::profile_host::{profile_host, profiled_sizes, HostProfileOptions};
+use syncopate_sim::inputs::model::ModelProfile;
 use syncopate_sim::SimError;
 
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
@@ -24,6 +26,14 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let device = args.out.to_string_lossy();
     match args.backend {
         ProfileBackend::Host => {
+            if let Some(file) = args.compute_from.first() {
+                return Err(SimError::bad_value(
+                    "--compute-from",
+                    file.display(),
+                    "a CPU's speed is measured by its own FMA rate; --compute-from is for --backend cuda",
+                )
+                .into());
+            }
             if args.cluster_out.is_some() && args.ranks.is_none() {
                 return Err(SimError::bad_value(
                     "--cluster-out",
@@ -72,9 +82,24 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
                 )
                 .into());
             }
+            // The captures are read before the GPU is: a bad file fails at once.
+            let compute_speed = if args.compute_from.is_empty() {
+                None
+            } else {
+                let captured = args
+                    .compute_from
+                    .iter()
+                    .map(|path| {
+                        let file = path.display().to_string();
+                        ModelProfile::load(&file).map(|model| (file, model))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Some(captured_speed::compute_speed(&captured)?)
+            };
             let measured = cuda::profile(&CudaProfileOptions {
                 name: name.clone(),
                 repeats: args.repeats as usize,
+                compute_speed,
                 ..CudaProfileOptions::default()
             })?;
             // Everything is measured before anything is written: a failure leaves no file.

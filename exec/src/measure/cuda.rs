@@ -21,7 +21,7 @@ use syncopate_sim::base::data::FORMAT_VERSION;
 use syncopate_sim::calibrate::Measurement;
 use syncopate_sim::compress::Compressor;
 use syncopate_sim::inputs::device::{Contention, DeviceKind, DeviceProfile};
-use syncopate_sim::inputs::model::Status;
+use syncopate_sim::inputs::model::{Provenance, Status};
 
 /// V100's fp32 peak, the unit of `compute_speed_vs_v100`.
 const V100_FP32_TFLOPS: f64 = 15.7;
@@ -43,6 +43,9 @@ pub struct CudaProfileOptions {
     pub repeats: usize,
     /// Allreduce buffer sizes (bytes) of the NCCL sweep; used only with ≥ 2 GPUs.
     pub sweep_bytes: Vec<u64>,
+    /// `compute_speed_vs_v100` from models captured on this GPU (`captured_speed`); without it
+    /// the GEMM's rate estimates it.
+    pub compute_speed: Option<(f64, Provenance)>,
 }
 
 impl Default for CudaProfileOptions {
@@ -53,6 +56,7 @@ impl Default for CudaProfileOptions {
             repeats: 5,
             // nccl-tests' `-b 4K -e 1G -f 2`.
             sweep_bytes: (12..=30).map(|p| 1u64 << p).collect(),
+            compute_speed: None,
         }
     }
 }
@@ -341,6 +345,16 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
             without_kernel.join(", ")
         )
     };
+    let (compute_speed_vs_v100, compute_speed_provenance) =
+        options.compute_speed.clone().unwrap_or_else(|| {
+            (
+                fp32 / V100_FP32_TFLOPS,
+                provenance(
+                    Status::Estimated,
+                    format!("the tiled FMA GEMM's measured {fp32:.2} TFLOP/s divided by V100's {V100_FP32_TFLOPS} TFLOP/s fp32 peak (a naive GEMM reaches a fraction of peak, so this understates the GPU; profile --compute-from measures it)"),
+                ),
+            )
+        });
     let device = DeviceProfile {
         format_version: FORMAT_VERSION,
         name: options.name.clone(),
@@ -354,11 +368,8 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
         peak_fp16_tflops: fp32,
         peak_tf32_tflops: None,
         sm_count: u32::try_from(sms).ok().filter(|&n| n > 0),
-        compute_speed_vs_v100: fp32 / V100_FP32_TFLOPS,
-        compute_speed_provenance: provenance(
-            Status::Estimated,
-            format!("the tiled FMA GEMM's measured {fp32:.2} TFLOP/s divided by V100's {V100_FP32_TFLOPS} TFLOP/s fp32 peak (a naive GEMM reaches a fraction of peak, so this understates the GPU)"),
-        ),
+        compute_speed_vs_v100,
+        compute_speed_provenance,
         compression,
         contention: Contention {
             compute_slowdown_with_collective: Some(collective),

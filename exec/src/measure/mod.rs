@@ -7,6 +7,7 @@
 //! micro-benchmarks that `lab up` sweeps are in `mpi_bench` (feature `mpi`), their records in
 //! [`records`]. The labs' network probes are in `lab`, beside the namespaces they run in.
 
+pub mod captured_speed;
 pub mod cuda;
 pub mod host_collectives;
 #[cfg(feature = "mpi")]

@@ -48,6 +48,8 @@ def capture(args, argv, usage):
     device_name = args.device_name or default_device_name(torch, device, usage)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tf32 and device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
     torch.manual_seed(0)  # the same sizes and inputs on every run
     workload = build(args, device)
     workload.module.train()
@@ -66,7 +68,7 @@ def capture(args, argv, usage):
     except Exception as failed:  # the model's own code: a shape mismatch, out of memory
         raise CaptureError(f"{workload.name}: a training step raised {describe(failed)}") from None
     made_by = "passed to the factory as batch_size" if args.module else "the batch of the random inputs made"
-    profile["description"] = workload.description
+    profile["description"] = workload.description + tf32_note(torch, device)
     profile["source"] = f"recorded by python -m syncopate.capture {shlex.join(argv)}"
     profile["timing"]["batch"]["method"] = f"--batch-size {args.batch_size}, {made_by}"
     try:
@@ -98,6 +100,15 @@ def resolve_device(torch, text, usage):
         raise CaptureError(f"--device {text}: PyTorch sees {torch.cuda.device_count()} GPU(s)")
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def tf32_note(torch, device):
+    """Which fp32 kernels could use TF32 tensor cores while the capture ran (GPUs only)."""
+    if device.type != "cuda":
+        return ""
+    state = {True: "on", False: "off"}
+    return (f"; TF32 for fp32 matrix products {state[torch.backends.cuda.matmul.allow_tf32]}, "
+            f"for convolutions {state[torch.backends.cudnn.allow_tf32]}")
 
 
 def default_device_name(torch, device, usage):

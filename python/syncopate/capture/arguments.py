@@ -80,6 +80,10 @@ def parser():
                    help="sgd (momentum 0.9, the default) or adam")
     p.add_argument("--amp", action="store_true",
                    help="mixed precision: autocast to fp16 with a gradient scaler on a GPU, bf16 on the CPU")
+    p.add_argument("--tf32", choices=["on", "off"], default=None,
+                   help="on a GPU: let fp32 matrix products and convolutions use TF32 tensor cores, or not "
+                        "(torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32; "
+                        "default: PyTorch's, which is off for matrix products and on for convolutions)")
     p.add_argument("--threads", type=in_range(1, MAX_THREADS), default=None,
                    help="PyTorch's intra-op threads (torch.set_num_threads; default: PyTorch's choice); "
                         "the profile records the counts used either way")

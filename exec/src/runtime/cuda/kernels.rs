@@ -18,7 +18,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig,
     PushKernelArg,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -321,7 +321,7 @@ macro_rules! kernels {
                 let mut loaded = HashMap::new();
                 for &(file, src, names) in SOURCES {
                     let module = ctx
-                        .load_module(compile(file, src, &arch)?)
+                        .load_module(Ptx::from_binary(compile(file, src, &arch)?))
                         .map_err(cuda_err("cannot load the compiled kernels"))?;
                     for &name in names {
                         let function = module.load_function(name).map_err(|e| ExecError::Cuda {
@@ -596,21 +596,69 @@ kernels! {
     }
 }
 
-/// Compiles one kernel source to PTX for `arch` (`sm_90`, …); needs NVRTC but no GPU.
-pub(crate) fn compile(file: &str, src: &str, arch: &str) -> Result<Ptx> {
-    let options = CompileOptions {
-        // Byte-exact payloads: no FMA contraction, IEEE division, subnormals kept.
-        fmad: Some(false),
-        prec_div: Some(true),
-        ftz: Some(false),
-        // As a plain option: the `arch` field wants a `&'static str`.
-        options: vec![format!("--gpu-architecture={arch}")],
-        name: Some(file.to_string()),
-        ..Default::default()
+/// Compiles one kernel source to machine code (CUBIN) for `arch` (`sm_90`, …); needs NVRTC
+/// but no GPU. Machine code, not PTX: a driver JIT-compiles PTX only up to its own CUDA
+/// version, so PTX from an NVRTC newer than the driver would not load.
+pub(crate) fn compile(file: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    let fail = |what: String| ExecError::Cuda {
+        message: format!(
+            "NVRTC {} cannot compile exec/kernels/{file} for {arch}: {what}",
+            nvrtc_version()
+        ),
     };
-    compile_ptx_with_opts(src, options).map_err(|e| ExecError::Cuda {
-        message: format!("NVRTC cannot compile exec/kernels/{file} for {arch}: {e}"),
-    })
+    let src = std::ffi::CString::new(src).map_err(|e| fail(e.to_string()))?;
+    let name = std::ffi::CString::new(file).map_err(|e| fail(e.to_string()))?;
+    let options = [
+        // Byte-exact payloads: no FMA contraction, IEEE division, subnormals kept.
+        "--fmad=false".to_string(),
+        "--prec-div=true".to_string(),
+        "--ftz=false".to_string(),
+        format!("--gpu-architecture={arch}"),
+    ];
+    let program = result::create_program(&src, Some(&name)).map_err(|e| fail(e.to_string()))?;
+    // SAFETY: `program` was just created and is destroyed once, below; `src` and `name` outlive
+    // it; the CUBIN buffer has the size NVRTC reported for it.
+    let cubin = unsafe {
+        let cubin = match result::compile_program(program, &options) {
+            Ok(()) => {
+                let mut size = 0usize;
+                let mut cubin = Vec::new();
+                sys::nvrtcGetCUBINSize(program, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        cubin.resize(size, 0u8);
+                        sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast()).result()
+                    })
+                    .map(|()| cubin)
+                    .map_err(|e| fail(format!("no machine code: {e}")))
+            }
+            Err(e) => {
+                let log = result::get_program_log(program).unwrap_or_default();
+                let log: Vec<u8> = log.iter().map(|&c| c as u8).collect();
+                let log = String::from_utf8_lossy(&log);
+                Err(fail(format!("{e}: {}", log.trim_end_matches('\0').trim())))
+            }
+        };
+        let _ = result::destroy_program(program);
+        cubin
+    }?;
+    if cubin.len() < 4 || cubin[..4] != *b"\x7fELF" {
+        return Err(fail(
+            "the machine code it returned is not an ELF image".into(),
+        ));
+    }
+    Ok(cubin)
+}
+
+/// NVRTC's version as `major.minor`, for messages.
+fn nvrtc_version() -> String {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC writes two ints.
+    match unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }.result() {
+        Ok(()) => format!("{major}.{minor}"),
+        Err(_) => "(version unknown)".into(),
+    }
 }
 
 /// For GPU tests: the first GPU's context, its default stream and the compiled kernels, or
@@ -671,16 +719,13 @@ mod tests {
         assert!(archs.len() >= 2, "NVRTC supports only {supported:?}");
         for arch in &archs {
             for &(file, src, names) in SOURCES {
-                let ptx = compile(file, src, arch)
-                    .unwrap_or_else(|e| panic!("{e}"))
-                    .to_src();
-                assert!(
-                    ptx.contains(&format!(".target {arch}")),
-                    "{file} was not compiled for {arch}"
-                );
+                let cubin = compile(file, src, arch).unwrap_or_else(|e| panic!("{e}"));
+                // The entry points' names are in the image's symbol table.
                 for name in names {
                     assert!(
-                        ptx.contains(&format!(".entry {name}(")),
+                        cubin
+                            .windows(name.len() + 1)
+                            .any(|w| w[..name.len()] == *name.as_bytes() && w[name.len()] == 0),
                         "{file} for {arch} defines no entry point `{name}`"
                     );
                 }

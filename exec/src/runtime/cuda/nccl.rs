@@ -405,6 +405,37 @@ mod tests {
     use super::*;
     use sys::ncclResult_t::{ncclInProgress, ncclRemoteError, ncclSuccess};
 
+    /// On a GPU: a communicator of one rank initializes, runs every collective the backend
+    /// uses and is finalized; with one rank each result is its input.
+    #[test]
+    fn a_world_of_one_runs_every_collective() {
+        let Some((_ctx, stream, _kernels)) = super::super::kernels::gpu_or_skip() else {
+            return;
+        };
+        let mut version = 0;
+        // SAFETY: NCCL writes one int.
+        let _ = unsafe { sys::ncclGetVersion(&mut version) };
+        let abort = AtomicBool::new(false);
+        let id = Id::new().expect("an NCCL unique id");
+        let comm = Communicator::init(stream.clone(), 0, 1, 0, id, Duration::from_secs(60), &abort)
+            .expect("a communicator of one rank");
+        let host: Vec<f32> = (0..4099).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let mut summed = stream.clone_htod(&host).unwrap();
+        comm.all_reduce_sum(&mut summed).unwrap();
+        let mut block = stream.alloc_zeros::<f32>(host.len()).unwrap();
+        comm.reduce_scatter_sum(&summed, &mut block).unwrap();
+        let mut gathered = stream.alloc_zeros::<f32>(host.len()).unwrap();
+        comm.all_gather(&block, &mut gathered).unwrap();
+        comm.broadcast(&mut gathered, 0).unwrap();
+        // The root's own block is the caller's: with one rank the group is empty.
+        let bytes = stream.clone_htod(&[7u8; 33]).unwrap();
+        let mut blocks = stream.alloc_zeros::<u8>(33).unwrap();
+        comm.gather_bytes(&bytes, Some(&mut blocks), 0).unwrap();
+        assert_eq!(stream.clone_dtoh(&gathered).unwrap(), host);
+        comm.finish().expect("the communicator finalizes");
+        println!("nccl world of one: NCCL {version}: all-reduce, reduce-scatter, all-gather, broadcast and a gather ran");
+    }
+
     #[test]
     fn a_call_settles_fails_or_gives_up_in_time() {
         let (calm, raised) = (AtomicBool::new(false), AtomicBool::new(true));

@@ -1,23 +1,68 @@
-//! Finds the CUDA libraries before any cudarc call, and makes a pip-style `libnccl.so.2` loadable.
+//! Finds the CUDA libraries before any cudarc call: by the loader's names, else where pip puts them.
 //!
 //! The libraries are libcuda, libnvrtc and libnccl, found first because cudarc panics when a
 //! library is missing.
 //!
-//! cudarc opens NCCL by bare names (`libnccl.so`, `libnccl.so.12`, …; see
+//! cudarc opens each library by bare names (`libnccl.so`, `libnvrtc.so.12`, …; see
 //! `cudarc::get_lib_name_candidates`) through the dynamic loader, whose search path is read
-//! once at process start, and honours no variable of its own. Python NCCL wheels ship only
-//! `libnccl.so.2`. So when `SYNCOPATE_NCCL_LIB` names such a file, we link it as `libnccl.so`
-//! in a private directory, prepend that directory to LD_LIBRARY_PATH and re-execute this
-//! program once, so that the loader (and cudarc) find it.
+//! once at process start. Pip's wheels, which PyTorch's CUDA builds install, ship names it may
+//! not try: NCCL as `nvidia/nccl/lib/libnccl.so.2`, CUDA 13's NVRTC as
+//! `nvidia/cu13/lib/libnvrtc.so.13` (tried only by a `cuda-13` build), and NVRTC opens its
+//! builtins library (`libnvrtc-builtins.so.13.0`) by name from the loader's path. So a library
+//! the loader does not find is looked for where `SYNCOPATE_NVRTC_LIB` / `SYNCOPATE_NCCL_LIB`
+//! point, else in the site-packages of `python3` (or `$SYNCOPATE_PYTHON`); then it is linked
+//! under cudarc's first name in a private directory, that directory and the library's own go
+//! first on LD_LIBRARY_PATH, and this program re-executes once.
 
 use crate::error::{ExecError, Result};
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-/// Names a user can set to point at NCCL.
+/// Names a user can set to point at NCCL (`libnccl.so.2`).
 pub const NCCL_ENV: &str = "SYNCOPATE_NCCL_LIB";
+/// Names a user can set to point at NVRTC (`libnvrtc.so.12` or `.13`).
+pub const NVRTC_ENV: &str = "SYNCOPATE_NVRTC_LIB";
+/// The Python whose site-packages are searched (default `python3`).
+const PYTHON_ENV: &str = "SYNCOPATE_PYTHON";
 /// Set on the re-executed process, so that a failure there is reported instead of looping.
-const REEXEC_ENV: &str = "SYNCOPATE_NCCL_REEXEC";
+const REEXEC_ENV: &str = "SYNCOPATE_CUDA_REEXEC";
+/// How long asking Python for its site-packages may take.
+const PYTHON_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A library cudarc loads, and where pip's wheels put it.
+struct Wanted {
+    lib: &'static str,
+    env: &'static str,
+    /// Paths under a site-packages directory, the build's CUDA major version first.
+    wheel_paths: &'static [&'static str],
+    hint: &'static str,
+}
+
+const NVRTC: Wanted = Wanted {
+    lib: "nvrtc",
+    env: NVRTC_ENV,
+    wheel_paths: if cfg!(feature = "cuda-13") {
+        &[
+            "nvidia/cu13/lib/libnvrtc.so.13",
+            "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+        ]
+    } else {
+        &[
+            "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+            "nvidia/cu13/lib/libnvrtc.so.13",
+        ]
+    },
+    hint: "pip install nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12 (CUDA 12)",
+};
+
+const NCCL: Wanted = Wanted {
+    lib: "nccl",
+    env: NCCL_ENV,
+    wheel_paths: &["nvidia/nccl/lib/libnccl.so.2"],
+    hint: "pip install nvidia-nccl-cu13 or nvidia-nccl-cu12 (PyTorch's CUDA wheels bring it)",
+};
 
 fn loads(name: impl AsRef<std::ffi::OsStr>) -> bool {
     let name = name.as_ref();
@@ -55,14 +100,16 @@ pub fn nvrtc_loads() -> bool {
 /// number of visible GPUs. May re-execute the program once (see the module comment).
 pub fn probe() -> Result<usize> {
     find("cuda").ok_or_else(|| missing("cuda", "no NVIDIA driver on this machine"))?;
-    find("nvrtc").ok_or_else(|| {
-        missing(
-            "nvrtc",
-            "install the CUDA runtime compiler (e.g. pip install nvidia-cuda-nvrtc-cu12) and add it to LD_LIBRARY_PATH",
-        )
-    })?;
-    if find("nccl").is_none() {
-        expose_nccl()?;
+    let mut located = Vec::new();
+    let mut sites = None;
+    for wanted in [&NVRTC, &NCCL] {
+        if find(wanted.lib).is_none() {
+            let sites = sites.get_or_insert_with(site_packages);
+            located.push((wanted, locate(wanted, sites)?));
+        }
+    }
+    if !located.is_empty() {
+        reexec(&located)?;
     }
     cudarc::driver::result::init().map_err(|e| ExecError::NoGpu {
         reason: format!("the CUDA driver failed to initialize: {e}"),
@@ -78,66 +125,167 @@ pub fn probe() -> Result<usize> {
     Ok(count as usize)
 }
 
-/// Makes `$SYNCOPATE_NCCL_LIB` loadable under cudarc's name by re-executing with a private
-/// LD_LIBRARY_PATH entry; returns only on failure.
-fn expose_nccl() -> Result<()> {
-    let hint = format!(
-        "set {NCCL_ENV}=/path/to/libnccl.so.2 (e.g. from pip's nvidia-nccl-cu12) or add NCCL to LD_LIBRARY_PATH"
-    );
-    let Some(path) = std::env::var_os(NCCL_ENV) else {
-        return Err(missing("nccl", &hint));
+/// The file for `wanted`: its variable's, else the first wheel path under a site directory.
+fn locate(wanted: &Wanted, sites: &[PathBuf]) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(wanted.env) {
+        let path = PathBuf::from(path);
+        if !loads(&path) {
+            return Err(ExecError::NoGpu {
+                reason: format!(
+                    "{}={} does not load as a shared library",
+                    wanted.env,
+                    path.display()
+                ),
+            });
+        }
+        return Ok(path);
+    }
+    sites
+        .iter()
+        .flat_map(|site| wanted.wheel_paths.iter().map(move |p| site.join(p)))
+        .find(|path| loads(path))
+        .ok_or_else(|| {
+            missing(
+                wanted.lib,
+                &format!(
+                    "{}, or set {}=/path/to/the/library",
+                    wanted.hint, wanted.env
+                ),
+            )
+        })
+}
+
+/// The site-packages directories of `$SYNCOPATE_PYTHON` (default `python3`); none when there
+/// is no such Python or it does not answer in time.
+fn site_packages() -> Vec<PathBuf> {
+    let python = std::env::var_os(PYTHON_ENV).unwrap_or_else(|| "python3".into());
+    let script =
+        "import site\nfor d in site.getsitepackages() + [site.getusersitepackages()]: print(d)";
+    let Ok(mut child) = Command::new(python)
+        .args(["-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return Vec::new();
     };
-    let path = PathBuf::from(path);
+    let deadline = Instant::now() + PYTHON_TIMEOUT;
+    // Polled, so that a Python that hangs cannot hang the probe.
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !matches!(child.try_wait(), Ok(Some(status)) if status.success()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Vec::new();
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        use std::io::Read;
+        let _ = stdout.read_to_string(&mut out);
+    }
+    out.lines().map(PathBuf::from).collect()
+}
+
+/// Re-executes this program with each located library linked under cudarc's first name and
+/// its own directory on LD_LIBRARY_PATH; returns only on failure.
+fn reexec(located: &[(&Wanted, PathBuf)]) -> Result<()> {
     if std::env::var_os(REEXEC_ENV).is_some() {
+        let (wanted, path) = &located[0];
         return Err(ExecError::NoGpu {
             reason: format!(
-                "{NCCL_ENV}={} is on LD_LIBRARY_PATH as libnccl.so, yet libnccl still does not load",
-                path.display()
+                "{} is on LD_LIBRARY_PATH as lib{}.so, yet lib{} still does not load",
+                path.display(),
+                wanted.lib,
+                wanted.lib
             ),
         });
     }
-    if !loads(&path) {
-        return Err(ExecError::NoGpu {
-            reason: format!(
-                "{NCCL_ENV}={} does not load as a shared library",
-                path.display()
-            ),
-        });
+    let links = link_dir()?;
+    let mut search = OsString::from(links.as_os_str());
+    for (wanted, path) in located {
+        let target = std::fs::canonicalize(path).map_err(|source| ExecError::Io {
+            what: format!("cannot resolve {}", path.display()),
+            source,
+        })?;
+        let link = links.join(format!("lib{}.so", wanted.lib));
+        std::os::unix::fs::symlink(&target, &link).map_err(|source| ExecError::Io {
+            what: format!("cannot link {}", link.display()),
+            source,
+        })?;
+        if let Some(dir) = target.parent() {
+            search.push(":");
+            search.push(dir);
+        }
     }
-    let dir = link_dir(&path)?;
-    let mut search = OsString::from(dir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
         search.push(":");
         search.push(old);
     }
     let exe = std::env::current_exe().map_err(|source| ExecError::Io {
-        what: "cannot find this program to re-execute it with NCCL on the library path".into(),
+        what:
+            "cannot find this program to re-execute it with the CUDA libraries on the library path"
+                .into(),
         source,
     })?;
     use std::os::unix::process::CommandExt;
-    let source = std::process::Command::new(exe)
+    let source = Command::new(exe)
         .args(std::env::args_os().skip(1))
         .env("LD_LIBRARY_PATH", search)
         .env(REEXEC_ENV, "1")
         .exec();
     Err(ExecError::Io {
-        what: "cannot re-execute with NCCL on the library path".into(),
+        what: "cannot re-execute with the CUDA libraries on the library path".into(),
         source,
     })
 }
 
-/// A private directory holding `libnccl.so` → `path`.
-fn link_dir(path: &Path) -> Result<PathBuf> {
-    let io = |what: &str| {
-        let what = what.to_string();
-        move |source| ExecError::Io { what, source }
-    };
-    let target = std::fs::canonicalize(path).map_err(io("cannot resolve SYNCOPATE_NCCL_LIB"))?;
-    let dir = std::env::temp_dir().join(format!("syncopate-nccl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(io("cannot create the NCCL link directory"))?;
-    let link = dir.join("libnccl.so");
-    // A leftover link from an earlier process with the same pid may point elsewhere.
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&target, &link).map_err(io("cannot link libnccl.so"))?;
+/// A fresh private directory for the links.
+fn link_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("syncopate-cuda-{}", std::process::id()));
+    // A leftover directory from an earlier process with the same pid may hold other links.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|source| ExecError::Io {
+        what: format!("cannot create {}", dir.display()),
+        source,
+    })?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A library is found under a site directory at the wheel's path, the build's CUDA major
+    /// version first; nothing there gives an error naming the variable to set.
+    #[test]
+    fn a_library_is_located_in_a_wheel_layout() {
+        let site = std::env::temp_dir().join(format!("syncopate-probe-{}", std::process::id()));
+        let err = locate(&NCCL, std::slice::from_ref(&site))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(NCCL_ENV) && err.contains("nvidia-nccl"),
+            "{err}"
+        );
+        // A real shared library under the wheel's name: libc, which every Linux has.
+        let libc = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib64/libc.so.6",
+            "/usr/lib/libc.so.6",
+        ]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+        let Some(libc) = libc else {
+            println!("skipped: no libc.so.6 at the usual paths");
+            return;
+        };
+        let at = site.join(NCCL.wheel_paths[0]);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(&at);
+        std::os::unix::fs::symlink(libc, &at).unwrap();
+        assert_eq!(locate(&NCCL, std::slice::from_ref(&site)).unwrap(), at);
+        std::fs::remove_dir_all(&site).unwrap();
+    }
 }
