@@ -210,10 +210,14 @@ fn plans(spec: &LabSpec, scenario: &Scenario, cluster: &Path) -> Result<Vec<Conf
     for strategy in &spec.strategies {
         let parsed: Strategy = strategy.parse()?;
         for c in &spec.compressors {
+            let base = match &spec.horovod {
+                Some(release) => release.options("horovod.release", StrategyOptions::default())?,
+                None => StrategyOptions::default(),
+            };
             let options = StrategyOptions {
                 compressor: c.compressor.parse::<Compressor>()?,
                 memory: c.memory.parse::<Memory>()?,
-                ..StrategyOptions::default()
+                ..base
             };
             let plan: Plan = match parsed
                 .plan(scenario, &options)

@@ -13,10 +13,16 @@ use crate::strategy::{explicit_groups_plan, horovod_groups, Strategy, StrategyOp
 const MIB: u64 = 1 << 20;
 
 /// Horovod's defaults since 0.21.0 (horovod/common/operations.cc, BackgroundThreadLoop; the
-/// CHANGELOG of 0.21.0, #2468, records the change from 5 ms and 64 MiB):
-/// HOROVOD_FUSION_THRESHOLD 128 MiB, HOROVOD_CYCLE_TIME 1 ms. See profiles/native/horovod.json.
-const DEFAULT_THRESHOLD: u64 = 128 * MIB;
-const DEFAULT_CYCLE_MS: f64 = 1.0;
+/// CHANGELOG of 0.21.0, #2468, records the change from 5 ms and 64 MiB), which
+/// `StrategyOptions::default()` holds: HOROVOD_FUSION_THRESHOLD 128 MiB, HOROVOD_CYCLE_TIME
+/// 1 ms. See profiles/native/horovod.json.
+fn default_threshold() -> u64 {
+    StrategyOptions::default().fusion_bytes
+}
+
+fn default_cycle_ms() -> f64 {
+    StrategyOptions::default().cycle_us / 1e3
+}
 
 /// The fusion thresholds `tune --framework horovod` tries, in MiB.
 const THRESHOLD_GRID_MIB: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
@@ -61,8 +67,8 @@ impl HorovodSettings {
     }
 
     pub(super) fn has_default_fusion(&self) -> bool {
-        self.fusion_threshold_bytes == DEFAULT_THRESHOLD
-            && self.cycle_time_ms == DEFAULT_CYCLE_MS
+        self.fusion_threshold_bytes == default_threshold()
+            && self.cycle_time_ms == default_cycle_ms()
             && self.groups.is_none()
     }
 
@@ -188,18 +194,17 @@ pub(super) fn nearest(
     let own = horovod_groups(
         model,
         &StrategyOptions {
-            fusion_bytes: DEFAULT_THRESHOLD,
             cycle_us: cycle_time_ms * 1e3,
             compressor,
             ..StrategyOptions::default()
         },
     );
     let (fusion_threshold_bytes, groups) = if own == groups {
-        (DEFAULT_THRESHOLD, None)
+        (default_threshold(), None)
     } else {
         // Every group whole in one response: the threshold at least the largest group.
         let largest = groups.iter().map(|g| model.bytes_of(g)).max().unwrap_or(0);
-        (DEFAULT_THRESHOLD.max(largest), Some(groups))
+        (default_threshold().max(largest), Some(groups))
     };
     HorovodSettings {
         fusion_threshold_bytes,

@@ -2,8 +2,57 @@
 //! fusion buffers of at most the threshold (a larger tensor goes alone).
 
 use super::{ready_times_us, StrategyOptions};
+use crate::base::error::{Result, SimError};
 use crate::compress::Family;
 use crate::inputs::model::ModelProfile;
+use serde::{Deserialize, Serialize};
+
+/// The Horovod release whose fusion defaults a plan uses, with where that release comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HorovodRelease {
+    /// `MAJOR.MINOR[.PATCH]`, e.g. `0.19.4`.
+    pub release: String,
+    /// Which document says the system ran that release.
+    pub source: String,
+}
+
+/// The first release with HOROVOD_FUSION_THRESHOLD 128 MiB and HOROVOD_CYCLE_TIME 1 ms
+/// (horovod/horovod#2468, merged 2020-11-19); the releases before it used 64 MiB and 5 ms.
+const NEW_DEFAULTS_SINCE: (u32, u32) = (0, 21);
+
+impl HorovodRelease {
+    /// Horovod's default fusion threshold (bytes) and cycle time (µs) in this release.
+    pub fn defaults(&self, field: &str) -> Result<(u64, f64)> {
+        let bad = || {
+            SimError::bad_value(
+                field,
+                &self.release,
+                "a Horovod release is MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 0.19.4",
+            )
+        };
+        let numbers: Option<Vec<u32>> = self.release.split('.').map(|p| p.parse().ok()).collect();
+        let version = match numbers.as_deref() {
+            Some(&[major, minor]) | Some(&[major, minor, _]) => (major, minor),
+            _ => return Err(bad()),
+        };
+        Ok(if version >= NEW_DEFAULTS_SINCE {
+            (128 << 20, 1000.0)
+        } else {
+            (64 << 20, 5000.0)
+        })
+    }
+
+    /// `base` with this release's fusion defaults.
+    pub fn options(&self, field: &str, base: StrategyOptions) -> Result<StrategyOptions> {
+        let (fusion_bytes, cycle_us) = self.defaults(field)?;
+        Ok(StrategyOptions {
+            fusion_bytes,
+            cycle_us,
+            ..base
+        })
+    }
+}
 
 /// Groups as Horovod's background thread forms them, using the profile's ready times and cycle
 /// ticks measured from the start of backward.
@@ -44,5 +93,47 @@ fn enqueued_bytes(model: &ModelProfile, t: usize, options: &StrategyOptions) -> 
     match options.compressor.family() {
         Family::Cast => options.compressor.wire_bytes(tensor.numel),
         _ => tensor.bytes(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn release(text: &str) -> HorovodRelease {
+        HorovodRelease {
+            release: text.into(),
+            source: "a test".into(),
+        }
+    }
+
+    /// Releases before 0.21 fuse 64 MiB every 5 ms, later ones 128 MiB every 1 ms; anything
+    /// but MAJOR.MINOR[.PATCH] is refused naming the field.
+    #[test]
+    fn the_defaults_follow_the_release() {
+        for (text, defaults) in [
+            ("0.18.2", (64 << 20, 5000.0)),
+            ("0.19", (64 << 20, 5000.0)),
+            ("0.20.3", (64 << 20, 5000.0)),
+            ("0.21.0", (128 << 20, 1000.0)),
+            ("0.28.1", (128 << 20, 1000.0)),
+            ("1.0", (128 << 20, 1000.0)),
+        ] {
+            assert_eq!(
+                release(text).defaults("horovod.release").unwrap(),
+                defaults,
+                "{text}"
+            );
+        }
+        for text in ["", "0", "0.19.4.1", "0.x", "v0.19", "0.19."] {
+            let err = release(text)
+                .defaults("horovod.release")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("horovod.release") && err.contains("MAJOR.MINOR"),
+                "{text}: {err}"
+            );
+        }
     }
 }

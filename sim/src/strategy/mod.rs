@@ -12,6 +12,7 @@ mod mgwfbp;
 mod ps;
 
 pub use fixed_groups::{groups as fixed_groups, GroupingRule};
+pub use horovod::HorovodRelease;
 
 use crate::base::error::{Result, SimError};
 use crate::compress::{Compressor, Memory};
@@ -96,9 +97,10 @@ impl Strategy {
 /// Parameters strategies use, with the frameworks' defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StrategyOptions {
-    /// Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD, 64 MiB).
+    /// Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD: 128 MiB since v0.21.0, 64 MiB
+    /// before; see [`HorovodRelease`]).
     pub fusion_bytes: u64,
-    /// Horovod's cycle time (HOROVOD_CYCLE_TIME, 5 ms in Horovod's documentation).
+    /// Horovod's cycle time (HOROVOD_CYCLE_TIME: 1 ms since v0.21.0, 5 ms before).
     pub cycle_us: f64,
     /// DDP's bucket cap (bucket_cap_mb, 25 MiB) and its first bucket (1 MiB); DeAR's fusion
     /// threshold (25 MB by default in DeAR's scripts).
@@ -120,8 +122,8 @@ pub struct StrategyOptions {
 impl Default for StrategyOptions {
     fn default() -> Self {
         StrategyOptions {
-            fusion_bytes: 64 << 20,
-            cycle_us: 5000.0,
+            fusion_bytes: 128 << 20,
+            cycle_us: 1000.0,
             bucket_bytes: 25 << 20,
             first_bucket_bytes: 1 << 20,
             partition_bytes: 4_096_000,

@@ -153,7 +153,9 @@ impl Calibration {
         let options = StrategyOptions {
             compressor,
             memory,
-            ..StrategyOptions::default()
+            ..spec
+                .horovod
+                .options("horovod.release", StrategyOptions::default())?
         };
         let mut plan = strategy.plan(&scenario, &options)?;
         plan.set_scheme(if m.comm_method == "allgather" {

@@ -420,6 +420,7 @@ mod tests {
         let text = r#"{
             "format_version": 1, "title": "t", "data": "grace.csv",
             "base_cluster": "v100-tcp", "base_device": "v100-pcie-32gb", "strategy": "horovod",
+            "horovod": { "release": "0.18.2", "source": "s" },
             "network_model": "resnet50", "upper_bound_min_ratio": 0.5,
             "upper_bound_peer_max_ratio": 1.5, "fit_workers": 2,
             "batch_size_per_gpu": 64, "batch_source": "b", "wire": "bytes", "wire_source": "w",

@@ -13,7 +13,7 @@ use crate::base::limits;
 use crate::compress::{Compressor, Memory};
 use crate::inputs::topology::ClusterOverrides;
 use crate::plan::{CodecCalls, Scheme};
-use crate::strategy::StrategyOptions;
+use crate::strategy::{HorovodRelease, StrategyOptions};
 use crate::sweep::{self, FrameworkChoice, Point};
 use published::Published;
 use results::Table;
@@ -35,6 +35,10 @@ pub(super) struct GridSpec {
     /// reported beside the predictions.
     #[serde(default)]
     published: Option<String>,
+    /// The Horovod release the paper ran, whose fusion threshold and cycle time its Horovod
+    /// plans use; absent: the current release's.
+    #[serde(default)]
+    horovod: Option<HorovodRelease>,
 }
 
 /// A model on a cluster; model and cluster are shipped names or paths relative to the experiment.
@@ -99,7 +103,11 @@ pub(super) fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
         Some(file) => Some(Published::load(&dir.join(file), spec)?),
         None => None,
     };
-    let rows = sweep::run(&points(spec, label, dir)?, &StrategyOptions::default())?;
+    let options = match &spec.horovod {
+        Some(release) => release.options("horovod.release", StrategyOptions::default())?,
+        None => StrategyOptions::default(),
+    };
+    let rows = sweep::run(&points(spec, label, dir)?, &options)?;
     let table = Table { spec, rows: &rows };
     let mut charts = vec![Chart {
         file: "throughput.svg".to_string(),

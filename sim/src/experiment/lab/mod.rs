@@ -21,6 +21,7 @@ use crate::plan::Plan;
 use crate::predict::scenario::Scenario;
 use crate::predict::simulate::{simulate, SimOptions};
 use crate::predict::validate::relative_error;
+use crate::strategy::HorovodRelease;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -67,6 +68,10 @@ pub struct LabSpec {
     pub labs: Vec<LabSetting>,
     /// Strategies that plan the configurations, by name.
     pub strategies: Vec<String>,
+    /// The Horovod release whose fusion threshold and cycle time the `horovod` plans use;
+    /// absent: the current release's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horovod: Option<HorovodRelease>,
     /// Compressors each strategy is run with (those it cannot run are left out).
     pub compressors: Vec<CompressorSetting>,
     /// Runs of every configuration, interleaved (every configuration once, then again).
