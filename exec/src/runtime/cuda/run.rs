@@ -42,7 +42,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use syncopate_sim::base::time::SimTime;
 use syncopate_sim::compress::{Aggregation, Element, Memory};
-use syncopate_sim::plan::Launch;
 use syncopate_sim::predict::engine::TaskRecord;
 use syncopate_sim::schedule::{Exchange, Op, Schedule, StepKind, Stream};
 
@@ -122,7 +121,9 @@ struct Run<'a> {
 /// Refuses, before any GPU work, what this build cannot run.
 fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
     let multi_process = placement.local.len() < placement.world as usize;
-    if multi_process && schedule.policy.launch == Launch::Priority {
+    // The same rule as the MPI backend's: unless the order is fixed, one rank must decide it
+    // for all, and this backend has no coordinator across processes.
+    if multi_process && !schedule.policy.order_is_fixed() {
         return Err(ExecError::Cuda {
             message: "priority launch across processes needs a coordinator that this build lacks; run one process for all GPUs or a plan-order policy".into(),
         });
@@ -789,7 +790,7 @@ impl<'a> Backend for Run<'a> {
 mod tests {
     use super::*;
     use syncopate_sim::inputs::model::ModelProfile;
-    use syncopate_sim::plan::{CompressOn, Group, Plan, Policy, Scheme};
+    use syncopate_sim::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
     use syncopate_sim::schedule::{lower, World};
 
     /// ResNet-50 in one group on 4 GPUs, compressed by `spec` with `memory`, aggregated by
@@ -863,5 +864,27 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// One process per GPU runs a plan-order schedule, whose order every rank knows; priority
+    /// launch, which one rank must decide for all, is refused before any GPU work.
+    #[test]
+    fn priority_launch_across_processes_is_refused() {
+        let one_of_four = Placement {
+            world: 4,
+            local: vec![(1, 0)],
+            ids: Vec::new(),
+        };
+        let mut schedule = schedule("fp16", Memory::None, Scheme::Allreduce);
+        assert!(check_plan(&schedule, &one_of_four).is_ok());
+        schedule.policy.launch = Launch::Priority;
+        let err = check_plan(&schedule, &one_of_four).unwrap_err().to_string();
+        assert!(err.contains("priority launch across processes"), "{err}");
+        let all_four = Placement {
+            world: 4,
+            local: (0..4).map(|r| (r, r as usize)).collect(),
+            ids: Vec::new(),
+        };
+        assert!(check_plan(&schedule, &all_four).is_ok());
     }
 }
