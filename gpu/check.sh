@@ -8,11 +8,12 @@
 #   device.json    profile --backend cuda        captures.tar      the captured model profiles
 #   ddp_overhead.json, contention.json           gpu/measure/'s measurements
 # The bundle (gpu/bundle.sh: the binaries and the Python wheel; the GPU machine needs no Rust)
-# defaults to target/gpu-bundle and is built first when missing and cargo is here. Without a GPU
+# defaults to target/gpu-bundle and is built first where cargo is, when it is missing or was
+# built from other sources than the checkout's. Without a GPU
 # every step fails fast, naming its cause. --only reruns a subset, e.g. --only gpu-tests,nccl2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps_all=(env gpu-tests nccl2 capture ddp contention profile)
+steps_all=(env gpu-tests nccl2 capture profile ddp contention)
 usage="usage: gpu/check.sh [--bundle DIR] [--out DIR] [--only STEP,...] [--deadline SECONDS] [--list]; steps: ${steps_all[*]}"
 bundle=target/gpu-bundle
 out=${OUT:-target/gpu-check}
@@ -38,13 +39,16 @@ for step in ${only//,/ }; do
         exit 2
     fi
 done
-if [ ! -x "$bundle/syncopate" ]; then
-    if command -v cargo >/dev/null 2>&1; then
-        gpu/bundle.sh || { echo "gpu/check.sh: gpu/bundle.sh failed" >&2; exit 1; }
-    else
-        echo "gpu/check.sh: no bundle at $bundle and no cargo to build one: run gpu/bundle.sh where Rust is, and carry $bundle" >&2
-        exit 1
-    fi
+# Where cargo is, a bundle missing or built from other sources than the checkout's is rebuilt.
+stale() {
+    [ ! -x "$bundle/syncopate" ] || grep -q "uncommitted" "$bundle/COMMIT" 2>/dev/null ||
+        [ "$(head -n 1 "$bundle/COMMIT" 2>/dev/null)" != "$(git rev-parse HEAD 2>/dev/null)" ]
+}
+if command -v cargo >/dev/null 2>&1 && stale; then
+    gpu/bundle.sh || { echo "gpu/check.sh: gpu/bundle.sh failed" >&2; exit 1; }
+elif [ ! -x "$bundle/syncopate" ]; then
+    echo "gpu/check.sh: no bundle at $bundle and no cargo to build one: run gpu/bundle.sh where Rust is, and carry $bundle" >&2
+    exit 1
 fi
 bundle=$(cd "$bundle" && pwd)
 mkdir -p "$out"
@@ -95,8 +99,9 @@ step() {
         return
     fi
     local log="$work/logs/${name//:/-}.log" t0=$SECONDS rc
-    # Through bash -c, so that COMMAND may be one of the (exported) functions below.
-    timeout -k 5 "$seconds" bash -c '"$@"' step "$@" >"$log" 2>&1
+    # Through bash -c, so that COMMAND may be one of the (exported) functions below, which may
+    # size their work to STEP_SECONDS.
+    STEP_SECONDS=$seconds timeout -k 5 "$seconds" bash -c '"$@"' step "$@" >"$log" 2>&1
     rc=$?
     local took=$((SECONDS - t0)) facts=""
     [ "$figures" != - ] && facts=$("$figures" "$log" 2>/dev/null | tr '\n' ' ')
@@ -145,24 +150,31 @@ gpu_tests() {
     return $rc
 }
 gpu_tests_figures() {
-    grep -c '^codec ' "$1" | sed 's/$/ codec specs compared;/'
-    grep -m1 '^nccl world of one' "$1"
+    # A test's first line follows the harness's `test NAME ... ` on the same line.
+    grep -c 'codec [^ ]*: ' "$1" | sed 's/$/ codec specs compared;/'
+    grep -o -m1 'nccl world of one.*' "$1"
     grep -E '^test result' "$1" | tail -n 1
 }
 
-# capture MODEL PRECISION ARGS...: one model profile, then its tensor inventory check.
+# capture MODEL PRECISION ARGS...: one model profile, then its tensor inventory check (in any
+# order under autocast, whose casts move some gradients); a capture that fails the check is
+# kept as *.mismatch, out of --compute-from's way.
 capture() {
     local model=$1 precision=$2
     shift 2
-    local file="$work/models/$model-$tag-$precision.json"
+    local file="$work/models/$model-$tag-$precision.json" order=()
+    [ "$precision" = amp ] && order=(--any-order)
     PYTHONPATH="$work/python" $py -m syncopate.capture "$@" --device-name "$device" \
-        --name "$model-$tag-$precision" --out "$file" &&
-        $py profiles/capture/check_inventory.py "$file" "profiles/models/$model.json"
+        --name "$model-$tag-$precision" --out "$file" || return 1
+    if ! $py profiles/capture/check_inventory.py "${order[@]}" "$file" "profiles/models/$model.json"; then
+        mv "$file" "$file.mismatch"
+        return 1
+    fi
 }
 capture_figures() {
     $py - "$work/models" <<'PY'
 import glob, json, sys
-for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
+for path in sorted(glob.glob(sys.argv[1] + "/*.json*")):
     p = json.load(open(path))
     total = sum(x.get("forward_us", 0) + x.get("backward_us", 0) for x in p["tensors"]) + p.get("optimizer_us", 0)
     print(f"{p['name']} {total / 1e3:.1f} ms;")
@@ -174,6 +186,12 @@ install_package() {
 }
 
 measure_figures() { grep '^RESULT' "$1" | head -n 12; }
+
+# measure SCRIPT: one of gpu/measure/'s scripts, its soft budget 15 s inside the step's timeout
+# so that it writes its JSON before the step is cut.
+measure() {
+    $py "gpu/measure/$1.py" --out-dir "$work" --seconds $((STEP_SECONDS > 30 ? STEP_SECONDS - 15 : 15))
+}
 
 profile_figures() {
     $py - "$work/device.json" <<'PY'
@@ -220,8 +238,10 @@ case "$gpu_name" in
     *A100*) tag=a100 device=a100-sxm4-80gb ;;
     *) tag=gpu device=h100-sxm5-80gb ;;
 esac
+# The binaries' library probe asks the same Python for its site-packages.
+export SYNCOPATE_PYTHON=$py
 export bundle work py bin tag device
-export -f environment gpu_tests capture install_package nccl2
+export -f environment gpu_tests capture install_package nccl2 measure
 say "gpu/check.sh on ${gpu_name:-no GPU (nvidia-smi lists none)}, deadline ${deadline} s, bundle $(head -n 1 "$bundle/COMMIT" 2>/dev/null)"
 
 step env 20 environment_figures environment
@@ -240,8 +260,6 @@ for precision in fp32 amp; do
     step "capture:gpt2-$precision" 45 capture_figures capture gpt2 "$precision" "${flags[@]}" \
         --hf gpt2 --hf-from-config --task causal-lm --seq-len 1024 --batch-size 4
 done
-step ddp 90 measure_figures $py gpu/measure/ddp_overhead.py --out-dir "$work" --seconds 70
-step contention 70 measure_figures $py gpu/measure/contention.py --out-dir "$work" --seconds 50
 # compute_speed_vs_v100 from the fp32 captures, where they were made.
 compute_from=()
 for file in "$work"/models/*-fp32.json; do
@@ -249,6 +267,8 @@ for file in "$work"/models/*-fp32.json; do
 done
 step profile 120 profile_figures "$bin" profile --backend cuda --name "$device" \
     --out "$work/device.json" "${compute_from[@]}"
+step ddp 90 measure_figures measure ddp_overhead
+step contention 70 measure_figures measure contention
 
 refresh
 say "$failures step(s) failed in $((SECONDS - start)) s; files in $out: $(ls "$out" | tr '\n' ' ')"

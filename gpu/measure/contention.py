@@ -13,24 +13,20 @@ Writes DIR/contention.json (slowdowns as medians of per-repeat ratios, with min 
 `RESULT ` lines. Exit 77 when --device cuda finds no GPU, 2 for a bad argument.
 """
 
-import argparse
-import contextlib
 import datetime
-import json
 import math
 import os
-import pathlib
-import platform
-import socket
 import statistics
 import sys
 import threading
 import time
 
-torch = None  # imported once the arguments parse (import_torch), so that a bad flag fails at once
+import measuring
+from measuring import CpuClock, CudaClock, environment, precision_settings, stats_ms
 
-SKIP_EXIT = 77
-MAX_SECONDS = 3600.0
+torch = None  # set by main (measuring.import_torch), so that a bad flag fails before torch loads
+
+
 SPIN_COUNTS = (1, 8, 16, 32)
 HOLD_COUNTS = (8, 16, 32)
 # A whole-SM block: 1024 threads and 200 KiB of shared memory, more than half of an H100/H200
@@ -57,75 +53,16 @@ QUICK = {"gemm_bf16": 256, "gemm_fp32": 128, "conv": (2, 16, 14), "resnet_batch"
          "nccl_bytes": 1 << 20, "victim_ms": 15.0, "chunk_ms": 3.0, "repeats": 2, "max_ops": 500}
 
 
-def seconds_arg(text):
-    """A time budget: a finite number of seconds above 0 and at most MAX_SECONDS."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_SECONDS:g} seconds, not {text!r}")
-    return value
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", required=True, type=pathlib.Path, help="where contention.json goes")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats (a CPU dry run)")
-    parser.add_argument("--seconds", type=seconds_arg, default=90.0,
-                        help="soft time budget: no measurement starts once it is spent (default 90)")
-    return parser.parse_args(argv)
 
 
-def import_torch():
-    global torch
-    import torch as module
-    torch = module
 
 
 # --- clocks: the same measuring code runs on the GPU (CUDA events) and on the CPU (perf_counter) ---
 
-class CudaClock:
-    """Marks are CUDA events on the calling thread's current stream, timed by the GPU itself."""
-    what = "CUDA events (torch.cuda.Event.elapsed_time)"
-
-    def mark(self):
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def wait(self, mark):
-        mark.synchronize()
-
-    def elapsed(self, start, end):
-        return start.elapsed_time(end)
-
-    def sync(self):
-        torch.cuda.synchronize()
-
-    def on(self, stream):
-        return torch.cuda.stream(stream)
 
 
-class CpuClock:
-    """Marks are time.perf_counter() readings; CPU work is done when the call returns."""
-    what = "time.perf_counter"
-
-    def mark(self):
-        return time.perf_counter()
-
-    def wait(self, mark):
-        pass
-
-    def elapsed(self, start, end):
-        return (end - start) * 1e3
-
-    def sync(self):
-        pass
-
-    def on(self, stream):
-        return contextlib.nullcontext()
 
 
 def time_ops(op, clock, count):
@@ -156,9 +93,6 @@ def calibrate(op, clock, target_ms, cap):
     return per_op, max(1, min(cap, math.ceil(target_ms / per_op)))
 
 
-def stats_ms(samples):
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples),
-            "repeats": len(samples), "samples_ms": [round(s, 6) for s in samples]}
 
 
 def stats(samples, unit=None):
@@ -407,16 +341,12 @@ def nccl_companion(nbytes, clock, stream):
                             "GB/s", clock, stream, {"bytes": nbytes, "op": "AVG", "world_size": 1})
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_nccl():
     import torch.distributed as dist
 
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{measuring.free_port()}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=120))
 
 
@@ -647,40 +577,12 @@ class Run:
         return victims, companions
 
 
-def environment(device):
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-           "device": device, "cpu_threads": torch.get_num_threads(), "gpu_name": None, "sm_count": None,
-           "nccl": None, "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env.update(gpu_name=props.name, sm_count=props.multi_processor_count, gpu_memory_bytes=props.total_memory,
-                   compute_capability=f"{props.major}.{props.minor}", nccl=nccl_version())
-    return env
 
 
-def nccl_version():
-    try:
-        version = torch.cuda.nccl.version()
-    except Exception as error:  # a build without NCCL
-        return f"unknown ({type(error).__name__}: {error})"
-    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-def precision_settings():
-    """TF32 off so that fp32 work is fp32 (the simulator's fp32 curves), read back as set."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    return {"matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "cudnn_benchmark": torch.backends.cudnn.benchmark}
 
 
-def write_json(path, document):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(document, sort_keys=True, indent=1, allow_nan=False) + "\n")
-    partial.replace(path)
 
 
 def summary_lines(records, skipped):
@@ -704,26 +606,25 @@ def summary_lines(records, skipped):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = measuring.parser(__doc__.splitlines()[0], "contention.json", "tiny sizes and 2 repeats (a CPU dry run)", 90.0,
+                           "no measurement starts").parse_args(argv)
     if args.device == "cuda":
         # Up to 34 streams run at once (victim, companion, 32 spinning kernels); with the default 8
         # hardware queues, streams would share queues and wait on each other's unrelated work.
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-    import_torch()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"SKIP: no CUDA device (torch {torch.__version__})")
-        return SKIP_EXIT
+    global torch
+    torch = measuring.import_torch(args.device)
+    if torch is None:
+        return measuring.SKIP_EXIT
     torch.manual_seed(0)
     if args.device == "cpu":
         # One intra-op thread per Python thread: the victim and its companion then each hold a core,
         # instead of two OpenMP teams spinning (KMP_BLOCKTIME) on each other's cores between ops.
         torch.set_num_threads(1)
     run = Run(args)
-    document = {"schema": "syncopate-gpu-measure/contention/1", "script": "gpu/measure/contention.py",
-                "what": __doc__.splitlines()[0], "command": " ".join([sys.executable, *sys.argv]),
-                "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    status = 0
-    try:
+    document = measuring.document("contention", __doc__.splitlines()[0])
+
+    def work():
         document["environment"] = environment(args.device)
         settings = {"quick": args.quick, "seconds_budget": args.seconds, "sizes": run.sizes,
                     "repeats": run.sizes["repeats"], "victim_target_ms": run.sizes["victim_ms"],
@@ -744,26 +645,12 @@ def main(argv=None):
             settings["spin_streams_distinct"] = getattr(run, "distinct_spin_streams", None)
             settings["spin_cycles_per_ms"] = getattr(run, "cycles_per_ms", None)
         run.measure()
-    except Exception as error:  # still write what was measured
-        run.errors["fatal"] = f"{type(error).__name__}: {error}"
-        status = 1
-    finally:
-        try:
-            destroy_nccl()
-        except Exception as error:
-            run.errors["destroy_process_group"] = f"{type(error).__name__}: {error}"
+
+    status = measuring.guarded(run.errors, work, destroy_nccl)
     records = run.results()
     document["victims"], document["companions"] = run.describe()
-    document.update(measurements=records, skipped=run.skipped, skipped_for_time=run.skipped_for_time,
-                    errors=run.errors, elapsed_s=round(time.perf_counter() - run.started, 3),
-                    complete=not run.skipped_for_time and not run.errors)
-    path = args.out_dir / "contention.json"
-    write_json(path, document)
-    for line in summary_lines(records, run.skipped):
-        print(line)
-    print(f"RESULT wrote {path} in {document['elapsed_s']:.1f} s"
-          + (f"; skipped for time: {len(run.skipped_for_time)}" if run.skipped_for_time else "")
-          + (f"; errors: {sorted(run.errors)}" if run.errors else ""))
+    document["measurements"] = records
+    measuring.finish(document, run, args.out_dir / "contention.json", summary_lines(records, run.skipped))
     return status
 
 

@@ -13,21 +13,18 @@ Writes DIR/ddp_overhead.json (per-iteration medians with min and max, overhead_v
 buckets) and prints `RESULT ` lines. Exit 77 when --device cuda finds no GPU, 2 for a bad argument.
 """
 
-import argparse
 import datetime
-import json
 import math
-import pathlib
-import platform
-import socket
 import statistics
 import sys
 import time
 
-torch = None  # imported once the arguments parse (import_torch), so that a bad flag fails at once
+import measuring
+from measuring import CpuClock, CudaClock, environment, precision_settings, stats_ms
 
-SKIP_EXIT = 77
-MAX_SECONDS = 3600.0
+torch = None  # set by main (measuring.import_torch), so that a bad flag fails before torch loads
+
+
 DEFAULT = "default"  # bucket_cap_mb left out: 25 MiB buckets, the first one 1 MiB
 
 # (name, bucket_cap_mb, gradient_as_bucket_view); bucket_cap_mb None is plain training without DDP.
@@ -39,67 +36,18 @@ QUICK = {"warmup": 2, "iterations": 3, "repeats": 2}
 LEARNING_RATE, MOMENTUM = 1e-3, 0.9
 
 
-def seconds_arg(text):
-    """A time budget: a finite number of seconds above 0 and at most MAX_SECONDS."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_SECONDS:g} seconds, not {text!r}")
-    return value
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", required=True, type=pathlib.Path, help="where ddp_overhead.json goes")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--quick", action="store_true",
-                        help="small models, 2 repeats of 3 iterations (a CPU dry run with gloo)")
-    parser.add_argument("--seconds", type=seconds_arg, default=120.0,
-                        help="soft time budget: no repeat starts once it is spent (default 120)")
-    return parser.parse_args(argv)
 
 
-def import_torch():
-    global torch
-    import torch as module
-    torch = module
 
 
 # --- clocks: CUDA events on the GPU, perf_counter on the CPU ---
 
-class CudaClock:
-    what = "CUDA events on the default stream (torch.cuda.Event.elapsed_time)"
-
-    def mark(self):
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def elapsed(self, start, end):
-        return start.elapsed_time(end)
-
-    def sync(self):
-        torch.cuda.synchronize()
 
 
-class CpuClock:
-    what = "time.perf_counter"
-
-    def mark(self):
-        return time.perf_counter()
-
-    def elapsed(self, start, end):
-        return (end - start) * 1e3
-
-    def sync(self):
-        pass
 
 
-def stats_ms(samples):
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples),
-            "samples_ms": [round(s, 6) for s in samples]}
 
 
 # --- models: each returns (module, loss function, inputs, targets, description) ---
@@ -206,16 +154,12 @@ def model_specs(quick):
 
 # --- DDP ---
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_group(backend):
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{measuring.free_port()}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=120))
 
 
@@ -411,40 +355,12 @@ class Run:
             self.measurements[f"{spec.name}/{trainee.name}"] = record
 
 
-def environment(device):
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-           "device": device, "cpu_threads": torch.get_num_threads(), "gpu_name": None, "sm_count": None,
-           "nccl": None, "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env.update(gpu_name=props.name, sm_count=props.multi_processor_count, gpu_memory_bytes=props.total_memory,
-                   compute_capability=f"{props.major}.{props.minor}", nccl=nccl_version())
-    return env
 
 
-def nccl_version():
-    try:
-        version = torch.cuda.nccl.version()
-    except Exception as error:  # a build without NCCL
-        return f"unknown ({type(error).__name__}: {error})"
-    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-def precision_settings():
-    """TF32 off so that fp32 training is fp32 (the simulator's fp32 profiles), read back as set."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    return {"matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "cudnn_benchmark": torch.backends.cudnn.benchmark}
 
 
-def write_json(path, document):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(document, sort_keys=True, indent=1, allow_nan=False) + "\n")
-    partial.replace(path)
 
 
 def summary_lines(measurements, models):
@@ -462,19 +378,19 @@ def summary_lines(measurements, models):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    import_torch()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"SKIP: no CUDA device (torch {torch.__version__})")
-        return SKIP_EXIT
+    args = measuring.parser(__doc__.splitlines()[0], "ddp_overhead.json",
+                           "small models, 2 repeats of 3 iterations (a CPU dry run with gloo)", 120.0,
+                           "no repeat starts").parse_args(argv)
+    global torch
+    torch = measuring.import_torch(args.device)
+    if torch is None:
+        return measuring.SKIP_EXIT
     if args.device == "cuda":
         torch.cuda.set_device(0)
     run = Run(args)
-    document = {"schema": "syncopate-gpu-measure/ddp_overhead/1", "script": "gpu/measure/ddp_overhead.py",
-                "what": __doc__.splitlines()[0], "command": " ".join([sys.executable, *sys.argv]),
-                "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    status = 0
-    try:
+    document = measuring.document("ddp_overhead", __doc__.splitlines()[0])
+
+    def work():
         document["environment"] = environment(args.device)
         document["settings"] = {
             "quick": args.quick, "seconds_budget": args.seconds, **run.counts, "precision": precision_settings(),
@@ -494,25 +410,11 @@ def main(argv=None):
                      "order rotated by one each repeat",
             "overhead_vs_plain": "median(ddp per-iteration ms) / median(plain per-iteration ms) - 1"}
         run.measure_all()
-    except Exception as error:  # still write what was measured
-        run.errors["fatal"] = f"{type(error).__name__}: {error}"
-        status = 1
-    finally:
-        try:
-            destroy_group()
-        except Exception as error:
-            run.errors["destroy_process_group"] = f"{type(error).__name__}: {error}"
-    document.update(models=run.models, measurements=run.measurements, skipped=run.skipped,
-                    skipped_for_time=run.skipped_for_time, errors=run.errors,
-                    elapsed_s=round(time.perf_counter() - run.started, 3),
-                    complete=not run.skipped_for_time and not run.errors)
-    path = args.out_dir / "ddp_overhead.json"
-    write_json(path, document)
-    for line in summary_lines(run.measurements, run.models):
-        print(line)
-    print(f"RESULT wrote {path} in {document['elapsed_s']:.1f} s"
-          + (f"; skipped for time: {run.skipped_for_time}" if run.skipped_for_time else "")
-          + (f"; errors: {sorted(run.errors)}" if run.errors else ""))
+
+    status = measuring.guarded(run.errors, work, destroy_group)
+    document.update(models=run.models, measurements=run.measurements)
+    measuring.finish(document, run, args.out_dir / "ddp_overhead.json",
+                     summary_lines(run.measurements, run.models))
     return status
 
 

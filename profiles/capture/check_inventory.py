@@ -2,9 +2,11 @@
 """Compares a captured model profile's tensor inventory (names, shapes, element counts, in
 gradient-ready order) with a shipped profile's, so that a capture can stand in for it.
 
-Usage: python3 profiles/capture/check_inventory.py CAPTURED.json profiles/models/NAME.json
+Usage: python3 profiles/capture/check_inventory.py [--any-order] CAPTURED.json profiles/models/NAME.json
 Exit status 0 when the inventories are equal, 1 with the first difference otherwise, 2 for bad
-usage or a file that cannot be read.
+usage or a file that cannot be read. --any-order accepts the same tensors in another order and
+says how many moved: under autocast, casts put some gradients ready in another order (a layer's
+weight before its bias), which a profile of mixed-precision training keeps.
 """
 
 import json
@@ -30,9 +32,16 @@ def fail(message):
 
 
 def main(argv):
+    any_order = argv[1:2] == ["--any-order"]
+    if any_order:
+        argv = argv[:1] + argv[2:]
     if len(argv) != 3:
         fail(next(line for line in __doc__.splitlines() if line.startswith("Usage:")))
     captured, shipped = inventory(argv[1]), inventory(argv[2])
+    if any_order and sorted(captured) == sorted(shipped):
+        moved = sum(1 for a, b in zip(captured, shipped) if a != b)
+        print(f"{argv[1]}: the same {len(captured)} tensors as {argv[2]}, {moved} of them in another order")
+        return 0
     for i, (a, b) in enumerate(zip(captured, shipped)):
         if a != b:
             print(f"tensor {i}: captured {a}, shipped {b}")

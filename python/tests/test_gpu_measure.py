@@ -56,20 +56,22 @@ def check_common(document, device="cpu"):
     assert document["errors"] == {} and document["skipped_for_time"] == []
 
 
+def quick_run(tmp_path_factory, script):
+    """The script's --quick CPU run: its JSON document and its standard output."""
+    out = tmp_path_factory.mktemp(script.stem)
+    done = measure(script, "--device", "cpu", "--quick", "--out-dir", out)
+    assert done.returncode == 0, done.stderr
+    return json.loads((out / f"{script.stem}.json").read_text()), done.stdout
+
+
 @pytest.fixture(scope="module")
 def contention(tmp_path_factory):
-    out = tmp_path_factory.mktemp("contention")
-    done = measure(CONTENTION, "--device", "cpu", "--quick", "--out-dir", out)
-    assert done.returncode == 0, done.stderr
-    return json.loads((out / "contention.json").read_text()), done.stdout
+    return quick_run(tmp_path_factory, CONTENTION)
 
 
 @pytest.fixture(scope="module")
 def ddp_overhead(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp")
-    done = measure(DDP_OVERHEAD, "--device", "cpu", "--quick", "--out-dir", out)
-    assert done.returncode == 0, done.stderr
-    return json.loads((out / "ddp_overhead.json").read_text()), done.stdout
+    return quick_run(tmp_path_factory, DDP_OVERHEAD)
 
 
 def test_contention_times_each_victim_alone_and_beside_each_cpu_companion(contention):
@@ -127,12 +129,13 @@ def test_the_estimated_buckets_match_the_ones_ddp_reports():
     """The fallback estimate against DDP's own rebuilt buckets, on a chain of layers whose gradients
     (0.5 to 1.4 MiB each) fill several buckets at caps of 1, 2 and 5 MiB and at DDP's default."""
     code = f"""
-import importlib.util, json, torch, torch.distributed as dist
+import importlib.util, json, sys, torch, torch.distributed as dist
+sys.path.insert(0, {str(DDP_OVERHEAD.parent)!r})  # as when the script runs: measuring.py beside it
 spec = importlib.util.spec_from_file_location("ddp_overhead", {str(DDP_OVERHEAD)!r})
 script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(script)
-script.import_torch()
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{script.free_port()}}", rank=0, world_size=1)
+script.torch = script.measuring.import_torch("cpu")
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{script.measuring.free_port()}}", rank=0, world_size=1)
 widths = (300, 700, 200, 900, 400, 600)
 out = []
 for caps in ({{"bucket_cap_mb": 1}}, {{"bucket_cap_mb": 2}}, {{"bucket_cap_mb": 5}}, {{}}):

@@ -151,11 +151,14 @@ fn gemm_tflops(gemm: &Gemm) -> f64 {
 struct Ring {
     comms: Vec<Comm>,
     bufs: Vec<CudaSlice<f32>>,
+    /// Sum, as nccl-tests times; on one GPU the average, since NCCL launches no kernel at all
+    /// for a one-rank in-place sum (src/enqueue.cc, ncclLaunchOneRank) but scales the buffer
+    /// in one kernel for the average.
+    op: ReduceOp,
 }
 
 impl Ring {
-    /// Communicators over every GPU (a single-GPU one still launches a reduction kernel),
-    /// with `bytes` of buffer each; GPU 0 uses `first`.
+    /// Communicators over every GPU, with `bytes` of buffer each; GPU 0 uses `first`.
     fn new(first: &Arc<CudaStream>, gpus: usize, bytes: usize) -> Result<Ring> {
         let mut streams = vec![first.clone()];
         for ordinal in 1..gpus {
@@ -174,7 +177,12 @@ impl Ring {
         let comms = Comm::from_devices(streams).map_err(|e| ExecError::Cuda {
             message: format!("cannot create the NCCL communicators: {e:?}"),
         })?;
-        Ok(Ring { comms, bufs })
+        let op = if gpus == 1 {
+            ReduceOp::Avg
+        } else {
+            ReduceOp::Sum
+        };
+        Ok(Ring { comms, bufs, op })
     }
 
     /// Enqueues one allreduce of the first `bytes` of every buffer on every GPU.
@@ -186,7 +194,7 @@ impl Ring {
         let mut result = Ok(());
         for (comm, buf) in self.comms.iter().zip(&mut self.bufs) {
             let mut part = buf.slice_mut(..bytes / 4);
-            if let Err(e) = comm.all_reduce_in_place(&mut part, &ReduceOp::Sum) {
+            if let Err(e) = comm.all_reduce_in_place(&mut part, &self.op) {
                 result = Err(nccl(e));
                 break;
             }
@@ -376,7 +384,7 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
             compute_slowdown_with_compression: codec,
             provenance: provenance(
                 Status::Measured,
-                format!("measured on {model}: the tiled GEMM's CUDA-event time (≈{} ms) while a {} MiB NCCL allreduce over {gpus} GPU(s) loops on another stream, and while the fp16 encode kernel over {largest} elements loops on another stream, each divided by its time alone; medians of {repeats}", CONTENTION_NS / 1_000_000, CONTENTION_ALLREDUCE_BYTES >> 20),
+                format!("measured on {model}: the tiled GEMM's CUDA-event time (≈{} ms) while a {} MiB NCCL allreduce over {gpus} GPU(s) loops on another stream{}, and while the fp16 encode kernel over {largest} elements loops on another stream, each divided by its time alone; medians of {repeats}", CONTENTION_NS / 1_000_000, CONTENTION_ALLREDUCE_BYTES >> 20, if gpus == 1 { " (one GPU: NCCL's one-rank average, a kernel that reads and writes the buffer once and moves nothing between GPUs, so a lower bound of a collective's interference)" } else { "" }),
             ),
         },
     };
