@@ -181,6 +181,16 @@ for path in sorted(glob.glob(sys.argv[1] + "/*.json*")):
 PY
 }
 
+# The fp32 captures beside the simulator's prediction for this GPU (gpu/compare_captures.py).
+compare_captures() {
+    if ! compgen -G "$work/models/*-fp32.json" >/dev/null; then
+        echo "no fp32 capture to compare" >&2
+        return 1
+    fi
+    $py gpu/compare_captures.py "$bin" "$cluster" "$work"/models/*-fp32.json
+}
+compare_figures() { awk -F'|' '/^\| [a-z]/ && !/^\| capture/ {print $2 $6 ";"} /^Median/ {print}' "$1"; }
+
 install_package() {
     $py -m pip install --quiet --no-deps --no-index --upgrade --target "$work/python" "$bundle"/syncopate-*.whl
 }
@@ -233,15 +243,15 @@ nccl2_figures() { grep -E '^--- |rank 0: +iteration time' "$1" | tr -s ' ' | hea
 
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 case "$gpu_name" in
-    *H200*) tag=h200 device=h200-sxm-141gb ;;
-    *H100*) tag=h100 device=h100-sxm5-80gb ;;
-    *A100*) tag=a100 device=a100-sxm4-80gb ;;
-    *) tag=gpu device=h100-sxm5-80gb ;;
+    *H200*) tag=h200 device=h200-sxm-141gb cluster=dgx-h200 ;;
+    *H100*) tag=h100 device=h100-sxm5-80gb cluster=dgx-h100 ;;
+    *A100*) tag=a100 device=a100-sxm4-80gb cluster=dgx-a100 ;;
+    *) tag=gpu device=h100-sxm5-80gb cluster=dgx-h100 ;;
 esac
 # The binaries' library probe asks the same Python for its site-packages.
 export SYNCOPATE_PYTHON=$py
-export bundle work py bin tag device
-export -f environment gpu_tests capture install_package nccl2 measure
+export bundle work py bin tag device cluster
+export -f environment gpu_tests capture install_package nccl2 measure compare_captures
 say "gpu/check.sh on ${gpu_name:-no GPU (nvidia-smi lists none)}, deadline ${deadline} s, bundle $(head -n 1 "$bundle/COMMIT" 2>/dev/null)"
 
 step env 20 environment_figures environment
@@ -260,6 +270,7 @@ for precision in fp32 amp; do
     step "capture:gpt2-$precision" 45 capture_figures capture gpt2 "$precision" "${flags[@]}" \
         --hf gpt2 --hf-from-config --task causal-lm --seq-len 1024 --batch-size 4
 done
+step capture:compare 60 compare_figures compare_captures
 # compute_speed_vs_v100 from the fp32 captures, where they were made.
 compute_from=()
 for file in "$work"/models/*-fp32.json; do
