@@ -200,7 +200,7 @@ measure_figures() { grep '^RESULT' "$1" | head -n 12; }
 # measure SCRIPT: one of gpu/measure/'s scripts, its soft budget 15 s inside the step's timeout
 # so that it writes its JSON before the step is cut.
 measure() {
-    $py "gpu/measure/$1.py" --out-dir "$work" --seconds $((STEP_SECONDS > 30 ? STEP_SECONDS - 15 : 15))
+    $py "gpu/measure/$1.py" --out-dir "$work" --seconds $((STEP_SECONDS > 30 ? STEP_SECONDS - 15 : STEP_SECONDS / 2))
 }
 
 profile_figures() {

@@ -19,6 +19,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What `syncopate.capture` writes into a GPU capture's description about TF32 (the prediction is
+# of fp32 arithmetic, which TF32 would not be).
+TF32_NOTE = "TF32 for "
+TF32_OFF = "TF32 for fp32 matrix products off, for convolutions off"
 
 
 def load(path):
@@ -64,6 +68,11 @@ def main(argv):
             failed = True
             continue
         shipped = shipped_match(captured)
+        tf32 = TF32_NOTE in captured.get("description", "") and TF32_OFF not in captured["description"]
+        if tf32 and not autocast:
+            print(f"{path}: not compared: TF32 was on (capture with --tf32 off)", file=sys.stderr)
+            failed = True
+            continue
         if shipped is None or autocast:
             why = "an autocast capture (the shipped profiles are fp32)" if autocast else \
                 f"no shipped profile has its {len(captured['tensors'])} tensors at batch {captured['batch_size_per_gpu']}"

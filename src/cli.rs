@@ -290,11 +290,11 @@ pub struct SimulateArgs {
     pub codecs: Option<String>,
     /// Horovod's fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD: 128 since Horovod 0.21, 64
     /// before).
-    #[arg(long, default_value_t = 128.0, allow_negative_numbers = true, value_parser = crate::args::number)]
+    #[arg(long, default_value_t = (syncopate_sim::strategy::HOROVOD_FUSION_BYTES >> 20) as f64, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub fusion_mb: f64,
     /// Horovod's cycle time in milliseconds (HOROVOD_CYCLE_TIME: 1 since Horovod 0.21, 5
     /// before).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = crate::args::number)]
+    #[arg(long, default_value_t = syncopate_sim::strategy::HOROVOD_CYCLE_US / 1e3, allow_negative_numbers = true, value_parser = crate::args::number)]
     pub cycle_ms: f64,
     /// DDP's bucket cap and DeAR's fusion threshold in MiB.
     #[arg(long, default_value_t = 25.0, allow_negative_numbers = true, value_parser = crate::args::number)]

@@ -1,4 +1,4 @@
-"""Measures how much compute on one GPU slows down while other kernels share it, for the simulator's contention model.
+"""Measures how GPU compute slows beside SM-holding, memory-bound, codec and NCCL kernels.
 
 The simulator slows compute beside a collective because NCCL's channels each hold an SM (one
 persistent block per channel, NVIDIA/nccl#689) and NCCL's reads and writes cost memory bandwidth,
@@ -16,13 +16,12 @@ Writes DIR/contention.json (slowdowns as medians of per-repeat ratios, with min 
 import datetime
 import math
 import os
-import statistics
 import sys
 import threading
 import time
 
 import measuring
-from measuring import CpuClock, CudaClock, environment, precision_settings, stats_ms
+from measuring import CpuClock, CudaClock, environment, precision_settings, stats, stats_ms
 
 torch = None  # set by main (measuring.import_torch), so that a bad flag fails before torch loads
 
@@ -93,14 +92,6 @@ def calibrate(op, clock, target_ms, cap):
     return per_op, max(1, min(cap, math.ceil(target_ms / per_op)))
 
 
-
-
-def stats(samples, unit=None):
-    record = {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
-              "repeats": len(samples), "samples": [round(s, 6) for s in samples]}
-    if unit:
-        record["unit"] = unit
-    return record
 
 
 # --- victims: compute loops of K back-to-back ops on the victim stream ---

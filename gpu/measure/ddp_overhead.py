@@ -1,4 +1,4 @@
-"""Measures what PyTorch DDP costs over plain training on one GPU, by bucket size, for the simulator's DDP model.
+"""Measures what PyTorch DDP costs over plain training on one GPU, by bucket size.
 
 Published DDP measurements show DDP several percent slower than no DDP even on one GPU, and 1 MB
 buckets several percent slower than 25 MB; the simulator predicts too little of both. This script

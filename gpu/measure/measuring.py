@@ -99,9 +99,18 @@ class CpuClock:
         return contextlib.nullcontext()
 
 
+def stats(samples, unit=None):
+    """Median, min, max and count of `samples`, with the samples themselves (and their unit)."""
+    record = {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
+              "repeats": len(samples), "samples": [round(s, 6) for s in samples]}
+    if unit:
+        record["unit"] = unit
+    return record
+
+
 def stats_ms(samples):
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples),
-            "repeats": len(samples), "samples_ms": [round(s, 6) for s in samples]}
+    """`stats` of times in ms, each value's key marked `_ms`."""
+    return {key if key == "repeats" else f"{key}_ms": value for key, value in stats(samples).items()}
 
 
 def environment(device):

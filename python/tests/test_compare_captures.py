@@ -1,7 +1,8 @@
-"""gpu/compare_captures.py: captured model profiles beside the simulator's prediction for their GPU.
+"""gpu/compare_captures.py: captured profiles beside the simulator's prediction for their GPU.
 
 A shipped profile compared on its own GPU's cluster is its own prediction (0 % error); a capture
-that matches no shipped model fails naming it; an autocast capture is left out, not failed.
+that matches no shipped model, or was made with TF32 on, fails naming it; an autocast capture is
+left out, not failed.
 """
 
 import json
@@ -44,3 +45,13 @@ def test_a_capture_of_no_shipped_model_fails_and_autocast_is_left_out(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "an autocast capture" in done.stderr
     assert "Median |error| 0.0 % over 1 models." in done.stdout
+
+
+def test_a_capture_with_tf32_on_is_not_compared(tmp_path):
+    profile = json.loads((MODELS / "resnet50.json").read_text())
+    profile["description"] += "; TF32 for fp32 matrix products off, for convolutions on"
+    tf32 = tmp_path / "tf32.json"
+    tf32.write_text(json.dumps(profile))
+    done = compare("dgx1-v100", tf32)
+    assert done.returncode == 1
+    assert f"{tf32}: not compared: TF32 was on (capture with --tf32 off)" in done.stderr

@@ -1,4 +1,4 @@
-"""The GPU measurement scripts gpu/measure/contention.py and gpu/measure/ddp_overhead.py, dry-run on the CPU.
+"""gpu/measure/contention.py and ddp_overhead.py, dry-run on the CPU.
 
 With --quick --device cpu each writes its JSON with every documented key, each timing a positive
 finite median between its min and max; --device cuda without a GPU prints one SKIP line and exits

@@ -94,7 +94,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
                         ModelProfile::load(&file).map(|model| (file, model))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                Some(captured_speed::compute_speed(&captured)?)
+                Some(captured_speed::compute_speed(&name, &captured)?)
             };
             let measured = cuda::profile(&CudaProfileOptions {
                 name: name.clone(),

@@ -182,22 +182,6 @@ fn required(flag: &str, value: &Option<String>) -> Result<String, SimError> {
     })
 }
 
-/// Largest buffer a size flag may give: 2^30 MiB (1 PiB).
-const MAX_MIB: f64 = 1073741824.0;
-
-/// A size flag in MiB as bytes: at least one byte, at most [`MAX_MIB`].
-fn mib(flag: &str, value: f64) -> Result<u64, SimError> {
-    if value.is_finite() && value * 1048576.0 >= 1.0 && value <= MAX_MIB {
-        Ok((value * 1048576.0) as u64)
-    } else {
-        Err(SimError::bad_value(
-            flag,
-            limits::num(value),
-            format!("must be at least one byte (1/1048576) and at most {MAX_MIB} MiB"),
-        ))
-    }
-}
-
 /// A count of communication streams (or partitions in flight) within the plan limit.
 fn comm_streams(flag: &str, streams: u32) -> Result<u32, SimError> {
     if streams <= limits::MAX_COMM_STREAMS {
@@ -213,11 +197,11 @@ fn comm_streams(flag: &str, streams: u32) -> Result<u32, SimError> {
 
 fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
     Ok(StrategyOptions {
-        fusion_bytes: mib("--fusion-mb", args.fusion_mb)?,
+        fusion_bytes: limits::mib("--fusion-mb", args.fusion_mb)?,
         cycle_us: limits::flag_duration_us("--cycle-ms", args.cycle_ms, args.cycle_ms * 1e3)?,
-        bucket_bytes: mib("--bucket-mb", args.bucket_mb)?,
-        first_bucket_bytes: mib("--first-bucket-mb", args.first_bucket_mb)?,
-        partition_bytes: mib("--partition-mb", args.partition_mb)?,
+        bucket_bytes: limits::mib("--bucket-mb", args.bucket_mb)?,
+        first_bucket_bytes: limits::mib("--first-bucket-mb", args.first_bucket_mb)?,
+        partition_bytes: limits::mib("--partition-mb", args.partition_mb)?,
         credit: comm_streams("--credit", args.credit)?,
         ps_servers: args.ps_servers,
         compressor: args.compressor.parse()?,

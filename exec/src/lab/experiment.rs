@@ -211,7 +211,7 @@ fn plans(spec: &LabSpec, scenario: &Scenario, cluster: &Path) -> Result<Vec<Conf
         let parsed: Strategy = strategy.parse()?;
         for c in &spec.compressors {
             let base = match &spec.horovod {
-                Some(release) => release.options("horovod.release", StrategyOptions::default())?,
+                Some(release) => release.options("horovod", StrategyOptions::default())?,
                 None => StrategyOptions::default(),
             };
             let options = StrategyOptions {

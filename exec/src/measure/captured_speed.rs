@@ -2,9 +2,10 @@
 //!
 //! A GEMM written for the profiler reaches a fraction of a GPU's peak, so its rate says little
 //! about how fast a framework trains on it. A model captured on the GPU (`python -m
-//! syncopate.capture`, fp32 with TF32 off) against the shipped profile of the same model and
-//! batch measured on a V100 says it directly: the ratio of their compute times (forward,
-//! backward and optimizer), times the shipped device's own speed. Several models give a median.
+//! syncopate.capture --tf32 off) against the shipped profile of the same model and
+//! batch measured on a V100 says it directly: the ratio of their backward passes, the part both
+//! measured (a shipped profile's forward and optimizer are estimates), times the shipped
+//! device's own speed. Several models give a median.
 
 use crate::error::{ExecError, Result};
 use syncopate_sim::base::data::DataKind;
@@ -21,9 +22,17 @@ struct Ratio {
     speed: f64,
 }
 
-/// `compute_speed_vs_v100` and its provenance from captured fp32 profiles, each compared with
-/// the shipped profile that has its tensors and batch.
-pub fn compute_speed(captured: &[(String, ModelProfile)]) -> Result<(f64, Provenance)> {
+/// What `syncopate.capture` writes into a profile's source, and into its description when
+/// neither fp32 matrix products nor convolutions could use TF32.
+const CAPTURE_SOURCE: &str = "recorded by python -m syncopate.capture";
+const TF32_OFF: &str = "TF32 for fp32 matrix products off, for convolutions off";
+
+/// `compute_speed_vs_v100` and its provenance from profiles captured on `device` in fp32, each
+/// compared with the shipped profile that has its tensors and batch.
+pub fn compute_speed(
+    device: &str,
+    captured: &[(String, ModelProfile)],
+) -> Result<(f64, Provenance)> {
     let shipped: Vec<ModelProfile> = DataKind::Model
         .shipped_names()
         .into_iter()
@@ -31,7 +40,7 @@ pub fn compute_speed(captured: &[(String, ModelProfile)]) -> Result<(f64, Proven
         .collect::<std::result::Result<_, _>>()?;
     let ratios = captured
         .iter()
-        .map(|(file, model)| ratio(file, model, &shipped))
+        .map(|(file, model)| ratio(device, file, model, &shipped))
         .collect::<Result<Vec<_>>>()?;
     let speeds: Vec<f64> = ratios.iter().map(|r| r.speed).collect();
     let Some(speed) = median(&speeds) else {
@@ -43,7 +52,7 @@ pub fn compute_speed(captured: &[(String, ModelProfile)]) -> Result<(f64, Proven
         .collect::<Vec<_>>()
         .join(", ");
     let method = format!(
-        "median over captured fp32 model profiles (TF32 off) of the shipped profile's compute time (forward + backward + optimizer, same model and batch) divided by the capture's, times the shipped device's compute_speed_vs_v100: {each}"
+        "median over model profiles captured on this GPU in fp32 with TF32 off (python -m syncopate.capture --tf32 off) of the shipped profile's measured backward time (same model and batch) divided by the capture's, times the shipped device's compute_speed_vs_v100: {each}"
     );
     Ok((
         speed,
@@ -54,36 +63,53 @@ pub fn compute_speed(captured: &[(String, ModelProfile)]) -> Result<(f64, Proven
     ))
 }
 
-fn ratio(file: &str, captured: &ModelProfile, shipped: &[ModelProfile]) -> Result<Ratio> {
-    if captured.timing.backward.method.contains("autocast") {
+fn ratio(
+    device: &str,
+    file: &str,
+    captured: &ModelProfile,
+    shipped: &[ModelProfile],
+) -> Result<Ratio> {
+    if !captured.source.starts_with(CAPTURE_SOURCE) || captured.device != device {
         return Err(bad(
             file,
-            "an autocast capture does not measure fp32 speed: capture with --tf32 off and without --amp",
+            &format!(
+                "not a capture on this GPU: its source must be `{CAPTURE_SOURCE} …` and its device `{device}` (the profile's --name), not `{}`",
+                captured.device
+            ),
+        ));
+    }
+    if captured.timing.backward.method.contains("autocast")
+        || !captured.description.contains(TF32_OFF)
+    {
+        return Err(bad(
+            file,
+            "only an fp32 capture without TF32 measures fp32 speed: capture with --tf32 off and without --amp",
         ));
     }
     let inventory = |m: &ModelProfile| m.tensors.iter().map(|t| t.numel).collect::<Vec<_>>();
     let reference = shipped
         .iter()
         .find(|s| {
-            inventory(s) == inventory(captured) && s.batch_size_per_gpu == captured.batch_size_per_gpu
+            inventory(s) == inventory(captured)
+                && s.batch_size_per_gpu == captured.batch_size_per_gpu
+                && s.timing.backward.status == Status::Measured
         })
         .ok_or_else(|| {
             bad(
                 file,
                 &format!(
-                    "no shipped model profile has its {} tensors at batch {}: capture a shipped model at its shipped batch",
+                    "no shipped model profile with a measured backward pass has its {} tensors at batch {}: capture a shipped model at its shipped batch",
                     captured.num_tensors(),
                     captured.batch_size_per_gpu
                 ),
             )
         })?;
-    let device = DeviceProfile::load(&reference.device)?;
-    let compute =
-        |m: &ModelProfile| (m.forward_time() + m.backward_time()).as_us() + m.optimizer_us;
+    let reference_device = DeviceProfile::load(&reference.device)?;
+    let backward = |m: &ModelProfile| m.backward_time().as_us();
     Ok(Ratio {
         model: captured.name.clone(),
         reference: reference.name.clone(),
-        speed: compute(reference) / compute(captured) * device.compute_speed_vs_v100,
+        speed: backward(reference) / backward(captured) * reference_device.compute_speed_vs_v100,
     })
 }
 
@@ -96,6 +122,10 @@ fn bad(file: &str, message: &str) -> ExecError {
 mod tests {
     use super::*;
 
+    const GPU: &str = "h200-sxm-141gb";
+
+    /// The shipped resnet50 as `syncopate.capture --tf32 off` would record it on `GPU`, `by`
+    /// times faster.
     fn resnet50_faster(by: f64) -> (String, ModelProfile) {
         let mut m = ModelProfile::load("resnet50").unwrap();
         for t in &mut m.tensors {
@@ -104,6 +134,9 @@ mod tests {
         }
         m.optimizer_us /= by;
         m.name = "resnet50-captured".into();
+        m.device = GPU.into();
+        m.source = format!("{CAPTURE_SOURCE} --torchvision resnet50 --tf32 off");
+        m.description.push_str(&format!("; {TF32_OFF}"));
         ("resnet50-captured.json".into(), m)
     }
 
@@ -112,17 +145,20 @@ mod tests {
     #[test]
     fn the_speed_is_the_shipped_time_over_the_captured() {
         let v100 = DeviceProfile::load(&ModelProfile::load("resnet50").unwrap().device).unwrap();
-        let (speed, provenance) = compute_speed(&[resnet50_faster(2.0)]).unwrap();
+        let (speed, provenance) = compute_speed(GPU, &[resnet50_faster(2.0)]).unwrap();
         assert!(
             (speed - 2.0 * v100.compute_speed_vs_v100).abs() < 1e-5,
             "{speed}"
         );
         assert_eq!(provenance.status, Status::Measured);
-        let (speed, provenance) = compute_speed(&[
-            resnet50_faster(2.0),
-            resnet50_faster(3.0),
-            resnet50_faster(10.0),
-        ])
+        let (speed, provenance) = compute_speed(
+            GPU,
+            &[
+                resnet50_faster(2.0),
+                resnet50_faster(3.0),
+                resnet50_faster(10.0),
+            ],
+        )
         .unwrap();
         assert!(
             (speed - 3.0 * v100.compute_speed_vs_v100).abs() < 1e-5,
@@ -133,21 +169,32 @@ mod tests {
             .contains("resnet50-captured against resnet50"));
     }
 
-    /// An autocast capture, another batch or an unknown model is refused, naming the file.
+    /// A shipped profile, a capture on another GPU, an autocast or TF32 capture, another batch
+    /// or an unknown model is refused, naming the file.
     #[test]
     fn a_capture_that_cannot_be_compared_is_refused_by_name() {
         let (file, mut amp) = resnet50_faster(2.0);
         amp.timing.backward.method.push_str(", autocast fp16");
+        let (_, mut tf32) = resnet50_faster(2.0);
+        tf32.description = tf32
+            .description
+            .replace(TF32_OFF, "TF32 for convolutions on");
         let (_, mut batch) = resnet50_faster(2.0);
         batch.batch_size_per_gpu *= 2;
         let (_, mut other) = resnet50_faster(2.0);
         other.tensors.pop();
+        let (_, mut elsewhere) = resnet50_faster(2.0);
+        elsewhere.device = "a100-sxm4-80gb".into();
+        let shipped = ModelProfile::load("resnet50").unwrap();
         for (model, says) in [
-            (amp, "autocast"),
+            (amp, "without TF32"),
+            (tf32, "without TF32"),
             (batch, "at batch 64"),
             (other, "160 tensors"),
+            (elsewhere, "not a capture on this GPU"),
+            (shipped, "not a capture on this GPU"),
         ] {
-            let err = compute_speed(&[(file.clone(), model)])
+            let err = compute_speed(GPU, &[(file.clone(), model)])
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -155,6 +202,6 @@ mod tests {
                 "{err}"
             );
         }
-        assert!(compute_speed(&[]).is_err());
+        assert!(compute_speed(GPU, &[]).is_err());
     }
 }

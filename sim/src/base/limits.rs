@@ -119,6 +119,23 @@ pub fn flag_rate(flag: &str, value: f64, unit: &str) -> Result<f64> {
     }
 }
 
+/// The largest size a MiB flag or field takes: 2^30 MiB (1 PiB).
+pub const MAX_MIB: f64 = 1073741824.0;
+
+/// A size in MiB (a flag's or a field's, named by `what`) as bytes: at least one byte, at most
+/// [`MAX_MIB`].
+pub fn mib(what: &str, value: f64) -> Result<u64> {
+    if value.is_finite() && value * 1048576.0 >= 1.0 && value <= MAX_MIB {
+        Ok((value * 1048576.0) as u64)
+    } else {
+        Err(SimError::bad_value(
+            what,
+            num(value),
+            format!("must be at least one byte (1/1048576) and at most {MAX_MIB} MiB"),
+        ))
+    }
+}
+
 /// A duration flag in µs (already converted from the flag's unit), within 0..=MAX_DURATION_US.
 pub fn flag_duration_us(flag: &str, shown: f64, us: f64) -> Result<f64> {
     if us.is_finite() && (0.0..=MAX_DURATION_US).contains(&us) {

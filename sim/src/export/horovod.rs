@@ -8,21 +8,18 @@ use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecCalls, Plan};
 use crate::predict::scenario::Scenario;
 use crate::search::Choice;
-use crate::strategy::{explicit_groups_plan, horovod_groups, Strategy, StrategyOptions};
+use crate::strategy::{
+    explicit_groups_plan, horovod_groups, Strategy, StrategyOptions, HOROVOD_CYCLE_US,
+    HOROVOD_FUSION_BYTES,
+};
 
 const MIB: u64 = 1 << 20;
 
 /// Horovod's defaults since 0.21.0 (horovod/common/operations.cc, BackgroundThreadLoop; the
-/// CHANGELOG of 0.21.0, #2468, records the change from 5 ms and 64 MiB), which
-/// `StrategyOptions::default()` holds: HOROVOD_FUSION_THRESHOLD 128 MiB, HOROVOD_CYCLE_TIME
-/// 1 ms. See profiles/native/horovod.json.
-fn default_threshold() -> u64 {
-    StrategyOptions::default().fusion_bytes
-}
-
-fn default_cycle_ms() -> f64 {
-    StrategyOptions::default().cycle_us / 1e3
-}
+/// CHANGELOG of 0.21.0, #2468, records the change from 5 ms and 64 MiB). See
+/// profiles/native/horovod.json.
+const DEFAULT_THRESHOLD: u64 = HOROVOD_FUSION_BYTES;
+const DEFAULT_CYCLE_MS: f64 = HOROVOD_CYCLE_US / 1e3;
 
 /// The fusion thresholds `tune --framework horovod` tries, in MiB.
 const THRESHOLD_GRID_MIB: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
@@ -67,8 +64,8 @@ impl HorovodSettings {
     }
 
     pub(super) fn has_default_fusion(&self) -> bool {
-        self.fusion_threshold_bytes == default_threshold()
-            && self.cycle_time_ms == default_cycle_ms()
+        self.fusion_threshold_bytes == DEFAULT_THRESHOLD
+            && self.cycle_time_ms == DEFAULT_CYCLE_MS
             && self.groups.is_none()
     }
 
@@ -200,11 +197,11 @@ pub(super) fn nearest(
         },
     );
     let (fusion_threshold_bytes, groups) = if own == groups {
-        (default_threshold(), None)
+        (DEFAULT_THRESHOLD, None)
     } else {
         // Every group whole in one response: the threshold at least the largest group.
         let largest = groups.iter().map(|g| model.bytes_of(g)).max().unwrap_or(0);
-        (default_threshold().max(largest), Some(groups))
+        (DEFAULT_THRESHOLD.max(largest), Some(groups))
     };
     HorovodSettings {
         fusion_threshold_bytes,

@@ -3,55 +3,84 @@
 
 use super::{ready_times_us, StrategyOptions};
 use crate::base::error::{Result, SimError};
+use crate::base::limits;
 use crate::compress::Family;
 use crate::inputs::model::ModelProfile;
 use serde::{Deserialize, Serialize};
 
-/// The Horovod release whose fusion defaults a plan uses, with where that release comes from.
+/// Horovod's HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME since v0.21.0 (128 MiB and 1 ms,
+/// horovod/horovod#2468, merged 2020-11-19): the defaults of `StrategyOptions` and the CLI.
+pub const FUSION_BYTES: u64 = 128 << 20;
+/// See [`FUSION_BYTES`].
+pub const CYCLE_US: f64 = 1000.0;
+/// The defaults before v0.21.0: 64 MiB and 5 ms.
+const FUSION_BYTES_BEFORE_0_21: u64 = 64 << 20;
+const CYCLE_US_BEFORE_0_21: f64 = 5000.0;
+
+/// The tensor-fusion settings of the Horovod a system ran: a release's defaults, or the
+/// threshold and cycle read from its code or scripts; `source` says where they come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HorovodRelease {
-    /// `MAJOR.MINOR[.PATCH]`, e.g. `0.19.4`.
-    pub release: String,
-    /// Which document says the system ran that release.
+pub struct HorovodFusion {
+    /// `MAJOR.MINOR[.PATCH]`, e.g. `0.19.4`: the release whose defaults apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
+    /// Or the fusion threshold in MiB, with `cycle_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fusion_mib: Option<f64>,
+    /// Or the cycle time in ms, with `fusion_mib`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycle_ms: Option<f64>,
+    /// Which document or code says so.
     pub source: String,
 }
 
-/// The first release with HOROVOD_FUSION_THRESHOLD 128 MiB and HOROVOD_CYCLE_TIME 1 ms
-/// (horovod/horovod#2468, merged 2020-11-19); the releases before it used 64 MiB and 5 ms.
-const NEW_DEFAULTS_SINCE: (u32, u32) = (0, 21);
-
-impl HorovodRelease {
-    /// Horovod's default fusion threshold (bytes) and cycle time (µs) in this release.
-    pub fn defaults(&self, field: &str) -> Result<(u64, f64)> {
-        let bad = || {
-            SimError::bad_value(
+impl HorovodFusion {
+    /// The fusion threshold (bytes) and cycle time (µs); `field` names the spec entry in errors.
+    pub fn settings(&self, field: &str) -> Result<(u64, f64)> {
+        match (&self.release, self.fusion_mib, self.cycle_ms) {
+            (Some(release), None, None) => release_defaults(&format!("{field}.release"), release),
+            (None, Some(mib), Some(ms)) => Ok((
+                limits::mib(&format!("{field}.fusion_mib"), mib)?,
+                limits::flag_duration_us(&format!("{field}.cycle_ms"), ms, ms * 1e3)?,
+            )),
+            _ => Err(SimError::bad_value(
                 field,
-                &self.release,
-                "a Horovod release is MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 0.19.4",
-            )
-        };
-        let numbers: Option<Vec<u32>> = self.release.split('.').map(|p| p.parse().ok()).collect();
-        let version = match numbers.as_deref() {
-            Some(&[major, minor]) | Some(&[major, minor, _]) => (major, minor),
-            _ => return Err(bad()),
-        };
-        Ok(if version >= NEW_DEFAULTS_SINCE {
-            (128 << 20, 1000.0)
-        } else {
-            (64 << 20, 5000.0)
-        })
+                "these fields",
+                "give either `release` or both `fusion_mib` and `cycle_ms`",
+            )),
+        }
     }
 
-    /// `base` with this release's fusion defaults.
+    /// `base` with these fusion settings.
     pub fn options(&self, field: &str, base: StrategyOptions) -> Result<StrategyOptions> {
-        let (fusion_bytes, cycle_us) = self.defaults(field)?;
+        let (fusion_bytes, cycle_us) = self.settings(field)?;
         Ok(StrategyOptions {
             fusion_bytes,
             cycle_us,
             ..base
         })
     }
+}
+
+/// A release's default fusion threshold and cycle time.
+fn release_defaults(field: &str, release: &str) -> Result<(u64, f64)> {
+    let numbers: Option<Vec<u32>> = release.split('.').map(|p| p.parse().ok()).collect();
+    let version = match numbers.as_deref() {
+        Some(&[major, minor]) | Some(&[major, minor, _]) => (major, minor),
+        _ => {
+            return Err(SimError::bad_value(
+                field,
+                release,
+                "a Horovod release is MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 0.19.4",
+            ))
+        }
+    };
+    Ok(if version >= (0, 21) {
+        (FUSION_BYTES, CYCLE_US)
+    } else {
+        (FUSION_BYTES_BEFORE_0_21, CYCLE_US_BEFORE_0_21)
+    })
 }
 
 /// Groups as Horovod's background thread forms them, using the profile's ready times and cycle
@@ -100,9 +129,11 @@ fn enqueued_bytes(model: &ModelProfile, t: usize, options: &StrategyOptions) -> 
 mod tests {
     use super::*;
 
-    fn release(text: &str) -> HorovodRelease {
-        HorovodRelease {
-            release: text.into(),
+    fn release(text: &str) -> HorovodFusion {
+        HorovodFusion {
+            release: Some(text.into()),
+            fusion_mib: None,
+            cycle_ms: None,
             source: "a test".into(),
         }
     }
@@ -120,20 +151,51 @@ mod tests {
             ("1.0", (128 << 20, 1000.0)),
         ] {
             assert_eq!(
-                release(text).defaults("horovod.release").unwrap(),
+                release(text).settings("horovod").unwrap(),
                 defaults,
                 "{text}"
             );
         }
         for text in ["", "0", "0.19.4.1", "0.x", "v0.19", "0.19."] {
-            let err = release(text)
-                .defaults("horovod.release")
-                .unwrap_err()
-                .to_string();
+            let err = release(text).settings("horovod").unwrap_err().to_string();
             assert!(
                 err.contains("horovod.release") && err.contains("MAJOR.MINOR"),
                 "{text}: {err}"
             );
+        }
+    }
+
+    /// Settings read from code stand without a release; half of them, both ways, or a bad
+    /// number are refused naming the field.
+    #[test]
+    fn explicit_settings_stand_alone() {
+        let explicit = |mib: Option<f64>, ms: Option<f64>, release: Option<&str>| HorovodFusion {
+            release: release.map(str::to_string),
+            fusion_mib: mib,
+            cycle_ms: ms,
+            source: "a test".into(),
+        };
+        assert_eq!(
+            explicit(Some(64.0), Some(5.0), None)
+                .settings("horovod")
+                .unwrap(),
+            (64 << 20, 5000.0)
+        );
+        for (spec, says) in [
+            (explicit(Some(64.0), None, None), "either `release`"),
+            (
+                explicit(Some(64.0), Some(5.0), Some("0.19")),
+                "either `release`",
+            ),
+            (explicit(None, None, None), "either `release`"),
+            (
+                explicit(Some(f64::NAN), Some(5.0), None),
+                "horovod.fusion_mib",
+            ),
+            (explicit(Some(64.0), Some(-1.0), None), "horovod.cycle_ms"),
+        ] {
+            let err = spec.settings("horovod").unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
         }
     }
 }

@@ -12,7 +12,9 @@ mod mgwfbp;
 mod ps;
 
 pub use fixed_groups::{groups as fixed_groups, GroupingRule};
-pub use horovod::HorovodRelease;
+pub use horovod::{
+    HorovodFusion, CYCLE_US as HOROVOD_CYCLE_US, FUSION_BYTES as HOROVOD_FUSION_BYTES,
+};
 
 use crate::base::error::{Result, SimError};
 use crate::compress::{Compressor, Memory};
@@ -98,7 +100,7 @@ impl Strategy {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StrategyOptions {
     /// Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD: 128 MiB since v0.21.0, 64 MiB
-    /// before; see [`HorovodRelease`]).
+    /// before; see [`HorovodFusion`]).
     pub fusion_bytes: u64,
     /// Horovod's cycle time (HOROVOD_CYCLE_TIME: 1 ms since v0.21.0, 5 ms before).
     pub cycle_us: f64,
@@ -122,8 +124,8 @@ pub struct StrategyOptions {
 impl Default for StrategyOptions {
     fn default() -> Self {
         StrategyOptions {
-            fusion_bytes: 128 << 20,
-            cycle_us: 1000.0,
+            fusion_bytes: HOROVOD_FUSION_BYTES,
+            cycle_us: HOROVOD_CYCLE_US,
             bucket_bytes: 25 << 20,
             first_bucket_bytes: 1 << 20,
             partition_bytes: 4_096_000,

@@ -322,7 +322,14 @@ macro_rules! kernels {
                 for &(file, src, names) in SOURCES {
                     let module = ctx
                         .load_module(Ptx::from_binary(compile(file, src, &arch)?))
-                        .map_err(cuda_err("cannot load the compiled kernels"))?;
+                        .map_err(|e| ExecError::Cuda {
+                            message: format!(
+                                "cannot load exec/kernels/{file} compiled by NVRTC {} for {arch} (the driver supports CUDA {}): {e}",
+                                nvrtc_version(),
+                                super::probe::driver_version()
+                                    .map_or("of an unknown version".into(), |(a, b)| format!("{a}.{b}"))
+                            ),
+                        })?;
                     for &name in names {
                         let function = module.load_function(name).map_err(|e| ExecError::Cuda {
                             message: format!("kernel `{name}` missing from exec/kernels/{file}: {e}"),
@@ -720,12 +727,12 @@ mod tests {
         for arch in &archs {
             for &(file, src, names) in SOURCES {
                 let cubin = compile(file, src, arch).unwrap_or_else(|e| panic!("{e}"));
-                // The entry points' names are in the image's symbol table.
+                // The entry points' names are in the image's string table, each between NULs
+                // (so that `compensate` is not found inside `dgc_compensate`).
                 for name in names {
+                    let entry = [&[0u8][..], name.as_bytes(), &[0u8]].concat();
                     assert!(
-                        cubin
-                            .windows(name.len() + 1)
-                            .any(|w| w[..name.len()] == *name.as_bytes() && w[name.len()] == 0),
+                        cubin.windows(entry.len()).any(|w| w == entry),
                         "{file} for {arch} defines no entry point `{name}`"
                     );
                 }

@@ -1,4 +1,4 @@
-//! Finds the CUDA libraries before any cudarc call: by the loader's names, else where pip puts them.
+//! Finds the CUDA libraries before any cudarc call: by the loader's names, else in pip's wheels.
 //!
 //! The libraries are libcuda, libnvrtc and libnccl, found first because cudarc panics when a
 //! library is missing.
@@ -122,7 +122,26 @@ pub fn probe() -> Result<usize> {
             reason: "the CUDA driver sees no device".into(),
         });
     }
+    // A CUDA 13 build calls the CUDA 13 driver API, which an older driver lacks.
+    let driver = driver_version();
+    if cfg!(feature = "cuda-13") && driver.is_some_and(|(major, _)| major < 13) {
+        let (major, minor) = driver.unwrap_or_default();
+        return Err(ExecError::NoGpu {
+            reason: format!(
+                "this build binds CUDA 13 (feature cuda-13) and the driver supports CUDA {major}.{minor}: use a build with the default cuda-12 feature, or a driver of release 580 or newer"
+            ),
+        });
+    }
     Ok(count as usize)
+}
+
+/// The CUDA version the driver supports, as (major, minor); `None` before it loads.
+pub(crate) fn driver_version() -> Option<(i32, i32)> {
+    let mut version = 0;
+    // SAFETY: the driver writes one int.
+    let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+    (status == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+        .then_some((version / 1000, version % 1000 / 10))
 }
 
 /// The file for `wanted`: its variable's, else the first wheel path under a site directory.
@@ -241,12 +260,14 @@ fn reexec(located: &[(&Wanted, PathBuf)]) -> Result<()> {
     })
 }
 
-/// A fresh private directory for the links.
+/// A fresh private directory for the links, made by this process alone (its name has the pid
+/// and the time, and creating it fails if it exists).
 fn link_dir() -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("syncopate-cuda-{}", std::process::id()));
-    // A leftover directory from an earlier process with the same pid may hold other links.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|source| ExecError::Io {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir = std::env::temp_dir().join(format!("syncopate-cuda-{}-{nanos}", std::process::id()));
+    std::fs::create_dir(&dir).map_err(|source| ExecError::Io {
         what: format!("cannot create {}", dir.display()),
         source,
     })?;
@@ -259,9 +280,24 @@ mod tests {
 
     /// A library is found under a site directory at the wheel's path, the build's CUDA major
     /// version first; nothing there gives an error naming the variable to set.
+    /// Removes the test's site directory however the test ends.
+    struct Site(PathBuf);
+
+    impl Drop for Site {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn a_library_is_located_in_a_wheel_layout() {
-        let site = std::env::temp_dir().join(format!("syncopate-probe-{}", std::process::id()));
+        if std::env::var_os(NCCL_ENV).is_some() {
+            println!("skipped: {NCCL_ENV} is set, and takes precedence over the site directories");
+            return;
+        }
+        let guard =
+            Site(std::env::temp_dir().join(format!("syncopate-probe-{}", std::process::id())));
+        let site = guard.0.clone();
         let err = locate(&NCCL, std::slice::from_ref(&site))
             .unwrap_err()
             .to_string();
@@ -286,6 +322,5 @@ mod tests {
         let _ = std::fs::remove_file(&at);
         std::os::unix::fs::symlink(libc, &at).unwrap();
         assert_eq!(locate(&NCCL, std::slice::from_ref(&site)).unwrap(), at);
-        std::fs::remove_dir_all(&site).unwrap();
     }
 }

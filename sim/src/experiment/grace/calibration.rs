@@ -155,7 +155,7 @@ impl Calibration {
             memory,
             ..spec
                 .horovod
-                .options("horovod.release", StrategyOptions::default())?
+                .options("horovod", StrategyOptions::default())?
         };
         let mut plan = strategy.plan(&scenario, &options)?;
         plan.set_scheme(if m.comm_method == "allgather" {

@@ -15,7 +15,7 @@ use crate::base::error::{Result, SimError};
 use crate::codec::Implementation;
 use crate::compress::{Compressor, Memory, Wire};
 use crate::plan::CodecCalls;
-use crate::strategy::HorovodRelease;
+use crate::strategy::HorovodFusion;
 use calibration::Calibration;
 use measured::Measurement;
 use serde::Deserialize;
@@ -34,7 +34,7 @@ pub(super) struct GraceSpec {
     base_device: String,
     strategy: String,
     /// The Horovod release GRACE patches, whose fusion threshold and cycle time the plans use.
-    horovod: HorovodRelease,
+    horovod: HorovodFusion,
     /// The GRACE model whose dense calibration row fits the MPI/TCP costs.
     network_model: String,
     /// A `throughput` row below this share of GRACE's `upper-bound` row of the same

@@ -13,7 +13,7 @@ use crate::base::limits;
 use crate::compress::{Compressor, Memory};
 use crate::inputs::topology::ClusterOverrides;
 use crate::plan::{CodecCalls, Scheme};
-use crate::strategy::{HorovodRelease, StrategyOptions};
+use crate::strategy::{HorovodFusion, StrategyOptions};
 use crate::sweep::{self, FrameworkChoice, Point};
 use published::Published;
 use results::Table;
@@ -38,7 +38,7 @@ pub(super) struct GridSpec {
     /// The Horovod release the paper ran, whose fusion threshold and cycle time its Horovod
     /// plans use; absent: the current release's.
     #[serde(default)]
-    horovod: Option<HorovodRelease>,
+    horovod: Option<HorovodFusion>,
 }
 
 /// A model on a cluster; model and cluster are shipped names or paths relative to the experiment.
@@ -104,7 +104,7 @@ pub(super) fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
         None => None,
     };
     let options = match &spec.horovod {
-        Some(release) => release.options("horovod.release", StrategyOptions::default())?,
+        Some(release) => release.options("horovod", StrategyOptions::default())?,
         None => StrategyOptions::default(),
     };
     let rows = sweep::run(&points(spec, label, dir)?, &options)?;

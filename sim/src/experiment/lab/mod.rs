@@ -21,7 +21,7 @@ use crate::plan::Plan;
 use crate::predict::scenario::Scenario;
 use crate::predict::simulate::{simulate, SimOptions};
 use crate::predict::validate::relative_error;
-use crate::strategy::HorovodRelease;
+use crate::strategy::HorovodFusion;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -71,7 +71,7 @@ pub struct LabSpec {
     /// The Horovod release whose fusion threshold and cycle time the `horovod` plans use;
     /// absent: the current release's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub horovod: Option<HorovodRelease>,
+    pub horovod: Option<HorovodFusion>,
     /// Compressors each strategy is run with (those it cannot run are left out).
     pub compressors: Vec<CompressorSetting>,
     /// Runs of every configuration, interleaved (every configuration once, then again).
