@@ -9,19 +9,20 @@
 #   ddp_overhead.json, contention.json           gpu/measure/'s measurements
 # The bundle (gpu/bundle.sh: the binaries and the Python wheel; the GPU machine needs no Rust)
 # defaults to target/gpu-bundle and is built first where cargo is, when it is missing or was
-# built from other sources than the checkout's. Without a GPU
+# built from other sources than the checkout's; --bundle DIR is used as it is. Without a GPU
 # every step fails fast, naming its cause. --only reruns a subset, e.g. --only gpu-tests,nccl2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps_all=(env gpu-tests nccl2 capture profile ddp contention)
 usage="usage: gpu/check.sh [--bundle DIR] [--out DIR] [--only STEP,...] [--deadline SECONDS] [--list]; steps: ${steps_all[*]}"
 bundle=target/gpu-bundle
+given_bundle=
 out=${OUT:-target/gpu-check}
 only=
 deadline=420
 while [ $# -gt 0 ]; do
     case "$1" in
-        --bundle) bundle=${2:?$usage}; shift 2 ;;
+        --bundle) bundle=${2:?$usage}; given_bundle=1; shift 2 ;;
         --out) out=${2:?$usage}; shift 2 ;;
         --only) only=${2:?$usage}; shift 2 ;;
         --deadline) deadline=${2:?$usage}; shift 2 ;;
@@ -39,8 +40,10 @@ for step in ${only//,/ }; do
         exit 2
     fi
 done
-# Where cargo is, a bundle missing or built from other sources than the checkout's is rebuilt.
+# Where cargo is, the default bundle is rebuilt when it is missing or was built from other
+# sources than the checkout's; a bundle given with --bundle is used as it is.
 stale() {
+    [ -z "$given_bundle" ] || return 1
     [ ! -x "$bundle/syncopate" ] || grep -q "uncommitted" "$bundle/COMMIT" 2>/dev/null ||
         [ "$(head -n 1 "$bundle/COMMIT" 2>/dev/null)" != "$(git rev-parse HEAD 2>/dev/null)" ]
 }
