@@ -51,6 +51,7 @@
 //! - [`lab`]: emulated clusters of network namespaces on this machine, and their fits.
 //! - [`measure`]: the measurements of this machine that become device and cluster files (codec
 //!   costs, the host backend's collectives, the cluster files fitted to them).
+//! - [`tool`]: external programs run with bounded waits (the lab's tools, the CUDA probe's Python).
 
 #![deny(missing_docs, unreachable_pub)]
 
@@ -65,6 +66,7 @@ pub mod error;
 pub mod lab;
 pub mod measure;
 pub mod runtime;
+pub mod tool;
 
 #[cfg(feature = "mpi")]
 pub use runtime::mpi;

@@ -21,7 +21,7 @@ use syncopate_sim::inputs::model::ModelProfile;
 use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::{Plan, Target};
 use syncopate_sim::predict::scenario::Scenario;
-use syncopate_sim::strategy::{Strategy, StrategyOptions};
+use syncopate_sim::strategy::{HorovodFusion, Strategy, StrategyOptions};
 
 /// The name of the labs this experiment makes (one at a time).
 const LAB: &str = "val";
@@ -210,14 +210,10 @@ fn plans(spec: &LabSpec, scenario: &Scenario, cluster: &Path) -> Result<Vec<Conf
     for strategy in &spec.strategies {
         let parsed: Strategy = strategy.parse()?;
         for c in &spec.compressors {
-            let base = match &spec.horovod {
-                Some(release) => release.options("horovod", StrategyOptions::default())?,
-                None => StrategyOptions::default(),
-            };
             let options = StrategyOptions {
                 compressor: c.compressor.parse::<Compressor>()?,
                 memory: c.memory.parse::<Memory>()?,
-                ..base
+                ..HorovodFusion::options(spec.horovod.as_ref())?
             };
             let plan: Plan = match parsed
                 .plan(scenario, &options)

@@ -9,10 +9,10 @@
 
 use super::run::{self, Output, RunSpec};
 use super::state::LabState;
-use super::tool;
 use crate::error::{ExecError, Result};
 use crate::measure::profile_host::median;
 use crate::measure::records::{CollectivePoint, ContentionPoint, Pace, Spread};
+use crate::tool;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

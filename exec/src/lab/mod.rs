@@ -24,7 +24,6 @@ pub mod run;
 pub mod shape;
 pub mod signals;
 pub mod state;
-pub mod tool;
 
 use crate::error::{ExecError, Result};
 use serde::Serialize;

@@ -4,8 +4,8 @@
 //! pair, and addresses on the lab's /24.
 
 use super::state::{Created, LabState};
-use super::tool;
 use crate::error::{ExecError, Result};
+use crate::tool;
 use std::path::Path;
 
 /// The block every lab takes its /24 from: 198.18.0.0/15 is reserved for benchmarking

@@ -3,8 +3,8 @@
 //! Namely root, network-namespace support, the `ip`, `tc`, `taskset` and `mpirun` tools, and which
 //! CPUs this process may use.
 
-use super::tool;
 use crate::error::{ExecError, Result};
+use crate::tool;
 
 /// What a command is about to do, so that only the tools it uses are required.
 #[derive(Clone, Copy, Debug, Default)]

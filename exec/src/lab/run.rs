@@ -5,8 +5,8 @@
 
 use super::net;
 use super::state::LabState;
-use super::tool;
 use crate::error::{ExecError, Result};
+use crate::tool;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -4,8 +4,8 @@
 //! the kernel has netem).
 
 use super::state::{Created, LabState};
-use super::tool;
 use crate::error::{ExecError, Result};
+use crate::tool;
 use serde::Serialize;
 
 /// Packets the leaf queue holds: a few hundred microseconds of line rate in GSO-sized

@@ -15,12 +15,6 @@ use crate::strategy::{
 
 const MIB: u64 = 1 << 20;
 
-/// Horovod's defaults since 0.21.0 (horovod/common/operations.cc, BackgroundThreadLoop; the
-/// CHANGELOG of 0.21.0, #2468, records the change from 5 ms and 64 MiB). See
-/// profiles/native/horovod.json.
-const DEFAULT_THRESHOLD: u64 = HOROVOD_FUSION_BYTES;
-const DEFAULT_CYCLE_MS: f64 = HOROVOD_CYCLE_US / 1e3;
-
 /// The fusion thresholds `tune --framework horovod` tries, in MiB.
 const THRESHOLD_GRID_MIB: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
@@ -64,8 +58,10 @@ impl HorovodSettings {
     }
 
     pub(super) fn has_default_fusion(&self) -> bool {
-        self.fusion_threshold_bytes == DEFAULT_THRESHOLD
-            && self.cycle_time_ms == DEFAULT_CYCLE_MS
+        // Horovod's own defaults: HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME as v0.21.0
+        // set them (horovod/common/operations.cc; see profiles/native/horovod.json).
+        self.fusion_threshold_bytes == HOROVOD_FUSION_BYTES
+            && self.cycle_time_ms == HOROVOD_CYCLE_US / 1e3
             && self.groups.is_none()
     }
 
@@ -197,11 +193,11 @@ pub(super) fn nearest(
         },
     );
     let (fusion_threshold_bytes, groups) = if own == groups {
-        (DEFAULT_THRESHOLD, None)
+        (HOROVOD_FUSION_BYTES, None)
     } else {
         // Every group whole in one response: the threshold at least the largest group.
         let largest = groups.iter().map(|g| model.bytes_of(g)).max().unwrap_or(0);
-        (DEFAULT_THRESHOLD.max(largest), Some(groups))
+        (HOROVOD_FUSION_BYTES.max(largest), Some(groups))
     };
     HorovodSettings {
         fusion_threshold_bytes,

@@ -52,9 +52,14 @@ impl HorovodFusion {
         }
     }
 
-    /// `base` with these fusion settings.
-    pub fn options(&self, field: &str, base: StrategyOptions) -> Result<StrategyOptions> {
-        let (fusion_bytes, cycle_us) = self.settings(field)?;
+    /// The default strategy options with the fusion settings of `fusion`, a spec's `horovod`
+    /// entry (absent: the current release's).
+    pub fn options(fusion: Option<&HorovodFusion>) -> Result<StrategyOptions> {
+        let base = StrategyOptions::default();
+        let Some(fusion) = fusion else {
+            return Ok(base);
+        };
+        let (fusion_bytes, cycle_us) = fusion.settings("horovod")?;
         Ok(StrategyOptions {
             fusion_bytes,
             cycle_us,

@@ -17,8 +17,7 @@
 use crate::error::{ExecError, Result};
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 /// Names a user can set to point at NCCL (`libnccl.so.2`).
 pub const NCCL_ENV: &str = "SYNCOPATE_NCCL_LIB";
@@ -28,8 +27,6 @@ pub const NVRTC_ENV: &str = "SYNCOPATE_NVRTC_LIB";
 const PYTHON_ENV: &str = "SYNCOPATE_PYTHON";
 /// Set on the re-executed process, so that a failure there is reported instead of looping.
 const REEXEC_ENV: &str = "SYNCOPATE_CUDA_REEXEC";
-/// How long asking Python for its site-packages may take.
-const PYTHON_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A library cudarc loads, and where pip's wheels put it.
 struct Wanted {
@@ -175,36 +172,15 @@ fn locate(wanted: &Wanted, sites: &[PathBuf]) -> Result<PathBuf> {
 }
 
 /// The site-packages directories of `$SYNCOPATE_PYTHON` (default `python3`); none when there
-/// is no such Python or it does not answer in time.
+/// is no such Python or it does not answer within the tools' bound.
 fn site_packages() -> Vec<PathBuf> {
-    let python = std::env::var_os(PYTHON_ENV).unwrap_or_else(|| "python3".into());
+    let python = std::env::var(PYTHON_ENV).unwrap_or_else(|_| "python3".into());
     let script =
         "import site\nfor d in site.getsitepackages() + [site.getusersitepackages()]: print(d)";
-    let Ok(mut child) = Command::new(python)
-        .args(["-c", script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-    else {
-        return Vec::new();
-    };
-    let deadline = Instant::now() + PYTHON_TIMEOUT;
-    // Polled, so that a Python that hangs cannot hang the probe.
-    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
+    match crate::tool::output(&python, &["-c", script]) {
+        Ok((status, stdout, _)) if status.success() => stdout.lines().map(PathBuf::from).collect(),
+        _ => Vec::new(),
     }
-    if !matches!(child.try_wait(), Ok(Some(status)) if status.success()) {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Vec::new();
-    }
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        use std::io::Read;
-        let _ = stdout.read_to_string(&mut out);
-    }
-    out.lines().map(PathBuf::from).collect()
 }
 
 /// Re-executes this program with each located library linked under cudarc's first name and

@@ -14,7 +14,7 @@ use crate::inputs::topology::{Cluster, ClusterOverrides, Library, TcpParams};
 use crate::plan::Scheme;
 use crate::predict::scenario::Scenario;
 use crate::predict::simulate::{simulate, SimOptions};
-use crate::strategy::{Strategy, StrategyOptions};
+use crate::strategy::{HorovodFusion, Strategy, StrategyOptions};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -153,9 +153,7 @@ impl Calibration {
         let options = StrategyOptions {
             compressor,
             memory,
-            ..spec
-                .horovod
-                .options("horovod", StrategyOptions::default())?
+            ..HorovodFusion::options(Some(&spec.horovod))?
         };
         let mut plan = strategy.plan(&scenario, &options)?;
         plan.set_scheme(if m.comm_method == "allgather" {

@@ -13,7 +13,7 @@ use crate::base::limits;
 use crate::compress::{Compressor, Memory};
 use crate::inputs::topology::ClusterOverrides;
 use crate::plan::{CodecCalls, Scheme};
-use crate::strategy::{HorovodFusion, StrategyOptions};
+use crate::strategy::HorovodFusion;
 use crate::sweep::{self, FrameworkChoice, Point};
 use published::Published;
 use results::Table;
@@ -103,10 +103,7 @@ pub(super) fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
         Some(file) => Some(Published::load(&dir.join(file), spec)?),
         None => None,
     };
-    let options = match &spec.horovod {
-        Some(release) => release.options("horovod", StrategyOptions::default())?,
-        None => StrategyOptions::default(),
-    };
+    let options = HorovodFusion::options(spec.horovod.as_ref())?;
     let rows = sweep::run(&points(spec, label, dir)?, &options)?;
     let table = Table { spec, rows: &rows };
     let mut charts = vec![Chart {

@@ -1,4 +1,4 @@
-//! Runs the external tools a lab is made with (`ip`, `tc`, `taskset`).
+//! Runs external programs (a lab's `ip`, `tc` and `taskset`, the CUDA probe's Python).
 //!
 //! Every wait is bounded in time, the exit status checked and stderr reported.
 
@@ -7,8 +7,9 @@ use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// How long one `ip` or `tc` invocation may take: they answer in milliseconds, so a longer
-/// wait means a wedged kernel call or tool, which is reported instead of waited on.
+/// How long one invocation may take: `ip` and `tc` answer in milliseconds and Python starts
+/// in a second, so a longer wait means a wedged call or tool, which is reported instead of
+/// waited on.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How often a wait on a child process looks at it.
