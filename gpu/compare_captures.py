@@ -3,8 +3,8 @@
     python3 gpu/compare_captures.py SYNCOPATE CLUSTER CAPTURED.json...
 
 Each capture (`python -m syncopate.capture`, fp32 with TF32 off) is matched with the shipped
-profile of the same model and batch (profiles/models/, the same tensor sizes in the same order,
-as `profile --compute-from` matches them). The prediction is `SYNCOPATE simulate` of the shipped
+fp32 profile of the same model and batch measured on another GPU (profiles/models/, the same
+tensor sizes in the same order, as `profile --compute-from` matches them). The prediction is `SYNCOPATE simulate` of the shipped
 profile on one GPU of CLUSTER: its compute carried from the GPU it was measured on, step by step
 (sim/src/inputs/carry.rs). The measurement is the same simulation of the capture, which runs at
 its own times on its own GPU. Prints a Markdown table and the median |error|; exit 1 when a
@@ -35,10 +35,12 @@ def inventory(profile):
 
 
 def shipped_match(captured):
-    """The shipped profile with the capture's tensors and batch, or None."""
+    """The shipped fp32 profile with the capture's tensors and batch measured on another GPU
+    (a profile shipped from an earlier capture on this GPU would predict it by itself), or None."""
     for path in sorted(glob.glob(os.path.join(ROOT, "profiles", "models", "*.json"))):
         shipped = load(path)
-        if inventory(shipped) == inventory(captured):
+        fp32 = shipped.get("arithmetic", {}).get("precision") == "fp32"
+        if inventory(shipped) == inventory(captured) and fp32 and shipped["device"] != captured["device"]:
             return shipped["name"]
     return None
 
@@ -75,7 +77,8 @@ def main(argv):
             continue
         if shipped is None or autocast:
             why = "an autocast capture (the shipped profiles are fp32)" if autocast else \
-                f"no shipped profile has its {len(captured['tensors'])} tensors at batch {captured['batch_size_per_gpu']}"
+                f"no shipped fp32 profile measured on another GPU has its {len(captured['tensors'])} tensors at batch " \
+                f"{captured['batch_size_per_gpu']}"
             print(f"{path}: not compared: {why}", file=sys.stderr)
             failed = failed or not autocast
             continue

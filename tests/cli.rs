@@ -99,6 +99,36 @@ fn compare_prints_the_error_table() {
 }
 
 #[test]
+fn a_carried_profile_names_the_profiles_measured_on_the_target_gpu() {
+    let simulate = |model: &str| {
+        let out = syncopate(&[
+            "simulate",
+            "--model",
+            model,
+            "--cluster",
+            "dgx-h200",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "1",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let carried = simulate("resnet50");
+    assert!(
+        carried.contains("compute carried to h200-sxm-141gb")
+            && carried.contains(
+                "profiles measured on h200-sxm-141gb (--model): resnet50-h200-amp, resnet50-h200-fp32"
+            ),
+        "{carried}"
+    );
+    // Measured there, it runs at its own times and points nowhere.
+    let measured = simulate("resnet50-h200-fp32");
+    assert!(!measured.contains("carried") && !measured.contains("profiles measured"));
+}
+
+#[test]
 fn list_commands_print_shipped_names() {
     let out = syncopate(&["list", "clusters"]);
     assert!(out.status.success());

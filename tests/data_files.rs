@@ -4,7 +4,7 @@ use crate::common::{stderr, stdout, syncopate, validation_data};
 use syncopate_sim::base::data::DataKind;
 use syncopate_sim::inputs::device::DeviceProfile;
 use syncopate_sim::inputs::flops::{self, Verdict};
-use syncopate_sim::inputs::model::{ModelProfile, Status};
+use syncopate_sim::inputs::model::{ModelProfile, Precision, Status};
 use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 
 #[test]
@@ -19,7 +19,62 @@ fn every_shipped_file_loads_and_validates() {
         Cluster::load(name, ClusterOverrides::default())
             .unwrap_or_else(|e| panic!("cluster {name}: {e}"));
     }
-    assert_eq!(DataKind::Model.shipped_names().len(), 17);
+    assert_eq!(DataKind::Model.shipped_names().len(), 23);
+}
+
+/// (profile captured on an H200, the shipped V100 profile of the same model and batch).
+const H200_CAPTURES: [(&str, &str); 6] = [
+    ("resnet50-h200-fp32", "resnet50"),
+    ("resnet50-h200-amp", "resnet50"),
+    ("bert-base-h200-fp32", "bert-base"),
+    ("bert-base-h200-amp", "bert-base"),
+    ("gpt2-h200-fp32", "gpt2"),
+    ("gpt2-h200-amp", "gpt2"),
+];
+
+#[test]
+fn h200_captures_hold_their_models_tensors_and_flop_counts_measured_on_the_h200() {
+    for (captured, shipped) in H200_CAPTURES {
+        let (captured, shipped) = (
+            ModelProfile::load(captured).unwrap(),
+            ModelProfile::load(shipped).unwrap(),
+        );
+        assert_eq!(captured.device, "h200-sxm-141gb", "{}", captured.name);
+        assert_eq!(captured.batch_size_per_gpu, shipped.batch_size_per_gpu);
+        // The same tensors with the same counts; autocast may make some ready in another order.
+        let counts = |m: &ModelProfile| {
+            let mut all: Vec<_> = m
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), t.numel, t.uses_per_sample))
+                .collect();
+            all.sort();
+            all
+        };
+        assert_eq!(counts(&captured), counts(&shipped), "{}", captured.name);
+        assert_eq!(
+            flops::forward_macs_per_sample(&captured),
+            flops::forward_macs_per_sample(&shipped)
+        );
+        let timing = &captured.timing;
+        for provenance in [
+            Some(&timing.backward),
+            Some(&timing.forward),
+            Some(&timing.optimizer),
+            timing.first_gradient.as_ref(),
+            timing.batch.as_ref(),
+        ] {
+            assert_eq!(
+                provenance.unwrap().status,
+                Status::Measured,
+                "{}",
+                captured.name
+            );
+        }
+        let precision = captured.arithmetic.as_ref().unwrap().precision;
+        let amp = captured.name.ends_with("-amp");
+        assert_eq!(precision == Precision::Fp16, amp, "{}", captured.name);
+    }
 }
 
 #[test]
@@ -198,6 +253,9 @@ fn the_time_before_the_first_gradient_holds_the_head_flops() {
     // backward at the rate the trace shows after it, plus a 5 us floor for the loss's kernels.
     for name in DataKind::Model.shipped_names() {
         let model = ModelProfile::load(name).unwrap();
+        if model.timing.first_gradient.as_ref().unwrap().status == Status::Measured {
+            continue; // a capture times the backward pass from its start
+        }
         let total = flops::forward_macs_per_sample(&model).unwrap() as f64;
         let head = flops::head_macs_per_sample(&model).unwrap() as f64;
         if total - head < 0.1 * total {

@@ -20,7 +20,7 @@ pub fn run(what: ListWhat) -> anyhow::Result<()> {
             for name in DataKind::Model.shipped_names() {
                 let model = ModelProfile::load(name)?;
                 println!(
-                    "{name:<14} {:>4} tensors {:>8.1} M params  {}",
+                    "{name:<20} {:>4} tensors {:>8.1} M params  {}",
                     model.num_tensors(),
                     model.total_numel() as f64 / 1e6,
                     model.description
@@ -87,7 +87,7 @@ fn check_models(models: &[String]) -> anyhow::Result<()> {
         models.iter().map(String::as_str).collect()
     };
     println!(
-        "{:<14} {:<16} {:<5} {:>6} {:>11} {:>11} {:>8} {:>8} {:>7} {:>12}  verdict",
+        "{:<20} {:<16} {:<5} {:>6} {:>11} {:>11} {:>8} {:>8} {:>7} {:>12}  verdict",
         "model",
         "device",
         "prec",
@@ -134,7 +134,7 @@ fn check_models(models: &[String]) -> anyhow::Result<()> {
             ),
         };
         println!(
-            "{name:<14} {:<16} {numbers} {:>12.3}  {verdict}",
+            "{name:<20} {:<16} {numbers} {:>12.3}  {verdict}",
             model.device,
             model.first_gradient_time().as_us() / 1e3
         );

@@ -4,6 +4,7 @@ use super::shared::plan_file::{load_plan, plan_cluster, plan_model};
 use super::shared::plan_target;
 use crate::cli::{Format, SchemeArg, SimulateArgs};
 use anyhow::Context;
+use syncopate_sim::base::data::DataKind;
 use syncopate_sim::codec::CodecSet;
 use syncopate_sim::inputs::device::DeviceProfile;
 use syncopate_sim::inputs::framework::Framework;
@@ -281,6 +282,14 @@ fn print_summary(s: &Summary, scenario: &Scenario, plan: &Plan) {
             "  compute carried to {}: {:.3}x the profile's measured time",
             scenario.device.name, s.compute_scale
         );
+        let measured = measured_there(&scenario.model, &scenario.device.name);
+        if !measured.is_empty() {
+            println!(
+                "  profiles measured on {} (--model): {}",
+                scenario.device.name,
+                measured.join(", ")
+            );
+        }
     }
     if scenario.collective_slowdown > 1.0 {
         println!(
@@ -313,4 +322,30 @@ enum Source {
     Loaded(Box<Plan>),
     /// A strategy that plans on the scenario.
     Strategy(Strategy),
+}
+
+/// The shipped profiles of `model`'s tensors and batch measured on `device`, which a user
+/// would rather simulate there than the carried profile.
+fn measured_there(model: &ModelProfile, device: &str) -> Vec<&'static str> {
+    let tensors = |m: &ModelProfile| {
+        let mut names: Vec<_> = m
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.numel))
+            .collect();
+        names.sort();
+        names
+    };
+    let own = tensors(model);
+    DataKind::Model
+        .shipped_names()
+        .into_iter()
+        .filter(|name| {
+            ModelProfile::load(name).is_ok_and(|m| {
+                m.device == device
+                    && m.batch_size_per_gpu == model.batch_size_per_gpu
+                    && tensors(&m) == own
+            })
+        })
+        .collect()
 }

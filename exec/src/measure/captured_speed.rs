@@ -12,7 +12,7 @@ use syncopate_sim::base::data::DataKind;
 use syncopate_sim::base::error::SimError;
 use syncopate_sim::base::stats::median;
 use syncopate_sim::inputs::device::DeviceProfile;
-use syncopate_sim::inputs::model::{ModelProfile, Provenance, Status};
+use syncopate_sim::inputs::model::{ModelProfile, Precision, Provenance, Status};
 
 /// One captured model's ratio to its shipped reference.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,18 +87,26 @@ fn ratio(
         ));
     }
     let inventory = |m: &ModelProfile| m.tensors.iter().map(|t| t.numel).collect::<Vec<_>>();
+    let fp32 = |m: &ModelProfile| {
+        m.arithmetic
+            .as_ref()
+            .is_some_and(|a| a.precision == Precision::Fp32)
+    };
+    // A profile shipped from an earlier capture on this GPU would only measure it against itself.
     let reference = shipped
         .iter()
         .find(|s| {
             inventory(s) == inventory(captured)
                 && s.batch_size_per_gpu == captured.batch_size_per_gpu
                 && s.timing.backward.status == Status::Measured
+                && s.device != device
+                && fp32(s)
         })
         .ok_or_else(|| {
             bad(
                 file,
                 &format!(
-                    "no shipped model profile with a measured backward pass has its {} tensors at batch {}: capture a shipped model at its shipped batch",
+                    "no shipped fp32 model profile measured on another device has its {} tensors at batch {}: capture a shipped model at its shipped batch",
                     captured.num_tensors(),
                     captured.batch_size_per_gpu
                 ),
@@ -167,6 +175,24 @@ mod tests {
         assert!(provenance
             .method
             .contains("resnet50-captured against resnet50"));
+    }
+
+    /// A capture shipped from this GPU is measured against the V100 profile, not against itself
+    /// or an autocast capture of the same model: the H200's resnet50 comes out 2.147 as when
+    /// `gpu/check.sh` measured it.
+    #[test]
+    fn a_shipped_capture_is_measured_against_another_device() {
+        let captured = ModelProfile::load("resnet50-h200-fp32").unwrap();
+        let (speed, provenance) =
+            compute_speed(GPU, &[("resnet50-h200-fp32.json".into(), captured)]).unwrap();
+        assert!((speed - 2.147).abs() < 5e-4, "{speed}");
+        assert!(
+            provenance
+                .method
+                .ends_with("resnet50-h200-fp32 against resnet50 2.147"),
+            "{}",
+            provenance.method
+        );
     }
 
     /// A shipped profile, a capture on another GPU, an autocast or TF32 capture, another batch
