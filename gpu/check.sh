@@ -6,14 +6,14 @@
 # it refreshes at most 8 flat files in OUT (default $OUT, else target/gpu-check):
 #   check.log      the PASS/FAIL/SKIP lines      logs.txt          every step's whole output
 #   device.json    profile --backend cuda        captures.tar      the captured model profiles
-#   ddp_overhead.json, contention.json           gpu/measure/'s measurements
+#   ddp_overhead.json, contention.json, op_rates.json   gpu/measure/'s measurements
 # The bundle (gpu/bundle.sh: the binaries and the Python wheel; the GPU machine needs no Rust)
 # defaults to target/gpu-bundle and is built first where cargo is, when it is missing or was
 # built from other sources than the checkout's; --bundle DIR is used as it is. Without a GPU
 # every step fails fast, naming its cause. --only reruns a subset, e.g. --only gpu-tests,nccl2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps_all=(env gpu-tests nccl2 capture profile ddp contention)
+steps_all=(env gpu-tests nccl2 capture profile ddp contention op-rates)
 usage="usage: gpu/check.sh [--bundle DIR] [--out DIR] [--only STEP,...] [--deadline SECONDS] [--list]; steps: ${steps_all[*]}"
 bundle=target/gpu-bundle
 given_bundle=
@@ -79,7 +79,7 @@ refresh() {
         echo "===== $(basename "$log" .log)"
         cat "$log"
     done >"$out/logs.txt"
-    for file in device.json ddp_overhead.json contention.json; do
+    for file in device.json ddp_overhead.json contention.json op_rates.json; do
         [ -e "$work/$file" ] && cp "$work/$file" "$out/$file"
     done
     if compgen -G "$work/models/*.json" >/dev/null; then
@@ -199,6 +199,10 @@ install_package() {
 }
 
 measure_figures() { grep '^RESULT' "$1" | head -n 12; }
+# The rates the carry's check needs most: the shipped profiles' layer shapes in fp32, the host.
+op_rates_figures() {
+    grep -E '^RESULT (matmul (1536|4096)x768x3072 fp32|conv (256->256 3x3|1024->256 1x1)/1 @14 b32 fp32|host|wrote)' "$1"
+}
 
 # measure SCRIPT: one of gpu/measure/'s scripts, its soft budget 15 s inside the step's timeout
 # so that it writes its JSON before the step is cut.
@@ -283,6 +287,7 @@ step profile 120 profile_figures "$bin" profile --backend cuda --name "$device" 
     --out "$work/device.json" "${compute_from[@]}"
 step ddp 90 measure_figures measure ddp_overhead
 step contention 70 measure_figures measure contention
+step op-rates 60 op_rates_figures measure op_rates
 
 refresh
 say "$failures step(s) failed in $((SECONDS - start)) s; files in $out: $(ls "$out" | tr '\n' ' ')"

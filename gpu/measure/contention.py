@@ -21,7 +21,7 @@ import threading
 import time
 
 import measuring
-from measuring import CpuClock, CudaClock, environment, precision_settings, stats, stats_ms
+from measuring import CpuClock, CudaClock, calibrate, environment, precision_settings, stats, stats_ms, time_ops
 
 torch = None  # set by main (measuring.import_torch), so that a bad flag fails before torch loads
 
@@ -50,48 +50,6 @@ FULL = {"gemm_bf16": 8192, "gemm_fp32": 4096, "conv": (32, 256, 14), "resnet_bat
 QUICK = {"gemm_bf16": 256, "gemm_fp32": 128, "conv": (2, 16, 14), "resnet_batch": None,
          "copy_bytes": 1 << 20, "cast_elements": 64 << 10, "topk_elements": 64 << 10,
          "nccl_bytes": 1 << 20, "victim_ms": 15.0, "chunk_ms": 3.0, "repeats": 2, "max_ops": 500}
-
-
-
-
-
-
-
-
-# --- clocks: the same measuring code runs on the GPU (CUDA events) and on the CPU (perf_counter) ---
-
-
-
-
-
-def time_ops(op, clock, count):
-    """Milliseconds per op over `count` back-to-back ops."""
-    start = clock.mark()
-    for _ in range(count):
-        op()
-    end = clock.mark()
-    clock.sync()
-    return max(clock.elapsed(start, end), 1e-6) / count
-
-
-def calibrate(op, clock, target_ms, cap):
-    """(ms per op, ops needed for target_ms): the count grows until a timing spans 5 ms or more,
-    since one short op is below the timers' resolution."""
-    op()
-    op()  # the first calls pay for library set-up (cuBLAS handles, cuDNN plans, NCCL communicators)
-    clock.sync()
-    count = 1
-    while True:
-        per_op = time_ops(op, clock, count)
-        if per_op * count >= 5.0 or count >= cap:
-            break
-        count = min(cap, count * 4)
-    # Once more at the count found: the first timings can still include warm-up (clocks ramping).
-    count = max(1, min(cap, math.ceil(target_ms / per_op)))
-    per_op = time_ops(op, clock, count)
-    return per_op, max(1, min(cap, math.ceil(target_ms / per_op)))
-
-
 
 
 # --- victims: compute loops of K back-to-back ops on the victim stream ---
@@ -332,8 +290,6 @@ def nccl_companion(nbytes, clock, stream):
                             "GB/s", clock, stream, {"bytes": nbytes, "op": "AVG", "world_size": 1})
 
 
-
-
 def init_nccl():
     import torch.distributed as dist
 
@@ -566,14 +522,6 @@ class Run:
                 entry.update(ops_per_chunk=c.per_chunk, calibrated_op_ms=c.op_ms)
             companions[c.name] = entry
         return victims, companions
-
-
-
-
-
-
-
-
 
 
 def summary_lines(records, skipped):

@@ -36,20 +36,6 @@ QUICK = {"warmup": 2, "iterations": 3, "repeats": 2}
 LEARNING_RATE, MOMENTUM = 1e-3, 0.9
 
 
-
-
-
-
-
-
-# --- clocks: CUDA events on the GPU, perf_counter on the CPU ---
-
-
-
-
-
-
-
 # --- models: each returns (module, loss function, inputs, targets, description) ---
 
 def bert_like_class():
@@ -153,7 +139,6 @@ def model_specs(quick):
 
 
 # --- DDP ---
-
 
 
 def init_group(backend):
@@ -353,14 +338,6 @@ class Run:
                 record["overhead_vs_plain_per_repeat"] = {"median": statistics.median(ratios), "min": min(ratios),
                                                           "max": max(ratios), "repeats": len(ratios)}
             self.measurements[f"{spec.name}/{trainee.name}"] = record
-
-
-
-
-
-
-
-
 
 
 def summary_lines(measurements, models):

@@ -99,6 +99,34 @@ class CpuClock:
         return contextlib.nullcontext()
 
 
+def time_ops(op, clock, count):
+    """Milliseconds per op over `count` back-to-back ops."""
+    start = clock.mark()
+    for _ in range(count):
+        op()
+    end = clock.mark()
+    clock.sync()
+    return max(clock.elapsed(start, end), 1e-6) / count
+
+
+def calibrate(op, clock, target_ms, cap):
+    """(ms per op, ops needed for target_ms): the count grows until a timing spans 5 ms or more,
+    since one short op is below the timers' resolution."""
+    op()
+    op()  # the first calls pay for library set-up (cuBLAS handles, cuDNN plans, NCCL communicators)
+    clock.sync()
+    count = 1
+    while True:
+        per_op = time_ops(op, clock, count)
+        if per_op * count >= 5.0 or count >= cap:
+            break
+        count = min(cap, count * 4)
+    # Once more at the count found: the first timings can still include warm-up (clocks ramping).
+    count = max(1, min(cap, math.ceil(target_ms / per_op)))
+    per_op = time_ops(op, clock, count)
+    return per_op, max(1, min(cap, math.ceil(target_ms / per_op)))
+
+
 def stats(samples, unit=None):
     """Median, min, max and count of `samples`, with the samples themselves (and their unit)."""
     record = {"median": statistics.median(samples), "min": min(samples), "max": max(samples),

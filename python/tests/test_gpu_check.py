@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, syncopate_bin
 
 STEPS = ("env", "gpu-tests", "nccl2", "capture:package", "capture:resnet50-fp32", "capture:compare", "profile",
-         "ddp", "contention")
+         "ddp", "contention", "op-rates")
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA driver")
@@ -38,7 +38,8 @@ def test_without_a_gpu_every_step_fails_fast_naming_its_cause(tmp_path):
     assert "nvidia-smi" in by_step["env"]
     assert "exec-tests" in by_step["gpu-tests"]
     assert "libcuda not found" in by_step["profile"] and "libcuda not found" in by_step["nccl2"]
-    assert "SKIP: no CUDA device" in by_step["ddp"] and "SKIP: no CUDA device" in by_step["contention"]
+    for measure in ("ddp", "contention", "op-rates"):
+        assert "SKIP: no CUDA device" in by_step[measure], by_step[measure]
     assert "no fp32 capture to compare" in by_step["capture:compare"]
     assert lines[-1].startswith(f"{len(by_step) - sum(l.startswith('PASS') for l in by_step.values())} step(s) failed")
     files = list(out.iterdir())

@@ -1,4 +1,4 @@
-"""gpu/measure/contention.py and ddp_overhead.py, dry-run on the CPU.
+"""gpu/measure/contention.py, ddp_overhead.py and op_rates.py, dry-run on the CPU.
 
 With --quick --device cpu each writes its JSON with every documented key, each timing a positive
 finite median between its min and max; --device cuda without a GPU prints one SKIP line and exits
@@ -16,6 +16,9 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONTENTION = REPO / "gpu" / "measure" / "contention.py"
 DDP_OVERHEAD = REPO / "gpu" / "measure" / "ddp_overhead.py"
+OP_RATES = REPO / "gpu" / "measure" / "op_rates.py"
+SCRIPTS = pytest.mark.parametrize("script", [CONTENTION, DDP_OVERHEAD, OP_RATES],
+                                  ids=["contention", "ddp_overhead", "op_rates"])
 TOP_KEYS = {"schema", "script", "what", "command", "started_utc", "environment", "settings", "measurements",
             "skipped", "skipped_for_time", "errors", "elapsed_s", "complete"}
 ENVIRONMENT_KEYS = {"torch", "cuda", "nccl", "gpu_name", "sm_count", "device", "python", "cpu_threads"}
@@ -72,6 +75,41 @@ def contention(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ddp_overhead(tmp_path_factory):
     return quick_run(tmp_path_factory, DDP_OVERHEAD)
+
+
+@pytest.fixture(scope="module")
+def op_rates(tmp_path_factory):
+    return quick_run(tmp_path_factory, OP_RATES)
+
+
+def test_op_rates_times_every_class_and_precision_forward_and_backward(op_rates):
+    document, stdout = op_rates
+    check_common(document)
+    records = check_timings(document)
+    measured = document["measurements"]
+    # Matrix products and convolutions in fp32 and bf16 (TF32 exists on a GPU only), then the
+    # memory-bound ops.
+    classes = [(r["class"], r["precision"]) for r in measured.values()]
+    assert classes.count(("matmul", "fp32")) == classes.count(("matmul", "bf16")) == 2
+    assert classes.count(("conv", "fp32")) == classes.count(("conv", "bf16")) == 2
+    assert classes.count(("memory", "fp32")) == 2
+    for name, record in measured.items():
+        for p in ("forward", "backward"):
+            if p not in record:
+                assert name.startswith("add ") and p == "backward"
+                continue
+            seconds = records[f"/{name}/{p}"]["median_ms"] / 1e3
+            if "flops" in record[p]:
+                assert record[p]["tflops"] == pytest.approx(record[p]["flops"] / seconds / 1e12)
+            else:
+                assert record[p]["gbytes_per_s"] == pytest.approx(record[p]["bytes"] / seconds / 1e9)
+    # The backward does twice the forward's FLOPs: the input's and the weight's gradients.
+    matmul = measured["matmul 64x32x96 fp32"]
+    assert matmul["backward"]["flops"] == 2 * matmul["forward"]["flops"] == 4 * 64 * 32 * 96
+    host = document["host"]
+    assert all(math.isfinite(v) and v > 0 for v in host.values())
+    assert host["launch_us_per_op"] <= host["wall_us_per_op"]
+    assert "RESULT host: " in stdout
 
 
 def test_contention_times_each_victim_alone_and_beside_each_cpu_companion(contention):
@@ -167,7 +205,7 @@ def test_a_spent_budget_skips_measurements_but_still_writes_the_json(tmp_path):
     assert "skipped for time" in done.stdout.splitlines()[-1]
 
 
-@pytest.mark.parametrize("script", [CONTENTION, DDP_OVERHEAD], ids=["contention", "ddp_overhead"])
+@SCRIPTS
 def test_cuda_without_a_gpu_skips_with_77_and_writes_nothing(script, tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
@@ -179,7 +217,7 @@ def test_cuda_without_a_gpu_skips_with_77_and_writes_nothing(script, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("script", [CONTENTION, DDP_OVERHEAD], ids=["contention", "ddp_overhead"])
+@SCRIPTS
 @pytest.mark.parametrize("args, flag", [
     (["--seconds", "0"], "--seconds"),
     (["--seconds", "-5"], "--seconds"),
@@ -196,7 +234,7 @@ def test_a_bad_argument_exits_2_naming_its_flag(script, args, flag, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("script", [CONTENTION, DDP_OVERHEAD], ids=["contention", "ddp_overhead"])
+@SCRIPTS
 def test_the_output_directory_is_required(script):
     done = measure(script, "--device", "cpu", "--quick")
     assert done.returncode == 2 and "--out-dir" in done.stderr
