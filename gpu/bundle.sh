@@ -2,7 +2,8 @@
 # Builds what a GPU machine without a Rust toolchain needs into target/gpu-bundle/, for
 # gpu/check.sh there: the release `syncopate` binary and syncopate-exec's unit-test binary (which
 # holds the GPU tests), both stripped and built for the CUDA API of the machine's driver, and the
-# Python package's abi3 wheel (its `python -m syncopate.capture` records model profiles).
+# Python package's abi3 wheel (its `python -m syncopate.capture` records model profiles), and
+# pytest's wheels for the torch step.
 #   gpu/bundle.sh [12|13]      # the CUDA major version of the bindings (default 13: driver 580+)
 # maturin comes alone into target/maturin-env: the wheel needs no PyTorch to build.
 set -euo pipefail
@@ -33,6 +34,13 @@ if ! "$maturin_env/bin/maturin" --version 2>/dev/null | grep -qF "$maturin_versi
     "$maturin_env/bin/pip" install --quiet --disable-pip-version-check "maturin==$maturin_version"
 fi
 "$maturin_env/bin/maturin" build --release --locked --quiet --strip -m python/Cargo.toml -o "$bundle"
+# pytest and its requirements, at the versions the tests here use, for the torch step's GPU test.
+pins=()
+for package in pytest iniconfig packaging pluggy Pygments; do
+    pins+=("$(grep -m1 -i "^$package==" python/requirements-test.txt)")
+done
+"$maturin_env/bin/pip" download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --dest "$bundle/pytest" "${pins[@]}"
 {
     git rev-parse HEAD
     git diff --quiet HEAD -- . ':!target' || echo "(with uncommitted changes)"

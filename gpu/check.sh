@@ -13,7 +13,7 @@
 # every step fails fast, naming its cause. --only reruns a subset, e.g. --only gpu-tests,nccl2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps_all=(env gpu-tests nccl2 capture profile ddp contention op-rates)
+steps_all=(env gpu-tests nccl2 torch capture profile ddp contention op-rates)
 usage="usage: gpu/check.sh [--bundle DIR] [--out DIR] [--only STEP,...] [--deadline SECONDS] [--list]; steps: ${steps_all[*]}"
 bundle=target/gpu-bundle
 given_bundle=
@@ -198,6 +198,24 @@ install_package() {
     $py -m pip install --quiet --no-deps --no-index --upgrade --target "$work/python" "$bundle"/syncopate-*.whl
 }
 
+# torch: syncopate.torch trains the tests' tiny model on this GPU over NCCL, two processes on GPU 0
+# as two NCCL hosts, with check=2 and a trace (python/tests/test_torch_device.py, with pytest from
+# the bundle). A skipped test did not run: it fails the step.
+torch_training() {
+    local output rc
+    install_package || return 1
+    $py -m pip install --quiet --no-deps --no-index --upgrade --target "$work/pytest" "$bundle"/pytest/*.whl || return 1
+    output=$(PYTHONPATH="$work/python:$work/pytest" SYNCOPATE_BIN="$bin" $py -m pytest -q -rs -p no:cacheprovider \
+        python/tests/test_torch_device.py -k gpu 2>&1)
+    rc=$?
+    echo "$output"
+    if grep -m1 "SKIPPED" <<<"$output"; then
+        return 1
+    fi
+    return $rc
+}
+torch_figures() { grep -E '(passed|failed|error)' "$1" | tail -n 1; }
+
 measure_figures() { grep '^RESULT' "$1" | head -n 12; }
 # The rates the carry's check needs most: the shipped profiles' layer shapes in fp32, the host.
 op_rates_figures() {
@@ -258,12 +276,13 @@ esac
 # The binaries' library probe asks the same Python for its site-packages.
 export SYNCOPATE_PYTHON=$py
 export bundle work py bin tag device cluster
-export -f environment gpu_tests capture install_package nccl2 measure compare_captures
+export -f environment gpu_tests capture install_package torch_training nccl2 measure compare_captures
 say "gpu/check.sh on ${gpu_name:-no GPU (nvidia-smi lists none)}, deadline ${deadline} s, bundle $(head -n 1 "$bundle/COMMIT" 2>/dev/null)"
 
 step env 20 environment_figures environment
 step gpu-tests 150 gpu_tests_figures gpu_tests
 step nccl2 100 nccl2_figures nccl2
+step torch 90 torch_figures torch_training
 step capture:package 30 - install_package
 # The shipped profiles' batches and inputs (profiles/models/*.json), so that the captures compare
 # with them: fp32 with TF32 off (the V100 profiles' arithmetic), and autocast fp16.

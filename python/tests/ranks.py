@@ -1,4 +1,4 @@
-"""Runs a function on 2 gloo ranks, each a separate process on localhost.
+"""Runs a function on 2 ranks, each a separate process on localhost: gloo, or NCCL on one GPU.
 
 It returns what each returned or raises what one raised.
 """
@@ -13,11 +13,17 @@ import traceback
 import conftest
 
 
-def _main(function, rank, world, port, queue, args, kwargs):
+def _main(function, rank, world, port, queue, backend, args, kwargs):
+    import torch
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        if backend == "nccl":
+            # Every rank on GPU 0, each made a host of its own so that NCCL accepts two ranks on
+            # one device (over its socket transport; functional only, NVIDIA does not support it).
+            os.environ.update(NCCL_HOSTID=f"syncopate-test-{rank}", NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1")
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=30))
         value = function(rank, world, *args, **kwargs)
         queue.put((rank, "ok", value))
@@ -30,16 +36,17 @@ def _main(function, rank, world, port, queue, args, kwargs):
         os._exit(0)
 
 
-def run(function, *args, world=2, timeout=240, **kwargs):
-    """`function(rank, world, *args, **kwargs)` on every rank; a list of their return values, in rank
-    order, or a RankError for the first rank that raised."""
+def run(function, *args, world=2, timeout=240, backend="gloo", **kwargs):
+    """`function(rank, world, *args, **kwargs)` on every rank of a `backend` process group; a list of
+    their return values, in rank order, or a RankError for the first rank that raised."""
     # One compute thread per rank: two ranks of OpenMP threads spinning on a shared machine
     # slow each other down by orders of magnitude.
     os.environ["OMP_NUM_THREADS"] = "1"
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     port = conftest.free_port()
-    processes = [context.Process(target=_main, args=(function, r, world, port, queue, args, kwargs)) for r in range(world)]
+    processes = [context.Process(target=_main, args=(function, r, world, port, queue, backend, args, kwargs))
+                 for r in range(world)]
     for p in processes:
         p.start()
     results = {}

@@ -52,7 +52,8 @@ def test_a_capture_of_no_shipped_model_fails_and_autocast_is_left_out(tmp_path):
     odd.write_text(json.dumps(profile))
     done = compare("dgx1-v100", odd)
     assert done.returncode == 1
-    assert f"{odd}: not compared: no shipped fp32 profile measured on another GPU has its 160 tensors at batch 32" in done.stderr
+    assert (f"{odd}: not compared: no shipped fp32 profile measured on another GPU has its 160 tensors at batch 32"
+            in done.stderr)
 
     profile = json.loads((MODELS / "resnet50.json").read_text())
     profile["timing"]["backward"]["method"] += ", autocast fp16"

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import REPO, syncopate_bin
 
-STEPS = ("env", "gpu-tests", "nccl2", "capture:package", "capture:resnet50-fp32", "capture:compare", "profile",
-         "ddp", "contention", "op-rates")
+STEPS = ("env", "gpu-tests", "nccl2", "torch", "capture:package", "capture:resnet50-fp32", "capture:compare",
+         "profile", "ddp", "contention", "op-rates")
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA driver")

@@ -71,7 +71,7 @@ class Check:
                 gathered = [torch.empty_like(mine) for _ in range(world)]
                 self.link.wait(self.link.start(dist.all_gather, gathered, mine, async_op=True), f"check of piece {piece}")
                 for rank, theirs in enumerate(gathered):
-                    report(piece, rank, iteration, theirs.numpy())
+                    report(piece, rank, iteration, theirs.cpu().numpy())
         self.reports = json.loads(self.checker.report())
         for group in self.reports:
             if not group["ok"]:

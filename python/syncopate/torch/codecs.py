@@ -6,6 +6,7 @@ Each payload is written where its allreduce sends it and decoded where it arrive
 import torch
 
 from syncopate import NonFiniteError, NonFiniteGradient
+from syncopate.torch.device import first_non_finite
 from syncopate.torch.schedule import exchange_of
 
 SUMMED = ("allreduce", "hierarchical-allreduce")
@@ -24,7 +25,11 @@ class Codecs:
     - the identity codec (`none` without memory) has no payload of its own: its wire format is
       the float32 elements little-endian, which is how the group buffer holds them on the
       little-endian machines torch runs on, so the group buffer's piece is what gets allreduced
-      and the result is the sum times the scale, written in one pass."""
+      and the result is the sum times the scale, written in one pass.
+
+    On a CUDA device only identity pieces run (`device.refusal`), on the device, and their
+    finite check is of the averaged gradients, once per iteration (`check_finite`): the backward
+    pass never waits for it, and every rank sees the same sums, so every rank stops."""
 
     def __init__(self, layout, state, link, buffers, results, scales, check, names):
         self.layout = layout
@@ -32,8 +37,13 @@ class Codecs:
         self.link = link
         self.buffers = buffers
         self.results = results
-        self.arrays = [b.numpy() for b in buffers]
-        self.result_arrays = [r.numpy() for r in results]
+        on_cpu = all(b.device.type == "cpu" for b in buffers)
+        # The Rust state reads and writes host memory: views of the CPU buffers.
+        self.arrays = [b.numpy() for b in buffers] if on_cpu else None
+        self.result_arrays = [r.numpy() for r in results] if on_cpu else None
+        self.on_device = not on_cpu
+        # (group, span) of the identity pieces averaged since the last check_finite.
+        self.unchecked = []
         self.scales = scales
         self.check = check
         self.names = names
@@ -107,7 +117,10 @@ class Codecs:
             return
         group, span = self._span(piece)
         if piece in self.identity:
-            self._named(piece, iteration, lambda: self.state.check_finite(piece, self.arrays[group]))
+            if self.on_device:
+                self.unchecked.append((group, span))
+            else:
+                self._named(piece, iteration, lambda: self.state.check_finite(piece, self.arrays[group]))
             out = self.buffers[group][span].view(torch.uint8)
         else:
             out = self.link.buffers.get("allreduce", piece, self.layout.pieces[piece]["rounds"][0]["bytes"])
@@ -135,6 +148,25 @@ class Codecs:
             return True
         self.state.decode(piece, None if delivered is None else delivered.numpy())
         return False
+
+    def check_finite(self, iteration):
+        """On a device, raises NonFiniteGradient naming the first non-finite element of the
+        iteration's averaged gradients (one read from the device when they are finite); on the
+        CPU each encode checked its own rank's gradient before sending it."""
+        if not self.unchecked:
+            return
+        spans = self.unchecked
+        if bool(torch.stack([torch.isfinite(self.results[g][span]).all() for g, span in spans]).all()):
+            self.unchecked = []
+            return
+        # Kept: the iteration stays failed for whoever finishes it again (close, flush).
+        group, element = first_non_finite(self.results, spans)
+        piece = next(i for i, p in enumerate(self.layout.pieces)
+                     if p["group"] == group and p["offset"] <= element < p["offset"] + p["numel"])
+        value = float(self.results[group][element])
+        at = element - self.layout.pieces[piece]["offset"]
+        raise NonFiniteGradient(f"averaged {self._tensor_at(piece, at)}: non-finite value {value}, a rank's gradient "
+                                f"was not finite (rank {self.link.rank}, iteration {iteration})")
 
     def _named(self, piece, iteration, body):
         """Runs `body`; a non-finite gradient element is reported with its tensor's name."""

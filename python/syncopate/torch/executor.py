@@ -96,13 +96,17 @@ class Executor:
             self._done(self.layout.backward[tensor])
 
     def finish_all(self):
-        """Waits until every ready collective of the current iteration has finished, then
-        verifies the iteration when it is checked."""
+        """Waits until every ready collective of the current iteration has finished (on a
+        device: has been queued, and the default stream waits for it), then verifies the
+        iteration when it is checked."""
         with self.lock:
             self._wait(lambda: self.sync is None or self.sync.idle())
             self._raise_failure()
-        if self.sync is not None and self.check is not None:
-            self.check.verify(self.sync.iteration)
+        self._join()
+        if self.sync is not None:
+            self.codecs.check_finite(self.sync.iteration)
+            if self.check is not None:
+                self.check.verify(self.sync.iteration)
 
     def finish_steps(self, steps):
         """Waits until every one of `steps` is done."""
@@ -113,6 +117,12 @@ class Executor:
                     raise SyncopateError(f"schedule stalled: {names} can never run (a gradient never arrived?)")
                 self._wait_once()
             self._raise_failure()
+        self._join()
+
+    def _join(self):
+        """On a device, makes the default stream wait for every link's stream."""
+        for link in self.links:
+            link.join()
 
     def close(self):
         """Finishes what is in flight, then ends the stream threads; the exit no longer holds
@@ -161,7 +171,7 @@ class Executor:
     def _ready(self, index):
         step = self.layout.steps[index]
         if step["stream"] in SYNC_STREAMS:
-            start = self.recorder.now()
+            start = self.recorder.mark()
             self.codecs.run(step["piece"], step["ops"], self.sync.iteration)
             self.recorder.add(index, self.sync.iteration, 0, start)
             self._done(index)
@@ -238,25 +248,26 @@ class Executor:
     def _run(self, index, stream, sync):
         """Launches collective step `index` of `sync`'s iteration on the stream's link and finishes it."""
         link = self.links[stream]
-        with self.lock:
-            step = self.layout.steps[index]
-            piece, ops = step["piece"], step["ops"]
-            split = ops.index("exchange")
-            start = self.recorder.now()
-            self.codecs.run(piece, ops[:split], sync.iteration)
-            _, fields = kind_of(step)
-            what = f"{kind_label(step)} (rank {link.rank}, iteration {sync.iteration})"
-            name, _ = exchange_of(self.layout.pieces[piece]["rounds"][fields["round"]])
-            pending = self._exchange(link, name, piece, what)
-        # The exchange touches only this piece's payload: the training thread may go on.
-        arrived = pending.finish()
-        with self.lock:
-            self.codecs.deliver(piece, arrived)
-            self.codecs.run(piece, ops[split + 1:], sync.iteration)
-            self.recorder.add(index, sync.iteration, stream, start)
-            self._done(index)
-            sync.finished += 1
-            self.lock.notify_all()
+        with link.on_stream():
+            with self.lock:
+                step = self.layout.steps[index]
+                piece, ops = step["piece"], step["ops"]
+                split = ops.index("exchange")
+                start = self.recorder.mark()
+                self.codecs.run(piece, ops[:split], sync.iteration)
+                _, fields = kind_of(step)
+                what = f"{kind_label(step)} (rank {link.rank}, iteration {sync.iteration})"
+                name, _ = exchange_of(self.layout.pieces[piece]["rounds"][fields["round"]])
+                pending = self._exchange(link, name, piece, what)
+            # The exchange touches only this piece's payload: the training thread may go on.
+            arrived = pending.finish()
+            with self.lock:
+                self.codecs.deliver(piece, arrived)
+                self.codecs.run(piece, ops[split + 1:], sync.iteration)
+                self.recorder.add(index, sync.iteration, stream, start)
+                self._done(index)
+                sync.finished += 1
+                self.lock.notify_all()
 
     def _exchange(self, link, name, piece, what):
         state = self.state

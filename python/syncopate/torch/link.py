@@ -5,6 +5,7 @@ that lets gloo's workers let go first.
 """
 
 import atexit
+import contextlib
 import datetime
 import pickle
 import threading
@@ -35,7 +36,9 @@ class Launch:
 
 class Link:
     """This rank's end of the collectives: world, rank, timeout, and a tag per launch for
-    point-to-point messages (every rank launches in the same order, so tags agree).
+    point-to-point messages (every rank launches in the same order, so tags agree). Its tensors
+    are on `device`: the CPU over gloo, or a CUDA device over NCCL, where the link's exchanges
+    run on a CUDA stream of their own (`on_stream`).
 
     Gloo's worker thread releases a collective a moment after `wait` returns (and a barrier
     keeps the collectives it waited for until it is released itself). Releasing one drops
@@ -47,13 +50,15 @@ class Link:
     and at exit `settle` waits, with the lock released, until gloo has dropped them, then a grace period
     for what it cannot see."""
 
-    def __init__(self, rank, world, timeout_s, group=None, buffers=None):
+    def __init__(self, rank, world, timeout_s, group=None, buffers=None, device=None):
         self.rank = rank
         self.world = world
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.group = group
         self.launches = 0
-        self.buffers = buffers if buffers is not None else Buffers()
+        self.device = device or torch.device("cpu")
+        self.buffers = buffers if buffers is not None else Buffers(self.device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def new_group(self):
         """A link over a process group of its own (the same ranks), sharing this link's kept
@@ -61,7 +66,7 @@ class Link:
         matches collectives by the order they are issued in. Every rank must call it, in the
         same order."""
         group = dist.new_group(timeout=self.timeout)
-        return Link(self.rank, self.world, self.timeout.total_seconds(), group, self.buffers)
+        return Link(self.rank, self.world, self.timeout.total_seconds(), group, self.buffers, self.device)
 
     def with_nodes(self, per_node):
         """A link over a process group of its own (as `new_group`) with `node`, a link over
@@ -73,12 +78,35 @@ class Link:
         for first in range(0, self.world, per_node):
             group = dist.new_group(list(range(first, first + per_node)), timeout=self.timeout)
             if first <= self.rank < first + per_node:
-                link.node = Link(self.rank, per_node, self.timeout.total_seconds(), group, self.buffers)
+                link.node = Link(self.rank, per_node, self.timeout.total_seconds(), group, self.buffers, self.device)
         for place in range(per_node):
             group = dist.new_group(list(range(place, self.world, per_node)), timeout=self.timeout)
             if self.rank % per_node == place:
-                link.across = Link(self.rank, nodes, self.timeout.total_seconds(), group, self.buffers)
+                link.across = Link(self.rank, nodes, self.timeout.total_seconds(), group, self.buffers, self.device)
         return link
+
+    @contextlib.contextmanager
+    def on_stream(self):
+        """Where the link's exchanges are launched and finished. On a CUDA device: its own stream,
+        made to wait first for what the default stream has queued (the gradients copied into the
+        buffers), so that torch's NCCL collectives, which wait for the launching stream, see
+        them; `join` makes the default stream wait for it in turn. On the CPU: nothing."""
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.default_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def own_stream(self):
+        """The link's own stream without waiting for the default one: for control messages,
+        which read no gradient and must not wait for the backward pass queued there."""
+        return contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
+
+    def join(self):
+        """Makes the device's default stream wait for what the link's stream has queued."""
+        if self.stream is not None:
+            torch.cuda.default_stream(self.device).wait_stream(self.stream)
 
     def start(self, collective, *args, **options):
         """Calls `collective(*args, **options)` (an asynchronous torch.distributed call) on
@@ -97,14 +125,17 @@ class Link:
             raise
         except RuntimeError as err:
             raise PeerFailure(f"{what} failed on rank {self.rank}: {err}") from err
+        if self.device.type != "cpu":
+            return
         with SETTLING_LOCK:
             SETTLING[:] = [t for t in SETTLING if held_by_gloo(t)]
             SETTLING.extend(launch.tensors)
 
     def start_lengths(self, length):
         """Starts gathering every rank's `length`: finish with `finish_lengths`."""
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        return self.start(dist.all_gather, sizes, torch.tensor([length]), async_op=True), sizes
+        sizes = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(self.world)]
+        mine = torch.tensor([length], dtype=torch.int64, device=self.device)
+        return self.start(dist.all_gather, sizes, mine, async_op=True), sizes
 
     def finish_lengths(self, started, what):
         """Every rank's length, in rank order."""
@@ -123,15 +154,17 @@ class Link:
         lengths = self.gather_lengths(len(data), what)
         mine = torch.zeros(max(lengths), dtype=torch.uint8)
         mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(self.device)
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         self.wait(self.start(dist.all_gather, gathered, mine, async_op=True), what)
-        return [pickle.loads(g[:n].numpy().tobytes()) for g, n in zip(gathered, lengths)]
+        return [pickle.loads(g[:n].cpu().numpy().tobytes()) for g, n in zip(gathered, lengths)]
 
     def broadcast_int(self, value, what):
         """Rank 0's `value` (an int it passes; the others pass None) on every rank."""
-        word = torch.tensor([0 if value is None else value], dtype=torch.int64)
-        self.wait(self.start(dist.broadcast, word, src=0, async_op=True), what)
-        return int(word.item())
+        with self.own_stream():
+            word = torch.tensor([0 if value is None else value], dtype=torch.int64, device=self.device)
+            self.wait(self.start(dist.broadcast, word, src=0, async_op=True), what)
+            return int(word.item())
 
     def next_tag(self):
         self.launches += 1

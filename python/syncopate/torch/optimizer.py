@@ -12,6 +12,7 @@ import torch.distributed as dist
 from syncopate import Rank, SyncopateError, lower
 from syncopate.torch import timing
 from syncopate.torch.check import Check
+from syncopate.torch.device import check_backend, device_of, refusal
 from syncopate.torch.link import Link
 from syncopate.torch.executor import Executor
 from syncopate.torch.momentum import check_momentum
@@ -21,7 +22,9 @@ from syncopate.torch.schedule import Layout, kind_of
 
 class DistributedOptimizer:
     """Runs `plan` (a plan file; `model_profile` overrides the model profile it records) for
-    `module` on the initialized torch.distributed process group (gloo, CPU tensors).
+    `module` on the initialized torch.distributed process group: gloo for float32 parameters on
+    the CPU, NCCL for float32 parameters on one CUDA device (the uncompressed plans summed by an
+    allreduce, `device.refusal`; buffers, collectives and timings on the GPU).
 
     Gradients are copied into their group's fusion buffer as they become ready; the schedule's
     encode, collective and decode steps follow its dependencies and launch policy. `step()`
@@ -46,11 +49,19 @@ class DistributedOptimizer:
         schedule = json.loads(self.schedule_json)
         model = json.loads(self.model_json)
         self.params, names = match_parameters(module, model, schedule, str(plan))
+        self.device = device_of(self.params, names)
+        check_backend(self.device)
         check_momentum(optimizer, self.params, names, schedule)
         self.layout = Layout(schedule, self.schedule_json)
-        self.link = Link(self.rank, self.world, timeout_s)
+        refused = refusal(self.device, schedule["pieces"])
+        if refused is None and self.device.type == "cuda" and self.layout.overlap:
+            refused = (f"{plan} updates each group before its next forward, which syncopate.torch runs on the CPU "
+                       "only")
+        if refused is not None:
+            raise SyncopateError(f"{plan} on {self.device}: {refused}")
+        self.link = Link(self.rank, self.world, timeout_s, device=self.device)
         self.state = Rank(self.schedule_json, self.rank, seed)
-        self.recorder = timing.Recorder(self.rank)
+        self.recorder = timing.Recorder(self.rank, self.device)
         self._buffers(schedule)
         self.check = (
             Check(self.schedule_json, seed, check, self.state, schedule["pieces"], self.link) if check else None
@@ -62,8 +73,6 @@ class DistributedOptimizer:
         self.iteration = -1
         self.in_backward = False
         self.pending_updates = set()
-        self.last_ready = 0
-        self.last_forward_end = 0
         self.handles = [
             p.register_post_accumulate_grad_hook(functools.partial(self._gradient, t)) for t, p in enumerate(self.params)
         ]
@@ -71,13 +80,14 @@ class DistributedOptimizer:
         # A common time origin for the trace, and a first proof that every peer is there.
         self.link.wait(self.link.start(dist.barrier, async_op=True), "the start barrier")
         self.recorder.restart()
+        self.last_ready = self.last_forward_end = self.recorder.origin()
 
     def _buffers(self, schedule):
         """Each group's fusion buffer and result buffer; each parameter's slots in them. A
         group reduced in fp16 divides by the world size before summing (Horovod's prescale,
         so the sum cannot overflow); the others divide the decoded sum."""
-        self.buffers = [torch.zeros(b["numel"], dtype=torch.float32) for b in schedule["buffers"]]
-        self.results = [torch.zeros(b["numel"], dtype=torch.float32) for b in schedule["buffers"]]
+        self.buffers = [torch.zeros(b["numel"], dtype=torch.float32, device=self.device) for b in schedule["buffers"]]
+        self.results = [torch.zeros(b["numel"], dtype=torch.float32, device=self.device) for b in schedule["buffers"]]
         self.prescale = [False] * len(self.buffers)
         for index, piece in enumerate(schedule["pieces"]):
             self.prescale[piece["group"]] = self.state.wire_dtype(index) == "f16"
@@ -105,17 +115,14 @@ class DistributedOptimizer:
                 if g in self.pending_updates:
                     self.executor.finish_steps(self.layout.tails[g])
                     self._update(g)
-        self.forward_start = self.recorder.now()
+        self.forward_start = self.recorder.mark()
 
     def _after_forward(self, tensors, _module, _inputs, _output):
         if not torch.is_grad_enabled():
             return
-        end = self.recorder.now()
-        span = (end - self.forward_start) // len(tensors)
+        end = self.recorder.mark()
         for i, t in enumerate(tensors):
-            step = self.layout.forward[t]
-            self.recorder.records.append((self.rank, step, self.iteration + 1, 0, self.forward_start + i * span,
-                                          self.forward_start + (i + 1) * span))
+            self.recorder.span(self.layout.forward[t], self.iteration + 1, 0, self.forward_start, end, i, len(tensors))
         self.last_forward_end = end
 
     def _gradient(self, tensor, param):
@@ -137,8 +144,8 @@ class DistributedOptimizer:
             torch.div(grad, self.world, out=inputs)
         else:
             inputs.copy_(grad)
-        now = self.recorder.now()
-        self.recorder.records.append((self.rank, step, self.iteration, 0, min(self.last_ready, now), now))
+        now = self.recorder.mark()
+        self.recorder.span(step, self.iteration, 0, self.recorder.earlier(self.last_ready, now), now)
         self.last_ready = now
         self.executor.gradient_ready(tensor)
 
@@ -166,7 +173,7 @@ class DistributedOptimizer:
             p.grad = result if group in chosen else None
 
     def _timed(self, step, iteration, body):
-        start = self.recorder.now()
+        start = self.recorder.mark()
         value = body()
         if step is not None:
             self.recorder.add(step, iteration, 0, start)
