@@ -378,6 +378,8 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
         sm_count: u32::try_from(sms).ok().filter(|&n| n > 0),
         compute_speed_vs_v100,
         compute_speed_provenance,
+        // Its tiled GEMM measures no library's operation: nothing to state.
+        achieved_fraction_of_peak: None,
         compression,
         contention: Contention {
             compute_slowdown_with_collective: Some(collective),

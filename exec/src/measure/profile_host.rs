@@ -279,6 +279,7 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
             Status::Estimated,
             format!("measured one-core multiply-add rate × {cores} threads, divided by V100's 15.7 TFLOP/s fp32 peak"),
         ),
+        achieved_fraction_of_peak: None,
         compression,
         contention: Contention {
             compute_slowdown_with_collective: None,

@@ -1,26 +1,55 @@
 //! Carries a model profile's compute to another GPU step by step.
 //!
-//! Each step's arithmetic scales at the ratio of the two devices' peaks at the profile's precision,
-//! the rest at the ratio of their memory bandwidths.
+//! Each step's arithmetic scales at the ratio of the rates its class of operation reaches on the
+//! two devices at the profile's precision (`achieved`), the rest at the ratio of their memory
+//! bandwidths.
 
 use crate::base::error::{Result, SimError};
+use crate::inputs::achieved::{fraction, Operation};
 use crate::inputs::device::{DeviceKind, DeviceProfile};
 use crate::inputs::flops::{forward_macs_per_sample, peak_tflops, tensor_macs_per_sample};
-use crate::inputs::model::{ModelProfile, Tensor};
-
-/// The fraction of the datasheet peak a large cuBLAS matmul reaches, which a step's arithmetic
-/// is assumed to run at: 86.9 % on A100 and 80.3 % on H100 SXM (BF16, torch.matmul;
-/// stas00/ml-engineering compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS").
-/// What a step takes beyond its FLOPs at this rate is taken to be bound by memory.
-pub const MATMUL_FRACTION_OF_PEAK: f64 = 0.8;
+use crate::inputs::model::{ModelProfile, Precision, Tensor};
 
 /// FLOPs per multiply-add.
 const FLOPS_PER_MAC: f64 = 2.0;
 
+/// The FLOPs per µs each class of operation reaches on a device at one precision: its peak
+/// times the fraction the device states for the class, or `achieved::DEFAULT_FRACTION`.
+#[derive(Clone, Copy)]
+struct Rates {
+    convolution: f64,
+    matmul: f64,
+}
+
+impl Rates {
+    /// `None` for a device without a peak at `precision`.
+    fn of(device: &DeviceProfile, precision: Precision) -> Option<Rates> {
+        let peak = peak_tflops(device, precision)? * 1e6;
+        let at = |operation| {
+            peak * fraction(
+                device.achieved_fraction_of_peak.as_ref(),
+                precision,
+                operation,
+            )
+        };
+        Some(Rates {
+            convolution: at(Operation::Convolution),
+            matmul: at(Operation::Matmul),
+        })
+    }
+
+    fn get(&self, operation: Operation) -> f64 {
+        match operation {
+            Operation::Convolution => self.convolution,
+            Operation::Matmul => self.matmul,
+        }
+    }
+}
+
 /// How a profile's steps split into arithmetic and the rest on the device it computes on.
 struct Split {
-    /// FLOPs the device does per µs at `MATMUL_FRACTION_OF_PEAK` of its peak.
-    achievable_flops_per_us: f64,
+    /// What each class of operation reaches there.
+    rates: Rates,
     /// Multiply-adds per tensor multiply-add: attention's parameter-free products run beside
     /// the tensors' own and are shared out in proportion.
     share: f64,
@@ -39,35 +68,32 @@ impl Split {
             total_macs as f64 / tensor_macs as f64
         };
         Some(Split {
-            achievable_flops_per_us: peak_tflops(device, arithmetic.precision)?
-                * 1e6
-                * MATMUL_FRACTION_OF_PEAK,
+            rates: Rates::of(device, arithmetic.precision)?,
             share,
             batch: f64::from(model.batch_size_per_gpu),
         })
     }
 
     /// The fraction of a step of `measured_us` that its FLOPs take: `passes` times its tensor's
-    /// forward multiply-adds (`macs`), at the achievable rate.
-    fn arithmetic(&self, measured_us: f64, macs: f64, passes: f64) -> f64 {
-        if measured_us <= 0.0 {
+    /// forward multiply-adds (`macs`), at the rate its class of operation reaches.
+    fn arithmetic(&self, step: &Step) -> f64 {
+        if step.measured_us <= 0.0 {
             return 0.0;
         }
-        let us =
-            FLOPS_PER_MAC * passes * macs * self.share * self.batch / self.achievable_flops_per_us;
-        (us / measured_us).min(1.0)
+        let us = FLOPS_PER_MAC * step.passes * step.macs * self.share * self.batch
+            / self.rates.get(step.operation);
+        (us / step.measured_us).min(1.0)
     }
+}
 
-    /// Every forward and backward step: (measured µs, its tensor's multiply-adds, passes).
-    fn steps(model: &ModelProfile) -> impl Iterator<Item = (f64, f64, f64)> + '_ {
-        model.tensors.iter().flat_map(|t| {
-            let macs = tensor_macs(t);
-            [
-                (t.forward_us, macs, FORWARD_PASSES),
-                (t.backward_us, macs, BACKWARD_PASSES),
-            ]
-        })
-    }
+/// One forward or backward step of a tensor.
+struct Step {
+    measured_us: f64,
+    /// Its tensor's forward multiply-adds per sample.
+    macs: f64,
+    /// Passes over them: 1 forward, 2 backward (the input's and the weight's gradients).
+    passes: f64,
+    operation: Operation,
 }
 
 /// Passes over a tensor's multiply-adds in its forward step, and in its backward step, which
@@ -75,9 +101,26 @@ impl Split {
 const FORWARD_PASSES: f64 = 1.0;
 const BACKWARD_PASSES: f64 = 2.0;
 
-/// A tensor's forward multiply-adds per sample.
-fn tensor_macs(t: &Tensor) -> f64 {
-    (t.numel as f64) * (t.uses_per_sample as f64)
+/// A tensor's forward and backward steps.
+fn steps(t: &Tensor) -> [Step; 2] {
+    let (macs, operation) = (
+        (t.numel as f64) * (t.uses_per_sample as f64),
+        Operation::of(t),
+    );
+    [
+        Step {
+            measured_us: t.forward_us,
+            macs,
+            passes: FORWARD_PASSES,
+            operation,
+        },
+        Step {
+            measured_us: t.backward_us,
+            macs,
+            passes: BACKWARD_PASSES,
+            operation,
+        },
+    ]
 }
 
 /// The profile's steps as they would run on `to`, with the fraction of the measured compute time
@@ -106,20 +149,24 @@ pub fn carry(
             )
         })
     };
-    let arithmetic_ratio = peak(from)? / peak(to)?;
-    let Some(split) = Split::of(model, from) else {
+    // Both devices have a peak at the profile's precision, or the error names the one without.
+    peak(from)?;
+    peak(to)?;
+    let (Some(split), Some(target)) = (Split::of(model, from), Rates::of(to, arithmetic.precision))
+    else {
         return Ok(None);
     };
     let memory_ratio = from.memory_bandwidth_gbytes_per_s / to.memory_bandwidth_gbytes_per_s;
-    let carried_us = |measured_us: f64, macs: f64, passes: f64| {
-        let bound = split.arithmetic(measured_us, macs, passes);
-        measured_us * (bound * arithmetic_ratio + (1.0 - bound) * memory_ratio)
+    let carried_us = |step: &Step| {
+        let bound = split.arithmetic(step);
+        let arithmetic_ratio = split.rates.get(step.operation) / target.get(step.operation);
+        step.measured_us * (bound * arithmetic_ratio + (1.0 - bound) * memory_ratio)
     };
     let mut carried = model.clone();
     for tensor in &mut carried.tensors {
-        let macs = tensor_macs(tensor);
-        tensor.backward_us = carried_us(tensor.backward_us, macs, BACKWARD_PASSES);
-        tensor.forward_us = carried_us(tensor.forward_us, macs, FORWARD_PASSES);
+        let [forward, backward] = steps(tensor);
+        tensor.forward_us = carried_us(&forward);
+        tensor.backward_us = carried_us(&backward);
     }
     // The optimizer streams parameters, gradients and state: bound by memory.
     carried.optimizer_us = model.optimizer_us * memory_ratio;
@@ -137,9 +184,17 @@ pub fn carry(
 /// by time; `None` where the split cannot be made.
 pub fn arithmetic_fraction(model: &ModelProfile, device: &DeviceProfile) -> Option<f64> {
     let split = Split::of(model, device)?;
-    let (arithmetic, total) = Split::steps(model).fold((0.0, 0.0), |(a, t), (us, macs, passes)| {
-        (a + us * split.arithmetic(us, macs, passes), t + us)
-    });
+    let (arithmetic, total) =
+        model
+            .tensors
+            .iter()
+            .flat_map(steps)
+            .fold((0.0, 0.0), |(a, t), step| {
+                (
+                    a + step.measured_us * split.arithmetic(&step),
+                    t + step.measured_us,
+                )
+            });
     (total > 0.0).then(|| arithmetic / total)
 }
 
@@ -156,6 +211,7 @@ fn step_total(model: &ModelProfile) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inputs::achieved::DEFAULT_FRACTION;
 
     fn device(name: &str) -> DeviceProfile {
         DeviceProfile::load(name).unwrap()
@@ -206,6 +262,47 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(ratio < 1.0, "{ratio}");
+    }
+
+    #[test]
+    fn a_device_s_measured_fractions_carry_each_class_of_operation_at_its_own_rate() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let v100 = device("v100-sxm2-32gb");
+        let h200 = device("h200-sxm-141gb");
+        let achieved = h200.achieved_fraction_of_peak.clone().unwrap();
+        let mut unmeasured = h200.clone();
+        unmeasured.achieved_fraction_of_peak = None;
+        let (with, _) = carry(&model, &v100, &h200).unwrap().unwrap();
+        let (without, _) = carry(&model, &v100, &unmeasured).unwrap().unwrap();
+        let fp32 = achieved.fp32.unwrap();
+        // ResNet-50's 3x3 convolutions on the V100 (cuDNN's Winograd) are all arithmetic: their
+        // carried time scales by the fraction the H200 measured for convolutions.
+        let conv = model
+            .tensors
+            .iter()
+            .position(|t| t.name == "layer3.1.conv2.weight")
+            .unwrap();
+        let expected = DEFAULT_FRACTION / fp32.convolution.unwrap();
+        let r = with.tensors[conv].backward_us / without.tensors[conv].backward_us;
+        assert!((r - expected).abs() < 1e-9, "{r} vs {expected}");
+        // The classifier is a matrix product; a norm does no multiply-adds and is carried by
+        // memory bandwidth alone, whatever the fractions.
+        let fc = model
+            .tensors
+            .iter()
+            .position(|t| t.name == "fc.weight")
+            .unwrap();
+        assert_eq!(Operation::of(&model.tensors[fc]), Operation::Matmul);
+        assert!(with.tensors[fc].backward_us > without.tensors[fc].backward_us);
+        let bn = model
+            .tensors
+            .iter()
+            .position(|t| t.uses_per_sample == 0 && t.backward_us > 0.0)
+            .unwrap();
+        assert_eq!(
+            with.tensors[bn].backward_us,
+            without.tensors[bn].backward_us
+        );
     }
 
     #[test]

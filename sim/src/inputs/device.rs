@@ -7,6 +7,7 @@ use crate::base::error::{Result, SimError};
 use crate::base::limits;
 use crate::base::time::SimTime;
 use crate::compress::why_no_kept_cost;
+use crate::inputs::achieved::AchievedFractions;
 use crate::inputs::model::Provenance;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -134,6 +135,11 @@ pub struct DeviceProfile {
     pub compute_speed_vs_v100: f64,
     /// Where `compute_speed_vs_v100` comes from and how it was obtained.
     pub compute_speed_provenance: Provenance,
+    /// The fraction of its peaks each class of operation reached where it was measured, which
+    /// a model carried to or from this device computes at (`achieved`); absent, every class
+    /// takes `achieved::DEFAULT_FRACTION`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achieved_fraction_of_peak: Option<AchievedFractions>,
     /// Compression encode/decode curves, keyed by compressor name (`fp16`, `topk`, ...).
     pub compression: BTreeMap<String, CodecCost>,
     /// How much compute slows down beside collective and compression kernels.
@@ -166,6 +172,9 @@ impl DeviceProfile {
         .chain(tf32)
         {
             limits::check_positive_at_most(label, field, value, limits::MAX_RATE)?;
+        }
+        if let Some(achieved) = &self.achieved_fraction_of_peak {
+            achieved.validate(label)?;
         }
         if self.sm_count == Some(0) {
             return Err(SimError::invalid(

@@ -1,5 +1,6 @@
 //! What a run is given: the model, the devices, the cluster, the framework.
 
+pub mod achieved;
 pub mod carry;
 pub mod device;
 pub mod flops;
