@@ -73,6 +73,35 @@ def test_the_recorder_splits_a_span_into_equal_shares_and_keeps_the_rest():
     assert recorder.earlier(300, 200) == 200 and recorder.origin() == 0
 
 
+class FakeEvent:
+    """A CUDA event's reading interface: done or not, ms since another event."""
+
+    def __init__(self, ms, done=True):
+        self.ms, self.done = ms, done
+
+    def query(self):
+        return self.done
+
+    def elapsed_time(self, other):
+        return other.ms - self.ms
+
+
+def test_the_recorder_reads_and_lets_go_of_the_events_that_completed():
+    recorder = Recorder(0)
+    recorder.cuda, recorder.epoch_event = True, FakeEvent(0.0)
+    pending = FakeEvent(0.004, done=False)
+    recorder.span(1, 0, 0, recorder.origin(), FakeEvent(0.001))
+    recorder.span(2, 0, 1, FakeEvent(0.001), pending)
+    recorder.span(3, 0, 0, FakeEvent(0.002), FakeEvent(0.003))
+    recorder.settle()
+    # The first and the third are read (ns since the epoch); the second waits for its end.
+    assert recorder.records[0][4:6] == (0, 1000) and recorder.records[2][4:6] == (2000, 3000)
+    assert recorder.records[1][5] is pending and recorder.settled == 1
+    pending.done = True
+    recorder.settle()
+    assert recorder.settled == 3 and all(isinstance(r[5], int) for r in recorder.records)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (and NCCL)")
 def test_training_on_a_gpu_over_nccl_passes_the_check_and_writes_a_trace(make_plan, tmp_path):
     plan = make_plan("horovod", "none")

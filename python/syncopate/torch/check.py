@@ -68,6 +68,9 @@ class Check:
         for piece in range(len(self.pieces)):
             for values, report in ((self.inputs, self.checker.input), (self.outputs, self.checker.result)):
                 mine = values.pop(piece)
+                if mine.is_cuda:
+                    # Cloned on a link's stream, read and freed on this one.
+                    mine.record_stream(torch.cuda.current_stream(mine.device))
                 gathered = [torch.empty_like(mine) for _ in range(world)]
                 self.link.wait(self.link.start(dist.all_gather, gathered, mine, async_op=True), f"check of piece {piece}")
                 for rank, theirs in enumerate(gathered):

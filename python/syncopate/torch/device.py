@@ -32,7 +32,12 @@ def device_of(params, names):
 
 
 def check_backend(device):
-    """Raises unless torch.distributed runs the collective library `device` needs."""
+    """Raises unless torch.distributed runs the collective library `device` needs, and on a CUDA
+    device unless it is the current one (NCCL binds a group's communicator to the current
+    device when it makes it)."""
+    if device.type == "cuda" and torch.cuda.current_device() != device.index:
+        raise SyncopateError(f"the parameters are on {device}, the current CUDA device is "
+                             f"cuda:{torch.cuda.current_device()}: call torch.cuda.set_device({device.index}) first")
     backend = dist.get_backend()
     # A group made without a backend is "cpu:gloo,cuda:nccl": one per device type.
     if BACKENDS[device.type] not in backend.split(",") and f"{device.type}:{BACKENDS[device.type]}" not in backend:

@@ -29,6 +29,9 @@ class Sync:
         self.waiting = layout.waiting(iteration)
         self.successors = layout.successors(iteration)
         self.done = [False] * len(layout.steps)
+        # Each tensor's mark after its gradient was copied into its buffer (a CUDA event on a
+        # device, which the exchanges of its pieces wait for).
+        self.copied = {}
         self.collectives = sum(
             1 for i, step in enumerate(layout.steps) if step["stream"] == "comm" and self.waiting[i] is not None
         )
@@ -65,6 +68,7 @@ class Executor:
         self.links = [link.with_nodes(per_node) if hierarchical else link.new_group() for _ in streams]
         self.controls = None if self.launcher.order_is_fixed else [link.new_group() for _ in streams]
         self.codecs = Codecs(layout, state, link, buffers, results, scales, check, names)
+        self.piece_tensors = [pieces_tensors(layout, piece) for piece in layout.pieces]
         self.recorder = recorder
         self.check = check
         self.names = names
@@ -90,19 +94,22 @@ class Executor:
             self.sync = Sync(self.layout, self.launcher, iteration)
             self.lock.notify_all()
 
-    def gradient_ready(self, tensor):
+    def gradient_ready(self, tensor, copied):
+        """`tensor`'s gradient is in its buffer since mark `copied`."""
         with self.lock:
             self._raise_failure()
+            self.sync.copied[tensor] = copied
             self._done(self.layout.backward[tensor])
 
     def finish_all(self):
         """Waits until every ready collective of the current iteration has finished (on a
-        device: has been queued, and the default stream waits for it), then verifies the
-        iteration when it is checked."""
+        device, the caller's stream then waits for the links' streams, where the results were
+        written), then verifies the iteration when it is checked."""
         with self.lock:
             self._wait(lambda: self.sync is None or self.sync.idle())
             self._raise_failure()
         self._join()
+        self.recorder.settle()
         if self.sync is not None:
             self.codecs.check_finite(self.sync.iteration)
             if self.check is not None:
@@ -120,7 +127,7 @@ class Executor:
         self._join()
 
     def _join(self):
-        """On a device, makes the default stream wait for every link's stream."""
+        """On a device, makes the caller's stream wait for every link's stream."""
         for link in self.links:
             link.join()
 
@@ -248,7 +255,7 @@ class Executor:
     def _run(self, index, stream, sync):
         """Launches collective step `index` of `sync`'s iteration on the stream's link and finishes it."""
         link = self.links[stream]
-        with link.on_stream():
+        with link.on_stream(self._copies(sync, self.layout.steps[index]["piece"])):
             with self.lock:
                 step = self.layout.steps[index]
                 piece, ops = step["piece"], step["ops"]
@@ -268,6 +275,10 @@ class Executor:
                 self._done(index)
                 sync.finished += 1
                 self.lock.notify_all()
+
+    def _copies(self, sync, piece):
+        """The marks after which the gradients `piece` sends were in their buffer."""
+        return [sync.copied[t] for t in self.piece_tensors[piece] if t in sync.copied]
 
     def _exchange(self, link, name, piece, what):
         state = self.state
@@ -290,6 +301,13 @@ class Executor:
         if name == "compressed-ring":
             return exchange.CompressedRing(link, state, piece, what)
         return exchange.PushPull(link, state, piece, length, state.server_rank(piece), what)
+
+
+def pieces_tensors(layout, piece):
+    """The tensors whose gradients lie in `piece` (a span of its group's buffer)."""
+    lo, hi = piece["offset"], piece["offset"] + piece["numel"]
+    return [slot["tensor"] for slot in layout.buffers[piece["group"]]["slots"]
+            if slot["offset"] < hi and lo < slot["offset"] + slot["numel"]]
 
 
 def kind_label(step):

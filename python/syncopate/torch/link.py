@@ -58,7 +58,15 @@ class Link:
         self.launches = 0
         self.device = device or torch.device("cpu")
         self.buffers = buffers if buffers is not None else Buffers(self.device)
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._stream = None
+
+    @property
+    def stream(self):
+        """The link's own CUDA stream, made on first use (a link that never runs an exchange
+        takes none from the device's pool); None on the CPU."""
+        if self._stream is None and self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
 
     def new_group(self):
         """A link over a process group of its own (the same ranks), sharing this link's kept
@@ -86,27 +94,29 @@ class Link:
         return link
 
     @contextlib.contextmanager
-    def on_stream(self):
+    def on_stream(self, after=()):
         """Where the link's exchanges are launched and finished. On a CUDA device: its own stream,
-        made to wait first for what the default stream has queued (the gradients copied into the
-        buffers), so that torch's NCCL collectives, which wait for the launching stream, see
-        them; `join` makes the default stream wait for it in turn. On the CPU: nothing."""
-        if self.stream is None:
+        made to wait first for the events in `after` (the copies of the gradients the exchange
+        sends), so that torch's NCCL collectives, which wait for the launching stream, see them
+        and nothing queued since; `join` makes the caller's stream wait for it in turn. On the
+        CPU: nothing."""
+        if self.device.type != "cuda":
             yield
             return
-        self.stream.wait_stream(torch.cuda.default_stream(self.device))
+        for event in after:
+            self.stream.wait_event(event)
         with torch.cuda.stream(self.stream):
             yield
 
     def own_stream(self):
         """The link's own stream without waiting for the default one: for control messages,
         which read no gradient and must not wait for the backward pass queued there."""
-        return contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
+        return contextlib.nullcontext() if self.device.type != "cuda" else torch.cuda.stream(self.stream)
 
     def join(self):
-        """Makes the device's default stream wait for what the link's stream has queued."""
-        if self.stream is not None:
-            torch.cuda.default_stream(self.device).wait_stream(self.stream)
+        """Makes the calling thread's current stream wait for what the link's stream has queued."""
+        if self._stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
     def start(self, collective, *args, **options):
         """Calls `collective(*args, **options)` (an asynchronous torch.distributed call) on
@@ -117,7 +127,9 @@ class Link:
         return Launch(collective(*args, **options), tensors)
 
     def wait(self, launch, what):
-        """Waits for `launch` within the timeout; a failure names what was waited for."""
+        """Waits for `launch` within the timeout; a failure names what was waited for. With a
+        timeout, NCCL's wait blocks the host until the collective completed on the GPU (and
+        makes the current stream wait for it), as gloo's does."""
         try:
             if not launch.work.wait(self.timeout):
                 raise PeerFailure(f"{what}: no answer within {self.timeout.total_seconds():g} s")

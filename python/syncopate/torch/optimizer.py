@@ -147,7 +147,7 @@ class DistributedOptimizer:
         now = self.recorder.mark()
         self.recorder.span(step, self.iteration, 0, self.recorder.earlier(self.last_ready, now), now)
         self.last_ready = now
-        self.executor.gradient_ready(tensor)
+        self.executor.gradient_ready(tensor, now)
 
     def _name(self, tensor):
         return self.executor.names[tensor]

@@ -26,6 +26,8 @@ class Recorder:
         self.device = device or torch.device("cpu")
         self.cuda = self.device.type == "cuda"
         self.records = []
+        # Records before this index hold ns only: their events were read and let go.
+        self.settled = 0
         self.restart()
 
     def restart(self):
@@ -64,17 +66,33 @@ class Recorder:
         stream are in the order they were queued."""
         return first if self.cuda else min(first, second)
 
+    def _ns(self, mark):
+        """A mark's ns since the common start (a CUDA event that has completed)."""
+        if isinstance(mark, int):
+            return mark
+        return round(self.epoch_event.elapsed_time(mark) * 1e6)
+
+    def settle(self):
+        """On a device, reads the events of every record whose two marks have completed and
+        lets them go, so that a long run keeps no more events than its last iterations' (called
+        once per iteration)."""
+        if not self.cuda:
+            return
+        done = lambda mark: isinstance(mark, int) or mark.query()
+        for i in range(self.settled, len(self.records)):
+            rank, step, iteration, stream, start, end, part, parts = self.records[i]
+            if done(start) and done(end):
+                self.records[i] = (rank, step, iteration, stream, self._ns(start), self._ns(end), part, parts)
+        while self.settled < len(self.records) and all(isinstance(m, int) for m in self.records[self.settled][4:6]):
+            self.settled += 1
+
     def spans(self):
         """The records as (rank, step, iteration, stream, start ns, end ns)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
-
-        def ns(mark):
-            return round(self.epoch_event.elapsed_time(mark) * 1e6) if self.cuda else mark
-
         spans = []
         for rank, step, iteration, stream, start, end, part, parts in self.records:
-            first, last = ns(start), ns(end)
+            first, last = self._ns(start), self._ns(end)
             width = (last - first) // parts
             spans.append((rank, step, iteration, stream, first + part * width, first + (part + 1) * width))
         return spans
