@@ -21,7 +21,7 @@ import threading
 import time
 
 import measuring
-from measuring import CpuClock, CudaClock, calibrate, environment, precision_settings, stats, stats_ms, time_ops
+from measuring import CudaClock, calibrate, environment, precision_settings, stats, stats_ms, time_ops
 
 torch = None  # set by main (measuring.import_torch), so that a bad flag fails before torch loads
 
@@ -343,16 +343,11 @@ def measure_beside(victim, companion, clock, duration_ms):
 
 # --- the run ---
 
-class Run:
+class Run(measuring.Run):
     def __init__(self, args):
-        self.args, self.quick = args, args.quick
+        super().__init__(args)
         self.sizes = QUICK if args.quick else FULL
-        self.device = args.device
-        self.clock = CudaClock() if self.device == "cuda" else CpuClock()
-        self.started = time.perf_counter()
-        self.deadline = self.started + args.seconds
         self.victims, self.companions = [], []
-        self.skipped, self.skipped_for_time, self.errors = {}, [], {}
         self.alone, self.beside, self.companion_alone = {}, {}, {}
         self.cover_factor = {}
 

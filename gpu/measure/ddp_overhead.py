@@ -20,7 +20,7 @@ import sys
 import time
 
 import measuring
-from measuring import CpuClock, CudaClock, environment, precision_settings, stats_ms
+from measuring import environment, precision_settings, stats_ms
 
 torch = None  # set by main (measuring.import_torch), so that a bad flag fails before torch loads
 
@@ -238,15 +238,11 @@ def gradient_bytes(module):
     return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
 
 
-class Run:
+class Run(measuring.Run):
     def __init__(self, args):
-        self.args, self.device = args, args.device
+        super().__init__(args)
         self.counts = QUICK if args.quick else FULL
-        self.clock = CudaClock() if self.device == "cuda" else CpuClock()
-        self.started = time.perf_counter()
-        self.deadline = self.started + args.seconds
         self.models, self.measurements = {}, {}
-        self.skipped, self.skipped_for_time, self.errors = {}, [], {}
         self.ddp_ready = False
 
     def remaining(self):

@@ -127,6 +127,18 @@ def calibrate(op, clock, target_ms, cap):
     return per_op, max(1, min(cap, math.ceil(target_ms / per_op)))
 
 
+class Run:
+    """What every script's run keeps: its arguments, device and clock, its time budget, and what
+    it skipped or failed at (which `finish` writes)."""
+
+    def __init__(self, args):
+        self.args, self.device, self.quick = args, args.device, args.quick
+        self.clock = CudaClock() if args.device == "cuda" else CpuClock()
+        self.started = time.perf_counter()
+        self.deadline = self.started + args.seconds
+        self.skipped, self.skipped_for_time, self.errors = {}, [], {}
+
+
 def stats(samples, unit=None):
     """Median, min, max and count of `samples`, with the samples themselves (and their unit)."""
     record = {"median": statistics.median(samples), "min": min(samples), "max": max(samples),

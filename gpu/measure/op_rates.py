@@ -24,7 +24,7 @@ import sys
 import time
 
 import measuring
-from measuring import CpuClock, CudaClock, calibrate, environment, precision_settings, stats_ms, time_ops
+from measuring import calibrate, environment, precision_settings, stats_ms, time_ops
 
 torch = None  # set by main (measuring.import_torch), so that a bad flag fails before torch loads
 
@@ -157,14 +157,10 @@ def host_per_op(sizes, device, clock):
             "layer_forward_backward_us": (t1 - t0) / sizes["host_layers"] * 1e6}
 
 
-class Run:
+class Run(measuring.Run):
     def __init__(self, args):
-        self.args, self.device = args, args.device
+        super().__init__(args)
         self.sizes = QUICK if args.quick else FULL
-        self.clock = CudaClock() if self.device == "cuda" else CpuClock()
-        self.started = time.perf_counter()
-        self.deadline = self.started + args.seconds
-        self.skipped, self.skipped_for_time, self.errors = {}, [], {}
         self.records, self.host = {}, None
 
     def ops(self):
