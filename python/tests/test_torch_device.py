@@ -35,7 +35,7 @@ def test_uncompressed_plans_summed_by_an_allreduce_run_on_a_device(make_plan, st
         path = path.with_name(f"{path.stem}-{scheme}.json")
         path.write_text(json.dumps(plan))
     found = pieces(path)
-    assert found and refusal(CUDA, found) is None
+    assert found and refusal(CUDA, found, 1) is None
     if scheme is not None:
         assert {next(iter(p["rounds"][0]["exchange"])) if isinstance(p["rounds"][0]["exchange"], dict)
                 else p["rounds"][0]["exchange"] for p in found} == {"hierarchical-allreduce"}
@@ -47,10 +47,16 @@ def test_uncompressed_plans_summed_by_an_allreduce_run_on_a_device(make_plan, st
                                         (("byteps", "none", None, 2, 1), "exchange push-pull")])
 def test_plans_with_codecs_or_other_exchanges_are_refused_on_a_device_by_name(make_plan, plan, says):
     path = make_plan(*plan)
-    why = refusal(CUDA, pieces(path))
+    why = refusal(CUDA, pieces(path), 1)
     assert why is not None and says in why and "group 0" in why and "exec --backend cuda" in why, why
     # The CPU runs them all.
-    assert refusal(torch.device("cpu"), pieces(path)) is None
+    assert refusal(torch.device("cpu"), pieces(path), 1) is None
+
+
+def test_several_communication_streams_are_refused_on_a_device(make_plan):
+    found = pieces(make_plan("horovod", "none"))
+    assert "its 2 communication streams" in refusal(CUDA, found, 2)
+    assert refusal(torch.device("cpu"), found, 2) is None
 
 
 def test_parameters_on_two_devices_or_an_unsupported_one_are_refused_by_name():

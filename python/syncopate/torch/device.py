@@ -45,10 +45,16 @@ def check_backend(device):
                              f"torch.distributed was initialized with {backend}")
 
 
-def refusal(device, pieces):
-    """Why the plan's pieces cannot run on `device`, or None when they can."""
+def refusal(device, pieces, comm_streams):
+    """Why a plan's pieces, on `comm_streams` communication streams, cannot run on `device`, or
+    None when they can."""
     if device.type == "cpu":
         return None
+    if comm_streams > 1:
+        # One thread per stream would issue collectives to several communicators of one GPU at
+        # once, which NCCL's documentation says is not safe ("Thread Safety").
+        return (f"its {comm_streams} communication streams would each issue NCCL collectives from a thread of "
+                f"their own on {device}, which NCCL does not support; make the plan with one stream")
     for index, piece in enumerate(pieces):
         first, _ = exchange_of(piece["rounds"][0])
         identity = piece["compressor"] == "none" and piece["memory"] == "none" and len(piece["rounds"]) == 1

@@ -67,6 +67,8 @@ class Executor:
         per_node = layout.world["ranks_per_node"]
         self.links = [link.with_nodes(per_node) if hierarchical else link.new_group() for _ in streams]
         self.controls = None if self.launcher.order_is_fixed else [link.new_group() for _ in streams]
+        for made in self.links + (self.controls or []):
+            made.connect()
         self.codecs = Codecs(layout, state, link, buffers, results, scales, check, names)
         self.piece_tensors = [pieces_tensors(layout, piece) for piece in layout.pieces]
         self.recorder = recorder

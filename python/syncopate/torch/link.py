@@ -113,6 +113,19 @@ class Link:
         which read no gradient and must not wait for the backward pass queued there."""
         return contextlib.nullcontext() if self.device.type != "cuda" else torch.cuda.stream(self.stream)
 
+    def connect(self):
+        """On a CUDA device, has NCCL make the communicators of this link's groups now, one at a
+        time from the calling thread: it makes one at a group's first collective, and making
+        one while another communicator's kernels run can deadlock (NCCL's documentation, "Using
+        multiple NCCL communicators concurrently"). Every rank must call it, in the same order."""
+        if self.device.type != "cuda":
+            return
+        for link in (self, getattr(self, "node", None), getattr(self, "across", None)):
+            if link is not None:
+                word = torch.zeros(1, device=self.device)
+                link.wait(link.start(dist.all_reduce, word, async_op=True), "the first collective of a new group")
+        torch.cuda.synchronize(self.device)
+
     def join(self):
         """Makes the calling thread's current stream wait for what the link's stream has queued."""
         if self._stream is not None:
