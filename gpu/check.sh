@@ -13,7 +13,7 @@
 # every step fails fast, naming its cause. --only reruns a subset, e.g. --only gpu-tests,nccl2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-steps_all=(env gpu-tests nccl2 torch capture profile ddp contention op-rates)
+steps_all=(env gpu-tests nccl2 torch op-rates capture profile ddp contention)
 usage="usage: gpu/check.sh [--bundle DIR] [--out DIR] [--only STEP,...] [--deadline SECONDS] [--list]; steps: ${steps_all[*]}"
 bundle=target/gpu-bundle
 given_bundle=
@@ -283,6 +283,8 @@ step env 20 environment_figures environment
 step gpu-tests 150 gpu_tests_figures gpu_tests
 step nccl2 100 nccl2_figures nccl2
 step torch 90 torch_figures torch_training
+# Before the captures, which have run once already: the op rates have not.
+step op-rates 60 op_rates_figures measure op_rates
 step capture:package 30 - install_package
 # The shipped profiles' batches and inputs (profiles/models/*.json), so that the captures compare
 # with them: fp32 with TF32 off (the V100 profiles' arithmetic), and autocast fp16.
@@ -306,7 +308,6 @@ step profile 120 profile_figures "$bin" profile --backend cuda --name "$device" 
     --out "$work/device.json" "${compute_from[@]}"
 step ddp 90 measure_figures measure ddp_overhead
 step contention 70 measure_figures measure contention
-step op-rates 60 op_rates_figures measure op_rates
 
 refresh
 say "$failures step(s) failed in $((SECONDS - start)) s; files in $out: $(ls "$out" | tr '\n' ' ')"
