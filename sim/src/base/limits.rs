@@ -106,6 +106,19 @@ pub fn check_positive_at_most(label: &str, field: &str, value: f64, max: f64) ->
     }
 }
 
+/// Err unless `value` is a fraction in (0, 1] (an efficiency, a share of a peak).
+pub fn check_fraction(label: &str, field: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 && value <= 1.0 {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            field,
+            format!("must be in (0, 1], got {value}"),
+        ))
+    }
+}
+
 /// The same bound for a command-line flag.
 pub fn flag_rate(flag: &str, value: f64, unit: &str) -> Result<f64> {
     if value.is_finite() && (MIN_RATE..=MAX_RATE).contains(&value) {

@@ -4,7 +4,8 @@
 //! reached in a measurement (`achieved_fraction_of_peak`); a class it does not state reaches
 //! `DEFAULT_FRACTION`. The `carry` module takes a step's arithmetic at its class's rate.
 
-use crate::base::error::{Result, SimError};
+use crate::base::error::Result;
+use crate::base::limits;
 use crate::inputs::model::{Precision, Provenance, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -88,13 +89,9 @@ impl AchievedFractions {
         ] {
             let Some(by) = by else { continue };
             for (operation, value) in [("convolution", by.convolution), ("matmul", by.matmul)] {
-                let Some(value) = value else { continue };
-                if !(value > 0.0 && value <= 1.0) {
-                    return Err(SimError::invalid(
-                        label,
-                        format!("achieved_fraction_of_peak.{precision}.{operation}"),
-                        format!("a fraction of the peak is above 0 and at most 1, got {value}"),
-                    ));
+                if let Some(value) = value {
+                    let field = format!("achieved_fraction_of_peak.{precision}.{operation}");
+                    limits::check_fraction(label, &field, value)?;
                 }
             }
         }

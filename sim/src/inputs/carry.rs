@@ -14,64 +14,34 @@ use crate::inputs::model::{ModelProfile, Precision, Tensor};
 const FLOPS_PER_MAC: f64 = 2.0;
 
 /// The FLOPs per µs each class of operation reaches on a device at one precision: its peak
-/// times the fraction the device states for the class, or `achieved::DEFAULT_FRACTION`.
+/// times the fraction `achieved` states for the class, or `achieved::DEFAULT_FRACTION`.
 #[derive(Clone, Copy)]
-struct Rates {
-    convolution: f64,
-    matmul: f64,
+struct Rates<'a> {
+    peak_flops_per_us: f64,
+    precision: Precision,
+    achieved: Option<&'a AchievedFractions>,
 }
 
-impl Rates {
-    /// What each class reaches on `device`; `None` for a device without a peak at `precision`.
-    fn of(device: &DeviceProfile, precision: Precision) -> Option<Rates> {
-        Rates::at(device, precision, device.achieved_fraction_of_peak.as_ref())
-    }
-
-    /// What each class would reach at the default fraction, whatever the device measured.
-    fn ideal(device: &DeviceProfile, precision: Precision) -> Option<Rates> {
-        Rates::at(device, precision, None)
-    }
-
-    fn at(
-        device: &DeviceProfile,
-        precision: Precision,
-        achieved: Option<&AchievedFractions>,
-    ) -> Option<Rates> {
-        let peak = peak_tflops(device, precision)? * 1e6;
-        let at = |operation| peak * fraction(achieved, precision, operation);
-        Some(Rates {
-            convolution: at(Operation::Convolution),
-            matmul: at(Operation::Matmul),
-        })
-    }
-
+impl Rates<'_> {
     fn get(&self, operation: Operation) -> f64 {
-        match operation {
-            Operation::Convolution => self.convolution,
-            Operation::Matmul => self.matmul,
-        }
+        self.peak_flops_per_us * fraction(self.achieved, self.precision, operation)
     }
 }
 
 /// How a profile's steps split into arithmetic and the rest on the device it computes on.
-struct Split {
+struct Split<'a> {
     /// What each class of operation reaches there.
-    rates: Rates,
+    rates: Rates<'a>,
     /// Multiply-adds per tensor multiply-add: attention's parameter-free products run beside
     /// the tensors' own and are shared out in proportion.
     share: f64,
     batch: f64,
 }
 
-impl Split {
-    /// At `rates` (`Rates::of` or `Rates::ideal`); `None` for a profile without FLOP counts or a
-    /// device without a peak at its precision.
-    fn of(
-        model: &ModelProfile,
-        device: &DeviceProfile,
-        rates: fn(&DeviceProfile, Precision) -> Option<Rates>,
-    ) -> Option<Split> {
-        let arithmetic = model.arithmetic.as_ref()?;
+impl<'a> Split<'a> {
+    /// `model`'s steps on a device whose classes reach `rates`; `None` for a profile without
+    /// FLOP counts.
+    fn of(model: &ModelProfile, rates: Rates<'a>) -> Option<Split<'a>> {
         let total_macs = forward_macs_per_sample(model)?;
         let tensor_macs = tensor_macs_per_sample(model);
         let share = if tensor_macs == 0 {
@@ -80,7 +50,7 @@ impl Split {
             total_macs as f64 / tensor_macs as f64
         };
         Some(Split {
-            rates: rates(device, arithmetic.precision)?,
+            rates,
             share,
             batch: f64::from(model.batch_size_per_gpu),
         })
@@ -138,10 +108,10 @@ fn steps(t: &Tensor) -> [Step; 2] {
 /// The profile's steps as they would run on `to`, with the fraction of the measured compute time
 /// they take there; `None` where the split cannot be made (a profile without FLOP counts, or a
 /// CPU on either side), and the caller falls back on the devices' `compute_speed_vs_v100`.
-pub fn carry(
+pub fn carry<'a>(
     model: &ModelProfile,
-    from: &DeviceProfile,
-    to: &DeviceProfile,
+    from: &'a DeviceProfile,
+    to: &'a DeviceProfile,
 ) -> Result<Option<(ModelProfile, f64)>> {
     if from.kind != DeviceKind::Gpu || to.kind != DeviceKind::Gpu {
         return Ok(None);
@@ -149,8 +119,9 @@ pub fn carry(
     let Some(arithmetic) = &model.arithmetic else {
         return Ok(None);
     };
-    let peak = |device: &DeviceProfile| {
-        peak_tflops(device, arithmetic.precision).ok_or_else(|| {
+    // Both devices have a peak at the profile's precision, or the error names the one without.
+    let rates = |device: &'a DeviceProfile| {
+        let peak = peak_tflops(device, arithmetic.precision).ok_or_else(|| {
             SimError::invalid(
                 &device.name,
                 "peak_tf32_tflops",
@@ -159,15 +130,15 @@ pub fn carry(
                     model.name
                 ),
             )
+        })?;
+        Ok::<_, SimError>(Rates {
+            peak_flops_per_us: peak * 1e6,
+            precision: arithmetic.precision,
+            achieved: device.achieved_fraction_of_peak.as_ref(),
         })
     };
-    // Both devices have a peak at the profile's precision, or the error names the one without.
-    peak(from)?;
-    peak(to)?;
-    let (Some(split), Some(target)) = (
-        Split::of(model, from, Rates::of),
-        Rates::of(to, arithmetic.precision),
-    ) else {
+    let (source, target) = (rates(from)?, rates(to)?);
+    let Some(split) = Split::of(model, source) else {
         return Ok(None);
     };
     let memory_ratio = from.memory_bandwidth_gbytes_per_s / to.memory_bandwidth_gbytes_per_s;
@@ -201,7 +172,13 @@ pub fn carry(
 /// convolution, at 44 % of the peak alone, slowed 1.78x beside a copy loop; taking it as all
 /// arithmetic would price it at 1.00x).
 pub fn arithmetic_fraction(model: &ModelProfile, device: &DeviceProfile) -> Option<f64> {
-    let split = Split::of(model, device, Rates::ideal)?;
+    let precision = model.arithmetic.as_ref()?.precision;
+    let ideal = Rates {
+        peak_flops_per_us: peak_tflops(device, precision)? * 1e6,
+        precision,
+        achieved: None,
+    };
+    let split = Split::of(model, ideal)?;
     let (arithmetic, total) =
         model
             .tensors

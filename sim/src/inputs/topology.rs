@@ -897,8 +897,8 @@ impl Cluster {
         }
         match &self.library {
             Library::Nccl(p) => {
-                check_fraction(label, "library.intra_efficiency", p.intra_efficiency)?;
-                check_fraction(label, "library.inter_efficiency", p.inter_efficiency)?;
+                limits::check_fraction(label, "library.intra_efficiency", p.intra_efficiency)?;
+                limits::check_fraction(label, "library.inter_efficiency", p.inter_efficiency)?;
                 for (field, value) in [
                     ("library.base_latency_us.ll", p.base_latency_us.ll),
                     ("library.base_latency_us.ll128", p.base_latency_us.ll128),
@@ -933,7 +933,7 @@ impl Cluster {
                     ));
                 }
                 if self.intra_node.nvls {
-                    check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
+                    limits::check_fraction(label, "library.nvls_efficiency", p.nvls_efficiency)?;
                     limits::check_duration_us(label, "library.nvls_latency_us", p.nvls_latency_us)?;
                 }
                 if let Some(tree) = &p.tree {
@@ -976,7 +976,7 @@ impl Cluster {
                 }
             }
             Library::Mpi(p) | Library::Gloo(p) => {
-                check_fraction(label, "library.tcp_efficiency", p.tcp_efficiency)?;
+                limits::check_fraction(label, "library.tcp_efficiency", p.tcp_efficiency)?;
                 limits::check_duration_us(
                     label,
                     "library.message_overhead_us",
@@ -1094,18 +1094,6 @@ impl Cluster {
     /// Network bandwidth one node can send, all NICs together, in bytes per second.
     pub fn node_network_bytes_per_s(&self) -> f64 {
         self.inter_node.nic_bandwidth_gbps * 1e9 / 8.0 * self.inter_node.nics_per_node as f64
-    }
-}
-
-fn check_fraction(label: &str, field: &str, value: f64) -> Result<()> {
-    if value.is_finite() && value > 0.0 && value <= 1.0 {
-        Ok(())
-    } else {
-        Err(SimError::invalid(
-            label,
-            field,
-            format!("must be in (0, 1], got {value}"),
-        ))
     }
 }
 
