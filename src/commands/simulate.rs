@@ -327,25 +327,11 @@ enum Source {
 /// The shipped profiles of `model`'s tensors and batch measured on `device`, which a user
 /// would rather simulate there than the carried profile.
 fn measured_there(model: &ModelProfile, device: &str) -> Vec<&'static str> {
-    let tensors = |m: &ModelProfile| {
-        let mut names: Vec<_> = m
-            .tensors
-            .iter()
-            .map(|t| (t.name.clone(), t.numel))
-            .collect();
-        names.sort();
-        names
-    };
-    let own = tensors(model);
     DataKind::Model
         .shipped_names()
         .into_iter()
         .filter(|name| {
-            ModelProfile::load(name).is_ok_and(|m| {
-                m.device == device
-                    && m.batch_size_per_gpu == model.batch_size_per_gpu
-                    && tensors(&m) == own
-            })
+            ModelProfile::load(name).is_ok_and(|m| m.device == device && m.same_model(model))
         })
         .collect()
 }

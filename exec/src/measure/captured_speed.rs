@@ -86,7 +86,6 @@ fn ratio(
             "only an fp32 capture without TF32 measures fp32 speed: capture with --tf32 off and without --amp",
         ));
     }
-    let inventory = |m: &ModelProfile| m.tensors.iter().map(|t| t.numel).collect::<Vec<_>>();
     let fp32 = |m: &ModelProfile| {
         m.arithmetic
             .as_ref()
@@ -96,8 +95,7 @@ fn ratio(
     let reference = shipped
         .iter()
         .find(|s| {
-            inventory(s) == inventory(captured)
-                && s.batch_size_per_gpu == captured.batch_size_per_gpu
+            s.same_model(captured)
                 && s.timing.backward.status == Status::Measured
                 && s.device != device
                 && fp32(s)

@@ -334,6 +334,22 @@ impl ModelProfile {
         Ok(())
     }
 
+    /// Whether `other` profiles the same model at the same batch: the same tensors by name and
+    /// size, in any order (autocast makes some gradients ready in another order), whatever the
+    /// device or the timings.
+    pub fn same_model(&self, other: &ModelProfile) -> bool {
+        fn tensors(m: &ModelProfile) -> Vec<(&str, u64)> {
+            let mut all: Vec<_> = m
+                .tensors
+                .iter()
+                .map(|t| (t.name.as_str(), t.numel))
+                .collect();
+            all.sort_unstable();
+            all
+        }
+        self.batch_size_per_gpu == other.batch_size_per_gpu && tensors(self) == tensors(other)
+    }
+
     /// Number of parameter tensors.
     pub fn num_tensors(&self) -> usize {
         self.tensors.len()
@@ -465,6 +481,20 @@ fn validate_arithmetic(label: &str, arithmetic: &Arithmetic, names: &HashSet<&st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capture_in_another_order_is_the_same_model_another_batch_or_tensor_is_not() {
+        let v100 = ModelProfile::load("resnet50").unwrap();
+        let amp = ModelProfile::load("resnet50-h200-amp").unwrap();
+        assert_ne!(v100.tensors[0].name, amp.tensors[0].name);
+        assert!(amp.same_model(&v100) && v100.same_model(&amp));
+        let mut batch = amp.clone();
+        batch.batch_size_per_gpu *= 2;
+        let mut fewer = amp.clone();
+        fewer.tensors.pop();
+        assert!(!batch.same_model(&v100) && !fewer.same_model(&v100));
+        assert!(!ModelProfile::load("gpt2").unwrap().same_model(&v100));
+    }
 
     /// A one-tensor profile with `extra` fields at its top level.
     fn profile_text(extra: &str) -> String {
