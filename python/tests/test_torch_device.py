@@ -16,14 +16,15 @@ import ranks
 import training
 from syncopate import SyncopateError, lower
 from syncopate.torch.device import device_of, first_non_finite, refusal
+from syncopate.torch.schedule import Layout, exchange_of
 from syncopate.torch.timing import Recorder
 
 CUDA = torch.device("cuda")
 
 
-def pieces(plan):
+def layout(plan):
     schedule, _ = lower(str(plan), 2, None)
-    return json.loads(schedule)["pieces"]
+    return Layout(json.loads(schedule), schedule)
 
 
 @pytest.mark.parametrize("strategy, scheme", [("horovod", None), ("ddp", None), ("horovod", "hierarchical")])
@@ -34,11 +35,10 @@ def test_uncompressed_plans_summed_by_an_allreduce_run_on_a_device(make_plan, st
         plan["groups"] = [dict(group, scheme=scheme) for group in plan["groups"]]
         path = path.with_name(f"{path.stem}-{scheme}.json")
         path.write_text(json.dumps(plan))
-    found = pieces(path)
-    assert found and refusal(CUDA, found, 1) is None
+    found = layout(path)
+    assert found.pieces and refusal(CUDA, found, 1) is None
     if scheme is not None:
-        assert {next(iter(p["rounds"][0]["exchange"])) if isinstance(p["rounds"][0]["exchange"], dict)
-                else p["rounds"][0]["exchange"] for p in found} == {"hierarchical-allreduce"}
+        assert {exchange_of(p["rounds"][0])[0] for p in found.pieces} == {"hierarchical-allreduce"}
 
 
 @pytest.mark.parametrize("plan, says", [(("horovod", "fp16"), "compressor fp16"),
@@ -47,16 +47,20 @@ def test_uncompressed_plans_summed_by_an_allreduce_run_on_a_device(make_plan, st
                                         (("byteps", "none", None, 2, 1), "exchange push-pull")])
 def test_plans_with_codecs_or_other_exchanges_are_refused_on_a_device_by_name(make_plan, plan, says):
     path = make_plan(*plan)
-    why = refusal(CUDA, pieces(path), 1)
+    why = refusal(CUDA, layout(path), 1)
     assert why is not None and says in why and "group 0" in why and "exec --backend cuda" in why, why
     # The CPU runs them all.
-    assert refusal(torch.device("cpu"), pieces(path), 1) is None
+    assert refusal(torch.device("cpu"), layout(path), 1) is None
 
 
-def test_several_communication_streams_are_refused_on_a_device(make_plan):
-    found = pieces(make_plan("horovod", "none"))
+def test_several_communication_streams_or_updates_before_the_next_forward_are_refused_on_a_device(make_plan):
+    found = layout(make_plan("horovod", "none"))
     assert "its 2 communication streams" in refusal(CUDA, found, 2)
     assert refusal(torch.device("cpu"), found, 2) is None
+    # ByteScheduler's groups are allreduced uncompressed, each updated before its next forward.
+    overlapping = layout(make_plan("bytescheduler", "none"))
+    assert "updates each group before its next forward" in refusal(CUDA, overlapping, 1)
+    assert refusal(torch.device("cpu"), overlapping, 1) is None
 
 
 def test_parameters_on_two_devices_or_an_unsupported_one_are_refused_by_name():

@@ -7,9 +7,7 @@ import torch
 
 from syncopate import NonFiniteError, NonFiniteGradient
 from syncopate.torch.device import first_non_finite
-from syncopate.torch.schedule import exchange_of
-
-SUMMED = ("allreduce", "hierarchical-allreduce")
+from syncopate.torch.schedule import is_identity, is_summed
 
 
 class Codecs:
@@ -50,14 +48,8 @@ class Codecs:
         self.length = {}
         self.staged = {}
         self.delivered = {}
-        self.in_place = set()
-        self.identity = set()
-        for index, piece in enumerate(layout.pieces):
-            first, _ = exchange_of(piece["rounds"][0])
-            if first in SUMMED:
-                self.in_place.add(index)
-                if piece["compressor"] == "none" and piece["memory"] == "none" and len(piece["rounds"]) == 1:
-                    self.identity.add(index)
+        self.in_place = {i for i, piece in enumerate(layout.pieces) if is_summed(piece)}
+        self.identity = {i for i, piece in enumerate(layout.pieces) if is_identity(piece)}
 
     def _span(self, piece):
         spec = self.layout.pieces[piece]
@@ -161,12 +153,9 @@ class Codecs:
             return
         # Kept: the iteration stays failed for whoever finishes it again (close, flush).
         group, element = first_non_finite(self.results, spans)
-        piece = next(i for i, p in enumerate(self.layout.pieces)
-                     if p["group"] == group and p["offset"] <= element < p["offset"] + p["numel"])
         value = float(self.results[group][element])
-        at = element - self.layout.pieces[piece]["offset"]
-        raise NonFiniteGradient(f"averaged {self._tensor_at(piece, at)}: non-finite value {value}, a rank's gradient "
-                                f"was not finite (rank {self.link.rank}, iteration {iteration})")
+        raise NonFiniteGradient(f"averaged {self._tensor_in(group, element)}: non-finite value {value}, a rank's "
+                                f"gradient was not finite (rank {self.link.rank}, iteration {iteration})")
 
     def _named(self, piece, iteration, body):
         """Runs `body`; a non-finite gradient element is reported with its tensor's name."""
@@ -180,8 +169,11 @@ class Codecs:
 
     def _tensor_at(self, piece, element):
         spec = self.layout.pieces[piece]
-        at = spec["offset"] + element
-        for slot in self.layout.buffers[spec["group"]]["slots"]:
+        return self._tensor_in(spec["group"], spec["offset"] + element)
+
+    def _tensor_in(self, group, at):
+        """The gradient element at `at` in `group`'s buffer, named."""
+        for slot in self.layout.buffers[group]["slots"]:
             if slot["offset"] <= at < slot["offset"] + slot["numel"]:
                 return f"gradient of {self.names[slot['tensor']]} (element {at - slot['offset']})"
-        return f"group {spec['group']} (element {at})"
+        return f"group {group} (element {at})"

@@ -10,12 +10,10 @@ import torch
 import torch.distributed as dist
 
 from syncopate import SyncopateError
-from syncopate.torch.schedule import exchange_of
+from syncopate.torch.schedule import exchange_of, is_identity
 
 # The collective library torch.distributed must use for each kind of device.
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
-# The exchanges an identity piece is summed by without the Rust state.
-SUMMED_ON_DEVICE = ("allreduce", "hierarchical-allreduce")
 
 
 def device_of(params, names):
@@ -45,9 +43,9 @@ def check_backend(device):
                              f"torch.distributed was initialized with {backend}")
 
 
-def refusal(device, pieces, comm_streams):
-    """Why a plan's pieces, on `comm_streams` communication streams, cannot run on `device`, or
-    None when they can."""
+def refusal(device, layout, comm_streams):
+    """Why a plan (its `layout`, on `comm_streams` communication streams) cannot run on
+    `device`, or None when it can."""
     if device.type == "cpu":
         return None
     if comm_streams > 1:
@@ -55,14 +53,15 @@ def refusal(device, pieces, comm_streams):
         # once, which NCCL's documentation says is not safe ("Thread Safety").
         return (f"its {comm_streams} communication streams would each issue NCCL collectives from a thread of "
                 f"their own on {device}, which NCCL does not support; make the plan with one stream")
-    for index, piece in enumerate(pieces):
-        first, _ = exchange_of(piece["rounds"][0])
-        identity = piece["compressor"] == "none" and piece["memory"] == "none" and len(piece["rounds"]) == 1
-        if not identity or first not in SUMMED_ON_DEVICE:
+    for index, piece in enumerate(layout.pieces):
+        if not is_identity(piece):
+            first, _ = exchange_of(piece["rounds"][0])
             what = f"compressor {piece['compressor']}, memory {piece['memory']}, exchange {first}"
             return (f"group {piece['group']} (piece {index}: {what}) needs codecs or an exchange that syncopate.torch "
                     f"runs on the CPU only; on {device} it runs uncompressed plans summed by an allreduce (`syncopate "
                     "exec --backend cuda` runs every plan on GPUs)")
+    if layout.overlap:
+        return "it updates each group before its next forward, which syncopate.torch runs on the CPU only"
     return None
 
 

@@ -108,11 +108,6 @@ class Link:
         with torch.cuda.stream(self.stream):
             yield
 
-    def own_stream(self):
-        """The link's own stream without waiting for the default one: for control messages,
-        which read no gradient and must not wait for the backward pass queued there."""
-        return contextlib.nullcontext() if self.device.type != "cuda" else torch.cuda.stream(self.stream)
-
     def connect(self):
         """On a CUDA device, has NCCL make the communicators of this link's groups now, one at a
         time from the calling thread: it makes one at a group's first collective, and making
@@ -186,7 +181,9 @@ class Link:
 
     def broadcast_int(self, value, what):
         """Rank 0's `value` (an int it passes; the others pass None) on every rank."""
-        with self.own_stream():
+        # On the link's stream, waiting for nothing: a control message reads no gradient and must
+        # not wait for the backward pass queued on the default stream.
+        with self.on_stream():
             word = torch.tensor([0 if value is None else value], dtype=torch.int64, device=self.device)
             self.wait(self.start(dist.broadcast, word, src=0, async_op=True), what)
             return int(word.item())

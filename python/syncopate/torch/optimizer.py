@@ -53,10 +53,7 @@ class DistributedOptimizer:
         check_backend(self.device)
         check_momentum(optimizer, self.params, names, schedule)
         self.layout = Layout(schedule, self.schedule_json)
-        refused = refusal(self.device, schedule["pieces"], schedule["policy"]["comm_streams"])
-        if refused is None and self.device.type == "cuda" and self.layout.overlap:
-            refused = (f"{plan} updates each group before its next forward, which syncopate.torch runs on the CPU "
-                       "only")
+        refused = refusal(self.device, self.layout, schedule["policy"]["comm_streams"])
         if refused is not None:
             raise SyncopateError(f"{plan} on {self.device}: {refused}")
         self.link = Link(self.rank, self.world, timeout_s, device=self.device)

@@ -7,6 +7,8 @@ extension (`Dependencies`), as the simulator unrolls it. Nothing here decides wh
 from syncopate import Dependencies
 
 SYNC_STREAMS = ("codec", "cpu")
+# The exchanges that sum the ranks' payloads element-wise, in place.
+SUMMED = ("allreduce", "hierarchical-allreduce")
 
 
 def kind_of(step):
@@ -25,6 +27,19 @@ def exchange_of(round_):
         return exchange, {}
     (name, fields), = exchange.items()
     return name, fields
+
+
+def is_summed(piece):
+    """Whether `piece`'s first round is summed in place (an allreduce, flat or hierarchical)."""
+    first, _ = exchange_of(piece["rounds"][0])
+    return first in SUMMED
+
+
+def is_identity(piece):
+    """Whether `piece` has no codec work: no compressor, no memory, one round, summed in place
+    (its wire format is its float32 elements themselves)."""
+    return (is_summed(piece) and piece["compressor"] == "none" and piece["memory"] == "none"
+            and len(piece["rounds"]) == 1)
 
 
 class Layout:
