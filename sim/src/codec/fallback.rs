@@ -94,15 +94,19 @@ pub(super) fn ns_per_byte(device: &DeviceProfile) -> f64 {
     1.0 / (device.memory_bandwidth_gbytes_per_s * efficiency)
 }
 
-/// bytes / (bandwidth × efficiency) per element, plus a launch floor per kernel on a GPU.
-fn estimate(work: Work, device: &DeviceProfile) -> CostCurve {
-    let launch_us = match device.kind {
+/// The floor of one kernel on `device`: a GPU's launch; a CPU's codecs are function calls.
+pub(super) fn launch_us(device: &DeviceProfile) -> f64 {
+    match device.kind {
         DeviceKind::Gpu => GPU_LAUNCH_US,
         DeviceKind::Cpu => 0.0,
-    };
+    }
+}
+
+/// bytes / (bandwidth × efficiency) per element, plus a launch floor per kernel on a GPU.
+fn estimate(work: Work, device: &DeviceProfile) -> CostCurve {
     let ns_per_byte = ns_per_byte(device);
     CostCurve {
-        floor_us: launch_us * f64::from(work.kernels),
+        floor_us: launch_us(device) * f64::from(work.kernels),
         ns_per_element: work.bytes_per_element * ns_per_byte,
         ns_per_kept_element: work.bytes_per_kept_element * ns_per_byte,
     }

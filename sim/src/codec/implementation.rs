@@ -9,7 +9,9 @@
 //! against (MergeComp's layer-wise compression is slower than its merged groups for exactly this
 //! reason). A codec set (`profiles/codecs/*.json`) declares, for each compressor a system ships,
 //! the ops each phase launches and the bytes they move, read from the system's public source and
-//! cited; the framework running the plan prices an op (`op_us`), the device a byte.
+//! cited; the framework running the plan prices an op (`op_us`), the device a byte. A set of
+//! fused CUDA kernels that a system launches itself (HiPress's CompLL) prices an op as one kernel
+//! launch (`op_cost: kernel_launch`), whatever framework runs the plan.
 
 use super::fallback;
 use crate::base::data::{self, DataKind};
@@ -178,6 +180,18 @@ impl Implementation {
     }
 }
 
+/// What one op of a codec set costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpCost {
+    /// A framework op (a PyTorch or TensorFlow op dispatched from Python): the framework running
+    /// the plan prices it (`op_us`).
+    #[default]
+    Framework,
+    /// A kernel the system launches itself: one launch, as the catalog's estimates price it.
+    KernelLaunch,
+}
+
 /// The name that asks for the device profile's codec curves: the plan's codecs as `exec` runs
 /// them.
 pub const NATIVE: &str = "native";
@@ -196,6 +210,9 @@ pub struct CodecSet {
     /// kernels). PyTorch ops called from a hook run on the compute stream.
     #[serde(default)]
     pub stream: CodecStream,
+    /// What one of its ops costs: a framework op (the default) or a kernel launch.
+    #[serde(default)]
+    pub op_cost: OpCost,
     /// Each compressor by its catalog key (`fp16`, `dgc`, `topk`, ...).
     pub codecs: BTreeMap<String, Implementation>,
     /// Whether the ops and bytes were measured or estimated, and how.
@@ -290,10 +307,29 @@ impl CodecSet {
         }
     }
 
-    /// `device` with every compressor of this set priced as written: each op at the
-    /// framework's `op_us`, each byte at the device's memory bandwidth with the efficiency the
-    /// catalog's estimates use.
-    pub fn priced_on(&self, device: &DeviceProfile, framework: &Framework) -> DeviceProfile {
+    /// `device` with every compressor of this set priced as written: each op at the set's own
+    /// kernel launch or else at `framework`'s `op_us`, each byte at the device's memory
+    /// bandwidth with the efficiency the catalog's estimates use. `None` when the ops are the
+    /// framework's and no framework runs the plan.
+    pub fn priced_on(
+        &self,
+        device: &DeviceProfile,
+        framework: Option<&Framework>,
+    ) -> Option<DeviceProfile> {
+        let (us_per_op, op_price) = match (self.op_cost, framework) {
+            (OpCost::KernelLaunch, _) => {
+                let launch_us = fallback::launch_us(device);
+                (launch_us, format!("one kernel launch, {launch_us} us"))
+            }
+            (OpCost::Framework, Some(framework)) => (
+                framework.op_us,
+                format!(
+                    "framework `{}`'s op_us {} us",
+                    framework.name, framework.op_us
+                ),
+            ),
+            (OpCost::Framework, None) => return None,
+        };
         let mut priced = device.clone();
         let ns_per_byte = fallback::ns_per_byte(device);
         for (key, implementation) in &self.codecs {
@@ -302,23 +338,21 @@ impl CodecSet {
                 status: Status::Estimated,
                 method: format!(
                     "{} codec `{key}` as written ({}): encode {}, each payload {}, each call {}; \
-                     an op at framework `{}`'s op_us {} us, a byte at {ns_per_byte:.5} ns ({})",
+                     an op at {op_price}, a byte at {ns_per_byte:.5} ns ({})",
                     self.name,
                     implementation.source,
                     implementation.encode.describe(),
                     implementation.payload.describe(),
                     implementation.call.describe(),
-                    framework.name,
-                    framework.op_us,
                     fallback::BYTE_PRICE_SOURCE,
                 ),
             };
             priced.compression.insert(
                 key.clone(),
-                implementation.cost(framework.op_us, ns_per_byte, provenance),
+                implementation.cost(us_per_op, ns_per_byte, provenance),
             );
         }
-        priced
+        Some(priced)
     }
 }
 
@@ -388,12 +422,47 @@ mod tests {
     }
 
     #[test]
+    fn kernels_a_system_launches_cost_a_launch_each_whatever_the_framework() {
+        let device = DeviceProfile::load("v100-sxm2-32gb").unwrap();
+        // Framework ops need the framework that runs the plan to price them.
+        assert!(set(FP16).unwrap().priced_on(&device, None).is_none());
+        let kernels = set(FP16)
+            .map(|mut set| {
+                set.op_cost = OpCost::KernelLaunch;
+                set
+            })
+            .unwrap();
+        let framework = Framework::load("horovod").unwrap();
+        for framework in [None, Some(&framework)] {
+            let priced = kernels.priced_on(&device, framework).unwrap();
+            let encode = priced.codec_cost("fp16").unwrap().encode;
+            assert_eq!(encode.floor_us, fallback::GPU_LAUNCH_US);
+            assert!((encode.ns_per_element - 6.0 / 630.0).abs() < 1e-12);
+        }
+        // A CPU's codecs are function calls: no launch.
+        let host = DeviceProfile::load("host-2core").unwrap();
+        let priced = kernels.priced_on(&host, None).unwrap();
+        assert_eq!(priced.codec_cost("fp16").unwrap().encode.floor_us, 0.0);
+    }
+
+    #[test]
+    fn an_unknown_op_cost_is_refused() {
+        let text = r#"{"format_version": 1, "name": "s", "description": "d",
+            "op_cost": "teleport", "codecs": {},
+            "provenance": {"status": "estimated", "method": "test"}}"#;
+        let err = data::parse_json::<CodecSet>("s.json", text)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("teleport"), "{err}");
+    }
+
+    #[test]
     fn each_op_costs_the_frameworks_op_and_each_byte_the_devices_bandwidth() {
         let set = set(FP16).unwrap();
         let device = DeviceProfile::load("v100-sxm2-32gb").unwrap();
         let mut framework = Framework::load("horovod").unwrap();
         framework.op_us = 10.0;
-        let priced = set.priced_on(&device, &framework);
+        let priced = set.priced_on(&device, Some(&framework)).unwrap();
         let cost = priced.codec_cost("fp16").unwrap();
         assert_eq!(cost.encode.floor_us, 10.0);
         // 6 B at 900 GB/s × 0.7.
@@ -407,7 +476,8 @@ mod tests {
         );
         let serial = super::tests::set(&serial)
             .unwrap()
-            .priced_on(&device, &framework);
+            .priced_on(&device, Some(&framework))
+            .unwrap();
         let encode = serial.codec_cost("fp16").unwrap().encode;
         assert!((encode.ns_per_element - (6.0 / 630.0 + 12.8)).abs() < 1e-12);
         // Compressors the set does not write keep the device's curves.

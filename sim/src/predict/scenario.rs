@@ -138,21 +138,21 @@ impl Scenario {
             .map_or(CodecStream::Side, |set| set.stream)
     }
 
-    /// Price the compressors `codecs` implements as that set writes them, each op at the
-    /// framework's op cost (set the framework first): a plan compressed by them pays what they
-    /// launch.
+    /// Price the compressors `codecs` implements as that set writes them, each op at the set's
+    /// own kernel launch or at the framework's op cost (set the framework first): a plan
+    /// compressed by them pays what they launch.
     pub fn with_codecs(mut self, codecs: Option<CodecSet>) -> Result<Scenario> {
         let Some(codecs) = codecs else {
             return Ok(self);
         };
-        let Some(framework) = &self.framework else {
+        let Some(priced) = codecs.priced_on(&self.device, self.framework.as_ref()) else {
             return Err(SimError::invalid(
                 &codecs.name,
                 "codecs",
                 "are framework ops, priced by the framework that runs the plan: name one (--framework)",
             ));
         };
-        self.device = codecs.priced_on(&self.device, framework);
+        self.device = priced;
         self.codecs = Some(codecs);
         Ok(self)
     }
