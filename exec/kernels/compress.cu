@@ -527,9 +527,14 @@ extern "C" __global__ void signum_pack(const float *g, float *m, u8 *bits, u32 n
 
 #define U24_SCALE 5.9604644775390625e-8f
 
-__device__ __forceinline__ u32 uniform24(const unsigned long long *draws, u32 i) {
-    unsigned long long d = draws[i / 2];
-    return (i & 1u) ? (u32)((d >> 8) & 0xFFFFFFull) : (u32)(d >> 40);
+// Element i's 24-bit uniform: draw first + i / 2 of the SplitMix64 stream keyed `key`
+// (compress/rng.rs `Counter`), its bits 40..63 when i is even and 8..31 when odd.
+__device__ __forceinline__ u32 uniform24(unsigned long long key, unsigned long long first, u32 i) {
+    unsigned long long z = key + (first + (unsigned long long)(i / 2) + 1ull) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (i & 1u) ? (u32)((z >> 8) & 0xFFFFFFull) : (u32)(z >> 40);
 }
 
 // 2^k as a double, exact for -1022 ≤ k ≤ 1023; 0 below (never reached by our own payloads).
@@ -539,7 +544,7 @@ __device__ __forceinline__ double pow2(int k) {
 }
 
 // TernGrad: header f32 max |x|, then code 1 (+max) or 2 (−max) with probability |x|/max, else 0.
-extern "C" __global__ void terngrad_encode(const float *x, const unsigned long long *draws, u8 *out, u32 n, const u32 *max_bits) {
+extern "C" __global__ void terngrad_encode(const float *x, unsigned long long key, unsigned long long first, u8 *out, u32 n, const u32 *max_bits) {
     float top = __uint_as_float(*max_bits);
     float inv = top > 0.0f ? __fdiv_rn(1.0f, top) : 0.0f;
     if (blockIdx.x == 0 && threadIdx.x == 0) store_f32(out, top);
@@ -551,7 +556,7 @@ extern "C" __global__ void terngrad_encode(const float *x, const unsigned long l
             u32 i = 4 * b + j;
             if (i < n) {
                 float e = x[i];
-                float u = __fmul_rn((float)uniform24(draws, i), U24_SCALE);
+                float u = __fmul_rn((float)uniform24(key, first, i), U24_SCALE);
                 bool keep = u < __fmul_rn(fabsf(e), inv);
                 u32 code = keep ? 1u + (u32)(e < 0.0f) : 0u;
                 v |= code << (2 * j);
@@ -565,7 +570,7 @@ extern "C" __global__ void terngrad_encode(const float *x, const unsigned long l
 // first, back to back. One thread per group of 8 elements, which fills exactly `bits` bytes
 // (the last group ceil(count·bits / 8)). levels ≤ QSGD_MAX_LEVELS, so r < 2^20 and the CPU's
 // i32 path applies: whole = trunc(min(r, 2^20)).
-extern "C" __global__ void qsgd_encode(const float *x, const unsigned long long *draws, u8 *out, u32 n, u32 levels, u32 bits, u32 *bad) {
+extern "C" __global__ void qsgd_encode(const float *x, unsigned long long key, unsigned long long first, u8 *out, u32 n, u32 levels, u32 bits, u32 *bad) {
     float norm = load_f32(out);
     float scale = norm > 0.0f ? __fdiv_rn(__uint2float_rn(levels), norm) : 0.0f;
     u8 *body = out + 4;
@@ -581,7 +586,7 @@ extern "C" __global__ void qsgd_encode(const float *x, const unsigned long long 
             note_finite(e, i, bad);
             float r = __fmul_rn(fabsf(e), scale);
             int whole = __float2int_rz(fminf(r, 1048576.0f));
-            float u = __fmul_rn((float)uniform24(draws, i), U24_SCALE);
+            float u = __fmul_rn((float)uniform24(key, first, i), U24_SCALE);
             int up = u < __fsub_rn(r, (float)whole) ? 1 : 0;
             int level = min(whole + up, (int)levels);
             u32 code = (u32)((int)levels + (e < 0.0f ? -level : level));
@@ -612,7 +617,7 @@ extern "C" __global__ void qsgd_decode_add(const u8 *p, float *acc, u32 n, u32 l
 }
 
 // Natural compression: header i32 `top`, then one byte per element (quantize.rs natural_encode).
-extern "C" __global__ void natural_encode(const float *x, const unsigned long long *draws, u8 *out, u32 n, const u32 *max_bits) {
+extern "C" __global__ void natural_encode(const float *x, unsigned long long key, unsigned long long first, u8 *out, u32 n, const u32 *max_bits) {
     int max_exp = max((int)(*max_bits >> 23) - 127, -126);
     int top = min(max_exp + 1, 127);
     int bottom = top + 1 - 127;
@@ -627,7 +632,7 @@ extern "C" __global__ void natural_encode(const float *x, const unsigned long lo
         u32 sign = (bits >> 31) << 7;
         int biased = (int)(mag >> 23);
         int e = biased - 127;
-        u32 u = uniform24(draws, i);
+        u32 u = uniform24(key, first, i);
         u32 d;
         if (mag == 0) {
             d = 0;

@@ -9,7 +9,7 @@
 //! otherwise bit 7 is the sign and m = bits 0..6 (1..=127) means 2^(top + 1 − m).
 
 use super::bits::{pack2, pack2_codes, unpack2_add, BitReader, BitWriter};
-use super::rng::Rng;
+use super::rng::Counter;
 use super::scan::{check_finite, max_abs, sum_map, CHUNK};
 use super::wire::{bad_payload, expect_len, get4, get_f32};
 use super::{not_in_family, Build, Codec};
@@ -40,17 +40,17 @@ fn quantizer(c: Compressor, kind: Kind, seed: u64) -> Box<dyn Codec> {
     Box::new(Quantizer {
         c,
         kind,
-        rng: Rng::new(seed),
+        rng: Counter::new(seed),
     })
 }
 
 struct Quantizer {
     c: Compressor,
     kind: Kind,
-    rng: Rng,
+    rng: Counter,
 }
 
-/// Elements per block: a block's uniforms are drawn first (the sequential RNG loop), then the
+/// Elements per block: a block's uniforms are drawn first (the scalar draws), then the
 /// block is quantized in a branch-free loop that vectorizes. Even, so that pairs never straddle
 /// blocks, and a multiple of 16 so that every block of codes starts on a byte boundary.
 const BLOCK: usize = 256;
@@ -62,11 +62,11 @@ const QSGD_CLAMP: f32 = (1u32 << 20) as f32;
 const U24_SCALE: f32 = 1.0 / (1u32 << 24) as f32;
 
 /// Fills `u` with 24-bit uniform integers in index order, two per draw exactly as
-/// [`Rng::next_f32_pair`] splits it (so u·2^-24 are the same floats), a lone last element from
+/// `Rng::next_f32_pair` splits a draw (so u·2^-24 are the same floats), a lone last element from
 /// the high half of a fresh draw. Blocks start at even indices, so the stream does not depend on
 /// the block size: a seed fixes the payload. `u` holds at most `BLOCK` elements.
 #[inline(always)]
-fn fill_u24(rng: &mut Rng, u: &mut [u32]) {
+fn fill_u24(rng: &mut Counter, u: &mut [u32]) {
     let mut draws = [0u64; BLOCK / 2];
     let draws = &mut draws[..u.len().div_ceil(2)];
     rng.fill_u64(draws);
@@ -80,9 +80,9 @@ fn fill_u24(rng: &mut Rng, u: &mut [u32]) {
     }
 }
 
-/// How many raw draws (`Rng::fill_u64` outputs) one encode of `n` elements consumes: element
+/// How many raw draws (`Counter::fill_u64` outputs) one encode of `n` elements consumes: element
 /// i takes draw i / 2, its bits 40..63 when i is even and bits 8..31 when odd (see
-/// [`fill_u24`]). The GPU codecs draw these on the host and split them on the device.
+/// [`fill_u24`]). The GPU codecs' threads draw the same ones from their indices.
 pub(crate) fn draws_for(n: usize) -> usize {
     n.div_ceil(2)
 }
@@ -140,7 +140,7 @@ fn pack_codes<const B: u32>(codes: &[u32], dst: &mut [u8]) {
 #[inline(always)]
 fn qsgd_body_impl<const B: u32, const WIDE: bool>(
     grad: &[f32],
-    rng: &mut Rng,
+    rng: &mut Counter,
     levels: u32,
     scale: f32,
     body: &mut [u8],
@@ -211,7 +211,7 @@ fn qsgd_body_impl<const B: u32, const WIDE: bool>(
 #[target_feature(enable = "avx2")]
 unsafe fn qsgd_body_avx2<const B: u32, const WIDE: bool>(
     grad: &[f32],
-    rng: &mut Rng,
+    rng: &mut Counter,
     levels: u32,
     scale: f32,
     body: &mut [u8],
@@ -221,7 +221,7 @@ unsafe fn qsgd_body_avx2<const B: u32, const WIDE: bool>(
 
 fn qsgd_body<const B: u32, const WIDE: bool>(
     grad: &[f32],
-    rng: &mut Rng,
+    rng: &mut Counter,
     levels: u32,
     scale: f32,
     body: &mut [u8],
@@ -234,7 +234,7 @@ fn qsgd_body<const B: u32, const WIDE: bool>(
     qsgd_body_impl::<B, WIDE>(grad, rng, levels, scale, body)
 }
 
-fn qsgd_encode(grad: &[f32], rng: &mut Rng, levels: u32, out: &mut Vec<u8>) -> Result<()> {
+fn qsgd_encode(grad: &[f32], rng: &mut Counter, levels: u32, out: &mut Vec<u8>) -> Result<()> {
     let n = grad.len();
     let norm = sum_map(grad, |x| x * x)?.sqrt() as f32;
     let bits = qsgd_bits(levels);
@@ -271,7 +271,7 @@ fn qsgd_encode(grad: &[f32], rng: &mut Rng, levels: u32, out: &mut Vec<u8>) -> R
     Ok(())
 }
 
-fn terngrad_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> {
+fn terngrad_encode(grad: &[f32], rng: &mut Counter, out: &mut Vec<u8>) -> Result<()> {
     let max = max_abs(grad)?;
     let inv = if max > 0.0 { 1.0 / max } else { 0.0 };
     out.clear();
@@ -289,12 +289,12 @@ fn terngrad_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()>
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn terngrad_body_avx2(grad: &[f32], rng: &mut Rng, inv: f32, body: &mut [u8]) {
+unsafe fn terngrad_body_avx2(grad: &[f32], rng: &mut Counter, inv: f32, body: &mut [u8]) {
     terngrad_body(grad, rng, inv, body)
 }
 
 #[inline(always)]
-fn terngrad_body(grad: &[f32], rng: &mut Rng, inv: f32, body: &mut [u8]) {
+fn terngrad_body(grad: &[f32], rng: &mut Counter, inv: f32, body: &mut [u8]) {
     let mut u = [0u32; BLOCK];
     let mut codes = [0u8; BLOCK];
     for (block, dst) in grad.chunks(BLOCK).zip(body.chunks_mut(BLOCK / 4)) {
@@ -329,7 +329,7 @@ fn tbq_encode(grad: &[f32], tau: f32, out: &mut Vec<u8>) -> Result<()> {
 /// Natural compression's exponent range: one byte holds 127 powers of two below `top + 1`.
 const NATURAL_EXPONENTS: i32 = 127;
 
-fn natural_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> {
+fn natural_encode(grad: &[f32], rng: &mut Counter, out: &mut Vec<u8>) -> Result<()> {
     let max = max_abs(grad)?;
     // top is the largest exponent an element can round up to: floor(log2 max) + 1, kept below
     // 2^128 (elements ≥ 2^127 then round down deterministically, the one biased case).
@@ -350,12 +350,12 @@ fn natural_encode(grad: &[f32], rng: &mut Rng, out: &mut Vec<u8>) -> Result<()> 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn natural_body_avx2(grad: &[f32], rng: &mut Rng, top: i32, body: &mut [u8]) {
+unsafe fn natural_body_avx2(grad: &[f32], rng: &mut Counter, top: i32, body: &mut [u8]) {
     natural_body(grad, rng, top, body)
 }
 
 #[inline(always)]
-fn natural_body(grad: &[f32], rng: &mut Rng, top: i32, body: &mut [u8]) {
+fn natural_body(grad: &[f32], rng: &mut Counter, top: i32, body: &mut [u8]) {
     let bottom = top + 1 - NATURAL_EXPONENTS;
     let low_scale = 2f64.powi(24 - bottom);
     let mut u = [0u32; BLOCK];
@@ -522,7 +522,7 @@ mod tests {
     #[test]
     fn uniforms_follow_the_documented_draw_mapping() {
         for n in [0usize, 1, 2, 7, 255, 256, 257, 1001] {
-            let mut a = Rng::new(5);
+            let mut a = Counter::new(5);
             let mut want = Vec::new();
             let mut u = [0u32; BLOCK];
             for block in (0..n).collect::<Vec<_>>().chunks(BLOCK) {
@@ -530,7 +530,7 @@ mod tests {
                 fill_u24(&mut a, u);
                 want.extend_from_slice(u);
             }
-            let mut b = Rng::new(5);
+            let mut b = Counter::new(5);
             let mut draws = vec![0u64; draws_for(n)];
             b.fill_u64(&mut draws);
             let got: Vec<u32> = (0..n)
@@ -544,7 +544,7 @@ mod tests {
                 })
                 .collect();
             assert_eq!(got, want, "n={n}");
-            assert_eq!(a.next_u64(), b.next_u64(), "n={n}: same stream position");
+            assert_eq!(a.take(1), b.take(1), "n={n}: same stream position");
         }
     }
 

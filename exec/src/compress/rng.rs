@@ -1,6 +1,7 @@
-//! A small portable RNG: the same seed gives the same payload bytes everywhere.
+//! Small portable RNGs: the same seed gives the same payload bytes everywhere.
 //!
-//! SplitMix64 seeds a xoshiro256++ stream.
+//! SplitMix64 seeds a xoshiro256++ stream; the stochastic quantizers draw from SplitMix64 as a
+//! counter-based generator, whose every draw a GPU thread computes from its index.
 
 /// xoshiro256++ (Blackman & Vigna): fast, statistically strong, and trivially portable, so a
 /// payload does not depend on the version of an external crate.
@@ -9,12 +10,58 @@ pub struct Rng {
     s: [u64; 4],
 }
 
+/// SplitMix64's increment (Steele, Lea and Flood, OOPSLA 2014): the golden ratio's 64 bits.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
+    *state = state.wrapping_add(GAMMA);
+    finalize(*state)
+}
+
+/// SplitMix64's output function (`kernels/compress.cu`'s `uniform24` writes it again).
+#[inline(always)]
+fn finalize(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// SplitMix64 read as a counter-based generator: draw k of the stream keyed `key` is
+/// SplitMix64's k-th output from state `key`, `finalize(key + (k + 1)·GAMMA)`, computed from k
+/// alone. A quantizer's GPU kernels draw element i's uniform in the thread that quantizes it,
+/// the same bits the CPU draws, with nothing made on the host or uploaded.
+#[derive(Clone, Debug)]
+pub struct Counter {
+    key: u64,
+    next: u64,
+}
+
+impl Counter {
+    /// The stream for `seed` (its key spread by the finalizer, so that seeds 1 apart do not
+    /// share most of their states), at draw 0.
+    pub fn new(seed: u64) -> Counter {
+        Counter {
+            key: finalize(seed),
+            next: 0,
+        }
+    }
+
+    /// The stream's key and the index of its next draw, for a kernel that draws `count` of them
+    /// itself; the stream moves past them.
+    pub fn take(&mut self, count: u64) -> (u64, u64) {
+        let at = (self.key, self.next);
+        self.next = self.next.wrapping_add(count);
+        at
+    }
+
+    /// Fills `out` with the next `out.len()` draws.
+    #[inline(always)]
+    pub fn fill_u64(&mut self, out: &mut [u64]) {
+        let (key, first) = self.take(out.len() as u64);
+        for (k, o) in (first..).zip(out) {
+            *o = finalize(key.wrapping_add(k.wrapping_add(1).wrapping_mul(GAMMA)));
+        }
+    }
 }
 
 impl Rng {
@@ -118,6 +165,27 @@ mod tests {
         r.fill_u64(&mut block);
         assert_eq!(block[..], a[..3]);
         assert_eq!(r.next_u64(), a[3]);
+    }
+
+    #[test]
+    fn a_counter_draws_splitmix64s_outputs_at_any_index() {
+        let mut counter = Counter::new(9);
+        let mut state = finalize(9);
+        let mut block = [0u64; 5];
+        counter.fill_u64(&mut block[..2]);
+        counter.fill_u64(&mut block[2..]);
+        for draw in block {
+            assert_eq!(draw, splitmix64(&mut state));
+        }
+        // A kernel taking the next three draws starts where the fills stopped.
+        assert_eq!(counter.take(3), (finalize(9), 5));
+        let mut after = [0u64; 1];
+        counter.fill_u64(&mut after);
+        for _ in 0..3 {
+            splitmix64(&mut state);
+        }
+        assert_eq!(after[0], splitmix64(&mut state));
+        assert_ne!(Counter::new(10).take(1).0, finalize(9));
     }
 
     #[test]

@@ -520,7 +520,8 @@ kernels! {
         ) => grid(n.div_ceil(8));
         fn terngrad_encode(
             x: &[f32; n],
-            draws: &[u64; n.div_ceil(2)],
+            key: u64,
+            first: u64,
             out: &mut [u8; 4 + n.div_ceil(4)],
             n: u32,
             max_bits: &[u32; 1],
@@ -529,7 +530,8 @@ kernels! {
         /// (the kernel's per-thread buffer), as every QSGD up to `QSGD_MAX_LEVELS` does.
         fn qsgd_encode(
             x: &[f32; n],
-            draws: &[u64; n.div_ceil(2)],
+            key: u64,
+            first: u64,
             out: &mut [u8; 4 + (n * bits).div_ceil(8)],
             n: u32,
             levels: u32,
@@ -545,7 +547,8 @@ kernels! {
         ) if bits <= 16 => grid(n);
         fn natural_encode(
             x: &[f32; n],
-            draws: &[u64; n.div_ceil(2)],
+            key: u64,
+            first: u64,
             out: &mut [u8; 4 + n],
             n: u32,
             max_bits: &[u32; 1],

@@ -1,22 +1,22 @@
 //! Quantizers on the device: QSGD, TernGrad, natural compression and TBQ (`compress/quantize.rs`).
 //!
 //! QSGD, TernGrad and natural compression are the stochastic quantizers: their uniforms are the CPU
-//! generator's, drawn on the host and uploaded.
+//! codec's, drawn by each thread from its element's index.
 //!
-//! The stochastic quantizers reproduce the CPU's bytes by drawing the same xoshiro256++ stream
-//! on the host with the CPU codec's own `Rng` (seeded identically, advanced by the same
-//! ceil(n/2) draws per step) and uploading it; the kernels map draw i / 2 to element i as
-//! `quantize.rs` does. That upload costs PCIe bandwidth every step, 8 bytes per two elements
-//! (as many bytes as the gradient itself), the price of byte-exactness over speed. Their
-//! scalars are computed on the device because the results are provably the CPU's: TernGrad's
-//! and natural's max |x| is order-independent, and QSGD's Σx² takes the chunked sums of
-//! `scan.rs`, which follow `scan::sum_map`'s order exactly.
+//! The stochastic quantizers reproduce the CPU's bytes because the CPU codec draws from a
+//! counter-based generator (`compress/rng.rs` `Counter`, seeded identically and advanced by the
+//! same ceil(n/2) draws per step): a kernel gets the stream's key and the index of the step's
+//! first draw, and the thread quantizing element i computes draw first + i / 2 itself, as
+//! `quantize.rs` maps them. Nothing is drawn on the host or uploaded. Their scalars are computed
+//! on the device because the results are provably the CPU's: TernGrad's and natural's max |x|
+//! is order-independent, and QSGD's Σx² takes the chunked sums of `scan.rs`, which follow
+//! `scan::sum_map`'s order exactly.
 
 use super::scan::{ChunkSums, MaxAbs, Sums};
 use super::{no_kernel, Build, Family};
-use crate::compress::{quantize::draws_for, rng::Rng};
+use crate::compress::{quantize::draws_for, rng::Counter};
 use crate::error::Result;
-use crate::runtime::cuda::kernels::{cuda_err, Kernels};
+use crate::runtime::cuda::kernels::Kernels;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 use syncopate_sim::compress::{qsgd_bits, Compressor, QSGD_MAX_LEVELS};
@@ -44,36 +44,18 @@ pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
     })
 }
 
-/// A stochastic quantizer's uniforms: per step the next ceil(n/2) outputs of the CPU codec's
-/// generator, exactly the draws `quantize.rs` consumes for n elements, for the kernels to
-/// split (element i takes draw i / 2).
-struct Draws {
-    rng: Rng,
-    host: Vec<u64>,
-    device: CudaSlice<u64>,
-}
+/// A stochastic quantizer's uniforms: the CPU codec's stream, of which each step takes the
+/// ceil(n/2) draws `quantize.rs` consumes for n elements; the kernels compute them.
+struct Draws(Counter);
 
 impl Draws {
-    fn new(n: u32, seed: u64, stream: &Arc<CudaStream>) -> Result<Draws> {
-        Ok(Draws {
-            rng: Rng::new(seed),
-            host: Vec::new(),
-            device: stream
-                .alloc_zeros(draws_for(n as usize).max(1))
-                .map_err(cuda_err("cannot allocate the quantizer's random draws"))?,
-        })
+    fn new(seed: u64) -> Draws {
+        Draws(Counter::new(seed))
     }
 
-    /// This step's draws, made and uploaded.
-    fn next(&mut self, n: u32, stream: &Arc<CudaStream>) -> Result<&CudaSlice<u64>> {
-        self.host.resize(draws_for(n as usize), 0);
-        self.rng.fill_u64(&mut self.host);
-        if !self.host.is_empty() {
-            stream
-                .memcpy_htod(&self.host, &mut self.device)
-                .map_err(cuda_err("cannot upload the quantizer's random draws"))?;
-        }
-        Ok(&self.device)
+    /// This step's stream key and first draw.
+    fn next(&mut self, n: u32) -> (u64, u64) {
+        self.0.take(draws_for(n as usize) as u64)
     }
 }
 
@@ -100,7 +82,7 @@ impl Qsgd {
             n,
             levels,
             bits: qsgd_bits(levels),
-            draws: Draws::new(n, seed, stream)?,
+            draws: Draws::new(seed),
             norm: ChunkSums::new(n, stream)?,
         })
     }
@@ -119,14 +101,15 @@ impl Family for Qsgd {
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
-        let draws = self.draws.next(self.n, stream)?;
+        let (key, first) = self.draws.next(self.n);
         // The norm, in the CPU's summation order, into out[0..4], where the codes' kernel
         // reads it.
         self.norm.write(k, stream, input, self.n, Sums::Norm, out)?;
         k.qsgd_encode(
             stream,
             input,
-            draws,
+            key,
+            first,
             out,
             self.n,
             self.levels,
@@ -164,7 +147,7 @@ impl MaxScaled {
         Ok(MaxScaled {
             c,
             n,
-            draws: Draws::new(n, seed, stream)?,
+            draws: Draws::new(seed),
             max: MaxAbs::new(stream)?,
         })
     }
@@ -183,11 +166,11 @@ impl Family for MaxScaled {
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
-        let draws = self.draws.next(self.n, stream)?;
+        let (key, first) = self.draws.next(self.n);
         let max = self.max.of(k, stream, input, self.n, bad)?;
         match self.c {
-            Compressor::Natural => k.natural_encode(stream, input, draws, out, self.n, max),
-            _ => k.terngrad_encode(stream, input, draws, out, self.n, max),
+            Compressor::Natural => k.natural_encode(stream, input, key, first, out, self.n, max),
+            _ => k.terngrad_encode(stream, input, key, first, out, self.n, max),
         }
     }
 
