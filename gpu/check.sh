@@ -242,13 +242,16 @@ PY
 
 # nccl2: two processes on this one GPU, made two NCCL hosts by NCCL_HOSTID so that NCCL accepts
 # them (over its socket transport; functional only, NVIDIA does not support two ranks per GPU).
+# Each case is compressor/scheme/nodes/GPUs per node; the hierarchical one splits the world's
+# communicator into its node's (both ranks) and the across-nodes ones (one rank each).
 nccl2() {
-    local failed=0 compressor port=29611
-    for compressor in fp16 topk:0.01 powersgd:4; do
-        local plan="$work/plan-${compressor%%:*}.json"
-        echo "--- $compressor"
-        "$bin" simulate --model resnet50 --cluster dgx-h200 --nodes 2 --gpus-per-node 1 \
-            --strategy horovod --compressor "$compressor" --save-plan "$plan" >/dev/null || { failed=1; continue; }
+    local failed=0 case compressor scheme nodes per_node port=29611
+    for case in fp16/auto/2/1 topk:0.01/auto/2/1 powersgd:4/auto/2/1 fp16/hierarchical/1/2; do
+        IFS=/ read -r compressor scheme nodes per_node <<<"$case"
+        local plan="$work/plan-${compressor%%:*}-$scheme.json"
+        echo "--- $compressor $scheme ${nodes}x$per_node"
+        "$bin" simulate --model resnet50 --cluster dgx-h200 --nodes "$nodes" --gpus-per-node "$per_node" \
+            --strategy horovod --compressor "$compressor" --scheme "$scheme" --save-plan "$plan" >/dev/null || { failed=1; continue; }
         local pids=()
         for rank in 0 1; do
             RANK=$rank WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
@@ -264,7 +267,7 @@ nccl2() {
     done
     return $failed
 }
-nccl2_figures() { grep -E '^--- |rank 0: +iteration time' "$1" | tr -s ' ' | head -n 6; }
+nccl2_figures() { grep -E '^--- |rank 0: +iteration time' "$1" | tr -s ' ' | head -n 8; }
 
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 case "$gpu_name" in

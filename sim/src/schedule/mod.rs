@@ -304,9 +304,17 @@ impl Piece {
 
     /// Whether the piece goes round HiPress's CaSync-Ring, encoded and decoded shard by shard.
     pub fn compressed_ring(&self) -> bool {
-        self.rounds
-            .iter()
-            .any(|r| r.exchange == Exchange::CompressedRing)
+        self.exchanged_by(Exchange::CompressedRing)
+    }
+
+    /// Whether a round of the piece is a hierarchical allreduce (inside the node, across nodes,
+    /// inside again).
+    pub fn hierarchical(&self) -> bool {
+        self.exchanged_by(Exchange::HierarchicalAllreduce)
+    }
+
+    fn exchanged_by(&self, exchange: Exchange) -> bool {
+        self.rounds.iter().any(|r| r.exchange == exchange)
     }
 }
 

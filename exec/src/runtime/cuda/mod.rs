@@ -5,6 +5,7 @@
 pub mod codec;
 pub mod gemm;
 pub(crate) mod kernels;
+mod links;
 mod memory;
 mod nccl;
 pub mod probe;

@@ -114,6 +114,47 @@ impl<'a> Communicator<'a> {
         Ok(communicator)
     }
 
+    /// The communicator of the ranks that pass the same `color`, numbered by `key` from 0
+    /// (`ncclCommSplit`), on the same stream; `ranks` of them. Collective over this
+    /// communicator: every rank splits it, in the same order.
+    pub(super) fn split(&self, color: u32, key: u32, ranks: u32) -> Result<Communicator<'a>> {
+        let mut config = non_blocking();
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: a live communicator with no call in progress; `comm` and `config` outlive the
+        // call, which copies the config.
+        let status = unsafe {
+            sys::ncclCommSplit(
+                self.comm,
+                color as c_int,
+                key as c_int,
+                &mut comm,
+                &mut config,
+            )
+        };
+        if comm.is_null() {
+            return Err(ExecError::Rank {
+                rank: self.rank,
+                message: format!(
+                    "NCCL communicator {} could not be split (color {color}, key {key}): {status:?}{}",
+                    self.lane,
+                    self.last_error()
+                ),
+            });
+        }
+        // From here on, dropping it aborts the half-made communicator.
+        let split = Communicator {
+            comm,
+            stream: self.stream.clone(),
+            rank: key,
+            world: ranks,
+            lane: self.lane,
+            timeout: self.timeout,
+            abort: self.abort,
+        };
+        split.settle(status, "split")?;
+        Ok(split)
+    }
+
     /// Sums `buffer` over all ranks, in place.
     pub(super) fn all_reduce_sum<T: NcclType>(
         &self,
@@ -432,8 +473,13 @@ mod tests {
         let mut blocks = stream.alloc_zeros::<u8>(33).unwrap();
         comm.gather_bytes(&bytes, Some(&mut blocks), 0).unwrap();
         assert_eq!(stream.clone_dtoh(&gathered).unwrap(), host);
+        // A split, as the hierarchical allreduce makes its node communicators.
+        let node = comm.split(0, 0, 1).expect("a split communicator");
+        node.all_reduce_sum(&mut gathered).unwrap();
+        assert_eq!(stream.clone_dtoh(&gathered).unwrap(), host);
+        node.finish().expect("the split communicator finalizes");
         comm.finish().expect("the communicator finalizes");
-        println!("nccl world of one: NCCL {version}: all-reduce, reduce-scatter, all-gather, broadcast and a gather ran");
+        println!("nccl world of one: NCCL {version}: all-reduce, reduce-scatter, all-gather, broadcast, a gather and a split ran");
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //! without waiting, and completed as their end events come in). Event times are converted to the run's host clock through an epoch event
 //! recorded when the host clock was read.
 //!
-//! Aggregation: NCCL allreduce (DeAR: its reduce-scatter and all-gather halves), allgather, or
-//! a parameter server's push/pull (`server.rs`); the hierarchical allreduce and HiPress's
-//! CaSync-Ring are refused (`check_plan`): NCCL would run them otherwise than they are priced. Error feedback (residual, EF-SignSGD, DGC) is `memory.rs`.
+//! Aggregation: NCCL allreduce (DeAR: its reduce-scatter and all-gather halves), the
+//! hierarchical allreduce over node communicators split from the world's (`links.rs`),
+//! allgather, or a parameter server's push/pull (`server.rs`); HiPress's CaSync-Ring is refused
+//! (`check_plan`): NCCL would run it otherwise than it is priced. Error feedback (residual, EF-SignSGD, DGC) is `memory.rs`.
 //!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
 //! created on each rank's own thread with one shared unique id), or one process per GPU (rank
@@ -25,6 +26,7 @@
 use super::codec::{supported, GpuCodec};
 use super::gemm::Gemm;
 use super::kernels::{cuda_err, Kernels};
+use super::links::Links;
 use super::memory::GpuMemory;
 use super::nccl::Communicator;
 use super::server::{push_pull, Server};
@@ -84,6 +86,9 @@ pub(super) struct GpuPiece {
     payload: CudaSlice<u8>,
     own: CudaSlice<u8>,
     chunk: CudaSlice<u8>,
+    /// This rank's share of its node's sum in a hierarchical allreduce: 1/per_node of the
+    /// padded payload (one byte for a piece without one).
+    node_share: CudaSlice<u8>,
     gathered: CudaSlice<u8>,
     result: CudaSlice<f32>,
     transmitted: CudaSlice<f32>,
@@ -138,14 +143,13 @@ fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
                 ),
             });
         }
-        // NCCL's allreduce picks its own rings and trees, and push-pull is not a ring: the
-        // CUDA backend would run these exchanges otherwise than they are priced.
-        if let Some(round) = piece.rounds.iter().find(|r| {
-            matches!(
-                r.exchange,
-                Exchange::HierarchicalAllreduce | Exchange::CompressedRing
-            )
-        }) {
+        // Push-pull is not a ring: the CUDA backend would run this exchange otherwise than it
+        // is priced.
+        if let Some(round) = piece
+            .rounds
+            .iter()
+            .find(|r| r.exchange == Exchange::CompressedRing)
+        {
             return Err(ExecError::Cuda {
                 message: format!(
                     "pieces[{index}] (group {}) is exchanged by a {}, which the CUDA backend does not run as it is priced yet: run it with --backend host or mpi, or give the group the allreduce scheme",
@@ -282,6 +286,10 @@ impl Run<'_> {
             let bytes = gpu.wire_bytes();
             let elem = pieces::wire_element_bytes(&spec.compressor);
             let padded = (bytes / elem).div_ceil(world) * world * elem;
+            let node_share = match spec.hierarchical() {
+                true => padded / schedule.world.ranks_per_node.max(1) as usize,
+                false => 1,
+            };
             let gathered = if spec.aggregation == Aggregation::Allgather {
                 bytes * world
             } else {
@@ -296,6 +304,7 @@ impl Run<'_> {
                     .map_err(&alloc)?,
                 own: codec.alloc_zeros(bytes.max(1)).map_err(&alloc)?,
                 chunk: codec.alloc_zeros((padded / world).max(1)).map_err(&alloc)?,
+                node_share: codec.alloc_zeros(node_share.max(1)).map_err(&alloc)?,
                 gathered: codec.alloc_zeros(gathered.max(1)).map_err(&alloc)?,
                 result: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
                 transmitted: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
@@ -439,7 +448,7 @@ impl Run<'_> {
     }
 
     /// The CUDA stream of a lane.
-    fn stream<'r>(&self, state: &'r GpuRank, lane: &Lane<Communicator>) -> &'r Arc<CudaStream> {
+    fn stream<'r>(&self, state: &'r GpuRank, lane: &Lane<Links>) -> &'r Arc<CudaStream> {
         match lane {
             Lane::Codec => &state.codec,
             Lane::Comm { stream, .. } => &state.comm[*stream as usize],
@@ -480,7 +489,7 @@ impl<'a> Backend for Run<'a> {
     type Rank = GpuRank;
     type Piece = GpuPiece;
     type Opener = Id;
-    type Link = Communicator<'a>;
+    type Link = Links<'a>;
     /// A compute task's start and end events.
     type Running = (CudaEvent, CudaEvent);
 
@@ -522,14 +531,15 @@ impl<'a> Backend for Run<'a> {
         self.finish_timed(state, task, 0, events)
     }
 
-    /// This rank's NCCL communicator of stream `lane`, created on (and so aborted by) the
-    /// comm thread, with the context bound.
-    fn open(&self, state: &GpuRank, lane: u32, id: Id) -> Result<Communicator<'a>> {
+    /// This rank's NCCL communicators of stream `lane`, created on (and so aborted by) the
+    /// comm thread, with the context bound: the world's, and the node ones if a piece is
+    /// exchanged by a hierarchical allreduce.
+    fn open(&self, state: &GpuRank, lane: u32, id: Id) -> Result<Links<'a>> {
         state
             .ctx
             .bind_to_thread()
             .map_err(cuda_err("cannot bind the context"))?;
-        Communicator::init(
+        let world = Communicator::init(
             state.comm[lane as usize].clone(),
             state.rank,
             self.world,
@@ -537,18 +547,21 @@ impl<'a> Backend for Run<'a> {
             id,
             self.timeout,
             self.failure.flag(),
-        )
+        )?;
+        let schedule = self.job.schedule;
+        let hierarchical = schedule.pieces.iter().any(|p| p.hierarchical());
+        Links::open(world, hierarchical.then_some(schedule.world.ranks_per_node))
     }
 
-    fn close(&self, comm: Communicator<'a>) -> Result<()> {
-        comm.finish()
+    fn close(&self, links: Links<'a>) -> Result<()> {
+        links.finish()
     }
 
     /// The step's ops between timing events on the lane's stream, then what follows untimed.
     fn timed(
         &self,
         state: &GpuRank,
-        lane: &Lane<Communicator<'a>>,
+        lane: &Lane<Links<'a>>,
         task: u32,
         index: usize,
         body: &mut dyn FnMut(&mut GpuPiece) -> Result<()>,
@@ -571,7 +584,7 @@ impl<'a> Backend for Run<'a> {
     fn compensate(
         &self,
         state: &GpuRank,
-        lane: &Lane<Communicator<'a>>,
+        lane: &Lane<Links<'a>>,
         piece: &mut GpuPiece,
         index: usize,
     ) -> Result<()> {
@@ -591,7 +604,7 @@ impl<'a> Backend for Run<'a> {
     fn encode(
         &self,
         state: &GpuRank,
-        lane: &Lane<Communicator<'a>>,
+        lane: &Lane<Links<'a>>,
         piece: &mut GpuPiece,
         index: usize,
     ) -> Result<()> {
@@ -616,7 +629,7 @@ impl<'a> Backend for Run<'a> {
     fn next_round(
         &self,
         state: &GpuRank,
-        lane: &Lane<Communicator<'a>>,
+        lane: &Lane<Links<'a>>,
         piece: &mut GpuPiece,
         _: usize,
     ) -> Result<()> {
@@ -631,32 +644,38 @@ impl<'a> Backend for Run<'a> {
     fn exchange(
         &self,
         state: &GpuRank,
-        lane: &Lane<Communicator<'a>>,
+        lane: &Lane<Links<'a>>,
         piece: &mut GpuPiece,
         index: usize,
         round: u32,
     ) -> Result<()> {
-        let Lane::Comm { link: comm, .. } = lane else {
+        let Lane::Comm { link, .. } = lane else {
             unreachable!("the schedule puts exchanges on communication streams")
         };
+        let comm = &link.world;
         let stream = self.stream(state, lane);
         let spec = self.spec(index);
         let exchange = spec.rounds[round as usize].exchange;
         match exchange {
-            Exchange::Allreduce | Exchange::ReduceScatter | Exchange::AllgatherShards => {
+            Exchange::Allreduce
+            | Exchange::ReduceScatter
+            | Exchange::AllgatherShards
+            | Exchange::HierarchicalAllreduce => {
                 let elem = pieces::wire_element_bytes(&spec.compressor);
-                // Reduce-scatter splits the padded buffer; an allreduce sends only this
-                // round's payload (PowerSGD's P and Q differ in size).
+                // Reduce-scatter splits the padded buffer, and so does the hierarchical
+                // allreduce inside each node; an allreduce sends only this round's payload
+                // (PowerSGD's P and Q differ in size).
                 let count = match exchange {
-                    Exchange::ReduceScatter | Exchange::AllgatherShards => {
-                        piece.payload.len() / elem
-                    }
+                    Exchange::ReduceScatter
+                    | Exchange::AllgatherShards
+                    | Exchange::HierarchicalAllreduce => piece.payload.len() / elem,
                     _ => piece.codec.round_bytes(round) / elem,
                 };
                 let chunk = piece.chunk.len() / elem;
+                let share = piece.node_share.len() / elem;
                 // The transmutes below are sound: the byte buffers are device allocations
-                // (256-byte aligned) holding count·elem and chunk·elem bytes, read as elements
-                // of elem bytes that are valid for any bit pattern.
+                // (256-byte aligned) holding count·elem, chunk·elem and share·elem bytes, read
+                // as elements of elem bytes that are valid for any bit pattern.
                 macro_rules! reduce {
                     ($t:ty) => {{
                         // SAFETY: the payload's count·elem bytes as elements (above).
@@ -675,6 +694,13 @@ impl<'a> Backend for Run<'a> {
                                     .expect("chunk size");
                                 comm.all_gather(&part, &mut payload)?;
                             }
+                            Exchange::HierarchicalAllreduce => {
+                                let mine =
+                                    // SAFETY: the share's share·elem bytes as elements (above).
+                                    unsafe { piece.node_share.transmute_mut::<$t>(share) };
+                                let mut mine = mine.expect("share size");
+                                link.hierarchical_allreduce(&mut payload, &mut mine)?;
+                            }
                             _ => comm.all_reduce_sum(&mut payload)?,
                         }
                     }};
@@ -690,7 +716,7 @@ impl<'a> Backend for Run<'a> {
                 let send = piece.payload.slice(..bytes);
                 comm.all_gather(&send, &mut piece.gathered)?;
             }
-            Exchange::HierarchicalAllreduce | Exchange::CompressedRing => {
+            Exchange::CompressedRing => {
                 return Err(ExecError::Cuda {
                     message: format!("{} has no CUDA implementation", exchange.name()),
                 })
@@ -711,7 +737,7 @@ impl<'a> Backend for Run<'a> {
     fn decode(
         &self,
         state: &GpuRank,
-        lane: &Lane<Communicator<'a>>,
+        lane: &Lane<Links<'a>>,
         piece: &mut GpuPiece,
         index: usize,
     ) -> Result<()> {
@@ -742,7 +768,7 @@ impl<'a> Backend for Run<'a> {
     fn update_memory(
         &self,
         state: &GpuRank,
-        lane: &Lane<Communicator<'a>>,
+        lane: &Lane<Links<'a>>,
         piece: &mut GpuPiece,
         index: usize,
     ) -> Result<()> {
@@ -771,7 +797,7 @@ impl<'a> Backend for Run<'a> {
     fn scale_output(
         &self,
         state: &GpuRank,
-        lane: &Lane<Communicator<'a>>,
+        lane: &Lane<Links<'a>>,
         piece: &mut GpuPiece,
         index: usize,
     ) -> Result<()> {
@@ -845,25 +871,24 @@ mod tests {
         }
     }
 
+    /// CaSync-Ring's hops are not NCCL's: refused by name. The hierarchical allreduce runs over
+    /// node communicators (`links.rs`) and passes.
     #[test]
-    fn exchanges_nccl_would_run_otherwise_than_priced_are_refused() {
+    fn the_compressed_ring_is_refused_and_the_hierarchical_allreduce_runs() {
         let placement = Placement {
             world: 4,
             local: (0..4).map(|r| (r, r as usize)).collect(),
             ids: Vec::new(),
         };
-        for (spec, scheme, name) in [
-            ("onebit", Scheme::CompressedRing, "compressed-ring"),
-            ("fp16", Scheme::Hierarchical, "hierarchical-allreduce"),
-        ] {
-            let err = check_plan(&schedule(spec, Memory::Residual, scheme), &placement)
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.contains(name) && err.contains("--backend host or mpi"),
-                "{err}"
-            );
-        }
+        let ring = schedule("onebit", Memory::Residual, Scheme::CompressedRing);
+        let err = check_plan(&ring, &placement).unwrap_err().to_string();
+        assert!(
+            err.contains("compressed-ring") && err.contains("--backend host or mpi"),
+            "{err}"
+        );
+        let hierarchical = schedule("fp16", Memory::Residual, Scheme::Hierarchical);
+        assert!(hierarchical.pieces.iter().all(|p| p.hierarchical()));
+        assert!(check_plan(&hierarchical, &placement).is_ok());
     }
 
     /// One process per GPU runs a plan-order schedule, whose order every rank knows; priority
