@@ -28,8 +28,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import (compute_us, cpu_times, end_on_sigterm, fit_gloo, keep_median_recording,  # noqa: E402
-                    lab_experiment_arguments, lab_result, lab_up, labs_down, refit_gloo, sh, splice_readme, stolen_pct,
+from runner import (compute_us, cpu_times, end_on_sigterm, keep_median_recording, lab_experiment_arguments,  # noqa: E402
+                    lab_result, lab_up, labs_down, median_sweep, refit_gloo, sh, splice_readme, stolen_pct, sweep_gloo,
                     write_csv)
 
 RANK = REPO / "experiments" / "ddp-overhead" / "rank.py"
@@ -48,9 +48,10 @@ MODEL = ["--layers", 10, "--norm", "--batch", 256]
 WARMUP, ITERATIONS = 3, 12
 # Then steps without communication (DDP's no_sync) on every rank at once: the compute each rank got
 # during the run. The machine is a shared virtual machine whose speed drifts by tens of percent
-# over an hour, so a profile recorded before the runs can be stale by the time a run starts.
+# over an hour (and by 2x between days), so inputs measured once before the runs are stale by the
+# time a run starts: the profile and the gloo sweeps are taken again before every repeat, and the
+# prediction uses the median over the repeats (`settle_inputs`).
 COMPUTE_ITERATIONS = 4
-PROFILE_RECORDINGS = 3
 # A run takes 10-25 s here. DDP's powerSGD_hook deadlocks on gloo (experiments/ddp-overhead:
 # its callbacks wait for the next allreduce on gloo's two worker threads); such a run is
 # stopped at this bound and counted as hung.
@@ -70,24 +71,45 @@ def rank_command(python):
     return ["env", "OMP_NUM_THREADS=1", python, RANK, *MODEL]
 
 
-def record_profiles(opts):
-    """The model's profile at 2 and 4 ranks computing at once on this machine (torchrun on
-    localhost; no communication is timed), so that the prediction sees the compute each rank
-    gets when the ranks share the cores; PROFILE_RECORDINGS recordings per rank count, the rank
-    counts interleaved, the one of median compute kept."""
-    SCRATCH.mkdir(parents=True, exist_ok=True)
+def sweep_path(nodes, gbps, repeat, beside):
+    kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
+    return SCRATCH / "sweeps" / f"lab-{lab_key(nodes, gbps)}.{kind}.r{repeat}.csv"
+
+
+def recording_path(nodes, repeat):
+    return SCRATCH / f"mlp-w{nodes}-r{repeat}.json"
+
+
+def sample_inputs(opts, repeat):
+    """Before repeat `repeat`: each lab's gloo sweeps (alone and beside compute), and the model's
+    profile at 2 and 4 ranks computing at once on this machine (torchrun on localhost; no
+    communication is timed), so that the prediction sees the compute each rank gets when the
+    ranks share the cores."""
+    (SCRATCH / "sweeps").mkdir(parents=True, exist_ok=True)
+    for name, nodes, gbps in LABS:
+        sweep_gloo(opts.syncopate, opts.python, name, sweep_path(nodes, gbps, repeat, False),
+                   sweep_path(nodes, gbps, repeat, True))
+    for _, nodes, _ in LABS:
+        sh(["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", nodes, RANK, *MODEL, "--profile", recording_path(nodes, repeat), "--profile-device",
+            os.path.relpath(DEVICE, HERE), "--warmup", WARMUP, "--iterations", ITERATIONS],
+           f"recording the profile at {nodes} ranks", 600)
+
+
+def settle_inputs(opts, repeats):
+    """The inputs the prediction uses, from those sampled before each of `repeats`: per lab the
+    median of each size over the gloo sweeps (committed beside the lab's cluster file) and the
+    gloo fit to them; per rank count the recording of median compute."""
     (HERE / "profiles").mkdir(exist_ok=True)
-    recordings = {nodes: [] for _, nodes, _ in LABS}
-    for tag in range(PROFILE_RECORDINGS):
-        for nodes in recordings:
-            out = SCRATCH / f"mlp-w{nodes}-{tag}.json"
-            sh(["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", nodes, RANK, *MODEL, "--profile", out, "--profile-device",
-                os.path.relpath(DEVICE, HERE), "--warmup", WARMUP, "--iterations", ITERATIONS],
-               f"recording the profile at {nodes} ranks", 600)
-            recordings[nodes].append(out)
-    for nodes, paths in recordings.items():
-        keep_median_recording(paths, profile_path(nodes), f"profile at {nodes} ranks")
+    for _, nodes, gbps in LABS:
+        cluster = f"lab-{lab_key(nodes, gbps)}"
+        for beside in (False, True):
+            kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
+            median_sweep([sweep_path(nodes, gbps, r, beside) for r in repeats],
+                         HERE / "clusters" / f"{cluster}.{kind}.csv")
+        refit_gloo(opts.syncopate, cluster, HERE / "clusters")
+        keep_median_recording([recording_path(nodes, r) for r in repeats], profile_path(nodes),
+                              f"profile at {nodes} ranks")
 
 
 def row_key(row):
@@ -100,14 +122,18 @@ def configs():
             for bucket in BUCKETS_MB]
 
 
-def measure(opts, rows):
+def measure(opts, rows, sample):
     """Every configuration once per repeat after `rows` (runs already measured), in a fresh order
-    seeded by the repeat; a configuration that hung is not run again (DDP's PowerSGD hook on
-    gloo)."""
+    seeded by the repeat, each repeat after the inputs sampled for it when `sample`; a
+    configuration that hung is not run again (DDP's PowerSGD hook on gloo). Returns the repeats
+    run."""
     hung = {row_key(r) for r in rows if r["iteration_ms"] == "hung"}
     first = max((int(r["repeat"]) for r in rows), default=-1) + 1
     compressor = {hook: c for hook, c, _ in HOOKS}
-    for repeat in range(first, first + opts.repeats):
+    repeats = range(first, first + opts.repeats)
+    for repeat in repeats:
+        if sample:
+            sample_inputs(opts, repeat)
         order = random.Random(opts.seed * 1000 + repeat)
         for name, nodes, gbps, hook, bucket in order.sample(configs(), len(configs())):
             key = (nodes, gbps, hook, bucket)
@@ -129,6 +155,7 @@ def measure(opts, rows):
                   "stolen)", flush=True)
             rows.append({**row, "iteration_ms": ms, "compute_ms": compute, "stolen_pct": stolen})
             write_csv(HERE / "results.csv", rows)  # after every run: an interrupted experiment keeps its runs
+    return list(repeats)
 
 
 def run_compute_ms(runs):
@@ -159,9 +186,10 @@ def scaled_profile(nodes, compute_ms, name):
 def predict(opts):
     """Each configuration's predicted iteration on its lab's gloo fit: the `ddp` strategy's plan
     for the bucket size (first bucket too, as PyTorch 2.15 caps it when bucket_cap_mb is given)
-    and compressor, run by the `pytorch-ddp` framework, with the profile recorded at the lab's
-    rank count before the runs; the same with no framework costs (`--framework none`); and, where
-    the runs measured their compute, with the profile scaled to it."""
+    and compressor, run by the `pytorch-ddp` framework, with the profile of the lab's rank count
+    settled from the recordings before each repeat; the same with no framework costs
+    (`--framework none`); and, where the runs measured their compute, with the profile scaled to
+    it."""
     predicted = {}
     measured_compute = run_compute_ms(list(csv.DictReader(open(HERE / "results.csv"))))
     for _, nodes, gbps in LABS:
@@ -362,11 +390,10 @@ def main():
             device = os.path.relpath(DEVICE, clusters)
             for name, nodes, gbps in LABS:
                 lab_up(opts.syncopate, name, nodes, gbps, device, f"lab-{lab_key(nodes, gbps)}.json", clusters)
-            if not opts.more:
-                for name, nodes, gbps in LABS:
-                    fit_gloo(opts.syncopate, opts.python, name, f"lab-{lab_key(nodes, gbps)}", clusters)
-                record_profiles(opts)
-            measure(opts, list(csv.DictReader(open(HERE / "results.csv"))) if opts.more else [])
+            if opts.more:
+                measure(opts, list(csv.DictReader(open(HERE / "results.csv"))), sample=False)
+            else:
+                settle_inputs(opts, measure(opts, [], sample=True))
         finally:
             labs_down(opts.syncopate, [name for name, _, _ in LABS])
         predict(opts)

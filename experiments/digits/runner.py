@@ -1,9 +1,9 @@
 """What the lab experiments' run.py scripts share.
 
 That is running a command with its output in the error, refusing a debug build of the package,
-bringing labs up and down, fitting them to gloo and training on them, keeping the median of several
-profile recordings, the measured iterations of a trace, writing a CSV, and splicing a generated
-block into a README.
+bringing labs up and down, sweeping gloo on them and fitting to the sweeps, training on them,
+keeping the median of several profile recordings, the measured iterations of a trace, writing a
+CSV, and splicing a generated block into a README.
 """
 
 import csv
@@ -12,6 +12,7 @@ import os
 import pathlib
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 
@@ -125,27 +126,49 @@ def lab_result(syncopate, name, timeout_s, command, what):
 BESIDE_COMPUTE_SIZES = "64K,256K,1M,4M"
 
 
-def fit_gloo(syncopate, python, name, cluster, clusters):
+def sweep_gloo(syncopate, python, name, sweep, busy):
     """Times gloo's allreduce and allgather on lab `name` as the wrapper calls them (`python -m
-    syncopate.torch.sweep`, one rank per node), alone and with every rank computing beside
-    them, and the wrapper's parameter-server push-pull alone, and refits the lab's MPI cluster
-    file `clusters/CLUSTER.json` to them: `clusters/CLUSTER-gloo.json`, the file to predict
-    with, its collectives' slowdown beside compute measured with gloo and its cost per
-    point-to-point message fitted to the push-pulls."""
+    syncopate.torch.sweep`, one rank per node), alone into the CSV file `sweep` and with every
+    rank computing beside them into `busy`, and the wrapper's parameter-server push-pull alone
+    (into `sweep`)."""
     print(f"gloo sweep on {name}", flush=True)
-    sweep, busy = f"{cluster}.gloo-sweep.csv", f"{cluster}.gloo-sweep-beside-compute.csv"
-    lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--out", pathlib.Path(clusters) / sweep],
-               f"gloo sweep on {name}", 900)
+    lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--out", sweep], f"gloo sweep on {name}", 900)
     lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--beside-compute", "--ops", "allreduce,allgather",
-                                         "--sizes", BESIDE_COMPUTE_SIZES, "--out", pathlib.Path(clusters) / busy],
+                                         "--sizes", BESIDE_COMPUTE_SIZES, "--out", busy],
                f"gloo sweep beside compute on {name}", 900)
+
+
+def fit_gloo(syncopate, python, name, cluster, clusters):
+    """Sweeps gloo on lab `name` into the files beside the lab's MPI cluster file
+    `clusters/CLUSTER.json` and refits it to them (`refit_gloo`)."""
+    sweep, busy = f"{cluster}.gloo-sweep.csv", f"{cluster}.gloo-sweep-beside-compute.csv"
+    sweep_gloo(syncopate, python, name, pathlib.Path(clusters) / sweep, pathlib.Path(clusters) / busy)
     refit_gloo(syncopate, cluster, clusters)
 
 
+def median_sweep(paths, dest):
+    """Writes to `dest` each (op, gpus, size) of the sweeps `paths` with its median time over
+    them, in the first sweep's row order: sweeps taken at several moments of an experiment on a
+    machine whose speed drifts."""
+    sweeps = [list(csv.DictReader(open(p))) for p in paths]
+
+    def key(row):
+        return row["op"], row["gpus"], row["size_bytes"]
+
+    times = {}
+    for sweep in sweeps:
+        for row in sweep:
+            times.setdefault(key(row), []).append(float(row["time_us"]))
+    rows = [{**row, "time_us": round(statistics.median(times[key(row)]), 1)} for row in sweeps[0]]
+    write_csv(dest, rows)
+
+
 def refit_gloo(syncopate, cluster, clusters):
-    """Fits `clusters/CLUSTER-gloo.json` to the gloo sweeps `fit_gloo` wrote beside the lab's MPI
-    cluster file `clusters/CLUSTER.json` (no lab needed: an experiment's committed sweeps can be
-    refitted by a newer Syncopate)."""
+    """Fits `clusters/CLUSTER-gloo.json` to the gloo sweeps `clusters/CLUSTER.gloo-sweep.csv` and
+    `CLUSTER.gloo-sweep-beside-compute.csv` beside the lab's MPI cluster file
+    `clusters/CLUSTER.json` (no lab needed: an experiment's committed sweeps can be refitted by a
+    newer Syncopate): the file to predict with, its collectives' slowdown beside compute
+    measured with gloo and its cost per point-to-point message fitted to the push-pulls."""
     sweep, busy = f"{cluster}.gloo-sweep.csv", f"{cluster}.gloo-sweep-beside-compute.csv"
     sh([syncopate, "collective", "--cluster", f"{cluster}.json", "--library", "gloo", "--compare", sweep,
         "--beside-compute", busy, "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {cluster}", 300, cwd=clusters)
