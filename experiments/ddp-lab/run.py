@@ -202,11 +202,15 @@ def predict(opts):
                     profiles["run-compute"] = scaled_profile(nodes, compute, key)
                 entry = {}
                 for label, profile in profiles.items():
+                    framework = "none" if label == "none" else "pytorch-ddp"
+                    # DDP's own fp16 hook as it is written (profiles/codecs/pytorch-ddp.json), its ops
+                    # priced by the framework; PowerSGD's hook is not written there: our codec's costs.
+                    codecs = "pytorch-ddp" if framework != "none" and hook == "fp16" else "native"
                     out = json.loads(sh([opts.syncopate, "simulate", "--model", os.path.relpath(profile, HERE),
                                          "--cluster", f"clusters/lab-{lab_key(nodes, gbps)}-gloo.json", "--nodes", nodes,
                                          "--gpus-per-node", 1, "--strategy", "ddp", "--bucket-mb", bucket,
                                          "--first-bucket-mb", bucket, "--compressor", compressor, "--memory", memory,
-                                         "--framework", "none" if label == "none" else "pytorch-ddp",
+                                         "--framework", framework, "--codecs", codecs,
                                          "--format", "json"], f"simulate {key}", 300, cwd=HERE))
                     entry[label] = {k: out[k] for k in ("iteration_time_ms", "compute_ms", "comm_ms", "compression_ms")}
                 predicted[key] = entry

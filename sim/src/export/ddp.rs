@@ -95,6 +95,12 @@ impl DdpSettings {
         format!("{caps}{view}, hook {}", hook_name(self.hook.0))
     }
 
+    /// DDP's own fp16 and bf16 hooks (`profiles/codecs/pytorch-ddp.json`) when one compresses;
+    /// PowerSGD's hook is not written there and keeps the device's curves.
+    pub(super) fn codecs(&self) -> Option<&'static str> {
+        matches!(self.hook.0, Compressor::Fp16 | Compressor::Bf16).then_some("pytorch-ddp")
+    }
+
     pub(super) fn simulate_flags(&self) -> Option<Vec<String>> {
         let (first, cap) = match &self.caps {
             DdpCaps::Default => (DEFAULT_FIRST, DEFAULT_CAP),
@@ -117,6 +123,9 @@ impl DdpSettings {
         }
         if memory != Memory::None {
             flags.extend(["--memory".to_string(), memory.to_string()]);
+        }
+        if let Some(codecs) = self.codecs() {
+            flags.extend(["--codecs".to_string(), codecs.to_string()]);
         }
         Some(flags)
     }

@@ -132,7 +132,8 @@ impl Settings {
     /// The codec set that implements the settings' compression, if the framework has its own.
     pub fn codecs(&self) -> Option<&'static str> {
         match self {
-            Settings::Ddp(_) | Settings::DeepSpeed(_) => None,
+            Settings::DeepSpeed(_) => None,
+            Settings::Ddp(s) => s.codecs(),
             Settings::Horovod(s) => s.codecs(),
             Settings::BytePs(s) => s.codecs(),
         }
