@@ -14,7 +14,8 @@
 //! Aggregation: NCCL allreduce (DeAR: its reduce-scatter and all-gather halves), the
 //! hierarchical allreduce over node communicators split from the world's (`links.rs`),
 //! allgather, or a parameter server's push/pull (`server.rs`); HiPress's CaSync-Ring is refused
-//! (`check_plan`): NCCL would run it otherwise than it is priced. Error feedback (residual, EF-SignSGD, DGC) is `memory.rs`.
+//! (`check_plan`): NCCL would run it otherwise than it is priced. Error feedback (residual,
+//! EF-SignSGD, DGC) is `memory.rs`.
 //!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
 //! created on each rank's own thread with one shared unique id), or one process per GPU (rank
@@ -143,8 +144,8 @@ fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
                 ),
             });
         }
-        // Push-pull is not a ring: the CUDA backend would run this exchange otherwise than it
-        // is priced.
+        // CaSync-Ring decodes, adds and re-encodes at every hop, which no NCCL collective does:
+        // the CUDA backend would run it otherwise than it is priced.
         if let Some(round) = piece
             .rounds
             .iter()
