@@ -172,10 +172,11 @@ def nccl_version():
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-def precision_settings():
-    """TF32 off so that fp32 work is fp32 (the simulator's fp32 profiles and curves), read back as set."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+def precision_settings(tf32=False):
+    """TF32 off so that fp32 work is fp32 (the simulator's fp32 profiles and curves), or on with
+    `tf32`, read back as set."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     return {"matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
             "float32_matmul_precision": torch.get_float32_matmul_precision(),

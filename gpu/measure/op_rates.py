@@ -48,9 +48,7 @@ PRECISIONS = {"cuda": ("fp32", "tf32", "bf16"), "cpu": ("fp32", "bf16")}
 
 def set_precision(precision):
     """fp32 with TF32 off, or TF32 on; bf16 tensors ignore the switches. Returns the dtype."""
-    tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+    precision_settings(tf32=precision == "tf32")
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
