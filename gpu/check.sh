@@ -243,15 +243,17 @@ PY
 # nccl2: two processes on this one GPU, made two NCCL hosts by NCCL_HOSTID so that NCCL accepts
 # them (over its socket transport; functional only, NVIDIA does not support two ranks per GPU).
 # Each case is compressor/scheme/nodes/GPUs per node; the hierarchical one splits the world's
-# communicator into its node's (both ranks) and the across-nodes ones (one rank each).
+# communicator into its node's (both ranks) and the across-nodes ones (one rank each); `ring` is
+# HiPress's CaSync-Ring (`--strategy hipress:ring`), hops of decode, add and re-encode.
 nccl2() {
     local failed=0 case compressor scheme nodes per_node port=29611
-    for case in fp16/auto/2/1 topk:0.01/auto/2/1 powersgd:4/auto/2/1 fp16/hierarchical/1/2; do
+    for case in fp16/auto/2/1 topk:0.01/auto/2/1 powersgd:4/auto/2/1 fp16/hierarchical/1/2 onebit/ring/2/1; do
         IFS=/ read -r compressor scheme nodes per_node <<<"$case"
-        local plan="$work/plan-${compressor%%:*}-$scheme.json"
+        local plan="$work/plan-${compressor%%:*}-$scheme.json" strategy=(--strategy horovod --scheme "$scheme")
+        [ "$scheme" = ring ] && strategy=(--strategy hipress:ring)
         echo "--- $compressor $scheme ${nodes}x$per_node"
         "$bin" simulate --model resnet50 --cluster dgx-h200 --nodes "$nodes" --gpus-per-node "$per_node" \
-            --strategy horovod --compressor "$compressor" --scheme "$scheme" --save-plan "$plan" >/dev/null || { failed=1; continue; }
+            "${strategy[@]}" --compressor "$compressor" --save-plan "$plan" >/dev/null || { failed=1; continue; }
         local pids=()
         for rank in 0 1; do
             RANK=$rank WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
@@ -267,7 +269,7 @@ nccl2() {
     done
     return $failed
 }
-nccl2_figures() { grep -E '^--- |rank 0: +iteration time' "$1" | tr -s ' ' | head -n 8; }
+nccl2_figures() { grep -E '^--- |rank 0: +iteration time' "$1" | tr -s ' ' | head -n 10; }
 
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 case "$gpu_name" in
@@ -284,7 +286,7 @@ say "gpu/check.sh on ${gpu_name:-no GPU (nvidia-smi lists none)}, deadline ${dea
 
 step env 20 environment_figures environment
 step gpu-tests 150 gpu_tests_figures gpu_tests
-step nccl2 100 nccl2_figures nccl2
+step nccl2 125 nccl2_figures nccl2
 step torch 90 torch_figures torch_training
 # Before the captures, which have run once already: the op rates have not.
 step op-rates 60 op_rates_figures measure op_rates

@@ -259,6 +259,16 @@ extern "C" __global__ void residual_update(float *e, const float *compensated, c
         e[i] = __fsub_rn(compensated[i], transmitted[i]);
 }
 
+// A CaSync-Ring hop (compressed_ring.rs `hop`): the decoded running sum is kept negated in
+// added_to, then this rank's shard is added to it, in the CPU's order and rounding.
+extern "C" __global__ void ring_hop(float *sum, const float *own, float *added_to, u32 n) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float s = sum[i];
+        added_to[i] = -s;
+        sum[i] = __fadd_rn(s, own[i]);
+    }
+}
+
 // dst = src·scale: the synthetic gradient of one tensor for one iteration, and output scaling.
 extern "C" __global__ void scale_copy(const float *src, float *dst, u32 n, float scale) {
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)

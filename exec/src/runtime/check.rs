@@ -8,7 +8,7 @@
 //! misplaced chunk, a wrong peer) shows up as a difference from it; the only legitimate
 //! difference is the summation order of the ring, bounded by the wire type's rounding.
 
-use super::compressed_ring;
+use super::compressed_ring::{self, Shards};
 use super::pieces;
 use crate::compress::{aggregate, Codec, MemoryState};
 use crate::error::Result;
@@ -51,8 +51,8 @@ struct PieceCheck {
     /// The parameter server's rank for this piece.
     server_rank: usize,
     aggregation: Aggregation,
-    /// Whether the piece goes round a CaSync-Ring, shard by shard.
-    compressed_ring: bool,
+    /// Each rank's shards, for a piece that goes round a CaSync-Ring (none otherwise).
+    ring: Vec<Shards>,
     group: usize,
     /// The memory's factor on the result (EF-SignSGD's 1/lr), applied to the reference too.
     output_scale: f32,
@@ -84,7 +84,15 @@ impl Checker {
                     results: BTreeMap::new(),
                     server_rank: pieces::server_rank(piece, ranks) as usize,
                     aggregation: piece.aggregation,
-                    compressed_ring: piece.compressed_ring(),
+                    ring: match piece.compressed_ring() {
+                        true => (0..ranks)
+                            .map(|r| {
+                                let codecs = pieces::shard_codecs(schedule, seed, i, r);
+                                Shards::new(r as usize, world, piece.numel as usize, codecs)
+                            })
+                            .collect(),
+                        false => Vec::new(),
+                    },
                     group: piece.group as usize,
                     output_scale: MemoryState::new(piece.memory, 0).output_scale(),
                 })
@@ -214,8 +222,8 @@ fn reference(
     inputs: &[Vec<f32>],
 ) -> Result<Vec<Vec<f32>>> {
     let n = inputs[0].len();
-    if piece.compressed_ring {
-        let result = compressed_ring::reference(&mut piece.codecs, inputs)?;
+    if !piece.ring.is_empty() {
+        let result = compressed_ring::reference(&mut piece.ring, inputs)?;
         return Ok(vec![result; inputs.len()]);
     }
     let mut outs = vec![vec![0.0f32; n]; inputs.len()];

@@ -4,6 +4,10 @@
 //! and re-encodes the sum; the summed shards then go round compressed and every rank decodes them.
 //! Error feedback keeps what each of this rank's encodings lost.
 //!
+//! Each shard has a codec of its own (`pieces::shard_codecs`): shard c's encodes and decodes on a
+//! rank are the same calls, on a codec of the shard's own length and seed, whichever backend
+//! runs the ring, so a stochastic codec draws the same numbers on the CPU and on the GPU.
+//!
 //! A rank encodes each shard exactly once per step: its own shard at the piece's encode step
 //! and every other shard at its hop, as `cost.rs` prices it (an encode of one shard, then
 //! n − 1 hops of a decode and an encode of one shard each inside the exchange). The summed
@@ -27,6 +31,8 @@ fn what(half: Half) -> &'static str {
 pub struct Shards {
     position: usize,
     ranks: usize,
+    /// Shard c's codec.
+    codecs: Vec<Box<dyn Codec>>,
     /// This rank's encoding of each shard: its own input's, or the sum it re-encoded at its hop.
     sent: Vec<Vec<u8>>,
     /// Minus the running sum each hop added this rank's shard to (zero on its own shard): with
@@ -37,11 +43,14 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// The state of the rank at `position` on a ring of `ranks`, for a piece of `numel` elements.
-    pub fn new(position: usize, ranks: usize, numel: usize) -> Shards {
+    /// The state of the rank at `position` on a ring of `ranks`, for a piece of `numel` elements
+    /// with one codec per shard.
+    pub fn new(position: usize, ranks: usize, numel: usize, codecs: Vec<Box<dyn Codec>>) -> Shards {
+        debug_assert_eq!(codecs.len(), ranks, "one codec per shard");
         Shards {
             position,
             ranks,
+            codecs,
             sent: vec![Vec::new(); ranks],
             added_to: vec![0.0; numel],
             summed: vec![Vec::new(); ranks],
@@ -49,10 +58,11 @@ impl Shards {
     }
 
     /// The encode step: this rank's own shard of `input`.
-    pub fn encode_own(&mut self, codec: &mut dyn Codec, input: &[f32]) -> Result<()> {
-        let own = chunk(self.position, self.ranks, input.len());
+    pub fn encode_own(&mut self, input: &[f32]) -> Result<()> {
+        let p = self.position;
+        let own = chunk(p, self.ranks, input.len());
         self.added_to[own.clone()].fill(0.0);
-        codec.encode(&input[own], &mut self.sent[self.position])?;
+        self.codecs[p].encode(&input[own], &mut self.sent[p])?;
         if self.ranks == 1 {
             self.summed[0].clone_from(&self.sent[0]);
         }
@@ -65,14 +75,14 @@ impl Shards {
         &mut self,
         link: &dyn RingLink,
         ring: &Ring,
-        codec: &mut dyn Codec,
         input: &[f32],
         abort: &AtomicBool,
     ) -> Result<()> {
         let (w, p) = (self.ranks, self.position);
+        let c = self.compressor();
         if ring.ranks() != w || ring.position() != p {
             return Err(ExecError::Protocol {
-                compressor: codec.compressor().to_string(),
+                compressor: c.to_string(),
                 message: format!(
                     "a compressed ring of {w} ranks at position {p} run on a ring of {} at {}",
                     ring.ranks(),
@@ -80,7 +90,6 @@ impl Shards {
                 ),
             });
         }
-        let c = codec.compressor();
         for half in [Half::ReduceScatter, Half::AllGather] {
             for step in 0..w - 1 {
                 let (send, recv) = self.shards(half, step);
@@ -95,13 +104,18 @@ impl Shards {
                     &out,
                     what(half),
                     abort,
-                    &mut |incoming| self.take(codec, input, half, step, incoming),
+                    &mut |incoming| self.take(input, half, step, incoming),
                 );
                 self.slots(half)[send] = out;
                 taken?;
             }
         }
         Ok(())
+    }
+
+    /// The compressor every shard's codec runs.
+    pub fn compressor(&self) -> Compressor {
+        self.codecs[0].compressor()
     }
 
     /// The shard that step `step` of `half` sends, and the one it receives: the chunks of a
@@ -131,20 +145,13 @@ impl Shards {
     /// Takes what step `step` of `half` received from the previous rank: a hop decodes it, adds
     /// this rank's shard of `input` and re-encodes the sum; a pass keeps the summed shard. The
     /// last hop leaves this rank's summed shard to pass on.
-    pub fn take(
-        &mut self,
-        codec: &mut dyn Codec,
-        input: &[f32],
-        half: Half,
-        step: usize,
-        incoming: &[u8],
-    ) -> Result<()> {
+    pub fn take(&mut self, input: &[f32], half: Half, step: usize, incoming: &[u8]) -> Result<()> {
         let (_, recv) = self.shards(half, step);
         match half {
             Half::ReduceScatter => {
                 let shard = chunk(recv, self.ranks, input.len());
                 hop(
-                    codec,
+                    &mut *self.codecs[recv],
                     incoming,
                     &input[shard.clone()],
                     &mut self.added_to[shard],
@@ -163,22 +170,22 @@ impl Shards {
     }
 
     /// The decode step: adds every summed shard into its elements of `acc`.
-    pub fn decode(&self, codec: &mut dyn Codec, acc: &mut [f32]) -> Result<()> {
-        decode_shards(codec, &self.summed, acc)
+    pub fn decode(&mut self, acc: &mut [f32]) -> Result<()> {
+        decode_shards(&mut self.codecs, &self.summed, acc)
     }
 
     /// What this rank's encodings carried of its own input, into `transmitted`: each decoded
     /// encoding less the running sum it was added to.
-    pub fn transmitted(&self, codec: &mut dyn Codec, transmitted: &mut [f32]) -> Result<()> {
+    pub fn transmitted(&mut self, transmitted: &mut [f32]) -> Result<()> {
         transmitted.copy_from_slice(&self.added_to);
-        decode_shards(codec, &self.sent, transmitted)
+        decode_shards(&mut self.codecs, &self.sent, transmitted)
     }
 }
 
-/// Adds shard c of `shards` into its elements of `acc`.
-fn decode_shards(codec: &mut dyn Codec, shards: &[Vec<u8>], acc: &mut [f32]) -> Result<()> {
+/// Adds shard c of `shards`, decoded by codec c, into its elements of `acc`.
+fn decode_shards(codecs: &mut [Box<dyn Codec>], shards: &[Vec<u8>], acc: &mut [f32]) -> Result<()> {
     let n = acc.len();
-    for (c, shard) in shards.iter().enumerate() {
+    for (c, (codec, shard)) in codecs.iter_mut().zip(shards).enumerate() {
         codec.decode_add(shard, &mut acc[chunk(c, shards.len(), n)])?;
     }
     Ok(())
@@ -235,36 +242,32 @@ fn shift(
     link.shift(out, next, prev, len, what, abort, take)
 }
 
-/// The ring's result replayed centrally for `--check`: every rank's codec (in rank order) makes
-/// the same calls in the same order as on its rank, so the result is the ring's bit for bit.
-pub fn reference(codecs: &mut [Box<dyn Codec>], inputs: &[Vec<f32>]) -> Result<Vec<f32>> {
+/// The ring's result replayed centrally for `--check`: every rank's shards (in rank order, each
+/// with its codecs) make the same calls in the same order as on its rank, so the result is the
+/// ring's bit for bit.
+pub fn reference(ranks: &mut [Shards], inputs: &[Vec<f32>]) -> Result<Vec<f32>> {
     let w = inputs.len();
     let n = inputs.first().map_or(0, Vec::len);
-    let mut ranks: Vec<Shards> = (0..w).map(|r| Shards::new(r, w, n)).collect();
-    for ((shards, codec), input) in ranks.iter_mut().zip(codecs.iter_mut()).zip(inputs) {
-        shards.encode_own(&mut **codec, input)?;
+    for (shards, input) in ranks.iter_mut().zip(inputs) {
+        shards.encode_own(input)?;
     }
     for step in 0..w.saturating_sub(1) {
         for r in 0..w {
             let incoming = ranks[(r + w - 1) % w]
                 .outgoing(Half::ReduceScatter, step)
                 .to_vec();
-            ranks[r].take(
-                &mut *codecs[r],
-                &inputs[r],
-                Half::ReduceScatter,
-                step,
-                &incoming,
-            )?;
+            ranks[r].take(&inputs[r], Half::ReduceScatter, step, &incoming)?;
         }
     }
-    // After the hops the rank before shard c on the ring holds it summed.
+    // After the hops the rank before shard c on the ring holds it summed; rank 0 decodes them
+    // all, as after the all-gather half.
     let summed: Vec<Vec<u8>> = (0..w)
         .map(|c| ranks[(c + w - 1) % w].summed[c].clone())
         .collect();
     let mut result = vec![0.0; n];
-    if let Some(codec) = codecs.first_mut() {
-        decode_shards(&mut **codec, &summed, &mut result)?;
+    if let Some(first) = ranks.first_mut() {
+        first.summed = summed;
+        first.decode(&mut result)?;
     }
     Ok(result)
 }
@@ -274,6 +277,14 @@ mod tests {
     use super::*;
     use crate::compress::codec_for;
     use crate::runtime::host::comm::on_host;
+
+    /// Rank `rank`'s shards of a ring of `world`, each shard's codec seeded by rank and shard.
+    fn shards(c: Compressor, rank: usize, world: usize, n: usize) -> Shards {
+        let codecs = (0..world)
+            .map(|s| codec_for(&c, (rank * world + s) as u64))
+            .collect();
+        Shards::new(rank, world, n, codecs)
+    }
 
     fn input(rank: usize, n: usize) -> Vec<f32> {
         (0..n)
@@ -285,14 +296,13 @@ mod tests {
     fn run(c: Compressor, world: usize, n: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
         let ranks = on_host(world as u32, |mesh, abort| {
             let rank = mesh.rank as usize;
-            let mut codec = codec_for(&c, rank as u64);
             let x = input(rank, n);
-            let mut shards = Shards::new(rank, world, n);
-            shards.encode_own(&mut *codec, &x)?;
-            shards.exchange(mesh, &Ring::world(rank, world), &mut *codec, &x, abort)?;
+            let mut shards = shards(c, rank, world, n);
+            shards.encode_own(&x)?;
+            shards.exchange(mesh, &Ring::world(rank, world), &x, abort)?;
             let (mut result, mut transmitted) = (vec![0.0; n], vec![0.0; n]);
-            shards.decode(&mut *codec, &mut result)?;
-            shards.transmitted(&mut *codec, &mut transmitted)?;
+            shards.decode(&mut result)?;
+            shards.transmitted(&mut transmitted)?;
             Ok((result, transmitted))
         });
         ranks.unwrap()
@@ -342,10 +352,9 @@ mod tests {
         ] {
             let c: Compressor = name.parse().unwrap();
             let ranks = run(c, world, n);
-            let mut codecs: Vec<Box<dyn Codec>> =
-                (0..world).map(|r| codec_for(&c, r as u64)).collect();
+            let mut replayed: Vec<Shards> = (0..world).map(|r| shards(c, r, world, n)).collect();
             let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, n)).collect();
-            let reference = reference(&mut codecs, &inputs).unwrap();
+            let reference = reference(&mut replayed, &inputs).unwrap();
             for (result, _) in &ranks {
                 assert_eq!(result, &reference, "{name}");
             }

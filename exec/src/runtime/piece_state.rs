@@ -47,9 +47,10 @@ impl PieceState {
             gathered: Vec::new(),
             result: vec![0.0; n],
             transmitted: vec![0.0; n],
-            shards: spec
-                .compressed_ring()
-                .then(|| Shards::new(rank as usize, ranks, n)),
+            shards: spec.compressed_ring().then(|| {
+                let codecs = pieces::shard_codecs(schedule, seed, index, rank);
+                Shards::new(rank as usize, ranks, n, codecs)
+            }),
         }
     }
 
@@ -73,7 +74,7 @@ impl PieceState {
     /// rank's own shard, for a CaSync-Ring piece).
     pub fn encode(&mut self, spec: &Piece) -> Result<()> {
         if let Some(shards) = &mut self.shards {
-            return shards.encode_own(&mut *self.codec, &self.compensated);
+            return shards.encode_own(&self.compensated);
         }
         self.codec.encode(&self.compensated, &mut self.payload)?;
         if spec.memory != Memory::None {
@@ -128,7 +129,7 @@ impl PieceState {
         let Some(shards) = &mut self.shards else {
             return Err(not_a_ring(spec));
         };
-        shards.exchange(link, ring, &mut *self.codec, &self.compensated, abort)
+        shards.exchange(link, ring, &self.compensated, abort)
     }
 
     /// What step `step` of a CaSync-Ring's `half` sends to the next rank (for a transport that
@@ -151,7 +152,7 @@ impl PieceState {
         let Some(shards) = &mut self.shards else {
             return Err(not_a_ring(spec));
         };
-        shards.take(&mut *self.codec, &self.compensated, half, step, incoming)
+        shards.take(&self.compensated, half, step, incoming)
     }
 
     /// Refuses `what` on a CaSync-Ring piece, which has no whole payload.
@@ -177,8 +178,8 @@ impl PieceState {
     /// exchange's buffer of a summed or pulled payload, read where it arrived), else the payload.
     pub fn decode(&mut self, spec: &Piece, delivered: Option<&[u8]>) -> Result<()> {
         self.result.fill(0.0);
-        if let Some(shards) = &self.shards {
-            return shards.decode(&mut *self.codec, &mut self.result);
+        if let Some(shards) = &mut self.shards {
+            return shards.decode(&mut self.result);
         }
         decode_delivered(
             &mut *self.codec,
@@ -208,8 +209,8 @@ impl PieceState {
     pub fn update_memory(&mut self, spec: &Piece, world: u32) -> Result<()> {
         // A multi-round codec (PowerSGD) has no payload of its own to decode: its transmitted
         // part is the averaged low-rank result, as in PyTorch's hook.
-        if let Some(shards) = &self.shards {
-            shards.transmitted(&mut *self.codec, &mut self.transmitted)?;
+        if let Some(shards) = &mut self.shards {
+            shards.transmitted(&mut self.transmitted)?;
         } else if spec.compressor.allreduce_rounds() > 1 {
             let world = world as f32;
             for (t, &r) in self.transmitted.iter_mut().zip(&self.result) {

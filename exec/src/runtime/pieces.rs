@@ -41,6 +41,25 @@ pub fn codec(schedule: &Schedule, seed: u64, index: usize, rank: Option<u32>) ->
     )
 }
 
+/// The seed of shard `shard`'s codec of a CaSync-Ring piece on rank `rank`
+/// (`compressed_ring::Shards`): a CPU codec and a GPU one of the shard draw from the same.
+pub fn shard_seed(schedule: &Schedule, seed: u64, index: usize, rank: u32, shard: usize) -> u64 {
+    mix(codec_seed(schedule, seed, index, Some(rank)), shard as u64)
+}
+
+/// Rank `rank`'s codecs of CaSync-Ring piece `index`, one per shard of the world's ring.
+pub fn shard_codecs(
+    schedule: &Schedule,
+    seed: u64,
+    index: usize,
+    rank: u32,
+) -> Vec<Box<dyn Codec>> {
+    let c = schedule.pieces[index].compressor;
+    (0..schedule.world.ranks() as usize)
+        .map(|shard| codec_for(&c, shard_seed(schedule, seed, index, rank, shard)))
+        .collect()
+}
+
 /// A piece's codec drawing from `seed`: one call on the piece (over PowerSGD's matrices
 /// `shapes`), or one per element count of `calls` when the plan compresses each tensor on its
 /// own, each drawing from a seed of its own (shared across ranks where `seed` is).

@@ -442,6 +442,9 @@ kernels! {
             transmitted: &[f32; n],
             n: u32,
         ) => grid(n);
+        /// A CaSync-Ring hop: `added_to` = −`sum`, then `sum` += `own`.
+        fn ring_hop(sum: &mut [f32; n], own: &[f32; n], added_to: &mut [f32; n], n: u32)
+            => grid(n);
         fn scale_copy(src: &[f32; n], dst: &mut [f32; n], n: u32, scale: f32) => grid(n);
         fn scale_in_place(x: &mut [f32; n], n: u32, scale: f32) => grid(n);
         fn select_init(st: &mut [u32; 4], t: u32, above: u32, k: u32, ties: u32) => blocks(1, 1);

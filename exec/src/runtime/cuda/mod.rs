@@ -3,6 +3,7 @@
 //! It uses one stream per simulated resource.
 
 pub mod codec;
+mod compressed_ring;
 pub mod gemm;
 pub(crate) mod kernels;
 mod links;

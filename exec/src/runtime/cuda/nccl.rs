@@ -251,32 +251,62 @@ impl<'a> Communicator<'a> {
             return self.settle(status, "send");
         };
         let (dst, _write) = recv.device_ptr_mut(&self.stream);
-        // One group, so that the receives from all ranks progress together; the group is
-        // closed whatever a call in it returned, and the first failure wins.
-        // SAFETY: block `from` of `dst` lies inside `recv`, which holds world × len bytes.
-        let status = unsafe {
-            let mut status = sys::ncclGroupStart();
+        // One group, so that the receives from all ranks progress together.
+        let status = grouped(|call| {
             for from in (0..self.world).filter(|&r| r != self.rank) {
-                let call = sys::ncclRecv(
-                    (dst + u64::from(from) * len as u64) as _,
-                    len,
+                // SAFETY: block `from` of `dst` lies inside `recv`, which holds world × len
+                // bytes.
+                call(unsafe {
+                    sys::ncclRecv(
+                        (dst + u64::from(from) * len as u64) as _,
+                        len,
+                        sys::ncclDataType_t::ncclUint8,
+                        from as c_int,
+                        self.comm,
+                        self.stream.cu_stream() as _,
+                    )
+                });
+            }
+        });
+        self.settle(status, "grouped receive")
+    }
+
+    /// One step of a ring: sends `send` to rank `next` and receives `recv` from rank `prev`, in
+    /// one group so that every rank's send meets its neighbour's receive.
+    pub(super) fn shift(
+        &self,
+        send: &impl DevicePtr<u8>,
+        recv: &mut impl DevicePtrMut<u8>,
+        next: u32,
+        prev: u32,
+    ) -> Result<()> {
+        let (sent, received) = (send.len(), recv.len());
+        let (src, _read) = send.device_ptr(&self.stream);
+        let (dst, _write) = recv.device_ptr_mut(&self.stream);
+        let status = grouped(|call| {
+            // SAFETY: `src` holds `sent` bytes and `dst` `received` bytes on this
+            // communicator's device, and the two buffers do not overlap (one is borrowed
+            // mutably).
+            unsafe {
+                call(sys::ncclSend(
+                    src as _,
+                    sent,
                     sys::ncclDataType_t::ncclUint8,
-                    from as c_int,
+                    next as c_int,
                     self.comm,
                     self.stream.cu_stream() as _,
-                );
-                if status == sys::ncclResult_t::ncclSuccess {
-                    status = call;
-                }
+                ));
+                call(sys::ncclRecv(
+                    dst as _,
+                    received,
+                    sys::ncclDataType_t::ncclUint8,
+                    prev as c_int,
+                    self.comm,
+                    self.stream.cu_stream() as _,
+                ));
             }
-            let end = sys::ncclGroupEnd();
-            if status == sys::ncclResult_t::ncclSuccess {
-                end
-            } else {
-                status
-            }
-        };
-        self.settle(status, "grouped receive")
+        });
+        self.settle(status, "ring step")
     }
 
     /// Copies rank `root`'s `buffer` into every other rank's, in place.
@@ -368,6 +398,26 @@ enum Stop {
     Failed(sys::ncclResult_t),
     Aborted,
     TimedOut,
+}
+
+/// Issues `calls`' NCCL calls inside one group (`ncclGroupStart` … `ncclGroupEnd`), passing each
+/// call's status to the callback: the group is closed whatever a call returned, and the first
+/// failure wins.
+fn grouped(calls: impl FnOnce(&mut dyn FnMut(sys::ncclResult_t))) -> sys::ncclResult_t {
+    // SAFETY: group calls take no arguments; every start is matched by the end below.
+    let mut first = unsafe { sys::ncclGroupStart() };
+    calls(&mut |status| {
+        if first == sys::ncclResult_t::ncclSuccess {
+            first = status;
+        }
+    });
+    // SAFETY: as above.
+    let end = unsafe { sys::ncclGroupEnd() };
+    if first == sys::ncclResult_t::ncclSuccess {
+        end
+    } else {
+        first
+    }
 }
 
 /// Polls a call that returned `status` until it is no longer in progress, within `timeout` and

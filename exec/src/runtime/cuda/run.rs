@@ -13,9 +13,9 @@
 //!
 //! Aggregation: NCCL allreduce (DeAR: its reduce-scatter and all-gather halves), the
 //! hierarchical allreduce over node communicators split from the world's (`links.rs`),
-//! allgather, or a parameter server's push/pull (`server.rs`); HiPress's CaSync-Ring is refused
-//! (`check_plan`): NCCL would run it otherwise than it is priced. Error feedback (residual,
-//! EF-SignSGD, DGC) is `memory.rs`.
+//! allgather, a parameter server's push/pull (`server.rs`), or HiPress's CaSync-Ring, hop by hop
+//! over NCCL sends and receives (`compressed_ring.rs`). Error feedback (residual, EF-SignSGD,
+//! DGC) is `memory.rs`.
 //!
 //! Launch modes: one process driving every visible GPU (one rank per GPU, NCCL communicators
 //! created on each rank's own thread with one shared unique id), or one process per GPU (rank
@@ -25,6 +25,7 @@
 //! after a failure (`nccl.rs`).
 
 use super::codec::{supported, GpuCodec};
+use super::compressed_ring::{self, GpuShards};
 use super::gemm::Gemm;
 use super::kernels::{cuda_err, Kernels};
 use super::links::Links;
@@ -95,6 +96,8 @@ pub(super) struct GpuPiece {
     transmitted: CudaSlice<f32>,
     /// Parameter-server aggregation, on the piece's server rank only.
     server: Option<Server>,
+    /// A CaSync-Ring piece's shards: it is encoded, exchanged and decoded shard by shard.
+    ring: Option<GpuShards>,
 }
 
 pub(super) struct GpuRank {
@@ -144,18 +147,15 @@ fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
                 ),
             });
         }
-        // CaSync-Ring decodes, adds and re-encodes at every hop, which no NCCL collective does:
-        // the CUDA backend would run it otherwise than it is priced.
-        if let Some(round) = piece
-            .rounds
-            .iter()
-            .find(|r| r.exchange == Exchange::CompressedRing)
+        if let Some(why) = piece
+            .compressed_ring()
+            .then(|| compressed_ring::why_not(&piece.compressor))
+            .flatten()
         {
             return Err(ExecError::Cuda {
                 message: format!(
-                    "pieces[{index}] (group {}) is exchanged by a {}, which the CUDA backend does not run as it is priced yet: run it with --backend host or mpi, or give the group the allreduce scheme",
-                    piece.group,
-                    round.exchange.name()
+                    "pieces[{index}] (group {}) goes round a compressed ring, which the CUDA backend cannot run here: {why}; run it with --backend host or mpi",
+                    piece.group
                 ),
             });
         }
@@ -310,6 +310,17 @@ impl Run<'_> {
                 result: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
                 transmitted: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
                 server: self.server(i, rank, &codec)?,
+                ring: match spec.compressed_ring() {
+                    true => Some(GpuShards::new(
+                        &spec.compressor,
+                        rank as usize,
+                        world,
+                        n,
+                        |shard| pieces::shard_seed(schedule, seed, i, rank, shard),
+                        &codec,
+                    )?),
+                    false => None,
+                },
             }));
         }
         ctx.synchronize().map_err(cuda_err("set-up failed"))?;
@@ -338,6 +349,7 @@ impl Run<'_> {
         let schedule = self.job.schedule;
         let spec = &schedule.pieces[index];
         if spec.aggregation != Aggregation::ParameterServer
+            || spec.compressed_ring()
             || pieces::server_rank(spec, self.world) != rank
         {
             return Ok(None);
@@ -470,7 +482,10 @@ impl Run<'_> {
         let n = self.spec(index).numel as usize;
         let read = cuda_err("cannot copy a result back for --check");
         if ops.contains(&Op::Compensate) {
-            piece.codec.check_finite(stream, &piece.compensated)?;
+            match &piece.ring {
+                Some(ring) => ring.check_own(stream, &piece.compensated)?,
+                None => piece.codec.check_finite(stream, &piece.compensated)?,
+            }
             if let Some(checker) = self.checker {
                 let input = stream
                     .clone_dtoh(&piece.compensated.slice(..n))
@@ -610,6 +625,9 @@ impl<'a> Backend for Run<'a> {
         index: usize,
     ) -> Result<()> {
         let stream = self.stream(state, lane);
+        if let Some(ring) = &mut piece.ring {
+            return ring.encode_own(&state.kernels, stream, &piece.compensated);
+        }
         piece.codec.encode(
             &state.kernels,
             stream,
@@ -718,9 +736,12 @@ impl<'a> Backend for Run<'a> {
                 comm.all_gather(&send, &mut piece.gathered)?;
             }
             Exchange::CompressedRing => {
-                return Err(ExecError::Cuda {
-                    message: format!("{} has no CUDA implementation", exchange.name()),
-                })
+                let Some(ring) = &mut piece.ring else {
+                    unreachable!("a compressed ring's piece has its shards")
+                };
+                ring.exchange(comm, &state.kernels, &piece.compensated, || {
+                    self.drain(state, stream, "a CaSync-Ring")
+                })?
             }
             Exchange::PushPull { server } => push_pull(
                 comm,
@@ -748,6 +769,9 @@ impl<'a> Backend for Run<'a> {
         stream
             .memset_zeros(&mut piece.result)
             .map_err(cuda_err("cannot clear the result"))?;
+        if let Some(ring) = &mut piece.ring {
+            return ring.decode(k, stream, &mut piece.result);
+        }
         match self.spec(index).aggregation {
             Aggregation::Allgather => {
                 for r in 0..self.world as usize {
@@ -776,7 +800,9 @@ impl<'a> Backend for Run<'a> {
         let stream = self.stream(state, lane);
         let spec = self.spec(index);
         let k = &state.kernels;
-        if spec.compressor.allreduce_rounds() > 1 {
+        if let Some(ring) = &mut piece.ring {
+            ring.transmitted(k, stream, &mut piece.transmitted)?;
+        } else if spec.compressor.allreduce_rounds() > 1 {
             // As the host backend: a multi-round codec (PowerSGD) has no payload of its own to
             // decode; its transmitted part is the averaged low-rank result.
             let (n, world) = (spec.numel as u32, self.world as f32);
@@ -872,19 +898,27 @@ mod tests {
         }
     }
 
-    /// CaSync-Ring's hops are not NCCL's: refused by name. The hierarchical allreduce runs over
-    /// node communicators (`links.rs`) and passes.
+    /// CaSync-Ring runs hop by hop over NCCL sends and receives, stochastic codecs too (each
+    /// shard has its codec); a payload whose length depends on the data is refused by name. The
+    /// hierarchical allreduce runs over node communicators (`links.rs`) and passes.
     #[test]
-    fn the_compressed_ring_is_refused_and_the_hierarchical_allreduce_runs() {
+    fn the_compressed_ring_runs_fixed_length_payloads_and_the_hierarchical_allreduce_passes() {
         let placement = Placement {
             world: 4,
             local: (0..4).map(|r| (r, r as usize)).collect(),
             ids: Vec::new(),
         };
-        let ring = schedule("onebit", Memory::Residual, Scheme::CompressedRing);
-        let err = check_plan(&ring, &placement).unwrap_err().to_string();
+        for spec in ["onebit", "tbq:0.01", "terngrad", "dgc:0.01"] {
+            let ring = schedule(spec, Memory::Residual, Scheme::CompressedRing);
+            assert!(ring.pieces.iter().all(|p| p.compressed_ring()), "{spec}");
+            assert!(check_plan(&ring, &placement).is_ok(), "{spec}");
+        }
+        let threshold = schedule("threshold:2.5", Memory::Residual, Scheme::CompressedRing);
+        let err = check_plan(&threshold, &placement).unwrap_err().to_string();
         assert!(
-            err.contains("compressed-ring") && err.contains("--backend host or mpi"),
+            err.contains("compressed ring")
+                && err.contains("depends on the data")
+                && err.contains("--backend host or mpi"),
             "{err}"
         );
         let hierarchical = schedule("fp16", Memory::Residual, Scheme::Hierarchical);

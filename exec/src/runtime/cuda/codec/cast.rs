@@ -7,7 +7,7 @@ use super::scan::MaxAbs;
 use super::{no_kernel, Build, Family};
 use crate::error::Result;
 use crate::runtime::cuda::kernels::Kernels;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use std::sync::Arc;
 use syncopate_sim::compress::{Compressor, Fp8Format};
 
@@ -56,7 +56,7 @@ impl Family for Cast {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -68,7 +68,7 @@ impl Family for Cast {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.cast_decode_add(stream, payload, acc, self.n, self.kind)
     }
@@ -108,7 +108,7 @@ impl Family for Fp8 {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -121,7 +121,7 @@ impl Family for Fp8 {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.fp8_decode_add(stream, payload, acc, self.n, self.e5m2)
     }

@@ -28,9 +28,9 @@ mod sparse;
 #[cfg(test)]
 mod tests;
 
-use super::kernels::{cuda_err, Kernels};
+use super::kernels::{cuda_err, Input, Kernels, Output};
 use crate::error::{ExecError, Result};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use std::sync::Arc;
 use syncopate_sim::compress::{catalog, Compressor, Family as CodecFamily};
 
@@ -45,7 +45,7 @@ trait Family: Send {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()>;
@@ -56,7 +56,7 @@ trait Family: Send {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()>;
 
     /// Whether `decode_add` takes a payload of `len` bytes, `wire` being `wire_bytes`.
@@ -76,7 +76,7 @@ trait Family: Send {
         &mut self,
         _k: &Kernels,
         _stream: &Arc<CudaStream>,
-        _input: &CudaSlice<f32>,
+        _input: &CudaView<'_, f32>,
         _payload: &mut CudaSlice<u8>,
     ) -> Result<()> {
         Err(ExecError::Protocol {
@@ -199,13 +199,14 @@ impl GpuCodec {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &impl Input<f32>,
         out: &mut CudaSlice<u8>,
     ) -> Result<()> {
         stream
             .memcpy_htod(&[u32::MAX], &mut self.bad)
             .map_err(cuda_err("cannot reset the finite flag"))?;
-        self.family.encode(k, stream, input, out, &mut self.bad)
+        self.family
+            .encode(k, stream, &input.view(), out, &mut self.bad)
     }
 
     /// Multi-round codecs (PowerSGD): turns the previous round's reduced payload in `payload`
@@ -214,20 +215,26 @@ impl GpuCodec {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &impl Input<f32>,
         payload: &mut CudaSlice<u8>,
     ) -> Result<()> {
-        self.family.next_round(k, stream, input, payload)
+        self.family.next_round(k, stream, &input.view(), payload)
+    }
+
+    /// After the last encode completed: the index of the first non-finite element of its input,
+    /// if any. Synchronizes `stream`.
+    pub fn first_non_finite(&self, stream: &Arc<CudaStream>) -> Result<Option<usize>> {
+        scan::first_non_finite(stream, &self.bad)
     }
 
     /// After the encode completed: the CPU codecs' error for non-finite input, naming the
     /// first bad element. Synchronizes `stream`.
-    pub fn check_finite(&self, stream: &Arc<CudaStream>, input: &CudaSlice<f32>) -> Result<()> {
-        let Some(index) = scan::first_non_finite(stream, &self.bad)? else {
+    pub fn check_finite(&self, stream: &Arc<CudaStream>, input: &impl Input<f32>) -> Result<()> {
+        let Some(index) = self.first_non_finite(stream)? else {
             return Ok(());
         };
         let value = stream
-            .clone_dtoh(&input.slice(index..index + 1))
+            .clone_dtoh(&input.view().slice(index..index + 1))
             .map_err(cuda_err("cannot read the non-finite element"))?[0];
         Err(ExecError::NonFinite { index, value })
     }
@@ -240,7 +247,7 @@ impl GpuCodec {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut impl Output<f32>,
     ) -> Result<()> {
         let wire = self.wire_bytes();
         if !self.family.takes(payload.len(), wire) {
@@ -253,6 +260,7 @@ impl GpuCodec {
                 ),
             });
         }
-        self.family.decode_add(k, stream, payload, acc)
+        self.family
+            .decode_add(k, stream, payload, &mut acc.view_mut())
     }
 }

@@ -11,7 +11,7 @@ use super::{no_kernel, Build, Family};
 use crate::compress::powersgd::{initial_q, numel_of, Phase};
 use crate::error::{ExecError, Result};
 use crate::runtime::cuda::kernels::{cuda_err, f32s, f32s_mut, Kernels};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use std::sync::Arc;
 use syncopate_sim::compress::{powersgd_layout, powersgd_rounds, Compressor, PowerSgdTensor};
 
@@ -124,7 +124,7 @@ impl Family for GpuPowerSgd {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -177,7 +177,7 @@ impl Family for GpuPowerSgd {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         payload: &mut CudaSlice<u8>,
     ) -> Result<()> {
         self.phase.require(Phase::SentP, &self.c)?;
@@ -224,7 +224,7 @@ impl Family for GpuPowerSgd {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         if self.phase == Phase::SentP && powersgd_rounds(&self.layout) == 1 {
             // No Q round: `payload` is the reduced first round, kept as the next round keeps it.

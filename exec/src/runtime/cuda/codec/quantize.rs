@@ -17,7 +17,7 @@ use super::{no_kernel, Build, Family};
 use crate::compress::{quantize::draws_for, rng::Counter};
 use crate::error::Result;
 use crate::runtime::cuda::kernels::Kernels;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use std::sync::Arc;
 use syncopate_sim::compress::{qsgd_bits, Compressor, QSGD_MAX_LEVELS};
 
@@ -97,7 +97,7 @@ impl Family for Qsgd {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -123,7 +123,7 @@ impl Family for Qsgd {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.qsgd_decode_add(stream, payload, acc, self.n, self.levels, self.bits)
     }
@@ -162,7 +162,7 @@ impl Family for MaxScaled {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -179,7 +179,7 @@ impl Family for MaxScaled {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         match self.c {
             Compressor::Natural => k.natural_decode_add(stream, payload, acc, self.n),
@@ -211,7 +211,7 @@ impl Family for Tbq {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -223,7 +223,7 @@ impl Family for Tbq {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.two_bit_decode_add(stream, payload, acc, self.n, 0, self.tau)
     }

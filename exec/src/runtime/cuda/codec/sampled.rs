@@ -16,7 +16,7 @@ use crate::compress::sampled::{
 };
 use crate::error::Result;
 use crate::runtime::cuda::kernels::{cuda_err, Kernels};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use std::cell::RefCell;
 use std::sync::Arc;
 use syncopate_sim::compress::{sparse_count, Compressor};
@@ -91,7 +91,7 @@ impl Sampled {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
     ) -> Result<u32> {
         let (n, ratio) = (self.n as usize, self.ratio);
         let positions = match self.sampling {
@@ -119,7 +119,7 @@ impl Family for Sampled {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -197,7 +197,7 @@ impl Family for Sampled {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.sparse_decode_add(stream, payload, acc, self.n, self.k, 1)
     }

@@ -4,7 +4,7 @@
 
 use crate::error::Result;
 use crate::runtime::cuda::kernels::{cuda_err, Kernels, CHUNK};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 
 /// The lowest index of a non-finite element the encode kernels flagged in `bad` (u32::MAX:
@@ -41,7 +41,7 @@ impl MaxAbs {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         n: u32,
         bad: &mut CudaSlice<u32>,
     ) -> Result<&CudaSlice<u32>> {
@@ -91,7 +91,7 @@ impl ChunkSums {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         n: u32,
         sums: Sums,
         out: &mut CudaSlice<u8>,

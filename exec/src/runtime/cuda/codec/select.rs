@@ -12,7 +12,7 @@
 
 use crate::error::Result;
 use crate::runtime::cuda::kernels::{cuda_err, Kernels, RADIX_BUCKETS, SEL_TILE};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use std::sync::Arc;
 
 /// Scratch for selecting among n elements.
@@ -48,7 +48,7 @@ impl Selector {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        x: &CudaSlice<f32>,
+        x: &CudaView<'_, f32>,
         count: u32,
     ) -> Result<()> {
         k.select_init(stream, &mut self.state, 0, 0, count, 0)?;
@@ -79,7 +79,7 @@ impl Selector {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        x: &CudaSlice<f32>,
+        x: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         idx_at: usize,
         val_at: usize,
@@ -117,7 +117,7 @@ impl Selector {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        x: &CudaSlice<f32>,
+        x: &CudaView<'_, f32>,
         t: u32,
         bad: &mut CudaSlice<u32>,
     ) -> Result<u32> {

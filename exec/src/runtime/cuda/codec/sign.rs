@@ -7,7 +7,7 @@ use super::scan::{ChunkSums, Sums};
 use super::{no_kernel, Build, Family};
 use crate::error::{ExecError, Result};
 use crate::runtime::cuda::kernels::{cuda_err, Kernels};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use std::sync::Arc;
 use syncopate_sim::compress::Compressor;
 
@@ -71,7 +71,7 @@ impl Family for Sign {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -96,7 +96,7 @@ impl Family for Sign {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.sign_decode_add(stream, payload, acc, self.n, self.scales)
     }
@@ -137,7 +137,7 @@ impl Family for Signum {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -157,7 +157,7 @@ impl Family for Signum {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.sign_decode_add(stream, payload, acc, self.n, 0)
     }

@@ -9,7 +9,7 @@ use super::{no_kernel, Build, Family};
 use crate::compress::{rng::Rng, sparse::random_subset};
 use crate::error::{ExecError, Result};
 use crate::runtime::cuda::kernels::{cuda_err, Kernels};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use std::sync::Arc;
 use syncopate_sim::compress::{sparse_count, Compressor};
 
@@ -64,7 +64,7 @@ impl Family for TopK {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -82,7 +82,7 @@ impl Family for TopK {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.sparse_decode_add(stream, payload, acc, self.n, self.k, 0)
     }
@@ -125,7 +125,7 @@ impl Family for Threshold {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -156,7 +156,7 @@ impl Family for Threshold {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         k.threshold_decode_add(stream, payload, payload.len() as u64, acc, self.n)
     }
@@ -218,7 +218,7 @@ impl Family for RandomK {
         &mut self,
         k: &Kernels,
         stream: &Arc<CudaStream>,
-        input: &CudaSlice<f32>,
+        input: &CudaView<'_, f32>,
         out: &mut CudaSlice<u8>,
         bad: &mut CudaSlice<u32>,
     ) -> Result<()> {
@@ -244,7 +244,7 @@ impl Family for RandomK {
         k: &Kernels,
         stream: &Arc<CudaStream>,
         payload: &CudaView<'_, u8>,
-        acc: &mut CudaSlice<f32>,
+        acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
         if self.host.len() != self.k as usize {
             return Err(ExecError::Protocol {
