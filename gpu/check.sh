@@ -242,6 +242,8 @@ PY
 
 # nccl2: two processes on this one GPU, made two NCCL hosts by NCCL_HOSTID so that NCCL accepts
 # them (over its socket transport; functional only, NVIDIA does not support two ranks per GPU).
+# Each run checks every piece (--check: rank 1 sends its inputs and results to rank 0, which
+# fails the run on a mismatch).
 # Each case is compressor/scheme/nodes/GPUs per node; the hierarchical one splits the world's
 # communicator into its node's (both ranks) and the across-nodes ones (one rank each); `ring` is
 # HiPress's CaSync-Ring (`--strategy hipress:ring`), hops of decode, add and re-encode.
@@ -258,7 +260,7 @@ nccl2() {
         for rank in 0 1; do
             RANK=$rank WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
                 NCCL_HOSTID="syncopate-check-$rank" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-                timeout -k 5 30 "$bin" exec --backend cuda --plan "$plan" --iterations 3 --timeout-s 20 \
+                timeout -k 5 30 "$bin" exec --backend cuda --plan "$plan" --iterations 3 --timeout-s 20 --check \
                 >"$work/nccl2-$rank.txt" 2>&1 &
             pids+=($!)
         done
@@ -269,7 +271,7 @@ nccl2() {
     done
     return $failed
 }
-nccl2_figures() { grep -E '^--- |rank 0: +iteration time' "$1" | tr -s ' ' | head -n 10; }
+nccl2_figures() { grep -E '^--- |rank 0: +iteration time|--check failed' "$1" | tr -s ' ' | head -n 12; }
 
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 case "$gpu_name" in

@@ -50,6 +50,8 @@ struct PieceCheck {
     results: BTreeMap<u32, Vec<Option<Vec<f32>>>>,
     /// The parameter server's rank for this piece.
     server_rank: usize,
+    /// Elements of the piece.
+    numel: usize,
     aggregation: Aggregation,
     /// Each rank's shards, for a piece that goes round a CaSync-Ring (none otherwise).
     ring: Vec<Shards>,
@@ -83,6 +85,7 @@ impl Checker {
                     inputs: BTreeMap::new(),
                     results: BTreeMap::new(),
                     server_rank: pieces::server_rank(piece, ranks) as usize,
+                    numel: piece.numel as usize,
                     aggregation: piece.aggregation,
                     ring: match piece.compressed_ring() {
                         true => (0..ranks)
@@ -118,6 +121,16 @@ impl Checker {
             pieces,
             groups: Mutex::new(groups),
         }
+    }
+
+    /// Whether `values` values of rank `rank` for piece `index` fit this checker's schedule:
+    /// reports from another process are checked before they are taken.
+    pub fn accepts(&self, index: usize, rank: u32, values: usize) -> bool {
+        (rank as usize) < self.world
+            && self
+                .pieces
+                .get(index)
+                .is_some_and(|p| p.lock().expect("a checker lock").numel == values)
     }
 
     /// Rank `rank`'s compression input (after error feedback) of piece `index`.
@@ -255,7 +268,16 @@ fn reference(
     Ok(outs)
 }
 
-impl super::cpu::CheckSink for Checker {
+/// Where a rank reports its compression inputs and aggregated results for `--check`: the
+/// [`Checker`] itself in one process, a `check_report::Collector` for rank 0 in one of several.
+pub trait CheckSink: Sync {
+    /// Rank `rank`'s compression input of piece `piece` in `iteration`.
+    fn input(&self, piece: usize, rank: u32, iteration: u32, input: &[f32]);
+    /// Rank `rank`'s aggregated result of piece `piece` in `iteration`.
+    fn result(&self, piece: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()>;
+}
+
+impl CheckSink for Checker {
     fn input(&self, piece: usize, rank: u32, iteration: u32, input: &[f32]) {
         Checker::input(self, piece, rank, iteration, input);
     }

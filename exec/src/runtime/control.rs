@@ -4,7 +4,8 @@
 //! other rank within a bounded time.
 //!
 //! Frames: a tag byte, the rank the frame is about (u32 LE), a body length (u32 LE) and a UTF-8
-//! body. Both ends of every connection send heartbeats; a connection that closes, or stays
+//! body (a binary one for `REPORT`, the `--check` data a rank sends rank 0 before its final
+//! frame). Both ends of every connection send heartbeats; a connection that closes, or stays
 //! silent longer than `Liveness::silence`, before the final frame of the rank behind it means
 //! that rank is dead. Rank 0 relays what it learns about rank r (its death, or the error it
 //! failed with) to every other rank; the others learn about rank 0 directly. Every rank ends
@@ -31,8 +32,12 @@ const FAILED: u8 = b'F';
 const DIED: u8 = b'D';
 /// The rank finished cleanly; no body.
 const DONE: u8 = b'E';
+/// The rank's report for rank 0 (`check_report`); a binary body.
+const REPORT: u8 = b'R';
 /// A longer body is a broken or foreign peer, not a message.
 const MAX_BODY: usize = 64 * 1024;
+/// The largest report: every `--check` byte one rank may keep.
+const MAX_REPORT: usize = super::check_report::MAX_BYTES;
 
 /// The control plane's clocks.
 #[derive(Clone, Copy, Debug)]
@@ -58,22 +63,33 @@ impl Liveness {
     }
 }
 
+/// A frame of `body`, a text cut to `MAX_BODY` bytes at a character boundary.
 fn encode(tag: u8, rank: u32, body: &str) -> Vec<u8> {
     let mut end = body.len().min(MAX_BODY);
     while !body.is_char_boundary(end) {
         end -= 1;
     }
+    frame(tag, rank, &body.as_bytes()[..end])
+}
+
+fn frame(tag: u8, rank: u32, body: &[u8]) -> Vec<u8> {
     let mut frame = vec![tag];
     frame.extend_from_slice(&rank.to_le_bytes());
-    frame.extend_from_slice(&(end as u32).to_le_bytes());
-    frame.extend_from_slice(&body.as_bytes()[..end]);
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(body);
     frame
 }
 
 struct Frame {
     tag: u8,
     rank: u32,
-    body: String,
+    body: Vec<u8>,
+}
+
+impl Frame {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
 }
 
 fn read_frame(stream: &mut impl Read) -> io::Result<Frame> {
@@ -81,7 +97,11 @@ fn read_frame(stream: &mut impl Read) -> io::Result<Frame> {
     stream.read_exact(&mut head)?;
     let rank = u32::from_le_bytes(head[1..5].try_into().expect("4 bytes"));
     let len = u32::from_le_bytes(head[5..9].try_into().expect("4 bytes")) as usize;
-    if len > MAX_BODY {
+    let limit = match head[0] {
+        REPORT => MAX_REPORT,
+        _ => MAX_BODY,
+    };
+    if len > limit {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("a frame body of {len} bytes"),
@@ -92,7 +112,7 @@ fn read_frame(stream: &mut impl Read) -> io::Result<Frame> {
     Ok(Frame {
         tag: head[0],
         rank,
-        body: String::from_utf8_lossy(&body).into_owned(),
+        body,
     })
 }
 
@@ -135,8 +155,12 @@ impl Peer {
     /// A failed write is not reported here: the reader of the same connection sees it broken
     /// or silent and names the rank.
     fn send(&self, tag: u8, rank: u32, body: &str) {
+        self.send_frame(&encode(tag, rank, body));
+    }
+
+    fn send_frame(&self, frame: &[u8]) {
         let mut writer = self.writer.lock().expect("a control writer lock");
-        let _ = writer.write_all(&encode(tag, rank, body));
+        let _ = writer.write_all(frame);
     }
 
     /// Unblocks the connection's reader; the peer reads an end of stream.
@@ -155,6 +179,8 @@ struct Shared {
     /// Set once losing a connection is no longer news: a rank other than 0 after its final
     /// frame, rank 0 when it closes every connection at its end.
     quiet: AtomicBool,
+    /// Rank 0: the reports the other ranks sent, with their ranks.
+    reports: Mutex<Vec<(u32, Vec<u8>)>>,
 }
 
 impl Shared {
@@ -186,10 +212,15 @@ impl Shared {
             };
             match frame.tag {
                 HEARTBEAT => {}
+                REPORT if hub && frame.rank == peer.rank => {
+                    let mut reports = self.reports.lock().expect("a report lock");
+                    reports.push((frame.rank, frame.body));
+                }
                 DONE | FAILED if hub && frame.rank == peer.rank => {
                     if frame.tag == FAILED {
-                        self.failure.raise(notice(FAILED, frame.rank, &frame.body));
-                        self.relay(FAILED, frame.rank, &frame.body);
+                        self.failure
+                            .raise(notice(FAILED, frame.rank, &frame.text()));
+                        self.relay(FAILED, frame.rank, &frame.text());
                     }
                     peer.close();
                     return;
@@ -197,7 +228,7 @@ impl Shared {
                 DONE if !hub && frame.rank == 0 => peer_ended = true,
                 FAILED | DIED if !hub => {
                     self.failure
-                        .raise(notice(frame.tag, frame.rank, &frame.body));
+                        .raise(notice(frame.tag, frame.rank, &frame.text()));
                     peer_ended |= frame.rank == 0;
                 }
                 tag => {
@@ -272,6 +303,7 @@ impl Control {
             failure,
             liveness,
             quiet: AtomicBool::new(false),
+            reports: Mutex::new(Vec::new()),
         });
         let (ended_tx, ended) = mpsc::channel();
         let readers = inputs
@@ -296,10 +328,16 @@ impl Control {
         })
     }
 
-    /// Ends this rank's part: its final frame (`DONE`, or `FAILED` with `outcome`); then rank 0
-    /// waits up to `Liveness::linger` for every other rank's final frame, relaying meanwhile,
-    /// and any other rank up to `Liveness::silence` for rank 0 to close. Every thread is joined.
-    pub(super) fn finish(mut self, outcome: Option<&ExecError>) {
+    /// Ends this rank's part: its `report` for rank 0 when it has one and did not fail, then its
+    /// final frame (`DONE`, or `FAILED` with `outcome`); then rank 0 waits up to
+    /// `Liveness::linger` for every other rank's final frame, relaying meanwhile, and any other
+    /// rank up to `Liveness::silence` for rank 0 to close. Every thread is joined. Rank 0
+    /// returns the reports it received, by rank; the others none.
+    pub(super) fn finish(
+        mut self,
+        outcome: Option<&ExecError>,
+        report: Option<Vec<u8>>,
+    ) -> Vec<(u32, Vec<u8>)> {
         let shared = self.shared.clone();
         let (tag, body) = match outcome {
             None => (DONE, String::new()),
@@ -314,10 +352,16 @@ impl Control {
             shared.liveness.silence
         };
         for peer in &shared.peers {
+            if let (None, Some(report), true) = (outcome, &report, shared.rank != 0) {
+                peer.send_frame(&frame(REPORT, shared.rank, report));
+            }
             peer.send(tag, shared.rank, &body);
         }
         // Nothing is ever sent on `ended`: this returns once every reader ended, or after `wait`.
         let _ = self.ended.recv_timeout(wait);
+        let mut reports = std::mem::take(&mut *shared.reports.lock().expect("a report lock"));
+        reports.sort_by_key(|&(rank, _)| rank);
+        reports
     }
 
     fn stop_heartbeats(&mut self) {
@@ -416,7 +460,7 @@ mod tests {
     fn finish_all(ranks: Vec<Started>, outcome: Option<&ExecError>) {
         std::thread::scope(|scope| {
             for (_, control, _) in ranks {
-                scope.spawn(move || control.finish(outcome));
+                scope.spawn(move || control.finish(outcome, None));
             }
         });
     }
@@ -428,7 +472,7 @@ mod tests {
         let spokes = ranks.split_off(1);
         let (_, hub, hub_failure) = ranks.pop().unwrap();
         std::thread::scope(|scope| {
-            scope.spawn(move || hub.finish(None));
+            scope.spawn(move || hub.finish(None, None));
             // The others end after more than the silence: rank 0 heartbeats while it lingers.
             std::thread::sleep(FAST.silence + FAST.silence / 2);
             let failures: Vec<_> = spokes.iter().map(|(_, _, f)| f.clone()).collect();
@@ -507,7 +551,7 @@ mod tests {
             message: "gradient element 7 is NaN".into(),
         };
         std::thread::scope(|scope| {
-            scope.spawn(|| failing.finish(Some(&err)));
+            scope.spawn(|| failing.finish(Some(&err), None));
             for (rank, _, failure) in &ranks {
                 let (failed, message) = reported(failure);
                 assert_eq!(failed, 1, "rank {rank}: {message}");
@@ -518,5 +562,32 @@ mod tests {
             }
         });
         finish_all(ranks, Some(&err));
+    }
+
+    #[test]
+    fn rank_0_receives_every_report_but_a_failed_rank_s() {
+        let (mut ranks, _) = start(links(4), &[]);
+        let (_, hub, hub_failure) = ranks.remove(0);
+        let err = ExecError::Rank {
+            rank: 3,
+            message: "out of memory".into(),
+        };
+        // A report larger than a text frame may be, and one that is empty.
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let reports = std::thread::scope(|scope| {
+            let hub = scope.spawn(move || hub.finish(None, Some(b"rank 0's own".to_vec())));
+            for (rank, control, _) in ranks {
+                let (big, err) = (&big, &err);
+                scope.spawn(move || match rank {
+                    1 => control.finish(None, Some(big.clone())),
+                    2 => control.finish(None, Some(Vec::new())),
+                    _ => control.finish(Some(err), Some(b"never sent".to_vec())),
+                });
+            }
+            hub.join().unwrap()
+        });
+        assert_eq!(reports, vec![(1, big), (2, Vec::new())]);
+        let (failed, message) = reported(&hub_failure);
+        assert_eq!((failed, message.as_str()), (3, "failed: out of memory"));
     }
 }

@@ -4,6 +4,7 @@
 //! primitives on the real CPU kernels; the transport is in-process channels or MPI.
 
 use super::backend::{Backend, Lane};
+use super::check::CheckSink;
 use super::piece_state::PieceState;
 use super::pieces::{wire_element_bytes, Gradients};
 use super::push_pull::{self, Messages};
@@ -33,12 +34,6 @@ pub(super) trait Collectives: RingLink + Messages + Send {
     ) -> Result<()>;
     /// Every rank's payload, of any length, in rank order.
     fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>>;
-}
-
-/// Where a rank reports its compression inputs and aggregated results for `--check`.
-pub(super) trait CheckSink: Sync {
-    fn input(&self, piece: usize, rank: u32, iteration: u32, input: &[f32]);
-    fn result(&self, piece: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()>;
 }
 
 pub(super) struct RankState {

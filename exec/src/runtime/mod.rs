@@ -11,6 +11,7 @@
 mod backend;
 mod board;
 pub mod check;
+pub mod check_report;
 pub mod compressed_ring;
 mod control;
 mod cpu;

@@ -13,6 +13,8 @@ pub mod probe;
 mod run;
 mod server;
 
+use super::check::{Checker, GroupCheck};
+use super::check_report;
 use super::control::{Control, Liveness};
 use super::sched::Failure;
 use super::{launch, rendezvous, Job, Measured};
@@ -23,7 +25,8 @@ use std::sync::Arc;
 /// Runs the job on the visible GPUs: every one of them from this process, or this process's
 /// one GPU when a launcher (torchrun, Open MPI, Slurm) set rank and world size. Then the
 /// rendezvous connections stay open as the control plane for the whole run, so a rank that
-/// dies or fails stops every other rank with an error naming it.
+/// dies or fails stops every other rank with an error naming it, and under `--check` every rank
+/// sends rank 0 its inputs and results over it at the end, for rank 0 to check them all.
 pub fn execute(job: &Job) -> Result<Measured> {
     let options = job.options;
     let gpus = probe::probe()?;
@@ -38,7 +41,7 @@ pub fn execute(job: &Job) -> Result<Measured> {
                 .collect::<Result<_, _>>()
                 .map_err(nccl_err)?,
         };
-        return run::execute(job, placement, &failure);
+        return run::execute(job, placement, &failure).map(|(measured, _)| measured);
     };
     if info.local_rank as usize >= gpus {
         return Err(ExecError::Launch {
@@ -70,7 +73,7 @@ pub fn execute(job: &Job) -> Result<Measured> {
         failure.clone(),
     )?;
     // From here on every failure, this rank's too, goes out over the control plane.
-    let measured = unique_ids(&bytes, streams, &info.master).and_then(|ids| {
+    let ran = unique_ids(&bytes, streams, &info.master).and_then(|ids| {
         let placement = run::Placement {
             world: info.world,
             local: vec![(info.rank, info.local_rank as usize)],
@@ -78,8 +81,39 @@ pub fn execute(job: &Job) -> Result<Measured> {
         };
         run::execute(job, placement, &failure)
     });
-    control.finish(measured.as_ref().err());
+    let (mut measured, mut report) = match ran {
+        Ok((measured, report)) => (Ok(measured), report),
+        Err(err) => (Err(err), None),
+    };
+    // Every rank but 0 sends its --check data to rank 0 with its final frame.
+    let sent = if info.rank == 0 { None } else { report.take() };
+    let reports = control.finish(measured.as_ref().err(), sent);
+    if let (Ok(measured), Some(own)) = (&mut measured, report) {
+        measured.checks = check_all(job, info.world, &own, &reports)?;
+    }
     measured
+}
+
+/// Rank 0 under `--check`: every rank's check data (its own, then each other rank's report)
+/// replayed into one checker, which checks as in one process.
+fn check_all(
+    job: &Job,
+    world: u32,
+    own: &[u8],
+    reports: &[(u32, Vec<u8>)],
+) -> Result<Vec<GroupCheck>> {
+    let checker = Checker::new(job.schedule, job.options.seed);
+    check_report::replay(&checker, 0, own)?;
+    for rank in 1..world {
+        let Some((_, bytes)) = reports.iter().find(|(r, _)| *r == rank) else {
+            return Err(ExecError::Rank {
+                rank,
+                message: "sent rank 0 no --check data".into(),
+            });
+        };
+        check_report::replay(&checker, rank, bytes)?;
+    }
+    Ok(checker.report())
 }
 
 fn nccl_err(e: cudarc::nccl::result::NcclError) -> ExecError {

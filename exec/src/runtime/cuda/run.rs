@@ -35,7 +35,8 @@ use super::server::{push_pull, Server};
 use crate::error::{ExecError, Result};
 use crate::runtime::backend::{Backend, Lane};
 use crate::runtime::board::LocalBoard;
-use crate::runtime::check::Checker;
+use crate::runtime::check::{CheckSink, Checker};
+use crate::runtime::check_report::Collector;
 use crate::runtime::driver::{drive, Local};
 use crate::runtime::pieces::{self, Gradients};
 use crate::runtime::sched::{check_abort, Failure};
@@ -119,7 +120,7 @@ pub(super) struct GpuRank {
 struct Run<'a> {
     job: &'a Job<'a>,
     gradients: &'a Gradients,
-    checker: Option<&'a Checker>,
+    checker: Option<&'a dyn CheckSink>,
     world: u32,
     epoch: Instant,
     timeout: Duration,
@@ -164,8 +165,14 @@ fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
 }
 
 /// Runs the job on the ranks of `placement` and times every task. `failure` may be raised from
-/// outside (another process's failure): the run then stops and reports it.
-pub(super) fn execute(job: &Job, placement: Placement, failure: &Failure) -> Result<Measured> {
+/// outside (another process's failure): the run then stops and reports it. Under `--check`, a
+/// process that drives every rank checks them itself; one of several returns its ranks' check
+/// data for rank 0 (`check_report`) instead.
+pub(super) fn execute(
+    job: &Job,
+    placement: Placement,
+    failure: &Failure,
+) -> Result<(Measured, Option<Vec<u8>>)> {
     let schedule = job.schedule;
     let options = job.options;
     if schedule.world.ranks() != placement.world {
@@ -184,11 +191,6 @@ pub(super) fn execute(job: &Job, placement: Placement, failure: &Failure) -> Res
     let policy = &schedule.policy;
     check_plan(schedule, &placement)?;
     let single = placement.local.len() == placement.world as usize;
-    if options.check && !single {
-        return Err(ExecError::Cuda {
-            message: "--check compares all ranks' results in one process; run one process for all GPUs to check".into(),
-        });
-    }
     let world = placement.world;
     let first = placement.local.iter().map(|&(r, _)| r).min().unwrap_or(0);
     let end = placement
@@ -198,12 +200,18 @@ pub(super) fn execute(job: &Job, placement: Placement, failure: &Failure) -> Res
         .max()
         .unwrap_or(0);
     let gradients = Gradients::new(schedule, first..end, options.seed);
-    let checker = options.check.then(|| Checker::new(schedule, options.seed));
+    let checker = (options.check && single).then(|| Checker::new(schedule, options.seed));
+    let collector = (options.check && !single).then(Collector::default);
+    let sink: Option<&dyn CheckSink> = match (&checker, &collector) {
+        (Some(checker), _) => Some(checker),
+        (_, Some(collector)) => Some(collector),
+        _ => None,
+    };
     let epoch = Instant::now();
     let run = Run {
         job,
         gradients: &gradients,
-        checker: checker.as_ref(),
+        checker: sink,
         world,
         epoch,
         timeout: options.timeout,
@@ -232,12 +240,13 @@ pub(super) fn execute(job: &Job, placement: Placement, failure: &Failure) -> Res
         .collect();
     drive(&run, job, &board, failure, local)?;
     let records = run.records.into_inner().expect("the record lock");
-    Ok(Measured::from_records(
+    let measured = Measured::from_records(
         &job.program,
         records,
         world,
         checker.map(|c| c.report()).unwrap_or_default(),
-    ))
+    );
+    Ok((measured, collector.map(Collector::encode)))
 }
 
 impl Run<'_> {

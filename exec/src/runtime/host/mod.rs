@@ -8,8 +8,8 @@ pub mod busy;
 pub mod comm;
 
 use super::board::LocalBoard;
-use super::check::Checker;
-use super::cpu::{CheckSink, Collectives, CpuRun};
+use super::check::{CheckSink, Checker};
+use super::cpu::{Collectives, CpuRun};
 use super::driver::{drive, Local};
 use super::pieces::Gradients;
 use super::ring::{self, Ring};

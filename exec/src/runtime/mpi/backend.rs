@@ -8,21 +8,18 @@ use super::transport::Stream;
 use super::world::World;
 use crate::compress::Codec;
 use crate::error::{ExecError, Result};
-use crate::runtime::check::Checker;
-use crate::runtime::cpu::{CheckSink, Collectives, CpuRun};
+use crate::runtime::check::{CheckSink, Checker};
+use crate::runtime::check_report::{replay, Collector};
+use crate::runtime::cpu::{Collectives, CpuRun};
 use crate::runtime::driver::{drive, Local};
 use crate::runtime::host::busy::BusyWork;
 use crate::runtime::pieces::Gradients;
 use crate::runtime::sched::Failure;
 use crate::runtime::{Job, Measured};
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
 use std::time::Instant;
 use syncopate_sim::base::time::SimTime;
 use syncopate_sim::predict::engine::TaskRecord;
-
-/// The most `--check` data one rank keeps for rank 0 (inputs and results, 4 bytes a value).
-const MAX_CHECK_VALUES: usize = 1 << 28;
 
 impl Collectives for Stream<'_> {
     fn allreduce(
@@ -37,108 +34,6 @@ impl Collectives for Stream<'_> {
     fn allgather(&self, mine: Vec<u8>, abort: &AtomicBool) -> Result<Vec<Vec<u8>>> {
         Stream::allgather(self, mine, abort)
     }
-}
-
-/// One `--check` report of this rank, kept for rank 0.
-struct Report {
-    piece: u32,
-    iteration: u32,
-    result: bool,
-    values: Vec<f32>,
-}
-
-/// Keeps this rank's `--check` inputs and results until the run ends.
-#[derive(Default)]
-struct Collector {
-    reports: Mutex<Vec<Report>>,
-    values: Mutex<usize>,
-}
-
-impl Collector {
-    fn keep(&self, piece: usize, iteration: u32, result: bool, values: &[f32]) -> Result<()> {
-        let mut total = self.values.lock().expect("a check lock");
-        *total += values.len();
-        if *total > MAX_CHECK_VALUES {
-            return Err(ExecError::Check {
-                group: 0,
-                message: format!(
-                    "--check keeps every input and result for rank 0: more than {MAX_CHECK_VALUES} values; check fewer iterations"
-                ),
-            });
-        }
-        self.reports.lock().expect("a check lock").push(Report {
-            piece: piece as u32,
-            iteration,
-            result,
-            values: values.to_vec(),
-        });
-        Ok(())
-    }
-
-    /// The reports as bytes: per report piece, iteration, kind, length (u32 each), values.
-    fn encode(self) -> Vec<u8> {
-        let mut bytes = Vec::new();
-        for r in self.reports.into_inner().expect("a check lock") {
-            for word in [
-                r.piece,
-                r.iteration,
-                u32::from(r.result),
-                r.values.len() as u32,
-            ] {
-                bytes.extend(word.to_le_bytes());
-            }
-            bytes.extend(r.values.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        bytes
-    }
-}
-
-impl CheckSink for Collector {
-    fn input(&self, piece: usize, _: u32, iteration: u32, input: &[f32]) {
-        // Bounded by `keep`; an overflow shows when the result is reported.
-        let _ = self.keep(piece, iteration, false, input);
-    }
-
-    fn result(&self, piece: usize, _: u32, iteration: u32, result: &[f32]) -> Result<()> {
-        self.keep(piece, iteration, true, result)
-    }
-}
-
-/// Feeds reports decoded from `bytes` (rank `rank`'s) into the checker.
-fn replay(checker: &Checker, rank: u32, bytes: &[u8]) -> Result<()> {
-    let bad = || ExecError::Mpi {
-        rank,
-        operation: "--check data".into(),
-        message: "malformed reports from this rank".into(),
-    };
-    let mut at = 0;
-    let word = |at: &mut usize| -> Result<u32> {
-        let b = bytes.get(*at..*at + 4).ok_or_else(bad)?;
-        *at += 4;
-        Ok(u32::from_le_bytes(b.try_into().expect("four bytes")))
-    };
-    while at < bytes.len() {
-        let (piece, iteration, result, len) = (
-            word(&mut at)?,
-            word(&mut at)?,
-            word(&mut at)?,
-            word(&mut at)?,
-        );
-        let end = at + 4 * len as usize;
-        let values: Vec<f32> = bytes
-            .get(at..end)
-            .ok_or_else(bad)?
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("four bytes")))
-            .collect();
-        at = end;
-        if result == 1 {
-            checker.result(piece as usize, rank, iteration, &values)?;
-        } else {
-            checker.input(piece as usize, rank, iteration, &values);
-        }
-    }
-    Ok(())
 }
 
 /// Records as bytes: task, stream (u32), start, end (u64 ns).
