@@ -242,6 +242,11 @@ pub struct SimulateArgs {
     /// (default with --plan: the model the plan records).
     #[arg(long)]
     pub model: Option<String>,
+    /// Samples per GPU, where the run uses another batch than the model profile's: forward and
+    /// backward times scaled in proportion (an upper bound above the profile's batch, a lower
+    /// bound below: kernels fill the device better at larger batches); default: the profile's.
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::count)]
+    pub batch_size: Option<u32>,
     /// The cluster (required without --plan; with --plan, the plan's by default).
     #[command(flatten)]
     pub cluster: RunClusterArgs,

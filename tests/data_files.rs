@@ -19,7 +19,7 @@ fn every_shipped_file_loads_and_validates() {
         Cluster::load(name, ClusterOverrides::default())
             .unwrap_or_else(|e| panic!("cluster {name}: {e}"));
     }
-    assert_eq!(DataKind::Model.shipped_names().len(), 23);
+    assert_eq!(DataKind::Model.shipped_names().len(), 24);
 }
 
 /// (profile captured on an H200, the shipped V100 profile of the same model and batch).
@@ -442,4 +442,30 @@ fn unknown_names_list_the_valid_ones() {
         .unwrap_err()
         .to_string();
     assert!(message.contains("dgx-h100"), "{message}");
+}
+
+/// `resnet50-cifar10` is torchvision's ResNet-50 on 32x32 images (kuangliu/pytorch-cifar's, as
+/// MergeComp runs it): a 3x3 stem instead of 7x7 and a 10-way head, 23,520,842 parameters, and
+/// compute derived by multiply-adds, so its timings imply the measured profile's FLOP/s.
+#[test]
+fn the_cifar_resnet50_is_resnet50_on_small_images_at_resnet50_s_rate() {
+    let imagenet = ModelProfile::load("resnet50").unwrap();
+    let cifar = ModelProfile::load("resnet50-cifar10").unwrap();
+    assert_eq!(
+        cifar.total_numel(),
+        imagenet.total_numel() - 7 * 7 * 3 * 64 + 3 * 3 * 3 * 64 - 1000 * 2049 + 10 * 2049
+    );
+    assert_eq!(cifar.total_numel(), 23_520_842);
+    let macs = |m: &ModelProfile| -> f64 {
+        m.tensors
+            .iter()
+            .map(|t| (t.numel * t.uses_per_sample) as f64)
+            .sum()
+    };
+    // Every stage sees (32/56)² of the pixels; the stem and the head shrink more.
+    let ratio = macs(&cifar) / macs(&imagenet);
+    assert!((0.31..0.3265).contains(&ratio), "{ratio}");
+    let rate = |m: &ModelProfile| macs(m) / m.backward_time().as_us();
+    let (a, b) = (rate(&cifar), rate(&imagenet));
+    assert!((a / b - 1.0).abs() < 0.05, "{a} vs {b} MACs per µs");
 }

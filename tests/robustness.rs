@@ -266,6 +266,7 @@ fn extreme_numeric_flags_are_answered_or_refused() {
         "--seed",
         "--trace-ranks",
         "--comm-streams",
+        "--batch-size",
     ];
     for flag in flags {
         for value in values {

@@ -5,9 +5,10 @@ Usage: python3 experiments/mergecomp/fit_host.py [path/to/syncopate]
 A grid over `library.host_staging_gbytes_per_s` and
 `library.shared_memory.host_memory_gbytes_per_s`; every other number of
 topologies/v100-pcie-mpi.json is kept. Each point simulates Horovod's FP32 plan of ResNet-50 at
-2, 4 and 8 GPUs (framework horovod, as experiments/mergecomp runs it) and scores the mean
-|error| of the scaling factor against the paper's (published.json, block "ResNet-50, PCIe",
-row FP32). Prints the five best points; the ResNet-101 rows are held out and only shown.
+2, 4 and 8 GPUs (framework horovod, as experiments/mergecomp runs it: the CIFAR-10 model of
+MergeComp's cifar10_benchmark at its batch of 64) and scores the mean |error| of the scaling
+factor against the paper's (published.json, block "ResNet-50, PCIe", row FP32). Prints the five
+best points; the ResNet-101 rows (ImageNet, batch 64) are held out and only shown.
 """
 
 import json
@@ -18,8 +19,11 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-STAGING = [1.6, 1.8, 2.0, 2.2, 2.4]
-HOST = [16.0, 18.0, 20.0, 22.0, 25.0]
+STAGING = [1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0]
+HOST = [10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 25.0, 30.0, 40.0]
+# MergeComp's scripts' --batch-size default (examples/cifar10_benchmark/cifar10_benchmark.py and
+# examples/imagenet_benchmark/pytorch_imagenet.py at 82bc96c).
+BATCH = 64
 GPUS = [2, 4, 8]
 
 
@@ -34,7 +38,7 @@ def scaling(syncopate, cluster_path, model, gpus):
     out = subprocess.run(
         [syncopate, "simulate", "--model", model, "--cluster", cluster_path, "--nodes", "1",
          "--gpus-per-node", str(gpus), "--strategy", "horovod", "--framework", "horovod",
-         "--format", "json"],
+         "--batch-size", str(BATCH), "--format", "json"],
         capture_output=True, text=True, check=True).stdout
     return 100.0 * json.loads(out)["scaling_efficiency"]
 
@@ -59,7 +63,7 @@ def main():
         for staging in STAGING:
             for host in HOST:
                 write(base, staging, host, path)
-                predicted = [scaling(syncopate, path, "resnet50", g) for g in GPUS]
+                predicted = [scaling(syncopate, path, "resnet50-cifar10", g) for g in GPUS]
                 error = sum(abs(p / fitted[g] - 1) for p, g in zip(predicted, GPUS)) / len(GPUS)
                 points.append((error, staging, host, predicted))
         points.sort()

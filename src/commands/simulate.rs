@@ -43,6 +43,10 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         Some((plan, model, label)) => (Some((plan, label)), model),
         None => (None, ModelProfile::load(&model_name)?),
     };
+    let model = match args.batch_size {
+        Some(batch) => model.at_batch(batch, "--batch-size")?,
+        None => model,
+    };
     let mut base = Scenario::new(model, cluster)?;
     if let Some(host) = &args.cpu_compression {
         base = base.with_host_codec(DeviceProfile::load(host)?)?;

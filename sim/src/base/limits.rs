@@ -16,6 +16,8 @@ pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 40;
 pub const MAX_MODEL_ELEMENTS: u64 = 1 << 44;
 /// Largest per-element cost of a kernel curve, in ns (10 µs per element).
 pub const MAX_NS_PER_ELEMENT: f64 = 1e4;
+/// Most samples per GPU of one iteration: 2^24.
+pub const MAX_BATCH: u32 = 1 << 24;
 /// Most tensors in one model.
 pub const MAX_TENSORS: usize = 1 << 20;
 /// Slowest and fastest link or processing rate, in Gb/s or GB/s: 1 Mb/s to 10^7 Gb/s.

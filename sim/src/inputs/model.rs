@@ -230,11 +230,15 @@ impl ModelProfile {
                 "a model needs at least one tensor",
             ));
         }
-        if self.batch_size_per_gpu == 0 {
+        if !(1..=limits::MAX_BATCH).contains(&self.batch_size_per_gpu) {
             return Err(SimError::invalid(
                 label,
                 "batch_size_per_gpu",
-                "must be at least 1",
+                format!(
+                    "{} is not from 1 to {}",
+                    self.batch_size_per_gpu,
+                    limits::MAX_BATCH
+                ),
             ));
         }
         if let Some(threads) = &self.threads {
@@ -332,6 +336,30 @@ impl ModelProfile {
             validate_arithmetic(label, arithmetic, &names)?;
         }
         Ok(())
+    }
+
+    /// The profile at `batch` samples per GPU, checked as a loaded one (`label` names the
+    /// batch's source): every forward and backward time scaled in proportion to the batch, as
+    /// each kernel's work is, and the optimizer's kept, as it touches parameters, not samples.
+    /// Kernels that do not fill the device at the profile's batch gain from a larger one, so a
+    /// larger batch's times are an upper bound and a smaller one's a lower bound.
+    pub fn at_batch(&self, batch: u32, label: &str) -> Result<ModelProfile> {
+        if batch == 0 {
+            return Err(SimError::invalid(
+                label,
+                "batch_size_per_gpu",
+                "must be at least 1",
+            ));
+        }
+        let k = f64::from(batch) / f64::from(self.batch_size_per_gpu);
+        let mut scaled = self.clone();
+        for tensor in &mut scaled.tensors {
+            tensor.backward_us *= k;
+            tensor.forward_us *= k;
+        }
+        scaled.batch_size_per_gpu = batch;
+        scaled.validate(label)?;
+        Ok(scaled)
     }
 
     /// Whether `other` profiles the same model at the same batch: the same tensors by name and
@@ -494,6 +522,32 @@ mod tests {
         fewer.tensors.pop();
         assert!(!batch.same_model(&v100) && !fewer.same_model(&v100));
         assert!(!ModelProfile::load("gpt2").unwrap().same_model(&v100));
+    }
+
+    #[test]
+    fn another_batch_scales_compute_but_not_the_optimizer_and_refuses_nonsense() {
+        let base = ModelProfile::load("resnet50").unwrap();
+        let double = base.at_batch(64, "spec.json").unwrap();
+        assert_eq!(double.batch_size_per_gpu, 64);
+        assert_eq!(double.optimizer_us, base.optimizer_us);
+        for (d, b) in double.tensors.iter().zip(&base.tensors) {
+            assert_eq!(
+                (d.backward_us, d.forward_us),
+                (2.0 * b.backward_us, 2.0 * b.forward_us)
+            );
+            assert_eq!(d.numel, b.numel);
+        }
+        let err = base.at_batch(0, "spec.json").unwrap_err().to_string();
+        assert!(
+            err.contains("spec.json") && err.contains("batch_size_per_gpu"),
+            "{err}"
+        );
+        // Times beyond the input bound are refused, not overflowed.
+        let err = base
+            .at_batch(u32::MAX, "spec.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("spec.json"), "{err}");
     }
 
     /// A one-tensor profile with `extra` fields at its top level.

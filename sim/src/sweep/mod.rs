@@ -44,6 +44,9 @@ pub struct Point {
     pub codecs: Option<String>,
     /// Horovod's cycle time for this point, in µs; none: the sweep's.
     pub cycle_us: Option<f64>,
+    /// Samples per GPU, where the run used another batch than the model profile's
+    /// (`ModelProfile::at_batch`); none: the profile's.
+    pub batch: Option<u32>,
 }
 
 /// Which framework runs a point's plan (`crate::inputs::framework`).
@@ -178,6 +181,7 @@ impl Grid<'_> {
                             framework: self.framework.clone(),
                             codecs: self.codecs.map(str::to_string),
                             cycle_us: None,
+                            batch: None,
                         });
                     }
                 }
@@ -201,8 +205,16 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
                 codec_sets.insert(name.clone(), set);
             }
         }
-        if !models.contains_key(&point.model) {
-            models.insert(point.model.clone(), ModelProfile::load(&point.model)?);
+        let model = (point.model.clone(), point.batch);
+        if !models.contains_key(&model) {
+            let profile = ModelProfile::load(&point.model)?;
+            let profile = match point.batch {
+                Some(batch) => {
+                    profile.at_batch(batch, &format!("{} at batch {batch}", point.model))?
+                }
+                None => profile,
+            };
+            models.insert(model, profile);
         }
         if let Some(name) = point.framework.name(point.strategy) {
             if let std::collections::btree_map::Entry::Vacant(entry) = frameworks.entry(name) {
@@ -219,7 +231,7 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
                 .framework
                 .name(point.strategy)
                 .and_then(|name| frameworks[&name].clone());
-            Scenario::new(models[&point.model].clone(), cluster)?
+            Scenario::new(models[&(point.model.clone(), point.batch)].clone(), cluster)?
                 .with_framework(framework.map(|(_, framework)| framework))
                 .with_codecs(
                     point

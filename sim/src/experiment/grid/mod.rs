@@ -50,6 +50,10 @@ struct PanelSpec {
     cluster: String,
     #[serde(default)]
     inter_gbps: Option<f64>,
+    /// Samples per GPU the paper ran, where its batch is not the model profile's: the profile's
+    /// compute is scaled to it (`ModelProfile::at_batch`).
+    #[serde(default)]
+    batch_size_per_gpu: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -193,6 +197,7 @@ fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
                             limits::check_duration_us(label, &field, ms * 1e3).map(|()| ms * 1e3)
                         })
                         .transpose()?,
+                    batch: panel.batch_size_per_gpu,
                 });
             }
         }
@@ -287,6 +292,46 @@ mod tests {
                 .unwrap()
                 .to_string();
             assert!(err.contains("configs[1].cycle_ms"), "{err}");
+        }
+    }
+
+    /// The same model at the profile's batch and at the batch a paper ran, one GPU each.
+    fn batch_spec(batch: &str) -> GridSpec {
+        let text = format!(
+            r#"{{
+                "format_version": 1,
+                "title": "t",
+                "panels": [
+                    {{ "title": "32", "model": "resnet50", "cluster": "v100-10gbe" }},
+                    {{ "title": "paper", "model": "resnet50", "cluster": "v100-10gbe", "batch_size_per_gpu": {batch} }}
+                ],
+                "layouts": [{{ "nodes": 1, "gpus_per_node": 1 }}],
+                "configs": [{{ "label": "dense", "strategy": "horovod", "compressor": "none" }}]
+            }}"#
+        );
+        data::parse_json("spec.json", &text).unwrap()
+    }
+
+    #[test]
+    fn a_panel_runs_at_the_paper_s_batch_and_a_bad_one_is_named() {
+        let results = run(&batch_spec("64"), "spec.json", Path::new(".")).unwrap();
+        let time = |panel: &str| -> f64 {
+            let line = results
+                .csv
+                .lines()
+                .find(|l| l.starts_with(&format!("{panel},")));
+            let fields: Vec<&str> = line.unwrap().split(',').collect();
+            fields[15].parse().unwrap()
+        };
+        // Twice the compute, the same optimizer step.
+        let ratio = time("paper") / time("32");
+        assert!((1.9..2.0).contains(&ratio), "{ratio}: {}", results.csv);
+        for bad in ["0", "1000000000"] {
+            let err = run(&batch_spec(bad), "spec.json", Path::new("."))
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains("batch"), "{bad}: {err}");
         }
     }
 
