@@ -97,6 +97,14 @@ pub struct Framework {
     pub finish: TensorWork,
     /// Host time of one framework op (a compressor written as framework ops pays one per op).
     pub op_us: f64,
+    /// Ops the optimizer step launches per parameter tensor after the framework's blocking
+    /// host wait for every collective (Horovod's `optimizer.step()` calls `synchronize()`,
+    /// which returns once each handle completed on the device): launched by a host whose queue
+    /// drained, the step lasts at least their host time, `op_us` each. 0 (the default) when the
+    /// step's kernels are queued while the collectives run (DDP), or on one rank, where there
+    /// is nothing to wait for.
+    #[serde(default)]
+    pub step_ops_per_tensor: f64,
     /// Where the copies to and from a host-memory library run.
     #[serde(default, skip_serializing_if = "is_beside")]
     pub host_staging: HostStaging,
@@ -143,6 +151,11 @@ impl Framework {
             ]
         };
         let counts = std::iter::once(("call_kernels".to_string(), self.call_kernels, "per call"))
+            .chain(std::iter::once((
+                "step_ops_per_tensor".to_string(),
+                self.step_ops_per_tensor,
+                "per tensor",
+            )))
             .chain(per_tensor("hook", self.hook))
             .chain(per_tensor("fusion", self.fusion))
             .chain(per_tensor("finish", self.finish));
@@ -166,6 +179,12 @@ impl Framework {
         }
         SimTime::from_us(work.kernels * self.kernel_us)
             + SimTime::from_ns(work.bytes_per_gradient_byte * bytes as f64 / memory_gbytes_per_s)
+    }
+
+    /// The host time of the optimizer step's launches over `tensors` parameter tensors, when
+    /// the step waits on the host for every collective first (`step_ops_per_tensor`).
+    pub fn step_launch_time(&self, tensors: usize) -> SimTime {
+        SimTime::from_us(self.step_ops_per_tensor * tensors as f64 * self.op_us)
     }
 
     /// One collective call's own time on its thread, without the copies of its tensors: the
@@ -228,6 +247,10 @@ mod tests {
             broken.collective_call_us = bad * 1e6;
             let err = broken.validate("f").unwrap_err().to_string();
             assert!(err.contains("collective_call_us"), "{err}");
+            let mut broken = framework.clone();
+            broken.step_ops_per_tensor = bad;
+            let err = broken.validate("f").unwrap_err().to_string();
+            assert!(err.contains("step_ops_per_tensor"), "{err}");
         }
     }
 

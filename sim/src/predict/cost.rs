@@ -101,18 +101,13 @@ pub fn step_costs(
                     links: Links::Every,
                 },
                 (_, None) => StepCost {
-                    duration: compute_time(scenario, step.profiled_us.unwrap_or(0.0)) + framework,
+                    duration: scenario.compute_time(step.profiled_us.unwrap_or(0.0)) + framework,
                     estimate: None,
                     links: Links::Every,
                 },
             }
         })
         .collect())
-}
-
-/// A compute step's time on the scenario's device.
-pub fn compute_time(scenario: &Scenario, profiled_us: f64) -> SimTime {
-    SimTime::from_us(profiled_us * scenario.compute_scale)
 }
 
 /// Encode, communication (all rounds) and decode time of each piece of one group, as the

@@ -10,7 +10,7 @@ use crate::inputs::framework::{CallThread, Framework, TensorWork};
 use crate::inputs::model::Tensor;
 use crate::inputs::topology::TcpParams;
 use crate::predict::scenario::Scenario;
-use crate::schedule::{Exchange, Piece, Schedule, Slot, StepKind, Stream};
+use crate::schedule::{Exchange, Piece, Schedule, Slot, Step, StepKind, Stream};
 
 /// The framework's time on each step of `schedule`, in step order; all zero without one.
 ///
@@ -19,7 +19,9 @@ use crate::schedule::{Exchange, Piece, Schedule, Slot, StepKind, Stream};
 ///   group: tensors are in backward order).
 /// - A collective step, with calls from a background thread: its call, and on its first round
 ///   the fusion copies of the piece's tensors.
-/// - The optimizer (or a group's update): the copy back of its tensors.
+/// - The optimizer (or a group's update): the copy back of its tensors, and where the step
+///   waits on the host for every collective first (`Framework::step_ops_per_tensor`), the
+///   host time of its launches beyond its kernels' own.
 /// - With a host library whose copies the framework makes on the compute stream
 ///   (`Scenario::staged_on_compute`): each piece's copies off the device and back, on the
 ///   compute steps before and after its exchanges.
@@ -65,14 +67,20 @@ pub fn step_times(scenario: &Scenario, schedule: &Schedule) -> Vec<SimTime> {
                 let t = tensor as usize;
                 price.tensor(framework.hook, t) + calls_at_tensor[t]
             }
-            StepKind::Optimizer => (0..price.tensors.len())
-                .map(|t| price.tensor(framework.finish, t))
-                .sum(),
-            StepKind::Update { group } => schedule.buffers[group as usize]
-                .slots
-                .iter()
-                .map(|slot| price.tensor(framework.finish, slot.tensor as usize))
-                .sum(),
+            StepKind::Optimizer => {
+                (0..price.tensors.len())
+                    .map(|t| price.tensor(framework.finish, t))
+                    .sum::<SimTime>()
+                    + price.launch_bound(scenario, step, price.tensors.len())
+            }
+            StepKind::Update { group } => {
+                let slots = &schedule.buffers[group as usize].slots;
+                slots
+                    .iter()
+                    .map(|slot| price.tensor(framework.finish, slot.tensor as usize))
+                    .sum::<SimTime>()
+                    + price.launch_bound(scenario, step, slots.len())
+            }
             StepKind::Collective { round, .. } if !from_backward => {
                 match (schedule.piece_of(step), round) {
                     (Some(piece), 0) => price.call(
@@ -206,6 +214,20 @@ impl Price<'_> {
         self.part(work, t, self.tensors[t].numel)
     }
 
+    /// What the launches of an update `step` over `tensors` parameter tensors add beyond its
+    /// kernels' own time, where the framework waits on the host for every collective before
+    /// the step: the host then launches into a drained queue. Nothing on one rank, where
+    /// there is no collective to wait for (Horovod registers no hooks there).
+    fn launch_bound(&self, scenario: &Scenario, step: &Step, tensors: usize) -> SimTime {
+        if scenario.world().ranks() <= 1 {
+            return SimTime::ZERO;
+        }
+        let kernels = scenario.compute_time(step.profiled_us.unwrap_or(0.0));
+        self.framework
+            .step_launch_time(tensors)
+            .saturating_sub(kernels)
+    }
+
     /// One call on the buffer elements `offset..offset + numel`: its own time and the fusion
     /// work on the part of each tensor it holds.
     fn call(&self, slots: &[Slot], offset: u64, numel: u64) -> SimTime {
@@ -284,6 +306,40 @@ mod tests {
         // Without a framework nothing is added.
         let bare = step_times(&scenario.clone().with_framework(None), &schedule);
         assert!(bare.iter().all(|&t| t == SimTime::ZERO));
+    }
+
+    /// A step that waits on the host for every collective lasts at least its launches: on
+    /// several ranks the optimizer gains what they take beyond its kernels; on one rank, or
+    /// when the step's kernels were queued ahead, nothing.
+    #[test]
+    fn a_step_after_a_blocking_wait_lasts_at_least_its_launches() {
+        let optimizer = |times: &[SimTime], schedule: &Schedule| -> SimTime {
+            let at = schedule
+                .steps
+                .iter()
+                .position(|s| s.kind == StepKind::Optimizer)
+                .unwrap();
+            times[at]
+        };
+        let waiting = Framework {
+            step_ops_per_tensor: 4.0,
+            op_us: 7.0,
+            finish: TensorWork::default(),
+            ..round_numbers(CallThread::Background)
+        };
+        let (scenario, schedule, times) = priced(2, waiting.clone());
+        let launches = SimTime::from_us(4.0 * 7.0 * scenario.model.tensors.len() as f64);
+        let kernels = scenario.compute_time(scenario.model.optimizer_us);
+        assert!(launches > kernels);
+        assert_eq!(optimizer(&times, &schedule), launches - kernels);
+        let (_, schedule, times) = priced(1, waiting.clone());
+        assert_eq!(optimizer(&times, &schedule), SimTime::ZERO);
+        let queued = Framework {
+            step_ops_per_tensor: 0.0,
+            ..waiting
+        };
+        let (_, schedule, times) = priced(2, queued);
+        assert_eq!(optimizer(&times, &schedule), SimTime::ZERO);
     }
 
     #[test]

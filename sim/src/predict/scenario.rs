@@ -1,6 +1,7 @@
 //! A scenario: a model on a cluster with its device profiles resolved and checked; plans run on it.
 
 use crate::base::error::{Result, SimError};
+use crate::base::time::SimTime;
 use crate::codec::CodecSet;
 use crate::inputs::carry::carry;
 use crate::inputs::device::{DeviceKind, DeviceProfile};
@@ -155,6 +156,11 @@ impl Scenario {
         self.device = priced;
         self.codecs = Some(codecs);
         Ok(self)
+    }
+
+    /// A compute step's time on the scenario's device, from its profiled time.
+    pub fn compute_time(&self, profiled_us: f64) -> SimTime {
+        SimTime::from_us(profiled_us * self.compute_scale)
     }
 
     /// The same model on a single GPU of the same cluster, trained without a data-parallel

@@ -2,7 +2,7 @@
 //!
 //! A grid spans model × cluster layout × strategy × compressor.
 
-use crate::base::error::Result;
+use crate::base::error::{Result, SimError};
 use crate::codec::CodecSet;
 use crate::compress::{Compressor, Memory};
 use crate::inputs::framework::Framework;
@@ -47,6 +47,10 @@ pub struct Point {
     /// Samples per GPU, where the run used another batch than the model profile's
     /// (`ModelProfile::at_batch`); none: the profile's.
     pub batch: Option<u32>,
+    /// Ops per parameter tensor of the update the run's code makes after the framework's wait
+    /// for its collectives, where it replaces the framework's optimizer step
+    /// (`Framework::step_ops_per_tensor`); none: the framework's.
+    pub step_ops_per_tensor: Option<f64>,
 }
 
 /// Which framework runs a point's plan (`crate::inputs::framework`).
@@ -182,6 +186,7 @@ impl Grid<'_> {
                             codecs: self.codecs.map(str::to_string),
                             cycle_us: None,
                             batch: None,
+                            step_ops_per_tensor: None,
                         });
                     }
                 }
@@ -205,16 +210,16 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
                 codec_sets.insert(name.clone(), set);
             }
         }
-        let model = (point.model.clone(), point.batch);
-        if !models.contains_key(&model) {
+        if let std::collections::btree_map::Entry::Vacant(entry) =
+            models.entry((point.model.clone(), point.batch))
+        {
             let profile = ModelProfile::load(&point.model)?;
-            let profile = match point.batch {
+            entry.insert(match point.batch {
                 Some(batch) => {
                     profile.at_batch(batch, &format!("{} at batch {batch}", point.model))?
                 }
                 None => profile,
-            };
-            models.insert(model, profile);
+            });
         }
         if let Some(name) = point.framework.name(point.strategy) {
             if let std::collections::btree_map::Entry::Vacant(entry) = frameworks.entry(name) {
@@ -230,9 +235,25 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
             let framework = point
                 .framework
                 .name(point.strategy)
-                .and_then(|name| frameworks[&name].clone());
+                .and_then(|name| frameworks[&name].clone())
+                .map(|(_, framework)| framework);
+            let framework = match (framework, point.step_ops_per_tensor) {
+                (Some(mut framework), Some(ops)) => {
+                    framework.step_ops_per_tensor = ops;
+                    framework.validate(&framework.name.clone())?;
+                    Some(framework)
+                }
+                (None, Some(_)) => {
+                    return Err(SimError::bad_value(
+                        "step_ops_per_tensor",
+                        "a point without a framework",
+                        "the ops replace a framework's optimizer step: name the framework",
+                    ))
+                }
+                (framework, None) => framework,
+            };
             Scenario::new(models[&(point.model.clone(), point.batch)].clone(), cluster)?
-                .with_framework(framework.map(|(_, framework)| framework))
+                .with_framework(framework)
                 .with_codecs(
                     point
                         .codecs
