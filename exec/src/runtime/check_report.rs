@@ -122,37 +122,15 @@ pub fn replay(checker: &Checker, rank: u32, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::test_plans::{group, lowered};
     use syncopate_sim::compress::Memory;
-    use syncopate_sim::inputs::model::ModelProfile;
-    use syncopate_sim::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
-    use syncopate_sim::schedule::{lower, Schedule, World};
+    use syncopate_sim::plan::Scheme;
+    use syncopate_sim::schedule::Schedule;
 
-    /// ResNet-50's first two tensors in one fp16 group on two ranks.
+    /// ResNet-50's first tensor in one fp16 group and the rest in another, on two ranks.
     fn schedule() -> Schedule {
-        let model = ModelProfile::load("resnet50").unwrap();
-        let group = |tensors: Vec<usize>| Group {
-            tensors,
-            compressor: "fp16".parse().unwrap(),
-            memory: Memory::None,
-            compress_on: CompressOn::Gpu,
-            scheme: Scheme::Allreduce,
-            partitions: 1,
-            priority: 0,
-        };
-        let policy = Policy {
-            launch: Launch::PlanOrder,
-            comm_streams: 1,
-            cycle_time_us: 0.0,
-            overlap_forward: false,
-            ps_servers: 0,
-        };
-        let groups = vec![group(vec![0]), group((1..model.num_tensors()).collect())];
-        let plan = Plan::new("test", &model, groups, policy);
-        let world = World {
-            nodes: 2,
-            ranks_per_node: 1,
-        };
-        lower(&model, world, false, &plan, "test").unwrap()
+        let fp16 = |tensors| group(tensors, "fp16", Memory::None, Scheme::Allreduce, 1);
+        lowered(vec![fp16(vec![0]), fp16((1..161).collect())], 2)
     }
 
     /// Each rank's input of piece 0, and the sum every rank got.

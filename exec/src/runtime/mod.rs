@@ -28,6 +28,8 @@ pub mod rendezvous;
 pub mod ring;
 mod sched;
 mod sequence;
+#[cfg(test)]
+mod test_plans;
 pub mod wait;
 
 use crate::error::{ExecError, Result};

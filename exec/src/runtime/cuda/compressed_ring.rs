@@ -196,17 +196,7 @@ impl GpuShards {
         stream: &Arc<CudaStream>,
         acc: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        for s in 0..self.ranks {
-            let shard = self.shard(s);
-            let codec = &mut self.codecs[s];
-            codec.decode_add(
-                k,
-                stream,
-                &self.summed[s].as_view(),
-                &mut acc.slice_mut(shard),
-            )?;
-        }
-        Ok(())
+        decode_shards(k, stream, &mut self.codecs, &self.summed, self.n, acc)
     }
 
     /// What this rank's encodings carried of its own input, into `transmitted`: each decoded
@@ -221,18 +211,26 @@ impl GpuShards {
         stream
             .memcpy_dtod(&self.added_to.slice(..n), &mut transmitted.slice_mut(..n))
             .map_err(cuda_err("cannot copy the running sums"))?;
-        for s in 0..self.ranks {
-            let shard = self.shard(s);
-            let codec = &mut self.codecs[s];
-            codec.decode_add(
-                k,
-                stream,
-                &self.sent[s].as_view(),
-                &mut transmitted.slice_mut(shard),
-            )?;
-        }
-        Ok(())
+        decode_shards(k, stream, &mut self.codecs, &self.sent, n, transmitted)
     }
+}
+
+/// Adds payload s of `payloads`, decoded by codec s, into its shard's elements of `acc` (`n`
+/// elements in all).
+fn decode_shards(
+    k: &Kernels,
+    stream: &Arc<CudaStream>,
+    codecs: &mut [GpuCodec],
+    payloads: &[CudaSlice<u8>],
+    n: usize,
+    acc: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let ranks = codecs.len();
+    for (s, (codec, payload)) in codecs.iter_mut().zip(payloads).enumerate() {
+        let mut shard = acc.slice_mut(chunk(s, ranks, n));
+        codec.decode_add(k, stream, &payload.as_view(), &mut shard)?;
+    }
+    Ok(())
 }
 
 /// Copies the payload `from` into `to`, of the same length.

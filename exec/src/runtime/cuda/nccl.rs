@@ -54,6 +54,13 @@ fn non_blocking() -> sys::ncclConfig_t {
     }
 }
 
+/// Which half of a point-to-point exchange a call is.
+#[derive(Clone, Copy)]
+enum Way {
+    Send,
+    Recv,
+}
+
 /// One rank's communicator on one CUDA stream; collectives sum where they reduce.
 pub(super) struct Communicator<'a> {
     comm: sys::ncclComm_t,
@@ -238,34 +245,17 @@ impl<'a> Communicator<'a> {
         let Some(recv) = recv else {
             let (src, _read) = send.device_ptr(&self.stream);
             // SAFETY: `src` holds `len` bytes on this communicator's device.
-            let status = unsafe {
-                sys::ncclSend(
-                    src as _,
-                    len,
-                    sys::ncclDataType_t::ncclUint8,
-                    root as c_int,
-                    self.comm,
-                    self.stream.cu_stream() as _,
-                )
-            };
+            let status = unsafe { self.point_to_point(Way::Send, src, len, root) };
             return self.settle(status, "send");
         };
         let (dst, _write) = recv.device_ptr_mut(&self.stream);
         // One group, so that the receives from all ranks progress together.
         let status = grouped(|call| {
             for from in (0..self.world).filter(|&r| r != self.rank) {
+                let block = dst + u64::from(from) * len as u64;
                 // SAFETY: block `from` of `dst` lies inside `recv`, which holds world × len
                 // bytes.
-                call(unsafe {
-                    sys::ncclRecv(
-                        (dst + u64::from(from) * len as u64) as _,
-                        len,
-                        sys::ncclDataType_t::ncclUint8,
-                        from as c_int,
-                        self.comm,
-                        self.stream.cu_stream() as _,
-                    )
-                });
+                call(unsafe { self.point_to_point(Way::Recv, block, len, from) });
             }
         });
         self.settle(status, "grouped receive")
@@ -288,25 +278,38 @@ impl<'a> Communicator<'a> {
             // communicator's device, and the two buffers do not overlap (one is borrowed
             // mutably).
             unsafe {
-                call(sys::ncclSend(
-                    src as _,
-                    sent,
-                    sys::ncclDataType_t::ncclUint8,
-                    next as c_int,
-                    self.comm,
-                    self.stream.cu_stream() as _,
-                ));
-                call(sys::ncclRecv(
-                    dst as _,
-                    received,
-                    sys::ncclDataType_t::ncclUint8,
-                    prev as c_int,
-                    self.comm,
-                    self.stream.cu_stream() as _,
-                ));
+                call(self.point_to_point(Way::Send, src, sent, next));
+                call(self.point_to_point(Way::Recv, dst, received, prev));
             }
         });
         self.settle(status, "ring step")
+    }
+
+    /// Enqueues the send of `len` bytes at `ptr` to rank `peer` (`Way::Send`), or their receive
+    /// from it into `ptr` (`Way::Recv`), on this communicator's stream.
+    ///
+    /// # Safety
+    /// `ptr` must hold `len` bytes on this communicator's device until the call completed,
+    /// writable and aliased by nothing else for a receive.
+    unsafe fn point_to_point(
+        &self,
+        way: Way,
+        ptr: u64,
+        len: usize,
+        peer: u32,
+    ) -> sys::ncclResult_t {
+        let (bytes, peer, stream) = (
+            sys::ncclDataType_t::ncclUint8,
+            peer as c_int,
+            self.stream.cu_stream() as _,
+        );
+        // SAFETY: the caller's.
+        unsafe {
+            match way {
+                Way::Send => sys::ncclSend(ptr as _, len, bytes, peer, self.comm, stream),
+                Way::Recv => sys::ncclRecv(ptr as _, len, bytes, peer, self.comm, stream),
+            }
+        }
     }
 
     /// Copies rank `root`'s `buffer` into every other rank's, in place.

@@ -851,36 +851,14 @@ impl<'a> Backend for Run<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use syncopate_sim::inputs::model::ModelProfile;
-    use syncopate_sim::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
-    use syncopate_sim::schedule::{lower, World};
+    use crate::runtime::test_plans::{group, lowered, resnet50};
+    use syncopate_sim::plan::{Launch, Scheme};
 
     /// ResNet-50 in one group on 4 GPUs, compressed by `spec` with `memory`, aggregated by
     /// `scheme`.
     fn schedule(spec: &str, memory: Memory, scheme: Scheme) -> Schedule {
-        let model = ModelProfile::load("resnet50").unwrap();
-        let group = Group {
-            tensors: (0..model.num_tensors()).collect(),
-            compressor: spec.parse().unwrap(),
-            memory,
-            compress_on: CompressOn::Gpu,
-            scheme,
-            partitions: 2,
-            priority: 0,
-        };
-        let policy = Policy {
-            launch: Launch::PlanOrder,
-            comm_streams: 1,
-            cycle_time_us: 0.0,
-            overlap_forward: false,
-            ps_servers: 0,
-        };
-        let plan = Plan::new("test", &model, vec![group], policy);
-        let world = World {
-            nodes: 1,
-            ranks_per_node: 4,
-        };
-        lower(&model, world, false, &plan, "test").unwrap()
+        let tensors = (0..resnet50().num_tensors()).collect();
+        lowered(vec![group(tensors, spec, memory, scheme, 2)], 4)
     }
 
     #[test]
