@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Derives profiles/models/resnet50-cifar10.json, ResNet-50 for 32x32 CIFAR-10 images, from resnet50.json.
+"""Derives ResNet-50 for 32x32 CIFAR-10 images (profiles/models/resnet50-cifar10.json) from resnet50.
 
 Python 3 standard library only. Deterministic: same input, same bytes out.
 
