@@ -237,21 +237,7 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
                 .name(point.strategy)
                 .and_then(|name| frameworks[&name].clone())
                 .map(|(_, framework)| framework);
-            let framework = match (framework, point.step_ops_per_tensor) {
-                (Some(mut framework), Some(ops)) => {
-                    framework.step_ops_per_tensor = ops;
-                    framework.validate(&framework.name.clone())?;
-                    Some(framework)
-                }
-                (None, Some(_)) => {
-                    return Err(SimError::bad_value(
-                        "step_ops_per_tensor",
-                        "a point without a framework",
-                        "the ops replace a framework's optimizer step: name the framework",
-                    ))
-                }
-                (framework, None) => framework,
-            };
+            let framework = with_step_ops(framework, point.step_ops_per_tensor)?;
             Scenario::new(models[&(point.model.clone(), point.batch)].clone(), cluster)?
                 .with_framework(framework)
                 .with_codecs(
@@ -283,6 +269,25 @@ pub fn run(points: &[Point], base: &StrategyOptions) -> Result<Vec<Row>> {
             }
         })
         .collect())
+}
+
+/// `framework` with a point's own optimizer step (`Point::step_ops_per_tensor`), checked; a
+/// step without a framework to replace is refused.
+fn with_step_ops(framework: Option<Framework>, ops: Option<f64>) -> Result<Option<Framework>> {
+    match (framework, ops) {
+        (Some(mut framework), Some(ops)) => {
+            framework.step_ops_per_tensor = ops;
+            let label = format!("{} with the point's step_ops_per_tensor", framework.name);
+            framework.validate(&label)?;
+            Ok(Some(framework))
+        }
+        (None, Some(_)) => Err(SimError::bad_value(
+            "step_ops_per_tensor",
+            "a point without a framework",
+            "the ops replace a framework's optimizer step: name the framework",
+        )),
+        (framework, None) => Ok(framework),
+    }
 }
 
 fn run_point(point: &Point, scenario: Scenario, base: &StrategyOptions) -> Result<Summary> {
