@@ -18,6 +18,7 @@ use crate::sweep::{self, FrameworkChoice, Point};
 use published::Published;
 use results::Table;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 #[derive(Deserialize)]
@@ -99,6 +100,20 @@ struct ConfigSpec {
     /// framework's optimizer step (`Framework::step_ops_per_tensor`); absent: the framework's.
     #[serde(default)]
     step_ops_per_tensor: Option<f64>,
+    /// What differs on some panels, by panel title: a paper's bar of one name may have run
+    /// otherwise on one of its setups (MergeComp's NVLink "FP16" is Horovod's own cast).
+    #[serde(default)]
+    on: BTreeMap<String, PanelConfig>,
+}
+
+/// A config's settings on one panel, each replacing the config's where given.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PanelConfig {
+    #[serde(default)]
+    codecs: Option<String>,
+    #[serde(default)]
+    cycle_ms: Option<f64>,
 }
 
 fn no_memory() -> Memory {
@@ -120,6 +135,19 @@ pub(super) fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
         panels: table.panels(|c| c.throughput(), "throughput (samples/s, all GPUs)"),
         columns: 2,
     }];
+    for (i, config) in spec.configs.iter().enumerate() {
+        if let Some(title) = config
+            .on
+            .keys()
+            .find(|t| !spec.panels.iter().any(|p| &p.title == *t))
+        {
+            return Err(SimError::invalid(
+                label,
+                format!("configs[{i}].on"),
+                format!("`{title}` is not the title of any panel"),
+            ));
+        }
+    }
     if let Some(base) = &spec.baseline {
         charts.push(Chart {
             file: "speedup.svg".to_string(),
@@ -176,6 +204,14 @@ fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
                 let strategy = config.strategy.parse().map_err(|e| {
                     SimError::invalid(label, format!("configs[{i}].strategy"), format!("{e}"))
                 })?;
+                let here = config.on.get(&panel.title);
+                let (cycle_ms, cycle_field) = match here.and_then(|p| p.cycle_ms) {
+                    Some(ms) => (
+                        Some(ms),
+                        format!("configs[{i}].on.{}.cycle_ms", panel.title),
+                    ),
+                    None => (config.cycle_ms, format!("configs[{i}].cycle_ms")),
+                };
                 points.push(Point {
                     model: resolve(dir, &panel.model),
                     cluster: resolve(dir, &panel.cluster),
@@ -193,12 +229,14 @@ fn points(spec: &GridSpec, label: &str, dir: &Path) -> Result<Vec<Point>> {
                         .framework
                         .as_deref()
                         .map_or(FrameworkChoice::None, FrameworkChoice::parse),
-                    codecs: config.codecs.as_deref().map(|c| resolve(dir, c)),
-                    cycle_us: config
-                        .cycle_ms
+                    codecs: here
+                        .and_then(|p| p.codecs.as_deref())
+                        .or(config.codecs.as_deref())
+                        .map(|c| resolve(dir, c)),
+                    cycle_us: cycle_ms
                         .map(|ms| {
-                            let field = format!("configs[{i}].cycle_ms");
-                            limits::check_duration_us(label, &field, ms * 1e3).map(|()| ms * 1e3)
+                            limits::check_duration_us(label, &cycle_field, ms * 1e3)
+                                .map(|()| ms * 1e3)
                         })
                         .transpose()?,
                     batch: panel.batch_size_per_gpu,
@@ -377,6 +415,54 @@ mod tests {
                 .unwrap()
                 .to_string();
             assert!(err.contains("step_ops_per_tensor"), "{ops}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_config_may_differ_on_a_panel_named_by_its_title() {
+        let spec = |on: &str| -> GridSpec {
+            let text = format!(
+                r#"{{
+                    "format_version": 1,
+                    "title": "t",
+                    "panels": [
+                        {{ "title": "a", "model": "resnet50", "cluster": "v100-10gbe" }},
+                        {{ "title": "b", "model": "resnet50", "cluster": "v100-10gbe" }}
+                    ],
+                    "layouts": [{{ "nodes": 4, "gpus_per_node": 1 }}],
+                    "configs": [
+                        {{ "label": "c", "strategy": "horovod", "compressor": "none", "cycle_ms": 0.1, "on": {on} }}
+                    ]
+                }}"#
+            );
+            data::parse_json("spec.json", &text).unwrap()
+        };
+        let time = |results: &Results, panel: &str| -> String {
+            let line = results
+                .csv
+                .lines()
+                .find(|l| l.starts_with(&format!("{panel},")));
+            line.unwrap().split(',').nth(15).unwrap().to_string()
+        };
+        let same = run(&spec("{}"), "spec.json", Path::new(".")).unwrap();
+        assert_eq!(time(&same, "a"), time(&same, "b"));
+        let differs = run(
+            &spec(r#"{ "b": { "cycle_ms": 5 } }"#),
+            "spec.json",
+            Path::new("."),
+        );
+        let differs = differs.unwrap();
+        assert_eq!(time(&differs, "a"), time(&same, "a"));
+        assert_ne!(time(&differs, "b"), time(&same, "b"));
+        for (on, field) in [
+            (r#"{ "z": { "cycle_ms": 5 } }"#, "configs[0].on"),
+            (r#"{ "b": { "cycle_ms": -1 } }"#, "configs[0].on.b.cycle_ms"),
+        ] {
+            let err = run(&spec(on), "spec.json", Path::new("."))
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains(field), "{on}: {err}");
         }
     }
 
