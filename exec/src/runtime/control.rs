@@ -63,21 +63,21 @@ impl Liveness {
     }
 }
 
-/// A frame of `body`, a text cut to `MAX_BODY` bytes at a character boundary.
-fn encode(tag: u8, rank: u32, body: &str) -> Vec<u8> {
+/// `body` cut to `MAX_BODY` bytes at a character boundary.
+fn text_body(body: &str) -> &[u8] {
     let mut end = body.len().min(MAX_BODY);
     while !body.is_char_boundary(end) {
         end -= 1;
     }
-    frame(tag, rank, &body.as_bytes()[..end])
+    &body.as_bytes()[..end]
 }
 
-fn frame(tag: u8, rank: u32, body: &[u8]) -> Vec<u8> {
-    let mut frame = vec![tag];
-    frame.extend_from_slice(&rank.to_le_bytes());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(body);
-    frame
+/// A frame's head: its tag, the rank it is about and its body's length.
+fn head(tag: u8, rank: u32, len: usize) -> [u8; 9] {
+    let mut head = [tag, 0, 0, 0, 0, 0, 0, 0, 0];
+    head[1..5].copy_from_slice(&rank.to_le_bytes());
+    head[5..9].copy_from_slice(&(len as u32).to_le_bytes());
+    head
 }
 
 struct Frame {
@@ -155,12 +155,15 @@ impl Peer {
     /// A failed write is not reported here: the reader of the same connection sees it broken
     /// or silent and names the rank.
     fn send(&self, tag: u8, rank: u32, body: &str) {
-        self.send_frame(&encode(tag, rank, body));
+        self.send_bytes(tag, rank, text_body(body));
     }
 
-    fn send_frame(&self, frame: &[u8]) {
+    /// A frame of any body, written as its head then the body itself (a report is not copied).
+    fn send_bytes(&self, tag: u8, rank: u32, body: &[u8]) {
         let mut writer = self.writer.lock().expect("a control writer lock");
-        let _ = writer.write_all(frame);
+        let _ = writer
+            .write_all(&head(tag, rank, body.len()))
+            .and_then(|()| writer.write_all(body));
     }
 
     /// Unblocks the connection's reader; the peer reads an end of stream.
@@ -351,9 +354,11 @@ impl Control {
             shared.quiet.store(true, Ordering::Relaxed);
             shared.liveness.silence
         };
+        // Only a rank other than 0 that did not fail sends a report (to rank 0, its one peer).
+        let report = report.filter(|_| outcome.is_none() && shared.rank != 0);
         for peer in &shared.peers {
-            if let (None, Some(report), true) = (outcome, &report, shared.rank != 0) {
-                peer.send_frame(&frame(REPORT, shared.rank, report));
+            if let Some(report) = &report {
+                peer.send_bytes(REPORT, shared.rank, report);
             }
             peer.send(tag, shared.rank, &body);
         }
