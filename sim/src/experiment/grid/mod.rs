@@ -135,19 +135,6 @@ pub(super) fn run(spec: &GridSpec, label: &str, dir: &Path) -> Result<Results> {
         panels: table.panels(|c| c.throughput(), "throughput (samples/s, all GPUs)"),
         columns: 2,
     }];
-    for (i, config) in spec.configs.iter().enumerate() {
-        if let Some(title) = config
-            .on
-            .keys()
-            .find(|t| !spec.panels.iter().any(|p| &p.title == *t))
-        {
-            return Err(SimError::invalid(
-                label,
-                format!("configs[{i}].on"),
-                format!("`{title}` is not the title of any panel"),
-            ));
-        }
-    }
     if let Some(base) = &spec.baseline {
         charts.push(Chart {
             file: "speedup.svg".to_string(),
@@ -181,6 +168,19 @@ fn check(spec: &GridSpec, label: &str) -> Result<()> {
     ] {
         if empty {
             return Err(SimError::invalid(label, field, "needs at least one entry"));
+        }
+    }
+    for (i, config) in spec.configs.iter().enumerate() {
+        if let Some(title) = config
+            .on
+            .keys()
+            .find(|t| !spec.panels.iter().any(|p| &p.title == *t))
+        {
+            return Err(SimError::invalid(
+                label,
+                format!("configs[{i}].on"),
+                format!("`{title}` is not the title of any panel"),
+            ));
         }
     }
     if let Some(base) = &spec.baseline {
