@@ -344,13 +344,7 @@ impl ModelProfile {
     /// Kernels that do not fill the device at the profile's batch gain from a larger one, so a
     /// larger batch's times are an upper bound and a smaller one's a lower bound.
     pub fn at_batch(&self, batch: u32, label: &str) -> Result<ModelProfile> {
-        if batch == 0 {
-            return Err(SimError::invalid(
-                label,
-                "batch_size_per_gpu",
-                "must be at least 1",
-            ));
-        }
+        // `validate` refuses a batch out of 1..=MAX_BATCH, naming the field.
         let k = f64::from(batch) / f64::from(self.batch_size_per_gpu);
         let mut scaled = self.clone();
         for tensor in &mut scaled.tensors {
@@ -537,17 +531,16 @@ mod tests {
             );
             assert_eq!(d.numel, b.numel);
         }
-        let err = base.at_batch(0, "spec.json").unwrap_err().to_string();
-        assert!(
-            err.contains("spec.json") && err.contains("batch_size_per_gpu"),
-            "{err}"
-        );
-        // Times beyond the input bound are refused, not overflowed.
-        let err = base
-            .at_batch(u32::MAX, "spec.json")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("spec.json"), "{err}");
+        for nonsense in [0, limits::MAX_BATCH + 1, u32::MAX] {
+            let err = base
+                .at_batch(nonsense, "spec.json")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("spec.json") && err.contains("batch_size_per_gpu"),
+                "{nonsense}: {err}"
+            );
+        }
     }
 
     /// A one-tensor profile with `extra` fields at its top level.
