@@ -108,7 +108,7 @@ def derive(base):
         f"(pytorch-cifar's ResNet-50 at 32x32 input); batch norm, biases, pooling and activations not counted. "
         f"Head (backward before the first gradient): the 10-way linear layer; forward {macs:,} MACs per sample. "
         "Precision: FP32, as the base")
-    profile = {key: base[key] for key in base}
+    profile = dict(base)
     profile.update({
         "name": "resnet50-cifar10",
         "description": "ResNet-50 for CIFAR-10 (kuangliu/pytorch-cifar, as MergeComp's cifar10_benchmark), 32x32",
