@@ -2,7 +2,8 @@
 # Builds what a GPU machine without a Rust toolchain needs into target/gpu-bundle/, for
 # gpu/check.sh there: the release `syncopate` binary and syncopate-exec's unit-test binary (which
 # holds the GPU tests), both stripped and built for the CUDA API of the machine's driver, and the
-# Python package's abi3 wheel (its `python -m syncopate.capture` records model profiles), and
+# Python package's abi3 wheel (its `python -m syncopate.capture` records model profiles, its
+# `syncopate.torch` runs the device codecs, bound to the same CUDA API), and
 # pytest's wheels for the torch step.
 #   gpu/bundle.sh [12|13]      # the CUDA major version of the bindings (default 13: driver 580+)
 # maturin comes alone into target/maturin-env: the wheel needs no PyTorch to build.
@@ -33,7 +34,7 @@ if ! "$maturin_env/bin/maturin" --version 2>/dev/null | grep -qF "$maturin_versi
     python3 -m venv --clear "$maturin_env"
     "$maturin_env/bin/pip" install --quiet --disable-pip-version-check "maturin==$maturin_version"
 fi
-"$maturin_env/bin/maturin" build --release --locked --quiet --strip -m python/Cargo.toml -o "$bundle"
+"$maturin_env/bin/maturin" build --release --locked --quiet --strip -m python/Cargo.toml -o "$bundle" "${features[@]}"
 # pytest and its requirements, at the versions the tests here use, for the torch step's GPU test.
 pins=()
 for package in pytest iniconfig packaging pluggy Pygments; do

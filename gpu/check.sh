@@ -289,7 +289,7 @@ say "gpu/check.sh on ${gpu_name:-no GPU (nvidia-smi lists none)}, deadline ${dea
 step env 20 environment_figures environment
 step gpu-tests 150 gpu_tests_figures gpu_tests
 step nccl2 125 nccl2_figures nccl2
-step torch 90 torch_figures torch_training
+step torch 180 torch_figures torch_training
 # Before the captures, which have run once already: the op rates have not.
 step op-rates 60 op_rates_figures measure op_rates
 step capture:package 30 - install_package

@@ -4,6 +4,7 @@
 
 mod check;
 mod dependencies;
+mod device_rank;
 mod launch;
 mod lowering;
 mod rank;
@@ -66,6 +67,8 @@ fn _syncopate(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::write_trace, m)?)?;
     m.add_function(wrap_pyfunction!(release_build, m)?)?;
     m.add_class::<rank::Rank>()?;
+    m.add_class::<device_rank::DeviceRank>()?;
+    m.add_function(wrap_pyfunction!(device_rank::device_refusal, m)?)?;
     m.add_class::<launch::Launcher>()?;
     m.add_class::<dependencies::Dependencies>()?;
     m.add_class::<check::Checker>()?;

@@ -99,6 +99,12 @@ impl Rank {
         changed
     }
 
+    /// Whether the codecs run on a device (`DeviceRank`): these run on the CPU.
+    #[getter]
+    fn on_device(&self) -> bool {
+        false
+    }
+
     /// The schedule as it runs now (JSON): the lowered one with this epoch's warm-up ratios.
     fn schedule_json(&self) -> PyResult<String> {
         serde_json::to_string(&self.schedule)
@@ -108,15 +114,7 @@ impl Rank {
     /// The element type a summable payload is reduced in (`f32`, `f16`, `bf16`), or `None`
     /// for payloads that are gathered or pushed whole.
     fn wire_dtype(&self, piece: usize) -> PyResult<Option<&'static str>> {
-        Ok(self
-            .spec(piece)?
-            .compressor
-            .summed_as()
-            .map(|element| match element {
-                Element::F32 => "f32",
-                Element::F16 => "f16",
-                Element::Bf16 => "bf16",
-            }))
+        Ok(wire_dtype_name(&self.spec(piece)?.compressor))
     }
 
     /// The seed of this rank's codec for the piece (what `encode_reference` takes to agree).
@@ -370,9 +368,18 @@ fn covers<T>(buffer: &[T], spec: &Piece, piece: usize, what: &str) -> PyResult<(
     }
 }
 
+/// The element type a compressor's summable payload is reduced in, by its Python name.
+pub(crate) fn wire_dtype_name(compressor: &Compressor) -> Option<&'static str> {
+    compressor.summed_as().map(|element| match element {
+        Element::F32 => "f32",
+        Element::F16 => "f16",
+        Element::Bf16 => "bf16",
+    })
+}
+
 /// The compressor a piece runs in `epoch`: DGC's warm-up ratio for the sparsifiers (whose
 /// ratio is k/n), the lowered compressor for every other piece or memory.
-fn warmed_up(lowered: Compressor, memory: Memory, epoch: u32) -> Compressor {
+pub(crate) fn warmed_up(lowered: Compressor, memory: Memory, epoch: u32) -> Compressor {
     let warm = |ratio| memory.compression_ratio(epoch, ratio);
     match lowered {
         Compressor::Dgc { ratio } => Compressor::Dgc { ratio: warm(ratio) },

@@ -5,9 +5,11 @@ Each payload is written where its allreduce sends it and decoded where it arrive
 
 import torch
 
+from syncopate.torch.link import Lane
+
 from syncopate import NonFiniteError, NonFiniteGradient
 from syncopate.torch.device import first_non_finite
-from syncopate.torch.schedule import is_identity, is_summed
+from syncopate.torch.schedule import exchange_of, is_identity, is_summed
 
 
 class Codecs:
@@ -25,9 +27,13 @@ class Codecs:
       little-endian machines torch runs on, so the group buffer's piece is what gets allreduced
       and the result is the sum times the scale, written in one pass.
 
-    On a CUDA device only identity pieces run (`device.refusal`), on the device, and their
-    finite check is of the averaged gradients, once per iteration (`check_finite`): the backward
-    pass never waits for it, and every rank sees the same sums, so every rank stops."""
+    On a CUDA device (`state` a `syncopate.DeviceRank`, whose `on_device` is set) the codec ops
+    are the project's CUDA kernels, enqueued on the calling thread's current stream: the
+    payloads live in the exchanges' device buffers, and each op's stream first waits for the
+    piece's previous op (`after`). Codec steps of the schedule run on a stream of their own
+    (`lane`). The finite checks wait for the iteration's end (`check_finite`), so the backward
+    pass never waits for them: the identity pieces' of the averaged gradients (every rank sees
+    the same sums, so every rank stops), the others' of this rank's compression inputs."""
 
     def __init__(self, layout, state, link, buffers, results, scales, check, names):
         self.layout = layout
@@ -36,12 +42,20 @@ class Codecs:
         self.buffers = buffers
         self.results = results
         on_cpu = all(b.device.type == "cpu" for b in buffers)
-        # The Rust state reads and writes host memory: views of the CPU buffers.
-        self.arrays = [b.numpy() for b in buffers] if on_cpu else None
-        self.result_arrays = [r.numpy() for r in results] if on_cpu else None
-        self.on_device = not on_cpu
-        # (group, span) of the identity pieces averaged since the last check_finite.
+        self.on_device = not on_cpu or state.on_device
+        # The CPU state reads and writes host memory: views of the CPU buffers.
+        self.arrays = None if self.on_device else [b.numpy() for b in buffers]
+        self.result_arrays = None if self.on_device else [r.numpy() for r in results]
+        self.cuda = not on_cpu
+        self.lane = Lane(buffers[0].device if buffers else torch.device("cpu"))
+        # Per piece: its last op's CUDA event, its payload buffer and the rounds it went through.
+        self.events = {}
+        self.payloads = {}
+        self.round = {}
+        # (group, span) of the identity pieces averaged since the last check_finite, and the
+        # other pieces encoded since.
         self.unchecked = []
+        self.encoded = []
         self.scales = scales
         self.check = check
         self.names = names
@@ -55,8 +69,32 @@ class Codecs:
         spec = self.layout.pieces[piece]
         return spec["group"], slice(spec["offset"], spec["offset"] + spec["numel"])
 
+    def after(self, piece):
+        """The events a stream must wait for before the piece's next op (its last op's)."""
+        event = self.events.get(piece)
+        return [] if event is None else [event]
+
+    def stream(self):
+        """The calling thread's current CUDA stream, as the raw handle the device state takes."""
+        return torch.cuda.current_stream(self.buffers[0].device).cuda_stream if self.cuda else 0
+
     def run(self, piece, ops, iteration):
-        """Runs `ops` on `piece` in order (the schedule's order) in `iteration`."""
+        """Runs `ops` on `piece` in order (the schedule's order) in `iteration`; on a CUDA
+        device, enqueued on the current stream, which must wait for `after(piece)` first."""
+        if self.on_device and self.piece_on_device(piece):
+            self._run_on_device(piece, ops, iteration)
+        else:
+            self._run_on_host(piece, ops, iteration)
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.buffers[0].device))
+            self.events[piece] = event
+
+    def piece_on_device(self, piece):
+        """Whether the piece's codec ops are the device state's (every piece but the identity's)."""
+        return piece not in self.identity
+
+    def _run_on_host(self, piece, ops, iteration):
         state = self.state
         written = False
         for op in ops:
@@ -78,6 +116,49 @@ class Codecs:
             state.write_result(piece, self.result_arrays[group], self.scales[group])
             if self.check is not None:
                 self.check.result(piece, iteration)
+
+    def _run_on_device(self, piece, ops, iteration):
+        state, stream = self.state, self.stream()
+        group, _ = self._span(piece)
+        for op in ops:
+            if op == "compensate":
+                state.compensate(piece, self.buffers[group], stream)
+                if self.check is not None and iteration < self.check.iterations:
+                    self.check.input(piece, iteration, self._values(piece, result=False))
+            elif op == "encode":
+                out = self.link.buffers.get("payload", piece, state.wire_bytes(piece))
+                length = state.encode(piece, out, stream)
+                self.payloads[piece], self.round[piece] = out, 0
+                self.staged[piece] = out[:length]
+                self.length[piece] = length
+                self.encoded.append(piece)
+            elif op == "next-round":
+                payload, reduced = self.payloads[piece], self.delivered.pop(piece)
+                if reduced.data_ptr() != payload.data_ptr():
+                    payload[: reduced.numel()].copy_(reduced)
+                self.round[piece] += 1
+                length = state.next_round(piece, payload, self.round[piece], stream)
+                self.staged[piece] = payload[:length]
+                self.length[piece] = length
+            elif op == "decode":
+                last, _ = exchange_of(self.layout.pieces[piece]["rounds"][-1])
+                state.decode(piece, self.delivered.pop(piece), self.link.world if last == "allgather" else 1, stream)
+            elif op == "update-memory":
+                state.update_memory(piece, stream)
+            elif op == "scale-output":
+                state.scale_output(piece, stream)
+        if "decode" in ops:
+            state.write_result(piece, self.results[group], self.scales[group], stream)
+            # Every rank checks the sums: a rank's bad input may reach them all.
+            self.unchecked.append(self._span(piece))
+            if self.check is not None and iteration < self.check.iterations:
+                self.check.result(piece, iteration, self._values(piece, result=True))
+
+    def _values(self, piece, result):
+        """A copy of the piece's last compression input or decoded sum, on the device."""
+        values = torch.empty(self.layout.pieces[piece]["numel"], dtype=torch.float32, device=self.buffers[0].device)
+        self.state.copy_values(piece, values, result, self.stream())
+        return values
 
     def deliver(self, piece, buffer):
         """The exchange left the summed payload in `buffer` (None: in the state already)."""
@@ -144,7 +225,11 @@ class Codecs:
     def check_finite(self, iteration):
         """On a device, raises NonFiniteGradient naming the first non-finite element of the
         iteration's averaged gradients (one read from the device when they are finite); on the
-        CPU each encode checked its own rank's gradient before sending it."""
+        CPU each encode checked its own rank's gradient before sending it. The device state's
+        encodes are checked here too, each of this rank's compression input."""
+        encoded, self.encoded = self.encoded, []
+        for piece in encoded:
+            self._named(piece, iteration, lambda p=piece: self.state.check_finite(p, self.stream()))
         if not self.unchecked:
             return
         spans = self.unchecked

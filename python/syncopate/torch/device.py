@@ -1,16 +1,20 @@
 """Where a run's tensors live, and which plans run there: the CPU over gloo, or one CUDA device over NCCL.
 
-On a CUDA device the fusion buffers, the collectives and the results stay on the GPU. The codecs
-are the Rust state's CPU codecs, so on CUDA only plans whose every piece has no codec work run:
-the identity codec (no compressor, no memory) summed by an allreduce, flat or hierarchical.
-Anything else is refused by name rather than run through the CPU, which the plan did not price.
+On a CUDA device the fusion buffers, the payloads, the collectives, the codecs (the project's
+CUDA kernels, `syncopate.DeviceRank`) and the results stay on the GPU. What the device cannot
+run as the plan prices it is refused by name rather than run through the CPU: compressors
+without GPU kernels, the CaSync-Ring and parameter servers (point-to-point exchanges that
+`syncopate exec --backend cuda` runs) and several communication streams.
 """
+
+import site
+import sys
 
 import torch
 import torch.distributed as dist
 
-from syncopate import SyncopateError
-from syncopate.torch.schedule import exchange_of, is_identity
+from syncopate import DeviceRank, Rank, SyncopateError, device_refusal
+from syncopate.torch.schedule import is_identity
 
 # The collective library torch.distributed must use for each kind of device.
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
@@ -53,16 +57,17 @@ def refusal(device, layout, comm_streams):
         # once, which NCCL's documentation says is not safe ("Thread Safety").
         return (f"its {comm_streams} communication streams would each issue NCCL collectives from a thread of "
                 f"their own on {device}, which NCCL does not support; make the plan with one stream")
-    for index, piece in enumerate(layout.pieces):
-        if not is_identity(piece):
-            first, _ = exchange_of(piece["rounds"][0])
-            what = f"compressor {piece['compressor']}, memory {piece['memory']}, exchange {first}"
-            return (f"group {piece['group']} (piece {index}: {what}) needs codecs or an exchange that syncopate.torch "
-                    f"runs on the CPU only; on {device} it runs uncompressed plans summed by an allreduce (`syncopate "
-                    "exec --backend cuda` runs every plan on GPUs)")
-    if layout.overlap:
-        return "it updates each group before its next forward, which syncopate.torch runs on the CPU only"
-    return None
+    return device_refusal(layout.schedule_json)
+
+
+def codec_state(device, layout, rank, seed):
+    """This rank's codec state: the device's kernels on a CUDA device when a piece has codec
+    work (`DeviceRank`, which compiles them on first use), else the CPU codecs (`Rank`; the
+    identity codec has no work of its own)."""
+    if device.type == "cuda" and not all(is_identity(p) for p in layout.pieces):
+        sites = site.getsitepackages() + [site.getusersitepackages()] + sys.path
+        return DeviceRank(layout.schedule_json, rank, seed, device.index, sites)
+    return Rank(layout.schedule_json, rank, seed)
 
 
 def first_non_finite(buffers, spans):

@@ -136,8 +136,9 @@ class AllgatherShards:
         self.work = link.start(dist.all_gather_into_tensor, self.full, scattered.shard, async_op=True)
 
     def finish(self):
+        """The summed payload's buffer."""
         self.link.wait(self.work, self.what)
-        self.state.set_payload(self.piece, self.full[: self.scattered.count].view(torch.uint8).numpy())
+        return self.full[: self.scattered.count].view(torch.uint8)
 
 
 class Allgather:
@@ -159,6 +160,22 @@ class Allgather:
         gathered = [link.buffers.get(f"allgathered from rank {r}", piece, largest) for r in range(link.world)]
         link.wait(link.start(dist.all_gather, gathered, mine, async_op=True), self.what)
         self.state.set_gathered(piece, [g[:n].numpy() for g, n in zip(gathered, sizes)])
+
+
+class GatheredPayloads:
+    """Every rank's payload to every rank, when every payload has the same length (the device
+    codecs' are fixed by the piece): one all-gather of `staged` (bytes) into a buffer of the
+    payloads in rank order."""
+
+    def __init__(self, link, piece, staged, what):
+        self.link, self.what = link, what
+        self.gathered = link.buffers.get("allgathered payloads", piece, staged.numel() * link.world)
+        self.work = link.start(dist.all_gather_into_tensor, self.gathered, staged, async_op=True)
+
+    def finish(self):
+        """The gathered payloads' buffer."""
+        self.link.wait(self.work, self.what)
+        return self.gathered
 
 
 class PushPullMessages:

@@ -129,9 +129,10 @@ class Executor:
         self._join()
 
     def _join(self):
-        """On a device, makes the caller's stream wait for every link's stream."""
+        """On a device, makes the caller's stream wait for every link's stream and the codecs'."""
         for link in self.links:
             link.join()
+        self.codecs.lane.join()
 
     def close(self):
         """Finishes what is in flight, then ends the stream threads; the exit no longer holds
@@ -180,9 +181,11 @@ class Executor:
     def _ready(self, index):
         step = self.layout.steps[index]
         if step["stream"] in SYNC_STREAMS:
-            start = self.recorder.mark()
-            self.codecs.run(step["piece"], step["ops"], self.sync.iteration)
-            self.recorder.add(index, self.sync.iteration, 0, start)
+            piece = step["piece"]
+            with self.codecs.lane.on_stream(self._copies(self.sync, piece) + self.codecs.after(piece)):
+                start = self.recorder.mark()
+                self.codecs.run(piece, step["ops"], self.sync.iteration)
+                self.recorder.add(index, self.sync.iteration, 0, start)
             self._done(index)
         elif step["stream"] == "comm":
             self.launcher.ready(index, self.recorder.now())
@@ -257,7 +260,8 @@ class Executor:
     def _run(self, index, stream, sync):
         """Launches collective step `index` of `sync`'s iteration on the stream's link and finishes it."""
         link = self.links[stream]
-        with link.on_stream(self._copies(sync, self.layout.steps[index]["piece"])):
+        piece = self.layout.steps[index]["piece"]
+        with link.on_stream(self._copies(sync, piece) + self.codecs.after(piece)):
             with self.lock:
                 step = self.layout.steps[index]
                 piece, ops = step["piece"], step["ops"]
@@ -293,11 +297,14 @@ class Executor:
             staged = self.codecs.staged.pop(piece, None)
             return exchange.HierarchicalAllreduce(link, state, piece, length, dtype, what, staged)
         if name == "reduce-scatter":
-            pending = exchange.ReduceScatter(link, state, piece, length, dtype, what)
+            staged = self.codecs.staged.pop(piece, None)
+            pending = exchange.ReduceScatter(link, state, piece, length, dtype, what, staged)
             self.scattered[piece] = pending
             return pending
         if name == "allgather-shards":
             return exchange.AllgatherShards(link, state, piece, self.scattered.pop(piece), what)
+        if name == "allgather" and self.codecs.on_device:
+            return exchange.GatheredPayloads(link, piece, self.codecs.staged.pop(piece), what)
         if name == "allgather":
             return exchange.Allgather(link, state, piece, length, what)
         if name == "compressed-ring":

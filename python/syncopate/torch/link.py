@@ -34,6 +34,40 @@ class Launch:
         self.tensors = tensors
 
 
+class Lane:
+    """Where work of one kind is enqueued on `device`: on a CUDA device a stream of its own,
+    made on first use (a lane that never runs anything takes none from the device's pool); on
+    the CPU nothing, the work runs as it is called."""
+
+    def __init__(self, device):
+        self.device = device
+        self._stream = None
+
+    @property
+    def stream(self):
+        """The lane's CUDA stream; None on the CPU."""
+        if self._stream is None and self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
+
+    @contextlib.contextmanager
+    def on_stream(self, after=()):
+        """Makes the lane's stream wait for the events in `after`, then makes it the calling
+        thread's current stream; on the CPU, nothing."""
+        if self.device.type != "cuda":
+            yield
+            return
+        for event in after:
+            self.stream.wait_event(event)
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def join(self):
+        """Makes the calling thread's current stream wait for what the lane's stream has queued."""
+        if self._stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+
+
 class Link:
     """This rank's end of the collectives: world, rank, timeout, and a tag per launch for
     point-to-point messages (every rank launches in the same order, so tags agree). Its tensors
@@ -58,15 +92,7 @@ class Link:
         self.launches = 0
         self.device = device or torch.device("cpu")
         self.buffers = buffers if buffers is not None else Buffers(self.device)
-        self._stream = None
-
-    @property
-    def stream(self):
-        """The link's own CUDA stream, made on first use (a link that never runs an exchange
-        takes none from the device's pool); None on the CPU."""
-        if self._stream is None and self.device.type == "cuda":
-            self._stream = torch.cuda.Stream(self.device)
-        return self._stream
+        self.lane = Lane(self.device)
 
     def new_group(self):
         """A link over a process group of its own (the same ranks), sharing this link's kept
@@ -93,20 +119,13 @@ class Link:
                 link.across = Link(self.rank, nodes, self.timeout.total_seconds(), group, self.buffers, self.device)
         return link
 
-    @contextlib.contextmanager
     def on_stream(self, after=()):
-        """Where the link's exchanges are launched and finished. On a CUDA device: its own stream,
-        made to wait first for the events in `after` (the copies of the gradients the exchange
-        sends), so that torch's NCCL collectives, which wait for the launching stream, see them
-        and nothing queued since; `join` makes the caller's stream wait for it in turn. On the
-        CPU: nothing."""
-        if self.device.type != "cuda":
-            yield
-            return
-        for event in after:
-            self.stream.wait_event(event)
-        with torch.cuda.stream(self.stream):
-            yield
+        """Where the link's exchanges are launched and finished: on a CUDA device its own
+        stream, made to wait first for the events in `after` (the copies of the gradients the
+        exchange sends, the piece's codec work), so that torch's NCCL collectives, which wait
+        for the launching stream, see them and nothing queued since; `join` makes the caller's
+        stream wait for it in turn. On the CPU: nothing."""
+        return self.lane.on_stream(after)
 
     def connect(self):
         """On a CUDA device, has NCCL make the communicators of this link's groups now, one at a
@@ -123,8 +142,7 @@ class Link:
 
     def join(self):
         """Makes the calling thread's current stream wait for what the link's stream has queued."""
-        if self._stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        self.lane.join()
 
     def start(self, collective, *args, **options):
         """Calls `collective(*args, **options)` (an asynchronous torch.distributed call) on

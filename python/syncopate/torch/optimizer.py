@@ -9,10 +9,10 @@ import json
 import torch
 import torch.distributed as dist
 
-from syncopate import Rank, SyncopateError, lower
+from syncopate import SyncopateError, lower
 from syncopate.torch import timing
 from syncopate.torch.check import Check
-from syncopate.torch.device import check_backend, device_of, refusal
+from syncopate.torch.device import check_backend, codec_state, device_of, refusal
 from syncopate.torch.link import Link
 from syncopate.torch.executor import Executor
 from syncopate.torch.momentum import check_momentum
@@ -23,8 +23,8 @@ from syncopate.torch.schedule import Layout, kind_of
 class DistributedOptimizer:
     """Runs `plan` (a plan file; `model_profile` overrides the model profile it records) for
     `module` on the initialized torch.distributed process group: gloo for float32 parameters on
-    the CPU, NCCL for float32 parameters on one CUDA device (the uncompressed plans summed by an
-    allreduce, `device.refusal`; buffers, collectives and timings on the GPU).
+    the CPU, NCCL for float32 parameters on one CUDA device (buffers, codecs, collectives and
+    timings on the GPU; what a device refuses is `device.refusal`).
 
     Gradients are copied into their group's fusion buffer as they become ready; the schedule's
     encode, collective and decode steps follow its dependencies and launch policy. `step()`
@@ -57,7 +57,7 @@ class DistributedOptimizer:
         if refused is not None:
             raise SyncopateError(f"{plan} on {self.device}: {refused}")
         self.link = Link(self.rank, self.world, timeout_s, device=self.device)
-        self.state = Rank(self.schedule_json, self.rank, seed)
+        self.state = codec_state(self.device, self.layout, self.rank, seed)
         self.recorder = timing.Recorder(self.rank, self.device)
         self._buffers(schedule)
         self.check = (

@@ -48,6 +48,7 @@ class Layout:
     each group's synchronization tails (what its update waits for from the iteration before)."""
 
     def __init__(self, schedule, schedule_json):
+        self.schedule_json = schedule_json
         self.world = schedule["world"]
         self.steps = schedule["steps"]
         self.pieces = schedule["pieces"]

@@ -4,6 +4,8 @@
 
 pub mod codec;
 mod compressed_ring;
+mod device_piece;
+pub mod foreign;
 pub mod gemm;
 pub(crate) mod kernels;
 mod links;

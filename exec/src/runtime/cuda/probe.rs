@@ -108,6 +108,50 @@ pub fn probe() -> Result<usize> {
     if !located.is_empty() {
         reexec(&located)?;
     }
+    devices()
+}
+
+/// The probe of a process that cannot re-execute itself (a Python interpreter that loaded
+/// syncopate.torch): checks that the driver loads and, when the loader does not find NVRTC by
+/// name, loads it and its builtins from pip's wheels under `sites` (or `SYNCOPATE_NVRTC_LIB`)
+/// and keeps them loaded, so that cudarc's and NVRTC's later opens by name find them (the
+/// loader matches a loaded library's soname). NCCL is left to PyTorch. Returns the number of
+/// visible GPUs.
+pub fn probe_in_process(sites: &[PathBuf]) -> Result<usize> {
+    find("cuda").ok_or_else(|| missing("cuda", "no NVIDIA driver on this machine"))?;
+    if find(NVRTC.lib).is_none() {
+        let path = locate(&NVRTC, sites)?;
+        let dir = path.parent().map(PathBuf::from).unwrap_or_default();
+        keep_loaded(&path)?;
+        let entries = std::fs::read_dir(&dir).map_err(|err| ExecError::NoGpu {
+            reason: format!("cannot list {}: {err}", dir.display()),
+        })?;
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("libnvrtc-builtins.so")
+            {
+                keep_loaded(&entry.path())?;
+            }
+        }
+    }
+    devices()
+}
+
+/// Loads the library at `path` for the rest of the process.
+fn keep_loaded(path: &std::path::Path) -> Result<()> {
+    // SAFETY: as in `loads`; the handle is leaked, so the library stays loaded.
+    let library = unsafe { libloading::Library::new(path) }.map_err(|err| ExecError::NoGpu {
+        reason: format!("{} does not load: {err}", path.display()),
+    })?;
+    std::mem::forget(library);
+    Ok(())
+}
+
+/// Initializes the driver; the number of visible GPUs, refused when none or when the driver is
+/// older than the build's CUDA API.
+fn devices() -> Result<usize> {
     cudarc::driver::result::init().map_err(|e| ExecError::NoGpu {
         reason: format!("the CUDA driver failed to initialize: {e}"),
     })?;

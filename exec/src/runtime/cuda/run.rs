@@ -24,12 +24,11 @@
 //! that failure; a communicator is finalized and destroyed after its last collective, aborted
 //! after a failure (`nccl.rs`).
 
-use super::codec::{supported, GpuCodec};
 use super::compressed_ring::{self, GpuShards};
+use super::device_piece::DevicePiece;
 use super::gemm::Gemm;
 use super::kernels::{cuda_err, Kernels};
 use super::links::Links;
-use super::memory::GpuMemory;
 use super::nccl::Communicator;
 use super::server::{push_pull, Server};
 use crate::error::{ExecError, Result};
@@ -82,19 +81,14 @@ pub(super) struct Placement {
 }
 
 pub(super) struct GpuPiece {
-    codec: GpuCodec,
-    memory: GpuMemory,
-    compensated: CudaSlice<f32>,
+    device: DevicePiece,
     /// Padded to a multiple of the world size in elements, so NCCL's reduce-scatter splits it.
     payload: CudaSlice<u8>,
-    own: CudaSlice<u8>,
     chunk: CudaSlice<u8>,
     /// This rank's share of its node's sum in a hierarchical allreduce: 1/per_node of the
     /// padded payload (one byte for a piece without one).
     node_share: CudaSlice<u8>,
     gathered: CudaSlice<u8>,
-    result: CudaSlice<f32>,
-    transmitted: CudaSlice<f32>,
     /// Parameter-server aggregation, on the piece's server rank only.
     server: Option<Server>,
     /// A CaSync-Ring piece's shards: it is encoded, exchanged and decoded shard by shard.
@@ -139,15 +133,7 @@ fn check_plan(schedule: &Schedule, placement: &Placement) -> Result<()> {
         });
     }
     for (index, piece) in schedule.pieces.iter().enumerate() {
-        supported(&piece.compressor)?;
-        if !piece.calls.is_empty() {
-            return Err(ExecError::Cuda {
-                message: format!(
-                    "pieces[{index}] (group {}) is compressed tensor by tensor (the plan's codec_calls `tensor`); the CUDA kernels compress a piece in one call: run it with --backend host or mpi, or make the plan with codec_calls `group`",
-                    piece.group
-                ),
-            });
-        }
+        DevicePiece::runs(index, piece)?;
         if let Some(why) = piece
             .compressed_ring()
             .then(|| compressed_ring::why_not(&piece.compressor))
@@ -286,14 +272,8 @@ impl Run<'_> {
         let mut pieces = Vec::with_capacity(schedule.pieces.len());
         for (i, spec) in schedule.pieces.iter().enumerate() {
             let n = spec.numel as usize;
-            let gpu = GpuCodec::new(
-                &spec.compressor,
-                n,
-                &spec.shapes(),
-                pieces::codec_seed(schedule, seed, i, Some(rank)),
-                &codec,
-            )?;
-            let bytes = gpu.wire_bytes();
+            let device = DevicePiece::new(schedule, seed, i, rank, &codec)?;
+            let bytes = device.codec.wire_bytes();
             let elem = pieces::wire_element_bytes(&spec.compressor);
             let padded = (bytes / elem).div_ceil(world) * world * elem;
             let node_share = match spec.hierarchical() {
@@ -306,18 +286,13 @@ impl Run<'_> {
                 1
             };
             pieces.push(Mutex::new(GpuPiece {
-                codec: gpu,
-                memory: GpuMemory::new(spec.memory, n, &codec)?,
-                compensated: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
+                device,
                 payload: codec
                     .alloc_zeros(padded.max(bytes).max(1))
                     .map_err(&alloc)?,
-                own: codec.alloc_zeros(bytes.max(1)).map_err(&alloc)?,
                 chunk: codec.alloc_zeros((padded / world).max(1)).map_err(&alloc)?,
                 node_share: codec.alloc_zeros(node_share.max(1)).map_err(&alloc)?,
                 gathered: codec.alloc_zeros(gathered.max(1)).map_err(&alloc)?,
-                result: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
-                transmitted: codec.alloc_zeros(n.max(1)).map_err(&alloc)?,
                 server: self.server(i, rank, &codec)?,
                 ring: match spec.compressed_ring() {
                     true => Some(GpuShards::new(
@@ -492,18 +467,20 @@ impl Run<'_> {
         let read = cuda_err("cannot copy a result back for --check");
         if ops.contains(&Op::Compensate) {
             match &piece.ring {
-                Some(ring) => ring.check_own(stream, &piece.compensated)?,
-                None => piece.codec.check_finite(stream, &piece.compensated)?,
+                Some(ring) => ring.check_own(stream, &piece.device.compensated)?,
+                None => piece.device.check_finite(stream)?,
             }
             if let Some(checker) = self.checker {
                 let input = stream
-                    .clone_dtoh(&piece.compensated.slice(..n))
+                    .clone_dtoh(&piece.device.compensated.slice(..n))
                     .map_err(&read)?;
                 checker.input(index, state.rank, iteration, &input);
             }
         }
         if let (true, Some(checker)) = (ops.contains(&Op::Decode), self.checker) {
-            let result = stream.clone_dtoh(&piece.result.slice(..n)).map_err(&read)?;
+            let result = stream
+                .clone_dtoh(&piece.device.result.slice(..n))
+                .map_err(&read)?;
             checker.result(index, state.rank, iteration, &result)?;
         }
         Ok(())
@@ -618,12 +595,9 @@ impl<'a> Backend for Run<'a> {
             .lock()
             .expect("a group buffer lock");
         let grad = buffer.slice(pieces::range(spec));
-        piece.memory.compensate(
-            &state.kernels,
-            self.stream(state, lane),
-            &grad,
-            &mut piece.compensated,
-        )
+        piece
+            .device
+            .compensate(&state.kernels, self.stream(state, lane), &grad)
     }
 
     fn encode(
@@ -635,21 +609,11 @@ impl<'a> Backend for Run<'a> {
     ) -> Result<()> {
         let stream = self.stream(state, lane);
         if let Some(ring) = &mut piece.ring {
-            return ring.encode_own(&state.kernels, stream, &piece.compensated);
+            return ring.encode_own(&state.kernels, stream, &piece.device.compensated);
         }
-        piece.codec.encode(
-            &state.kernels,
-            stream,
-            &piece.compensated,
-            &mut piece.payload,
-        )?;
-        if self.spec(index).memory != Memory::None {
-            let bytes = piece.codec.wire_bytes();
-            stream
-                .memcpy_dtod(&piece.payload.slice(..bytes), &mut piece.own)
-                .map_err(cuda_err("cannot keep the own payload"))?;
-        }
-        Ok(())
+        piece
+            .device
+            .encode(&state.kernels, stream, self.spec(index), &mut piece.payload)
     }
 
     /// A later round of a multi-round codec (PowerSGD's Q), from the reduced payload of the
@@ -661,12 +625,9 @@ impl<'a> Backend for Run<'a> {
         piece: &mut GpuPiece,
         _: usize,
     ) -> Result<()> {
-        piece.codec.next_round(
-            &state.kernels,
-            self.stream(state, lane),
-            &piece.compensated,
-            &mut piece.payload,
-        )
+        piece
+            .device
+            .next_round(&state.kernels, self.stream(state, lane), &mut piece.payload)
     }
 
     fn exchange(
@@ -697,7 +658,7 @@ impl<'a> Backend for Run<'a> {
                     Exchange::ReduceScatter
                     | Exchange::AllgatherShards
                     | Exchange::HierarchicalAllreduce => piece.payload.len() / elem,
-                    _ => piece.codec.round_bytes(round) / elem,
+                    _ => piece.device.codec.round_bytes(round) / elem,
                 };
                 let chunk = piece.chunk.len() / elem;
                 let share = piece.node_share.len() / elem;
@@ -740,7 +701,7 @@ impl<'a> Backend for Run<'a> {
                 }
             }
             Exchange::Allgather => {
-                let bytes = piece.codec.wire_bytes();
+                let bytes = piece.device.codec.wire_bytes();
                 let send = piece.payload.slice(..bytes);
                 comm.all_gather(&send, &mut piece.gathered)?;
             }
@@ -748,7 +709,7 @@ impl<'a> Backend for Run<'a> {
                 let Some(ring) = &mut piece.ring else {
                     unreachable!("a compressed ring's piece has its shards")
                 };
-                ring.exchange(comm, &state.kernels, &piece.compensated, || {
+                ring.exchange(comm, &state.kernels, &piece.device.compensated, || {
                     self.drain(state, stream, "a CaSync-Ring")
                 })?
             }
@@ -756,7 +717,7 @@ impl<'a> Backend for Run<'a> {
                 comm,
                 &state.kernels,
                 server,
-                &mut piece.codec,
+                &mut piece.device.codec,
                 piece.server.as_mut(),
                 &mut piece.payload,
                 || self.drain(state, stream, "the parameter-server push"),
@@ -774,29 +735,20 @@ impl<'a> Backend for Run<'a> {
     ) -> Result<()> {
         let stream = self.stream(state, lane);
         let k = &state.kernels;
-        let bytes = piece.codec.wire_bytes();
-        stream
-            .memset_zeros(&mut piece.result)
-            .map_err(cuda_err("cannot clear the result"))?;
         if let Some(ring) = &mut piece.ring {
-            return ring.decode(k, stream, &mut piece.result);
+            stream
+                .memset_zeros(&mut piece.device.result)
+                .map_err(cuda_err("cannot clear the result"))?;
+            return ring.decode(k, stream, &mut piece.device.result);
         }
-        match self.spec(index).aggregation {
-            Aggregation::Allgather => {
-                for r in 0..self.world as usize {
-                    let block = piece.gathered.slice(r * bytes..(r + 1) * bytes);
-                    piece
-                        .codec
-                        .decode_add(k, stream, &block, &mut piece.result)?;
-                }
-                Ok(())
-            }
-            _ => {
-                piece
-                    .codec
-                    .decode_add(k, stream, &piece.payload.slice(..bytes), &mut piece.result)
-            }
-        }
+        let bytes = piece.device.codec.wire_bytes();
+        let blocks: Vec<_> = match self.spec(index).aggregation {
+            Aggregation::Allgather => (0..self.world as usize)
+                .map(|r| piece.gathered.slice(r * bytes..(r + 1) * bytes))
+                .collect(),
+            _ => vec![piece.payload.slice(..bytes)],
+        };
+        piece.device.decode(k, stream, &blocks)
     }
 
     fn update_memory(
@@ -809,25 +761,14 @@ impl<'a> Backend for Run<'a> {
         let stream = self.stream(state, lane);
         let spec = self.spec(index);
         let k = &state.kernels;
-        if let Some(ring) = &mut piece.ring {
-            ring.transmitted(k, stream, &mut piece.transmitted)?;
-        } else if spec.compressor.allreduce_rounds() > 1 {
-            // As the host backend: a multi-round codec (PowerSGD) has no payload of its own to
-            // decode; its transmitted part is the averaged low-rank result.
-            let (n, world) = (spec.numel as u32, self.world as f32);
-            k.powersgd_average(stream, &piece.result, &mut piece.transmitted, n, world)?;
-        } else {
-            let bytes = piece.codec.wire_bytes();
-            stream
-                .memset_zeros(&mut piece.transmitted)
-                .map_err(cuda_err("cannot clear the transmitted part"))?;
-            piece
-                .codec
-                .decode_add(k, stream, &piece.own.slice(..bytes), &mut piece.transmitted)?;
+        match &mut piece.ring {
+            Some(ring) if spec.memory != Memory::None => {
+                ring.transmitted(k, stream, &mut piece.device.transmitted)?;
+                piece.device.remember(k, stream)
+            }
+            Some(_) => Ok(()),
+            None => piece.device.update_memory(k, stream, spec, self.world),
         }
-        piece
-            .memory
-            .update(k, stream, &piece.compensated, &piece.transmitted)
     }
 
     fn scale_output(
@@ -837,14 +778,9 @@ impl<'a> Backend for Run<'a> {
         piece: &mut GpuPiece,
         index: usize,
     ) -> Result<()> {
-        let spec = self.spec(index);
-        let Memory::EfSignSgd { lr } = spec.memory else {
-            return Ok(());
-        };
-        let (n, scale) = (spec.numel as u32, (1.0 / lr) as f32);
-        state
-            .kernels
-            .scale_in_place(self.stream(state, lane), &mut piece.result, n, scale)
+        piece
+            .device
+            .scale_output(&state.kernels, self.stream(state, lane), self.spec(index))
     }
 }
 
