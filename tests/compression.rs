@@ -214,6 +214,7 @@ fn round_trip_errors_are_bounded() {
                 Compressor::Fp8(_) => (v - x).abs() <= x.abs() * 0.125 + max * 1e-4,
                 // Sparsifiers send exact values or nothing.
                 Compressor::TopK { .. }
+                | Compressor::RandomKIndexed { .. }
                 | Compressor::Dgc { .. }
                 | Compressor::GradDrop { .. }
                 | Compressor::Threshold { .. } => v == x || v == 0.0,

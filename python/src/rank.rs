@@ -380,14 +380,10 @@ pub(crate) fn wire_dtype_name(compressor: &Compressor) -> Option<&'static str> {
 /// The compressor a piece runs in `epoch`: DGC's warm-up ratio for the sparsifiers (whose
 /// ratio is k/n), the lowered compressor for every other piece or memory.
 pub(crate) fn warmed_up(lowered: Compressor, memory: Memory, epoch: u32) -> Compressor {
-    let warm = |ratio| memory.compression_ratio(epoch, ratio);
-    match lowered {
-        Compressor::Dgc { ratio } => Compressor::Dgc { ratio: warm(ratio) },
-        Compressor::TopK { ratio } => Compressor::TopK { ratio: warm(ratio) },
-        Compressor::GradDrop { ratio } => Compressor::GradDrop { ratio: warm(ratio) },
-        Compressor::RandomK { ratio } => Compressor::RandomK { ratio: warm(ratio) },
-        other => other,
-    }
+    lowered
+        .kept_fraction()
+        .and_then(|ratio| lowered.with_kept_fraction(memory.compression_ratio(epoch, ratio)))
+        .unwrap_or(lowered)
 }
 
 fn copy_floats(values: &[f32], out: &Bound<'_, PyAny>, piece: usize) -> PyResult<()> {

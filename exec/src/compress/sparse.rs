@@ -1,10 +1,10 @@
-//! Sparsifiers with exact counts or exact thresholds: top-k, shared-seed random-k, threshold.
+//! Sparsifiers with exact counts or exact thresholds: top-k, random-k (shared-seed or indexed), threshold.
 //!
 //! Top-k uses radix selection; the threshold is fixed.
 //!
-//! Wire formats: `topk` k × u32 indices then k × f32 values (ascending indices); `randomk`
-//! k × f32 values scaled by n/k, indices regenerated from the shared seed and step; `threshold`
-//! u32 count c, c × u32 indices, c × f32 values.
+//! Wire formats: `topk` and `randomk-indexed` k × u32 indices then k × f32 values (ascending
+//! indices); `randomk` k × f32 values scaled by n/k, indices regenerated from the shared seed
+//! and step; `threshold` u32 count c, c × u32 indices, c × f32 values.
 
 use super::rng::Rng;
 use super::scan::{check_finite, CHUNK};
@@ -32,6 +32,13 @@ pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
         Compressor::TopK { ratio } => exact(c, Rule::TopK(ratio)),
         Compressor::Threshold { value } => exact(c, Rule::Threshold(value as f32)),
         Compressor::RandomK { ratio } => random_k(c, ratio, build.seed),
+        Compressor::RandomKIndexed { ratio } => Box::new(RandomKIndexed {
+            c,
+            ratio,
+            seed: build.seed,
+            step: 0,
+            indices: Vec::new(),
+        }),
         other => not_in_family(other, "sparse"),
     }
 }
@@ -469,6 +476,49 @@ impl Codec for RandomK {
 
     fn sum_into(&self, acc: &mut [u8], other: &[u8]) -> Result<()> {
         sum_f32_payloads(&self.c, acc, other)
+    }
+}
+
+/// Random-k as MergeComp sends it: each worker draws its own k coordinates (its own seed and
+/// the step) and sends them with their values, unscaled, in top-k's format.
+struct RandomKIndexed {
+    c: Compressor,
+    ratio: f64,
+    seed: u64,
+    step: u64,
+    indices: Vec<u32>,
+}
+
+impl Codec for RandomKIndexed {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        let n = grad.len();
+        let k = sparse_count(n as u64, self.ratio) as usize;
+        let mut rng = Rng::for_stream(self.seed, self.step);
+        self.step += 1;
+        random_subset(&mut rng, n, k, &mut self.indices);
+        for (c, chunk) in grad.chunks(CHUNK).enumerate() {
+            check_finite(chunk, c * CHUNK)?;
+        }
+        out.clear();
+        out.reserve(8 * k);
+        out.extend(self.indices.iter().flat_map(|i| i.to_le_bytes()));
+        out.extend(
+            self.indices
+                .iter()
+                .flat_map(|&i| grad[i as usize].to_le_bytes()),
+        );
+        Ok(())
+    }
+
+    fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+        expect_len(&self.c, payload, acc.len())?;
+        let k = payload.len() / 8;
+        let (idx, val) = payload.split_at(4 * k);
+        scatter_add(&self.c, idx, val, k, acc)
     }
 }
 

@@ -45,6 +45,12 @@ pub enum Compressor {
         /// Fraction of the elements kept, in (0, 1].
         ratio: f64,
     },
+    /// k random coordinates each worker draws for itself, sent unscaled with their indices in
+    /// top-k's wire format (MergeComp's random-k: `torch.randperm` per worker).
+    RandomKIndexed {
+        /// Fraction of the elements kept, in (0, 1].
+        ratio: f64,
+    },
     /// Deep Gradient Compression: a threshold from a 1% sample, adapted to ±20% of k.
     Dgc {
         /// Target fraction of the elements kept, in (0, 1].
@@ -376,6 +382,28 @@ const CATALOG: &[CatalogEntry] = &[
         },
     },
     CatalogEntry {
+        key: "randomk-indexed",
+        form: "randomk-indexed:RATIO",
+        description: "k = max(1, ceil(RATIO·n)) random coordinates each worker draws for itself, u32 indices + f32 values unscaled, as MergeComp's random-k sends them; allgather",
+        example: "randomk-indexed:0.01",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Sparse,
+        gpu: true,
+        // Finiteness reads 4 B; the indices and the gathered values, 8 B per kept element, are
+        // written and the decode reads them.
+        encode: sparse_work(4.0, 8.0, 2),
+        decode: sparse_work(4.0, 8.0, 1),
+        default_memory: RESIDUAL,
+        auto: None,
+        parse: |p| {
+            Ok(Compressor::RandomKIndexed {
+                ratio: p.ratio()?,
+            })
+        },
+    },
+    CatalogEntry {
         key: "dgc",
         form: "dgc:RATIO",
         description: "Deep Gradient Compression: threshold from a 1% strided sample, adapted to ±20% of k; allgather",
@@ -678,6 +706,7 @@ impl Compressor {
             Compressor::Fp8(_) => "fp8",
             Compressor::TopK { .. } => "topk",
             Compressor::RandomK { .. } => "randomk",
+            Compressor::RandomKIndexed { .. } => "randomk-indexed",
             Compressor::Dgc { .. } => "dgc",
             Compressor::Threshold { .. } => "threshold",
             Compressor::Qsgd { .. } => "qsgd",
@@ -699,6 +728,7 @@ impl Compressor {
         match *self {
             Compressor::TopK { ratio }
             | Compressor::RandomK { ratio }
+            | Compressor::RandomKIndexed { ratio }
             | Compressor::Dgc { ratio }
             | Compressor::GradDrop { ratio } => Some(ratio),
             _ => None,
@@ -718,6 +748,7 @@ impl Compressor {
         match *self {
             Compressor::TopK { .. } => Some(Compressor::TopK { ratio }),
             Compressor::RandomK { .. } => Some(Compressor::RandomK { ratio }),
+            Compressor::RandomKIndexed { .. } => Some(Compressor::RandomKIndexed { ratio }),
             Compressor::Dgc { .. } => Some(Compressor::Dgc { ratio }),
             Compressor::GradDrop { .. } => Some(Compressor::GradDrop { ratio }),
             _ => None,
@@ -832,7 +863,9 @@ impl Compressor {
             Compressor::None | Compressor::PowerSgd { .. } => 4 * n,
             Compressor::Fp16 | Compressor::Bf16 => 2 * n,
             Compressor::Fp8(_) => SCALE_HEADER + n,
-            Compressor::TopK { ratio } => 8 * sparse_count(n, ratio),
+            Compressor::TopK { ratio } | Compressor::RandomKIndexed { ratio } => {
+                8 * sparse_count(n, ratio)
+            }
             Compressor::RandomK { ratio } => 4 * sparse_count(n, ratio),
             Compressor::Dgc { ratio } | Compressor::GradDrop { ratio } => {
                 COUNT_HEADER + 8 * sparse_count(n, ratio)
@@ -1028,6 +1061,7 @@ impl fmt::Display for Compressor {
             Compressor::Fp8(Fp8Format::E5m2) => write!(f, "fp8:e5m2"),
             Compressor::TopK { ratio }
             | Compressor::RandomK { ratio }
+            | Compressor::RandomKIndexed { ratio }
             | Compressor::Dgc { ratio }
             | Compressor::GradDrop { ratio } => write!(f, "{key}:{ratio}"),
             Compressor::Threshold { value: v } | Compressor::Tbq { threshold: v } => {

@@ -1,4 +1,4 @@
-//! Exact sparsifiers on the device: top-k, threshold, shared-seed random-k (`compress/sparse.rs`).
+//! Exact sparsifiers on the device: top-k, threshold, random-k shared-seed or indexed (`compress/sparse.rs`).
 //!
 //! Top-k and threshold use radix selection and a stable compaction (`select.rs`); random-k's
 //! indices are drawn on the host by the CPU's sampler.
@@ -17,7 +17,10 @@ use syncopate_sim::compress::{sparse_count, Compressor};
 pub(super) fn supports(c: &Compressor) -> bool {
     matches!(
         c,
-        Compressor::TopK { .. } | Compressor::Threshold { .. } | Compressor::RandomK { .. }
+        Compressor::TopK { .. }
+            | Compressor::Threshold { .. }
+            | Compressor::RandomK { .. }
+            | Compressor::RandomKIndexed { .. }
     )
 }
 
@@ -26,7 +29,9 @@ pub(super) fn new(b: &Build) -> Result<Box<dyn Family>> {
     Ok(match c {
         Compressor::TopK { ratio } => Box::new(TopK::new(c, n, ratio, stream)?),
         Compressor::Threshold { value } => Box::new(Threshold::new(c, n, value as f32, stream)?),
-        Compressor::RandomK { ratio } => Box::new(RandomK::new(c, n, ratio, b.seed, stream)?),
+        Compressor::RandomK { ratio } | Compressor::RandomKIndexed { ratio } => {
+            Box::new(RandomK::new(c, n, ratio, b.seed, stream)?)
+        }
         other => return Err(no_kernel(&other)),
     })
 }
@@ -174,9 +179,11 @@ pub(super) fn write_count(
 }
 
 /// Random-k: k values x·n/k at indices every rank draws alike from the shared seed and the
-/// step, with the CPU codec's own sampler on the host; no indices are sent.
+/// step, with the CPU codec's own sampler on the host; no indices are sent. Indexed (MergeComp's):
+/// each rank's own indices, sent before the unscaled values as top-k sends them.
 pub(super) struct RandomK {
     c: Compressor,
+    indexed: bool,
     n: u32,
     k: u32,
     seed: u64,
@@ -197,6 +204,7 @@ impl RandomK {
         let k = k_of(n, ratio);
         Ok(RandomK {
             c,
+            indexed: matches!(c, Compressor::RandomKIndexed { .. }),
             n,
             k,
             seed,
@@ -231,6 +239,22 @@ impl Family for RandomK {
                 .map_err(cuda_err("cannot upload the random-k indices"))?;
         }
         k.check_finite(stream, input, self.n, bad)?;
+        if self.indexed {
+            let bytes: Vec<u8> = self.host.iter().flat_map(|i| i.to_le_bytes()).collect();
+            let (mut head, mut values) = out.split_at_mut(4 * self.k as usize);
+            stream
+                .memcpy_htod(&bytes, &mut head)
+                .map_err(cuda_err("cannot write the random-k indices"))?;
+            return k.gather_scaled(
+                stream,
+                input,
+                self.n,
+                &self.indices,
+                self.k,
+                1.0,
+                &mut values,
+            );
+        }
         let scale = if self.k > 0 {
             self.n as f32 / self.k as f32
         } else {
@@ -246,6 +270,9 @@ impl Family for RandomK {
         payload: &CudaView<'_, u8>,
         acc: &mut CudaViewMut<'_, f32>,
     ) -> Result<()> {
+        if self.indexed {
+            return k.sparse_decode_add(stream, payload, acc, self.n, self.k, 0);
+        }
         if self.host.len() != self.k as usize {
             return Err(ExecError::Protocol {
                 compressor: self.c.to_string(),
