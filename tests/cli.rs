@@ -694,7 +694,7 @@ fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
         "--strategy",
         "mergecomp",
         "--compressor",
-        "randomk:0.01",
+        "randomk-indexed:0.01",
         "--memory",
         "dgc:0",
         "--format",

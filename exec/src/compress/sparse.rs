@@ -31,13 +31,13 @@ pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
     match c {
         Compressor::TopK { ratio } => exact(c, Rule::TopK(ratio)),
         Compressor::Threshold { value } => exact(c, Rule::Threshold(value as f32)),
-        Compressor::RandomK { ratio } => random_k(c, ratio, build.seed),
+        Compressor::RandomK { ratio } => Box::new(RandomK {
+            c,
+            draws: Draws::new(ratio, build.seed),
+        }),
         Compressor::RandomKIndexed { ratio } => Box::new(RandomKIndexed {
             c,
-            ratio,
-            seed: build.seed,
-            step: 0,
-            indices: Vec::new(),
+            draws: Draws::new(ratio, build.seed),
         }),
         other => not_in_family(other, "sparse"),
     }
@@ -48,16 +48,6 @@ fn exact(c: Compressor, rule: Rule) -> Box<dyn Codec> {
         c,
         rule,
         cand: Candidates::default(),
-    })
-}
-
-fn random_k(c: Compressor, ratio: f64, seed: u64) -> Box<dyn Codec> {
-    Box::new(RandomK {
-        c,
-        ratio,
-        seed,
-        step: 0,
-        indices: Vec::new(),
     })
 }
 
@@ -400,14 +390,45 @@ impl Codec for Exact {
     }
 }
 
+/// A random-k codec's coordinates: k of n drawn afresh each step from the seed and the step.
+struct Draws {
+    ratio: f64,
+    seed: u64,
+    step: u64,
+    /// This step's, ascending.
+    indices: Vec<u32>,
+}
+
+impl Draws {
+    fn new(ratio: f64, seed: u64) -> Draws {
+        Draws {
+            ratio,
+            seed,
+            step: 0,
+            indices: Vec::new(),
+        }
+    }
+
+    /// Draws the next step's coordinates of `grad`, which must be finite (only the sent values
+    /// need be, but a NaN anywhere means a broken step: it is reported).
+    fn next(&mut self, grad: &[f32]) -> Result<&[u32]> {
+        let n = grad.len();
+        let k = sparse_count(n as u64, self.ratio) as usize;
+        let mut rng = Rng::for_stream(self.seed, self.step);
+        self.step += 1;
+        random_subset(&mut rng, n, k, &mut self.indices);
+        for (c, chunk) in grad.chunks(CHUNK).enumerate() {
+            check_finite(chunk, c * CHUNK)?;
+        }
+        Ok(&self.indices)
+    }
+}
+
 /// Random-k: every worker with the same seed picks the same k coordinates at the same step,
 /// so the scaled values sum element-wise with an allreduce.
 struct RandomK {
     c: Compressor,
-    ratio: f64,
-    seed: u64,
-    step: u64,
-    indices: Vec<u32>,
+    draws: Draws,
 }
 
 /// A uniformly random k-subset of 0..n in ascending order: Floyd's algorithm over a bitset
@@ -439,36 +460,31 @@ impl Codec for RandomK {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
-        let n = grad.len();
-        let k = sparse_count(n as u64, self.ratio) as usize;
-        let mut rng = Rng::for_stream(self.seed, self.step);
-        self.step += 1;
-        random_subset(&mut rng, n, k, &mut self.indices);
-        // Only the sent values must be finite, but a NaN anywhere means a broken step: report it.
-        for (c, chunk) in grad.chunks(CHUNK).enumerate() {
-            check_finite(chunk, c * CHUNK)?;
-        }
-        let scale = if k > 0 { n as f32 / k as f32 } else { 0.0 };
+        let indices = self.draws.next(grad)?;
+        let k = indices.len();
+        let scale = if k > 0 {
+            grad.len() as f32 / k as f32
+        } else {
+            0.0
+        };
         out.clear();
         out.resize(4 * k, 0);
-        put_f32s(out, self.indices.iter().map(|&i| grad[i as usize] * scale));
+        put_f32s(out, indices.iter().map(|&i| grad[i as usize] * scale));
         Ok(())
     }
 
     fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
         expect_len(&self.c, payload, acc.len())?;
-        if self.indices.len() * 4 != payload.len()
-            || self
-                .indices
-                .last()
-                .is_some_and(|&i| i as usize >= acc.len())
+        let indices = &self.draws.indices;
+        if indices.len() * 4 != payload.len()
+            || indices.last().is_some_and(|&i| i as usize >= acc.len())
         {
             return Err(ExecError::Protocol {
                 compressor: self.c.to_string(),
                 message: "decode needs this worker's encode of the same step first (the indices come from the shared seed)".into(),
             });
         }
-        for (&i, v) in self.indices.iter().zip(f32s(payload)) {
+        for (&i, v) in indices.iter().zip(f32s(payload)) {
             acc[i as usize] += v;
         }
         Ok(())
@@ -483,10 +499,7 @@ impl Codec for RandomK {
 /// the step) and sends them with their values, unscaled, in top-k's format.
 struct RandomKIndexed {
     c: Compressor,
-    ratio: f64,
-    seed: u64,
-    step: u64,
-    indices: Vec<u32>,
+    draws: Draws,
 }
 
 impl Codec for RandomKIndexed {
@@ -495,22 +508,11 @@ impl Codec for RandomKIndexed {
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
-        let n = grad.len();
-        let k = sparse_count(n as u64, self.ratio) as usize;
-        let mut rng = Rng::for_stream(self.seed, self.step);
-        self.step += 1;
-        random_subset(&mut rng, n, k, &mut self.indices);
-        for (c, chunk) in grad.chunks(CHUNK).enumerate() {
-            check_finite(chunk, c * CHUNK)?;
-        }
+        let indices = self.draws.next(grad)?;
         out.clear();
-        out.reserve(8 * k);
-        out.extend(self.indices.iter().flat_map(|i| i.to_le_bytes()));
-        out.extend(
-            self.indices
-                .iter()
-                .flat_map(|&i| grad[i as usize].to_le_bytes()),
-        );
+        out.reserve(8 * indices.len());
+        out.extend(indices.iter().flat_map(|i| i.to_le_bytes()));
+        out.extend(indices.iter().flat_map(|&i| grad[i as usize].to_le_bytes()));
         Ok(())
     }
 
@@ -565,5 +567,30 @@ mod tests {
         let mut payload = vec![0u8; 8];
         payload[..4].copy_from_slice(&9u32.to_le_bytes());
         assert!(codec.decode_add(&payload, &mut [0.0]).is_err());
+    }
+
+    /// MergeComp's random-k: each worker its own coordinates, sent with their exact values,
+    /// so that a decode puts back x at the drawn indices and nothing elsewhere.
+    #[test]
+    fn indexed_random_k_sends_each_worker_s_own_coordinates_unscaled() {
+        let c = Compressor::RandomKIndexed { ratio: 0.05 };
+        let grad: Vec<f32> = (0..1000).map(|i| i as f32 - 500.5).collect();
+        let mut drawn = Vec::new();
+        for seed in [1, 2] {
+            let mut codec = crate::compress::codec_for(&c, seed);
+            let mut payload = Vec::new();
+            codec.encode(&grad, &mut payload).unwrap();
+            assert_eq!(payload.len() as u64, c.wire_bytes(1000));
+            let mut out = vec![0.0; 1000];
+            codec.decode_add(&payload, &mut out).unwrap();
+            let kept: Vec<usize> = (0..1000).filter(|&i| out[i] != 0.0).collect();
+            assert_eq!(kept.len(), 50);
+            assert!(kept.iter().all(|&i| out[i] == grad[i]));
+            drawn.push(kept);
+        }
+        assert_ne!(
+            drawn[0], drawn[1],
+            "two workers' seeds draw different coordinates"
+        );
     }
 }
