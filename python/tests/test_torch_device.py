@@ -14,7 +14,7 @@ import torch
 import models
 import ranks
 import training
-from syncopate import NonFiniteError, Rank, SyncopateError, lower
+from syncopate import DeviceRank, NonFiniteError, Rank, SyncopateError, lower
 from syncopate.torch.device import device_of, first_non_finite, refusal
 from syncopate.torch.schedule import Layout, exchange_of
 from syncopate.torch.timing import Recorder
@@ -62,6 +62,15 @@ def test_plans_a_device_cannot_run_as_priced_are_refused_by_name(make_plan, plan
     assert why is not None and says in why, why
     # The CPU runs them all.
     assert refusal(torch.device("cpu"), layout(path), 1) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_without_a_driver_the_device_codecs_name_what_is_missing(make_plan):
+    schedule, _ = lower(str(make_plan("horovod", "fp16")), 2, None)
+    with pytest.raises(SyncopateError, match=r"needs a GPU, none available: libcuda not found"):
+        DeviceRank(schedule, 0, 0, 0, [])
+    with pytest.raises(SyncopateError, match=r"device -1: not a CUDA ordinal"):
+        DeviceRank(schedule, 0, 0, -1, [])
 
 
 def test_several_communication_streams_are_refused_on_a_device(make_plan):
