@@ -133,7 +133,8 @@ def predict_plans(opts):
                 result = json.loads(sh([opts.syncopate, "simulate", "--plan", f"plans/{key}.json", "--model",
                                         f"profiles/{profile}", "--cluster", f"clusters/lab-{lab_key(nodes, gbps)}{library}.json",
                                         "--nodes", nodes, "--gpus-per-node", 1, "--cpu-compression", device,
-                                        "--format", "json"], f"simulate {key}", 300, cwd=HERE))
+                                        "--framework", "syncopate-torch", "--format", "json"], f"simulate {key}", 300,
+                                       cwd=HERE))
                 entry[field] = result["iteration_time_ms"]
                 if field == "predicted_ms":
                     entry.update(predicted_compute_ms=result["compute_ms"], predicted_comm_ms=result["comm_ms"],
