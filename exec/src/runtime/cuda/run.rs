@@ -82,8 +82,10 @@ pub(super) struct Placement {
 
 pub(super) struct GpuPiece {
     device: DevicePiece,
-    /// Padded to a multiple of the world size in elements, so NCCL's reduce-scatter splits it.
+    /// Padded to a multiple of the world size in elements, so NCCL's reduce-scatter splits it
+    /// (one byte for a CaSync-Ring piece, which goes round in its shards' buffers).
     payload: CudaSlice<u8>,
+    /// This rank's shard of the padded payload in DeAR's halves (one byte for other pieces).
     chunk: CudaSlice<u8>,
     /// This rank's share of its node's sum in a hierarchical allreduce: 1/per_node of the
     /// padded payload (one byte for a piece without one).
@@ -285,12 +287,24 @@ impl Run<'_> {
             } else {
                 1
             };
+            // A CaSync-Ring piece goes round in its shards' buffers; only DeAR's halves use a
+            // chunk.
+            let payload = if spec.compressed_ring() {
+                1
+            } else {
+                padded.max(bytes)
+            };
+            let halves = spec.rounds.iter().any(|r| {
+                matches!(
+                    r.exchange,
+                    Exchange::ReduceScatter | Exchange::AllgatherShards
+                )
+            });
+            let chunk = if halves { padded / world } else { 1 };
             pieces.push(Mutex::new(GpuPiece {
                 device,
-                payload: codec
-                    .alloc_zeros(padded.max(bytes).max(1))
-                    .map_err(&alloc)?,
-                chunk: codec.alloc_zeros((padded / world).max(1)).map_err(&alloc)?,
+                payload: codec.alloc_zeros(payload.max(1)).map_err(&alloc)?,
+                chunk: codec.alloc_zeros(chunk.max(1)).map_err(&alloc)?,
                 node_share: codec.alloc_zeros(node_share.max(1)).map_err(&alloc)?,
                 gathered: codec.alloc_zeros(gathered.max(1)).map_err(&alloc)?,
                 server: self.server(i, rank, &codec)?,
