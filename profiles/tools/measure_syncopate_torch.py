@@ -58,6 +58,20 @@ def plan_for(tensors, directory):
     return plan
 
 
+def timed(function, record, before=lambda: None):
+    """`function`, with `before()` ahead of each call and `record(seconds)` after it."""
+
+    def wrapper(*args, **kwargs):
+        before()
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - start)
+
+    return wrapper
+
+
 class Timings:
     """Each hook's and each collective call's time, the call's without its wait for the exchange
     (perf_counter around the calls; a thread's waits are kept apart per thread)."""
@@ -67,35 +81,19 @@ class Timings:
         self.waiting = threading.local()
 
     def hook(self, function):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.hooks.append(time.perf_counter() - start)
-
-        return wrapper
+        return timed(function, self.hooks.append)
 
     def call(self, function):
-        def wrapper(*args, **kwargs):
+        def reset():
             self.waiting.seconds = 0.0
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.calls.append(time.perf_counter() - start - self.waiting.seconds)
 
-        return wrapper
+        return timed(function, lambda seconds: self.calls.append(seconds - self.waiting.seconds), reset)
 
     def wait(self, function):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.waiting.seconds += time.perf_counter() - start
+        def add(seconds):
+            self.waiting.seconds += seconds
 
-        return wrapper
+        return timed(function, add)
 
 
 def rank_main(rank, port, plan, tensors, iterations, queue):

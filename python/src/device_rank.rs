@@ -4,21 +4,20 @@
 //! enqueued on (`torch.cuda.current_stream().cuda_stream`); the kernels are exec's, the same
 //! the CUDA backend runs, so the payloads are byte-identical to the CPU codecs'.
 
-use crate::rank::{parse_schedule, warmed_up, wire_dtype_name};
+use crate::rank::{epoch_changes, parse_schedule, wire_dtype_name};
 use crate::{exec_error, SyncopateError};
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use syncopate_exec::runtime::cuda::foreign::{self, ForeignRank, Region};
 use syncopate_exec::runtime::cuda::probe;
 use syncopate_sim::compress::Compressor;
-use syncopate_sim::schedule::Schedule;
 
 /// A rank's device codecs and memories, one per piece with codec work.
 #[pyclass(module = "syncopate._syncopate")]
 pub struct DeviceRank {
+    /// Its schedule is the one running this epoch.
     state: ForeignRank,
-    /// The schedule as it runs this epoch, and each piece's compressor as lowered.
-    schedule: Schedule,
+    /// Each piece's compressor as lowered.
     lowered: Vec<Compressor>,
     rank: u32,
     seed: u64,
@@ -86,7 +85,6 @@ impl DeviceRank {
         Ok(DeviceRank {
             state,
             lowered: parsed.pieces.iter().map(|p| p.compressor).collect(),
-            schedule: parsed,
             rank,
             seed,
             device,
@@ -101,35 +99,26 @@ impl DeviceRank {
 
     /// As `Rank.set_epoch`: DGC's warm-up ratio of `epoch`; the pieces whose codec changed.
     fn set_epoch(&mut self, epoch: u32) -> PyResult<Vec<usize>> {
-        let mut changed = Vec::new();
-        for index in 0..self.schedule.pieces.len() {
-            let compressor = warmed_up(
-                self.lowered[index],
-                self.schedule.pieces[index].memory,
-                epoch,
-            );
-            if compressor == self.schedule.pieces[index].compressor {
-                continue;
-            }
-            self.schedule.pieces[index].compressor = compressor;
+        let changes = epoch_changes(self.state.schedule(), &self.lowered, epoch);
+        for &(index, compressor) in &changes {
             self.state
                 .set_compressor(index, compressor, self.seed, self.rank)
                 .map_err(exec_error)?;
-            changed.push(index);
         }
-        Ok(changed)
+        Ok(changes.into_iter().map(|(index, _)| index).collect())
     }
 
     /// The schedule as it runs now (JSON).
     fn schedule_json(&self) -> PyResult<String> {
-        serde_json::to_string(&self.schedule)
+        serde_json::to_string(self.state.schedule())
             .map_err(|err| SyncopateError::new_err(format!("schedule: {err}")))
     }
 
     /// As `Rank.wire_dtype`.
     fn wire_dtype(&self, piece: usize) -> PyResult<Option<&'static str>> {
         let spec = self
-            .schedule
+            .state
+            .schedule()
             .pieces
             .get(piece)
             .ok_or_else(|| SyncopateError::new_err(format!("piece {piece} does not exist")))?;
@@ -161,18 +150,12 @@ impl DeviceRank {
         unsafe { self.state.encode(piece, stream, out) }.map_err(exec_error)
     }
 
-    /// Enqueues round `round`'s payload from the last round's reduced one in `payload` (the
+    /// Enqueues the next round's payload from the last round's reduced one in `payload` (the
     /// encode's buffer), in place; returns its length in bytes.
-    fn next_round(
-        &self,
-        piece: usize,
-        payload: &Bound<'_, PyAny>,
-        round: u32,
-        stream: u64,
-    ) -> PyResult<usize> {
+    fn next_round(&self, piece: usize, payload: &Bound<'_, PyAny>, stream: u64) -> PyResult<usize> {
         let payload = self.region(payload, "uint8", "payload buffer")?;
         // SAFETY: see above the impl.
-        unsafe { self.state.next_round(piece, stream, payload, round) }.map_err(exec_error)
+        unsafe { self.state.next_round(piece, stream, payload) }.map_err(exec_error)
     }
 
     /// Enqueues the decoded sum of the `blocks` equal payloads in `delivered` (uint8).

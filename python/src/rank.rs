@@ -83,20 +83,14 @@ impl Rank {
     /// after the warm-up. A piece whose ratio changes gets fresh codecs (same seeds). Returns the
     /// pieces that changed. Without a call the plan's ratios hold from the start.
     fn set_epoch(&mut self, epoch: u32) -> Vec<usize> {
-        let mut changed = Vec::new();
-        for index in 0..self.schedule.pieces.len() {
-            let memory = self.schedule.pieces[index].memory;
-            let compressor = warmed_up(self.lowered[index], memory, epoch);
-            if compressor == self.schedule.pieces[index].compressor {
-                continue;
-            }
+        let changes = epoch_changes(&self.schedule, &self.lowered, epoch);
+        for &(index, compressor) in &changes {
             self.schedule.pieces[index].compressor = compressor;
             let state = self.pieces[index].get_mut().expect("a piece lock");
             state.codec = pieces::codec(&self.schedule, self.seed, index, Some(self.rank));
             state.server_codec = pieces::codec(&self.schedule, self.seed, index, None);
-            changed.push(index);
         }
-        changed
+        changes.into_iter().map(|(index, _)| index).collect()
     }
 
     /// Whether the codecs run on a device (`DeviceRank`): these run on the CPU.
@@ -377,9 +371,28 @@ pub(crate) fn wire_dtype_name(compressor: &Compressor) -> Option<&'static str> {
     })
 }
 
+/// The pieces of `schedule` whose compressor changes in `epoch`, each with the one it runs then
+/// (`lowered`: each piece's compressor as lowered).
+pub(crate) fn epoch_changes(
+    schedule: &Schedule,
+    lowered: &[Compressor],
+    epoch: u32,
+) -> Vec<(usize, Compressor)> {
+    schedule
+        .pieces
+        .iter()
+        .zip(lowered)
+        .enumerate()
+        .filter_map(|(index, (piece, &lowered))| {
+            let compressor = warmed_up(lowered, piece.memory, epoch);
+            (compressor != piece.compressor).then_some((index, compressor))
+        })
+        .collect()
+}
+
 /// The compressor a piece runs in `epoch`: DGC's warm-up ratio for the sparsifiers (whose
 /// ratio is k/n), the lowered compressor for every other piece or memory.
-pub(crate) fn warmed_up(lowered: Compressor, memory: Memory, epoch: u32) -> Compressor {
+fn warmed_up(lowered: Compressor, memory: Memory, epoch: u32) -> Compressor {
     lowered
         .kept_fraction()
         .and_then(|ratio| lowered.with_kept_fraction(memory.compression_ratio(epoch, ratio)))

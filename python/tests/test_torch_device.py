@@ -245,7 +245,7 @@ class CpuCodecsAsDevice:
             self.failed[piece] = err
             return None
 
-    def next_round(self, piece, payload, round_, stream):
+    def next_round(self, piece, payload, stream):
         self.codecs.set_payload(piece, payload[: self.reduced[piece]].numpy())
         length = self.codecs.next_round(piece)
         self.codecs.copy_payload(piece, payload[:length].numpy())

@@ -380,12 +380,7 @@ impl Codec for Exact {
                 let (idx, val) = payload[4..].split_at(4 * count);
                 scatter_add(&self.c, idx, val, count, acc)
             }
-            Rule::TopK(_) => {
-                expect_len(&self.c, payload, acc.len())?;
-                let k = payload.len() / 8;
-                let (idx, val) = payload.split_at(4 * k);
-                scatter_add(&self.c, idx, val, k, acc)
-            }
+            Rule::TopK(_) => decode_indexed(&self.c, payload, acc),
         }
     }
 }
@@ -517,11 +512,17 @@ impl Codec for RandomKIndexed {
     }
 
     fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
-        expect_len(&self.c, payload, acc.len())?;
-        let k = payload.len() / 8;
-        let (idx, val) = payload.split_at(4 * k);
-        scatter_add(&self.c, idx, val, k, acc)
+        decode_indexed(&self.c, payload, acc)
     }
+}
+
+/// Adds a payload in top-k's format (k u32 indices, then k f32 values; `c`'s wire length for
+/// `acc`'s elements) into `acc`.
+fn decode_indexed(c: &Compressor, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+    expect_len(c, payload, acc.len())?;
+    let k = payload.len() / 8;
+    let (idx, val) = payload.split_at(4 * k);
+    scatter_add(c, idx, val, k, acc)
 }
 
 #[cfg(test)]

@@ -5,10 +5,9 @@ Each payload is written where its allreduce sends it and decoded where it arrive
 
 import torch
 
-from syncopate.torch.link import Lane
-
 from syncopate import NonFiniteError, NonFiniteGradient
 from syncopate.torch.device import first_non_finite
+from syncopate.torch.link import Lane
 from syncopate.torch.schedule import exchange_of, is_identity, is_summed
 
 
@@ -48,10 +47,9 @@ class Codecs:
         self.result_arrays = None if self.on_device else [r.numpy() for r in results]
         self.cuda = not on_cpu
         self.lane = Lane(buffers[0].device if buffers else torch.device("cpu"))
-        # Per piece: its last op's CUDA event, its payload buffer and the rounds it went through.
+        # Per piece: its last op's CUDA event, and its payload buffer on a device.
         self.events = {}
         self.payloads = {}
-        self.round = {}
         # (group, span) of the identity pieces averaged since the last check_finite, and the
         # other pieces encoded since.
         self.unchecked = []
@@ -81,7 +79,8 @@ class Codecs:
     def run(self, piece, ops, iteration):
         """Runs `ops` on `piece` in order (the schedule's order) in `iteration`; on a CUDA
         device, enqueued on the current stream, which must wait for `after(piece)` first."""
-        if self.on_device and self.piece_on_device(piece):
+        # The identity pieces have no codec work of the device state's.
+        if self.on_device and piece not in self.identity:
             self._run_on_device(piece, ops, iteration)
         else:
             self._run_on_host(piece, ops, iteration)
@@ -89,10 +88,6 @@ class Codecs:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.buffers[0].device))
             self.events[piece] = event
-
-    def piece_on_device(self, piece):
-        """Whether the piece's codec ops are the device state's (every piece but the identity's)."""
-        return piece not in self.identity
 
     def _run_on_host(self, piece, ops, iteration):
         state = self.state
@@ -119,7 +114,7 @@ class Codecs:
 
     def _run_on_device(self, piece, ops, iteration):
         state, stream = self.state, self.stream()
-        group, _ = self._span(piece)
+        group, span = self._span(piece)
         for op in ops:
             if op == "compensate":
                 state.compensate(piece, self.buffers[group], stream)
@@ -128,7 +123,7 @@ class Codecs:
             elif op == "encode":
                 out = self.link.buffers.get("payload", piece, state.wire_bytes(piece))
                 length = state.encode(piece, out, stream)
-                self.payloads[piece], self.round[piece] = out, 0
+                self.payloads[piece] = out
                 self.staged[piece] = out[:length]
                 self.length[piece] = length
                 self.encoded.append(piece)
@@ -136,8 +131,7 @@ class Codecs:
                 payload, reduced = self.payloads[piece], self.delivered.pop(piece)
                 if reduced.data_ptr() != payload.data_ptr():
                     payload[: reduced.numel()].copy_(reduced)
-                self.round[piece] += 1
-                length = state.next_round(piece, payload, self.round[piece], stream)
+                length = state.next_round(piece, payload, stream)
                 self.staged[piece] = payload[:length]
                 self.length[piece] = length
             elif op == "decode":
@@ -150,7 +144,7 @@ class Codecs:
         if "decode" in ops:
             state.write_result(piece, self.results[group], self.scales[group], stream)
             # Every rank checks the sums: a rank's bad input may reach them all.
-            self.unchecked.append(self._span(piece))
+            self.unchecked.append((group, span))
             if self.check is not None and iteration < self.check.iterations:
                 self.check.result(piece, iteration, self._values(piece, result=True))
 

@@ -25,6 +25,8 @@ pub(super) struct DevicePiece {
     pub(super) result: CudaSlice<f32>,
     /// What the payload carried of this rank's own vector (one element without memory).
     pub(super) transmitted: CudaSlice<f32>,
+    /// The allreduce round the payload is of: 0 after an encode, one more after each next round.
+    pub(super) round: u32,
 }
 
 impl DevicePiece {
@@ -72,6 +74,7 @@ impl DevicePiece {
             compensated: stream.alloc_zeros(n.max(1)).map_err(&alloc)?,
             result: stream.alloc_zeros(n.max(1)).map_err(&alloc)?,
             transmitted: stream.alloc_zeros(sized(remembers, n)).map_err(&alloc)?,
+            round: 0,
         })
     }
 
@@ -96,6 +99,7 @@ impl DevicePiece {
         payload: &mut CudaSlice<u8>,
     ) -> Result<()> {
         self.codec.encode(k, stream, &self.compensated, payload)?;
+        self.round = 0;
         if spec.memory != Memory::None {
             let bytes = self.codec.wire_bytes();
             stream
@@ -113,7 +117,10 @@ impl DevicePiece {
         stream: &Arc<CudaStream>,
         payload: &mut CudaSlice<u8>,
     ) -> Result<()> {
-        self.codec.next_round(k, stream, &self.compensated, payload)
+        self.codec
+            .next_round(k, stream, &self.compensated, payload)?;
+        self.round += 1;
+        Ok(())
     }
 
     /// Enqueues the result as the sum of the decoded `blocks` (one summed payload, or every

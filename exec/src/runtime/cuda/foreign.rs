@@ -113,8 +113,8 @@ fn piece_refusal(index: usize, piece: &Piece) -> Result<()> {
 pub struct ForeignRank {
     ctx: Arc<CudaContext>,
     kernels: Kernels,
+    /// The schedule as it runs now (`set_compressor` changes it).
     schedule: Schedule,
-    world: u32,
     /// None for identity pieces.
     pieces: Vec<Option<Mutex<DevicePiece>>>,
 }
@@ -151,7 +151,6 @@ impl ForeignRank {
             ctx,
             kernels,
             schedule: schedule.clone(),
-            world: schedule.world.ranks(),
             pieces,
         })
     }
@@ -211,9 +210,9 @@ impl ForeignRank {
         Ok(self.piece(index)?.1.codec.wire_bytes())
     }
 
-    /// Bytes each rank sends in allreduce round `round`.
-    pub fn round_bytes(&self, index: usize, round: u32) -> Result<usize> {
-        Ok(self.piece(index)?.1.codec.round_bytes(round))
+    /// The schedule as it runs now: the lowered one with the compressors `set_compressor` gave.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
     }
 
     /// Enqueues the compression input from the piece's elements of its group buffer `group`.
@@ -258,13 +257,7 @@ impl ForeignRank {
     ///
     /// # Safety
     /// As [`ForeignRank::compensate`], for `payload` (the buffer the encode wrote).
-    pub unsafe fn next_round(
-        &self,
-        index: usize,
-        stream: u64,
-        payload: Region,
-        round: u32,
-    ) -> Result<usize> {
+    pub unsafe fn next_round(&self, index: usize, stream: u64, payload: Region) -> Result<usize> {
         let (_, mut piece) = self.piece(index)?;
         let wire = piece.codec.wire_bytes();
         if payload.len < wire {
@@ -275,7 +268,7 @@ impl ForeignRank {
         // SAFETY: the caller's contract, for the buffer.
         let mut bytes = unsafe { Borrowed::<u8>::new(&stream, payload, "payload buffer") }?;
         piece.next_round(&self.kernels, &stream, &mut bytes)?;
-        Ok(piece.codec.round_bytes(round))
+        Ok(piece.codec.round_bytes(piece.round))
     }
 
     /// Enqueues the result as the sum of the `blocks` equal payloads in `delivered` (one summed
@@ -318,7 +311,7 @@ impl ForeignRank {
         let (spec, mut piece) = self.piece(index)?;
         // SAFETY: the caller's contract.
         let stream = unsafe { self.stream(stream) };
-        piece.update_memory(&self.kernels, &stream, spec, self.world)
+        piece.update_memory(&self.kernels, &stream, spec, self.schedule.world.ranks())
     }
 
     /// Enqueues EF-SignSGD's division of the result by its learning rate.
