@@ -147,6 +147,25 @@ impl CodecCallsArg {
     }
 }
 
+/// `simulate --param-dtype`: the precision a sharded plan gathers parameters in.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamDtypeArg {
+    /// As stored, 4 bytes per element.
+    Fp32,
+    /// bfloat16, 2 bytes per element (FSDP's MixedPrecisionPolicy(param_dtype=torch.bfloat16)).
+    Bf16,
+}
+
+impl ParamDtypeArg {
+    pub fn param_dtype(self) -> syncopate_sim::sharding::ParamDtype {
+        use syncopate_sim::sharding::ParamDtype;
+        match self {
+            ParamDtypeArg::Fp32 => ParamDtype::Fp32,
+            ParamDtypeArg::Bf16 => ParamDtype::Bf16,
+        }
+    }
+}
+
 /// A cluster by shipped name or path, with the overrides every cluster-taking command accepts.
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
@@ -315,6 +334,17 @@ pub struct SimulateArgs {
     /// Partitions in flight at once (ByteScheduler's credit).
     #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub credit: u32,
+    /// Sharded strategies (fsdp, zero1, zero2): units whose parameter all-gather may run ahead
+    /// of the unit computing (FSDP prefetches one).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::whole)]
+    pub prefetch: u32,
+    /// fsdp: free each unit's parameters after its forward and gather them again for its
+    /// backward (FSDP's reshard_after_forward).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub reshard_after_forward: bool,
+    /// Sharded strategies: the precision parameters are all-gathered in (FSDP's param_dtype).
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub param_dtype: ParamDtypeArg,
     /// Dedicated parameter servers for `ps` (default: as many as nodes).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::args::whole)]
     pub ps_servers: u32,

@@ -760,3 +760,75 @@ fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
         stderr(&out)
     );
 }
+
+#[test]
+fn sharded_strategies_report_memory_and_the_executors_refuse_their_plans() {
+    let dir = crate::common::scratch("sharded");
+    let plan = dir.join("fsdp.json");
+    let plan_arg = plan.to_str().unwrap();
+    // Large enough for several of ZeRO's 5e8-element buckets.
+    let common = [
+        "--model",
+        "gpt2-xl",
+        "--cluster",
+        "dgx-h100",
+        "--nodes",
+        "1",
+    ];
+    let memory = |strategy: &str| {
+        let summary =
+            crate::common::simulate_json(&[&common[..], &["--strategy", strategy]].concat());
+        let memory = summary["memory_per_rank"].clone();
+        assert_eq!(memory["capacity_bytes"].as_u64(), Some(80 << 30));
+        memory["model_states_bytes"].as_u64().unwrap()
+    };
+    let ddp = memory("ddp");
+    let zero1 = memory("zero1");
+    let zero2 = memory("zero2");
+    let fsdp = memory("fsdp");
+    assert!(
+        fsdp < zero2 && zero2 < zero1 && zero1 < ddp,
+        "{fsdp} {zero2} {zero1} {ddp}"
+    );
+    let out = syncopate(
+        &[
+            &["simulate"][..],
+            &[
+                "--model",
+                "gpt2",
+                "--cluster",
+                "dgx-h100",
+                "--gpus-per-node",
+                "2",
+            ],
+            &[
+                "--strategy",
+                "fsdp",
+                "--param-dtype",
+                "bf16",
+                "--save-plan",
+                plan_arg,
+            ],
+        ]
+        .concat(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("memory per rank"), "{}", stdout(&out));
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(saved["sharding"]["stage"], "zero3");
+    assert_eq!(saved["sharding"]["param_dtype"], "bf16");
+    let out = syncopate(&["exec", "--plan", plan_arg, "--backend", "host"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("sharding"), "{}", stderr(&out));
+    let out = syncopate(
+        &[
+            &["simulate"][..],
+            &common,
+            &["--strategy", "fsdp", "--prefetch", "65"],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--prefetch"), "{}", stderr(&out));
+}

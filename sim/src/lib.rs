@@ -84,6 +84,7 @@ pub mod plan;
 pub mod predict;
 pub mod schedule;
 pub mod search;
+pub mod sharding;
 pub mod strategy;
 pub mod sweep;
 

@@ -6,6 +6,7 @@ use crate::base::error::{Result, SimError};
 use crate::base::limits;
 use crate::compress::{Aggregation, Compressor, Memory, Wire};
 use crate::inputs::model::ModelProfile;
+use crate::sharding::Sharding;
 use serde::{Deserialize, Serialize};
 
 /// How a group's gradients are synchronized.
@@ -29,6 +30,9 @@ pub enum Scheme {
     /// A ring allreduce whose every hop decodes, adds and re-encodes the compressed shard
     /// (HiPress CaSync-Ring), for compressors that cannot be summed as they are.
     CompressedRing,
+    /// Reduce-scatter alone: each rank keeps the sum of its shard for the optimizer to update
+    /// (a sharded plan's gradients: ZeRO, FSDP).
+    ReduceScatter,
 }
 
 /// Where a group's compression kernels run.
@@ -229,6 +233,10 @@ pub struct Plan {
     /// codec curves, as `exec`'s kernels run them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub codecs: Option<String>,
+    /// How the plan shards optimizer states, gradients and parameters over the ranks (ZeRO,
+    /// FSDP); absent: every rank keeps them whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<Sharding>,
     /// The model, cluster and options the plan was made for (plans written by `simulate
     /// --save-plan` and `tune --out` record them; older plans do not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -263,6 +271,7 @@ impl Plan {
             codec_stream: CodecStream::Side,
             framework: None,
             codecs: None,
+            sharding: None,
             target: None,
         }
     }
@@ -383,8 +392,10 @@ impl Plan {
                     Some(slot) => *slot = Some(g),
                 }
             }
-            if group.scheme == Scheme::ReduceScatterAllgather
-                && group.compressor.allreduce_rounds() > 1
+            if matches!(
+                group.scheme,
+                Scheme::ReduceScatterAllgather | Scheme::ReduceScatter
+            ) && group.compressor.allreduce_rounds() > 1
             {
                 return Err(SimError::invalid(
                     label,
@@ -425,6 +436,7 @@ impl Plan {
                 ));
             }
         }
+        Sharding::check(self.sharding.as_ref(), label, &self.groups)?;
         if let Some(missing) = owner.iter().position(Option::is_none) {
             let count = owner.iter().filter(|o| o.is_none()).count();
             return Err(SimError::invalid(
@@ -470,6 +482,7 @@ impl Scheme {
             Scheme::Ps => "ps",
             Scheme::ReduceScatterAllgather => "reduce-scatter-allgather",
             Scheme::CompressedRing => "compressed-ring",
+            Scheme::ReduceScatter => "reduce-scatter",
         }
     }
 }
@@ -479,9 +492,10 @@ impl Group {
     pub fn aggregation(&self) -> Aggregation {
         match self.scheme {
             Scheme::Auto => self.compressor.aggregation(),
-            Scheme::Allreduce | Scheme::Hierarchical | Scheme::ReduceScatterAllgather => {
-                Aggregation::Allreduce
-            }
+            Scheme::Allreduce
+            | Scheme::Hierarchical
+            | Scheme::ReduceScatterAllgather
+            | Scheme::ReduceScatter => Aggregation::Allreduce,
             Scheme::Allgather => Aggregation::Allgather,
             // Every hop decodes and re-encodes, as a server would.
             Scheme::Ps | Scheme::CompressedRing => Aggregation::ParameterServer,

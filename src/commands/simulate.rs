@@ -11,11 +11,13 @@ use syncopate_sim::inputs::framework::Framework;
 use syncopate_sim::inputs::model::ModelProfile;
 use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::Plan;
+use syncopate_sim::predict::memory::{gib, MemoryUse};
 use syncopate_sim::predict::noise::NoiseSpec;
 use syncopate_sim::predict::scenario::Scenario;
 use syncopate_sim::predict::simulate::{simulate, SimOptions};
 use syncopate_sim::predict::summary::Summary;
-use syncopate_sim::strategy::{Strategy, StrategyOptions};
+use syncopate_sim::sharding::MAX_PREFETCH;
+use syncopate_sim::strategy::{ShardOptions, Strategy, StrategyOptions};
 use syncopate_sim::{base::limits, SimError};
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
@@ -200,6 +202,18 @@ fn comm_streams(flag: &str, streams: u32) -> Result<u32, SimError> {
     }
 }
 
+/// Units a gather may run ahead, within the plan limit.
+fn prefetch(units: u32) -> Result<u32, SimError> {
+    match units <= MAX_PREFETCH {
+        true => Ok(units),
+        false => Err(SimError::bad_value(
+            "--prefetch",
+            units,
+            format!("at most {MAX_PREFETCH} units ahead"),
+        )),
+    }
+}
+
 fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
     Ok(StrategyOptions {
         fusion_bytes: limits::mib("--fusion-mb", args.fusion_mb)?,
@@ -209,6 +223,11 @@ fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
         partition_bytes: limits::mib("--partition-mb", args.partition_mb)?,
         credit: comm_streams("--credit", args.credit)?,
         ps_servers: args.ps_servers,
+        sharding: ShardOptions {
+            prefetch: prefetch(args.prefetch)?,
+            reshard_after_forward: args.reshard_after_forward,
+            param_dtype: args.param_dtype.param_dtype(),
+        },
         compressor: args.compressor.parse()?,
         memory: args.memory.parse()?,
     })
@@ -242,6 +261,30 @@ fn noise(args: &SimulateArgs) -> anyhow::Result<NoiseSpec> {
     };
     spec.validate()?;
     Ok(spec)
+}
+
+fn print_memory(m: &MemoryUse) {
+    let optimizer = m
+        .optimizer_bytes
+        .map_or("not in the profile".to_string(), |b| {
+            format!("{:.2}", gib(b))
+        });
+    let capacity = match m.capacity_bytes {
+        Some(capacity) if m.fits() => format!(" of {:.0} GiB", gib(capacity)),
+        Some(capacity) => format!(" of {:.0} GiB: DOES NOT FIT", gib(capacity)),
+        None => String::new(),
+    };
+    println!(
+        "  memory per rank     {:>12.2} GiB{capacity} (activations not in the profile)",
+        gib(m.model_states_bytes)
+    );
+    println!(
+        "    parameters {:.2}, gradients {:.2}, optimizer {optimizer}, gathered {:.2}, error feedback {:.2} GiB",
+        gib(m.parameters_bytes),
+        gib(m.gradients_bytes),
+        gib(m.gathered_bytes),
+        gib(m.compression_bytes)
+    );
 }
 
 fn print_summary(s: &Summary, scenario: &Scenario, plan: &Plan) {
@@ -281,6 +324,7 @@ fn print_summary(s: &Summary, scenario: &Scenario, plan: &Plan) {
         s.groups,
         s.collectives_per_iteration
     );
+    print_memory(&s.memory_per_rank);
     if (s.compute_scale - 1.0).abs() > 1e-9 {
         println!(
             "  compute carried to {}: {:.3}x the profile's measured time",

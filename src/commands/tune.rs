@@ -16,9 +16,11 @@ use syncopate_sim::inputs::framework::Framework;
 use syncopate_sim::inputs::model::ModelProfile;
 use syncopate_sim::inputs::topology::Cluster;
 use syncopate_sim::plan::{CodecCalls, Plan};
+use syncopate_sim::predict::memory::memory_use;
 use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::schedule::lower;
 use syncopate_sim::search::{tune, Choice, SearchSpace, TuneRequest};
-use syncopate_sim::strategy::StrategyOptions;
+use syncopate_sim::strategy::{per_tensor_plan, StrategyOptions};
 use syncopate_sim::SimError;
 
 #[derive(Serialize)]
@@ -151,6 +153,21 @@ impl Progress {
     }
 }
 
+/// An error when `plan`'s model states per rank do not fit the scenario's device.
+fn check_fits(scenario: &Scenario, plan: &Plan) -> anyhow::Result<()> {
+    // Memory does not depend on the stream a codec set runs on: lowered as the plan says.
+    let label = format!("strategy {}", plan.strategy);
+    let schedule = lower(
+        &scenario.model,
+        scenario.world(),
+        scenario.cpu_ranks(),
+        plan,
+        &label,
+    )?;
+    let memory = memory_use(&scenario.model, plan, &schedule, &scenario.device);
+    Ok(memory.check_fits("tune", &scenario.device)?)
+}
+
 pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     // A codec set is code of its own running on the framework (MergeComp's compressors on
     // Horovod): then every plan is searched, priced under the framework's costs.
@@ -207,8 +224,12 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         options: StrategyOptions::default(),
         codec_calls,
     };
+    // Replicated plans keep the whole model's states on every rank: refuse to search when they
+    // cannot fit, whatever the grouping.
+    check_fits(&base, &per_tensor_plan(&base.model))?;
     let progress = Progress::new()?;
     let mut result = tune(&base, &request, &|done| progress.update(done))?;
+    check_fits(&base, &result.plan)?;
     result.plan.framework = framework_name;
     result.plan.codecs = codecs_name;
     let search_ms = progress.finish();

@@ -304,6 +304,9 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )
         .map_err(cuda_err("cannot read the GPU's SM count"))?;
+    let memory = ctx
+        .total_mem()
+        .map_err(cuda_err("cannot read the GPU's memory size"))?;
     let repeats = options.repeats.max(1);
 
     let largest = options.sizes.iter().copied().max().unwrap_or(0);
@@ -372,6 +375,7 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
             "syncopate profile --backend cuda on GPU 0 of {gpus}; memory bandwidth: 256 MiB device-to-device copy (read + written bytes), best of 5; peak_fp32_tflops: best rate of syncopate's tiled FMA GEMM (a lower bound on the part's peak); peak_fp16_tflops: not measured (no half-precision kernel), set to the fp32 GEMM rate{skipped}"
         ),
         memory_bandwidth_gbytes_per_s: bandwidth,
+        memory_gib: Some(memory as f64 / f64::from(1u32 << 30)),
         peak_fp32_tflops: fp32,
         peak_fp16_tflops: fp32,
         peak_tf32_tflops: None,

@@ -268,6 +268,8 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
         model: format!("host CPU, {cores} hardware threads"),
         source: "syncopate-exec profile_host on this machine".into(),
         memory_bandwidth_gbytes_per_s: memcpy_gbytes_per_s(),
+        // A CPU rank's memory is the host's, shared with everything else on it.
+        memory_gib: None,
         peak_fp32_tflops: fp32,
         // CPUs have no faster half-precision arithmetic path in this code: same as fp32.
         peak_fp16_tflops: fp32,

@@ -322,8 +322,17 @@ impl<'a> Job<'a> {
 /// - a plan that sends element codes in whole bytes where the catalog packs them (a plan
 ///   describing another framework's implementation, e.g. GRACE's): every backend's codecs write
 ///   the packed formats;
-/// - parameter servers on machines of their own: the backends run servers on the workers.
+/// - parameter servers on machines of their own: the backends run servers on the workers;
+/// - a sharded plan (ZeRO, FSDP): the backends keep whole gradient buffers and no parameters,
+///   so they cannot run its parameter gathers nor check a rank's reduced shard yet.
 pub fn refuse_unrunnable(schedule: &Schedule) -> Result<()> {
+    if !schedule.param_shards.is_empty() {
+        return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
+            "--plan",
+            "sharding",
+            "the plan shards parameters and gradients (ZeRO, FSDP); the executors do not run sharded plans yet: `syncopate simulate` predicts them",
+        )));
+    }
     if let Servers::Dedicated(servers) = schedule.servers {
         return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
             "--plan",

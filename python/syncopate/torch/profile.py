@@ -83,11 +83,22 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
                       "method": f"the batch loss_fn computes on, as the caller states it (batch_size={batch_size})"},
         },
         "optimizer_us": round(statistics.median(s["optimizer"] for s in samples), 3),
+        "optimizer_state_bytes_per_element": _optimizer_state_bytes(optimizer, named),
         "tensors": tensors,
     }
     if world > 1:
         profile["rank_skew"] = _rank_skew(samples, world, method)
     return profile
+
+
+def _optimizer_state_bytes(optimizer, named):
+    """Bytes of tensor state the optimizer keeps per trainable element after its steps
+    (Adam's two moments: 8 in fp32; SGD's momentum buffer: 4), its scalar step counts aside."""
+    elements = sum(p.numel() for _, p in named)
+    kept = sum(value.numel() * value.element_size()
+               for state in optimizer.state.values() for value in state.values()
+               if torch.is_tensor(value) and value.dim() > 0)
+    return round(kept / elements, 3)
 
 
 def _world():

@@ -102,6 +102,9 @@ pub enum DeviceKind {
     Cpu,
 }
 
+/// Most memory a device profile may state, in GiB (a thousand times an H200's).
+const MAX_MEMORY_GIB: f64 = 141_000.0;
+
 /// A device profile as stored in `profiles/devices/*.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -118,6 +121,10 @@ pub struct DeviceProfile {
     pub source: String,
     /// Memory bandwidth, in GB/s.
     pub memory_bandwidth_gbytes_per_s: f64,
+    /// Memory the device offers in GiB (the datasheet's capacity); absent for hosts, whose
+    /// memory the profile does not record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<f64>,
     /// Peak FP32 throughput, in TFLOPS.
     pub peak_fp32_tflops: f64,
     /// Peak FP16 throughput (dense tensor cores on a GPU), in TFLOPS.
@@ -172,6 +179,9 @@ impl DeviceProfile {
         .chain(tf32)
         {
             limits::check_positive_at_most(label, field, value, limits::MAX_RATE)?;
+        }
+        if let Some(gib) = self.memory_gib {
+            limits::check_positive_at_most(label, "memory_gib", gib, MAX_MEMORY_GIB)?;
         }
         if let Some(achieved) = &self.achieved_fraction_of_peak {
             achieved.validate(label)?;

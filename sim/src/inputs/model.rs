@@ -174,6 +174,9 @@ impl Tensor {
     }
 }
 
+/// Most bytes of optimizer state per parameter element (far above any optimizer's).
+const MAX_OPTIMIZER_STATE_BYTES: f64 = 1024.0;
+
 /// A model's per-tensor profile on one device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -209,6 +212,10 @@ pub struct ModelProfile {
     pub arithmetic: Option<Arithmetic>,
     /// Optimizer step after all gradients are reduced.
     pub optimizer_us: f64,
+    /// Bytes of optimizer state the profiled optimizer keeps per parameter element (Adam's two
+    /// fp32 moments: 8; SGD's momentum: 4; plain SGD: 0); absent when the source does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_state_bytes_per_element: Option<f64>,
     /// The parameter tensors, in the order their gradients become ready during backward.
     pub tensors: Vec<Tensor>,
 }
@@ -248,6 +255,15 @@ impl ModelProfile {
             validate_rank_skew(label, skew)?;
         }
         limits::check_duration_us(label, "optimizer_us", self.optimizer_us)?;
+        if let Some(bytes) = self.optimizer_state_bytes_per_element {
+            if !(0.0..=MAX_OPTIMIZER_STATE_BYTES).contains(&bytes) {
+                return Err(SimError::invalid(
+                    label,
+                    "optimizer_state_bytes_per_element",
+                    format!("is 0 to {MAX_OPTIMIZER_STATE_BYTES}, got {bytes}"),
+                ));
+            }
+        }
         if self.tensors.len() > limits::MAX_TENSORS {
             return Err(SimError::invalid(
                 label,

@@ -74,6 +74,11 @@ pub fn step_costs(
         .iter()
         .map(|piece| piece_cost(scenario, schedule.servers, piece, naming))
         .collect::<Result<_>>()?;
+    let gathers: Vec<(Estimate, Links)> = schedule
+        .param_shards
+        .iter()
+        .map(|shard| gather_cost(scenario, shard.bytes, naming))
+        .collect::<Result<_>>()?;
     let framework_times = framework_cost::step_times(scenario, schedule);
     Ok(schedule
         .steps
@@ -87,6 +92,15 @@ pub fn step_costs(
                     // Only the exchange's fixed part is kept from the sharing of links: the
                     // ops are priced as before, inside the shared time.
                     estimate.time = p.step(&step.ops, round as usize) + framework;
+                    StepCost {
+                        duration: estimate.time,
+                        estimate: Some(estimate),
+                        links,
+                    }
+                }
+                (StepKind::Gather { group, .. }, None) => {
+                    let (mut estimate, links) = gathers[group as usize];
+                    estimate.time += framework;
                     StepCost {
                         duration: estimate.time,
                         estimate: Some(estimate),
@@ -291,13 +305,7 @@ fn exchange_cost(
         }
         Exchange::Allreduce => over_world(Op::Allreduce, bytes)?,
         Exchange::ReduceScatter => over_world(Op::ReduceScatter, bytes)?,
-        // The CPU backends ring the shards over point-to-point messages (the MPI transport's
-        // `allgather_chunks`), not through the library's allgather that a lab's sweep times
-        // (`MPI_Iallgatherv`, 1.5–2.1× the ring there): the model's ring prices them.
-        Exchange::AllgatherShards if cluster.library.tcp().is_some() => {
-            collective::estimate_modeled(cluster, Op::Allgather, bytes, world)?
-        }
-        Exchange::AllgatherShards => over_world(Op::Allgather, bytes)?,
+        Exchange::AllgatherShards => allgather_shards(scenario, bytes, naming)?,
         Exchange::Allgather => over_world(Op::Allgather, bytes * u64::from(world.ranks))?,
         Exchange::CompressedRing => {
             // A ring allreduce moves the compressed shards; in its reduce-scatter half each of
@@ -313,6 +321,34 @@ fn exchange_cost(
             return push_pull_cost(scenario, servers, piece, device, server, bytes)
         }
     };
+    Ok((estimate, Links::Every))
+}
+
+/// An all-gather of shards that make `bytes` in all, over every rank.
+fn allgather_shards(scenario: &Scenario, bytes: u64, naming: Naming) -> Result<Estimate> {
+    let cluster = &scenario.cluster;
+    let world = RankGroup::world(cluster);
+    match cluster.library.tcp() {
+        // The CPU backends ring the shards over point-to-point messages (the MPI transport's
+        // `allgather_chunks`), not through the library's allgather that a lab's sweep times
+        // (`MPI_Iallgatherv`, 1.5–2.1× the ring there): the model's ring prices them.
+        Some(_) => collective::estimate_modeled(cluster, Op::Allgather, bytes, world),
+        None => collective::estimate_named(cluster, Op::Allgather, bytes, world, naming),
+    }
+}
+
+/// A sharded plan's gather of one unit's parameters, each rank contributing `shard_bytes`.
+fn gather_cost(scenario: &Scenario, shard_bytes: u64, naming: Naming) -> Result<(Estimate, Links)> {
+    let ranks = u64::from(scenario.cluster.world_size());
+    let bytes = shard_bytes.checked_mul(ranks).ok_or_else(|| {
+        SimError::bad_value(
+            "sharding",
+            format!("{shard_bytes} bytes per shard over {ranks} ranks"),
+            "a gathered unit's bytes overflow",
+        )
+    })?;
+    let mut estimate = allgather_shards(scenario, bytes, naming)?;
+    estimate.delay_with_compute = delay_with_compute(scenario, Exchange::AllgatherShards);
     Ok((estimate, Links::Every))
 }
 

@@ -91,6 +91,8 @@ pub fn step_times(scenario: &Scenario, schedule: &Schedule) -> Vec<SimTime> {
                     _ => framework.call_time(),
                 }
             }
+            // A sharded plan's parameter gather: one collective call of the framework.
+            StepKind::Gather { .. } if !from_backward => framework.call_time(),
             _ => SimTime::ZERO,
         };
     }

@@ -6,6 +6,7 @@ pub mod engine;
 pub mod evaluate;
 pub mod framework_cost;
 pub mod graph;
+pub mod memory;
 pub mod noise;
 #[cfg(test)]
 mod properties;

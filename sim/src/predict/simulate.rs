@@ -14,6 +14,7 @@ use crate::plan::{CompressOn, Plan};
 use crate::predict::cost::step_costs;
 use crate::predict::engine::{self, CoreShare, EngineConfig, EngineResult};
 use crate::predict::graph::TaskGraph;
+use crate::predict::memory::memory_use;
 use crate::predict::noise::NoiseSpec;
 use crate::predict::scenario::Scenario;
 use crate::predict::summary::{CostFallback, Statistics, Summary};
@@ -335,9 +336,15 @@ fn summarize(
         comm_ms: round6(per_iteration(&result.comm_busy) / 1e6),
         // What the lowered pieces move (one rank has none): each piece encoded on its own, and
         // each codec call when the plan compresses tensor by tensor.
-        wire_bytes_per_rank: schedule.pieces.iter().map(Piece::payload_bytes).sum(),
+        wire_bytes_per_rank: schedule
+            .pieces
+            .iter()
+            .map(Piece::payload_bytes)
+            .sum::<u64>()
+            + schedule.gather_bytes(),
         groups: plan.groups.len(),
         collectives_per_iteration: collectives,
+        memory_per_rank: memory_use(&scenario.model, plan, schedule, &scenario.device),
         compute_scale: round6(scenario.compute_ratio),
         collective_slowdown: round6(scenario.collective_slowdown),
         seed: options.noise.seed,

@@ -3,6 +3,7 @@
 //! Its own module, below `simulate` (which fills it) and `trace` (which embeds it), so that the
 //! two need not import each other.
 
+use crate::predict::memory::MemoryUse;
 use serde::Serialize;
 
 /// Monte Carlo statistics over the measured iterations.
@@ -69,6 +70,8 @@ pub struct Summary {
     pub groups: usize,
     /// Collective steps in one iteration.
     pub collectives_per_iteration: usize,
+    /// What one rank keeps on its device, against the device's capacity.
+    pub memory_per_rank: MemoryUse,
     /// The model's compute time on this cluster's GPU over its measured time
     /// (`crate::inputs::carry`).
     pub compute_scale: f64,

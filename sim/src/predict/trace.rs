@@ -193,6 +193,13 @@ fn describe(
             format!("update g{group}"),
             json!({ "iteration": iteration, "group": group }),
         ),
+        StepKind::Gather { group, pass } => {
+            let bytes = schedule.param_shards[group as usize].bytes;
+            (
+                format!("allgather params g{group} {}", pass.name()),
+                json!({ "iteration": iteration, "group": group, "pass": pass.name(), "bytes": bytes }),
+            )
+        }
         StepKind::Encode { group, part } | StepKind::Decode { group, part } => {
             let verb = if matches!(step.kind, StepKind::Encode { .. }) {
                 "encode"

@@ -1,5 +1,6 @@
 //! Lowering: turns (model, world, plan) into a Schedule, the one place that says what a plan means.
 
+use super::shard;
 use super::{
     Buffer, Encoding, Exchange, LaunchPolicy, LaunchSlot, Op, OpList, Piece, Round, Schedule,
     Servers, Slot, Step, StepKind, StepList, Stream, World,
@@ -58,6 +59,42 @@ pub fn lower(
             ));
             group_pieces.push(first..pieces.len());
         }
+    }
+    let schedule = |steps, iteration_end, param_shards, buffers, pieces| Schedule {
+        format_version: FORMAT_VERSION,
+        strategy: plan.strategy.clone(),
+        model: plan.model.clone(),
+        model_fingerprint: plan.model_fingerprint.clone(),
+        world,
+        policy: LaunchPolicy {
+            launch: plan.policy.launch,
+            comm_streams: plan.policy.comm_streams,
+            cycle_ns: cycle.as_ns(),
+        },
+        servers,
+        buffers,
+        pieces,
+        param_shards,
+        steps,
+        iteration_end,
+    };
+    if let (Some(sharding), true) = (&plan.sharding, syncing) {
+        let codec = |g: usize| codec_stream(plan.groups[g].compress_on, cpu_ranks, false);
+        let sharded = shard::sharded_steps(
+            model,
+            world.ranks(),
+            plan,
+            sharding,
+            (&pieces, &group_pieces),
+            codec,
+        )?;
+        return Ok(schedule(
+            sharded.steps,
+            sharded.iteration_end,
+            sharded.param_shards,
+            buffers,
+            pieces,
+        ));
     }
     // Forward and backward per tensor, per piece an encode, its rounds and a decode, per
     // group an update, and the optimizer: reserved at once, since a search lowers every plan.
@@ -155,116 +192,138 @@ pub fn lower(
             .map(|&t| backward[t])
             .max()
             .expect("validated groups are non-empty");
-        let codec = match (group.compress_on, cpu_ranks) {
-            _ if inline(g) => Stream::Compute,
-            // A GPU rank may hand compression to its host CPU (Espresso); a CPU rank's own
-            // compression stream is on the cores its compute runs on.
-            (CompressOn::Cpu, false) => Stream::Cpu,
-            (_, true) | (CompressOn::Gpu, false) => Stream::Codec,
-        };
+        let codec = codec_stream(group.compress_on, cpu_ranks, inline(g));
         let mut tails = Vec::with_capacity(range.len());
         for p in range.clone() {
-            let piece = &pieces[p];
-            let sync =
-                |kind, stream, after: u32, ops: OpList| sync_step(kind, stream, after, p, ops);
-            let (group_id, part) = (piece.group, piece.part);
-            let compressing = piece.compressor != Compressor::None;
-            let has_encode = has_encode(piece);
-            let mut tail = ready;
-            if let Some(encode) = inline_encode.get(p).copied().flatten() {
-                tail = encode;
-            } else if has_encode {
-                tail = push(sync(
-                    StepKind::Encode {
-                        group: group_id,
-                        part,
-                    },
-                    codec,
-                    tail,
-                    smallvec![Op::Compensate, Op::Encode],
-                ));
-            }
-            let rounds = piece.rounds.len();
-            for (r, round) in piece.rounds.iter().enumerate() {
-                let mut ops = OpList::new();
-                if r == 0 && !has_encode {
-                    ops.extend([Op::Compensate, Op::Encode]);
-                }
-                if r > 0 && round.exchange != Exchange::AllgatherShards {
-                    ops.push(Op::NextRound);
-                }
-                ops.push(Op::Exchange);
-                if r + 1 == rounds && !compressing {
-                    ops.extend(decode_ops(piece.memory));
-                }
-                position = position.checked_add(1).ok_or_else(too_many_collectives)?;
-                let mut step = sync(
-                    StepKind::Collective {
-                        group: group_id,
-                        part,
-                        round: r as u32,
-                    },
-                    Stream::Comm,
-                    tail,
-                    ops,
-                );
-                step.launch = Some(LaunchSlot {
-                    priority: group.priority,
-                    phase: u8::from(round.exchange == Exchange::AllgatherShards && overlap),
-                    position,
-                });
-                tail = push(step);
-            }
-            if compressing {
-                tail = push(sync(
-                    StepKind::Decode {
-                        group: group_id,
-                        part,
-                    },
-                    codec,
-                    tail,
-                    decode_ops(piece.memory),
-                ));
-            }
-            tails.push(tail);
+            let encoded = inline_encode.get(p).copied().flatten();
+            let chain = Chain {
+                ready,
+                encoded,
+                codec,
+                priority: group.priority,
+                overlap,
+            };
+            tails.push(push_sync(&mut steps, &pieces, p, chain, &mut position)?);
         }
         group_tails.push(tails);
     }
     if !overlap {
         let mut optimizer = compute(StepKind::Optimizer, model.optimizer_us);
         optimizer.after = group_tails.iter().flatten().copied().collect();
-        push(optimizer);
+        steps.push(optimizer);
     }
     for (g, update) in update_step.iter().enumerate() {
         if let Some(update) = update {
             steps[*update as usize].after_previous = StepList::from_slice(&group_tails[g]);
         }
     }
-    Ok(Schedule {
-        format_version: FORMAT_VERSION,
-        strategy: plan.strategy.clone(),
-        model: plan.model.clone(),
-        model_fingerprint: plan.model_fingerprint.clone(),
-        world,
-        policy: LaunchPolicy {
-            launch: plan.policy.launch,
-            comm_streams: plan.policy.comm_streams,
-            cycle_ns: cycle.as_ns(),
-        },
-        servers,
-        buffers,
-        pieces,
-        steps,
-        iteration_end: last_backward,
-    })
+    Ok(schedule(steps, last_backward, Vec::new(), buffers, pieces))
 }
 
-fn too_many_collectives() -> SimError {
+pub(super) fn too_many_collectives() -> SimError {
     SimError::bad_value(
         "plan",
         "collectives per iteration",
         "more than 2^32 collectives in one iteration",
     )
+}
+
+/// Where a group's codec steps run: in line on the compute stream, on the host CPU (a GPU
+/// rank handing compression to it, as Espresso may), or on the rank's codec stream (a CPU
+/// rank's compression thread runs on the cores its compute runs on).
+pub(super) fn codec_stream(on: CompressOn, cpu_ranks: bool, in_line: bool) -> Stream {
+    match (on, cpu_ranks) {
+        _ if in_line => Stream::Compute,
+        (CompressOn::Cpu, false) => Stream::Cpu,
+        (_, true) | (CompressOn::Gpu, false) => Stream::Codec,
+    }
+}
+
+/// How one piece's synchronization is placed: after which step, where its codecs run and
+/// where its collectives stand in the launch order.
+#[derive(Clone, Copy)]
+pub(super) struct Chain {
+    /// The step whose end makes the piece ready (its group's last gradient).
+    pub ready: u32,
+    /// Its encode when already placed in line with the backward pass.
+    pub encoded: Option<u32>,
+    /// The stream of its encode and decode.
+    pub codec: Stream,
+    /// The group's priority.
+    pub priority: i64,
+    /// Whether all-gathers of shards wait for the next forward pass (DeAR).
+    pub overlap: bool,
+}
+
+/// Pushes piece `p`'s synchronization: its encode, a collective per round (numbered on from
+/// `position`) and its decode, each after the one before. Returns its last step.
+pub(super) fn push_sync(
+    steps: &mut Vec<Step>,
+    pieces: &[Piece],
+    p: usize,
+    chain: Chain,
+    position: &mut u32,
+) -> Result<u32> {
+    let mut push = |step: Step| {
+        steps.push(step);
+        (steps.len() - 1) as u32
+    };
+    let piece = &pieces[p];
+    let sync = |kind, stream, after: u32, ops: OpList| sync_step(kind, stream, after, p, ops);
+    let (group, part) = (piece.group, piece.part);
+    let compressing = piece.compressor != Compressor::None;
+    let has_encode = has_encode(piece);
+    let mut tail = chain.ready;
+    if let Some(encode) = chain.encoded {
+        tail = encode;
+    } else if has_encode {
+        tail = push(sync(
+            StepKind::Encode { group, part },
+            chain.codec,
+            tail,
+            smallvec![Op::Compensate, Op::Encode],
+        ));
+    }
+    let rounds = piece.rounds.len();
+    for (r, round) in piece.rounds.iter().enumerate() {
+        let mut ops = OpList::new();
+        if r == 0 && !has_encode {
+            ops.extend([Op::Compensate, Op::Encode]);
+        }
+        if r > 0 && round.exchange != Exchange::AllgatherShards {
+            ops.push(Op::NextRound);
+        }
+        ops.push(Op::Exchange);
+        if r + 1 == rounds && !compressing {
+            ops.extend(decode_ops(piece.memory));
+        }
+        *position = position.checked_add(1).ok_or_else(too_many_collectives)?;
+        let mut step = sync(
+            StepKind::Collective {
+                group,
+                part,
+                round: r as u32,
+            },
+            Stream::Comm,
+            tail,
+            ops,
+        );
+        step.launch = Some(LaunchSlot {
+            priority: chain.priority,
+            phase: u8::from(round.exchange == Exchange::AllgatherShards && chain.overlap),
+            position: *position,
+        });
+        tail = push(step);
+    }
+    if compressing {
+        tail = push(sync(
+            StepKind::Decode { group, part },
+            chain.codec,
+            tail,
+            decode_ops(piece.memory),
+        ));
+    }
+    Ok(tail)
 }
 
 /// Whether a piece is encoded before its first round: compressed, or with a memory to add.
@@ -287,7 +346,7 @@ fn sync_step(kind: StepKind, stream: Stream, after: u32, p: usize, ops: OpList) 
     }
 }
 
-fn compute(kind: StepKind, profiled_us: f64) -> Step {
+pub(super) fn compute(kind: StepKind, profiled_us: f64) -> Step {
     Step {
         kind,
         stream: Stream::Compute,
@@ -314,7 +373,7 @@ fn decode_ops(memory: Memory) -> OpList {
 }
 
 /// The group's tensor that runs first in the forward pass.
-fn first_forward(model: &ModelProfile, group: &Group) -> usize {
+pub(super) fn first_forward(model: &ModelProfile, group: &Group) -> usize {
     group
         .tensors
         .iter()
@@ -323,7 +382,7 @@ fn first_forward(model: &ModelProfile, group: &Group) -> usize {
         .expect("validated groups are non-empty")
 }
 
-fn buffer(model: &ModelProfile, group: &Group) -> Buffer {
+pub(super) fn buffer(model: &ModelProfile, group: &Group) -> Buffer {
     let mut offset = 0u64;
     let slots = group
         .tensors
@@ -515,6 +574,7 @@ fn exchanges(scheme: Scheme, aggregation: Aggregation, server: u32) -> SmallVec<
             smallvec![Exchange::ReduceScatter, Exchange::AllgatherShards]
         }
         (Scheme::CompressedRing, _) => smallvec![Exchange::CompressedRing],
+        (Scheme::ReduceScatter, _) => smallvec![Exchange::ReduceScatter],
         (_, Aggregation::Allreduce) => smallvec![Exchange::Allreduce],
         (_, Aggregation::Allgather) => smallvec![Exchange::Allgather],
         (_, Aggregation::ParameterServer) => smallvec![Exchange::PushPull { server }],

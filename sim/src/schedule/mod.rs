@@ -33,6 +33,7 @@
 
 pub mod launch;
 mod lower;
+mod shard;
 mod unroll;
 
 pub use lower::{lower, lower_group};
@@ -118,6 +119,38 @@ pub enum StepKind {
         /// Index of the plan group.
         group: u32,
     },
+    /// A sharded plan's all-gather of one unit's parameters from every rank's shard
+    /// ([`Schedule::param_shards`]).
+    Gather {
+        /// Index of the plan group (the unit).
+        group: u32,
+        /// Which of the unit's gathers it is.
+        pass: Pass,
+    },
+}
+
+/// When a sharded plan gathers a unit's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pass {
+    /// Before the unit's forward (ZeRO-3, FSDP).
+    Forward,
+    /// Before its backward, after it was freed following its forward (FSDP's
+    /// `reshard_after_forward`).
+    Backward,
+    /// After the optimizer updated every rank's shard (ZeRO-1 and 2).
+    Step,
+}
+
+impl Pass {
+    /// As labels spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "fwd",
+            Pass::Backward => "bwd",
+            Pass::Step => "step",
+        }
+    }
 }
 
 impl StepKind {
@@ -133,6 +166,7 @@ impl StepKind {
             StepKind::Decode { group, part } => format!("decode g{group}.{part}"),
             StepKind::Optimizer => "optimizer".into(),
             StepKind::Update { group } => format!("update g{group}"),
+            StepKind::Gather { group, pass } => format!("gather g{group} {}", pass.name()),
         }
     }
 
@@ -235,6 +269,16 @@ pub struct Buffer {
     pub numel: u64,
     /// Each tensor's place, in plan order.
     pub slots: Vec<Slot>,
+}
+
+/// One rank's shard of a sharded plan's unit: what it contributes to each gather of the unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamShard {
+    /// Elements of the shard (the unit's elements over the ranks, rounded up).
+    pub numel: u64,
+    /// Bytes of the shard on the wire, in the plan's parameter precision.
+    pub bytes: u64,
 }
 
 /// One partition of one group: the unit every encode, collective and decode step works on.
@@ -499,6 +543,10 @@ pub struct Schedule {
     pub buffers: Vec<Buffer>,
     /// Every group's partitions, group by group (none on a single rank: nothing to synchronize).
     pub pieces: Vec<Piece>,
+    /// A sharded plan's shard of each group's parameters, group by group, which its gather
+    /// steps all-gather (none for a replicated plan, or on a single rank).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub param_shards: Vec<ParamShard>,
     /// One rank's steps of one iteration.
     pub steps: Vec<Step>,
     /// The step whose end closes an iteration.
@@ -562,6 +610,18 @@ impl Schedule {
             }
         }
         slots
+    }
+
+    /// Bytes one rank contributes to the parameter gathers of an iteration (its shard, once
+    /// per gather).
+    pub fn gather_bytes(&self) -> u64 {
+        self.steps
+            .iter()
+            .filter_map(|s| match s.kind {
+                StepKind::Gather { group, .. } => Some(self.param_shards[group as usize].bytes),
+                _ => None,
+            })
+            .sum()
     }
 
     /// Collective steps per iteration.
@@ -689,6 +749,17 @@ impl Schedule {
                             at("profiled_us"),
                             "a compute step needs a finite, non-negative time".into(),
                         );
+                    }
+                }
+                (Stream::Comm, None, StepKind::Gather { group, .. }) => {
+                    if group as usize >= self.param_shards.len() {
+                        return bad(
+                            at("kind"),
+                            format!("group {group} has no parameter shard to gather"),
+                        );
+                    }
+                    if step.launch.is_none() {
+                        return bad(at("launch"), "a gather needs its launch slot".into());
                     }
                 }
                 (_, None, _) => {

@@ -10,17 +10,20 @@ mod horovod;
 mod mergecomp;
 mod mgwfbp;
 mod ps;
+mod sharded;
 
 pub use fixed_groups::{groups as fixed_groups, GroupingRule};
 pub use horovod::{
     HorovodFusion, CYCLE_US as HOROVOD_CYCLE_US, FUSION_BYTES as HOROVOD_FUSION_BYTES,
 };
+pub use sharded::ShardOptions;
 
 use crate::base::error::{Result, SimError};
 use crate::compress::{Compressor, Memory};
 use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecCalls, CompressOn, Group, Launch, Plan, Policy, Scheme};
 use crate::predict::scenario::Scenario;
+use crate::sharding::Stage;
 use std::fmt;
 use std::str::FromStr;
 
@@ -71,6 +74,12 @@ pub enum Strategy {
     Ps,
     /// Espresso: per-tensor compression choice (none, GPU or CPU), greedy, largest first.
     Espresso,
+    /// DeepSpeed ZeRO-1: optimizer states sharded, gradients reduce-scattered after backward.
+    Zero1,
+    /// DeepSpeed ZeRO-2: optimizer states and gradients sharded, reduce-scattered in backward.
+    Zero2,
+    /// PyTorch FSDP (ZeRO-3): parameters sharded too, gathered around each unit.
+    Fsdp,
 }
 
 impl Strategy {
@@ -115,6 +124,8 @@ pub struct StrategyOptions {
     pub credit: u32,
     /// Dedicated parameter servers for `ps` (0: one per node).
     pub ps_servers: u32,
+    /// Prefetch, resharding and gather precision of the sharded strategies.
+    pub sharding: ShardOptions,
     /// The compressor the strategy applies (`Compressor::None`: no compression).
     pub compressor: Compressor,
     /// Error feedback kept with the compressor.
@@ -131,6 +142,7 @@ impl Default for StrategyOptions {
             partition_bytes: 4_096_000,
             credit: 4,
             ps_servers: 0,
+            sharding: ShardOptions::default(),
             compressor: Compressor::None,
             memory: Memory::None,
         }
@@ -198,6 +210,18 @@ const CATALOG: &[StrategyEntry] = &[
         form: "espresso",
         description: "Espresso: per-tensor choice of no compression, GPU or CPU (--cpu-compression) --compressor, greedy by size from the output side",
     },
+    StrategyEntry {
+        form: "zero1",
+        description: "DeepSpeed ZeRO-1: optimizer states sharded; buckets of 5e8 elements reduce-scattered (--compressor: their precision) after backward, the shard updated, parameters all-gathered (--param-dtype) before the next forward",
+    },
+    StrategyEntry {
+        form: "zero2",
+        description: "DeepSpeed ZeRO-2: as zero1 with gradients sharded too, each bucket reduce-scattered during backward",
+    },
+    StrategyEntry {
+        form: "fsdp",
+        description: "PyTorch FSDP (ZeRO-3): a unit per repeated block plus the root; each unit's parameters all-gathered (--param-dtype) before its forward and, unless --reshard-after-forward false, its backward, --prefetch (1) units ahead; gradients reduce-scattered per unit; the shard updated",
+    },
 ];
 
 /// Every strategy with its form and description, in listing order.
@@ -231,6 +255,9 @@ impl FromStr for Strategy {
             ("byteps", None, _) => Strategy::BytePs,
             ("ps", None, _) => Strategy::Ps,
             ("espresso", None, _) => Strategy::Espresso,
+            ("zero1", None, _) => Strategy::Zero1,
+            ("zero2", None, _) => Strategy::Zero2,
+            ("fsdp", None, _) => Strategy::Fsdp,
             ("fixed-groups", Some(count), rule) => {
                 let count: usize = count
                     .parse()
@@ -270,6 +297,9 @@ impl fmt::Display for Strategy {
             Strategy::BytePs => f.write_str("byteps"),
             Strategy::Ps => f.write_str("ps"),
             Strategy::Espresso => f.write_str("espresso"),
+            Strategy::Zero1 => f.write_str("zero1"),
+            Strategy::Zero2 => f.write_str("zero2"),
+            Strategy::Fsdp => f.write_str("fsdp"),
         }
     }
 }
@@ -341,6 +371,9 @@ impl Strategy {
             Strategy::MergeComp => mergecomp::plan(&name, scenario, options)?,
             Strategy::HiPress(topology) => hipress::plan(&name, scenario, options, topology)?,
             Strategy::Espresso => espresso::plan(&name, scenario, options)?,
+            Strategy::Zero1 => sharded::zero_plan(&name, scenario, options, Stage::Zero1)?,
+            Strategy::Zero2 => sharded::zero_plan(&name, scenario, options, Stage::Zero2)?,
+            Strategy::Fsdp => sharded::fsdp_plan(&name, scenario, options)?,
         };
         plan.codec_stream = scenario.codec_stream();
         Ok(plan)

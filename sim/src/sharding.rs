@@ -1,0 +1,286 @@
+//! Sharded data parallelism in a plan: which ZeRO stage, how far parameters are gathered ahead,
+//! and the precision they travel in.
+//!
+//! A sharded plan's groups are its units (FSDP's `fully_shard` modules, ZeRO's buckets): each
+//! group's gradients are reduce-scattered ([`Scheme::ReduceScatter`]) so that every rank keeps
+//! the sum of its shard, the optimizer updates only that shard, and the parameters are gathered
+//! back: after the step for ZeRO stages 1 and 2 (DeepSpeed's `all_gather` of the updated
+//! partitions), before each unit's forward and again before its backward for stage 3 (FSDP),
+//! which frees them in between. `lower` turns this into the schedule's gather steps.
+
+use crate::base::error::{Result, SimError};
+use crate::inputs::model::ModelProfile;
+use crate::plan::{Group, Scheme};
+use serde::{Deserialize, Serialize};
+
+/// Most units a gather may run ahead of the one computing.
+pub const MAX_PREFETCH: u32 = 64;
+
+/// What each rank keeps only its shard of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// ZeRO-1: optimizer states.
+    Zero1,
+    /// ZeRO-2: optimizer states and gradients.
+    Zero2,
+    /// ZeRO-3 (FSDP's `FULL_SHARD`, FSDP2's `fully_shard`): optimizer states, gradients and
+    /// parameters.
+    Zero3,
+}
+
+impl Stage {
+    /// As plans spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Zero1 => "zero1",
+            Stage::Zero2 => "zero2",
+            Stage::Zero3 => "zero3",
+        }
+    }
+
+    /// Whether gradients live only as shards between their reduction and the step.
+    pub fn shards_gradients(self) -> bool {
+        self >= Stage::Zero2
+    }
+
+    /// Whether parameters live only as shards outside a unit's forward and backward.
+    pub fn shards_parameters(self) -> bool {
+        self == Stage::Zero3
+    }
+}
+
+/// The precision parameters are gathered in (FSDP's `MixedPrecisionPolicy.param_dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ParamDtype {
+    /// As they are stored: 4 bytes per element.
+    #[default]
+    Fp32,
+    /// Cast to bfloat16 as they are copied into the gather buffer: 2 bytes.
+    Bf16,
+}
+
+impl ParamDtype {
+    /// Bytes per element on the wire and in a gathered unit.
+    pub fn bytes(self) -> u64 {
+        match self {
+            ParamDtype::Fp32 => 4,
+            ParamDtype::Bf16 => 2,
+        }
+    }
+
+    /// As plans spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamDtype::Fp32 => "fp32",
+            ParamDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// How a plan shards the model's state over the ranks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sharding {
+    /// What each rank keeps only its shard of.
+    pub stage: Stage,
+    /// Units whose gather may run ahead of the unit computing: 0 gathers each unit only once
+    /// the one before it has finished, 1 overlaps it with that unit (FSDP's default backward
+    /// prefetch and its limit of two all-gathers in flight).
+    pub prefetch: u32,
+    /// Stage 3: free each unit's gathered parameters after its forward and gather them again
+    /// before its backward (FSDP's `reshard_after_forward`, true by default).
+    pub reshard_after_forward: bool,
+    /// Stage 3: the units (plan group indices) that stay gathered from their forward to their
+    /// backward whatever `reshard_after_forward` says (FSDP2 keeps the root module's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resident: Vec<usize>,
+    /// The precision parameters are gathered in.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub param_dtype: ParamDtype,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+impl Sharding {
+    /// Checks the sharding against the plan's groups: every group reduce-scattered (and only
+    /// in a sharded plan), the prefetch bounded, the resident units real. `label` names the plan.
+    pub fn check(sharding: Option<&Sharding>, label: &str, groups: &[Group]) -> Result<()> {
+        let scattered = |g: &Group| g.scheme == Scheme::ReduceScatter;
+        let Some(sharding) = sharding else {
+            return match groups.iter().position(scattered) {
+                Some(g) => Err(SimError::invalid(
+                    label,
+                    format!("groups[{g}].scheme"),
+                    "`reduce-scatter` keeps only a shard of the sum on each rank: it needs the plan's `sharding`",
+                )),
+                None => Ok(()),
+            };
+        };
+        if let Some(g) = groups.iter().position(|g| !scattered(g)) {
+            return Err(SimError::invalid(
+                label,
+                format!("groups[{g}].scheme"),
+                format!(
+                    "a sharded plan reduce-scatters every group's gradients (`reduce-scatter`), not `{}`",
+                    groups[g].scheme.name()
+                ),
+            ));
+        }
+        if let Some(g) = groups.iter().position(|g| g.partitions != 1) {
+            return Err(SimError::invalid(
+                label,
+                format!("groups[{g}].partitions"),
+                "a sharded plan's unit is one piece: its shards are the partition",
+            ));
+        }
+        if sharding.prefetch > MAX_PREFETCH {
+            return Err(SimError::invalid(
+                label,
+                "sharding.prefetch",
+                format!("is 0 to {MAX_PREFETCH}, got {}", sharding.prefetch),
+            ));
+        }
+        if let Some(&g) = sharding.resident.iter().find(|&&g| g >= groups.len()) {
+            return Err(SimError::invalid(
+                label,
+                "sharding.resident",
+                format!("group {g} does not exist: the plan has {}", groups.len()),
+            ));
+        }
+        if !sharding.stage.shards_parameters()
+            && (!sharding.resident.is_empty() || sharding.reshard_after_forward)
+        {
+            return Err(SimError::invalid(
+                label,
+                "sharding.reshard_after_forward",
+                format!(
+                    "only stage zero3 frees parameters after forward; {} keeps them whole",
+                    sharding.stage.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether group `g` is gathered again before its backward.
+    pub fn regathers(&self, g: usize) -> bool {
+        self.stage.shards_parameters() && self.reshard_after_forward && !self.resident.contains(&g)
+    }
+}
+
+/// Elements of one rank's shard of `numel` elements over `ranks` (the last shards padded, as
+/// FSDP and ZeRO pad the flat parameter to a multiple of the ranks).
+pub fn shard_numel(numel: u64, ranks: u32) -> u64 {
+    numel.div_ceil(u64::from(ranks.max(1)))
+}
+
+/// FSDP's default units for `model`: one per repeated block (tensors whose names share the
+/// prefix up to their first numeric component, `transformer.h.12.`) and the rest of the model
+/// (embeddings, final norm, head) as the root unit, in the order their gradients are complete
+/// in backward (the order their reduce-scatters are ready; the root, which holds both the
+/// last layers and the embeddings, comes last). The root is returned with its index, to stay
+/// gathered as FSDP2 keeps it.
+pub fn block_units(model: &ModelProfile) -> (Vec<Vec<usize>>, Option<usize>) {
+    let mut units: Vec<(Option<String>, Vec<usize>)> = Vec::new();
+    for (t, tensor) in model.tensors.iter().enumerate() {
+        let block = block_of(&tensor.name);
+        match units.iter_mut().find(|(name, _)| *name == block) {
+            Some((_, tensors)) => tensors.push(t),
+            None => units.push((block, vec![t])),
+        }
+    }
+    units.sort_by_key(|(_, tensors)| tensors.iter().max().copied());
+    let root = units.iter().position(|(name, _)| name.is_none());
+    (units.into_iter().map(|(_, t)| t).collect(), root)
+}
+
+/// The block a tensor belongs to: its name up to and including its first all-digit component.
+fn block_of(name: &str) -> Option<String> {
+    let mut end = 0;
+    for part in name.split('.') {
+        end += part.len() + 1;
+        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+            return Some(name[..end.min(name.len())].to_string());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt2_xl_has_one_unit_per_block_and_a_root() {
+        let model = ModelProfile::load("gpt2-xl").unwrap();
+        let (units, root) = block_units(&model);
+        assert_eq!(units.len(), 48 + 1);
+        let root = root.expect("embeddings and the final norm");
+        let names: Vec<&str> = units[root]
+            .iter()
+            .map(|&t| model.tensors[t].name.as_str())
+            .collect();
+        assert!(names.contains(&"transformer.wte.weight"), "{names:?}");
+        assert!(names.iter().all(|n| !n.contains(".h.")), "{names:?}");
+        let every: usize = units.iter().map(Vec::len).sum();
+        assert_eq!(every, model.num_tensors());
+        // Each block's 12 tensors (2 norms, attention and MLP weights and biases).
+        assert!(units
+            .iter()
+            .enumerate()
+            .all(|(u, t)| u == root || t.len() == 12));
+    }
+
+    #[test]
+    fn a_sharding_that_does_not_match_its_groups_is_refused_by_field() {
+        use crate::strategy::per_tensor_plan;
+        let model = ModelProfile::load("resnet50").unwrap();
+        let mut plan = per_tensor_plan(&model);
+        let refused = |plan: &crate::plan::Plan, field: &str| {
+            let err = plan.validate("p", &model).unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        };
+        plan.groups[2].scheme = Scheme::ReduceScatter;
+        refused(&plan, "groups[2].scheme");
+        plan.set_scheme(Scheme::ReduceScatter);
+        plan.sharding = Some(Sharding {
+            stage: Stage::Zero3,
+            prefetch: 1,
+            reshard_after_forward: true,
+            resident: vec![0],
+            param_dtype: ParamDtype::Bf16,
+        });
+        plan.validate("p", &model).unwrap();
+        let mut mixed = plan.clone();
+        mixed.groups[5].scheme = Scheme::Allreduce;
+        refused(&mixed, "groups[5].scheme");
+        let mut far = plan.clone();
+        far.sharding.as_mut().unwrap().prefetch = MAX_PREFETCH + 1;
+        refused(&far, "sharding.prefetch");
+        let mut missing = plan.clone();
+        missing.sharding.as_mut().unwrap().resident = vec![plan.groups.len()];
+        refused(&missing, "sharding.resident");
+        let mut zero2 = plan.clone();
+        zero2.sharding.as_mut().unwrap().stage = Stage::Zero2;
+        refused(&zero2, "sharding.reshard_after_forward");
+        let mut split = plan.clone();
+        split.groups[0].partitions = 2;
+        refused(&split, "groups[0].partitions");
+    }
+
+    #[test]
+    fn shards_round_up() {
+        assert_eq!(shard_numel(10, 4), 3);
+        assert_eq!(shard_numel(8, 4), 2);
+        assert_eq!(shard_numel(8, 0), 8);
+        assert_eq!(
+            block_of("transformer.h.12.attn.c_attn.weight").as_deref(),
+            Some("transformer.h.12.")
+        );
+        assert_eq!(block_of("transformer.wte.weight"), None);
+    }
+}
