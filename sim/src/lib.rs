@@ -56,13 +56,13 @@
 //!   [`inputs::real_run`] says how a real run is timed); the compressors ([`compress`]) and the
 //!   codec sets that write them as framework ops ([`codec`], which also prices a compressor on a
 //!   device).
-//! - What a plan is and means: [`plan`], [`strategy`], [`schedule`] (with the launch policy,
-//!   [`schedule::launch`]).
+//! - What a plan is and means: [`plan`] (with [`sharding`] for ZeRO and FSDP), [`strategy`],
+//!   [`schedule`] (with the launch policy, [`schedule::launch`]).
 //! - [`predict`]: pricing and running. [`collective`] (of the operations in [`collective_op`])
 //!   and [`predict::cost`] price steps, [`predict::framework_cost`] what the framework adds to
 //!   them, [`predict::contention`] what shares a device; [`predict::graph`],
 //!   [`predict::engine`], [`predict::noise`], [`predict::simulate`], [`predict::evaluate`] (the
-//!   tuner's steady time), [`predict::summary`], [`predict::trace`], [`predict::validate`].
+//!   tuner's steady time), [`predict::memory`], [`predict::summary`], [`predict::trace`], [`predict::validate`].
 //! - Choosing plans: [`search`], [`sweep`], [`export`] (the settings of DDP, Horovod, BytePS and
 //!   DeepSpeed).
 //! - Fits and checks against measurements: [`calibrate`] (nccl-tests curves, the TCP, p2p and
