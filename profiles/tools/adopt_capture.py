@@ -55,6 +55,15 @@ def precision(capture):
     return "tf32", f"FP32 tensors, TF32 {tf32.group(1)} for matrix products and {tf32.group(2)} for convolutions"
 
 
+def optimizer_state_bytes(capture, command):
+    """Bytes of optimizer state per element: as a newer capture measured it, else what the
+    capture command's optimizer keeps (`python -m syncopate.capture` steps torch.optim.SGD with
+    momentum 0.9, one fp32 buffer per element, unless told `--optimizer adam`: two)."""
+    if "optimizer_state_bytes_per_element" in capture:
+        return capture["optimizer_state_bytes_per_element"]
+    return 8 if re.search(r"--optimizer[ =]adam", command) else 4
+
+
 def adopt(capture, shipped, kept_at):
     """The shipped profile made from `capture`, with `shipped`'s FLOP counts."""
     uses = {t["name"]: (tuple(t["shape"]), t.get("uses_per_sample", 0)) for t in shipped["tensors"]}
@@ -105,6 +114,7 @@ def adopt(capture, shipped, kept_at):
         "timing": timing,
         "arithmetic": arithmetic,
         "optimizer_us": capture["optimizer_us"],
+        "optimizer_state_bytes_per_element": optimizer_state_bytes(capture, command),
         "tensors": tensors,
     }
 
