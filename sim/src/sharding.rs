@@ -178,6 +178,19 @@ pub fn shard_numel(numel: u64, ranks: u32) -> u64 {
     numel.div_ceil(u64::from(ranks.max(1)))
 }
 
+/// The groups in the order the forward pass reaches them: by their first tensor to run there.
+pub fn forward_order(model: &ModelProfile, groups: &[Group]) -> Vec<usize> {
+    let first = |g: &Group| {
+        g.tensors
+            .iter()
+            .map(|&t| model.tensors[t].registration_index)
+            .min()
+    };
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&g| (first(&groups[g]), g));
+    order
+}
+
 /// FSDP's default units for `model`: one per repeated block (tensors whose names share the
 /// prefix up to their first numeric component, `transformer.h.12.`) and the rest of the model
 /// (embeddings, final norm, head) as the root unit, in the order their gradients are complete

@@ -16,7 +16,7 @@ use crate::inputs::device::DeviceProfile;
 use crate::inputs::model::ModelProfile;
 use crate::plan::Plan;
 use crate::schedule::Schedule;
-use crate::sharding::{shard_numel, Sharding};
+use crate::sharding::{forward_order, shard_numel, Sharding};
 use serde::Serialize;
 
 /// Bytes of an fp32 element.
@@ -148,16 +148,10 @@ fn gathered_bytes(
     let resident: u64 = sharding.resident.iter().map(|&g| units[g]).sum();
     // The forward order of the units that are freed; any `prefetch` + 1 in a row are gathered
     // at once (in backward the same units run in the reverse order).
-    let mut order: Vec<usize> = (0..units.len())
+    let order: Vec<usize> = forward_order(model, &plan.groups)
+        .into_iter()
         .filter(|g| !sharding.resident.contains(g))
         .collect();
-    order.sort_by_key(|&g| {
-        plan.groups[g]
-            .tensors
-            .iter()
-            .map(|&t| model.tensors[t].registration_index)
-            .min()
-    });
     let window = sharding.prefetch as usize + 1;
     let peak = order
         .windows(window.min(order.len()).max(1))

@@ -275,8 +275,6 @@ pub struct Buffer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParamShard {
-    /// Elements of the shard (the unit's elements over the ranks, rounded up).
-    pub numel: u64,
     /// Bytes of the shard on the wire, in the plan's parameter precision.
     pub bytes: u64,
 }

@@ -16,7 +16,7 @@ use super::{LaunchSlot, OpList, ParamShard, Pass, Piece, Step, StepKind, StepLis
 use crate::base::error::{Result, SimError};
 use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecStream, Plan};
-use crate::sharding::{shard_numel, Sharding, Stage};
+use crate::sharding::{forward_order, shard_numel, Sharding, Stage};
 use std::ops::Range;
 
 /// What lowering a sharded plan adds to the pieces: the steps of one iteration, the step that
@@ -51,13 +51,12 @@ pub(super) fn sharded_steps(
         .iter()
         .enumerate()
         .map(|(g, group)| {
-            let numel = shard_numel(group.numel(model), ranks);
-            let bytes = numel
+            let bytes = shard_numel(group.numel(model), ranks)
                 .checked_mul(sharding.param_dtype.bytes())
                 .ok_or_else(|| {
                     SimError::invalid("plan", format!("groups[{g}]"), "its shard's bytes overflow")
                 })?;
-            Ok(ParamShard { numel, bytes })
+            Ok(ParamShard { bytes })
         })
         .collect::<Result<Vec<_>>>()?;
     let mut owner = vec![0usize; model.num_tensors()];
@@ -91,14 +90,10 @@ pub(super) fn sharded_steps(
         .iter()
         .map(|g| first_forward(model, g))
         .collect();
-    // Units in the order a pass reaches them: by the position of their first tensor in it.
-    let by = |key: &dyn Fn(usize) -> usize| {
-        let mut order: Vec<usize> = (0..units).collect();
-        order.sort_by_key(|&g| (key(g), g));
-        order
-    };
-    let forward_order = by(&|g| model.tensors[first_forward[g]].registration_index);
-    let backward_order = by(&|g| first_backward[g]);
+    let forward_order = forward_order(model, &plan.groups);
+    // Backward reaches the units by their first tensor in backward order, their lowest index.
+    let mut backward_order: Vec<usize> = (0..units).collect();
+    backward_order.sort_by_key(|&g| (first_backward[g], g));
     let stage = sharding.stage;
     let gathered_forward = |_: usize| stage.shards_parameters();
     let gathered_backward = |g: usize| sharding.regathers(g);
@@ -106,22 +101,22 @@ pub(super) fn sharded_steps(
         steps: Vec::with_capacity(2 * model.num_tensors() + 4 * units + pieces.len() * 3 + 1),
         position: 0,
         priorities: plan.groups.iter().map(|g| g.priority).collect(),
+        owner,
+        prefetch: sharding.prefetch as usize,
     };
     // Forward, each unit's gather issued `prefetch` units ahead.
     let tensors_forward = model.forward_order();
     let forward_gathers = lowering.pass(
         (Pass::Forward, &forward_order, &first_forward),
         None,
-        sharding.prefetch,
         &gathered_forward,
-        tensors_forward.iter().map(|&t| {
+        tensors_forward.iter().copied(),
+        |t| {
             compute(
                 StepKind::Forward { tensor: t as u32 },
                 model.tensors[t].forward_us,
             )
-        }),
-        tensors_forward.iter().copied(),
-        &owner,
+        },
         |_, _, _| Ok(()),
     )?;
     // Backward, each unit's gradients reduce-scattered once complete (ZeRO-1: after all).
@@ -149,17 +144,21 @@ pub(super) fn sharded_steps(
     let backward = lowering.pass(
         (Pass::Backward, &backward_order, &first_backward),
         Some(forward_gathers.last_compute),
-        sharding.prefetch,
         &gathered_backward,
-        model.tensors.iter().enumerate().map(|(t, tensor)| {
-            compute(StepKind::Backward { tensor: t as u32 }, tensor.backward_us)
-        }),
         0..model.num_tensors(),
-        &owner,
-        |lowering, t, step| match stage {
-            Stage::Zero1 => Ok(()),
-            _ if t == last_backward[owner[t]] => reduce(lowering, owner[t], step, &mut tails),
-            _ => Ok(()),
+        |t| {
+            compute(
+                StepKind::Backward { tensor: t as u32 },
+                model.tensors[t].backward_us,
+            )
+        },
+        |lowering, t, step| {
+            let g = lowering.owner[t];
+            match stage {
+                Stage::Zero1 => Ok(()),
+                _ if t == last_backward[g] => reduce(lowering, g, step, &mut tails),
+                _ => Ok(()),
+            }
         },
     )?;
     let iteration_end = backward.last_compute;
@@ -195,11 +194,14 @@ pub(super) fn sharded_steps(
     })
 }
 
-/// The steps being lowered and the launch position of the last collective.
+/// The steps being lowered and the launch position of the last collective, with what each
+/// unit needs: its priority, and each tensor's unit; and how many units gathers run ahead.
 struct Lowering {
     steps: Vec<Step>,
     position: u32,
     priorities: Vec<i64>,
+    owner: Vec<usize>,
+    prefetch: usize,
 }
 
 /// What a pass placed: each unit's gather, and its first and last compute steps.
@@ -242,33 +244,31 @@ impl Lowering {
         Ok(self.push(step))
     }
 
-    /// Pushes one pass's compute `steps` (of `tensors`, in that order), each unit's first step
-    /// after its gather when `gathered` says it has one: the gathers of the units in `order`
-    /// (by `first`, their first tensor in this pass) are issued `prefetch` units ahead, after
-    /// the compute step before the unit that issues them. `after_step` places what follows each
-    /// compute step (a unit's reduce-scatter).
-    #[allow(clippy::too_many_arguments)]
+    /// Pushes one pass's compute step (`step`) of each of `tensors`, in that order, each unit's
+    /// first step after its gather when `gathered` says it has one: the gathers of the units in
+    /// `order` (by `first`, their first tensor in this pass) are issued `prefetch` units ahead,
+    /// after the compute step before the unit that issues them (`start` before the first).
+    /// `after_step` places what follows each compute step (a unit's reduce-scatter).
     fn pass(
         &mut self,
         (pass, order, first): (Pass, &[usize], &[usize]),
         start: Option<u32>,
-        prefetch: u32,
         gathered: &dyn Fn(usize) -> bool,
-        steps: impl Iterator<Item = Step>,
         tensors: impl Iterator<Item = usize>,
-        owner: &[usize],
+        step: impl Fn(usize) -> Step,
         mut after_step: impl FnMut(&mut Lowering, usize, u32) -> Result<()>,
     ) -> Result<Placed> {
         let mut rank = vec![0usize; order.len()];
         for (i, &g) in order.iter().enumerate() {
             rank[g] = i;
         }
-        let ahead = prefetch as usize;
+        let ahead = self.prefetch;
         let mut gathers: Vec<Option<u32>> = vec![None; order.len()];
         let mut previous = start;
         let mut first_compute = None;
-        for (mut step, t) in steps.zip(tensors) {
-            let g = owner[t];
+        for t in tensors {
+            let mut step = step(t);
+            let g = self.owner[t];
             if t == first[g] {
                 let i = rank[g];
                 let issued = match i {

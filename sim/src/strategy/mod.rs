@@ -371,9 +371,9 @@ impl Strategy {
             Strategy::MergeComp => mergecomp::plan(&name, scenario, options)?,
             Strategy::HiPress(topology) => hipress::plan(&name, scenario, options, topology)?,
             Strategy::Espresso => espresso::plan(&name, scenario, options)?,
-            Strategy::Zero1 => sharded::zero_plan(&name, scenario, options, Stage::Zero1)?,
-            Strategy::Zero2 => sharded::zero_plan(&name, scenario, options, Stage::Zero2)?,
-            Strategy::Fsdp => sharded::fsdp_plan(&name, scenario, options)?,
+            Strategy::Zero1 => sharded::zero_plan(&name, scenario, options, Stage::Zero1),
+            Strategy::Zero2 => sharded::zero_plan(&name, scenario, options, Stage::Zero2),
+            Strategy::Fsdp => sharded::fsdp_plan(&name, scenario, options),
         };
         plan.codec_stream = scenario.codec_stream();
         Ok(plan)

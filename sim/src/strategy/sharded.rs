@@ -12,7 +12,6 @@
 
 use super::ddp::fill_buckets;
 use super::{plan_order, uniform_groups, StrategyOptions};
-use crate::base::error::Result;
 use crate::plan::{Plan, Scheme};
 use crate::predict::scenario::Scenario;
 use crate::sharding::{block_units, ParamDtype, Sharding, Stage};
@@ -48,7 +47,7 @@ pub(super) fn zero_plan(
     scenario: &Scenario,
     options: &StrategyOptions,
     stage: Stage,
-) -> Result<Plan> {
+) -> Plan {
     let model = &scenario.model;
     let buckets = fill_buckets(
         0..model.num_tensors(),
@@ -66,11 +65,7 @@ pub(super) fn zero_plan(
 }
 
 /// An FSDP plan: a unit per block and the root, reduce-scattered with the options' compressor.
-pub(super) fn fsdp_plan(
-    name: &str,
-    scenario: &Scenario,
-    options: &StrategyOptions,
-) -> Result<Plan> {
+pub(super) fn fsdp_plan(name: &str, scenario: &Scenario, options: &StrategyOptions) -> Plan {
     let (units, root) = block_units(&scenario.model);
     let sharding = Sharding {
         stage: Stage::Zero3,
@@ -88,10 +83,9 @@ fn sharded(
     options: &StrategyOptions,
     units: Vec<Vec<usize>>,
     sharding: Sharding,
-) -> Result<Plan> {
+) -> Plan {
     let groups = uniform_groups(units, options, Scheme::ReduceScatter);
     let mut plan = scenario.plan(name, groups, plan_order(0.0));
     plan.sharding = Some(sharding);
-    plan.validate(name, &scenario.model)?;
-    Ok(plan)
+    plan
 }
