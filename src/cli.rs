@@ -304,7 +304,7 @@ pub struct SimulateArgs {
     pub cpu_compression: Option<String>,
     /// The framework that runs the plan (see `syncopate list frameworks`; a name or a path),
     /// whose per-call costs are added, or `none`; default: the plan's, or the strategy's own
-    /// (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, deepspeed: deepspeed, others none).
+    /// (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, deepspeed: deepspeed, fsdp: pytorch-fsdp, others none).
     #[arg(long)]
     pub framework: Option<String>,
     /// The codec set whose implementations compress the plan (see `syncopate list codecs`; a
@@ -345,6 +345,12 @@ pub struct SimulateArgs {
     /// Sharded strategies: the precision parameters are all-gathered in (FSDP's param_dtype).
     #[arg(long, value_enum, default_value = "fp32")]
     pub param_dtype: ParamDtypeArg,
+    /// fsdp: consecutive blocks sharded together as one unit (FSDP's usual wrapping: 1).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::count)]
+    pub blocks_per_unit: u32,
+    /// zero1, zero2: elements per gradient bucket (DeepSpeed's reduce_bucket_size, 5e8).
+    #[arg(long, default_value_t = 500_000_000.0, allow_negative_numbers = true, value_parser = crate::args::number)]
+    pub reduce_bucket_size: f64,
     /// Dedicated parameter servers for `ps` (default: as many as nodes).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::args::whole)]
     pub ps_servers: u32,
@@ -519,7 +525,7 @@ pub struct ExportArgs {
     #[command(flatten)]
     pub run: LowerPlanArgs,
     /// The framework: ddp (PyTorch DistributedDataParallel), horovod, byteps (its PyTorch
-    /// plugin) or deepspeed (stage 0).
+    /// plugin), deepspeed (stage 0) or fsdp (PyTorch FSDP2's fully_shard).
     #[arg(long)]
     pub to: String,
     #[command(flatten)]
@@ -622,7 +628,7 @@ pub struct SweepArgs {
     #[arg(long, value_enum, default_value = "group")]
     pub codec_calls: CodecCallsArg,
     /// The framework that runs every plan (see `syncopate list frameworks`; a name or a path),
-    /// `strategy` for each strategy's own (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, deepspeed: deepspeed, others none), or
+    /// `strategy` for each strategy's own (ddp: pytorch-ddp, horovod: horovod, byteps: byteps, deepspeed: deepspeed, fsdp: pytorch-fsdp, others none), or
     /// `none`.
     #[arg(long, default_value = "none")]
     pub framework: String,

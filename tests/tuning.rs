@@ -451,6 +451,7 @@ fn tune_for_a_framework_writes_settings_whose_simulation_gives_the_tuned_time() 
             ("horovod", "fp16"),
             ("deepspeed", "bf16"),
             ("byteps", "fp16"),
+            ("fsdp", "bf16"),
         ] {
             let export = dir.join(format!("{model}-{framework}.py"));
             let plan = dir.join(format!("{model}-{framework}.json"));
@@ -511,7 +512,7 @@ fn export_refuses_frameworks_it_does_not_write_and_tune_refuses_export_without_o
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("--to")
-            && stderr(&out).contains("valid: ddp, horovod, deepspeed, byteps"),
+            && stderr(&out).contains("valid: ddp, horovod, deepspeed, byteps, fsdp"),
         "{}",
         stderr(&out)
     );
@@ -526,4 +527,32 @@ fn export_refuses_frameworks_it_does_not_write_and_tune_refuses_export_without_o
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--export"), "{}", stderr(&out));
+    // The sharded strategies' unit and bucket sizes: whole and positive.
+    for (flag, value) in [
+        ("--blocks-per-unit", "0"),
+        ("--reduce-bucket-size", "1.5"),
+        ("--reduce-bucket-size", "NaN"),
+        ("--reduce-bucket-size", "1e300"),
+    ] {
+        let out = syncopate(&[
+            "simulate",
+            "--model",
+            "gpt2-xl",
+            "--cluster",
+            "dgx-h100",
+            "--strategy",
+            "zero2",
+            flag,
+            value,
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(2).filter(|_| flag == "--blocks-per-unit").or(Some(1))
+        );
+        assert!(
+            stderr(&out).contains(flag),
+            "{flag} {value}: {}",
+            stderr(&out)
+        );
+    }
 }

@@ -214,6 +214,22 @@ fn prefetch(units: u32) -> Result<u32, SimError> {
     }
 }
 
+/// Most elements a ZeRO bucket may hold: far above any model's, well within checked sizes.
+const MAX_BUCKET_ELEMENTS: f64 = 1e15;
+
+/// `--reduce-bucket-size`: a whole number of elements, DeepSpeed's `reduce_bucket_size`.
+fn bucket_elements(elements: f64) -> Result<u64, SimError> {
+    if (1.0..=MAX_BUCKET_ELEMENTS).contains(&elements) && elements.fract() == 0.0 {
+        Ok(elements as u64)
+    } else {
+        Err(SimError::bad_value(
+            "--reduce-bucket-size",
+            elements,
+            "a whole number of elements from 1 to 1e15",
+        ))
+    }
+}
+
 fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
     Ok(StrategyOptions {
         fusion_bytes: limits::mib("--fusion-mb", args.fusion_mb)?,
@@ -227,6 +243,8 @@ fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
             prefetch: prefetch(args.prefetch)?,
             reshard_after_forward: args.reshard_after_forward,
             param_dtype: args.param_dtype.param_dtype(),
+            blocks_per_unit: args.blocks_per_unit,
+            bucket_elements: bucket_elements(args.reduce_bucket_size)?,
         },
         compressor: args.compressor.parse()?,
         memory: args.memory.parse()?,

@@ -16,9 +16,8 @@ use syncopate_sim::inputs::framework::Framework;
 use syncopate_sim::inputs::model::ModelProfile;
 use syncopate_sim::inputs::topology::Cluster;
 use syncopate_sim::plan::{CodecCalls, Plan};
-use syncopate_sim::predict::memory::memory_use;
+use syncopate_sim::predict::memory::check_plan_fits;
 use syncopate_sim::predict::scenario::Scenario;
-use syncopate_sim::schedule::lower;
 use syncopate_sim::search::{tune, Choice, SearchSpace, TuneRequest};
 use syncopate_sim::strategy::{per_tensor_plan, StrategyOptions};
 use syncopate_sim::SimError;
@@ -155,17 +154,7 @@ impl Progress {
 
 /// An error when `plan`'s model states per rank do not fit the scenario's device.
 fn check_fits(scenario: &Scenario, plan: &Plan) -> anyhow::Result<()> {
-    // Memory does not depend on the stream a codec set runs on: lowered as the plan says.
-    let label = format!("strategy {}", plan.strategy);
-    let schedule = lower(
-        &scenario.model,
-        scenario.world(),
-        scenario.cpu_ranks(),
-        plan,
-        &label,
-    )?;
-    let memory = memory_use(&scenario.model, plan, &schedule, &scenario.device);
-    Ok(memory.check_fits("tune", &scenario.device)?)
+    Ok(check_plan_fits(scenario, plan, "tune")?)
 }
 
 pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
@@ -380,7 +369,7 @@ fn run_native(args: &TuneArgs, target: Target) -> anyhow::Result<()> {
         &base,
         &names,
         &tuned.best,
-        export::caveats(target, &base.model),
+        export::caveats(&tuned.best, &base.model),
         reference,
         &Outputs {
             out: args.export.as_deref(),

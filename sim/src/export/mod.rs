@@ -10,12 +10,14 @@
 mod byteps;
 mod ddp;
 mod deepspeed;
+mod fsdp;
 mod horovod;
 mod tune;
 
 pub use byteps::BytePsSettings;
 pub use ddp::{DdpCaps, DdpSettings};
 pub use deepspeed::DeepSpeedSettings;
+pub use fsdp::{FsdpSettings, FsdpUnits};
 pub use horovod::HorovodSettings;
 pub use tune::{tune_settings, NativeTune};
 
@@ -42,6 +44,8 @@ pub enum Target {
     DeepSpeed,
     /// BytePS's PyTorch plugin: partition size, fp16 compression.
     BytePs,
+    /// PyTorch FSDP2: `fully_shard` units, prefetch, resharding, mixed precision.
+    Fsdp,
 }
 
 impl Target {
@@ -52,6 +56,7 @@ impl Target {
             Target::Horovod => "horovod",
             Target::DeepSpeed => "deepspeed",
             Target::BytePs => "byteps",
+            Target::Fsdp => "fsdp",
         }
     }
 
@@ -76,6 +81,7 @@ impl Target {
             "horovod" => Some(Target::Horovod),
             "deepspeed" => Some(Target::DeepSpeed),
             "byteps" => Some(Target::BytePs),
+            "fsdp" | "pytorch-fsdp" => Some(Target::Fsdp),
             _ => None,
         }
     }
@@ -89,7 +95,7 @@ impl FromStr for Target {
             None => Err(SimError::bad_value(
                 "--to",
                 text,
-                "valid: ddp, horovod, deepspeed, byteps",
+                "valid: ddp, horovod, deepspeed, byteps, fsdp",
             )),
         }
     }
@@ -106,6 +112,8 @@ pub enum Settings {
     DeepSpeed(DeepSpeedSettings),
     /// BytePS's PyTorch plugin's settings.
     BytePs(BytePsSettings),
+    /// PyTorch FSDP2's settings.
+    Fsdp(FsdpSettings),
 }
 
 impl Settings {
@@ -116,6 +124,7 @@ impl Settings {
             Settings::Horovod(_) => Target::Horovod,
             Settings::DeepSpeed(_) => Target::DeepSpeed,
             Settings::BytePs(_) => Target::BytePs,
+            Settings::Fsdp(_) => Target::Fsdp,
         }
     }
 
@@ -126,13 +135,14 @@ impl Settings {
             Settings::Horovod(_) => "horovod",
             Settings::DeepSpeed(_) => "deepspeed",
             Settings::BytePs(_) => "byteps",
+            Settings::Fsdp(_) => "pytorch-fsdp",
         }
     }
 
     /// The codec set that implements the settings' compression, if the framework has its own.
     pub fn codecs(&self) -> Option<&'static str> {
         match self {
-            Settings::DeepSpeed(_) => None,
+            Settings::DeepSpeed(_) | Settings::Fsdp(_) => None,
             Settings::Ddp(s) => s.codecs(),
             Settings::Horovod(s) => s.codecs(),
             Settings::BytePs(s) => s.codecs(),
@@ -155,6 +165,7 @@ impl Settings {
             Settings::Horovod(s) => s.plan(scenario)?,
             Settings::DeepSpeed(s) => s.plan(scenario)?,
             Settings::BytePs(s) => s.plan(scenario)?,
+            Settings::Fsdp(s) => s.plan(scenario),
         };
         plan.framework = Some(self.framework().to_string());
         plan.codecs = self.codecs().map(str::to_string);
@@ -167,9 +178,9 @@ impl Settings {
         steady_iteration_time(&scenario, &self.plan(&scenario)?)
     }
 
-    /// The framework's own defaults, uncompressed.
+    /// The framework's own defaults, uncompressed and in full precision.
     pub fn is_default(&self) -> bool {
-        self.has_default_fusion() && self.compression().0 == Compressor::None
+        self.has_default_fusion() && self.precision().0 == Compressor::None
     }
 
     /// Fusion (caps, thresholds, cycle, bucket views) left at the framework's defaults.
@@ -179,6 +190,7 @@ impl Settings {
             Settings::Horovod(s) => s.has_default_fusion(),
             Settings::DeepSpeed(_) => true,
             Settings::BytePs(s) => s.has_default_fusion(),
+            Settings::Fsdp(s) => s.has_default_fusion(),
         }
     }
 
@@ -189,6 +201,16 @@ impl Settings {
             Settings::Horovod(s) => s.compression(),
             Settings::DeepSpeed(s) => s.compression(),
             Settings::BytePs(s) => s.compression(),
+            Settings::Fsdp(s) => s.compression(),
+        }
+    }
+
+    /// What the settings trade in precision for speed: their compression, or bf16 where FSDP
+    /// gathers parameters in it.
+    pub fn precision(&self) -> Choice {
+        match self {
+            Settings::Fsdp(s) => s.precision(),
+            _ => self.compression(),
         }
     }
 
@@ -199,6 +221,7 @@ impl Settings {
             Settings::Horovod(s) => s.describe(),
             Settings::DeepSpeed(s) => s.describe(),
             Settings::BytePs(s) => s.describe(),
+            Settings::Fsdp(s) => s.describe(),
         }
     }
 
@@ -211,6 +234,7 @@ impl Settings {
             Settings::Horovod(s) => s.simulate_flags(),
             Settings::DeepSpeed(s) => Some(s.simulate_flags()),
             Settings::BytePs(_) => None,
+            Settings::Fsdp(s) => s.simulate_flags(),
         }
     }
 
@@ -222,6 +246,7 @@ impl Settings {
             Settings::Horovod(s) => s.render(model),
             Settings::DeepSpeed(s) => s.render(),
             Settings::BytePs(s) => s.render(),
+            Settings::Fsdp(s) => s.render(model),
         };
         text
     }
@@ -233,6 +258,7 @@ pub fn expresses(target: Target, choice: Choice) -> bool {
         Target::Ddp => ddp::expressible,
         Target::Horovod | Target::BytePs => none_or_fp16,
         Target::DeepSpeed => deepspeed::expressible,
+        Target::Fsdp => fsdp::expressible,
     };
     expressible(choice) == Some(choice)
 }
@@ -321,18 +347,19 @@ pub struct Nearest {
     pub unexpressed: Vec<String>,
 }
 
-/// What `target`'s settings leave out of their prediction for `model`, whatever the plan.
-pub fn caveats(target: Target, model: &ModelProfile) -> Vec<String> {
+/// What `settings` leave out of their prediction for `model`, whatever the plan.
+pub fn caveats(settings: &Settings, model: &ModelProfile) -> Vec<String> {
     // The reducer buckets each dtype apart (compute_bucket_assignment_by_size keys its buckets
     // by dtype); DDP's plans here follow one order across dtypes.
     let dtypes = model
         .tensors
         .iter()
         .any(|t| t.dtype != model.tensors[0].dtype);
-    match target {
-        Target::Ddp if dtypes => vec![
+    match settings {
+        Settings::Ddp(_) if dtypes => vec![
             "parameters of several dtypes: DDP fills a bucket per dtype, which these buckets and their predicted time do not follow".to_string(),
         ],
+        Settings::Fsdp(s) => s.caveats(model),
         _ => Vec::new(),
     }
 }
@@ -340,13 +367,14 @@ pub fn caveats(target: Target, model: &ModelProfile) -> Vec<String> {
 /// The `target` settings nearest to `plan`.
 pub fn nearest(target: Target, plan: &Plan, model: &ModelProfile) -> Nearest {
     let mut unexpressed = common_unexpressed(target, plan);
-    unexpressed.extend(caveats(target, model));
     let settings = match target {
         Target::Ddp => Settings::Ddp(ddp::nearest(plan, model, &mut unexpressed)),
         Target::Horovod => Settings::Horovod(horovod::nearest(plan, model, &mut unexpressed)),
         Target::DeepSpeed => Settings::DeepSpeed(deepspeed::nearest(plan, model, &mut unexpressed)),
         Target::BytePs => Settings::BytePs(byteps::nearest(plan, model, &mut unexpressed)),
+        Target::Fsdp => Settings::Fsdp(fsdp::nearest(plan, model, &mut unexpressed)),
     };
+    unexpressed.extend(caveats(&settings, model));
     Nearest {
         settings,
         unexpressed,
@@ -373,6 +401,10 @@ pub fn candidates(target: Target, choices: &[Choice]) -> Vec<Settings> {
             .into_iter()
             .map(Settings::BytePs)
             .collect(),
+        Target::Fsdp => fsdp::candidates(choices)
+            .into_iter()
+            .map(Settings::Fsdp)
+            .collect(),
     }
 }
 
@@ -397,12 +429,23 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
             ));
         }
     } else {
-        let other_schemes = count(&|g| !matches!(g.scheme, Scheme::Auto | Scheme::Allreduce));
+        // FSDP reduce-scatters each unit: its own scheme.
+        let other_schemes = count(&|g| match g.scheme {
+            Scheme::Auto | Scheme::Allreduce => false,
+            Scheme::ReduceScatter => target != Target::Fsdp,
+            _ => true,
+        });
         if other_schemes > 0 {
             notes.push(format!(
                 "{other_schemes} groups with another scheme than allreduce (hierarchical, parameter servers, reduce-scatter/all-gather, compressed ring): {name} allreduces"
             ));
         }
+    }
+    if let (Some(sharding), false) = (&plan.sharding, target == Target::Fsdp) {
+        notes.push(format!(
+            "sharding {}: {name} keeps whole parameters, gradients and optimizer states on every rank; export to fsdp for sharded plans",
+            sharding.stage.name()
+        ));
     }
     let on_cpu = count(&|g| g.compress_on == crate::plan::CompressOn::Cpu);
     if on_cpu > 0 {

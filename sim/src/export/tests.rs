@@ -134,7 +134,8 @@ fn a_model_of_several_dtypes_is_named_as_what_ddp_buckets_apart() {
     let plan = Strategy::Ddp
         .plan(&base, &StrategyOptions::default())
         .unwrap();
-    assert!(caveats(Target::Ddp, &base.model).is_empty());
+    let ddp = nearest(Target::Ddp, &plan, &base.model).settings;
+    assert!(caveats(&ddp, &base.model).is_empty());
     base.model.tensors[0].dtype = crate::inputs::model::DType::F16;
     let near = nearest(Target::Ddp, &plan, &base.model);
     assert!(
@@ -142,7 +143,8 @@ fn a_model_of_several_dtypes_is_named_as_what_ddp_buckets_apart() {
         "{:?}",
         near.unexpressed
     );
-    assert!(caveats(Target::Horovod, &base.model).is_empty());
+    let horovod = nearest(Target::Horovod, &plan, &base.model).settings;
+    assert!(caveats(&horovod, &base.model).is_empty());
 }
 
 #[test]
@@ -295,4 +297,112 @@ fn deepspeed_says_its_sign_optimizers_are_gone() {
         notes.iter().any(|n| n.contains("removed in 0.19.7")),
         "{notes:?}"
     );
+}
+
+#[test]
+fn an_fsdp_plan_exports_its_block_units_and_a_split_module_joins_the_root() {
+    let base = scenario("gpt2-xl");
+    let mut options = StrategyOptions::default();
+    options.sharding.blocks_per_unit = 4;
+    options.sharding.prefetch = 2;
+    let plan = Strategy::Fsdp.plan(&base, &options).unwrap();
+    let near = nearest(Target::Fsdp, &plan, &base.model);
+    assert!(near.unexpressed.is_empty(), "{:?}", near.unexpressed);
+    let Settings::Fsdp(settings) = &near.settings else {
+        panic!()
+    };
+    assert_eq!(settings.units, FsdpUnits::Blocks(4));
+    assert_eq!(exported_groups(Target::Fsdp, &plan, &base), groups(&plan));
+    // 48 blocks, 4 a unit: 12 fully_shard calls on lists of 4 blocks, in forward order.
+    let text = near.settings.render(&base.model, &[]);
+    assert!(text.contains("    [\"transformer.h.0\", \"transformer.h.1\", \"transformer.h.2\", \"transformer.h.3\"],\n"), "{text}");
+    assert_eq!(text.matches("\"transformer.h.").count(), 48);
+    assert!(text.contains("set_modules_to_forward_prefetch"), "{text}");
+
+    // A unit that takes one weight out of a block's layer: fully_shard cannot split the
+    // layer, so the weight joins the root and the note says so.
+    let mut split = plan.clone();
+    let root = plan.sharding.as_ref().unwrap().resident[0];
+    let (from, to) = match root {
+        0 | 1 => (2, 3),
+        _ => (1, 0),
+    };
+    let moved = split.groups[from].tensors.pop().unwrap();
+    split.groups[to].tensors.push(moved);
+    split.groups[to].tensors.sort_unstable();
+    let near = nearest(Target::Fsdp, &split, &base.model);
+    assert!(
+        near.unexpressed.iter().any(|n| n.contains("join the root")),
+        "{:?}",
+        near.unexpressed
+    );
+    let Settings::Fsdp(settings) = &near.settings else {
+        panic!()
+    };
+    assert!(matches!(settings.units, FsdpUnits::Explicit(_)));
+    let exported = exported_groups(Target::Fsdp, &split, &base);
+    let wte = base
+        .model
+        .tensors
+        .iter()
+        .position(|t| t.name == "transformer.wte.weight");
+    let root = exported.iter().find(|g| g.contains(&wte.unwrap())).unwrap();
+    assert!(root.contains(&moved));
+}
+
+#[test]
+fn fsdp_names_what_it_cannot_run_and_other_frameworks_name_sharding() {
+    let base = scenario("gpt2-xl");
+    let ddp = Strategy::Ddp
+        .plan(&base, &StrategyOptions::default())
+        .unwrap();
+    let near = nearest(Target::Fsdp, &ddp, &base.model);
+    assert!(near
+        .unexpressed
+        .iter()
+        .any(|n| n.contains("replicated plan")));
+    let mut options = StrategyOptions::default();
+    options.sharding.prefetch = 0;
+    options.sharding.param_dtype = crate::sharding::ParamDtype::Bf16;
+    let fsdp = Strategy::Fsdp.plan(&base, &options).unwrap();
+    let near = nearest(Target::Fsdp, &fsdp, &base.model);
+    let notes = near.unexpressed.join("\n");
+    assert!(
+        notes.contains("no prefetch") && notes.contains("bf16"),
+        "{notes}"
+    );
+    let near = nearest(Target::Ddp, &fsdp, &base.model);
+    assert!(near
+        .unexpressed
+        .iter()
+        .any(|n| n.contains("sharding zero3")));
+}
+
+#[test]
+fn tuned_fsdp_settings_fit_and_beat_the_default_wrapping() {
+    let base = scenario("gpt2-xl");
+    let bf16 = [(Compressor::Bf16, Memory::None)];
+    let tuned = tune_settings(
+        &base,
+        Target::Fsdp,
+        crate::search::SearchSpace::All,
+        &bf16,
+        &|_| {},
+    )
+    .unwrap();
+    assert!(tuned.default.is_default());
+    assert!(tuned.best_time <= tuned.default_time);
+    let scenario = tuned.best.scenario(&base).unwrap();
+    let plan = tuned.best.plan(&scenario).unwrap();
+    crate::predict::memory::check_plan_fits(&scenario, &plan, "test").unwrap();
+    // Deterministic: the same search finds the same settings.
+    let again = tune_settings(
+        &base,
+        Target::Fsdp,
+        crate::search::SearchSpace::All,
+        &bf16,
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(again.best, tuned.best);
 }

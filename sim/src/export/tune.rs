@@ -6,6 +6,7 @@ use super::{candidates, nearest, Settings, Target};
 use crate::base::error::{Result, SimError};
 use crate::base::time::SimTime;
 use crate::compress::{Compressor, Memory};
+use crate::predict::memory::check_plan_fits;
 use crate::predict::scenario::Scenario;
 use crate::search::{refine_groups, Choice, SearchSpace};
 use rayon::prelude::*;
@@ -46,7 +47,7 @@ pub fn tune_settings(
         .into_iter()
         .filter(|s| match space {
             SearchSpace::All => true,
-            SearchSpace::Fusion => s.compression() == fixed_choice.unwrap_or(none),
+            SearchSpace::Fusion => s.precision() == fixed_choice.unwrap_or(none),
             SearchSpace::Compression => s.has_default_fusion(),
         })
         .collect();
@@ -59,6 +60,9 @@ pub fn tune_settings(
     }
     let done = std::sync::atomic::AtomicU64::new(0);
     let price = |settings: &Settings| -> Result<SimTime> {
+        // Settings whose model states do not fit the device are skipped like any that cannot run.
+        let scenario = settings.scenario(base)?;
+        check_plan_fits(&scenario, &settings.plan(&scenario)?, "tune")?;
         let time = settings.iteration_time(base)?;
         progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
         Ok(time)

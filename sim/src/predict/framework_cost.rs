@@ -19,6 +19,7 @@ use crate::schedule::{Exchange, Piece, Schedule, Slot, Step, StepKind, Stream};
 ///   group: tensors are in backward order).
 /// - A collective step, with calls from a background thread: its call, and on its first round
 ///   the fusion copies of the piece's tensors.
+/// - A parameter gather (sharded plans): its call, from either thread.
 /// - The optimizer (or a group's update): the copy back of its tensors, and where the step
 ///   waits on the host for every collective first (`Framework::step_ops_per_tensor`), the
 ///   host time of its launches beyond its kernels' own.
@@ -91,8 +92,10 @@ pub fn step_times(scenario: &Scenario, schedule: &Schedule) -> Vec<SimTime> {
                     _ => framework.call_time(),
                 }
             }
-            // A sharded plan's parameter gather: one collective call of the framework.
-            StepKind::Gather { .. } if !from_backward => framework.call_time(),
+            // A sharded plan's parameter gather: one collective call, on the gather whatever the
+            // thread: the hook that issues it (FSDP's pre-forward or pre-backward) runs ahead
+            // of the compute it serves, so the call delays the gather, not the compute.
+            StepKind::Gather { .. } => framework.call_time(),
             _ => SimTime::ZERO,
         };
     }

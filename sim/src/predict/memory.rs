@@ -15,7 +15,8 @@ use crate::base::error::{Result, SimError};
 use crate::inputs::device::DeviceProfile;
 use crate::inputs::model::ModelProfile;
 use crate::plan::Plan;
-use crate::schedule::Schedule;
+use crate::predict::scenario::Scenario;
+use crate::schedule::{lower, Schedule};
 use crate::sharding::{forward_order, shard_numel, Sharding};
 use serde::Serialize;
 
@@ -60,7 +61,7 @@ impl MemoryUse {
                     gib(self.model_states_bytes)
                 ),
                 format!(
-                    "does not fit the {:.0} GiB of a {} (activations not counted): shard it (--strategy zero1, zero2, fsdp), or use more ranks",
+                    "does not fit the {:.0} GiB of a {} (activations not counted): shard it (simulate --strategy zero1, zero2 or fsdp; tune --framework fsdp), or use more ranks",
                     gib(capacity),
                     device.name
                 ),
@@ -68,6 +69,20 @@ impl MemoryUse {
             _ => Ok(()),
         }
     }
+}
+
+/// An error naming `label` when `plan`'s model states per rank do not fit the scenario's device.
+pub fn check_plan_fits(scenario: &Scenario, plan: &Plan, label: &str) -> Result<()> {
+    // Memory does not depend on the stream a codec set runs on: lowered as the plan says.
+    let schedule = lower(
+        &scenario.model,
+        scenario.world(),
+        scenario.cpu_ranks(),
+        plan,
+        &format!("strategy {}", plan.strategy),
+    )?;
+    memory_use(&scenario.model, plan, &schedule, &scenario.device)
+        .check_fits(label, &scenario.device)
 }
 
 /// Bytes in GiB, for messages.

@@ -16,7 +16,7 @@ pub use fixed_groups::{groups as fixed_groups, GroupingRule};
 pub use horovod::{
     HorovodFusion, CYCLE_US as HOROVOD_CYCLE_US, FUSION_BYTES as HOROVOD_FUSION_BYTES,
 };
-pub use sharded::ShardOptions;
+pub use sharded::{fsdp_units_plan, merged_blocks, ShardOptions};
 
 use crate::base::error::{Result, SimError};
 use crate::compress::{Compressor, Memory};
@@ -313,6 +313,7 @@ impl Strategy {
             Strategy::DeepSpeed => Some("deepspeed"),
             Strategy::Horovod => Some("horovod"),
             Strategy::BytePs => Some("byteps"),
+            Strategy::Fsdp => Some("pytorch-fsdp"),
             _ => None,
         }
     }

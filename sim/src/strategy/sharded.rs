@@ -12,6 +12,7 @@
 
 use super::ddp::fill_buckets;
 use super::{plan_order, uniform_groups, StrategyOptions};
+use crate::inputs::model::ModelProfile;
 use crate::plan::{Plan, Scheme};
 use crate::predict::scenario::Scenario;
 use crate::sharding::{block_units, ParamDtype, Sharding, Stage};
@@ -28,6 +29,11 @@ pub struct ShardOptions {
     pub reshard_after_forward: bool,
     /// The precision parameters are gathered in (FSDP's `param_dtype`; none: fp32).
     pub param_dtype: ParamDtype,
+    /// FSDP: consecutive blocks sharded together as one unit (one `fully_shard` call on a
+    /// list of blocks; FSDP's usual wrapping: one).
+    pub blocks_per_unit: u32,
+    /// ZeRO-1 and 2: elements per gradient bucket (DeepSpeed's `reduce_bucket_size`).
+    pub bucket_elements: u64,
 }
 
 impl Default for ShardOptions {
@@ -36,6 +42,8 @@ impl Default for ShardOptions {
             prefetch: 1,
             reshard_after_forward: true,
             param_dtype: ParamDtype::Fp32,
+            blocks_per_unit: 1,
+            bucket_elements: ZERO_BUCKET_ELEMENTS,
         }
     }
 }
@@ -52,7 +60,7 @@ pub(super) fn zero_plan(
     let buckets = fill_buckets(
         0..model.num_tensors(),
         |t| model.tensors[t].numel,
-        |_, elements| elements >= ZERO_BUCKET_ELEMENTS,
+        |_, elements| elements >= options.sharding.bucket_elements,
     );
     let sharding = Sharding {
         stage,
@@ -64,9 +72,21 @@ pub(super) fn zero_plan(
     sharded(name, scenario, options, buckets, sharding)
 }
 
-/// An FSDP plan: a unit per block and the root, reduce-scattered with the options' compressor.
+/// An FSDP plan: a unit per `blocks_per_unit` consecutive blocks and the root, reduce-scattered
+/// with the options' compressor.
 pub(super) fn fsdp_plan(name: &str, scenario: &Scenario, options: &StrategyOptions) -> Plan {
-    let (units, root) = block_units(&scenario.model);
+    let (units, root) = merged_blocks(&scenario.model, options.sharding.blocks_per_unit);
+    fsdp_units_plan(name, scenario, options, units, root)
+}
+
+/// An FSDP plan of the given units (in backward order), `root` among them kept gathered.
+pub fn fsdp_units_plan(
+    name: &str,
+    scenario: &Scenario,
+    options: &StrategyOptions,
+    units: Vec<Vec<usize>>,
+    root: Option<usize>,
+) -> Plan {
     let sharding = Sharding {
         stage: Stage::Zero3,
         prefetch: options.sharding.prefetch,
@@ -75,6 +95,34 @@ pub(super) fn fsdp_plan(name: &str, scenario: &Scenario, options: &StrategyOptio
         param_dtype: options.sharding.param_dtype,
     };
     sharded(name, scenario, options, units, sharding)
+}
+
+/// The model's blocks (`block_units`) merged `per_unit` at a time in forward order, as
+/// `fully_shard(blocks[i:i + per_unit])` wraps them, with the root apart: the units in the
+/// order their gradients are ready, and the root's index among them.
+pub fn merged_blocks(model: &ModelProfile, per_unit: u32) -> (Vec<Vec<usize>>, Option<usize>) {
+    let (blocks, root) = block_units(model);
+    let root_tensors = root.map(|r| blocks[r].clone());
+    // block_units orders the blocks by their last gradient: forward order is the reverse.
+    let forward: Vec<Vec<usize>> = blocks
+        .into_iter()
+        .enumerate()
+        .rev()
+        .filter(|&(index, _)| Some(index) != root)
+        .map(|(_, block)| block)
+        .collect();
+    let mut units: Vec<Vec<usize>> = forward
+        .chunks(per_unit.max(1) as usize)
+        .map(|chunk| {
+            let mut unit = chunk.concat();
+            unit.sort_unstable();
+            unit
+        })
+        .collect();
+    units.extend(root_tensors.clone());
+    units.sort_by_key(|unit| unit.last().copied());
+    let root = root_tensors.and_then(|r| units.iter().position(|unit| *unit == r));
+    (units, root)
 }
 
 fn sharded(

@@ -202,5 +202,6 @@ fn title(target: Target) -> &'static str {
         Target::Horovod => "Horovod (PyTorch)",
         Target::DeepSpeed => "DeepSpeed (stage 0)",
         Target::BytePs => "BytePS (PyTorch)",
+        Target::Fsdp => "PyTorch FSDP2 (fully_shard)",
     }
 }
