@@ -762,7 +762,7 @@ fn pytorch_codecs_run_in_line_on_the_compute_stream_and_a_plan_says_so() {
 }
 
 #[test]
-fn sharded_strategies_report_memory_and_the_executors_refuse_their_plans() {
+fn sharded_strategies_report_memory_and_the_cuda_executor_refuses_their_plans() {
     let dir = crate::common::scratch("sharded");
     let plan = dir.join("fsdp.json");
     let plan_arg = plan.to_str().unwrap();
@@ -818,9 +818,15 @@ fn sharded_strategies_report_memory_and_the_executors_refuse_their_plans() {
         serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
     assert_eq!(saved["sharding"]["stage"], "zero3");
     assert_eq!(saved["sharding"]["param_dtype"], "bf16");
-    let out = syncopate(&["exec", "--plan", plan_arg, "--backend", "host"]);
+    // The host and MPI backends run a sharded plan (tests/runtime.rs checks them); the CUDA
+    // backend refuses it by name before it looks for a GPU.
+    let out = syncopate(&["exec", "--plan", plan_arg, "--backend", "cuda"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("sharding"), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("sharding") && err.contains("cuda backend") && err.contains("--backend host"),
+        "{err}"
+    );
     let out = syncopate(
         &[
             &["simulate"][..],

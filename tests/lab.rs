@@ -407,27 +407,7 @@ fn the_mpi_transport_matches_the_host_mesh_on_three_ranks() {
         println!("skipped: {reason}");
         return;
     }
-    let out = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "3",
-            "--mca",
-            "pml",
-            "ob1",
-            "--mca",
-            "btl",
-            "tcp,self",
-            exe(),
-            "lab",
-            "probe",
-            "mpi-check",
-            "--timeout-s",
-            "30",
-        ])
-        .output()
-        .unwrap();
+    let out = mpirun("3", &["lab", "probe", "mpi-check", "--timeout-s", "30"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert_eq!(
         stdout(&out).matches("ok: ").count(),
@@ -445,26 +425,39 @@ fn mpi_exec_runs_hierarchical_and_compressed_rings_across_nodes() {
         println!("skipped: {reason}");
         return;
     }
-    crate::runtime::rings_across_nodes("mpi", 2, |args| {
-        let launch = [
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "4",
-            "--mca",
-            "pml",
-            "ob1",
-            "--mca",
-            "btl",
-            "tcp,self",
-            exe(),
-        ];
-        Command::new("mpirun")
-            .args(launch)
-            .args(args)
-            .output()
-            .unwrap()
-    });
+    crate::runtime::rings_across_nodes("mpi", 2, |args| mpirun("4", args));
+}
+
+/// ZeRO and FSDP plans over MPI between processes, checked as on the host.
+#[test]
+fn mpi_exec_checks_sharded_plans() {
+    if let Some(reason) = mpi_unavailable() {
+        println!("skipped: {reason}");
+        return;
+    }
+    crate::runtime::sharded_plans_checked("mpi", |args| mpirun("3", args));
+}
+
+/// This binary with `args` as `ranks` MPI processes on this machine, over TCP.
+fn mpirun(ranks: &str, args: &[&str]) -> Output {
+    let launch = [
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        ranks,
+        "--mca",
+        "pml",
+        "ob1",
+        "--mca",
+        "btl",
+        "tcp,self",
+        exe(),
+    ];
+    Command::new("mpirun")
+        .args(launch)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]

@@ -637,6 +637,131 @@ fn iteration_spans(trace: &serde_json::Value) -> std::collections::BTreeMap<u64,
     spans
 }
 
+/// The run succeeded and checked every group of a sharded plan: each rank's reduced gradient
+/// (or its shard) matched the reference, and each of the group's gathers gave every rank every
+/// shard.
+fn assert_sharded_checked(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        stdout(out),
+        stderr(out)
+    );
+    let summary: serde_json::Value = serde_json::from_str(&stdout(out)).unwrap();
+    let checks = summary["checks"].as_array().unwrap();
+    assert!(!checks.is_empty(), "{what}");
+    assert!(
+        checks.iter().all(|c| c["ok"] == true
+            && c["checked"].as_u64() >= Some(3)
+            && c["gathers_checked"].as_u64() >= Some(3)),
+        "{what}: {checks:?}"
+    );
+}
+
+/// The seven tensors of [`tiny_model`] in two blocks and a root (FSDP's three units), none of
+/// whose sizes three ranks divide: each unit's last shard is padded, the ring's chunks uneven.
+fn blocks_model(dir: &Path) -> PathBuf {
+    let (_, mut model) = tiny_model(dir);
+    let names = [
+        "head.bias",
+        "h.1.weight",
+        "h.1.bias",
+        "h.0.weight",
+        "h.0.bias",
+        "embed.weight",
+        "embed.proj",
+    ];
+    for (tensor, name) in model.tensors.iter_mut().zip(names) {
+        tensor.name = name.into();
+    }
+    model.name = "blocks".into();
+    let path = dir.join("blocks.json");
+    std::fs::write(&path, serde_json::to_string(&model).unwrap()).unwrap();
+    path
+}
+
+/// ZeRO-1, ZeRO-2 and FSDP on one node of three ranks with `exec --check`, on the host backend.
+#[test]
+fn host_exec_checks_sharded_plans() {
+    sharded_plans_checked("host", syncopate);
+}
+
+/// [`host_exec_checks_sharded_plans`] on `backend`, each `exec` run by `run`: ZeRO-1 and 2
+/// reduce their buckets in bf16 and gather after the step, FSDP reduce-scatters uncompressed
+/// and gathers each unit in fp32 or bf16 before its forward and again before its backward.
+/// Every rank's reduced gradient (FSDP's shard of it) matches the reference and every gather
+/// gives every rank every shard; the measured trace has the predicted one's steps.
+pub(crate) fn sharded_plans_checked(backend: &str, run: impl Fn(&[&str]) -> std::process::Output) {
+    let dir = scratch(&format!("sharded-{backend}"));
+    let model = blocks_model(&dir);
+    let model = model.to_str().unwrap();
+    let world = [
+        "--cluster",
+        "dgx-a100",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "3",
+        "--model",
+        model,
+    ];
+    for (strategy, compressor, param_dtype) in [
+        ("zero1", "bf16", "fp32"),
+        ("zero2", "bf16", "fp32"),
+        ("fsdp", "none", "fp32"),
+        ("fsdp", "none", "bf16"),
+    ] {
+        let what = format!("{backend} {strategy} {compressor} {param_dtype}");
+        let tag = what.replace(' ', "-");
+        let plan = dir.join(format!("plan-{tag}.json"));
+        let predicted = dir.join(format!("predicted-{tag}.json"));
+        let measured = dir.join(format!("measured-{tag}.json"));
+        let options = [
+            "--strategy",
+            strategy,
+            "--compressor",
+            compressor,
+            "--param-dtype",
+            param_dtype,
+            "--iterations",
+            "2",
+            "--save-plan",
+            plan.to_str().unwrap(),
+            "--trace",
+            predicted.to_str().unwrap(),
+            "--trace-ranks",
+            "3",
+        ];
+        let out = syncopate(&[&["simulate"][..], &world, &options].concat());
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        let exec = [
+            "exec",
+            "--backend",
+            backend,
+            "--plan",
+            plan.to_str().unwrap(),
+            "--iterations",
+            "2",
+            "--compute-scale",
+            "0.05",
+            "--check",
+            "--format",
+            "json",
+            "--trace",
+            measured.to_str().unwrap(),
+        ];
+        let out = run(&[&exec[..], &world].concat());
+        assert_sharded_checked(&out, &what);
+        let (predicted, measured) = (read_json(&predicted), read_json(&measured));
+        let names = span_names(&measured);
+        assert_eq!(span_names(&predicted), names, "{what}");
+        assert!(
+            names.iter().any(|n| n.starts_with("allgather params")),
+            "{what}"
+        );
+    }
+}
+
 /// Every strategy, with and without a compressor where it takes one: `simulate` and `exec`
 /// run the same schedule (the same set of task names in their traces), and the measured
 /// iteration is positive and no longer than its own iteration's span of steps.
@@ -694,27 +819,34 @@ fn every_strategy_runs_the_same_schedule_in_the_simulator_and_on_the_host() {
             "2",
         ]);
         assert!(out.status.success(), "{what}: {}", stderr(&out));
-        // The plan names its model and cluster: nothing else is needed to run it.
-        let out = syncopate(&[
-            "exec",
-            "--backend",
-            "host",
-            "--plan",
-            plan.to_str().unwrap(),
-            "--iterations",
-            "2",
-            "--compute-scale",
-            "0.05",
-            "--format",
-            "json",
-            "--trace",
-            measured.to_str().unwrap(),
-        ]);
-        if ["zero1", "zero2", "fsdp"].contains(&strategy.as_str()) {
-            // Sharded plans are the simulator's alone so far: exec says so.
-            assert!(!out.status.success(), "{what}");
-            assert!(stderr(&out).contains("sharding"), "{}", stderr(&out));
-            continue;
+        // The plan names its model and cluster: nothing else is needed to run it. A sharded
+        // plan's run is checked: its reductions (FSDP's reduce-scatters leave each rank a
+        // shard), and its gathers, which leave every shard on every rank.
+        let sharded = ["zero1", "zero2", "fsdp"].contains(&strategy.as_str());
+        let check: &[&str] = if sharded { &["--check"] } else { &[] };
+        let out = syncopate(
+            &[
+                &[
+                    "exec",
+                    "--backend",
+                    "host",
+                    "--plan",
+                    plan.to_str().unwrap(),
+                    "--iterations",
+                    "2",
+                    "--compute-scale",
+                    "0.05",
+                    "--format",
+                    "json",
+                    "--trace",
+                    measured.to_str().unwrap(),
+                ][..],
+                check,
+            ]
+            .concat(),
+        );
+        if sharded {
+            assert_sharded_checked(&out, &what);
         }
         if strategy == "ps" {
             // Dedicated server machines are the simulator's alone: exec says so.

@@ -134,8 +134,13 @@ fn print_summary(s: &MeasuredSummary) {
     println!("  compression         {:>12.3} ms", s.compression_ms);
     println!("  communication       {:>12.3} ms", s.comm_ms);
     for c in &s.checks {
+        // A sharded plan's gathers are checked too: every rank holds every shard as sent.
+        let gathers = match c.gathers_checked {
+            0 => String::new(),
+            n => format!(", {n} parameter gathers identical on every rank"),
+        };
         println!(
-            "  check group {:<3} {:<14} {}  vs reference {:.2e}, vs exact sum {:.2e}",
+            "  check group {:<3} {:<14} {}  vs reference {:.2e}, vs exact sum {:.2e}{gathers}",
             c.group,
             c.compressor,
             if c.ok { "ok  " } else { "FAIL" },

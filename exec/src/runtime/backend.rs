@@ -67,6 +67,11 @@ pub(super) trait Backend: Sync {
         body: &mut dyn FnMut(&mut Self::Piece) -> Result<()>,
     ) -> Result<()>;
 
+    /// Runs gather task `task` (`StepKind::Gather`) on the comm stream `lane`: the all-gather of
+    /// its unit's parameter shards, every rank's into every rank, timed and recorded as a
+    /// collective.
+    fn gather(&self, rank: &Self::Rank, lane: &Lane<Self::Link>, task: u32) -> Result<()>;
+
     // The primitives of the synchronization sequence, on one rank's state of piece `index`.
 
     /// Reads the piece from its group buffer and adds the error feedback: the compression input.

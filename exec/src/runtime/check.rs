@@ -1,7 +1,8 @@
 //! `--check`: compares every rank's aggregated gradient with the CPU reference and the exact sum.
 //!
 //! The reference is the compressor's CPU reference aggregation of all ranks' inputs; the exact sum
-//! is of the same inputs.
+//! is of the same inputs. A sharded plan's rank holds only its chunk of the sum, which is compared
+//! so, and its gathers are checked too (`gather_check`).
 //!
 //! The reference replays the same codecs (same seeds, so the same stochastic choices and state)
 //! on every rank's compression input, centrally and in rank order. A transport bug (a lost or
@@ -9,7 +10,9 @@
 //! difference is the summation order of the ring, bounded by the wire type's rounding.
 
 use super::compressed_ring::{self, Shards};
-use super::pieces;
+use super::gather_check::{GatherChecks, GatherDigests};
+use super::pieces::{self, wire_element_bytes};
+use super::ring::{self, Ring};
 use crate::compress::{aggregate, Codec, MemoryState};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
@@ -39,6 +42,15 @@ pub struct GroupCheck {
     pub tolerance_vs_sum: Option<f64>,
     /// Whether every error so far is within its tolerance.
     pub ok: bool,
+    /// A sharded plan's gathers of the group's parameters checked, counting each iteration of
+    /// a gather once: every rank held every rank's shard, bit for bit (a difference fails the
+    /// run, naming the rank and the shard).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gathers_checked: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 struct PieceCheck {
@@ -55,6 +67,8 @@ struct PieceCheck {
     aggregation: Aggregation,
     /// Each rank's shards, for a piece that goes round a CaSync-Ring (none otherwise).
     ring: Vec<Shards>,
+    /// Whether each rank keeps only its chunk of the sum (`pieces::ends_scattered`).
+    scattered: bool,
     group: usize,
     /// The memory's factor on the result (EF-SignSGD's 1/lr), applied to the reference too.
     output_scale: f32,
@@ -64,6 +78,7 @@ struct PieceCheck {
 pub struct Checker {
     world: usize,
     pieces: Vec<Mutex<PieceCheck>>,
+    gathers: GatherChecks,
     groups: Mutex<Vec<GroupCheck>>,
 }
 
@@ -96,6 +111,7 @@ impl Checker {
                             .collect(),
                         false => Vec::new(),
                     },
+                    scattered: pieces::ends_scattered(piece),
                     group: piece.group as usize,
                     output_scale: MemoryState::new(piece.memory, 0).output_scale(),
                 })
@@ -113,12 +129,14 @@ impl Checker {
                     max_error_vs_sum: 0.0,
                     tolerance_vs_sum: sum_tolerance(&piece.compressor, world),
                     ok: true,
+                    gathers_checked: 0,
                 });
             }
         }
         Checker {
             world,
             pieces,
+            gathers: GatherChecks::new(schedule),
             groups: Mutex::new(groups),
         }
     }
@@ -190,27 +208,22 @@ impl Checker {
             .flatten()
             .fold(0.0f64, |m, &x| m.max(f64::from(x).abs()))
             .max(f64::MIN_POSITIVE);
-        let sum_norm = sum
-            .iter()
-            .map(|s| s * s)
-            .sum::<f64>()
-            .sqrt()
-            .max(f64::MIN_POSITIVE);
         let mut groups = self.groups.lock().expect("a checker lock");
         let report = &mut groups[group];
-        for (result, reference) in results.iter().zip(&reference) {
+        for (rank, (result, reference)) in results.iter().zip(&reference).enumerate() {
             let vs_reference = result
                 .iter()
                 .zip(reference)
                 .fold(0.0f64, |m, (&a, &b)| m.max(f64::from(a - b).abs()))
                 / scale;
-            let vs_sum = result
-                .iter()
-                .zip(&sum)
-                .map(|(&a, &s)| (f64::from(a) - s).powi(2))
-                .sum::<f64>()
-                .sqrt()
-                / sum_norm;
+            // A scattered piece's rank holds the sum of its chunk of the payload only: for the
+            // casts, those elements of the gradient (random-k's chunk holds other coordinates,
+            // and its loss against the sum is reported, not judged).
+            let held = match piece.scattered {
+                true => ring::chunk(ring::summed_chunk(rank, self.world), self.world, sum.len()),
+                false => 0..sum.len(),
+            };
+            let vs_sum = relative_l2(&result[held.clone()], &sum[held]);
             report.max_error_vs_reference = report.max_error_vs_reference.max(vs_reference);
             report.max_error_vs_sum = report.max_error_vs_sum.max(vs_sum);
         }
@@ -222,10 +235,43 @@ impl Checker {
         Ok(())
     }
 
+    /// Whether a report of `held` shard digests of rank `rank` fits gather step `step`:
+    /// reports from another process are checked before they are taken.
+    pub fn accepts_gather(&self, step: u32, rank: u32, held: usize) -> bool {
+        self.gathers.accepts(step, rank, held)
+    }
+
+    /// Rank `rank`'s report of gather step `step` in `iteration`; the last rank to report
+    /// checks every rank's.
+    pub fn gathered(
+        &self,
+        step: u32,
+        rank: u32,
+        iteration: u32,
+        digests: &GatherDigests,
+    ) -> Result<()> {
+        if let Some(group) = self.gathers.gathered(step, rank, iteration, digests)? {
+            self.groups.lock().expect("a checker lock")[group].gathers_checked += 1;
+        }
+        Ok(())
+    }
+
     /// Every group's check so far, by group index.
     pub fn report(&self) -> Vec<GroupCheck> {
         self.groups.lock().expect("a checker lock").clone()
     }
+}
+
+/// ‖result − sum‖₂ / ‖sum‖₂.
+fn relative_l2(result: &[f32], sum: &[f64]) -> f64 {
+    let norm = sum.iter().map(|s| s * s).sum::<f64>().sqrt();
+    let error = result
+        .iter()
+        .zip(sum)
+        .map(|(&a, &s)| (f64::from(a) - s).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    error / norm.max(f64::MIN_POSITIVE)
 }
 
 /// Every rank's expected result, computed centrally with the reference codecs.
@@ -238,6 +284,9 @@ fn reference(
     if !piece.ring.is_empty() {
         let result = compressed_ring::reference(&mut piece.ring, inputs)?;
         return Ok(vec![result; inputs.len()]);
+    }
+    if piece.scattered {
+        return scattered(&mut piece.codecs, inputs);
     }
     let mut outs = vec![vec![0.0f32; n]; inputs.len()];
     match aggregation {
@@ -268,6 +317,33 @@ fn reference(
     Ok(outs)
 }
 
+/// Each rank's shard of the sum of every rank's payload, decoded: the payloads summed in the
+/// wire type, every chunk but the one the rank holds after a ring reduce-scatter zeroed
+/// (`ring::keep_summed_chunk`, as the backends keep it), then decoded by the rank's codec.
+fn scattered(codecs: &mut [Box<dyn Codec>], inputs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+    let world = inputs.len();
+    let mut payloads = vec![Vec::new(); world];
+    for ((codec, input), payload) in codecs.iter_mut().zip(inputs).zip(&mut payloads) {
+        codec.encode(input, payload)?;
+    }
+    let (first, rest) = payloads.split_first_mut().expect("a piece has ranks");
+    for other in rest.iter() {
+        codecs[0].sum_into(first, other)?;
+    }
+    let element = wire_element_bytes(&codecs[0].compressor());
+    codecs
+        .iter_mut()
+        .enumerate()
+        .map(|(rank, codec)| {
+            let mut shard = first.clone();
+            ring::keep_summed_chunk(&Ring::world(rank, world), &mut shard, element);
+            let mut out = vec![0.0f32; inputs[rank].len()];
+            codec.decode_add(&shard, &mut out)?;
+            Ok(out)
+        })
+        .collect()
+}
+
 /// Where a rank reports its compression inputs and aggregated results for `--check`: the
 /// [`Checker`] itself in one process, a `check_report::Collector` for rank 0 in one of several.
 pub trait CheckSink: Sync {
@@ -275,6 +351,9 @@ pub trait CheckSink: Sync {
     fn input(&self, piece: usize, rank: u32, iteration: u32, input: &[f32]);
     /// Rank `rank`'s aggregated result of piece `piece` in `iteration`.
     fn result(&self, piece: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()>;
+    /// Rank `rank`'s report of gather step `step` in `iteration`.
+    fn gathered(&self, step: u32, rank: u32, iteration: u32, digests: &GatherDigests)
+        -> Result<()>;
 }
 
 impl CheckSink for Checker {
@@ -284,6 +363,16 @@ impl CheckSink for Checker {
 
     fn result(&self, piece: usize, rank: u32, iteration: u32, result: &[f32]) -> Result<()> {
         Checker::result(self, piece, rank, iteration, result)
+    }
+
+    fn gathered(
+        &self,
+        step: u32,
+        rank: u32,
+        iteration: u32,
+        digests: &GatherDigests,
+    ) -> Result<()> {
+        Checker::gathered(self, step, rank, iteration, digests)
     }
 }
 
@@ -306,4 +395,57 @@ fn reference_tolerance(c: &Compressor, world: usize) -> f64 {
 /// u) and the sum of p rounded values is rounded at most p more times.
 fn sum_tolerance(c: &Compressor, world: usize) -> Option<f64> {
     c.rounding_error().map(|u| 2.0 * world as f64 * u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::test_plans::small_sharded;
+    use syncopate_sim::sharding::ParamDtype;
+
+    /// A sharded plan's reduce-scatter on three ranks (uneven chunks), summed in fp32 and in
+    /// fp16: a rank holding the sum of its chunk, and zeros elsewhere as the backends keep it,
+    /// checks; one holding the whole sum, or another rank's chunk, does not.
+    #[test]
+    fn a_reduce_scattered_shard_is_checked_against_the_reference_shard() {
+        for spec in ["none", "fp16"] {
+            let schedule = small_sharded("fsdp", spec, ParamDtype::Fp32, 3);
+            assert!(pieces::ends_scattered(&schedule.pieces[0]));
+            let n = schedule.pieces[0].numel as usize;
+            assert_ne!(n % 3, 0);
+            // Halves in [-2, 3]: exact in fp16, and so are their sums.
+            let inputs: Vec<Vec<f32>> = (0..3)
+                .map(|r| {
+                    (0..n)
+                        .map(|i| ((i * 7 + r * 3) % 11) as f32 * 0.5 - 2.0)
+                        .collect()
+                })
+                .collect();
+            let sum: Vec<f32> = (0..n).map(|i| inputs.iter().map(|x| x[i]).sum()).collect();
+            let shard = |rank: usize| -> Vec<f32> {
+                let kept = ring::chunk(ring::summed_chunk(rank, 3), 3, n);
+                (0..n)
+                    .map(|i| if kept.contains(&i) { sum[i] } else { 0.0 })
+                    .collect()
+            };
+            let check = |result: &dyn Fn(usize) -> Vec<f32>| {
+                let checker = Checker::new(&schedule, 1);
+                for (rank, input) in inputs.iter().enumerate() {
+                    checker.input(0, rank as u32, 0, input);
+                }
+                for rank in 0..3 {
+                    checker.result(0, rank as u32, 0, &result(rank)).unwrap();
+                }
+                checker.report().swap_remove(0)
+            };
+            let held = check(&shard);
+            assert!(held.ok && held.checked == 1, "{spec}: {held:?}");
+            assert_eq!(held.max_error_vs_reference, 0.0, "{spec}");
+            assert_eq!(held.max_error_vs_sum, 0.0, "{spec}");
+            let whole = check(&|_| sum.clone());
+            assert!(!whole.ok, "{spec}: the whole sum is no rank's result");
+            let another = check(&|rank| shard((rank + 1) % 3));
+            assert!(!another.ok, "{spec}: another rank's chunk");
+        }
+    }
 }

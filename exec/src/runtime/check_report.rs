@@ -1,25 +1,47 @@
 //! A rank's `--check` data kept for rank 0 in a multi-process run, as bytes, and their replay.
 //!
 //! One process per rank cannot check centrally while it runs: each rank keeps its compression
-//! inputs and aggregated results ([`Collector`]), sends them to rank 0 once the run ended (over
-//! MPI, or the control plane of a CUDA launch), and rank 0 feeds every rank's into one
-//! [`Checker`] ([`replay`]), which then checks as it does in one process.
+//! inputs and aggregated results, and the digests of a sharded plan's gathers ([`Collector`]),
+//! sends them to rank 0 once the run ended (over MPI, or the control plane of a CUDA launch), and
+//! rank 0 feeds every rank's into one [`Checker`] ([`replay`]), which then checks as it does in
+//! one process.
 
 use super::check::{CheckSink, Checker};
+use super::gather_check::GatherDigests;
 use crate::error::{ExecError, Result};
 use std::sync::Mutex;
 
 /// The most `--check` bytes one rank keeps for rank 0 (reports' headers and values).
 pub const MAX_BYTES: usize = 1 << 30;
-/// Bytes of one report's header: piece, iteration, kind and length, u32 each.
+/// Bytes of one report's header: piece (or step), iteration, kind and length, u32 each.
 const HEADER: usize = 16;
 
-/// One `--check` report of this rank, kept for rank 0.
+/// What a report holds, as its header's kind word says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A piece's compression input, f32 values.
+    Input = 0,
+    /// A piece's aggregated result, f32 values.
+    Result = 1,
+    /// A gather step's digests (`GatherDigests`): the shard sent, then every shard held, u64
+    /// each as two words, the low one first.
+    Gathered = 2,
+}
+
+impl Kind {
+    fn from_word(word: u32) -> Option<Kind> {
+        [Kind::Input, Kind::Result, Kind::Gathered]
+            .into_iter()
+            .find(|k| *k as u32 == word)
+    }
+}
+
+/// One `--check` report of this rank, kept for rank 0: of a piece, or of a gather step.
 struct Report {
-    piece: u32,
+    index: u32,
     iteration: u32,
-    result: bool,
-    values: Vec<f32>,
+    kind: Kind,
+    words: Vec<u32>,
 }
 
 /// Keeps this rank's `--check` inputs and results until the run ends.
@@ -30,9 +52,9 @@ pub struct Collector {
 }
 
 impl Collector {
-    fn keep(&self, piece: usize, iteration: u32, result: bool, values: &[f32]) -> Result<()> {
+    fn keep(&self, index: u32, iteration: u32, kind: Kind, words: Vec<u32>) -> Result<()> {
         let mut total = self.bytes.lock().expect("a check lock");
-        *total = total.saturating_add(HEADER + 4 * values.len());
+        *total = total.saturating_add(HEADER + 4 * words.len());
         if *total > MAX_BYTES {
             return Err(ExecError::Check {
                 group: 0,
@@ -42,40 +64,46 @@ impl Collector {
             });
         }
         self.reports.lock().expect("a check lock").push(Report {
-            piece: piece as u32,
+            index,
             iteration,
-            result,
-            values: values.to_vec(),
+            kind,
+            words,
         });
         Ok(())
     }
 
-    /// The reports as bytes: per report piece, iteration, kind, length (u32 each), values.
+    /// The reports as bytes: per report piece or step, iteration, kind, length in words, then
+    /// the words (u32 each).
     pub fn encode(self) -> Vec<u8> {
         let mut bytes = Vec::new();
         for r in self.reports.into_inner().expect("a check lock") {
-            for word in [
-                r.piece,
-                r.iteration,
-                u32::from(r.result),
-                r.values.len() as u32,
-            ] {
-                bytes.extend(word.to_le_bytes());
-            }
-            bytes.extend(r.values.iter().flat_map(|v| v.to_le_bytes()));
+            let header = [r.index, r.iteration, r.kind as u32, r.words.len() as u32];
+            bytes.extend(header.iter().chain(&r.words).flat_map(|w| w.to_le_bytes()));
         }
         bytes
     }
 }
 
+fn f32_words(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
 impl CheckSink for Collector {
     fn input(&self, piece: usize, _: u32, iteration: u32, input: &[f32]) {
         // Bounded by `keep`; an overflow shows when the result is reported.
-        let _ = self.keep(piece, iteration, false, input);
+        let _ = self.keep(piece as u32, iteration, Kind::Input, f32_words(input));
     }
 
     fn result(&self, piece: usize, _: u32, iteration: u32, result: &[f32]) -> Result<()> {
-        self.keep(piece, iteration, true, result)
+        self.keep(piece as u32, iteration, Kind::Result, f32_words(result))
+    }
+
+    fn gathered(&self, step: u32, _: u32, iteration: u32, digests: &GatherDigests) -> Result<()> {
+        let words = std::iter::once(&digests.sent)
+            .chain(&digests.held)
+            .flat_map(|&d| [d as u32, (d >> 32) as u32])
+            .collect();
+        self.keep(step, iteration, Kind::Gathered, words)
     }
 }
 
@@ -93,26 +121,54 @@ pub fn replay(checker: &Checker, rank: u32, bytes: &[u8]) -> Result<()> {
         Ok(u32::from_le_bytes(b.try_into().expect("four bytes")))
     };
     while at < bytes.len() {
-        let (piece, iteration, result, len) = (
+        let (index, iteration, kind, len) = (
             word(&mut at)?,
             word(&mut at)?,
             word(&mut at)?,
             word(&mut at)?,
         );
-        let end = at.checked_add(4 * len as usize).ok_or_else(bad)?;
-        let values: Vec<f32> = bytes
-            .get(at..end)
-            .ok_or_else(bad)?
+        let end = (4 * len as usize)
+            .checked_add(at)
+            .filter(|&end| end <= bytes.len())
+            .ok_or_else(bad)?;
+        let words: Vec<u32> = bytes[at..end]
             .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("four bytes")))
+            .map(|c| u32::from_le_bytes(c.try_into().expect("four bytes")))
             .collect();
         at = end;
-        if !checker.accepts(piece as usize, rank, values.len()) {
-            return Err(bad());
-        }
-        match result {
-            1 => checker.result(piece as usize, rank, iteration, &values)?,
-            0 => checker.input(piece as usize, rank, iteration, &values),
+        let piece = index as usize;
+        let values = || {
+            words
+                .iter()
+                .map(|&w| f32::from_bits(w))
+                .collect::<Vec<f32>>()
+        };
+        let digests = || {
+            let mut d = words
+                .chunks_exact(2)
+                .map(|p| u64::from(p[0]) | u64::from(p[1]) << 32);
+            let sent = d.next()?;
+            Some(GatherDigests {
+                sent,
+                held: d.collect(),
+            })
+        };
+        match Kind::from_word(kind) {
+            Some(Kind::Input) if checker.accepts(piece, rank, words.len()) => {
+                checker.input(piece, rank, iteration, &values())
+            }
+            Some(Kind::Result) if checker.accepts(piece, rank, words.len()) => {
+                checker.result(piece, rank, iteration, &values())?
+            }
+            Some(Kind::Gathered) => match digests() {
+                Some(d)
+                    if words.len().is_multiple_of(2)
+                        && checker.accepts_gather(index, rank, d.held.len()) =>
+                {
+                    checker.gathered(index, rank, iteration, &d)?
+                }
+                _ => return Err(bad()),
+            },
             _ => return Err(bad()),
         }
     }
@@ -122,10 +178,11 @@ pub fn replay(checker: &Checker, rank: u32, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::test_plans::{group, lowered};
+    use crate::runtime::test_plans::{first_gather, group, lowered, small_sharded};
     use syncopate_sim::compress::Memory;
     use syncopate_sim::plan::Scheme;
     use syncopate_sim::schedule::Schedule;
+    use syncopate_sim::sharding::ParamDtype;
 
     /// ResNet-50's first tensor in one fp16 group and the rest in another, on two ranks.
     fn schedule() -> Schedule {
@@ -170,6 +227,38 @@ mod tests {
             serde_json::to_string(&a).unwrap(),
             serde_json::to_string(&b).unwrap()
         );
+    }
+
+    #[test]
+    fn gather_reports_replay_into_the_same_check() {
+        let schedule = small_sharded("zero2", "none", ParamDtype::Fp32, 3);
+        let (step, group) = first_gather(&schedule);
+        // Digests with both halves set: rank r sent shard (r + 1) mod 3.
+        let digest = |r: u64| (r + 1) << 40 | (r + 7);
+        let held: Vec<u64> = [2, 0, 1].map(digest).to_vec();
+        let collected: Vec<Collector> = (0..3).map(|_| Collector::default()).collect();
+        for (rank, collector) in collected.iter().enumerate() {
+            let sent = digest(rank as u64);
+            let digests = GatherDigests {
+                sent,
+                held: held.clone(),
+            };
+            collector.gathered(step, rank as u32, 2, &digests).unwrap();
+        }
+        let checker = Checker::new(&schedule, 1);
+        for (rank, collector) in collected.into_iter().enumerate() {
+            replay(&checker, rank as u32, &collector.encode()).unwrap();
+        }
+        assert_eq!(checker.report()[group].gathers_checked, 1);
+        // A report of two shards of three is refused.
+        let collector = Collector::default();
+        let two = GatherDigests {
+            sent: 1,
+            held: vec![1, 2],
+        };
+        collector.gathered(step, 1, 0, &two).unwrap();
+        let err = replay(&Checker::new(&schedule, 1), 1, &collector.encode()).unwrap_err();
+        assert!(err.to_string().contains("malformed"), "{err}");
     }
 
     #[test]

@@ -5,8 +5,10 @@
 
 use super::backend::{Backend, Lane};
 use super::check::CheckSink;
+use super::gather_check::{digest, GatherDigests};
+use super::params::{self, Held};
 use super::piece_state::PieceState;
-use super::pieces::{wire_element_bytes, Gradients};
+use super::pieces::{self, wire_element_bytes, Gradients};
 use super::push_pull::{self, Messages};
 use super::ring::{self, Ring, RingLink};
 use super::sched::Failure;
@@ -40,6 +42,8 @@ pub(super) struct RankState {
     rank: u32,
     groups: Vec<Mutex<Vec<f32>>>,
     pieces: Vec<Mutex<PieceState>>,
+    /// A sharded plan's units: the rank's shard and gather buffer of each.
+    units: Vec<Held>,
 }
 
 /// Everything the threads of a CPU run share; `L` is the transport's link type.
@@ -102,12 +106,21 @@ fn rank_state(job: &Job, rank: u32) -> RankState {
         pieces: (0..schedule.pieces.len())
             .map(|i| Mutex::new(PieceState::new(schedule, seed, i, rank)))
             .collect(),
+        units: job.units.iter().map(|u| u.held(seed, rank)).collect(),
     }
 }
 
 impl<L> CpuRun<'_, L> {
     fn now(&self) -> SimTime {
         SimTime(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Records a synchronization step that ran on `lane` from `start`: every rank's
+    /// compression steps, a collective once (rank 0's).
+    fn record_on<K>(&self, state: &RankState, lane: &Lane<K>, task: u32, start: SimTime) {
+        if matches!(lane, Lane::Codec) || state.rank == 0 {
+            self.record(state.rank, task, lane.trace_stream(), start);
+        }
     }
 
     fn record(&self, rank: u32, task: u32, stream: u32, start: SimTime) {
@@ -197,9 +210,36 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             }
         }
         drop(piece);
-        if matches!(lane, Lane::Codec) || state.rank == 0 {
-            self.record(state.rank, task, lane.trace_stream(), start);
+        self.record_on(state, lane, task, start);
+        Ok(())
+    }
+
+    /// The all-gather of the unit's shards over the stream's ring (`params`); under `--check`
+    /// the rank reports digests of the shard it sent and of every shard it then holds.
+    fn gather(&self, state: &RankState, lane: &Lane<L>, task: u32) -> Result<()> {
+        let Lane::Comm { link, .. } = *lane else {
+            unreachable!("the schedule puts gathers on communication streams")
+        };
+        let StepKind::Gather { group, pass } = self.job.step(task).kind else {
+            unreachable!("the driver runs only gather steps here")
+        };
+        let start = self.now();
+        let at = self.job.program.task(task);
+        let (unit, held) = (
+            &self.job.units[group as usize],
+            &state.units[group as usize],
+        );
+        let mut buffer = held.buffer.lock().expect("a gather buffer lock");
+        let sent = unit.put_own(held, params::version(pass, at.iteration), &mut buffer);
+        let sent = self.checker.map(|_| digest(sent));
+        unit.gather(link, &mut buffer, self.failure.flag())?;
+        if let (Some(checker), Some(sent)) = (self.checker, sent) {
+            let held = unit.shards(&buffer).map(digest).collect();
+            let digests = GatherDigests { sent, held };
+            checker.gathered(at.step, state.rank, at.iteration, &digests)?;
         }
+        drop(buffer);
+        self.record_on(state, lane, task, start);
         Ok(())
     }
 
@@ -266,15 +306,17 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
                 &*piece.codec,
                 abort,
             ),
-            // DeAR: the reduce-scatter half in backward, the all-gather half later.
-            Exchange::ReduceScatter => ring::reduce_scatter(
-                link,
-                &ring,
-                &mut piece.payload,
-                element,
-                &*piece.codec,
-                abort,
-            ),
+            // DeAR: the reduce-scatter half in backward, the all-gather half later; a sharded
+            // plan's unit: the reduce-scatter alone, after which the rank keeps its shard of the
+            // sum.
+            Exchange::ReduceScatter => {
+                let payload = &mut piece.payload;
+                ring::reduce_scatter(link, &ring, payload, element, &*piece.codec, abort)?;
+                if pieces::ends_scattered(spec) {
+                    ring::keep_summed_chunk(&ring, payload, element);
+                }
+                Ok(())
+            }
             Exchange::AllgatherShards => {
                 ring::allgather_chunks(link, &ring, &mut piece.payload, element, abort)
             }

@@ -11,7 +11,7 @@ use super::Job;
 use crate::error::Result;
 use std::collections::VecDeque;
 use std::time::Duration;
-use syncopate_sim::schedule::Stream;
+use syncopate_sim::schedule::{StepKind, Stream};
 
 /// A rank driven here: its number, its state and one opener per comm stream.
 pub(super) struct Local<'r, B: Backend> {
@@ -63,6 +63,9 @@ pub(super) fn drive<B: Backend>(
             (rank, l.openers)
         })
         .unzip();
+    for rank in &ranks {
+        rank.readiness.start(job, board);
+    }
     std::thread::scope(|scope| {
         for (rank, openers) in ranks.iter().zip(openers) {
             let driver = &driver;
@@ -207,7 +210,10 @@ impl<B: Backend> Driver<'_, B> {
                 link: &link,
                 stream,
             };
-            run_sync_task(self.backend, self.job, rank.state, &lane, task)?;
+            match self.job.step(task).kind {
+                StepKind::Gather { .. } => self.backend.gather(rank.state, &lane, task)?,
+                _ => run_sync_task(self.backend, self.job, rank.state, &lane, task)?,
+            }
             self.complete(rank, task);
         }
         self.backend.close(link)
@@ -310,12 +316,17 @@ mod tests {
         fn timed(
             &self,
             log: &Mutex<Log>,
-            _: &Lane<()>,
+            lane: &Lane<()>,
             task: u32,
             _: usize,
             body: &mut dyn FnMut(&mut ()) -> Result<()>,
         ) -> Result<()> {
             body(&mut ())?;
+            self.gather(log, lane, task)
+        }
+
+        /// Checks the task's inputs and marks it done, as `timed` does after its body.
+        fn gather(&self, log: &Mutex<Log>, _: &Lane<()>, task: u32) -> Result<()> {
             let mut log = log.lock().unwrap();
             self.check_inputs(&log, task, false);
             log.done[task as usize] = true;
@@ -375,7 +386,9 @@ mod tests {
     /// inputs merely enqueued earlier on the stream count), compute keeps program order, and
     /// the run ends with every task done: the pipelined compute stream cannot deadlock, nor
     /// the compression thread, woken only when its queue gains a task. Codecs in line on the
-    /// compute stream run there, after the compute work queued before them.
+    /// compute stream run there, after the compute work queued before them. A sharded plan's
+    /// gathers run on the comm stream after their inputs, the first ones, which wait for
+    /// nothing, too.
     #[test]
     fn in_flight_compute_keeps_every_dependency() {
         for (strategy, compressor, codecs) in [
@@ -385,6 +398,8 @@ mod tests {
             ("horovod", "topk:0.01", CodecStream::Side),
             ("bytescheduler", "powersgd:4", CodecStream::Side),
             ("horovod", "topk:0.01", CodecStream::Compute),
+            ("fsdp", "none", CodecStream::Side),
+            ("zero2", "bf16", CodecStream::Side),
         ] {
             let schedule = schedule(strategy, compressor, codecs);
             let options = ExecOptions {
@@ -398,6 +413,7 @@ mod tests {
             let job = Job {
                 schedule: &schedule,
                 slots: schedule.tensor_slots(),
+                units: crate::runtime::params::units(&schedule).unwrap(),
                 program,
                 compute_scale: 1.0,
                 options: &options,
@@ -442,6 +458,14 @@ mod tests {
                 .filter(|&t| job.step(t).stream == Stream::Compute && job.step(t).piece.is_none())
                 .collect();
             assert_eq!(log.compute_order, compute, "{strategy} + {compressor}");
+            let gathers = (0..n as u32)
+                .filter(|&t| matches!(job.step(t).kind, StepKind::Gather { .. }))
+                .count();
+            assert_eq!(
+                gathers > 0,
+                !schedule.param_shards.is_empty(),
+                "{strategy} + {compressor}"
+            );
             assert!(
                 log.ahead > 0,
                 "{strategy} + {compressor}: nothing was enqueued ahead"

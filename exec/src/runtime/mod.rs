@@ -17,10 +17,12 @@ mod control;
 mod cpu;
 pub mod cuda;
 mod driver;
+pub mod gather_check;
 pub mod host;
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod params;
 pub mod piece_state;
 pub mod pieces;
 pub mod push_pull;
@@ -79,6 +81,9 @@ pub struct Job<'a> {
     pub program: Program,
     /// Each tensor's group and its slot in the group's buffer.
     pub slots: Vec<(u32, Slot)>,
+    /// A sharded plan's units, whose parameter shards its gathers move (none for a replicated
+    /// plan).
+    pub units: Vec<params::Unit>,
     /// Multiplier on every compute step's profiled time.
     pub compute_scale: f64,
     /// How to run: iterations, checking, seed and timeout.
@@ -306,33 +311,48 @@ impl<'a> Job<'a> {
                 ),
             ));
         }
-        refuse_unrunnable(schedule)?;
+        refuse_on_every_backend(schedule)?;
         Ok(Job {
             schedule,
             program: Program::unroll(schedule, iterations)?,
             slots: schedule.tensor_slots(),
+            units: params::units(schedule)?,
             compute_scale,
             options,
         })
     }
 }
 
-/// Refuses a schedule that no backend runs as the simulator predicts it (every backend and
-/// `syncopate.torch` check it before running):
+/// Refuses a schedule that `syncopate.torch` cannot run as the simulator predicts it: a sharded
+/// plan ([`refuse_sharded`]) and what no backend runs ([`Job::new`]'s refusals). It checks them
+/// before running.
+pub fn refuse_unrunnable(schedule: &Schedule) -> Result<()> {
+    refuse_sharded(schedule, "syncopate.torch")?;
+    refuse_on_every_backend(schedule)
+}
+
+/// Refuses a sharded plan (ZeRO, FSDP) on `runtime`, which keeps whole gradient buffers and no
+/// parameters, so it can neither run the plan's parameter gathers nor keep a rank's shard of a
+/// reduced gradient: the CUDA backend and `syncopate.torch`. The host and MPI backends run them.
+pub fn refuse_sharded(schedule: &Schedule, runtime: &str) -> Result<()> {
+    match schedule.param_shards.is_empty() {
+        true => Ok(()),
+        false => Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
+            "--plan",
+            "sharding",
+            format!(
+                "the plan shards parameters and gradients (ZeRO, FSDP), which {runtime} does not run yet: run it with `syncopate exec --backend host` or `--backend mpi`, or predict it with `syncopate simulate`"
+            ),
+        ))),
+    }
+}
+
+/// Refuses a schedule that no backend runs as the simulator predicts it:
 /// - a plan that sends element codes in whole bytes where the catalog packs them (a plan
 ///   describing another framework's implementation, e.g. GRACE's): every backend's codecs write
 ///   the packed formats;
-/// - parameter servers on machines of their own: the backends run servers on the workers;
-/// - a sharded plan (ZeRO, FSDP): the backends keep whole gradient buffers and no parameters,
-///   so they cannot run its parameter gathers nor check a rank's reduced shard yet.
-pub fn refuse_unrunnable(schedule: &Schedule) -> Result<()> {
-    if !schedule.param_shards.is_empty() {
-        return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
-            "--plan",
-            "sharding",
-            "the plan shards parameters and gradients (ZeRO, FSDP); the executors do not run sharded plans yet: `syncopate simulate` predicts them",
-        )));
-    }
+/// - parameter servers on machines of their own: the backends run servers on the workers.
+fn refuse_on_every_backend(schedule: &Schedule) -> Result<()> {
     if let Servers::Dedicated(servers) = schedule.servers {
         return Err(ExecError::Sim(syncopate_sim::SimError::bad_value(
             "--plan",
@@ -385,5 +405,42 @@ pub fn execute(backend: Backend, job: &Job) -> Result<Measured> {
             host::execute(job, ranks, busy)
         }
         Backend::Cuda => cuda::execute(job),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syncopate_sim::compress::Memory;
+    use syncopate_sim::plan::Scheme;
+    use syncopate_sim::sharding::ParamDtype;
+
+    /// The CPU backends take a sharded plan; the CUDA backend (before it looks for a GPU) and
+    /// `syncopate.torch` refuse it, naming `sharding` and themselves.
+    #[test]
+    fn only_the_cpu_backends_take_a_sharded_plan() {
+        let schedule = test_plans::small_sharded("fsdp", "none", ParamDtype::Fp32, 3);
+        let options = ExecOptions {
+            warmup: 1,
+            iterations: 1,
+            check: false,
+            seed: 1,
+            timeout: Duration::from_secs(5),
+        };
+        let job = Job::new(&schedule, 0.0, &options, 3).unwrap();
+        assert_eq!(job.units.len(), schedule.param_shards.len());
+        let err = execute(Backend::Cuda, &job).unwrap_err().to_string();
+        assert!(
+            err.contains("sharding") && err.contains("cuda backend"),
+            "{err}"
+        );
+        let err = refuse_unrunnable(&schedule).unwrap_err().to_string();
+        assert!(
+            err.contains("sharding") && err.contains("syncopate.torch"),
+            "{err}"
+        );
+        let all = (0..161).collect();
+        let fp16 = test_plans::group(all, "fp16", Memory::None, Scheme::Allreduce, 1);
+        refuse_unrunnable(&test_plans::lowered(vec![fp16], 2)).unwrap();
     }
 }

@@ -90,13 +90,22 @@ pub fn server_rank(piece: &Piece, world: u32) -> u32 {
         .unwrap_or(piece.group % world.max(1))
 }
 
+/// Whether a piece's synchronization ends with a reduce-scatter (a sharded plan's unit, FSDP's):
+/// each rank then holds only its chunk of the sum (`ring::keep_summed_chunk`).
+pub fn ends_scattered(piece: &Piece) -> bool {
+    piece
+        .rounds
+        .last()
+        .is_some_and(|r| r.exchange == Exchange::ReduceScatter)
+}
+
 /// Bytes of one element of a summable payload: the ring reduces whole elements.
 pub fn wire_element_bytes(c: &Compressor) -> usize {
     c.summed_as().unwrap_or(Element::F32).bytes()
 }
 
 /// SplitMix64 step over a pair, so that seeds of neighbouring pieces and ranks are unrelated.
-fn mix(a: u64, b: u64) -> u64 {
+pub(super) fn mix(a: u64, b: u64) -> u64 {
     let mut z = a ^ b
         .wrapping_add(0x9e37_79b9_7f4a_7c15)
         .wrapping_mul(0xbf58_476d_1ce4_e5b9);

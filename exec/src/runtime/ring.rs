@@ -125,8 +125,26 @@ pub fn step_chunks(half: Half, position: usize, ranks: usize, step: usize) -> (u
     let (w, p) = (ranks, position);
     match half {
         Half::ReduceScatter => ((p + w - step) % w, (p + 2 * w - step - 1) % w),
-        Half::AllGather => ((p + 1 + w - step) % w, (p + w - step) % w),
+        Half::AllGather => ((summed_chunk(p, w) + w - step) % w, (p + w - step) % w),
     }
+}
+
+/// The chunk the rank at `position` on a ring of `ranks` holds summed after [`reduce_scatter`],
+/// and sends first in [`allgather_chunks`]: in a sharded plan, the shard of each unit it owns.
+pub fn summed_chunk(position: usize, ranks: usize) -> usize {
+    (position + 1) % ranks
+}
+
+/// Zeroes every chunk of `payload` (elements of `element` bytes) but the one this rank holds
+/// summed after [`reduce_scatter`]: what a reduce-scatter that ends a synchronization delivers
+/// (a sharded plan's), the rank's shard of the sum; the other chunks hold the partial sums it
+/// passed on, which are no result.
+pub fn keep_summed_chunk(ring: &Ring, payload: &mut [u8], element: usize) {
+    let elements = payload.len() / element;
+    let (w, r) = (ring.ranks(), ring.position());
+    let kept = chunk_bytes(summed_chunk(r, w), w, elements, element);
+    payload[..kept.start].fill(0);
+    payload[kept.end..].fill(0);
 }
 
 /// After it, the rank at position r holds the full sum over the ring of chunk (r + 1) mod p;
@@ -319,6 +337,26 @@ mod tests {
         });
         for result in results {
             assert_eq!(result, expected_sum(3, 7));
+        }
+    }
+
+    #[test]
+    fn a_reduce_scatter_that_ends_leaves_each_rank_its_summed_chunk_only() {
+        let (world, numel) = (3, 8);
+        let (results, _) = on_mesh(world, numel, |link, payload, codec, abort| {
+            let ring = Ring::world(link.rank(), world);
+            reduce_scatter(link, &ring, payload, 4, codec, abort)?;
+            keep_summed_chunk(&ring, payload, 4);
+            Ok(())
+        });
+        let sum = expected_sum(world, numel);
+        for (r, result) in results.iter().enumerate() {
+            let kept = chunk(summed_chunk(r, world), world, numel);
+            assert!(!kept.is_empty());
+            for (i, (&x, &s)) in result.iter().zip(&sum).enumerate() {
+                let expected = if kept.contains(&i) { s } else { 0.0 };
+                assert_eq!(x, expected, "rank {r}, element {i}");
+            }
         }
     }
 

@@ -106,21 +106,43 @@ impl Readiness {
     /// Marks `task` done on this rank: compression tasks it unblocks join the queue, and
     /// collectives it unblocks are announced to the launch board.
     pub(super) fn complete(&self, job: &Job, board: &dyn Board, task: u32) {
+        self.release(job, board, |sched, ready| {
+            for &next in job.program.successors(task) {
+                sched.pending[next as usize] -= 1;
+                if sched.pending[next as usize] == 0 {
+                    ready.push(next);
+                }
+            }
+        });
+    }
+
+    /// Releases the tasks that wait for nothing, as [`Readiness::complete`] releases those a
+    /// task unblocks: no completion will (a sharded plan's first gathers).
+    pub(super) fn start(&self, job: &Job, board: &dyn Board) {
+        self.release(job, board, |sched, ready| {
+            ready.extend(
+                (0..sched.pending.len() as u32).filter(|&t| sched.pending[t as usize] == 0),
+            );
+        });
+    }
+
+    /// Releases the tasks `find` says became ready: compression tasks join the queue,
+    /// collectives are announced to the launch board, and the waiting threads are woken.
+    fn release(&self, job: &Job, board: &dyn Board, find: impl FnOnce(&mut Sched, &mut Vec<u32>)) {
         let mut arrivals = Vec::new();
         let (mut compute, mut codec) = (false, false);
         {
             let mut sched = self.sched.lock().expect("the scheduler lock");
-            for &next in job.program.successors(task) {
-                sched.pending[next as usize] -= 1;
-                if sched.pending[next as usize] == 0 {
-                    match job.step(next).stream {
-                        Stream::Comm => arrivals.push(next),
-                        Stream::Codec | Stream::Cpu => {
-                            sched.codec_queue.push_back(next);
-                            codec = true;
-                        }
-                        Stream::Compute => compute = true,
+            let mut ready = Vec::new();
+            find(&mut sched, &mut ready);
+            for next in ready {
+                match job.step(next).stream {
+                    Stream::Comm => arrivals.push(next),
+                    Stream::Codec | Stream::Cpu => {
+                        sched.codec_queue.push_back(next);
+                        codec = true;
                     }
+                    Stream::Compute => compute = true,
                 }
             }
         }

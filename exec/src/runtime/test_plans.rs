@@ -1,9 +1,14 @@
-//! Plans the runtime's unit tests lower: groups of ResNet-50's tensors on one node.
+//! Plans the runtime's unit tests lower: groups of ResNet-50's tensors, or a small sharded model.
 
 use syncopate_sim::compress::Memory;
 use syncopate_sim::inputs::model::ModelProfile;
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides};
 use syncopate_sim::plan::{CompressOn, Group, Launch, Plan, Policy, Scheme};
-use syncopate_sim::schedule::{lower, Schedule, World};
+use syncopate_sim::predict::scenario::Scenario;
+use syncopate_sim::predict::simulate::schedule;
+use syncopate_sim::schedule::{lower, Schedule, StepKind, World};
+use syncopate_sim::sharding::ParamDtype;
+use syncopate_sim::strategy::{Strategy, StrategyOptions};
 
 /// ResNet-50's `tensors` in one group compressed by `spec` with `memory`, aggregated by
 /// `scheme`, in `partitions` pieces.
@@ -46,4 +51,69 @@ pub(crate) fn lowered(groups: Vec<Group>, ranks: u32) -> Schedule {
 /// The model every plan here groups.
 pub(crate) fn resnet50() -> ModelProfile {
     ModelProfile::load("resnet50").unwrap()
+}
+
+/// A `strategy` plan compressed by `spec` (a sharded strategy's, its parameters gathered in
+/// `param_dtype`) of a small model on `ranks` ranks of one node. The model has two blocks and a
+/// root (FSDP's three units, ZeRO's one bucket), none of whose sizes three ranks divide, so the
+/// last shard of each unit is padded and the ring's chunks are uneven.
+pub(crate) fn small_sharded(
+    strategy: &str,
+    spec: &str,
+    param_dtype: ParamDtype,
+    ranks: u32,
+) -> Schedule {
+    let mut model = resnet50();
+    let template = model.tensors[0].clone();
+    let tensors: [(&str, &[u64]); 6] = [
+        ("head.weight", &[10, 7]),
+        ("h.1.bias", &[13]),
+        ("h.1.weight", &[13, 6]),
+        ("h.0.bias", &[11]),
+        ("h.0.weight", &[11, 7]),
+        ("wte.weight", &[17, 5]),
+    ];
+    model.arithmetic = None;
+    model.tensors = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, (name, shape))| {
+            let mut t = template.clone();
+            t.name = name.to_string();
+            t.shape = shape.to_vec();
+            t.numel = shape.iter().product();
+            t.registration_index = tensors.len() - 1 - i;
+            t
+        })
+        .collect();
+    let one_node = ClusterOverrides {
+        nodes: Some(1),
+        gpus_per_node: Some(ranks),
+        ..ClusterOverrides::default()
+    };
+    let scenario = Scenario::new(model, Cluster::load("v100-10gbe", one_node).unwrap()).unwrap();
+    let mut options = StrategyOptions {
+        compressor: spec.parse().unwrap(),
+        ..StrategyOptions::default()
+    };
+    options.sharding.param_dtype = param_dtype;
+    let plan = strategy
+        .parse::<Strategy>()
+        .unwrap()
+        .plan(&scenario, &options)
+        .unwrap();
+    schedule(&scenario, &plan).unwrap()
+}
+
+/// The first gather step of `schedule` and its unit's group.
+pub(crate) fn first_gather(schedule: &Schedule) -> (u32, usize) {
+    schedule
+        .steps
+        .iter()
+        .enumerate()
+        .find_map(|(i, s)| match s.kind {
+            StepKind::Gather { group, .. } => Some((i as u32, group as usize)),
+            _ => None,
+        })
+        .expect("a sharded schedule gathers")
 }

@@ -24,12 +24,16 @@ use crate::error::{ExecError, Result};
 use cudarc::nccl::Id;
 use std::sync::Arc;
 
+/// This backend as the refusal of a sharded plan names it.
+const RUNTIME: &str = "the cuda backend";
+
 /// Runs the job on the visible GPUs: every one of them from this process, or this process's
 /// one GPU when a launcher (torchrun, Open MPI, Slurm) set rank and world size. Then the
 /// rendezvous connections stay open as the control plane for the whole run, so a rank that
 /// dies or fails stops every other rank with an error naming it, and under `--check` every rank
 /// sends rank 0 its inputs and results over it at the end, for rank 0 to check them all.
 pub fn execute(job: &Job) -> Result<Measured> {
+    super::refuse_sharded(job.schedule, RUNTIME)?;
     let options = job.options;
     let gpus = probe::probe()?;
     let streams = job.schedule.policy.comm_streams as usize;

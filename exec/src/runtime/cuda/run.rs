@@ -597,6 +597,12 @@ impl<'a> Backend for Run<'a> {
         )
     }
 
+    /// `cuda::execute` refuses a sharded plan before it runs, so no gather reaches here; a
+    /// gather is refused the same way.
+    fn gather(&self, _: &GpuRank, _: &Lane<Links<'a>>, _: u32) -> Result<()> {
+        crate::runtime::refuse_sharded(self.job.schedule, super::RUNTIME)
+    }
+
     fn compensate(
         &self,
         state: &GpuRank,
