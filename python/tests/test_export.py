@@ -213,10 +213,18 @@ def test_deepspeed_settings_use_only_its_keys_and_values(profile_path, tmp_path,
     leaves = dict(flatten_keys(module.DS_CONFIG))
     assert leaves["zero_optimization.stage"] == 0
     assert leaves["communication_data_type"] == {"none": "fp32"}.get(compressor, compressor)
+    assert_known(leaves, known)
+
+
+def assert_known(leaves, known):
+    """Every key is one DeepSpeed defines, of its type, within its allowed values or bounds."""
     for path, value in leaves.items():
         option = known[path]
         assert type(value).__name__ == {"string": "str"}.get(option["type"], option["type"]), path
-        assert value in option["allowed"], (path, value)
+        if "allowed" in option:
+            assert value in option["allowed"], (path, value)
+        elif "min" in option:
+            assert value >= option["min"], (path, value)
 
 
 def train_with_deepspeed(rank, world, settings_path, steps):
@@ -230,15 +238,17 @@ def train_with_deepspeed(rank, world, settings_path, steps):
     torch.manual_seed(0)
     model = models.tiny()
     x, _ = models.batch(rank, 0)
+    # ZeRO names only its fused Adam variants as tested; plain SGD runs once allowed.
     config = {"train_micro_batch_size_per_gpu": len(x), "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
-              **load_settings(settings_path).DS_CONFIG}
+              "zero_allow_untested_optimizer": True, **load_settings(settings_path).DS_CONFIG}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     for step in range(steps):
         x, y = models.batch(rank, step)
         loss = torch.nn.functional.cross_entropy(engine(x), y)
         engine.backward(loss)
         engine.step()
-    return str(engine.communication_data_type), loss.item(), [p.detach().flatten().tolist() for p in model.parameters()]
+    params = [p.detach().flatten().tolist() for p in model.parameters()]
+    return str(engine.communication_data_type), engine.zero_optimization_stage(), loss.item(), params
 
 
 def test_deepspeed_trains_with_the_exported_config(profile_path, tmp_path, monkeypatch):
@@ -250,7 +260,7 @@ def test_deepspeed_trains_with_the_exported_config(profile_path, tmp_path, monke
         conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
                      "--strategy", "deepspeed", "--compressor", compressor, "--save-plan", plan)
         conftest.cli("export", "--plan", plan, "--to", "deepspeed", "--out", settings)
-        (dtype, loss, params), (other_dtype, _, other_params) = ranks.values(
+        (dtype, _, loss, params), (other_dtype, _, _, other_params) = ranks.values(
             ranks.run(train_with_deepspeed, str(settings), 3, timeout=600))
         assert dtype == other_dtype == {"none": "torch.float32", "fp16": "torch.float16"}[compressor]
         assert loss == loss and params == other_params
@@ -328,3 +338,26 @@ def test_fsdp_export_shards_the_planned_units_and_trains_under_fsdp2(profile_pat
     assert loss == loss and other_loss == other_loss and params == other_params
     simulated = json.loads(conftest.cli("simulate", "--plan", fsdp_plan, "--format", "json").stdout)
     assert simulated["iteration_time_ms"] == report["iteration_ms"]
+
+
+@pytest.mark.parametrize("strategy,stage", [("zero1", 1), ("zero2", 2)])
+def test_zero_plans_export_as_a_deepspeed_stage_that_trains(profile_path, tmp_path, monkeypatch, strategy, stage):
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
+    options = json.loads((conftest.REPO / "profiles/native/deepspeed.json").read_text())["options"]
+    known = {o["path"]: o for o in options if o["kind"] == "config-key"}
+    plan, settings, ds_plan = tmp_path / "plan.json", tmp_path / "ds.py", tmp_path / "ds-plan.json"
+    # Buckets of 600 elements: the tiny model's 2,030 parameters in several.
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                 "--strategy", strategy, "--reduce-bucket-size", 600, "--save-plan", plan)
+    report = json.loads(conftest.cli("export", "--plan", plan, "--to", "deepspeed", "--out", settings, "--save-plan",
+                                     ds_plan, "--format", "json").stdout)
+    assert report["not_expressed"] == []
+    leaves = dict(flatten_keys(load_settings(settings).DS_CONFIG))
+    # The roundest bucket size that forms the plan's buckets.
+    assert leaves["zero_optimization.stage"] == stage and leaves["zero_optimization.reduce_bucket_size"] % 100 == 0
+    assert_known(leaves, known)
+    assert predicted_buckets(ds_plan, profile_path) == predicted_buckets(plan, profile_path)
+    (dtype, ran_stage, loss, params), (_, _, _, other_params) = ranks.values(
+        ranks.run(train_with_deepspeed, str(settings), 3, timeout=600))
+    assert ran_stage == stage and dtype == "torch.float32"
+    assert loss == loss and params == other_params

@@ -107,7 +107,8 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 
 impl Sharding {
     /// Checks the sharding against the plan's groups: every group reduce-scattered (and only
-    /// in a sharded plan), the prefetch bounded, the resident units real. `label` names the plan.
+    /// in a sharded plan) or allreduced, the prefetch bounded, the resident units real. `label`
+    /// names the plan.
     pub fn check(sharding: Option<&Sharding>, label: &str, groups: &[Group]) -> Result<()> {
         let scattered = |g: &Group| g.scheme == Scheme::ReduceScatter;
         let Some(sharding) = sharding else {
@@ -120,12 +121,20 @@ impl Sharding {
                 None => Ok(()),
             };
         };
-        if let Some(g) = groups.iter().position(|g| !scattered(g)) {
+        // A unit is reduce-scattered (FSDP), or allreduced whole with each rank keeping its
+        // shard (DeepSpeed's ZeRO-1 and 2, `allreduce_and_scatter`).
+        let reduces = |g: &Group| {
+            matches!(
+                g.scheme,
+                Scheme::ReduceScatter | Scheme::Auto | Scheme::Allreduce
+            )
+        };
+        if let Some(g) = groups.iter().position(|g| !reduces(g)) {
             return Err(SimError::invalid(
                 label,
                 format!("groups[{g}].scheme"),
                 format!(
-                    "a sharded plan reduce-scatters every group's gradients (`reduce-scatter`), not `{}`",
+                    "a sharded plan reduce-scatters or allreduces each unit's gradients (`reduce-scatter`, `auto`, `allreduce`), not `{}`",
                     groups[g].scheme.name()
                 ),
             ));
@@ -268,8 +277,11 @@ mod tests {
             param_dtype: ParamDtype::Bf16,
         });
         plan.validate("p", &model).unwrap();
+        // A unit may be allreduced whole (DeepSpeed's ZeRO-1 and 2), not sent to servers.
         let mut mixed = plan.clone();
         mixed.groups[5].scheme = Scheme::Allreduce;
+        mixed.validate("p", &model).unwrap();
+        mixed.groups[5].scheme = Scheme::Ps;
         refused(&mixed, "groups[5].scheme");
         let mut far = plan.clone();
         far.sharding.as_mut().unwrap().prefetch = MAX_PREFETCH + 1;

@@ -40,7 +40,7 @@ pub enum Target {
     Ddp,
     /// Horovod: fusion threshold, cycle time, fp16 compression, explicit groups.
     Horovod,
-    /// DeepSpeed without ZeRO (stage 0): the data type its allreduce sends.
+    /// DeepSpeed: the ZeRO stage (0 to 2), its bucket size, the data type its reductions send.
     DeepSpeed,
     /// BytePS's PyTorch plugin: partition size, fp16 compression.
     BytePs,
@@ -133,7 +133,7 @@ impl Settings {
         match self {
             Settings::Ddp(s) => s.framework(),
             Settings::Horovod(_) => "horovod",
-            Settings::DeepSpeed(_) => "deepspeed",
+            Settings::DeepSpeed(s) => s.framework(),
             Settings::BytePs(_) => "byteps",
             Settings::Fsdp(_) => "pytorch-fsdp",
         }
@@ -188,7 +188,7 @@ impl Settings {
         match self {
             Settings::Ddp(s) => s.has_default_fusion(),
             Settings::Horovod(s) => s.has_default_fusion(),
-            Settings::DeepSpeed(_) => true,
+            Settings::DeepSpeed(s) => s.has_default_fusion(),
             Settings::BytePs(s) => s.has_default_fusion(),
             Settings::Fsdp(s) => s.has_default_fusion(),
         }
@@ -441,9 +441,15 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
             ));
         }
     }
-    if let (Some(sharding), false) = (&plan.sharding, target == Target::Fsdp) {
+    // FSDP shards everything, DeepSpeed's stages 1 and 2 what ZeRO-1 and 2 do.
+    let sharded_by_target = |sharding: &crate::sharding::Sharding| match target {
+        Target::Fsdp => true,
+        Target::DeepSpeed => !sharding.stage.shards_parameters(),
+        _ => false,
+    };
+    if let Some(sharding) = plan.sharding.as_ref().filter(|s| !sharded_by_target(s)) {
         notes.push(format!(
-            "sharding {}: {name} keeps whole parameters, gradients and optimizer states on every rank; export to fsdp for sharded plans",
+            "sharding {}: {name} keeps what the plan shards whole on every rank; export to fsdp (ZeRO-3) or deepspeed (ZeRO-1 and 2)",
             sharding.stage.name()
         ));
     }

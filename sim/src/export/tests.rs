@@ -184,9 +184,9 @@ fn deepspeed_exports_its_communication_type_and_names_the_buckets_it_cannot_chan
         near.settings.compression(),
         (Compressor::None, Memory::None)
     );
-    // The grid: fp32, and the casts asked for.
+    // The grid: fp32, and the casts asked for, at each stage and bucket size.
     let grid = candidates(Target::DeepSpeed, &[(Compressor::Fp16, Memory::None)]);
-    assert_eq!(grid.len(), 2);
+    assert_eq!(grid.len(), (1 + 2 * 7) * 2);
 }
 
 #[test]
@@ -405,4 +405,45 @@ fn tuned_fsdp_settings_fit_and_beat_the_default_wrapping() {
     )
     .unwrap();
     assert_eq!(again.best, tuned.best);
+}
+
+#[test]
+fn zero_plans_export_as_deepspeed_stages_with_the_bucket_size_that_rebuilds_them() {
+    let base = scenario("gpt2-xl");
+    for (strategy, stage) in [(Strategy::Zero1, 1), (Strategy::Zero2, 2)] {
+        let mut options = StrategyOptions::default();
+        options.sharding.bucket_elements = 50_000_000;
+        let plan = strategy.plan(&base, &options).unwrap();
+        let near = nearest(Target::DeepSpeed, &plan, &base.model);
+        assert!(near.unexpressed.is_empty(), "{:?}", near.unexpressed);
+        let Settings::DeepSpeed(settings) = &near.settings else {
+            panic!()
+        };
+        assert_eq!(
+            (settings.stage, settings.bucket_elements),
+            (stage, 50_000_000)
+        );
+        assert_eq!(
+            exported_groups(Target::DeepSpeed, &plan, &base),
+            groups(&plan)
+        );
+        let text = near.settings.render(&base.model, &[]);
+        assert!(text.contains("\"reduce_bucket_size\": 50000000"), "{text}");
+        // Stage 2 is priced with its reductions overlapping backward: the export says so.
+        assert_eq!(
+            text.contains("\"overlap_comm\": True"),
+            stage == 2,
+            "{text}"
+        );
+        assert_eq!(near.settings.framework(), "deepspeed-zero");
+    }
+    // FSDP's parameter sharding is DeepSpeed's stage 3, which is named, not exported.
+    let fsdp = Strategy::Fsdp
+        .plan(&base, &StrategyOptions::default())
+        .unwrap();
+    let notes = nearest(Target::DeepSpeed, &fsdp, &base.model).unexpressed;
+    assert!(notes.iter().any(|n| n.contains("stage 3")), "{notes:?}");
+    // The grid: stage 0, and both stages at seven bucket sizes, in fp32 and bf16.
+    let grid = candidates(Target::DeepSpeed, &[(Compressor::Bf16, Memory::None)]);
+    assert_eq!(grid.len(), (1 + 2 * 7) * 2);
 }

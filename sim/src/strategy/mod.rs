@@ -16,7 +16,7 @@ pub use fixed_groups::{groups as fixed_groups, GroupingRule};
 pub use horovod::{
     HorovodFusion, CYCLE_US as HOROVOD_CYCLE_US, FUSION_BYTES as HOROVOD_FUSION_BYTES,
 };
-pub use sharded::{fsdp_units_plan, merged_blocks, ShardOptions};
+pub use sharded::{fsdp_units_plan, merged_blocks, zero_buckets, ShardOptions};
 
 use crate::base::error::{Result, SimError};
 use crate::compress::{Compressor, Memory};
@@ -212,15 +212,15 @@ const CATALOG: &[StrategyEntry] = &[
     },
     StrategyEntry {
         form: "zero1",
-        description: "DeepSpeed ZeRO-1: optimizer states sharded; buckets of 5e8 elements reduce-scattered (--compressor: their precision) after backward, the shard updated, parameters all-gathered (--param-dtype) before the next forward",
+        description: "DeepSpeed ZeRO-1: optimizer states sharded; buckets of --reduce-bucket-size (5e8) elements allreduced (--compressor: their precision) after backward, each rank keeping its partition, the shard updated, parameters all-gathered (--param-dtype) before the next forward",
     },
     StrategyEntry {
         form: "zero2",
-        description: "DeepSpeed ZeRO-2: as zero1 with gradients sharded too, each bucket reduce-scattered during backward",
+        description: "DeepSpeed ZeRO-2: as zero1 with gradients sharded too, each bucket allreduced during backward (overlap_comm)",
     },
     StrategyEntry {
         form: "fsdp",
-        description: "PyTorch FSDP (ZeRO-3): a unit per repeated block plus the root; each unit's parameters all-gathered (--param-dtype) before its forward and, unless --reshard-after-forward false, its backward, --prefetch (1) units ahead; gradients reduce-scattered per unit; the shard updated",
+        description: "PyTorch FSDP (ZeRO-3): a unit per --blocks-per-unit (1) repeated blocks plus the root; each unit's parameters all-gathered (--param-dtype) before its forward and, unless --reshard-after-forward false, its backward, --prefetch (1) units ahead; gradients reduce-scattered per unit; the shard updated",
     },
 ];
 
@@ -313,6 +313,7 @@ impl Strategy {
             Strategy::DeepSpeed => Some("deepspeed"),
             Strategy::Horovod => Some("horovod"),
             Strategy::BytePs => Some("byteps"),
+            Strategy::Zero1 | Strategy::Zero2 => Some("deepspeed-zero"),
             Strategy::Fsdp => Some("pytorch-fsdp"),
             _ => None,
         }

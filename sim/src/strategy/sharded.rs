@@ -1,16 +1,17 @@
 //! Sharded data parallelism: DeepSpeed's ZeRO stages 1 and 2, and PyTorch FSDP (ZeRO-3).
 //!
-//! ZeRO-1 and 2 (deepspeed/runtime/zero/stage_1_and_2.py) fill buckets of `reduce_bucket_size`
-//! elements (5e8 by default, `DeepSpeedZeroConfig` in deepspeed/runtime/zero/config.py) as
-//! gradients arrive and reduce-scatter each (`reduce_scatter: true`); stage 2 does it from the
-//! gradient hooks during backward (modeled with `overlap_comm: true`, off its own stream),
-//! stage 1 once backward is done. Each rank then updates its partition and all-gathers the
+//! ZeRO-1 and 2 (deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeed 0.19.8) fill buckets of
+//! `reduce_bucket_size` elements (5e8 by default, `DeepSpeedZeroConfig` in
+//! deepspeed/runtime/zero/config.py) as gradients arrive and allreduce each whole, every rank
+//! keeping its partition (`average_tensor` → `allreduce_and_scatter` with
+//! `use_multi_rank_bucket_allreduce`, its default: an allreduce, not a reduce-scatter); stage 2
+//! does it from the gradient hooks during backward (modeled with `overlap_comm: true`, off its
+//! own stream), stage 1 once backward is done. Each rank then updates its partition and all-gathers the
 //! updated parameters before the next forward. FSDP wraps each repeated block as a unit and
 //! the rest of the model as the root (the usual `fully_shard` per transformer block, then on
 //! the model), prefetches one unit ahead, and by default frees each unit's parameters after
 //! its forward, the root's excepted.
 
-use super::ddp::fill_buckets;
 use super::{plan_order, uniform_groups, StrategyOptions};
 use crate::inputs::model::ModelProfile;
 use crate::plan::{Plan, Scheme};
@@ -48,7 +49,7 @@ impl Default for ShardOptions {
     }
 }
 
-/// A ZeRO stage 1 or 2 plan: DeepSpeed's buckets, each reduce-scattered with the options'
+/// A ZeRO stage 1 or 2 plan: DeepSpeed's buckets, each allreduced with the options'
 /// compressor, the parameters gathered after the step.
 pub(super) fn zero_plan(
     name: &str,
@@ -56,12 +57,7 @@ pub(super) fn zero_plan(
     options: &StrategyOptions,
     stage: Stage,
 ) -> Plan {
-    let model = &scenario.model;
-    let buckets = fill_buckets(
-        0..model.num_tensors(),
-        |t| model.tensors[t].numel,
-        |_, elements| elements >= options.sharding.bucket_elements,
-    );
+    let buckets = zero_buckets(&scenario.model, stage, options.sharding.bucket_elements);
     let sharding = Sharding {
         stage,
         prefetch: options.sharding.prefetch,
@@ -69,7 +65,35 @@ pub(super) fn zero_plan(
         resident: Vec::new(),
         param_dtype: options.sharding.param_dtype,
     };
-    sharded(name, scenario, options, buckets, sharding)
+    sharded(name, scenario, options, buckets, Scheme::Auto, sharding)
+}
+
+/// DeepSpeed's ZeRO buckets in the order it reduces them. Each gradient goes into the bucket
+/// unless it would take it over `limit` elements, which flushes the bucket first
+/// (`reduce_independent_p_g_buckets_and_remove_grads`); a gradient over the limit is reduced
+/// alone. Stage 2 fills them from the gradient hooks, in backward order; stage 1 (without
+/// `overlap_comm`, its default) once backward is done, in registration order
+/// (`reduce_gradients`), the reverse of the profile's backward order.
+pub fn zero_buckets(model: &ModelProfile, stage: Stage, limit: u64) -> Vec<Vec<usize>> {
+    let backward = 0..model.num_tensors();
+    let order: Vec<usize> = match stage {
+        Stage::Zero1 => backward.rev().collect(),
+        _ => backward.collect(),
+    };
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut elements = 0u64;
+    for t in order {
+        let numel = model.tensors[t].numel;
+        if !current.is_empty() && elements.saturating_add(numel) > limit {
+            buckets.push(std::mem::take(&mut current));
+            elements = 0;
+        }
+        current.push(t);
+        elements = elements.saturating_add(numel);
+    }
+    buckets.extend((!current.is_empty()).then_some(current));
+    buckets
 }
 
 /// An FSDP plan: a unit per `blocks_per_unit` consecutive blocks and the root, reduce-scattered
@@ -94,7 +118,14 @@ pub fn fsdp_units_plan(
         resident: root.into_iter().collect(),
         param_dtype: options.sharding.param_dtype,
     };
-    sharded(name, scenario, options, units, sharding)
+    sharded(
+        name,
+        scenario,
+        options,
+        units,
+        Scheme::ReduceScatter,
+        sharding,
+    )
 }
 
 /// The model's blocks (`block_units`) merged `per_unit` at a time in forward order, as
@@ -130,10 +161,44 @@ fn sharded(
     scenario: &Scenario,
     options: &StrategyOptions,
     units: Vec<Vec<usize>>,
+    scheme: Scheme,
     sharding: Sharding,
 ) -> Plan {
-    let groups = uniform_groups(units, options, Scheme::ReduceScatter);
+    let groups = uniform_groups(units, options, scheme);
     let mut plan = scenario.plan(name, groups, plan_order(0.0));
     plan.sharding = Some(sharding);
     plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_buckets_flush_before_a_gradient_would_overflow_them() {
+        let model = ModelProfile::load("gpt2-xl").unwrap();
+        let limit = 50_000_000;
+        let elements = |b: &[usize]| b.iter().map(|&t| model.tensors[t].numel).sum::<u64>();
+        for stage in [Stage::Zero1, Stage::Zero2] {
+            let buckets = zero_buckets(&model, stage, limit);
+            let flat: Vec<usize> = buckets.iter().flatten().copied().collect();
+            let backward: Vec<usize> = (0..model.num_tensors()).collect();
+            match stage {
+                // Stage 1 after backward in registration order, stage 2 as gradients arrive.
+                Stage::Zero1 => assert_eq!(flat, backward.into_iter().rev().collect::<Vec<_>>()),
+                _ => assert_eq!(flat, backward),
+            }
+            for (bucket, next) in buckets.iter().zip(&buckets[1..]) {
+                // Within the limit unless one gradient alone exceeds it, and flushed only
+                // because the next gradient would have taken it over.
+                assert!(elements(bucket) <= limit || bucket.len() == 1);
+                assert!(elements(bucket) + model.tensors[next[0]].numel > limit);
+            }
+        }
+        // The default limit holds GPT-2 XL's 1.56 billion elements in four buckets.
+        assert_eq!(
+            zero_buckets(&model, Stage::Zero2, ZERO_BUCKET_ELEMENTS).len(),
+            4
+        );
+    }
 }

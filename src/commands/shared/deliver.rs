@@ -200,7 +200,7 @@ fn title(target: Target) -> &'static str {
     match target {
         Target::Ddp => "PyTorch DistributedDataParallel",
         Target::Horovod => "Horovod (PyTorch)",
-        Target::DeepSpeed => "DeepSpeed (stage 0)",
+        Target::DeepSpeed => "DeepSpeed",
         Target::BytePs => "BytePS (PyTorch)",
         Target::Fsdp => "PyTorch FSDP2 (fully_shard)",
     }
