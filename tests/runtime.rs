@@ -119,8 +119,8 @@ fn exec_host(model: &Path, plan: &Path, extra: &[&str]) -> std::process::Output 
     syncopate(&args)
 }
 
-/// The run succeeded and checked each of `groups` groups at least three times, all exact.
-fn assert_checked_groups(out: &std::process::Output, what: &str, groups: usize) {
+/// The checks of a run that succeeded, one per group.
+fn checks_of(out: &std::process::Output, what: &str) -> Vec<serde_json::Value> {
     assert!(
         out.status.success(),
         "{what}: {}{}",
@@ -128,7 +128,12 @@ fn assert_checked_groups(out: &std::process::Output, what: &str, groups: usize) 
         stderr(out)
     );
     let summary: serde_json::Value = serde_json::from_str(&stdout(out)).unwrap();
-    let checks = summary["checks"].as_array().unwrap();
+    summary["checks"].as_array().unwrap().clone()
+}
+
+/// The run succeeded and checked each of `groups` groups at least three times, all exact.
+fn assert_checked_groups(out: &std::process::Output, what: &str, groups: usize) {
+    let checks = checks_of(out, what);
     assert_eq!(checks.len(), groups, "{what}");
     assert!(
         checks
@@ -641,14 +646,7 @@ fn iteration_spans(trace: &serde_json::Value) -> std::collections::BTreeMap<u64,
 /// (or its shard) matched the reference, and each of the group's gathers gave every rank every
 /// shard.
 fn assert_sharded_checked(out: &std::process::Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what}: {}{}",
-        stdout(out),
-        stderr(out)
-    );
-    let summary: serde_json::Value = serde_json::from_str(&stdout(out)).unwrap();
-    let checks = summary["checks"].as_array().unwrap();
+    let checks = checks_of(out, what);
     assert!(!checks.is_empty(), "{what}");
     assert!(
         checks.iter().all(|c| c["ok"] == true

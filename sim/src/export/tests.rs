@@ -382,28 +382,23 @@ fn fsdp_names_what_it_cannot_run_and_other_frameworks_name_sharding() {
 fn tuned_fsdp_settings_fit_and_beat_the_default_wrapping() {
     let base = scenario("gpt2-xl");
     let bf16 = [(Compressor::Bf16, Memory::None)];
-    let tuned = tune_settings(
-        &base,
-        Target::Fsdp,
-        crate::search::SearchSpace::All,
-        &bf16,
-        &|_| {},
-    )
-    .unwrap();
+    let search = || {
+        tune_settings(
+            &base,
+            Target::Fsdp,
+            crate::search::SearchSpace::All,
+            &bf16,
+            &|_| {},
+        )
+    };
+    let tuned = search().unwrap();
     assert!(tuned.default.is_default());
     assert!(tuned.best_time <= tuned.default_time);
     let scenario = tuned.best.scenario(&base).unwrap();
     let plan = tuned.best.plan(&scenario).unwrap();
     crate::predict::memory::check_plan_fits(&scenario, &plan, "test").unwrap();
     // Deterministic: the same search finds the same settings.
-    let again = tune_settings(
-        &base,
-        Target::Fsdp,
-        crate::search::SearchSpace::All,
-        &bf16,
-        &|_| {},
-    )
-    .unwrap();
+    let again = search().unwrap();
     assert_eq!(again.best, tuned.best);
 }
 
