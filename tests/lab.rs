@@ -428,14 +428,14 @@ fn mpi_exec_runs_hierarchical_and_compressed_rings_across_nodes() {
     crate::runtime::rings_across_nodes("mpi", 2, |args| mpirun("4", args));
 }
 
-/// ZeRO and FSDP plans over MPI between processes, checked as on the host.
+/// ZeRO, FSDP and HSDP plans over MPI between processes, checked as on the host.
 #[test]
 fn mpi_exec_checks_sharded_plans() {
     if let Some(reason) = mpi_unavailable() {
         println!("skipped: {reason}");
         return;
     }
-    crate::runtime::sharded_plans_checked("mpi", |args| mpirun("3", args));
+    crate::runtime::sharded_plans_checked("mpi", |args, ranks| mpirun(ranks, args));
 }
 
 /// This binary with `args` as `ranks` MPI processes on this machine, over TCP.

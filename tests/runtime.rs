@@ -678,37 +678,44 @@ fn blocks_model(dir: &Path) -> PathBuf {
     path
 }
 
-/// ZeRO-1, ZeRO-2 and FSDP on one node of three ranks with `exec --check`, on the host backend.
+/// ZeRO-1, ZeRO-2 and FSDP on one node of three ranks and HSDP on two nodes of two with
+/// `exec --check`, on the host backend.
 #[test]
 fn host_exec_checks_sharded_plans() {
-    sharded_plans_checked("host", syncopate);
+    sharded_plans_checked("host", |args, _| syncopate(args));
 }
 
 /// [`host_exec_checks_sharded_plans`] on `backend`, each `exec` run by `run`: ZeRO-1 and 2
 /// reduce their buckets in bf16 and gather after the step, FSDP reduce-scatters uncompressed
-/// and gathers each unit in fp32 or bf16 before its forward and again before its backward.
-/// Every rank's reduced gradient (FSDP's shard of it) matches the reference and every gather
-/// gives every rank every shard; the measured trace has the predicted one's steps.
-pub(crate) fn sharded_plans_checked(backend: &str, run: impl Fn(&[&str]) -> std::process::Output) {
+/// and gathers each unit in fp32 or bf16 before its forward and again before its backward;
+/// HSDP does it inside each node and reduces each shard across nodes. Every rank's reduced
+/// gradient (FSDP's shard of it) matches the reference and every gather gives every rank every
+/// shard of its split; the measured trace has the predicted one's steps. `run` gets the
+/// arguments and the ranks.
+pub(crate) fn sharded_plans_checked(
+    backend: &str,
+    run: impl Fn(&[&str], &str) -> std::process::Output,
+) {
     let dir = scratch(&format!("sharded-{backend}"));
     let model = blocks_model(&dir);
     let model = model.to_str().unwrap();
-    let world = [
-        "--cluster",
-        "dgx-a100",
-        "--nodes",
-        "1",
-        "--gpus-per-node",
-        "3",
-        "--model",
-        model,
-    ];
-    for (strategy, compressor, param_dtype) in [
-        ("zero1", "bf16", "fp32"),
-        ("zero2", "bf16", "fp32"),
-        ("fsdp", "none", "fp32"),
-        ("fsdp", "none", "bf16"),
+    for (strategy, compressor, param_dtype, (nodes, per_node, ranks)) in [
+        ("zero1", "bf16", "fp32", ("1", "3", "3")),
+        ("zero2", "bf16", "fp32", ("1", "3", "3")),
+        ("fsdp", "none", "fp32", ("1", "3", "3")),
+        ("fsdp", "none", "bf16", ("1", "3", "3")),
+        ("hsdp", "bf16", "bf16", ("2", "2", "4")),
     ] {
+        let world = [
+            "--cluster",
+            "dgx-a100",
+            "--nodes",
+            nodes,
+            "--gpus-per-node",
+            per_node,
+            "--model",
+            model,
+        ];
         let what = format!("{backend} {strategy} {compressor} {param_dtype}");
         let tag = what.replace(' ', "-");
         let plan = dir.join(format!("plan-{tag}.json"));
@@ -728,7 +735,7 @@ pub(crate) fn sharded_plans_checked(backend: &str, run: impl Fn(&[&str]) -> std:
             "--trace",
             predicted.to_str().unwrap(),
             "--trace-ranks",
-            "3",
+            ranks,
         ];
         let out = syncopate(&[&["simulate"][..], &world, &options].concat());
         assert!(out.status.success(), "{what}: {}", stderr(&out));
@@ -748,7 +755,7 @@ pub(crate) fn sharded_plans_checked(backend: &str, run: impl Fn(&[&str]) -> std:
             "--trace",
             measured.to_str().unwrap(),
         ];
-        let out = run(&[&exec[..], &world].concat());
+        let out = run(&[&exec[..], &world].concat(), ranks);
         assert_sharded_checked(&out, &what);
         let (predicted, measured) = (read_json(&predicted), read_json(&measured));
         let names = span_names(&measured);
@@ -780,13 +787,13 @@ fn every_strategy_runs_the_same_schedule_in_the_simulator_and_on_the_host() {
             "hipress" => &["onebit"],
             "dear" => &["none", "fp16"],
             // A sharded plan reduce-scatters: its compressors are summable ones.
-            "zero1" | "zero2" | "fsdp" => &["none", "bf16"],
+            "zero1" | "zero2" | "fsdp" | "hsdp" => &["none", "bf16"],
             _ => &["none", "topk:0.1"],
         };
         cases.extend(compressors.iter().map(|&c| (strategy.clone(), c)));
     }
     cases.push(("hipress:ps".into(), "onebit"));
-    assert_eq!(cases.len(), 30, "{cases:?}");
+    assert_eq!(cases.len(), 32, "{cases:?}");
     for (strategy, compressor) in &cases {
         let what = format!("{strategy} {compressor}");
         let tag = what.replace([':', ' '], "_");

@@ -270,17 +270,24 @@ def test_deepspeed_trains_with_the_exported_config(profile_path, tmp_path, monke
     assert torch.allclose(trained["none"], trained["fp16"], rtol=1e-2, atol=1e-3)
 
 
-def shard_and_train(rank, world, settings_path, steps):
-    """Shards the tiny model with the exported `shard` under FSDP2 and trains `steps` steps; the
-    units FSDP formed (parameter names, the root's last), each unit's forward prefetch count, the
-    last loss and the full parameters."""
+def shard_and_train(rank, world, settings_path, steps, per_node=None):
+    """Shards the tiny model with the exported `shard` under FSDP2 (HSDP's 2-D mesh, from the
+    export's `hybrid_mesh`, with `per_node` ranks a node) and trains `steps` steps; the units FSDP
+    formed (parameter names, the root's last), each unit's forward prefetch count, the last loss
+    and the full parameters."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
     torch.manual_seed(0)
     model = models.tiny()
     names = {id(p): name for name, p in model.named_parameters()}
-    load_settings(settings_path).shard(model, mesh=init_device_mesh("cpu", (world,)))
+    settings = load_settings(settings_path)
+    if per_node is None:
+        mesh = init_device_mesh("cpu", (world,))
+    else:
+        os.environ["LOCAL_WORLD_SIZE"] = str(per_node)
+        mesh = settings.hybrid_mesh("cpu")
+    settings.shard(model, mesh=mesh)
     units, prefetch, states = [], [], []
     for module in [m for m in model.modules() if isinstance(m, FSDPModule)]:
         # The modules of one fully_shard call share its state.
@@ -310,12 +317,16 @@ def module_name(model, module):
     return f"{name}." if name else ""
 
 
-@pytest.mark.parametrize("blocks,prefetch,dtype", [(2, 2, "bf16"), (1, 1, "fp32")])
-def test_fsdp_export_shards_the_planned_units_and_trains_under_fsdp2(profile_path, tmp_path, blocks, prefetch, dtype):
+@pytest.mark.parametrize("strategy,blocks,prefetch,dtype", [("fsdp", 2, 2, "bf16"), ("fsdp", 1, 1, "fp32"),
+                                                           ("hsdp", 1, 1, "fp32")])
+def test_fsdp_export_shards_the_planned_units_and_trains_under_fsdp2(profile_path, tmp_path, strategy, blocks, prefetch,
+                                                                     dtype):
     plan, settings, fsdp_plan = tmp_path / "plan.json", tmp_path / "fsdp_settings.py", tmp_path / "fsdp-plan.json"
-    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
-                 "--strategy", "fsdp", "--blocks-per-unit", blocks, "--prefetch", prefetch, "--param-dtype", dtype,
-                 "--save-plan", plan)
+    # HSDP on 2 nodes of 2 ranks: sharded inside each node, replicated across them.
+    nodes, per_node = (2, 2) if strategy == "hsdp" else (2, 1)
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", nodes, "--gpus-per-node",
+                 per_node, "--strategy", strategy, "--blocks-per-unit", blocks, "--prefetch", prefetch, "--param-dtype",
+                 dtype, "--save-plan", plan)
     report = json.loads(conftest.cli("export", "--plan", plan, "--to", "fsdp", "--out", settings, "--save-plan",
                                      fsdp_plan, "--format", "json").stdout)
     # Only bf16 compute, which the fp32 profile does not price, is beyond the plan.
@@ -328,8 +339,9 @@ def test_fsdp_export_shards_the_planned_units_and_trains_under_fsdp2(profile_pat
         target = {"fully_shard": fully_shard, "MixedPrecisionPolicy": MixedPrecisionPolicy}.get(name)
         if target is not None:
             assert {k.arg for k in call.keywords} <= set(inspect.signature(target).parameters), ast.unparse(call)
-    outcomes = ranks.values(ranks.run(shard_and_train, str(settings), 3))
-    (units, prefetches, loss, params), (other_units, _, other_loss, other_params) = outcomes
+    hybrid = {"per_node": per_node} if strategy == "hsdp" else {}
+    outcomes = ranks.values(ranks.run(shard_and_train, str(settings), 3, world=nodes * per_node, **hybrid))
+    (units, prefetches, loss, params), (other_units, _, other_loss, other_params) = outcomes[0], outcomes[-1]
     # FSDP2 forms the plan's units (the root, with no parameters of its own here, forms none).
     assert sorted(units) == sorted(predicted_buckets(fsdp_plan, profile_path)) == sorted(predicted_buckets(plan, profile_path))
     assert units == other_units

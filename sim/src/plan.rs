@@ -33,6 +33,10 @@ pub enum Scheme {
     /// Reduce-scatter alone: each rank keeps the sum of its shard for the optimizer to update
     /// (a sharded plan's gradients: ZeRO, FSDP).
     ReduceScatter,
+    /// Reduce-scatter inside each node, then each shard allreduced across nodes among the ranks
+    /// that hold it: each rank keeps the sum of its shard of the node's split (hybrid sharding,
+    /// FSDP's HSDP: sharded inside a node, replicated across nodes).
+    HybridReduceScatter,
 }
 
 /// Where a group's compression kernels run.
@@ -483,6 +487,7 @@ impl Scheme {
             Scheme::ReduceScatterAllgather => "reduce-scatter-allgather",
             Scheme::CompressedRing => "compressed-ring",
             Scheme::ReduceScatter => "reduce-scatter",
+            Scheme::HybridReduceScatter => "hybrid-reduce-scatter",
         }
     }
 }
@@ -495,7 +500,8 @@ impl Group {
             Scheme::Allreduce
             | Scheme::Hierarchical
             | Scheme::ReduceScatterAllgather
-            | Scheme::ReduceScatter => Aggregation::Allreduce,
+            | Scheme::ReduceScatter
+            | Scheme::HybridReduceScatter => Aggregation::Allreduce,
             Scheme::Allgather => Aggregation::Allgather,
             // Every hop decodes and re-encodes, as a server would.
             Scheme::Ps | Scheme::CompressedRing => Aggregation::ParameterServer,

@@ -99,6 +99,10 @@ pub struct Sharding {
     /// The precision parameters are gathered in.
     #[serde(default, skip_serializing_if = "is_default")]
     pub param_dtype: ParamDtype,
+    /// Shard over the ranks of each node and replicate across nodes (hybrid sharding, FSDP's
+    /// HSDP): units are gathered inside the node and reduced by `hybrid-reduce-scatter`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub within_node: bool,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -110,7 +114,12 @@ impl Sharding {
     /// in a sharded plan) or allreduced, the prefetch bounded, the resident units real. `label`
     /// names the plan.
     pub fn check(sharding: Option<&Sharding>, label: &str, groups: &[Group]) -> Result<()> {
-        let scattered = |g: &Group| g.scheme == Scheme::ReduceScatter;
+        let scattered = |g: &Group| {
+            matches!(
+                g.scheme,
+                Scheme::ReduceScatter | Scheme::HybridReduceScatter
+            )
+        };
         let Some(sharding) = sharding else {
             return match groups.iter().position(scattered) {
                 Some(g) => Err(SimError::invalid(
@@ -123,18 +132,20 @@ impl Sharding {
         };
         // A unit is reduce-scattered (FSDP), or allreduced whole with each rank keeping its
         // shard (DeepSpeed's ZeRO-1 and 2, `allreduce_and_scatter`).
-        let reduces = |g: &Group| {
-            matches!(
-                g.scheme,
-                Scheme::ReduceScatter | Scheme::Auto | Scheme::Allreduce
-            )
+        let scatter = match sharding.within_node {
+            true => Scheme::HybridReduceScatter,
+            false => Scheme::ReduceScatter,
         };
+        let reduces =
+            |g: &Group| g.scheme == scatter || matches!(g.scheme, Scheme::Auto | Scheme::Allreduce);
         if let Some(g) = groups.iter().position(|g| !reduces(g)) {
             return Err(SimError::invalid(
                 label,
                 format!("groups[{g}].scheme"),
                 format!(
-                    "a sharded plan reduce-scatters or allreduces each unit's gradients (`reduce-scatter`, `auto`, `allreduce`), not `{}`",
+                    "a plan sharded {} reduce-scatters or allreduces each unit's gradients (`{}`, `auto`, `allreduce`), not `{}`",
+                    if sharding.within_node { "inside each node (`within_node`)" } else { "over every rank" },
+                    scatter.name(),
                     groups[g].scheme.name()
                 ),
             ));
@@ -173,6 +184,14 @@ impl Sharding {
             ));
         }
         Ok(())
+    }
+
+    /// The ranks a unit is sharded over: each node's (`within_node`) or all of them.
+    pub fn shard_ranks(&self, ranks: u32, ranks_per_node: u32) -> u32 {
+        match self.within_node {
+            true => ranks_per_node,
+            false => ranks,
+        }
     }
 
     /// Whether group `g` is gathered again before its backward.
@@ -275,8 +294,17 @@ mod tests {
             reshard_after_forward: true,
             resident: vec![0],
             param_dtype: ParamDtype::Bf16,
+            within_node: false,
         });
         plan.validate("p", &model).unwrap();
+        // Hybrid sharding reduces by its own scheme, and only it does.
+        let mut hybrid = plan.clone();
+        hybrid.sharding.as_mut().unwrap().within_node = true;
+        refused(&hybrid, "groups[0].scheme");
+        hybrid.set_scheme(Scheme::HybridReduceScatter);
+        hybrid.validate("p", &model).unwrap();
+        hybrid.sharding = None;
+        refused(&hybrid, "groups[0].scheme");
         // A unit may be allreduced whole (DeepSpeed's ZeRO-1 and 2), not sent to servers.
         let mut mixed = plan.clone();
         mixed.groups[5].scheme = Scheme::Allreduce;

@@ -67,8 +67,9 @@ struct PieceCheck {
     aggregation: Aggregation,
     /// Each rank's shards, for a piece that goes round a CaSync-Ring (none otherwise).
     ring: Vec<Shards>,
-    /// Whether each rank keeps only its chunk of the sum (`pieces::ends_scattered`).
-    scattered: bool,
+    /// When each rank keeps only its chunk of the sum (`pieces::ends_scattered`), the ranks of
+    /// the ring that split it: every rank, or each node's under hybrid sharding.
+    scattered: Option<usize>,
     group: usize,
     /// The memory's factor on the result (EF-SignSGD's 1/lr), applied to the reference too.
     output_scale: f32,
@@ -111,7 +112,8 @@ impl Checker {
                             .collect(),
                         false => Vec::new(),
                     },
-                    scattered: pieces::ends_scattered(piece),
+                    scattered: pieces::ends_scattered(piece)
+                        .then(|| pieces::scatter_ranks(piece, &schedule.world)),
                     group: piece.group as usize,
                     output_scale: MemoryState::new(piece.memory, 0).output_scale(),
                 })
@@ -220,8 +222,8 @@ impl Checker {
             // casts, those elements of the gradient (random-k's chunk holds other coordinates,
             // and its loss against the sum is reported, not judged).
             let held = match piece.scattered {
-                true => ring::chunk(ring::summed_chunk(rank, self.world), self.world, sum.len()),
-                false => 0..sum.len(),
+                Some(per) => ring::chunk(ring::summed_chunk(rank % per, per), per, sum.len()),
+                None => 0..sum.len(),
             };
             let vs_sum = relative_l2(&result[held.clone()], &sum[held]);
             report.max_error_vs_reference = report.max_error_vs_reference.max(vs_reference);
@@ -285,8 +287,8 @@ fn reference(
         let result = compressed_ring::reference(&mut piece.ring, inputs)?;
         return Ok(vec![result; inputs.len()]);
     }
-    if piece.scattered {
-        return scattered(&mut piece.codecs, inputs);
+    if let Some(per) = piece.scattered {
+        return scattered(&mut piece.codecs, inputs, per);
     }
     let mut outs = vec![vec![0.0f32; n]; inputs.len()];
     match aggregation {
@@ -319,8 +321,13 @@ fn reference(
 
 /// Each rank's shard of the sum of every rank's payload, decoded: the payloads summed in the
 /// wire type, every chunk but the one the rank holds after a ring reduce-scatter zeroed
-/// (`ring::keep_summed_chunk`, as the backends keep it), then decoded by the rank's codec.
-fn scattered(codecs: &mut [Box<dyn Codec>], inputs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+/// (`ring::keep_summed_chunk`, as the backends keep it, on rings of `per` ranks), then decoded
+/// by the rank's codec.
+fn scattered(
+    codecs: &mut [Box<dyn Codec>],
+    inputs: &[Vec<f32>],
+    per: usize,
+) -> Result<Vec<Vec<f32>>> {
     let world = inputs.len();
     let mut payloads = vec![Vec::new(); world];
     for ((codec, input), payload) in codecs.iter_mut().zip(inputs).zip(&mut payloads) {
@@ -336,7 +343,7 @@ fn scattered(codecs: &mut [Box<dyn Codec>], inputs: &[Vec<f32>]) -> Result<Vec<V
         .enumerate()
         .map(|(rank, codec)| {
             let mut shard = first.clone();
-            ring::keep_summed_chunk(&Ring::world(rank, world), &mut shard, element);
+            ring::keep_summed_chunk(&Ring::node(rank, per), &mut shard, element);
             let mut out = vec![0.0f32; inputs[rank].len()];
             codec.decode_add(&shard, &mut out)?;
             Ok(out)

@@ -317,6 +317,25 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
                 }
                 Ok(())
             }
+            // Hybrid sharding: the node's reduce-scatter, then the shard across nodes; the rank
+            // keeps its shard of the world's sum.
+            Exchange::HybridReduceScatter => {
+                let per_node = self.job.schedule.world.ranks_per_node as usize;
+                let payload = &mut piece.payload;
+                ring::hybrid_reduce_scatter(
+                    link,
+                    world,
+                    per_node,
+                    payload,
+                    element,
+                    &*piece.codec,
+                    abort,
+                )?;
+                if pieces::ends_scattered(spec) {
+                    ring::keep_summed_chunk(&Ring::node(link.rank(), per_node), payload, element);
+                }
+                Ok(())
+            }
             Exchange::AllgatherShards => {
                 ring::allgather_chunks(link, &ring, &mut piece.payload, element, abort)
             }

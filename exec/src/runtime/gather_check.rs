@@ -1,4 +1,4 @@
-//! `--check` of a sharded plan's gathers: every rank holds every rank's shard, in shard order.
+//! `--check` of a sharded plan's gathers: every rank holds every shard of its split, in order.
 //!
 //! Each rank reports digests of the shard it sent and of every shard it holds after the gather
 //! ([`GatherDigests`]); once every rank reported, every rank's shard s must be the one its owner
@@ -41,6 +41,9 @@ type Reports = Vec<Option<GatherDigests>>;
 /// The gathers of a schedule and the reports of those not yet checked.
 pub(super) struct GatherChecks {
     world: usize,
+    /// The ranks a unit is split over: every rank, or each node's under hybrid sharding (the
+    /// node gathers its shards, and each node holds the same split).
+    per: usize,
     /// Per schedule step: the group and label of the gather it is, if it is one.
     steps: Vec<Option<(usize, String)>>,
     /// Per (gather step, iteration): each rank's report so far.
@@ -58,8 +61,14 @@ impl GatherChecks {
                 _ => None,
             })
             .collect();
+        let world = schedule.world.ranks() as usize;
+        let hybrid = schedule.param_shards.iter().any(|s| s.within_node);
         GatherChecks {
-            world: schedule.world.ranks() as usize,
+            world,
+            per: match hybrid {
+                true => schedule.world.ranks_per_node as usize,
+                false => world,
+            },
             steps,
             open: Mutex::new(BTreeMap::new()),
         }
@@ -68,7 +77,7 @@ impl GatherChecks {
     /// Whether rank `rank`'s report of `held` digests fits gather step `step`: reports from
     /// another process are checked before they are taken.
     pub(super) fn accepts(&self, step: u32, rank: u32, held: usize) -> bool {
-        (rank as usize) < self.world && held == self.world && self.gather(step).is_some()
+        (rank as usize) < self.world && held == self.per && self.gather(step).is_some()
     }
 
     fn gather(&self, step: u32) -> Option<&(usize, String)> {
@@ -97,13 +106,19 @@ impl GatherChecks {
         };
         let reports: Vec<GatherDigests> = reports.into_iter().flatten().collect();
         let (group, label) = self.gather(step).expect("only gather steps report gathers");
-        let w = self.world;
-        for s in 0..w {
-            let owner = (0..w)
-                .find(|&o| ring::summed_chunk(o, w) == s)
-                .expect("every shard has an owner");
-            let sent = reports[owner].sent;
-            if let Some(r) = (0..w).find(|&r| reports[r].held.get(s) != Some(&sent)) {
+        let per = self.per;
+        for (r, report) in reports.iter().enumerate() {
+            // The rank's split: its node's ranks under hybrid sharding, else every rank.
+            let first = r - r % per;
+            for s in 0..per {
+                let owner = first
+                    + (0..per)
+                        .find(|&o| ring::summed_chunk(o, per) == s)
+                        .expect("every shard has an owner");
+                let sent = reports[owner].sent;
+                if report.held.get(s) == Some(&sent) {
+                    continue;
+                }
                 return Err(ExecError::Check {
                     group: *group,
                     message: format!(

@@ -15,7 +15,7 @@ use crate::error::{ExecError, Result};
 use std::ops::Range;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
-use syncopate_sim::schedule::{Pass, Schedule};
+use syncopate_sim::schedule::{ParamShard, Pass, Schedule};
 use syncopate_sim::sharding::{shard_numel, ParamDtype};
 use syncopate_sim::SimError;
 
@@ -28,7 +28,8 @@ pub struct Unit {
     numel: usize,
     /// Elements of each shard.
     shard: usize,
-    /// Ranks, and so shards.
+    /// Ranks the unit is split over, and so shards: every rank, or each node's under hybrid
+    /// sharding (each node then gathers the same split among its own ranks).
     ranks: usize,
     /// The precision the shards travel and are gathered in.
     dtype: ParamDtype,
@@ -37,13 +38,16 @@ pub struct Unit {
 /// Every unit of a sharded schedule (none for a replicated one). Each `param_shards` entry must
 /// be its unit's shard in fp32 or bf16, and every shard must fit in memory on each rank.
 pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
-    let ranks = schedule.world.ranks();
     let label = "the lowered plan";
     (0..schedule.param_shards.len())
         .map(|g| {
             let field = format!("param_shards[{g}].bytes");
             let bad = |message: String| ExecError::Sim(SimError::invalid(label, &field, message));
-            let bytes = schedule.param_shards[g].bytes;
+            let ParamShard { bytes, within_node } = schedule.param_shards[g];
+            let ranks = match within_node {
+                true => schedule.world.ranks_per_node,
+                false => schedule.world.ranks(),
+            };
             let numel = schedule.buffers.get(g).map(|b| b.numel).ok_or_else(|| {
                 bad(format!(
                     "group {g} does not exist: the plan has {}",
@@ -126,7 +130,7 @@ impl Unit {
 
     /// Rank `rank`'s state of the unit, its values drawn from `seed`.
     pub fn held(&self, seed: u64, rank: u32) -> Held {
-        let s = ring::summed_chunk(rank as usize, self.ranks);
+        let s = ring::summed_chunk(rank as usize % self.ranks, self.ranks);
         let mut rng = Rng::for_stream(mix(seed, u64::from(self.group)), s as u64);
         let first = s * self.shard;
         let own = (first..first + self.shard)
@@ -166,7 +170,8 @@ impl Unit {
     /// This rank's part of the gather over `link`, its own shard in `buffer`
     /// ([`Unit::put_own`]): the ring's all-gather half brings every other rank's.
     pub fn gather(&self, link: &dyn RingLink, buffer: &mut [u8], abort: &AtomicBool) -> Result<()> {
-        let ring = Ring::world(link.rank(), self.ranks);
+        // The split's ranks: every rank, or the node's (hybrid sharding).
+        let ring = Ring::node(link.rank(), self.ranks);
         ring::allgather_chunks(link, &ring, buffer, self.element_bytes(), abort)
     }
 }

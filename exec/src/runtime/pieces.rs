@@ -6,7 +6,7 @@
 use crate::compress::calls::PerTensor;
 use crate::compress::{codec_for, codec_for_shapes, rng::Rng, Codec, MemoryState};
 use syncopate_sim::compress::{Compressor, Element};
-use syncopate_sim::schedule::{Exchange, Piece, Schedule};
+use syncopate_sim::schedule::{Exchange, Piece, Schedule, World};
 
 /// Elements `offset..offset + numel` of the piece's group buffer, as indices.
 pub fn range(piece: &Piece) -> std::ops::Range<usize> {
@@ -90,13 +90,25 @@ pub fn server_rank(piece: &Piece, world: u32) -> u32 {
         .unwrap_or(piece.group % world.max(1))
 }
 
-/// Whether a piece's synchronization ends with a reduce-scatter (a sharded plan's unit, FSDP's):
-/// each rank then holds only its chunk of the sum (`ring::keep_summed_chunk`).
+/// Whether a piece's synchronization ends with a reduce-scatter (a sharded plan's unit, FSDP's,
+/// or hybrid sharding's): each rank then holds only its chunk of the sum
+/// (`ring::keep_summed_chunk`).
 pub fn ends_scattered(piece: &Piece) -> bool {
-    piece
-        .rounds
-        .last()
-        .is_some_and(|r| r.exchange == Exchange::ReduceScatter)
+    piece.rounds.last().is_some_and(|r| {
+        matches!(
+            r.exchange,
+            Exchange::ReduceScatter | Exchange::HybridReduceScatter
+        )
+    })
+}
+
+/// The ranks of the ring whose reduce-scatter leaves a scattered piece's chunks
+/// ([`ends_scattered`]): every rank's, or each node's under hybrid sharding.
+pub fn scatter_ranks(piece: &Piece, world: &World) -> usize {
+    match piece.rounds.last().map(|r| r.exchange) {
+        Some(Exchange::HybridReduceScatter) => world.ranks_per_node as usize,
+        _ => world.ranks() as usize,
+    }
 }
 
 /// Bytes of one element of a summable payload: the ring reduces whole elements.

@@ -236,19 +236,42 @@ pub fn hierarchical_allreduce(
     codec: &dyn Codec,
     abort: &AtomicBool,
 ) -> Result<()> {
+    hybrid_reduce_scatter(link, world, per_node, payload, element, codec, abort)?;
+    allgather_chunks(
+        link,
+        &Ring::node(link.rank(), per_node),
+        payload,
+        element,
+        abort,
+    )
+}
+
+/// Hybrid sharding's reduction (HSDP), the first two phases of [`hierarchical_allreduce`]:
+/// after it the rank holds the whole world's sum of the chunk its node ring leaves it
+/// ([`summed_chunk`] of its place in the node), as
+/// `collective::estimate_hybrid_reduce_scatter` prices it; the other chunks hold partial sums.
+#[allow(clippy::too_many_arguments)]
+pub fn hybrid_reduce_scatter(
+    link: &dyn RingLink,
+    world: usize,
+    per_node: usize,
+    payload: &mut [u8],
+    element: usize,
+    codec: &dyn Codec,
+    abort: &AtomicBool,
+) -> Result<()> {
     let rank = link.rank();
     let local = Ring::node(rank, per_node);
     reduce_scatter(link, &local, payload, element, codec, abort)?;
     let elements = payload.len() / element;
     let held = chunk_bytes(
-        (local.position() + 1) % per_node,
+        summed_chunk(local.position(), per_node),
         per_node,
         elements,
         element,
     );
     let across = Ring::across_nodes(rank, per_node, world);
-    allreduce(link, &across, &mut payload[held], element, codec, abort)?;
-    allgather_chunks(link, &local, payload, element, abort)
+    allreduce(link, &across, &mut payload[held], element, codec, abort)
 }
 
 /// The bytes `send` to read and the bytes `recv` to write of one payload (distinct chunks).

@@ -228,35 +228,66 @@ pub fn estimate_allgatherv(
 /// Intra-node reduce-scatter, inter-node allreduce of each GPU's shard (all GPUs of a node
 /// drive the NICs at once), then intra-node allgather; as Horovod's hierarchical allreduce.
 pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<Estimate> {
-    let local = Group::one_node(cluster);
-    let across = Group::one_per_node(cluster);
     let world = Group::world(cluster);
     if cluster.nodes == 1 || cluster.gpus_per_node == 1 {
         return estimate(cluster, Op::Allreduce, bytes, world);
     }
+    let (reduced, bare) = node_reduce_then_across(cluster, bytes)?;
+    let allgather = estimate(&bare, Op::Allgather, bytes, Group::one_node(cluster))?;
+    Ok(Estimate {
+        time: reduced.time + allgather.time,
+        fixed: reduced.fixed + allgather.fixed,
+        ..reduced
+    })
+}
+
+/// Hybrid sharding's reduction of `bytes` per rank: the hierarchical allreduce without its
+/// final all-gather inside the node, each rank keeping the world's sum of its node shard.
+pub fn estimate_hybrid_reduce_scatter(cluster: &Cluster, bytes: u64) -> Result<Estimate> {
+    let world = Group::world(cluster);
+    if cluster.nodes == 1 {
+        return estimate(cluster, Op::ReduceScatter, bytes, world);
+    }
+    // One rank per node keeps the whole: an allreduce.
+    if cluster.gpus_per_node == 1 {
+        return estimate(cluster, Op::Allreduce, bytes, world);
+    }
+    Ok(node_reduce_then_across(cluster, bytes)?.0)
+}
+
+/// A reduce-scatter inside each node, then each shard allreduced across nodes by the ranks of
+/// the same place in their node, all of a node's rings at once; the library's host copies once
+/// around both. Also the cluster without its host staging, for phases that follow.
+fn node_reduce_then_across(cluster: &Cluster, bytes: u64) -> Result<(Estimate, Cow<'_, Cluster>)> {
+    let local = Group::one_node(cluster);
+    let across = Group::one_per_node(cluster);
     // A host library copies the buffer off the device and back once, whatever phases run on
     // the host in between.
-    let staging = SimTime::from_us(staging_us(cluster, Op::Allreduce, bytes, world));
+    let staging = SimTime::from_us(staging_us(
+        cluster,
+        Op::Allreduce,
+        bytes,
+        Group::world(cluster),
+    ));
     let bare = without_staging(cluster);
-    let cluster = bare.as_ref();
     let shard = bytes.div_ceil(cluster.gpus_per_node as u64);
-    let reduce_scatter = estimate(cluster, Op::ReduceScatter, bytes, local)?;
+    let reduce_scatter = estimate(&bare, Op::ReduceScatter, bytes, local)?;
     // The per-node phases run concurrently on every GPU of the node, so each inter-node ring
     // gets one NIC's share of the node's network bandwidth.
-    let mut shared = cluster.clone();
+    let mut shared = bare.as_ref().clone();
     let nics = shared.inter_node.nics_per_node as f64;
     shared.inter_node.nic_bandwidth_gbps *=
         nics.min(cluster.gpus_per_node as f64) / cluster.gpus_per_node as f64;
     shared.inter_node.nics_per_node = 1;
     let inter = estimate(&shared, Op::Allreduce, shard, across)?;
-    let allgather = estimate(cluster, Op::Allgather, bytes, local)?;
-    Ok(Estimate {
-        time: reduce_scatter.time + inter.time + allgather.time + staging,
+    let estimate = Estimate {
+        time: reduce_scatter.time + inter.time + staging,
         algorithm: Algorithm::Hierarchical,
         protocol: inter.protocol,
-        fixed: reduce_scatter.fixed + inter.fixed + allgather.fixed + staging,
+        fixed: reduce_scatter.fixed + inter.fixed + staging,
         delay_with_compute: SimTime::ZERO,
-    })
+    };
+    Ok((estimate, bare))
 }
 
 /// What a host library's copies of `op` on `bytes` over `group` cost (µs); 0 on a library

@@ -43,6 +43,9 @@ pub struct FsdpSettings {
     pub param_dtype: ParamDtype,
     /// `MixedPrecisionPolicy.reduce_dtype`: none (fp32) or bf16.
     pub reduce: Compressor,
+    /// Hybrid sharding (HSDP): a 2-D mesh, sharded over each node's ranks, replicated across
+    /// nodes.
+    pub hybrid: bool,
 }
 
 impl FsdpSettings {
@@ -54,6 +57,7 @@ impl FsdpSettings {
             reshard_after_forward: true,
             param_dtype: ParamDtype::Fp32,
             reduce: Compressor::None,
+            hybrid: false,
         }
     }
 
@@ -71,7 +75,10 @@ impl FsdpSettings {
     }
 
     pub(super) fn has_default_fusion(&self) -> bool {
-        self.units == FsdpUnits::Blocks(1) && self.prefetch == 1 && self.reshard_after_forward
+        self.units == FsdpUnits::Blocks(1)
+            && self.prefetch == 1
+            && self.reshard_after_forward
+            && !self.hybrid
     }
 
     fn options(&self, blocks_per_unit: u32) -> StrategyOptions {
@@ -112,8 +119,8 @@ impl FsdpSettings {
             "fsdp",
             scenario,
             &self.options(blocks),
-            layout.groups,
-            layout.root,
+            (layout.groups, layout.root),
+            self.hybrid,
         )
     }
 
@@ -123,8 +130,9 @@ impl FsdpSettings {
             FsdpUnits::Blocks(k) => format!("a unit per {k} blocks"),
             FsdpUnits::Explicit(units) => format!("{} units", units.len() + 1),
         };
+        let hybrid = if self.hybrid { ", hybrid (HSDP)" } else { "" };
         format!(
-            "{units}, prefetch {}, reshard after forward {}, param {}, reduce {}",
+            "{units}{hybrid}, prefetch {}, reshard after forward {}, param {}, reduce {}",
             self.prefetch,
             self.reshard_after_forward,
             self.param_dtype.name(),
@@ -156,7 +164,7 @@ impl FsdpSettings {
         };
         let mut flags: Vec<String> = [
             "--strategy",
-            "fsdp",
+            if self.hybrid { "hsdp" } else { "fsdp" },
             "--framework",
             "pytorch-fsdp",
             "--blocks-per-unit",
@@ -193,8 +201,20 @@ impl FsdpSettings {
         } else {
             ""
         };
+        // HSDP is FSDP2 on a 2-D mesh: replicate across nodes, shard inside each.
+        let (mesh_doc, mesh_code) = match self.hybrid {
+            true => (
+                "`mesh`: a 2-D DeviceMesh whose dimensions are the nodes (replicated) and each node's ranks (sharded); by default\n    the one `hybrid_mesh()` builds.",
+                "    if mesh is None:\n        mesh = hybrid_mesh()\n",
+            ),
+            false => ("`mesh`: FSDP2's (the default, every rank).", ""),
+        };
+        let hybrid_mesh = match self.hybrid {
+            true => "\n\ndef hybrid_mesh(device_type=\"cuda\"):\n    \"\"\"HSDP's mesh: each node's ranks (torchrun's LOCAL_WORLD_SIZE) shard, the nodes replicate.\"\"\"\n    import os\n\n    import torch.distributed as dist\n    from torch.distributed.device_mesh import init_device_mesh\n\n    per_node = int(os.environ[\"LOCAL_WORLD_SIZE\"])\n    return init_device_mesh(device_type, (dist.get_world_size() // per_node, per_node),\n                            mesh_dim_names=(\"replicate\", \"shard\"))\n",
+            false => "",
+        };
         format!(
-            "# FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6 or later).\nimport torch\nfrom torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n# The units in forward order, each the submodules one fully_shard call groups; the rest of\n# the model is the root unit.\nUNITS = [\n{}]\nPREFETCH = {}\n\n\ndef shard(model, mesh=None):\n    \"\"\"Shards `model` in place with the exported units and settings and returns it.\"\"\"\n    policy = MixedPrecisionPolicy(param_dtype={}, reduce_dtype={})\n    units = []\n    for names in UNITS:\n        modules = [model.get_submodule(name) for name in names]\n        fully_shard(modules, mesh=mesh, reshard_after_forward={}, mp_policy=policy)\n        units.append(modules[0])\n    # The root keeps its parameters after forward: backward needs them first.\n    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)\n{}    return model\n",
+            "# FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6 or later).\nimport torch\nfrom torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n# The units in forward order, each the submodules one fully_shard call groups; the rest of\n# the model is the root unit.\nUNITS = [\n{}]\nPREFETCH = {}\n\n\ndef shard(model, mesh=None):\n    \"\"\"Shards `model` in place with the exported units and settings and returns it;\n    {mesh_doc}\"\"\"\n{mesh_code}    policy = MixedPrecisionPolicy(param_dtype={}, reduce_dtype={})\n    units = []\n    for names in UNITS:\n        modules = [model.get_submodule(name) for name in names]\n        fully_shard(modules, mesh=mesh, reshard_after_forward={}, mp_policy=policy)\n        units.append(modules[0])\n    # The root keeps its parameters after forward: backward needs them first.\n    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)\n{}    return model\n{hybrid_mesh}",
             listed.concat(),
             self.prefetch,
             torch_dtype(self.param_dtype == ParamDtype::Bf16),
@@ -384,6 +404,7 @@ pub(super) fn nearest(plan: &Plan, model: &ModelProfile, notes: &mut Vec<String>
         reshard_after_forward: sharding.reshard_after_forward,
         param_dtype: sharding.param_dtype,
         reduce,
+        hybrid: sharding.within_node,
     }
 }
 
@@ -413,13 +434,16 @@ pub(super) fn candidates(choices: &[Choice]) -> Vec<FsdpSettings> {
         for prefetch in PREFETCH_GRID {
             for reshard_after_forward in [true, false] {
                 for &(param_dtype, reduce) in &precisions {
-                    all.push(FsdpSettings {
-                        units: FsdpUnits::Blocks(k),
-                        prefetch,
-                        reshard_after_forward,
-                        param_dtype,
-                        reduce,
-                    });
+                    for hybrid in [false, true] {
+                        all.push(FsdpSettings {
+                            units: FsdpUnits::Blocks(k),
+                            prefetch,
+                            reshard_after_forward,
+                            param_dtype,
+                            reduce,
+                            hybrid,
+                        });
+                    }
                 }
             }
         }

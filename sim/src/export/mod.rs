@@ -432,7 +432,7 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
         // FSDP reduce-scatters each unit: its own scheme.
         let other_schemes = count(&|g| match g.scheme {
             Scheme::Auto | Scheme::Allreduce => false,
-            Scheme::ReduceScatter => target != Target::Fsdp,
+            Scheme::ReduceScatter | Scheme::HybridReduceScatter => target != Target::Fsdp,
             _ => true,
         });
         if other_schemes > 0 {

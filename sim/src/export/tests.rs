@@ -442,3 +442,25 @@ fn zero_plans_export_as_deepspeed_stages_with_the_bucket_size_that_rebuilds_them
     let grid = candidates(Target::DeepSpeed, &[(Compressor::Bf16, Memory::None)]);
     assert_eq!(grid.len(), (1 + 2 * 7) * 2);
 }
+
+#[test]
+fn an_hsdp_plan_exports_as_fsdp2_on_a_two_dimensional_mesh() {
+    let base = scenario("gpt2-xl");
+    let hsdp = Strategy::Hsdp
+        .plan(&base, &StrategyOptions::default())
+        .unwrap();
+    let near = nearest(Target::Fsdp, &hsdp, &base.model);
+    assert!(near.unexpressed.is_empty(), "{:?}", near.unexpressed);
+    let Settings::Fsdp(settings) = &near.settings else {
+        panic!()
+    };
+    assert!(settings.hybrid);
+    assert_eq!(exported_groups(Target::Fsdp, &hsdp, &base), groups(&hsdp));
+    let text = near.settings.render(&base.model, &[]);
+    assert!(
+        text.contains("def hybrid_mesh(") && text.contains("mesh = hybrid_mesh()"),
+        "{text}"
+    );
+    let flags = near.settings.simulate_flags().unwrap();
+    assert_eq!(flags[..2], ["--strategy", "hsdp"]);
+}

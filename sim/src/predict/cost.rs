@@ -13,7 +13,7 @@ use crate::plan::{CompressOn, Group};
 use crate::predict::framework_cost;
 use crate::predict::scenario::Scenario;
 use crate::schedule::{
-    lower_group, Encoding, Exchange, Op as Step, Piece, Schedule, Servers, StepKind,
+    lower_group, Encoding, Exchange, Op as Step, ParamShard, Piece, Schedule, Servers, StepKind,
 };
 use smallvec::SmallVec;
 
@@ -77,7 +77,7 @@ pub fn step_costs(
     let gathers: Vec<(Estimate, Links)> = schedule
         .param_shards
         .iter()
-        .map(|shard| gather_cost(scenario, shard.bytes, naming))
+        .map(|&shard| gather_cost(scenario, shard, naming))
         .collect::<Result<_>>()?;
     let framework_times = framework_cost::step_times(scenario, schedule);
     Ok(schedule
@@ -305,7 +305,10 @@ fn exchange_cost(
         }
         Exchange::Allreduce => over_world(Op::Allreduce, bytes)?,
         Exchange::ReduceScatter => over_world(Op::ReduceScatter, bytes)?,
-        Exchange::AllgatherShards => allgather_shards(scenario, bytes, naming)?,
+        Exchange::HybridReduceScatter => {
+            collective::estimate_hybrid_reduce_scatter(cluster, bytes)?
+        }
+        Exchange::AllgatherShards => allgather_shards(scenario, bytes, world, naming)?,
         Exchange::Allgather => over_world(Op::Allgather, bytes * u64::from(world.ranks))?,
         Exchange::CompressedRing => {
             // A ring allreduce moves the compressed shards; in its reduce-scatter half each of
@@ -324,22 +327,36 @@ fn exchange_cost(
     Ok((estimate, Links::Every))
 }
 
-/// An all-gather of shards that make `bytes` in all, over every rank.
-fn allgather_shards(scenario: &Scenario, bytes: u64, naming: Naming) -> Result<Estimate> {
+/// An all-gather of shards that make `bytes` in all, over `group`.
+fn allgather_shards(
+    scenario: &Scenario,
+    bytes: u64,
+    group: RankGroup,
+    naming: Naming,
+) -> Result<Estimate> {
     let cluster = &scenario.cluster;
-    let world = RankGroup::world(cluster);
     match cluster.library.tcp() {
         // The CPU backends ring the shards over point-to-point messages (the MPI transport's
         // `allgather_chunks`), not through the library's allgather that a lab's sweep times
         // (`MPI_Iallgatherv`, 1.5–2.1× the ring there): the model's ring prices them.
-        Some(_) => collective::estimate_modeled(cluster, Op::Allgather, bytes, world),
-        None => collective::estimate_named(cluster, Op::Allgather, bytes, world, naming),
+        Some(_) => collective::estimate_modeled(cluster, Op::Allgather, bytes, group),
+        None => collective::estimate_named(cluster, Op::Allgather, bytes, group, naming),
     }
 }
 
-/// A sharded plan's gather of one unit's parameters, each rank contributing `shard_bytes`.
-fn gather_cost(scenario: &Scenario, shard_bytes: u64, naming: Naming) -> Result<(Estimate, Links)> {
-    let ranks = u64::from(scenario.cluster.world_size());
+/// A sharded plan's gather of one unit's parameters, each rank contributing its shard: over
+/// every rank, or inside each node under hybrid sharding.
+fn gather_cost(
+    scenario: &Scenario,
+    shard: ParamShard,
+    naming: Naming,
+) -> Result<(Estimate, Links)> {
+    let group = match shard.within_node {
+        true => RankGroup::one_node(&scenario.cluster),
+        false => RankGroup::world(&scenario.cluster),
+    };
+    let shard_bytes = shard.bytes;
+    let ranks = u64::from(group.ranks);
     let bytes = shard_bytes.checked_mul(ranks).ok_or_else(|| {
         SimError::bad_value(
             "sharding",
@@ -347,7 +364,7 @@ fn gather_cost(scenario: &Scenario, shard_bytes: u64, naming: Naming) -> Result<
             "a gathered unit's bytes overflow",
         )
     })?;
-    let mut estimate = allgather_shards(scenario, bytes, naming)?;
+    let mut estimate = allgather_shards(scenario, bytes, group, naming)?;
     estimate.delay_with_compute = delay_with_compute(scenario, Exchange::AllgatherShards);
     Ok((estimate, Links::Every))
 }

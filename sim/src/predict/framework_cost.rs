@@ -194,9 +194,10 @@ fn staged(exchange: Exchange, bytes: u64, group: Group) -> (Op, u64, Group) {
             group,
         ),
         Exchange::PushPull { .. } => (Op::Allreduce, bytes, Group { ranks: 1, nodes: 1 }),
-        Exchange::Allreduce | Exchange::HierarchicalAllreduce | Exchange::CompressedRing => {
-            (Op::Allreduce, bytes, group)
-        }
+        Exchange::Allreduce
+        | Exchange::HierarchicalAllreduce
+        | Exchange::HybridReduceScatter
+        | Exchange::CompressedRing => (Op::Allreduce, bytes, group),
     }
 }
 

@@ -98,7 +98,10 @@ pub fn memory_use(
     device: &DeviceProfile,
 ) -> MemoryUse {
     let numel: u64 = model.tensors.iter().map(|t| t.numel).sum();
-    let ranks = schedule.world.ranks();
+    // The ranks a unit is split over: every rank, or each node's under hybrid sharding.
+    let ranks = plan.sharding.as_ref().map_or(schedule.world.ranks(), |s| {
+        s.shard_ranks(schedule.world.ranks(), schedule.world.ranks_per_node)
+    });
     let units: Vec<u64> = schedule.buffers.iter().map(|b| b.numel).collect();
     let sharding = plan.sharding.as_ref().filter(|_| ranks > 1);
     let own = |shards: bool| match shards {

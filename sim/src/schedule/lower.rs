@@ -82,7 +82,7 @@ pub fn lower(
         let codec = |g: usize| codec_stream(plan.groups[g].compress_on, cpu_ranks, false);
         let sharded = shard::sharded_steps(
             model,
-            world.ranks(),
+            sharding.shard_ranks(world.ranks(), world.ranks_per_node),
             plan,
             sharding,
             (&pieces, &group_pieces),
@@ -575,6 +575,7 @@ fn exchanges(scheme: Scheme, aggregation: Aggregation, server: u32) -> SmallVec<
         }
         (Scheme::CompressedRing, _) => smallvec![Exchange::CompressedRing],
         (Scheme::ReduceScatter, _) => smallvec![Exchange::ReduceScatter],
+        (Scheme::HybridReduceScatter, _) => smallvec![Exchange::HybridReduceScatter],
         (_, Aggregation::Allreduce) => smallvec![Exchange::Allreduce],
         (_, Aggregation::Allgather) => smallvec![Exchange::Allgather],
         (_, Aggregation::ParameterServer) => smallvec![Exchange::PushPull { server }],

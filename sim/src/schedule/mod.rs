@@ -207,6 +207,10 @@ pub enum Exchange {
     HierarchicalAllreduce,
     /// The reduce-scatter half of an allreduce: each rank ends with the sum of its shard.
     ReduceScatter,
+    /// A reduce-scatter inside each node, then each shard allreduced across nodes among the
+    /// ranks of the same place in their node: each rank ends with the world's sum of its shard
+    /// of the node's split (hybrid sharding).
+    HybridReduceScatter,
     /// The all-gather half of an allreduce: the summed shards go to every rank.
     AllgatherShards,
     /// Every rank's payload (sizes may differ) to every rank, each decoded there.
@@ -231,6 +235,7 @@ impl Exchange {
             Exchange::Allreduce => "allreduce",
             Exchange::HierarchicalAllreduce => "hierarchical-allreduce",
             Exchange::ReduceScatter => "reduce-scatter",
+            Exchange::HybridReduceScatter => "hybrid-reduce-scatter",
             Exchange::AllgatherShards => "allgather-shards",
             Exchange::Allgather => "allgather",
             Exchange::PushPull { .. } => "push-pull",
@@ -277,6 +282,10 @@ pub struct Buffer {
 pub struct ParamShard {
     /// Bytes of the shard on the wire, in the plan's parameter precision.
     pub bytes: u64,
+    /// Whether the shard is one of the node's ranks' (hybrid sharding): the unit is gathered
+    /// inside the node, not over every rank.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub within_node: bool,
 }
 
 /// One partition of one group: the unit every encode, collective and decode step works on.

@@ -27,7 +27,8 @@ pub(super) struct Sharded {
     pub param_shards: Vec<ParamShard>,
 }
 
-/// One rank's iteration of `plan`, sharded as `sharding` says over `ranks` ranks, with the
+/// One rank's iteration of `plan`, sharded as `sharding` says over `ranks` ranks (each node's
+/// under hybrid sharding), with the
 /// gradient `pieces` (one per group, `group_pieces[g]`) already lowered. Codecs run on their
 /// own stream (`codec`).
 pub(super) fn sharded_steps(
@@ -56,7 +57,10 @@ pub(super) fn sharded_steps(
                 .ok_or_else(|| {
                     SimError::invalid("plan", format!("groups[{g}]"), "its shard's bytes overflow")
                 })?;
-            Ok(ParamShard { bytes })
+            Ok(ParamShard {
+                bytes,
+                within_node: sharding.within_node,
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let mut owner = vec![0usize; model.num_tensors()];
@@ -348,6 +352,64 @@ mod tests {
                 _ => false,
             })
             .unwrap()
+    }
+
+    #[test]
+    fn hsdp_shards_over_each_node_and_gathers_inside_it() {
+        let scenario = scenario("gpt2-xl", 2);
+        let fsdp = plan(&scenario, Strategy::Fsdp, ShardOptions::default());
+        let hsdp = plan(&scenario, Strategy::Hsdp, ShardOptions::default());
+        assert!(hsdp.sharding.as_ref().unwrap().within_node);
+        assert!(hsdp
+            .groups
+            .iter()
+            .all(|g| g.scheme == Scheme::HybridReduceScatter));
+        let (fsdp_schedule, hsdp_schedule) = (
+            schedule(&scenario, &fsdp).unwrap(),
+            schedule(&scenario, &hsdp).unwrap(),
+        );
+        // The same units and steps, each shard twice the size: split 8 ways, not 16.
+        assert_eq!(fsdp_schedule.steps.len(), hsdp_schedule.steps.len());
+        for (f, h) in fsdp_schedule
+            .param_shards
+            .iter()
+            .zip(&hsdp_schedule.param_shards)
+        {
+            assert!(h.within_node && !f.within_node);
+            assert!(
+                h.bytes >= 2 * f.bytes - 4 && h.bytes <= 2 * f.bytes,
+                "{f:?} {h:?}"
+            );
+        }
+        let run = |plan: &Plan| {
+            simulate(&scenario, plan, &SimOptions::default())
+                .unwrap()
+                .summary
+        };
+        // Replicated across nodes: more memory per rank.
+        let (f, h) = (run(&fsdp), run(&hsdp));
+        assert!(h.memory_per_rank.model_states_bytes > f.memory_per_rank.model_states_bytes);
+        // Its reduction is the hierarchical allreduce without the last all-gather inside the
+        // node, and on one node a reduce-scatter.
+        use crate::collective::{self, estimate, Group};
+        use crate::collective_op::Op;
+        let cluster = &scenario.cluster;
+        let bytes = 64 << 20;
+        let hybrid = collective::estimate_hybrid_reduce_scatter(cluster, bytes)
+            .unwrap()
+            .time;
+        let hierarchical = collective::estimate_hierarchical_allreduce(cluster, bytes).unwrap();
+        let gather = estimate(cluster, Op::Allgather, bytes, Group::one_node(cluster)).unwrap();
+        assert_eq!(hybrid + gather.time, hierarchical.time);
+        let one_node = self::scenario("gpt2-xl", 1).cluster;
+        assert_eq!(
+            collective::estimate_hybrid_reduce_scatter(&one_node, bytes)
+                .unwrap()
+                .time,
+            estimate(&one_node, Op::ReduceScatter, bytes, Group::world(&one_node))
+                .unwrap()
+                .time
+        );
     }
 
     #[test]

@@ -80,6 +80,8 @@ pub enum Strategy {
     Zero2,
     /// PyTorch FSDP (ZeRO-3): parameters sharded too, gathered around each unit.
     Fsdp,
+    /// FSDP's hybrid sharding (HSDP): FSDP inside each node, replicated across nodes.
+    Hsdp,
 }
 
 impl Strategy {
@@ -222,6 +224,10 @@ const CATALOG: &[StrategyEntry] = &[
         form: "fsdp",
         description: "PyTorch FSDP (ZeRO-3): a unit per --blocks-per-unit (1) repeated blocks plus the root; each unit's parameters all-gathered (--param-dtype) before its forward and, unless --reshard-after-forward false, its backward, --prefetch (1) units ahead; gradients reduce-scattered per unit; the shard updated",
     },
+    StrategyEntry {
+        form: "hsdp",
+        description: "PyTorch FSDP's hybrid sharding (HSDP, a 2-D mesh): as fsdp with each unit sharded over its node's ranks and replicated across nodes; parameters gathered inside the node; gradients reduce-scattered inside the node, then each shard allreduced across nodes",
+    },
 ];
 
 /// Every strategy with its form and description, in listing order.
@@ -258,6 +264,7 @@ impl FromStr for Strategy {
             ("zero1", None, _) => Strategy::Zero1,
             ("zero2", None, _) => Strategy::Zero2,
             ("fsdp", None, _) => Strategy::Fsdp,
+            ("hsdp", None, _) => Strategy::Hsdp,
             ("fixed-groups", Some(count), rule) => {
                 let count: usize = count
                     .parse()
@@ -300,6 +307,7 @@ impl fmt::Display for Strategy {
             Strategy::Zero1 => f.write_str("zero1"),
             Strategy::Zero2 => f.write_str("zero2"),
             Strategy::Fsdp => f.write_str("fsdp"),
+            Strategy::Hsdp => f.write_str("hsdp"),
         }
     }
 }
@@ -314,7 +322,7 @@ impl Strategy {
             Strategy::Horovod => Some("horovod"),
             Strategy::BytePs => Some("byteps"),
             Strategy::Zero1 | Strategy::Zero2 => Some("deepspeed-zero"),
-            Strategy::Fsdp => Some("pytorch-fsdp"),
+            Strategy::Fsdp | Strategy::Hsdp => Some("pytorch-fsdp"),
             _ => None,
         }
     }
@@ -375,7 +383,8 @@ impl Strategy {
             Strategy::Espresso => espresso::plan(&name, scenario, options)?,
             Strategy::Zero1 => sharded::zero_plan(&name, scenario, options, Stage::Zero1),
             Strategy::Zero2 => sharded::zero_plan(&name, scenario, options, Stage::Zero2),
-            Strategy::Fsdp => sharded::fsdp_plan(&name, scenario, options),
+            Strategy::Fsdp => sharded::fsdp_plan(&name, scenario, options, false),
+            Strategy::Hsdp => sharded::fsdp_plan(&name, scenario, options, true),
         };
         plan.codec_stream = scenario.codec_stream();
         Ok(plan)

@@ -64,6 +64,7 @@ pub(super) fn zero_plan(
         reshard_after_forward: false,
         resident: Vec::new(),
         param_dtype: options.sharding.param_dtype,
+        within_node: false,
     };
     sharded(name, scenario, options, buckets, Scheme::Auto, sharding)
 }
@@ -97,19 +98,26 @@ pub fn zero_buckets(model: &ModelProfile, stage: Stage, limit: u64) -> Vec<Vec<u
 }
 
 /// An FSDP plan: a unit per `blocks_per_unit` consecutive blocks and the root, reduce-scattered
-/// with the options' compressor.
-pub(super) fn fsdp_plan(name: &str, scenario: &Scenario, options: &StrategyOptions) -> Plan {
+/// with the options' compressor; `within_node`, sharded inside each node and replicated across
+/// nodes (HSDP).
+pub(super) fn fsdp_plan(
+    name: &str,
+    scenario: &Scenario,
+    options: &StrategyOptions,
+    within_node: bool,
+) -> Plan {
     let (units, root) = merged_blocks(&scenario.model, options.sharding.blocks_per_unit);
-    fsdp_units_plan(name, scenario, options, units, root)
+    fsdp_units_plan(name, scenario, options, (units, root), within_node)
 }
 
-/// An FSDP plan of the given units (in backward order), `root` among them kept gathered.
+/// An FSDP plan of the given units (in backward order) and the root among them, kept
+/// gathered; `within_node`, sharded inside each node (HSDP).
 pub fn fsdp_units_plan(
     name: &str,
     scenario: &Scenario,
     options: &StrategyOptions,
-    units: Vec<Vec<usize>>,
-    root: Option<usize>,
+    (units, root): (Vec<Vec<usize>>, Option<usize>),
+    within_node: bool,
 ) -> Plan {
     let sharding = Sharding {
         stage: Stage::Zero3,
@@ -117,15 +125,13 @@ pub fn fsdp_units_plan(
         reshard_after_forward: options.sharding.reshard_after_forward,
         resident: root.into_iter().collect(),
         param_dtype: options.sharding.param_dtype,
+        within_node,
     };
-    sharded(
-        name,
-        scenario,
-        options,
-        units,
-        Scheme::ReduceScatter,
-        sharding,
-    )
+    let scheme = match within_node {
+        true => Scheme::HybridReduceScatter,
+        false => Scheme::ReduceScatter,
+    };
+    sharded(name, scenario, options, units, scheme, sharding)
 }
 
 /// The model's blocks (`block_units`) merged `per_unit` at a time in forward order, as

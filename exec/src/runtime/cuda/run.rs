@@ -742,6 +742,15 @@ impl<'a> Backend for Run<'a> {
                 &mut piece.payload,
                 || self.drain(state, stream, "the parameter-server push"),
             )?,
+            // Only sharded plans reduce so, and this backend refuses them before a run
+            // (`refuse_sharded`): a schedule that reaches here was not checked.
+            Exchange::HybridReduceScatter => {
+                return Err(ExecError::Cuda {
+                    message: format!(
+                        "pieces[{index}] is a hybrid-sharded unit's reduce-scatter, which the cuda backend does not run (a sharded plan: run it with `--backend host` or `mpi`)"
+                    ),
+                })
+            }
         }
         Ok(())
     }
