@@ -413,6 +413,31 @@ mod tests {
     }
 
     #[test]
+    fn hybrid_reduce_scatter_leaves_each_rank_the_world_sum_of_its_node_chunk() {
+        // 3 nodes of 2 ranks; 60 elements of 4 bytes.
+        let (world, per_node, numel) = (6, 2, 60);
+        let (results, sent) = on_mesh(world, numel, |link, payload, codec, abort| {
+            hybrid_reduce_scatter(link, world, per_node, payload, 4, codec, abort)?;
+            keep_summed_chunk(&Ring::node(link.rank(), per_node), payload, 4);
+            Ok(())
+        });
+        let sum = expected_sum(world, numel);
+        for (rank, result) in results.iter().enumerate() {
+            let held = chunk(summed_chunk(rank % per_node, per_node), per_node, numel);
+            let expected: Vec<f32> = (0..numel)
+                .map(|i| if held.contains(&i) { sum[i] } else { 0.0 })
+                .collect();
+            assert_eq!(*result, expected, "rank {rank}");
+        }
+        // Inside the node only the reduce-scatter's (per_node − 1) chunks: no all-gather.
+        let bytes = numel * 4;
+        for (from, to_each) in sent.iter().enumerate() {
+            let partner = from - from % per_node + (from + 1) % per_node;
+            assert_eq!(to_each[partner], (per_node - 1) * bytes / per_node, "rank {from}");
+        }
+    }
+
+    #[test]
     fn one_rank_per_node_or_one_node_is_the_flat_ring() {
         for (world, per_node) in [(4, 1), (4, 4)] {
             let (results, _) = on_mesh(world, 9, |link, payload, codec, abort| {
