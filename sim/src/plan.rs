@@ -6,7 +6,7 @@ use crate::base::error::{Result, SimError};
 use crate::base::limits;
 use crate::compress::{Aggregation, Compressor, Memory, Wire};
 use crate::inputs::model::ModelProfile;
-use crate::sharding::Sharding;
+use crate::sharding::{Sharding, MAX_PREFETCH};
 use serde::{Deserialize, Serialize};
 
 /// How a group's gradients are synchronized.
@@ -260,6 +260,20 @@ pub fn fingerprint(model: &ModelProfile) -> String {
 }
 
 impl Plan {
+    /// The groups in the order the forward pass reaches them: by their first tensor to run there.
+    pub fn forward_order(&self, model: &ModelProfile) -> Vec<usize> {
+        let groups = &self.groups;
+        let first = |g: &Group| {
+            g.tensors
+                .iter()
+                .map(|&t| model.tensors[t].registration_index)
+                .min()
+        };
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        order.sort_by_key(|&g| (first(&groups[g]), g));
+        order
+    }
+
     /// A plan with the model's identity filled in and default policy.
     pub fn new(strategy: &str, model: &ModelProfile, groups: Vec<Group>, policy: Policy) -> Plan {
         Plan {
@@ -440,7 +454,7 @@ impl Plan {
                 ));
             }
         }
-        Sharding::check(self.sharding.as_ref(), label, &self.groups)?;
+        check_sharding(self.sharding.as_ref(), label, &self.groups)?;
         if let Some(missing) = owner.iter().position(Option::is_none) {
             let count = owner.iter().filter(|o| o.is_none()).count();
             return Err(SimError::invalid(
@@ -541,6 +555,82 @@ fn is_group_calls(calls: &CodecCalls) -> bool {
 
 fn is_side_stream(stream: &CodecStream) -> bool {
     *stream == CodecStream::Side
+}
+
+/// Checks the sharding against the plan's groups: every group reduce-scattered (and only
+/// in a sharded plan) or allreduced, the prefetch bounded, the resident units real. `label`
+/// names the plan.
+fn check_sharding(sharding: Option<&Sharding>, label: &str, groups: &[Group]) -> Result<()> {
+    let scattered = |g: &Group| {
+        matches!(
+            g.scheme,
+            Scheme::ReduceScatter | Scheme::HybridReduceScatter
+        )
+    };
+    let Some(sharding) = sharding else {
+        return match groups.iter().position(scattered) {
+            Some(g) => Err(SimError::invalid(
+                label,
+                format!("groups[{g}].scheme"),
+                "`reduce-scatter` keeps only a shard of the sum on each rank: it needs the plan's `sharding`",
+            )),
+            None => Ok(()),
+        };
+    };
+    // A unit is reduce-scattered (FSDP), or allreduced whole with each rank keeping its
+    // shard (DeepSpeed's ZeRO-1 and 2, `allreduce_and_scatter`).
+    let scatter = match sharding.within_node {
+        true => Scheme::HybridReduceScatter,
+        false => Scheme::ReduceScatter,
+    };
+    let reduces =
+        |g: &Group| g.scheme == scatter || matches!(g.scheme, Scheme::Auto | Scheme::Allreduce);
+    if let Some(g) = groups.iter().position(|g| !reduces(g)) {
+        return Err(SimError::invalid(
+            label,
+            format!("groups[{g}].scheme"),
+            format!(
+                "a plan sharded {} reduce-scatters or allreduces each unit's gradients (`{}`, `auto`, `allreduce`), not `{}`",
+                if sharding.within_node { "inside each node (`within_node`)" } else { "over every rank" },
+                scatter.name(),
+                groups[g].scheme.name()
+            ),
+        ));
+    }
+    if let Some(g) = groups.iter().position(|g| g.partitions != 1) {
+        return Err(SimError::invalid(
+            label,
+            format!("groups[{g}].partitions"),
+            "a sharded plan's unit is one piece: its shards are the partition",
+        ));
+    }
+    if sharding.prefetch > MAX_PREFETCH {
+        return Err(SimError::invalid(
+            label,
+            "sharding.prefetch",
+            format!("is 0 to {MAX_PREFETCH}, got {}", sharding.prefetch),
+        ));
+    }
+    if let Some(&g) = sharding.resident.iter().find(|&&g| g >= groups.len()) {
+        return Err(SimError::invalid(
+            label,
+            "sharding.resident",
+            format!("group {g} does not exist: the plan has {}", groups.len()),
+        ));
+    }
+    if !sharding.stage.shards_parameters()
+        && (!sharding.resident.is_empty() || sharding.reshard_after_forward)
+    {
+        return Err(SimError::invalid(
+            label,
+            "sharding.reshard_after_forward",
+            format!(
+                "only stage zero3 frees parameters after forward; {} keeps them whole",
+                sharding.stage.name()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,15 +2,15 @@
 //! and the precision they travel in.
 //!
 //! A sharded plan's groups are its units (FSDP's `fully_shard` modules, ZeRO's buckets): each
-//! group's gradients are reduce-scattered ([`Scheme::ReduceScatter`]) so that every rank keeps
-//! the sum of its shard, the optimizer updates only that shard, and the parameters are gathered
+//! group's gradients are reduce-scattered (FSDP; inside each node then across nodes for HSDP)
+//! or allreduced whole (DeepSpeed's ZeRO-1 and 2) so that every rank keeps the sum of its
+//! shard (`Plan::validate` checks the schemes), the optimizer updates only that shard, and the
+//! parameters are gathered
 //! back: after the step for ZeRO stages 1 and 2 (DeepSpeed's `all_gather` of the updated
 //! partitions), before each unit's forward and again before its backward for stage 3 (FSDP),
 //! which frees them in between. `lower` turns this into the schedule's gather steps.
 
-use crate::base::error::{Result, SimError};
 use crate::inputs::model::ModelProfile;
-use crate::plan::{Group, Scheme};
 use serde::{Deserialize, Serialize};
 
 /// Most units a gather may run ahead of the one computing.
@@ -110,82 +110,6 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 }
 
 impl Sharding {
-    /// Checks the sharding against the plan's groups: every group reduce-scattered (and only
-    /// in a sharded plan) or allreduced, the prefetch bounded, the resident units real. `label`
-    /// names the plan.
-    pub fn check(sharding: Option<&Sharding>, label: &str, groups: &[Group]) -> Result<()> {
-        let scattered = |g: &Group| {
-            matches!(
-                g.scheme,
-                Scheme::ReduceScatter | Scheme::HybridReduceScatter
-            )
-        };
-        let Some(sharding) = sharding else {
-            return match groups.iter().position(scattered) {
-                Some(g) => Err(SimError::invalid(
-                    label,
-                    format!("groups[{g}].scheme"),
-                    "`reduce-scatter` keeps only a shard of the sum on each rank: it needs the plan's `sharding`",
-                )),
-                None => Ok(()),
-            };
-        };
-        // A unit is reduce-scattered (FSDP), or allreduced whole with each rank keeping its
-        // shard (DeepSpeed's ZeRO-1 and 2, `allreduce_and_scatter`).
-        let scatter = match sharding.within_node {
-            true => Scheme::HybridReduceScatter,
-            false => Scheme::ReduceScatter,
-        };
-        let reduces =
-            |g: &Group| g.scheme == scatter || matches!(g.scheme, Scheme::Auto | Scheme::Allreduce);
-        if let Some(g) = groups.iter().position(|g| !reduces(g)) {
-            return Err(SimError::invalid(
-                label,
-                format!("groups[{g}].scheme"),
-                format!(
-                    "a plan sharded {} reduce-scatters or allreduces each unit's gradients (`{}`, `auto`, `allreduce`), not `{}`",
-                    if sharding.within_node { "inside each node (`within_node`)" } else { "over every rank" },
-                    scatter.name(),
-                    groups[g].scheme.name()
-                ),
-            ));
-        }
-        if let Some(g) = groups.iter().position(|g| g.partitions != 1) {
-            return Err(SimError::invalid(
-                label,
-                format!("groups[{g}].partitions"),
-                "a sharded plan's unit is one piece: its shards are the partition",
-            ));
-        }
-        if sharding.prefetch > MAX_PREFETCH {
-            return Err(SimError::invalid(
-                label,
-                "sharding.prefetch",
-                format!("is 0 to {MAX_PREFETCH}, got {}", sharding.prefetch),
-            ));
-        }
-        if let Some(&g) = sharding.resident.iter().find(|&&g| g >= groups.len()) {
-            return Err(SimError::invalid(
-                label,
-                "sharding.resident",
-                format!("group {g} does not exist: the plan has {}", groups.len()),
-            ));
-        }
-        if !sharding.stage.shards_parameters()
-            && (!sharding.resident.is_empty() || sharding.reshard_after_forward)
-        {
-            return Err(SimError::invalid(
-                label,
-                "sharding.reshard_after_forward",
-                format!(
-                    "only stage zero3 frees parameters after forward; {} keeps them whole",
-                    sharding.stage.name()
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// The ranks a unit is sharded over: each node's (`within_node`) or all of them.
     pub fn shard_ranks(&self, ranks: u32, ranks_per_node: u32) -> u32 {
         match self.within_node {
@@ -204,19 +128,6 @@ impl Sharding {
 /// FSDP and ZeRO pad the flat parameter to a multiple of the ranks).
 pub fn shard_numel(numel: u64, ranks: u32) -> u64 {
     numel.div_ceil(u64::from(ranks.max(1)))
-}
-
-/// The groups in the order the forward pass reaches them: by their first tensor to run there.
-pub fn forward_order(model: &ModelProfile, groups: &[Group]) -> Vec<usize> {
-    let first = |g: &Group| {
-        g.tensors
-            .iter()
-            .map(|&t| model.tensors[t].registration_index)
-            .min()
-    };
-    let mut order: Vec<usize> = (0..groups.len()).collect();
-    order.sort_by_key(|&g| (first(&groups[g]), g));
-    order
 }
 
 /// FSDP's default units for `model`: one per repeated block (tensors whose names share the
@@ -254,6 +165,7 @@ fn block_of(name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Scheme;
 
     #[test]
     fn gpt2_xl_has_one_unit_per_block_and_a_root() {

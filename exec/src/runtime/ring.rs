@@ -433,7 +433,11 @@ mod tests {
         let bytes = numel * 4;
         for (from, to_each) in sent.iter().enumerate() {
             let partner = from - from % per_node + (from + 1) % per_node;
-            assert_eq!(to_each[partner], (per_node - 1) * bytes / per_node, "rank {from}");
+            assert_eq!(
+                to_each[partner],
+                (per_node - 1) * bytes / per_node,
+                "rank {from}"
+            );
         }
     }
 

@@ -17,7 +17,7 @@ use crate::inputs::model::ModelProfile;
 use crate::plan::Plan;
 use crate::predict::scenario::Scenario;
 use crate::schedule::{lower, Schedule};
-use crate::sharding::{forward_order, shard_numel, Sharding};
+use crate::sharding::{shard_numel, Sharding};
 use serde::Serialize;
 
 /// Bytes of an fp32 element.
@@ -166,7 +166,8 @@ fn gathered_bytes(
     let resident: u64 = sharding.resident.iter().map(|&g| units[g]).sum();
     // The forward order of the units that are freed; any `prefetch` + 1 in a row are gathered
     // at once (in backward the same units run in the reverse order).
-    let order: Vec<usize> = forward_order(model, &plan.groups)
+    let order: Vec<usize> = plan
+        .forward_order(model)
         .into_iter()
         .filter(|g| !sharding.resident.contains(g))
         .collect();

@@ -16,7 +16,7 @@ use super::{LaunchSlot, OpList, ParamShard, Pass, Piece, Step, StepKind, StepLis
 use crate::base::error::{Result, SimError};
 use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecStream, Plan};
-use crate::sharding::{forward_order, shard_numel, Sharding, Stage};
+use crate::sharding::{shard_numel, Sharding, Stage};
 use std::ops::Range;
 
 /// What lowering a sharded plan adds to the pieces: the steps of one iteration, the step that
@@ -94,7 +94,7 @@ pub(super) fn sharded_steps(
         .iter()
         .map(|g| first_forward(model, g))
         .collect();
-    let forward_order = forward_order(model, &plan.groups);
+    let forward_order = plan.forward_order(model);
     // Backward reaches the units by their first tensor in backward order, their lowest index.
     let mut backward_order: Vec<usize> = (0..units).collect();
     backward_order.sort_by_key(|&g| (first_backward[g], g));
