@@ -115,6 +115,8 @@ def adopt(capture, shipped, kept_at):
         "arithmetic": arithmetic,
         "optimizer_us": capture["optimizer_us"],
         "optimizer_state_bytes_per_element": optimizer_state_bytes(capture, command),
+        # A newer capture measures what autograd keeps for backward; older ones did not.
+        **({"activation_bytes": capture["activation_bytes"]} if "activation_bytes" in capture else {}),
         "tensors": tensors,
     }
 

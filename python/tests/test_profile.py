@@ -38,6 +38,38 @@ def test_profile_records_its_batch_and_thread_counts(profile_path):
     assert profile["threads"]["inter_op"] == torch.get_num_interop_threads()
 
 
+def test_activations_are_what_backward_keeps_and_grow_with_the_batch(tmp_path):
+    import torch
+
+    from syncopate.torch import model_profile
+
+    def recorded(batch):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4))
+        x, y = torch.randn(batch, 16), torch.randint(0, 4, (batch,))
+        profile = model_profile(model, lambda: torch.nn.functional.cross_entropy(model(x), y), name="mlp",
+                                batch_size=batch, iterations=1, warmup=0)
+        # Measured after the timed steps, without training: no gradient is left behind.
+        assert all(p.grad is None for p in model.parameters())
+        return profile
+
+    small, large = recorded(8), recorded(32)
+    # The hidden layer's output (kept by ReLU, read by the second Linear: one storage) is most of
+    # it; the weights (34 KB of the first layer's, 8 KB of the second's) are not activations.
+    hidden = 8 * 512 * 4
+    assert hidden <= small["activation_bytes"] < 2 * hidden, small["activation_bytes"]
+    assert 3.9 <= large["activation_bytes"] / small["activation_bytes"] <= 4.0
+    path = tmp_path / "mlp.json"
+    path.write_text(json.dumps(large))
+    done = conftest.cli("simulate", "--model", path, "--cluster", "v100-10gbe", "--nodes", 1, "--gpus-per-node", 2,
+                        "--strategy", "ddp", "--format", "json")
+    memory = json.loads(done.stdout)["memory_per_rank"]
+    assert memory["activation_bytes"] == large["activation_bytes"]
+    text = conftest.cli("simulate", "--model", path, "--cluster", "v100-10gbe", "--nodes", 1, "--gpus-per-node", 2,
+                        "--strategy", "ddp").stdout
+    assert "GiB of activations" in text, text
+
+
 def test_a_preemption_that_every_tensors_median_misses_is_kept_in_the_total():
     """Ranks time-sharing cores: each iteration loses 3 ms in a different tensor's gap. Every
     tensor's median misses it; the recorded tensors keep their shape and sum to the median

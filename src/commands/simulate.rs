@@ -292,9 +292,13 @@ fn print_memory(m: &MemoryUse) {
         Some(capacity) => format!(" of {:.0} GiB: DOES NOT FIT", gib(capacity)),
         None => String::new(),
     };
+    let activations = match m.activation_bytes {
+        Some(bytes) => format!("model states and {:.2} GiB of activations", gib(bytes)),
+        None => "model states; activations not in the profile".to_string(),
+    };
     println!(
-        "  memory per rank     {:>12.2} GiB{capacity} (activations not in the profile)",
-        gib(m.model_states_bytes)
+        "  memory per rank     {:>12.2} GiB{capacity} ({activations})",
+        gib(m.total_bytes())
     );
     println!(
         "    parameters {:.2}, gradients {:.2}, optimizer {optimizer}, gathered {:.2}, error feedback {:.2} GiB",

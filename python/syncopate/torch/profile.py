@@ -54,6 +54,7 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
     if world > 1:
         dist.barrier()  # the ranks start together; each iteration then runs as the cores let it
     samples = _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations)
+    activations = _activation_bytes(module, loss_fn, named, on, amp)
     tensors = _tensors(named, samples)
     precision = f", autocast {_autocast_dtype(on)}" if amp else ""
     method = (f"{clock.description}, per-tensor medians of {iterations} iterations after {warmup} warm-up scaled to the median iteration's total, batch {batch_size}"
@@ -84,11 +85,36 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
         },
         "optimizer_us": round(statistics.median(s["optimizer"] for s in samples), 3),
         "optimizer_state_bytes_per_element": _optimizer_state_bytes(optimizer, named),
+        "activation_bytes": activations,
         "tensors": tensors,
     }
     if world > 1:
         profile["rank_skew"] = _rank_skew(samples, world, method)
     return profile
+
+
+def _activation_bytes(module, loss_fn, named, on, amp):
+    """Bytes autograd keeps from one forward of `loss_fn` for its backward: every tensor saved for
+    backward (torch.autograd.graph.saved_tensors_hooks), each storage once, the parameters' own
+    storages left out (they are model states). Run once after the timed iterations, its
+    gradients then cleared, so that it neither perturbs the timings nor trains."""
+    parameters = {p.untyped_storage().data_ptr() for _, p in named}
+    kept = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters and storage.device.type != "meta":
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    dtype = torch.float16 if _autocast_dtype(on) == "fp16" else torch.bfloat16
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with torch.autocast(on.type, dtype=dtype, enabled=amp):
+            loss = loss_fn()
+    loss.backward()
+    for _, p in named:
+        p.grad = None
+    return sum(kept.values())
 
 
 def _optimizer_state_bytes(optimizer, named):

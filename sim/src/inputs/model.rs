@@ -176,6 +176,8 @@ impl Tensor {
 
 /// Most bytes of optimizer state per parameter element (far above any optimizer's).
 const MAX_OPTIMIZER_STATE_BYTES: f64 = 1024.0;
+/// Most activation bytes a profile may state: 1 PiB, beyond any device's memory.
+const MAX_ACTIVATION_BYTES: u64 = 1 << 50;
 
 /// A model's per-tensor profile on one device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -216,6 +218,11 @@ pub struct ModelProfile {
     /// fp32 moments: 8; SGD's momentum: 4; plain SGD: 0); absent when the source does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_state_bytes_per_element: Option<f64>,
+    /// Bytes autograd keeps from forward for backward at `batch_size_per_gpu`: the tensors
+    /// saved for backward, each storage once, parameters excluded (`syncopate.torch`'s
+    /// `model_profile` records it); absent when the source does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_bytes: Option<u64>,
     /// The parameter tensors, in the order their gradients become ready during backward.
     pub tensors: Vec<Tensor>,
 }
@@ -263,6 +270,13 @@ impl ModelProfile {
                     format!("is 0 to {MAX_OPTIMIZER_STATE_BYTES}, got {bytes}"),
                 ));
             }
+        }
+        if let Some(bytes) = self.activation_bytes.filter(|&b| b > MAX_ACTIVATION_BYTES) {
+            return Err(SimError::invalid(
+                label,
+                "activation_bytes",
+                format!("is at most {MAX_ACTIVATION_BYTES} (1 PiB), got {bytes}"),
+            ));
         }
         if self.tensors.len() > limits::MAX_TENSORS {
             return Err(SimError::invalid(

@@ -40,28 +40,43 @@ pub struct MemoryUse {
     pub compression_bytes: u64,
     /// The sum of the above: the model states, activations not included.
     pub model_states_bytes: u64,
+    /// What autograd keeps from forward for backward at the profile's batch per GPU (whatever
+    /// the plan), if the profile states it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activation_bytes: Option<u64>,
     /// The device's memory, if its profile states it.
     pub capacity_bytes: Option<u64>,
 }
 
 impl MemoryUse {
-    /// Whether the model states fit the device (true when its capacity is unknown).
-    pub fn fits(&self) -> bool {
-        self.capacity_bytes
-            .is_none_or(|capacity| self.model_states_bytes <= capacity)
+    /// The model states and, when the profile states them, the activations.
+    pub fn total_bytes(&self) -> u64 {
+        self.model_states_bytes
+            .saturating_add(self.activation_bytes.unwrap_or(0))
     }
 
-    /// An error naming the plan when the model states do not fit the device.
+    /// Whether the model states and the activations the profile states fit the device (true
+    /// when its capacity is unknown).
+    pub fn fits(&self) -> bool {
+        self.capacity_bytes
+            .is_none_or(|capacity| self.total_bytes() <= capacity)
+    }
+
+    /// An error naming the plan when the model states (and activations) do not fit the device.
     pub fn check_fits(&self, label: &str, device: &DeviceProfile) -> Result<()> {
+        let (what, counted) = match self.activation_bytes {
+            Some(_) => (
+                "model states and activations",
+                "activations at the profile's batch",
+            ),
+            None => ("model states", "activations not in the profile"),
+        };
         match self.capacity_bytes {
             Some(capacity) if !self.fits() => Err(SimError::bad_value(
                 label,
+                format!("{:.1} GiB of {what} per rank", gib(self.total_bytes())),
                 format!(
-                    "{:.1} GiB of model states per rank",
-                    gib(self.model_states_bytes)
-                ),
-                format!(
-                    "does not fit the {:.0} GiB of a {} (activations not counted): shard it (simulate --strategy zero1, zero2 or fsdp; tune --framework fsdp), or use more ranks",
+                    "does not fit the {:.0} GiB of a {} ({counted}): shard it (simulate --strategy zero1, zero2 or fsdp; tune --framework fsdp), or use more ranks",
                     gib(capacity),
                     device.name
                 ),
@@ -138,6 +153,7 @@ pub fn memory_use(
         gathered_bytes: gathered,
         compression_bytes: compression,
         model_states_bytes: model_states,
+        activation_bytes: model.activation_bytes,
         capacity_bytes: device
             .memory_gib
             .map(|gib| (gib * f64::from(1u32 << 30)) as u64),
@@ -245,5 +261,23 @@ mod tests {
         );
         ddp.capacity_bytes = None;
         assert!(ddp.fits());
+    }
+
+    #[test]
+    fn activations_the_profile_states_count_against_the_device() {
+        let (mut ddp, _) = memory(Strategy::Ddp, 1);
+        let device = DeviceProfile::load("h100-sxm5-80gb").unwrap();
+        let capacity = ddp.capacity_bytes.unwrap();
+        assert_eq!(ddp.total_bytes(), ddp.model_states_bytes);
+        // States that fit, with activations that fill the rest and one byte more.
+        ddp.activation_bytes = Some(capacity - ddp.model_states_bytes + 1);
+        assert!(!ddp.fits());
+        let err = ddp.check_fits("tune", &device).unwrap_err().to_string();
+        assert!(err.contains("model states and activations"), "{err}");
+        // A profile stating more than any device holds is refused by field.
+        let mut model = ModelProfile::load("gpt2-xl").unwrap();
+        model.activation_bytes = Some(u64::MAX);
+        let err = model.validate("p").unwrap_err().to_string();
+        assert!(err.contains("activation_bytes"), "{err}");
     }
 }
