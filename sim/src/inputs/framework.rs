@@ -30,6 +30,20 @@ pub struct TensorWork {
     pub bytes_per_gradient_byte: f64,
 }
 
+/// Work a framework does on the compute stream for each gathered unit of a sharded plan,
+/// when the unit's first compute waits for it (FSDP2's copy out of the all-gather buffer into
+/// the unsharded parameters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatherWork {
+    /// Kernels launched per gathered unit.
+    #[serde(default, skip_serializing_if = "data::is_zero")]
+    pub kernels: f64,
+    /// Bytes read and written per byte gathered (a copy reads and writes it: 2).
+    #[serde(default, skip_serializing_if = "data::is_zero")]
+    pub bytes_per_gathered_byte: f64,
+}
+
 /// The thread that issues a framework's collective calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -95,6 +109,10 @@ pub struct Framework {
     /// optimizer reads it (DDP's copy of the bucket back into `.grad`).
     #[serde(default)]
     pub finish: TensorWork,
+    /// For each parameter gather of a sharded plan, on the compute stream before the unit's
+    /// first compute after it.
+    #[serde(default, skip_serializing_if = "is_no_gather_work")]
+    pub gather: GatherWork,
     /// Host time of one framework op (a compressor written as framework ops pays one per op).
     pub op_us: f64,
     /// Ops the optimizer step launches per parameter tensor after the framework's blocking
@@ -158,7 +176,19 @@ impl Framework {
             )))
             .chain(per_tensor("hook", self.hook))
             .chain(per_tensor("fusion", self.fusion))
-            .chain(per_tensor("finish", self.finish));
+            .chain(per_tensor("finish", self.finish))
+            .chain([
+                (
+                    "gather.kernels".to_string(),
+                    self.gather.kernels,
+                    "per gather",
+                ),
+                (
+                    "gather.bytes_per_gathered_byte".to_string(),
+                    self.gather.bytes_per_gathered_byte,
+                    "per gather",
+                ),
+            ]);
         for (field, value, per) in counts {
             if !(value.is_finite() && (0.0..=MAX_PER_TENSOR).contains(&value)) {
                 return Err(SimError::invalid(
@@ -181,6 +211,15 @@ impl Framework {
             + SimTime::from_ns(work.bytes_per_gradient_byte * bytes as f64 / memory_gbytes_per_s)
     }
 
+    /// The time of the framework's work on a gather of `bytes` in all (`gather`).
+    pub fn gather_time(&self, bytes: u64, memory_gbytes_per_s: f64) -> SimTime {
+        let work = TensorWork {
+            kernels: self.gather.kernels,
+            bytes_per_gradient_byte: self.gather.bytes_per_gathered_byte,
+        };
+        self.tensor_time(work, bytes, memory_gbytes_per_s)
+    }
+
     /// The host time of the optimizer step's launches over `tensors` parameter tensors, when
     /// the step waits on the host for every collective first (`step_ops_per_tensor`).
     pub fn step_launch_time(&self, tensors: usize) -> SimTime {
@@ -198,6 +237,10 @@ impl Framework {
 
 fn is_beside(staging: &HostStaging) -> bool {
     *staging == HostStaging::Beside
+}
+
+fn is_no_gather_work(work: &GatherWork) -> bool {
+    *work == GatherWork::default()
 }
 
 /// The name that asks for no framework: the plan's steps alone.

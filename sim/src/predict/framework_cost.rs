@@ -6,7 +6,7 @@
 use crate::base::time::SimTime;
 use crate::collective::{staging_split_us, Group};
 use crate::collective_op::Op;
-use crate::inputs::framework::{CallThread, Framework, TensorWork};
+use crate::inputs::framework::{CallThread, Framework, GatherWork, TensorWork};
 use crate::inputs::model::Tensor;
 use crate::inputs::topology::TcpParams;
 use crate::predict::scenario::Scenario;
@@ -19,7 +19,8 @@ use crate::schedule::{Exchange, Piece, Schedule, Slot, Step, StepKind, Stream};
 ///   group: tensors are in backward order).
 /// - A collective step, with calls from a background thread: its call, and on its first round
 ///   the fusion copies of the piece's tensors.
-/// - A parameter gather (sharded plans): its call, from either thread.
+/// - A parameter gather (sharded plans): its call, from either thread; its copy out, on the
+///   first compute step that waits for it.
 /// - The optimizer (or a group's update): the copy back of its tensors, and where the step
 ///   waits on the host for every collective first (`Framework::step_ops_per_tensor`), the
 ///   host time of its launches beyond its kernels' own.
@@ -99,10 +100,47 @@ pub fn step_times(scenario: &Scenario, schedule: &Schedule) -> Vec<SimTime> {
             _ => SimTime::ZERO,
         };
     }
+    if framework.gather != GatherWork::default() {
+        copy_out_gathers(&price, scenario, schedule, &mut times);
+    }
     if let Some(params) = &scenario.staged_on_compute {
         stage_on_compute(params, scenario, schedule, &mut times);
     }
     times
+}
+
+/// Each parameter gather's copy out (`Framework::gather`), on the first compute step that
+/// waits for it: the unit's first forward or backward kernel after the gather (FSDP2's
+/// `foreach_all_gather_copy_out` runs on the compute stream when the unit is first used).
+fn copy_out_gathers(
+    price: &Price,
+    scenario: &Scenario,
+    schedule: &Schedule,
+    times: &mut [SimTime],
+) {
+    let world = scenario.world();
+    let mut copied = vec![false; schedule.steps.len()];
+    for (i, step) in schedule.steps.iter().enumerate() {
+        if step.stream != Stream::Compute {
+            continue;
+        }
+        for &gather in &step.after {
+            let g = gather as usize;
+            let StepKind::Gather { group, .. } = schedule.steps[g].kind else {
+                continue;
+            };
+            if std::mem::replace(&mut copied[g], true) {
+                continue;
+            }
+            let shard = schedule.param_shards[group as usize];
+            let ranks = match shard.within_node {
+                true => world.ranks_per_node,
+                false => world.ranks(),
+            };
+            let bytes = shard.bytes.saturating_mul(u64::from(ranks));
+            times[i] += price.framework.gather_time(bytes, price.bandwidth);
+        }
+    }
 }
 
 /// A host library's staging on the compute stream: each piece's copies off the device on the
@@ -277,6 +315,48 @@ mod tests {
         let schedule = schedule(&scenario, &plan).unwrap();
         let times = step_times(&scenario, &schedule);
         (scenario, schedule, times)
+    }
+
+    #[test]
+    fn each_gather_is_copied_out_once_by_the_compute_that_first_waits_for_it() {
+        let overrides = ClusterOverrides {
+            nodes: Some(2),
+            ..ClusterOverrides::default()
+        };
+        let cluster = Cluster::load("dgx-h100", overrides).unwrap();
+        let model = ModelProfile::load("gpt2").unwrap();
+        let framework = Framework::load("pytorch-fsdp").unwrap();
+        let scenario = Scenario::new(model, cluster)
+            .unwrap()
+            .with_framework(Some(framework.clone()));
+        let plan = Strategy::Fsdp
+            .plan(&scenario, &StrategyOptions::default())
+            .unwrap();
+        let schedule = schedule(&scenario, &plan).unwrap();
+        let with = step_times(&scenario, &schedule);
+        let mut without = framework.clone();
+        without.gather = GatherWork::default();
+        let scenario_without = scenario.clone().with_framework(Some(without));
+        let base = step_times(&scenario_without, &schedule);
+        // Only compute steps pay, and in all exactly one copy of every gathered unit.
+        let ranks = u64::from(scenario.world().ranks());
+        let bandwidth = scenario.device.memory_bandwidth_gbytes_per_s;
+        let mut expected = SimTime::ZERO;
+        for step in &schedule.steps {
+            if let StepKind::Gather { group, .. } = step.kind {
+                let bytes = schedule.param_shards[group as usize].bytes * ranks;
+                expected += framework.gather_time(bytes, bandwidth);
+            }
+        }
+        let mut extra = SimTime::ZERO;
+        for ((step, &w), &b) in schedule.steps.iter().zip(&with).zip(&base) {
+            if w != b {
+                assert_eq!(step.stream, Stream::Compute, "{step:?}");
+                extra += w - b;
+            }
+        }
+        assert!(expected > SimTime::ZERO);
+        assert_eq!(extra, expected);
     }
 
     /// A framework of round numbers: 10 µs kernels, one per hook and per copy back, 5 µs per
