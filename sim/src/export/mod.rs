@@ -441,13 +441,9 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
             ));
         }
     }
-    // FSDP shards everything, DeepSpeed's stages 1 and 2 what ZeRO-1 and 2 do.
-    let sharded_by_target = |sharding: &crate::sharding::Sharding| match target {
-        Target::Fsdp => true,
-        Target::DeepSpeed => !sharding.stage.shards_parameters(),
-        _ => false,
-    };
-    if let Some(sharding) = plan.sharding.as_ref().filter(|s| !sharded_by_target(s)) {
+    // FSDP and DeepSpeed shard (DeepSpeed's export names the stage it cannot run itself).
+    let shards = matches!(target, Target::Fsdp | Target::DeepSpeed);
+    if let Some(sharding) = plan.sharding.as_ref().filter(|_| !shards) {
         notes.push(format!(
             "sharding {}: {name} keeps what the plan shards whole on every rank; export to fsdp (ZeRO-3) or deepspeed (ZeRO-1 and 2)",
             sharding.stage.name()
