@@ -416,7 +416,7 @@ mod tests {
     #[test]
     fn a_reduce_scattered_shard_is_checked_against_the_reference_shard() {
         for spec in ["none", "fp16"] {
-            let schedule = small_sharded("fsdp", spec, ParamDtype::Fp32, 3);
+            let schedule = small_sharded("fsdp", spec, ParamDtype::Fp32, (1, 3));
             assert!(pieces::ends_scattered(&schedule.pieces[0]));
             let n = schedule.pieces[0].numel as usize;
             assert_ne!(n % 3, 0);

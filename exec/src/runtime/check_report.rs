@@ -231,7 +231,7 @@ mod tests {
 
     #[test]
     fn gather_reports_replay_into_the_same_check() {
-        let schedule = small_sharded("zero2", "none", ParamDtype::Fp32, 3);
+        let schedule = small_sharded("zero2", "none", ParamDtype::Fp32, (1, 3));
         let (step, group) = first_gather(&schedule);
         // Digests with both halves set: rank r sent shard (r + 1) mod 3.
         let digest = |r: u64| (r + 1) << 40 | (r + 7);

@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn every_rank_holding_every_shard_checks_once_all_reported() {
-        let schedule = small_sharded("zero2", "none", ParamDtype::Fp32, 3);
+        let schedule = small_sharded("zero2", "none", ParamDtype::Fp32, (1, 3));
         let checks = GatherChecks::new(&schedule);
         let (step, group) = first_gather(&schedule);
         assert!(checks.accepts(step, 2, 3));
@@ -169,7 +169,7 @@ mod tests {
 
     #[test]
     fn a_shard_other_than_its_owner_sent_fails_naming_the_rank_and_shard() {
-        let schedule = small_sharded("fsdp", "none", ParamDtype::Fp32, 3);
+        let schedule = small_sharded("fsdp", "none", ParamDtype::Fp32, (1, 3));
         let checks = GatherChecks::new(&schedule);
         let (step, group) = first_gather(&schedule);
         let mut reports = reports();
@@ -186,6 +186,47 @@ mod tests {
                 && err.contains("gather g")
                 && err.contains("iteration 0: rank 1 holds a shard 0")
                 && err.contains("rank 2 sent"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn under_hybrid_sharding_each_node_holds_its_own_ranks_shards() {
+        // Two nodes of two: rank r sends shard (r % 2 + 1) % 2 of its node's split, and each
+        // node holds its two shards; the nodes' digests need not match.
+        let schedule = small_sharded("hsdp", "none", ParamDtype::Fp32, (2, 2));
+        let checks = GatherChecks::new(&schedule);
+        let (step, group) = first_gather(&schedule);
+        assert!(checks.accepts(step, 3, 2));
+        assert!(!checks.accepts(step, 0, 4), "four shards of a node's two");
+        let report = |sent, held: [u64; 2]| GatherDigests {
+            sent,
+            held: held.to_vec(),
+        };
+        let mut reports = vec![
+            report(10, [11, 10]),
+            report(11, [11, 10]),
+            report(20, [21, 20]),
+            report(21, [21, 20]),
+        ];
+        for (r, report) in reports.iter().enumerate().take(3) {
+            assert_eq!(checks.gathered(step, r as u32, 0, report).unwrap(), None);
+        }
+        assert_eq!(
+            checks.gathered(step, 3, 0, &reports[3]).unwrap(),
+            Some(group)
+        );
+        // Rank 2 holding the other node's shard fails, naming it.
+        reports[2].held = vec![11, 20];
+        for (r, report) in reports.iter().enumerate().take(3) {
+            checks.gathered(step, r as u32, 1, report).unwrap();
+        }
+        let err = checks
+            .gathered(step, 3, 1, &reports[3])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rank 2 holds a shard 0") && err.contains("rank 3 sent"),
             "{err}"
         );
     }

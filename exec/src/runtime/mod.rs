@@ -419,7 +419,7 @@ mod tests {
     /// `syncopate.torch` refuse it, naming `sharding` and themselves.
     #[test]
     fn only_the_cpu_backends_take_a_sharded_plan() {
-        let schedule = test_plans::small_sharded("fsdp", "none", ParamDtype::Fp32, 3);
+        let schedule = test_plans::small_sharded("fsdp", "none", ParamDtype::Fp32, (1, 3));
         let options = ExecOptions {
             warmup: 1,
             iterations: 1,

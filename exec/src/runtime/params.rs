@@ -203,7 +203,7 @@ mod tests {
     #[test]
     fn a_gather_gives_every_rank_every_shard_in_shard_order() {
         for dtype in [ParamDtype::Fp32, ParamDtype::Bf16] {
-            let schedule = small_sharded("fsdp", "none", dtype, 3);
+            let schedule = small_sharded("fsdp", "none", dtype, (1, 3));
             let units = units(&schedule).unwrap();
             assert_eq!(units.len(), 3, "{dtype:?}");
             for (unit, shard) in units.iter().zip(&schedule.param_shards) {
@@ -255,7 +255,7 @@ mod tests {
 
     #[test]
     fn a_shard_that_is_not_its_units_is_refused_naming_the_field() {
-        let mut schedule = small_sharded("zero2", "none", ParamDtype::Fp32, 3);
+        let mut schedule = small_sharded("zero2", "none", ParamDtype::Fp32, (1, 3));
         assert_eq!(units(&schedule).unwrap().len(), 1);
         schedule.param_shards[0].bytes += 1;
         let err = units(&schedule).unwrap_err().to_string();

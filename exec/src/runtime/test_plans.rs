@@ -54,14 +54,14 @@ pub(crate) fn resnet50() -> ModelProfile {
 }
 
 /// A `strategy` plan compressed by `spec` (a sharded strategy's, its parameters gathered in
-/// `param_dtype`) of a small model on `ranks` ranks of one node. The model has two blocks and a
+/// `param_dtype`) of a small model on `nodes` nodes of `per_node` ranks. The model has two blocks and a
 /// root (FSDP's three units, ZeRO's one bucket), none of whose sizes three ranks divide, so the
 /// last shard of each unit is padded and the ring's chunks are uneven.
 pub(crate) fn small_sharded(
     strategy: &str,
     spec: &str,
     param_dtype: ParamDtype,
-    ranks: u32,
+    (nodes, per_node): (u32, u32),
 ) -> Schedule {
     let mut model = resnet50();
     let template = model.tensors[0].clone();
@@ -86,12 +86,12 @@ pub(crate) fn small_sharded(
             t
         })
         .collect();
-    let one_node = ClusterOverrides {
-        nodes: Some(1),
-        gpus_per_node: Some(ranks),
+    let world = ClusterOverrides {
+        nodes: Some(nodes),
+        gpus_per_node: Some(per_node),
         ..ClusterOverrides::default()
     };
-    let scenario = Scenario::new(model, Cluster::load("v100-10gbe", one_node).unwrap()).unwrap();
+    let scenario = Scenario::new(model, Cluster::load("v100-10gbe", world).unwrap()).unwrap();
     let mut options = StrategyOptions {
         compressor: spec.parse().unwrap(),
         ..StrategyOptions::default()

@@ -110,9 +110,9 @@ mod tests {
     use syncopate_sim::sharding::ParamDtype;
 
     /// ZeRO-1, ZeRO-2 and FSDP plans run on three thread-ranks, gathering in fp32 and bf16, and
-    /// reducing uncompressed, in bf16, fp16 and random-k: every rank's reduced gradient (FSDP's
-    /// reduce-scattered shard) matches the reference, and every gather of every unit in every
-    /// iteration gave every rank every shard.
+    /// reducing uncompressed, in bf16, fp16 and random-k, and HSDP on two nodes of two: every
+    /// rank's reduced gradient (FSDP's reduce-scattered shard) matches the reference, and every
+    /// gather of every unit in every iteration gave every rank every shard of its split.
     #[test]
     fn sharded_plans_run_and_check_every_shard_and_gather() {
         let options = ExecOptions {
@@ -122,16 +122,19 @@ mod tests {
             seed: 3,
             timeout: Duration::from_secs(30),
         };
-        for (strategy, spec, dtype) in [
-            ("fsdp", "none", ParamDtype::Fp32),
-            ("fsdp", "randomk:0.5", ParamDtype::Bf16),
-            ("zero1", "bf16", ParamDtype::Fp32),
-            ("zero2", "fp16", ParamDtype::Bf16),
+        for (strategy, spec, dtype, (nodes, per_node)) in [
+            ("fsdp", "none", ParamDtype::Fp32, (1, 3)),
+            ("fsdp", "randomk:0.5", ParamDtype::Bf16, (1, 3)),
+            ("zero1", "bf16", ParamDtype::Fp32, (1, 3)),
+            ("zero2", "fp16", ParamDtype::Bf16, (1, 3)),
+            // Hybrid sharding: each node splits and gathers among its own ranks.
+            ("hsdp", "bf16", ParamDtype::Bf16, (2, 2)),
         ] {
             let what = format!("{strategy} {spec} {dtype:?}");
-            let schedule = small_sharded(strategy, spec, dtype, 3);
-            let job = Job::new(&schedule, 0.0, &options, 3).unwrap();
-            let measured = runtime::execute(runtime::Backend::Host { ranks: 3 }, &job);
+            let schedule = small_sharded(strategy, spec, dtype, (nodes, per_node));
+            let ranks = nodes * per_node;
+            let job = Job::new(&schedule, 0.0, &options, ranks).unwrap();
+            let measured = runtime::execute(runtime::Backend::Host { ranks }, &job);
             let measured = measured.unwrap_or_else(|err| panic!("{what}: {err}"));
             // Warm-up, the iteration between, two measured.
             assert_eq!(measured.iteration_end.len(), 4, "{what}");
