@@ -203,7 +203,7 @@ mod tests {
             sent,
             held: held.to_vec(),
         };
-        let mut reports = vec![
+        let mut reports = [
             report(10, [11, 10]),
             report(11, [11, 10]),
             report(20, [21, 20]),
