@@ -62,13 +62,14 @@ impl GatherChecks {
             })
             .collect();
         let world = schedule.world.ranks() as usize;
-        let hybrid = schedule.param_shards.iter().any(|s| s.within_node);
+        // Every unit of a plan is split alike.
+        let per = schedule
+            .param_shards
+            .first()
+            .map_or(world, |shard| shard.ranks(schedule.world) as usize);
         GatherChecks {
             world,
-            per: match hybrid {
-                true => schedule.world.ranks_per_node as usize,
-                false => world,
-            },
+            per,
             steps,
             open: Mutex::new(BTreeMap::new()),
         }

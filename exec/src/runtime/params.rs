@@ -15,7 +15,7 @@ use crate::error::{ExecError, Result};
 use std::ops::Range;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
-use syncopate_sim::schedule::{ParamShard, Pass, Schedule};
+use syncopate_sim::schedule::{Pass, Schedule};
 use syncopate_sim::sharding::{shard_numel, ParamDtype};
 use syncopate_sim::SimError;
 
@@ -43,11 +43,8 @@ pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
         .map(|g| {
             let field = format!("param_shards[{g}].bytes");
             let bad = |message: String| ExecError::Sim(SimError::invalid(label, &field, message));
-            let ParamShard { bytes, within_node } = schedule.param_shards[g];
-            let ranks = match within_node {
-                true => schedule.world.ranks_per_node,
-                false => schedule.world.ranks(),
-            };
+            let param_shard = schedule.param_shards[g];
+            let (bytes, ranks) = (param_shard.bytes, param_shard.ranks(schedule.world));
             let numel = schedule.buffers.get(g).map(|b| b.numel).ok_or_else(|| {
                 bad(format!(
                     "group {g} does not exist: the plan has {}",
@@ -69,7 +66,7 @@ pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
                 })
             };
             // After a gather a rank holds every shard.
-            fits(bytes.checked_mul(u64::from(ranks)))?;
+            fits(param_shard.gathered_bytes(schedule.world))?;
             Ok(Unit {
                 group: g as u32,
                 numel: fits(Some(numel))?,

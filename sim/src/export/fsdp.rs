@@ -14,7 +14,7 @@ use crate::plan::Plan;
 use crate::predict::scenario::Scenario;
 use crate::search::Choice;
 use crate::sharding::{ParamDtype, Stage};
-use crate::strategy::{fsdp_units_plan, merged_blocks, ShardOptions, StrategyOptions};
+use crate::strategy::{fsdp_units_plan, merged_blocks, with_root, ShardOptions, StrategyOptions};
 
 /// The blocks per unit `tune --framework fsdp` tries.
 const BLOCKS_GRID: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
@@ -285,12 +285,8 @@ impl Layout {
         let rest: Vec<usize> = (0..model.num_tensors()).filter(|&t| !taken[t]).collect();
         // Forward order: the reverse of the order the units' gradients are ready in.
         units.sort_by_key(|(unit, _)| std::cmp::Reverse(unit.iter().max().copied()));
-        let modules = units.iter().map(|(_, m)| m.clone()).collect();
-        let mut groups: Vec<Vec<usize>> = units.into_iter().map(|(unit, _)| unit).collect();
-        let root = (!rest.is_empty()).then(|| rest.clone());
-        groups.extend(root.clone());
-        groups.sort_by_key(|unit| unit.iter().max().copied());
-        let root = root.and_then(|r| groups.iter().position(|unit| *unit == r));
+        let (units, modules): (Vec<Vec<usize>>, Vec<Vec<String>>) = units.into_iter().unzip();
+        let (groups, root) = with_root(units, (!rest.is_empty()).then_some(rest));
         Layout {
             groups,
             root,

@@ -172,10 +172,17 @@ impl Settings {
         Ok(plan)
     }
 
+    /// `base` under the settings' framework, and the plan the framework runs there.
+    pub fn scenario_and_plan(&self, base: &Scenario) -> Result<(Scenario, Plan)> {
+        let scenario = self.scenario(base)?;
+        let plan = self.plan(&scenario)?;
+        Ok((scenario, plan))
+    }
+
     /// The steady iteration on `base` as the framework runs these settings.
     pub fn iteration_time(&self, base: &Scenario) -> Result<SimTime> {
-        let scenario = self.scenario(base)?;
-        steady_iteration_time(&scenario, &self.plan(&scenario)?)
+        let (scenario, plan) = self.scenario_and_plan(base)?;
+        steady_iteration_time(&scenario, &plan)
     }
 
     /// The framework's own defaults, uncompressed and in full precision.

@@ -6,6 +6,7 @@ use super::{candidates, nearest, Settings, Target};
 use crate::base::error::{Result, SimError};
 use crate::base::time::SimTime;
 use crate::compress::{Compressor, Memory};
+use crate::predict::evaluate::steady_iteration_time;
 use crate::predict::memory::check_plan_fits;
 use crate::predict::scenario::Scenario;
 use crate::search::{refine_groups, Choice, SearchSpace};
@@ -61,9 +62,9 @@ pub fn tune_settings(
     let done = std::sync::atomic::AtomicU64::new(0);
     let price = |settings: &Settings| -> Result<SimTime> {
         // Settings whose model states do not fit the device are skipped like any that cannot run.
-        let scenario = settings.scenario(base)?;
-        check_plan_fits(&scenario, &settings.plan(&scenario)?, "tune")?;
-        let time = settings.iteration_time(base)?;
+        let (scenario, plan) = settings.scenario_and_plan(base)?;
+        check_plan_fits(&scenario, &plan, "tune")?;
+        let time = steady_iteration_time(&scenario, &plan)?;
         progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
         Ok(time)
     };
@@ -116,8 +117,7 @@ fn refine(
     if !target.expresses_groups() {
         return Ok((start, start_time, 0));
     }
-    let scenario = start.scenario(base)?;
-    let plan = start.plan(&scenario)?;
+    let (scenario, plan) = start.scenario_and_plan(base)?;
     let ((refined, _), scored) =
         refine_groups(&scenario, (plan, start_time), REFINE_BUDGET, progress);
     // Priced again as the settings that express it, so the time is the settings' own.

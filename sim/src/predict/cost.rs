@@ -355,12 +355,15 @@ fn gather_cost(
         true => RankGroup::one_node(&scenario.cluster),
         false => RankGroup::world(&scenario.cluster),
     };
-    let shard_bytes = shard.bytes;
-    let ranks = u64::from(group.ranks);
-    let bytes = shard_bytes.checked_mul(ranks).ok_or_else(|| {
+    let world = scenario.world();
+    let bytes = shard.gathered_bytes(world).ok_or_else(|| {
         SimError::bad_value(
             "sharding",
-            format!("{shard_bytes} bytes per shard over {ranks} ranks"),
+            format!(
+                "{} bytes per shard over {} ranks",
+                shard.bytes,
+                shard.ranks(world)
+            ),
             "a gathered unit's bytes overflow",
         )
     })?;

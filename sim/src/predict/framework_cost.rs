@@ -132,12 +132,10 @@ fn copy_out_gathers(
             if std::mem::replace(&mut copied[g], true) {
                 continue;
             }
-            let shard = schedule.param_shards[group as usize];
-            let ranks = match shard.within_node {
-                true => world.ranks_per_node,
-                false => world.ranks(),
-            };
-            let bytes = shard.bytes.saturating_mul(u64::from(ranks));
+            // The cost pass refused an overflowing unit before pricing the framework's work.
+            let bytes = schedule.param_shards[group as usize]
+                .gathered_bytes(world)
+                .unwrap_or(u64::MAX);
             times[i] += price.framework.gather_time(bytes, price.bandwidth);
         }
     }

@@ -288,6 +288,22 @@ pub struct ParamShard {
     pub within_node: bool,
 }
 
+impl ParamShard {
+    /// The ranks whose shards a gather of the unit joins: every rank, or the node's.
+    pub fn ranks(&self, world: World) -> u32 {
+        match self.within_node {
+            true => world.ranks_per_node,
+            false => world.ranks(),
+        }
+    }
+
+    /// Bytes of the gathered unit: every shard [`ParamShard::ranks`] holds; `None` when they
+    /// overflow.
+    pub fn gathered_bytes(&self, world: World) -> Option<u64> {
+        self.bytes.checked_mul(u64::from(self.ranks(world)))
+    }
+}
+
 /// One partition of one group: the unit every encode, collective and decode step works on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

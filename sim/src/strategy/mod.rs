@@ -16,7 +16,7 @@ pub use fixed_groups::{groups as fixed_groups, GroupingRule};
 pub use horovod::{
     HorovodFusion, CYCLE_US as HOROVOD_CYCLE_US, FUSION_BYTES as HOROVOD_FUSION_BYTES,
 };
-pub use sharded::{fsdp_units_plan, merged_blocks, zero_buckets, ShardOptions};
+pub use sharded::{fsdp_units_plan, merged_blocks, with_root, zero_buckets, ShardOptions};
 
 use crate::base::error::{Result, SimError};
 use crate::compress::{Compressor, Memory};

@@ -148,7 +148,7 @@ pub fn merged_blocks(model: &ModelProfile, per_unit: u32) -> (Vec<Vec<usize>>, O
         .filter(|&(index, _)| Some(index) != root)
         .map(|(_, block)| block)
         .collect();
-    let mut units: Vec<Vec<usize>> = forward
+    let units: Vec<Vec<usize>> = forward
         .chunks(per_unit.max(1) as usize)
         .map(|chunk| {
             let mut unit = chunk.concat();
@@ -156,10 +156,19 @@ pub fn merged_blocks(model: &ModelProfile, per_unit: u32) -> (Vec<Vec<usize>>, O
             unit
         })
         .collect();
-    units.extend(root_tensors.clone());
-    units.sort_by_key(|unit| unit.last().copied());
-    let root = root_tensors.and_then(|r| units.iter().position(|unit| *unit == r));
-    (units, root)
+    with_root(units, root_tensors)
+}
+
+/// `units` and the `root` unit (disjoint tensor lists) in a sharded plan's group order, by the
+/// last gradient each needs, with the root's index among them.
+pub fn with_root(
+    mut units: Vec<Vec<usize>>,
+    root: Option<Vec<usize>>,
+) -> (Vec<Vec<usize>>, Option<usize>) {
+    units.extend(root.clone());
+    units.sort_by_key(|unit| unit.iter().max().copied());
+    let index = root.and_then(|r| units.iter().position(|unit| *unit == r));
+    (units, index)
 }
 
 fn sharded(

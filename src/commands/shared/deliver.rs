@@ -64,8 +64,7 @@ pub fn deliver(
     reference: Reference,
     outputs: &Outputs,
 ) -> anyhow::Result<()> {
-    let scenario = settings.scenario(base)?;
-    let mut plan = settings.plan(&scenario)?;
+    let (scenario, mut plan) = settings.scenario_and_plan(base)?;
     let time = ms(steady_iteration_time(&scenario, &plan)?);
     let cluster = &base.cluster;
     if let Some(path) = outputs.save_plan {
