@@ -835,6 +835,80 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
 }
 
 #[test]
+fn a_gloo_refit_keeps_fsdps_reduce_scatters_as_measured_without_fitting_to_them() {
+    let dir = scratch("gloo-fit-reduce-scatter");
+    let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
+    let mut truth = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
+    let mut params = truth.library.tcp().unwrap().clone();
+    params.measured.clear();
+    params.call_overhead_us = 700.0;
+    truth.library = Library::Gloo(params);
+    let collectives = dir.join("collectives.csv");
+    gloo_sweep(&truth, &collectives);
+    // `python -m syncopate.torch.sweep --ops reduce-scatter` rows, ten times slower than the
+    // model: were they fitted to, the fit would move.
+    let mut with_scatters = std::fs::read_to_string(&collectives).unwrap();
+    let sizes = [64u64 << 10, 1 << 20, 16 << 20];
+    for bytes in sizes {
+        let t =
+            collective::estimate(&truth, Op::ReduceScatter, bytes, Group::world(&truth)).unwrap();
+        with_scatters.push_str(&format!(
+            "reduce-scatter,2,{bytes},{:.3}\n",
+            10.0 * t.time.as_us()
+        ));
+    }
+    let scatters = dir.join("with-scatters.csv");
+    std::fs::write(&scatters, with_scatters).unwrap();
+    let fit = |sweep: &std::path::Path, out: &std::path::Path| {
+        let out_arg = out.to_str().unwrap();
+        let args = [
+            "collective",
+            "--cluster",
+            lab.to_str().unwrap(),
+            "--library",
+            "gloo",
+        ];
+        let run = syncopate(
+            &[
+                &args[..],
+                &["--compare", sweep.to_str().unwrap(), "--fit-out", out_arg],
+            ]
+            .concat(),
+        );
+        assert!(run.status.success(), "{}", stderr(&run));
+        read_json(out)
+    };
+    let without: serde_json::Value = fit(&collectives, &dir.join("without.json"));
+    let with: serde_json::Value = fit(&scatters, &dir.join("with.json"));
+    for field in ["call_overhead_us", "message_overhead_us", "host_gbps"] {
+        assert_eq!(with["library"][field], without["library"][field], "{field}");
+    }
+    let measured = with["library"]["measured"].as_array().unwrap();
+    let scattered: Vec<u64> = measured
+        .iter()
+        .find(|m| m["op"] == "reduce-scatter")
+        .expect("the reduce-scatter rows kept")["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(scattered, sizes);
+    // Kept, they price a plan's reduce-scatter of a measured size.
+    let loadable = dir.join("with-device.json");
+    write_lab_cluster(&loadable, with.clone());
+    let cluster = Cluster::load(loadable.to_str().unwrap(), ClusterOverrides::default()).unwrap();
+    let priced =
+        collective::estimate(&cluster, Op::ReduceScatter, 1 << 20, Group::world(&cluster)).unwrap();
+    let model =
+        collective::estimate(&truth, Op::ReduceScatter, 1 << 20, Group::world(&truth)).unwrap();
+    assert!(
+        (priced.time.as_us() / model.time.as_us() - 10.0).abs() < 0.05,
+        "{priced:?} {model:?}"
+    );
+}
+
+#[test]
 fn gloos_allreduce_pays_a_message_per_segment_and_its_allgather_a_second_call() {
     let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
     let mut cluster = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();

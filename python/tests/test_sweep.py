@@ -16,11 +16,11 @@ from syncopate import SyncopateError
 from syncopate.torch import sweep
 
 
-def timed(rank, world, sizes):
+def timed(rank, world, sizes, gathers="wrapper"):
     from syncopate.torch.link import Link
 
     try:
-        return sweep.sweep(Link(rank, world, 30), sweep.OPS, sizes, iterations=2, rounds=2)
+        return sweep.sweep(Link(rank, world, 30), sweep.OPS, sizes, iterations=2, rounds=2, gathers=gathers)
     finally:
         sweep.release_servers()
 
@@ -29,22 +29,53 @@ def sizes_of(collectives, push_pull):
     """Each op's sizes: the collectives' and the push-pull's."""
     collectives = sweep.parse_sizes("--sizes", collectives)
     push_pull = sweep.parse_sizes("--push-pull-sizes", push_pull)
-    return {"allreduce": collectives, "allgather": collectives, "push-pull": push_pull, "push-pull-all": push_pull}
+    return {"allreduce": collectives, "allgather": collectives, "reduce-scatter": collectives, "push-pull": push_pull,
+            "push-pull-all": push_pull}
 
 
-def test_every_op_and_size_is_timed_alike_on_every_rank(tmp_path):
-    outcomes = ranks.values(ranks.run(timed, sizes_of("4K,64K", "16K")))
+@pytest.mark.parametrize("gathers", sweep.GATHERS)
+def test_every_op_and_size_is_timed_alike_on_every_rank(tmp_path, gathers):
+    outcomes = ranks.values(ranks.run(timed, sizes_of("4K,64K", "16K"), gathers))
     # Every rank reports the slowest rank's time: the same rows everywhere.
     assert outcomes[0] == outcomes[1]
     assert [(op, world, size) for op, world, size, _ in outcomes[0]] == [
-        (op, 2, size) for op in ("allreduce", "allgather") for size in (4096, 65536)] + [
+        (op, 2, size) for op in ("allreduce", "allgather", "reduce-scatter") for size in (4096, 65536)] + [
         ("push-pull", 2, 16384), ("push-pull-all", 2, 16384)]
     assert all(t > 0 for *_, t in outcomes[0])
     path = tmp_path / "sweep.csv"
     sweep.write_csv(path, outcomes[0])
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0]) == ["op", "gpus", "size_bytes", "time_us"]
-    assert [r["op"] for r in rows] == ["allreduce", "allreduce", "allgather", "allgather", "push-pull", "push-pull-all"]
+    assert [r["op"] for r in rows] == ["allreduce", "allreduce", "allgather", "allgather", "reduce-scatter",
+                                       "reduce-scatter", "push-pull", "push-pull-all"]
+
+
+def called(rank, world, op, gathers):
+    """What one sweep call of `op` leaves in its output, with the collective spied on."""
+    import torch.distributed as dist
+
+    from syncopate.torch.link import Link
+
+    seen = []
+    for name in ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor"):
+        real = getattr(dist, name)
+        setattr(sweep.dist, name, lambda *a, _real=real, _name=name, **k: (seen.append((_name, k.get("op"))),
+                                                                          _real(*a, **k))[1])
+    try:
+        sweep.calls(op, Link(rank, world, 30), 64, gathers)()
+    finally:
+        for name in ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor"):
+            setattr(sweep.dist, name, getattr(dist, name))
+    return [(name, str(op)) for name, op in seen]
+
+
+@pytest.mark.parametrize("op,gathers,expected", [
+    ("allgather", "tensor", [("all_gather_into_tensor", "None")]),
+    ("allgather", "wrapper", [("all_gather", "None"), ("all_gather", "None")]),
+    ("reduce-scatter", "wrapper", [("reduce_scatter_tensor", "RedOpType.AVG")])])
+def test_fsdp_gathers_are_one_call_and_its_reduce_scatters_average(op, gathers, expected):
+    outcomes = ranks.values(ranks.run(called, op, gathers))
+    assert outcomes[0] == outcomes[1] == expected
 
 
 def pulled(rank, world):
@@ -84,7 +115,8 @@ def test_beside_compute_every_rank_computes_while_it_is_timed_and_stops_after():
     outcomes = ranks.values(ranks.run(timed_beside_compute, sizes_of("64K", "4K")))
     for rows, alive, left_running in outcomes:
         assert [(op, size) for op, _, size, _ in rows] == [
-            ("allreduce", 65536), ("allgather", 65536), ("push-pull", 4096), ("push-pull-all", 4096)]
+            ("allreduce", 65536), ("allgather", 65536), ("reduce-scatter", 65536), ("push-pull", 4096),
+            ("push-pull-all", 4096)]
         assert alive and not left_running
 
 

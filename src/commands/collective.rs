@@ -304,9 +304,18 @@ fn rows_of(
     .collect())
 }
 
-/// The rows a refit keeps in the cluster's `measured` beside the fitted ones, not held out and
-/// not fitted: an MPI sweep's allgathers (`lab up` times the MPI backend's own), which stand in
-/// for the model where a plan runs that allgather.
+/// The collectives whose rows a refit keeps in the cluster's `measured` without fitting to
+/// them: an MPI sweep's allgathers (`lab up` times the MPI backend's own) and any sweep's
+/// reduce-scatters (`python -m syncopate.torch.sweep --ops reduce-scatter` times FSDP2's), which
+/// stand in for the model where a plan runs that collective.
+fn kept_ops(library: &Library) -> &'static [Op] {
+    match library {
+        Library::Mpi(_) => &[Op::Allgather, Op::ReduceScatter],
+        _ => &[Op::ReduceScatter],
+    }
+}
+
+/// The rows of the [`kept_ops`] not held out.
 fn kept_set(
     cluster: &Cluster,
     path: &std::path::Path,
@@ -314,17 +323,23 @@ fn kept_set(
     filters: &[RowFilter],
     held_out: &[u32],
 ) -> anyhow::Result<Vec<Timed>> {
-    if !matches!(cluster.library, Library::Mpi(_)) || !calibrate::has_op_column(path)? {
+    if !calibrate::has_op_column(path)? {
         return Ok(Vec::new());
     }
-    let rows = rows_of(cluster, Op::Allgather, path, args, filters)?;
-    Ok(calibrate::fit_set(&rows, held_out)
-        .into_iter()
-        .map(|measured| Timed {
-            op: Op::Allgather,
-            measured,
-        })
-        .collect())
+    let mut kept = Vec::new();
+    for &op in kept_ops(&cluster.library) {
+        // A sweep that did not time the collective has nothing to keep of it.
+        if calibrate::read_named(path, op.name(), cluster.world_size())?.is_empty() {
+            continue;
+        }
+        let rows = rows_of(cluster, op, path, args, filters)?;
+        kept.extend(
+            calibrate::fit_set(&rows, held_out)
+                .into_iter()
+                .map(|measured| Timed { op, measured }),
+        );
+    }
+    Ok(kept)
 }
 
 /// The TCP fit's measurements: every fitted collective's rows not held out.

@@ -8,6 +8,9 @@ syncopate.torch.sweep --out sweep.csv`, or torchrun). Each size is timed `--iter
 back to back after a barrier (the ranks start together), each call launched asynchronously and
 waited for as `syncopate.torch`'s exchanges do; a row is the median over `--rounds` rounds of
 the slowest rank's mean time per call, the time a collective in training takes.
+`--gathers tensor` times allgather as FSDP2 calls it (one `all_gather_into_tensor`) instead of
+the wrapper's two calls; `reduce-scatter` is FSDP2's `reduce_scatter_tensor` with `ReduceOp.AVG`
+(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, fp32 gradients).
 `--beside-compute` times the same calls while every rank also computes on a thread of its own
 (a rank's backward pass beside its communication): `syncopate collective --beside-compute`
 turns the two sweeps into the cluster's `contention.collective_slowdown_with_compute` and its
@@ -33,7 +36,10 @@ from syncopate.errors import SyncopateError
 from syncopate.torch import exchange
 from syncopate.torch.link import Link
 
-OPS = ("allreduce", "allgather", "push-pull", "push-pull-all")
+OPS = ("allreduce", "allgather", "reduce-scatter", "push-pull", "push-pull-all")
+# What a sweep times unless told: the collectives syncopate.torch runs.
+DEFAULT_OPS = ("allreduce", "allgather", "push-pull", "push-pull-all")
+GATHERS = ("wrapper", "tensor")
 # The sizes `syncopate lab up`'s MPI sweep uses, so that the two fits see the same messages.
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M"
 # A push-pull's server link carries every peer's payload, (ranks - 1) times an allreduce's
@@ -71,10 +77,12 @@ def positive(flag, text):
     return value
 
 
-def calls(op, link, size):
+def calls(op, link, size, gathers="wrapper"):
     """One launch-and-wait of `op` on a per-rank buffer of `size` bytes. Allgather gathers the
     total `size` (nccl-tests' convention: each rank sends size / world) the way
-    `syncopate.torch`'s exchange gathers payloads: their sizes first, then the payloads. A
+    `syncopate.torch`'s exchange gathers payloads (`gathers` "wrapper": their sizes first, then
+    the payloads) or FSDP2 gathers a unit's parameters ("tensor": one call into one tensor).
+    Reduce-scatter reduces a `size`-byte fp32 input to each rank's size / world. A
     push-pull sends every rank's `size` bytes to rank 0 and rank 0's back, with the messages of
     `syncopate.torch`'s parameter server (its codecs' work left out); `push-pull-all` makes one
     to every rank at once, each on a thread and process group of its own, as the wrapper's
@@ -99,8 +107,17 @@ def calls(op, link, size):
     if op == "allreduce":
         buffer = torch.ones(size // 4, dtype=torch.float32)
         return lambda: link.wait(link.start(dist.all_reduce, buffer, async_op=True), "sweep allreduce")
+    if op == "reduce-scatter":
+        elements = max(size // 4 // link.world, 1)
+        full, reduced = torch.ones(elements * link.world), torch.empty(elements)
+        return lambda: link.wait(link.start(dist.reduce_scatter_tensor, reduced, full, op=dist.ReduceOp.AVG,
+                                            async_op=True), "sweep reduce-scatter")
     shard = max(size // link.world, 1)
     mine = torch.ones(shard, dtype=torch.uint8)
+    if gathers == "tensor":
+        into = torch.empty(shard * link.world, dtype=torch.uint8)
+        return lambda: link.wait(link.start(dist.all_gather_into_tensor, into, mine, async_op=True),
+                                 "sweep allgather")
     gathered = [torch.empty(shard, dtype=torch.uint8) for _ in range(link.world)]
 
     def allgather():
@@ -142,9 +159,9 @@ def slowest(link, value):
     return float(tensor.item())
 
 
-def measure(link, op, size, iterations, rounds):
+def measure(link, op, size, iterations, rounds, gathers="wrapper"):
     """Median over rounds of the slowest rank's mean µs per call."""
-    call = calls(op, link, size)
+    call = calls(op, link, size, gathers)
     call()  # connections and buffers warmed outside the timing
     times = []
     for _ in range(rounds):
@@ -176,10 +193,11 @@ class Computing:
         self.thread.join()
 
 
-def sweep(link, ops, sizes, iterations, rounds):
+def sweep(link, ops, sizes, iterations, rounds, gathers="wrapper"):
     """Rows (op, ranks, size in bytes, µs) for every op and its sizes (`sizes[op]`), on every
     rank alike."""
-    return [(op, link.world, size, measure(link, op, size, iterations, rounds)) for op in ops for size in sizes[op]]
+    return [(op, link.world, size, measure(link, op, size, iterations, rounds, gathers)) for op in ops
+            for size in sizes[op]]
 
 
 def write_csv(path, rows):
@@ -195,7 +213,11 @@ def main(argv=None):
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"per-rank buffer sizes (default {DEFAULT_SIZES})")
     p.add_argument("--push-pull-sizes", default=DEFAULT_PUSH_PULL_SIZES,
                    help=f"per-rank payload sizes of the push-pull (default {DEFAULT_PUSH_PULL_SIZES})")
-    p.add_argument("--ops", default=",".join(OPS), help=f"collectives to time, of {', '.join(OPS)}")
+    p.add_argument("--ops", default=",".join(DEFAULT_OPS),
+                   help=f"collectives to time, of {', '.join(OPS)} (default {','.join(DEFAULT_OPS)})")
+    p.add_argument("--gathers", default="wrapper", choices=GATHERS,
+                   help="allgather as syncopate.torch calls it (wrapper: sizes, then payloads) or as FSDP2 does "
+                        "(tensor: one all_gather_into_tensor)")
     p.add_argument("--iterations", default="10", help="calls per round (default 10)")
     p.add_argument("--rounds", default="5", help="rounds per size; the median is kept (default 5)")
     p.add_argument("--timeout-s", default="120", help="how long one call may wait for its peers (default 120)")
@@ -205,7 +227,8 @@ def main(argv=None):
     try:
         collective_sizes = parse_sizes("--sizes", args.sizes)
         push_pull_sizes = parse_sizes("--push-pull-sizes", args.push_pull_sizes)
-        sizes = {"allreduce": collective_sizes, "allgather": collective_sizes, "push-pull": push_pull_sizes,
+        sizes = {"allreduce": collective_sizes, "allgather": collective_sizes, "reduce-scatter": collective_sizes,
+                 "push-pull": push_pull_sizes,
                  "push-pull-all": push_pull_sizes}
         ops = [op.strip() for op in args.ops.split(",")]
         unknown = [op for op in ops if op not in OPS]
@@ -221,7 +244,7 @@ def main(argv=None):
         link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
         try:
             with Computing() if args.beside_compute else contextlib.nullcontext():
-                rows = sweep(link, ops, sizes, iterations, rounds)
+                rows = sweep(link, ops, sizes, iterations, rounds, args.gathers)
         finally:
             release_servers()
         if link.rank == 0:
