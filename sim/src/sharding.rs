@@ -150,8 +150,9 @@ pub fn block_units(model: &ModelProfile) -> (Vec<Vec<usize>>, Option<usize>) {
     (units.into_iter().map(|(_, t)| t).collect(), root)
 }
 
-/// The block a tensor belongs to: its name up to and including its first all-digit component.
-fn block_of(name: &str) -> Option<String> {
+/// The block a tensor belongs to: its name up to and including its first all-digit component
+/// and the dot after it (`transformer.h.12.`).
+pub fn block_of(name: &str) -> Option<String> {
     let mut end = 0;
     for part in name.split('.') {
         end += part.len() + 1;

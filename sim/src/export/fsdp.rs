@@ -13,7 +13,7 @@ use crate::inputs::model::{ModelProfile, Precision};
 use crate::plan::Plan;
 use crate::predict::scenario::Scenario;
 use crate::search::Choice;
-use crate::sharding::{ParamDtype, Stage};
+use crate::sharding::{block_of, ParamDtype, Stage};
 use crate::strategy::{fsdp_units_plan, merged_blocks, with_root, ShardOptions, StrategyOptions};
 
 /// The blocks per unit `tune --framework fsdp` tries.
@@ -317,10 +317,17 @@ fn module_cover(
     // Tensors are in backward order: the modules come out in forward order.
     for &t in unit.iter().rev() {
         let name = &model.tensors[t].name;
-        // The shortest prefix of whole components whose module lies inside the unit.
+        // The shortest prefix of whole components whose module lies inside the unit, and no
+        // shorter than the tensor's block: what holds the blocks (GPT-2's `h`, a ModuleList) is
+        // iterated, not called, and FSDP2's hooks on a module that is never called never run.
+        // (A parameter that is itself numbered, `params.0`, has only its container.)
+        let shortest = block_of(name)
+            .map_or(0, |block| block.trim_end_matches('.').len())
+            .min(name.rfind('.').unwrap_or(0));
         let cover = name
             .match_indices('.')
             .map(|(end, _)| &name[..end])
+            .filter(|prefix| prefix.len() >= shortest)
             .find(|prefix| inside(prefix));
         match cover {
             Some(prefix) if !modules.iter().any(|m| m == prefix) => {

@@ -351,6 +351,22 @@ fn an_fsdp_plan_exports_its_block_units_and_a_split_module_joins_the_root() {
 }
 
 #[test]
+fn a_unit_of_every_block_shards_the_blocks_not_the_list_that_holds_them() {
+    // GPT-2's blocks sit in a ModuleList (`transformer.h`) that forward iterates but never
+    // calls: fully_shard on it would never gather (seen in experiments/fsdp-lab).
+    let base = scenario("gpt2-xl");
+    let mut options = StrategyOptions::default();
+    options.sharding.blocks_per_unit = 48;
+    let plan = Strategy::Fsdp.plan(&base, &options).unwrap();
+    let near = nearest(Target::Fsdp, &plan, &base.model);
+    assert!(near.unexpressed.is_empty(), "{:?}", near.unexpressed);
+    let text = near.settings.render(&base.model, &[]);
+    assert!(!text.contains("\"transformer.h\""), "{text}");
+    assert_eq!(text.matches("\"transformer.h.").count(), 48);
+    assert_eq!(exported_groups(Target::Fsdp, &plan, &base), groups(&plan));
+}
+
+#[test]
 fn fsdp_names_what_it_cannot_run_and_other_frameworks_name_sharding() {
     let base = scenario("gpt2-xl");
     let ddp = Strategy::Ddp
