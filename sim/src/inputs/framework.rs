@@ -126,6 +126,13 @@ pub struct Framework {
     /// Where the copies to and from a host-memory library run.
     #[serde(default, skip_serializing_if = "is_beside")]
     pub host_staging: HostStaging,
+    /// Whether a collective call returns only once the collective has completed on a CPU
+    /// rank, holding the thread that computes: FSDP2 calls its all-gathers and reduce-scatters
+    /// without `async_op`, which on a GPU returns once they are queued on a stream of their
+    /// own but on gloo waits for the result. false: the call returns at once and the library's
+    /// threads carry the collective (DDP's Reducer, syncopate.torch).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_calls_block: bool,
     /// Where these costs come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
 }

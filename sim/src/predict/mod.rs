@@ -1,5 +1,6 @@
 //! Pricing and running a schedule: costs, contention, the engine, noise, summaries and traces.
 
+pub mod blocking;
 pub mod contention;
 pub mod cost;
 pub mod engine;

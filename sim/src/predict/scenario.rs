@@ -102,6 +102,17 @@ impl Scenario {
         self.device.kind == DeviceKind::Cpu
     }
 
+    /// Whether a collective call holds the computing thread until it completes: a framework
+    /// that calls them synchronously (`Framework::host_calls_block`) on CPU ranks, which have
+    /// no streams to queue them on.
+    pub fn calls_hold_compute(&self) -> bool {
+        self.cpu_ranks()
+            && self
+                .framework
+                .as_ref()
+                .is_some_and(|framework| framework.host_calls_block)
+    }
+
     /// Run plans under `framework`'s costs. A framework that makes a host library's copies on
     /// the compute stream moves them out of the collectives (`staged_on_compute`).
     pub fn with_framework(mut self, framework: Option<Framework>) -> Scenario {

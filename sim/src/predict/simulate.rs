@@ -11,6 +11,7 @@ use crate::collective::Naming;
 use crate::compress::{Compressor, Memory};
 use crate::inputs::topology::Cluster;
 use crate::plan::{CompressOn, Plan};
+use crate::predict::blocking;
 use crate::predict::cost::step_costs;
 use crate::predict::engine::{self, CoreShare, EngineConfig, EngineResult};
 use crate::predict::graph::TaskGraph;
@@ -61,20 +62,25 @@ pub struct Outcome {
     pub trace: Option<Trace>,
 }
 
-/// The plan lowered for the scenario's world (errors name it by its strategy).
+/// The plan lowered for the scenario's world (errors name it by its strategy), with the
+/// framework's waits for its blocking calls where the ranks are CPUs (`blocking`).
 pub fn schedule(scenario: &Scenario, plan: &Plan) -> Result<Schedule> {
     // The codec set prices its ops where they run: a plan on another stream means something
     // else. (Its compressors are checked where a plan meets the set, once, not per candidate.)
     if let Some(set) = &scenario.codecs {
         set.check_stream(plan)?;
     }
-    lower(
+    let mut schedule = lower(
         &scenario.model,
         scenario.world(),
         scenario.cpu_ranks(),
         plan,
         &format!("strategy {}", plan.strategy),
-    )
+    )?;
+    if scenario.calls_hold_compute() {
+        blocking::hold_compute(&mut schedule);
+    }
+    Ok(schedule)
 }
 
 /// `iterations` iterations of the schedule, every task priced by the cost pass.
