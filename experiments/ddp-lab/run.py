@@ -28,9 +28,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 import svgplot  # noqa: E402
-from runner import (compute_us, cpu_times, end_on_sigterm, keep_median_recording, lab_experiment_arguments,  # noqa: E402
-                    lab_result, lab_up, labs_down, median_sweep, refit_gloo, sh, splice_readme, stolen_pct, sweep_gloo,
-                    write_csv)
+from runner import (cpu_times, end_on_sigterm, fmt, keep_median_recording, lab_experiment_arguments,  # noqa: E402
+                    lab_result, lab_up, labs_down, median_sweep, p90, refit_gloo, scaled_profile, sh, spearman,
+                    splice_readme, stolen_pct, sweep_gloo, write_csv)
 
 RANK = REPO / "experiments" / "ddp-overhead" / "rank.py"
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
@@ -167,22 +167,6 @@ def run_compute_ms(runs):
     return {k: statistics.median(v) for k, v in found.items()}
 
 
-def scaled_profile(nodes, compute_ms, name):
-    """The profile at `nodes` ranks with every time scaled so that its compute per iteration is
-    `compute_ms`: the per-tensor shape of the recording, the level the run measured."""
-    profile = json.loads(profile_path(nodes).read_text())
-    factor = compute_ms * 1e3 / compute_us(profile)
-    for tensor in profile["tensors"]:
-        tensor["forward_us"] *= factor
-        tensor["backward_us"] *= factor
-    profile["optimizer_us"] *= factor
-    profile["description"] += f"; every time scaled by {factor:.3f} to the compute measured in the runs"
-    out = SCRATCH / "scaled" / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile, indent=1) + "\n")
-    return out
-
-
 def predict(opts):
     """Each configuration's predicted iteration on its lab's gloo fit: the `ddp` strategy's plan
     for the bucket size (first bucket too, as PyTorch 2.15 caps it when bucket_cap_mb is given)
@@ -199,7 +183,8 @@ def predict(opts):
                 profiles = {"pytorch-ddp": profile_path(nodes), "none": profile_path(nodes)}
                 compute = measured_compute.get((nodes, gbps, hook, bucket))
                 if compute:
-                    profiles["run-compute"] = scaled_profile(nodes, compute, key)
+                    profiles["run-compute"] = scaled_profile(profile_path(nodes), compute,
+                                                             SCRATCH / "scaled" / f"{key}.json")
                 entry = {}
                 for label, profile in profiles.items():
                     framework = "none" if label == "none" else "pytorch-ddp"
@@ -223,39 +208,6 @@ def repredict(opts):
     for _, nodes, gbps in LABS:
         refit_gloo(opts.syncopate, f"lab-{lab_key(nodes, gbps)}", HERE / "clusters")
     predict(opts)
-
-
-def ranks(values):
-    """Ranks from 1, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    result = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            result[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return result
-
-
-def spearman(xs, ys):
-    """Spearman's rank correlation (Pearson's on the ranks); None when either side is constant."""
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.mean(rx), statistics.mean(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return sxy / (sxx * syy) ** 0.5 if sxx and syy else None
-
-
-def p90(values):
-    """The 90th percentile, linearly interpolated between the sorted values (syncopate_sim::base::stats)."""
-    ordered = sorted(values)
-    position = 0.9 * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def report():
@@ -283,10 +235,6 @@ def report():
                      "error_run_compute_pct": (scaled / measured - 1) * 100 if measured and scaled else None,
                      **{f"predicted_{k}": entry["pytorch-ddp"][k] for k in ("compute_ms", "comm_ms", "compression_ms")}})
     return rows
-
-
-def fmt(value, spec=".1f", empty="–"):
-    return empty if value is None else format(value, spec)
 
 
 def groups(rows):

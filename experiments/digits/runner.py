@@ -2,7 +2,8 @@
 
 That is running a command with its output in the error, refusing a debug build of the package,
 bringing labs up and down, sweeping gloo on them and fitting to the sweeps, training on them,
-keeping the median of several profile recordings, the measured iterations of a trace, writing a
+keeping the median of several profile recordings or scaling one to a run's compute, the measured
+iterations of a trace, the statistics the predicted-against-measured tables report, writing a
 CSV, and splicing a generated block into a README.
 """
 
@@ -126,14 +127,16 @@ def lab_result(syncopate, name, timeout_s, command, what):
 BESIDE_COMPUTE_SIZES = "64K,256K,1M,4M"
 
 
-def sweep_gloo(syncopate, python, name, sweep, busy):
+def sweep_gloo(syncopate, python, name, sweep, busy, alone_args=(), gathers="wrapper"):
     """Times gloo's allreduce and allgather on lab `name` as the wrapper calls them (`python -m
-    syncopate.torch.sweep`, one rank per node), alone into the CSV file `sweep` and with every
-    rank computing beside them into `busy`, and the wrapper's parameter-server push-pull alone
-    (into `sweep`)."""
+    syncopate.torch.sweep`, one rank per node; allgather as FSDP2 calls it with `gathers`
+    "tensor"), alone into the CSV file `sweep` and with every rank computing beside them into
+    `busy`, and the wrapper's parameter-server push-pull alone (into `sweep`; `alone_args`, the
+    sweep's --ops and --sizes, say otherwise)."""
     print(f"gloo sweep on {name}", flush=True)
-    lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--out", sweep], f"gloo sweep on {name}", 900)
-    lab_python(syncopate, name, python, ["-m", "syncopate.torch.sweep", "--beside-compute", "--ops", "allreduce,allgather",
+    module = ["-m", "syncopate.torch.sweep", "--gathers", gathers]
+    lab_python(syncopate, name, python, [*module, *alone_args, "--out", sweep], f"gloo sweep on {name}", 900)
+    lab_python(syncopate, name, python, [*module, "--beside-compute", "--ops", "allreduce,allgather",
                                          "--sizes", BESIDE_COMPUTE_SIZES, "--out", busy],
                f"gloo sweep beside compute on {name}", 900)
 
@@ -182,6 +185,60 @@ def compute_us(profile):
 def profile_total(path):
     """The compute per iteration of the profile in file `path`, in µs."""
     return compute_us(json.loads(pathlib.Path(path).read_text()))
+
+
+def scaled_profile(path, compute_ms, out):
+    """The profile in file `path` with every time scaled so that its compute per iteration is
+    `compute_ms`, written to `out`: the per-tensor shape of the recording, the level a run
+    measured."""
+    profile = json.loads(pathlib.Path(path).read_text())
+    factor = compute_ms * 1e3 / compute_us(profile)
+    for tensor in profile["tensors"]:
+        tensor["forward_us"] *= factor
+        tensor["backward_us"] *= factor
+    profile["optimizer_us"] *= factor
+    profile["description"] += f"; every time scaled by {factor:.3f} to the compute measured in the runs"
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=1) + "\n")
+    return out
+
+
+def ranks(values):
+    """Ranks from 1, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    result = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            result[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return result
+
+
+def spearman(xs, ys):
+    """Spearman's rank correlation (Pearson's on the ranks); None when either side is constant."""
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx and syy else None
+
+
+def p90(values):
+    """The 90th percentile, linearly interpolated between the sorted values (syncopate_sim::base::stats)."""
+    ordered = sorted(values)
+    position = 0.9 * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def fmt(value, spec=".1f", empty="–"):
+    return empty if value is None else format(value, spec)
 
 
 def keep_median_recording(paths, dest, what):

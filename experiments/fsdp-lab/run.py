@@ -1,0 +1,352 @@
+"""fsdp-lab: real PyTorch FSDP2 (gloo) on emulated clusters, measured beside Syncopate's prediction.
+
+The emulated clusters (syncopate lab) have 2 and 4 nodes at 1 Gb/s; a small GPT-2 is sharded by
+FSDP2 as `syncopate export --to fsdp` writes each plan (units of 1, 2, 4 and 8 blocks, forward and
+backward prefetch of 1 and 2 units, resharding after forward or not), each run measured beside
+Syncopate's prediction of the same plan under the `pytorch-fsdp` framework file.
+
+    sudo target/pyenv/bin/python experiments/fsdp-lab/run.py            # everything (about 40 min)
+    target/pyenv/bin/python experiments/fsdp-lab/run.py --report-only   # tables and plot from results.csv
+    target/pyenv/bin/python experiments/fsdp-lab/run.py --repredict     # the committed runs predicted again
+
+Needs root (network namespaces), the release CLI built with `--features mpi` (`lab up` fits each
+lab's cluster file to an Open MPI allreduce sweep; a gloo sweep of FSDP2's own collectives then
+refits it to gloo) and the syncopate package in target/pyenv (python/setup-env; the ranks use it
+only to record the model's profile and to sweep gloo). The labs are brought up at the start and
+removed at the end, also after an error or Ctrl-C.
+"""
+
+import argparse
+import csv
+import json
+import os
+import pathlib
+import random
+import statistics
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "experiments" / "digits"))
+import svgplot  # noqa: E402
+from runner import (cpu_times, end_on_sigterm, fmt, keep_median_recording, lab_experiment_arguments,  # noqa: E402
+                    lab_result, lab_up, labs_down, median_sweep, p90, refit_gloo, scaled_profile, sh, spearman,
+                    splice_readme, stolen_pct, sweep_gloo, write_csv)
+
+RANK = HERE / "rank.py"
+# This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
+DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
+# (name, nodes, Gb/s): both labs are up at once, so that their runs interleave.
+LABS = [("fla", 2, 1.0), ("flb", 4, 1.0)]
+# (blocks per unit, prefetch, reshard after forward): FSDP's default wrapping (a unit per block,
+# one unit prefetched, resharded) and what `tune --framework fsdp` varies. With 8 blocks there is
+# one unit beside the root, and nothing further to prefetch.
+SETTINGS = [(1, 1, True), (1, 2, True), (2, 1, True), (2, 2, True), (4, 1, True), (4, 2, True), (8, 1, True),
+            (1, 1, False)]
+# Sequences of 128 tokens per rank and iteration: about 0.25 s of compute on one core, of the
+# order of the 0.36 s its 30 MB of parameters take to be gathered twice and reduce-scattered once
+# at 2 nodes of 1 Gb/s, so that how the gathers overlap the compute decides.
+BATCH = 4
+WARMUP, ITERATIONS, COMPUTE_ITERATIONS = 3, 12, 4
+# The sizes FSDP2's collectives move here: units of 1 to 8 blocks (3.1 to 25 MB) and the root's
+# 5.3 MB, and below them the sizes that give the fit its fixed costs.
+SWEEP = ["--ops", "allreduce,allgather,reduce-scatter", "--sizes", "4K,16K,64K,256K,1M,4M,8M,16M,32M",
+         "--iterations", "5", "--rounds", "3"]
+# A run takes 10-30 s here; one that has not finished by then has hung.
+RUN_TIMEOUT_S = 120
+SCRATCH = REPO / "target" / "fsdp-lab"  # recordings, plans and settings files, scaled profiles
+
+
+def lab_key(nodes, gbps):
+    return f"{nodes}n-{gbps:g}g"
+
+
+def setting_key(nodes, gbps, blocks, prefetch, reshard):
+    return f"{lab_key(nodes, gbps)}-u{blocks}-p{prefetch}-{'reshard' if reshard else 'keep'}"
+
+
+def profile_path(nodes):
+    return HERE / "profiles" / f"gpt2-w{nodes}.json"
+
+
+def sweep_path(nodes, gbps, repeat, beside):
+    kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
+    return SCRATCH / "sweeps" / f"lab-{lab_key(nodes, gbps)}.{kind}.r{repeat}.csv"
+
+
+def recording_path(nodes, repeat):
+    return SCRATCH / f"gpt2-w{nodes}-r{repeat}.json"
+
+
+def sample_inputs(opts, repeat):
+    """Before repeat `repeat`: each lab's gloo sweep of FSDP2's collectives (alone and beside
+    compute), and the model's profile at 2 and 4 ranks computing at once on this machine
+    (torchrun on localhost; no communication is timed)."""
+    (SCRATCH / "sweeps").mkdir(parents=True, exist_ok=True)
+    for name, nodes, gbps in LABS:
+        sweep_gloo(opts.syncopate, opts.python, name, sweep_path(nodes, gbps, repeat, False),
+                   sweep_path(nodes, gbps, repeat, True), SWEEP, gathers="tensor")
+    for _, nodes, _ in LABS:
+        sh(["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", nodes, RANK, "--batch", BATCH, "--profile", recording_path(nodes, repeat),
+            "--profile-device", os.path.relpath(DEVICE, HERE), "--warmup", WARMUP, "--iterations", ITERATIONS],
+           f"recording the profile at {nodes} ranks", 600)
+
+
+def settle_inputs(opts, repeats):
+    """The inputs the prediction uses, from those sampled before each of `repeats`: per lab the
+    median of each size over the gloo sweeps (committed beside the lab's cluster file) and the
+    gloo fit to them; per rank count the recording of median compute."""
+    (HERE / "profiles").mkdir(exist_ok=True)
+    for _, nodes, gbps in LABS:
+        cluster = f"lab-{lab_key(nodes, gbps)}"
+        for beside in (False, True):
+            kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
+            median_sweep([sweep_path(nodes, gbps, r, beside) for r in repeats],
+                         HERE / "clusters" / f"{cluster}.{kind}.csv")
+        refit_gloo(opts.syncopate, cluster, HERE / "clusters")
+        keep_median_recording([recording_path(nodes, r) for r in repeats], profile_path(nodes),
+                              f"profile at {nodes} ranks")
+
+
+def plan_flags(nodes, blocks, prefetch, reshard):
+    return ["--nodes", nodes, "--gpus-per-node", 1, "--strategy", "fsdp", "--blocks-per-unit", blocks, "--prefetch",
+            prefetch, "--reshard-after-forward", str(reshard).lower()]
+
+
+def export_settings(opts, profile, nodes, gbps, blocks, prefetch, reshard):
+    """The FSDP2 settings file of the plan for the model `profile` records (`syncopate export
+    --to fsdp`), which the runs load: the runs execute the plan the prediction prices. Stops if
+    the export cannot express all of it."""
+    key = setting_key(nodes, gbps, blocks, prefetch, reshard)
+    plan, settings = SCRATCH / "plans" / f"{key}.json", SCRATCH / "plans" / f"{key}.py"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    sh([opts.syncopate, "simulate", "--model", os.path.relpath(profile, HERE), "--cluster",
+        f"clusters/lab-{lab_key(nodes, gbps)}.json", *plan_flags(nodes, blocks, prefetch, reshard), "--save-plan", plan],
+       f"plan {key}", 300, cwd=HERE)
+    report = json.loads(sh([opts.syncopate, "export", "--plan", plan, "--to", "fsdp", "--out", settings, "--format",
+                            "json"], f"export {key}", 300, cwd=HERE))
+    if report["not_expressed"]:
+        raise RuntimeError(f"export {key}: FSDP2 cannot express {report['not_expressed']}")
+    return settings
+
+
+def row_key(row):
+    """A results.csv row's configuration, as configs() names it."""
+    return (int(row["nodes"]), float(row["gbps"]), int(row["blocks"]), int(row["prefetch"]),
+            row["reshard"] == "True")
+
+
+def configs():
+    return [(name, nodes, gbps, *setting) for name, nodes, gbps in LABS for setting in SETTINGS]
+
+
+def measure(opts, sample):
+    """Every configuration once per repeat, in a fresh order seeded by the repeat, each repeat
+    after the inputs sampled for it when `sample`; a configuration that hung is not run again.
+    Returns the repeats run."""
+    rows, hung = [], set()
+    settings = {}
+    repeats = range(opts.repeats)
+    for repeat in repeats:
+        if sample:
+            sample_inputs(opts, repeat)
+        order = random.Random(opts.seed * 1000 + repeat)
+        for name, nodes, gbps, blocks, prefetch, reshard in order.sample(configs(), len(configs())):
+            key = (nodes, gbps, blocks, prefetch, reshard)
+            row = {"repeat": repeat, "nodes": nodes, "gbps": gbps, "blocks": blocks, "prefetch": prefetch,
+                   "reshard": reshard}
+            if key in hung:
+                rows.append({**row, "iteration_ms": "not run", "compute_ms": "", "stolen_pct": ""})
+                continue
+            if key not in settings:
+                # The units are the model's, whatever the recording's times.
+                settings[key] = export_settings(opts, recording_path(nodes, 0), *key)
+            command = ["env", "OMP_NUM_THREADS=1", opts.python, RANK, "--settings", settings[key], "--batch", BATCH,
+                       "--warmup", WARMUP, "--iterations", ITERATIONS, "--compute-iterations", COMPUTE_ITERATIONS]
+            what = f"{nodes} nodes, {blocks} blocks a unit, prefetch {prefetch}, reshard {reshard}"
+            before = cpu_times()
+            result = lab_result(opts.syncopate, name, RUN_TIMEOUT_S, command, what)
+            stolen = stolen_pct(before, cpu_times())
+            if result is None:
+                hung.add(key)
+            ms = round(result["iteration_ms"], 3) if result else "hung"
+            compute = round(result["compute_ms"], 3) if result else ""
+            print(f"  repeat {repeat}: {what}: {ms} ms (compute {compute}, {stolen} % stolen)", flush=True)
+            rows.append({**row, "iteration_ms": ms, "compute_ms": compute, "stolen_pct": stolen})
+            write_csv(HERE / "results.csv", rows)  # after every run: an interrupted experiment keeps its runs
+    return list(repeats)
+
+
+def run_compute_ms(runs):
+    """Per configuration (row_key), the median compute of its runs (ms), where they measured it."""
+    found = {}
+    for r in runs:
+        if r.get("compute_ms"):
+            found.setdefault(row_key(r), []).append(float(r["compute_ms"]))
+    return {k: statistics.median(v) for k, v in found.items()}
+
+
+def predict(opts):
+    """Each configuration's predicted iteration on its lab's gloo fit: the `fsdp` strategy's plan
+    for its units, prefetch and resharding, run by the `pytorch-fsdp` framework (the strategy's
+    default), with the profile of the lab's rank count settled from the recordings before each
+    repeat; the same with no framework costs (`--framework none`); and, where the runs measured
+    their compute, with the profile scaled to it."""
+    predicted = {}
+    measured_compute = run_compute_ms(list(csv.DictReader(open(HERE / "results.csv"))))
+    for _, nodes, gbps, blocks, prefetch, reshard in configs():
+        key = setting_key(nodes, gbps, blocks, prefetch, reshard)
+        profiles = {"pytorch-fsdp": profile_path(nodes), "none": profile_path(nodes)}
+        compute = measured_compute.get((nodes, gbps, blocks, prefetch, reshard))
+        if compute:
+            profiles["run-compute"] = scaled_profile(profile_path(nodes), compute, SCRATCH / "scaled" / f"{key}.json")
+        entry = {}
+        for label, profile in profiles.items():
+            framework = "none" if label == "none" else "pytorch-fsdp"
+            out = json.loads(sh([opts.syncopate, "simulate", "--model", os.path.relpath(profile, HERE), "--cluster",
+                                 f"clusters/lab-{lab_key(nodes, gbps)}-gloo.json",
+                                 *plan_flags(nodes, blocks, prefetch, reshard), "--framework", framework,
+                                 "--format", "json"], f"simulate {key}", 300, cwd=HERE))
+            entry[label] = {k: out[k] for k in ("iteration_time_ms", "compute_ms", "comm_ms")}
+        predicted[key] = entry
+    (HERE / "predictions.json").write_text(json.dumps(predicted, indent=1, sort_keys=True) + "\n")
+
+
+def repredict(opts):
+    """The committed runs predicted again by this Syncopate, without a lab: each lab's gloo file
+    refitted to its committed sweeps, then every configuration predicted again."""
+    for _, nodes, gbps in LABS:
+        refit_gloo(opts.syncopate, f"lab-{lab_key(nodes, gbps)}", HERE / "clusters")
+    predict(opts)
+
+
+def report():
+    runs = list(csv.DictReader(open(HERE / "results.csv")))
+    predictions = json.loads((HERE / "predictions.json").read_text())
+    rows = []
+    for _, nodes, gbps, blocks, prefetch, reshard in configs():
+        mine = [r for r in runs if row_key(r) == (nodes, gbps, blocks, prefetch, reshard)]
+        times = [float(r["iteration_ms"]) for r in mine if r["iteration_ms"] not in ("hung", "not run")]
+        stolen = [float(r["stolen_pct"]) for r in mine if r.get("stolen_pct")]
+        computes = [float(r["compute_ms"]) for r in mine if r.get("compute_ms")]
+        entry = predictions[setting_key(nodes, gbps, blocks, prefetch, reshard)]
+        predicted, bare = entry["pytorch-fsdp"]["iteration_time_ms"], entry["none"]["iteration_time_ms"]
+        scaled = entry["run-compute"]["iteration_time_ms"] if "run-compute" in entry else None
+        measured = statistics.median(times) if times else None
+
+        def error(value):
+            return (value / measured - 1) * 100 if measured and value else None
+
+        rows.append({"nodes": nodes, "gbps": gbps, "blocks": blocks, "prefetch": prefetch, "reshard": reshard,
+                     "runs": len(times), "hung": sum(r["iteration_ms"] == "hung" for r in mine),
+                     "stolen_pct": statistics.median(stolen) if stolen else None, "measured_ms": measured,
+                     "min_ms": min(times, default=None), "max_ms": max(times, default=None),
+                     "predicted_ms": predicted, "error_pct": error(predicted), "predicted_no_framework_ms": bare,
+                     "error_no_framework_pct": error(bare),
+                     "run_compute_ms": statistics.median(computes) if computes else None,
+                     "predicted_run_compute_ms": scaled, "error_run_compute_pct": error(scaled),
+                     **{f"predicted_{k}": entry["pytorch-fsdp"][k] for k in ("compute_ms", "comm_ms")}})
+    return rows
+
+
+def setting_label(row):
+    return f"{row['blocks']} / {row['prefetch']} / {'yes' if row['reshard'] else 'no'}"
+
+
+def summary_lines(rows):
+    measured = [r for r in rows if r["measured_ms"] is not None]
+    lines = []
+    for field, label in (("error_pct", "with the `pytorch-fsdp` framework file"),
+                         ("error_no_framework_pct", "with no framework costs (`--framework none`)"),
+                         ("error_run_compute_pct", "with the framework file and the profile scaled to the compute "
+                          "measured in the runs")):
+        errors = [abs(r[field]) for r in measured if r[field] is not None]
+        if errors:
+            lines.append(f"- Predicted {label}: median |error| **{statistics.median(errors):.1f} %**, 90th percentile "
+                         f"{p90(errors):.1f} %, largest {max(errors):.1f} % over the {len(errors)} measured "
+                         "configurations.")
+    lines += ["- Per lab, over the settings: Spearman's ρ of predicted against measured, and the fastest setting "
+              "(blocks a unit / prefetch / reshard):", "",
+              "| nodes | ρ | ρ, run's compute | fastest measured | fastest predicted | measured spread | predicted spread |",
+              "|---|---|---|---|---|---|---|"]
+    for nodes in sorted({r["nodes"] for r in rows}):
+        group = [r for r in rows if r["nodes"] == nodes]
+        done = [r for r in group if r["measured_ms"] is not None]
+        predicted = [r["predicted_ms"] for r in done]
+        measured_times = [r["measured_ms"] for r in done]
+        scaled = [r["predicted_run_compute_ms"] for r in done]
+        rho = spearman(measured_times, predicted) if len(done) > 1 else None
+        rho_scaled = spearman(measured_times, scaled) if len(done) > 1 and None not in scaled else None
+        fastest = setting_label(min(done, key=lambda r: r["measured_ms"])) if done else "–"
+        spread = f"{(max(measured_times) / min(measured_times) - 1) * 100:.1f} %" if done else "–"
+        lines.append(f"| {nodes} | {fmt(rho, '.2f')} | {fmt(rho_scaled, '.2f')} | {fastest} | "
+                     f"{setting_label(min(group, key=lambda r: r['predicted_ms']))} | {spread} | "
+                     f"{(max(r['predicted_ms'] for r in group) / min(r['predicted_ms'] for r in group) - 1) * 100:.1f} % |")
+    return lines
+
+
+def write_readme(rows):
+    lines = ["| nodes | blocks a unit / prefetch / reshard | measured ms (min–max, runs) | predicted ms | error | "
+             "no framework ms | error | predicted compute / comm ms | run's compute ms | predicted with it | error | "
+             "CPU stolen |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        runs = f"{r['runs']} runs" + (f", {r['hung']} hung" if r["hung"] else "")
+        measured = (f"{r['measured_ms']:.1f} ({r['min_ms']:.1f}–{r['max_ms']:.1f}, {runs})" if r["measured_ms"]
+                    else f"– ({runs})")
+        lines.append(f"| {r['nodes']} | {setting_label(r)} | {measured} | {r['predicted_ms']:.1f} | "
+                     f"{fmt(r['error_pct'], '+.1f')} % | {r['predicted_no_framework_ms']:.1f} | "
+                     f"{fmt(r['error_no_framework_pct'], '+.1f')} % | {r['predicted_compute_ms']:.1f} / "
+                     f"{r['predicted_comm_ms']:.1f} | {fmt(r['run_compute_ms'])} | {fmt(r['predicted_run_compute_ms'])} | "
+                     f"{fmt(r['error_run_compute_pct'], '+.1f')} % | {fmt(r['stolen_pct'])} % |")
+    repeats = len({r["repeat"] for r in csv.DictReader(open(HERE / "results.csv"))})
+    lines += ["", f"Median (min–max) over {repeats} interleaved repeats of the median of rank 0's step times over "
+              f"{ITERATIONS} iterations after {WARMUP} warm-up; error = predicted / measured − 1; a run that did not "
+              f"finish within {RUN_TIMEOUT_S} s counts as hung; CPU stolen: the median over the runs of the share of "
+              "this virtual machine's CPU time its hypervisor gave other tenants during the run (/proc/stat).", ""]
+    splice_readme(HERE / "README.md", lines + summary_lines(rows))
+
+
+def plot(rows):
+    series = []
+    for nodes in sorted({r["nodes"] for r in rows}):
+        points = [(r["measured_ms"], r["predicted_ms"]) for r in rows if r["nodes"] == nodes and r["measured_ms"]]
+        if points:
+            series.append({"label": f"{nodes} nodes", "points": points, "line": False})
+    svgplot.chart(HERE / "predicted-vs-measured.svg", "PyTorch FSDP2 on the lab: Syncopate's prediction vs the runs",
+                  "measured ms per iteration (median over repeats)", "predicted ms per iteration", series, diagonal=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0, help="the interleaving order's seed")
+    lab_experiment_arguments(p, REPO, "only rewrite README.md and the plot from results.csv")
+    opts = p.parse_args()
+    if opts.repeats < 1:
+        p.error(f"--repeats: {opts.repeats} is not a positive integer")
+    if opts.repredict:
+        repredict(opts)
+    elif not opts.report_only:
+        if os.geteuid() != 0:
+            sys.exit("the labs need root (network namespaces): run with sudo, or --repredict / --report-only")
+        end_on_sigterm()
+        try:
+            (HERE / "clusters").mkdir(parents=True, exist_ok=True)
+            device = os.path.relpath(DEVICE, HERE / "clusters")
+            for name, nodes, gbps in LABS:
+                lab_up(opts.syncopate, name, nodes, gbps, device, f"lab-{lab_key(nodes, gbps)}.json", HERE / "clusters")
+            settle_inputs(opts, measure(opts, sample=True))
+        finally:
+            labs_down(opts.syncopate, [name for name, _, _ in LABS])
+        predict(opts)
+    rows = report()
+    write_readme(rows)
+    plot(rows)
+    for line in summary_lines(rows):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
