@@ -5,7 +5,8 @@ GELU, learned positions, a final LayerNorm and a separate head) scaled to this m
 loads the settings file that `syncopate export --to fsdp` wrote for a plan, shards the model with
 its `shard`, trains with SGD and prints rank 0's median step time as one JSON line; it then times
 the same steps on an unsharded copy on every rank at once, the compute each rank got during the
-run. `--profile OUT` records the model's profile instead (every rank at once under torchrun).
+run. `--profile OUT` records the model's profile instead (every rank at once under torchrun). An HSDP
+export shards on the 2-D mesh its `hybrid_mesh` builds.
 """
 
 import argparse
@@ -168,7 +169,10 @@ def main(argv):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     net = model()
-    load_settings(args.settings).shard(net, mesh=init_device_mesh("cpu", (world,)))
+    settings = load_settings(args.settings)
+    # An HSDP export builds its own 2-D mesh (the nodes replicate, each node's ranks shard).
+    hybrid = getattr(settings, "hybrid_mesh", None)
+    settings.shard(net, mesh=hybrid("cpu") if hybrid else init_device_mesh("cpu", (world,)))
     times = step_times(net, torch.optim.SGD(net.parameters(), lr=0.01), rank, args.warmup, args.iterations,
                        args.batch)
     # The same steps without FSDP (no gathers, no reduce-scatters) on every rank at once, right after

@@ -8,6 +8,7 @@ Syncopate's prediction of the same plan under the `pytorch-fsdp` framework file.
     sudo target/pyenv/bin/python experiments/fsdp-lab/run.py            # everything (about 40 min)
     target/pyenv/bin/python experiments/fsdp-lab/run.py --report-only   # tables and plot from results.csv
     target/pyenv/bin/python experiments/fsdp-lab/run.py --repredict     # the committed runs predicted again
+    sudo target/pyenv/bin/python experiments/fsdp-lab/run.py --tuned   # what tune picks, run beside the defaults
 
 Needs root (network namespaces), the release CLI built with `--features mpi` (`lab up` fits each
 lab's cluster file to an Open MPI allreduce sweep; a gloo sweep of FSDP2's own collectives then
@@ -43,6 +44,10 @@ LABS = [("fla", 2, 1.0), ("flb", 4, 1.0)]
 # one unit beside the root, and nothing further to prefetch.
 SETTINGS = [(1, 1, True), (1, 2, True), (2, 1, True), (2, 2, True), (4, 1, True), (4, 2, True), (8, 1, True),
             (1, 1, False)]
+# FSDP's defaults among SETTINGS, against which `--tuned` measures what `tune` picks.
+DEFAULTS = (1, 1, True)
+# Offsets the tuned check's interleaving from the main runs'.
+TUNED_SEED = 100
 # Sequences of 128 tokens per rank and iteration: about 0.25 s of compute on one core, of the
 # order of the 0.36 s its 30 MB of parameters take to be gathered twice and reduce-scattered once
 # at 2 nodes of 1 Gb/s, so that how the gathers overlap the compute decides.
@@ -141,6 +146,20 @@ def configs():
     return [(name, nodes, gbps, *setting) for name, nodes, gbps in LABS for setting in SETTINGS]
 
 
+def run_settings(opts, name, settings, what):
+    """One run on lab `name` of the model sharded by the settings file `settings`: rank 0's
+    median step time (or "hung"), the compute the ranks got and the CPU time stolen, in ms and %."""
+    command = ["env", "OMP_NUM_THREADS=1", opts.python, RANK, "--settings", settings, "--batch", BATCH, "--warmup",
+               WARMUP, "--iterations", ITERATIONS, "--compute-iterations", COMPUTE_ITERATIONS]
+    before = cpu_times()
+    result = lab_result(opts.syncopate, name, RUN_TIMEOUT_S, command, what)
+    stolen = stolen_pct(before, cpu_times())
+    ms = round(result["iteration_ms"], 3) if result else "hung"
+    compute = round(result["compute_ms"], 3) if result else ""
+    print(f"  {what}: {ms} ms (compute {compute}, {stolen} % stolen)", flush=True)
+    return {"iteration_ms": ms, "compute_ms": compute, "stolen_pct": stolen}
+
+
 def measure(opts, sample):
     """Every configuration once per repeat, in a fresh order seeded by the repeat, each repeat
     after the inputs sampled for it when `sample`; a configuration that hung is not run again.
@@ -162,20 +181,73 @@ def measure(opts, sample):
             if key not in settings:
                 # The units are the model's, whatever the recording's times.
                 settings[key] = export_settings(opts, recording_path(nodes, 0), *key)
-            command = ["env", "OMP_NUM_THREADS=1", opts.python, RANK, "--settings", settings[key], "--batch", BATCH,
-                       "--warmup", WARMUP, "--iterations", ITERATIONS, "--compute-iterations", COMPUTE_ITERATIONS]
             what = f"{nodes} nodes, {blocks} blocks a unit, prefetch {prefetch}, reshard {reshard}"
-            before = cpu_times()
-            result = lab_result(opts.syncopate, name, RUN_TIMEOUT_S, command, what)
-            stolen = stolen_pct(before, cpu_times())
-            if result is None:
+            measured = run_settings(opts, name, settings[key], f"repeat {repeat}: {what}")
+            if measured["iteration_ms"] == "hung":
                 hung.add(key)
-            ms = round(result["iteration_ms"], 3) if result else "hung"
-            compute = round(result["compute_ms"], 3) if result else ""
-            print(f"  repeat {repeat}: {what}: {ms} ms (compute {compute}, {stolen} % stolen)", flush=True)
-            rows.append({**row, "iteration_ms": ms, "compute_ms": compute, "stolen_pct": stolen})
+            rows.append({**row, **measured})
             write_csv(HERE / "results.csv", rows)  # after every run: an interrupted experiment keeps its runs
     return list(repeats)
+
+
+def tune(opts, nodes, gbps):
+    """`syncopate tune --framework fsdp --search all` on the lab's committed gloo fit and profile:
+    its report (the tuned settings and their predicted iteration beside FSDP's defaults'), with
+    the tuned settings exported to a file the runs load."""
+    key = lab_key(nodes, gbps)
+    settings = SCRATCH / "tuned" / f"{key}.py"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    report = json.loads(sh([opts.syncopate, "tune", "--model", os.path.relpath(profile_path(nodes), HERE), "--cluster",
+                            f"clusters/lab-{key}-gloo.json", "--nodes", nodes, "--gpus-per-node", 1, "--framework",
+                            "fsdp", "--search", "all", "--export", settings, "--format", "json"],
+                           f"tune {key}", 600, cwd=HERE))
+    if report["not_expressed"]:
+        raise RuntimeError(f"tune {key}: FSDP2 cannot express {report['not_expressed']}")
+    return report, settings
+
+
+def measure_tuned(opts):
+    """On labs brought up afresh: per lab, the settings `tune` picks and FSDP's defaults (a unit
+    per block, prefetch 1, resharded), each run once per repeat in a fresh seeded order, into
+    tuned.csv; the tune reports into tuned.json."""
+    runs, reports = {}, {}
+    for name, nodes, gbps in LABS:
+        reports[lab_key(nodes, gbps)], runs[(name, nodes, gbps, "tuned")] = tune(opts, nodes, gbps)
+        runs[(name, nodes, gbps, "defaults")] = export_settings(opts, profile_path(nodes), nodes, gbps, *DEFAULTS)
+    (HERE / "tuned.json").write_text(json.dumps(reports, indent=1, sort_keys=True) + "\n")
+    rows = []
+    for repeat in range(opts.repeats):
+        order = random.Random(opts.seed * 1000 + TUNED_SEED + repeat)
+        for name, nodes, gbps, which in order.sample(sorted(runs), len(runs)):
+            measured = run_settings(opts, name, runs[(name, nodes, gbps, which)],
+                                    f"repeat {repeat}: {nodes} nodes, {which}")
+            rows.append({"repeat": repeat, "nodes": nodes, "gbps": gbps, "settings": which, **measured})
+            write_csv(HERE / "tuned.csv", rows)
+
+
+def tuned_lines():
+    """The tuned check's table: per lab, the settings tune picked, predicted and measured
+    beside FSDP's defaults."""
+    reports = json.loads((HERE / "tuned.json").read_text())
+    runs = list(csv.DictReader(open(HERE / "tuned.csv")))
+    lines = ["| nodes | tuned settings | predicted ms: tuned / defaults | predicted gain | measured ms: tuned (min–max) | "
+             "defaults (min–max) | measured gain |", "|---|---|---|---|---|---|---|"]
+    for _, nodes, gbps in LABS:
+        report = reports[lab_key(nodes, gbps)]
+        times = {which: [float(r["iteration_ms"]) for r in runs if int(r["nodes"]) == nodes
+                         and r["settings"] == which and r["iteration_ms"] != "hung"] for which in ("tuned", "defaults")}
+        tuned, defaults = (statistics.median(t) if t else None for t in (times["tuned"], times["defaults"]))
+        predicted, predicted_defaults = report["iteration_ms"], report["compared_with"]["iteration_ms"]
+
+        def cell(which, median):
+            return f"{median:.1f} ({min(times[which]):.1f}–{max(times[which]):.1f})" if median else "–"
+
+        gain = f"{(1 - tuned / defaults) * 100:.1f} %" if tuned and defaults else "–"
+        lines.append(f"| {nodes} | {report['settings']} | {predicted:.1f} / {predicted_defaults:.1f} | "
+                     f"{(1 - predicted / predicted_defaults) * 100:.1f} % | {cell('tuned', tuned)} | "
+                     f"{cell('defaults', defaults)} | {gain} |")
+    repeats = len({r["repeat"] for r in runs})
+    return lines + ["", f"Median (min–max) over {repeats} interleaved repeats; gain = 1 − tuned / defaults."]
 
 
 def run_compute_ms(runs):
@@ -323,6 +395,9 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0, help="the interleaving order's seed")
     lab_experiment_arguments(p, REPO, "only rewrite README.md and the plot from results.csv")
+    p.add_argument("--tuned", action="store_true",
+                   help="on labs brought up afresh, measure the settings `tune --framework fsdp` picks from the "
+                        "committed inputs beside FSDP's defaults (tuned.csv), keeping the committed runs and fits")
     opts = p.parse_args()
     if opts.repeats < 1:
         p.error(f"--repeats: {opts.repeats} is not a positive integer")
@@ -333,16 +408,24 @@ def main():
             sys.exit("the labs need root (network namespaces): run with sudo, or --repredict / --report-only")
         end_on_sigterm()
         try:
-            (HERE / "clusters").mkdir(parents=True, exist_ok=True)
-            device = os.path.relpath(DEVICE, HERE / "clusters")
+            # The tuned check keeps the committed cluster files: its labs' go to the scratch folder.
+            clusters = SCRATCH / "clusters" if opts.tuned else HERE / "clusters"
+            clusters.mkdir(parents=True, exist_ok=True)
+            device = os.path.relpath(DEVICE, clusters)
             for name, nodes, gbps in LABS:
-                lab_up(opts.syncopate, name, nodes, gbps, device, f"lab-{lab_key(nodes, gbps)}.json", HERE / "clusters")
-            settle_inputs(opts, measure(opts, sample=True))
+                lab_up(opts.syncopate, name, nodes, gbps, device, f"lab-{lab_key(nodes, gbps)}.json", clusters)
+            if opts.tuned:
+                measure_tuned(opts)
+            else:
+                settle_inputs(opts, measure(opts, sample=True))
         finally:
             labs_down(opts.syncopate, [name for name, _, _ in LABS])
-        predict(opts)
+        if not opts.tuned:
+            predict(opts)
     rows = report()
     write_readme(rows)
+    if (HERE / "tuned.csv").exists():
+        splice_readme(HERE / "README.md", tuned_lines(), "tuned")
     plot(rows)
     for line in summary_lines(rows):
         print(line)
