@@ -5,7 +5,7 @@ use syncopate_sim::base::data::DataKind;
 use syncopate_sim::calibrate::{self, Measurement, RowFilter};
 use syncopate_sim::collective::{self, Group, Links, Protocol, ServerLink};
 use syncopate_sim::collective_op::{Algorithm, Op};
-use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides, Library};
+use syncopate_sim::inputs::topology::{Cluster, ClusterOverrides, Library, TcpParams};
 
 fn cluster(name: &str) -> Cluster {
     Cluster::load(name, ClusterOverrides::default()).unwrap()
@@ -729,18 +729,27 @@ fn gloo_sweep(truth: &Cluster, path: &std::path::Path) {
     std::fs::write(path, csv).unwrap();
 }
 
-#[test]
-fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
-    let dir = scratch("gloo-fit");
+/// The 2-node lab's cluster file, and gloo on its links with a call costing 700 µs and what
+/// `costs` sets: the truth a sweep is written from.
+fn gloo_truth(costs: impl FnOnce(&mut TcpParams)) -> (std::path::PathBuf, Cluster) {
     let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
     let mut truth = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
     let mut params = truth.library.tcp().unwrap().clone();
     // The MPI sweep the file carries measured MPI, not these costs.
     params.measured.clear();
     params.call_overhead_us = 700.0;
-    params.message_overhead_us = 50.0;
-    params.p2p_message_overhead_us = Some(80.0);
+    costs(&mut params);
     truth.library = Library::Gloo(params);
+    (lab, truth)
+}
+
+#[test]
+fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
+    let dir = scratch("gloo-fit");
+    let (lab, truth) = gloo_truth(|params| {
+        params.message_overhead_us = 50.0;
+        params.p2p_message_overhead_us = Some(80.0);
+    });
     let sweep = dir.join("gloo-sweep.csv");
     gloo_sweep(&truth, &sweep);
     let fitted_file = dir.join("lab-gloo.json");
@@ -837,12 +846,7 @@ fn a_labs_mpi_file_is_refitted_to_a_gloo_sweep() {
 #[test]
 fn a_gloo_refit_keeps_fsdps_reduce_scatters_as_measured_without_fitting_to_them() {
     let dir = scratch("gloo-fit-reduce-scatter");
-    let lab = root().join("experiments/lab-validation/clusters/lab-2n-1g.json");
-    let mut truth = Cluster::load(lab.to_str().unwrap(), ClusterOverrides::default()).unwrap();
-    let mut params = truth.library.tcp().unwrap().clone();
-    params.measured.clear();
-    params.call_overhead_us = 700.0;
-    truth.library = Library::Gloo(params);
+    let (lab, truth) = gloo_truth(|_| {});
     let collectives = dir.join("collectives.csv");
     gloo_sweep(&truth, &collectives);
     // `python -m syncopate.torch.sweep --ops reduce-scatter` rows, ten times slower than the

@@ -21,16 +21,15 @@ import json
 import os
 import pathlib
 import random
-import statistics
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
-import svgplot  # noqa: E402
-from runner import (cpu_times, end_on_sigterm, fmt, keep_median_recording, lab_experiment_arguments,  # noqa: E402
-                    lab_result, lab_up, labs_down, median_sweep, p90, refit_gloo, scaled_profile, sh, spearman,
-                    splice_readme, stolen_pct, sweep_gloo, write_csv)
+from runner import (SampledInputs, compared, compared_cells, cpu_times, error_lines, fmt, lab_key, lab_result, measure_or_repredict,  # noqa: E402
+                    parse_repeated, plot_predicted_vs_measured, repeated_lab_arguments, run_compute_ms,
+                    runs_and_predictions, scaled_profile, sh, spearman, splice_readme, stolen_pct, write_csv,
+                    write_predictions)
 
 RANK = REPO / "experiments" / "ddp-overhead" / "rank.py"
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
@@ -46,6 +45,8 @@ HOOKS = [("none", "none", "none"), ("fp16", "fp16", "none"), ("powersgd", "power
 # order of one allreduce of the gradients at 1 Gb/s, so that overlap decides.
 MODEL = ["--layers", 10, "--norm", "--batch", 256]
 WARMUP, ITERATIONS = 3, 12
+# The parts of a prediction the table shows.
+PARTS = ("compute_ms", "comm_ms", "compression_ms")
 # Then steps without communication (DDP's no_sync) on every rank at once: the compute each rank got
 # during the run. The machine is a shared virtual machine whose speed drifts by tens of percent
 # over an hour (and by 2x between days), so inputs measured once before the runs are stale by the
@@ -59,57 +60,18 @@ RUN_TIMEOUT_S = 75
 SCRATCH = REPO / "target" / "ddp-lab"  # profile recordings, and the cluster files of labs brought up for --more
 
 
-def lab_key(nodes, gbps):
-    return f"{nodes}n-{gbps:g}g"
+INPUTS = SampledInputs(HERE, SCRATCH, LABS, "mlp")
 
 
-def profile_path(nodes):
-    return HERE / "profiles" / f"mlp-w{nodes}.json"
+def record_profile(opts):
+    """The command that records the model's profile at `nodes` ranks into `out`."""
+    return lambda nodes, out: ["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node", nodes, RANK, *MODEL, "--profile", out, "--profile-device",
+                               os.path.relpath(DEVICE, HERE), "--warmup", WARMUP, "--iterations", ITERATIONS]
 
 
 def rank_command(python):
     return ["env", "OMP_NUM_THREADS=1", python, RANK, *MODEL]
-
-
-def sweep_path(nodes, gbps, repeat, beside):
-    kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
-    return SCRATCH / "sweeps" / f"lab-{lab_key(nodes, gbps)}.{kind}.r{repeat}.csv"
-
-
-def recording_path(nodes, repeat):
-    return SCRATCH / f"mlp-w{nodes}-r{repeat}.json"
-
-
-def sample_inputs(opts, repeat):
-    """Before repeat `repeat`: each lab's gloo sweeps (alone and beside compute), and the model's
-    profile at 2 and 4 ranks computing at once on this machine (torchrun on localhost; no
-    communication is timed), so that the prediction sees the compute each rank gets when the
-    ranks share the cores."""
-    (SCRATCH / "sweeps").mkdir(parents=True, exist_ok=True)
-    for name, nodes, gbps in LABS:
-        sweep_gloo(opts.syncopate, opts.python, name, sweep_path(nodes, gbps, repeat, False),
-                   sweep_path(nodes, gbps, repeat, True))
-    for _, nodes, _ in LABS:
-        sh(["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", nodes, RANK, *MODEL, "--profile", recording_path(nodes, repeat), "--profile-device",
-            os.path.relpath(DEVICE, HERE), "--warmup", WARMUP, "--iterations", ITERATIONS],
-           f"recording the profile at {nodes} ranks", 600)
-
-
-def settle_inputs(opts, repeats):
-    """The inputs the prediction uses, from those sampled before each of `repeats`: per lab the
-    median of each size over the gloo sweeps (committed beside the lab's cluster file) and the
-    gloo fit to them; per rank count the recording of median compute."""
-    (HERE / "profiles").mkdir(exist_ok=True)
-    for _, nodes, gbps in LABS:
-        cluster = f"lab-{lab_key(nodes, gbps)}"
-        for beside in (False, True):
-            kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
-            median_sweep([sweep_path(nodes, gbps, r, beside) for r in repeats],
-                         HERE / "clusters" / f"{cluster}.{kind}.csv")
-        refit_gloo(opts.syncopate, cluster, HERE / "clusters")
-        keep_median_recording([recording_path(nodes, r) for r in repeats], profile_path(nodes),
-                              f"profile at {nodes} ranks")
 
 
 def row_key(row):
@@ -133,7 +95,7 @@ def measure(opts, rows, sample):
     repeats = range(first, first + opts.repeats)
     for repeat in repeats:
         if sample:
-            sample_inputs(opts, repeat)
+            INPUTS.sample(opts, repeat, record_profile(opts))
         order = random.Random(opts.seed * 1000 + repeat)
         for name, nodes, gbps, hook, bucket in order.sample(configs(), len(configs())):
             key = (nodes, gbps, hook, bucket)
@@ -158,15 +120,6 @@ def measure(opts, rows, sample):
     return list(repeats)
 
 
-def run_compute_ms(runs):
-    """Per configuration (row_key), the median compute of its runs (ms), where they measured it."""
-    found = {}
-    for r in runs:
-        if r.get("compute_ms"):
-            found.setdefault(row_key(r), []).append(float(r["compute_ms"]))
-    return {k: statistics.median(v) for k, v in found.items()}
-
-
 def predict(opts):
     """Each configuration's predicted iteration on its lab's gloo fit: the `ddp` strategy's plan
     for the bucket size (first bucket too, as PyTorch 2.15 caps it when bucket_cap_mb is given)
@@ -175,15 +128,15 @@ def predict(opts):
     (`--framework none`); and, where the runs measured their compute, with the profile scaled to
     it."""
     predicted = {}
-    measured_compute = run_compute_ms(list(csv.DictReader(open(HERE / "results.csv"))))
+    measured_compute = run_compute_ms(list(csv.DictReader(open(HERE / "results.csv"))), row_key)
     for _, nodes, gbps in LABS:
         for hook, compressor, memory in HOOKS:
             for bucket in BUCKETS_MB:
                 key = f"{lab_key(nodes, gbps)}-{hook}-{bucket}mb"
-                profiles = {"pytorch-ddp": profile_path(nodes), "none": profile_path(nodes)}
+                profiles = {"pytorch-ddp": INPUTS.profile_path(nodes), "none": INPUTS.profile_path(nodes)}
                 compute = measured_compute.get((nodes, gbps, hook, bucket))
                 if compute:
-                    profiles["run-compute"] = scaled_profile(profile_path(nodes), compute,
+                    profiles["run-compute"] = scaled_profile(INPUTS.profile_path(nodes), compute,
                                                              SCRATCH / "scaled" / f"{key}.json")
                 entry = {}
                 for label, profile in profiles.items():
@@ -199,41 +152,17 @@ def predict(opts):
                                          "--format", "json"], f"simulate {key}", 300, cwd=HERE))
                     entry[label] = {k: out[k] for k in ("iteration_time_ms", "compute_ms", "comm_ms", "compression_ms")}
                 predicted[key] = entry
-    (HERE / "predictions.json").write_text(json.dumps(predicted, indent=1, sort_keys=True) + "\n")
-
-
-def repredict(opts):
-    """The committed runs predicted again by this Syncopate, without a lab: each lab's gloo file
-    refitted to its committed sweeps, then every configuration predicted again."""
-    for _, nodes, gbps in LABS:
-        refit_gloo(opts.syncopate, f"lab-{lab_key(nodes, gbps)}", HERE / "clusters")
-    predict(opts)
+    write_predictions(HERE, predicted)
 
 
 def report():
-    runs = list(csv.DictReader(open(HERE / "results.csv")))
-    predictions = json.loads((HERE / "predictions.json").read_text())
+    runs, predictions = runs_and_predictions(HERE)
     rows = []
     for _, nodes, gbps, hook, bucket in configs():
         mine = [r for r in runs if row_key(r) == (nodes, gbps, hook, bucket)]
-        times = [float(r["iteration_ms"]) for r in mine if r["iteration_ms"] not in ("hung", "not run")]
-        stolen = [float(r["stolen_pct"]) for r in mine if r.get("stolen_pct")]
         entry = predictions[f"{lab_key(nodes, gbps)}-{hook}-{bucket}mb"]
-        predicted, bare = entry["pytorch-ddp"]["iteration_time_ms"], entry["none"]["iteration_time_ms"]
-        scaled = entry["run-compute"]["iteration_time_ms"] if "run-compute" in entry else None
-        computes = [float(r["compute_ms"]) for r in mine if r.get("compute_ms")]
-        run_compute = statistics.median(computes) if computes else None
-        measured = statistics.median(times) if times else None
-        rows.append({"nodes": nodes, "gbps": gbps, "hook": hook, "bucket_mb": bucket, "runs": len(times),
-                     "hung": sum(r["iteration_ms"] == "hung" for r in mine),
-                     "stolen_pct": statistics.median(stolen) if stolen else None, "measured_ms": measured, "min_ms": min(times, default=None),
-                     "max_ms": max(times, default=None), "predicted_ms": predicted,
-                     "error_pct": (predicted / measured - 1) * 100 if measured else None,
-                     "predicted_no_framework_ms": bare,
-                     "error_no_framework_pct": (bare / measured - 1) * 100 if measured else None,
-                     "run_compute_ms": run_compute, "predicted_run_compute_ms": scaled,
-                     "error_run_compute_pct": (scaled / measured - 1) * 100 if measured and scaled else None,
-                     **{f"predicted_{k}": entry["pytorch-ddp"][k] for k in ("compute_ms", "comm_ms", "compression_ms")}})
+        rows.append({"nodes": nodes, "gbps": gbps, "hook": hook, "bucket_mb": bucket,
+                     **compared(mine, entry, "pytorch-ddp", PARTS)})
     return rows
 
 
@@ -250,18 +179,10 @@ def effect(values):
 
 
 def summary_lines(rows):
-    measured = [r for r in rows if r["measured_ms"] is not None]
-    lines = []
-    if measured:
-        for field, label in (("error_pct", "with the `pytorch-ddp` framework file"),
-                             ("error_no_framework_pct", "with no framework costs (`--framework none`)"),
-                             ("error_run_compute_pct", "with the framework file and the profile scaled to the "
-                              "compute measured in the runs")):
-            errors = [abs(r[field]) for r in measured if r[field] is not None]
-            if not errors:
-                continue
-            lines.append(f"- Predicted {label}: median |error| **{statistics.median(errors):.1f} %**, 90th percentile "
-                         f"{p90(errors):.1f} %, largest {max(errors):.1f} % over the {len(errors)} measured configurations.")
+    lines = error_lines(rows, (("error_pct", "with the `pytorch-ddp` framework file"),
+                               ("error_no_framework_pct", "with no framework costs (`--framework none`)"),
+                               ("error_run_compute_pct", "with the framework file and the profile scaled to the "
+                                "compute measured in the runs")))
     lines.append("- Per lab and hook, over the bucket sizes: Spearman's ρ of predicted against measured, and the bucket "
                  "effect (slowest bucket size over the fastest):")
     lines.append("")
@@ -291,15 +212,8 @@ def write_readme(rows):
              " predicted compute / comm / codec ms | run's compute ms | predicted with it | error | CPU stolen |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        runs = f"{r['runs']} runs" + (f", {r['hung']} hung" if r["hung"] else "")
-        measured = (f"{r['measured_ms']:.1f} ({r['min_ms']:.1f}–{r['max_ms']:.1f}, {runs})" if r["measured_ms"]
-                    else f"– ({runs})")
-        lines.append(f"| {r['nodes']} | {r['hook']} | {r['bucket_mb']} | {measured} | {r['predicted_ms']:.1f} | "
-                     f"{fmt(r['error_pct'], '+.1f')} % | {r['predicted_no_framework_ms']:.1f} | "
-                     f"{fmt(r['error_no_framework_pct'], '+.1f')} % | {r['predicted_compute_ms']:.1f} / "
-                     f"{r['predicted_comm_ms']:.1f} / {r['predicted_compression_ms']:.1f} | {fmt(r['run_compute_ms'])} | "
-                     f"{fmt(r['predicted_run_compute_ms'])} | {fmt(r['error_run_compute_pct'], '+.1f')} % | "
-                     f"{fmt(r['stolen_pct'])} % |")
+        cells = [r["nodes"], r["hook"], r["bucket_mb"], *compared_cells(r, PARTS)]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     repeats = len({r["repeat"] for r in csv.DictReader(open(HERE / "results.csv"))})
     lines += ["", f"Median (min–max) over {repeats} interleaved repeats of the median of rank 0's step times over "
               f"{ITERATIONS} iterations after {WARMUP} warm-up; error = predicted / measured − 1; a run that did not "
@@ -310,45 +224,24 @@ def write_readme(rows):
 
 
 def plot(rows):
-    series = []
-    for (nodes, _, hook), group in groups(rows):
-        points = [(r["measured_ms"], r["predicted_ms"]) for r in group if r["measured_ms"] is not None]
-        if points:
-            series.append({"label": f"{nodes} nodes, {hook}", "points": points, "line": False})
-    svgplot.chart(HERE / "predicted-vs-measured.svg", "PyTorch DDP on the lab: Syncopate's prediction vs the runs",
-                  "measured ms per iteration (median over repeats)", "predicted ms per iteration", series, diagonal=True)
+    plot_predicted_vs_measured(HERE, "PyTorch DDP on the lab: Syncopate's prediction vs the runs",
+                               [(f"{nodes} nodes, {hook}", group) for (nodes, _, hook), group in groups(rows)])
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0, help="the interleaving order's seed")
-    lab_experiment_arguments(p, REPO, "only rewrite README.md and the plot from results.csv")
+    repeated_lab_arguments(p, REPO, "only rewrite README.md and the plot from results.csv")
     p.add_argument("--more", action="store_true",
                    help="measure --repeats more repeats into results.csv on labs brought up afresh, keeping the "
                         "committed cluster files and profiles (their fits stay those of the first runs)")
-    opts = p.parse_args()
-    if opts.repeats < 1:
-        p.error(f"--repeats: {opts.repeats} is not a positive integer")
-    if opts.repredict:
-        repredict(opts)
-    elif not opts.report_only:
-        if os.geteuid() != 0:
-            sys.exit("the labs need root (network namespaces): run with sudo, or --repredict / --report-only")
-        end_on_sigterm()
-        try:
-            clusters = SCRATCH if opts.more else HERE / "clusters"
-            clusters.mkdir(parents=True, exist_ok=True)
-            device = os.path.relpath(DEVICE, clusters)
-            for name, nodes, gbps in LABS:
-                lab_up(opts.syncopate, name, nodes, gbps, device, f"lab-{lab_key(nodes, gbps)}.json", clusters)
-            if opts.more:
-                measure(opts, list(csv.DictReader(open(HERE / "results.csv"))), sample=False)
-            else:
-                settle_inputs(opts, measure(opts, [], sample=True))
-        finally:
-            labs_down(opts.syncopate, [name for name, _, _ in LABS])
-        predict(opts)
+    opts = parse_repeated(p)
+    def work():
+        if opts.more:
+            measure(opts, list(csv.DictReader(open(HERE / "results.csv"))), sample=False)
+        else:
+            INPUTS.settle(opts, measure(opts, [], sample=True))
+
+    measure_or_repredict(opts, INPUTS, SCRATCH if opts.more else HERE / "clusters", DEVICE, work, predict)
     rows = report()
     write_readme(rows)
     plot(rows)

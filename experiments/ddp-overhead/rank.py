@@ -17,6 +17,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "digits"))
+from steps import step_times  # noqa: E402
+
 WIDTH = 1024
 
 
@@ -68,19 +71,11 @@ def wrapper(net, plan):
 
 def iteration_times(net, optimizer, rank, warmup, iterations, size):
     """Wall-clock time of each measured step on this rank, after a barrier (ms)."""
-    times = []
-    dist.barrier()
-    start = time.perf_counter()
-    for step in range(warmup + iterations):
+    def loss(step):
         x, y = batch(rank, step, size)
-        optimizer.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        optimizer.step()
-        now = time.perf_counter()
-        if step >= warmup:
-            times.append((now - start) * 1e3)
-        start = now
-    return times
+        return F.cross_entropy(net(x), y)
+
+    return step_times(optimizer, loss, warmup, iterations)
 
 
 def record_profile(args):

@@ -17,7 +17,37 @@ import statistics
 import subprocess
 import sys
 
+import svgplot
+
 TRAINER = pathlib.Path(__file__).resolve().parent / "train.py"
+
+
+def repeated_lab_arguments(parser, repo, report_only_help):
+    """lab_experiment_arguments and the interleaved repeats' count and seed; `parse` checks them."""
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0, help="the interleaving order's seed")
+    lab_experiment_arguments(parser, repo, report_only_help)
+
+
+def parse_repeated(parser):
+    """The options of a parser set up by repeated_lab_arguments, checked."""
+    opts = parser.parse_args()
+    if opts.repeats < 1:
+        parser.error(f"--repeats: {opts.repeats} is not a positive integer")
+    return opts
+
+
+def plot_predicted_vs_measured(here, title, groups):
+    """`here`/predicted-vs-measured.svg: for each (label, rows) of `groups`, the measured and
+    predicted iteration times of the rows that measured one."""
+    series = []
+    for label, rows in groups:
+        points = [(r["measured_ms"], r["predicted_ms"]) for r in rows if r["measured_ms"] is not None]
+        if points:
+            series.append({"label": label, "points": points, "line": False})
+    svgplot.chart(pathlib.Path(here) / "predicted-vs-measured.svg", title,
+                  "measured ms per iteration (median over repeats)", "predicted ms per iteration", series,
+                  diagonal=True)
 
 
 def lab_experiment_arguments(parser, repo, report_only_help):
@@ -175,6 +205,165 @@ def refit_gloo(syncopate, cluster, clusters):
     sweep, busy = f"{cluster}.gloo-sweep.csv", f"{cluster}.gloo-sweep-beside-compute.csv"
     sh([syncopate, "collective", "--cluster", f"{cluster}.json", "--library", "gloo", "--compare", sweep,
         "--beside-compute", busy, "--fit-out", f"{cluster}-gloo.json"], f"gloo fit of {cluster}", 300, cwd=clusters)
+
+
+def lab_key(nodes, gbps):
+    """A lab's name in file names: `2n-1g`."""
+    return f"{nodes}n-{gbps:g}g"
+
+
+class SampledInputs:
+    """The inputs of a predicted-against-measured lab experiment, sampled before every repeat:
+    this machine's speed drifts by tens of percent within an hour, so each lab's gloo sweeps and
+    the model's profile (recorded with as many ranks computing at once as the lab has) are taken
+    again before each repeat, into `scratch`, and the prediction uses their medians, committed
+    under `here` (`clusters/lab-KEY.gloo-sweep*.csv` and their gloo fit, `profiles/MODEL-wN.json`)."""
+
+    def __init__(self, here, scratch, labs, model):
+        self.here, self.scratch, self.labs, self.model = pathlib.Path(here), pathlib.Path(scratch), labs, model
+
+    def profile_path(self, nodes):
+        return self.here / "profiles" / f"{self.model}-w{nodes}.json"
+
+    def sweep_path(self, nodes, gbps, repeat, beside):
+        kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
+        return self.scratch / "sweeps" / f"lab-{lab_key(nodes, gbps)}.{kind}.r{repeat}.csv"
+
+    def recording_path(self, nodes, repeat):
+        return self.scratch / f"{self.model}-w{nodes}-r{repeat}.json"
+
+    def sample(self, opts, repeat, record, sweep_args=(), gathers="wrapper"):
+        """Before repeat `repeat`: each lab's gloo sweeps (`sweep_gloo` with `sweep_args` and
+        `gathers`), then the command `record(nodes, out)` run on this machine for each lab's rank
+        count (torchrun on localhost; no communication is timed)."""
+        (self.scratch / "sweeps").mkdir(parents=True, exist_ok=True)
+        for name, nodes, gbps in self.labs:
+            sweep_gloo(opts.syncopate, opts.python, name, self.sweep_path(nodes, gbps, repeat, False),
+                       self.sweep_path(nodes, gbps, repeat, True), sweep_args, gathers)
+        for _, nodes, _ in self.labs:
+            sh(record(nodes, self.recording_path(nodes, repeat)), f"recording the profile at {nodes} ranks", 600)
+
+    def settle(self, opts, repeats):
+        """The inputs the prediction uses, from those sampled before each of `repeats`: per lab
+        the median of each size over the gloo sweeps and the gloo fit to them; per rank count the
+        recording of median compute."""
+        (self.here / "profiles").mkdir(exist_ok=True)
+        for _, nodes, gbps in self.labs:
+            cluster = f"lab-{lab_key(nodes, gbps)}"
+            for beside in (False, True):
+                kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
+                median_sweep([self.sweep_path(nodes, gbps, r, beside) for r in repeats],
+                             self.here / "clusters" / f"{cluster}.{kind}.csv")
+            refit_gloo(opts.syncopate, cluster, self.here / "clusters")
+            keep_median_recording([self.recording_path(nodes, r) for r in repeats], self.profile_path(nodes),
+                                  f"profile at {nodes} ranks")
+
+    def refit(self, opts):
+        """Each lab's gloo file refitted to its committed sweeps (no lab needed)."""
+        for _, nodes, gbps in self.labs:
+            refit_gloo(opts.syncopate, f"lab-{lab_key(nodes, gbps)}", self.here / "clusters")
+
+
+def on_labs(opts, labs, clusters, device, work):
+    """Brings `labs` up (root needed), their cluster files into `clusters` naming the device
+    profile `device`, runs `work()`, and takes the labs down whatever happens."""
+    if os.geteuid() != 0:
+        sys.exit("the labs need root (network namespaces): run with sudo, or --repredict / --report-only")
+    end_on_sigterm()
+    try:
+        clusters = pathlib.Path(clusters)
+        clusters.mkdir(parents=True, exist_ok=True)
+        for name, nodes, gbps in labs:
+            lab_up(opts.syncopate, name, nodes, gbps, os.path.relpath(device, clusters),
+                   f"lab-{lab_key(nodes, gbps)}.json", clusters)
+        return work()
+    finally:
+        labs_down(opts.syncopate, [name for name, _, _ in labs])
+
+
+def measure_or_repredict(opts, inputs, clusters, device, work, predict, predict_after=True):
+    """What a repeated lab experiment does before its report: with --repredict, the committed
+    runs predicted again without a lab (each lab's gloo file refitted to its committed sweeps,
+    then `predict(opts)`); unless --report-only, `work()` on `inputs`' labs brought up with their
+    cluster files in `clusters`, then `predict(opts)` when `predict_after`."""
+    if opts.repredict:
+        inputs.refit(opts)
+        predict(opts)
+    elif not opts.report_only:
+        on_labs(opts, inputs.labs, clusters, device, work)
+        if predict_after:
+            predict(opts)
+
+
+def run_compute_ms(runs, key):
+    """Per configuration (`key(row)`), the median compute of its runs (ms), where they measured it."""
+    found = {}
+    for r in runs:
+        if r.get("compute_ms"):
+            found.setdefault(key(r), []).append(float(r["compute_ms"]))
+    return {k: statistics.median(v) for k, v in found.items()}
+
+
+def write_predictions(here, predicted):
+    """`here`/predictions.json: every configuration's predicted summaries, keys sorted."""
+    (pathlib.Path(here) / "predictions.json").write_text(json.dumps(predicted, indent=1, sort_keys=True) + "\n")
+
+
+def runs_and_predictions(here):
+    """The committed runs (`here`/results.csv rows) and predictions (`here`/predictions.json)."""
+    here = pathlib.Path(here)
+    return list(csv.DictReader(open(here / "results.csv"))), json.loads((here / "predictions.json").read_text())
+
+
+def compared(runs, entry, framework, parts):
+    """A configuration's runs (rows of results.csv) beside its predictions (`entry`: the
+    predicted summaries under `framework`, under no framework, and with the runs' compute): the
+    median measured time with its range, the predictions and their errors, and the `parts` of
+    the framework's prediction."""
+    times = [float(r["iteration_ms"]) for r in runs if r["iteration_ms"] not in ("hung", "not run")]
+    stolen = [float(r["stolen_pct"]) for r in runs if r.get("stolen_pct")]
+    computes = [float(r["compute_ms"]) for r in runs if r.get("compute_ms")]
+    measured = statistics.median(times) if times else None
+    predicted, bare = entry[framework]["iteration_time_ms"], entry["none"]["iteration_time_ms"]
+    scaled = entry["run-compute"]["iteration_time_ms"] if "run-compute" in entry else None
+
+    def error(value):
+        return (value / measured - 1) * 100 if measured and value else None
+
+    return {"runs": len(times), "hung": sum(r["iteration_ms"] == "hung" for r in runs),
+            "stolen_pct": statistics.median(stolen) if stolen else None, "measured_ms": measured,
+            "min_ms": min(times, default=None), "max_ms": max(times, default=None), "predicted_ms": predicted,
+            "error_pct": error(predicted), "predicted_no_framework_ms": bare, "error_no_framework_pct": error(bare),
+            "run_compute_ms": statistics.median(computes) if computes else None, "predicted_run_compute_ms": scaled,
+            "error_run_compute_pct": error(scaled), **{f"predicted_{k}": entry[framework][k] for k in parts}}
+
+
+def compared_cells(row, parts):
+    """A `compared` row's table cells after its configuration's: measured (range, runs),
+    predicted and error, without the framework and error, the predicted `parts` (ms), the runs'
+    compute, predicted with it and error, and the CPU stolen."""
+    runs = f"{row['runs']} runs" + (f", {row['hung']} hung" if row["hung"] else "")
+    measured = (f"{row['measured_ms']:.1f} ({row['min_ms']:.1f}–{row['max_ms']:.1f}, {runs})" if row["measured_ms"]
+                else f"– ({runs})")
+    return [measured, f"{row['predicted_ms']:.1f}", f"{fmt(row['error_pct'], '+.1f')} %",
+            f"{row['predicted_no_framework_ms']:.1f}", f"{fmt(row['error_no_framework_pct'], '+.1f')} %",
+            " / ".join(f"{row[f'predicted_{part}']:.1f}" for part in parts), fmt(row["run_compute_ms"]),
+            fmt(row["predicted_run_compute_ms"]), f"{fmt(row['error_run_compute_pct'], '+.1f')} %",
+            f"{fmt(row['stolen_pct'])} %"]
+
+
+def error_lines(rows, fields):
+    """For each (field, label) of `fields`, the line giving the median, 90th percentile and
+    largest |error| of the `rows` that measured something."""
+    measured = [r for r in rows if r["measured_ms"] is not None]
+    lines = []
+    for field, label in fields:
+        errors = [abs(r[field]) for r in measured if r[field] is not None]
+        if errors:
+            lines.append(f"- Predicted {label}: median |error| **{statistics.median(errors):.1f} %**, 90th percentile "
+                         f"{p90(errors):.1f} %, largest {max(errors):.1f} % over the {len(errors)} measured "
+                         "configurations.")
+    return lines
 
 
 def compute_us(profile):

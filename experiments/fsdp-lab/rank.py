@@ -22,6 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "digits"))
+from steps import step_times  # noqa: E402
+
 # GPT-2's layout at a size whose iteration computes in about the time its parameters take to
 # cross a 1 Gb/s link three times (FSDP gathers them for forward and backward and reduce-scatters
 # the gradients): 8 blocks of 0.79 M parameters (3.1 MB of fp32 each), 7.4 M in all.
@@ -93,21 +96,9 @@ def loss_of(net, x, y):
     return F.cross_entropy(net(x).flatten(0, 1), y.flatten())
 
 
-def step_times(net, optimizer, rank, warmup, iterations, size):
+def iteration_times(net, optimizer, rank, warmup, iterations, size):
     """Wall-clock time of each measured step on this rank, after a barrier (ms)."""
-    times = []
-    dist.barrier()
-    start = time.perf_counter()
-    for step in range(warmup + iterations):
-        x, y = batch(rank, step, size)
-        optimizer.zero_grad()
-        loss_of(net, x, y).backward()
-        optimizer.step()
-        now = time.perf_counter()
-        if step >= warmup:
-            times.append((now - start) * 1e3)
-        start = now
-    return times
+    return step_times(optimizer, lambda step: loss_of(net, *batch(rank, step, size)), warmup, iterations)
 
 
 def load_settings(path):
@@ -173,12 +164,12 @@ def main(argv):
     # An HSDP export builds its own 2-D mesh (the nodes replicate, each node's ranks shard).
     hybrid = getattr(settings, "hybrid_mesh", None)
     settings.shard(net, mesh=hybrid("cpu") if hybrid else init_device_mesh("cpu", (world,)))
-    times = step_times(net, torch.optim.SGD(net.parameters(), lr=0.01), rank, args.warmup, args.iterations,
+    times = iteration_times(net, torch.optim.SGD(net.parameters(), lr=0.01), rank, args.warmup, args.iterations,
                        args.batch)
     # The same steps without FSDP (no gathers, no reduce-scatters) on every rank at once, right after
     # the measured ones: the compute each rank got during this run on this shared machine.
     plain = model()
-    compute = step_times(plain, torch.optim.SGD(plain.parameters(), lr=0.01), rank, 1, args.compute_iterations,
+    compute = iteration_times(plain, torch.optim.SGD(plain.parameters(), lr=0.01), rank, 1, args.compute_iterations,
                          args.batch)
     if rank == 0:
         print("RESULT " + json.dumps({"iteration_ms": statistics.median(times), "times_ms": times,

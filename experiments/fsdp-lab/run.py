@@ -29,10 +29,10 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
-import svgplot  # noqa: E402
-from runner import (cpu_times, end_on_sigterm, fmt, keep_median_recording, lab_experiment_arguments,  # noqa: E402
-                    lab_result, lab_up, labs_down, median_sweep, p90, refit_gloo, scaled_profile, sh, spearman,
-                    splice_readme, stolen_pct, sweep_gloo, write_csv)
+from runner import (SampledInputs, compared, compared_cells, cpu_times, error_lines, fmt, lab_key, lab_result, measure_or_repredict,  # noqa: E402
+                    parse_repeated, plot_predicted_vs_measured, repeated_lab_arguments, run_compute_ms,
+                    runs_and_predictions, scaled_profile, sh, spearman, splice_readme, stolen_pct, write_csv,
+                    write_predictions)
 
 RANK = HERE / "rank.py"
 # This machine's codec costs, measured by experiments/lab-validation (`syncopate profile --backend host`).
@@ -53,6 +53,8 @@ TUNED_SEED = 100
 # at 2 nodes of 1 Gb/s, so that how the gathers overlap the compute decides.
 BATCH = 4
 WARMUP, ITERATIONS, COMPUTE_ITERATIONS = 3, 12, 4
+# The parts of a prediction the table shows.
+PARTS = ("compute_ms", "comm_ms")
 # The sizes FSDP2's collectives move here: units of 1 to 8 blocks (3.1 to 25 MB) and the root's
 # 5.3 MB, and below them the sizes that give the fit its fixed costs.
 SWEEP = ["--ops", "allreduce,allgather,reduce-scatter", "--sizes", "4K,16K,64K,256K,1M,4M,8M,16M,32M",
@@ -62,56 +64,18 @@ RUN_TIMEOUT_S = 120
 SCRATCH = REPO / "target" / "fsdp-lab"  # recordings, plans and settings files, scaled profiles
 
 
-def lab_key(nodes, gbps):
-    return f"{nodes}n-{gbps:g}g"
-
-
 def setting_key(nodes, gbps, blocks, prefetch, reshard):
     return f"{lab_key(nodes, gbps)}-u{blocks}-p{prefetch}-{'reshard' if reshard else 'keep'}"
 
 
-def profile_path(nodes):
-    return HERE / "profiles" / f"gpt2-w{nodes}.json"
+INPUTS = SampledInputs(HERE, SCRATCH, LABS, "gpt2")
 
 
-def sweep_path(nodes, gbps, repeat, beside):
-    kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
-    return SCRATCH / "sweeps" / f"lab-{lab_key(nodes, gbps)}.{kind}.r{repeat}.csv"
-
-
-def recording_path(nodes, repeat):
-    return SCRATCH / f"gpt2-w{nodes}-r{repeat}.json"
-
-
-def sample_inputs(opts, repeat):
-    """Before repeat `repeat`: each lab's gloo sweep of FSDP2's collectives (alone and beside
-    compute), and the model's profile at 2 and 4 ranks computing at once on this machine
-    (torchrun on localhost; no communication is timed)."""
-    (SCRATCH / "sweeps").mkdir(parents=True, exist_ok=True)
-    for name, nodes, gbps in LABS:
-        sweep_gloo(opts.syncopate, opts.python, name, sweep_path(nodes, gbps, repeat, False),
-                   sweep_path(nodes, gbps, repeat, True), SWEEP, gathers="tensor")
-    for _, nodes, _ in LABS:
-        sh(["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", nodes, RANK, "--batch", BATCH, "--profile", recording_path(nodes, repeat),
-            "--profile-device", os.path.relpath(DEVICE, HERE), "--warmup", WARMUP, "--iterations", ITERATIONS],
-           f"recording the profile at {nodes} ranks", 600)
-
-
-def settle_inputs(opts, repeats):
-    """The inputs the prediction uses, from those sampled before each of `repeats`: per lab the
-    median of each size over the gloo sweeps (committed beside the lab's cluster file) and the
-    gloo fit to them; per rank count the recording of median compute."""
-    (HERE / "profiles").mkdir(exist_ok=True)
-    for _, nodes, gbps in LABS:
-        cluster = f"lab-{lab_key(nodes, gbps)}"
-        for beside in (False, True):
-            kind = "gloo-sweep-beside-compute" if beside else "gloo-sweep"
-            median_sweep([sweep_path(nodes, gbps, r, beside) for r in repeats],
-                         HERE / "clusters" / f"{cluster}.{kind}.csv")
-        refit_gloo(opts.syncopate, cluster, HERE / "clusters")
-        keep_median_recording([recording_path(nodes, r) for r in repeats], profile_path(nodes),
-                              f"profile at {nodes} ranks")
+def record_profile(opts):
+    """The command that records the model's profile at `nodes` ranks into `out`."""
+    return lambda nodes, out: ["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node", nodes, RANK, "--batch", BATCH, "--profile", out, "--profile-device",
+                               os.path.relpath(DEVICE, HERE), "--warmup", WARMUP, "--iterations", ITERATIONS]
 
 
 def plan_flags(nodes, blocks, prefetch, reshard):
@@ -169,7 +133,7 @@ def measure(opts, sample):
     repeats = range(opts.repeats)
     for repeat in repeats:
         if sample:
-            sample_inputs(opts, repeat)
+            INPUTS.sample(opts, repeat, record_profile(opts), SWEEP, gathers="tensor")
         order = random.Random(opts.seed * 1000 + repeat)
         for name, nodes, gbps, blocks, prefetch, reshard in order.sample(configs(), len(configs())):
             key = (nodes, gbps, blocks, prefetch, reshard)
@@ -180,7 +144,7 @@ def measure(opts, sample):
                 continue
             if key not in settings:
                 # The units are the model's, whatever the recording's times.
-                settings[key] = export_settings(opts, recording_path(nodes, 0), *key)
+                settings[key] = export_settings(opts, INPUTS.recording_path(nodes, 0), *key)
             what = f"{nodes} nodes, {blocks} blocks a unit, prefetch {prefetch}, reshard {reshard}"
             measured = run_settings(opts, name, settings[key], f"repeat {repeat}: {what}")
             if measured["iteration_ms"] == "hung":
@@ -197,7 +161,7 @@ def tune(opts, nodes, gbps):
     key = lab_key(nodes, gbps)
     settings = SCRATCH / "tuned" / f"{key}.py"
     settings.parent.mkdir(parents=True, exist_ok=True)
-    report = json.loads(sh([opts.syncopate, "tune", "--model", os.path.relpath(profile_path(nodes), HERE), "--cluster",
+    report = json.loads(sh([opts.syncopate, "tune", "--model", os.path.relpath(INPUTS.profile_path(nodes), HERE), "--cluster",
                             f"clusters/lab-{key}-gloo.json", "--nodes", nodes, "--gpus-per-node", 1, "--framework",
                             "fsdp", "--search", "all", "--export", settings, "--format", "json"],
                            f"tune {key}", 600, cwd=HERE))
@@ -213,7 +177,7 @@ def measure_tuned(opts):
     runs, reports = {}, {}
     for name, nodes, gbps in LABS:
         reports[lab_key(nodes, gbps)], runs[(name, nodes, gbps, "tuned")] = tune(opts, nodes, gbps)
-        runs[(name, nodes, gbps, "defaults")] = export_settings(opts, profile_path(nodes), nodes, gbps, *DEFAULTS)
+        runs[(name, nodes, gbps, "defaults")] = export_settings(opts, INPUTS.profile_path(nodes), nodes, gbps, *DEFAULTS)
     (HERE / "tuned.json").write_text(json.dumps(reports, indent=1, sort_keys=True) + "\n")
     rows = []
     for repeat in range(opts.repeats):
@@ -250,15 +214,6 @@ def tuned_lines():
     return lines + ["", f"Median (min–max) over {repeats} interleaved repeats; gain = 1 − tuned / defaults."]
 
 
-def run_compute_ms(runs):
-    """Per configuration (row_key), the median compute of its runs (ms), where they measured it."""
-    found = {}
-    for r in runs:
-        if r.get("compute_ms"):
-            found.setdefault(row_key(r), []).append(float(r["compute_ms"]))
-    return {k: statistics.median(v) for k, v in found.items()}
-
-
 def predict(opts):
     """Each configuration's predicted iteration on its lab's gloo fit: the `fsdp` strategy's plan
     for its units, prefetch and resharding, run by the `pytorch-fsdp` framework (the strategy's
@@ -266,13 +221,13 @@ def predict(opts):
     repeat; the same with no framework costs (`--framework none`); and, where the runs measured
     their compute, with the profile scaled to it."""
     predicted = {}
-    measured_compute = run_compute_ms(list(csv.DictReader(open(HERE / "results.csv"))))
+    measured_compute = run_compute_ms(list(csv.DictReader(open(HERE / "results.csv"))), row_key)
     for _, nodes, gbps, blocks, prefetch, reshard in configs():
         key = setting_key(nodes, gbps, blocks, prefetch, reshard)
-        profiles = {"pytorch-fsdp": profile_path(nodes), "none": profile_path(nodes)}
+        profiles = {"pytorch-fsdp": INPUTS.profile_path(nodes), "none": INPUTS.profile_path(nodes)}
         compute = measured_compute.get((nodes, gbps, blocks, prefetch, reshard))
         if compute:
-            profiles["run-compute"] = scaled_profile(profile_path(nodes), compute, SCRATCH / "scaled" / f"{key}.json")
+            profiles["run-compute"] = scaled_profile(INPUTS.profile_path(nodes), compute, SCRATCH / "scaled" / f"{key}.json")
         entry = {}
         for label, profile in profiles.items():
             framework = "none" if label == "none" else "pytorch-fsdp"
@@ -282,43 +237,17 @@ def predict(opts):
                                  "--format", "json"], f"simulate {key}", 300, cwd=HERE))
             entry[label] = {k: out[k] for k in ("iteration_time_ms", "compute_ms", "comm_ms")}
         predicted[key] = entry
-    (HERE / "predictions.json").write_text(json.dumps(predicted, indent=1, sort_keys=True) + "\n")
-
-
-def repredict(opts):
-    """The committed runs predicted again by this Syncopate, without a lab: each lab's gloo file
-    refitted to its committed sweeps, then every configuration predicted again."""
-    for _, nodes, gbps in LABS:
-        refit_gloo(opts.syncopate, f"lab-{lab_key(nodes, gbps)}", HERE / "clusters")
-    predict(opts)
+    write_predictions(HERE, predicted)
 
 
 def report():
-    runs = list(csv.DictReader(open(HERE / "results.csv")))
-    predictions = json.loads((HERE / "predictions.json").read_text())
+    runs, predictions = runs_and_predictions(HERE)
     rows = []
     for _, nodes, gbps, blocks, prefetch, reshard in configs():
         mine = [r for r in runs if row_key(r) == (nodes, gbps, blocks, prefetch, reshard)]
-        times = [float(r["iteration_ms"]) for r in mine if r["iteration_ms"] not in ("hung", "not run")]
-        stolen = [float(r["stolen_pct"]) for r in mine if r.get("stolen_pct")]
-        computes = [float(r["compute_ms"]) for r in mine if r.get("compute_ms")]
         entry = predictions[setting_key(nodes, gbps, blocks, prefetch, reshard)]
-        predicted, bare = entry["pytorch-fsdp"]["iteration_time_ms"], entry["none"]["iteration_time_ms"]
-        scaled = entry["run-compute"]["iteration_time_ms"] if "run-compute" in entry else None
-        measured = statistics.median(times) if times else None
-
-        def error(value):
-            return (value / measured - 1) * 100 if measured and value else None
-
         rows.append({"nodes": nodes, "gbps": gbps, "blocks": blocks, "prefetch": prefetch, "reshard": reshard,
-                     "runs": len(times), "hung": sum(r["iteration_ms"] == "hung" for r in mine),
-                     "stolen_pct": statistics.median(stolen) if stolen else None, "measured_ms": measured,
-                     "min_ms": min(times, default=None), "max_ms": max(times, default=None),
-                     "predicted_ms": predicted, "error_pct": error(predicted), "predicted_no_framework_ms": bare,
-                     "error_no_framework_pct": error(bare),
-                     "run_compute_ms": statistics.median(computes) if computes else None,
-                     "predicted_run_compute_ms": scaled, "error_run_compute_pct": error(scaled),
-                     **{f"predicted_{k}": entry["pytorch-fsdp"][k] for k in ("compute_ms", "comm_ms")}})
+                     **compared(mine, entry, "pytorch-fsdp", PARTS)})
     return rows
 
 
@@ -327,17 +256,10 @@ def setting_label(row):
 
 
 def summary_lines(rows):
-    measured = [r for r in rows if r["measured_ms"] is not None]
-    lines = []
-    for field, label in (("error_pct", "with the `pytorch-fsdp` framework file"),
-                         ("error_no_framework_pct", "with no framework costs (`--framework none`)"),
-                         ("error_run_compute_pct", "with the framework file and the profile scaled to the compute "
-                          "measured in the runs")):
-        errors = [abs(r[field]) for r in measured if r[field] is not None]
-        if errors:
-            lines.append(f"- Predicted {label}: median |error| **{statistics.median(errors):.1f} %**, 90th percentile "
-                         f"{p90(errors):.1f} %, largest {max(errors):.1f} % over the {len(errors)} measured "
-                         "configurations.")
+    lines = error_lines(rows, (("error_pct", "with the `pytorch-fsdp` framework file"),
+                               ("error_no_framework_pct", "with no framework costs (`--framework none`)"),
+                               ("error_run_compute_pct", "with the framework file and the profile scaled to the "
+                                "compute measured in the runs")))
     lines += ["- Per lab, over the settings: Spearman's ρ of predicted against measured, and the fastest setting "
               "(blocks a unit / prefetch / reshard):", "",
               "| nodes | ρ | ρ, run's compute | fastest measured | fastest predicted | measured spread | predicted spread |",
@@ -364,14 +286,7 @@ def write_readme(rows):
              "CPU stolen |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        runs = f"{r['runs']} runs" + (f", {r['hung']} hung" if r["hung"] else "")
-        measured = (f"{r['measured_ms']:.1f} ({r['min_ms']:.1f}–{r['max_ms']:.1f}, {runs})" if r["measured_ms"]
-                    else f"– ({runs})")
-        lines.append(f"| {r['nodes']} | {setting_label(r)} | {measured} | {r['predicted_ms']:.1f} | "
-                     f"{fmt(r['error_pct'], '+.1f')} % | {r['predicted_no_framework_ms']:.1f} | "
-                     f"{fmt(r['error_no_framework_pct'], '+.1f')} % | {r['predicted_compute_ms']:.1f} / "
-                     f"{r['predicted_comm_ms']:.1f} | {fmt(r['run_compute_ms'])} | {fmt(r['predicted_run_compute_ms'])} | "
-                     f"{fmt(r['error_run_compute_pct'], '+.1f')} % | {fmt(r['stolen_pct'])} % |")
+        lines.append("| " + " | ".join(map(str, [r["nodes"], setting_label(r), *compared_cells(r, PARTS)])) + " |")
     repeats = len({r["repeat"] for r in csv.DictReader(open(HERE / "results.csv"))})
     lines += ["", f"Median (min–max) over {repeats} interleaved repeats of the median of rank 0's step times over "
               f"{ITERATIONS} iterations after {WARMUP} warm-up; error = predicted / measured − 1; a run that did not "
@@ -381,47 +296,27 @@ def write_readme(rows):
 
 
 def plot(rows):
-    series = []
-    for nodes in sorted({r["nodes"] for r in rows}):
-        points = [(r["measured_ms"], r["predicted_ms"]) for r in rows if r["nodes"] == nodes and r["measured_ms"]]
-        if points:
-            series.append({"label": f"{nodes} nodes", "points": points, "line": False})
-    svgplot.chart(HERE / "predicted-vs-measured.svg", "PyTorch FSDP2 on the lab: Syncopate's prediction vs the runs",
-                  "measured ms per iteration (median over repeats)", "predicted ms per iteration", series, diagonal=True)
+    groups = [(f"{nodes} nodes", [r for r in rows if r["nodes"] == nodes]) for nodes in sorted({r["nodes"] for r in rows})]
+    plot_predicted_vs_measured(HERE, "PyTorch FSDP2 on the lab: Syncopate's prediction vs the runs", groups)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0, help="the interleaving order's seed")
-    lab_experiment_arguments(p, REPO, "only rewrite README.md and the plot from results.csv")
+    repeated_lab_arguments(p, REPO, "only rewrite README.md and the plot from results.csv")
     p.add_argument("--tuned", action="store_true",
                    help="on labs brought up afresh, measure the settings `tune --framework fsdp` picks from the "
                         "committed inputs beside FSDP's defaults (tuned.csv), keeping the committed runs and fits")
-    opts = p.parse_args()
-    if opts.repeats < 1:
-        p.error(f"--repeats: {opts.repeats} is not a positive integer")
-    if opts.repredict:
-        repredict(opts)
-    elif not opts.report_only:
-        if os.geteuid() != 0:
-            sys.exit("the labs need root (network namespaces): run with sudo, or --repredict / --report-only")
-        end_on_sigterm()
-        try:
-            # The tuned check keeps the committed cluster files: its labs' go to the scratch folder.
-            clusters = SCRATCH / "clusters" if opts.tuned else HERE / "clusters"
-            clusters.mkdir(parents=True, exist_ok=True)
-            device = os.path.relpath(DEVICE, clusters)
-            for name, nodes, gbps in LABS:
-                lab_up(opts.syncopate, name, nodes, gbps, device, f"lab-{lab_key(nodes, gbps)}.json", clusters)
-            if opts.tuned:
-                measure_tuned(opts)
-            else:
-                settle_inputs(opts, measure(opts, sample=True))
-        finally:
-            labs_down(opts.syncopate, [name for name, _, _ in LABS])
-        if not opts.tuned:
-            predict(opts)
+    opts = parse_repeated(p)
+    def work():
+        if opts.tuned:
+            measure_tuned(opts)
+        else:
+            INPUTS.settle(opts, measure(opts, sample=True))
+
+    # The tuned check keeps the committed cluster files: its labs' go to the scratch folder, and
+    # it predicts nothing new.
+    measure_or_repredict(opts, INPUTS, SCRATCH / "clusters" if opts.tuned else HERE / "clusters", DEVICE, work,
+                         predict, predict_after=not opts.tuned)
     rows = report()
     write_readme(rows)
     if (HERE / "tuned.csv").exists():

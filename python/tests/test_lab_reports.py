@@ -17,6 +17,7 @@ EXPERIMENTS = conftest.REPO / "experiments"
 
 
 def load_runner():
+    sys.path.insert(0, str(EXPERIMENTS / "digits"))
     spec = importlib.util.spec_from_file_location("runner", EXPERIMENTS / "digits" / "runner.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
