@@ -235,6 +235,9 @@ def main():
                    help="measure --repeats more repeats into results.csv on labs brought up afresh, keeping the "
                         "committed cluster files and profiles (their fits stay those of the first runs)")
     opts = parse_repeated(p)
+    if opts.more and (opts.repredict or opts.report_only):
+        p.error("--more runs on labs: it goes with neither --repredict nor --report-only")
+
     def work():
         if opts.more:
             measure(opts, list(csv.DictReader(open(HERE / "results.csv"))), sample=False)
