@@ -234,9 +234,7 @@ def main():
     p.add_argument("--more", action="store_true",
                    help="measure --repeats more repeats into results.csv on labs brought up afresh, keeping the "
                         "committed cluster files and profiles (their fits stay those of the first runs)")
-    opts = parse_repeated(p)
-    if opts.more and (opts.repredict or opts.report_only):
-        p.error("--more runs on labs: it goes with neither --repredict nor --report-only")
+    opts = parse_repeated(p, "more")
 
     def work():
         if opts.more:

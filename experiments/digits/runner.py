@@ -29,11 +29,14 @@ def repeated_lab_arguments(parser, repo, report_only_help):
     lab_experiment_arguments(parser, repo, report_only_help)
 
 
-def parse_repeated(parser):
-    """The options of a parser set up by repeated_lab_arguments, checked."""
+def parse_repeated(parser, lab_only):
+    """The options of a parser set up by repeated_lab_arguments, checked; the flag `lab_only`
+    (a dest name) runs on labs, and goes with neither --repredict nor --report-only."""
     opts = parser.parse_args()
     if opts.repeats < 1:
         parser.error(f"--repeats: {opts.repeats} is not a positive integer")
+    if getattr(opts, lab_only) and (opts.repredict or opts.report_only):
+        parser.error(f"--{lab_only} runs on labs: it goes with neither --repredict nor --report-only")
     return opts
 
 

@@ -306,9 +306,7 @@ def main():
     p.add_argument("--tuned", action="store_true",
                    help="on labs brought up afresh, measure the settings `tune --framework fsdp` picks from the "
                         "committed inputs beside FSDP's defaults (tuned.csv), keeping the committed runs and fits")
-    opts = parse_repeated(p)
-    if opts.tuned and (opts.repredict or opts.report_only):
-        p.error("--tuned runs on labs: it goes with neither --repredict nor --report-only")
+    opts = parse_repeated(p, "tuned")
 
     def work():
         if opts.tuned:
