@@ -307,32 +307,23 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
                 abort,
             ),
             // DeAR: the reduce-scatter half in backward, the all-gather half later; a sharded
-            // plan's unit: the reduce-scatter alone, after which the rank keeps its shard of the
-            // sum.
-            Exchange::ReduceScatter => {
+            // plan's unit: the reduce-scatter alone (hybrid sharding's: the node's, then the
+            // shard across nodes), after which the rank keeps its shard of the sum.
+            exchange @ (Exchange::ReduceScatter | Exchange::HybridReduceScatter) => {
                 let payload = &mut piece.payload;
-                ring::reduce_scatter(link, &ring, payload, element, &*piece.codec, abort)?;
-                if pieces::ends_scattered(spec) {
-                    ring::keep_summed_chunk(&ring, payload, element);
+                let codec = &*piece.codec;
+                let schedule_world = &self.job.schedule.world;
+                if exchange == Exchange::HybridReduceScatter {
+                    let per_node = schedule_world.ranks_per_node as usize;
+                    ring::hybrid_reduce_scatter(
+                        link, world, per_node, payload, element, codec, abort,
+                    )?;
+                } else {
+                    ring::reduce_scatter(link, &ring, payload, element, codec, abort)?;
                 }
-                Ok(())
-            }
-            // Hybrid sharding: the node's reduce-scatter, then the shard across nodes; the rank
-            // keeps its shard of the world's sum.
-            Exchange::HybridReduceScatter => {
-                let per_node = self.job.schedule.world.ranks_per_node as usize;
-                let payload = &mut piece.payload;
-                ring::hybrid_reduce_scatter(
-                    link,
-                    world,
-                    per_node,
-                    payload,
-                    element,
-                    &*piece.codec,
-                    abort,
-                )?;
                 if pieces::ends_scattered(spec) {
-                    ring::keep_summed_chunk(&Ring::node(link.rank(), per_node), payload, element);
+                    let split = pieces::scatter_ranks(spec, schedule_world);
+                    ring::keep_summed_chunk(&Ring::node(link.rank(), split), payload, element);
                 }
                 Ok(())
             }
