@@ -490,6 +490,15 @@ fn check_calls_per_tensor(label: &str, g: usize, group: &Group) -> Result<()> {
 }
 
 impl Scheme {
+    /// The scheme that reduce-scatters a unit of `sharding`: over every rank, or inside each
+    /// node then across nodes (`within_node`).
+    pub fn scattering(sharding: &Sharding) -> Scheme {
+        match sharding.within_node {
+            true => Scheme::HybridReduceScatter,
+            false => Scheme::ReduceScatter,
+        }
+    }
+
     /// The scheme as plan files spell it.
     pub fn name(self) -> &'static str {
         match self {
@@ -579,10 +588,7 @@ fn check_sharding(sharding: Option<&Sharding>, label: &str, groups: &[Group]) ->
     };
     // A unit is reduce-scattered (FSDP), or allreduced whole with each rank keeping its
     // shard (DeepSpeed's ZeRO-1 and 2, `allreduce_and_scatter`).
-    let scatter = match sharding.within_node {
-        true => Scheme::HybridReduceScatter,
-        false => Scheme::ReduceScatter,
-    };
+    let scatter = Scheme::scattering(sharding);
     let reduces =
         |g: &Group| g.scheme == scatter || matches!(g.scheme, Scheme::Auto | Scheme::Allreduce);
     if let Some(g) = groups.iter().position(|g| !reduces(g)) {

@@ -112,15 +112,21 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 impl Sharding {
     /// The ranks a unit is sharded over: each node's (`within_node`) or all of them.
     pub fn shard_ranks(&self, ranks: u32, ranks_per_node: u32) -> u32 {
-        match self.within_node {
-            true => ranks_per_node,
-            false => ranks,
-        }
+        split_ranks(self.within_node, ranks, ranks_per_node)
     }
 
     /// Whether group `g` is gathered again before its backward.
     pub fn regathers(&self, g: usize) -> bool {
         self.stage.shards_parameters() && self.reshard_after_forward && !self.resident.contains(&g)
+    }
+}
+
+/// The ranks a unit is split over, of `ranks` in nodes of `ranks_per_node`: each node's when it
+/// is sharded `within_node` (hybrid sharding), else all of them.
+pub fn split_ranks(within_node: bool, ranks: u32, ranks_per_node: u32) -> u32 {
+    match within_node {
+        true => ranks_per_node,
+        false => ranks,
     }
 }
 

@@ -291,10 +291,7 @@ pub struct ParamShard {
 impl ParamShard {
     /// The ranks whose shards a gather of the unit joins: every rank, or the node's.
     pub fn ranks(&self, world: World) -> u32 {
-        match self.within_node {
-            true => world.ranks_per_node,
-            false => world.ranks(),
-        }
+        crate::sharding::split_ranks(self.within_node, world.ranks(), world.ranks_per_node)
     }
 
     /// Bytes of the gathered unit: every shard [`ParamShard::ranks`] holds; `None` when they

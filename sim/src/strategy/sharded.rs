@@ -127,10 +127,7 @@ pub fn fsdp_units_plan(
         param_dtype: options.sharding.param_dtype,
         within_node,
     };
-    let scheme = match within_node {
-        true => Scheme::HybridReduceScatter,
-        false => Scheme::ReduceScatter,
-    };
+    let scheme = Scheme::scattering(&sharding);
     sharded(name, scenario, options, units, scheme, sharding)
 }
 
