@@ -1,13 +1,16 @@
-//! Cast codecs: fp32 as is, fp16 and bf16 (summable), fp8 e4m3/e5m2 with a per-tensor scale.
+//! Cast codecs: fp32 as is, fp16 and bf16 (summable), fp8 e4m3/e5m2 with a per-tensor scale,
+//! int8 with a scale per block.
 //!
 //! Wire formats: `none` n × f32; `fp16`/`bf16` n × u16; `fp8` f32 scale then n × u8 codes,
-//! value = fp8(code) · scale with scale = max|x| / max-representable.
+//! value = fp8(code) · scale with scale = max|x| / max-representable; `int8:B` one f32 scale
+//! per block of B elements (max|x| / 127 over the block), then n × i8 codes, value = code ·
+//! its block's scale.
 
 #[cfg(target_arch = "x86_64")]
 use super::f16c;
 use super::minifloat::{self, E4M3_MAX, E5M2_MAX};
 use super::scan::{check_finite, max_abs, CHUNK};
-use super::wire::{bad_payload, expect_len, get_f32, sum_f32_payloads};
+use super::wire::{bad_payload, expect_len, f32s, get_f32, put_f32s, sum_f32_payloads};
 use super::{not_in_family, Build, Codec};
 use crate::error::Result;
 use syncopate_sim::compress::{Compressor, Element, Fp8Format};
@@ -16,6 +19,10 @@ pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
     match build.compressor {
         c @ (Compressor::None | Compressor::Fp16 | Compressor::Bf16) => Box::new(Cast { c }),
         Compressor::Fp8(format) => Box::new(Fp8::new(format)),
+        Compressor::Int8 { block } => Box::new(Int8 {
+            c: build.compressor,
+            block: block as usize,
+        }),
         other => not_in_family(other, "cast"),
     }
 }
@@ -288,6 +295,54 @@ impl Codec for Fp8 {
     }
 }
 
+/// int8 with a scale per block of `block` elements, symmetric: the block's max|x| maps to 127.
+struct Int8 {
+    c: Compressor,
+    block: usize,
+}
+
+impl Codec for Int8 {
+    fn compressor(&self) -> Compressor {
+        self.c
+    }
+
+    fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        let blocks = grad.len().div_ceil(self.block);
+        out.resize(4 * blocks + grad.len(), 0);
+        let (scales, codes) = out.split_at_mut(4 * blocks);
+        let mut block_scales = Vec::with_capacity(blocks);
+        for (block, codes) in grad.chunks(self.block).zip(codes.chunks_mut(self.block)) {
+            let max = max_abs(block)?;
+            // A zero block gets scale 0 and zero codes; otherwise |x| ≤ max rounds into ±127.
+            let (scale, inv) = match max > 0.0 {
+                true => (max / 127.0, 127.0 / max),
+                false => (0.0, 0.0),
+            };
+            block_scales.push(scale);
+            for (code, &x) in codes.iter_mut().zip(block) {
+                *code = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+            }
+        }
+        put_f32s(scales, block_scales);
+        Ok(())
+    }
+
+    fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+        expect_len(&self.c, payload, acc.len())?;
+        let (scales, codes) = payload.split_at(4 * acc.len().div_ceil(self.block));
+        for ((acc, codes), scale) in acc
+            .chunks_mut(self.block)
+            .zip(codes.chunks(self.block))
+            .zip(f32s(scales))
+        {
+            for (a, &code) in acc.iter_mut().zip(codes) {
+                *a += f32::from(code as i8) * scale;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,5 +494,35 @@ mod tests {
         codec.sum_into(&mut a, &b).unwrap();
         assert_eq!(half_decode([a[0], a[1]]), 65504.0, "saturates, never inf");
         assert!(codec.sum_into(&mut a, &b[..2]).is_err());
+    }
+
+    /// Each block keeps its own scale: an element is within half its block's step
+    /// (max|x| / 254) of its value, a block's largest magnitude comes back exactly up to the
+    /// f32 rounding of its scale, and a zero block stays zero beside a large one.
+    #[test]
+    fn int8_blocks_round_to_half_their_own_step() {
+        let block = 100;
+        let c = Compressor::Int8 { block: block as u32 };
+        let mut g: Vec<f32> = (0..1050).map(|i| ((i as f32) * 0.37).sin()).collect();
+        for (b, chunk) in g.chunks_mut(block).enumerate() {
+            chunk.iter_mut().for_each(|x| *x *= 10f32.powi(b as i32 % 5 - 2));
+        }
+        g[200..300].iter_mut().for_each(|x| *x = 0.0);
+        let y = roundtrip(c, &g);
+        for (xs, ys) in g.chunks(block).zip(y.chunks(block)) {
+            let max = xs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            for (x, y) in xs.iter().zip(ys) {
+                assert!((x - y).abs() <= max / 254.0 * (1.0 + 1e-5), "{x} {y} {max}");
+            }
+            let top = xs.iter().zip(ys).max_by(|a, b| a.0.abs().total_cmp(&b.0.abs()));
+            let (x, y) = top.unwrap();
+            assert!((x - y).abs() <= x.abs() * 1e-6, "{x} {y}");
+        }
+        assert!(y[200..300].iter().all(|&v| v == 0.0));
+        let mut bad = g.clone();
+        bad[7] = f32::NAN;
+        assert!(cast(c).encode(&bad, &mut Vec::new()).is_err());
+        let mut out = vec![0.0; g.len()];
+        assert!(cast(c).decode_add(&[0; 10], &mut out).is_err());
     }
 }

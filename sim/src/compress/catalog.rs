@@ -35,6 +35,12 @@ pub enum Compressor {
     Bf16,
     /// 8-bit float in the given layout, with a per-tensor scale.
     Fp8(Fp8Format),
+    /// Symmetric int8 with one f32 scale per block of `block` elements (ZeRO++'s block-based
+    /// quantization of the weights it gathers).
+    Int8 {
+        /// Elements per scale, 1..=[`INT8_MAX_BLOCK`].
+        block: u32,
+    },
     /// The k = max(1, ceil(ratio·n)) largest magnitudes, as indices and values.
     TopK {
         /// Fraction of the elements kept, in (0, 1].
@@ -335,6 +341,28 @@ const CATALOG: &[CatalogEntry] = &[
             "e4m3" => Ok(Compressor::Fp8(Fp8Format::E4m3)),
             "e5m2" => Ok(Compressor::Fp8(Fp8Format::E5m2)),
             other => Err(p.bad(format!("unknown fp8 format `{other}`"))),
+        },
+    },
+    CatalogEntry {
+        key: "int8",
+        form: "int8:BLOCK",
+        description: "symmetric int8 with an f32 scale max|x|/127 per block of BLOCK elements (ZeRO++'s quantized weights); allgather",
+        example: "int8:8000",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Cast,
+        gpu: false,
+        // As fp8: a max-abs pass reads 4 B, scale and round read 4 B and write 1 B; decode
+        // reads 1 B and writes 4 B (the scales are 4 B a block, negligible).
+        encode: work(9.0, 2),
+        decode: work(5.0, 1),
+        default_memory: NO_MEMORY,
+        auto: None,
+        parse: |p| {
+            Ok(Compressor::Int8 {
+                block: p.count(INT8_MAX_BLOCK)?,
+            })
         },
     },
     CatalogEntry {
@@ -688,12 +716,16 @@ pub fn auto_specs() -> Vec<&'static str> {
     auto.into_iter().map(|(_, spec)| spec).collect()
 }
 
+/// Largest block of `int8`: 2^24 elements, beyond which a block's scale would have to cover
+/// more than an f32 counts exactly.
+const INT8_MAX_BLOCK: u32 = 1 << 24;
+
 /// Largest QSGD level count: keeps a signed level within 16 bits on the wire.
 pub const QSGD_MAX_LEVELS: u32 = 32_767;
 
 /// Header of sampled-threshold sparsifiers (dgc, graddrop, threshold): a u32 count of valid entries.
 const COUNT_HEADER: u64 = 4;
-/// One f32 scale (fp8, qsgd norm, terngrad max, efsignsgd mean, natural exponent).
+/// One f32 scale (fp8, int8 per block, qsgd norm, terngrad max, efsignsgd mean, natural exponent).
 const SCALE_HEADER: u64 = 4;
 
 impl Compressor {
@@ -704,6 +736,7 @@ impl Compressor {
             Compressor::Fp16 => "fp16",
             Compressor::Bf16 => "bf16",
             Compressor::Fp8(_) => "fp8",
+            Compressor::Int8 { .. } => "int8",
             Compressor::TopK { .. } => "topk",
             Compressor::RandomK { .. } => "randomk",
             Compressor::RandomKIndexed { .. } => "randomk-indexed",
@@ -863,6 +896,7 @@ impl Compressor {
             Compressor::None | Compressor::PowerSgd { .. } => 4 * n,
             Compressor::Fp16 | Compressor::Bf16 => 2 * n,
             Compressor::Fp8(_) => SCALE_HEADER + n,
+            Compressor::Int8 { block } => SCALE_HEADER * n.div_ceil(u64::from(block)) + n,
             Compressor::TopK { ratio } | Compressor::RandomKIndexed { ratio } => {
                 8 * sparse_count(n, ratio)
             }
@@ -1068,7 +1102,9 @@ impl fmt::Display for Compressor {
                 write!(f, "{key}:{v}")
             }
             Compressor::Signum { momentum } => write!(f, "{key}:{momentum}"),
-            Compressor::Qsgd { levels: n } | Compressor::PowerSgd { rank: n } => {
+            Compressor::Qsgd { levels: n }
+            | Compressor::PowerSgd { rank: n }
+            | Compressor::Int8 { block: n } => {
                 write!(f, "{key}:{n}")
             }
             _ => write!(f, "{key}"),
@@ -1183,6 +1219,7 @@ mod tests {
             ("qsgd:0", "expected an integer in 1..=32767, got `0`"),
             ("powersgd:0", "expected an integer in 1..="),
             ("fp8:e3m4", "unknown fp8 format `e3m4`"),
+            ("int8:0", "expected an integer in 1..=16777216, got `0`"),
             ("zip", "unknown compressor `zip`"),
             ("signum:1", "a momentum is in [0, 1), got 1"),
             ("threshold:-1", "expected a finite value > 0, got -1"),
@@ -1221,6 +1258,8 @@ mod tests {
         assert_eq!(Compressor::None.wire_bytes(1000), 4000);
         assert_eq!(Compressor::Fp16.wire_bytes(1000), 2000);
         assert_eq!(Compressor::Fp8(Fp8Format::E4m3).wire_bytes(1000), 1004);
+        // A scale per block, the last one short.
+        assert_eq!(Compressor::Int8 { block: 8000 }.wire_bytes(16_001), 12 + 16_001);
         assert_eq!(Compressor::TopK { ratio: 0.01 }.wire_bytes(1000), 80);
         assert_eq!(Compressor::Dgc { ratio: 0.01 }.wire_bytes(1000), 84);
         assert_eq!(Compressor::SignSgd.wire_bytes(1001), 126);
