@@ -154,6 +154,10 @@ pub enum ParamDtypeArg {
     Fp32,
     /// bfloat16, 2 bytes per element (FSDP's MixedPrecisionPolicy(param_dtype=torch.bfloat16)).
     Bf16,
+    /// ZeRO++'s quantized weights (DeepSpeed's zero_quantized_weights), fsdp and hsdp only:
+    /// int8 with an f32 scale per 8000 elements, quantized before and dequantized after each
+    /// gather.
+    Int8,
 }
 
 impl ParamDtypeArg {
@@ -162,6 +166,7 @@ impl ParamDtypeArg {
         match self {
             ParamDtypeArg::Fp32 => ParamDtype::Fp32,
             ParamDtypeArg::Bf16 => ParamDtype::Bf16,
+            ParamDtypeArg::Int8 => ParamDtype::Int8,
         }
     }
 }
@@ -342,7 +347,8 @@ pub struct SimulateArgs {
     /// backward (FSDP's reshard_after_forward).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub reshard_after_forward: bool,
-    /// Sharded strategies: the precision parameters are all-gathered in (FSDP's param_dtype).
+    /// Sharded strategies: the precision parameters are all-gathered in (FSDP's param_dtype;
+    /// int8: ZeRO++'s quantized weights).
     #[arg(long, value_enum, default_value = "fp32")]
     pub param_dtype: ParamDtypeArg,
     /// fsdp: consecutive blocks sharded together as one unit (FSDP's usual wrapping: 1).

@@ -37,6 +37,12 @@ pub enum Scheme {
     /// that hold it: each rank keeps the sum of its shard of the node's split (hybrid sharding,
     /// FSDP's HSDP: sharded inside a node, replicated across nodes).
     HybridReduceScatter,
+    /// A reduce-scatter for payloads that are not summed as they are: each rank encodes its
+    /// gradient chunk by chunk, one chunk per rank, sends each chunk's payload to the rank that
+    /// keeps it (an all-to-all), which decodes and adds every rank's payload of its chunk.
+    /// ZeRO++'s quantized gradients (qgZ) in their one-hop form (Wang et al. 2023,
+    /// arXiv:2306.10209 §3.3, before its hierarchical two-hop version).
+    AlltoallReduceScatter,
 }
 
 /// Where a group's compression kernels run.
@@ -434,6 +440,15 @@ impl Plan {
                     ));
                 }
             }
+            if group.scheme == Scheme::AlltoallReduceScatter {
+                if let Some(why) = group.compressor.why_one_call() {
+                    return Err(SimError::invalid(
+                        label,
+                        at("scheme"),
+                        format!("an all-to-all reduce-scatter encodes each rank's chunk in a call of its own, which `{}` cannot: {why}", group.compressor),
+                    ));
+                }
+            }
             if self.codec_calls == CodecCalls::Tensor {
                 check_calls_per_tensor(label, g, group)?;
             }
@@ -475,10 +490,18 @@ impl Plan {
 /// of its group on its own (in two rounds), `threshold`'s length depends on the data, and a
 /// CaSync-Ring hop re-encodes shards that cut across tensors.
 fn check_calls_per_tensor(label: &str, g: usize, group: &Group) -> Result<()> {
-    let why = group.compressor.why_one_call().or_else(|| {
-        (group.scheme == Scheme::CompressedRing)
-            .then(|| "a compressed ring re-encodes shards that cut across tensors".to_string())
-    });
+    let why = group
+        .compressor
+        .why_one_call()
+        .or_else(|| match group.scheme {
+            Scheme::CompressedRing => {
+                Some("a compressed ring re-encodes shards that cut across tensors".to_string())
+            }
+            Scheme::AlltoallReduceScatter => {
+                Some("an all-to-all reduce-scatter encodes one call per rank's chunk".to_string())
+            }
+            _ => None,
+        });
     match why {
         Some(why) => Err(SimError::invalid(
             label,
@@ -490,13 +513,23 @@ fn check_calls_per_tensor(label: &str, g: usize, group: &Group) -> Result<()> {
 }
 
 impl Scheme {
-    /// The scheme that reduce-scatters a unit of `sharding`: over every rank, or inside each
+    /// The scheme that reduce-scatters a unit of `sharding` compressed by `compressor`: over
+    /// every rank (by an all-to-all when its payloads do not sum as they are), or inside each
     /// node then across nodes (`within_node`).
-    pub fn scattering(sharding: &Sharding) -> Scheme {
-        match sharding.within_node {
-            true => Scheme::HybridReduceScatter,
-            false => Scheme::ReduceScatter,
+    pub fn scattering(sharding: &Sharding, compressor: Compressor) -> Scheme {
+        match (sharding.within_node, compressor.summed_as()) {
+            (true, _) => Scheme::HybridReduceScatter,
+            (false, Some(_)) => Scheme::ReduceScatter,
+            (false, None) => Scheme::AlltoallReduceScatter,
         }
+    }
+
+    /// Whether each rank keeps only its shard of the sum (a sharded plan's reduction).
+    pub fn scatters(self) -> bool {
+        matches!(
+            self,
+            Scheme::ReduceScatter | Scheme::HybridReduceScatter | Scheme::AlltoallReduceScatter
+        )
     }
 
     /// The scheme as plan files spell it.
@@ -511,6 +544,7 @@ impl Scheme {
             Scheme::CompressedRing => "compressed-ring",
             Scheme::ReduceScatter => "reduce-scatter",
             Scheme::HybridReduceScatter => "hybrid-reduce-scatter",
+            Scheme::AlltoallReduceScatter => "alltoall-reduce-scatter",
         }
     }
 }
@@ -525,7 +559,8 @@ impl Group {
             | Scheme::ReduceScatterAllgather
             | Scheme::ReduceScatter
             | Scheme::HybridReduceScatter => Aggregation::Allreduce,
-            Scheme::Allgather => Aggregation::Allgather,
+            // Every rank's payload of a chunk is decoded where the chunk is kept.
+            Scheme::Allgather | Scheme::AlltoallReduceScatter => Aggregation::Allgather,
             // Every hop decodes and re-encodes, as a server would.
             Scheme::Ps | Scheme::CompressedRing => Aggregation::ParameterServer,
         }
@@ -570,12 +605,7 @@ fn is_side_stream(stream: &CodecStream) -> bool {
 /// in a sharded plan) or allreduced, the prefetch bounded, the resident units real. `label`
 /// names the plan.
 fn check_sharding(sharding: Option<&Sharding>, label: &str, groups: &[Group]) -> Result<()> {
-    let scattered = |g: &Group| {
-        matches!(
-            g.scheme,
-            Scheme::ReduceScatter | Scheme::HybridReduceScatter
-        )
-    };
+    let scattered = |g: &Group| g.scheme.scatters();
     let Some(sharding) = sharding else {
         return match groups.iter().position(scattered) {
             Some(g) => Err(SimError::invalid(
@@ -588,17 +618,22 @@ fn check_sharding(sharding: Option<&Sharding>, label: &str, groups: &[Group]) ->
     };
     // A unit is reduce-scattered (FSDP), or allreduced whole with each rank keeping its
     // shard (DeepSpeed's ZeRO-1 and 2, `allreduce_and_scatter`).
-    let scatter = Scheme::scattering(sharding);
-    let reduces =
-        |g: &Group| g.scheme == scatter || matches!(g.scheme, Scheme::Auto | Scheme::Allreduce);
+    let scatters = match sharding.within_node {
+        true => &[Scheme::HybridReduceScatter][..],
+        false => &[Scheme::ReduceScatter, Scheme::AlltoallReduceScatter][..],
+    };
+    let reduces = |g: &Group| {
+        scatters.contains(&g.scheme) || matches!(g.scheme, Scheme::Auto | Scheme::Allreduce)
+    };
     if let Some(g) = groups.iter().position(|g| !reduces(g)) {
+        let names: Vec<String> = scatters.iter().map(|s| format!("`{}`", s.name())).collect();
         return Err(SimError::invalid(
             label,
             format!("groups[{g}].scheme"),
             format!(
-                "a plan sharded {} reduce-scatters or allreduces each unit's gradients (`{}`, `auto`, `allreduce`), not `{}`",
+                "a plan sharded {} reduce-scatters or allreduces each unit's gradients ({}, `auto`, `allreduce`), not `{}`",
                 if sharding.within_node { "inside each node (`within_node`)" } else { "over every rank" },
-                scatter.name(),
+                names.join(", "),
                 groups[g].scheme.name()
             ),
         ));
@@ -632,6 +667,17 @@ fn check_sharding(sharding: Option<&Sharding>, label: &str, groups: &[Group]) ->
             "sharding.reshard_after_forward",
             format!(
                 "only stage zero3 frees parameters after forward; {} keeps them whole",
+                sharding.stage.name()
+            ),
+        ));
+    }
+    if sharding.param_dtype.quantizer().is_some() && !sharding.stage.shards_parameters() {
+        return Err(SimError::invalid(
+            label,
+            "sharding.param_dtype",
+            format!(
+                "`{}` quantizes ZeRO-3's gathers (ZeRO++'s quantized weights); {} gathers the updated parameters once, as stored",
+                sharding.param_dtype.name(),
                 sharding.stage.name()
             ),
         ));

@@ -10,6 +10,7 @@
 //! partitions), before each unit's forward and again before its backward for stage 3 (FSDP),
 //! which frees them in between. `lower` turns this into the schedule's gather steps.
 
+use crate::compress::Compressor;
 use crate::inputs::model::ModelProfile;
 use serde::{Deserialize, Serialize};
 
@@ -50,7 +51,8 @@ impl Stage {
     }
 }
 
-/// The precision parameters are gathered in (FSDP's `MixedPrecisionPolicy.param_dtype`).
+/// The precision parameters are gathered in (FSDP's `MixedPrecisionPolicy.param_dtype`;
+/// DeepSpeed's `zero_quantized_weights`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ParamDtype {
@@ -59,13 +61,57 @@ pub enum ParamDtype {
     Fp32,
     /// Cast to bfloat16 as they are copied into the gather buffer: 2 bytes.
     Bf16,
+    /// ZeRO++'s quantized weights (qwZ, Wang et al. 2023, arXiv:2306.10209 §3.1): each rank's
+    /// shard quantized to int8 with a scale per block before the gather and dequantized after
+    /// it, ZeRO-3 only. DeepSpeed (deepspeed/runtime/zero/partition_parameters.py,
+    /// `CUDAQuantizer`) sizes its groups near `target_group_size` = 8000 elements (between
+    /// 8000 and 16000 when the shard's size allows) and gathers the scales in a second
+    /// all-gather; priced and executed as `int8:8000`, codes and scales in one payload.
+    Int8,
 }
 
+/// Elements per scale of ZeRO++'s quantized gathers: DeepSpeed's `target_group_size`.
+const QWZ_BLOCK: u32 = 8000;
+
 impl ParamDtype {
-    /// Bytes per element on the wire and in a gathered unit.
-    pub fn bytes(self) -> u64 {
+    /// The codec a shard of this precision is written with, and its wire format
+    /// (`exec/WIRE_FORMAT.md`).
+    pub fn codec(self) -> Compressor {
         match self {
-            ParamDtype::Fp32 => 4,
+            ParamDtype::Fp32 => Compressor::None,
+            ParamDtype::Bf16 => Compressor::Bf16,
+            ParamDtype::Int8 => Compressor::Int8 { block: QWZ_BLOCK },
+        }
+    }
+
+    /// The quantizer a gather runs before and after its collective, priced on the gather (a
+    /// cast is the framework's copy into the gather buffer, which runs beside the compute:
+    /// see the framework files); `None` for a cast.
+    pub fn quantizer(self) -> Option<Compressor> {
+        match self {
+            ParamDtype::Int8 => Some(self.codec()),
+            ParamDtype::Fp32 | ParamDtype::Bf16 => None,
+        }
+    }
+
+    /// Exact bytes of a shard of `numel` elements on the wire; `None` when they overflow.
+    pub fn wire_bytes(self, numel: u64) -> Option<u64> {
+        // The codec's format, in checked arithmetic.
+        match self {
+            ParamDtype::Fp32 => numel.checked_mul(4),
+            ParamDtype::Bf16 => numel.checked_mul(2),
+            ParamDtype::Int8 => numel
+                .div_ceil(u64::from(QWZ_BLOCK))
+                .checked_mul(4)?
+                .checked_add(numel),
+        }
+    }
+
+    /// Bytes per element of a gathered unit as forward and backward use it: int8 is
+    /// dequantized into the fp32 the model trains in.
+    pub fn gathered_element_bytes(self) -> u64 {
+        match self {
+            ParamDtype::Fp32 | ParamDtype::Int8 => 4,
             ParamDtype::Bf16 => 2,
         }
     }
@@ -75,6 +121,7 @@ impl ParamDtype {
         match self {
             ParamDtype::Fp32 => "fp32",
             ParamDtype::Bf16 => "bf16",
+            ParamDtype::Int8 => "int8",
         }
     }
 }
@@ -230,6 +277,24 @@ mod tests {
         mixed.validate("p", &model).unwrap();
         mixed.groups[5].scheme = Scheme::Ps;
         refused(&mixed, "groups[5].scheme");
+        // Payloads that do not sum go by an all-to-all, each rank's chunk a codec call of its
+        // own: a fixed-length codec, compressed by group, in a sharded plan.
+        let mut alltoall = plan.clone();
+        alltoall.set_scheme(Scheme::AlltoallReduceScatter);
+        alltoall.groups[1].compressor = "int8:64".parse().unwrap();
+        refused(&alltoall, "groups[0].scheme");
+        for group in &mut alltoall.groups {
+            group.compressor = "topk:0.1".parse().unwrap();
+        }
+        alltoall.validate("p", &model).unwrap();
+        let mut tensorwise = alltoall.clone();
+        tensorwise.codec_calls = crate::plan::CodecCalls::Tensor;
+        refused(&tensorwise, "codec_calls");
+        alltoall.groups[4].compressor = "threshold:0.5".parse().unwrap();
+        refused(&alltoall, "groups[4].scheme");
+        alltoall.groups[4].compressor = "topk:0.1".parse().unwrap();
+        alltoall.sharding = None;
+        refused(&alltoall, "groups[0].scheme");
         let mut far = plan.clone();
         far.sharding.as_mut().unwrap().prefetch = MAX_PREFETCH + 1;
         refused(&far, "sharding.prefetch");
@@ -239,9 +304,29 @@ mod tests {
         let mut zero2 = plan.clone();
         zero2.sharding.as_mut().unwrap().stage = Stage::Zero2;
         refused(&zero2, "sharding.reshard_after_forward");
+        let mut quantized = plan.clone();
+        quantized.sharding.as_mut().unwrap().param_dtype = ParamDtype::Int8;
+        quantized.validate("p", &model).unwrap();
+        let sharding = quantized.sharding.as_mut().unwrap();
+        (sharding.stage, sharding.reshard_after_forward) = (Stage::Zero2, false);
+        sharding.resident.clear();
+        refused(&quantized, "sharding.param_dtype");
         let mut split = plan.clone();
         split.groups[0].partitions = 2;
         refused(&split, "groups[0].partitions");
+    }
+
+    #[test]
+    fn a_shards_wire_bytes_are_its_codecs() {
+        for dtype in [ParamDtype::Fp32, ParamDtype::Bf16, ParamDtype::Int8] {
+            for numel in [1, 7999, 8000, 8001, 1 << 30] {
+                let bytes = dtype.wire_bytes(numel).unwrap();
+                assert_eq!(bytes, dtype.codec().wire_bytes(numel), "{dtype:?} {numel}");
+            }
+            assert_eq!(dtype.wire_bytes(u64::MAX), None, "{dtype:?}");
+        }
+        // Codes and a scale per 8000 elements: 1.0005 bytes an element.
+        assert_eq!(ParamDtype::Int8.wire_bytes(16_000), Some(16_008));
     }
 
     #[test]

@@ -119,6 +119,13 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             (None, SimError::Invalid { field, message, .. }) if field == "codec_calls" => {
                 SimError::bad_value("--codec-calls", "tensor", message)
             }
+            (None, SimError::Invalid { field, message, .. }) if field == "sharding.param_dtype" => {
+                SimError::bad_value(
+                    "--param-dtype",
+                    args.param_dtype.param_dtype().name(),
+                    message,
+                )
+            }
             (None, SimError::Invalid { message, .. }) => SimError::bad_value(
                 "--compressor",
                 &args.compressor,

@@ -114,6 +114,28 @@ impl Codec for PerTensor {
         Ok(())
     }
 
+    fn decode_call_add(&mut self, call: usize, payload: &[u8], acc: &mut [f32]) -> Result<()> {
+        self.check(self.bytes, acc.len())?;
+        let Some(call) = self.calls.get_mut(call) else {
+            return Err(wire::bad_payload(
+                &self.compressor,
+                format!("no call {call}: the buffer has {}", self.calls.len()),
+            ));
+        };
+        if payload.len() != call.bytes.len() {
+            return Err(wire::bad_payload(
+                &self.compressor,
+                format!(
+                    "{} bytes for a call of {} bytes",
+                    payload.len(),
+                    call.bytes.len()
+                ),
+            ));
+        }
+        call.codec
+            .decode_add(payload, &mut acc[call.elements.clone()])
+    }
+
     /// A summable payload is its wire type's elements and nothing else (fp16, bf16, random-k's
     /// values), so the calls' payloads one after another sum element by element as one: any
     /// call's codec sums any run of them, as a ring sums its chunks.
@@ -142,7 +164,14 @@ mod tests {
     fn each_tensor_is_compressed_as_if_alone() {
         let numels = [1000u64, 37, 4096];
         let grad = gradient(5133);
-        for spec in ["topk:0.01", "efsignsgd", "qsgd:256", "fp16", "onebit"] {
+        for spec in [
+            "topk:0.01",
+            "efsignsgd",
+            "qsgd:256",
+            "fp16",
+            "onebit",
+            "int8:100",
+        ] {
             let c: Compressor = spec.parse().unwrap();
             let mut fused = PerTensor::new(c, &numels, |i| codec_for(&c, i as u64));
             let mut payload = Vec::new();
@@ -163,10 +192,18 @@ mod tests {
                 let mut decoded = vec![0.0; n];
                 alone.decode_add(&own, &mut decoded).unwrap();
                 assert_eq!(result[at..at + n], decoded[..], "{spec} tensor {i}");
+                // A call's payload alone decodes into its elements and nowhere else.
+                let mut one = vec![0.0; grad.len()];
+                fused.decode_call_add(i, &own, &mut one).unwrap();
+                assert_eq!(one[at..at + n], decoded[..], "{spec} tensor {i}");
+                assert!(one[..at].iter().chain(&one[at + n..]).all(|&x| x == 0.0));
                 at += n;
                 byte += own.len();
             }
             assert_eq!(byte, payload.len(), "{spec}");
+            let mut acc = vec![0.0; grad.len()];
+            assert!(fused.decode_call_add(3, &[], &mut acc).is_err());
+            assert!(fused.decode_call_add(0, &payload, &mut acc).is_err());
         }
     }
 

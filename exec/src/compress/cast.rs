@@ -502,10 +502,14 @@ mod tests {
     #[test]
     fn int8_blocks_round_to_half_their_own_step() {
         let block = 100;
-        let c = Compressor::Int8 { block: block as u32 };
+        let c = Compressor::Int8 {
+            block: block as u32,
+        };
         let mut g: Vec<f32> = (0..1050).map(|i| ((i as f32) * 0.37).sin()).collect();
         for (b, chunk) in g.chunks_mut(block).enumerate() {
-            chunk.iter_mut().for_each(|x| *x *= 10f32.powi(b as i32 % 5 - 2));
+            chunk
+                .iter_mut()
+                .for_each(|x| *x *= 10f32.powi(b as i32 % 5 - 2));
         }
         g[200..300].iter_mut().for_each(|x| *x = 0.0);
         let y = roundtrip(c, &g);
@@ -514,7 +518,10 @@ mod tests {
             for (x, y) in xs.iter().zip(ys) {
                 assert!((x - y).abs() <= max / 254.0 * (1.0 + 1e-5), "{x} {y} {max}");
             }
-            let top = xs.iter().zip(ys).max_by(|a, b| a.0.abs().total_cmp(&b.0.abs()));
+            let top = xs
+                .iter()
+                .zip(ys)
+                .max_by(|a, b| a.0.abs().total_cmp(&b.0.abs()));
             let (x, y) = top.unwrap();
             assert!((x - y).abs() <= x.abs() * 1e-6, "{x} {y}");
         }

@@ -65,6 +65,16 @@ pub trait Codec: Send {
     /// p payloads; for PowerSGD it is the reduced payload of the last round.
     fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()>;
 
+    /// Adds the decoded payload of call `call` alone (its bytes only) into that call's
+    /// elements of `acc`, the whole buffer's: what the rank that keeps a chunk decodes of every
+    /// rank's payload after an all-to-all reduce-scatter. Only a codec of several calls has one.
+    fn decode_call_add(&mut self, call: usize, _payload: &[u8], _acc: &mut [f32]) -> Result<()> {
+        Err(ExecError::Protocol {
+            compressor: self.compressor().to_string(),
+            message: format!("has one codec call, not a call {call} of several"),
+        })
+    }
+
     /// Adds `other` into `acc` in the wire type, as an allreduce would.
     fn sum_into(&self, _acc: &mut [u8], _other: &[u8]) -> Result<()> {
         Err(ExecError::NotSummable {

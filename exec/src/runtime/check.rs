@@ -70,6 +70,8 @@ struct PieceCheck {
     /// When each rank keeps only its chunk of the sum (`pieces::ends_scattered`), the ranks of
     /// the ring that split it: every rank, or each node's under hybrid sharding.
     scattered: Option<usize>,
+    /// For an all-to-all reduce-scatter, the bytes of each chunk's payload (`pieces::call_bytes`).
+    alltoall_parts: Option<Vec<std::ops::Range<usize>>>,
     group: usize,
     /// The memory's factor on the result (EF-SignSGD's 1/lr), applied to the reference too.
     output_scale: f32,
@@ -114,6 +116,9 @@ impl Checker {
                     },
                     scattered: pieces::ends_scattered(piece)
                         .then(|| pieces::scatter_ranks(piece, &schedule.world)),
+                    alltoall_parts: piece
+                        .alltoall_scattered()
+                        .then(|| pieces::call_bytes(piece)),
                     group: piece.group as usize,
                     output_scale: MemoryState::new(piece.memory, 0).output_scale(),
                 })
@@ -287,6 +292,9 @@ fn reference(
         let result = compressed_ring::reference(&mut piece.ring, inputs)?;
         return Ok(vec![result; inputs.len()]);
     }
+    if let Some(parts) = &piece.alltoall_parts {
+        return alltoall_scattered(&mut piece.codecs, inputs, parts);
+    }
     if let Some(per) = piece.scattered {
         return scattered(&mut piece.codecs, inputs, per);
     }
@@ -346,6 +354,33 @@ fn scattered(
             ring::keep_summed_chunk(&Ring::node(rank, per), &mut shard, element);
             let mut out = vec![0.0f32; inputs[rank].len()];
             codec.decode_add(&shard, &mut out)?;
+            Ok(out)
+        })
+        .collect()
+}
+
+/// Each rank's shard of the sum after an all-to-all reduce-scatter: every rank's input encoded
+/// by its codec, chunk by chunk (`parts`, each chunk's bytes), and the rank's kept chunk
+/// (`ring::summed_chunk`) of each payload decoded and added by the rank's codec.
+fn alltoall_scattered(
+    codecs: &mut [Box<dyn Codec>],
+    inputs: &[Vec<f32>],
+    parts: &[std::ops::Range<usize>],
+) -> Result<Vec<Vec<f32>>> {
+    let world = inputs.len();
+    let mut payloads = vec![Vec::new(); world];
+    for ((codec, input), payload) in codecs.iter_mut().zip(inputs).zip(&mut payloads) {
+        codec.encode(input, payload)?;
+    }
+    codecs
+        .iter_mut()
+        .enumerate()
+        .map(|(rank, codec)| {
+            let kept = ring::summed_chunk(rank, world);
+            let mut out = vec![0.0f32; inputs[rank].len()];
+            for payload in &payloads {
+                codec.decode_call_add(kept, &payload[parts[kept].clone()], &mut out)?;
+            }
             Ok(out)
         })
         .collect()

@@ -230,9 +230,10 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             &state.units[group as usize],
         );
         let mut buffer = held.buffer.lock().expect("a gather buffer lock");
-        let sent = unit.put_own(held, params::version(pass, at.iteration), &mut buffer);
+        let sent = unit.put_own(held, params::version(pass, at.iteration), &mut buffer)?;
         let sent = self.checker.map(|_| digest(sent));
         unit.gather(link, &mut buffer, self.failure.flag())?;
+        unit.dequantize(held, &buffer)?;
         if let (Some(checker), Some(sent)) = (self.checker, sent) {
             let held = unit.shards(&buffer).map(digest).collect();
             let digests = GatherDigests { sent, held };
@@ -325,6 +326,12 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
                     let split = pieces::scatter_ranks(spec, schedule_world);
                     ring::keep_summed_chunk(&Ring::node(link.rank(), split), payload, element);
                 }
+                Ok(())
+            }
+            // ZeRO++'s quantized gradients: each chunk's payload to the rank that keeps it.
+            Exchange::AlltoallReduceScatter => {
+                let parts = pieces::call_bytes(spec);
+                piece.gathered = ring::alltoall_parts(link, &ring, &piece.payload, &parts, abort)?;
                 Ok(())
             }
             Exchange::AllgatherShards => {

@@ -4,12 +4,13 @@
 //! shard per rank of `shard_numel` elements, the last padded with zeros as FSDP and ZeRO pad the
 //! flat parameter, and a rank owns the shard whose gradient a ring reduce-scatter leaves it
 //! holding summed (`ring::summed_chunk`), the one its optimizer updates. A gather is the ring's
-//! all-gather half over a buffer of every shard in shard order, in the plan's parameter
-//! precision, as `cost.rs` prices a gather on these backends.
+//! all-gather half over a buffer of every shard's payload in shard order, each written by the
+//! codec of the plan's parameter precision (a cast, or ZeRO++'s int8 blocks), as `cost.rs`
+//! prices a gather on these backends.
 
 use super::pieces::mix;
 use super::ring::{self, Ring, RingLink};
-use crate::compress::minifloat::f32_to_bf16;
+use crate::compress::codec_for;
 use crate::compress::rng::Rng;
 use crate::error::{ExecError, Result};
 use std::ops::Range;
@@ -28,6 +29,8 @@ pub struct Unit {
     numel: usize,
     /// Elements of each shard.
     shard: usize,
+    /// Bytes of each shard's payload.
+    payload: usize,
     /// Ranks the unit is split over, and so shards: every rank, or each node's under hybrid
     /// sharding (each node then gathers the same split among its own ranks).
     ranks: usize,
@@ -36,7 +39,7 @@ pub struct Unit {
 }
 
 /// Every unit of a sharded schedule (none for a replicated one). Each `param_shards` entry must
-/// be its unit's shard in fp32 or bf16, and every shard must fit in memory on each rank.
+/// be its unit's shard in its precision, and every shard must fit in memory on each rank.
 pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
     let label = "the lowered plan";
     (0..schedule.param_shards.len())
@@ -52,14 +55,13 @@ pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
                 ))
             })?;
             let shard = shard_numel(numel, ranks);
-            let dtype = [ParamDtype::Fp32, ParamDtype::Bf16]
-                .into_iter()
-                .find(|d| shard.checked_mul(d.bytes()) == Some(bytes))
-                .ok_or_else(|| {
-                    bad(format!(
-                        "{bytes} bytes are not a shard of group {g}'s {numel} elements over {ranks} ranks ({shard} elements) in fp32 or bf16"
-                    ))
-                })?;
+            let dtype = param_shard.dtype;
+            if dtype.wire_bytes(shard) != Some(bytes) {
+                return Err(bad(format!(
+                    "{bytes} bytes are not a shard of group {g}'s {numel} elements over {ranks} ranks ({shard} elements) in {}",
+                    dtype.name()
+                )));
+            }
             let fits = |n: Option<u64>| {
                 n.and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
                     bad(format!("{ranks} shards of {bytes} bytes do not fit in memory"))
@@ -71,6 +73,7 @@ pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
                 group: g as u32,
                 numel: fits(Some(numel))?,
                 shard: fits(Some(shard))?,
+                payload: fits(Some(bytes))?,
                 ranks: ranks as usize,
                 dtype,
             })
@@ -102,27 +105,25 @@ pub struct Held {
     own: Vec<f32>,
     /// Every shard after the last gather, in shard order and the plan's precision.
     pub buffer: Mutex<Vec<u8>>,
+    /// A quantized unit's parameters dequantized from `buffer` (empty for a cast's, which
+    /// forward and backward use as gathered).
+    pub dequantized: Mutex<Vec<f32>>,
 }
 
 impl Unit {
-    fn element_bytes(&self) -> usize {
-        self.dtype.bytes() as usize
-    }
-
     /// Bytes of every shard: what a gather leaves on each rank.
     fn gathered_bytes(&self) -> usize {
-        self.ranks * self.shard * self.element_bytes()
+        self.ranks * self.payload
     }
 
     /// Every shard's bytes in a gathered buffer, in shard order.
     pub fn shards<'b>(&self, buffer: &'b [u8]) -> std::slice::ChunksExact<'b, u8> {
-        buffer.chunks_exact(self.shard * self.element_bytes())
+        buffer.chunks_exact(self.payload)
     }
 
     /// Shard `s`'s bytes in a gathered buffer.
     fn shard_bytes(&self, s: usize) -> Range<usize> {
-        let bytes = self.shard * self.element_bytes();
-        s * bytes..(s + 1) * bytes
+        s * self.payload..(s + 1) * self.payload
     }
 
     /// Rank `rank`'s state of the unit, its values drawn from `seed`.
@@ -136,32 +137,44 @@ impl Unit {
                 false => 0.0,
             })
             .collect();
+        let dequantized = match self.dtype.quantizer() {
+            Some(_) => vec![0.0; self.ranks * self.shard],
+            None => Vec::new(),
+        };
         Held {
             shard: s,
             own,
             buffer: Mutex::new(vec![0; self.gathered_bytes()]),
+            dequantized: Mutex::new(dequantized),
         }
     }
 
+    /// After a gather, decodes every shard of a quantized unit's `buffer` into `held`'s
+    /// parameters, as ZeRO++ dequantizes what it gathered (the decodes `cost.rs` prices on
+    /// the gather); nothing for a cast.
+    pub fn dequantize(&self, held: &Held, buffer: &[u8]) -> Result<()> {
+        let Some(quantizer) = self.dtype.quantizer() else {
+            return Ok(());
+        };
+        let mut codec = codec_for(&quantizer, 0);
+        let mut params = held.dequantized.lock().expect("a dequantized unit's lock");
+        params.fill(0.0);
+        for (shard, out) in self.shards(buffer).zip(params.chunks_mut(self.shard)) {
+            codec.decode_add(shard, out)?;
+        }
+        Ok(())
+    }
+
     /// Writes the shard `held` owns at version `version` into its chunk of `buffer`, scaled to
-    /// the version and cast to the plan's precision, as FSDP copies it into the gather's input;
-    /// returns those bytes, what the rank sends.
-    pub fn put_own<'b>(&self, held: &Held, version: u32, buffer: &'b mut [u8]) -> &'b [u8] {
+    /// the version and encoded by its precision's codec, as FSDP casts it into the gather's
+    /// input and ZeRO++ quantizes it; returns those bytes, what the rank sends.
+    pub fn put_own<'b>(&self, held: &Held, version: u32, buffer: &'b mut [u8]) -> Result<&'b [u8]> {
         let mine = &mut buffer[self.shard_bytes(held.shard)];
         let scale = scale(version);
-        match self.dtype {
-            ParamDtype::Fp32 => {
-                for (out, &x) in mine.chunks_exact_mut(4).zip(&held.own) {
-                    out.copy_from_slice(&(x * scale).to_le_bytes());
-                }
-            }
-            ParamDtype::Bf16 => {
-                for (out, &x) in mine.chunks_exact_mut(2).zip(&held.own) {
-                    out.copy_from_slice(&f32_to_bf16(x * scale).to_le_bytes());
-                }
-            }
-        }
-        mine
+        let values: Vec<f32> = held.own.iter().map(|&x| x * scale).collect();
+        // The casts and int8 are deterministic: the seed draws nothing.
+        codec_for(&self.dtype.codec(), 0).encode_into(&values, mine, &mut Vec::new())?;
+        Ok(mine)
     }
 
     /// This rank's part of the gather over `link`, its own shard in `buffer`
@@ -169,37 +182,35 @@ impl Unit {
     pub fn gather(&self, link: &dyn RingLink, buffer: &mut [u8], abort: &AtomicBool) -> Result<()> {
         // The split's ranks: every rank, or the node's (hybrid sharding).
         let ring = Ring::node(link.rank(), self.ranks);
-        ring::allgather_chunks(link, &ring, buffer, self.element_bytes(), abort)
+        // One chunk a shard: a quantized payload is not cut between elements.
+        ring::allgather_chunks(link, &ring, buffer, self.payload, abort)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compress::minifloat::bf16_to_f32;
+    use crate::compress::minifloat::{bf16_to_f32, f32_to_bf16};
     use crate::runtime::host::comm::on_host;
     use crate::runtime::test_plans::small_sharded;
 
-    /// Gathered bytes as f32 values (exact: bf16 is the top half of an f32).
-    fn read(dtype: ParamDtype, bytes: &[u8]) -> Vec<f32> {
-        match dtype {
-            ParamDtype::Fp32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect(),
-            ParamDtype::Bf16 => bytes
-                .chunks_exact(2)
-                .map(|b| bf16_to_f32(u16::from_le_bytes(b.try_into().unwrap())))
-                .collect(),
+    /// A gathered buffer decoded shard by shard.
+    fn read(unit: &Unit, bytes: &[u8]) -> Vec<f32> {
+        let mut codec = codec_for(&unit.dtype.codec(), 0);
+        let mut values = vec![0.0; unit.ranks * unit.shard];
+        for (shard, out) in unit.shards(bytes).zip(values.chunks_mut(unit.shard)) {
+            codec.decode_add(shard, out).unwrap();
         }
+        values
     }
 
-    /// On three ranks, in fp32 and bf16, every unit (each padded): after a gather every rank
-    /// holds the same bytes, as many as the plan's shards make; shard s of them holds what its
-    /// owner drew, scaled to the version and cast to the precision; past the unit's end, zeros.
+    /// On three ranks, in fp32, bf16 and ZeRO++'s int8, every unit (each padded): after a
+    /// gather every rank holds the same bytes, as many as the plan's shards make; shard s of
+    /// them holds what its owner drew, scaled to the version and cast to the precision (int8:
+    /// within half a step of its block's scale); past the unit's end, zeros.
     #[test]
     fn a_gather_gives_every_rank_every_shard_in_shard_order() {
-        for dtype in [ParamDtype::Fp32, ParamDtype::Bf16] {
+        for dtype in [ParamDtype::Fp32, ParamDtype::Bf16, ParamDtype::Int8] {
             let schedule = small_sharded("fsdp", "none", dtype, (1, 3));
             let units = units(&schedule).unwrap();
             assert_eq!(units.len(), 3, "{dtype:?}");
@@ -212,14 +223,20 @@ mod tests {
                 let gathered = on_host(3, |mesh, abort| {
                     let held = &held[mesh.rank as usize];
                     let mut buffer = held.buffer.lock().unwrap();
-                    let sent = unit.put_own(held, version, &mut buffer).to_vec();
+                    let sent = unit.put_own(held, version, &mut buffer)?.to_vec();
                     unit.gather(mesh, &mut buffer, abort)?;
                     assert_eq!(buffer[unit.shard_bytes(held.shard)], sent, "its own shard");
+                    unit.dequantize(held, &buffer)?;
+                    let dequantized = held.dequantized.lock().unwrap();
+                    match unit.dtype.quantizer() {
+                        Some(_) => assert_eq!(*dequantized, read(unit, &buffer)),
+                        None => assert!(dequantized.is_empty()),
+                    }
                     Ok(buffer.clone())
                 })
                 .unwrap();
                 assert!(gathered.iter().all(|g| *g == gathered[0]));
-                let values = read(dtype, &gathered[0]);
+                let values = read(unit, &gathered[0]);
                 assert_eq!(unit.shards(&gathered[0]).len(), 3);
                 assert_eq!(values.len(), 3 * unit.shard);
                 let mut owned: Vec<usize> = held.iter().map(|h| h.shard).collect();
@@ -227,16 +244,24 @@ mod tests {
                 assert_eq!(owned, [0, 1, 2], "each shard has one owner");
                 for (r, held) in held.iter().enumerate() {
                     let s = held.shard * unit.shard;
+                    let step = held.own.iter().fold(0f32, |m, x| m.max(x.abs())) * 2.25 / 254.0;
                     for (i, &x) in held.own.iter().enumerate() {
-                        let sent = x * 2.25;
-                        let sent = match dtype {
-                            ParamDtype::Fp32 => sent,
-                            ParamDtype::Bf16 => bf16_to_f32(f32_to_bf16(sent)),
-                        };
-                        assert_eq!(values[s + i].to_bits(), sent.to_bits(), "rank {r}, {i}");
+                        let (sent, got) = (x * 2.25, values[s + i]);
+                        match dtype {
+                            ParamDtype::Fp32 => assert_eq!(got.to_bits(), sent.to_bits()),
+                            ParamDtype::Bf16 => {
+                                let cast = bf16_to_f32(f32_to_bf16(sent));
+                                assert_eq!(got.to_bits(), cast.to_bits(), "rank {r}, {i}");
+                            }
+                            ParamDtype::Int8 => {
+                                assert!((got - sent).abs() <= step * 1.0001, "rank {r}, {i}")
+                            }
+                        }
                     }
                 }
-                assert!(values[..unit.numel].iter().all(|&x| x != 0.0));
+                // (int8 rounds a value under half its block's step to zero.)
+                let zeros = values[..unit.numel].iter().filter(|&&x| x == 0.0).count();
+                assert!(zeros == 0 || dtype == ParamDtype::Int8, "{dtype:?}");
                 assert!(values[unit.numel..].iter().all(|&x| x == 0.0));
             }
         }
@@ -257,7 +282,7 @@ mod tests {
         schedule.param_shards[0].bytes += 1;
         let err = units(&schedule).unwrap_err().to_string();
         assert!(
-            err.contains("param_shards[0].bytes") && err.contains("fp32 or bf16"),
+            err.contains("param_shards[0].bytes") && err.contains("in fp32"),
             "{err}"
         );
         schedule.param_shards[0].bytes -= 1;

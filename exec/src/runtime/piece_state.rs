@@ -4,7 +4,7 @@
 
 use super::compressed_ring::Shards;
 use super::pieces;
-use super::ring::{Half, Ring, RingLink};
+use super::ring::{summed_chunk, Half, Ring, RingLink};
 use crate::compress::{Codec, MemoryState};
 use crate::error::{ExecError, Result};
 use syncopate_sim::compress::{Aggregation, Memory};
@@ -29,6 +29,9 @@ pub struct PieceState {
     transmitted: Vec<f32>,
     /// A CaSync-Ring piece's shards: the piece is encoded, exchanged and decoded shard by shard.
     shards: Option<Shards>,
+    /// The chunk (codec call) an all-to-all reduce-scatter leaves this rank, whose payloads it
+    /// decodes (`gathered`, one per rank); none for other pieces.
+    kept_call: Option<usize>,
 }
 
 impl PieceState {
@@ -51,6 +54,9 @@ impl PieceState {
                 let codecs = pieces::shard_codecs(schedule, seed, index, rank);
                 Shards::new(rank as usize, ranks, n, codecs)
             }),
+            kept_call: spec
+                .alltoall_scattered()
+                .then(|| summed_chunk(rank as usize, ranks)),
         }
     }
 
@@ -181,13 +187,12 @@ impl PieceState {
         if let Some(shards) = &mut self.shards {
             return shards.decode(&mut self.result);
         }
-        decode_delivered(
-            &mut *self.codec,
-            spec,
-            delivered.unwrap_or(&self.payload),
-            &self.gathered,
-            &mut self.result,
-        )
+        let delivered = Delivered {
+            payload: delivered.unwrap_or(&self.payload),
+            gathered: &self.gathered,
+            kept_call: self.kept_call,
+        };
+        decode_delivered(&mut *self.codec, spec, delivered, &mut self.result)
     }
 
     /// Decodes a summed or pulled payload straight into `out`, the piece's elements of its
@@ -202,7 +207,12 @@ impl PieceState {
             });
         }
         out.fill(0.0);
-        decode_delivered(&mut *self.codec, spec, delivered, &self.gathered, out)
+        let delivered = Delivered {
+            payload: delivered,
+            gathered: &self.gathered,
+            kept_call: self.kept_call,
+        };
+        decode_delivered(&mut *self.codec, spec, delivered, out)
     }
 
     /// Keeps in the memory what this rank's own payload did not transmit.
@@ -251,19 +261,34 @@ fn not_a_ring(spec: &Piece) -> ExecError {
     }
 }
 
-/// Adds what the exchanges delivered into `acc`: the summed or pulled payload, or every
-/// gathered one.
+/// What a piece's exchanges delivered: the summed or pulled payload, or every rank's
+/// (gathered; of the kept chunk alone after an all-to-all reduce-scatter).
+struct Delivered<'a> {
+    payload: &'a [u8],
+    gathered: &'a [Vec<u8>],
+    kept_call: Option<usize>,
+}
+
+/// Adds what the exchanges delivered into `acc`.
 fn decode_delivered(
     codec: &mut dyn Codec,
     spec: &Piece,
-    payload: &[u8],
-    gathered: &[Vec<u8>],
+    delivered: Delivered,
     acc: &mut [f32],
 ) -> Result<()> {
-    match spec.aggregation {
-        Aggregation::Allreduce | Aggregation::ParameterServer => codec.decode_add(payload, acc),
-        Aggregation::Allgather => {
-            for payload in gathered {
+    match (spec.aggregation, delivered.kept_call) {
+        (Aggregation::Allreduce | Aggregation::ParameterServer, _) => {
+            codec.decode_add(delivered.payload, acc)
+        }
+        // After an all-to-all reduce-scatter: every rank's payload of the kept chunk.
+        (Aggregation::Allgather, Some(call)) => {
+            for part in delivered.gathered {
+                codec.decode_call_add(call, part, acc)?;
+            }
+            Ok(())
+        }
+        (Aggregation::Allgather, None) => {
+            for payload in delivered.gathered {
                 codec.decode_add(payload, acc)?;
             }
             Ok(())

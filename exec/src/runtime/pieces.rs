@@ -91,15 +91,31 @@ pub fn server_rank(piece: &Piece, world: u32) -> u32 {
 }
 
 /// Whether a piece's synchronization ends with a reduce-scatter (a sharded plan's unit, FSDP's,
-/// or hybrid sharding's): each rank then holds only its chunk of the sum
-/// (`ring::keep_summed_chunk`).
+/// hybrid sharding's, or ZeRO++'s all-to-all of quantized chunks): each rank then holds only
+/// its chunk of the sum (`ring::keep_summed_chunk`, `ring::summed_chunk`).
 pub fn ends_scattered(piece: &Piece) -> bool {
     piece.rounds.last().is_some_and(|r| {
         matches!(
             r.exchange,
-            Exchange::ReduceScatter | Exchange::HybridReduceScatter
+            Exchange::ReduceScatter
+                | Exchange::HybridReduceScatter
+                | Exchange::AlltoallReduceScatter
         )
     })
+}
+
+/// The bytes of each codec call's payload in the piece's payload, one after another.
+pub fn call_bytes(piece: &Piece) -> Vec<std::ops::Range<usize>> {
+    let mut at = 0usize;
+    piece
+        .codec_calls()
+        .iter()
+        .map(|&n| {
+            let bytes = piece.compressor.wire_bytes_as(n, piece.wire) as usize;
+            at += bytes;
+            at - bytes..at
+        })
+        .collect()
 }
 
 /// The ranks of the ring whose reduce-scatter leaves a scattered piece's chunks

@@ -1259,7 +1259,10 @@ mod tests {
         assert_eq!(Compressor::Fp16.wire_bytes(1000), 2000);
         assert_eq!(Compressor::Fp8(Fp8Format::E4m3).wire_bytes(1000), 1004);
         // A scale per block, the last one short.
-        assert_eq!(Compressor::Int8 { block: 8000 }.wire_bytes(16_001), 12 + 16_001);
+        assert_eq!(
+            Compressor::Int8 { block: 8000 }.wire_bytes(16_001),
+            12 + 16_001
+        );
         assert_eq!(Compressor::TopK { ratio: 0.01 }.wire_bytes(1000), 80);
         assert_eq!(Compressor::Dgc { ratio: 0.01 }.wire_bytes(1000), 84);
         assert_eq!(Compressor::SignSgd.wire_bytes(1001), 126);

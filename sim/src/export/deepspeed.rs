@@ -191,11 +191,16 @@ pub(super) fn nearest(
             Stage::Zero2
         }
     };
-    if sharding.param_dtype != crate::sharding::ParamDtype::Fp32 {
-        notes.push(format!(
+    match sharding.param_dtype {
+        crate::sharding::ParamDtype::Fp32 => {}
+        crate::sharding::ParamDtype::Int8 => notes.push(
+            "parameters gathered in int8: DeepSpeed's zero_quantized_weights quantizes stage 3's gathers, and stage 3 is not exported here"
+                .to_string(),
+        ),
+        dtype => notes.push(format!(
             "parameters gathered in {}: DeepSpeed gathers them in their training dtype (fp32 here)",
-            sharding.param_dtype.name()
-        ));
+            dtype.name()
+        )),
     }
     let bucket_elements = bucket_limit(&groups, model, stage).unwrap_or_else(|| {
         notes.push(format!(

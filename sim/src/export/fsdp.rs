@@ -401,11 +401,21 @@ pub(super) fn nearest(plan: &Plan, model: &ModelProfile, notes: &mut Vec<String>
             "no prefetch: FSDP2 always gathers the next unit ahead; exported with one".to_string(),
         );
     }
+    let param_dtype = match sharding.param_dtype {
+        ParamDtype::Int8 => {
+            notes.push(
+                "parameters gathered in int8 (ZeRO++'s quantized weights): FSDP2 gathers floats; exported in fp32"
+                    .to_string(),
+            );
+            ParamDtype::Fp32
+        }
+        dtype => dtype,
+    };
     FsdpSettings {
         units,
         prefetch: sharding.prefetch.max(1),
         reshard_after_forward: sharding.reshard_after_forward,
-        param_dtype: sharding.param_dtype,
+        param_dtype,
         reduce,
         hybrid: sharding.within_node,
     }

@@ -77,7 +77,8 @@ pub fn step_costs(
     let gathers: Vec<(Estimate, Links)> = schedule
         .param_shards
         .iter()
-        .map(|&shard| gather_cost(scenario, shard, naming))
+        .zip(&schedule.buffers)
+        .map(|(&shard, unit)| gather_cost(scenario, shard, unit.numel, naming))
         .collect::<Result<_>>()?;
     let framework_times = framework_cost::step_times(scenario, schedule);
     Ok(schedule
@@ -221,6 +222,11 @@ fn piece_cost(
     let one = per_call(calls, |n| curves.decode_time(n));
     // A decode call pays its own cost once and each payload's decode (device.rs, CodecCost).
     let payloads = match piece.aggregation {
+        // After an all-to-all reduce-scatter a rank decodes every rank's payload of its chunk.
+        Aggregation::Allgather if piece.alltoall_scattered() => {
+            let chunk = calls.iter().copied().max().unwrap_or(numel);
+            curves.call_time(chunk.max(1), world)
+        }
         // Every rank decodes every rank's payload in one call.
         Aggregation::Allgather => per_call(calls, |n| curves.call_time(n, world)),
         // The ring's per-hop work and the server's are in their collectives; the result is
@@ -305,6 +311,8 @@ fn exchange_cost(
         }
         Exchange::Allreduce => over_world(Op::Allreduce, bytes)?,
         Exchange::ReduceScatter => over_world(Op::ReduceScatter, bytes)?,
+        // Every chunk's payload (`bytes` in all) to the rank that keeps it.
+        Exchange::AlltoallReduceScatter => over_world(Op::Alltoall, bytes)?,
         Exchange::HybridReduceScatter => {
             collective::estimate_hybrid_reduce_scatter(cluster, bytes)?
         }
@@ -344,11 +352,14 @@ fn allgather_shards(
     }
 }
 
-/// A sharded plan's gather of one unit's parameters, each rank contributing its shard: over
-/// every rank, or inside each node under hybrid sharding.
+/// A sharded plan's gather of one unit's `numel` parameters, each rank contributing its shard:
+/// over every rank, or inside each node under hybrid sharding. A quantized gather (ZeRO++'s
+/// int8) encodes the rank's shard before the collective and decodes every shard after it, in
+/// turn with it on the gather's stream.
 fn gather_cost(
     scenario: &Scenario,
     shard: ParamShard,
+    numel: u64,
     naming: Naming,
 ) -> Result<(Estimate, Links)> {
     let group = match shard.within_node {
@@ -369,6 +380,16 @@ fn gather_cost(
     })?;
     let mut estimate = allgather_shards(scenario, bytes, group, naming)?;
     estimate.delay_with_compute = delay_with_compute(scenario, Exchange::AllgatherShards);
+    if let Some(quantizer) = shard.dtype.quantizer() {
+        let ranks = shard.ranks(world);
+        let shard_numel = crate::sharding::shard_numel(numel, ranks);
+        let curves = CodecCurves::on(&quantizer, &scenario.device);
+        let codec =
+            curves.encode_time(shard_numel) + curves.call_time(shard_numel, u64::from(ranks));
+        // Kernels of the rank's own: links shared with another collective do not stretch them.
+        estimate.time += codec;
+        estimate.fixed += codec;
+    }
     Ok((estimate, Links::Every))
 }
 

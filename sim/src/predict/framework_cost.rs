@@ -223,6 +223,7 @@ pub(crate) fn piece_staging_us(params: &TcpParams, piece: &Piece, group: Group) 
 fn staged(exchange: Exchange, bytes: u64, group: Group) -> (Op, u64, Group) {
     match exchange {
         Exchange::ReduceScatter => (Op::ReduceScatter, bytes, group),
+        Exchange::AlltoallReduceScatter => (Op::Alltoall, bytes, group),
         Exchange::AllgatherShards => (Op::Allgather, bytes, group),
         Exchange::Allgather => (
             Op::Allgather,

@@ -160,8 +160,9 @@ pub fn memory_use(
     }
 }
 
-/// Parameters gathered at once beyond the rank's shard: ZeRO-3's units at their peak, or
-/// ZeRO-1/2's compute copy when the gather's precision is not the stored fp32.
+/// Parameters gathered at once beyond the rank's shard: ZeRO-3's units at their peak (and a
+/// quantized gather's payload), or ZeRO-1/2's compute copy when the gather's precision is not
+/// the stored fp32.
 fn gathered_bytes(
     model: &ModelProfile,
     plan: &Plan,
@@ -169,7 +170,7 @@ fn gathered_bytes(
     units: &[u64],
     numel: u64,
 ) -> u64 {
-    let bytes = sharding.param_dtype.bytes();
+    let bytes = sharding.param_dtype.gathered_element_bytes();
     if !sharding.stage.shards_parameters() {
         return match bytes == FP32 {
             true => 0,
@@ -193,7 +194,16 @@ fn gathered_bytes(
         .map(|w| w.iter().map(|&g| units[g]).sum::<u64>())
         .max()
         .unwrap_or(0);
-    (resident + peak) * bytes
+    // A quantized gather's payload lives until it is dequantized: the largest unit's at most.
+    let payload = match sharding.param_dtype.quantizer() {
+        Some(codec) => units
+            .iter()
+            .map(|&n| codec.wire_bytes(n))
+            .max()
+            .unwrap_or(0),
+        None => 0,
+    };
+    (resident + peak) * bytes + payload
 }
 
 #[cfg(test)]

@@ -423,10 +423,18 @@ pub fn lower_group(
         .enumerate()
         .map(|(p, (range, shapes))| {
             let numel = range.end - range.start;
-            // A single call on the whole piece is the piece's own codec.
-            let calls = match per_tensor {
-                true => tensor_calls(model, group, range.clone()),
-                false => Vec::new(),
+            // A single call on the whole piece is the piece's own codec. An all-to-all
+            // reduce-scatter encodes each rank's chunk (the ring's chunks) in a call of its own.
+            let calls = match (per_tensor, group.scheme) {
+                (_, Scheme::AlltoallReduceScatter) => {
+                    let ranks = u64::from(world.ranks());
+                    (0..ranks)
+                        .map(|c| share(numel, c, ranks))
+                        .map(|r| r.end - r.start)
+                        .collect()
+                }
+                (true, _) => tensor_calls(model, group, range.clone()),
+                (false, _) => Vec::new(),
             };
             let calls = if calls.len() > 1 { calls } else { Vec::new() };
             let round_bytes = match (&shapes, group.compressor) {
@@ -576,6 +584,7 @@ fn exchanges(scheme: Scheme, aggregation: Aggregation, server: u32) -> SmallVec<
         (Scheme::CompressedRing, _) => smallvec![Exchange::CompressedRing],
         (Scheme::ReduceScatter, _) => smallvec![Exchange::ReduceScatter],
         (Scheme::HybridReduceScatter, _) => smallvec![Exchange::HybridReduceScatter],
+        (Scheme::AlltoallReduceScatter, _) => smallvec![Exchange::AlltoallReduceScatter],
         (_, Aggregation::Allreduce) => smallvec![Exchange::Allreduce],
         (_, Aggregation::Allgather) => smallvec![Exchange::Allgather],
         (_, Aggregation::ParameterServer) => smallvec![Exchange::PushPull { server }],

@@ -43,6 +43,7 @@ use crate::base::data;
 use crate::base::error::{Result, SimError};
 use crate::compress::{Aggregation, Compressor, Memory, Wire};
 use crate::plan::{CodecCalls, CompressOn, Launch, Scheme};
+use crate::sharding::ParamDtype;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
@@ -211,6 +212,10 @@ pub enum Exchange {
     /// ranks of the same place in their node: each rank ends with the world's sum of its shard
     /// of the node's split (hybrid sharding).
     HybridReduceScatter,
+    /// Each rank's payload of chunk c (its codec's call c) to the rank that keeps chunk c, which
+    /// decodes and adds every rank's: each rank ends with the sum of its shard, as after
+    /// `ReduceScatter` (ZeRO++'s quantized gradients).
+    AlltoallReduceScatter,
     /// The all-gather half of an allreduce: the summed shards go to every rank.
     AllgatherShards,
     /// Every rank's payload (sizes may differ) to every rank, each decoded there.
@@ -236,6 +241,7 @@ impl Exchange {
             Exchange::HierarchicalAllreduce => "hierarchical-allreduce",
             Exchange::ReduceScatter => "reduce-scatter",
             Exchange::HybridReduceScatter => "hybrid-reduce-scatter",
+            Exchange::AlltoallReduceScatter => "alltoall-reduce-scatter",
             Exchange::AllgatherShards => "allgather-shards",
             Exchange::Allgather => "allgather",
             Exchange::PushPull { .. } => "push-pull",
@@ -282,10 +288,17 @@ pub struct Buffer {
 pub struct ParamShard {
     /// Bytes of the shard on the wire, in the plan's parameter precision.
     pub bytes: u64,
+    /// That precision: the codec the shard is written with.
+    #[serde(default, skip_serializing_if = "is_fp32")]
+    pub dtype: ParamDtype,
     /// Whether the shard is one of the node's ranks' (hybrid sharding): the unit is gathered
     /// inside the node, not over every rank.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub within_node: bool,
+}
+
+fn is_fp32(dtype: &ParamDtype) -> bool {
+    *dtype == ParamDtype::Fp32
 }
 
 impl ParamShard {
@@ -375,6 +388,11 @@ impl Piece {
     /// inside again).
     pub fn hierarchical(&self) -> bool {
         self.exchanged_by(Exchange::HierarchicalAllreduce)
+    }
+
+    /// Whether the piece is reduce-scattered by an all-to-all of its chunks' payloads.
+    pub fn alltoall_scattered(&self) -> bool {
+        self.exchanged_by(Exchange::AlltoallReduceScatter)
     }
 
     fn exchanged_by(&self, exchange: Exchange) -> bool {

@@ -52,13 +52,15 @@ pub(super) fn sharded_steps(
         .iter()
         .enumerate()
         .map(|(g, group)| {
-            let bytes = shard_numel(group.numel(model), ranks)
-                .checked_mul(sharding.param_dtype.bytes())
+            let dtype = sharding.param_dtype;
+            let bytes = dtype
+                .wire_bytes(shard_numel(group.numel(model), ranks))
                 .ok_or_else(|| {
                     SimError::invalid("plan", format!("groups[{g}]"), "its shard's bytes overflow")
                 })?;
             Ok(ParamShard {
                 bytes,
+                dtype,
                 within_node: sharding.within_node,
             })
         })
@@ -352,6 +354,98 @@ mod tests {
                 _ => false,
             })
             .unwrap()
+    }
+
+    /// ZeRO++ on gpt2-xl over 2 nodes of 8: int8 gathers carry a byte per element and a scale
+    /// per 8000, and cost the collective plus the quantizer's encode of the shard and decode of
+    /// every shard; int8 gradients are reduce-scattered by an all-to-all of one codec call per
+    /// rank's chunk, each rank decoding only its chunk of every rank's payload.
+    #[test]
+    fn zero_plus_plus_gathers_and_reduces_in_int8() {
+        use crate::codec::CodecCurves;
+        use crate::collective::{estimate, Group};
+        use crate::collective_op::Op;
+        use crate::compress::Compressor;
+        use crate::predict::cost::{piece_stages, step_costs};
+        use crate::schedule::Encoding;
+        use crate::sharding::{shard_numel, ParamDtype};
+        let scenario = scenario("gpt2-xl", 2);
+        let ranks = scenario.world().ranks();
+        let options = |param_dtype, compressor| StrategyOptions {
+            compressor,
+            sharding: ShardOptions {
+                param_dtype,
+                ..ShardOptions::default()
+            },
+            ..StrategyOptions::default()
+        };
+        let int8 = Compressor::Int8 { block: 8000 };
+        let quantized = Strategy::Fsdp
+            .plan(&scenario, &options(ParamDtype::Int8, int8))
+            .unwrap();
+        let plain = Strategy::Fsdp
+            .plan(&scenario, &options(ParamDtype::Bf16, Compressor::Bf16))
+            .unwrap();
+        let schedule = schedule(&scenario, &quantized).unwrap();
+        let costs = step_costs(&scenario, &schedule, crate::collective::Naming::Priced).unwrap();
+        let curves = CodecCurves::on(&int8, &scenario.device);
+        for (g, (shard, unit)) in schedule
+            .param_shards
+            .iter()
+            .zip(&schedule.buffers)
+            .enumerate()
+        {
+            let n = shard_numel(unit.numel, ranks);
+            assert_eq!(shard.dtype, ParamDtype::Int8);
+            assert_eq!(shard.bytes, n + 4 * n.div_ceil(8000));
+            let step = schedule
+                .steps
+                .iter()
+                .position(
+                    |s| matches!(s.kind, StepKind::Gather { group, .. } if group as usize == g),
+                )
+                .unwrap();
+            let collective = estimate(
+                &scenario.cluster,
+                Op::Allgather,
+                shard.bytes * u64::from(ranks),
+                Group::world(&scenario.cluster),
+            )
+            .unwrap()
+            .time;
+            let codec = curves.encode_time(n) + curves.call_time(n, u64::from(ranks));
+            assert_eq!(
+                costs[step].estimate.unwrap().time,
+                collective + codec,
+                "g{g}"
+            );
+        }
+        for (group, piece) in quantized.groups.iter().zip(&schedule.pieces) {
+            assert_eq!(group.scheme, Scheme::AlltoallReduceScatter);
+            assert!(piece.alltoall_scattered());
+            assert_eq!(piece.calls.len(), ranks as usize);
+            assert_eq!(piece.calls.iter().sum::<u64>(), piece.numel);
+            let bytes: u64 = piece.calls.iter().map(|&n| int8.wire_bytes(n)).sum();
+            assert_eq!(piece.rounds[0].bytes, bytes);
+        }
+        // A rank decodes its chunk of every rank's payload: one chunk's decodes, not the unit's.
+        let group = &quantized.groups[1];
+        let [_, _, decode] = piece_stages(&scenario, group, Encoding::default()).unwrap()[0];
+        let chunk = schedule.pieces[1].calls.iter().copied().max().unwrap();
+        assert!(decode < curves.call_time(schedule.pieces[1].numel, u64::from(ranks)));
+        assert!(decode >= curves.call_time(chunk, u64::from(ranks)));
+        // Half bf16's bytes on the gathers (the flat all-to-all sends every rank's parts across
+        // the network, which is why ZeRO++ goes on to a hierarchical version).
+        let plain_schedule =
+            super::super::lower(&scenario.model, scenario.world(), false, &plain, "p").unwrap();
+        for (q, p) in schedule
+            .param_shards
+            .iter()
+            .zip(&plain_schedule.param_shards)
+        {
+            // A byte and a 2000th of one an element, against two.
+            assert!(2 * q.bytes <= p.bytes + p.bytes / 1000, "{q:?} {p:?}");
+        }
     }
 
     #[test]

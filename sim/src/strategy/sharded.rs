@@ -127,7 +127,7 @@ pub fn fsdp_units_plan(
         param_dtype: options.sharding.param_dtype,
         within_node,
     };
-    let scheme = Scheme::scattering(&sharding);
+    let scheme = Scheme::scattering(&sharding, options.compressor);
     sharded(name, scenario, options, units, scheme, sharding)
 }
 

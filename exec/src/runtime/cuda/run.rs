@@ -744,10 +744,11 @@ impl<'a> Backend for Run<'a> {
             )?,
             // Only sharded plans reduce so, and this backend refuses them before a run
             // (`refuse_sharded`): a schedule that reaches here was not checked.
-            Exchange::HybridReduceScatter => {
+            Exchange::HybridReduceScatter | Exchange::AlltoallReduceScatter => {
                 return Err(ExecError::Cuda {
                     message: format!(
-                        "pieces[{index}] is a hybrid-sharded unit's reduce-scatter, which the cuda backend does not run (a sharded plan: run it with `--backend host` or `mpi`)"
+                        "pieces[{index}] is a sharded unit's {}, which the cuda backend does not run (a sharded plan: run it with `--backend host` or `mpi`)",
+                        exchange.name()
                     ),
                 })
             }

@@ -106,10 +106,12 @@ mod tests {
     use crate::runtime::test_plans::small_sharded;
     use crate::runtime::{self, ExecOptions};
     use std::time::Duration;
+    use syncopate_sim::compress::Compressor;
     use syncopate_sim::schedule::StepKind;
     use syncopate_sim::sharding::ParamDtype;
 
-    /// ZeRO-1, ZeRO-2 and FSDP plans run on three thread-ranks, gathering in fp32 and bf16, and
+    /// ZeRO-1, ZeRO-2 and FSDP plans run on three thread-ranks, gathering in fp32, bf16 and
+    /// ZeRO++'s int8, and
     /// reducing uncompressed, in bf16, fp16 and random-k, and HSDP on two nodes of two: every
     /// rank's reduced gradient (FSDP's reduce-scattered shard) matches the reference, and every
     /// gather of every unit in every iteration gave every rank every shard of its split.
@@ -129,9 +131,22 @@ mod tests {
             ("zero2", "fp16", ParamDtype::Bf16, (1, 3)),
             // Hybrid sharding: each node splits and gathers among its own ranks.
             ("hsdp", "bf16", ParamDtype::Bf16, (2, 2)),
+            ("fsdp", "bf16", ParamDtype::Int8, (1, 3)),
+            ("hsdp", "none", ParamDtype::Int8, (2, 2)),
+            // Payloads that do not sum as they are: an all-to-all of each rank's chunks
+            // (ZeRO++'s quantized gradients).
+            ("fsdp", "int8:8", ParamDtype::Int8, (1, 3)),
+            ("fsdp", "topk:0.5", ParamDtype::Fp32, (2, 2)),
         ] {
             let what = format!("{strategy} {spec} {dtype:?}");
             let schedule = small_sharded(strategy, spec, dtype, (nodes, per_node));
+            let summable = spec.parse::<Compressor>().unwrap().summed_as().is_some();
+            let alltoall = schedule.pieces.iter().all(|p| p.alltoall_scattered());
+            assert_eq!(
+                alltoall,
+                strategy == "fsdp" && !summable,
+                "{strategy} {spec}"
+            );
             let ranks = nodes * per_node;
             let job = Job::new(&schedule, 0.0, &options, ranks).unwrap();
             let measured = runtime::execute(runtime::Backend::Host { ranks }, &job);
