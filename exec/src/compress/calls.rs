@@ -61,6 +61,17 @@ impl PerTensor {
         }
     }
 
+    /// Call `call`, or an error naming it.
+    fn call(&mut self, call: usize) -> Result<&mut Call> {
+        let calls = self.calls.len();
+        self.calls.get_mut(call).ok_or_else(|| {
+            wire::bad_payload(
+                &self.compressor,
+                format!("no call {call}: the buffer has {calls}"),
+            )
+        })
+    }
+
     /// An error unless `payload` holds every call's bytes and `values` every call's elements.
     fn check(&self, payload: usize, values: usize) -> Result<()> {
         if payload == self.bytes && values == self.elements {
@@ -114,17 +125,29 @@ impl Codec for PerTensor {
         Ok(())
     }
 
+    fn encode_call(&mut self, call: usize, values: &[f32], out: &mut Vec<u8>) -> Result<()> {
+        let compressor = self.compressor;
+        let call = self.call(call)?;
+        if values.len() != call.elements.len() {
+            return Err(wire::bad_payload(
+                &compressor,
+                format!(
+                    "{} elements for a call of {}",
+                    values.len(),
+                    call.elements.len()
+                ),
+            ));
+        }
+        call.codec.encode(values, out)
+    }
+
     fn decode_call_add(&mut self, call: usize, payload: &[u8], acc: &mut [f32]) -> Result<()> {
         self.check(self.bytes, acc.len())?;
-        let Some(call) = self.calls.get_mut(call) else {
-            return Err(wire::bad_payload(
-                &self.compressor,
-                format!("no call {call}: the buffer has {}", self.calls.len()),
-            ));
-        };
+        let compressor = self.compressor;
+        let call = self.call(call)?;
         if payload.len() != call.bytes.len() {
             return Err(wire::bad_payload(
-                &self.compressor,
+                &compressor,
                 format!(
                     "{} bytes for a call of {} bytes",
                     payload.len(),
@@ -192,7 +215,12 @@ mod tests {
                 let mut decoded = vec![0.0; n];
                 alone.decode_add(&own, &mut decoded).unwrap();
                 assert_eq!(result[at..at + n], decoded[..], "{spec} tensor {i}");
-                // A call's payload alone decodes into its elements and nowhere else.
+                // A call alone encodes as it does among the others, and its payload alone
+                // decodes into its elements and nowhere else.
+                let mut again = Vec::new();
+                let mut fresh = PerTensor::new(c, &numels, |i| codec_for(&c, i as u64));
+                fresh.encode_call(i, &grad[at..at + n], &mut again).unwrap();
+                assert_eq!(again, own, "{spec} tensor {i}");
                 let mut one = vec![0.0; grad.len()];
                 fused.decode_call_add(i, &own, &mut one).unwrap();
                 assert_eq!(one[at..at + n], decoded[..], "{spec} tensor {i}");

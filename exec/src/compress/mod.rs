@@ -75,6 +75,17 @@ pub trait Codec: Send {
         })
     }
 
+    /// Encodes `values`, the elements of call `call` alone, into `out` as that call's codec
+    /// does (replacing its contents): what the rank that collects a chunk in a two-hop
+    /// all-to-all reduce-scatter sends on of the node's sum. Only a codec of several calls has
+    /// one.
+    fn encode_call(&mut self, call: usize, _values: &[f32], _out: &mut Vec<u8>) -> Result<()> {
+        Err(ExecError::Protocol {
+            compressor: self.compressor().to_string(),
+            message: format!("has one codec call, not a call {call} of several"),
+        })
+    }
+
     /// Adds `other` into `acc` in the wire type, as an allreduce would.
     fn sum_into(&self, _acc: &mut [u8], _other: &[u8]) -> Result<()> {
         Err(ExecError::NotSummable {

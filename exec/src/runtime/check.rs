@@ -9,6 +9,7 @@
 //! misplaced chunk, a wrong peer) shows up as a difference from it; the only legitimate
 //! difference is the summation order of the ring, bounded by the wire type's rounding.
 
+use super::alltoall;
 use super::compressed_ring::{self, Shards};
 use super::gather_check::{GatherChecks, GatherDigests};
 use super::pieces::{self, wire_element_bytes};
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use syncopate_sim::compress::{Aggregation, Compressor, Element, Family};
-use syncopate_sim::schedule::Schedule;
+use syncopate_sim::schedule::{Schedule, World};
 
 /// What `--check` found for one group over every checked iteration and piece.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -70,8 +71,9 @@ struct PieceCheck {
     /// When each rank keeps only its chunk of the sum (`pieces::ends_scattered`), the ranks of
     /// the ring that split it: every rank, or each node's under hybrid sharding.
     scattered: Option<usize>,
-    /// For an all-to-all reduce-scatter, the bytes of each chunk's payload (`pieces::call_bytes`).
-    alltoall_parts: Option<Vec<std::ops::Range<usize>>>,
+    /// For an all-to-all reduce-scatter, each chunk's elements and payload bytes, and the
+    /// world whose nodes it hops through.
+    alltoall: Option<(alltoall::Chunks, World)>,
     group: usize,
     /// The memory's factor on the result (EF-SignSGD's 1/lr), applied to the reference too.
     output_scale: f32,
@@ -116,9 +118,9 @@ impl Checker {
                     },
                     scattered: pieces::ends_scattered(piece)
                         .then(|| pieces::scatter_ranks(piece, &schedule.world)),
-                    alltoall_parts: piece
+                    alltoall: piece
                         .alltoall_scattered()
-                        .then(|| pieces::call_bytes(piece)),
+                        .then(|| (alltoall::Chunks::of(piece), schedule.world)),
                     group: piece.group as usize,
                     output_scale: MemoryState::new(piece.memory, 0).output_scale(),
                 })
@@ -292,8 +294,8 @@ fn reference(
         let result = compressed_ring::reference(&mut piece.ring, inputs)?;
         return Ok(vec![result; inputs.len()]);
     }
-    if let Some(parts) = &piece.alltoall_parts {
-        return alltoall_scattered(&mut piece.codecs, inputs, parts);
+    if let Some((chunks, world)) = &piece.alltoall {
+        return alltoall_scattered(&mut piece.codecs, inputs, chunks, *world);
     }
     if let Some(per) = piece.scattered {
         return scattered(&mut piece.codecs, inputs, per);
@@ -359,31 +361,50 @@ fn scattered(
         .collect()
 }
 
-/// Each rank's shard of the sum after an all-to-all reduce-scatter: every rank's input encoded
-/// by its codec, chunk by chunk (`parts`, each chunk's bytes), and the rank's kept chunk
-/// (`ring::summed_chunk`) of each payload decoded and added by the rank's codec.
+/// Each rank's shard of the sum after an all-to-all reduce-scatter over `world`: every rank's
+/// input encoded by its codec, one call a chunk; on several nodes of several ranks, each node's
+/// payloads of a chunk decoded and added, in rank order, by the node's rank of its keeper's
+/// place, which re-encodes the sum with its codec; then the keeper's (`ring::summed_chunk`)
+/// decode of every payload of its chunk it receives, in the order of their senders.
 fn alltoall_scattered(
     codecs: &mut [Box<dyn Codec>],
     inputs: &[Vec<f32>],
-    parts: &[std::ops::Range<usize>],
+    calls: &alltoall::Chunks,
+    world: World,
 ) -> Result<Vec<Vec<f32>>> {
-    let world = inputs.len();
-    let mut payloads = vec![Vec::new(); world];
+    let ranks = inputs.len();
+    let per_node = world.ranks_per_node as usize;
+    let mut payloads = vec![Vec::new(); ranks];
     for ((codec, input), payload) in codecs.iter_mut().zip(inputs).zip(&mut payloads) {
         codec.encode(input, payload)?;
     }
-    codecs
-        .iter_mut()
-        .enumerate()
-        .map(|(rank, codec)| {
-            let kept = ring::summed_chunk(rank, world);
-            let mut out = vec![0.0f32; inputs[rank].len()];
-            for payload in &payloads {
-                codec.decode_call_add(kept, &payload[parts[kept].clone()], &mut out)?;
-            }
-            Ok(out)
-        })
-        .collect()
+    let mut outs = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        let kept = ring::summed_chunk(rank, ranks);
+        let part = |payload: &Vec<u8>| payload[calls.bytes[kept].clone()].to_vec();
+        let received: Vec<Vec<u8>> = match world.two_hop_alltoall() {
+            false => payloads.iter().map(part).collect(),
+            true => (0..world.nodes as usize)
+                .map(|node| {
+                    let collector = node * per_node + rank % per_node;
+                    let mut sum = vec![0.0f32; inputs[rank].len()];
+                    for payload in &payloads[node * per_node..(node + 1) * per_node] {
+                        codecs[collector].decode_call_add(kept, &part(payload), &mut sum)?;
+                    }
+                    let mut encoded = Vec::new();
+                    let values = &sum[calls.elements[kept].clone()];
+                    codecs[collector].encode_call(kept, values, &mut encoded)?;
+                    Ok(encoded)
+                })
+                .collect::<Result<_>>()?,
+        };
+        let mut out = vec![0.0f32; inputs[rank].len()];
+        for payload in &received {
+            codecs[rank].decode_call_add(kept, payload, &mut out)?;
+        }
+        outs.push(out);
+    }
+    Ok(outs)
 }
 
 /// Where a rank reports its compression inputs and aggregated results for `--check`: the

@@ -3,6 +3,7 @@
 //! It holds a rank's buffers and codecs, compute as a calibrated busy loop, and the synchronization
 //! primitives on the real CPU kernels; the transport is in-process channels or MPI.
 
+use super::alltoall;
 use super::backend::{Backend, Lane};
 use super::check::CheckSink;
 use super::gather_check::{digest, GatherDigests};
@@ -330,8 +331,11 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             }
             // ZeRO++'s quantized gradients: each chunk's payload to the rank that keeps it.
             Exchange::AlltoallReduceScatter => {
-                let parts = pieces::call_bytes(spec);
-                piece.gathered = ring::alltoall_parts(link, &ring, &piece.payload, &parts, abort)?;
+                let chunks = alltoall::Chunks::of(spec);
+                let world = self.job.schedule.world;
+                let codec = &mut *piece.codec;
+                piece.gathered =
+                    alltoall::reduce_scatter(link, world, codec, &piece.payload, &chunks, abort)?;
                 Ok(())
             }
             Exchange::AllgatherShards => {

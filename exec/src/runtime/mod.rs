@@ -8,6 +8,7 @@
 //! compute step runs for its profiled time (times the run's compute scale), everything else
 //! does the real work.
 
+pub mod alltoall;
 mod backend;
 mod board;
 pub mod check;

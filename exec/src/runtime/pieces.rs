@@ -104,20 +104,6 @@ pub fn ends_scattered(piece: &Piece) -> bool {
     })
 }
 
-/// The bytes of each codec call's payload in the piece's payload, one after another.
-pub fn call_bytes(piece: &Piece) -> Vec<std::ops::Range<usize>> {
-    let mut at = 0usize;
-    piece
-        .codec_calls()
-        .iter()
-        .map(|&n| {
-            let bytes = piece.compressor.wire_bytes_as(n, piece.wire) as usize;
-            at += bytes;
-            at - bytes..at
-        })
-        .collect()
-}
-
 /// The ranks of the ring whose reduce-scatter leaves a scattered piece's chunks
 /// ([`ends_scattered`]): every rank's, or each node's under hybrid sharding.
 pub fn scatter_ranks(piece: &Piece, world: &World) -> usize {

@@ -92,7 +92,7 @@ impl Ring {
     }
 
     /// The rank at `position` (mod the ring's size).
-    fn member(&self, position: usize) -> usize {
+    pub(super) fn member(&self, position: usize) -> usize {
         self.first + self.stride * (position % self.ranks)
     }
 }
@@ -206,43 +206,6 @@ fn run_half(
         })?;
     }
     Ok(())
-}
-
-/// An all-to-all of a payload made of one part per chunk (`parts[c]`, the bytes of chunk c's
-/// payload): the rank sends each part to the rank that keeps its chunk (the rank at position p
-/// keeps [`summed_chunk`], as after a ring reduce-scatter) and receives every rank's part of
-/// its own chunk, in p − 1 pairwise steps (step s: to the position s ahead, from the one s
-/// behind). Returns those parts by the sender's position, this rank's own among them.
-pub fn alltoall_parts(
-    link: &dyn RingLink,
-    ring: &Ring,
-    payload: &[u8],
-    parts: &[Range<usize>],
-    abort: &AtomicBool,
-) -> Result<Vec<Vec<u8>>> {
-    let (w, p) = (ring.ranks(), ring.position());
-    let mine = parts[summed_chunk(p, w)].clone();
-    let mut received = vec![Vec::new(); w];
-    received[p] = payload[mine.clone()].to_vec();
-    for step in 1..w {
-        let (to, from) = ((p + step) % w, (p + w - step) % w);
-        let out = &payload[parts[summed_chunk(to, w)].clone()];
-        let what = "an all-to-all part";
-        let (to_rank, from_rank) = (ring.member(to), ring.member(from));
-        link.shift(
-            out,
-            to_rank,
-            from_rank,
-            mine.len(),
-            what,
-            abort,
-            &mut |part| {
-                received[from] = part.to_vec();
-                Ok(())
-            },
-        )?;
-    }
-    Ok(received)
 }
 
 /// Ring allreduce: reduce-scatter, then all-gather, 2(p − 1) steps of 1/p of the payload.

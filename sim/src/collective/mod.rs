@@ -272,14 +272,7 @@ fn node_reduce_then_across(cluster: &Cluster, bytes: u64) -> Result<(Estimate, C
     let bare = without_staging(cluster);
     let shard = bytes.div_ceil(cluster.gpus_per_node as u64);
     let reduce_scatter = estimate(&bare, Op::ReduceScatter, bytes, local)?;
-    // The per-node phases run concurrently on every GPU of the node, so each inter-node ring
-    // gets one NIC's share of the node's network bandwidth.
-    let mut shared = bare.as_ref().clone();
-    let nics = shared.inter_node.nics_per_node as f64;
-    shared.inter_node.nic_bandwidth_gbps *=
-        nics.min(cluster.gpus_per_node as f64) / cluster.gpus_per_node as f64;
-    shared.inter_node.nics_per_node = 1;
-    let inter = estimate(&shared, Op::Allreduce, shard, across)?;
+    let inter = estimate(&nic_shares(&bare), Op::Allreduce, shard, across)?;
     let estimate = Estimate {
         time: reduce_scatter.time + inter.time + staging,
         algorithm: Algorithm::Hierarchical,
@@ -288,6 +281,48 @@ fn node_reduce_then_across(cluster: &Cluster, bytes: u64) -> Result<(Estimate, C
         delay_with_compute: SimTime::ZERO,
     };
     Ok((estimate, bare))
+}
+
+/// `cluster` as each of a node's GPUs sees it when all of them cross the network at once, one
+/// per node in each of their groups: one NIC's share of the node's network bandwidth.
+fn nic_shares(cluster: &Cluster) -> Cluster {
+    let mut shared = cluster.clone();
+    let nics = shared.inter_node.nics_per_node as f64;
+    shared.inter_node.nic_bandwidth_gbps *=
+        nics.min(cluster.gpus_per_node as f64) / cluster.gpus_per_node as f64;
+    shared.inter_node.nics_per_node = 1;
+    shared
+}
+
+/// ZeRO++'s two-hop all-to-all (qgZ, Wang et al. 2023 §3.3): `local` bytes from each rank
+/// all-to-all inside its node, then `across` bytes all-to-all among the ranks of the same
+/// place in their node, all of a node's at once; a host library copies once around both. On
+/// one node, or with one rank a node, the single hop there is, of `local` bytes.
+pub fn estimate_two_hop_alltoall(cluster: &Cluster, local: u64, across: u64) -> Result<Estimate> {
+    if cluster.nodes == 1 || cluster.gpus_per_node == 1 {
+        return estimate(cluster, Op::Alltoall, local, Group::world(cluster));
+    }
+    let staging = SimTime::from_us(staging_us(
+        cluster,
+        Op::Alltoall,
+        local,
+        Group::world(cluster),
+    ));
+    let bare = without_staging(cluster);
+    let first = estimate(&bare, Op::Alltoall, local, Group::one_node(cluster))?;
+    let second = estimate(
+        &nic_shares(&bare),
+        Op::Alltoall,
+        across,
+        Group::one_per_node(cluster),
+    )?;
+    Ok(Estimate {
+        time: first.time + second.time + staging,
+        algorithm: Algorithm::Hierarchical,
+        protocol: second.protocol,
+        fixed: first.fixed + second.fixed + staging,
+        delay_with_compute: SimTime::ZERO,
+    })
 }
 
 /// What a host library's copies of `op` on `bytes` over `group` cost (µs); 0 on a library

@@ -225,7 +225,8 @@ fn piece_cost(
         // After an all-to-all reduce-scatter a rank decodes every rank's payload of its chunk.
         Aggregation::Allgather if piece.alltoall_scattered() => {
             let chunk = calls.iter().copied().max().unwrap_or(numel);
-            curves.call_time(chunk.max(1), world)
+            let payloads = u64::from(scenario.world().alltoall_payloads());
+            curves.call_time(chunk.max(1), payloads)
         }
         // Every rank decodes every rank's payload in one call.
         Aggregation::Allgather => per_call(calls, |n| curves.call_time(n, world)),
@@ -311,8 +312,21 @@ fn exchange_cost(
         }
         Exchange::Allreduce => over_world(Op::Allreduce, bytes)?,
         Exchange::ReduceScatter => over_world(Op::ReduceScatter, bytes)?,
-        // Every chunk's payload (`bytes` in all) to the rank that keeps it.
-        Exchange::AlltoallReduceScatter => over_world(Op::Alltoall, bytes)?,
+        // Every chunk's payload (`bytes` in all) to the rank that keeps it: in two hops, first
+        // to the rank of the keeper's place in the node, which decodes, adds and re-encodes the
+        // node's payloads of the chunks it collects (one per node), then across nodes.
+        Exchange::AlltoallReduceScatter => {
+            let per_node = u64::from(cluster.gpus_per_node);
+            let across = collected_bytes(piece, scenario.world());
+            let mut estimate = collective::estimate_two_hop_alltoall(cluster, bytes, across)?;
+            if scenario.world().two_hop_alltoall() {
+                let chunk = piece.codec_calls().iter().copied().max().unwrap_or(1);
+                let curves = CodecCurves::on(&piece.compressor, device);
+                let collected = curves.call_time(chunk, per_node) + curves.encode_time(chunk);
+                estimate.time += SimTime(collected.as_ns() * u64::from(cluster.nodes));
+            }
+            estimate
+        }
         Exchange::HybridReduceScatter => {
             collective::estimate_hybrid_reduce_scatter(cluster, bytes)?
         }
@@ -333,6 +347,19 @@ fn exchange_cost(
         }
     };
     Ok((estimate, Links::Every))
+}
+
+/// The most bytes a rank sends across nodes in the second hop of an all-to-all
+/// reduce-scatter: the payloads of the chunks whose keepers share its place in their node.
+fn collected_bytes(piece: &Piece, world: crate::schedule::World) -> u64 {
+    let (ranks, per_node) = (world.ranks() as usize, world.ranks_per_node as usize);
+    let mut at_place = vec![0u64; per_node.max(1)];
+    for (c, &n) in piece.codec_calls().iter().enumerate() {
+        // Chunk c is kept by the rank before it on the ring (`ring::summed_chunk`).
+        let keeper = (c + ranks - 1) % ranks;
+        at_place[keeper % per_node] += piece.compressor.wire_bytes_as(n, piece.wire);
+    }
+    at_place.into_iter().max().unwrap_or(0)
 }
 
 /// An all-gather of shards that make `bytes` in all, over `group`.

@@ -511,6 +511,21 @@ impl World {
     pub fn ranks(&self) -> u32 {
         self.nodes * self.ranks_per_node
     }
+
+    /// Whether an all-to-all reduce-scatter takes two hops here, inside the nodes then across
+    /// them (ZeRO++'s qgZ): only with several nodes of several ranks.
+    pub fn two_hop_alltoall(&self) -> bool {
+        self.nodes > 1 && self.ranks_per_node > 1
+    }
+
+    /// The payloads of its chunk a rank decodes after an all-to-all reduce-scatter: every
+    /// node's after two hops, every rank's after one.
+    pub fn alltoall_payloads(&self) -> u32 {
+        match self.two_hop_alltoall() {
+            true => self.nodes,
+            false => self.ranks(),
+        }
+    }
 }
 
 /// How collectives take the communication streams.

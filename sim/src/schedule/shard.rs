@@ -362,6 +362,7 @@ mod tests {
     /// rank's chunk, each rank decoding only its chunk of every rank's payload.
     #[test]
     fn zero_plus_plus_gathers_and_reduces_in_int8() {
+        use crate::base::time::SimTime;
         use crate::codec::CodecCurves;
         use crate::collective::{estimate, Group};
         use crate::collective_op::Op;
@@ -428,12 +429,27 @@ mod tests {
             let bytes: u64 = piece.calls.iter().map(|&n| int8.wire_bytes(n)).sum();
             assert_eq!(piece.rounds[0].bytes, bytes);
         }
-        // A rank decodes its chunk of every rank's payload: one chunk's decodes, not the unit's.
-        let group = &quantized.groups[1];
-        let [_, _, decode] = piece_stages(&scenario, group, Encoding::default()).unwrap()[0];
-        let chunk = schedule.pieces[1].calls.iter().copied().max().unwrap();
-        assert!(decode < curves.call_time(schedule.pieces[1].numel, u64::from(ranks)));
-        assert!(decode >= curves.call_time(chunk, u64::from(ranks)));
+        // In two hops (2 nodes of 8): the rank of the keeper's place in each node decodes the
+        // node's 8 payloads of each of its 2 chunks and re-encodes their sum; the keeper
+        // decodes the 2 nodes' payloads of its chunk.
+        assert!(scenario.world().two_hop_alltoall());
+        let piece = &schedule.pieces[1];
+        let chunk = piece.calls.iter().copied().max().unwrap();
+        let [_, exchange, decode] =
+            piece_stages(&scenario, &quantized.groups[1], Encoding::default()).unwrap()[0];
+        let hops = crate::collective::estimate_two_hop_alltoall(
+            &scenario.cluster,
+            piece.rounds[0].bytes,
+            piece.rounds[0].bytes.div_ceil(8),
+        )
+        .unwrap()
+        .time;
+        let between = curves.call_time(chunk, 8) + curves.encode_time(chunk);
+        let slack = SimTime::from_us(1.0);
+        assert!(exchange >= hops + between + between - slack, "{exchange:?}");
+        assert!(exchange <= hops + between + between + slack, "{exchange:?}");
+        assert!(decode >= curves.call_time(chunk, 2));
+        assert!(decode < curves.call_time(chunk, u64::from(ranks)));
         // Half bf16's bytes on the gathers (the flat all-to-all sends every rank's parts across
         // the network, which is why ZeRO++ goes on to a hierarchical version).
         let plain_schedule =
