@@ -214,6 +214,7 @@ fn round_trip_errors_are_bounded() {
                 Compressor::Fp8(_) => (v - x).abs() <= x.abs() * 0.125 + max * 1e-4,
                 // Half a step of the block's scale, at most the tensor's max / 254.
                 Compressor::Int8 { .. } => (v - x).abs() <= max / 254.0 * 1.0001,
+                Compressor::Int4 { .. } => (v - x).abs() <= max / 14.0 * 1.0001,
                 // Sparsifiers send exact values or nothing.
                 Compressor::TopK { .. }
                 | Compressor::RandomKIndexed { .. }

@@ -1,10 +1,11 @@
 //! Cast codecs: fp32 as is, fp16 and bf16 (summable), fp8 e4m3/e5m2 with a per-tensor scale,
-//! int8 with a scale per block.
+//! int8 and int4 with a scale per block.
 //!
 //! Wire formats: `none` n × f32; `fp16`/`bf16` n × u16; `fp8` f32 scale then n × u8 codes,
 //! value = fp8(code) · scale with scale = max|x| / max-representable; `int8:B` one f32 scale
 //! per block of B elements (max|x| / 127 over the block), then n × i8 codes, value = code ·
-//! its block's scale.
+//! its block's scale; `int4:B` the same with max|x| / 7 and two's-complement 4-bit codes, two a
+//! byte, the first in the low half.
 
 #[cfg(target_arch = "x86_64")]
 use super::f16c;
@@ -19,9 +20,15 @@ pub(crate) fn codec(build: &Build) -> Box<dyn Codec> {
     match build.compressor {
         c @ (Compressor::None | Compressor::Fp16 | Compressor::Bf16) => Box::new(Cast { c }),
         Compressor::Fp8(format) => Box::new(Fp8::new(format)),
-        Compressor::Int8 { block } => Box::new(Int8 {
+        Compressor::Int8 { block } => Box::new(IntBlocks {
             c: build.compressor,
             block: block as usize,
+            bits: 8,
+        }),
+        Compressor::Int4 { block } => Box::new(IntBlocks {
+            c: build.compressor,
+            block: block as usize,
+            bits: 4,
         }),
         other => not_in_family(other, "cast"),
     }
@@ -295,32 +302,56 @@ impl Codec for Fp8 {
     }
 }
 
-/// int8 with a scale per block of `block` elements, symmetric: the block's max|x| maps to 127.
-struct Int8 {
+/// int8 or int4 with a scale per block of `block` elements, symmetric: the block's max|x| maps
+/// to the largest code (127, 7).
+struct IntBlocks {
     c: Compressor,
     block: usize,
+    bits: u32,
 }
 
-impl Codec for Int8 {
+impl IntBlocks {
+    fn largest(&self) -> f32 {
+        ((1 << (self.bits - 1)) - 1) as f32
+    }
+
+    /// Code `i` of `codes`.
+    fn code(&self, codes: &[u8], i: usize) -> i8 {
+        match self.bits {
+            8 => codes[i] as i8,
+            // Sign-extend the half byte.
+            _ => ((codes[i / 2] >> (4 * (i % 2))) << 4) as i8 >> 4,
+        }
+    }
+}
+
+impl Codec for IntBlocks {
     fn compressor(&self) -> Compressor {
         self.c
     }
 
     fn encode(&mut self, grad: &[f32], out: &mut Vec<u8>) -> Result<()> {
         let blocks = grad.len().div_ceil(self.block);
-        out.resize(4 * blocks + grad.len(), 0);
+        out.clear();
+        out.resize(self.c.wire_bytes(grad.len() as u64) as usize, 0);
         let (scales, codes) = out.split_at_mut(4 * blocks);
+        let largest = self.largest();
         let mut block_scales = Vec::with_capacity(blocks);
-        for (block, codes) in grad.chunks(self.block).zip(codes.chunks_mut(self.block)) {
+        for (b, block) in grad.chunks(self.block).enumerate() {
             let max = max_abs(block)?;
-            // A zero block gets scale 0 and zero codes; otherwise |x| ≤ max rounds into ±127.
+            // A zero block gets scale 0 and zero codes; otherwise |x| ≤ max rounds into range.
             let (scale, inv) = match max > 0.0 {
-                true => (max / 127.0, 127.0 / max),
+                true => (max / largest, largest / max),
                 false => (0.0, 0.0),
             };
             block_scales.push(scale);
-            for (code, &x) in codes.iter_mut().zip(block) {
-                *code = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+            for (j, &x) in block.iter().enumerate() {
+                let code = (x * inv).round_ties_even().clamp(-largest, largest) as i8 as u8;
+                let i = b * self.block + j;
+                match self.bits {
+                    8 => codes[i] = code,
+                    _ => codes[i / 2] |= (code & 0xF) << (4 * (i % 2)),
+                }
             }
         }
         put_f32s(scales, block_scales);
@@ -330,13 +361,9 @@ impl Codec for Int8 {
     fn decode_add(&mut self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
         expect_len(&self.c, payload, acc.len())?;
         let (scales, codes) = payload.split_at(4 * acc.len().div_ceil(self.block));
-        for ((acc, codes), scale) in acc
-            .chunks_mut(self.block)
-            .zip(codes.chunks(self.block))
-            .zip(f32s(scales))
-        {
-            for (a, &code) in acc.iter_mut().zip(codes) {
-                *a += f32::from(code as i8) * scale;
+        for (b, (acc, scale)) in acc.chunks_mut(self.block).zip(f32s(scales)).enumerate() {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a += f32::from(self.code(codes, b * self.block + j)) * scale;
             }
         }
         Ok(())
@@ -497,15 +524,22 @@ mod tests {
     }
 
     /// Each block keeps its own scale: an element is within half its block's step
-    /// (max|x| / 254) of its value, a block's largest magnitude comes back exactly up to the
-    /// f32 rounding of its scale, and a zero block stays zero beside a large one.
+    /// (max|x| / 254 in int8, / 14 in int4) of its value, a block's largest magnitude comes back
+    /// exactly up to the f32 rounding of its scale, and a zero block stays zero beside a large
+    /// one. An odd count leaves int4's last half byte empty.
     #[test]
-    fn int8_blocks_round_to_half_their_own_step() {
+    fn int_blocks_round_to_half_their_own_step() {
         let block = 100;
-        let c = Compressor::Int8 {
-            block: block as u32,
-        };
-        let mut g: Vec<f32> = (0..1050).map(|i| ((i as f32) * 0.37).sin()).collect();
+        for (c, steps) in [
+            (Compressor::Int8 { block: 100 }, 254.0),
+            (Compressor::Int4 { block: 100 }, 14.0),
+        ] {
+            int_blocks_round(c, block, steps);
+        }
+    }
+
+    fn int_blocks_round(c: Compressor, block: usize, steps: f32) {
+        let mut g: Vec<f32> = (0..1051).map(|i| ((i as f32) * 0.37).sin()).collect();
         for (b, chunk) in g.chunks_mut(block).enumerate() {
             chunk
                 .iter_mut()
@@ -516,7 +550,10 @@ mod tests {
         for (xs, ys) in g.chunks(block).zip(y.chunks(block)) {
             let max = xs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             for (x, y) in xs.iter().zip(ys) {
-                assert!((x - y).abs() <= max / 254.0 * (1.0 + 1e-5), "{x} {y} {max}");
+                assert!(
+                    (x - y).abs() <= max / steps * (1.0 + 1e-5),
+                    "{c} {x} {y} {max}"
+                );
             }
             let top = xs
                 .iter()

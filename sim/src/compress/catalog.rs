@@ -38,7 +38,13 @@ pub enum Compressor {
     /// Symmetric int8 with one f32 scale per block of `block` elements (ZeRO++'s block-based
     /// quantization of the weights it gathers).
     Int8 {
-        /// Elements per scale, 1..=[`INT8_MAX_BLOCK`].
+        /// Elements per scale, 1..=[`INT_MAX_BLOCK`].
+        block: u32,
+    },
+    /// Symmetric int4, two codes a byte, with one f32 scale per block of `block` elements
+    /// (ZeRO++'s quantized gradients).
+    Int4 {
+        /// Elements per scale, 1..=[`INT_MAX_BLOCK`].
         block: u32,
     },
     /// The k = max(1, ceil(ratio·n)) largest magnitudes, as indices and values.
@@ -361,7 +367,28 @@ const CATALOG: &[CatalogEntry] = &[
         auto: None,
         parse: |p| {
             Ok(Compressor::Int8 {
-                block: p.count(INT8_MAX_BLOCK)?,
+                block: p.count(INT_MAX_BLOCK)?,
+            })
+        },
+    },
+    CatalogEntry {
+        key: "int4",
+        form: "int4:BLOCK",
+        description: "symmetric int4 (two codes a byte) with an f32 scale max|x|/7 per block of BLOCK elements (ZeRO++'s quantized gradients); allgather",
+        example: "int4:2048",
+        aggregations: GATHERED,
+        summed_as: None,
+        shared_seed: false,
+        family: Family::Cast,
+        gpu: false,
+        // As int8, writing half a byte an element; decode reads half a byte, writes 4 B.
+        encode: work(8.5, 2),
+        decode: work(4.5, 1),
+        default_memory: NO_MEMORY,
+        auto: None,
+        parse: |p| {
+            Ok(Compressor::Int4 {
+                block: p.count(INT_MAX_BLOCK)?,
             })
         },
     },
@@ -716,16 +743,16 @@ pub fn auto_specs() -> Vec<&'static str> {
     auto.into_iter().map(|(_, spec)| spec).collect()
 }
 
-/// Largest block of `int8`: 2^24 elements, beyond which a block's scale would have to cover
-/// more than an f32 counts exactly.
-const INT8_MAX_BLOCK: u32 = 1 << 24;
+/// Largest block of `int8` and `int4`: 2^24 elements, beyond which a block's scale would have
+/// to cover more than an f32 counts exactly.
+const INT_MAX_BLOCK: u32 = 1 << 24;
 
 /// Largest QSGD level count: keeps a signed level within 16 bits on the wire.
 pub const QSGD_MAX_LEVELS: u32 = 32_767;
 
 /// Header of sampled-threshold sparsifiers (dgc, graddrop, threshold): a u32 count of valid entries.
 const COUNT_HEADER: u64 = 4;
-/// One f32 scale (fp8, int8 per block, qsgd norm, terngrad max, efsignsgd mean, natural exponent).
+/// One f32 scale (fp8, int8 and int4 per block, qsgd norm, terngrad max, efsignsgd mean, natural exponent).
 const SCALE_HEADER: u64 = 4;
 
 impl Compressor {
@@ -737,6 +764,7 @@ impl Compressor {
             Compressor::Bf16 => "bf16",
             Compressor::Fp8(_) => "fp8",
             Compressor::Int8 { .. } => "int8",
+            Compressor::Int4 { .. } => "int4",
             Compressor::TopK { .. } => "topk",
             Compressor::RandomK { .. } => "randomk",
             Compressor::RandomKIndexed { .. } => "randomk-indexed",
@@ -897,6 +925,7 @@ impl Compressor {
             Compressor::Fp16 | Compressor::Bf16 => 2 * n,
             Compressor::Fp8(_) => SCALE_HEADER + n,
             Compressor::Int8 { block } => SCALE_HEADER * n.div_ceil(u64::from(block)) + n,
+            Compressor::Int4 { block } => SCALE_HEADER * n.div_ceil(u64::from(block)) + codes(4),
             Compressor::TopK { ratio } | Compressor::RandomKIndexed { ratio } => {
                 8 * sparse_count(n, ratio)
             }
@@ -1104,7 +1133,8 @@ impl fmt::Display for Compressor {
             Compressor::Signum { momentum } => write!(f, "{key}:{momentum}"),
             Compressor::Qsgd { levels: n }
             | Compressor::PowerSgd { rank: n }
-            | Compressor::Int8 { block: n } => {
+            | Compressor::Int8 { block: n }
+            | Compressor::Int4 { block: n } => {
                 write!(f, "{key}:{n}")
             }
             _ => write!(f, "{key}"),

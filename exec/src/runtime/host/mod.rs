@@ -138,7 +138,7 @@ mod tests {
             // (in two hops on several nodes of several ranks, re-encoding the node's sums).
             ("fsdp", "int8:8", ParamDtype::Int8, (1, 3)),
             ("fsdp", "topk:0.5", ParamDtype::Fp32, (2, 2)),
-            ("fsdp", "int8:4", ParamDtype::Int8, (2, 3)),
+            ("fsdp", "int4:4", ParamDtype::Int8, (2, 3)),
             ("fsdp", "qsgd:16", ParamDtype::Bf16, (3, 2)),
         ] {
             let what = format!("{strategy} {spec} {dtype:?}");
