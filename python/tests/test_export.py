@@ -373,3 +373,40 @@ def test_zero_plans_export_as_a_deepspeed_stage_that_trains(profile_path, tmp_pa
         ranks.run(train_with_deepspeed, str(settings), 3, timeout=600))
     assert ran_stage == stage and dtype == "torch.float32"
     assert loss == loss and params == other_params
+
+
+def test_a_zero3_plan_exports_as_deepspeed_stage_3_that_trains(profile_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
+    options = json.loads((conftest.REPO / "profiles/native/deepspeed.json").read_text())["options"]
+    known = {o["path"]: o for o in options if o["kind"] == "config-key"}
+    plan, settings = tmp_path / "plan.json", tmp_path / "ds.py"
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 3, "--gpus-per-node", 1,
+                 "--strategy", "fsdp", "--prefetch", 2, "--save-plan", plan)
+    conftest.cli("export", "--plan", plan, "--to", "deepspeed", "--out", settings)
+    leaves = dict(flatten_keys(load_settings(settings).DS_CONFIG))
+    assert leaves["zero_optimization.stage"] == 3
+    # Buckets of the largest block, prefetching two of them; no ZeRO++ switch asked for.
+    bucket = leaves["zero_optimization.reduce_bucket_size"]
+    assert leaves["zero_optimization.stage3_prefetch_bucket_size"] == 2 * bucket
+    assert not leaves["zero_optimization.zero_quantized_weights"]
+    assert not leaves["zero_optimization.zero_quantized_gradients"]
+    assert_known(leaves, known)
+    (dtype, ran_stage, loss, _), _ = ranks.values(ranks.run(train_with_deepspeed, str(settings), 3, timeout=600))
+    assert ran_stage == 3 and dtype == "torch.float32"
+    assert loss == loss
+
+
+def test_zero_plus_plus_plans_switch_on_its_quantized_weights_and_gradients(profile_path, tmp_path):
+    options = json.loads((conftest.REPO / "profiles/native/deepspeed.json").read_text())["options"]
+    known = {o["path"]: o for o in options if o["kind"] == "config-key"}
+    plan, settings = tmp_path / "plan.json", tmp_path / "ds.py"
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 2,
+                 "--strategy", "fsdp", "--param-dtype", "int8", "--compressor", "int4:256", "--save-plan", plan)
+    report = json.loads(conftest.cli("export", "--plan", plan, "--to", "deepspeed", "--out", settings,
+                                     "--format", "json").stdout)
+    leaves = dict(flatten_keys(load_settings(settings).DS_CONFIG))
+    assert leaves["zero_optimization.stage"] == 3
+    assert leaves["zero_optimization.zero_quantized_weights"] and leaves["zero_optimization.zero_quantized_gradients"]
+    assert_known(leaves, known)
+    # What DeepSpeed does differently is said: its module-wise fetches and its own qgZ groups.
+    assert any("qgZ" in note for note in report["not_expressed"])

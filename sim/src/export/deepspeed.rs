@@ -1,12 +1,21 @@
-//! DeepSpeed's settings: the ZeRO stage (0 to 2), its bucket size and the reduction's data type.
+//! DeepSpeed's settings: the ZeRO stage (0 to 3), its bucket sizes, the reduction's data type
+//! and ZeRO++'s quantized weights and gradients.
 //!
 //! At stage 0 DeepSpeed reduces after backward in buckets of 5e8 elements that no key changes
 //! (`strategy deepspeed`). Stages 1 and 2 (deepspeed/runtime/zero/stage_1_and_2.py, 0.19.8)
 //! shard the optimizer states, and at stage 2 the gradients, reducing buckets of
 //! `reduce_bucket_size` elements (`strategy zero1`, `zero2`); stage 2 is priced with
 //! `overlap_comm` on, which the export writes (DeepSpeed's default is off below stage 3).
-//! `communication_data_type` casts each bucket before its reduction and back after. Stage 3
-//! (parameters sharded too) is exported to FSDP (`--to fsdp`).
+//! `communication_data_type` casts each bucket before its reduction and back after.
+//!
+//! Stage 3 (deepspeed/runtime/zero/stage3.py, partition_parameters.py) shards the parameters
+//! too, is priced as the plan's units (`strategy fsdp`, a unit per block) and written with
+//! buckets of about a unit: `reduce_bucket_size` the largest unit's elements (a bucket is
+//! reduced once the next gradient would overflow it) and `stage3_prefetch_bucket_size` the
+//! elements of the plan's prefetched units. DeepSpeed itself fetches module by module within
+//! those sizes, and keeps parameters under `stage3_param_persistence_threshold` (1e5 elements)
+//! gathered: the export says so. ZeRO++'s switches: `zero_quantized_weights` (qwZ, the plan's
+//! `int8` gathers) and `zero_quantized_gradients` (qgZ, its `int4` all-to-all reduction).
 
 use crate::base::error::Result;
 use crate::compress::{Compressor, Memory};
@@ -14,8 +23,10 @@ use crate::inputs::model::ModelProfile;
 use crate::plan::Plan;
 use crate::predict::scenario::Scenario;
 use crate::search::Choice;
-use crate::sharding::Stage;
-use crate::strategy::{deepspeed_buckets, zero_buckets, ShardOptions, Strategy, StrategyOptions};
+use crate::sharding::{ParamDtype, Stage};
+use crate::strategy::{
+    deepspeed_buckets, merged_blocks, zero_buckets, ShardOptions, Strategy, StrategyOptions,
+};
 
 /// DeepSpeed's `reduce_bucket_size` default, in elements (`DeepSpeedZeroConfig`).
 const DEFAULT_BUCKET_ELEMENTS: u64 = 500_000_000;
@@ -33,12 +44,18 @@ const BUCKET_GRID: [u64; 7] = [
 /// The keys of a DeepSpeed config an export writes (see profiles/native/deepspeed.json).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeepSpeedSettings {
-    /// `zero_optimization.stage`: 0, 1 or 2.
+    /// `zero_optimization.stage`: 0 to 3.
     pub stage: u8,
-    /// `zero_optimization.reduce_bucket_size` in elements (stages 1 and 2).
+    /// `zero_optimization.reduce_bucket_size` in elements (stages 1 to 3).
     pub bucket_elements: u64,
-    /// `communication_data_type`: none (fp32), fp16 or bf16.
+    /// `communication_data_type`: none (fp32), fp16 or bf16; at stage 3, an `int4` here is
+    /// ZeRO++'s `zero_quantized_gradients`.
     pub communication: Compressor,
+    /// Stage 3: units gathered ahead of the one computing (`stage3_prefetch_bucket_size`, that
+    /// many of the largest units' elements).
+    pub prefetch: u32,
+    /// Stage 3: ZeRO++'s `zero_quantized_weights`, int8 gathers.
+    pub quantized_weights: bool,
 }
 
 impl DeepSpeedSettings {
@@ -48,6 +65,17 @@ impl DeepSpeedSettings {
             stage: 0,
             bucket_elements: DEFAULT_BUCKET_ELEMENTS,
             communication,
+            prefetch: 1,
+            quantized_weights: false,
+        }
+    }
+
+    /// Stage 1 or 2 with buckets of `bucket_elements`, reducing in `communication`.
+    fn sharded(stage: u8, bucket_elements: u64, communication: Compressor) -> DeepSpeedSettings {
+        DeepSpeedSettings {
+            stage,
+            bucket_elements,
+            ..DeepSpeedSettings::stage0(communication)
         }
     }
 
@@ -71,8 +99,21 @@ impl DeepSpeedSettings {
         match self.stage {
             0 => Strategy::DeepSpeed,
             1 => Strategy::Zero1,
-            _ => Strategy::Zero2,
+            2 => Strategy::Zero2,
+            _ => Strategy::Fsdp,
         }
+    }
+
+    fn param_dtype(&self) -> ParamDtype {
+        match self.quantized_weights {
+            true => ParamDtype::Int8,
+            false => ParamDtype::Fp32,
+        }
+    }
+
+    /// Whether ZeRO++'s quantized gradients reduce the units.
+    fn quantized_gradients(&self) -> bool {
+        matches!(self.communication, Compressor::Int4 { .. })
     }
 
     pub(super) fn plan(&self, scenario: &Scenario) -> Result<Plan> {
@@ -80,6 +121,8 @@ impl DeepSpeedSettings {
             compressor: self.communication,
             sharding: ShardOptions {
                 bucket_elements: self.bucket_elements,
+                prefetch: self.prefetch,
+                param_dtype: self.param_dtype(),
                 ..ShardOptions::default()
             },
             ..StrategyOptions::default()
@@ -98,6 +141,18 @@ impl DeepSpeedSettings {
     pub(super) fn describe(&self) -> String {
         match self.stage {
             0 => format!("stage 0, communication {}", self.type_name()),
+            3 => format!(
+                "stage 3, prefetch {}, gathers {}, reduction {}",
+                self.prefetch,
+                match self.quantized_weights {
+                    true => "int8 (qwZ)".to_string(),
+                    false => "fp32".to_string(),
+                },
+                match self.quantized_gradients() {
+                    true => format!("{} (qgZ)", self.communication),
+                    false => self.type_name().to_string(),
+                }
+            ),
             stage => format!(
                 "stage {stage}, reduce_bucket_size {:e}, communication {}",
                 self.bucket_elements as f64,
@@ -114,11 +169,18 @@ impl DeepSpeedSettings {
             "--framework".to_string(),
             self.framework().to_string(),
         ];
-        if self.stage > 0 {
-            flags.extend([
+        match self.stage {
+            0 => {}
+            3 => flags.extend([
+                "--prefetch".to_string(),
+                self.prefetch.to_string(),
+                "--param-dtype".to_string(),
+                self.param_dtype().name().to_string(),
+            ]),
+            _ => flags.extend([
                 "--reduce-bucket-size".to_string(),
                 self.bucket_elements.to_string(),
-            ]);
+            ]),
         }
         if self.communication != Compressor::None {
             flags.extend(["--compressor".to_string(), self.communication.to_string()]);
@@ -126,8 +188,9 @@ impl DeepSpeedSettings {
         flags
     }
 
-    /// A Python module with the config's keys, to merge into the user's DeepSpeed config.
-    pub(super) fn render(&self) -> String {
+    /// A Python module with the config's keys for `model`, to merge into the user's DeepSpeed
+    /// config.
+    pub(super) fn render(&self, model: &ModelProfile) -> String {
         let zero = match self.stage {
             0 => "{\"stage\": 0}".to_string(),
             1 => format!(
@@ -135,16 +198,35 @@ impl DeepSpeedSettings {
                 self.bucket_elements
             ),
             // Priced with the buckets reduced from the hooks on DeepSpeed's reduction stream.
-            _ => format!(
+            2 => format!(
                 "{{\"stage\": 2, \"reduce_bucket_size\": {}, \"overlap_comm\": True}}",
                 self.bucket_elements
             ),
+            _ => {
+                let unit = largest_block_unit(model);
+                let prefetch = unit.saturating_mul(u64::from(self.prefetch));
+                let python = |on: bool| if on { "True" } else { "False" };
+                format!(
+                    "{{\n        \"stage\": 3,\n        \"reduce_bucket_size\": {unit},\n        \"stage3_prefetch_bucket_size\": {prefetch},\n        \"overlap_comm\": True,\n        \"zero_quantized_weights\": {},\n        \"zero_quantized_gradients\": {},\n    }}",
+                    python(self.quantized_weights),
+                    python(self.quantized_gradients())
+                )
+            }
         };
         format!(
             "# Merge these keys into your DeepSpeed config (a dict passed as\n# deepspeed.initialize(..., config=...), or the JSON file it reads).\n\nDS_CONFIG = {{\n    \"zero_optimization\": {zero},\n    \"communication_data_type\": \"{}\",\n}}\n",
             self.type_name()
         )
     }
+}
+
+/// Elements of the model's largest block (FSDP's wrapping, `merged_blocks`, the root with
+/// the embeddings aside): the bucket stage 3 is written with.
+fn largest_block_unit(model: &ModelProfile) -> u64 {
+    let (units, root) = merged_blocks(model, 1);
+    let elements = |unit: &Vec<usize>| unit.iter().map(|&t| model.tensors[t].numel).sum();
+    let blocks = units.iter().enumerate().filter(|&(u, _)| Some(u) != root);
+    blocks.map(|(_, unit)| elements(unit)).max().unwrap_or(1)
 }
 
 /// The DeepSpeed settings nearest to `plan`; what they cannot express goes to `notes`.
@@ -166,10 +248,10 @@ pub(super) fn nearest(
             "compression to signs: DeepSpeed's 1-bit optimizers (OneBitAdam, OneBitLamb, ZeroOneAdam) were removed in 0.19.7 (PR #8490); the current release has none".to_string(),
         );
     }
-    let (communication, _) =
-        super::uniform_choice(plan, model, "communication_data_type", notes, expressible);
     let groups: Vec<Vec<usize>> = plan.groups.iter().map(|g| g.tensors.clone()).collect();
     let Some(sharding) = &plan.sharding else {
+        let (communication, _) =
+            super::uniform_choice(plan, model, "communication_data_type", notes, cast);
         let buckets = deepspeed_buckets(model);
         if groups != buckets {
             notes.push(format!(
@@ -181,38 +263,83 @@ pub(super) fn nearest(
         return DeepSpeedSettings::stage0(communication);
     };
     let stage = match sharding.stage {
-        Stage::Zero1 => Stage::Zero1,
-        Stage::Zero2 => Stage::Zero2,
-        Stage::Zero3 => {
-            notes.push(
-                "sharding zero3: DeepSpeed's stage 3 is not priced here; exported as stage 2 (export to fsdp for sharded parameters)"
-                    .to_string(),
-            );
-            Stage::Zero2
-        }
+        Stage::Zero1 => 1,
+        Stage::Zero2 => 2,
+        Stage::Zero3 => return stage3(plan, model, &groups, notes),
     };
-    match sharding.param_dtype {
-        crate::sharding::ParamDtype::Fp32 => {}
-        crate::sharding::ParamDtype::Int8 => notes.push(
-            "parameters gathered in int8: DeepSpeed's zero_quantized_weights quantizes stage 3's gathers, and stage 3 is not exported here"
-                .to_string(),
-        ),
-        dtype => notes.push(format!(
+    let (communication, _) =
+        super::uniform_choice(plan, model, "communication_data_type", notes, cast);
+    if sharding.param_dtype != ParamDtype::Fp32 {
+        notes.push(format!(
             "parameters gathered in {}: DeepSpeed gathers them in their training dtype (fp32 here)",
-            dtype.name()
-        )),
+            sharding.param_dtype.name()
+        ));
     }
-    let bucket_elements = bucket_limit(&groups, model, stage).unwrap_or_else(|| {
+    let zero = if stage == 1 {
+        Stage::Zero1
+    } else {
+        Stage::Zero2
+    };
+    let bucket_elements = bucket_limit(&groups, model, zero).unwrap_or_else(|| {
         notes.push(format!(
             "the plan's {} groups: DeepSpeed fills its buckets in the order gradients reach it, each up to reduce_bucket_size elements; exported with its default, 5e8",
             groups.len()
         ));
         DEFAULT_BUCKET_ELEMENTS
     });
+    DeepSpeedSettings::sharded(stage, bucket_elements, communication)
+}
+
+/// The stage 3 settings nearest to a ZeRO-3 `plan` of units `groups`.
+fn stage3(
+    plan: &Plan,
+    model: &ModelProfile,
+    groups: &[Vec<usize>],
+    notes: &mut Vec<String>,
+) -> DeepSpeedSettings {
+    let what = "communication_data_type or zero_quantized_gradients";
+    let (communication, _) = super::uniform_choice(plan, model, what, notes, expressible);
+    let sharding = plan.sharding.as_ref().expect("a sharded plan");
+    let (blocks, _) = merged_blocks(model, 1);
+    if groups != blocks {
+        notes.push(format!(
+            "the plan's {} units: DeepSpeed's stage 3 has no units; written with buckets of one block and priced with a unit per block",
+            groups.len()
+        ));
+    }
+    notes.push(
+        "DeepSpeed fetches parameters module by module within stage3_prefetch_bucket_size, and keeps those of at most stage3_param_persistence_threshold (1e5) elements gathered; priced as whole units"
+            .to_string(),
+    );
+    if sharding.within_node {
+        notes.push(
+            "hybrid sharding (within_node): DeepSpeed's stage 3 shards over every rank (zero_hpz_partition_size keeps a second copy inside the node instead, not modeled); exported over every rank"
+                .to_string(),
+        );
+    }
+    if !sharding.reshard_after_forward {
+        notes.push(
+            "parameters kept from forward to backward: DeepSpeed releases each module's after use unless it is used again within stage3_max_reuse_distance; exported as released"
+                .to_string(),
+        );
+    }
+    if sharding.param_dtype == ParamDtype::Bf16 {
+        notes.push(
+            "parameters gathered in bf16: DeepSpeed gathers them in their training dtype (fp32 here), or int8 with zero_quantized_weights"
+                .to_string(),
+        );
+    }
+    if let Compressor::Int4 { block } = communication {
+        notes.push(format!(
+            "int4:{block}: DeepSpeed's qgZ quantizes each 2-D gradient with max(rows, cols, ranks) scales and reduce-scatters 1-D ones (biases, norms) unquantized (deepspeed/runtime/comm/coalesced_collectives.py); priced as int4:{block} over each unit"
+        ));
+    }
     DeepSpeedSettings {
-        stage: if stage == Stage::Zero1 { 1 } else { 2 },
-        bucket_elements,
+        stage: 3,
+        bucket_elements: largest_block_unit(model),
         communication,
+        prefetch: sharding.prefetch.max(1),
+        quantized_weights: sharding.param_dtype == ParamDtype::Int8,
     }
 }
 
@@ -244,7 +371,7 @@ fn bucket_limit(groups: &[Vec<usize>], model: &ModelProfile, stage: Stage) -> Op
 
 /// The `communication_data_type` that runs `choice` (a cast to fp16 or bf16, or none, without
 /// error feedback); `None` when DeepSpeed has none for it.
-pub(super) fn expressible(choice: Choice) -> Option<Choice> {
+fn cast(choice: Choice) -> Option<Choice> {
     match choice {
         (c @ (Compressor::None | Compressor::Fp16 | Compressor::Bf16), Memory::None) => {
             Some((c, Memory::None))
@@ -253,8 +380,19 @@ pub(super) fn expressible(choice: Choice) -> Option<Choice> {
     }
 }
 
-/// The settings `tune --framework deepspeed` tries: stage 0, and stages 1 and 2 with bucket
-/// sizes of 5e6 to 1e9 elements, each in fp32 and the casts `choices` name.
+/// What some stage of DeepSpeed reduces `choice` with: a cast, or ZeRO++'s quantized
+/// gradients (`int4`, stage 3), without error feedback; `None` when it has nothing for it.
+pub(super) fn expressible(choice: Choice) -> Option<Choice> {
+    match choice {
+        (c @ Compressor::Int4 { .. }, Memory::None) => Some((c, Memory::None)),
+        _ => cast(choice),
+    }
+}
+
+/// The settings `tune --framework deepspeed` tries: stage 0, stages 1 and 2 with bucket sizes
+/// of 5e6 to 1e9 elements, each in fp32 and the casts `choices` name, and stage 3 prefetching
+/// one or two units in those; and when `choices` name an `int4` (ZeRO++), stage 3 with its
+/// quantized gradients, and quantized weights or not.
 pub(super) fn candidates(choices: &[Choice]) -> Vec<DeepSpeedSettings> {
     let types: Vec<Compressor> = [Compressor::None, Compressor::Fp16, Compressor::Bf16]
         .into_iter()
@@ -265,14 +403,35 @@ pub(super) fn candidates(choices: &[Choice]) -> Vec<DeepSpeedSettings> {
             .into_iter()
             .map(move |elements| (stage, elements))
     });
-    std::iter::once((0, DEFAULT_BUCKET_ELEMENTS))
+    let mut all: Vec<DeepSpeedSettings> = std::iter::once((0, DEFAULT_BUCKET_ELEMENTS))
         .chain(sharded)
         .flat_map(|(stage, bucket_elements)| {
-            types.iter().map(move |&communication| DeepSpeedSettings {
-                stage,
-                bucket_elements,
-                communication,
-            })
+            types
+                .iter()
+                .map(move |&c| DeepSpeedSettings::sharded(stage, bucket_elements, c))
         })
-        .collect()
+        .collect();
+    let zero_plus_plus = choices.iter().find_map(|&(c, memory)| {
+        (matches!(c, Compressor::Int4 { .. }) && memory == Memory::None).then_some(c)
+    });
+    let stage3: Vec<(Compressor, bool)> = types
+        .iter()
+        .map(|&c| (c, false))
+        .chain(
+            zero_plus_plus
+                .into_iter()
+                .flat_map(|c| [(c, false), (c, true)]),
+        )
+        .collect();
+    for prefetch in [1, 2] {
+        for &(communication, quantized_weights) in &stage3 {
+            all.push(DeepSpeedSettings {
+                stage: 3,
+                prefetch,
+                quantized_weights,
+                ..DeepSpeedSettings::stage0(communication)
+            });
+        }
+    }
+    all
 }

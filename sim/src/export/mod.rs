@@ -251,7 +251,7 @@ impl Settings {
         text += &match self {
             Settings::Ddp(s) => s.render(),
             Settings::Horovod(s) => s.render(model),
-            Settings::DeepSpeed(s) => s.render(),
+            Settings::DeepSpeed(s) => s.render(model),
             Settings::BytePs(s) => s.render(),
             Settings::Fsdp(s) => s.render(model),
         };
@@ -420,6 +420,8 @@ pub fn candidates(target: Target, choices: &[Choice]) -> Vec<Settings> {
 fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
     let mut notes = Vec::new();
     let name = target.name();
+    // FSDP and DeepSpeed shard, and reduce-scatter the units they shard.
+    let shards = matches!(target, Target::Fsdp | Target::DeepSpeed);
     let count =
         |pred: &dyn Fn(&crate::plan::Group) -> bool| plan.groups.iter().filter(|g| pred(g)).count();
     let partitioned = count(&|g| g.partitions > 1);
@@ -439,7 +441,9 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
         // FSDP reduce-scatters each unit: its own scheme.
         let other_schemes = count(&|g| match g.scheme {
             Scheme::Auto | Scheme::Allreduce => false,
-            Scheme::ReduceScatter | Scheme::HybridReduceScatter => target != Target::Fsdp,
+            Scheme::ReduceScatter | Scheme::HybridReduceScatter | Scheme::AlltoallReduceScatter => {
+                !shards
+            }
             _ => true,
         });
         if other_schemes > 0 {
@@ -448,11 +452,9 @@ fn common_unexpressed(target: Target, plan: &Plan) -> Vec<String> {
             ));
         }
     }
-    // FSDP and DeepSpeed shard (DeepSpeed's export names the stage it cannot run itself).
-    let shards = matches!(target, Target::Fsdp | Target::DeepSpeed);
     if let Some(sharding) = plan.sharding.as_ref().filter(|_| !shards) {
         notes.push(format!(
-            "sharding {}: {name} keeps what the plan shards whole on every rank; export to fsdp (ZeRO-3) or deepspeed (ZeRO-1 and 2)",
+            "sharding {}: {name} keeps what the plan shards whole on every rank; export to fsdp (ZeRO-3) or deepspeed (ZeRO-1 to 3)",
             sharding.stage.name()
         ));
     }

@@ -184,9 +184,10 @@ fn deepspeed_exports_its_communication_type_and_names_the_buckets_it_cannot_chan
         near.settings.compression(),
         (Compressor::None, Memory::None)
     );
-    // The grid: fp32, and the casts asked for, at each stage and bucket size.
+    // The grid: fp32, and the casts asked for, at each stage and bucket size, and stage 3
+    // prefetching one or two units.
     let grid = candidates(Target::DeepSpeed, &[(Compressor::Fp16, Memory::None)]);
-    assert_eq!(grid.len(), (1 + 2 * 7) * 2);
+    assert_eq!(grid.len(), (1 + 2 * 7) * 2 + 2 * 2);
 }
 
 #[test]
@@ -448,15 +449,70 @@ fn zero_plans_export_as_deepspeed_stages_with_the_bucket_size_that_rebuilds_them
         );
         assert_eq!(near.settings.framework(), "deepspeed-zero");
     }
-    // FSDP's parameter sharding is DeepSpeed's stage 3, which is named, not exported.
+    // FSDP's parameter sharding is DeepSpeed's stage 3, with buckets of a block; what
+    // DeepSpeed does its own way is said.
     let fsdp = Strategy::Fsdp
         .plan(&base, &StrategyOptions::default())
         .unwrap();
-    let notes = nearest(Target::DeepSpeed, &fsdp, &base.model).unexpressed;
-    assert!(notes.iter().any(|n| n.contains("stage 3")), "{notes:?}");
-    // The grid: stage 0, and both stages at seven bucket sizes, in fp32 and bf16.
+    let near = nearest(Target::DeepSpeed, &fsdp, &base.model);
+    assert_eq!(near.unexpressed.len(), 1, "{:?}", near.unexpressed);
+    assert!(near.unexpressed[0].contains("module by module"));
+    assert_eq!(
+        exported_groups(Target::DeepSpeed, &fsdp, &base),
+        groups(&fsdp)
+    );
+    let text = near.settings.render(&base.model, &[]);
+    // GPT-2 XL's block: 12 tensors, 30.7 million elements.
+    for key in [
+        "\"stage\": 3",
+        "\"reduce_bucket_size\": 30740800",
+        "\"stage3_prefetch_bucket_size\": 30740800",
+        "\"zero_quantized_weights\": False",
+        "\"zero_quantized_gradients\": False",
+    ] {
+        assert!(text.contains(key), "{key}: {text}");
+    }
+    // The grid: stage 0, and both stages at seven bucket sizes, in fp32 and bf16, and stage 3
+    // prefetching one or two units.
     let grid = candidates(Target::DeepSpeed, &[(Compressor::Bf16, Memory::None)]);
-    assert_eq!(grid.len(), (1 + 2 * 7) * 2);
+    assert_eq!(grid.len(), (1 + 2 * 7) * 2 + 2 * 2);
+}
+
+/// ZeRO++: a plan gathering in int8 and reducing in int4 exports as stage 3 with both
+/// switches, priced as the plan itself is; `tune` tries them when an `int4` is named.
+#[test]
+fn zero_plus_plus_plans_export_with_quantized_weights_and_gradients() {
+    let base = scenario("gpt2-xl");
+    let mut options = StrategyOptions {
+        compressor: Compressor::Int4 { block: 2048 },
+        ..StrategyOptions::default()
+    };
+    options.sharding.param_dtype = crate::sharding::ParamDtype::Int8;
+    let plan = Strategy::Fsdp.plan(&base, &options).unwrap();
+    let near = nearest(Target::DeepSpeed, &plan, &base.model);
+    let Settings::DeepSpeed(settings) = &near.settings else {
+        panic!()
+    };
+    assert!(settings.quantized_weights && settings.communication == options.compressor);
+    assert!(
+        near.unexpressed.iter().any(|n| n.contains("qgZ")),
+        "{:?}",
+        near.unexpressed
+    );
+    let (scenario, exported) = near.settings.scenario_and_plan(&base).unwrap();
+    assert_eq!(groups(&exported), groups(&plan));
+    assert_eq!(exported.sharding, plan.sharding);
+    let own = crate::predict::evaluate::steady_iteration_time(&scenario, &plan).unwrap();
+    assert_eq!(near.settings.iteration_time(&base).unwrap(), own);
+    let text = near.settings.render(&base.model, &[]);
+    assert!(text.contains("\"zero_quantized_weights\": True"), "{text}");
+    assert!(
+        text.contains("\"zero_quantized_gradients\": True"),
+        "{text}"
+    );
+    // Stage 0 to 2 in fp32, and stage 3 with or without ZeRO++, its weights quantized or not.
+    let grid = candidates(Target::DeepSpeed, &[(options.compressor, Memory::None)]);
+    assert_eq!(grid.len(), 1 + 2 * 7 + 2 * 3);
 }
 
 #[test]
