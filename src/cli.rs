@@ -351,6 +351,10 @@ pub struct SimulateArgs {
     /// int8: ZeRO++'s quantized weights).
     #[arg(long, value_enum, default_value = "fp32")]
     pub param_dtype: ParamDtypeArg,
+    /// fsdp: ZeRO++'s hierarchical partitioning (hpZ, DeepSpeed's zero_hpz_partition_size at the
+    /// node's ranks): a second shard of each unit inside the node, gathered for backward there.
+    #[arg(long)]
+    pub hpz: bool,
     /// fsdp: consecutive blocks sharded together as one unit (FSDP's usual wrapping: 1).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub blocks_per_unit: u32,

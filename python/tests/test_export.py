@@ -390,23 +390,26 @@ def test_a_zero3_plan_exports_as_deepspeed_stage_3_that_trains(profile_path, tmp
     assert leaves["zero_optimization.stage3_prefetch_bucket_size"] == 2 * bucket
     assert not leaves["zero_optimization.zero_quantized_weights"]
     assert not leaves["zero_optimization.zero_quantized_gradients"]
+    assert leaves["zero_optimization.zero_hpz_partition_size"] == 1
     assert_known(leaves, known)
     (dtype, ran_stage, loss, _), _ = ranks.values(ranks.run(train_with_deepspeed, str(settings), 3, timeout=600))
     assert ran_stage == 3 and dtype == "torch.float32"
     assert loss == loss
 
 
-def test_zero_plus_plus_plans_switch_on_its_quantized_weights_and_gradients(profile_path, tmp_path):
+def test_zero_plus_plus_plans_switch_on_its_quantized_weights_gradients_and_hpz(profile_path, tmp_path):
     options = json.loads((conftest.REPO / "profiles/native/deepspeed.json").read_text())["options"]
     known = {o["path"]: o for o in options if o["kind"] == "config-key"}
     plan, settings = tmp_path / "plan.json", tmp_path / "ds.py"
     conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 2,
-                 "--strategy", "fsdp", "--param-dtype", "int8", "--compressor", "int4:256", "--save-plan", plan)
+                 "--strategy", "fsdp", "--param-dtype", "int8", "--compressor", "int4:256", "--hpz", "--save-plan", plan)
     report = json.loads(conftest.cli("export", "--plan", plan, "--to", "deepspeed", "--out", settings,
                                      "--format", "json").stdout)
     leaves = dict(flatten_keys(load_settings(settings).DS_CONFIG))
     assert leaves["zero_optimization.stage"] == 3
     assert leaves["zero_optimization.zero_quantized_weights"] and leaves["zero_optimization.zero_quantized_gradients"]
+    # hpZ's second shards over a node's two ranks.
+    assert leaves["zero_optimization.zero_hpz_partition_size"] == 2
     assert_known(leaves, known)
     # What DeepSpeed does differently is said: its module-wise fetches and its own qgZ groups.
     assert any("qgZ" in note for note in report["not_expressed"])

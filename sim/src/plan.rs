@@ -671,6 +671,16 @@ fn check_sharding(sharding: Option<&Sharding>, label: &str, groups: &[Group]) ->
             ),
         ));
     }
+    let regathers_over_every_rank = sharding.stage.shards_parameters()
+        && sharding.reshard_after_forward
+        && !sharding.within_node;
+    if sharding.secondary_within_node && !regathers_over_every_rank {
+        return Err(SimError::invalid(
+            label,
+            "sharding.secondary_within_node",
+            "ZeRO++'s secondary shard (hpZ) serves the gathers before backward of a plan sharded over every rank (stage zero3, reshard_after_forward, not within_node)",
+        ));
+    }
     if sharding.param_dtype.quantizer().is_some() && !sharding.stage.shards_parameters() {
         return Err(SimError::invalid(
             label,

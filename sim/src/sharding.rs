@@ -150,6 +150,12 @@ pub struct Sharding {
     /// HSDP): units are gathered inside the node and reduced by `hybrid-reduce-scatter`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub within_node: bool,
+    /// Stage 3: ZeRO++'s hierarchical partitioning (hpZ, DeepSpeed's `zero_hpz_partition_size`
+    /// at the ranks of a node): when a unit is freed after its forward, each rank keeps a
+    /// second shard of it, split over its node's ranks, and the unit is gathered again for
+    /// backward from those, inside the node (Wang et al. 2023, arXiv:2306.10209 §3.2).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub secondary_within_node: bool,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -261,6 +267,7 @@ mod tests {
             resident: vec![0],
             param_dtype: ParamDtype::Bf16,
             within_node: false,
+            secondary_within_node: false,
         });
         plan.validate("p", &model).unwrap();
         // Hybrid sharding reduces by its own scheme, and only it does.
@@ -295,6 +302,12 @@ mod tests {
         alltoall.groups[4].compressor = "topk:0.1".parse().unwrap();
         alltoall.sharding = None;
         refused(&alltoall, "groups[0].scheme");
+        // hpZ: a second shard inside the node, for a plan that regathers over every rank.
+        let mut hpz = plan.clone();
+        hpz.sharding.as_mut().unwrap().secondary_within_node = true;
+        hpz.validate("p", &model).unwrap();
+        hpz.sharding.as_mut().unwrap().reshard_after_forward = false;
+        refused(&hpz, "sharding.secondary_within_node");
         let mut far = plan.clone();
         far.sharding.as_mut().unwrap().prefetch = MAX_PREFETCH + 1;
         refused(&far, "sharding.prefetch");

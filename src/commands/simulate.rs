@@ -252,6 +252,7 @@ fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
             param_dtype: args.param_dtype.param_dtype(),
             blocks_per_unit: args.blocks_per_unit,
             bucket_elements: bucket_elements(args.reduce_bucket_size)?,
+            secondary_within_node: args.hpz,
         },
         compressor: args.compressor.parse()?,
         memory: args.memory.parse()?,

@@ -230,13 +230,17 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             &self.job.units[group as usize],
             &state.units[group as usize],
         );
-        let mut buffer = held.buffer.lock().expect("a gather buffer lock");
-        let sent = unit.put_own(held, params::version(pass, at.iteration), &mut buffer)?;
+        let mut buffer = held
+            .buffer(unit, pass)
+            .lock()
+            .expect("a gather buffer lock");
+        let version = params::version(pass, at.iteration);
+        let sent = unit.put_own(held, (pass, version), &mut buffer)?;
         let sent = self.checker.map(|_| digest(sent));
-        unit.gather(link, &mut buffer, self.failure.flag())?;
-        unit.dequantize(held, &buffer)?;
+        unit.gather(link, pass, &mut buffer, self.failure.flag())?;
+        unit.decode(held, pass, &buffer)?;
         if let (Some(checker), Some(sent)) = (self.checker, sent) {
-            let held = unit.shards(&buffer).map(digest).collect();
+            let held = unit.shards(pass, &buffer).map(digest).collect();
             let digests = GatherDigests { sent, held };
             checker.gathered(at.step, state.rank, at.iteration, &digests)?;
         }

@@ -41,11 +41,10 @@ type Reports = Vec<Option<GatherDigests>>;
 /// The gathers of a schedule and the reports of those not yet checked.
 pub(super) struct GatherChecks {
     world: usize,
-    /// The ranks a unit is split over: every rank, or each node's under hybrid sharding (the
-    /// node gathers its shards, and each node holds the same split).
-    per: usize,
-    /// Per schedule step: the group and label of the gather it is, if it is one.
-    steps: Vec<Option<(usize, String)>>,
+    /// Per schedule step, if it is a gather: its group, its label, and the ranks its unit is
+    /// split over (every rank, or each node's under hybrid sharding and for hpZ's gathers before
+    /// backward: the node gathers its shards, and each node holds the same split).
+    steps: Vec<Option<(usize, String, usize)>>,
     /// Per (gather step, iteration): each rank's report so far.
     open: Mutex<BTreeMap<(u32, u32), Reports>>,
 }
@@ -57,19 +56,15 @@ impl GatherChecks {
             .steps
             .iter()
             .map(|step| match step.kind {
-                StepKind::Gather { group, .. } => Some((group as usize, step.kind.label())),
+                StepKind::Gather { group, pass } => {
+                    let per = schedule.gather_shard(group, pass).ranks(schedule.world);
+                    Some((group as usize, step.kind.label(), per as usize))
+                }
                 _ => None,
             })
             .collect();
-        let world = schedule.world.ranks() as usize;
-        // Every unit of a plan is split alike.
-        let per = schedule
-            .param_shards
-            .first()
-            .map_or(world, |shard| shard.ranks(schedule.world) as usize);
         GatherChecks {
-            world,
-            per,
+            world: schedule.world.ranks() as usize,
             steps,
             open: Mutex::new(BTreeMap::new()),
         }
@@ -78,10 +73,10 @@ impl GatherChecks {
     /// Whether rank `rank`'s report of `held` digests fits gather step `step`: reports from
     /// another process are checked before they are taken.
     pub(super) fn accepts(&self, step: u32, rank: u32, held: usize) -> bool {
-        (rank as usize) < self.world && held == self.per && self.gather(step).is_some()
+        (rank as usize) < self.world && self.gather(step).is_some_and(|g| held == g.2)
     }
 
-    fn gather(&self, step: u32) -> Option<&(usize, String)> {
+    fn gather(&self, step: u32) -> Option<&(usize, String, usize)> {
         self.steps.get(step as usize)?.as_ref()
     }
 
@@ -106,8 +101,8 @@ impl GatherChecks {
             open.remove(&(step, iteration)).expect("reported above")
         };
         let reports: Vec<GatherDigests> = reports.into_iter().flatten().collect();
-        let (group, label) = self.gather(step).expect("only gather steps report gathers");
-        let per = self.per;
+        let (group, label, per) = self.gather(step).expect("only gather steps report gathers");
+        let per = *per;
         for (r, report) in reports.iter().enumerate() {
             // The rank's split: its node's ranks under hybrid sharding, else every rank.
             let first = r - r % per;

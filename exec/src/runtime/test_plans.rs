@@ -8,7 +8,7 @@ use syncopate_sim::predict::scenario::Scenario;
 use syncopate_sim::predict::simulate::schedule;
 use syncopate_sim::schedule::{lower, Schedule, StepKind, World};
 use syncopate_sim::sharding::ParamDtype;
-use syncopate_sim::strategy::{Strategy, StrategyOptions};
+use syncopate_sim::strategy::{ShardOptions, Strategy, StrategyOptions};
 
 /// ResNet-50's `tensors` in one group compressed by `spec` with `memory`, aggregated by
 /// `scheme`, in `partitions` pieces.
@@ -61,6 +61,20 @@ pub(crate) fn small_sharded(
     strategy: &str,
     spec: &str,
     param_dtype: ParamDtype,
+    topology: (u32, u32),
+) -> Schedule {
+    let sharding = ShardOptions {
+        param_dtype,
+        ..ShardOptions::default()
+    };
+    small_sharded_with(strategy, spec, sharding, topology)
+}
+
+/// [`small_sharded`] with every sharding option given.
+pub(crate) fn small_sharded_with(
+    strategy: &str,
+    spec: &str,
+    sharding: ShardOptions,
     (nodes, per_node): (u32, u32),
 ) -> Schedule {
     let mut model = resnet50();
@@ -92,11 +106,11 @@ pub(crate) fn small_sharded(
         ..ClusterOverrides::default()
     };
     let scenario = Scenario::new(model, Cluster::load("v100-10gbe", world).unwrap()).unwrap();
-    let mut options = StrategyOptions {
+    let options = StrategyOptions {
         compressor: spec.parse().unwrap(),
+        sharding,
         ..StrategyOptions::default()
     };
-    options.sharding.param_dtype = param_dtype;
     let plan = strategy
         .parse::<Strategy>()
         .unwrap()

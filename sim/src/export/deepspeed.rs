@@ -56,6 +56,9 @@ pub struct DeepSpeedSettings {
     pub prefetch: u32,
     /// Stage 3: ZeRO++'s `zero_quantized_weights`, int8 gathers.
     pub quantized_weights: bool,
+    /// Stage 3: ZeRO++'s `zero_hpz_partition_size`, the ranks of a node that hold a second
+    /// shard of each unit for backward's gathers (1: none).
+    pub hpz_partition_size: u32,
 }
 
 impl DeepSpeedSettings {
@@ -67,6 +70,7 @@ impl DeepSpeedSettings {
             communication,
             prefetch: 1,
             quantized_weights: false,
+            hpz_partition_size: 1,
         }
     }
 
@@ -117,12 +121,22 @@ impl DeepSpeedSettings {
     }
 
     pub(super) fn plan(&self, scenario: &Scenario) -> Result<Plan> {
+        let hpz = self.hpz_partition_size > 1;
+        let node = scenario.world().ranks_per_node;
+        if hpz && self.hpz_partition_size != node {
+            return Err(crate::base::error::SimError::bad_value(
+                "zero_hpz_partition_size",
+                self.hpz_partition_size.to_string(),
+                format!("hpZ is priced with a node's ranks as its partition, {node} here"),
+            ));
+        }
         let options = StrategyOptions {
             compressor: self.communication,
             sharding: ShardOptions {
                 bucket_elements: self.bucket_elements,
                 prefetch: self.prefetch,
                 param_dtype: self.param_dtype(),
+                secondary_within_node: hpz,
                 ..ShardOptions::default()
             },
             ..StrategyOptions::default()
@@ -142,8 +156,12 @@ impl DeepSpeedSettings {
         match self.stage {
             0 => format!("stage 0, communication {}", self.type_name()),
             3 => format!(
-                "stage 3, prefetch {}, gathers {}, reduction {}",
+                "stage 3, prefetch {}{}, gathers {}, reduction {}",
                 self.prefetch,
+                match self.hpz_partition_size {
+                    1 => String::new(),
+                    n => format!(", hpZ over {n} ranks"),
+                },
                 match self.quantized_weights {
                     true => "int8 (qwZ)".to_string(),
                     false => "fp32".to_string(),
@@ -171,12 +189,17 @@ impl DeepSpeedSettings {
         ];
         match self.stage {
             0 => {}
-            3 => flags.extend([
-                "--prefetch".to_string(),
-                self.prefetch.to_string(),
-                "--param-dtype".to_string(),
-                self.param_dtype().name().to_string(),
-            ]),
+            3 => {
+                flags.extend([
+                    "--prefetch".to_string(),
+                    self.prefetch.to_string(),
+                    "--param-dtype".to_string(),
+                    self.param_dtype().name().to_string(),
+                ]);
+                if self.hpz_partition_size > 1 {
+                    flags.push("--hpz".to_string());
+                }
+            }
             _ => flags.extend([
                 "--reduce-bucket-size".to_string(),
                 self.bucket_elements.to_string(),
@@ -207,9 +230,10 @@ impl DeepSpeedSettings {
                 let prefetch = unit.saturating_mul(u64::from(self.prefetch));
                 let python = |on: bool| if on { "True" } else { "False" };
                 format!(
-                    "{{\n        \"stage\": 3,\n        \"reduce_bucket_size\": {unit},\n        \"stage3_prefetch_bucket_size\": {prefetch},\n        \"overlap_comm\": True,\n        \"zero_quantized_weights\": {},\n        \"zero_quantized_gradients\": {},\n    }}",
+                    "{{\n        \"stage\": 3,\n        \"reduce_bucket_size\": {unit},\n        \"stage3_prefetch_bucket_size\": {prefetch},\n        \"overlap_comm\": True,\n        \"zero_quantized_weights\": {},\n        \"zero_quantized_gradients\": {},\n        \"zero_hpz_partition_size\": {},\n    }}",
                     python(self.quantized_weights),
-                    python(self.quantized_gradients())
+                    python(self.quantized_gradients()),
+                    self.hpz_partition_size
                 )
             }
         };
@@ -313,10 +337,21 @@ fn stage3(
     );
     if sharding.within_node {
         notes.push(
-            "hybrid sharding (within_node): DeepSpeed's stage 3 shards over every rank (zero_hpz_partition_size keeps a second copy inside the node instead, not modeled); exported over every rank"
+            "hybrid sharding (within_node): DeepSpeed's stage 3 shards over every rank (zero_hpz_partition_size keeps a second shard inside the node instead); exported over every rank"
                 .to_string(),
         );
     }
+    let hpz_partition_size = match (sharding.secondary_within_node, &plan.target) {
+        (false, _) => 1,
+        (true, Some(target)) => target.gpus_per_node,
+        (true, None) => {
+            notes.push(
+                "hpZ without the plan's cluster: zero_hpz_partition_size is the ranks of a node; exported without"
+                    .to_string(),
+            );
+            1
+        }
+    };
     if !sharding.reshard_after_forward {
         notes.push(
             "parameters kept from forward to backward: DeepSpeed releases each module's after use unless it is used again within stage3_max_reuse_distance; exported as released"
@@ -340,6 +375,7 @@ fn stage3(
         communication,
         prefetch: sharding.prefetch.max(1),
         quantized_weights: sharding.param_dtype == ParamDtype::Int8,
+        hpz_partition_size,
     }
 }
 

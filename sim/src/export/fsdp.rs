@@ -401,6 +401,12 @@ pub(super) fn nearest(plan: &Plan, model: &ModelProfile, notes: &mut Vec<String>
             "no prefetch: FSDP2 always gathers the next unit ahead; exported with one".to_string(),
         );
     }
+    if sharding.secondary_within_node {
+        notes.push(
+            "hpZ (a second shard of each unit inside the node for backward's gathers): FSDP2 has none; exported without"
+                .to_string(),
+        );
+    }
     let param_dtype = match sharding.param_dtype {
         ParamDtype::Int8 => {
             notes.push(

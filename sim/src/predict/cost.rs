@@ -13,7 +13,8 @@ use crate::plan::{CompressOn, Group};
 use crate::predict::framework_cost;
 use crate::predict::scenario::Scenario;
 use crate::schedule::{
-    lower_group, Encoding, Exchange, Op as Step, ParamShard, Piece, Schedule, Servers, StepKind,
+    lower_group, Encoding, Exchange, Op as Step, ParamShard, Pass, Piece, Schedule, Servers,
+    StepKind,
 };
 use smallvec::SmallVec;
 
@@ -74,11 +75,15 @@ pub fn step_costs(
         .iter()
         .map(|piece| piece_cost(scenario, schedule.servers, piece, naming))
         .collect::<Result<_>>()?;
-    let gathers: Vec<(Estimate, Links)> = schedule
+    // Each unit's gather, and its gather from hpZ's secondary shards before backward.
+    let gathers: Vec<[(Estimate, Links); 2]> = schedule
         .param_shards
         .iter()
         .zip(&schedule.buffers)
-        .map(|(&shard, unit)| gather_cost(scenario, shard, unit.numel, naming))
+        .map(|(&shard, unit)| {
+            let cost = |shard| gather_cost(scenario, shard, unit.numel, naming);
+            Ok([cost(shard)?, cost(shard.for_pass(Pass::Backward))?])
+        })
         .collect::<Result<_>>()?;
     let framework_times = framework_cost::step_times(scenario, schedule);
     Ok(schedule
@@ -99,8 +104,9 @@ pub fn step_costs(
                         links,
                     }
                 }
-                (StepKind::Gather { group, .. }, None) => {
-                    let (mut estimate, links) = gathers[group as usize];
+                (StepKind::Gather { group, pass }, None) => {
+                    let before_backward = usize::from(pass == Pass::Backward);
+                    let (mut estimate, links) = gathers[group as usize][before_backward];
                     estimate.time += framework;
                     StepCost {
                         duration: estimate.time,

@@ -126,14 +126,15 @@ fn copy_out_gathers(
         }
         for &gather in &step.after {
             let g = gather as usize;
-            let StepKind::Gather { group, .. } = schedule.steps[g].kind else {
+            let StepKind::Gather { group, pass } = schedule.steps[g].kind else {
                 continue;
             };
             if std::mem::replace(&mut copied[g], true) {
                 continue;
             }
             // The cost pass refused an overflowing unit before pricing the framework's work.
-            let bytes = schedule.param_shards[group as usize]
+            let bytes = schedule
+                .gather_shard(group, pass)
                 .gathered_bytes(world)
                 .unwrap_or(u64::MAX);
             times[i] += price.framework.gather_time(bytes, price.bandwidth);
@@ -342,8 +343,8 @@ mod tests {
         let bandwidth = scenario.device.memory_bandwidth_gbytes_per_s;
         let mut expected = SimTime::ZERO;
         for step in &schedule.steps {
-            if let StepKind::Gather { group, .. } = step.kind {
-                let bytes = schedule.param_shards[group as usize].bytes * ranks;
+            if let StepKind::Gather { group, pass } = step.kind {
+                let bytes = schedule.gather_shard(group, pass).bytes * ranks;
                 expected += framework.gather_time(bytes, bandwidth);
             }
         }

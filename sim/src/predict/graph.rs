@@ -59,7 +59,7 @@ impl TaskGraph {
                     StepKind::Collective { round, .. } => schedule
                         .piece_of(step)
                         .map_or(0, |p| p.rounds[round as usize].bytes),
-                    StepKind::Gather { group, .. } => schedule.param_shards[group as usize].bytes,
+                    StepKind::Gather { group, pass } => schedule.gather_shard(group, pass).bytes,
                     _ => 0,
                 };
                 Task {

@@ -33,8 +33,8 @@ pub struct MemoryUse {
     /// Optimizer state (whole, or the rank's shard); absent when the profile does not say
     /// what the optimizer keeps.
     pub optimizer_bytes: Option<u64>,
-    /// Parameters gathered at once beyond the rank's own (ZeRO-3's units, ZeRO-1/2's compute
-    /// copy in a lower precision).
+    /// Parameters gathered at once beyond the rank's own (ZeRO-3's units and hpZ's second
+    /// shards, ZeRO-1/2's compute copy in a lower precision).
     pub gathered_bytes: u64,
     /// Error-feedback memory of compressed groups.
     pub compression_bytes: u64,
@@ -137,7 +137,10 @@ pub fn memory_use(
         let elements = own(stage.is_some());
         (bytes * elements as f64).ceil() as u64
     });
-    let gathered = sharding.map_or(0, |s| gathered_bytes(model, plan, s, &units, numel));
+    let node_ranks = schedule.world.ranks_per_node;
+    let gathered = sharding.map_or(0, |s| {
+        gathered_bytes(model, plan, (s, node_ranks), &units, numel)
+    });
     let compression: u64 = plan
         .groups
         .iter()
@@ -166,7 +169,7 @@ pub fn memory_use(
 fn gathered_bytes(
     model: &ModelProfile,
     plan: &Plan,
-    sharding: &Sharding,
+    (sharding, node_ranks): (&Sharding, u32),
     units: &[u64],
     numel: u64,
 ) -> u64 {
@@ -203,7 +206,12 @@ fn gathered_bytes(
             .unwrap_or(0),
         None => 0,
     };
-    (resident + peak) * bytes + payload
+    // hpZ keeps every unit's second shard, over the node's ranks, from forward to backward.
+    let secondary: u64 = match sharding.secondary_within_node {
+        true => units.iter().map(|&n| shard_numel(n, node_ranks)).sum(),
+        false => 0,
+    };
+    (resident + peak + secondary) * bytes + payload
 }
 
 #[cfg(test)]

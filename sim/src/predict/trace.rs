@@ -194,7 +194,7 @@ fn describe(
             json!({ "iteration": iteration, "group": group }),
         ),
         StepKind::Gather { group, pass } => {
-            let bytes = schedule.param_shards[group as usize].bytes;
+            let bytes = schedule.gather_shard(group, pass).bytes;
             (
                 format!("allgather params g{group} {}", pass.name()),
                 json!({ "iteration": iteration, "group": group, "pass": pass.name(), "bytes": bytes }),

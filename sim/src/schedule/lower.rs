@@ -82,7 +82,10 @@ pub fn lower(
         let codec = |g: usize| codec_stream(plan.groups[g].compress_on, cpu_ranks, false);
         let sharded = shard::sharded_steps(
             model,
-            sharding.shard_ranks(world.ranks(), world.ranks_per_node),
+            (
+                sharding.shard_ranks(world.ranks(), world.ranks_per_node),
+                world.ranks_per_node,
+            ),
             plan,
             sharding,
             (&pieces, &group_pieces),

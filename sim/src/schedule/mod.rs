@@ -295,6 +295,10 @@ pub struct ParamShard {
     /// inside the node, not over every rank.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub within_node: bool,
+    /// Bytes of the rank's second shard of the unit, split over its node's ranks, from which the
+    /// gather before backward takes it inside the node (ZeRO++'s hpZ); none without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary_bytes: Option<u64>,
 }
 
 fn is_fp32(dtype: &ParamDtype) -> bool {
@@ -302,6 +306,20 @@ fn is_fp32(dtype: &ParamDtype) -> bool {
 }
 
 impl ParamShard {
+    /// The shard a gather of `pass` joins: the secondary one inside the node before backward
+    /// when the unit has one (hpZ), else this one.
+    pub fn for_pass(&self, pass: Pass) -> ParamShard {
+        match (pass, self.secondary_bytes) {
+            (Pass::Backward, Some(bytes)) => ParamShard {
+                bytes,
+                dtype: self.dtype,
+                within_node: true,
+                secondary_bytes: None,
+            },
+            _ => *self,
+        }
+    }
+
     /// The ranks whose shards a gather of the unit joins: every rank, or the node's.
     pub fn ranks(&self, world: World) -> u32 {
         crate::sharding::split_ranks(self.within_node, world.ranks(), world.ranks_per_node)
@@ -671,10 +689,16 @@ impl Schedule {
         self.steps
             .iter()
             .filter_map(|s| match s.kind {
-                StepKind::Gather { group, .. } => Some(self.param_shards[group as usize].bytes),
+                StepKind::Gather { group, pass } => Some(self.gather_shard(group, pass).bytes),
                 _ => None,
             })
             .sum()
+    }
+
+    /// The shard rank contributes to a gather of `group` before `pass` (hpZ's secondary one
+    /// before backward).
+    pub fn gather_shard(&self, group: u32, pass: Pass) -> ParamShard {
+        self.param_shards[group as usize].for_pass(pass)
     }
 
     /// Collective steps per iteration.

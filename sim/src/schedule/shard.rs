@@ -28,12 +28,12 @@ pub(super) struct Sharded {
 }
 
 /// One rank's iteration of `plan`, sharded as `sharding` says over `ranks` ranks (each node's
-/// under hybrid sharding), with the
+/// under hybrid sharding, whose `node_ranks` hold hpZ's second shards), with the
 /// gradient `pieces` (one per group, `group_pieces[g]`) already lowered. Codecs run on their
 /// own stream (`codec`).
 pub(super) fn sharded_steps(
     model: &ModelProfile,
-    ranks: u32,
+    (ranks, node_ranks): (u32, u32),
     plan: &Plan,
     sharding: &Sharding,
     (pieces, group_pieces): (&[Piece], &[Range<usize>]),
@@ -53,15 +53,23 @@ pub(super) fn sharded_steps(
         .enumerate()
         .map(|(g, group)| {
             let dtype = sharding.param_dtype;
-            let bytes = dtype
-                .wire_bytes(shard_numel(group.numel(model), ranks))
-                .ok_or_else(|| {
-                    SimError::invalid("plan", format!("groups[{g}]"), "its shard's bytes overflow")
-                })?;
+            let bytes = |ranks| {
+                dtype
+                    .wire_bytes(shard_numel(group.numel(model), ranks))
+                    .ok_or_else(|| {
+                        let field = format!("groups[{g}]");
+                        SimError::invalid("plan", field, "its shard's bytes overflow")
+                    })
+            };
+            let secondary_bytes = match sharding.secondary_within_node {
+                true => Some(bytes(node_ranks)?),
+                false => None,
+            };
             Ok(ParamShard {
-                bytes,
+                bytes: bytes(ranks)?,
                 dtype,
                 within_node: sharding.within_node,
+                secondary_bytes,
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -462,6 +470,49 @@ mod tests {
             // A byte and a 2000th of one an element, against two.
             assert!(2 * q.bytes <= p.bytes + p.bytes / 1000, "{q:?} {p:?}");
         }
+    }
+
+    /// hpZ on gpt2-xl over 2 nodes of 8: each unit's gather before backward takes second
+    /// shards over the node's 8 ranks, inside the node, and costs that gather; the one before
+    /// forward stays over all 16; each rank keeps an eighth of every unit more.
+    #[test]
+    fn hpz_gathers_before_backward_inside_the_node() {
+        use crate::collective::{estimate, Group, Naming};
+        use crate::collective_op::Op;
+        use crate::predict::cost::step_costs;
+        let scenario = scenario("gpt2-xl", 2);
+        let plain = plan(&scenario, Strategy::Fsdp, ShardOptions::default());
+        let hpz_options = ShardOptions {
+            secondary_within_node: true,
+            ..ShardOptions::default()
+        };
+        let hpz = plan(&scenario, Strategy::Fsdp, hpz_options);
+        let schedule = schedule(&scenario, &hpz).unwrap();
+        let costs = step_costs(&scenario, &schedule, Naming::Priced).unwrap();
+        for (i, step) in schedule.steps.iter().enumerate() {
+            let StepKind::Gather { group, pass } = step.kind else {
+                continue;
+            };
+            let shard = schedule.param_shards[group as usize];
+            let (bytes, over) = match pass {
+                Pass::Backward => (
+                    shard.secondary_bytes.unwrap() * 8,
+                    Group::one_node(&scenario.cluster),
+                ),
+                _ => (shard.bytes * 16, Group::world(&scenario.cluster)),
+            };
+            let collective = estimate(&scenario.cluster, Op::Allgather, bytes, over).unwrap();
+            assert_eq!(costs[i].estimate.unwrap().time, collective.time, "{step:?}");
+        }
+        let run = |plan: &Plan| {
+            simulate(&scenario, plan, &SimOptions::default())
+                .unwrap()
+                .summary
+                .memory_per_rank
+                .gathered_bytes
+        };
+        let units: u64 = schedule.buffers.iter().map(|b| b.numel.div_ceil(8)).sum();
+        assert_eq!(run(&hpz), run(&plain) + 4 * units);
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct ShardOptions {
     pub blocks_per_unit: u32,
     /// ZeRO-1 and 2: elements per gradient bucket (DeepSpeed's `reduce_bucket_size`).
     pub bucket_elements: u64,
+    /// FSDP: ZeRO++'s hpZ, a second shard inside the node for the gathers before backward.
+    pub secondary_within_node: bool,
 }
 
 impl Default for ShardOptions {
@@ -45,6 +47,7 @@ impl Default for ShardOptions {
             param_dtype: ParamDtype::Fp32,
             blocks_per_unit: 1,
             bucket_elements: ZERO_BUCKET_ELEMENTS,
+            secondary_within_node: false,
         }
     }
 }
@@ -65,6 +68,7 @@ pub(super) fn zero_plan(
         resident: Vec::new(),
         param_dtype: options.sharding.param_dtype,
         within_node: false,
+        secondary_within_node: false,
     };
     sharded(name, scenario, options, buckets, Scheme::Auto, sharding)
 }
@@ -126,6 +130,7 @@ pub fn fsdp_units_plan(
         resident: root.into_iter().collect(),
         param_dtype: options.sharding.param_dtype,
         within_node,
+        secondary_within_node: options.sharding.secondary_within_node,
     };
     let scheme = Scheme::scattering(&sharding, options.compressor);
     sharded(name, scenario, options, units, scheme, sharding)

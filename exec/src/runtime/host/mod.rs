@@ -103,12 +103,13 @@ impl Collectives for Mesh {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::test_plans::small_sharded;
+    use crate::runtime::test_plans::{small_sharded, small_sharded_with};
     use crate::runtime::{self, ExecOptions};
     use std::time::Duration;
     use syncopate_sim::compress::Compressor;
-    use syncopate_sim::schedule::StepKind;
+    use syncopate_sim::schedule::{Pass, StepKind};
     use syncopate_sim::sharding::ParamDtype;
+    use syncopate_sim::strategy::ShardOptions;
 
     /// ZeRO-1, ZeRO-2 and FSDP plans run on three thread-ranks, gathering in fp32, bf16 and
     /// ZeRO++'s int8, and
@@ -168,6 +169,40 @@ mod tests {
                     .count() as u32;
                 assert!(gathers > 0, "{what}");
                 assert_eq!(check.gathers_checked, 4 * gathers, "{what}: {check:?}");
+            }
+        }
+    }
+
+    /// ZeRO++'s hpZ on two nodes of three: each unit is gathered over all six ranks before
+    /// forward and, from the second shards each rank cut from that gather, over its node's
+    /// three before backward; every shard of both checked, in fp32 and in int8.
+    #[test]
+    fn hpz_gathers_before_backward_inside_the_node_from_second_shards() {
+        let options = ExecOptions {
+            warmup: 1,
+            iterations: 2,
+            check: true,
+            seed: 5,
+            timeout: Duration::from_secs(30),
+        };
+        for (dtype, spec) in [(ParamDtype::Fp32, "none"), (ParamDtype::Int8, "int4:4")] {
+            let sharding = ShardOptions {
+                param_dtype: dtype,
+                secondary_within_node: true,
+                ..ShardOptions::default()
+            };
+            let schedule = small_sharded_with("fsdp", spec, sharding, (2, 3));
+            let shard = schedule.param_shards[0];
+            assert!(shard.secondary_bytes.is_some() && !shard.within_node);
+            assert!(shard.for_pass(Pass::Backward).within_node);
+            let job = Job::new(&schedule, 0.0, &options, 6).unwrap();
+            let measured = runtime::execute(runtime::Backend::Host { ranks: 6 }, &job);
+            let measured = measured.unwrap_or_else(|err| panic!("{dtype:?}: {err}"));
+            for check in &measured.checks {
+                assert!(
+                    check.ok && check.gathers_checked > 0,
+                    "{dtype:?}: {check:?}"
+                );
             }
         }
     }
