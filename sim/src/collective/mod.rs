@@ -259,25 +259,32 @@ pub fn estimate_hybrid_reduce_scatter(cluster: &Cluster, bytes: u64) -> Result<E
 /// the same place in their node, all of a node's rings at once; the library's host copies once
 /// around both. Also the cluster without its host staging, for phases that follow.
 fn node_reduce_then_across(cluster: &Cluster, bytes: u64) -> Result<(Estimate, Cow<'_, Cluster>)> {
-    let local = Group::one_node(cluster);
-    let across = Group::one_per_node(cluster);
-    // A host library copies the buffer off the device and back once, whatever phases run on
-    // the host in between.
-    let staging = SimTime::from_us(staging_us(
-        cluster,
-        Op::Allreduce,
-        bytes,
-        Group::world(cluster),
-    ));
-    let bare = without_staging(cluster);
     let shard = bytes.div_ceil(cluster.gpus_per_node as u64);
-    let reduce_scatter = estimate(&bare, Op::ReduceScatter, bytes, local)?;
-    let inter = estimate(&nic_shares(&bare), Op::Allreduce, shard, across)?;
+    let phases = [(Op::ReduceScatter, bytes), (Op::Allreduce, shard)];
+    node_then_across(cluster, (Op::Allreduce, bytes), phases)
+}
+
+/// One collective inside each node, then one among the ranks of the same place in their node,
+/// all of a node's at once (each with its NIC's share), each `(op, bytes)` of `phases`; a host
+/// library copies the buffer of `staged` (op, bytes over every rank) off the device and back
+/// once, whatever phases run on the host in between. Also the cluster without its host staging,
+/// for phases that follow.
+fn node_then_across(
+    cluster: &Cluster,
+    staged: (Op, u64),
+    [(local_op, local), (across_op, across)]: [(Op, u64); 2],
+) -> Result<(Estimate, Cow<'_, Cluster>)> {
+    let world = Group::world(cluster);
+    let staging = SimTime::from_us(staging_us(cluster, staged.0, staged.1, world));
+    let bare = without_staging(cluster);
+    let first = estimate(&bare, local_op, local, Group::one_node(cluster))?;
+    let shared = nic_shares(&bare);
+    let second = estimate(&shared, across_op, across, Group::one_per_node(cluster))?;
     let estimate = Estimate {
-        time: reduce_scatter.time + inter.time + staging,
+        time: first.time + second.time + staging,
         algorithm: Algorithm::Hierarchical,
-        protocol: inter.protocol,
-        fixed: reduce_scatter.fixed + inter.fixed + staging,
+        protocol: second.protocol,
+        fixed: first.fixed + second.fixed + staging,
         delay_with_compute: SimTime::ZERO,
     };
     Ok((estimate, bare))
@@ -302,27 +309,8 @@ pub fn estimate_two_hop_alltoall(cluster: &Cluster, local: u64, across: u64) -> 
     if cluster.nodes == 1 || cluster.gpus_per_node == 1 {
         return estimate(cluster, Op::Alltoall, local, Group::world(cluster));
     }
-    let staging = SimTime::from_us(staging_us(
-        cluster,
-        Op::Alltoall,
-        local,
-        Group::world(cluster),
-    ));
-    let bare = without_staging(cluster);
-    let first = estimate(&bare, Op::Alltoall, local, Group::one_node(cluster))?;
-    let second = estimate(
-        &nic_shares(&bare),
-        Op::Alltoall,
-        across,
-        Group::one_per_node(cluster),
-    )?;
-    Ok(Estimate {
-        time: first.time + second.time + staging,
-        algorithm: Algorithm::Hierarchical,
-        protocol: second.protocol,
-        fixed: first.fixed + second.fixed + staging,
-        delay_with_compute: SimTime::ZERO,
-    })
+    let phases = [(Op::Alltoall, local), (Op::Alltoall, across)];
+    Ok(node_then_across(cluster, (Op::Alltoall, local), phases)?.0)
 }
 
 /// What a host library's copies of `op` on `bytes` over `group` cost (µs); 0 on a library
