@@ -837,4 +837,23 @@ fn sharded_strategies_report_memory_and_the_cuda_executor_refuses_their_plans() 
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--prefetch"), "{}", stderr(&out));
+    // ZeRO++'s flags where they cannot apply are refused by name, never left out silently.
+    for (flags, named) in [
+        (&["--strategy", "ddp", "--hpz"][..], "--hpz"),
+        (&["--strategy", "zero2", "--hpz"], "--hpz"),
+        (&["--strategy", "hsdp", "--hpz"], "--hpz"),
+        (
+            &["--strategy", "ddp", "--param-dtype", "int8"],
+            "--param-dtype",
+        ),
+        (
+            &["--strategy", "zero1", "--param-dtype", "int8"],
+            "--param-dtype",
+        ),
+        (&["--strategy", "fsdp", "--compressor", "int4:0"], "int4:0"),
+    ] {
+        let out = syncopate(&[&["simulate"][..], &common, flags].concat());
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        assert!(stderr(&out).contains(named), "{flags:?}: {}", stderr(&out));
+    }
 }

@@ -16,7 +16,7 @@ use syncopate_sim::predict::noise::NoiseSpec;
 use syncopate_sim::predict::scenario::Scenario;
 use syncopate_sim::predict::simulate::{simulate, SimOptions};
 use syncopate_sim::predict::summary::Summary;
-use syncopate_sim::sharding::MAX_PREFETCH;
+use syncopate_sim::sharding::{ParamDtype, MAX_PREFETCH};
 use syncopate_sim::strategy::{ShardOptions, Strategy, StrategyOptions};
 use syncopate_sim::{base::limits, SimError};
 
@@ -96,6 +96,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             let calls = args.codec_calls.codec_calls();
             strategy.check_codec_calls(calls, "--codec-calls")?;
             let mut plan = strategy.plan(&base, &strategy_options(args)?)?;
+            refuse_unsharded_flags(args, &plan)?;
             // `auto` leaves the strategy's own schemes (DeAR's split, HiPress's rings) alone.
             if args.scheme != SchemeArg::Auto {
                 plan.set_scheme(args.scheme.scheme());
@@ -125,6 +126,11 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
                     args.param_dtype.param_dtype().name(),
                     message,
                 )
+            }
+            (None, SimError::Invalid { field, message, .. })
+                if field == "sharding.secondary_within_node" =>
+            {
+                SimError::bad_value("--hpz", "set", message)
             }
             (None, SimError::Invalid { message, .. }) => SimError::bad_value(
                 "--compressor",
@@ -235,6 +241,27 @@ fn bucket_elements(elements: f64) -> Result<u64, SimError> {
             "a whole number of elements from 1 to 1e15",
         ))
     }
+}
+
+/// An error naming the sharding flag a replicated strategy's plan would silently leave out.
+fn refuse_unsharded_flags(args: &SimulateArgs, plan: &Plan) -> Result<(), SimError> {
+    if plan.sharding.is_some() {
+        return Ok(());
+    }
+    let param_dtype = args.param_dtype.param_dtype();
+    let (flag, value) = match (args.hpz, param_dtype) {
+        (true, _) => ("--hpz", "set"),
+        (false, ParamDtype::Fp32) => return Ok(()),
+        (false, dtype) => ("--param-dtype", dtype.name()),
+    };
+    Err(SimError::bad_value(
+        flag,
+        value,
+        format!(
+            "the `{}` strategy keeps the parameters whole on every rank: it shards with zero1, zero2, fsdp or hsdp",
+            args.strategy
+        ),
+    ))
 }
 
 fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {

@@ -68,7 +68,8 @@ pub(super) fn zero_plan(
         resident: Vec::new(),
         param_dtype: options.sharding.param_dtype,
         within_node: false,
-        secondary_within_node: false,
+        // ZeRO-1 and 2 keep every parameter: `Plan::validate` refuses a second shard.
+        secondary_within_node: options.sharding.secondary_within_node,
     };
     sharded(name, scenario, options, buckets, Scheme::Auto, sharding)
 }
