@@ -428,8 +428,9 @@ pub(super) fn expressible(choice: Choice) -> Option<Choice> {
 /// The settings `tune --framework deepspeed` tries: stage 0, stages 1 and 2 with bucket sizes
 /// of 5e6 to 1e9 elements, each in fp32 and the casts `choices` name, and stage 3 prefetching
 /// one or two units in those; and when `choices` name an `int4` (ZeRO++), stage 3 with its
-/// quantized gradients, and quantized weights or not.
-pub(super) fn candidates(choices: &[Choice]) -> Vec<DeepSpeedSettings> {
+/// quantized gradients, with or without its quantized weights and, on nodes of several ranks,
+/// with or without hpZ over a node's `ranks_per_node`.
+pub(super) fn candidates(choices: &[Choice], ranks_per_node: u32) -> Vec<DeepSpeedSettings> {
     let types: Vec<Compressor> = [Compressor::None, Compressor::Fp16, Compressor::Bf16]
         .into_iter()
         .filter(|&c| c == Compressor::None || choices.contains(&(c, Memory::None)))
@@ -450,21 +451,24 @@ pub(super) fn candidates(choices: &[Choice]) -> Vec<DeepSpeedSettings> {
     let zero_plus_plus = choices.iter().find_map(|&(c, memory)| {
         (matches!(c, Compressor::Int4 { .. }) && memory == Memory::None).then_some(c)
     });
-    let stage3: Vec<(Compressor, bool)> = types
-        .iter()
-        .map(|&c| (c, false))
-        .chain(
-            zero_plus_plus
-                .into_iter()
-                .flat_map(|c| [(c, false), (c, true)]),
-        )
-        .collect();
+    // hpZ's second shards over a node's ranks, where a node has several.
+    let hpz: &[u32] = match ranks_per_node {
+        0 | 1 => &[1],
+        _ => &[1, ranks_per_node],
+    };
+    let mut stage3: Vec<(Compressor, bool, u32)> = types.iter().map(|&c| (c, false, 1)).collect();
+    if let Some(c) = zero_plus_plus {
+        for weights in [false, true] {
+            stage3.extend(hpz.iter().map(|&n| (c, weights, n)));
+        }
+    }
     for prefetch in [1, 2] {
-        for &(communication, quantized_weights) in &stage3 {
+        for &(communication, quantized_weights, hpz_partition_size) in &stage3 {
             all.push(DeepSpeedSettings {
                 stage: 3,
                 prefetch,
                 quantized_weights,
+                hpz_partition_size,
                 ..DeepSpeedSettings::stage0(communication)
             });
         }

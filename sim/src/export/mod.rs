@@ -390,7 +390,7 @@ pub fn nearest(target: Target, plan: &Plan, model: &ModelProfile) -> Nearest {
 
 /// The settings `tune --framework` searches: every combination of the target's knobs on a
 /// grid, with the compressors among `choices` the framework can run.
-pub fn candidates(target: Target, choices: &[Choice]) -> Vec<Settings> {
+pub fn candidates(target: Target, choices: &[Choice], ranks_per_node: u32) -> Vec<Settings> {
     match target {
         Target::Ddp => ddp::candidates(choices)
             .into_iter()
@@ -400,7 +400,7 @@ pub fn candidates(target: Target, choices: &[Choice]) -> Vec<Settings> {
             .into_iter()
             .map(Settings::Horovod)
             .collect(),
-        Target::DeepSpeed => deepspeed::candidates(choices)
+        Target::DeepSpeed => deepspeed::candidates(choices, ranks_per_node)
             .into_iter()
             .map(Settings::DeepSpeed)
             .collect(),

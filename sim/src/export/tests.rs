@@ -186,7 +186,7 @@ fn deepspeed_exports_its_communication_type_and_names_the_buckets_it_cannot_chan
     );
     // The grid: fp32, and the casts asked for, at each stage and bucket size, and stage 3
     // prefetching one or two units.
-    let grid = candidates(Target::DeepSpeed, &[(Compressor::Fp16, Memory::None)]);
+    let grid = candidates(Target::DeepSpeed, &[(Compressor::Fp16, Memory::None)], 8);
     assert_eq!(grid.len(), (1 + 2 * 7) * 2 + 2 * 2);
 }
 
@@ -474,7 +474,7 @@ fn zero_plans_export_as_deepspeed_stages_with_the_bucket_size_that_rebuilds_them
     }
     // The grid: stage 0, and both stages at seven bucket sizes, in fp32 and bf16, and stage 3
     // prefetching one or two units.
-    let grid = candidates(Target::DeepSpeed, &[(Compressor::Bf16, Memory::None)]);
+    let grid = candidates(Target::DeepSpeed, &[(Compressor::Bf16, Memory::None)], 8);
     assert_eq!(grid.len(), (1 + 2 * 7) * 2 + 2 * 2);
 }
 
@@ -510,9 +510,17 @@ fn zero_plus_plus_plans_export_with_quantized_weights_and_gradients() {
         text.contains("\"zero_quantized_gradients\": True"),
         "{text}"
     );
-    // Stage 0 to 2 in fp32, and stage 3 with or without ZeRO++, its weights quantized or not.
-    let grid = candidates(Target::DeepSpeed, &[(options.compressor, Memory::None)]);
-    assert_eq!(grid.len(), 1 + 2 * 7 + 2 * 3);
+    // Stage 0 to 2 in fp32, and stage 3 without ZeRO++, or with it, its weights quantized or
+    // not, with hpZ over a node or not (one rank a node: no hpZ).
+    let choices = [(options.compressor, Memory::None)];
+    assert_eq!(
+        candidates(Target::DeepSpeed, &choices, 8).len(),
+        1 + 2 * 7 + 2 * (1 + 2 * 2)
+    );
+    assert_eq!(
+        candidates(Target::DeepSpeed, &choices, 1).len(),
+        1 + 2 * 7 + 2 * (1 + 2)
+    );
 }
 
 #[test]

@@ -37,11 +37,12 @@ pub fn tune_settings(
     choices: &[Choice],
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<NativeTune> {
-    let default = candidates(target, &[])
+    let ranks_per_node = base.world().ranks_per_node;
+    let default = candidates(target, &[], ranks_per_node)
         .into_iter()
         .find(Settings::is_default)
         .expect("every target's grid holds its defaults");
-    let all = candidates(target, choices);
+    let all = candidates(target, choices, ranks_per_node);
     let none = (Compressor::None, Memory::None);
     let fixed_choice = choices.first().copied();
     let chosen: Vec<Settings> = all
