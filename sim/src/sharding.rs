@@ -1,5 +1,5 @@
 //! Sharded data parallelism in a plan: which ZeRO stage, how far parameters are gathered ahead,
-//! and the precision they travel in.
+//! the precision they travel in, and where they are split (each node, hpZ's second shards).
 //!
 //! A sharded plan's groups are its units (FSDP's `fully_shard` modules, ZeRO's buckets): each
 //! group's gradients are reduce-scattered (FSDP; inside each node then across nodes for HSDP)
