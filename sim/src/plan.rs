@@ -431,23 +431,19 @@ impl Plan {
                     ),
                 ));
             }
-            if group.scheme == Scheme::CompressedRing {
-                if let Some(why) = group.compressor.why_no_ring_hops() {
-                    return Err(SimError::invalid(
-                        label,
-                        at("scheme"),
-                        format!("a compressed ring cannot run `{}`: {why}", group.compressor),
-                    ));
-                }
-            }
-            if group.scheme == Scheme::AlltoallReduceScatter {
-                if let Some(why) = group.compressor.why_one_call() {
-                    return Err(SimError::invalid(
-                        label,
-                        at("scheme"),
-                        format!("an all-to-all reduce-scatter encodes each rank's chunk in a call of its own, which `{}` cannot: {why}", group.compressor),
-                    ));
-                }
+            // What a scheme needs of each codec call.
+            let c = group.compressor;
+            let refused = match group.scheme {
+                Scheme::CompressedRing => c
+                    .why_no_ring_hops()
+                    .map(|why| format!("a compressed ring cannot run `{c}`: {why}")),
+                Scheme::AlltoallReduceScatter => c.why_one_call().map(|why| {
+                    format!("an all-to-all reduce-scatter encodes each rank's chunk in a call of its own, which `{c}` cannot: {why}")
+                }),
+                _ => None,
+            };
+            if let Some(message) = refused {
+                return Err(SimError::invalid(label, at("scheme"), message));
             }
             if self.codec_calls == CodecCalls::Tensor {
                 check_calls_per_tensor(label, g, group)?;

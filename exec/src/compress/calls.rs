@@ -13,6 +13,21 @@ use crate::error::Result;
 use std::ops::Range;
 use syncopate_sim::compress::Compressor;
 
+/// Each call's elements of the buffer and bytes of the payload, for calls of `numels` elements
+/// of `compressor` one after another.
+pub fn call_ranges(compressor: &Compressor, numels: &[u64]) -> Vec<(Range<usize>, Range<usize>)> {
+    let (mut elements, mut bytes) = (0usize, 0usize);
+    numels
+        .iter()
+        .map(|&n| {
+            let (n, size) = (n as usize, compressor.wire_bytes(n) as usize);
+            let ranges = (elements..elements + n, bytes..bytes + size);
+            (elements, bytes) = (ranges.0.end, ranges.1.end);
+            ranges
+        })
+        .collect()
+}
+
 /// One call: its elements of the buffer, its bytes of the payload, its codec.
 struct Call {
     elements: Range<usize>,
@@ -37,21 +52,18 @@ impl PerTensor {
         numels: &[u64],
         mut codec: impl FnMut(usize) -> Box<dyn Codec>,
     ) -> PerTensor {
-        let (mut elements, mut bytes) = (0, 0);
-        let calls = numels
-            .iter()
+        let calls: Vec<Call> = call_ranges(&compressor, numels)
+            .into_iter()
             .enumerate()
-            .map(|(i, &n)| {
-                let size = compressor.wire_bytes(n) as usize;
-                let call = Call {
-                    elements: elements..elements + n as usize,
-                    bytes: bytes..bytes + size,
-                    codec: codec(i),
-                };
-                (elements, bytes) = (call.elements.end, call.bytes.end);
-                call
+            .map(|(i, (elements, bytes))| Call {
+                elements,
+                bytes,
+                codec: codec(i),
             })
             .collect();
+        let (elements, bytes) = calls
+            .last()
+            .map_or((0, 0), |c| (c.elements.end, c.bytes.end));
         PerTensor {
             compressor,
             calls,
@@ -61,15 +73,23 @@ impl PerTensor {
         }
     }
 
-    /// Call `call`, or an error naming it.
-    fn call(&mut self, call: usize) -> Result<&mut Call> {
+    /// Call `call`, or an error naming it, when what it is given (`len` of them) is its `part`.
+    fn call(
+        &mut self,
+        call: usize,
+        (len, what): (usize, &str),
+        part: impl Fn(&Call) -> &Range<usize>,
+    ) -> Result<&mut Call> {
         let calls = self.calls.len();
-        self.calls.get_mut(call).ok_or_else(|| {
-            wire::bad_payload(
-                &self.compressor,
-                format!("no call {call}: the buffer has {calls}"),
-            )
-        })
+        let bad = |message| wire::bad_payload(&self.compressor, message);
+        let Some(found) = self.calls.get(call) else {
+            return Err(bad(format!("no call {call}: the buffer has {calls}")));
+        };
+        let want = part(found).len();
+        if len != want {
+            return Err(bad(format!("{len} {what} for a call of {want} {what}")));
+        }
+        Ok(&mut self.calls[call])
     }
 
     /// An error unless `payload` holds every call's bytes and `values` every call's elements.
@@ -126,35 +146,13 @@ impl Codec for PerTensor {
     }
 
     fn encode_call(&mut self, call: usize, values: &[f32], out: &mut Vec<u8>) -> Result<()> {
-        let compressor = self.compressor;
-        let call = self.call(call)?;
-        if values.len() != call.elements.len() {
-            return Err(wire::bad_payload(
-                &compressor,
-                format!(
-                    "{} elements for a call of {}",
-                    values.len(),
-                    call.elements.len()
-                ),
-            ));
-        }
+        let call = self.call(call, (values.len(), "elements"), |c| &c.elements)?;
         call.codec.encode(values, out)
     }
 
     fn decode_call_add(&mut self, call: usize, payload: &[u8], acc: &mut [f32]) -> Result<()> {
         self.check(self.bytes, acc.len())?;
-        let compressor = self.compressor;
-        let call = self.call(call)?;
-        if payload.len() != call.bytes.len() {
-            return Err(wire::bad_payload(
-                &compressor,
-                format!(
-                    "{} bytes for a call of {} bytes",
-                    payload.len(),
-                    call.bytes.len()
-                ),
-            ));
-        }
+        let call = self.call(call, (payload.len(), "bytes"), |c| &c.bytes)?;
         call.codec
             .decode_add(payload, &mut acc[call.elements.clone()])
     }

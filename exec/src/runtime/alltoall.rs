@@ -11,11 +11,12 @@
 //! `cost.rs` prices it (the decodes and re-encodes between the hops inside the exchange).
 
 use super::ring::{summed_chunk, Ring, RingLink};
+use crate::compress::calls::call_ranges;
 use crate::compress::Codec;
 use crate::error::Result;
 use std::ops::Range;
 use std::sync::atomic::AtomicBool;
-use syncopate_sim::schedule::{Piece, World};
+use syncopate_sim::schedule::{chunk_keeper, Piece, World};
 
 /// Each chunk's elements of a piece and bytes of its payload: one codec call a chunk.
 pub struct Chunks {
@@ -28,14 +29,9 @@ pub struct Chunks {
 impl Chunks {
     /// The chunks of `piece`, its codec calls one after another.
     pub fn of(piece: &Piece) -> Chunks {
-        let (mut elements, mut bytes) = (Vec::new(), Vec::new());
-        let (mut element, mut byte) = (0usize, 0usize);
-        for &n in piece.codec_calls() {
-            let size = piece.compressor.wire_bytes_as(n, piece.wire) as usize;
-            elements.push(element..element + n as usize);
-            bytes.push(byte..byte + size);
-            (element, byte) = (element + n as usize, byte + size);
-        }
+        let (elements, bytes) = call_ranges(&piece.compressor, piece.codec_calls())
+            .into_iter()
+            .unzip();
         Chunks { elements, bytes }
     }
 }
@@ -62,7 +58,7 @@ pub fn reduce_scatter(
     // Hop 1, inside the node: each chunk's payload to the rank of its keeper's place, the
     // chunks of one place one after another.
     let node = Ring::node(rank, per_node);
-    let place = |c: usize| (c + ranks - 1) % ranks % per_node;
+    let place = |c: usize| chunk_keeper(c, ranks) % per_node;
     let by_place: Vec<Vec<u8>> = (0..per_node)
         .map(|l| {
             (0..ranks)

@@ -335,11 +335,13 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             }
             // ZeRO++'s quantized gradients: each chunk's payload to the rank that keeps it.
             Exchange::AlltoallReduceScatter => {
-                let chunks = alltoall::Chunks::of(spec);
+                let Some((_, chunks)) = &piece.alltoall else {
+                    unreachable!("a piece exchanged by an all-to-all has its chunks")
+                };
                 let world = self.job.schedule.world;
                 let codec = &mut *piece.codec;
                 piece.gathered =
-                    alltoall::reduce_scatter(link, world, codec, &piece.payload, &chunks, abort)?;
+                    alltoall::reduce_scatter(link, world, codec, &piece.payload, chunks, abort)?;
                 Ok(())
             }
             Exchange::AllgatherShards => {

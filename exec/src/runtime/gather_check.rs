@@ -8,11 +8,10 @@
 //! would be more than the gradients' reports.
 
 use super::pieces::mix;
-use super::ring;
 use crate::error::{ExecError, Result};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use syncopate_sim::schedule::{Schedule, StepKind};
+use syncopate_sim::schedule::{chunk_keeper, Schedule, StepKind};
 
 /// What a rank reports of one gather.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,10 +106,8 @@ impl GatherChecks {
             // The rank's split: its node's ranks under hybrid sharding, else every rank.
             let first = r - r % per;
             for s in 0..per {
-                let owner = first
-                    + (0..per)
-                        .find(|&o| ring::summed_chunk(o, per) == s)
-                        .expect("every shard has an owner");
+                // The shard's owner: the rank that keeps it after a ring reduce-scatter.
+                let owner = first + chunk_keeper(s, per);
                 let sent = reports[owner].sent;
                 if report.held.get(s) == Some(&sent) {
                     continue;

@@ -2,6 +2,7 @@
 //!
 //! It is shared by the CPU backends and the Python extension.
 
+use super::alltoall::Chunks;
 use super::compressed_ring::Shards;
 use super::pieces;
 use super::ring::{summed_chunk, Half, Ring, RingLink};
@@ -29,9 +30,9 @@ pub struct PieceState {
     transmitted: Vec<f32>,
     /// A CaSync-Ring piece's shards: the piece is encoded, exchanged and decoded shard by shard.
     shards: Option<Shards>,
-    /// The chunk (codec call) an all-to-all reduce-scatter leaves this rank, whose payloads it
-    /// decodes (`gathered`, one per rank); none for other pieces.
-    kept_call: Option<usize>,
+    /// For a piece reduce-scattered by an all-to-all: the chunk (codec call) it leaves this
+    /// rank, whose payloads it decodes (`gathered`), and every chunk's layout; none otherwise.
+    pub alltoall: Option<(usize, Chunks)>,
 }
 
 impl PieceState {
@@ -54,9 +55,9 @@ impl PieceState {
                 let codecs = pieces::shard_codecs(schedule, seed, index, rank);
                 Shards::new(rank as usize, ranks, n, codecs)
             }),
-            kept_call: spec
+            alltoall: spec
                 .alltoall_scattered()
-                .then(|| summed_chunk(rank as usize, ranks)),
+                .then(|| (summed_chunk(rank as usize, ranks), Chunks::of(spec))),
         }
     }
 
@@ -190,7 +191,7 @@ impl PieceState {
         let delivered = Delivered {
             payload: delivered.unwrap_or(&self.payload),
             gathered: &self.gathered,
-            kept_call: self.kept_call,
+            kept_call: self.alltoall.as_ref().map(|(kept, _)| *kept),
         };
         decode_delivered(&mut *self.codec, spec, delivered, &mut self.result)
     }
@@ -210,7 +211,7 @@ impl PieceState {
         let delivered = Delivered {
             payload: delivered,
             gathered: &self.gathered,
-            kept_call: self.kept_call,
+            kept_call: self.alltoall.as_ref().map(|(kept, _)| *kept),
         };
         decode_delivered(&mut *self.codec, spec, delivered, out)
     }

@@ -82,7 +82,12 @@ pub fn step_costs(
         .zip(&schedule.buffers)
         .map(|(&shard, unit)| {
             let cost = |shard| gather_cost(scenario, shard, unit.numel, naming);
-            Ok([cost(shard)?, cost(shard.for_pass(Pass::Backward))?])
+            let own = cost(shard)?;
+            let before_backward = match shard.secondary_bytes {
+                Some(_) => cost(shard.for_pass(Pass::Backward))?,
+                None => own,
+            };
+            Ok([own, before_backward])
         })
         .collect::<Result<_>>()?;
     let framework_times = framework_cost::step_times(scenario, schedule);
@@ -361,9 +366,8 @@ fn collected_bytes(piece: &Piece, world: crate::schedule::World) -> u64 {
     let (ranks, per_node) = (world.ranks() as usize, world.ranks_per_node as usize);
     let mut at_place = vec![0u64; per_node.max(1)];
     for (c, &n) in piece.codec_calls().iter().enumerate() {
-        // Chunk c is kept by the rank before it on the ring (`ring::summed_chunk`).
-        let keeper = (c + ranks - 1) % ranks;
-        at_place[keeper % per_node] += piece.compressor.wire_bytes_as(n, piece.wire);
+        let place = crate::schedule::chunk_keeper(c, ranks) % per_node;
+        at_place[place] += piece.compressor.wire_bytes_as(n, piece.wire);
     }
     at_place.into_iter().max().unwrap_or(0)
 }

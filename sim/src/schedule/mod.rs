@@ -289,7 +289,7 @@ pub struct ParamShard {
     /// Bytes of the shard on the wire, in the plan's parameter precision.
     pub bytes: u64,
     /// That precision: the codec the shard is written with.
-    #[serde(default, skip_serializing_if = "is_fp32")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub dtype: ParamDtype,
     /// Whether the shard is one of the node's ranks' (hybrid sharding): the unit is gathered
     /// inside the node, not over every rank.
@@ -299,10 +299,6 @@ pub struct ParamShard {
     /// gather before backward takes it inside the node (ZeRO++'s hpZ); none without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secondary_bytes: Option<u64>,
-}
-
-fn is_fp32(dtype: &ParamDtype) -> bool {
-    *dtype == ParamDtype::Fp32
 }
 
 impl ParamShard {
@@ -544,6 +540,13 @@ impl World {
             false => self.ranks(),
         }
     }
+}
+
+/// The ring position that holds chunk `chunk` of `ranks` summed after a ring reduce-scatter,
+/// and keeps it after an all-to-all one: the position before it (the executors'
+/// `ring::summed_chunk` is the inverse).
+pub fn chunk_keeper(chunk: usize, ranks: usize) -> usize {
+    (chunk + ranks - 1) % ranks
 }
 
 /// How collectives take the communication streams.
