@@ -355,6 +355,12 @@ pub struct SimulateArgs {
     /// node's ranks): a second shard of each unit inside the node, gathered for backward there.
     #[arg(long)]
     pub hpz: bool,
+    /// fsdp: torchao's float8 all-gather (Float8LinearConfig(enable_fsdp_float8_all_gather=True)):
+    /// the weights of nn.Linear layers whose dimensions are multiples of 16 are gathered in
+    /// float8 e4m3, one scale each, agreed on once an iteration; the model's profile must record
+    /// each tensor's module.
+    #[arg(long)]
+    pub float8_all_gather: bool,
     /// fsdp: consecutive blocks sharded together as one unit (FSDP's usual wrapping: 1).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = crate::args::count)]
     pub blocks_per_unit: u32,

@@ -466,6 +466,9 @@ impl Plan {
             }
         }
         check_sharding(self.sharding.as_ref(), label, &self.groups)?;
+        if let Some(sharding) = &self.sharding {
+            check_float8_all_gather(sharding, label, model)?;
+        }
         if let Some(missing) = owner.iter().position(Option::is_none) {
             let count = owner.iter().filter(|o| o.is_none()).count();
             return Err(SimError::invalid(
@@ -687,6 +690,47 @@ fn check_sharding(sharding: Option<&Sharding>, label: &str, groups: &[Group]) ->
                 sharding.stage.name()
             ),
         ));
+    }
+    Ok(())
+}
+
+/// torchao's float8 all-gather is FSDP2's (stage 3 over every rank, no hpZ) and casts from the
+/// stored weights (fp32 or bf16 for the rest), and needs a weight it converts.
+fn check_float8_all_gather(sharding: &Sharding, label: &str, model: &ModelProfile) -> Result<()> {
+    if !sharding.float8_all_gather {
+        return Ok(());
+    }
+    let refused = |why: String| Err(SimError::invalid(label, "sharding.float8_all_gather", why));
+    if !sharding.stage.shards_parameters() || sharding.within_node {
+        return refused(format!(
+            "torchao's float8 all-gather casts FSDP2's gathers over every rank (stage zero3, not within_node); this plan is {}{}",
+            sharding.stage.name(),
+            if sharding.within_node { " within_node" } else { "" }
+        ));
+    }
+    if sharding.secondary_within_node {
+        return refused(
+            "ZeRO++'s secondary shards (hpZ) are DeepSpeed's, torchao's float8 all-gather FSDP2's: no framework runs both".into(),
+        );
+    }
+    if sharding.param_dtype.quantizer().is_some() {
+        return refused(format!(
+            "the weights are cast to float8 from FSDP2's stored parameters; `param_dtype` {} is ZeRO++'s",
+            sharding.param_dtype.name()
+        ));
+    }
+    if !model.tensors.iter().any(|t| t.is_float8_linear_weight()) {
+        let recorded = model.tensors.iter().any(|t| t.module.is_some());
+        return refused(match recorded {
+            true => format!(
+                "model {} has no nn.Linear weight whose dimensions are multiples of 16, which is what torchao converts to float8 (its profile records each tensor's module)",
+                model.name
+            ),
+            false => format!(
+                "model {}'s profile does not record which module owns each tensor (tensors[].module), so which weights torchao converts to float8 is unknown",
+                model.name
+            ),
+        });
     }
     Ok(())
 }

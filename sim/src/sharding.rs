@@ -156,6 +156,17 @@ pub struct Sharding {
     /// backward from those, inside the node (Wang et al. 2023, arXiv:2306.10209 §3.2).
     #[serde(default, skip_serializing_if = "is_default")]
     pub secondary_within_node: bool,
+    /// Stage 3: torchao's float8 all-gather (`Float8LinearConfig(enable_fsdp_float8_all_gather
+    /// =True)` under FSDP2): every float8 linear's weight ([`Tensor::is_float8_linear_weight`])
+    /// is cast to float8 e4m3 before its gather with one scale per weight, 448 / the weight's
+    /// largest magnitude, which one all-reduce of every weight's shard maxima agrees on after
+    /// each step (`precompute_float8_dynamic_scale_for_fsdp`); no scale travels with a gather,
+    /// and the gathered weight stays float8 for the float8 matrix products. The unit's other
+    /// tensors travel in `param_dtype`.
+    ///
+    /// [`Tensor::is_float8_linear_weight`]: crate::inputs::model::Tensor::is_float8_linear_weight
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub float8_all_gather: bool,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -187,6 +198,33 @@ pub fn split_ranks(within_node: bool, ranks: u32, ranks_per_node: u32) -> u32 {
 /// FSDP and ZeRO pad the flat parameter to a multiple of the ranks).
 pub fn shard_numel(numel: u64, ranks: u32) -> u64 {
     numel.div_ceil(u64::from(ranks.max(1)))
+}
+
+/// How a unit of `numel` elements, `float8` of them float8 weights, is cut into one rank's shard
+/// of `ranks`: the float8 weights and the rest are each split as their own flat parameter (as
+/// FSDP2 splits every parameter, so that every rank's part of each is alike), each shard the
+/// float8 part, then the rest in its precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardCut {
+    /// Elements of the shard's float8 part: one byte each.
+    pub float8: u64,
+    /// Elements of the rest.
+    pub rest: u64,
+}
+
+impl ShardCut {
+    /// The cut of one rank's shard of `numel` elements, `float8` of them float8 weights.
+    pub fn of(numel: u64, float8: u64, ranks: u32) -> ShardCut {
+        ShardCut {
+            float8: shard_numel(float8, ranks),
+            rest: shard_numel(numel.saturating_sub(float8), ranks),
+        }
+    }
+
+    /// Exact bytes of the shard on the wire, the rest in `dtype`; `None` when they overflow.
+    pub fn wire_bytes(self, dtype: ParamDtype) -> Option<u64> {
+        dtype.wire_bytes(self.rest)?.checked_add(self.float8)
+    }
 }
 
 /// FSDP's default units for `model`: one per repeated block (tensors whose names share the
@@ -268,6 +306,7 @@ mod tests {
             param_dtype: ParamDtype::Bf16,
             within_node: false,
             secondary_within_node: false,
+            float8_all_gather: false,
         });
         plan.validate("p", &model).unwrap();
         // Hybrid sharding reduces by its own scheme, and only it does.

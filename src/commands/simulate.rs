@@ -132,6 +132,11 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             {
                 SimError::bad_value("--hpz", "set", message)
             }
+            (None, SimError::Invalid { field, message, .. })
+                if field == "sharding.float8_all_gather" =>
+            {
+                SimError::bad_value("--float8-all-gather", "set", message)
+            }
             (None, SimError::Invalid { message, .. }) => SimError::bad_value(
                 "--compressor",
                 &args.compressor,
@@ -249,10 +254,11 @@ fn refuse_unsharded_flags(args: &SimulateArgs, plan: &Plan) -> Result<(), SimErr
         return Ok(());
     }
     let param_dtype = args.param_dtype.param_dtype();
-    let (flag, value) = match (args.hpz, param_dtype) {
-        (true, _) => ("--hpz", "set"),
-        (false, ParamDtype::Fp32) => return Ok(()),
-        (false, dtype) => ("--param-dtype", dtype.name()),
+    let (flag, value) = match (args.hpz, args.float8_all_gather, param_dtype) {
+        (true, _, _) => ("--hpz", "set"),
+        (_, true, _) => ("--float8-all-gather", "set"),
+        (false, false, ParamDtype::Fp32) => return Ok(()),
+        (false, false, dtype) => ("--param-dtype", dtype.name()),
     };
     Err(SimError::bad_value(
         flag,
@@ -280,6 +286,7 @@ fn strategy_options(args: &SimulateArgs) -> anyhow::Result<StrategyOptions> {
             blocks_per_unit: args.blocks_per_unit,
             bucket_elements: bucket_elements(args.reduce_bucket_size)?,
             secondary_within_node: args.hpz,
+            float8_all_gather: args.float8_all_gather,
         },
         compressor: args.compressor.parse()?,
         memory: args.memory.parse()?,

@@ -235,6 +235,10 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             .lock()
             .expect("a gather buffer lock");
         let version = params::version(pass, at.iteration);
+        if unit.agrees_before(pass) {
+            let abort = self.failure.flag();
+            params::agree_scales(&self.job.units, &state.units, link, version, abort)?;
+        }
         let sent = unit.put_own(held, (pass, version), &mut buffer)?;
         let sent = self.checker.map(|_| digest(sent));
         unit.gather(link, pass, &mut buffer, self.failure.flag())?;

@@ -18,6 +18,7 @@ mod control;
 mod cpu;
 pub mod cuda;
 mod driver;
+pub mod float8;
 pub mod gather_check;
 pub mod host;
 pub mod launch;

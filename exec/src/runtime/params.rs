@@ -6,8 +6,11 @@
 //! holding summed (`ring::summed_chunk`), the one its optimizer updates. A gather is the ring's
 //! all-gather half over a buffer of every shard's payload in shard order, each written by the
 //! codec of the plan's parameter precision (a cast, or ZeRO++'s int8 blocks), as `cost.rs`
-//! prices a gather on these backends.
+//! prices a gather on these backends. With torchao's float8 gathers a unit's float8 weights and
+//! its other tensors are each cut so (`ShardCut`), every shard its float8 part first, cast with
+//! the scales the ranks agreed on (`float8`).
 
+use super::float8::{self, Float8Weights};
 use super::pieces::mix;
 use super::ring::{self, Ring, RingLink};
 use crate::compress::codec_for;
@@ -17,7 +20,7 @@ use std::ops::Range;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use syncopate_sim::schedule::{ParamShard, Pass, Schedule};
-use syncopate_sim::sharding::{shard_numel, ParamDtype};
+use syncopate_sim::sharding::{ParamDtype, ShardCut};
 use syncopate_sim::SimError;
 
 /// How a unit is cut for one kind of gather: the ranks that split it, each one's shard and the
@@ -29,6 +32,8 @@ struct Split {
     ranks: usize,
     /// Elements of each shard.
     shard: usize,
+    /// Those of its float8 part, which come first (torchao's float8 gathers; 0 without).
+    float8: usize,
     /// Bytes of each shard's payload.
     payload: usize,
 }
@@ -46,7 +51,7 @@ impl Split {
 }
 
 /// How one unit's parameters are sharded and gathered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unit {
     /// The unit's plan group.
     group: u32,
@@ -58,71 +63,115 @@ pub struct Unit {
     secondary: Option<Split>,
     /// The precision the shards travel and are gathered in.
     dtype: ParamDtype,
+    /// Its float8 weights (none without torchao's float8 gathers).
+    float8: Float8Weights,
+    /// Whether its forward gather first agrees on every float8 weight's scale.
+    agrees: bool,
 }
 
 /// Every unit of a sharded schedule (none for a replicated one). Each `param_shards` entry must
-/// be its unit's shard in its precision (and its secondary shard over a node's ranks), and
-/// every shard must fit in memory on each rank.
+/// be its unit's shard in its precision (and its secondary shard over a node's ranks), every
+/// shard must fit in memory on each rank, and with float8 weights one forward gather must agree
+/// on all of their scales.
 pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
     let label = "the lowered plan";
+    let bad =
+        |field: String, message: String| ExecError::Sim(SimError::invalid(label, field, message));
+    let float8_weights: usize = schedule
+        .buffers
+        .iter()
+        .map(|b| b.slots.iter().filter(|s| s.float8).count())
+        .sum();
+    let agreeing = schedule
+        .param_shards
+        .iter()
+        .filter(|s| s.amaxes > 0)
+        .count();
+    if float8_weights > 0 && agreeing != 1 {
+        return Err(bad(
+            "param_shards".into(),
+            format!("{agreeing} units' forward gathers agree on the scales of the {float8_weights} float8 weights: one must"),
+        ));
+    }
     (0..schedule.param_shards.len())
         .map(|g| {
             let param_shard = schedule.param_shards[g];
-            let numel = schedule.buffers.get(g).map(|b| b.numel).ok_or_else(|| {
-                let field = format!("param_shards[{g}]");
-                ExecError::Sim(SimError::invalid(
-                    label,
-                    field,
+            let buffer = schedule.buffers.get(g).ok_or_else(|| {
+                bad(
+                    format!("param_shards[{g}]"),
                     format!(
                         "group {g} does not exist: the plan has {}",
                         schedule.buffers.len()
                     ),
-                ))
+                )
             })?;
-            let split = |shard: ParamShard, field: &str| -> Result<Split> {
+            let (numel, float8_numel) = (buffer.numel, buffer.float8_numel());
+            if param_shard.amaxes > 0 && param_shard.amaxes as usize != float8_weights {
+                return Err(bad(
+                    format!("param_shards[{g}].amaxes"),
+                    format!(
+                        "{} is not the plan's {float8_weights} float8 weights",
+                        param_shard.amaxes
+                    ),
+                ));
+            }
+            if float8_numel > 0 && param_shard.secondary_bytes.is_some() {
+                return Err(bad(
+                    format!("param_shards[{g}].secondary_bytes"),
+                    "float8 weights have no second shard (hpZ is DeepSpeed's)".into(),
+                ));
+            }
+            let memory = |n: u64, what: &str| {
+                usize::try_from(n).map_err(|_| {
+                    bad(
+                        format!("param_shards[{g}]"),
+                        format!("{n} {what} do not fit in memory"),
+                    )
+                })
+            };
+            let split = |shard: ParamShard, field: &str, float8_numel: u64| -> Result<Split> {
                 let field = format!("param_shards[{g}].{field}");
-                let bad =
-                    |message: String| ExecError::Sim(SimError::invalid(label, &field, message));
                 let (bytes, ranks) = (shard.bytes, shard.ranks(schedule.world));
-                let elements = shard_numel(numel, ranks);
-                if shard.dtype.wire_bytes(elements) != Some(bytes) {
-                    return Err(bad(format!(
-                        "{bytes} bytes are not a shard of group {g}'s {numel} elements over {ranks} ranks ({elements} elements) in {}",
+                let cut = ShardCut::of(numel, float8_numel, ranks);
+                let elements = cut.float8 + cut.rest;
+                if cut.wire_bytes(shard.dtype) != Some(bytes) {
+                    return Err(bad(field, format!(
+                        "{bytes} bytes are not a shard of group {g}'s {numel} elements ({float8_numel} of them float8) over {ranks} ranks ({elements} elements) in {}",
                         shard.dtype.name()
                     )));
                 }
-                let fits = |n: Option<u64>| {
-                    n.and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
-                        bad(format!("{ranks} shards of {bytes} bytes do not fit in memory"))
-                    })
-                };
                 // After a gather a rank holds every shard.
-                fits(shard.gathered_bytes(schedule.world))?;
+                let gathered = shard.gathered_bytes(schedule.world).unwrap_or(u64::MAX);
+                memory(gathered, "gathered bytes")?;
                 Ok(Split {
                     ranks: ranks as usize,
-                    shard: fits(Some(elements))?,
-                    payload: fits(Some(bytes))?,
+                    shard: memory(elements, "elements")?,
+                    float8: memory(cut.float8, "elements")?,
+                    payload: memory(bytes, "bytes")?,
                 })
             };
             let secondary = match param_shard.secondary_bytes {
                 Some(_) => Some(split(
                     param_shard.for_pass(Pass::Backward),
                     "secondary_bytes",
+                    0,
                 )?),
                 None => None,
             };
+            let float8 = buffer
+                .slots
+                .iter()
+                .filter(|s| s.float8)
+                .map(|s| memory(s.numel, "elements"))
+                .collect::<Result<Vec<usize>>>()?;
             Ok(Unit {
                 group: g as u32,
-                numel: usize::try_from(numel).map_err(|_| {
-                    ExecError::Sim(SimError::invalid(
-                        label,
-                        format!("param_shards[{g}]"),
-                        format!("{numel} elements do not fit in memory"),
-                    ))
-                })?,
-                primary: split(param_shard, "bytes")?,
+                numel: memory(numel, "elements")?,
+                primary: split(param_shard, "bytes", float8_numel)?,
                 secondary,
                 dtype: param_shard.dtype,
+                float8: Float8Weights::new(float8),
+                agrees: param_shard.amaxes > 0,
             })
         })
         .collect()
@@ -161,6 +210,9 @@ pub struct Held {
     /// unit's, as ZeRO++ dequantizes what it gathers, and under hpZ, whose second shard is cut
     /// from them (empty otherwise: a cast is used as gathered).
     pub decoded: Mutex<Vec<f32>>,
+    /// The scale of each of the unit's float8 weights and the parameters' version they were
+    /// agreed on for (none before the first agreement).
+    scales: Mutex<Option<(u32, Vec<f32>)>>,
 }
 
 impl Held {
@@ -197,17 +249,23 @@ impl Unit {
         buffer.chunks_exact(self.split(pass).payload)
     }
 
-    /// Rank `rank`'s state of the unit, its values drawn from `seed`.
+    /// Rank `rank`'s state of the unit, its values drawn from `seed`: its shard of the float8
+    /// weights, then of the rest.
     pub fn held(&self, seed: u64, rank: u32) -> Held {
         let (primary, s) = (self.primary, self.primary.owned(rank));
         let mut rng = Rng::for_stream(mix(seed, u64::from(self.group)), s as u64);
-        let first = s * primary.shard;
-        let own = (first..first + primary.shard)
-            .map(|i| match i < self.numel {
-                true => rng.normal() as f32,
-                false => 0.0,
-            })
-            .collect();
+        let float8 = self.float8.numel();
+        let rest = primary.shard - primary.float8;
+        let mut draw = |first: usize, len: usize, end: usize| -> Vec<f32> {
+            (first..first + len)
+                .map(|i| match i < end {
+                    true => rng.normal() as f32,
+                    false => 0.0,
+                })
+                .collect()
+        };
+        let mut own = draw(s * primary.float8, primary.float8, float8);
+        own.extend(draw(s * rest, rest, self.numel - float8));
         let gathered = |split: Option<Split>| split.map_or(0, |s| s.ranks * s.payload);
         let decoded = match self.decodes() {
             true => vec![0.0; primary.ranks * primary.shard],
@@ -220,7 +278,15 @@ impl Unit {
             buffer: Mutex::new(vec![0; gathered(Some(primary))]),
             secondary_buffer: Mutex::new(vec![0; gathered(self.secondary)]),
             decoded: Mutex::new(decoded),
+            scales: Mutex::new(None),
         }
+    }
+
+    /// The largest magnitude of the rank's shard of each float8 weight at `version`.
+    fn maxima(&self, held: &Held, version: u32) -> Vec<f32> {
+        let (f, scale) = (self.primary.float8, scale(version));
+        let values: Vec<f32> = held.own[..f].iter().map(|&x| x * scale).collect();
+        self.float8.maxima(&values, held.shard * f)
     }
 
     /// After a gather before `pass`, decodes every shard of `buffer` into `held`'s parameters
@@ -273,9 +339,35 @@ impl Unit {
             }
         };
         let mine = &mut buffer[split.shard_bytes(shard)];
+        let (float8, rest) = mine.split_at_mut(split.float8);
+        if split.float8 > 0 {
+            let scales = held.scales.lock().expect("a unit's scales lock");
+            let scales =
+                match &*scales {
+                    Some((agreed, scales)) if *agreed == version => scales,
+                    other => {
+                        return Err(ExecError::Check {
+                            group: self.group as usize,
+                            message: format!(
+                            "a gather of version {version}'s float8 weights found the scales of {}",
+                            other.as_ref().map_or("none".into(), |(v, _)| format!("version {v}"))
+                        ),
+                        })
+                    }
+                };
+            let values = &values[..split.float8];
+            self.float8
+                .cast(values, shard * split.float8, scales, float8);
+        }
         // The casts and int8 are deterministic: the seed draws nothing.
-        codec_for(&self.dtype.codec(), 0).encode_into(&values, mine, &mut Vec::new())?;
+        let values = &values[split.float8..];
+        codec_for(&self.dtype.codec(), 0).encode_into(values, rest, &mut Vec::new())?;
         Ok(mine)
+    }
+
+    /// Whether the gather before `pass` first agrees on every float8 weight's scale.
+    pub fn agrees_before(&self, pass: Pass) -> bool {
+        self.agrees && pass == Pass::Forward
     }
 
     /// This rank's part of the gather before `pass` over `link`, its own shard in `buffer`
@@ -295,12 +387,37 @@ impl Unit {
     }
 }
 
+/// The scales of every unit's float8 weights at `version`, agreed on with every rank over
+/// `link` from each rank's maxima of its shards and kept in `held`, unit by unit.
+pub fn agree_scales(
+    units: &[Unit],
+    held: &[Held],
+    link: &dyn RingLink,
+    version: u32,
+    abort: &AtomicBool,
+) -> Result<()> {
+    let maxima: Vec<f32> = units
+        .iter()
+        .zip(held)
+        .flat_map(|(unit, held)| unit.maxima(held, version))
+        .collect();
+    let ranks = units.first().map_or(1, |u| u.primary.ranks);
+    let scales = float8::agree(link, ranks, &maxima, abort)?;
+    let mut rest = &scales[..];
+    for (unit, held) in units.iter().zip(held) {
+        let (mine, after) = rest.split_at(unit.float8.count());
+        *held.scales.lock().expect("a unit's scales lock") = Some((version, mine.to_vec()));
+        rest = after;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::compress::minifloat::{bf16_to_f32, f32_to_bf16};
     use crate::runtime::host::comm::on_host;
-    use crate::runtime::test_plans::{small_sharded, small_sharded_with};
+    use crate::runtime::test_plans::{small_float8, small_sharded, small_sharded_with};
     use syncopate_sim::strategy::ShardOptions;
 
     /// A buffer gathered before `pass` decoded shard by shard.
@@ -419,6 +536,102 @@ mod tests {
                             _ => assert_eq!(f.to_bits(), b.to_bits(), "rank {r}, {i}"),
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// torchao's float8 gathers on three ranks, the rest in fp32 and bf16: after the ranks
+    /// agree on the scales, every rank holds the same bytes; a float8 weight's element is its
+    /// owner's value times 448 / the weight's largest magnitude over every rank, cast to e4m3;
+    /// the rest is cast as before; padding is zeros. A gather of a version whose scales were not
+    /// agreed on fails instead of casting with stale ones.
+    #[test]
+    fn float8_gathers_cast_each_weight_with_the_scale_every_rank_agreed_on() {
+        use crate::compress::minifloat::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
+        for dtype in [ParamDtype::Fp32, ParamDtype::Bf16] {
+            let schedule = small_float8(dtype, (1, 3));
+            let units = units(&schedule).unwrap();
+            let float8: Vec<usize> = units.iter().map(|u| u.float8.count()).collect();
+            assert_eq!(
+                float8,
+                [1, 1, 0],
+                "the blocks' weights; not the head's 10 rows"
+            );
+            assert_eq!(units.iter().filter(|u| u.agrees).count(), 1);
+            let held: Vec<Vec<Held>> = (0..3)
+                .map(|r| units.iter().map(|u| u.held(5, r)).collect())
+                .collect();
+            let version = 3;
+            let gathered = on_host(3, |mesh, abort| {
+                let held = &held[mesh.rank as usize];
+                let unit = &units[0];
+                let mut buffer = held[0].buffer(unit, Pass::Forward).lock().unwrap();
+                let early = unit.put_own(&held[0], (Pass::Forward, version), &mut buffer);
+                assert!(early
+                    .unwrap_err()
+                    .to_string()
+                    .contains("found the scales of none"));
+                agree_scales(&units, held, mesh, version, abort)?;
+                drop(buffer);
+                let mut all = Vec::new();
+                for (unit, held) in units.iter().zip(held) {
+                    let mut buffer = held.buffer(unit, Pass::Forward).lock().unwrap();
+                    unit.put_own(held, (Pass::Forward, version), &mut buffer)?;
+                    unit.gather(mesh, Pass::Forward, &mut buffer, abort)?;
+                    all.push(buffer.clone());
+                }
+                Ok(all)
+            })
+            .unwrap();
+            assert!(gathered.iter().all(|g| *g == gathered[0]), "{dtype:?}");
+            for (u, unit) in units.iter().enumerate() {
+                let split = unit.primary;
+                let (f, rest) = (split.float8, split.shard - split.float8);
+                // Every rank's shard of the float8 part and of the rest, in shard order.
+                let mut part = vec![0f32; 3 * f];
+                let mut others = vec![0f32; 3 * rest];
+                for held in held.iter().map(|h| &h[u]) {
+                    let values: Vec<f32> = held.own.iter().map(|x| x * scale(version)).collect();
+                    part[held.shard * f..][..f].copy_from_slice(&values[..f]);
+                    others[held.shard * rest..][..rest].copy_from_slice(&values[f..]);
+                }
+                let weight = unit.float8.numel();
+                let largest = part[..weight].iter().fold(0f32, |m, x| m.max(x.abs()));
+                let scale = float8::scale(largest);
+                for (s, shard) in unit.shards(Pass::Forward, &gathered[0][u]).enumerate() {
+                    let (codes, cast) = shard.split_at(f);
+                    for (i, &code) in codes.iter().enumerate() {
+                        let x = part[s * f + i];
+                        let want = if s * f + i < weight {
+                            f32_to_e4m3(x * scale)
+                        } else {
+                            0
+                        };
+                        assert_eq!(code, want, "unit {u}, shard {s}, element {i}");
+                    }
+                    for (i, bytes) in cast
+                        .chunks_exact(dtype.wire_bytes(1).unwrap() as usize)
+                        .enumerate()
+                    {
+                        let x = others[s * rest + i];
+                        let got = match dtype {
+                            ParamDtype::Bf16 => {
+                                let want = bf16_to_f32(f32_to_bf16(x));
+                                (bf16_to_f32(u16::from_le_bytes([bytes[0], bytes[1]])), want)
+                            }
+                            _ => (f32::from_le_bytes(bytes.try_into().unwrap()), x),
+                        };
+                        assert_eq!(got.0.to_bits(), got.1.to_bits(), "unit {u}, shard {s}, {i}");
+                    }
+                }
+                // The largest magnitude lands on e4m3's largest.
+                if weight > 0 {
+                    let codes = gathered[0][u]
+                        .chunks_exact(split.payload)
+                        .flat_map(|s| &s[..f]);
+                    let top = codes.map(|&c| e4m3_to_f32(c).abs()).fold(0f32, f32::max);
+                    assert_eq!(top, 448.0, "unit {u}");
                 }
             }
         }

@@ -75,28 +75,60 @@ pub(crate) fn small_sharded_with(
     strategy: &str,
     spec: &str,
     sharding: ShardOptions,
+    topology: (u32, u32),
+) -> Schedule {
+    let tensors: [(&str, &[u64], &str); 6] = [
+        ("head.weight", &[10, 7], "Linear"),
+        ("h.1.bias", &[13], "Linear"),
+        ("h.1.weight", &[13, 6], "Linear"),
+        ("h.0.bias", &[11], "Linear"),
+        ("h.0.weight", &[11, 7], "Linear"),
+        ("wte.weight", &[17, 5], "Embedding"),
+    ];
+    small_model_sharded(&tensors, (strategy, spec), sharding, topology)
+}
+
+/// An `fsdp` plan with torchao's float8 gathers, the other tensors in `param_dtype`, of a small
+/// model of the same layout whose linear weights have dimensions of multiples of 16 (float8
+/// ones) but the head's; no unit's float8 weights or other tensors divide by three ranks.
+pub(crate) fn small_float8(param_dtype: ParamDtype, topology: (u32, u32)) -> Schedule {
+    let tensors: [(&str, &[u64], &str); 6] = [
+        ("head.weight", &[10, 16], "Linear"),
+        ("h.1.bias", &[13], "Linear"),
+        ("h.1.weight", &[16, 16], "Linear"),
+        ("h.0.bias", &[11], "Linear"),
+        ("h.0.weight", &[16, 32], "Linear"),
+        ("wte.weight", &[17, 5], "Embedding"),
+    ];
+    let sharding = ShardOptions {
+        param_dtype,
+        float8_all_gather: true,
+        ..ShardOptions::default()
+    };
+    small_model_sharded(&tensors, ("fsdp", "none"), sharding, topology)
+}
+
+/// A plan of `strategy` compressed by `spec` over a model of `tensors` (name, shape, module),
+/// listed in backward order, on `nodes` nodes of `per_node` ranks.
+fn small_model_sharded(
+    tensors: &[(&str, &[u64], &str)],
+    (strategy, spec): (&str, &str),
+    sharding: ShardOptions,
     (nodes, per_node): (u32, u32),
 ) -> Schedule {
     let mut model = resnet50();
     let template = model.tensors[0].clone();
-    let tensors: [(&str, &[u64]); 6] = [
-        ("head.weight", &[10, 7]),
-        ("h.1.bias", &[13]),
-        ("h.1.weight", &[13, 6]),
-        ("h.0.bias", &[11]),
-        ("h.0.weight", &[11, 7]),
-        ("wte.weight", &[17, 5]),
-    ];
     model.arithmetic = None;
     model.tensors = tensors
         .iter()
         .enumerate()
-        .map(|(i, (name, shape))| {
+        .map(|(i, (name, shape, module))| {
             let mut t = template.clone();
             t.name = name.to_string();
             t.shape = shape.to_vec();
             t.numel = shape.iter().product();
             t.registration_index = tensors.len() - 1 - i;
+            t.module = Some(module.to_string());
             t
         })
         .collect();

@@ -55,7 +55,7 @@ def model_profile(module, loss_fn, *, name, batch_size, device="host-2core", ite
         dist.barrier()  # the ranks start together; each iteration then runs as the cores let it
     samples = _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iterations)
     activations = _activation_bytes(module, loss_fn, named, on, amp)
-    tensors = _tensors(named, samples)
+    tensors = _tensors(named, samples, _module_classes(module, named))
     precision = f", autocast {_autocast_dtype(on)}" if amp else ""
     method = (f"{clock.description}, per-tensor medians of {iterations} iterations after {warmup} warm-up scaled to the median iteration's total, batch {batch_size}"
               f"{precision}, PyTorch {torch.__version__}")
@@ -201,7 +201,17 @@ def _measure(module, loss_fn, named, optimizer, clock, on, amp, warmup, iteratio
     return samples
 
 
-def _tensors(named, samples):
+def _module_classes(module, named):
+    """Per parameter, the class of the module that registers it: `Linear` for torch.nn.Linear and
+    its subclasses (what torchao's float8 conversion takes), else the class's own name."""
+    classes = []
+    for name, _ in named:
+        owner = module.get_submodule(name.rpartition(".")[0])
+        classes.append("Linear" if isinstance(owner, torch.nn.Linear) else type(owner).__name__)
+    return classes
+
+
+def _tensors(named, samples, classes):
     """The profile's tensors in the last iteration's gradient-ready order, with median timings."""
     order = samples[-1]["order"]
     if len(order) != len(named):
@@ -229,6 +239,7 @@ def _tensors(named, samples):
             "registration_index": index,
             "backward_us": round(backward[index] * backward_scale, 3),
             "forward_us": round(forward[index] * forward_scale, 3),
+            "module": classes[index],
         })
     return tensors
 

@@ -165,9 +165,27 @@ pub struct Tensor {
     pub backward_us: f64,
     /// Forward compute of the layer that owns this tensor, split among the layer's tensors.
     pub forward_us: f64,
+    /// The class of the module that registers the tensor, as the profiler found it (`Linear`
+    /// for `torch.nn.Linear` and its subclasses, else the class's name: `Conv1D`, `Embedding`,
+    /// `LayerNorm`); none when not recorded. It says which weights torchao's float8 training
+    /// can convert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
 }
 
 impl Tensor {
+    /// Whether the tensor is a weight that torchao's `convert_to_float8_training` turns into a
+    /// float8 linear's and FSDP2 can then gather in float8: an `nn.Linear`'s 2-D weight whose
+    /// dimensions are multiples of 16, which float8 matrix products require (torchao 0.18,
+    /// `float8/float8_linear_utils.py`, `_auto_filter_for_tensorwise`: "All dims must be
+    /// divisible by 16 due to float8 hardware requirements").
+    pub fn is_float8_linear_weight(&self) -> bool {
+        self.module.as_deref() == Some("Linear")
+            && self.name.ends_with(".weight")
+            && self.shape.len() == 2
+            && self.shape.iter().all(|d| d % 16 == 0)
+    }
+
     /// The gradient's size in bytes.
     pub fn bytes(&self) -> u64 {
         self.numel * self.dtype.bytes()
@@ -339,6 +357,17 @@ impl ModelProfile {
             }
             limits::check_duration_us(label, &at("backward_us"), tensor.backward_us)?;
             limits::check_duration_us(label, &at("forward_us"), tensor.forward_us)?;
+            if tensor
+                .module
+                .as_deref()
+                .is_some_and(|m| m.trim().is_empty())
+            {
+                return Err(SimError::invalid(
+                    label,
+                    at("module"),
+                    "an empty class name: leave the field out when it is not recorded",
+                ));
+            }
             total += tensor.numel;
             if total > limits::MAX_MODEL_ELEMENTS {
                 return Err(SimError::invalid(

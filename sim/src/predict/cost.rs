@@ -392,7 +392,8 @@ fn allgather_shards(
 /// A sharded plan's gather of one unit's `numel` parameters, each rank contributing its shard:
 /// over every rank, or inside each node under hybrid sharding. A quantized gather (ZeRO++'s
 /// int8) encodes the rank's shard before the collective and decodes every shard after it, in
-/// turn with it on the gather's stream.
+/// turn with it on the gather's stream. A float8 gather's cast is the framework's copy into the
+/// gather buffer, like any cast; the iteration's first gathers the float8 scales before it.
 fn gather_cost(
     scenario: &Scenario,
     shard: ParamShard,
@@ -417,6 +418,14 @@ fn gather_cost(
     })?;
     let mut estimate = allgather_shards(scenario, bytes, group, naming)?;
     estimate.delay_with_compute = delay_with_compute(scenario, Exchange::AllgatherShards);
+    if shard.amaxes > 0 {
+        // The float8 scales are agreed on first, in turn: every rank's maxima, 4 bytes each,
+        // all-gathered over the same ranks (`ParamShard::amaxes`).
+        let maxima = u64::from(shard.amaxes) * 4 * u64::from(shard.ranks(world));
+        let agreed = allgather_shards(scenario, maxima, group, naming)?;
+        estimate.time += agreed.time;
+        estimate.fixed += agreed.fixed;
+    }
     if let Some(quantizer) = shard.dtype.quantizer() {
         let ranks = shard.ranks(world);
         let shard_numel = crate::sharding::shard_numel(numel, ranks);

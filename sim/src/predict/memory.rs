@@ -16,7 +16,7 @@ use crate::inputs::device::DeviceProfile;
 use crate::inputs::model::ModelProfile;
 use crate::plan::Plan;
 use crate::predict::scenario::Scenario;
-use crate::schedule::{lower, Schedule};
+use crate::schedule::{lower, Buffer, Schedule};
 use crate::sharding::{shard_numel, Sharding};
 use serde::Serialize;
 
@@ -139,7 +139,7 @@ pub fn memory_use(
     });
     let node_ranks = schedule.world.ranks_per_node;
     let gathered = sharding.map_or(0, |s| {
-        gathered_bytes(model, plan, (s, node_ranks), &units, numel)
+        gathered_bytes(model, plan, (s, node_ranks), &schedule.buffers, numel)
     });
     let compression: u64 = plan
         .groups
@@ -164,13 +164,13 @@ pub fn memory_use(
 }
 
 /// Parameters gathered at once beyond the rank's shard: ZeRO-3's units at their peak (and a
-/// quantized gather's payload), or ZeRO-1/2's compute copy when the gather's precision is not
-/// the stored fp32.
+/// quantized gather's payload; float8 weights stay float8, a byte each, as torchao computes
+/// with them), or ZeRO-1/2's compute copy when the gather's precision is not the stored fp32.
 fn gathered_bytes(
     model: &ModelProfile,
     plan: &Plan,
     (sharding, node_ranks): (&Sharding, u32),
-    units: &[u64],
+    buffers: &[Buffer],
     numel: u64,
 ) -> u64 {
     let bytes = sharding.param_dtype.gathered_element_bytes();
@@ -180,8 +180,12 @@ fn gathered_bytes(
             false => numel * bytes,
         };
     }
+    let units: Vec<u64> = buffers
+        .iter()
+        .map(|b| b.float8_numel() + (b.numel - b.float8_numel()) * bytes)
+        .collect();
     if !sharding.reshard_after_forward {
-        return numel * bytes;
+        return units.iter().sum();
     }
     let resident: u64 = sharding.resident.iter().map(|&g| units[g]).sum();
     // The forward order of the units that are freed; any `prefetch` + 1 in a row are gathered
@@ -199,19 +203,22 @@ fn gathered_bytes(
         .unwrap_or(0);
     // A quantized gather's payload lives until it is dequantized: the largest unit's at most.
     let payload = match sharding.param_dtype.quantizer() {
-        Some(codec) => units
+        Some(codec) => buffers
             .iter()
-            .map(|&n| codec.wire_bytes(n))
+            .map(|b| codec.wire_bytes(b.numel))
             .max()
             .unwrap_or(0),
         None => 0,
     };
     // hpZ keeps every unit's second shard, over the node's ranks, from forward to backward.
     let secondary: u64 = match sharding.secondary_within_node {
-        true => units.iter().map(|&n| shard_numel(n, node_ranks)).sum(),
+        true => buffers
+            .iter()
+            .map(|b| shard_numel(b.numel, node_ranks))
+            .sum(),
         false => 0,
     };
-    (resident + peak + secondary) * bytes + payload
+    resident + peak + secondary * bytes + payload
 }
 
 #[cfg(test)]

@@ -44,7 +44,12 @@ pub fn lower(
     let syncing = world.ranks() > 1;
     let overlap = plan.policy.overlap_forward && syncing;
     let servers = Servers::from_count(plan.policy.ps_servers);
-    let buffers: Vec<Buffer> = plan.groups.iter().map(|g| buffer(model, g)).collect();
+    let float8 = plan.sharding.as_ref().is_some_and(|s| s.float8_all_gather);
+    let buffers: Vec<Buffer> = plan
+        .groups
+        .iter()
+        .map(|g| buffer(model, g, float8))
+        .collect();
     let mut pieces = Vec::new();
     let mut group_pieces = Vec::with_capacity(plan.groups.len());
     if syncing {
@@ -385,17 +390,20 @@ pub(super) fn first_forward(model: &ModelProfile, group: &Group) -> usize {
         .expect("validated groups are non-empty")
 }
 
-pub(super) fn buffer(model: &ModelProfile, group: &Group) -> Buffer {
+/// Group `group`'s buffer; with `float8` gathers (torchao's), its float8 weights are marked.
+pub(super) fn buffer(model: &ModelProfile, group: &Group, float8: bool) -> Buffer {
     let mut offset = 0u64;
     let slots = group
         .tensors
         .iter()
         .map(|&t| {
-            let numel = model.tensors[t].numel;
+            let tensor = &model.tensors[t];
+            let numel = tensor.numel;
             let slot = Slot {
                 tensor: t as u32,
                 offset,
                 numel,
+                float8: float8 && tensor.is_float8_linear_weight(),
             };
             offset += numel;
             slot

@@ -270,6 +270,10 @@ pub struct Slot {
     pub offset: u64,
     /// Elements of the tensor.
     pub numel: u64,
+    /// A sharded plan with float8 gathers: the tensor is a float8 linear's weight, gathered in
+    /// float8 e4m3 with its own scale ([`crate::sharding::Sharding::float8_all_gather`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub float8: bool,
 }
 
 /// A group's fusion buffer: its tensors, in plan order, one after another.
@@ -280,6 +284,17 @@ pub struct Buffer {
     pub numel: u64,
     /// Each tensor's place, in plan order.
     pub slots: Vec<Slot>,
+}
+
+impl Buffer {
+    /// Elements of its float8 weights ([`Slot::float8`]).
+    pub fn float8_numel(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter(|s| s.float8)
+            .map(|s| s.numel)
+            .sum()
+    }
 }
 
 /// One rank's shard of a sharded plan's unit: what it contributes to each gather of the unit.
@@ -299,6 +314,12 @@ pub struct ParamShard {
     /// gather before backward takes it inside the node (ZeRO++'s hpZ); none without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secondary_bytes: Option<u64>,
+    /// With float8 gathers: the float8 weights (of the whole model) whose scales this unit's
+    /// forward gather agrees on first, the model's every one on the unit gathered first in an
+    /// iteration and none elsewhere: each rank all-gathers the largest magnitude of its shard
+    /// of each (as torchao all-reduces them after each step) and takes the largest.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub amaxes: u32,
 }
 
 impl ParamShard {
@@ -311,8 +332,10 @@ impl ParamShard {
                 dtype: self.dtype,
                 within_node: true,
                 secondary_bytes: None,
+                amaxes: 0,
             },
-            _ => *self,
+            (Pass::Forward, _) => *self,
+            _ => ParamShard { amaxes: 0, ..*self },
         }
     }
 
@@ -673,7 +696,8 @@ impl Schedule {
                 Slot {
                     tensor: 0,
                     offset: 0,
-                    numel: 0
+                    numel: 0,
+                    float8: false,
                 }
             );
             tensors

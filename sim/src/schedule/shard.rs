@@ -16,7 +16,7 @@ use super::{LaunchSlot, OpList, ParamShard, Pass, Piece, Step, StepKind, StepLis
 use crate::base::error::{Result, SimError};
 use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecStream, Plan};
-use crate::sharding::{shard_numel, Sharding, Stage};
+use crate::sharding::{ShardCut, Sharding, Stage};
 use std::ops::Range;
 
 /// What lowering a sharded plan adds to the pieces: the steps of one iteration, the step that
@@ -47,15 +47,22 @@ pub(super) fn sharded_steps(
         ));
     }
     let units = plan.groups.len();
-    let param_shards = plan
+    let float8 =
+        |t: usize| sharding.float8_all_gather && model.tensors[t].is_float8_linear_weight();
+    let mut param_shards = plan
         .groups
         .iter()
         .enumerate()
         .map(|(g, group)| {
-            let dtype = sharding.param_dtype;
+            let float8_numel = group
+                .tensors
+                .iter()
+                .filter(|&&t| float8(t))
+                .map(|&t| model.tensors[t].numel)
+                .sum();
             let bytes = |ranks| {
-                dtype
-                    .wire_bytes(shard_numel(group.numel(model), ranks))
+                ShardCut::of(group.numel(model), float8_numel, ranks)
+                    .wire_bytes(sharding.param_dtype)
                     .ok_or_else(|| {
                         let field = format!("groups[{g}]");
                         SimError::invalid("plan", field, "its shard's bytes overflow")
@@ -67,9 +74,10 @@ pub(super) fn sharded_steps(
             };
             Ok(ParamShard {
                 bytes: bytes(ranks)?,
-                dtype,
+                dtype: sharding.param_dtype,
                 within_node: sharding.within_node,
                 secondary_bytes,
+                amaxes: 0,
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -105,6 +113,11 @@ pub(super) fn sharded_steps(
         .map(|g| first_forward(model, g))
         .collect();
     let forward_order = plan.forward_order(model);
+    // The scales of every float8 weight are agreed on before the first gather of an iteration.
+    let amaxes = (0..model.num_tensors()).filter(|&t| float8(t)).count();
+    if let (Some(&first), true) = (forward_order.first(), amaxes > 0) {
+        param_shards[first].amaxes = u32::try_from(amaxes).expect("a model's tensors fit u32");
+    }
     // Backward reaches the units by their first tensor in backward order, their lowest index.
     let mut backward_order: Vec<usize> = (0..units).collect();
     backward_order.sort_by_key(|&g| (first_backward[g], g));

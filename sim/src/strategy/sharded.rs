@@ -37,6 +37,8 @@ pub struct ShardOptions {
     pub bucket_elements: u64,
     /// FSDP: ZeRO++'s hpZ, a second shard inside the node for the gathers before backward.
     pub secondary_within_node: bool,
+    /// FSDP: torchao's float8 all-gather of the float8 linears' weights.
+    pub float8_all_gather: bool,
 }
 
 impl Default for ShardOptions {
@@ -48,6 +50,7 @@ impl Default for ShardOptions {
             blocks_per_unit: 1,
             bucket_elements: ZERO_BUCKET_ELEMENTS,
             secondary_within_node: false,
+            float8_all_gather: false,
         }
     }
 }
@@ -70,6 +73,7 @@ pub(super) fn zero_plan(
         within_node: false,
         // ZeRO-1 and 2 keep every parameter: `Plan::validate` refuses a second shard.
         secondary_within_node: options.sharding.secondary_within_node,
+        float8_all_gather: options.sharding.float8_all_gather,
     };
     sharded(name, scenario, options, buckets, Scheme::Auto, sharding)
 }
@@ -132,6 +136,7 @@ pub fn fsdp_units_plan(
         param_dtype: options.sharding.param_dtype,
         within_node,
         secondary_within_node: options.sharding.secondary_within_node,
+        float8_all_gather: options.sharding.float8_all_gather,
     };
     let scheme = Scheme::scattering(&sharding, options.compressor);
     sharded(name, scenario, options, units, scheme, sharding)
