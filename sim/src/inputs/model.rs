@@ -655,6 +655,43 @@ mod tests {
         }
     }
 
+    /// Only an nn.Linear's 2-D weight with dimensions of multiples of 16 is torchao's; an empty
+    /// class name is refused by field.
+    #[test]
+    fn the_recorded_module_says_which_weights_are_float8s() {
+        let mut tensor = parse("").unwrap().tensors[0].clone();
+        assert_eq!(tensor.module, None);
+        (tensor.name, tensor.shape) = ("fc.weight".into(), vec![32, 48]);
+        assert!(!tensor.is_float8_linear_weight(), "not recorded");
+        tensor.module = Some("Linear".into());
+        assert!(tensor.is_float8_linear_weight());
+        for (name, shape, module) in [
+            ("fc.bias", vec![32, 48], "Linear"),
+            ("fc.weight", vec![32, 40], "Linear"),
+            ("fc.weight", vec![32 * 48], "Linear"),
+            ("fc.weight", vec![32, 48], "Conv1D"),
+        ] {
+            let t = Tensor {
+                name: name.into(),
+                shape,
+                module: Some(module.into()),
+                ..tensor.clone()
+            };
+            assert!(
+                !t.is_float8_linear_weight(),
+                "{name} {:?} {module}",
+                t.shape
+            );
+        }
+        let text = profile_text("").replace(
+            r#""forward_us": 1.0}"#,
+            r#""forward_us": 1.0, "module": " "}"#,
+        );
+        let model: ModelProfile = data::parse_json("one.json", &text).unwrap();
+        let err = model.validate("one.json").unwrap_err().to_string();
+        assert!(err.contains("tensors[0] (w).module"), "{err}");
+    }
+
     #[test]
     fn a_profile_without_thread_counts_serializes_without_the_field() {
         let text = serde_json::to_string(&parse("").unwrap()).unwrap();
