@@ -272,9 +272,10 @@ def test_deepspeed_trains_with_the_exported_config(profile_path, tmp_path, monke
 
 def shard_and_train(rank, world, settings_path, steps, per_node=None):
     """Shards the tiny model with the exported `shard` under FSDP2 (HSDP's 2-D mesh, from the
-    export's `hybrid_mesh`, with `per_node` ranks a node) and trains `steps` steps; the units FSDP
-    formed (parameter names, the root's last), each unit's forward prefetch count, the last loss
-    and the full parameters."""
+    export's `hybrid_mesh`, with `per_node` ranks a node) and trains `steps` steps, calling the
+    export's `after_step` (torchao's float8 scales) before the first and after each; the units
+    FSDP formed (parameter names, the root's last), each unit's forward prefetch count, the last
+    loss, the full parameters and the names of the weights FSDP2 gathers in float8."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
@@ -300,15 +301,20 @@ def shard_and_train(rank, world, settings_path, steps, per_node=None):
                             for p in group.fsdp_params))
         prefetch.append(len(state._states_to_forward_prefetch))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    after_step = getattr(settings, "after_step", lambda model: None)
+    after_step(model)
     for step in range(steps):
         x, y = models.batch(rank, step)
         loss = torch.nn.functional.cross_entropy(model(x).float(), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        after_step(model)
+    float8 = sorted(name for name, p in model.named_parameters()
+                    if type(p._local_tensor).__name__ == "WeightWithDynamicFloat8CastTensor")
     full = [p.full_tensor().detach().float().flatten().tolist() for p in model.parameters()]
     assert len(names) == sum(len(u) for u in units)
-    return units, prefetch, loss.item(), full
+    return units, prefetch, loss.item(), full, float8
 
 
 def module_name(model, module):
@@ -341,7 +347,8 @@ def test_fsdp_export_shards_the_planned_units_and_trains_under_fsdp2(profile_pat
             assert {k.arg for k in call.keywords} <= set(inspect.signature(target).parameters), ast.unparse(call)
     hybrid = {"per_node": per_node} if strategy == "hsdp" else {}
     outcomes = ranks.values(ranks.run(shard_and_train, str(settings), 3, world=nodes * per_node, **hybrid))
-    (units, prefetches, loss, params), (other_units, _, other_loss, other_params) = outcomes[0], outcomes[-1]
+    (units, prefetches, loss, params, float8), (other_units, _, other_loss, other_params, _) = outcomes[0], outcomes[-1]
+    assert float8 == []
     # FSDP2 forms the plan's units (the root, with no parameters of its own here, forms none).
     assert sorted(units) == sorted(predicted_buckets(fsdp_plan, profile_path)) == sorted(predicted_buckets(plan, profile_path))
     assert units == other_units
@@ -350,6 +357,22 @@ def test_fsdp_export_shards_the_planned_units_and_trains_under_fsdp2(profile_pat
     assert loss == loss and other_loss == other_loss and params == other_params
     simulated = json.loads(conftest.cli("simulate", "--plan", fsdp_plan, "--format", "json").stdout)
     assert simulated["iteration_time_ms"] == report["iteration_ms"]
+
+
+def test_a_float8_plan_exports_as_torchao_float8_linears_that_train_under_fsdp2(profile_path, tmp_path):
+    plan, settings = tmp_path / "plan.json", tmp_path / "fsdp_settings.py"
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
+                 "--strategy", "fsdp", "--float8-all-gather", "--param-dtype", "bf16", "--save-plan", plan)
+    report = json.loads(conftest.cli("export", "--plan", plan, "--to", "fsdp", "--out", settings, "--format",
+                                     "json").stdout)
+    # The tiny model's one nn.Linear whose dimensions are multiples of 16 (32 x 48).
+    assert load_settings(settings).FLOAT8_LINEARS == {"4"}
+    assert any("float8 linears" in note for note in report["not_expressed"]), report["not_expressed"]
+    outcomes = ranks.values(ranks.run(shard_and_train, str(settings), 3, world=2, timeout=300))
+    (_, _, loss, params, float8), (_, _, other_loss, other_params, other_float8) = outcomes
+    # torchao made it a float8 linear whose weight FSDP2 gathers in float8, and it trains.
+    assert float8 == other_float8 == ["4.weight"]
+    assert loss == loss and other_loss == other_loss and params == other_params
 
 
 @pytest.mark.parametrize("strategy,stage", [("zero1", 1), ("zero2", 2)])

@@ -6,9 +6,12 @@
 //! `reshard_after_forward=False`; `MixedPrecisionPolicy(param_dtype, reduce_dtype)`, whose
 //! `reduce_dtype` defaults to `param_dtype`; one unit is prefetched in forward and in backward
 //! without being asked, and `set_modules_to_forward_prefetch` /
-//! `set_modules_to_backward_prefetch` prefetch more. FSDP2 cannot prefetch none.
+//! `set_modules_to_backward_prefetch` prefetch more. FSDP2 cannot prefetch none. Float8
+//! gathers are torchao 0.18's (`torchao.float8`): `convert_to_float8_training` with
+//! `Float8LinearConfig(enable_fsdp_float8_all_gather=True)` before `fully_shard`, and
+//! `precompute_float8_dynamic_scale_for_fsdp` after each optimizer step.
 
-use crate::compress::{Compressor, Memory};
+use crate::compress::{Compressor, Fp8Format, Memory};
 use crate::inputs::model::{ModelProfile, Precision};
 use crate::plan::Plan;
 use crate::predict::scenario::Scenario;
@@ -46,6 +49,8 @@ pub struct FsdpSettings {
     /// Hybrid sharding (HSDP): a 2-D mesh, sharded over each node's ranks, replicated across
     /// nodes.
     pub hybrid: bool,
+    /// torchao's float8 linears, their weights gathered in float8.
+    pub float8_all_gather: bool,
 }
 
 impl FsdpSettings {
@@ -58,6 +63,7 @@ impl FsdpSettings {
             param_dtype: ParamDtype::Fp32,
             reduce: Compressor::None,
             hybrid: false,
+            float8_all_gather: false,
         }
     }
 
@@ -65,9 +71,12 @@ impl FsdpSettings {
         (self.reduce, Memory::None)
     }
 
-    /// The precision the settings trade for speed: bf16 when they gather or reduce in it.
+    /// The precision the settings trade for speed: float8 when they gather weights in it, bf16
+    /// when they gather or reduce in it.
     pub(super) fn precision(&self) -> Choice {
-        if self.param_dtype == ParamDtype::Bf16 {
+        if self.float8_all_gather {
+            (FLOAT8, Memory::None)
+        } else if self.param_dtype == ParamDtype::Bf16 {
             (Compressor::Bf16, Memory::None)
         } else {
             self.compression()
@@ -89,6 +98,7 @@ impl FsdpSettings {
                 reshard_after_forward: self.reshard_after_forward,
                 param_dtype: self.param_dtype,
                 blocks_per_unit,
+                float8_all_gather: self.float8_all_gather,
                 ..ShardOptions::default()
             },
             ..StrategyOptions::default()
@@ -131,8 +141,13 @@ impl FsdpSettings {
             FsdpUnits::Explicit(units) => format!("{} units", units.len() + 1),
         };
         let hybrid = if self.hybrid { ", hybrid (HSDP)" } else { "" };
+        let float8 = if self.float8_all_gather {
+            " (linears float8)"
+        } else {
+            ""
+        };
         format!(
-            "{units}{hybrid}, prefetch {}, reshard after forward {}, param {}, reduce {}",
+            "{units}{hybrid}, prefetch {}, reshard after forward {}, param {}{float8}, reduce {}",
             self.prefetch,
             self.reshard_after_forward,
             self.param_dtype.name(),
@@ -140,21 +155,27 @@ impl FsdpSettings {
         )
     }
 
-    /// What the prediction leaves out: FSDP2 computes in `param_dtype`; the profile's compute
-    /// is its own, mixed precision (fp16) at best.
+    /// What the prediction leaves out: FSDP2 computes in `param_dtype` and torchao's float8
+    /// linears in float8; the profile's compute is its own, mixed precision (fp16) at best.
     pub(super) fn caveats(&self, model: &ModelProfile) -> Vec<String> {
         let precision = model.arithmetic.as_ref().map(|a| a.precision);
-        if self.param_dtype != ParamDtype::Bf16 || precision == Some(Precision::Fp16) {
-            return Vec::new();
+        let recorded = precision.map_or("precision not recorded", |p| match p {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Fp16 => "fp16",
+        });
+        let mut caveats = Vec::new();
+        if self.param_dtype == ParamDtype::Bf16 && precision != Some(Precision::Fp16) {
+            caveats.push(format!(
+                "param_dtype bf16: FSDP2 runs forward and backward in bf16, while the predicted compute is the profile's ({recorded}); the gathers and memory are priced in bf16"
+            ));
         }
-        vec![format!(
-            "param_dtype bf16: FSDP2 runs forward and backward in bf16, while the predicted compute is the profile's ({}); the gathers and memory are priced in bf16",
-            precision.map_or("precision not recorded", |p| match p {
-                Precision::Fp32 => "fp32",
-                Precision::Tf32 => "tf32",
-                Precision::Fp16 => "fp16",
-            })
-        )]
+        if self.float8_all_gather {
+            caveats.push(format!(
+                "float8 linears: torchao runs their matrix products in float8 (GPUs with float8 tensor cores, compute capability 8.9 or later) and casts their inputs and gradients each iteration, while the predicted compute is the profile's ({recorded}); record the profile under float8 training for it. The gathers and memory are priced in float8"
+            ));
+        }
+        caveats
     }
 
     /// The flags of `simulate --strategy fsdp` for block units; explicit units need `--plan`.
@@ -180,6 +201,9 @@ impl FsdpSettings {
             "--param-dtype".to_string(),
             self.param_dtype.name().to_string(),
         ]);
+        if self.float8_all_gather {
+            flags.push("--float8-all-gather".to_string());
+        }
         if self.reduce != Compressor::None {
             flags.extend(["--compressor".to_string(), self.reduce.to_string()]);
         }
@@ -213,16 +237,54 @@ impl FsdpSettings {
             true => "\n\ndef hybrid_mesh(device_type=\"cuda\"):\n    \"\"\"HSDP's mesh: each node's ranks (torchrun's LOCAL_WORLD_SIZE) shard, the nodes replicate.\"\"\"\n    import os\n\n    import torch.distributed as dist\n    from torch.distributed.device_mesh import init_device_mesh\n\n    per_node = int(os.environ[\"LOCAL_WORLD_SIZE\"])\n    return init_device_mesh(device_type, (dist.get_world_size() // per_node, per_node),\n                            mesh_dim_names=(\"replicate\", \"shard\"))\n",
             false => "",
         };
+        let float8 = self.float8_code(model);
         format!(
-            "# FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6 or later).\nimport torch\nfrom torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n# The units in forward order, each the submodules one fully_shard call groups; the rest of\n# the model is the root unit.\nUNITS = [\n{}]\nPREFETCH = {}\n\n\ndef shard(model, mesh=None):\n    \"\"\"Shards `model` in place with the exported units and settings and returns it;\n    {mesh_doc}\"\"\"\n{mesh_code}    policy = MixedPrecisionPolicy(param_dtype={}, reduce_dtype={})\n    units = []\n    for names in UNITS:\n        modules = [model.get_submodule(name) for name in names]\n        fully_shard(modules, mesh=mesh, reshard_after_forward={}, mp_policy=policy)\n        units.append(modules[0])\n    # The root keeps its parameters after forward: backward needs them first.\n    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)\n{}    return model\n{hybrid_mesh}",
+            "# FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6 or later).\nimport torch\nfrom torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n{}\n# The units in forward order, each the submodules one fully_shard call groups; the rest of\n# the model is the root unit.\nUNITS = [\n{}]\nPREFETCH = {}\n{}\n\ndef shard(model, mesh=None):\n    \"\"\"Shards `model` in place with the exported units and settings and returns it;\n    {mesh_doc}\"\"\"\n{mesh_code}{}    policy = MixedPrecisionPolicy(param_dtype={}, reduce_dtype={})\n    units = []\n    for names in UNITS:\n        modules = [model.get_submodule(name) for name in names]\n        fully_shard(modules, mesh=mesh, reshard_after_forward={}, mp_policy=policy)\n        units.append(modules[0])\n    # The root keeps its parameters after forward: backward needs them first.\n    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)\n{}    return model\n{}{hybrid_mesh}",
+            float8.import,
             listed.concat(),
             self.prefetch,
+            float8.linears,
+            float8.convert,
             torch_dtype(self.param_dtype == ParamDtype::Bf16),
             torch_dtype(self.reduce == Compressor::Bf16),
             python_bool(self.reshard_after_forward),
             prefetch,
+            float8.after_step,
         )
     }
+
+    /// The lines torchao's float8 gathers add to the module (all empty without them).
+    fn float8_code(&self, model: &ModelProfile) -> Float8Code {
+        if !self.float8_all_gather {
+            return Float8Code::default();
+        }
+        let mut weights: Vec<_> = model
+            .tensors
+            .iter()
+            .filter(|t| t.is_float8_linear_weight())
+            .collect();
+        weights.sort_by_key(|t| t.registration_index);
+        let linears: Vec<String> = weights
+            .into_iter()
+            .filter_map(|t| t.name.strip_suffix(".weight"))
+            .map(|module| format!("    \"{module}\",\n"))
+            .collect();
+        Float8Code {
+            import: "from torchao.float8 import (Float8LinearConfig, convert_to_float8_training,\n                            precompute_float8_dynamic_scale_for_fsdp)\n",
+            linears: format!("# The nn.Linear modules torchao makes float8 linears (their dimensions are multiples of 16):\n# FSDP2 gathers their weights in float8.\nFLOAT8_LINEARS = {{\n{}}}\n", linears.concat()),
+            convert: "    # Before fully_shard, as torchao asks.\n    convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True),\n                               module_filter_fn=lambda module, name: name in FLOAT8_LINEARS)\n",
+            after_step: "\n\ndef after_step(model):\n    \"\"\"Call once before the first forward and after every optimizer.step(): one all-reduce agrees\n    on each float8 weight's scale, which the gathers until the next step cast with (without it,\n    each gather all-reduces its own weights' maxima).\"\"\"\n    precompute_float8_dynamic_scale_for_fsdp(model)\n",
+        }
+    }
+}
+
+/// torchao's lines in an exported module.
+#[derive(Default)]
+struct Float8Code {
+    import: &'static str,
+    linears: String,
+    convert: &'static str,
+    after_step: &'static str,
 }
 
 fn python_bool(value: bool) -> &'static str {
@@ -424,6 +486,7 @@ pub(super) fn nearest(plan: &Plan, model: &ModelProfile, notes: &mut Vec<String>
         param_dtype,
         reduce,
         hybrid: sharding.within_node,
+        float8_all_gather: sharding.float8_all_gather,
     }
 }
 
@@ -435,10 +498,15 @@ pub(super) fn expressible(choice: Choice) -> Option<Choice> {
     }
 }
 
+/// The compressor that names torchao's float8 gathers among `tune`'s choices.
+const FLOAT8: Compressor = Compressor::Fp8(Fp8Format::E4m3);
+
 /// The settings `tune --framework fsdp` tries: units of 1 to 16 blocks, prefetch 1 to 4,
-/// resharding or not, and bf16 gathers and reductions when `choices` name bf16.
+/// resharding or not, bf16 gathers and reductions when `choices` name bf16, and torchao's
+/// float8 gathers (not under HSDP) when they name `fp8:e4m3`.
 pub(super) fn candidates(choices: &[Choice]) -> Vec<FsdpSettings> {
     let bf16 = choices.contains(&(Compressor::Bf16, Memory::None));
+    let float8 = choices.contains(&(FLOAT8, Memory::None));
     let precisions: Vec<(ParamDtype, Compressor)> = [
         (ParamDtype::Fp32, Compressor::None),
         (ParamDtype::Bf16, Compressor::None),
@@ -453,7 +521,12 @@ pub(super) fn candidates(choices: &[Choice]) -> Vec<FsdpSettings> {
         for prefetch in PREFETCH_GRID {
             for reshard_after_forward in [true, false] {
                 for &(param_dtype, reduce) in &precisions {
-                    for hybrid in [false, true] {
+                    for (hybrid, float8_all_gather) in
+                        [(false, false), (true, false), (false, true)]
+                    {
+                        if float8_all_gather && !float8 {
+                            continue;
+                        }
                         all.push(FsdpSettings {
                             units: FsdpUnits::Blocks(k),
                             prefetch,
@@ -461,6 +534,7 @@ pub(super) fn candidates(choices: &[Choice]) -> Vec<FsdpSettings> {
                             param_dtype,
                             reduce,
                             hybrid,
+                            float8_all_gather,
                         });
                     }
                 }
