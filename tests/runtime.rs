@@ -658,7 +658,9 @@ fn assert_sharded_checked(out: &std::process::Output, what: &str) {
 
 /// The seven tensors of [`tiny_model`] in two blocks and a root (FSDP's three units), none of
 /// whose sizes three ranks divide: each unit's last shard is padded, the ring's chunks uneven.
-fn blocks_model(dir: &Path) -> PathBuf {
+/// The tiny model named as blocks (`h.0.`, `h.1.`) and a root; with `float8`, `h.1.weight` is
+/// an nn.Linear's of 16 × 64, which torchao makes a float8 linear.
+fn blocks_model(dir: &Path, float8: bool) -> PathBuf {
     let (_, mut model) = tiny_model(dir);
     let names = [
         "head.bias",
@@ -673,7 +675,12 @@ fn blocks_model(dir: &Path) -> PathBuf {
         tensor.name = name.into();
     }
     model.name = "blocks".into();
-    let path = dir.join("blocks.json");
+    if float8 {
+        let linear = &mut model.tensors[1];
+        (linear.shape, linear.numel) = (vec![16, 64], 1024);
+        linear.module = Some("Linear".into());
+    }
+    let path = dir.join(format!("blocks-{float8}.json"));
     std::fs::write(&path, serde_json::to_string(&model).unwrap()).unwrap();
     path
 }
@@ -688,7 +695,8 @@ fn host_exec_checks_sharded_plans() {
 /// [`host_exec_checks_sharded_plans`] on `backend`, each `exec` run by `run`: ZeRO-1 and 2
 /// reduce their buckets in bf16 and gather after the step, FSDP reduce-scatters uncompressed
 /// and gathers each unit in fp32 or bf16 before its forward and again before its backward;
-/// HSDP does it inside each node and reduces each shard across nodes. Every rank's reduced
+/// HSDP does it inside each node and reduces each shard across nodes; FSDP with torchao's
+/// float8 gathers agrees on the linear weight's scale first. Every rank's reduced
 /// gradient (FSDP's shard of it) matches the reference and every gather gives every rank every
 /// shard of its split; the measured trace has the predicted one's steps. `run` gets the
 /// arguments and the ranks.
@@ -697,15 +705,20 @@ pub(crate) fn sharded_plans_checked(
     run: impl Fn(&[&str], &str) -> std::process::Output,
 ) {
     let dir = scratch(&format!("sharded-{backend}"));
-    let model = blocks_model(&dir);
-    let model = model.to_str().unwrap();
+    let models = [false, true].map(|float8| blocks_model(&dir, float8));
     for (strategy, compressor, param_dtype, (nodes, per_node, ranks)) in [
         ("zero1", "bf16", "fp32", ("1", "3", "3")),
         ("zero2", "bf16", "fp32", ("1", "3", "3")),
         ("fsdp", "none", "fp32", ("1", "3", "3")),
         ("fsdp", "none", "bf16", ("1", "3", "3")),
         ("hsdp", "bf16", "bf16", ("2", "2", "4")),
+        ("fsdp", "none", "float8", ("1", "3", "3")),
     ] {
+        // torchao's float8 gathers: the linear weight in float8, the rest in bf16.
+        let float8 = param_dtype == "float8";
+        let model = models[usize::from(float8)].to_str().unwrap();
+        let what = format!("{backend} {strategy} {compressor} {param_dtype}");
+        let param_dtype = if float8 { "bf16" } else { param_dtype };
         let world = [
             "--cluster",
             "dgx-a100",
@@ -716,7 +729,6 @@ pub(crate) fn sharded_plans_checked(
             "--model",
             model,
         ];
-        let what = format!("{backend} {strategy} {compressor} {param_dtype}");
         let tag = what.replace(' ', "-");
         let plan = dir.join(format!("plan-{tag}.json"));
         let predicted = dir.join(format!("predicted-{tag}.json"));
@@ -737,7 +749,12 @@ pub(crate) fn sharded_plans_checked(
             "--trace-ranks",
             ranks,
         ];
-        let out = syncopate(&[&["simulate"][..], &world, &options].concat());
+        let float8 = if float8 {
+            &["--float8-all-gather"][..]
+        } else {
+            &[]
+        };
+        let out = syncopate(&[&["simulate"][..], &world, &options, float8].concat());
         assert!(out.status.success(), "{what}: {}", stderr(&out));
         let exec = [
             "exec",

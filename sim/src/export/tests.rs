@@ -419,6 +419,61 @@ fn tuned_fsdp_settings_fit_and_beat_the_default_wrapping() {
     assert_eq!(again.best, tuned.best);
 }
 
+/// With `fp8:e4m3` named, `tune --framework fsdp` tries torchao's float8 gathers: on gpt2-xl
+/// whose block weights are nn.Linear's (nanoGPT's layout) over 10 GbE they win, and the plan
+/// exports back to the same settings; where the profile records no modules they cannot run and
+/// are skipped.
+#[test]
+fn tune_tries_float8_gathers_where_the_model_has_float8_linears() {
+    let float8 = [(
+        Compressor::Fp8(crate::compress::Fp8Format::E4m3),
+        Memory::None,
+    )];
+    let search = |base: &Scenario| {
+        tune_settings(
+            base,
+            Target::Fsdp,
+            crate::search::SearchSpace::All,
+            &float8,
+            &|_| {},
+        )
+        .unwrap()
+    };
+    let Settings::Fsdp(unrecorded) = search(&scenario("gpt2-xl")).best else {
+        panic!()
+    };
+    assert!(!unrecorded.float8_all_gather);
+    let mut base = scenario("gpt2-xl");
+    for t in &mut base.model.tensors {
+        let linear = t.name.contains(".h.") && t.shape.len() == 2;
+        t.module = Some(if linear { "Linear" } else { "Other" }.into());
+    }
+    let tuned = search(&base);
+    let Settings::Fsdp(best) = &tuned.best else {
+        panic!()
+    };
+    assert!(best.float8_all_gather, "{}", tuned.best.describe());
+    assert!(tuned.best_time < tuned.default_time);
+    assert_eq!(tuned.best.precision().0, float8[0].0);
+    let plan = tuned
+        .best
+        .plan(&tuned.best.scenario(&base).unwrap())
+        .unwrap();
+    assert!(plan.sharding.as_ref().unwrap().float8_all_gather);
+    let near = nearest(Target::Fsdp, &plan, &base.model);
+    assert_eq!(near.settings, tuned.best);
+    let text = near.settings.render(&base.model, &[]);
+    assert!(
+        text.contains("enable_fsdp_float8_all_gather=True"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"transformer.h.0.attn.c_attn\",\n"),
+        "{text}"
+    );
+    assert!(!text.contains("transformer.wte"), "{text}");
+}
+
 #[test]
 fn zero_plans_export_as_deepspeed_stages_with_the_bucket_size_that_rebuilds_them() {
     let base = scenario("gpt2-xl");
