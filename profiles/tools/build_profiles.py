@@ -792,7 +792,29 @@ ABOVE_PEAK_REASON = {
 }
 
 
-def tensors_json(inv, bwd, fwd, uses):
+# The class of the module that registers each parameter of the Hugging Face transformers models
+# (BertForQuestionAnswering, GPT2LMHeadModel), by the last components of its name: what
+# torchao's float8 conversion takes is an nn.Linear (`module` in a profile's tensors). GPT-2's
+# attention and MLP projections are transformers' Conv1D (pytorch_utils.Conv1D), not nn.Linear.
+HF_MODULES = [
+    (("query", "key", "value", "dense", "qa_outputs"), "Linear"),
+    (("LayerNorm", "ln_1", "ln_2", "ln_f"), "LayerNorm"),
+    (("word_embeddings", "position_embeddings", "token_type_embeddings", "wte", "wpe"), "Embedding"),
+    (("c_attn", "c_proj", "c_fc"), "Conv1D"),
+]
+
+
+def hf_module(name):
+    """The class of the module that registers parameter `name` of a transformers model."""
+    owner = name.rsplit(".", 2)[-2]
+    for names, cls in HF_MODULES:
+        if owner in names:
+            return cls
+    die("no module class for %s" % name)
+
+
+def tensors_json(inv, bwd, fwd, uses, modules=False):
+    """The profile's tensors; with `modules`, each one's module class (transformers models)."""
     out = []
     for t, b, f, u in zip(inv, bwd, fwd, uses):
         for v in (b, f):
@@ -807,6 +829,8 @@ def tensors_json(inv, bwd, fwd, uses):
             "backward_us": r3(b),
             "forward_us": r3(f),
         })
+        if modules:
+            row["module"] = hf_module(t["name"])
         out.append(row)
     return out
 
@@ -833,7 +857,8 @@ def profile(p, inv, bwd, fwd):
         },
         "arithmetic": arithmetic_json(p["arithmetic"], ABOVE_PEAK_REASON.get(p["name"])),
         "optimizer_us": r3(opt_us),
-        "tensors": tensors_json(inv, bwd, fwd, p["arithmetic"]["uses_list"]),
+        "tensors": tensors_json(inv, bwd, fwd, p["arithmetic"]["uses_list"],
+                                modules=p["name"].startswith(("bert", "gpt2"))),
     }
 
 

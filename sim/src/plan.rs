@@ -720,13 +720,20 @@ fn check_float8_all_gather(sharding: &Sharding, label: &str, model: &ModelProfil
         ));
     }
     if !model.tensors.iter().any(|t| t.is_float8_linear_weight()) {
-        let recorded = model.tensors.iter().any(|t| t.module.is_some());
-        return refused(match recorded {
-            true => format!(
-                "model {} has no nn.Linear weight whose dimensions are multiples of 16, which is what torchao converts to float8 (its profile records each tensor's module)",
-                model.name
-            ),
+        let mut classes: Vec<&str> = model
+            .tensors
+            .iter()
+            .filter_map(|t| t.module.as_deref())
+            .collect();
+        classes.sort_unstable();
+        classes.dedup();
+        return refused(match classes.is_empty() {
             false => format!(
+                "model {} has no nn.Linear weight whose dimensions are multiples of 16, which is what torchao converts to float8 (its tensors' modules: {})",
+                model.name,
+                classes.join(", ")
+            ),
+            true => format!(
                 "model {}'s profile does not record which module owns each tensor (tensors[].module), so which weights torchao converts to float8 is unknown",
                 model.name
             ),
