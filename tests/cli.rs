@@ -851,19 +851,16 @@ fn sharded_strategies_report_memory_and_the_cuda_executor_refuses_their_plans() 
             "--param-dtype",
         ),
         (&["--strategy", "fsdp", "--compressor", "int4:0"], "int4:0"),
-        // torchao's float8 gathers: FSDP2's, on a profile that says which weights are Linear.
+        // torchao's float8 gathers: FSDP2's, of nn.Linear weights (HF GPT-2's are Conv1D).
         (
             &["--strategy", "ddp", "--float8-all-gather"],
             "--float8-all-gather",
         ),
         (
-            &["--strategy", "hsdp", "--float8-all-gather"],
+            &["--strategy", "zero2", "--float8-all-gather"],
             "--float8-all-gather",
         ),
-        (
-            &["--strategy", "fsdp", "--float8-all-gather"],
-            "tensors[].module",
-        ),
+        (&["--strategy", "fsdp", "--float8-all-gather"], "Conv1D"),
     ] {
         let out = syncopate(&[&["simulate"][..], &common, flags].concat());
         assert_eq!(out.status.code(), Some(1), "{flags:?}");

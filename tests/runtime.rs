@@ -713,15 +713,18 @@ pub(crate) fn sharded_plans_checked(
         ("fsdp", "none", "bf16", ("1", "3", "3")),
         ("hsdp", "bf16", "bf16", ("2", "2", "4")),
         ("fsdp", "none", "float8", ("1", "3", "3")),
+        ("hsdp", "bf16", "float8", ("2", "2", "4")),
     ] {
         // torchao's float8 gathers: the linear weight in float8, the rest in bf16.
         let float8 = param_dtype == "float8";
         let model = models[usize::from(float8)].to_str().unwrap();
         let what = format!("{backend} {strategy} {compressor} {param_dtype}");
         let param_dtype = if float8 { "bf16" } else { param_dtype };
+        // Float8 linears need float8 matrix products: Hopper's.
+        let cluster = if float8 { "dgx-h100" } else { "dgx-a100" };
         let world = [
             "--cluster",
-            "dgx-a100",
+            cluster,
             "--nodes",
             nodes,
             "--gpus-per-node",

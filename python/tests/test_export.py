@@ -359,17 +359,25 @@ def test_fsdp_export_shards_the_planned_units_and_trains_under_fsdp2(profile_pat
     assert simulated["iteration_time_ms"] == report["iteration_ms"]
 
 
-def test_a_float8_plan_exports_as_torchao_float8_linears_that_train_under_fsdp2(profile_path, tmp_path):
+@pytest.mark.parametrize("strategy,nodes,per_node", [("fsdp", 2, 1), ("hsdp", 2, 2)])
+def test_a_float8_plan_exports_as_torchao_float8_linears_that_train_under_fsdp2(profile_path, tmp_path, strategy,
+                                                                              nodes, per_node):
     plan, settings = tmp_path / "plan.json", tmp_path / "fsdp_settings.py"
-    conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2, "--gpus-per-node", 1,
-                 "--strategy", "fsdp", "--float8-all-gather", "--param-dtype", "bf16", "--save-plan", plan)
+    # Float8 linears need float8 matrix products: an H100's (a V100 is refused).
+    refused = conftest.cli("simulate", "--model", profile_path, "--cluster", "v100-10gbe", "--nodes", 2,
+                           "--strategy", "fsdp", "--float8-all-gather", check=False)
+    assert refused.returncode == 1 and "peak_fp8_tflops" in refused.stderr, refused.stderr
+    conftest.cli("simulate", "--model", profile_path, "--cluster", "dgx-h100", "--nodes", nodes, "--gpus-per-node",
+                 per_node, "--strategy", strategy, "--float8-all-gather", "--param-dtype", "bf16", "--save-plan", plan)
     report = json.loads(conftest.cli("export", "--plan", plan, "--to", "fsdp", "--out", settings, "--format",
                                      "json").stdout)
     # The tiny model's one nn.Linear whose dimensions are multiples of 16 (32 x 48).
     assert load_settings(settings).FLOAT8_LINEARS == {"4"}
     assert any("float8 linears" in note for note in report["not_expressed"]), report["not_expressed"]
-    outcomes = ranks.values(ranks.run(shard_and_train, str(settings), 3, world=2, timeout=300))
-    (_, _, loss, params, float8), (_, _, other_loss, other_params, other_float8) = outcomes
+    hybrid = {"per_node": per_node} if strategy == "hsdp" else {}
+    outcomes = ranks.values(ranks.run(shard_and_train, str(settings), 3, world=nodes * per_node, timeout=300,
+                                      **hybrid))
+    (_, _, loss, params, float8), (_, _, other_loss, other_params, other_float8) = outcomes[0], outcomes[-1]
     # torchao made it a float8 linear whose weight FSDP2 gathers in float8, and it trains.
     assert float8 == other_float8 == ["4.weight"]
     assert loss == loss and other_loss == other_loss and params == other_params

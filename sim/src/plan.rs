@@ -694,18 +694,17 @@ fn check_sharding(sharding: Option<&Sharding>, label: &str, groups: &[Group]) ->
     Ok(())
 }
 
-/// torchao's float8 all-gather is FSDP2's (stage 3 over every rank, no hpZ) and casts from the
+/// torchao's float8 all-gather is FSDP2's (stage 3, HSDP included, no hpZ) and casts from the
 /// stored weights (fp32 or bf16 for the rest), and needs a weight it converts.
 fn check_float8_all_gather(sharding: &Sharding, label: &str, model: &ModelProfile) -> Result<()> {
     if !sharding.float8_all_gather {
         return Ok(());
     }
     let refused = |why: String| Err(SimError::invalid(label, "sharding.float8_all_gather", why));
-    if !sharding.stage.shards_parameters() || sharding.within_node {
+    if !sharding.stage.shards_parameters() {
         return refused(format!(
-            "torchao's float8 all-gather casts FSDP2's gathers over every rank (stage zero3, not within_node); this plan is {}{}",
-            sharding.stage.name(),
-            if sharding.within_node { " within_node" } else { "" }
+            "torchao's float8 all-gather casts FSDP2's gathers of parameters (stage zero3); {} gathers the updated parameters once, as stored",
+            sharding.stage.name()
         ));
     }
     if sharding.secondary_within_node {

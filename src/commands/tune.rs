@@ -322,7 +322,7 @@ fn run_native(args: &TuneArgs, target: Target) -> anyhow::Result<()> {
             return Err(SimError::bad_value(
                 "--compressor",
                 compressor.to_string(),
-                format!("{name} has no such compression with {memory} memory (ddp: fp16, bf16, powersgd:R with none or residual memory; horovod: fp16; deepspeed: fp16, bf16, int4:B for ZeRO++ at stage 3)"),
+                format!("{name} has no such compression with {memory} memory (ddp: fp16, bf16, powersgd:R with none or residual memory; horovod: fp16; deepspeed: fp16, bf16, int4:B for ZeRO++ at stage 3; fsdp: bf16, fp8:e4m3 for torchao's float8 gathers)"),
             )
             .into());
         }

@@ -379,6 +379,7 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
         peak_fp32_tflops: fp32,
         peak_fp16_tflops: fp32,
         peak_tf32_tflops: None,
+        peak_fp8_tflops: None,
         sm_count: u32::try_from(sms).ok().filter(|&n| n > 0),
         compute_speed_vs_v100,
         compute_speed_provenance,

@@ -274,6 +274,7 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
         // CPUs have no faster half-precision arithmetic path in this code: same as fp32.
         peak_fp16_tflops: fp32,
         peak_tf32_tflops: None,
+        peak_fp8_tflops: None,
         sm_count: None,
         // V100 fp32 peak is 15.7 TFLOP/s; training speed is assumed proportional to it.
         compute_speed_vs_v100: fp32 / 15.7,

@@ -75,7 +75,7 @@ impl FsdpSettings {
     /// when they gather or reduce in it.
     pub(super) fn precision(&self) -> Choice {
         if self.float8_all_gather {
-            (FLOAT8, Memory::None)
+            FLOAT8_GATHERS
         } else if self.param_dtype == ParamDtype::Bf16 {
             (Compressor::Bf16, Memory::None)
         } else {
@@ -498,15 +498,15 @@ pub(super) fn expressible(choice: Choice) -> Option<Choice> {
     }
 }
 
-/// The compressor that names torchao's float8 gathers among `tune`'s choices.
-const FLOAT8: Compressor = Compressor::Fp8(Fp8Format::E4m3);
+/// The choice that names torchao's float8 gathers among `tune`'s.
+pub(super) const FLOAT8_GATHERS: Choice = (Compressor::Fp8(Fp8Format::E4m3), Memory::None);
 
 /// The settings `tune --framework fsdp` tries: units of 1 to 16 blocks, prefetch 1 to 4,
 /// resharding or not, bf16 gathers and reductions when `choices` name bf16, and torchao's
-/// float8 gathers (not under HSDP) when they name `fp8:e4m3`.
+/// float8 gathers when they name `fp8:e4m3`.
 pub(super) fn candidates(choices: &[Choice]) -> Vec<FsdpSettings> {
     let bf16 = choices.contains(&(Compressor::Bf16, Memory::None));
-    let float8 = choices.contains(&(FLOAT8, Memory::None));
+    let float8 = choices.contains(&FLOAT8_GATHERS);
     let precisions: Vec<(ParamDtype, Compressor)> = [
         (ParamDtype::Fp32, Compressor::None),
         (ParamDtype::Bf16, Compressor::None),
@@ -522,7 +522,7 @@ pub(super) fn candidates(choices: &[Choice]) -> Vec<FsdpSettings> {
             for reshard_after_forward in [true, false] {
                 for &(param_dtype, reduce) in &precisions {
                     for (hybrid, float8_all_gather) in
-                        [(false, false), (true, false), (false, true)]
+                        [(false, false), (true, false), (false, true), (true, true)]
                     {
                         if float8_all_gather && !float8 {
                             continue;

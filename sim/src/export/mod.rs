@@ -261,6 +261,10 @@ impl Settings {
 
 /// Whether `target` can run `choice` as it is, on every bucket.
 pub fn expresses(target: Target, choice: Choice) -> bool {
+    // `fp8:e4m3` names torchao's float8 gathers, which FSDP runs beside its reduction.
+    if target == Target::Fsdp && choice == fsdp::FLOAT8_GATHERS {
+        return true;
+    }
     let expressible = match target {
         Target::Ddp => ddp::expressible,
         Target::Horovod | Target::BytePs => none_or_fp16,

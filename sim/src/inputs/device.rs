@@ -136,6 +136,10 @@ pub struct DeviceProfile {
     /// Dense TF32 tensor-core peak; absent on devices without TF32 (before Ampere).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_tf32_tflops: Option<f64>,
+    /// Dense FP8 tensor-core peak; absent on devices without float8 matrix products (before
+    /// compute capability 8.9: Ada, Hopper).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_fp8_tflops: Option<f64>,
     /// Training compute speed relative to a V100, used to carry a model profile measured on one
     /// device to another where the `carry` module cannot split its steps (a profile without FLOP
     /// counts, a CPU); 1.0 for the V100 itself.
@@ -170,6 +174,7 @@ impl DeviceProfile {
         )?;
         // Speeds may be tiny (a measured CPU) but not zero; bounded so times stay in range.
         let tf32 = self.peak_tf32_tflops.map(|v| ("peak_tf32_tflops", v));
+        let fp8 = self.peak_fp8_tflops.map(|v| ("peak_fp8_tflops", v));
         for (field, value) in [
             ("peak_fp32_tflops", self.peak_fp32_tflops),
             ("peak_fp16_tflops", self.peak_fp16_tflops),
@@ -177,6 +182,7 @@ impl DeviceProfile {
         ]
         .into_iter()
         .chain(tf32)
+        .chain(fp8)
         {
             limits::check_positive_at_most(label, field, value, limits::MAX_RATE)?;
         }
@@ -298,6 +304,7 @@ mod tests {
             ),
             ("peak_tf32_tflops", |d| d.peak_tf32_tflops = Some(-1.0)),
             ("peak_tf32_tflops", |d| d.peak_tf32_tflops = Some(f64::NAN)),
+            ("peak_fp8_tflops", |d| d.peak_fp8_tflops = Some(0.0)),
         ] {
             let mut device = good.clone();
             mutate(&mut device);

@@ -9,6 +9,7 @@ use crate::base::time::SimTime;
 use crate::codec::CodecCurves;
 use crate::collective::Naming;
 use crate::compress::{Compressor, Memory};
+use crate::inputs::device::DeviceKind;
 use crate::inputs::topology::Cluster;
 use crate::plan::{CompressOn, Plan};
 use crate::predict::blocking;
@@ -70,6 +71,7 @@ pub fn schedule(scenario: &Scenario, plan: &Plan) -> Result<Schedule> {
     if let Some(set) = &scenario.codecs {
         set.check_stream(plan)?;
     }
+    check_float8_device(scenario, plan)?;
     let mut schedule = lower(
         &scenario.model,
         scenario.world(),
@@ -81,6 +83,24 @@ pub fn schedule(scenario: &Scenario, plan: &Plan) -> Result<Schedule> {
         blocking::hold_compute(&mut schedule);
     }
     Ok(schedule)
+}
+
+/// torchao's float8 linears need float8 matrix products: a GPU whose profile states its float8
+/// peak (compute capability 8.9 or later), or a CPU, where PyTorch emulates them.
+fn check_float8_device(scenario: &Scenario, plan: &Plan) -> Result<()> {
+    let float8 = plan.sharding.as_ref().is_some_and(|s| s.float8_all_gather);
+    let device = &scenario.device;
+    if !float8 || device.kind == DeviceKind::Cpu || device.peak_fp8_tflops.is_some() {
+        return Ok(());
+    }
+    Err(SimError::invalid(
+        &format!("strategy {}", plan.strategy),
+        "sharding.float8_all_gather",
+        format!(
+            "device {} has no float8 matrix products (its profile states no peak_fp8_tflops), which torchao's float8 linears need: compute capability 8.9 or later",
+            device.name
+        ),
+    ))
 }
 
 /// `iterations` iterations of the schedule, every task priced by the cost pass.
