@@ -335,6 +335,12 @@ fn stage3(
         "DeepSpeed fetches parameters module by module within stage3_prefetch_bucket_size, and keeps those of at most stage3_param_persistence_threshold (1e5) elements gathered; priced as whole units"
             .to_string(),
     );
+    if sharding.float8_all_gather {
+        notes.push(
+            "float8 gathers of the linears' weights (torchao under FSDP2): DeepSpeed gathers them in their training dtype; exported without (zero_quantized_weights is ZeRO++'s int8)"
+                .to_string(),
+        );
+    }
     if sharding.within_node {
         notes.push(
             "hybrid sharding (within_node): DeepSpeed's stage 3 shards over every rank (zero_hpz_partition_size keeps a second shard inside the node instead); exported over every rank"
