@@ -85,7 +85,12 @@ pub(crate) fn small_sharded_with(
         ("h.0.weight", &[11, 7], "Linear"),
         ("wte.weight", &[17, 5], "Embedding"),
     ];
-    small_model_sharded(&tensors, (strategy, spec), sharding, topology)
+    small_model_sharded(
+        &tensors,
+        (strategy, spec),
+        sharding,
+        ("v100-10gbe", topology),
+    )
 }
 
 /// An `fsdp` plan with torchao's float8 gathers, the other tensors in `param_dtype`, of a small
@@ -105,16 +110,17 @@ pub(crate) fn small_float8(param_dtype: ParamDtype, topology: (u32, u32)) -> Sch
         float8_all_gather: true,
         ..ShardOptions::default()
     };
-    small_model_sharded(&tensors, ("fsdp", "none"), sharding, topology)
+    // Float8 products: Hopper's.
+    small_model_sharded(&tensors, ("fsdp", "none"), sharding, ("dgx-h100", topology))
 }
 
 /// A plan of `strategy` compressed by `spec` over a model of `tensors` (name, shape, module),
-/// listed in backward order, on `nodes` nodes of `per_node` ranks.
+/// listed in backward order, on `nodes` nodes of `per_node` ranks of `cluster`.
 fn small_model_sharded(
     tensors: &[(&str, &[u64], &str)],
     (strategy, spec): (&str, &str),
     sharding: ShardOptions,
-    (nodes, per_node): (u32, u32),
+    (cluster, (nodes, per_node)): (&str, (u32, u32)),
 ) -> Schedule {
     let mut model = resnet50();
     let template = model.tensors[0].clone();
@@ -137,7 +143,7 @@ fn small_model_sharded(
         gpus_per_node: Some(per_node),
         ..ClusterOverrides::default()
     };
-    let scenario = Scenario::new(model, Cluster::load("v100-10gbe", world).unwrap()).unwrap();
+    let scenario = Scenario::new(model, Cluster::load(cluster, world).unwrap()).unwrap();
     let options = StrategyOptions {
         compressor: spec.parse().unwrap(),
         sharding,
