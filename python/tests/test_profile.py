@@ -21,6 +21,9 @@ def test_profile_lists_every_parameter_in_gradient_ready_order(profile_path):
     assert tensors[0]["name"].startswith("8.") and tensors[-1]["name"].startswith("1.")
     assert [names[t["registration_index"]] for t in tensors] == [t["name"] for t in tensors]
     assert all(t["backward_us"] >= 0 and t["forward_us"] >= 0 for t in tensors)
+    # Each tensor's module class: the tiny model's Conv1d and nn.Linear layers.
+    assert {t["name"]: t["module"] for t in tensors if t["name"].endswith("weight")} == {
+        "1.weight": "Conv1d", "4.weight": "Linear", "6.weight": "Linear", "8.weight": "Linear"}
 
 
 def test_the_cli_simulates_the_recorded_profile(profile_path):
@@ -84,7 +87,7 @@ def test_a_preemption_that_every_tensors_median_misses_is_kept_in_the_total():
         backward = {i: 500.0 + (3000.0 if i == k % 4 else 0.0) for i in range(4)}
         samples.append({"order": [3, 2, 1, 0], "backward": backward, "forward": {i: 250.0 for i in range(4)},
                         "optimizer": 10.0})
-    tensors = _tensors(named, samples)
+    tensors = _tensors(named, samples, ["Linear"] * 4)
     assert abs(sum(t["backward_us"] for t in tensors) - 5000.0) < 1e-6
     assert len({t["backward_us"] for t in tensors}) == 1  # the shape: equal gaps stay equal
     assert abs(sum(t["forward_us"] for t in tensors) - 1000.0) < 1e-6  # nothing to correct: unchanged
