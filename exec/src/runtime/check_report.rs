@@ -23,7 +23,7 @@ enum Kind {
     Input = 0,
     /// A piece's aggregated result, f32 values.
     Result = 1,
-    /// A gather step's digests (`GatherDigests`): the shard sent, then every shard held, u64
+    /// A gather step's digests (`GatherDigests`): the shard sent, the scales, then every shard held, u64
     /// each as two words, the low one first.
     Gathered = 2,
 }
@@ -99,7 +99,8 @@ impl CheckSink for Collector {
     }
 
     fn gathered(&self, step: u32, _: u32, iteration: u32, digests: &GatherDigests) -> Result<()> {
-        let words = std::iter::once(&digests.sent)
+        let words = [digests.sent, digests.scales]
+            .iter()
             .chain(&digests.held)
             .flat_map(|&d| [d as u32, (d >> 32) as u32])
             .collect();
@@ -147,9 +148,10 @@ pub fn replay(checker: &Checker, rank: u32, bytes: &[u8]) -> Result<()> {
             let mut d = words
                 .chunks_exact(2)
                 .map(|p| u64::from(p[0]) | u64::from(p[1]) << 32);
-            let sent = d.next()?;
+            let (sent, scales) = (d.next()?, d.next()?);
             Some(GatherDigests {
                 sent,
+                scales,
                 held: d.collect(),
             })
         };
@@ -241,6 +243,7 @@ mod tests {
             let sent = digest(rank as u64);
             let digests = GatherDigests {
                 sent,
+                scales: digest(9),
                 held: held.clone(),
             };
             collector.gathered(step, rank as u32, 2, &digests).unwrap();
@@ -254,6 +257,7 @@ mod tests {
         let collector = Collector::default();
         let two = GatherDigests {
             sent: 1,
+            scales: 0,
             held: vec![1, 2],
         };
         collector.gathered(step, 1, 0, &two).unwrap();

@@ -215,8 +215,9 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
         Ok(())
     }
 
-    /// The all-gather of the unit's shards over the stream's ring (`params`); under `--check`
-    /// the rank reports digests of the shard it sent and of every shard it then holds.
+    /// The all-gather of the unit's shards over the stream's ring (`params`), the iteration's
+    /// first agreeing on the float8 scales before it; under `--check` the rank reports digests
+    /// of the shard it sent, of the scales it cast it with and of every shard it then holds.
     fn gather(&self, state: &RankState, lane: &Lane<L>, task: u32) -> Result<()> {
         let Lane::Comm { link, .. } = *lane else {
             unreachable!("the schedule puts gathers on communication streams")
@@ -240,12 +241,15 @@ impl<L: Collectives> Backend for CpuRun<'_, L> {
             params::agree_scales(&self.job.units, &state.units, link, version, abort)?;
         }
         let sent = unit.put_own(held, (pass, version), &mut buffer)?;
-        let sent = self.checker.map(|_| digest(sent));
+        let sent = self
+            .checker
+            .map(|_| (digest(sent), unit.scales_digest(held)));
         unit.gather(link, pass, &mut buffer, self.failure.flag())?;
         unit.decode(held, pass, &buffer)?;
         if let (Some(checker), Some(sent)) = (self.checker, sent) {
             let held = unit.shards(pass, &buffer).map(digest).collect();
-            let digests = GatherDigests { sent, held };
+            let (sent, scales) = sent;
+            let digests = GatherDigests { sent, scales, held };
             checker.gathered(at.step, state.rank, at.iteration, &digests)?;
         }
         drop(buffer);

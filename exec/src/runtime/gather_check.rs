@@ -3,7 +3,8 @@
 //! Each rank reports digests of the shard it sent and of every shard it holds after the gather
 //! ([`GatherDigests`]); once every rank reported, every rank's shard s must be the one its owner
 //! sent (`ring::summed_chunk`), bit for bit: a gather moves bytes and adds nothing, so any
-//! difference is a transport bug, and fails the run naming the rank and the shard. Digests, not
+//! difference is a transport bug, and fails the run naming the rank and the shard; with float8
+//! weights every rank must have cast with the same scales (torchao's agreed ones). Digests, not
 //! the shards, go to rank 0 in a run of several processes: a gathered unit per rank and gather
 //! would be more than the gradients' reports.
 
@@ -18,6 +19,8 @@ use syncopate_sim::schedule::{chunk_keeper, Schedule, StepKind};
 pub struct GatherDigests {
     /// The [`digest`] of the shard it sent.
     pub sent: u64,
+    /// The digest of the float8 scales it cast that shard with (of none without float8 weights).
+    pub scales: u64,
     /// The digest of every shard it holds after the gather, in shard order.
     pub held: Vec<u64>,
 }
@@ -102,6 +105,14 @@ impl GatherChecks {
         let reports: Vec<GatherDigests> = reports.into_iter().flatten().collect();
         let (group, label, per) = self.gather(step).expect("only gather steps report gathers");
         let per = *per;
+        if let Some(r) = reports.iter().position(|r| r.scales != reports[0].scales) {
+            return Err(ExecError::Check {
+                group: *group,
+                message: format!(
+                    "{label} of iteration {iteration}: rank {r} cast its float8 weights with scales other than rank 0's"
+                ),
+            });
+        }
         for (r, report) in reports.iter().enumerate() {
             // The rank's split: its node's ranks under hybrid sharding, else every rank.
             let first = r - r % per;
@@ -136,6 +147,7 @@ mod tests {
         (0..3)
             .map(|r| GatherDigests {
                 sent: 10 + r,
+                scales: 0,
                 held: vec![12, 10, 11],
             })
             .collect()
@@ -184,6 +196,25 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_casting_with_other_scales_fails_naming_it() {
+        let schedule = small_sharded("fsdp", "none", ParamDtype::Fp32, (1, 3));
+        let checks = GatherChecks::new(&schedule);
+        let (step, _) = first_gather(&schedule);
+        let mut reports = reports();
+        reports[2].scales = 7;
+        checks.gathered(step, 0, 0, &reports[0]).unwrap();
+        checks.gathered(step, 1, 0, &reports[1]).unwrap();
+        let err = checks
+            .gathered(step, 2, 0, &reports[2])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rank 2 cast its float8 weights with scales other than rank 0's"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn under_hybrid_sharding_each_node_holds_its_own_ranks_shards() {
         // Two nodes of two: rank r sends shard (r % 2 + 1) % 2 of its node's split, and each
         // node holds its two shards; the nodes' digests need not match.
@@ -194,6 +225,7 @@ mod tests {
         assert!(!checks.accepts(step, 0, 4), "four shards of a node's two");
         let report = |sent, held: [u64; 2]| GatherDigests {
             sent,
+            scales: 0,
             held: held.to_vec(),
         };
         let mut reports = [

@@ -11,6 +11,7 @@
 //! the scales the ranks agreed on (`float8`).
 
 use super::float8::{self, Float8Weights};
+use super::gather_check::digest;
 use super::pieces::mix;
 use super::ring::{self, Ring, RingLink};
 use crate::compress::codec_for;
@@ -363,6 +364,16 @@ impl Unit {
         let values = &values[split.float8..];
         codec_for(&self.dtype.codec(), 0).encode_into(values, rest, &mut Vec::new())?;
         Ok(mine)
+    }
+
+    /// A digest of the float8 scales `held` last agreed on (of none without float8 weights).
+    pub fn scales_digest(&self, held: &Held) -> u64 {
+        let scales = held.scales.lock().expect("a unit's scales lock");
+        let bytes: Vec<u8> = scales
+            .iter()
+            .flat_map(|(_, scales)| scales.iter().flat_map(|x| x.to_le_bytes()))
+            .collect();
+        digest(&bytes)
     }
 
     /// Whether the gather before `pass` first agrees on every float8 weight's scale.
