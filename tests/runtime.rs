@@ -658,8 +658,8 @@ fn assert_sharded_checked(out: &std::process::Output, what: &str) {
 
 /// The seven tensors of [`tiny_model`] in two blocks and a root (FSDP's three units), none of
 /// whose sizes three ranks divide: each unit's last shard is padded, the ring's chunks uneven.
-/// The tiny model named as blocks (`h.0.`, `h.1.`) and a root; with `float8`, `h.1.weight` is
-/// an nn.Linear's of 16 × 64, which torchao makes a float8 linear.
+/// The tiny model named as blocks (`h.0.`, `h.1.`) and a root; with `float8`, `h.1.weight` and
+/// `h.0.weight` are nn.Linear's of 16 × 64 and 32 × 64, which torchao makes float8 linears.
 fn blocks_model(dir: &Path, float8: bool) -> PathBuf {
     let (_, mut model) = tiny_model(dir);
     let names = [
@@ -676,9 +676,11 @@ fn blocks_model(dir: &Path, float8: bool) -> PathBuf {
     }
     model.name = "blocks".into();
     if float8 {
-        let linear = &mut model.tensors[1];
-        (linear.shape, linear.numel) = (vec![16, 64], 1024);
-        linear.module = Some("Linear".into());
+        for (t, shape) in [(1, [16, 64]), (3, [32, 64])] {
+            let linear = &mut model.tensors[t];
+            (linear.numel, linear.shape) = (shape.iter().product(), shape.to_vec());
+            linear.module = Some("Linear".into());
+        }
     }
     let path = dir.join(format!("blocks-{float8}.json"));
     std::fs::write(&path, serde_json::to_string(&model).unwrap()).unwrap();
@@ -752,10 +754,17 @@ pub(crate) fn sharded_plans_checked(
             "--trace-ranks",
             ranks,
         ];
-        let float8 = if float8 {
-            &["--float8-all-gather"][..]
-        } else {
-            &[]
+        // Two communication streams and two units ahead: the other gathers wait for the one
+        // that agrees on the scales.
+        let float8 = match float8 {
+            true => &[
+                "--float8-all-gather",
+                "--comm-streams",
+                "2",
+                "--prefetch",
+                "2",
+            ][..],
+            false => &[],
         };
         let out = syncopate(&[&["simulate"][..], &world, &options, float8].concat());
         assert!(out.status.success(), "{what}: {}", stderr(&out));

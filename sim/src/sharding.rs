@@ -201,9 +201,10 @@ pub fn shard_numel(numel: u64, ranks: u32) -> u64 {
 }
 
 /// How a unit of `numel` elements, `float8` of them float8 weights, is cut into one rank's shard
-/// of `ranks`: the float8 weights and the rest are each split as their own flat parameter (as
-/// FSDP2 splits every parameter, so that every rank's part of each is alike), each shard the
-/// float8 part, then the rest in its precision.
+/// of `ranks`: the float8 weights (one after another) and the rest are each split as one flat
+/// parameter, padded at its end, each shard the float8 part, then the rest in its precision.
+/// FSDP2 splits and pads every parameter on its first dimension instead; the bytes differ by
+/// that padding only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShardCut {
     /// Elements of the shard's float8 part: one byte each.

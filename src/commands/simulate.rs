@@ -14,7 +14,7 @@ use syncopate_sim::plan::Plan;
 use syncopate_sim::predict::memory::{gib, MemoryUse};
 use syncopate_sim::predict::noise::NoiseSpec;
 use syncopate_sim::predict::scenario::Scenario;
-use syncopate_sim::predict::simulate::{simulate, SimOptions};
+use syncopate_sim::predict::simulate::{check_float8_device, simulate, SimOptions};
 use syncopate_sim::predict::summary::Summary;
 use syncopate_sim::sharding::{ParamDtype, MAX_PREFETCH};
 use syncopate_sim::strategy::{ShardOptions, Strategy, StrategyOptions};
@@ -144,6 +144,13 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             ),
             (_, err) => err,
         })?;
+    // A device without float8 products, named by the flag the user typed.
+    check_float8_device(&base, &plan).map_err(|err| match (&args.plan, err) {
+        (None, SimError::Invalid { message, .. }) => {
+            SimError::bad_value("--float8-all-gather", "set", message)
+        }
+        (_, err) => err,
+    })?;
     if let Some(path) = &args.save_plan {
         plan.target = Some(plan_target::target(
             &model_name,

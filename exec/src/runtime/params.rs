@@ -20,7 +20,7 @@ use crate::error::{ExecError, Result};
 use std::ops::Range;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
-use syncopate_sim::schedule::{ParamShard, Pass, Schedule};
+use syncopate_sim::schedule::{Buffer, ParamShard, Pass, Schedule};
 use syncopate_sim::sharding::{ParamDtype, ShardCut};
 use syncopate_sim::SimError;
 
@@ -78,11 +78,7 @@ pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
     let label = "the lowered plan";
     let bad =
         |field: String, message: String| ExecError::Sim(SimError::invalid(label, field, message));
-    let float8_weights: usize = schedule
-        .buffers
-        .iter()
-        .map(|b| b.slots.iter().filter(|s| s.float8).count())
-        .sum();
+    let float8_weights: usize = schedule.buffers.iter().map(Buffer::float8_weights).sum();
     let agreeing = schedule
         .param_shards
         .iter()
@@ -107,6 +103,12 @@ pub fn units(schedule: &Schedule) -> Result<Vec<Unit>> {
                 )
             })?;
             let (numel, float8_numel) = (buffer.numel, buffer.float8_numel());
+            if float8_numel > numel {
+                return Err(bad(
+                    format!("buffers[{g}].slots"),
+                    format!("{float8_numel} float8 elements in a unit of {numel}"),
+                ));
+            }
             if param_shard.amaxes > 0 && param_shard.amaxes as usize != float8_weights {
                 return Err(bad(
                     format!("param_shards[{g}].amaxes"),
@@ -561,6 +563,8 @@ mod tests {
     fn float8_gathers_cast_each_weight_with_the_scale_every_rank_agreed_on() {
         use crate::compress::minifloat::{bf16_to_f32, e4m3_to_f32, f32_to_bf16, f32_to_e4m3};
         for dtype in [ParamDtype::Fp32, ParamDtype::Bf16] {
+            // On one rank there is nothing to gather, nor any scale to agree on.
+            assert!(units(&small_float8(dtype, (1, 1))).unwrap().is_empty());
             let schedule = small_float8(dtype, (1, 3));
             let units = units(&schedule).unwrap();
             let float8: Vec<usize> = units.iter().map(|u| u.float8.count()).collect();

@@ -87,7 +87,7 @@ pub fn schedule(scenario: &Scenario, plan: &Plan) -> Result<Schedule> {
 
 /// torchao's float8 linears need float8 matrix products: a GPU whose profile states its float8
 /// peak (compute capability 8.9 or later), or a CPU, where PyTorch emulates them.
-fn check_float8_device(scenario: &Scenario, plan: &Plan) -> Result<()> {
+pub fn check_float8_device(scenario: &Scenario, plan: &Plan) -> Result<()> {
     let float8 = plan.sharding.as_ref().is_some_and(|s| s.float8_all_gather);
     let device = &scenario.device;
     if !float8 || device.kind == DeviceKind::Cpu || device.peak_fp8_tflops.is_some() {

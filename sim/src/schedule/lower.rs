@@ -44,7 +44,8 @@ pub fn lower(
     let syncing = world.ranks() > 1;
     let overlap = plan.policy.overlap_forward && syncing;
     let servers = Servers::from_count(plan.policy.ps_servers);
-    let float8 = plan.sharding.as_ref().is_some_and(|s| s.float8_all_gather);
+    // Float8 weights are gathered, so marked, only where there are ranks to gather from.
+    let float8 = syncing && plan.sharding.as_ref().is_some_and(|s| s.float8_all_gather);
     let buffers: Vec<Buffer> = plan
         .groups
         .iter()
@@ -92,7 +93,7 @@ pub fn lower(
                 world.ranks_per_node,
             ),
             plan,
-            sharding,
+            (sharding, &buffers),
             (&pieces, &group_pieces),
             codec,
         )?;

@@ -295,6 +295,11 @@ impl Buffer {
             .map(|s| s.numel)
             .sum()
     }
+
+    /// How many float8 weights it holds.
+    pub fn float8_weights(&self) -> usize {
+        self.slots.iter().filter(|s| s.float8).count()
+    }
 }
 
 /// One rank's shard of a sharded plan's unit: what it contributes to each gather of the unit.
@@ -316,8 +321,10 @@ pub struct ParamShard {
     pub secondary_bytes: Option<u64>,
     /// With float8 gathers: the float8 weights (of the whole model) whose scales this unit's
     /// forward gather agrees on first, the model's every one on the unit gathered first in an
-    /// iteration and none elsewhere: each rank all-gathers the largest magnitude of its shard
-    /// of each (as torchao all-reduces them after each step) and takes the largest.
+    /// iteration and none elsewhere; every other forward gather of the iteration waits for it.
+    /// Each rank all-gathers the largest magnitude of its shard of each and takes the largest,
+    /// priced and run so (torchao all-reduces them once after each step: a few hundred floats
+    /// either way).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub amaxes: u32,
 }

@@ -12,7 +12,9 @@
 //! process group's one communication stream, in the order the hooks issue them.
 
 use super::lower::{compute, first_forward, push_sync, too_many_collectives, Chain};
-use super::{LaunchSlot, OpList, ParamShard, Pass, Piece, Step, StepKind, StepList, Stream};
+use super::{
+    Buffer, LaunchSlot, OpList, ParamShard, Pass, Piece, Step, StepKind, StepList, Stream,
+};
 use crate::base::error::{Result, SimError};
 use crate::inputs::model::ModelProfile;
 use crate::plan::{CodecStream, Plan};
@@ -28,14 +30,14 @@ pub(super) struct Sharded {
 }
 
 /// One rank's iteration of `plan`, sharded as `sharding` says over `ranks` ranks (each node's
-/// under hybrid sharding, whose `node_ranks` hold hpZ's second shards), with the
-/// gradient `pieces` (one per group, `group_pieces[g]`) already lowered. Codecs run on their
-/// own stream (`codec`).
+/// under hybrid sharding, whose `node_ranks` hold hpZ's second shards), with the group
+/// `buffers` (their float8 weights marked) and the gradient `pieces` (one per group,
+/// `group_pieces[g]`) already lowered. Codecs run on their own stream (`codec`).
 pub(super) fn sharded_steps(
     model: &ModelProfile,
     (ranks, node_ranks): (u32, u32),
     plan: &Plan,
-    sharding: &Sharding,
+    (sharding, buffers): (&Sharding, &[Buffer]),
     (pieces, group_pieces): (&[Piece], &[Range<usize>]),
     codec: impl Fn(usize) -> Stream,
 ) -> Result<Sharded> {
@@ -47,21 +49,12 @@ pub(super) fn sharded_steps(
         ));
     }
     let units = plan.groups.len();
-    let float8 =
-        |t: usize| sharding.float8_all_gather && model.tensors[t].is_float8_linear_weight();
-    let mut param_shards = plan
-        .groups
+    let mut param_shards = buffers
         .iter()
         .enumerate()
-        .map(|(g, group)| {
-            let float8_numel = group
-                .tensors
-                .iter()
-                .filter(|&&t| float8(t))
-                .map(|&t| model.tensors[t].numel)
-                .sum();
+        .map(|(g, buffer)| {
             let bytes = |ranks| {
-                ShardCut::of(group.numel(model), float8_numel, ranks)
+                ShardCut::of(buffer.numel, buffer.float8_numel(), ranks)
                     .wire_bytes(sharding.param_dtype)
                     .ok_or_else(|| {
                         let field = format!("groups[{g}]");
@@ -114,8 +107,9 @@ pub(super) fn sharded_steps(
         .collect();
     let forward_order = plan.forward_order(model);
     // The scales of every float8 weight are agreed on before the first gather of an iteration.
-    let amaxes = (0..model.num_tensors()).filter(|&t| float8(t)).count();
-    if let (Some(&first), true) = (forward_order.first(), amaxes > 0) {
+    let amaxes: usize = buffers.iter().map(Buffer::float8_weights).sum();
+    let agreeing = forward_order.first().copied().filter(|_| amaxes > 0);
+    if let Some(first) = agreeing {
         param_shards[first].amaxes = u32::try_from(amaxes).expect("a model's tensors fit u32");
     }
     // Backward reaches the units by their first tensor in backward order, their lowest index.
@@ -146,6 +140,15 @@ pub(super) fn sharded_steps(
         },
         |_, _, _| Ok(()),
     )?;
+    // The other forward gathers cast with the scales the first one agrees on: they wait for it
+    // (on another stream, or launched first by priority, they would not otherwise).
+    if let Some(agreeing) = agreeing.and_then(|g| forward_gathers.gathers[g]) {
+        for &gather in forward_gathers.gathers.iter().flatten() {
+            if gather != agreeing {
+                lowering.steps[gather as usize].after.push(agreeing);
+            }
+        }
+    }
     // Backward, each unit's gradients reduce-scattered once complete (ZeRO-1: after all).
     let mut tails: Vec<u32> = Vec::with_capacity(pieces.len());
     let reduce =
