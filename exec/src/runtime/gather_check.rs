@@ -172,20 +172,23 @@ mod tests {
         assert!(checks.open.lock().unwrap().is_empty());
     }
 
-    #[test]
-    fn a_shard_other_than_its_owner_sent_fails_naming_the_rank_and_shard() {
+    /// The error of an fsdp gather on three ranks whose reports `spoil` changed, and the group.
+    fn spoiled(spoil: impl Fn(&mut [GatherDigests])) -> (String, usize) {
         let schedule = small_sharded("fsdp", "none", ParamDtype::Fp32, (1, 3));
         let checks = GatherChecks::new(&schedule);
         let (step, group) = first_gather(&schedule);
         let mut reports = reports();
-        // Rank 1 holds the shards in rank order: shard 0 is rank 0's.
-        reports[1].held = vec![10, 11, 12];
+        spoil(&mut reports);
         checks.gathered(step, 0, 0, &reports[0]).unwrap();
         checks.gathered(step, 1, 0, &reports[1]).unwrap();
-        let err = checks
-            .gathered(step, 2, 0, &reports[2])
-            .unwrap_err()
-            .to_string();
+        let err = checks.gathered(step, 2, 0, &reports[2]).unwrap_err();
+        (err.to_string(), group)
+    }
+
+    #[test]
+    fn a_shard_other_than_its_owner_sent_fails_naming_the_rank_and_shard() {
+        // Rank 1 holds the shards in rank order: shard 0 is rank 0's.
+        let (err, group) = spoiled(|reports| reports[1].held = vec![10, 11, 12]);
         assert!(
             err.contains(&format!("group {group}"))
                 && err.contains("gather g")
@@ -197,17 +200,7 @@ mod tests {
 
     #[test]
     fn a_rank_casting_with_other_scales_fails_naming_it() {
-        let schedule = small_sharded("fsdp", "none", ParamDtype::Fp32, (1, 3));
-        let checks = GatherChecks::new(&schedule);
-        let (step, _) = first_gather(&schedule);
-        let mut reports = reports();
-        reports[2].scales = 7;
-        checks.gathered(step, 0, 0, &reports[0]).unwrap();
-        checks.gathered(step, 1, 0, &reports[1]).unwrap();
-        let err = checks
-            .gathered(step, 2, 0, &reports[2])
-            .unwrap_err()
-            .to_string();
+        let (err, _) = spoiled(|reports| reports[2].scales = 7);
         assert!(
             err.contains("rank 2 cast its float8 weights with scales other than rank 0's"),
             "{err}"
