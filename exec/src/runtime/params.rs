@@ -343,29 +343,41 @@ impl Unit {
         };
         let mine = &mut buffer[split.shard_bytes(shard)];
         let (float8, rest) = mine.split_at_mut(split.float8);
+        let (float8_values, values) = values.split_at(split.float8);
         if split.float8 > 0 {
-            let scales = held.scales.lock().expect("a unit's scales lock");
-            let scales =
-                match &*scales {
-                    Some((agreed, scales)) if *agreed == version => scales,
-                    other => {
-                        return Err(ExecError::Check {
-                            group: self.group as usize,
-                            message: format!(
-                            "a gather of version {version}'s float8 weights found the scales of {}",
-                            other.as_ref().map_or("none".into(), |(v, _)| format!("version {v}"))
-                        ),
-                        })
-                    }
-                };
-            let values = &values[..split.float8];
-            self.float8
-                .cast(values, shard * split.float8, scales, float8);
+            self.cast_float8(held, version, (float8_values, shard * split.float8), float8)?;
         }
         // The casts and int8 are deterministic: the seed draws nothing.
-        let values = &values[split.float8..];
         codec_for(&self.dtype.codec(), 0).encode_into(values, rest, &mut Vec::new())?;
         Ok(mine)
+    }
+
+    /// Casts `values`, the float8 part's elements from `first` on, into `out` with the scales
+    /// `held` agreed on for `version`; scales of another version (or none) are an error, not a
+    /// cast with stale ones.
+    fn cast_float8(
+        &self,
+        held: &Held,
+        version: u32,
+        (values, first): (&[f32], usize),
+        out: &mut [u8],
+    ) -> Result<()> {
+        let scales = held.scales.lock().expect("a unit's scales lock");
+        match &*scales {
+            Some((agreed, scales)) if *agreed == version => {
+                self.float8.cast(values, first, scales, out);
+                Ok(())
+            }
+            other => Err(ExecError::Check {
+                group: self.group as usize,
+                message: format!(
+                    "a gather of version {version}'s float8 weights found the scales of {}",
+                    other
+                        .as_ref()
+                        .map_or("none".into(), |(v, _)| format!("version {v}"))
+                ),
+            }),
+        }
     }
 
     /// A digest of the float8 scales `held` last agreed on (of none without float8 weights).
