@@ -24,7 +24,7 @@ pub mod sampled;
 pub(crate) mod scan;
 mod sign;
 pub(crate) mod sparse;
-mod wire;
+pub(crate) mod wire;
 
 use crate::error::{ExecError, Result};
 use syncopate_sim::compress::{Aggregation, Compressor, Family};

@@ -44,14 +44,14 @@ pub(super) fn get_u32(c: &Compressor, payload: &[u8], at: usize) -> Result<u32> 
 }
 
 /// Reinterprets whole 4-byte groups as f32 values.
-pub(super) fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+pub(crate) fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
     bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// Writes f32 values into 4-byte groups.
-pub(super) fn put_f32s(dst: &mut [u8], values: impl IntoIterator<Item = f32>) {
+pub(crate) fn put_f32s(dst: &mut [u8], values: impl IntoIterator<Item = f32>) {
     for (d, v) in dst.chunks_exact_mut(4).zip(values) {
         d.copy_from_slice(&v.to_le_bytes());
     }

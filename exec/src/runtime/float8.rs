@@ -11,6 +11,7 @@
 
 use super::ring::{self, Ring, RingLink};
 use crate::compress::minifloat::{f32_to_e4m3, E4M3_MAX};
+use crate::compress::wire::{f32s, put_f32s};
 use crate::error::Result;
 use std::ops::Range;
 use std::sync::atomic::AtomicBool;
@@ -97,14 +98,11 @@ pub fn agree(
     let ring = Ring::node(link.rank(), ranks);
     let mut gathered = vec![0u8; ranks * width];
     let mine = ring::summed_chunk(ring.position(), ranks) * width;
-    for (bytes, x) in gathered[mine..mine + width].chunks_exact_mut(4).zip(maxima) {
-        bytes.copy_from_slice(&x.to_le_bytes());
-    }
+    put_f32s(&mut gathered[mine..mine + width], maxima.iter().copied());
     ring::allgather_chunks(link, &ring, &mut gathered, width, abort)?;
     let mut largest = vec![0f32; maxima.len()];
     for chunk in gathered.chunks_exact(width) {
-        for (m, bytes) in largest.iter_mut().zip(chunk.chunks_exact(4)) {
-            let x = f32::from_le_bytes(bytes.try_into().expect("four bytes"));
+        for (m, x) in largest.iter_mut().zip(f32s(chunk)) {
             *m = m.max(x);
         }
     }
