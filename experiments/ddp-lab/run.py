@@ -141,9 +141,9 @@ def predict(opts):
                 entry = {}
                 for label, profile in profiles.items():
                     framework = "none" if label == "none" else "pytorch-ddp"
-                    # DDP's own fp16 hook as it is written (profiles/codecs/pytorch-ddp.json), its ops
-                    # priced by the framework; PowerSGD's hook is not written there: our codec's costs.
-                    codecs = "pytorch-ddp" if framework != "none" and hook == "fp16" else "native"
+                    # DDP's own hooks as they are written (profiles/codecs/pytorch-ddp.json), their ops
+                    # priced by the framework, their fresh tensors by the device's fresh_memory.
+                    codecs = "pytorch-ddp" if framework != "none" and hook != "none" else "native"
                     out = json.loads(sh([opts.syncopate, "simulate", "--model", os.path.relpath(profile, HERE),
                                          "--cluster", f"clusters/lab-{lab_key(nodes, gbps)}-gloo.json", "--nodes", nodes,
                                          "--gpus-per-node", 1, "--strategy", "ddp", "--bucket-mb", bucket,

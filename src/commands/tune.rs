@@ -194,12 +194,12 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
     let compressors = match &codecs {
         Some((_, set)) if args.compressor == "auto" => compressors
             .into_iter()
-            .filter(|(c, _)| set.codecs.contains_key(c.key()))
+            .filter(|(c, memory)| *c != Compressor::None && set.writes(c, memory))
             .collect(),
         _ => compressors,
     };
     if let Some((name, set)) = &codecs {
-        set.check_compressors(compressors.iter().map(|(c, _)| c))
+        set.check_compressors(compressors.iter().map(|(c, memory)| (c, memory)))
             .with_context(|| format!("--codecs {name}"))?;
     }
     let codecs_name = codecs.as_ref().map(|(name, _)| name.clone());

@@ -385,6 +385,8 @@ pub fn profile(options: &CudaProfileOptions) -> Result<CudaProfile> {
         compute_speed_provenance,
         // Its tiled GEMM measures no library's operation: nothing to state.
         achieved_fraction_of_peak: None,
+        // A framework's caching allocator hands back device memory it holds: no fresh pages.
+        fresh_memory: None,
         compression,
         contention: Contention {
             compute_slowdown_with_collective: Some(collective),

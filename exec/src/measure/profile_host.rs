@@ -9,7 +9,9 @@ use std::hint::black_box;
 use std::time::Instant;
 use syncopate_sim::base::data::FORMAT_VERSION;
 use syncopate_sim::compress::{catalog, Compressor, Family};
-use syncopate_sim::inputs::device::{CodecCost, Contention, CostCurve, DeviceKind, DeviceProfile};
+use syncopate_sim::inputs::device::{
+    CodecCost, Contention, CostCurve, DeviceKind, DeviceProfile, FreshMemory,
+};
 use syncopate_sim::inputs::model::{Provenance, Status};
 
 /// What to measure.
@@ -190,6 +192,42 @@ fn measure(c: &Compressor, grad: &[f32], repeats: usize) -> Result<(f64, f64)> {
     Ok((median(enc), median(dec)))
 }
 
+/// Elements of the buffer [`fresh_memory`] writes: 64 MiB, above glibc's largest mmap threshold
+/// (32 MiB on 64-bit), so every allocation maps new pages, as a bucket-sized tensor does.
+const FRESH_PROBE_ELEMENTS: usize = 16 << 20;
+
+/// What writing freshly allocated memory costs beyond writing memory in use: the medians of
+/// nine allocate-write-free rounds and nine writes into a kept buffer, interleaved, their
+/// difference per byte (at least zero).
+pub fn fresh_memory() -> FreshMemory {
+    let n = FRESH_PROBE_ELEMENTS;
+    let mut kept = vec![0.0f32; n];
+    kept.fill(1.0);
+    let (mut fresh_s, mut kept_s) = (Vec::new(), Vec::new());
+    for round in 0..9 {
+        let value = black_box(round as f32);
+        let start = Instant::now();
+        let mut fresh: Vec<f32> = Vec::with_capacity(n);
+        fresh.resize(n, value);
+        black_box(&fresh);
+        drop(fresh);
+        fresh_s.push(start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        kept.fill(value);
+        black_box(&kept);
+        kept_s.push(start.elapsed().as_secs_f64());
+    }
+    let (fresh, kept) = (median(fresh_s), median(kept_s));
+    let bytes = (4 * n) as f64;
+    FreshMemory {
+        ns_per_byte: ((fresh - kept) / bytes * 1e9).max(0.0),
+        provenance: provenance(
+            Status::Measured,
+            format!("measured by syncopate-exec profile_host: writing {} MiB into a new allocation and freeing it, against the same write into a buffer in use, medians of 9 interleaved rounds ({:.2} and {:.2} ms), the difference per byte", bytes as u64 >> 20, fresh * 1e3, kept * 1e3),
+        ),
+    }
+}
+
 /// Copy bandwidth (bytes read + written per second) of a 64 MiB buffer, best of five.
 pub fn memcpy_gbytes_per_s() -> f64 {
     let n = 16 << 20;
@@ -283,6 +321,7 @@ pub fn profile_host(options: &HostProfileOptions) -> Result<DeviceProfile> {
             format!("measured one-core multiply-add rate × {cores} threads, divided by V100's 15.7 TFLOP/s fp32 peak"),
         ),
         achieved_fraction_of_peak: None,
+        fresh_memory: Some(fresh_memory()),
         compression,
         contention: Contention {
             compute_slowdown_with_collective: None,
@@ -345,6 +384,8 @@ mod tests {
         let profile = profile_host(&options).unwrap();
         profile.validate("test").unwrap();
         assert_eq!(profile.compression.len(), catalog().len());
+        let fresh = profile.fresh_memory.as_ref().unwrap();
+        assert!(fresh.ns_per_byte >= 0.0 && fresh.provenance.method.contains("64 MiB"));
         let c: Compressor = "topk:0.01".parse().unwrap();
         assert!(!syncopate_sim::codec::CodecCurves::on(&c, &profile).fallback);
         // Only the sparsifiers were timed at a second ratio.

@@ -16,7 +16,7 @@
 use super::fallback;
 use crate::base::data::{self, DataKind};
 use crate::base::error::{Result, SimError};
-use crate::compress::{why_no_kept_cost, Compressor};
+use crate::compress::{why_no_kept_cost, Compressor, Memory};
 use crate::inputs::device::{CodecCost, CostCurve, DeviceKind, DeviceProfile};
 use crate::inputs::framework::Framework;
 use crate::inputs::model::{Provenance, Status};
@@ -49,6 +49,12 @@ pub struct OpWork {
     /// its radix select in one block per slice).
     #[serde(default)]
     pub serial_ns_per_element: f64,
+    /// Bytes per element written into memory the ops allocate (`torch.clone`, an operator's
+    /// new result): on a device whose profile measured `fresh_memory`, each costs that much
+    /// on top of its price as a byte moved (counted in `bytes_per_element`, or for the
+    /// error-feedback memory's own passes in the memory's).
+    #[serde(default)]
+    pub fresh_bytes_per_element: f64,
 }
 
 impl OpWork {
@@ -77,6 +83,11 @@ impl OpWork {
                 "serial_ns_per_element",
                 self.serial_ns_per_element,
                 MAX_SERIAL_NS_PER_ELEMENT,
+            ),
+            (
+                "fresh_bytes_per_element",
+                self.fresh_bytes_per_element,
+                MAX_BYTES_PER_ELEMENT,
             ),
         ] {
             data::check_non_negative(label, &format!("{field}.{name}"), value)?;
@@ -112,17 +123,24 @@ impl OpWork {
             0.0 => String::new(),
             ns => format!(", {ns} ns per element in one block"),
         };
+        let fresh = match self.fresh_bytes_per_element {
+            0.0 => String::new(),
+            bytes => format!(", {bytes} B written into fresh memory"),
+        };
         format!(
-            "{} ops and {} B per element{kept}{serial}",
+            "{} ops and {} B per element{kept}{fresh}{serial}",
             self.ops, self.bytes_per_element
         )
     }
 
-    /// The cost curve of this work at `us_per_op` and `ns_per_byte`.
-    pub fn curve(&self, us_per_op: f64, ns_per_byte: f64) -> CostCurve {
+    /// The cost curve of this work at `us_per_op` and `ns_per_byte`, a byte written into
+    /// fresh memory costing `ns_per_fresh_byte` more.
+    pub fn curve(&self, us_per_op: f64, ns_per_byte: f64, ns_per_fresh_byte: f64) -> CostCurve {
         CostCurve {
             floor_us: f64::from(self.ops) * us_per_op,
-            ns_per_element: self.bytes_per_element * ns_per_byte + self.serial_ns_per_element,
+            ns_per_element: self.bytes_per_element * ns_per_byte
+                + self.fresh_bytes_per_element * ns_per_fresh_byte
+                + self.serial_ns_per_element,
             ns_per_kept_element: self.bytes_per_kept_element * ns_per_byte,
         }
     }
@@ -140,6 +158,11 @@ pub struct Implementation {
     pub payload: OpWork,
     /// The work once per decode call (summing the decoded payloads, averaging).
     pub call: OpWork,
+    /// The error-feedback memory (`--memory`) the ops were counted with, where they depend on
+    /// it (PowerSGD's hook copies the bucket and allocates the new error only with error
+    /// feedback); a plan compressing with another memory is refused. Absent: any memory.
+    #[serde(default)]
+    pub memory: Option<String>,
     /// The source files and ops counted.
     pub source: String,
 }
@@ -154,7 +177,26 @@ impl Implementation {
         ] {
             work.check(label, &format!("{field}.{phase}"), key)?;
         }
-        Ok(())
+        match &self.memory {
+            Some(memory) => memory
+                .parse::<Memory>()
+                .map(drop)
+                .map_err(|e| SimError::invalid(label, format!("{field}.memory"), e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Why a plan compressing with `memory` is not what this implementation was counted with,
+    /// if it is not.
+    fn why_not_with(&self, memory: &Memory) -> Option<String> {
+        let written = self.memory.as_deref()?;
+        let matches = written.parse::<Memory>().is_ok_and(|m| m == *memory);
+        (!matches).then(|| {
+            format!(
+                "is written with error-feedback memory `{written}` and the plan's is `{memory}` \
+                 (`--memory {written}`, or `--codecs native` for the device's own curves)"
+            )
+        })
     }
 
     /// This implementation as it runs on `device`: one thread block's serial work is a GPU's;
@@ -169,14 +211,24 @@ impl Implementation {
         on
     }
 
-    /// Its cost at `us_per_op` and `ns_per_byte`, with `provenance`.
-    fn cost(&self, us_per_op: f64, ns_per_byte: f64, provenance: Provenance) -> CodecCost {
+    /// Its cost at `us_per_op` and `bytes` (in use, fresh), with `provenance`.
+    fn cost(&self, us_per_op: f64, bytes: (f64, f64), provenance: Provenance) -> CodecCost {
+        let (ns_per_byte, ns_per_fresh_byte) = bytes;
         CodecCost {
-            encode: self.encode.curve(us_per_op, ns_per_byte),
-            decode: self.payload.curve(us_per_op, ns_per_byte),
-            aggregate: self.call.curve(us_per_op, ns_per_byte),
+            encode: self.encode.curve(us_per_op, ns_per_byte, ns_per_fresh_byte),
+            decode: self
+                .payload
+                .curve(us_per_op, ns_per_byte, ns_per_fresh_byte),
+            aggregate: self.call.curve(us_per_op, ns_per_byte, ns_per_fresh_byte),
             provenance,
         }
+    }
+
+    /// Whether any phase writes fresh memory.
+    fn allocates(&self) -> bool {
+        [self.encode, self.payload, self.call]
+            .iter()
+            .any(|work| work.fresh_bytes_per_element > 0.0)
     }
 }
 
@@ -261,10 +313,10 @@ impl CodecSet {
         Ok(())
     }
 
-    /// `plan`'s compressors all implemented here, or an error naming the first that is not.
-    /// Every compressor of `plan` implemented here, and the plan's codecs on this set's stream.
+    /// Every compressor of `plan` implemented here with its memory, and the plan's codecs on
+    /// this set's stream.
     pub fn check_plan(&self, plan: &Plan) -> Result<()> {
-        self.check_compressors(plan.groups.iter().map(|g| &g.compressor))?;
+        self.check_compressors(plan.groups.iter().map(|g| (&g.compressor, &g.memory)))?;
         self.check_stream(plan)
     }
 
@@ -285,25 +337,38 @@ impl CodecSet {
         Ok(())
     }
 
-    /// Every compressor but `none` implemented here, or an error naming the first that is not.
+    /// Every compressor but `none` implemented here with its error-feedback memory, or an
+    /// error naming the first that is not.
     pub fn check_compressors<'a>(
         &self,
-        compressors: impl IntoIterator<Item = &'a Compressor>,
+        compressors: impl IntoIterator<Item = (&'a Compressor, &'a Memory)>,
     ) -> Result<()> {
-        let missing = compressors
-            .into_iter()
-            .find(|c| **c != Compressor::None && !self.codecs.contains_key(c.key()));
-        match missing {
-            Some(c) => Err(SimError::invalid(
-                &self.name,
-                "codecs",
-                format!(
-                    "has no `{}` (it has {})",
-                    c.key(),
-                    self.codecs.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
+        for (c, memory) in compressors {
+            if let Some(why) = self.why_not_written(c, memory) {
+                return Err(SimError::invalid(&self.name, "codecs", why));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this set prices `c` compressing with `memory` (`none` needs no codec).
+    pub fn writes(&self, c: &Compressor, memory: &Memory) -> bool {
+        self.why_not_written(c, memory).is_none()
+    }
+
+    fn why_not_written(&self, c: &Compressor, memory: &Memory) -> Option<String> {
+        if *c == Compressor::None {
+            return None;
+        }
+        match self.codecs.get(c.key()) {
+            Some(implementation) => implementation
+                .why_not_with(memory)
+                .map(|why| format!("`{}` {why}", c.key())),
+            None => Some(format!(
+                "has no `{}` (it has {})",
+                c.key(),
+                self.codecs.keys().cloned().collect::<Vec<_>>().join(", ")
             )),
-            None => Ok(()),
         }
     }
 
@@ -332,13 +397,33 @@ impl CodecSet {
         };
         let mut priced = device.clone();
         let ns_per_byte = fallback::ns_per_byte(device);
+        let (ns_per_fresh_byte, fresh_price) = match &device.fresh_memory {
+            Some(fresh) => (
+                fresh.ns_per_byte,
+                format!(
+                    "; a byte into fresh memory {:.5} ns more ({})",
+                    fresh.ns_per_byte, fresh.provenance.method
+                ),
+            ),
+            None => (
+                0.0,
+                format!(
+                    "; fresh memory as memory in use (device `{}` has no fresh_memory)",
+                    device.name
+                ),
+            ),
+        };
         for (key, implementation) in &self.codecs {
             let implementation = implementation.on(device);
+            let fresh_price = match implementation.allocates() {
+                true => fresh_price.as_str(),
+                false => "",
+            };
             let provenance = Provenance {
                 status: Status::Estimated,
                 method: format!(
                     "{} codec `{key}` as written ({}): encode {}, each payload {}, each call {}; \
-                     an op at {op_price}, a byte at {ns_per_byte:.5} ns ({})",
+                     an op at {op_price}, a byte at {ns_per_byte:.5} ns ({}){fresh_price}",
                     self.name,
                     implementation.source,
                     implementation.encode.describe(),
@@ -349,7 +434,7 @@ impl CodecSet {
             };
             priced.compression.insert(
                 key.clone(),
-                implementation.cost(us_per_op, ns_per_byte, provenance),
+                implementation.cost(us_per_op, (ns_per_byte, ns_per_fresh_byte), provenance),
             );
         }
         Some(priced)
@@ -443,6 +528,72 @@ mod tests {
         let host = DeviceProfile::load("host-2core").unwrap();
         let priced = kernels.priced_on(&host, None).unwrap();
         assert_eq!(priced.codec_cost("fp16").unwrap().encode.floor_us, 0.0);
+    }
+
+    #[test]
+    fn bytes_written_into_fresh_memory_cost_what_the_device_measured_for_them() {
+        let fresh = FP16.replacen(
+            "\"bytes_per_element\": 6",
+            "\"bytes_per_element\": 6, \"fresh_bytes_per_element\": 2",
+            1,
+        );
+        let set = set(&fresh).unwrap();
+        let framework = Framework::load("pytorch-ddp").unwrap();
+        let mut host = DeviceProfile::load("host-2core").unwrap();
+        host.fresh_memory = None;
+        let in_use = set.priced_on(&host, Some(&framework)).unwrap();
+        let cost = in_use.codec_cost("fp16").unwrap();
+        assert!(cost.provenance.method.contains("has no fresh_memory"));
+        host.fresh_memory = Some(crate::inputs::device::FreshMemory {
+            ns_per_byte: 0.4,
+            provenance: Provenance {
+                status: Status::Measured,
+                method: "probe".into(),
+            },
+        });
+        let priced = set.priced_on(&host, Some(&framework)).unwrap();
+        let fresh = priced.codec_cost("fp16").unwrap();
+        // 2 fresh bytes per element at 0.4 ns each on top of the same work in memory in use.
+        let more = fresh.encode.ns_per_element - cost.encode.ns_per_element;
+        assert!((more - 0.8).abs() < 1e-12, "{more}");
+        assert_eq!(fresh.decode, cost.decode);
+        assert!(fresh.provenance.method.contains("0.40000 ns more (probe)"));
+        let err = super::tests::set(&FP16.replacen(
+            "\"bytes_per_element\": 6",
+            "\"bytes_per_element\": 6, \"fresh_bytes_per_element\": -1",
+            1,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("codecs.fp16.encode.fresh_bytes_per_element"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_implementation_counted_with_error_feedback_refuses_a_plan_without_it() {
+        let ddp = CodecSet::load("pytorch-ddp").unwrap();
+        let powersgd: Compressor = "powersgd:4".parse().unwrap();
+        assert!(ddp.writes(&powersgd, &Memory::Residual));
+        assert!(!ddp.writes(&powersgd, &Memory::None));
+        // The fp16 hook's ops do not depend on a memory.
+        assert!(ddp.writes(&Compressor::Fp16, &Memory::None));
+        let err = ddp
+            .check_compressors([(&powersgd, &Memory::None)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`powersgd` is written with error-feedback memory `residual`")
+                && err.contains("the plan's is `none`"),
+            "{err}"
+        );
+        let text = FP16.replace(
+            "\"source\": \"t\"",
+            "\"memory\": \"amnesia\", \"source\": \"t\"",
+        );
+        let err = set(&text).unwrap_err().to_string();
+        assert!(err.contains("codecs.fp16.memory"), "{err}");
     }
 
     #[test]

@@ -95,10 +95,15 @@ impl DdpSettings {
         format!("{caps}{view}, hook {}", hook_name(self.hook.0))
     }
 
-    /// DDP's own fp16 and bf16 hooks (`profiles/codecs/pytorch-ddp.json`) when one compresses;
-    /// PowerSGD's hook is not written there and keeps the device's curves.
+    /// DDP's own hooks (`profiles/codecs/pytorch-ddp.json`) when one compresses: fp16, bf16,
+    /// and PowerSGD's as written with error feedback (without it, the device's curves).
     pub(super) fn codecs(&self) -> Option<&'static str> {
-        matches!(self.hook.0, Compressor::Fp16 | Compressor::Bf16).then_some("pytorch-ddp")
+        let written = match self.hook {
+            (Compressor::Fp16 | Compressor::Bf16, _) => true,
+            (Compressor::PowerSgd { .. }, memory) => memory == Memory::Residual,
+            _ => false,
+        };
+        written.then_some("pytorch-ddp")
     }
 
     pub(super) fn simulate_flags(&self) -> Option<Vec<String>> {

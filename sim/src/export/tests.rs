@@ -117,8 +117,16 @@ fn simulate_flags_name_the_settings_a_strategy_runs() {
     let flags = settings.simulate_flags().unwrap().join(" ");
     assert_eq!(
         flags,
-        "--strategy ddp --bucket-mb 5 --first-bucket-mb 5 --framework pytorch-ddp-bucket-view --compressor powersgd:4 --memory residual"
+        "--strategy ddp --bucket-mb 5 --first-bucket-mb 5 --framework pytorch-ddp-bucket-view --compressor powersgd:4 --memory residual --codecs pytorch-ddp"
     );
+    // PowerSGD's hook is written with error feedback: without it, the device's curves price it.
+    let without = Settings::Ddp(DdpSettings {
+        caps: DdpCaps::Uniform(5 << 20),
+        gradient_as_bucket_view: true,
+        hook: ("powersgd:4".parse().unwrap(), "none".parse().unwrap()),
+    });
+    let flags = without.simulate_flags().unwrap().join(" ");
+    assert!(!flags.contains("--codecs"), "{flags}");
     let text = settings.render(
         &ModelProfile::load("resnet50").unwrap(),
         &["a header".into()],

@@ -92,6 +92,23 @@ pub struct Contention {
     pub provenance: Provenance,
 }
 
+/// What writing memory just allocated costs beyond its bytes: the operating system maps and
+/// zeroes each new page on its first write, which a CPU framework's large tensors meet every
+/// time they are allocated. A GPU framework's caching allocator hands back memory it already
+/// holds, so GPU profiles leave it out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FreshMemory {
+    /// Time per byte written into freshly allocated memory beyond the same write into memory
+    /// in use, in ns (its page faults, zeroing and unmapping, per byte).
+    pub ns_per_byte: f64,
+    /// How it was measured.
+    pub provenance: Provenance,
+}
+
+/// Most extra ns per byte of fresh memory (about a thousand times this machine's 0.4).
+const MAX_FRESH_NS_PER_BYTE: f64 = 1_000.0;
+
 /// Whether a profile describes a GPU or a CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -151,6 +168,10 @@ pub struct DeviceProfile {
     /// takes `achieved::DEFAULT_FRACTION`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub achieved_fraction_of_peak: Option<AchievedFractions>,
+    /// What writing freshly allocated memory costs beyond its bytes; absent, priced as memory
+    /// in use (a GPU's caching allocator; a host profile measured before this was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh_memory: Option<FreshMemory>,
     /// Compression encode/decode curves, keyed by compressor name (`fp16`, `topk`, ...).
     pub compression: BTreeMap<String, CodecCost>,
     /// How much compute slows down beside collective and compression kernels.
@@ -191,6 +212,19 @@ impl DeviceProfile {
         }
         if let Some(achieved) = &self.achieved_fraction_of_peak {
             achieved.validate(label)?;
+        }
+        if let Some(fresh) = &self.fresh_memory {
+            data::check_non_negative(label, "fresh_memory.ns_per_byte", fresh.ns_per_byte)?;
+            if fresh.ns_per_byte > MAX_FRESH_NS_PER_BYTE {
+                return Err(SimError::invalid(
+                    label,
+                    "fresh_memory.ns_per_byte",
+                    format!(
+                        "is at most {MAX_FRESH_NS_PER_BYTE}, got {}",
+                        fresh.ns_per_byte
+                    ),
+                ));
+            }
         }
         if self.sm_count == Some(0) {
             return Err(SimError::invalid(
@@ -294,6 +328,16 @@ impl DeviceProfile {
 mod tests {
     use super::*;
 
+    fn fresh(ns_per_byte: f64) -> FreshMemory {
+        FreshMemory {
+            ns_per_byte,
+            provenance: Provenance {
+                status: crate::inputs::model::Status::Measured,
+                method: "test".into(),
+            },
+        }
+    }
+
     #[test]
     fn a_gpu_without_sms_or_with_a_bad_tf32_peak_is_an_error_naming_the_field() {
         let good = DeviceProfile::load("a100-sxm4-40gb").unwrap();
@@ -305,6 +349,15 @@ mod tests {
             ("peak_tf32_tflops", |d| d.peak_tf32_tflops = Some(-1.0)),
             ("peak_tf32_tflops", |d| d.peak_tf32_tflops = Some(f64::NAN)),
             ("peak_fp8_tflops", |d| d.peak_fp8_tflops = Some(0.0)),
+            ("fresh_memory.ns_per_byte", |d| {
+                d.fresh_memory = Some(fresh(-0.1))
+            }),
+            ("fresh_memory.ns_per_byte", |d| {
+                d.fresh_memory = Some(fresh(f64::NAN))
+            }),
+            ("fresh_memory.ns_per_byte", |d| {
+                d.fresh_memory = Some(fresh(1e6))
+            }),
         ] {
             let mut device = good.clone();
             mutate(&mut device);

@@ -55,9 +55,10 @@ impl OpCost {
         )
     }
 
-    /// The curve of `work` at this price.
+    /// The curve of `work` at this price. GRACE's TensorFlow compressors declare no fresh
+    /// memory (TensorFlow's GPU allocator reuses its own).
     fn curve(&self, work: OpWork) -> CostCurve {
-        work.curve(self.us_per_op, self.ns_per_byte)
+        work.curve(self.us_per_op, self.ns_per_byte, 0.0)
     }
 }
 
