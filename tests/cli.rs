@@ -655,6 +655,8 @@ fn codecs_written_as_framework_ops_cost_their_ops_once_per_codec_call() {
             "horovod",
             "--compressor",
             "dgc:0.01",
+            "--memory",
+            "dgc",
             "--codec-calls",
             calls,
             "--codecs",

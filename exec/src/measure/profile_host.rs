@@ -80,6 +80,7 @@ pub fn fit_curve(points: &[(f64, f64)]) -> CostCurve {
         floor_us: floor * 1e6,
         ns_per_element: slope * 1e9,
         ns_per_kept_element: 0.0,
+        fresh_pages: None,
     }
 }
 
@@ -137,6 +138,7 @@ pub fn split_kept(first: (f64, CostCurve), second: (f64, CostCurve)) -> CostCurv
         floor_us: c1.floor_us,
         ns_per_element: (c1.ns_per_element - kept * r1).max(0.0),
         ns_per_kept_element: kept,
+        fresh_pages: None,
     }
 }
 
@@ -192,15 +194,39 @@ fn measure(c: &Compressor, grad: &[f32], repeats: usize) -> Result<(f64, f64)> {
     Ok((median(enc), median(dec)))
 }
 
-/// Elements of the buffer [`fresh_memory`] writes: 64 MiB, above glibc's largest mmap threshold
-/// (32 MiB on 64-bit), so every allocation maps new pages, as a bucket-sized tensor does.
-const FRESH_PROBE_ELEMENTS: usize = 16 << 20;
+/// glibc's largest dynamic mmap threshold on 64-bit systems (mallopt(3),
+/// DEFAULT_MMAP_THRESHOLD_MAX: 4 × 1024 × 1024 × sizeof(long)): an allocation at least this
+/// large is mapped anew every time, a smaller one reuses memory freed before.
+const GLIBC_MMAP_THRESHOLD_MAX: u64 = 32 << 20;
 
-/// What writing freshly allocated memory costs beyond writing memory in use: the medians of
-/// nine allocate-write-free rounds and nine writes into a kept buffer, interleaved, their
-/// difference per byte (at least zero).
+/// The bytes [`fresh_memory`] allocates: one size on each side of glibc's threshold.
+const FRESH_PROBES: [u64; 2] = [16 << 20, 64 << 20];
+
+/// What writing freshly allocated memory costs beyond writing memory in use, per byte: the
+/// medians of nine allocate-write-free rounds and nine writes into a kept buffer, interleaved,
+/// their difference (at least zero), at 64 MiB. Timed at 16 MiB too: where that costs less
+/// than half as much per byte, smaller allocations reuse memory (glibc's threshold, 32 MiB),
+/// else every allocation is taken as fresh.
 pub fn fresh_memory() -> FreshMemory {
-    let n = FRESH_PROBE_ELEMENTS;
+    let [(small, small_ms), (large, large_ms)] = FRESH_PROBES.map(fresh_extra_ns_per_byte);
+    let from_bytes = match small < large / 2.0 {
+        true => GLIBC_MMAP_THRESHOLD_MAX,
+        false => 0,
+    };
+    FreshMemory {
+        ns_per_byte: large,
+        from_bytes,
+        provenance: provenance(
+            Status::Measured,
+            format!("measured by syncopate-exec profile_host: writing 64 MiB into a new allocation and freeing it, against the same write into a buffer in use, medians of 9 interleaved rounds ({:.2} and {:.2} ms), the difference per byte; at 16 MiB {small:.3} ns per byte ({:.2} and {:.2} ms), so from {from_bytes} B", large_ms.0, large_ms.1, small_ms.0, small_ms.1),
+        ),
+    }
+}
+
+/// The extra ns per byte of writing `bytes` of fresh memory, and the medians (fresh, kept)
+/// in ms.
+fn fresh_extra_ns_per_byte(bytes: u64) -> (f64, (f64, f64)) {
+    let n = (bytes / 4) as usize;
     let mut kept = vec![0.0f32; n];
     kept.fill(1.0);
     let (mut fresh_s, mut kept_s) = (Vec::new(), Vec::new());
@@ -218,14 +244,8 @@ pub fn fresh_memory() -> FreshMemory {
         kept_s.push(start.elapsed().as_secs_f64());
     }
     let (fresh, kept) = (median(fresh_s), median(kept_s));
-    let bytes = (4 * n) as f64;
-    FreshMemory {
-        ns_per_byte: ((fresh - kept) / bytes * 1e9).max(0.0),
-        provenance: provenance(
-            Status::Measured,
-            format!("measured by syncopate-exec profile_host: writing {} MiB into a new allocation and freeing it, against the same write into a buffer in use, medians of 9 interleaved rounds ({:.2} and {:.2} ms), the difference per byte", bytes as u64 >> 20, fresh * 1e3, kept * 1e3),
-        ),
-    }
+    let extra = ((fresh - kept) / bytes as f64 * 1e9).max(0.0);
+    (extra, (fresh * 1e3, kept * 1e3))
 }
 
 /// Copy bandwidth (bytes read + written per second) of a 64 MiB buffer, best of five.
@@ -273,6 +293,8 @@ pub(crate) fn measured_codec(encode: CostCurve, decode: CostCurve, method: Strin
     CodecCost {
         encode,
         decode,
+        // Measured kernels only: the executors' passes around them are priced apart.
+        includes_passes: false,
         // Its kernels decode each payload into the result: no per-call pass.
         aggregate: Default::default(),
         provenance: provenance(Status::Measured, method),
@@ -357,6 +379,7 @@ mod tests {
             floor_us: 4.0,
             ns_per_element: slope,
             ns_per_kept_element: 0.0,
+            fresh_pages: None,
         };
         let c = split_kept((0.01, at(2.3)), (second_ratio(0.01), at(5.0)));
         assert!((c.ns_per_element - 2.0).abs() < 1e-9, "{c:?}");

@@ -28,6 +28,9 @@ pub struct CodecCurves {
     /// True when the device profile has no curve for the compressor and these are the
     /// memory-bandwidth estimate.
     pub fallback: bool,
+    /// Whether the curves include the passes around the codec
+    /// ([`CodecCost::includes_passes`](crate::inputs::device::CodecCost)).
+    pub includes_passes: bool,
     /// Whose curves these are: a sparsifier's per-kept slopes are paid on the elements it keeps.
     compressor: Compressor,
 }
@@ -43,6 +46,7 @@ impl CodecCurves {
                 decode: cost.decode,
                 aggregate: cost.aggregate,
                 fallback: false,
+                includes_passes: cost.includes_passes,
                 compressor: *c,
             },
             None => {
@@ -52,6 +56,7 @@ impl CodecCurves {
                     decode: estimate(entry.decode, device),
                     aggregate: CostCurve::default(),
                     fallback: true,
+                    includes_passes: false,
                     compressor: *c,
                 }
             }
@@ -109,6 +114,7 @@ fn estimate(work: Work, device: &DeviceProfile) -> CostCurve {
         floor_us: launch_us(device) * f64::from(work.kernels),
         ns_per_element: work.bytes_per_element * ns_per_byte,
         ns_per_kept_element: work.bytes_per_kept_element * ns_per_byte,
+        fresh_pages: None,
     }
 }
 
@@ -181,6 +187,7 @@ mod tests {
             floor_us: 5.0,
             ns_per_element: 0.05,
             ns_per_kept_element: 2.0,
+            fresh_pages: None,
         };
         let cost = curves.compression.get_mut("dgc").unwrap();
         (cost.encode, cost.decode) = (per_kept, per_kept);
@@ -209,6 +216,7 @@ mod tests {
             floor_us: 0.0,
             ns_per_element: 0.0,
             ns_per_kept_element: 1000.0,
+            fresh_pages: None,
         };
         let cost = profile.compression.get_mut("topk").unwrap();
         (cost.encode, cost.decode, cost.aggregate) = (per_kept, per_kept, per_kept);

@@ -17,7 +17,9 @@ use super::fallback;
 use crate::base::data::{self, DataKind};
 use crate::base::error::{Result, SimError};
 use crate::compress::{why_no_kept_cost, Compressor, Memory};
-use crate::inputs::device::{CodecCost, CostCurve, DeviceKind, DeviceProfile};
+use crate::inputs::device::{
+    CodecCost, CostCurve, DeviceKind, DeviceProfile, FreshMemory, FreshPages,
+};
 use crate::inputs::framework::Framework;
 use crate::inputs::model::{Provenance, Status};
 use crate::plan::{CodecStream, Plan};
@@ -49,10 +51,11 @@ pub struct OpWork {
     /// its radix select in one block per slice).
     #[serde(default)]
     pub serial_ns_per_element: f64,
-    /// Bytes per element written into memory the ops allocate (`torch.clone`, an operator's
-    /// new result): on a device whose profile measured `fresh_memory`, each costs that much
-    /// on top of its price as a byte moved (counted in `bytes_per_element`, or for the
-    /// error-feedback memory's own passes in the memory's).
+    /// Bytes per element of the one tensor the phase allocates and writes (`torch.clone`, an
+    /// operator's new result): its size is this times the call's elements, and where that
+    /// reaches the device's `fresh_memory.from_bytes` each of its bytes costs
+    /// `fresh_memory.ns_per_byte` on top of its price as a byte moved (counted in
+    /// `bytes_per_element`).
     #[serde(default)]
     pub fresh_bytes_per_element: f64,
 }
@@ -133,15 +136,25 @@ impl OpWork {
         )
     }
 
-    /// The cost curve of this work at `us_per_op` and `ns_per_byte`, a byte written into
-    /// fresh memory costing `ns_per_fresh_byte` more.
-    pub fn curve(&self, us_per_op: f64, ns_per_byte: f64, ns_per_fresh_byte: f64) -> CostCurve {
+    /// The cost curve of this work at `us_per_op` and `ns_per_byte`, its new tensor's bytes
+    /// costing what `fresh` says where it is large enough to be mapped anew.
+    pub fn curve(
+        &self,
+        us_per_op: f64,
+        ns_per_byte: f64,
+        fresh: Option<&FreshMemory>,
+    ) -> CostCurve {
+        let bytes = self.fresh_bytes_per_element;
+        let fresh_pages = fresh.filter(|_| bytes > 0.0).map(|fresh| FreshPages {
+            // Checked: `bytes` is positive and at most MAX_BYTES_PER_ELEMENT.
+            from_elements: (fresh.from_bytes as f64 / bytes).ceil() as u64,
+            ns_per_element: bytes * fresh.ns_per_byte,
+        });
         CostCurve {
             floor_us: f64::from(self.ops) * us_per_op,
-            ns_per_element: self.bytes_per_element * ns_per_byte
-                + self.fresh_bytes_per_element * ns_per_fresh_byte
-                + self.serial_ns_per_element,
+            ns_per_element: self.bytes_per_element * ns_per_byte + self.serial_ns_per_element,
             ns_per_kept_element: self.bytes_per_kept_element * ns_per_byte,
+            fresh_pages,
         }
     }
 }
@@ -158,9 +171,11 @@ pub struct Implementation {
     pub payload: OpWork,
     /// The work once per decode call (summing the decoded payloads, averaging).
     pub call: OpWork,
-    /// The error-feedback memory (`--memory`) the ops were counted with, where they depend on
-    /// it (PowerSGD's hook copies the bucket and allocates the new error only with error
-    /// feedback); a plan compressing with another memory is refused. Absent: any memory.
+    /// The error-feedback memory (`--memory`, its kind) the source runs the codec with, when
+    /// the phases count everything the source does around the codec with it: the gradient's
+    /// copies, the memory's compensation and its update. A plan compressing with another kind
+    /// is refused, and the plan's memory passes are not priced again. Absent: the phases count
+    /// the codec alone, and the plan's memory is priced by its own passes, whatever it is.
     #[serde(default)]
     pub memory: Option<String>,
     /// The source files and ops counted.
@@ -190,7 +205,10 @@ impl Implementation {
     /// if it is not.
     fn why_not_with(&self, memory: &Memory) -> Option<String> {
         let written = self.memory.as_deref()?;
-        let matches = written.parse::<Memory>().is_ok_and(|m| m == *memory);
+        let kind = std::mem::discriminant;
+        let matches = written
+            .parse::<Memory>()
+            .is_ok_and(|m| kind(&m) == kind(memory));
         (!matches).then(|| {
             format!(
                 "is written with error-feedback memory `{written}` and the plan's is `{memory}` \
@@ -211,15 +229,19 @@ impl Implementation {
         on
     }
 
-    /// Its cost at `us_per_op` and `bytes` (in use, fresh), with `provenance`.
-    fn cost(&self, us_per_op: f64, bytes: (f64, f64), provenance: Provenance) -> CodecCost {
-        let (ns_per_byte, ns_per_fresh_byte) = bytes;
+    /// Its cost at `us_per_op` and `bytes` (a byte in use, fresh memory), with `provenance`.
+    fn cost(
+        &self,
+        us_per_op: f64,
+        bytes: (f64, Option<&FreshMemory>),
+        provenance: Provenance,
+    ) -> CodecCost {
+        let (ns_per_byte, fresh) = bytes;
         CodecCost {
-            encode: self.encode.curve(us_per_op, ns_per_byte, ns_per_fresh_byte),
-            decode: self
-                .payload
-                .curve(us_per_op, ns_per_byte, ns_per_fresh_byte),
-            aggregate: self.call.curve(us_per_op, ns_per_byte, ns_per_fresh_byte),
+            encode: self.encode.curve(us_per_op, ns_per_byte, fresh),
+            decode: self.payload.curve(us_per_op, ns_per_byte, fresh),
+            aggregate: self.call.curve(us_per_op, ns_per_byte, fresh),
+            includes_passes: self.memory.is_some(),
             provenance,
         }
     }
@@ -397,20 +419,15 @@ impl CodecSet {
         };
         let mut priced = device.clone();
         let ns_per_byte = fallback::ns_per_byte(device);
-        let (ns_per_fresh_byte, fresh_price) = match &device.fresh_memory {
-            Some(fresh) => (
-                fresh.ns_per_byte,
-                format!(
-                    "; a byte into fresh memory {:.5} ns more ({})",
-                    fresh.ns_per_byte, fresh.provenance.method
-                ),
+        let fresh = device.fresh_memory.as_ref();
+        let fresh_price = match fresh {
+            Some(fresh) => format!(
+                "; a byte of a new tensor of at least {} B {:.5} ns more ({})",
+                fresh.from_bytes, fresh.ns_per_byte, fresh.provenance.method
             ),
-            None => (
-                0.0,
-                format!(
-                    "; fresh memory as memory in use (device `{}` has no fresh_memory)",
-                    device.name
-                ),
+            None => format!(
+                "; new tensors as memory in use (device `{}` has no fresh_memory)",
+                device.name
             ),
         };
         for (key, implementation) in &self.codecs {
@@ -434,7 +451,7 @@ impl CodecSet {
             };
             priced.compression.insert(
                 key.clone(),
-                implementation.cost(us_per_op, (ns_per_byte, ns_per_fresh_byte), provenance),
+                implementation.cost(us_per_op, (ns_per_byte, fresh), provenance),
             );
         }
         Some(priced)
@@ -544,8 +561,9 @@ mod tests {
         let in_use = set.priced_on(&host, Some(&framework)).unwrap();
         let cost = in_use.codec_cost("fp16").unwrap();
         assert!(cost.provenance.method.contains("has no fresh_memory"));
-        host.fresh_memory = Some(crate::inputs::device::FreshMemory {
+        host.fresh_memory = Some(FreshMemory {
             ns_per_byte: 0.4,
+            from_bytes: 8_000,
             provenance: Provenance {
                 status: Status::Measured,
                 method: "probe".into(),
@@ -553,11 +571,16 @@ mod tests {
         });
         let priced = set.priced_on(&host, Some(&framework)).unwrap();
         let fresh = priced.codec_cost("fp16").unwrap();
-        // 2 fresh bytes per element at 0.4 ns each on top of the same work in memory in use.
-        let more = fresh.encode.ns_per_element - cost.encode.ns_per_element;
-        assert!((more - 0.8).abs() < 1e-12, "{more}");
+        // A new tensor of 2 B per element reaches 8,000 B at 4,000 elements; from there each
+        // element pays 2 bytes at 0.4 ns on top of the same work in memory in use.
+        let more = |n: u64| fresh.encode.time(n, 0).as_ns() - cost.encode.time(n, 0).as_ns();
+        assert_eq!(more(3_999), 0);
+        assert_eq!(more(4_000), 3_200);
         assert_eq!(fresh.decode, cost.decode);
-        assert!(fresh.provenance.method.contains("0.40000 ns more (probe)"));
+        assert!(fresh
+            .provenance
+            .method
+            .contains("a byte of a new tensor of at least 8000 B 0.40000 ns more (probe)"));
         let err = super::tests::set(&FP16.replacen(
             "\"bytes_per_element\": 6",
             "\"bytes_per_element\": 6, \"fresh_bytes_per_element\": -1",
@@ -577,8 +600,9 @@ mod tests {
         let powersgd: Compressor = "powersgd:4".parse().unwrap();
         assert!(ddp.writes(&powersgd, &Memory::Residual));
         assert!(!ddp.writes(&powersgd, &Memory::None));
-        // The fp16 hook's ops do not depend on a memory.
+        // The fp16 hook has no memory: with one, DDP would not run it.
         assert!(ddp.writes(&Compressor::Fp16, &Memory::None));
+        assert!(!ddp.writes(&Compressor::Fp16, &Memory::Residual));
         let err = ddp
             .check_compressors([(&powersgd, &Memory::None)])
             .unwrap_err()

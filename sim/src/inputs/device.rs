@@ -26,6 +26,20 @@ pub struct CostCurve {
     /// one curve serves every ratio. Zero when absent; only sparsifiers keep a share of the elements.
     #[serde(default, skip_serializing_if = "data::is_zero")]
     pub ns_per_kept_element: f64,
+    /// What a call large enough to allocate new pages pays on top, per element (a codec set's
+    /// tensors written into fresh memory, on a device with `fresh_memory`). Absent: nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh_pages: Option<FreshPages>,
+}
+
+/// The cost of fresh pages in a call of at least `from_elements` elements.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FreshPages {
+    /// The fewest elements a call has for its allocation to be mapped anew.
+    pub from_elements: u64,
+    /// Extra cost per element of such a call, in ns.
+    pub ns_per_element: f64,
 }
 
 impl CostCurve {
@@ -36,6 +50,7 @@ impl CostCurve {
             floor_us: self.floor_us,
             ns_per_element: self.ns_per_element + self.ns_per_kept_element * kept_fraction,
             ns_per_kept_element: 0.0,
+            fresh_pages: self.fresh_pages,
         }
     }
 
@@ -43,9 +58,13 @@ impl CostCurve {
     /// [`Compressor::kept_elements`](crate::compress::Compressor::kept_elements), 0 for the
     /// others.
     pub fn time(&self, elements: u64, kept: u64) -> SimTime {
+        let fresh = self
+            .fresh_pages
+            .filter(|fresh| elements >= fresh.from_elements)
+            .map_or(0.0, |fresh| fresh.ns_per_element);
         SimTime::from_ns(
             self.floor_us * 1e3
-                + self.ns_per_element * elements as f64
+                + (self.ns_per_element + fresh) * elements as f64
                 + self.ns_per_kept_element * kept as f64,
         )
     }
@@ -73,6 +92,12 @@ pub struct CodecCost {
     /// `exec` decode each payload into the result and have no pass of their own.
     #[serde(default, skip_serializing_if = "CostCurve::is_zero")]
     pub aggregate: CostCurve,
+    /// Whether the curves include the passes around the codec that the executors make apart
+    /// (the gradient's copy or the memory's compensation, zeroing the result, the memory's
+    /// update, scaling the output), as a codec set counts everything its source does with its
+    /// memory: those passes are then not priced again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub includes_passes: bool,
     /// Where these curves come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
 }
@@ -102,12 +127,18 @@ pub struct FreshMemory {
     /// Time per byte written into freshly allocated memory beyond the same write into memory
     /// in use, in ns (its page faults, zeroing and unmapping, per byte).
     pub ns_per_byte: f64,
+    /// The smallest allocation that gets new pages every time, in bytes: glibc maps each one
+    /// at or above its largest dynamic mmap threshold anew and unmaps it when freed, and
+    /// serves smaller ones from memory freed before.
+    pub from_bytes: u64,
     /// How it was measured.
     pub provenance: Provenance,
 }
 
 /// Most extra ns per byte of fresh memory (about a thousand times this machine's 0.4).
 const MAX_FRESH_NS_PER_BYTE: f64 = 1_000.0;
+/// Largest allocation threshold of fresh memory (1 TiB).
+const MAX_FRESH_FROM_BYTES: u64 = 1 << 40;
 
 /// Whether a profile describes a GPU or a CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,6 +256,16 @@ impl DeviceProfile {
                     ),
                 ));
             }
+            if fresh.from_bytes > MAX_FRESH_FROM_BYTES {
+                return Err(SimError::invalid(
+                    label,
+                    "fresh_memory.from_bytes",
+                    format!(
+                        "is at most {MAX_FRESH_FROM_BYTES}, got {}",
+                        fresh.from_bytes
+                    ),
+                ));
+            }
         }
         if self.sm_count == Some(0) {
             return Err(SimError::invalid(
@@ -242,10 +283,16 @@ impl DeviceProfile {
                 let field = format!("compression.{name}.{which}");
                 limits::check_duration_us(label, &format!("{field}.floor_us"), curve.floor_us)?;
                 // Bounded so that the largest model's curve stays within the duration limit.
+                let fresh = curve
+                    .fresh_pages
+                    .map(|f| ("fresh_pages.ns_per_element", f.ns_per_element));
                 for (slope, per) in [
                     ("ns_per_element", curve.ns_per_element),
                     ("ns_per_kept_element", curve.ns_per_kept_element),
-                ] {
+                ]
+                .into_iter()
+                .chain(fresh)
+                {
                     if !(per.is_finite() && (0.0..=limits::MAX_NS_PER_ELEMENT).contains(&per)) {
                         return Err(SimError::invalid(
                             label,
@@ -331,6 +378,7 @@ mod tests {
     fn fresh(ns_per_byte: f64) -> FreshMemory {
         FreshMemory {
             ns_per_byte,
+            from_bytes: 32 << 20,
             provenance: Provenance {
                 status: crate::inputs::model::Status::Measured,
                 method: "test".into(),

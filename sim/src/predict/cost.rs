@@ -218,8 +218,13 @@ fn piece_cost(
     };
     let compressor = piece.compressor;
     let memory = piece.memory;
-    let compensate = pass(memory.compensate_bytes()) + host_copy;
     let curves = CodecCurves::on(&compressor, device);
+    // The executors' passes around the codec, unless the curves already count the source's.
+    let around = |time: SimTime| match curves.includes_passes {
+        true => SimTime::ZERO,
+        false => time,
+    };
+    let compensate = around(pass(memory.compensate_bytes())) + host_copy;
     // Every codec call pays the curves' floor: one per piece, or one per tensor. A CaSync-Ring
     // rank encodes its own shard here (the others at its hops, in the exchange) and decodes
     // the summed shards, and its own encodings for the memory, one shard at a time.
@@ -245,12 +250,12 @@ fn piece_cost(
         // decoded once.
         _ => per_call(calls, |n| curves.call_time(n, 1)),
     };
-    let decode = pass(pass::ZERO) + payloads + host_copy;
+    let decode = around(pass(pass::ZERO)) + payloads + host_copy;
     let update_memory = match memory {
         Memory::None => SimTime::ZERO,
         // What this rank's own payload carried (PowerSGD's is the averaged result), then
         // the memory's bookkeeping.
-        memory => one + pass(memory.update_bytes()),
+        memory => around(one + pass(memory.update_bytes())),
     };
     let rounds = piece
         .rounds
@@ -276,7 +281,7 @@ fn piece_cost(
         rounds,
         decode,
         update_memory,
-        scale_output: pass(pass::SCALE),
+        scale_output: around(pass(pass::SCALE)),
     })
 }
 
@@ -564,6 +569,39 @@ mod tests {
         let floor = SimTime::from_us(10.0);
         assert_eq!(each.encode - fused.encode, SimTime(2 * floor.as_ns()));
         assert_eq!(each.decode - fused.decode, SimTime(2 * 5 * floor.as_ns()));
+    }
+
+    #[test]
+    fn curves_that_count_the_passes_around_a_codec_replace_them() {
+        let model = ModelProfile::load("resnet50").unwrap();
+        let cluster = Cluster::load("v100-tcp", ClusterOverrides::default()).unwrap();
+        let mut scenario = Scenario::new(model, cluster).unwrap();
+        let mut plan = per_tensor_plan(&scenario.model);
+        plan.groups[0].compressor = Compressor::SignSgd;
+        plan.groups[0].scheme = Scheme::Allgather;
+        plan.groups[0].memory = Memory::Residual;
+        let mut cost = |includes_passes| {
+            let curves = scenario.device.compression.get_mut("signsgd").unwrap();
+            curves.includes_passes = includes_passes;
+            let pieces = lower_group(
+                &scenario.model,
+                scenario.world(),
+                Servers::Colocated,
+                0,
+                0,
+                &plan.groups[0],
+                Encoding::default(),
+            );
+            piece_cost(&scenario, Servers::Colocated, &pieces[0], Naming::Priced).unwrap()
+        };
+        let (around, counted) = (cost(false), cost(true));
+        // The executors' compensation, zeroing, memory update (a second decode and its pass)
+        // go; the codec's own curves stay.
+        assert!(around.compensate > SimTime::ZERO && around.update_memory > SimTime::ZERO);
+        assert_eq!(counted.compensate, SimTime::ZERO);
+        assert_eq!(counted.update_memory, SimTime::ZERO);
+        assert!(counted.decode < around.decode);
+        assert_eq!(counted.encode, around.encode);
     }
 
     #[test]

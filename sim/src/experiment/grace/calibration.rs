@@ -58,7 +58,7 @@ impl OpCost {
     /// The curve of `work` at this price. GRACE's TensorFlow compressors declare no fresh
     /// memory (TensorFlow's GPU allocator reuses its own).
     fn curve(&self, work: OpWork) -> CostCurve {
-        work.curve(self.us_per_op, self.ns_per_byte, 0.0)
+        work.curve(self.us_per_op, self.ns_per_byte, None)
     }
 }
 
@@ -215,6 +215,9 @@ impl Calibration {
                 encode: price.encode.curve(implementation.encode),
                 decode: price.decode.curve(implementation.payload),
                 aggregate: price.decode.curve(implementation.call),
+                // GRACE's implementations count the codec alone; the passes around it are the
+                // plan's.
+                includes_passes: false,
                 provenance,
             },
         );
