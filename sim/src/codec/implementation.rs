@@ -209,10 +209,14 @@ impl Implementation {
         let matches = written
             .parse::<Memory>()
             .is_ok_and(|m| kind(&m) == kind(memory));
+        let how = match written {
+            "none" => "without error feedback".to_string(),
+            _ => format!("with error-feedback memory `{written}`"),
+        };
         (!matches).then(|| {
             format!(
-                "is written with error-feedback memory `{written}` and the plan's is `{memory}` \
-                 (`--memory {written}`, or `--codecs native` for the device's own curves)"
+                "is written {how} and the plan's memory is `{memory}` (`--memory {written}`, \
+                 or `--codecs native` for the device's own curves)"
             )
         })
     }
@@ -604,12 +608,21 @@ mod tests {
         assert!(ddp.writes(&Compressor::Fp16, &Memory::None));
         assert!(!ddp.writes(&Compressor::Fp16, &Memory::Residual));
         let err = ddp
+            .check_compressors([(&Compressor::Fp16, &Memory::Residual)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`fp16` is written without error feedback")
+                && err.contains("`--memory none`"),
+            "{err}"
+        );
+        let err = ddp
             .check_compressors([(&powersgd, &Memory::None)])
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("`powersgd` is written with error-feedback memory `residual`")
-                && err.contains("the plan's is `none`"),
+                && err.contains("the plan's memory is `none`"),
             "{err}"
         );
         let text = FP16.replace(
