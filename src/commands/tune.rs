@@ -190,6 +190,14 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         Some(name) => CodecSet::named(name).with_context(|| format!("--codecs {name}"))?,
         None => None,
     };
+    // Without --memory, a compressor the set writes with its source's memory runs with it.
+    let compressors: Vec<Choice> = match (&codecs, &args.memory) {
+        (Some((_, set)), None) => compressors
+            .into_iter()
+            .map(|(c, memory)| (c, set.memory_of(&c).unwrap_or(memory)))
+            .collect(),
+        _ => compressors,
+    };
     // `auto` picks among the compressors the codec set writes; a named one must be among them.
     let compressors = match &codecs {
         Some((_, set)) if args.compressor == "auto" => compressors

@@ -206,12 +206,12 @@ const FRESH_PROBES: [u64; 2] = [16 << 20, 64 << 20];
 /// medians of nine allocate-write-free rounds and nine writes into a kept buffer, interleaved,
 /// their difference (at least zero), at 64 MiB. Timed at 16 MiB too: where that costs less
 /// than half as much per byte, smaller allocations reuse memory (glibc's threshold, 32 MiB),
-/// else every allocation is taken as fresh.
+/// else allocations from 16 MiB are taken as fresh (nothing smaller was timed).
 pub fn fresh_memory() -> FreshMemory {
     let [(small, small_ms), (large, large_ms)] = FRESH_PROBES.map(fresh_extra_ns_per_byte);
     let from_bytes = match small < large / 2.0 {
         true => GLIBC_MMAP_THRESHOLD_MAX,
-        false => 0,
+        false => FRESH_PROBES[0],
     };
     FreshMemory {
         ns_per_byte: large,

@@ -102,6 +102,16 @@ impl OpWork {
                 ));
             }
         }
+        if self.fresh_bytes_per_element > self.bytes_per_element {
+            return Err(SimError::invalid(
+                label,
+                format!("{field}.fresh_bytes_per_element"),
+                format!(
+                    "counts bytes of bytes_per_element ({}), so is at most that, got {}",
+                    self.bytes_per_element, self.fresh_bytes_per_element
+                ),
+            ));
+        }
         // Asked only of a kept cost, as device profiles ask it.
         let why = (self.bytes_per_kept_element > 0.0)
             .then(|| why_no_kept_cost(key))
@@ -251,7 +261,7 @@ impl Implementation {
     }
 
     /// Whether any phase writes fresh memory.
-    fn allocates(&self) -> bool {
+    pub fn allocates(&self) -> bool {
         [self.encode, self.payload, self.call]
             .iter()
             .any(|work| work.fresh_bytes_per_element > 0.0)
@@ -375,6 +385,13 @@ impl CodecSet {
             }
         }
         Ok(())
+    }
+
+    /// The memory this set writes `c` with, where it names one.
+    pub fn memory_of(&self, c: &Compressor) -> Option<Memory> {
+        let written = self.codecs.get(c.key())?.memory.as_deref()?;
+        // Checked when the set was loaded.
+        written.parse().ok()
     }
 
     /// Whether this set prices `c` compressing with `memory` (`none` needs no codec).

@@ -2,6 +2,7 @@
 //!
 //! Bucket caps are its default pair, one cap, or one per bucket.
 
+use crate::codec::CodecSet;
 use crate::compress::{Compressor, Memory};
 use crate::inputs::model::ModelProfile;
 use crate::plan::Plan;
@@ -10,6 +11,8 @@ use crate::search::Choice;
 use crate::strategy::{ddp_plan, StrategyOptions};
 
 const MIB: u64 = 1 << 20;
+/// DDP's own comm hooks as a codec set (`profiles/codecs/pytorch-ddp.json`).
+const PYTORCH_DDP_CODECS: &str = "pytorch-ddp";
 
 /// DDP's defaults (torch/nn/parallel/distributed.py): `bucket_cap_mb` 25 MiB and, only when it
 /// is left unset, a first bucket of `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB).
@@ -95,15 +98,14 @@ impl DdpSettings {
         format!("{caps}{view}, hook {}", hook_name(self.hook.0))
     }
 
-    /// DDP's own hooks (`profiles/codecs/pytorch-ddp.json`) when one compresses: fp16, bf16,
-    /// and PowerSGD's as written with error feedback (without it, the device's curves).
+    /// DDP's own hooks (`profiles/codecs/pytorch-ddp.json`) when one compresses and the set
+    /// writes it with the hook's memory (PowerSGD's with error feedback); else the device's
+    /// curves.
     pub(super) fn codecs(&self) -> Option<&'static str> {
-        let written = match self.hook {
-            (Compressor::Fp16 | Compressor::Bf16, _) => true,
-            (Compressor::PowerSgd { .. }, memory) => memory == Memory::Residual,
-            _ => false,
-        };
-        written.then_some("pytorch-ddp")
+        let (compressor, memory) = self.hook;
+        let written = compressor != Compressor::None
+            && CodecSet::load(PYTORCH_DDP_CODECS).is_ok_and(|set| set.writes(&compressor, &memory));
+        written.then_some(PYTORCH_DDP_CODECS)
     }
 
     pub(super) fn simulate_flags(&self) -> Option<Vec<String>> {

@@ -95,8 +95,9 @@ pub struct CodecCost {
     /// Whether the curves include the passes around the codec that the executors make apart
     /// (the gradient's copy or the memory's compensation, zeroing the result, the memory's
     /// update, scaling the output), as a codec set counts everything its source does with its
-    /// memory: those passes are then not priced again.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// memory: those passes are then not priced again. Set only by a codec set's pricing: a
+    /// device file neither states nor stores it.
+    #[serde(skip)]
     pub includes_passes: bool,
     /// Where these curves come from (measured, estimated or calibrated) and how.
     pub provenance: Provenance,
@@ -304,8 +305,11 @@ impl DeviceProfile {
                         ));
                     }
                 }
-                // A sparsifier keeping every element pays both slopes per element.
-                let both = curve.ns_per_element + curve.ns_per_kept_element;
+                // A sparsifier keeping every element pays both slopes per element, and a large
+                // call its fresh pages too.
+                let both = curve.ns_per_element
+                    + curve.ns_per_kept_element
+                    + curve.fresh_pages.map_or(0.0, |f| f.ns_per_element);
                 if both > limits::MAX_NS_PER_ELEMENT {
                     return Err(SimError::invalid(
                         label,
@@ -406,12 +410,48 @@ mod tests {
             ("fresh_memory.ns_per_byte", |d| {
                 d.fresh_memory = Some(fresh(1e6))
             }),
+            ("fresh_memory.from_bytes", |d| {
+                d.fresh_memory = Some(FreshMemory {
+                    from_bytes: 1 << 41,
+                    ..fresh(0.4)
+                })
+            }),
+            ("compression.fp16.encode.fresh_pages.ns_per_element", |d| {
+                d.compression.get_mut("fp16").unwrap().encode.fresh_pages = Some(FreshPages {
+                    from_elements: 1,
+                    ns_per_element: 1e9,
+                })
+            }),
         ] {
             let mut device = good.clone();
             mutate(&mut device);
             let err = device.validate("a100").unwrap_err().to_string();
             assert!(err.contains(field), "{field}: {err}");
         }
+    }
+
+    #[test]
+    fn fresh_pages_are_paid_from_their_threshold_and_survive_a_round_trip() {
+        let curve = CostCurve {
+            floor_us: 1.0,
+            ns_per_element: 2.0,
+            ns_per_kept_element: 0.0,
+            fresh_pages: Some(FreshPages {
+                from_elements: 100,
+                ns_per_element: 3.0,
+            }),
+        };
+        assert_eq!(curve.time(99, 0), SimTime::from_ns(1e3 + 2.0 * 99.0));
+        assert_eq!(curve.time(100, 0), SimTime::from_ns(1e3 + 5.0 * 100.0));
+        assert_eq!(curve.keeping(0.5).fresh_pages, curve.fresh_pages);
+        let text = serde_json::to_string(&curve).unwrap();
+        assert_eq!(serde_json::from_str::<CostCurve>(&text).unwrap(), curve);
+        // Without fresh pages the stored curve is what it always was.
+        let plain = CostCurve {
+            fresh_pages: None,
+            ..curve
+        };
+        assert!(!serde_json::to_string(&plain).unwrap().contains("fresh"));
     }
 
     #[test]

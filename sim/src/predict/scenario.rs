@@ -164,6 +164,8 @@ impl Scenario {
                 "are framework ops, priced by the framework that runs the plan: name one (--framework)",
             ));
         };
+        // Each set's curves within the limits a measured profile's are held to.
+        priced.validate(&format!("{} priced by codecs {}", priced.name, codecs.name))?;
         self.device = priced;
         self.codecs = Some(codecs);
         Ok(self)

@@ -255,7 +255,17 @@ fn check_methods(label: &str, methods: &BTreeMap<String, MethodSpec>) -> Result<
         let (Some(implementation), Some(key)) = (&method.implementation, method.key()?) else {
             continue;
         };
-        implementation.check(label, &format!("methods[{name}].implementation"), key)?;
+        let field = format!("methods[{name}].implementation");
+        implementation.check(label, &field, key)?;
+        // The calibration prices GRACE's ops and bytes on a GPU, the plan's memory apart.
+        if implementation.memory.is_some() || implementation.allocates() {
+            return Err(SimError::invalid(
+                label,
+                field,
+                "GRACE's implementations count the codec alone on a GPU: no `memory` and no \
+                 `fresh_bytes_per_element`",
+            ));
+        }
     }
     Ok(())
 }
@@ -299,5 +309,11 @@ mod tests {
             err.contains("methods[m].implementation.encode.bytes_per_element"),
             "{err}"
         );
+        // The calibration has nothing to price a memory or fresh pages with.
+        let fresh = r#"{"ops": 2, "bytes_per_element": 8, "fresh_bytes_per_element": 4}"#;
+        let err = check_methods("spec.json", &methods("signsgd", fresh))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fresh_bytes_per_element"), "{err}");
     }
 }
