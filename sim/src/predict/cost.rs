@@ -489,6 +489,21 @@ mod tests {
     use crate::plan::{CodecCalls, Scheme};
     use crate::strategy::per_tensor_plan;
 
+    /// The cost of the first piece of `group` lowered with `encoding`, and its element count.
+    fn first_piece(scenario: &Scenario, group: &Group, encoding: Encoding) -> (PieceCost, u64) {
+        let pieces = lower_group(
+            &scenario.model,
+            scenario.world(),
+            Servers::Colocated,
+            0,
+            0,
+            group,
+            encoding,
+        );
+        let cost = piece_cost(scenario, Servers::Colocated, &pieces[0], Naming::Priced).unwrap();
+        (cost, pieces[0].numel)
+    }
+
     /// The decode op of the first tensor's signsgd allgather on `ranks` ranks, with its
     /// per-payload curve set by hand and `aggregate` as the per-call part; and its element count.
     fn decode_at(ranks: u32, aggregate: CostCurve) -> (SimTime, u64) {
@@ -510,19 +525,8 @@ mod tests {
         let mut plan = per_tensor_plan(&scenario.model);
         plan.groups[0].compressor = Compressor::SignSgd;
         plan.groups[0].scheme = Scheme::Allgather;
-        let pieces = lower_group(
-            &scenario.model,
-            scenario.world(),
-            Servers::Colocated,
-            0,
-            0,
-            &plan.groups[0],
-            Encoding::default(),
-        );
-        let decode = piece_cost(&scenario, Servers::Colocated, &pieces[0], Naming::Priced)
-            .unwrap()
-            .decode;
-        (decode, pieces[0].numel)
+        let (cost, numel) = first_piece(&scenario, &plan.groups[0], Encoding::default());
+        (cost.decode, numel)
     }
 
     #[test]
@@ -552,16 +556,7 @@ mod tests {
                 wire: Wire::Packed,
                 calls,
             };
-            let pieces = lower_group(
-                &scenario.model,
-                scenario.world(),
-                Servers::Colocated,
-                0,
-                0,
-                &plan.groups[0],
-                encoding,
-            );
-            piece_cost(&scenario, Servers::Colocated, &pieces[0], Naming::Priced).unwrap()
+            first_piece(&scenario, &plan.groups[0], encoding).0
         };
         let (fused, each) = (piece(CodecCalls::Group), piece(CodecCalls::Tensor));
         // Two more floors for the encode; per call, one for its aggregate and one for each of
@@ -583,16 +578,7 @@ mod tests {
         let mut cost = |includes_passes| {
             let curves = scenario.device.compression.get_mut("signsgd").unwrap();
             curves.includes_passes = includes_passes;
-            let pieces = lower_group(
-                &scenario.model,
-                scenario.world(),
-                Servers::Colocated,
-                0,
-                0,
-                &plan.groups[0],
-                Encoding::default(),
-            );
-            piece_cost(&scenario, Servers::Colocated, &pieces[0], Naming::Priced).unwrap()
+            first_piece(&scenario, &plan.groups[0], Encoding::default()).0
         };
         let (around, counted) = (cost(false), cost(true));
         // The executors' compensation, zeroing, memory update (a second decode and its pass)
