@@ -187,7 +187,7 @@ pub struct Implementation {
     /// is refused, and the plan's memory passes are not priced again. Absent: the phases count
     /// the codec alone, and the plan's memory is priced by its own passes, whatever it is.
     #[serde(default)]
-    pub memory: Option<String>,
+    pub memory: Option<Memory>,
     /// The source files and ops counted.
     pub source: String,
 }
@@ -202,28 +202,18 @@ impl Implementation {
         ] {
             work.check(label, &format!("{field}.{phase}"), key)?;
         }
-        match &self.memory {
-            Some(memory) => memory
-                .parse::<Memory>()
-                .map(drop)
-                .map_err(|e| SimError::invalid(label, format!("{field}.memory"), e.to_string())),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// Why a plan compressing with `memory` is not what this implementation was counted with,
     /// if it is not.
     fn why_not_with(&self, memory: &Memory) -> Option<String> {
-        let written = self.memory.as_deref()?;
-        let kind = std::mem::discriminant;
-        let matches = written
-            .parse::<Memory>()
-            .is_ok_and(|m| kind(&m) == kind(memory));
+        let written = self.memory?.name();
         let how = match written {
             "none" => "without error feedback".to_string(),
             _ => format!("with error-feedback memory `{written}`"),
         };
-        (!matches).then(|| {
+        (written != memory.name()).then(|| {
             format!(
                 "is written {how} and the plan's memory is `{memory}` (`--memory {written}`, \
                  or `--codecs native` for the device's own curves)"
@@ -243,14 +233,14 @@ impl Implementation {
         on
     }
 
-    /// Its cost at `us_per_op` and `bytes` (a byte in use, fresh memory), with `provenance`.
+    /// Its cost at `us_per_op` and `ns_per_byte`, new tensors at `fresh`, with `provenance`.
     fn cost(
         &self,
         us_per_op: f64,
-        bytes: (f64, Option<&FreshMemory>),
+        ns_per_byte: f64,
+        fresh: Option<&FreshMemory>,
         provenance: Provenance,
     ) -> CodecCost {
-        let (ns_per_byte, fresh) = bytes;
         CodecCost {
             encode: self.encode.curve(us_per_op, ns_per_byte, fresh),
             decode: self.payload.curve(us_per_op, ns_per_byte, fresh),
@@ -389,9 +379,7 @@ impl CodecSet {
 
     /// The memory this set writes `c` with, where it names one.
     pub fn memory_of(&self, c: &Compressor) -> Option<Memory> {
-        let written = self.codecs.get(c.key())?.memory.as_deref()?;
-        // Checked when the set was loaded.
-        written.parse().ok()
+        self.codecs.get(c.key())?.memory
     }
 
     /// Whether this set prices `c` compressing with `memory` (`none` needs no codec).
@@ -472,7 +460,7 @@ impl CodecSet {
             };
             priced.compression.insert(
                 key.clone(),
-                implementation.cost(us_per_op, (ns_per_byte, fresh), provenance),
+                implementation.cost(us_per_op, ns_per_byte, fresh, provenance),
             );
         }
         Some(priced)

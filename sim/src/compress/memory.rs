@@ -76,6 +76,16 @@ impl Memory {
         }
     }
 
+    /// The memory's kind as its spec names it, without parameters (`dgc` for `dgc:0.2`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Memory::None => "none",
+            Memory::Residual => "residual",
+            Memory::Dgc { .. } => "dgc",
+            Memory::EfSignSgd { .. } => "efsignsgd",
+        }
+    }
+
     /// Bytes of fp32 gradient and state one element's compensation reads and writes.
     pub fn compensate_bytes(&self) -> f64 {
         match self {
