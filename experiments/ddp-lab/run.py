@@ -61,6 +61,9 @@ SCRATCH = REPO / "target" / "ddp-lab"  # profile recordings, and the cluster fil
 
 
 INPUTS = SampledInputs(HERE, SCRATCH, LABS, "mlp")
+# The sweep's default collectives and the fp16 allreduce that DDP's fp16 hook calls: beside the
+# fp32 one of the same bytes, it gives gloo's cost of float16 sums (`fp16_sum_ns_per_element`).
+SWEEP = ("--ops", "allreduce,allgather,push-pull,push-pull-all,allreduce-fp16")
 
 
 def record_profile(opts):
@@ -95,7 +98,7 @@ def measure(opts, rows, sample):
     repeats = range(first, first + opts.repeats)
     for repeat in repeats:
         if sample:
-            INPUTS.sample(opts, repeat, record_profile(opts))
+            INPUTS.sample(opts, repeat, record_profile(opts), SWEEP)
         order = random.Random(opts.seed * 1000 + repeat)
         for name, nodes, gbps, hook, bucket in order.sample(configs(), len(configs())):
             key = (nodes, gbps, hook, bucket)

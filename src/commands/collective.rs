@@ -5,9 +5,9 @@ use syncopate_sim::base::data::{self, DataKind};
 use syncopate_sim::base::units::{format_bytes, parse_byte_list, parse_bytes};
 use syncopate_sim::calibrate::beside_compute;
 use syncopate_sim::calibrate::compare::{self, Row};
-use syncopate_sim::calibrate::p2p_fit;
 use syncopate_sim::calibrate::tcp_fit::{self, Timed};
 use syncopate_sim::calibrate::{self, FitReport, Holdout, Measurement, RowFilter};
+use syncopate_sim::calibrate::{fp16_sum_fit, p2p_fit};
 use syncopate_sim::collective::Group;
 use syncopate_sim::collective_op::Op;
 use syncopate_sim::inputs::model::{Provenance, Status};
@@ -157,6 +157,27 @@ fn refit_tcp(
         // Kept from the input file, fitted there on its links rather than these.
         described = format!(
             "{described}; p2p_message_overhead_us and p2p_rounds_at_once kept from the input file, not refitted: the sweep has no push-pull rows"
+        );
+    }
+    // A sweep that timed fp16 allreduces beside fp32 ones gives the cost of float16 sums.
+    let halves = named(fp16_sum_fit::OP)?;
+    if !halves.is_empty() {
+        let fp32 = named(Op::Allreduce.name())?;
+        let sums = fp16_sum_fit::fit(&refit, &halves, &fp32, &path.display().to_string())?;
+        refit = fp16_sum_fit::apply(&refit, &sums);
+        described = format!("{described}; {}", fp16_sum_fit::describe(&sums));
+        eprintln!(
+            "fitted {:.2} ns per summed float16 element from {} fp16 allreduce rows",
+            sums.ns_per_element,
+            sums.rows.len()
+        );
+    } else if refit
+        .library
+        .tcp()
+        .is_some_and(|p| p.fp16_sum_ns_per_element.is_some())
+    {
+        described = format!(
+            "{described}; fp16_sum_ns_per_element kept from the input file, not refitted: the sweep has no allreduce-fp16 rows"
         );
     }
     if refit

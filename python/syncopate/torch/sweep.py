@@ -10,7 +10,10 @@ waited for as `syncopate.torch`'s exchanges do; a row is the median over `--roun
 the slowest rank's mean time per call, the time a collective in training takes.
 `--gathers tensor` times allgather as FSDP2 calls it (one `all_gather_into_tensor`) instead of
 the wrapper's two calls; `reduce-scatter` is FSDP2's `reduce_scatter_tensor` with `ReduceOp.AVG`
-(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, fp32 gradients).
+(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, fp32 gradients). `allreduce-fp16`
+allreduces a float16 buffer of the same bytes, as DDP's `fp16_compress_hook` does: beside the
+`allreduce` rows, `syncopate collective --fit-out` turns it into the library's cost of float16
+sums (`fp16_sum_ns_per_element`).
 `--beside-compute` times the same calls while every rank also computes on a thread of its own
 (a rank's backward pass beside its communication): `syncopate collective --beside-compute`
 turns the two sweeps into the cluster's `contention.collective_slowdown_with_compute` and its
@@ -36,7 +39,7 @@ from syncopate.errors import SyncopateError
 from syncopate.torch import exchange
 from syncopate.torch.link import Link
 
-OPS = ("allreduce", "allgather", "reduce-scatter", "push-pull", "push-pull-all")
+OPS = ("allreduce", "allgather", "reduce-scatter", "push-pull", "push-pull-all", "allreduce-fp16")
 # What a sweep times unless told: the collectives syncopate.torch runs.
 DEFAULT_OPS = ("allreduce", "allgather", "push-pull", "push-pull-all")
 GATHERS = ("wrapper", "tensor")
@@ -104,9 +107,10 @@ def calls(op, link, size, gathers="wrapper"):
                 done.result()
 
         return at_once
-    if op == "allreduce":
-        buffer = torch.ones(size // 4, dtype=torch.float32)
-        return lambda: link.wait(link.start(dist.all_reduce, buffer, async_op=True), "sweep allreduce")
+    if op in ("allreduce", "allreduce-fp16"):
+        buffer = torch.ones(size // 4, dtype=torch.float32) if op == "allreduce" else \
+            torch.ones(size // 2, dtype=torch.float16)
+        return lambda: link.wait(link.start(dist.all_reduce, buffer, async_op=True), f"sweep {op}")
     if op == "reduce-scatter":
         elements = max(size // 4 // link.world, 1)
         full, reduced = torch.ones(elements * link.world), torch.empty(elements)
@@ -228,6 +232,7 @@ def main(argv=None):
         collective_sizes = parse_sizes("--sizes", args.sizes)
         push_pull_sizes = parse_sizes("--push-pull-sizes", args.push_pull_sizes)
         sizes = {"allreduce": collective_sizes, "allgather": collective_sizes, "reduce-scatter": collective_sizes,
+                 "allreduce-fp16": collective_sizes,
                  "push-pull": push_pull_sizes,
                  "push-pull-all": push_pull_sizes}
         ops = [op.strip() for op in args.ops.split(",")]

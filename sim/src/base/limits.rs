@@ -76,6 +76,22 @@ pub fn check_duration_us(label: &str, field: &str, value: f64) -> Result<()> {
     }
 }
 
+/// Err unless `value` is a cost per element in ns within 0..=MAX_NS_PER_ELEMENT.
+pub fn check_ns_per_element(label: &str, field: &str, value: f64) -> Result<()> {
+    if value.is_finite() && (0.0..=MAX_NS_PER_ELEMENT).contains(&value) {
+        Ok(())
+    } else {
+        Err(SimError::invalid(
+            label,
+            field,
+            format!(
+                "a per-element cost is 0 to {MAX_NS_PER_ELEMENT} ns, got {}",
+                num(value)
+            ),
+        ))
+    }
+}
+
 /// Err unless `value` is a rate within MIN_RATE..=MAX_RATE (`unit` names it in the message).
 pub fn check_rate(label: &str, field: &str, value: f64, unit: &str) -> Result<()> {
     if value.is_finite() && (MIN_RATE..=MAX_RATE).contains(&value) {

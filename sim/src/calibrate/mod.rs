@@ -7,6 +7,7 @@
 pub mod beside_compute;
 pub mod compare;
 mod fit;
+pub mod fp16_sum_fit;
 pub mod p2p_fit;
 pub mod tcp_fit;
 

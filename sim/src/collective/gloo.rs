@@ -91,6 +91,35 @@ fn priced(
     }
 }
 
+/// What gloo's float16 sums add to an allreduce or reduce-scatter of `bytes` of float16 over
+/// `group` (µs), at `params.fp16_sum_ns_per_element` a summed element: gloo sums float16 in
+/// software, several times slower than it sums floats. Its ring sums a segment while the next
+/// arrives, so on a link slower than the sums only the sums on the ring's path are left over,
+/// one segment per step of the reduce-scatter; on a faster one, what the reduce-scatter's
+/// transfer does not cover.
+pub(super) fn fp16_sums_us(
+    cluster: &Cluster,
+    params: &TcpParams,
+    op: Op,
+    bytes: u64,
+    group: Group,
+) -> f64 {
+    let Some(per_element) = params.fp16_sum_ns_per_element else {
+        return 0.0;
+    };
+    if group.ranks < 2 || !matches!(op, Op::Allreduce | Op::ReduceScatter) {
+        return 0.0;
+    }
+    let n = f64::from(group.ranks);
+    let frac = (n - 1.0) / n;
+    let segments = segments_per_rank(bytes, group.ranks) * u64::from(group.ranks);
+    let segment_elements = (bytes.div_ceil(segments) / 2) as f64;
+    let on_path = (n - 1.0) * segment_elements * per_element / 1e3;
+    let all = frac * (bytes / 2) as f64 * per_element / 1e3;
+    let transfer = frac * bytes as f64 * Hockney::of(cluster, params, group).beta;
+    on_path.max(all - transfer)
+}
+
 /// Segments per rank of gloo's ring allreduce: ⌈bytes / 1 MiB⌉, at least two per rank, rounded
 /// up to a whole number per rank.
 fn segments_per_rank(bytes: u64, ranks: u32) -> u64 {

@@ -181,6 +181,19 @@ fn modeled(cluster: &Cluster, op: Op, bytes: u64, group: Group, naming: Naming) 
     }
 }
 
+/// What gloo's float16 sums add to one `op` over `group` of a buffer of `bytes` of float16
+/// beyond the price of their bytes (`TcpParams::fp16_sum_ns_per_element`). Zero for a
+/// collective that sums nothing, for NCCL (its kernels sum half floats on the GPU at the bytes'
+/// rate), for MPI, and for a gloo whose float16 sums were not measured.
+pub fn fp16_sum_time(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> SimTime {
+    match &cluster.library {
+        Library::Gloo(params) => {
+            SimTime::from_us(gloo::fp16_sums_us(cluster, params, op, bytes, group))
+        }
+        Library::Nccl(_) | Library::Mpi(_) => SimTime::ZERO,
+    }
+}
+
 /// What one rank's connections carry per µs: its node's goodput shared by the node's ranks.
 /// Bytes queued on them drain at this rate (`TcpParams::queue_behind_bytes`).
 pub fn rank_goodput_bytes_per_us(cluster: &Cluster) -> f64 {

@@ -294,16 +294,7 @@ impl DeviceProfile {
                 .into_iter()
                 .chain(fresh)
                 {
-                    if !(per.is_finite() && (0.0..=limits::MAX_NS_PER_ELEMENT).contains(&per)) {
-                        return Err(SimError::invalid(
-                            label,
-                            format!("{field}.{slope}"),
-                            format!(
-                                "a per-element cost is 0 to {} ns, got {per}",
-                                limits::MAX_NS_PER_ELEMENT
-                            ),
-                        ));
-                    }
+                    limits::check_ns_per_element(label, &format!("{field}.{slope}"), per)?;
                 }
                 // A sparsifier keeping every element pays both slopes per element, and a large
                 // call its fresh pages too.

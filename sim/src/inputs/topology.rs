@@ -357,6 +357,15 @@ pub struct TcpParams {
     /// link's goodput. None: concurrent collectives share the links fairly from their start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_behind_bytes: Option<u64>,
+    /// gloo only: what summing one half-precision (IEEE float16) element takes a rank, in ns,
+    /// beyond what `reduce_gbytes_per_s` prices for its bytes. gloo sums float16 one element at
+    /// a time through software conversions to float and back (gloo/types.h: `float16`'s
+    /// operators call `cpu_half2float` and `cpu_float2half_rn`); its ring hides the sums behind
+    /// the next segment's transfer where the link is slower (`collective::fp16_sum_time`).
+    /// Fitted to a sweep's `allreduce-fp16` rows against its `allreduce` rows of the same sizes
+    /// (`calibrate::fp16_sum_fit`). None: float16 sums are priced by their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp16_sum_ns_per_element: Option<f64>,
     /// The sweeps the parameters were fitted to (`syncopate lab up`, `collective --fit-out`):
     /// where a plan runs the very collective a sweep measured, its times stand in for the
     /// model's (`collective::measured`).
@@ -390,6 +399,7 @@ impl TcpParams {
             p2p_message_overhead_us: None,
             p2p_rounds_at_once: None,
             queue_behind_bytes: None,
+            fp16_sum_ns_per_element: None,
             measured: Vec::new(),
             provenance,
         }
@@ -1039,6 +1049,16 @@ impl Cluster {
                 }
                 if let Some(p2p) = p.p2p_message_overhead_us {
                     limits::check_duration_us(label, "library.p2p_message_overhead_us", p2p)?;
+                }
+                if let Some(sum) = p.fp16_sum_ns_per_element {
+                    limits::check_ns_per_element(label, "library.fp16_sum_ns_per_element", sum)?;
+                    if matches!(self.library, Library::Mpi(_)) {
+                        return Err(SimError::invalid(
+                            label,
+                            "library.fp16_sum_ns_per_element",
+                            "measured for gloo's ring, which sums float16 in software: only a gloo cluster has it",
+                        ));
+                    }
                 }
                 for (i, sweep) in p.measured.iter().enumerate() {
                     let field = format!("library.measured[{i}]");

@@ -7,7 +7,7 @@ use crate::base::time::SimTime;
 use crate::codec::CodecCurves;
 use crate::collective::{self, Estimate, Group as RankGroup, Links, Naming, ServerLink};
 use crate::collective_op::Op;
-use crate::compress::{Aggregation, Memory};
+use crate::compress::{Aggregation, Compressor, Memory};
 use crate::inputs::device::DeviceProfile;
 use crate::plan::{CompressOn, Group};
 use crate::predict::framework_cost;
@@ -322,12 +322,23 @@ fn exchange_cost(
     let cluster = &scenario.cluster;
     let world = RankGroup::world(cluster);
     let over_world = |op, bytes| collective::estimate_named(cluster, op, bytes, world, naming);
+    // The library sums the payload: a float16 one at the library's rate for float16 sums, on
+    // the ranks' CPUs beside the transfer.
+    let summed = |op| -> Result<Estimate> {
+        let mut estimate = over_world(op, bytes)?;
+        if piece.compressor == Compressor::Fp16 {
+            let sums = collective::fp16_sum_time(cluster, op, bytes, world);
+            estimate.time += sums;
+            estimate.fixed += sums;
+        }
+        Ok(estimate)
+    };
     let estimate = match exchange {
         Exchange::HierarchicalAllreduce => {
             collective::estimate_hierarchical_allreduce(cluster, bytes)?
         }
-        Exchange::Allreduce => over_world(Op::Allreduce, bytes)?,
-        Exchange::ReduceScatter => over_world(Op::ReduceScatter, bytes)?,
+        Exchange::Allreduce => summed(Op::Allreduce)?,
+        Exchange::ReduceScatter => summed(Op::ReduceScatter)?,
         // Every chunk's payload (`bytes` in all) to the rank that keeps it: in two hops, first
         // to the rank of the keeper's place in the node, which decodes, adds and re-encodes the
         // node's payloads of the chunks it collects (one per node), then across nodes.
@@ -481,7 +492,6 @@ fn push_pull_cost(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compress::Compressor;
     use crate::compress::Wire;
     use crate::inputs::device::CostCurve;
     use crate::inputs::model::ModelProfile;
