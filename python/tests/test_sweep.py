@@ -30,7 +30,7 @@ def sizes_of(collectives, push_pull):
     collectives = sweep.parse_sizes("--sizes", collectives)
     push_pull = sweep.parse_sizes("--push-pull-sizes", push_pull)
     return {"allreduce": collectives, "allgather": collectives, "reduce-scatter": collectives, "push-pull": push_pull,
-            "push-pull-all": push_pull}
+            "push-pull-all": push_pull, "allreduce-fp16": collectives}
 
 
 @pytest.mark.parametrize("gathers", sweep.GATHERS)
@@ -40,14 +40,14 @@ def test_every_op_and_size_is_timed_alike_on_every_rank(tmp_path, gathers):
     assert outcomes[0] == outcomes[1]
     assert [(op, world, size) for op, world, size, _ in outcomes[0]] == [
         (op, 2, size) for op in ("allreduce", "allgather", "reduce-scatter") for size in (4096, 65536)] + [
-        ("push-pull", 2, 16384), ("push-pull-all", 2, 16384)]
+        ("push-pull", 2, 16384), ("push-pull-all", 2, 16384), ("allreduce-fp16", 2, 4096), ("allreduce-fp16", 2, 65536)]
     assert all(t > 0 for *_, t in outcomes[0])
     path = tmp_path / "sweep.csv"
     sweep.write_csv(path, outcomes[0])
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0]) == ["op", "gpus", "size_bytes", "time_us"]
     assert [r["op"] for r in rows] == ["allreduce", "allreduce", "allgather", "allgather", "reduce-scatter",
-                                       "reduce-scatter", "push-pull", "push-pull-all"]
+                                       "reduce-scatter", "push-pull", "push-pull-all", "allreduce-fp16", "allreduce-fp16"]
 
 
 def called(rank, world, op, gathers):
@@ -57,23 +57,28 @@ def called(rank, world, op, gathers):
     from syncopate.torch.link import Link
 
     seen = []
-    for name in ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor"):
+    spied = ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "all_reduce")
+    for name in spied:
         real = getattr(dist, name)
-        setattr(sweep.dist, name, lambda *a, _real=real, _name=name, **k: (seen.append((_name, k.get("op"))),
+        setattr(sweep.dist, name, lambda *a, _real=real, _name=name, **k: (seen.append((_name, k.get("op"), a[0])),
                                                                           _real(*a, **k))[1])
     try:
         sweep.calls(op, Link(rank, world, 30), 64, gathers)()
     finally:
-        for name in ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor"):
+        for name in spied:
             setattr(sweep.dist, name, getattr(dist, name))
-    return [(name, str(op)) for name, op in seen]
+    # An allreduce's buffer by its type and elements; the others by their reduce op.
+    return [(name, f"{first.dtype} {first.numel()}" if name == "all_reduce" else str(op)) for name, op, first in seen]
 
 
 @pytest.mark.parametrize("op,gathers,expected", [
     ("allgather", "tensor", [("all_gather_into_tensor", "None")]),
     ("allgather", "wrapper", [("all_gather", "None"), ("all_gather", "None")]),
-    ("reduce-scatter", "wrapper", [("reduce_scatter_tensor", "RedOpType.AVG")])])
-def test_fsdp_gathers_are_one_call_and_its_reduce_scatters_average(op, gathers, expected):
+    ("reduce-scatter", "wrapper", [("reduce_scatter_tensor", "RedOpType.AVG")]),
+    # 64 bytes: 16 floats, or 32 half floats as DDP's fp16 hook allreduces them.
+    ("allreduce", "wrapper", [("all_reduce", "torch.float32 16")]),
+    ("allreduce-fp16", "wrapper", [("all_reduce", "torch.float16 32")])])
+def test_each_call_runs_the_collective_and_type_it_names(op, gathers, expected):
     outcomes = ranks.values(ranks.run(called, op, gathers))
     assert outcomes[0] == outcomes[1] == expected
 
@@ -116,8 +121,39 @@ def test_beside_compute_every_rank_computes_while_it_is_timed_and_stops_after():
     for rows, alive, left_running in outcomes:
         assert [(op, size) for op, _, size, _ in rows] == [
             ("allreduce", 65536), ("allgather", 65536), ("reduce-scatter", 65536), ("push-pull", 4096),
-            ("push-pull-all", 4096)]
+            ("push-pull-all", 4096), ("allreduce-fp16", 65536)]
         assert alive and not left_running
+
+
+def fp16_values_after_a_round(rank, world, iterations):
+    """The fp16 allreduce's buffer values after a warm-up, a reset and a round of `iterations`."""
+    import torch.distributed as dist
+
+    from syncopate.torch.link import Link
+
+    buffers, real = [], dist.all_reduce
+    sweep.dist.all_reduce = lambda tensor, *a, **k: (buffers.append(tensor), real(tensor, *a, **k))[1]
+    try:
+        call = sweep.calls("allreduce-fp16", Link(rank, world, 30), 64)
+        call()
+        call.reset()
+        for _ in range(iterations):
+            call()
+    finally:
+        sweep.dist.all_reduce = real
+    return sorted({float(v) for v in buffers[-1]})
+
+
+def test_fp16_rounds_sum_normal_numbers_and_a_round_that_would_overflow_is_refused(tmp_path):
+    # Two ranks, 10 calls: from 2^-14 to 2^-4, far from float16's largest (65504) and its
+    # infinities, whose software conversions take a shorter path.
+    outcomes = ranks.values(ranks.run(fp16_values_after_a_round, 10))
+    assert outcomes[0] == outcomes[1] == [2.0 ** -4]
+    assert sweep.fp16_rounds_fit(4, 10) and not sweep.fp16_rounds_fit(16, 10)
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "16", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    done = subprocess.run([sys.executable, "-m", "syncopate.torch.sweep", "--out", str(tmp_path / "s.csv"), "--ops",
+                           "allreduce-fp16"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "--iterations: 10 fp16 allreduces over 16 ranks overflow" in done.stderr
 
 
 @pytest.mark.parametrize("text, message", [

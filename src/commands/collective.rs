@@ -93,6 +93,8 @@ fn as_library(cluster: &Cluster, library: TcpLibrary) -> anyhow::Result<Library>
         params.allreduce_algorithm = None;
         // The queue was measured on that library's sockets.
         params.queue_behind_bytes = None;
+        // The float16 sums were that library's.
+        params.fp16_sum_ns_per_element = None;
     }
     Ok(match library {
         TcpLibrary::Mpi => Library::Mpi(params),
@@ -161,7 +163,7 @@ fn refit_tcp(
     }
     // A sweep that timed fp16 allreduces beside fp32 ones gives the cost of float16 sums.
     let halves = named(fp16_sum_fit::OP)?;
-    if !halves.is_empty() {
+    if !halves.is_empty() && matches!(refit.library, Library::Gloo(_)) {
         let fp32 = named(Op::Allreduce.name())?;
         let sums = fp16_sum_fit::fit(&refit, &halves, &fp32, &path.display().to_string())?;
         refit = fp16_sum_fit::apply(&refit, &sums);

@@ -52,6 +52,8 @@ DEFAULT_PUSH_PULL_SIZES = "4K,16K,64K,256K,1M"
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # The largest size a sweep accepts: a fp32 buffer of a quarter of a GiB per rank.
 MAX_BYTES = 256 << 20
+# float16's smallest normal value, where an fp16 allreduce round starts, and its largest.
+FP16_START, FP16_MAX = 2.0 ** -14, 65504.0
 
 
 def parse_sizes(flag, text):
@@ -107,10 +109,21 @@ def calls(op, link, size, gathers="wrapper"):
                 done.result()
 
         return at_once
-    if op in ("allreduce", "allreduce-fp16"):
-        buffer = torch.ones(size // 4, dtype=torch.float32) if op == "allreduce" else \
-            torch.ones(size // 2, dtype=torch.float16)
-        return lambda: link.wait(link.start(dist.all_reduce, buffer, async_op=True), f"sweep {op}")
+    if op == "allreduce":
+        buffer = torch.ones(size // 4, dtype=torch.float32)
+        return lambda: link.wait(link.start(dist.all_reduce, buffer, async_op=True), "sweep allreduce")
+    if op == "allreduce-fp16":
+        # Each call sums in place and multiplies the values by the world size; from float16's
+        # smallest normal value they stay normal numbers for a round's calls (`fp16_rounds_fit`),
+        # and gloo's float16 sums of infinities take a shorter path than those of numbers.
+        buffer = torch.empty(size // 2, dtype=torch.float16)
+
+        def allreduce_fp16():
+            link.wait(link.start(dist.all_reduce, buffer, async_op=True), "sweep allreduce-fp16")
+
+        allreduce_fp16.reset = lambda: buffer.fill_(FP16_START)
+        allreduce_fp16.reset()
+        return allreduce_fp16
     if op == "reduce-scatter":
         elements = max(size // 4 // link.world, 1)
         full, reduced = torch.ones(elements * link.world), torch.empty(elements)
@@ -163,12 +176,21 @@ def slowest(link, value):
     return float(tensor.item())
 
 
+def fp16_rounds_fit(world, iterations):
+    """Whether a round of `iterations` fp16 allreduces over `world` ranks, from FP16_START, keeps
+    its values below float16's largest (each call multiplies them by `world`)."""
+    return FP16_START * float(world) ** (iterations + 1) <= FP16_MAX
+
+
 def measure(link, op, size, iterations, rounds, gathers="wrapper"):
-    """Median over rounds of the slowest rank's mean µs per call."""
+    """Median over rounds of the slowest rank's mean µs per call; a call that keeps state
+    (`reset`) starts every round from it, untimed."""
     call = calls(op, link, size, gathers)
     call()  # connections and buffers warmed outside the timing
+    reset = getattr(call, "reset", lambda: None)
     times = []
     for _ in range(rounds):
+        reset()
         dist.barrier()
         start = time.perf_counter()
         for _ in range(iterations):
@@ -245,6 +267,10 @@ def main(argv=None):
         missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
         if missing:
             raise SyncopateError(f"{', '.join(missing)} not set: run under torchrun or `syncopate lab run`")
+        world = positive("WORLD_SIZE", os.environ["WORLD_SIZE"])
+        if "allreduce-fp16" in ops and not fp16_rounds_fit(world, iterations):
+            raise SyncopateError(f"--iterations: {iterations} fp16 allreduces over {world} ranks overflow float16 "
+                                 "within a round (each multiplies the values by the world size): time fewer per round")
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
         link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
         try:

@@ -113,7 +113,7 @@ pub(super) fn fp16_sums_us(
     let n = f64::from(group.ranks);
     let frac = (n - 1.0) / n;
     let segments = segments_per_rank(bytes, group.ranks) * u64::from(group.ranks);
-    let segment_elements = (bytes.div_ceil(segments) / 2) as f64;
+    let segment_elements = bytes.div_ceil(segments).div_ceil(2) as f64;
     let on_path = (n - 1.0) * segment_elements * per_element / 1e3;
     let all = frac * (bytes / 2) as f64 * per_element / 1e3;
     let transfer = frac * bytes as f64 * Hockney::of(cluster, params, group).beta;

@@ -186,12 +186,32 @@ fn modeled(cluster: &Cluster, op: Op, bytes: u64, group: Group, naming: Naming) 
 /// collective that sums nothing, for NCCL (its kernels sum half floats on the GPU at the bytes'
 /// rate), for MPI, and for a gloo whose float16 sums were not measured.
 pub fn fp16_sum_time(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> SimTime {
+    SimTime::from_us(fp16_sum_us(cluster, op, bytes, group))
+}
+
+/// [`fp16_sum_time`] in µs, unrounded.
+pub fn fp16_sum_us(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> f64 {
     match &cluster.library {
-        Library::Gloo(params) => {
-            SimTime::from_us(gloo::fp16_sums_us(cluster, params, op, bytes, group))
-        }
-        Library::Nccl(_) | Library::Mpi(_) => SimTime::ZERO,
+        Library::Gloo(params) => gloo::fp16_sums_us(cluster, params, op, bytes, group),
+        Library::Nccl(_) | Library::Mpi(_) => 0.0,
     }
+}
+
+/// [`fp16_sum_time`] of the hierarchical allreduce and hybrid reduce-scatter of `bytes`: the
+/// reduce-scatter inside each node, then each shard's allreduce across nodes with its NIC's
+/// share; on one node or with one rank a node, the single collective `single` they run instead.
+pub fn fp16_sum_time_node_then_across(cluster: &Cluster, bytes: u64, single: Op) -> SimTime {
+    if cluster.nodes == 1 || cluster.gpus_per_node == 1 {
+        return fp16_sum_time(cluster, single, bytes, Group::world(cluster));
+    }
+    let shard = bytes.div_ceil(u64::from(cluster.gpus_per_node));
+    fp16_sum_time(cluster, Op::ReduceScatter, bytes, Group::one_node(cluster))
+        + fp16_sum_time(
+            &nic_shares(cluster),
+            Op::Allreduce,
+            shard,
+            Group::one_per_node(cluster),
+        )
 }
 
 /// What one rank's connections carry per µs: its node's goodput shared by the node's ranks.

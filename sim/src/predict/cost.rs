@@ -9,6 +9,7 @@ use crate::collective::{self, Estimate, Group as RankGroup, Links, Naming, Serve
 use crate::collective_op::Op;
 use crate::compress::{Aggregation, Compressor, Memory};
 use crate::inputs::device::DeviceProfile;
+use crate::inputs::topology::Cluster;
 use crate::plan::{CompressOn, Group};
 use crate::predict::framework_cost;
 use crate::predict::scenario::Scenario;
@@ -322,23 +323,12 @@ fn exchange_cost(
     let cluster = &scenario.cluster;
     let world = RankGroup::world(cluster);
     let over_world = |op, bytes| collective::estimate_named(cluster, op, bytes, world, naming);
-    // The library sums the payload: a float16 one at the library's rate for float16 sums, on
-    // the ranks' CPUs beside the transfer.
-    let summed = |op| -> Result<Estimate> {
-        let mut estimate = over_world(op, bytes)?;
-        if piece.compressor == Compressor::Fp16 {
-            let sums = collective::fp16_sum_time(cluster, op, bytes, world);
-            estimate.time += sums;
-            estimate.fixed += sums;
-        }
-        Ok(estimate)
-    };
-    let estimate = match exchange {
+    let mut estimate = match exchange {
         Exchange::HierarchicalAllreduce => {
             collective::estimate_hierarchical_allreduce(cluster, bytes)?
         }
-        Exchange::Allreduce => summed(Op::Allreduce)?,
-        Exchange::ReduceScatter => summed(Op::ReduceScatter)?,
+        Exchange::Allreduce => over_world(Op::Allreduce, bytes)?,
+        Exchange::ReduceScatter => over_world(Op::ReduceScatter, bytes)?,
         // Every chunk's payload (`bytes` in all) to the rank that keeps it: in two hops, first
         // to the rank of the keeper's place in the node, which decodes, adds and re-encodes the
         // node's payloads of the chunks it collects (one per node), then across nodes.
@@ -373,7 +363,37 @@ fn exchange_cost(
             return push_pull_cost(scenario, servers, piece, device, server, bytes)
         }
     };
+    // The library sums a float16 payload at its rate for float16 sums, on the ranks' CPUs
+    // beside the transfer.
+    if piece.compressor == Compressor::Fp16 {
+        let sums = fp16_sums(cluster, exchange, bytes);
+        estimate.time += sums;
+        estimate.fixed += sums;
+    }
     Ok((estimate, Links::Every))
+}
+
+/// What the library's float16 sums add to `exchange` of a float16 payload of `bytes`
+/// (`collective::fp16_sum_time`): the exchanges that reduce through the library.
+fn fp16_sums(cluster: &Cluster, exchange: Exchange, bytes: u64) -> SimTime {
+    let world = RankGroup::world(cluster);
+    match exchange {
+        Exchange::Allreduce => collective::fp16_sum_time(cluster, Op::Allreduce, bytes, world),
+        Exchange::ReduceScatter => {
+            collective::fp16_sum_time(cluster, Op::ReduceScatter, bytes, world)
+        }
+        Exchange::HierarchicalAllreduce => {
+            collective::fp16_sum_time_node_then_across(cluster, bytes, Op::Allreduce)
+        }
+        Exchange::HybridReduceScatter => {
+            let single = match cluster.nodes {
+                1 => Op::ReduceScatter,
+                _ => Op::Allreduce,
+            };
+            collective::fp16_sum_time_node_then_across(cluster, bytes, single)
+        }
+        _ => SimTime::ZERO,
+    }
 }
 
 /// The most bytes a rank sends across nodes in the second hop of an all-to-all
@@ -495,7 +515,7 @@ mod tests {
     use crate::compress::Wire;
     use crate::inputs::device::CostCurve;
     use crate::inputs::model::ModelProfile;
-    use crate::inputs::topology::{Cluster, ClusterOverrides};
+    use crate::inputs::topology::ClusterOverrides;
     use crate::plan::{CodecCalls, Scheme};
     use crate::strategy::per_tensor_plan;
 
@@ -537,6 +557,43 @@ mod tests {
         plan.groups[0].scheme = Scheme::Allgather;
         let (cost, numel) = first_piece(&scenario, &plan.groups[0], Encoding::default());
         (cost.decode, numel)
+    }
+
+    #[test]
+    fn gloo_sums_a_float16_payload_at_its_float16_rate_and_others_by_their_bytes() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../experiments/ddp-lab/clusters/lab-2n-1g-gloo.json"
+        );
+        let exchange = |compressor, per_element| {
+            let mut cluster = Cluster::load(path, ClusterOverrides::default()).unwrap();
+            cluster.library.tcp_mut().unwrap().fp16_sum_ns_per_element = per_element;
+            let model = ModelProfile::load("resnet50").unwrap();
+            let scenario = Scenario::new(model, cluster).unwrap();
+            let mut plan = per_tensor_plan(&scenario.model);
+            let last = plan.groups.len() - 1;
+            plan.groups[last].compressor = compressor;
+            let (cost, numel) = first_piece(&scenario, &plan.groups[last], Encoding::default());
+            let bytes = compressor.wire_bytes_as(numel, Wire::default());
+            let sums = collective::fp16_sum_time(
+                &scenario.cluster,
+                Op::Allreduce,
+                bytes,
+                RankGroup::world(&scenario.cluster),
+            );
+            (cost.rounds[0].0, sums)
+        };
+        let (bare, _) = exchange(Compressor::Fp16, None);
+        let (summed, sums) = exchange(Compressor::Fp16, Some(7.0));
+        assert!(sums > SimTime::ZERO);
+        assert_eq!(summed.time, bare.time + sums);
+        // The sums run on the ranks' CPUs, beside what shares the links.
+        assert_eq!(summed.fixed, bare.fixed + sums);
+        // A float32 payload is summed by its bytes whatever gloo's float16 rate.
+        assert_eq!(
+            exchange(Compressor::None, Some(7.0)).0,
+            exchange(Compressor::None, None).0
+        );
     }
 
     #[test]
