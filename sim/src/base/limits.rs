@@ -60,52 +60,44 @@ pub fn num(value: f64) -> String {
     }
 }
 
-/// Err unless `value` is a duration in µs within 0..=MAX_DURATION_US.
-pub fn check_duration_us(label: &str, field: &str, value: f64) -> Result<()> {
-    if value.is_finite() && (0.0..=MAX_DURATION_US).contains(&value) {
+/// Err unless `value` is finite and within `range`; `expected` says what `field` holds.
+fn check_within(
+    label: &str,
+    field: &str,
+    value: f64,
+    range: std::ops::RangeInclusive<f64>,
+    expected: impl FnOnce() -> String,
+) -> Result<()> {
+    if value.is_finite() && range.contains(&value) {
         Ok(())
     } else {
         Err(SimError::invalid(
             label,
             field,
-            format!(
-                "a duration is 0 to {MAX_DURATION_US:e} µs, got {}",
-                num(value)
-            ),
+            format!("{}, got {}", expected(), num(value)),
         ))
     }
+}
+
+/// Err unless `value` is a duration in µs within 0..=MAX_DURATION_US.
+pub fn check_duration_us(label: &str, field: &str, value: f64) -> Result<()> {
+    check_within(label, field, value, 0.0..=MAX_DURATION_US, || {
+        format!("a duration is 0 to {MAX_DURATION_US:e} µs")
+    })
 }
 
 /// Err unless `value` is a cost per element in ns within 0..=MAX_NS_PER_ELEMENT.
 pub fn check_ns_per_element(label: &str, field: &str, value: f64) -> Result<()> {
-    if value.is_finite() && (0.0..=MAX_NS_PER_ELEMENT).contains(&value) {
-        Ok(())
-    } else {
-        Err(SimError::invalid(
-            label,
-            field,
-            format!(
-                "a per-element cost is 0 to {MAX_NS_PER_ELEMENT} ns, got {}",
-                num(value)
-            ),
-        ))
-    }
+    check_within(label, field, value, 0.0..=MAX_NS_PER_ELEMENT, || {
+        format!("a per-element cost is 0 to {MAX_NS_PER_ELEMENT} ns")
+    })
 }
 
 /// Err unless `value` is a rate within MIN_RATE..=MAX_RATE (`unit` names it in the message).
 pub fn check_rate(label: &str, field: &str, value: f64, unit: &str) -> Result<()> {
-    if value.is_finite() && (MIN_RATE..=MAX_RATE).contains(&value) {
-        Ok(())
-    } else {
-        Err(SimError::invalid(
-            label,
-            field,
-            format!(
-                "a rate is {MIN_RATE} to {MAX_RATE:e} {unit}, got {}",
-                num(value)
-            ),
-        ))
-    }
+    check_within(label, field, value, MIN_RATE..=MAX_RATE, || {
+        format!("a rate is {MIN_RATE} to {MAX_RATE:e} {unit}")
+    })
 }
 
 /// Err unless `value` is positive and at most `max` (a speed that may be small but not zero).
