@@ -61,7 +61,7 @@ pub fn num(value: f64) -> String {
 }
 
 /// Err unless `value` is finite and within `range`; `expected` says what `field` holds.
-fn check_within(
+pub fn check_within(
     label: &str,
     field: &str,
     value: f64,

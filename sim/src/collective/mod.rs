@@ -197,21 +197,32 @@ pub fn fp16_sum_us(cluster: &Cluster, op: Op, bytes: u64, group: Group) -> f64 {
     }
 }
 
-/// [`fp16_sum_time`] of the hierarchical allreduce and hybrid reduce-scatter of `bytes`: the
-/// reduce-scatter inside each node, then each shard's allreduce across nodes with its NIC's
-/// share; on one node or with one rank a node, the single collective `single` they run instead.
-pub fn fp16_sum_time_node_then_across(cluster: &Cluster, bytes: u64, single: Op) -> SimTime {
-    if cluster.nodes == 1 || cluster.gpus_per_node == 1 {
-        return fp16_sum_time(cluster, single, bytes, Group::world(cluster));
+/// [`fp16_sum_time`] of [`estimate_hierarchical_allreduce`]'s collectives.
+pub fn fp16_sum_time_hierarchical(cluster: &Cluster, bytes: u64) -> SimTime {
+    fp16_sum_time_two_level(cluster, bytes, TwoLevel::hierarchical_allreduce(cluster))
+}
+
+/// [`fp16_sum_time`] of [`estimate_hybrid_reduce_scatter`]'s collectives.
+pub fn fp16_sum_time_hybrid(cluster: &Cluster, bytes: u64) -> SimTime {
+    fp16_sum_time_two_level(cluster, bytes, TwoLevel::hybrid_reduce_scatter(cluster))
+}
+
+/// [`fp16_sum_time`] of a reduction of `bytes` run as `shape` says: the phases inside each
+/// node and then across nodes (with its NIC's share), or the one collective.
+fn fp16_sum_time_two_level(cluster: &Cluster, bytes: u64, shape: TwoLevel) -> SimTime {
+    match shape {
+        TwoLevel::Flat(op) => fp16_sum_time(cluster, op, bytes, Group::world(cluster)),
+        TwoLevel::NodeThenAcross => {
+            let [(local_op, local), (across_op, across)] = node_reduce_phases(cluster, bytes);
+            fp16_sum_time(cluster, local_op, local, Group::one_node(cluster))
+                + fp16_sum_time(
+                    &nic_shares(cluster),
+                    across_op,
+                    across,
+                    Group::one_per_node(cluster),
+                )
+        }
     }
-    let shard = bytes.div_ceil(u64::from(cluster.gpus_per_node));
-    fp16_sum_time(cluster, Op::ReduceScatter, bytes, Group::one_node(cluster))
-        + fp16_sum_time(
-            &nic_shares(cluster),
-            Op::Allreduce,
-            shard,
-            Group::one_per_node(cluster),
-        )
 }
 
 /// What one rank's connections carry per µs: its node's goodput shared by the node's ranks.
@@ -261,9 +272,8 @@ pub fn estimate_allgatherv(
 /// Intra-node reduce-scatter, inter-node allreduce of each GPU's shard (all GPUs of a node
 /// drive the NICs at once), then intra-node allgather; as Horovod's hierarchical allreduce.
 pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<Estimate> {
-    let world = Group::world(cluster);
-    if cluster.nodes == 1 || cluster.gpus_per_node == 1 {
-        return estimate(cluster, Op::Allreduce, bytes, world);
+    if let TwoLevel::Flat(op) = TwoLevel::hierarchical_allreduce(cluster) {
+        return estimate(cluster, op, bytes, Group::world(cluster));
     }
     let (reduced, bare) = node_reduce_then_across(cluster, bytes)?;
     let allgather = estimate(&bare, Op::Allgather, bytes, Group::one_node(cluster))?;
@@ -277,23 +287,52 @@ pub fn estimate_hierarchical_allreduce(cluster: &Cluster, bytes: u64) -> Result<
 /// Hybrid sharding's reduction of `bytes` per rank: the hierarchical allreduce without its
 /// final all-gather inside the node, each rank keeping the world's sum of its node shard.
 pub fn estimate_hybrid_reduce_scatter(cluster: &Cluster, bytes: u64) -> Result<Estimate> {
-    let world = Group::world(cluster);
-    if cluster.nodes == 1 {
-        return estimate(cluster, Op::ReduceScatter, bytes, world);
-    }
-    // One rank per node keeps the whole: an allreduce.
-    if cluster.gpus_per_node == 1 {
-        return estimate(cluster, Op::Allreduce, bytes, world);
+    if let TwoLevel::Flat(op) = TwoLevel::hybrid_reduce_scatter(cluster) {
+        return estimate(cluster, op, bytes, Group::world(cluster));
     }
     Ok(node_reduce_then_across(cluster, bytes)?.0)
 }
 
-/// A reduce-scatter inside each node, then each shard allreduced across nodes by the ranks of
-/// the same place in their node, all of a node's rings at once; the library's host copies once
-/// around both. Also the cluster without its host staging, for phases that follow.
-fn node_reduce_then_across(cluster: &Cluster, bytes: u64) -> Result<(Estimate, Cow<'_, Cluster>)> {
+/// How a reduction in two levels (inside nodes, then across them) runs on a cluster.
+enum TwoLevel {
+    /// One collective over every rank: where one of the levels has a single member.
+    Flat(Op),
+    /// [`node_reduce_phases`], inside each node and then across nodes.
+    NodeThenAcross,
+}
+
+impl TwoLevel {
+    /// The hierarchical allreduce's: a plain allreduce on one node or with one rank a node.
+    fn hierarchical_allreduce(cluster: &Cluster) -> TwoLevel {
+        match cluster.nodes == 1 || cluster.gpus_per_node == 1 {
+            true => TwoLevel::Flat(Op::Allreduce),
+            false => TwoLevel::NodeThenAcross,
+        }
+    }
+
+    /// The hybrid reduce-scatter's: a reduce-scatter on one node; with one rank a node, that
+    /// rank keeps the whole, an allreduce.
+    fn hybrid_reduce_scatter(cluster: &Cluster) -> TwoLevel {
+        match (cluster.nodes, cluster.gpus_per_node) {
+            (1, _) => TwoLevel::Flat(Op::ReduceScatter),
+            (_, 1) => TwoLevel::Flat(Op::Allreduce),
+            _ => TwoLevel::NodeThenAcross,
+        }
+    }
+}
+
+/// A reduce-scatter of `bytes` inside each node, then each rank's shard allreduced across
+/// nodes.
+fn node_reduce_phases(cluster: &Cluster, bytes: u64) -> [(Op, u64); 2] {
     let shard = bytes.div_ceil(cluster.gpus_per_node as u64);
-    let phases = [(Op::ReduceScatter, bytes), (Op::Allreduce, shard)];
+    [(Op::ReduceScatter, bytes), (Op::Allreduce, shard)]
+}
+
+/// [`node_reduce_phases`] by the ranks of the same place in their node, all of a node's rings
+/// at once; the library's host copies once around both. Also the cluster without its host
+/// staging, for phases that follow.
+fn node_reduce_then_across(cluster: &Cluster, bytes: u64) -> Result<(Estimate, Cow<'_, Cluster>)> {
+    let phases = node_reduce_phases(cluster, bytes);
     node_then_across(cluster, (Op::Allreduce, bytes), phases)
 }
 

@@ -246,17 +246,13 @@ impl DeviceProfile {
             achieved.validate(label)?;
         }
         if let Some(fresh) = &self.fresh_memory {
-            data::check_non_negative(label, "fresh_memory.ns_per_byte", fresh.ns_per_byte)?;
-            if fresh.ns_per_byte > MAX_FRESH_NS_PER_BYTE {
-                return Err(SimError::invalid(
-                    label,
-                    "fresh_memory.ns_per_byte",
-                    format!(
-                        "is at most {MAX_FRESH_NS_PER_BYTE}, got {}",
-                        fresh.ns_per_byte
-                    ),
-                ));
-            }
+            limits::check_within(
+                label,
+                "fresh_memory.ns_per_byte",
+                fresh.ns_per_byte,
+                0.0..=MAX_FRESH_NS_PER_BYTE,
+                || format!("a cost per byte is 0 to {MAX_FRESH_NS_PER_BYTE} ns"),
+            )?;
             if fresh.from_bytes > MAX_FRESH_FROM_BYTES {
                 return Err(SimError::invalid(
                     label,

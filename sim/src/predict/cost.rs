@@ -382,16 +382,8 @@ fn fp16_sums(cluster: &Cluster, exchange: Exchange, bytes: u64) -> SimTime {
         Exchange::ReduceScatter => {
             collective::fp16_sum_time(cluster, Op::ReduceScatter, bytes, world)
         }
-        Exchange::HierarchicalAllreduce => {
-            collective::fp16_sum_time_node_then_across(cluster, bytes, Op::Allreduce)
-        }
-        Exchange::HybridReduceScatter => {
-            let single = match cluster.nodes {
-                1 => Op::ReduceScatter,
-                _ => Op::Allreduce,
-            };
-            collective::fp16_sum_time_node_then_across(cluster, bytes, single)
-        }
+        Exchange::HierarchicalAllreduce => collective::fp16_sum_time_hierarchical(cluster, bytes),
+        Exchange::HybridReduceScatter => collective::fp16_sum_time_hybrid(cluster, bytes),
         _ => SimTime::ZERO,
     }
 }
