@@ -183,19 +183,24 @@ def fit_gloo(syncopate, python, name, cluster, clusters):
 
 
 def median_sweep(paths, dest):
-    """Writes to `dest` each (op, gpus, size) of the sweeps `paths` with its median time over
-    them, in the first sweep's row order: sweeps taken at several moments of an experiment on a
-    machine whose speed drifts."""
+    """Writes to `dest` each (op, gpus, size) of the sweeps `paths` with the median of each of
+    its measured columns over them (its time, and beside compute the compute's slowdown), in the
+    first sweep's row order: sweeps taken at several moments of an experiment on a machine whose
+    speed drifts."""
     sweeps = [list(csv.DictReader(open(p))) for p in paths]
+    keys = ("op", "gpus", "size_bytes")
 
     def key(row):
-        return row["op"], row["gpus"], row["size_bytes"]
+        return tuple(row[k] for k in keys)
 
-    times = {}
+    values = {}
     for sweep in sweeps:
         for row in sweep:
-            times.setdefault(key(row), []).append(float(row["time_us"]))
-    rows = [{**row, "time_us": round(statistics.median(times[key(row)]), 1)} for row in sweeps[0]]
+            for column, value in row.items():
+                if column not in keys:
+                    values.setdefault((key(row), column), []).append(float(value))
+    rows = [{**row, **{column: round(statistics.median(values[(key(row), column)]), 3 if column != "time_us" else 1)
+                       for column in row if column not in keys}} for row in sweeps[0]]
     write_csv(dest, rows)
 
 

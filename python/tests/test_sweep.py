@@ -109,8 +109,14 @@ def test_a_push_pull_brings_every_payload_to_the_server_and_its_answer_to_every_
 def timed_beside_compute(rank, world, sizes):
     import threading
 
+    from syncopate.torch.link import Link
+
     with sweep.Computing() as computing:
-        rows = timed(rank, world, sizes)
+        try:
+            rows = sweep.sweep(Link(rank, world, 30), ("allreduce", "push-pull"), sizes, iterations=2, rounds=2,
+                               computing=computing)
+        finally:
+            sweep.release_servers()
         alive = computing.thread.is_alive()
     names = {t.name for t in threading.enumerate()}
     return rows, alive, "syncopate-sweep-compute" in names
@@ -119,10 +125,19 @@ def timed_beside_compute(rank, world, sizes):
 def test_beside_compute_every_rank_computes_while_it_is_timed_and_stops_after():
     outcomes = ranks.values(ranks.run(timed_beside_compute, sizes_of("64K", "4K")))
     for rows, alive, left_running in outcomes:
-        assert [(op, size) for op, _, size, _ in rows] == [
-            ("allreduce", 65536), ("allgather", 65536), ("reduce-scatter", 65536), ("push-pull", 4096),
-            ("push-pull-all", 4096), ("allreduce-fp16", 65536)]
+        assert [(op, size) for op, _, size, _, _ in rows] == [("allreduce", 65536), ("push-pull", 4096)]
+        # Every row says how much its calls slowed the compute: a positive ratio, the same on
+        # every rank (their mean).
+        assert all(slowdown > 0 for *_, slowdown in rows)
         assert alive and not left_running
+    assert outcomes[0][0] == outcomes[1][0]
+
+
+def test_a_sweep_beside_compute_writes_the_compute_slowdown_of_every_row(tmp_path):
+    path = tmp_path / "busy.csv"
+    sweep.write_csv(path, [("allreduce", 2, 1024, 12.34, 1.25)])
+    assert path.read_text().splitlines() == ["op,gpus,size_bytes,time_us,compute_slowdown",
+                                             "allreduce,2,1024,12.3,1.250"]
 
 
 def fp16_values_after_a_round(rank, world, iterations):

@@ -238,8 +238,9 @@ fn refit_tcp(
 const BESIDE_COMPUTE_NOTE: &str = " Since measured with the library's own sweeps";
 
 /// Writes the slowdown and delays of collectives beside compute, measured by the sweeps
-/// `alone` and `busy`, into the cluster file's `contention`, whose other figures (compute slowed by
-/// collectives and by compression, the shared cores) stay as measured before.
+/// `alone` and `busy`, into the cluster file's `contention`, and compute slowed by collectives
+/// where `busy` measured it; its other figures (compute slowed by compression, the shared
+/// cores) stay as measured before.
 fn set_collective_slowdown(
     file: &mut serde_json::Value,
     slowdown: &beside_compute::SweepFit,
@@ -260,7 +261,7 @@ fn set_collective_slowdown(
     let fit = &slowdown.fit;
     // The file was loaded as a cluster already, so its contention parses.
     let mut parsed: ClusterContention = serde_json::from_value(contention.clone())?;
-    fit.apply_to(&mut parsed);
+    slowdown.apply_to(&mut parsed);
     *contention = serde_json::to_value(parsed)?;
     let method = contention["provenance"]["method"]
         .as_str()
@@ -284,6 +285,13 @@ fn set_collective_slowdown(
             .map_or("not timed".into(), |d| format!("{d:.1} µs later")),
         slowdown.pairs.len()
     );
+    if let Some(compute) = &slowdown.compute {
+        eprintln!(
+            "measured compute beside allreduces {:.3}x slower (the median over {} sizes)",
+            compute.factor,
+            compute.sizes.len()
+        );
+    }
     Ok(())
 }
 
@@ -451,7 +459,9 @@ fn compare(
         Some(busy) => {
             let alone = tcp_fit_set(cluster, op, path, args, &filters, &[])?;
             let beside = tcp_fit_set(cluster, op, busy, args, &filters, &[])?;
-            Some((beside_compute::fit(&alone, &beside)?, busy.as_path()))
+            let mut fit = beside_compute::fit(&alone, &beside)?;
+            fit.compute = beside_compute::compute_slowdown(busy, cluster.world_size())?;
+            Some((fit, busy.as_path()))
         }
     };
     let cluster = match &args.fit_out {

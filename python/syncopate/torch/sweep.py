@@ -17,7 +17,10 @@ sums (`fp16_sum_ns_per_element`).
 `--beside-compute` times the same calls while every rank also computes on a thread of its own
 (a rank's backward pass beside its communication): `syncopate collective --beside-compute`
 turns the two sweeps into the cluster's `contention.collective_slowdown_with_compute` and its
-delays of a collective beside compute.
+delays of a collective beside compute. Each of its rows also says how much the calls slow that
+compute (`compute_slowdown`: the ranks' mean of the compute thread's rate alone, over half a
+second before the size, divided by its rate while the size is timed), which the same command
+makes the cluster's `contention.compute_slowdown_with_collective`.
 """
 
 import argparse
@@ -201,9 +204,10 @@ def measure(link, op, size, iterations, rounds, gathers="wrapper"):
 
 class Computing:
     """A thread that multiplies matrices until the block ends, as a rank's compute does beside
-    its collectives (torch releases the interpreter while it multiplies)."""
+    its collectives (torch releases the interpreter while it multiplies), counting them."""
 
     def __enter__(self):
+        self.done = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="syncopate-sweep-compute", daemon=True)
         self.thread.start()
@@ -213,24 +217,56 @@ class Computing:
         a, b = torch.randn(128, 128), torch.randn(128, 128)
         while not self.stop.is_set():
             torch.mm(a, b)
+            self.done += 1
 
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join()
 
 
-def sweep(link, ops, sizes, iterations, rounds, gathers="wrapper"):
+def sweep(link, ops, sizes, iterations, rounds, gathers="wrapper", computing=None):
     """Rows (op, ranks, size in bytes, µs) for every op and its sizes (`sizes[op]`), on every
-    rank alike."""
-    return [(op, link.world, size, measure(link, op, size, iterations, rounds, gathers)) for op in ops
-            for size in sizes[op]]
+    rank alike; beside `computing`, each row also has the compute's slowdown (`compute_slowdown`)."""
+    rows = []
+    for op in ops:
+        for size in sizes[op]:
+            if computing is None:
+                rows.append((op, link.world, size, measure(link, op, size, iterations, rounds, gathers)))
+                continue
+            alone = compute_rate(link, computing, lambda: time.sleep(ALONE_S))
+            during = []
+            rate = compute_rate(link, computing,
+                                lambda: during.append(measure(link, op, size, iterations, rounds, gathers)))
+            rows.append((op, link.world, size, during[0], ranks_mean(link, alone / rate)))
+    return rows
+
+
+# How long each size's compute alone is timed, before the size, beside a sweep.
+ALONE_S = 0.5
+
+
+def compute_rate(link, computing, work):
+    """The multiplications per second `computing` did during `work`, from a barrier on."""
+    dist.barrier()
+    done, start = computing.done, time.perf_counter()
+    work()
+    return (computing.done - done) / (time.perf_counter() - start)
+
+
+def ranks_mean(link, value):
+    """The mean of every rank's `value`."""
+    tensor = torch.tensor([value], dtype=torch.float64)
+    link.wait(link.start(dist.all_reduce, tensor, async_op=True), "sweep compute rates")
+    return float(tensor.item()) / link.world
 
 
 def write_csv(path, rows):
+    beside = any(len(row) > 4 for row in rows)
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["op", "gpus", "size_bytes", "time_us"])
-        out.writerows((op, world, size, f"{t:.1f}") for op, world, size, t in rows)
+        out.writerow(["op", "gpus", "size_bytes", "time_us", *(["compute_slowdown"] if beside else [])])
+        for op, world, size, t, *slowdown in rows:
+            out.writerow([op, world, size, f"{t:.1f}", *(f"{s:.3f}" for s in slowdown)])
 
 
 def main(argv=None):
@@ -274,8 +310,8 @@ def main(argv=None):
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
         link = Link(dist.get_rank(), dist.get_world_size(), timeout_s)
         try:
-            with Computing() if args.beside_compute else contextlib.nullcontext():
-                rows = sweep(link, ops, sizes, iterations, rounds, args.gathers)
+            with Computing() if args.beside_compute else contextlib.nullcontext() as computing:
+                rows = sweep(link, ops, sizes, iterations, rounds, args.gathers, computing)
         finally:
             release_servers()
         if link.rank == 0:

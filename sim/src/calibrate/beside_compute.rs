@@ -13,13 +13,16 @@
 //! (`collective_delay_with_compute_us`); an allgather, whose rounds differ, has a delay of its
 //! own beyond the same factor (`allgather_delay_with_compute_us`). `python -m
 //! syncopate.torch.sweep --beside-compute` times gloo's; `syncopate lab probe contention` times
-//! MPI's.
+//! MPI's. The sweep also times the other way round, compute slowed by the library's calls
+//! ([`compute_slowdown`]).
 
 use crate::base::error::{Result, SimError};
 use crate::base::limits::{MAX_DURATION_US, MAX_SLOWDOWN};
 use crate::calibrate::tcp_fit::Timed;
+use crate::calibrate::{has_column, read_measurements};
 use crate::collective_op::Op;
 use crate::inputs::topology::ClusterContention;
+use std::path::Path;
 
 /// Smaller messages are latency, which the machine's scheduling makes noisy beyond use.
 pub const FROM_BYTES: u64 = 64 << 10;
@@ -46,6 +49,19 @@ pub struct SweepFit {
     pub fit: BesideCompute,
     /// The sizes timed both alone and beside compute.
     pub pairs: Vec<Pair>,
+    /// Compute slowed by the allreduces, where the sweep beside compute measured it.
+    pub compute: Option<ComputeSlowdown>,
+}
+
+impl SweepFit {
+    /// Writes what was measured into `contention` (see [`BesideCompute::apply_to`]), and the
+    /// compute's slowdown beside collectives where it was measured.
+    pub fn apply_to(&self, contention: &mut ClusterContention) {
+        self.fit.apply_to(contention);
+        if let Some(compute) = &self.compute {
+            contention.compute_slowdown_with_collective = compute.factor;
+        }
+    }
 }
 
 /// What compute on the same cores adds to a collective.
@@ -229,7 +245,91 @@ pub fn fit(alone: &[Timed], beside: &[Timed]) -> Result<SweepFit> {
     Ok(SweepFit {
         fit: BesideCompute::fit(&pairs, "--beside-compute")?,
         pairs,
+        compute: None,
     })
+}
+
+/// The column of a sweep beside compute that says, per size, how much its calls slowed the
+/// compute beside them: the compute's rate alone over its rate during the calls.
+pub const COMPUTE_SLOWDOWN_COLUMN: &str = "compute_slowdown";
+
+/// Allreduces from this size keep the cores busy for the whole call; smaller ones mostly wait
+/// on the network, and a bucket of a framework is seldom that small.
+pub const COMPUTE_SLOWDOWN_FROM_BYTES: u64 = 1 << 20;
+
+/// Compute slowed by the library's allreduces, as a sweep beside compute measured it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputeSlowdown {
+    /// The median over the allreduce sizes of at least [`COMPUTE_SLOWDOWN_FROM_BYTES`], at
+    /// least 1 (`contention.compute_slowdown_with_collective`).
+    pub factor: f64,
+    /// Those sizes: (ranks, bytes, slowdown).
+    pub sizes: Vec<(u32, u64, f64)>,
+}
+
+impl ComputeSlowdown {
+    /// The measurement in words, for a provenance.
+    pub fn describe(&self) -> String {
+        let sizes: Vec<String> = self
+            .sizes
+            .iter()
+            .map(|(ranks, bytes, s)| format!("allreduce {ranks} ranks {bytes} B: x{s:.3}"))
+            .collect();
+        format!(
+            "compute_slowdown_with_collective {:.3}: the median over the allreduces of at least {} MiB of how much their calls slowed the compute beside them (`{COMPUTE_SLOWDOWN_COLUMN}`: the compute's rate alone over its rate during the calls, the ranks' mean), {}",
+            self.factor,
+            COMPUTE_SLOWDOWN_FROM_BYTES >> 20,
+            sizes.join(", ")
+        )
+    }
+}
+
+/// What the sweep beside compute at `path` measured of compute slowed by its allreduces; None
+/// for a sweep without the column (written before it was measured). Rows without `gpus` take
+/// `default_gpus`.
+pub fn compute_slowdown(path: &Path, default_gpus: u32) -> Result<Option<ComputeSlowdown>> {
+    if !has_column(path, COMPUTE_SLOWDOWN_COLUMN)? {
+        return Ok(None);
+    }
+    // The reader keeps a row's chosen column in `time_us`: here, its slowdown.
+    let mut sizes: Vec<(u32, u64, f64)> = read_measurements(
+        path,
+        Op::Allreduce,
+        Some(COMPUTE_SLOWDOWN_COLUMN),
+        default_gpus,
+        &[],
+    )?
+    .into_iter()
+    .filter(|m| m.bytes >= COMPUTE_SLOWDOWN_FROM_BYTES)
+    .map(|m| (m.gpus, m.bytes, m.time_us))
+    .collect();
+    if sizes.is_empty() {
+        return Err(SimError::bad_value(
+            "--beside-compute",
+            path.display(),
+            format!(
+                "has a `{COMPUTE_SLOWDOWN_COLUMN}` column but no allreduce of at least {} MiB with one",
+                COMPUTE_SLOWDOWN_FROM_BYTES >> 20
+            ),
+        ));
+    }
+    let values: Vec<f64> = sizes.iter().map(|s| s.2).collect();
+    let median = crate::base::stats::median(&values).unwrap_or(1.0);
+    if median > MAX_SLOWDOWN {
+        return Err(SimError::bad_value(
+            "--beside-compute",
+            crate::base::limits::num(median),
+            format!(
+                "the slowdown of compute beside collectives must be a factor up to {MAX_SLOWDOWN}"
+            ),
+        ));
+    }
+    sizes.sort_by_key(|s| (s.0, s.1));
+    // Compute is not faster beside collectives: a median below 1 is the machine's noise.
+    Ok(Some(ComputeSlowdown {
+        factor: median.max(1.0),
+        sizes,
+    }))
 }
 
 /// The fit in words, every pair with its times and ratio, for a provenance.
@@ -249,8 +349,12 @@ pub fn describe(slowdown: &SweepFit) -> String {
             )
         })
         .collect();
+    let compute = slowdown
+        .compute
+        .as_ref()
+        .map_or(String::new(), |c| format!("; {}", c.describe()));
     format!(
-        "{} to the sizes of at least {} KiB timed alone and with every rank computing on a thread beside: {}",
+        "{} to the sizes of at least {} KiB timed alone and with every rank computing on a thread beside: {}{compute}",
         slowdown.fit.describe(),
         FROM_BYTES >> 10,
         pairs.join(", ")
@@ -341,5 +445,98 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--beside-compute"), "{err}");
+    }
+
+    /// `text` as a sweep beside compute in a file of its own.
+    fn sweep_file(name: &str, text: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "syncopate-beside-{}-{name}.csv",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn compute_slowdown_is_the_median_of_the_allreduces_from_1_mib() {
+        let path = sweep_file(
+            "median",
+            "op,gpus,size_bytes,time_us,compute_slowdown\n\
+             allreduce,4,65536,13000.0,1.050\n\
+             allreduce,4,1048576,25000.0,1.300\n\
+             allreduce,4,4194304,62000.0,1.400\n\
+             allreduce,4,16777216,230000.0,1.350\n\
+             allgather,4,4194304,44000.0,2.000\n",
+        );
+        let measured = compute_slowdown(&path, 4).unwrap().unwrap();
+        // 64 KiB and the allgather are left out.
+        assert_eq!(measured.factor, 1.35);
+        assert_eq!(
+            measured.sizes.iter().map(|s| s.1).collect::<Vec<_>>(),
+            [1 << 20, 4 << 20, 16 << 20]
+        );
+        assert!(
+            measured.describe().contains("1.350"),
+            "{}",
+            measured.describe()
+        );
+        let mut contention: ClusterContention = serde_json::from_value(serde_json::json!({
+            "compute_slowdown_with_collective": 1.11,
+            "compute_slowdown_with_compression": 1.0,
+            "collective_slowdown_with_compute": 1.0,
+            "provenance": {"status": "measured", "method": "m"}
+        }))
+        .unwrap();
+        let sweep = SweepFit {
+            fit: BesideCompute::fit(
+                &[Pair {
+                    op: Op::Allreduce,
+                    gpus: 4,
+                    bytes: 1 << 20,
+                    alone_us: 10.0,
+                    beside_us: 12.0,
+                }],
+                "x",
+            )
+            .unwrap(),
+            pairs: Vec::new(),
+            compute: Some(measured),
+        };
+        sweep.apply_to(&mut contention);
+        assert_eq!(contention.compute_slowdown_with_collective, 1.35);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_sweep_without_the_column_measured_nothing_and_one_without_its_rows_is_an_error() {
+        let old = sweep_file(
+            "old",
+            "op,gpus,size_bytes,time_us\nallreduce,2,1048576,25000.0\n",
+        );
+        assert_eq!(compute_slowdown(&old, 2).unwrap(), None);
+        let small = sweep_file(
+            "small",
+            "op,gpus,size_bytes,time_us,compute_slowdown\nallreduce,2,65536,13000.0,1.2\n",
+        );
+        let err = compute_slowdown(&small, 2).unwrap_err().to_string();
+        assert!(
+            err.contains("--beside-compute") && err.contains("compute_slowdown"),
+            "{err}"
+        );
+        // Noise below 1 is no speed-up; an absurd factor is an error.
+        let faster = sweep_file(
+            "faster",
+            "op,gpus,size_bytes,time_us,compute_slowdown\nallreduce,2,1048576,25000.0,0.97\n",
+        );
+        assert_eq!(compute_slowdown(&faster, 2).unwrap().unwrap().factor, 1.0);
+        let absurd = sweep_file(
+            "absurd",
+            "op,gpus,size_bytes,time_us,compute_slowdown\nallreduce,2,1048576,25000.0,1e9\n",
+        );
+        let err = compute_slowdown(&absurd, 2).unwrap_err().to_string();
+        assert!(err.contains("--beside-compute"), "{err}");
+        for path in [old, small, faster, absurd] {
+            std::fs::remove_file(path).unwrap();
+        }
     }
 }

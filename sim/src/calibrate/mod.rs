@@ -233,6 +233,11 @@ fn column_names(header: &str) -> Vec<&str> {
 
 /// Whether the measurement CSV at `path` names each row's collective in an `op` column.
 pub fn has_op_column(path: &Path) -> Result<bool> {
+    has_column(path, OP_COLUMN)
+}
+
+/// Whether the measurement CSV at `path` has a column `name`.
+pub fn has_column(path: &Path, name: &str) -> Result<bool> {
     let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
         path: path.to_path_buf(),
         source,
@@ -241,7 +246,7 @@ pub fn has_op_column(path: &Path) -> Result<bool> {
         .lines()
         .find(|l| !l.trim().is_empty())
         .unwrap_or_default();
-    Ok(column_names(header).contains(&OP_COLUMN))
+    Ok(column_names(header).contains(&name))
 }
 
 /// The fields of one CSV line, with RFC 4180 quoting (a quoted field may hold commas and

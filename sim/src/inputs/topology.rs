@@ -644,6 +644,9 @@ pub struct ClusterContention {
     #[serde(default = "no_slowdown")]
     pub compute_slowdown_with_ranks: f64,
     /// Compute time multiplier while a collective runs (on top of the one with every rank).
+    /// `syncopate lab probe contention` measures it beside MPI's allreduces; a gloo refit
+    /// with a sweep beside compute that timed the compute too (`compute_slowdown`) takes it
+    /// from gloo's own.
     pub compute_slowdown_with_collective: f64,
     /// Compute time multiplier while the rank's compression runs (on top of the one with every
     /// rank).
