@@ -1021,12 +1021,43 @@ fn a_sweep_beside_compute_sets_the_gloo_fits_collective_slowdown() {
     }
     let method = contention["provenance"]["method"].as_str().unwrap();
     assert!(method.contains("beside compute (x1.25)"), "{method}");
-    // The compute slowdowns measured before stay.
+    // A sweep without the compute's slowdown leaves the one measured before.
     let before: serde_json::Value = read_json(&lab);
     assert_eq!(
         contention["compute_slowdown_with_collective"],
         before["contention"]["compute_slowdown_with_collective"]
     );
+    // One that measured it sets it: the median over the allreduces from 1 MiB (1.2, 1.3, 1.4).
+    let timed = std::fs::read_to_string(&busy).unwrap();
+    let mut slowdowns = [1.2, 1.3, 1.4].into_iter();
+    let with_compute: String = timed
+        .lines()
+        .enumerate()
+        .map(|(i, line)| match i {
+            0 => format!("{line},compute_slowdown\n"),
+            _ if line.starts_with("allreduce,")
+                && line.split(',').nth(2).unwrap().parse::<u64>().unwrap() >= 1 << 20 =>
+            {
+                format!("{line},{}\n", slowdowns.next().unwrap_or(9.0))
+            }
+            _ => format!("{line},1.05\n"),
+        })
+        .collect();
+    std::fs::write(&busy, with_compute).unwrap();
+    let measured = dir.join("measured.json");
+    let out = fit(lab.to_str().unwrap(), &measured);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let contention = &read_json(&measured)["contention"];
+    assert_eq!(
+        contention["compute_slowdown_with_collective"], 1.3,
+        "{contention}"
+    );
+    let method = contention["provenance"]["method"].as_str().unwrap();
+    assert!(
+        method.contains("compute_slowdown_with_collective 1.300"),
+        "{method}"
+    );
+    std::fs::write(&busy, timed).unwrap();
     // Refitting the refitted file replaces the note rather than stacking a second one.
     write_lab_cluster(&out_file, fitted.clone());
     let again = dir.join("again.json");
