@@ -233,11 +233,13 @@ def sweep(link, ops, sizes, iterations, rounds, gathers="wrapper", computing=Non
             if computing is None:
                 rows.append((op, link.world, size, measure(link, op, size, iterations, rounds, gathers)))
                 continue
-            alone = compute_rate(link, computing, lambda: time.sleep(ALONE_S))
+            alone = compute_rate(computing, lambda: time.sleep(ALONE_S))
             during = []
-            rate = compute_rate(link, computing,
-                                lambda: during.append(measure(link, op, size, iterations, rounds, gathers)))
-            rows.append((op, link.world, size, during[0], ranks_mean(link, alone / rate)))
+            rate = compute_rate(computing, lambda: during.append(measure(link, op, size, iterations, rounds, gathers)))
+            # A compute thread that got no core at all during the calls: no finite slowdown,
+            # which `syncopate collective` skips as it skips any value that is not a number.
+            slowdown = alone / rate if rate > 0 else float("inf")
+            rows.append((op, link.world, size, during[0], ranks_mean(link, slowdown)))
     return rows
 
 
@@ -245,7 +247,7 @@ def sweep(link, ops, sizes, iterations, rounds, gathers="wrapper", computing=Non
 ALONE_S = 0.5
 
 
-def compute_rate(link, computing, work):
+def compute_rate(computing, work):
     """The multiplications per second `computing` did during `work`, from a barrier on."""
     dist.barrier()
     done, start = computing.done, time.perf_counter()
