@@ -246,7 +246,9 @@ pub struct CollectiveArgs {
     /// The --compare sweep timed again while every rank computes beside it (`python -m
     /// syncopate.torch.sweep --beside-compute`): a TCP cluster's fit then also sets
     /// `contention.collective_slowdown_with_compute` and `collective_delay_with_compute_us`
-    /// to the line `beside = factor × alone + delay` through the two.
+    /// to the line `beside = factor × alone + delay` through the two, and, where its rows
+    /// have a `compute_slowdown` column, `compute_slowdown_with_collective` to the median of
+    /// its allreduces from 1 MiB.
     #[arg(long, requires = "fit_out")]
     pub beside_compute: Option<PathBuf>,
     /// GPU counts of the --compare data kept out of the fit, whose error is reported apart:

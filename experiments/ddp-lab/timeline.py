@@ -27,7 +27,6 @@ target/pyenv). Writes timeline.csv and the `timeline` block of README.md.
 import argparse
 import csv
 import json
-import os
 import pathlib
 import statistics
 import sys
@@ -37,17 +36,15 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "digits"))
 sys.path.insert(0, str(REPO / "experiments" / "ddp-overhead"))
+sys.path.insert(0, str(HERE))
+from run import DEVICE, LABS, record_profile  # noqa: E402
 from runner import on_labs, lab_key, lab_result, sh, splice_readme, write_csv  # noqa: E402
 
-# The labs run.py uses, the configurations whose buckets overlap the backward pass, and the
-# steps timed.
-LABS = [("dla", 2, 1.0), ("dlb", 4, 1.0)]
+# The configurations whose buckets overlap the backward pass, and the steps timed.
 CONFIGS = [("none", 1), ("fp16", 1), ("none", 5), ("fp16", 5)]
 WARMUP, STEPS = 3, 12
 # The allreduces beside which compute is timed: dtype, bytes, calls per round.
 BESIDE = [("float32", 4 << 20, 16), ("float16", 4 << 20, 16)]
-MODEL = ["--layers", 10, "--norm", "--batch", 256]
-DEVICE = REPO / "experiments" / "lab-validation" / "device.json"
 SCRATCH = REPO / "target" / "ddp-lab" / "timeline"
 
 
@@ -109,42 +106,28 @@ def rank_main(hook_name, bucket_mb):
 
 def slowdown_main(dtype_name, size, calls):
     """One rank: its compute rate alone over its rate during `calls` allreduces of `size` bytes of
-    `dtype_name`, the median of 5 rounds; rank 0 prints every rank's."""
-    import threading
-
+    `dtype_name` (the sweep's compute thread), the median of 5 rounds; rank 0 prints every
+    rank's."""
     import torch
     import torch.distributed as dist
+    from syncopate.torch.sweep import FP16_START, Computing, compute_rate
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     dtype = getattr(torch, dtype_name)
-    # Float16's smallest normal value, refilled before each call, keeps the sums numbers.
-    buffer = torch.empty(size // torch.finfo(dtype).bits * 8, dtype=dtype)
-    done, stop = [0], threading.Event()
-
-    def compute():
-        a, b = torch.randn(128, 128), torch.randn(128, 128)
-        while not stop.is_set():
-            torch.mm(a, b)
-            done[0] += 1
-
-    thread = threading.Thread(target=compute, daemon=True)
-    thread.start()
-
-    def rate(work):
-        dist.barrier()
-        before, start = done[0], time.perf_counter()
-        work()
-        return (done[0] - before) / (time.perf_counter() - start)
+    buffer = torch.empty(size * 8 // torch.finfo(dtype).bits, dtype=dtype)
 
     def allreduces():
         for _ in range(calls):
-            buffer.fill_(2.0 ** -14)
+            # From float16's smallest normal value before each call, the sums stay numbers.
+            buffer.fill_(FP16_START)
             dist.all_reduce(buffer)
 
-    ratios = [rate(lambda: time.sleep(1.0)) / rate(allreduces) for _ in range(5)]
-    stop.set()
-    thread.join()
+    ratios = []
+    with Computing() as computing:
+        for _ in range(5):
+            alone, during = compute_rate(computing, lambda: time.sleep(1.0)), compute_rate(computing, allreduces)
+            ratios.append(alone / during if alone > 0 and during > 0 else float("nan"))
     mine = torch.tensor([statistics.median(ratios)])
     every = [torch.zeros(1) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
@@ -157,9 +140,11 @@ def slowdown_main(dtype_name, size, calls):
 
 def predicted_events(opts, nodes, gbps, hook, bucket, profile):
     """The same events in the simulator's trace of the configuration (`profile` names its device
-    relative to this folder): a bucket is done when its decode (fp16) or allreduce ends, in the
-    trace's last whole iteration, from its first forward step's start. (When a bucket is ready
-    the run records and the table leaves out: the trace names no bucket's gradients.)"""
+    relative to this folder): a bucket is done when its decode (fp16) or allreduce ends, the
+    backward pass when its last step does and the step when the optimizer does, from the start of
+    the iteration's first step; the median over the trace's iterations after the first (each
+    draws its ranks' skew). (When a bucket is ready the run records and the table leaves out:
+    the trace names no bucket's gradients.)"""
     trace = SCRATCH / f"trace-{lab_key(nodes, gbps)}-{hook}-{bucket}.json"
     compressor, codecs = ("fp16", "pytorch-ddp") if hook == "fp16" else ("none", "native")
     sh([opts.syncopate, "simulate", "--model", profile, "--cluster",
@@ -167,25 +152,28 @@ def predicted_events(opts, nodes, gbps, hook, bucket, profile):
         "--strategy", "ddp", "--bucket-mb", bucket, "--first-bucket-mb", bucket, "--compressor", compressor,
         "--framework", "pytorch-ddp", "--codecs", codecs, "--trace", trace, "--trace-ranks", 1],
        f"simulate {nodes} nodes {hook} {bucket} MB", 300, cwd=HERE)
-    tasks = sorted((e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"),
-                   key=lambda e: e["ts"])
-    first = tasks[0]["name"]
-    starts = [i for i, e in enumerate(tasks) if e["name"] == first]
-    iteration = tasks[starts[-2]:starts[-1]]
-    origin = iteration[0]["ts"]
-    end = {}
-    for e in iteration:
-        end[e["name"]] = (e["ts"] + e["dur"] - origin) / 1e3
-    events = {"backward": max(t for name, t in end.items() if name.startswith("bwd ")),
-              "step": end["optimizer"]}
-    for name, t in end.items():
-        words = name.split()
-        if words[0] in ("allreduce", "decode"):
-            group = words[1][1:].split(".")[0]
-            key = f"done {group}"
+    iterations = {}
+    for e in json.loads(trace.read_text())["traceEvents"]:
+        if e.get("ph") == "X" and "iteration" in e.get("args", {}):
+            iterations.setdefault(e["args"]["iteration"], []).append(e)
+    per_iteration = []
+    for index in sorted(iterations)[1:]:
+        tasks = iterations[index]
+        origin = min(e["ts"] for e in tasks)
+        events = {}
+        for e in tasks:
+            end = (e["ts"] + e["dur"] - origin) / 1e3
+            words = e["name"].split()
             # A decode ends after its allreduce: the later of the two is when the bucket is done.
-            events[key] = max(events.get(key, 0.0), t)
-    return events
+            key = {"bwd": "backward", "optimizer": "step"}.get(words[0])
+            if words[0] in ("allreduce", "decode"):
+                key = f"done {words[1][1:].split('.')[0]}"
+            if key:
+                events[key] = max(events.get(key, 0.0), end)
+        per_iteration.append(events)
+    if not per_iteration:
+        raise RuntimeError(f"{trace}: no whole iteration after the first")
+    return {name: statistics.median(events[name] for events in per_iteration) for name in per_iteration[-1]}
 
 
 def measure(opts):
@@ -194,10 +182,7 @@ def measure(opts):
     rows, beside = [], []
     for name, nodes, gbps in LABS:
         profile = SCRATCH / f"mlp-w{nodes}.json"
-        sh(["env", "OMP_NUM_THREADS=1", opts.python, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", nodes, REPO / "experiments" / "ddp-overhead" / "rank.py", *MODEL, "--profile", profile,
-            "--profile-device", os.path.relpath(DEVICE, HERE), "--warmup", 3, "--iterations", 12],
-           f"recording the profile at {nodes} ranks", 600)
+        sh(record_profile(opts)(nodes, profile), f"recording the profile at {nodes} ranks", 600)
         for hook, bucket in CONFIGS:
             what = f"{nodes} nodes {hook} {bucket} MB"
             measured = lab_result(opts.syncopate, name, 120, ["env", "OMP_NUM_THREADS=1", opts.python, __file__,
@@ -205,6 +190,10 @@ def measure(opts):
             if measured is None:
                 raise RuntimeError(f"{what}: the run hung")
             predicted = predicted_events(opts, nodes, gbps, hook, bucket, profile)
+            buckets = {e for e in measured if e.startswith("done ")}
+            if buckets != {e for e in predicted if e.startswith("done ")}:
+                raise RuntimeError(f"{what}: the run's buckets ({len(buckets)}) are not the plan's "
+                                   f"({sorted(e for e in predicted if e.startswith('done '))})")
             print(f"{what}: step {measured['step']:.1f} ms measured, {predicted['step']:.1f} predicted", flush=True)
             for event in sorted(measured, key=measured.get):
                 rows.append({"nodes": nodes, "hook": hook, "bucket_mb": bucket, "event": event,

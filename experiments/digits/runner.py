@@ -182,25 +182,33 @@ def fit_gloo(syncopate, python, name, cluster, clusters):
     refit_gloo(syncopate, cluster, clusters)
 
 
+# The measured columns of a sweep, and the digits each keeps.
+SWEEP_MEASURES = {"time_us": 1, "compute_slowdown": 3}
+
+
 def median_sweep(paths, dest):
     """Writes to `dest` each (op, gpus, size) of the sweeps `paths` with the median of each of
     its measured columns over them (its time, and beside compute the compute's slowdown), in the
     first sweep's row order: sweeps taken at several moments of an experiment on a machine whose
-    speed drifts."""
-    sweeps = [list(csv.DictReader(open(p))) for p in paths]
-    keys = ("op", "gpus", "size_bytes")
+    speed drifts. Sweeps that measured different columns are an error."""
+    sweeps = {p: list(csv.DictReader(open(p))) for p in paths}
+    measured = {p: [c for c in SWEEP_MEASURES if c in (rows[0] if rows else {})] for p, rows in sweeps.items()}
+    first = next(iter(paths))
+    for path, columns in measured.items():
+        if columns != measured[first]:
+            raise RuntimeError(f"{path} measured {', '.join(columns)} where {first} measured "
+                               f"{', '.join(measured[first])}: its sweeps are of different kinds")
 
     def key(row):
-        return tuple(row[k] for k in keys)
+        return row["op"], row["gpus"], row["size_bytes"]
 
     values = {}
-    for sweep in sweeps:
-        for row in sweep:
-            for column, value in row.items():
-                if column not in keys:
-                    values.setdefault((key(row), column), []).append(float(value))
-    rows = [{**row, **{column: round(statistics.median(values[(key(row), column)]), 3 if column != "time_us" else 1)
-                       for column in row if column not in keys}} for row in sweeps[0]]
+    for rows in sweeps.values():
+        for row in rows:
+            for column in measured[first]:
+                values.setdefault((key(row), column), []).append(float(row[column]))
+    rows = [{**row, **{c: round(statistics.median(values[(key(row), c)]), SWEEP_MEASURES[c]) for c in measured[first]}}
+            for row in sweeps[first]]
     write_csv(dest, rows)
 
 

@@ -19,8 +19,8 @@ sums (`fp16_sum_ns_per_element`).
 turns the two sweeps into the cluster's `contention.collective_slowdown_with_compute` and its
 delays of a collective beside compute. Each of its rows also says how much the calls slow that
 compute (`compute_slowdown`: the ranks' mean of the compute thread's rate alone, over half a
-second before the size, divided by its rate while the size is timed), which the same command
-makes the cluster's `contention.compute_slowdown_with_collective`.
+second before the size, divided by its rate during the size's calls, warm-up and barriers
+included), which the same command makes the cluster's `contention.compute_slowdown_with_collective`.
 """
 
 import argparse
@@ -236,9 +236,10 @@ def sweep(link, ops, sizes, iterations, rounds, gathers="wrapper", computing=Non
             alone = compute_rate(computing, lambda: time.sleep(ALONE_S))
             during = []
             rate = compute_rate(computing, lambda: during.append(measure(link, op, size, iterations, rounds, gathers)))
-            # A compute thread that got no core at all during the calls: no finite slowdown,
-            # which `syncopate collective` skips as it skips any value that is not a number.
-            slowdown = alone / rate if rate > 0 else float("inf")
+            # A compute thread that got no core at all, alone or during the calls, measured no
+            # slowdown: not a number, which the ranks' mean keeps and `syncopate collective`
+            # skips (it refuses a sweep none of whose allreduces measured one).
+            slowdown = alone / rate if alone > 0 and rate > 0 else float("nan")
             rows.append((op, link.world, size, during[0], ranks_mean(link, slowdown)))
     return rows
 
@@ -273,7 +274,7 @@ def write_csv(path, rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m syncopate.torch.sweep", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="CSV to write (rank 0): op,gpus,size_bytes,time_us")
+    p.add_argument("--out", required=True, help="CSV to write (rank 0): op,gpus,size_bytes,time_us (and compute_slowdown with --beside-compute)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"per-rank buffer sizes (default {DEFAULT_SIZES})")
     p.add_argument("--push-pull-sizes", default=DEFAULT_PUSH_PULL_SIZES,
                    help=f"per-rank payload sizes of the push-pull (default {DEFAULT_PUSH_PULL_SIZES})")

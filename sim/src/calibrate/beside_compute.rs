@@ -19,7 +19,7 @@
 use crate::base::error::{Result, SimError};
 use crate::base::limits::{MAX_DURATION_US, MAX_SLOWDOWN};
 use crate::calibrate::tcp_fit::Timed;
-use crate::calibrate::{has_column, read_measurements};
+use crate::calibrate::{has_column, read_named_column};
 use crate::collective_op::Op;
 use crate::inputs::topology::ClusterContention;
 use std::path::Path;
@@ -253,8 +253,10 @@ pub fn fit(alone: &[Timed], beside: &[Timed]) -> Result<SweepFit> {
 /// compute beside them: the compute's rate alone over its rate during the calls.
 pub const COMPUTE_SLOWDOWN_COLUMN: &str = "compute_slowdown";
 
-/// Allreduces from this size keep the cores busy for the whole call; smaller ones mostly wait
-/// on the network, and a bucket of a framework is seldom that small.
+/// The sizes whose slowdown counts: a framework's buckets are seldom smaller, and a smaller
+/// size's calls take a short window, which this machine's scheduling makes noisy (at 64 KiB on
+/// the 2-node lab of 2026-11-30: 1.21, against 1.13 at 1 MiB). A lab's default sweep beside
+/// compute (`BESIDE_COMPUTE_SIZES`) times two such sizes, 1 and 4 MiB.
 pub const COMPUTE_SLOWDOWN_FROM_BYTES: u64 = 1 << 20;
 
 /// Compute slowed by the library's allreduces, as a sweep beside compute measured it.
@@ -276,7 +278,7 @@ impl ComputeSlowdown {
             .map(|(ranks, bytes, s)| format!("allreduce {ranks} ranks {bytes} B: x{s:.3}"))
             .collect();
         format!(
-            "compute_slowdown_with_collective {:.3}: the median over the allreduces of at least {} MiB of how much their calls slowed the compute beside them (`{COMPUTE_SLOWDOWN_COLUMN}`: the compute's rate alone over its rate during the calls, the ranks' mean), {}",
+            "compute_slowdown_with_collective {:.3}: the median over the allreduces of at least {} MiB of how much their calls slowed the compute beside them (`{COMPUTE_SLOWDOWN_COLUMN}`: the compute's rate alone over its rate during the size's calls, warm-up and barriers included, the ranks' mean), {}",
             self.factor,
             COMPUTE_SLOWDOWN_FROM_BYTES >> 20,
             sizes.join(", ")
@@ -291,13 +293,13 @@ pub fn compute_slowdown(path: &Path, default_gpus: u32) -> Result<Option<Compute
     if !has_column(path, COMPUTE_SLOWDOWN_COLUMN)? {
         return Ok(None);
     }
-    // The reader keeps a row's chosen column in `time_us`: here, its slowdown.
-    let mut sizes: Vec<(u32, u64, f64)> = read_measurements(
+    // The reader keeps a row's chosen column in `time_us`: here, its slowdown. It skips a
+    // value that is not a positive number (a compute thread that got no core at all).
+    let mut sizes: Vec<(u32, u64, f64)> = read_named_column(
         path,
-        Op::Allreduce,
-        Some(COMPUTE_SLOWDOWN_COLUMN),
+        Op::Allreduce.name(),
+        COMPUTE_SLOWDOWN_COLUMN,
         default_gpus,
-        &[],
     )?
     .into_iter()
     .filter(|m| m.bytes >= COMPUTE_SLOWDOWN_FROM_BYTES)
@@ -308,19 +310,20 @@ pub fn compute_slowdown(path: &Path, default_gpus: u32) -> Result<Option<Compute
             "--beside-compute",
             path.display(),
             format!(
-                "has a `{COMPUTE_SLOWDOWN_COLUMN}` column but no allreduce of at least {} MiB with one",
+                "has a `{COMPUTE_SLOWDOWN_COLUMN}` column but no allreduce of at least {} MiB with a finite, positive one",
                 COMPUTE_SLOWDOWN_FROM_BYTES >> 20
             ),
         ));
     }
     let values: Vec<f64> = sizes.iter().map(|s| s.2).collect();
-    let median = crate::base::stats::median(&values).unwrap_or(1.0);
+    let median = crate::base::stats::median(&values).expect("sizes is not empty");
     if median > MAX_SLOWDOWN {
         return Err(SimError::bad_value(
             "--beside-compute",
-            crate::base::limits::num(median),
+            path.display(),
             format!(
-                "the slowdown of compute beside collectives must be a factor up to {MAX_SLOWDOWN}"
+                "its allreduces' median `{COMPUTE_SLOWDOWN_COLUMN}` is {}: the slowdown of compute beside collectives must be a factor up to {MAX_SLOWDOWN}",
+                crate::base::limits::num(median)
             ),
         ));
     }
@@ -523,6 +526,14 @@ mod tests {
             err.contains("--beside-compute") && err.contains("compute_slowdown"),
             "{err}"
         );
+        // Nor does one whose allreduces have no finite value, or that timed no allreduce.
+        let none_finite = sweep_file(
+            "inf",
+            "op,gpus,size_bytes,time_us,compute_slowdown\nallreduce,2,1048576,25000.0,inf\nallgather,2,1048576,9.0,1.2\n",
+        );
+        let err = compute_slowdown(&none_finite, 2).unwrap_err().to_string();
+        assert!(err.contains("--beside-compute"), "{err}");
+        std::fs::remove_file(none_finite).unwrap();
         // Noise below 1 is no speed-up; an absurd factor is an error.
         let faster = sweep_file(
             "faster",

@@ -93,6 +93,17 @@ pub fn read_named(path: &Path, name: &str, default_gpus: u32) -> Result<Vec<Meas
     read_rows(path, name, None, None, default_gpus, &[])
 }
 
+/// The rows named `name` in the `op` column of a sweep's CSV, each with its value in `column`
+/// (kept in `time_us`) rather than its time: none is no error.
+pub fn read_named_column(
+    path: &Path,
+    name: &str,
+    column: &str,
+    default_gpus: u32,
+) -> Result<Vec<Measurement>> {
+    read_rows(path, name, None, Some(column), default_gpus, &[])
+}
+
 /// [`read_measurements`] of the rows named `name`; bus bandwidths convert with `op`'s factor.
 fn read_rows(
     path: &Path,
