@@ -11,7 +11,7 @@ use syncopate_sim::calibrate::{fp16_sum_fit, p2p_fit};
 use syncopate_sim::collective::Group;
 use syncopate_sim::collective_op::Op;
 use syncopate_sim::inputs::model::{Provenance, Status};
-use syncopate_sim::inputs::topology::{Cluster, ClusterContention, Library};
+use syncopate_sim::inputs::topology::{Cluster, ClusterContention, Library, TcpParams};
 use syncopate_sim::SimError;
 
 pub fn run(args: &CollectiveArgs) -> anyhow::Result<()> {
@@ -151,15 +151,14 @@ fn refit_tcp(
                 ", {r:.2} rounds to different servers at once"
             ))
         );
-    } else if refit
-        .library
-        .tcp()
-        .is_some_and(|p| p.p2p_message_overhead_us.is_some())
-    {
-        // Kept from the input file, fitted there on its links rather than these.
-        described = format!(
-            "{described}; p2p_message_overhead_us and p2p_rounds_at_once kept from the input file, not refitted: the sweep has no push-pull rows"
-        );
+    } else if let Some(note) = kept_from_input(
+        &refit,
+        |p| p.p2p_message_overhead_us.is_some(),
+        // Fitted there on its links rather than these.
+        "p2p_message_overhead_us and p2p_rounds_at_once",
+        "the sweep has no push-pull rows",
+    ) {
+        described = format!("{described}; {note}");
     }
     // A sweep that timed fp16 allreduces beside fp32 ones gives the cost of float16 sums.
     let halves = named(fp16_sum_fit::OP)?;
@@ -173,24 +172,22 @@ fn refit_tcp(
             sums.ns_per_element,
             sums.rows.len()
         );
-    } else if refit
-        .library
-        .tcp()
-        .is_some_and(|p| p.fp16_sum_ns_per_element.is_some())
-    {
-        described = format!(
-            "{described}; fp16_sum_ns_per_element kept from the input file, not refitted: the sweep has no allreduce-fp16 rows"
-        );
+    } else if let Some(note) = kept_from_input(
+        &refit,
+        |p| p.fp16_sum_ns_per_element.is_some(),
+        "fp16_sum_ns_per_element",
+        "the sweep has no allreduce-fp16 rows",
+    ) {
+        described = format!("{described}; {note}");
     }
-    if refit
-        .library
-        .tcp()
-        .is_some_and(|p| p.queue_behind_bytes.is_some())
-    {
-        // Measured beside a second stream (`lab up`), which a sweep of one stream cannot refit.
-        described = format!(
-            "{described}; queue_behind_bytes kept from the input file, not refitted: a sweep times one stream at a time"
-        );
+    if let Some(note) = kept_from_input(
+        &refit,
+        |p| p.queue_behind_bytes.is_some(),
+        // Measured beside a second stream (`lab up`).
+        "queue_behind_bytes",
+        "a sweep times one stream at a time",
+    ) {
+        described = format!("{described}; {note}");
     }
     let library = args
         .library
@@ -232,6 +229,21 @@ fn refit_tcp(
         out.display()
     );
     Ok(refit)
+}
+
+/// The refit's note on `fields` of `cluster`'s TCP library, which `has` says the input file
+/// states and the sweep cannot refit (`why`); None where the file has none.
+fn kept_from_input(
+    cluster: &Cluster,
+    has: impl Fn(&TcpParams) -> bool,
+    fields: &str,
+    why: &str,
+) -> Option<String> {
+    cluster
+        .library
+        .tcp()
+        .is_some_and(has)
+        .then(|| format!("{fields} kept from the input file, not refitted: {why}"))
 }
 
 /// What a measured slowdown beside compute appends to the contention's provenance.
