@@ -588,10 +588,10 @@ extern "C" __global__ void qsgd_encode(const float *x, unsigned long long key, u
     for (u32 g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
         u8 buf[16];
         for (u32 b = 0; b < 16; b++) buf[b] = 0;
-        u32 first = 8 * g;
-        u32 count = min(8u, n - first);
+        u32 start = 8 * g;
+        u32 count = min(8u, n - start);
         for (u32 j = 0; j < count; j++) {
-            u32 i = first + j;
+            u32 i = start + j;
             float e = x[i];
             note_finite(e, i, bad);
             float r = __fmul_rn(fabsf(e), scale);

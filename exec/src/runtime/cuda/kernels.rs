@@ -849,6 +849,58 @@ mod tests {
         }
     }
 
+    /// Runs without NVRTC or a GPU: no kernel declares a local of one of its parameters' names,
+    /// which would hide the parameter from the rest of its block (qsgd_encode's group start once
+    /// hid the generator's counter `first`, so that the GPU drew other uniforms than the CPU).
+    #[test]
+    fn no_kernel_hides_a_parameter() {
+        for &(file, src, _) in SOURCES {
+            let aliases = typedefs(src);
+            let types: Vec<&str> = ["int", "float", "double", "bool", "size_t", "long", "char"]
+                .into_iter()
+                .chain(aliases.keys().copied())
+                .collect();
+            for ((kernel, params), body) in c_kernels(src).iter().zip(c_kernel_bodies(src)) {
+                // A declaration reads `TYPE NAME` then `=`, `;`, `[` or `,` (`for (TYPE NAME = ..`
+                // too); a cast's type ends in `)`, so it never stands alone before a name.
+                let spaced = body.replace('*', " ").replace(['=', ';', '[', ','], " = ");
+                let words: Vec<&str> = spaced.split_whitespace().collect();
+                for window in words.windows(3) {
+                    let (ty, name) = (window[0].trim_start_matches('('), window[1]);
+                    assert!(
+                        !(types.contains(&ty)
+                            && window[2] == "="
+                            && params.iter().any(|p| p.name == name)),
+                        "{file}: `{kernel}` declares a local `{name}` that hides its parameter"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The body of every `extern "C" __global__` kernel of a source, braces matched, in order.
+    fn c_kernel_bodies(src: &str) -> Vec<&str> {
+        src.split("extern \"C\" __global__ void ")
+            .skip(1)
+            .map(|rest| {
+                let open = rest.find('{').expect("a kernel body");
+                let mut depth = 0usize;
+                let close = rest[open..]
+                    .char_indices()
+                    .find_map(|(at, c)| {
+                        match c {
+                            '{' => depth += 1,
+                            '}' => depth -= 1,
+                            _ => {}
+                        }
+                        (depth == 0).then_some(open + at)
+                    })
+                    .expect("a closed kernel body");
+                &rest[open + 1..close]
+            })
+            .collect()
+    }
+
     /// The Rust mirrors of the sources' `#define`s that sizes and launch shapes depend on.
     #[test]
     fn mirrored_constants_match_the_sources() {

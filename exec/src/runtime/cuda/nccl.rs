@@ -138,6 +138,16 @@ impl<'a> Communicator<'a> {
                 &mut config,
             )
         };
+        // A non-blocking parent fills `comm` only once the parent itself settles, from NCCL 2.23
+        // on (NVIDIA/nccl#1472; PyTorch waits so too, pytorch/pytorch#137741): wait for it even
+        // where the call says it succeeded.
+        let pending = match status {
+            sys::ncclResult_t::ncclSuccess => sys::ncclResult_t::ncclInProgress,
+            other => other,
+        };
+        self.settle(pending, "split")?;
+        // SAFETY: NCCL wrote `comm` from its own thread before the parent settled.
+        let comm = unsafe { std::ptr::read_volatile(&comm) };
         if comm.is_null() {
             return Err(ExecError::Rank {
                 rank: self.rank,
@@ -158,7 +168,8 @@ impl<'a> Communicator<'a> {
             timeout: self.timeout,
             abort: self.abort,
         };
-        split.settle(status, "split")?;
+        // The child's own set-up may still run after the parent's part is done.
+        split.settle(sys::ncclResult_t::ncclInProgress, "split")?;
         Ok(split)
     }
 
