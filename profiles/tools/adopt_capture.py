@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Turns a model profile captured by `python -m syncopate.capture` into a shipped one.
 
-Usage: python3 profiles/tools/adopt_capture.py CAPTURED.json SHIPPED_NAME --from DIR --out FILE
+Usage: python3 profiles/tools/adopt_capture.py CAPTURED.json [SHIPPED_NAME] --from DIR --out FILE
 
 CAPTURED.json is the capture as it came back from the GPU machine, SHIPPED_NAME the shipped
 profile of the same model and batch (`resnet50`), whose FLOP counts (its `arithmetic` section and
 each tensor's `uses_per_sample`) the capture lacks: they are facts of the architecture, not of the
-device. `--from` names where the capture is kept in the repository (for the provenance). The
+device. Without SHIPPED_NAME (a model no shipped profile holds) the profile has no FLOP counts,
+and the simulator carries it to another GPU by the two devices' `compute_speed_vs_v100` instead
+of by class of operation. `--from` names where the capture is kept in the repository (for the provenance). The
 capture's timings are kept as measured; its first tensor's backward runs from the start of the
 backward pass (the capture's CUDA events start there), so the time before the first gradient is
 measured, not estimated. The precision is the capture's: autocast fp16 is `fp16`, fp32 with TF32
@@ -64,8 +66,9 @@ def optimizer_state_bytes(capture, command):
     return 8 if re.search(r"--optimizer[ =]adam", command) else 4
 
 
-def adopt(capture, shipped, kept_at):
-    """The shipped profile made from `capture`, with `shipped`'s FLOP counts."""
+def flop_counts(capture, shipped):
+    """The `arithmetic` section and each tensor's `uses_per_sample` that `shipped` (same model
+    and batch) gives `capture`."""
     uses = {t["name"]: (tuple(t["shape"]), t.get("uses_per_sample", 0)) for t in shipped["tensors"]}
     captured = {t["name"]: tuple(t["shape"]) for t in capture["tensors"]}
     if sorted(captured.items()) != sorted((name, shape) for name, (shape, _) in uses.items()):
@@ -75,13 +78,20 @@ def adopt(capture, shipped, kept_at):
         fail(f"{capture['name']} has batch {capture['batch_size_per_gpu']}, {shipped['name']} "
              f"{shipped['batch_size_per_gpu']}: FLOP counts per sample carry over, the timings would not compare")
     mode, described = precision(capture)
-    batch = capture["batch_size_per_gpu"]
-    command = re.sub(r" --out \S+", "", capture["source"])
     arithmetic = dict(shipped["arithmetic"])
     arithmetic["precision"] = mode
     arithmetic["method"] = (f"counts of the shipped profile {shipped['name']} (same architecture and batch): "
                             f"{shipped['arithmetic']['method'].split('. Precision:')[0]}. Precision: {described}")
     arithmetic.pop("above_peak_reason", None)
+    return arithmetic, {name: use for name, (_, use) in uses.items()}
+
+
+def adopt(capture, shipped, kept_at):
+    """The shipped profile made from `capture`, with `shipped`'s FLOP counts, or none where
+    `shipped` is None."""
+    arithmetic, uses = flop_counts(capture, shipped) if shipped else (None, {})
+    batch = capture["batch_size_per_gpu"]
+    command = re.sub(r" --out \S+", "", capture["source"])
     timing = dict(capture["timing"])
     timing["first_gradient"] = {
         "status": "measured",
@@ -96,23 +106,25 @@ def adopt(capture, shipped, kept_at):
     tensors = []
     for t in capture["tensors"]:
         tensor = {k: t[k] for k in ("name", "shape", "numel")}
-        if uses[t["name"]][1]:
-            tensor["uses_per_sample"] = uses[t["name"]][1]
+        if uses.get(t["name"]):
+            tensor["uses_per_sample"] = uses[t["name"]]
         tensor.update({k: t[k] for k in ("dtype", "registration_index", "backward_us", "forward_us")})
         tensors.append(tensor)
+    counts = (f"FLOP counts (arithmetic, uses_per_sample) from the shipped profile {shipped['name']}" if shipped
+              else "no FLOP counts (no shipped profile holds this model and batch): carried to another GPU "
+                   "by the devices' compute_speed_vs_v100")
     return {
         "format_version": capture["format_version"],
         "name": capture["name"],
         "description": capture["description"],
-        "source": f"{command}; kept as it came back in {kept_at}; FLOP counts (arithmetic, uses_per_sample) "
-                  f"from the shipped profile {shipped['name']} by profiles/tools/adopt_capture.py",
+        "source": f"{command}; kept as it came back in {kept_at}; {counts} by profiles/tools/adopt_capture.py",
         "device": capture["device"],
         "framework": capture["framework"],
         "batch_size_per_gpu": batch,
         "sample_unit": capture["sample_unit"],
         "threads": capture["threads"],
         "timing": timing,
-        "arithmetic": arithmetic,
+        **({"arithmetic": arithmetic} if arithmetic else {}),
         "optimizer_us": capture["optimizer_us"],
         "optimizer_state_bytes_per_element": optimizer_state_bytes(capture, command),
         # A newer capture measures what autograd keeps for backward; older ones did not.
@@ -124,12 +136,13 @@ def adopt(capture, shipped, kept_at):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("captured", help="the capture, as python -m syncopate.capture wrote it")
-    parser.add_argument("shipped", help="the shipped profile of the same model and batch, by name")
+    parser.add_argument("shipped", nargs="?", help="the shipped profile of the same model and batch, by name, "
+                        "whose FLOP counts the profile takes (none: no FLOP counts)")
     parser.add_argument("--from", dest="kept_at", required=True, help="where the capture is kept in the repository")
     parser.add_argument("--out", required=True, help="the shipped profile to write")
     args = parser.parse_args(argv)
     capture = read(args.captured)
-    shipped = read(MODELS / f"{args.shipped}.json")
+    shipped = read(MODELS / f"{args.shipped}.json") if args.shipped else None
     adopted = adopt(capture, shipped, args.kept_at)
     Path(args.out).write_text(json.dumps(adopted, indent=2, ensure_ascii=False) + "\n")
     return 0

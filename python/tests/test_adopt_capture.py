@@ -28,6 +28,28 @@ def test_the_shipped_profiles_are_the_kept_captures_adopted(tmp_path, model, mod
     assert out.read_bytes() == (REPO / "profiles" / "models" / f"{name}.json").read_bytes()
 
 
+KEPT_DEAR = REPO / "gpu" / "results" / "h200-2026-12-01"
+
+
+@pytest.mark.parametrize("name,shipped", [("resnet101-h200-fp32", "resnet101"), ("vgg16-h200-fp32", "vgg16"),
+                                          ("bert-large-h200-fp32", "bert-large"),
+                                          ("dear-resnet50-h200-fp32", None), ("dear-densenet201-h200-fp32", None),
+                                          ("dear-inception-v4-h200-fp32", None), ("dear-bert-base-h200-fp32", None),
+                                          ("dear-bert-large-h200-fp32", None)])
+def test_the_captures_of_december_are_adopted_with_or_without_flop_counts(tmp_path, name, shipped):
+    out = tmp_path / f"{name}.json"
+    kept_at = f"gpu/results/h200-2026-12-01/{name}.json"
+    done = subprocess.run([sys.executable, str(TOOL), str(KEPT_DEAR / f"{name}.json"), *([shipped] if shipped else []),
+                           "--from", kept_at, "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == (REPO / "profiles" / "models" / f"{name}.json").read_bytes()
+    adopted = json.loads(out.read_text())
+    # Without a shipped profile of the same model and batch there are no FLOP counts, so the
+    # simulator carries it by the devices' compute_speed_vs_v100.
+    assert ("arithmetic" in adopted) == bool(shipped)
+    assert any("uses_per_sample" in t for t in adopted["tensors"]) == bool(shipped)
+
+
 def test_a_capture_of_other_tensors_or_another_batch_is_refused(tmp_path):
     capture = json.loads((KEPT / "resnet50-h200-fp32.json").read_text())
     capture["tensors"].pop()
