@@ -855,27 +855,115 @@ mod tests {
     #[test]
     fn no_kernel_hides_a_parameter() {
         for &(file, src, _) in SOURCES {
-            let aliases = typedefs(src);
-            let types: Vec<&str> = ["int", "float", "double", "bool", "size_t", "long", "char"]
-                .into_iter()
-                .chain(aliases.keys().copied())
-                .collect();
-            for ((kernel, params), body) in c_kernels(src).iter().zip(c_kernel_bodies(src)) {
-                // A declaration reads `TYPE NAME` then `=`, `;`, `[` or `,` (`for (TYPE NAME = ..`
-                // too); a cast's type ends in `)`, so it never stands alone before a name.
-                let spaced = body.replace('*', " ").replace(['=', ';', '[', ','], " = ");
-                let words: Vec<&str> = spaced.split_whitespace().collect();
-                for window in words.windows(3) {
-                    let (ty, name) = (window[0].trim_start_matches('('), window[1]);
+            let src = without_comments(src);
+            let aliases = typedefs(&src);
+            let types: Vec<&str> = [
+                "int", "float", "double", "bool", "size_t", "long", "char", "short", "unsigned",
+            ]
+            .into_iter()
+            .chain(aliases.keys().copied())
+            .collect();
+            for ((kernel, params), body) in c_kernels(&src).iter().zip(c_kernel_bodies(&src)) {
+                for name in body
+                    .split([';', '{', '}'])
+                    .flat_map(|s| declared(s, &types))
+                {
                     assert!(
-                        !(types.contains(&ty)
-                            && window[2] == "="
-                            && params.iter().any(|p| p.name == name)),
+                        !params.iter().any(|p| p.name == name),
                         "{file}: `{kernel}` declares a local `{name}` that hides its parameter"
                     );
                 }
             }
         }
+    }
+
+    /// The names a C statement declares: after a leading type (its qualifiers and `for (` too),
+    /// the first name and every one after a comma outside brackets. A cast's type ends in `)`,
+    /// so it never leads a statement.
+    fn declared<'s>(statement: &'s str, types: &[&str]) -> Vec<&'s str> {
+        let mut rest = statement.trim();
+        if let Some(init) = rest.strip_prefix("for") {
+            rest = init
+                .trim_start()
+                .strip_prefix('(')
+                .unwrap_or(rest)
+                .trim_start();
+        }
+        let qualifiers = ["const", "volatile", "__shared__", "static", "register"];
+        let mut typed = false;
+        loop {
+            let word_end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let word = &rest[..word_end];
+            if word.is_empty() || !(qualifiers.contains(&word) || types.contains(&word)) {
+                break;
+            }
+            typed |= types.contains(&word);
+            rest = rest[word_end..].trim_start();
+        }
+        if !typed {
+            return Vec::new();
+        }
+        let mut names = Vec::new();
+        let (mut depth, mut start) = (0usize, 0usize);
+        for (at, c) in rest.char_indices().chain([(rest.len(), ',')]) {
+            match c {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' => depth = depth.saturating_sub(1),
+                ',' if depth == 0 => {
+                    let declarator = rest[start..at].trim_start_matches(['*', ' ', '&']);
+                    let declarator = declarator.strip_prefix("const ").unwrap_or(declarator);
+                    let end = declarator
+                        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .unwrap_or(declarator.len());
+                    names.push(&declarator[..end]);
+                    start = at + 1;
+                }
+                _ => {}
+            }
+        }
+        names
+    }
+
+    /// The source without its `//` and `/* */` comments (string literals hold none).
+    fn without_comments(src: &str) -> String {
+        let mut out = String::with_capacity(src.len());
+        let mut rest = src;
+        while let Some(at) = rest.find("/") {
+            out.push_str(&rest[..at]);
+            let after = &rest[at..];
+            if let Some(line) = after.strip_prefix("//") {
+                rest = line.find('\n').map_or("", |end| &line[end..]);
+            } else if let Some(block) = after.strip_prefix("/*") {
+                rest = block.find("*/").map_or("", |end| &block[end + 2..]);
+                out.push(' ');
+            } else {
+                out.push('/');
+                rest = &after[1..];
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    #[test]
+    fn declarations_are_found_in_lists_loops_and_behind_qualifiers_but_casts_are_not() {
+        let types = ["u32", "float", "unsigned", "int"];
+        assert_eq!(
+            declared(" u32 a = 0, first = f(x, y)", &types),
+            ["a", "first"]
+        );
+        assert_eq!(declared("for(u32 first=0", &types), ["first"]);
+        assert_eq!(declared("const float *first = x", &types), ["first"]);
+        assert_eq!(declared("unsigned int first(1)", &types), ["first"]);
+        assert_eq!(declared("u8 buf[16]", &["u8"]), ["buf"]);
+        assert!(declared("x = (u32)first", &types).is_empty());
+        assert!(declared("v |= code << (2 * j)", &types).is_empty());
+        assert_eq!(
+            without_comments("a // b, c\nd /* e */ f / g"),
+            "a \nd   f / g"
+        );
     }
 
     /// The body of every `extern "C" __global__` kernel of a source, braces matched, in order.

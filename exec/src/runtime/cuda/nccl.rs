@@ -14,7 +14,7 @@ use crate::error::{ExecError, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{sys, Id, NcclType};
 use std::ffi::{c_int, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,40 +126,30 @@ impl<'a> Communicator<'a> {
     /// communicator: every rank splits it, in the same order.
     pub(super) fn split(&self, color: u32, key: u32, ranks: u32) -> Result<Communicator<'a>> {
         let mut config = non_blocking();
-        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: a live communicator with no call in progress; `comm` and `config` outlive the
-        // call, which copies the config.
+        // NCCL keeps the slot's address and fills it from its own thread when the split's job
+        // ends, failed or not, which may be after a timeout returns from here: the slot is on
+        // the heap, and let go rather than freed while the job may still run.
+        let slot = Box::new(AtomicPtr::new(std::ptr::null_mut::<sys::ncclComm>()));
+        // SAFETY: a live communicator with no call in progress; the slot outlives NCCL's write
+        // (below), and `config` the call, which copies it.
         let status = unsafe {
             sys::ncclCommSplit(
                 self.comm,
                 color as c_int,
                 key as c_int,
-                &mut comm,
+                slot.as_ptr(),
                 &mut config,
             )
         };
-        // A non-blocking parent fills `comm` only once the parent itself settles, from NCCL 2.23
-        // on (NVIDIA/nccl#1472; PyTorch waits so too, pytorch/pytorch#137741): wait for it even
-        // where the call says it succeeded.
+        // From NCCL 2.23 on, a non-blocking parent fills the slot only once the parent itself
+        // settles (NVIDIA/nccl#1472; PyTorch waits so too, pytorch/pytorch#137741): wait for
+        // it even where the call says it succeeded. Settled, the parent's state was stored
+        // after the slot and is read with acquire ordering, so the load below sees the child.
         let pending = match status {
             sys::ncclResult_t::ncclSuccess => sys::ncclResult_t::ncclInProgress,
             other => other,
         };
-        self.settle(pending, "split")?;
-        // SAFETY: NCCL wrote `comm` from its own thread before the parent settled.
-        let comm = unsafe { std::ptr::read_volatile(&comm) };
-        if comm.is_null() {
-            return Err(ExecError::Rank {
-                rank: self.rank,
-                message: format!(
-                    "NCCL communicator {} could not be split (color {color}, key {key}): {status:?}{}",
-                    self.lane,
-                    self.last_error()
-                ),
-            });
-        }
-        // From here on, dropping it aborts the half-made communicator.
-        let split = Communicator {
+        let child = |comm| Communicator {
             comm,
             stream: self.stream.clone(),
             rank: key,
@@ -168,7 +158,34 @@ impl<'a> Communicator<'a> {
             timeout: self.timeout,
             abort: self.abort,
         };
-        // The child's own set-up may still run after the parent's part is done.
+        match self.outcome(pending) {
+            Ok(()) => {}
+            Err(stop @ (Stop::TimedOut | Stop::Aborted)) => {
+                // The job may still write the slot, and make a child nobody can abort.
+                Box::leak(slot);
+                return Err(self.stopped(stop, "split"));
+            }
+            Err(stop) => {
+                // A failed job has ended and may have left a child: dropping it aborts it.
+                drop(child(slot.load(Ordering::Acquire)));
+                return Err(self.stopped(stop, "split"));
+            }
+        }
+        let comm = slot.load(Ordering::Acquire);
+        if comm.is_null() {
+            return Err(ExecError::Rank {
+                rank: self.rank,
+                message: format!(
+                    "NCCL communicator {} gave no communicator for color {color}, key {key}, though the split succeeded{}",
+                    self.lane,
+                    self.last_error()
+                ),
+            });
+        }
+        // From here on, dropping it aborts the half-made communicator.
+        let split = child(comm);
+        // Defensive: NCCL 2.23 to 2.30 finish the child's set-up before filling the slot, but
+        // its own state is the contract.
         split.settle(sys::ncclResult_t::ncclInProgress, "split")?;
         Ok(split)
     }
@@ -361,6 +378,12 @@ impl<'a> Communicator<'a> {
     /// Waits until the call that returned `status` is done: enqueued on the stream, or the
     /// communicator initialized.
     fn settle(&self, status: sys::ncclResult_t, what: &str) -> Result<()> {
+        self.outcome(status)
+            .map_err(|stop| self.stopped(stop, what))
+    }
+
+    /// How the call that returned `status` ended, polling the communicator's state.
+    fn outcome(&self, status: sys::ncclResult_t) -> Result<(), Stop> {
         let poll = || {
             let mut state = sys::ncclResult_t::ncclInProgress;
             // SAFETY: a live communicator and a valid out-pointer.
@@ -371,25 +394,29 @@ impl<'a> Communicator<'a> {
                 polled
             }
         };
+        wait(status, poll, self.timeout, self.abort)
+    }
+
+    /// The error of a call that did not settle.
+    fn stopped(&self, stop: Stop, what: &str) -> ExecError {
         let lane = self.lane;
-        let message = match wait(status, poll, self.timeout, self.abort) {
-            Ok(()) => return Ok(()),
-            Err(Stop::Failed(failed)) => format!(
+        let message = match stop {
+            Stop::Failed(failed) => format!(
                 "NCCL {what} failed on communicator {lane}: {failed:?}{}",
                 self.last_error()
             ),
-            Err(Stop::Aborted) => {
+            Stop::Aborted => {
                 format!("aborted during NCCL {what} on communicator {lane}: another rank failed")
             }
-            Err(Stop::TimedOut) => format!(
+            Stop::TimedOut => format!(
                 "NCCL {what} on communicator {lane} did not finish within {:.1} s (a peer rank may be dead or stuck; the communicator is aborted)",
                 self.timeout.as_secs_f64()
             ),
         };
-        Err(ExecError::Rank {
+        ExecError::Rank {
             rank: self.rank,
             message,
-        })
+        }
     }
 
     /// NCCL's own explanation of the last failure, if it has one.
