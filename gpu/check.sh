@@ -284,7 +284,7 @@ esac
 export SYNCOPATE_PYTHON=$py
 export bundle work py bin tag device cluster
 export -f environment gpu_tests capture install_package torch_training nccl2 measure compare_captures
-say "gpu/check.sh on ${gpu_name:-no GPU (nvidia-smi lists none)}, deadline ${deadline} s, bundle $(head -n 1 "$bundle/COMMIT" 2>/dev/null)"
+say "gpu/check.sh on ${gpu_name:-no GPU (nvidia-smi lists none)}, deadline ${deadline} s, bundle $(tr "\n" " " <"$bundle/COMMIT" 2>/dev/null)"
 
 step env 20 environment_figures environment
 step gpu-tests 150 gpu_tests_figures gpu_tests

@@ -19,17 +19,30 @@ fn every_shipped_file_loads_and_validates() {
         Cluster::load(name, ClusterOverrides::default())
             .unwrap_or_else(|e| panic!("cluster {name}: {e}"));
     }
-    assert_eq!(DataKind::Model.shipped_names().len(), 24);
+    assert_eq!(DataKind::Model.shipped_names().len(), 32);
 }
 
 /// (profile captured on an H200, the shipped V100 profile of the same model and batch).
-const H200_CAPTURES: [(&str, &str); 6] = [
+const H200_CAPTURES: [(&str, &str); 9] = [
     ("resnet50-h200-fp32", "resnet50"),
     ("resnet50-h200-amp", "resnet50"),
     ("bert-base-h200-fp32", "bert-base"),
     ("bert-base-h200-amp", "bert-base"),
     ("gpt2-h200-fp32", "gpt2"),
     ("gpt2-h200-amp", "gpt2"),
+    ("resnet101-h200-fp32", "resnet101"),
+    ("vgg16-h200-fp32", "vgg16"),
+    ("bert-large-h200-fp32", "bert-large"),
+];
+
+/// DeAR's workloads captured on an H200 (`experiments/dear`): no shipped profile of the same model
+/// and batch gives them FLOP counts, so they carry by the devices' `compute_speed_vs_v100`.
+const H200_CAPTURES_WITHOUT_FLOPS: [&str; 5] = [
+    "dear-resnet50-h200-fp32",
+    "dear-densenet201-h200-fp32",
+    "dear-inception-v4-h200-fp32",
+    "dear-bert-base-h200-fp32",
+    "dear-bert-large-h200-fp32",
 ];
 
 #[test]
@@ -191,8 +204,16 @@ fn every_shipped_profile_passes_the_flops_check_or_says_why_not() {
     for name in DataKind::Model.shipped_names() {
         let model = ModelProfile::load(name).unwrap();
         let device = DeviceProfile::load(&model.device).unwrap();
-        let check = flops::check(&model, &device)
-            .unwrap_or_else(|| panic!("{name}: no arithmetic section, so no FLOP/s check"));
+        let Some(check) = flops::check(&model, &device) else {
+            // Only a capture measured whole may go without FLOP counts, and it says so.
+            assert!(
+                H200_CAPTURES_WITHOUT_FLOPS.contains(&name)
+                    && model.source.contains("no FLOP counts")
+                    && model.timing.backward.status == Status::Measured,
+                "{name}: no arithmetic section, so no FLOP/s check"
+            );
+            continue;
+        };
         match check.verdict {
             Verdict::Plausible | Verdict::Suspicious => {}
             Verdict::AbovePeakExplained => {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# DeAR's five benchmark workloads captured on one GPU, and the pairs that carry them to a V100.
-#   experiments/dear/capture.sh [--bundle DIR] [--deadline SECONDS]   (on a GPU machine)
+# DeAR's five benchmark workloads captured on one H200, and the pairs that check their carry to a V100.
+#   experiments/dear/capture.sh [--bundle DIR] [--deadline SECONDS]   (on a machine with an H200)
 # Each is `python -m syncopate.capture` in fp32 with TF32 off, the arithmetic of the V100s DeAR's
 # shipped profiles stand for, at the batch DeAR's benchmarks.py gives it (resnet50 64,
 # densenet201 32, inceptionv4 64, bert_base 64, bert 32; BERT on 64 tokens). The pairs are the
@@ -9,10 +9,10 @@
 # on models that did not set it, the carry of a capture to a V100 by the GPU's measured
 # compute_speed_vs_v100 (experiments/dear/README.md).
 # Writes dear-captures.tar (the profiles) and dear-captures.log (every capture's output, PASS/FAIL
-# lines) into OUT (default target/dear-captures); each capture has 120 s, all of them the deadline
-# (default 300 s).
+# lines) into OUT (default target/dear-captures); each capture has 120 s, cut to what the deadline
+# (default 300 s) leaves. The profiles are named and labelled for the H200 (`h200-sxm-141gb`, the
+# device profile whose compute_speed_vs_v100 carries them), so another GPU is refused.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 usage="usage: experiments/dear/capture.sh [--bundle DIR] [--deadline SECONDS]"
 bundle=target/gpu-bundle
 deadline=300
@@ -27,10 +27,23 @@ if ! [[ "$deadline" =~ ^[0-9]+$ ]] || [ "$deadline" -lt 30 ]; then
     echo "experiments/dear/capture.sh: --deadline must be a whole number of seconds, at least 30, got '$deadline'" >&2
     exit 2
 fi
+# The bundle as the caller named it, before the script moves to the repository's root.
+if ! bundle_dir=$(cd "$bundle" 2>/dev/null && pwd); then
+    echo "experiments/dear/capture.sh: --bundle: no folder '$bundle'" >&2
+    exit 2
+fi
+bundle=$bundle_dir
+cd "$(dirname "$0")/../.."
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+if [[ "$gpu" != *H200* ]]; then
+    echo "experiments/dear/capture.sh: needs an NVIDIA H200 (the profiles are the H200's), found '${gpu:-no GPU}'" >&2
+    exit 1
+fi
 out=${OUT:-target/dear-captures}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/dear-captures.XXXXXX")
+trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/models"
 log="$out/dear-captures.log"
 : >"$log"
@@ -68,5 +81,4 @@ capture resnet101-h200-fp32 --torchvision resnet101 --batch-size 32
 capture vgg16-h200-fp32 --torchvision vgg16 --batch-size 32
 capture bert-large-h200-fp32 --module workloads:bert_large_squad --batch-size 4 --sample-unit sequences
 echo "$failures capture(s) failed" | tee -a "$log"
-rm -rf "$work"
 [ "$failures" -eq 0 ]

@@ -50,6 +50,13 @@ def test_the_captures_of_december_are_adopted_with_or_without_flop_counts(tmp_pa
     assert any("uses_per_sample" in t for t in adopted["tensors"]) == bool(shipped)
 
 
+def test_without_flop_counts_only_an_fp32_capture_is_adopted(tmp_path):
+    done = subprocess.run([sys.executable, str(TOOL), str(KEPT / "resnet50-h200-amp.json"), "--from", "kept.json",
+                           "--out", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "resnet50-h200-amp was captured in fp16" in done.stderr, done.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_a_capture_of_other_tensors_or_another_batch_is_refused(tmp_path):
     capture = json.loads((KEPT / "resnet50-h200-fp32.json").read_text())
     capture["tensors"].pop()
