@@ -126,6 +126,7 @@ impl<'a> Communicator<'a> {
     /// communicator: every rank splits it, in the same order.
     pub(super) fn split(&self, color: u32, key: u32, ranks: u32) -> Result<Communicator<'a>> {
         let mut config = non_blocking();
+        let started = Instant::now();
         // NCCL keeps the slot's address and fills it from its own thread when the split's job
         // ends, failed or not, which may be after a timeout returns from here: the slot is on
         // the heap, and let go rather than freed while the job may still run.
@@ -185,8 +186,11 @@ impl<'a> Communicator<'a> {
         // From here on, dropping it aborts the half-made communicator.
         let split = child(comm);
         // Defensive: NCCL 2.23 to 2.30 finish the child's set-up before filling the slot, but
-        // its own state is the contract.
-        split.settle(sys::ncclResult_t::ncclInProgress, "split")?;
+        // its own state is the contract; both waits share the one timeout (one poll at least).
+        let left = self.timeout.saturating_sub(started.elapsed()).max(POLL);
+        split
+            .outcome_within(sys::ncclResult_t::ncclInProgress, left)
+            .map_err(|stop| split.stopped(stop, "split"))?;
         Ok(split)
     }
 
@@ -384,6 +388,11 @@ impl<'a> Communicator<'a> {
 
     /// How the call that returned `status` ended, polling the communicator's state.
     fn outcome(&self, status: sys::ncclResult_t) -> Result<(), Stop> {
+        self.outcome_within(status, self.timeout)
+    }
+
+    /// [`Self::outcome`], given up after `timeout`.
+    fn outcome_within(&self, status: sys::ncclResult_t, timeout: Duration) -> Result<(), Stop> {
         let poll = || {
             let mut state = sys::ncclResult_t::ncclInProgress;
             // SAFETY: a live communicator and a valid out-pointer.
@@ -394,7 +403,7 @@ impl<'a> Communicator<'a> {
                 polled
             }
         };
-        wait(status, poll, self.timeout, self.abort)
+        wait(status, poll, timeout, self.abort)
     }
 
     /// The error of a call that did not settle.
