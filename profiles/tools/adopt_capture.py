@@ -89,9 +89,10 @@ def flop_counts(capture, shipped):
 def adopt(capture, shipped, kept_at):
     """The shipped profile made from `capture`, with `shipped`'s FLOP counts, or none where
     `shipped` is None."""
-    if not shipped and precision(capture)[0] != "fp32":
+    mode, _ = precision(capture)
+    if not shipped and mode != "fp32":
         # The carry without FLOP counts scales by compute_speed_vs_v100, measured in fp32.
-        fail(f"{capture['name']} was captured in {precision(capture)[0]}: without a shipped profile's FLOP counts "
+        fail(f"{capture['name']} was captured in {mode}: without a shipped profile's FLOP counts "
              "only an fp32 capture (TF32 off) can be adopted")
     arithmetic, uses = flop_counts(capture, shipped) if shipped else (None, {})
     batch = capture["batch_size_per_gpu"]

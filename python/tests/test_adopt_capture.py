@@ -14,7 +14,9 @@ KEPT = REPO / "gpu" / "results" / "h200-2026-11-29"
 
 
 def adopt(captured, shipped, out, kept_at="kept.json"):
-    return subprocess.run([sys.executable, str(TOOL), str(captured), shipped, "--from", kept_at, "--out", str(out)],
+    """The tool run on `captured`, with the FLOP counts of `shipped`, or none where it is None."""
+    named = [shipped] if shipped else []
+    return subprocess.run([sys.executable, str(TOOL), str(captured), *named, "--from", kept_at, "--out", str(out)],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -38,9 +40,7 @@ KEPT_DEAR = REPO / "gpu" / "results" / "h200-2026-12-01"
                                           ("dear-bert-large-h200-fp32", None)])
 def test_the_captures_of_december_are_adopted_with_or_without_flop_counts(tmp_path, name, shipped):
     out = tmp_path / f"{name}.json"
-    kept_at = f"gpu/results/h200-2026-12-01/{name}.json"
-    done = subprocess.run([sys.executable, str(TOOL), str(KEPT_DEAR / f"{name}.json"), *([shipped] if shipped else []),
-                           "--from", kept_at, "--out", str(out)], capture_output=True, text=True, timeout=60)
+    done = adopt(KEPT_DEAR / f"{name}.json", shipped, out, f"gpu/results/h200-2026-12-01/{name}.json")
     assert done.returncode == 0, done.stderr
     assert out.read_bytes() == (REPO / "profiles" / "models" / f"{name}.json").read_bytes()
     adopted = json.loads(out.read_text())
@@ -51,8 +51,7 @@ def test_the_captures_of_december_are_adopted_with_or_without_flop_counts(tmp_pa
 
 
 def test_without_flop_counts_only_an_fp32_capture_is_adopted(tmp_path):
-    done = subprocess.run([sys.executable, str(TOOL), str(KEPT / "resnet50-h200-amp.json"), "--from", "kept.json",
-                           "--out", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=60)
+    done = adopt(KEPT / "resnet50-h200-amp.json", None, tmp_path / "out.json")
     assert done.returncode == 1 and "resnet50-h200-amp was captured in fp16" in done.stderr, done.stderr
     assert not (tmp_path / "out.json").exists()
 

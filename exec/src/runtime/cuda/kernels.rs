@@ -767,10 +767,13 @@ mod tests {
             .collect()
     }
 
+    /// What opens each kernel's definition in the sources.
+    const KERNEL_START: &str = "extern \"C\" __global__ void ";
+
     /// Every `extern "C" __global__ void name(params)` of a source, in order.
     fn c_kernels(src: &str) -> Vec<(String, Vec<CParam>)> {
         let aliases = typedefs(src);
-        src.split("extern \"C\" __global__ void ")
+        src.split(KERNEL_START)
             .skip(1)
             .map(|rest| {
                 let (name, rest) = rest.split_once('(').expect("a parameter list");
@@ -968,7 +971,7 @@ mod tests {
 
     /// The body of every `extern "C" __global__` kernel of a source, braces matched, in order.
     fn c_kernel_bodies(src: &str) -> Vec<&str> {
-        src.split("extern \"C\" __global__ void ")
+        src.split(KERNEL_START)
             .skip(1)
             .map(|rest| {
                 let open = rest.find('{').expect("a kernel body");
